@@ -1,0 +1,75 @@
+"""``sparkd``: the daemon and its one-shot commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from sparkd import __version__
+from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail
+from sparkd.launch import render, render_script
+from sparkd.lint import errors, lint
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sparkd")
+def main() -> None:
+    """sparkd supervises vLLM on one node: preflight, launch, health, memory guard, restarts."""
+
+
+@main.command("check-config")
+@config_option
+@click.option("--profile", default=None, help="Apply this launch profile instead of the config's own.")
+def check_config(config_path: Path, profile: str | None) -> None:
+    """Validate the config and lint it against known-bad settings. Exit 0 valid, 2 invalid."""
+    cfg = config_or_exit(config_path, profile=profile)
+    findings = lint(cfg)
+    for finding in findings:
+        click.echo(f"{config_path}: {finding}", err=True)
+    if errors(findings):
+        fail(f"sparkd: {config_path}: invalid ({len(errors(findings))} error(s))", EXIT_INVALID_CONFIG)
+    click.echo(f"{config_path}: ok (node {cfg.node.name}, role {cfg.node.role.value}, runtime "
+               f"{cfg.runtime.value}, launch hash {cfg.launch_hash()})")
+
+
+@main.command("render")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help='Print {"argv": [...], "env": {...}} instead.')
+def render_cmd(config_path: Path, as_json: bool) -> None:
+    """Print the launch script (or argv and env) rendered from the config."""
+    cfg = config_or_exit(config_path)
+    spec = render(cfg)
+    if as_json:
+        click.echo(json.dumps(spec.to_json(), indent=2))
+    else:
+        click.echo(render_script(spec, source=str(config_path)), nl=False)
+
+
+@main.command("run")
+@config_option
+@click.option("--rehearse", is_flag=True, help="Run the config with the vLLM stand-in in place of vLLM.")
+def run_cmd(config_path: Path, rehearse: bool) -> None:
+    """Run the daemon in the foreground."""
+    from sparkd.daemon import run_daemon
+
+    cfg = config_or_exit(config_path)
+    findings = lint(cfg)
+    for finding in findings:
+        click.echo(f"{config_path}: {finding}", err=True)
+    if errors(findings):
+        fail(f"sparkd: {config_path}: refusing to run an invalid config", EXIT_INVALID_CONFIG)
+    raise SystemExit(run_daemon(cfg, config_path=config_path, rehearse=rehearse))
+
+
+@main.command(
+    "standin",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def standin_cmd(args: tuple[str, ...]) -> None:
+    """The vLLM stand-in: `sparkd standin serve MODEL [vllm flags]`."""
+    from sparkd.standin.__main__ import main as standin_main
+
+    raise SystemExit(standin_main(list(args)))

@@ -1,0 +1,140 @@
+"""Render the launch from the config: the exact argv, the environment, and the launch script.
+
+JSON-valued flags are rendered as ``json.dumps`` of their TOML tables and every argument is quoted once
+with :func:`shlex.quote`, so the program receives them byte for byte whatever shells sit in between.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkd import __version__
+from sparkd.config import Config, LaunchConfig
+
+# The field's known-good environment (DESIGN.md §5). `[launch] env` overrides; `default_env = false` drops it.
+RECOMMENDED_ENV: dict[str, str] = {
+    "UCX_MEM_MMAP_HOOK_MODE": "none",
+    "UCX_RCACHE_MAX_UNRELEASED": "1024",
+    "OMP_NUM_THREADS": "8",
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800",
+    "NCCL_CUMEM_ENABLE": "0",
+}
+
+# Typed [launch] fields rendered as `--flag value`, in this order.
+VALUE_FLAGS = (
+    "served_model_name", "host", "port", "tensor_parallel_size", "pipeline_parallel_size",
+    "kv_cache_dtype", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+    "gpu_memory_utilization", "load_format", "tokenizer", "tokenizer_mode", "tool_call_parser",
+    "reasoning_parser",
+)
+# Typed fields rendered as a bare `--flag` when true.
+SWITCH_FLAGS = (
+    "trust_remote_code", "enable_expert_parallel", "disable_custom_all_reduce", "enforce_eager",
+    "enable_auto_tool_choice",
+)
+# Flags vLLM defaults to on: rendered `--flag` when true and `--no-flag` when false, nothing when unset.
+TRISTATE_FLAGS = ("enable_prefix_caching", "enable_chunked_prefill")
+JSON_FLAGS = (
+    "compilation_config", "speculative_config", "default_chat_template_kwargs", "override_generation_config",
+)
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    config_hash: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"argv": list(self.argv), "env": dict(self.env)}
+
+
+def render_flags(cfg: Config) -> list[str]:
+    """The ``vllm serve`` flags after the model, typed fields first, then ``extra_args``."""
+    launch = cfg.launch
+    args: list[str] = []
+    for name in VALUE_FLAGS:
+        value = getattr(launch, name)
+        if value is not None:
+            args += [flag(name), str(value)]
+    for name in SWITCH_FLAGS:
+        if getattr(launch, name):
+            args.append(flag(name))
+    for name in TRISTATE_FLAGS:
+        value = getattr(launch, name)
+        if value is not None:
+            args.append(flag(name) if value else "--no-" + name.replace("_", "-"))
+    for name in JSON_FLAGS:
+        value = getattr(launch, name)
+        if value is not None:
+            args += [flag(name), json.dumps(value)]
+    args += _multinode_flags(cfg)
+    args += launch.extra_args
+    return args
+
+
+def _multinode_flags(cfg: Config) -> list[str]:
+    if cfg.nnodes <= 1:
+        return []
+    args = ["--nnodes", str(cfg.nnodes), "--node-rank", str(cfg.node_rank)]
+    if cfg.master_addr:
+        args += ["--master-addr", cfg.master_addr]
+    args += ["--master-port", str(cfg.master_port)]
+    if cfg.headless:
+        args.append("--headless")
+    return args
+
+
+def render_env(cfg: Config) -> dict[str, str]:
+    launch: LaunchConfig = cfg.launch
+    env = dict(RECOMMENDED_ENV) if launch.default_env else {}
+    if cfg.node.address:
+        env["VLLM_HOST_IP"] = cfg.node.address
+    env.update(launch.env)
+    return env
+
+
+def render(cfg: Config) -> LaunchSpec:
+    """The argv and environment of the launch. With ``[launch] script`` set, the user's script is run."""
+    launch = cfg.launch
+    if launch.script:
+        argv = ["bash", launch.script, *launch.extra_args]
+    else:
+        argv = [launch.executable]
+        if launch.subcommand:
+            argv.append(launch.subcommand)
+        argv.append(launch.model)
+        argv += render_flags(cfg)
+    return LaunchSpec(argv=tuple(argv), env=render_env(cfg), config_hash=cfg.launch_hash())
+
+
+def render_script(spec: LaunchSpec, *, source: str = "the sparkd config") -> str:
+    """A bash script that exports the environment and execs the argv, every word quoted once."""
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Rendered by sparkd {__version__} from {source} (launch hash {spec.config_hash}).",
+        "# sparkd rewrites this file before every launch; change the config, not this file.",
+        "set -euo pipefail",
+    ]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.env.items()]
+    words = [shlex.quote(word) for word in spec.argv]
+    lines.append("exec " + " \\\n    ".join(_pair_flags(words)))
+    return "\n".join(lines) + "\n"
+
+
+def _pair_flags(words: list[str]) -> list[str]:
+    # One line for the command, then one per `--flag value`, for a readable script; quoting is per word.
+    out: list[str] = []
+    for word in words:
+        if not out or word.startswith("--"):
+            out.append(word)
+        else:
+            out[-1] += " " + word
+    return out
