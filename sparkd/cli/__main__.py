@@ -1,0 +1,3 @@
+from sparkd.cli.sparkd import main
+
+main()
