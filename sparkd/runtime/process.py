@@ -1,0 +1,86 @@
+"""vLLM (or the stand-in) as a process on the host: bare-metal installs, the demo and the tests.
+
+The rendered launch script runs under bash in its own session; its output is appended to a file that
+sparkd follows, so the instance survives a daemon restart and is adopted by the next daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from sparkd.launch import LaunchSpec, render_script
+from sparkd.runtime import proctree
+from sparkd.runtime.base import ExitInfo, Instance, LaunchError, Runtime
+from sparkd.runtime.logfile import follow_file
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+class ProcessRuntime(Runtime):
+    name = "process"
+
+    def __init__(self, work_dir: Path, *, raw_log_limit: int = 8 * 1024 * 1024) -> None:
+        self.work_dir = work_dir
+        self.script_path = work_dir / "launch.sh"
+        self.raw_log = work_dir / "vllm.out"
+        self.raw_log_limit = raw_log_limit
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._exits: dict[int, ExitInfo] = {}
+
+    async def launch(self, spec: LaunchSpec) -> Instance:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.script_path, render_script(spec), 0o755)
+        self.raw_log.unlink(missing_ok=True)
+        with open(self.raw_log, "ab") as out:
+            try:
+                child = subprocess.Popen(
+                    ["bash", str(self.script_path)], stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                )
+            except OSError as exc:  # no bash: nothing else would run either
+                raise LaunchError(f"cannot start bash for {self.script_path}: {exc}", 127) from exc
+        self._children[child.pid] = child
+        return Instance(
+            runtime=self.name, pid=child.pid, create_time=proctree.create_time(child.pid),
+            config_hash=spec.config_hash, log_path=str(self.raw_log),
+        )
+
+    async def find(self, record: dict[str, Any] | None) -> Instance | None:
+        if not record or record.get("runtime") != self.name:
+            return None
+        instance = Instance.from_record(record)
+        if proctree.same_process(instance.pid, instance.create_time) is None:
+            return None
+        return instance
+
+    async def wait(self, instance: Instance) -> ExitInfo:
+        if instance.pid in self._exits:
+            return self._exits[instance.pid]
+        await proctree.wait_exit(instance.pid)
+        child = self._children.pop(instance.pid, None)
+        if child is None:
+            info = ExitInfo(exit_code=None)  # adopted: another process reaps it
+        else:
+            info = ExitInfo.from_returncode(await anyio.to_thread.run_sync(child.wait))
+        self._exits[instance.pid] = info
+        return info
+
+    async def stop(self, instance: Instance, grace_s: float) -> ExitInfo:
+        await proctree.terminate_tree(instance.pid, grace_s)
+        return await self.wait(instance)
+
+    async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
+        path = Path(instance.log_path or self.raw_log)
+        async for line in follow_file(path, done, truncate_over=self.raw_log_limit):
+            yield line
