@@ -99,6 +99,10 @@ class Runtime(abc.ABC):
     def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
         """The instance's output lines from its start; once ``done`` is set (it exited), drain and end."""
 
+    async def missing_target(self, spec: LaunchSpec) -> str | None:
+        """Why the launch target cannot run where it will run (a sentence naming the path), or None."""
+        return None
+
     def pids(self, instance: Instance) -> set[int]:
         """Host PIDs of the instance's process tree (the memory guard and stale sweep must spare them)."""
         from sparkd.runtime.proctree import tree_pids

@@ -7,6 +7,7 @@ sparkd follows, so the instance survives a daemon restart and is adopted by the 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +26,21 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     tmp.write_text(text, encoding="utf-8")
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def missing_host_target(argv: tuple[str, ...]) -> str | None:
+    """For a host launch: the executable (or the user's script) must exist and be executable."""
+    target = argv[1] if argv[0] == "bash" and len(argv) > 1 else argv[0]
+    if "/" in target:
+        path = Path(target)
+        if not path.exists():
+            return f"the launch target {target} does not exist"
+        if argv[0] != "bash" and not os.access(path, os.X_OK):
+            return f"the launch target {target} is not executable"
+        return None
+    if shutil.which(target) is None:
+        return f"the launch target {target} is not on PATH ({os.environ.get('PATH', '')})"
+    return None
 
 
 class ProcessRuntime(Runtime):
@@ -55,6 +71,9 @@ class ProcessRuntime(Runtime):
             runtime=self.name, pid=child.pid, create_time=proctree.create_time(child.pid),
             config_hash=spec.config_hash, log_path=str(self.raw_log),
         )
+
+    async def missing_target(self, spec: LaunchSpec) -> str | None:
+        return missing_host_target(spec.argv)
 
     async def find(self, record: dict[str, Any] | None) -> Instance | None:
         if not record or record.get("runtime") != self.name:

@@ -1,0 +1,304 @@
+"""The daemon for one node: observations in, the pure state machine decides, effects out.
+
+Everything here is the imperative shell around :func:`sparkd.supervisor.machine.step`: it turns the world
+(process exits, log lines, probe results, signals, operator requests, time) into observations, applies
+them one at a time from a single queue, and carries out the actions the machine returns.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from sparkd.config import Config, Role
+from sparkd.incidents import incident_record, write_incident
+from sparkd.launch import LaunchSpec, render
+from sparkd.logs import VllmLog, configure_logging, get_logger
+from sparkd.nodelock import AlreadyRunning, NodeLock
+from sparkd.preflight.runner import PreflightContext, run_preflight
+from sparkd.runtime import make_runtime
+from sparkd.runtime.base import Instance, LaunchError, Runtime
+from sparkd.statefile import read_json, write_json
+from sparkd.status import Clock, snapshot
+from sparkd.supervisor import machine as sm
+from sparkd.supervisor.classify import ClassifyContext, Failure, FailureClass, classify
+from sparkd.supervisor.machine import State
+from sparkd.supervisor.policy import RestartPolicy
+from sparkd.supervisor.progress import Progress, advance, is_progress
+from sparkd.watch import InstanceWatch
+
+TICK_S = 1.0
+
+
+def limits_from(cfg: Config) -> sm.Limits:
+    r = cfg.restart
+    return sm.Limits(
+        startup_timeout_s=cfg.supervisor.startup_timeout_s,
+        startup_silence_s=cfg.supervisor.startup_silence_s,
+        restart=RestartPolicy(
+            backoff_initial_s=r.backoff_initial_s, backoff_factor=r.backoff_factor,
+            backoff_max_s=max(r.backoff_max_s, r.backoff_initial_s), jitter=min(r.jitter, 0.99),
+            stable_after_s=r.stable_after_s, budget_failures=r.budget_failures,
+            budget_window_s=r.budget_window_s,
+        ),
+    )
+
+
+def rehearsal(spec: LaunchSpec) -> LaunchSpec:
+    """The same launch with the stand-in in place of vLLM: same flags, same environment."""
+    argv = spec.argv
+    rest = argv[2:] if argv[0] == "bash" else argv[1:]
+    return LaunchSpec(argv=(sys.executable, "-m", "sparkd.standin", *rest), env=spec.env,
+                      config_hash=spec.config_hash)
+
+
+class Daemon:
+    def __init__(self, cfg: Config, runtime: Runtime, *, rehearse: bool = False) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.rehearse = rehearse
+        self.limits = limits_from(cfg)
+        self.machine = sm.Machine()
+        self.clock = Clock(time.time() - time.monotonic())
+        self.log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
+        self.vllm_log = VllmLog(cfg.paths.logs / "vllm.log", max_bytes=cfg.supervisor.log_max_bytes,
+                                backups=cfg.supervisor.log_backups)
+        self.instance: Instance | None = None
+        self.watch: InstanceWatch | None = None
+        self.progress = Progress()
+        self.failure_at: float | None = None
+        self.last_preflight: list[dict[str, object]] = []
+        self._send, self._recv = anyio.create_memory_object_stream[sm.Observation](1000)
+        self._busy = anyio.Lock()  # launch and stop never overlap
+        self._preflight_scope: anyio.CancelScope | None = None
+        self._shutdown = False
+        self._tg: TaskGroup | None = None
+
+    # ---- paths
+    @property
+    def record_path(self) -> Path:
+        return self.cfg.paths.state_dir / "instance.json"
+
+    @property
+    def status_path(self) -> Path:
+        return self.cfg.paths.state_dir / "status.json"
+
+    def post(self, obs: sm.Observation) -> None:
+        self._send.send_nowait(obs)
+
+    # ---- main loop
+    async def run(self) -> int:
+        for folder in (self.cfg.paths.state_dir, self.cfg.paths.run_dir, self.cfg.paths.logs):
+            folder.mkdir(parents=True, exist_ok=True)
+        try:
+            lock = NodeLock(self.cfg.paths.state_dir / "sparkd.lock")
+            lock.acquire()
+        except AlreadyRunning as exc:
+            self.log.error("already_running", detail=str(exc))
+            return 1
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._signals)
+                tg.start_soon(self._ticker)
+                self._write_status()
+                await self._adopt()
+                async for obs in self._recv:
+                    self.apply(obs)
+                    if self._shutdown and self._quiescent():
+                        break
+                tg.cancel_scope.cancel()
+        finally:
+            lock.release()
+            self.vllm_log.close()
+        self.log.info("daemon_exit", state=self.machine.state.value)
+        return 0
+
+    def _quiescent(self) -> bool:
+        if self.cfg.supervisor.leave_running:
+            return True
+        return self.machine.state in (State.stopped, State.failed, State.backoff) and self.instance is None
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                self.log.info("signal", signal=signal.Signals(signum).name,
+                              leave_running=self.cfg.supervisor.leave_running)
+                self._shutdown = True
+                if self.cfg.supervisor.leave_running:
+                    self.post(sm.Tick())
+                else:
+                    self.post(sm.StopRequested())
+
+    async def _ticker(self) -> None:
+        while True:
+            await anyio.sleep(TICK_S)
+            self.post(sm.Tick())
+
+    async def _adopt(self) -> None:
+        record = read_json(self.record_path)
+        instance = await self.runtime.find(record)
+        if instance is not None:
+            self.log.info("adopted", pid=instance.pid, container=instance.container_id)
+            self._attach(instance, adopted=True)
+        else:
+            if record is not None:
+                self.record_path.unlink(missing_ok=True)
+        self.post(sm.Adopted(found=instance is not None))
+
+    # ---- applying observations
+    def apply(self, obs: sm.Observation) -> None:
+        before = self.machine
+        after, actions = sm.step(before, obs, time.monotonic(), self.limits)
+        self.machine = after
+        if after.state is not before.state:
+            failure = after.pending or (after.last_failure if after.state is State.failed else None)
+            self.log.info("transition", **{"from": before.state.value}, to=after.state.value,
+                          observation=type(obs).__name__,
+                          **({"failure": failure.cls.value, "reason": failure.sentence} if failure else {}),
+                          **({"backoff_s": round(after.deadline - after.since, 1)} if after.deadline else {}))
+        if after.state is not State.preflight and self._preflight_scope is not None:
+            self._preflight_scope.cancel()
+        for action in actions:
+            self._act(action)
+        if after is not before:
+            self._write_status()
+
+    def _act(self, action: sm.Action) -> None:
+        assert self._tg is not None
+        if isinstance(action, sm.RunPreflight):
+            self._tg.start_soon(self._preflight)
+        elif isinstance(action, sm.Launch):
+            self._tg.start_soon(self._launch)
+        elif isinstance(action, sm.Stop):
+            self._tg.start_soon(self._stop, action.reason)
+        elif isinstance(action, sm.RecordIncident):
+            self._record_incident(action.failure)
+
+    # ---- effects
+    def spec(self) -> LaunchSpec:
+        spec = render(self.cfg)
+        return rehearsal(spec) if self.rehearse else spec
+
+    async def _preflight(self) -> None:
+        with anyio.CancelScope() as scope:
+            self._preflight_scope = scope
+            ctx = PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime)
+            report = await run_preflight(ctx)
+            self.last_preflight = report.to_json()
+            for result in report.results:
+                self.log.info("preflight", check=result.id, verdict=result.verdict.value, found=result.found,
+                              did=result.did, duration_s=round(result.duration_s, 3))
+            self.post(sm.PreflightDone(report.failure()))
+        self._preflight_scope = None
+
+    async def _launch(self) -> None:
+        async with self._busy:
+            spec = self.spec()
+            self.progress = Progress()
+            self.vllm_log.append(f"---- sparkd: launch {' '.join(spec.argv)}")
+            try:
+                instance = await self.runtime.launch(spec)
+            except LaunchError as exc:
+                self.post(sm.LaunchFailed(classify(exc.exit_code, None, [str(exc)], context=self.context())))
+                return
+            self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=list(spec.argv))
+            self._attach(instance, adopted=False)
+            self.post(sm.Launched())
+
+    def _attach(self, instance: Instance, *, adopted: bool) -> None:
+        assert self._tg is not None
+        self.instance = instance
+        write_json(self.record_path, instance.to_record())
+        self.watch = InstanceWatch(self, instance, replay=adopted)
+        self._tg.start_soon(self.watch.run)
+
+    async def _stop(self, reason: str) -> None:
+        async with self._busy:
+            instance, watch = self.instance, self.watch
+            if instance is not None:
+                info = await self.runtime.stop(instance, self.cfg.supervisor.stop_grace_s)
+                self.log.info("stopped", pid=instance.pid, reason=reason, exit=info.describe())
+                if watch is not None:
+                    await watch.close()
+                self.instance, self.watch = None, None
+                self.record_path.unlink(missing_ok=True)
+            ctx = PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime)
+            from sparkd.preflight.runner import check_shm, check_stale_processes
+
+            for check in (check_stale_processes, check_shm):
+                result = await check(ctx)
+                if result.verdict.value != "ok":
+                    self.log.info("sweep", check=result.id, found=result.found, did=result.did)
+            self.post(sm.StopDone(rand=random.random()))
+
+    def _record_incident(self, failure: Failure) -> None:
+        self.failure_at = time.time()
+        record = incident_record(failure, at=self.failure_at, config_hash=self.cfg.launch_hash(),
+                                 node=self.cfg.node.name, state=self.machine.state.value,
+                                 pid=self.instance.pid if self.instance else None,
+                                 preflight=self.last_preflight)
+        try:
+            folder = write_incident(self.cfg.paths.incidents, record, log_tail=self.vllm_log.last(300),
+                                    keep=self.cfg.supervisor.incidents_keep)
+        except OSError as exc:
+            self.log.error("incident_write_failed", error=str(exc))
+            return
+        self.log.warning("incident", failure=failure.cls.value, reason=failure.sentence, folder=str(folder))
+
+    # ---- called by the instance watch
+    def context(self) -> ClassifyContext:
+        spec = render(self.cfg)
+        target = spec.argv[1] if spec.argv[0] == "bash" else spec.argv[0]
+        return ClassifyContext(launch_target=target, api_port=self.cfg.launch.port,
+                               master_port=self.cfg.master_port if self.cfg.nnodes > 1 else None,
+                               was_ready=self.machine.restart_state.ready_since is not None)
+
+    def on_log_line(self, line: str, *, persist: bool = True) -> None:
+        self.vllm_log.append(line, persist=persist)
+        if not is_progress(line):
+            return
+        before = self.progress
+        self.progress = advance(before, line, time.monotonic())
+        if self.progress is before:
+            return
+        self.post(sm.Progress())
+        if self.headless and self.progress.distributed_ready and not before.distributed_ready:
+            self.post(sm.BecameReady())
+        if self.progress.phase is not before.phase:
+            self.log.info("phase", phase=self.progress.phase.value)
+            self._write_status()
+
+    @property
+    def headless(self) -> bool:
+        return self.cfg.node.role is Role.worker or self.cfg.headless
+
+    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
+        return classify(exit_code, sig, self.vllm_log.last(300), hint=hint, context=self.context())
+
+    def _write_status(self) -> None:
+        data: dict[str, Any] = snapshot(
+            self.cfg, self.machine, instance=self.instance, progress=self.progress, clock=self.clock,
+            now=time.monotonic(), failure_at=self.failure_at, daemon_pid=os.getpid(),
+        )
+        try:
+            write_json(self.status_path, data)
+        except OSError as exc:
+            self.log.error("status_write_failed", error=str(exc))
+
+
+def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int:
+    configure_logging()
+    runtime = make_runtime(cfg, rehearse=rehearse)
+    daemon = Daemon(cfg, runtime, rehearse=rehearse)
+    daemon.log.info("starting", config=str(config_path), runtime=cfg.runtime.value, rehearse=rehearse,
+                    launch_hash=cfg.launch_hash())
+    return anyio.run(daemon.run)
