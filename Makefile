@@ -1,0 +1,41 @@
+# sparkd: the two commands a fresh machine needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+
+.PHONY: setup run test lint typecheck unit docker-up image clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+# sparkd supervising the built-in vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both).
+run: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sparkd run --config config/examples/demo.toml
+
+docker-up:
+	bash tests/infra/ensure-docker.sh
+
+image: setup docker-up
+	$(BIN)/python tests/infra/build_image.py
+
+lint: setup
+	$(BIN)/ruff check sparkd tests
+
+typecheck: setup
+	$(BIN)/mypy sparkd
+
+# The whole suite: lint, types, unit and integration tests against a real Docker engine.
+test: setup lint typecheck image
+	$(BIN)/pytest -q
+
+unit: setup
+	$(BIN)/pytest -q tests/unit
+
+clean:
+	rm -rf $(VENV) .sparkd-demo .pytest_cache .ruff_cache .mypy_cache
