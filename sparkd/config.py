@@ -214,6 +214,10 @@ class RestartConfig(_Section):
     stable_after_s: float = Field(default=600.0, ge=0)
     budget_failures: int = Field(default=5, ge=1)
     budget_window_s: float = Field(default=1800.0, gt=0)
+    # This many failures in a row without a stable run also open the breaker (0: no such limit).
+    consecutive_limit: int = Field(default=6, ge=0)
+    # A memory-guard kill counts this many failures toward the budget.
+    guard_kill_weight: int = Field(default=2, ge=1)
 
 
 class HealthConfig(_Section):

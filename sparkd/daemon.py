@@ -47,7 +47,8 @@ def limits_from(cfg: Config) -> sm.Limits:
             backoff_initial_s=r.backoff_initial_s, backoff_factor=r.backoff_factor,
             backoff_max_s=max(r.backoff_max_s, r.backoff_initial_s), jitter=min(r.jitter, 0.99),
             stable_after_s=r.stable_after_s, budget_failures=r.budget_failures,
-            budget_window_s=r.budget_window_s,
+            budget_window_s=r.budget_window_s, guard_kill_weight=r.guard_kill_weight,
+            consecutive_limit=r.consecutive_limit or None,
         ),
     )
 

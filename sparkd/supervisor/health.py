@@ -1,0 +1,271 @@
+"""Health verdicts from probe results: when vLLM counts as ready, degraded, recovered or failed. Pure.
+
+The I/O side (:mod:`sparkd.probes`) turns one HTTP request into a `ProbeResult` or `VllmMetrics`; the
+`observe_*` functions fold one of them, with the monotonic `now` it arrived at, into a `HealthTracker` and
+return at most one machine observation, only when the verdict changes (kubelet's prober results + thresholds).
+
+Rules:
+
+1. Before the first `/health` 200 the tracker is `starting`: vLLM's port does not listen until "Application
+   startup complete.", so refusals, timeouts and errors are expected and ignored (the machine's startup
+   budget covers a start that never finishes). A 503 still counts: it means the server is up and the engine
+   dead. The first 200 emits `BecameReady`.
+2. `/health` failures are 503 (`engine_dead`), `refused` and `timeout`. `failure_threshold` in a row emit
+   `HealthFailed`: `engine_dead` if the streak holds a 503 or ends refused (the API server is gone), else
+   `hang`. Fewer in a row degrade, with the count in the reason.
+3. A probe `error` (another status, a reset, a malformed answer) means "could not probe", not "unhealthy":
+   it neither adds to nor breaks a failure streak, it degrades, and it never fails the instance on its own.
+4. `success_threshold` 200s in a row clear what `/health` degraded; when nothing else degrades,
+   `HealthRecovered`.
+5. Canary: a timeout while the latest `/health` is 200 means busy: degraded, and a `hang` once busy has lasted
+   `busy_grace_s` since the first busy timeout. A canary 200 clears busy. `engine_dead` fails at once.
+   Canary refusals and timeouts while `/health` is not 200 are left to the `/health` layer.
+6. Stall: requests running and the engine's progress marks (generation and prompt token counters, KV cache
+   usage, requests running) unchanged for `stall_after_s` → `stall`. Any change, a counter reset, or nothing
+   running restarts the clock. The KV cache usage is there because a long prefill (16 minutes at 1M tokens on
+   GB10) generates no token for minutes, while each prefill chunk grows the KV cache; a wedged engine moves
+   none of them.
+7. After `HealthFailed` the tracker is on hold: it only counts. Start a fresh tracker for the next instance.
+
+A degraded reason that changes (2 of 3 failures instead of 1 of 3, busy instead of an error) is emitted again
+as `HealthDegraded`; the machine keeps it as its health note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal
+
+from sparkd.supervisor.classify import Failure, FailureClass
+from sparkd.supervisor.machine import BecameReady, HealthDegraded, HealthFailed, HealthRecovered, Observation
+
+if TYPE_CHECKING:
+    from sparkd.config import HealthConfig
+
+__all__ = [
+    "HealthTracker",
+    "ProbeName",
+    "ProbeOutcome",
+    "ProbeResult",
+    "Verdict",
+    "VllmMetrics",
+    "observe_canary",
+    "observe_health",
+    "observe_metrics",
+]
+
+ProbeName = Literal["health", "canary", "metrics"]
+
+
+class ProbeOutcome(StrEnum):
+    ok = "ok"  # /health 200, or a generation that answered
+    engine_dead = "engine_dead"  # /health 503, or a generation answered "EngineCore encountered an issue"
+    refused = "refused"  # connection refused: nothing listens on the port
+    timeout = "timeout"  # no answer within the probe's timeout
+    error = "error"  # could not probe: another status, a reset, a malformed answer
+
+
+_FAILURES = frozenset({ProbeOutcome.engine_dead, ProbeOutcome.refused, ProbeOutcome.timeout})
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    outcome: ProbeOutcome
+    latency_s: float  # from sending the request to the outcome
+    detail: str = ""  # short: "HTTP 404", "no answer in 5 s", "connection refused"
+
+
+@dataclass(frozen=True)
+class VllmMetrics:
+    """The series of vLLM's /metrics the health checks read; summed over label sets (engines)."""
+
+    num_requests_running: float
+    generation_tokens_total: float
+    num_requests_waiting: float | None = None
+    prompt_tokens_total: float | None = None
+    kv_cache_usage_perc: float | None = None  # 0..1; the highest over engines
+
+
+class Verdict(StrEnum):
+    starting = "starting"  # no /health 200 yet
+    healthy = "healthy"
+    degraded = "degraded"
+    failed = "failed"  # HealthFailed was emitted; on hold
+
+
+_Progress = tuple[float, float | None, float | None, float]
+
+
+@dataclass(frozen=True)
+class HealthTracker:
+    verdict: Verdict = Verdict.starting
+    note: str | None = None  # the degraded reason last emitted
+    failure: Failure | None = None  # what HealthFailed reported
+    last_health: ProbeOutcome | None = None  # the latest /health outcome
+    consecutive_failures: int = 0  # /health failures in a row; errors neither add nor reset
+    failure_streak: tuple[ProbeOutcome, ...] = ()  # the last failure_threshold of them, oldest first
+    consecutive_errors: int = 0  # /health probe errors in a row
+    consecutive_successes: int = 0  # /health 200s in a row
+    health_note: str | None = None  # why /health degrades; cleared by success_threshold 200s
+    canary_note: str | None = None  # why the canary degrades (busy, or a probe error); cleared by a 200
+    busy_since: float | None = None  # the first canary timeout of the current busy spell
+    progress: _Progress | None = None  # the engine's progress marks at the last scrape
+    progress_at: float | None = None  # when they last changed while requests were running
+    probes_total: Mapping[tuple[ProbeName, str], int] = field(default_factory=dict)  # by (probe, outcome)
+    last_latency_s: Mapping[ProbeName, float] = field(default_factory=dict)
+
+    def errors_total(self, probe: ProbeName) -> int:
+        """Probe errors (could not probe), counted apart from failures."""
+        return self.probes_total.get((probe, ProbeOutcome.error.value), 0)
+
+    @property
+    def watching(self) -> bool:
+        """Ready once: canary and stall checks apply."""
+        return self.verdict in (Verdict.healthy, Verdict.degraded)
+
+
+Step = tuple[HealthTracker, Observation | None]
+
+_RESTART = "sparkd restarts vLLM with backoff"
+_SEE_LOG = f"{_RESTART}; the log tail in the incident folder shows what led to it"
+_WEDGED = f"the tensor-parallel pair is likely wedged (NCCL or the peer) — {_RESTART}"
+
+
+def _count(t: HealthTracker, probe: ProbeName, outcome: str, latency_s: float | None = None) -> HealthTracker:
+    totals = dict(t.probes_total)
+    totals[probe, outcome] = totals.get((probe, outcome), 0) + 1
+    latency = dict(t.last_latency_s)
+    if latency_s is not None:
+        latency[probe] = latency_s
+    return replace(t, probes_total=totals, last_latency_s=latency)
+
+
+def _settle(t: HealthTracker) -> Step:
+    """Emit the verdict the notes call for, if it differs from the one last emitted."""
+    if not t.watching:
+        return t, None
+    note = t.health_note or t.canary_note
+    if note is None:
+        if t.verdict is Verdict.degraded:
+            return replace(t, verdict=Verdict.healthy, note=None), HealthRecovered()
+        return t, None
+    if t.verdict is Verdict.healthy or note != t.note:
+        return replace(t, verdict=Verdict.degraded, note=note), HealthDegraded(note)
+    return t, None
+
+
+def _fail(t: HealthTracker, cls: FailureClass, what: str, do: str, evidence: str) -> Step:
+    failure = Failure(cls=cls, sentence=f"{what}; {do}.", exit_code=None, signal=None, evidence=evidence)
+    return replace(t, verdict=Verdict.failed, note=None, failure=failure), HealthFailed(failure)
+
+
+def _said(outcome: ProbeOutcome, cfg: HealthConfig) -> str:
+    return {
+        ProbeOutcome.engine_dead: "answered 503",
+        ProbeOutcome.refused: "was refused",
+        ProbeOutcome.timeout: f"got no answer within {cfg.timeout_s:g} s",
+    }.get(outcome, str(outcome))
+
+
+def observe_health(t: HealthTracker, result: ProbeResult, now: float, cfg: HealthConfig) -> Step:
+    """Fold one `/health` result, arrived at monotonic `now`."""
+    t = _count(t, "health", result.outcome.value, result.latency_s)
+    outcome = result.outcome
+    if t.verdict is Verdict.failed:
+        return t, None  # on hold until a fresh tracker
+    t = replace(t, last_health=outcome)
+    if outcome is ProbeOutcome.ok:
+        t = replace(t, consecutive_failures=0, failure_streak=(), consecutive_errors=0,
+                    consecutive_successes=t.consecutive_successes + 1)
+        if t.verdict is Verdict.starting:
+            return replace(t, verdict=Verdict.healthy, health_note=None), BecameReady()
+        if t.consecutive_successes >= cfg.success_threshold:
+            t = replace(t, health_note=None)
+        return _settle(t)
+    if outcome is ProbeOutcome.error:  # could not probe: degrade, but do not touch the failure streak
+        if not t.watching:
+            return t, None
+        note = t.health_note if t.consecutive_failures else f"/health probe error: {result.detail}"
+        return _settle(replace(t, consecutive_errors=t.consecutive_errors + 1, consecutive_successes=0,
+                               health_note=note))
+    if t.verdict is Verdict.starting and outcome is not ProbeOutcome.engine_dead:
+        return t, None  # still starting: the port is not up yet
+    n = t.consecutive_failures + 1
+    streak = (*t.failure_streak, outcome)[-cfg.failure_threshold:]
+    t = replace(t, consecutive_failures=n, failure_streak=streak, consecutive_errors=0,
+                consecutive_successes=0)
+    if n >= cfg.failure_threshold:
+        return _health_failed(t, result, cfg)
+    note = f"/health {_said(outcome, cfg)} ({n} of {cfg.failure_threshold} failures in a row)"
+    return _settle(replace(t, health_note=note))
+
+
+def _health_failed(t: HealthTracker, result: ProbeResult, cfg: HealthConfig) -> Step:
+    streak = t.failure_streak
+    n = t.consecutive_failures
+    evidence = f"/health results: {', '.join(streak)}; last: {result.detail or result.outcome}"
+    if ProbeOutcome.engine_dead in streak:
+        what = f"/health answered 503 ({n} failures in a row): the engine core is dead (EngineDeadError)"
+        return _fail(t, FailureClass.engine_dead, what, _SEE_LOG, evidence)
+    if streak[-1] is ProbeOutcome.refused:
+        what = f"/health was refused {n} times in a row: the API server is gone or no longer listening"
+        return _fail(t, FailureClass.engine_dead, what, _SEE_LOG, evidence)
+    what = f"/health got no answer within {cfg.timeout_s:g} s, {n} times in a row: the API server hangs"
+    return _fail(t, FailureClass.hang, what, _WEDGED, evidence)
+
+
+def observe_canary(t: HealthTracker, result: ProbeResult, now: float, cfg: HealthConfig) -> Step:
+    """Fold one generation canary result, arrived at monotonic `now`."""
+    t = _count(t, "canary", result.outcome.value, result.latency_s)
+    if not t.watching:
+        return t, None
+    outcome = result.outcome
+    if outcome is ProbeOutcome.ok:
+        return _settle(replace(t, busy_since=None, canary_note=None))
+    if outcome is ProbeOutcome.engine_dead:
+        what = 'a test generation failed with "EngineCore encountered an issue": the engine core is dead'
+        return _fail(t, FailureClass.engine_dead, what, _SEE_LOG, f"canary: {result.detail}")
+    if outcome is ProbeOutcome.error:
+        return _settle(replace(t, canary_note=f"canary error: {result.detail}"))
+    if outcome is ProbeOutcome.refused or t.last_health is not ProbeOutcome.ok:
+        return t, None  # /health is not 200: its own failure streak decides
+    since = now if t.busy_since is None else t.busy_since
+    if now - since >= cfg.busy_grace_s:
+        return _fail(t, FailureClass.hang,
+                     f"the generation canary has had no answer for {now - since:.0f} s while /health is 200 "
+                     f"(busy grace {cfg.busy_grace_s:g} s): the engine is wedged", _WEDGED,
+                     f"canary: {result.detail}; busy since {since:.1f}, now {now:.1f} (monotonic s)")
+    note = (f"busy: the generation canary got no answer within {cfg.canary_timeout_s:g} s while /health is "
+            f"200; a hang if still busy after {cfg.busy_grace_s:g} s")
+    return _settle(replace(t, busy_since=since, canary_note=note))
+
+
+def observe_metrics(t: HealthTracker, metrics: VllmMetrics | None, now: float, cfg: HealthConfig) -> Step:
+    """Fold one scrape of vLLM's /metrics (None: the scrape failed), taken at monotonic `now`."""
+    t = _count(t, "metrics", ProbeOutcome.ok.value if metrics is not None else ProbeOutcome.error.value)
+    if metrics is None:
+        return t, None  # could not probe: the stall clock keeps running
+    mark: _Progress = (metrics.generation_tokens_total, metrics.prompt_tokens_total,
+                       metrics.kv_cache_usage_perc, metrics.num_requests_running)
+    moved = mark != t.progress
+    t = replace(t, progress=mark)
+    if not t.watching or metrics.num_requests_running <= 0:
+        return replace(t, progress_at=None), None
+    if moved or t.progress_at is None:
+        return replace(t, progress_at=now), None
+    quiet_s = now - t.progress_at
+    if quiet_s < cfg.stall_after_s:
+        return t, None
+    running = int(metrics.num_requests_running)
+    health = "200" if t.last_health is ProbeOutcome.ok else f"{t.last_health or 'not probed'}"
+    kv = metrics.kv_cache_usage_perc
+    kv_note = f", KV cache usage unchanged at {kv:.1%}" if kv is not None else ""
+    return _fail(t, FailureClass.stall,
+                 f"{running} request{'s' if running != 1 else ''} running and no token generated for "
+                 f"{quiet_s:.0f} s (generation_tokens_total stuck at {metrics.generation_tokens_total:.0f}"
+                 f"{kv_note}) while /health is {health}", _WEDGED,
+                 f"vllm:num_requests_running={metrics.num_requests_running:g} "
+                 f"vllm:generation_tokens_total={metrics.generation_tokens_total:g} "
+                 f"vllm:kv_cache_usage_perc={kv} unchanged for {quiet_s:.0f} s")

@@ -1,0 +1,97 @@
+"""Normalising raw vLLM log lines before anything matches against them.
+
+One raw line, as read from `docker logs` or a pipe, may carry three kinds of decoration that the
+matchers in `classify` and `progress` must not see:
+
+- ANSI colour codes (vLLM colours its process prefix cyan, `\\033[0;36m(APIServer pid=7)\\033[0;0m `);
+- the process prefix `decorate_logs()` puts on every line: `(APIServer pid=N) `, `(EngineCore_DP0 pid=N) `,
+  `(Worker_TP1 pid=N) `; Ray adds `, ip=...` inside the parentheses;
+- carriage returns: a tqdm bar redraws itself with `\\r`, so one "line" can hold many frames of which only the
+  last is current.
+
+`clean()` returns the current frame without decoration; `segments()` returns every frame (the classifier scans
+them all). `parse()` also splits off the vLLM header `INFO 11-26 01:23:45 [file.py:123] `.
+
+Pure functions; no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# CSI sequences (colours, cursor moves tqdm may emit) and the two-byte ESC forms.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+# `(APIServer pid=123) `, `(Worker_TP0 pid=5) `, `(RayWorkerWrapper pid=9, ip=10.0.0.2) `.
+_PREFIX = re.compile(r"^\s*\((?P<process>[A-Za-z_][\w.\-]*) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)[ \t]?")
+
+# vLLM's format: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s", datefmt "%m-%d %H:%M:%S".
+_HEADER = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+    r"\[(?P<source>[^\]]+)\] "
+)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One log line with its decoration taken apart."""
+
+    text: str  # the current frame, without colour or process prefix
+    process: str | None  # e.g. "APIServer", "Worker_TP1"; None when undecorated
+    pid: int | None
+    level: str | None  # vLLM's levelname when the line has vLLM's header
+    source: str | None  # "file.py:123" from vLLM's header
+    message: str  # text after vLLM's header (== text when there is no header)
+
+
+def strip_ansi(raw: str) -> str:
+    return _ANSI.sub("", raw)
+
+
+def _strip_prefix(s: str) -> tuple[str, str | None, int | None]:
+    m = _PREFIX.match(s)
+    if m is None:
+        return s, None, None
+    return s[m.end() :], m.group("process"), int(m.group("pid"))
+
+
+def _frames(raw: str) -> tuple[tuple[str, ...], str | None, int | None]:
+    s = strip_ansi(raw).rstrip("\r\n")
+    s, process, pid = _strip_prefix(s)
+    frames: list[str] = []
+    for part in s.split("\r"):
+        part, p2, pid2 = _strip_prefix(part)
+        if process is None and p2 is not None:
+            process, pid = p2, pid2
+        part = part.rstrip()
+        if part.strip():
+            frames.append(part)
+    return tuple(frames), process, pid
+
+
+def segments(raw: str) -> tuple[str, ...]:
+    """Every non-blank `\\r`-separated frame of a raw line, undecorated, oldest first."""
+    return _frames(raw)[0]
+
+
+def clean(raw: str) -> str:
+    """The current (last) frame of a raw line, undecorated; "" for a blank line."""
+    frames = _frames(raw)[0]
+    return frames[-1] if frames else ""
+
+
+def parse(raw: str) -> LogLine:
+    frames, process, pid = _frames(raw)
+    text = frames[-1] if frames else ""
+    m = _HEADER.match(text)
+    if m is None:
+        return LogLine(text=text, process=process, pid=pid, level=None, source=None, message=text)
+    return LogLine(
+        text=text,
+        process=process,
+        pid=pid,
+        level=m.group("level"),
+        source=m.group("source"),
+        message=text[m.end() :],
+    )

@@ -1,0 +1,215 @@
+"""Restart policy: after a failure, restart after how long, or give up. Pure.
+
+moby's `ShouldRestart(exitCode, manuallyStopped, duration)` has the right inputs but takes a lock and starts
+a timer. Here a decision is a value; the caller sleeps, logs and changes state. Time is monotonic seconds,
+passed in; randomness (jitter) is a float in [0, 1), passed in.
+
+Rules, in the order `on_failure` applies them:
+
+1. An open breaker stays open: every failure gets `GiveUp` until `reset()` (`sparkctl reset`/`restart`).
+2. A run that had been ready for `stable_after_s` resets the consecutive count: a failure after a long
+   healthy run restarts quickly.
+3. The failure is recorded in the budget window with a weight: a `killed_by_guard` failure weighs
+   `guard_kill_weight` (memory-guard kills open the breaker faster), everything else 1. Failures older than
+   `budget_window_s` drop out.
+4. A config error opens the breaker at once: the same launch fails the same way every time.
+5. Weighted failures in the window reaching `budget_failures` open the breaker.
+6. `consecutive_limit` failures in a row without a stable run open the breaker. This catches the slow
+   crash loop the window cannot: an 8–10 minute cold start plus the 300 s cap fits only two failures in
+   30 minutes, and every cycle on GB10 leaks memory the driver never gives back.
+7. Otherwise restart after `min(initial * factor**(n-1), max)`, jittered by ±`jitter` (the cap applies
+   before the jitter), where n is the consecutive count including this failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sparkd.supervisor.classify import FailureClass
+
+__all__ = [
+    "Decision",
+    "GiveUp",
+    "Restart",
+    "RestartPolicy",
+    "RestartState",
+    "Strike",
+    "backoff_remaining",
+    "base_delay",
+    "is_stable",
+    "on_failure",
+    "on_ready",
+    "on_stopped",
+    "reset",
+    "window_weight",
+]
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    backoff_initial_s: float = 10.0  # delay before the first restart
+    backoff_factor: float = 2.0  # each consecutive failure multiplies the delay by this
+    backoff_max_s: float = 300.0  # the delay never grows past this (before jitter)
+    jitter: float = 0.1  # ± this fraction of the delay, so two nodes do not restart in lockstep
+    stable_after_s: float = 600.0  # ready this long before failing resets the consecutive count
+    budget_failures: int = 5  # this many weighted failures in the window open the breaker
+    budget_window_s: float = 1800.0  # the sliding window the budget counts over
+    guard_kill_weight: int = 2  # a killed_by_guard failure counts this many toward the budget
+    consecutive_limit: int | None = 6  # this many failures in a row without a stable run open the breaker
+
+    def __post_init__(self) -> None:
+        if self.backoff_initial_s < 0 or self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError("need 0 <= backoff_initial_s <= backoff_max_s")
+        if self.backoff_factor < 1:
+            raise ValueError("backoff_factor must be >= 1")
+        if not 0 <= self.jitter < 1:
+            raise ValueError("jitter must be in [0, 1)")
+        if self.budget_failures < 1 or self.budget_window_s <= 0 or self.guard_kill_weight < 1:
+            raise ValueError("budget_failures, budget_window_s and guard_kill_weight must be positive")
+        if self.consecutive_limit is not None and self.consecutive_limit < 1:
+            raise ValueError("consecutive_limit must be positive or None")
+
+
+@dataclass(frozen=True)
+class Strike:
+    """One failure as the budget sees it."""
+
+    at: float  # monotonic seconds
+    weight: int
+    cls: FailureClass
+
+
+@dataclass(frozen=True)
+class RestartState:
+    consecutive: int = 0  # failures since the last stable run (or reset)
+    strikes: tuple[Strike, ...] = ()  # failures inside the budget window, oldest first
+    breaker_open: bool = False  # True: no more restarts until reset()
+    breaker_reason: str | None = None
+    ready_since: float | None = None  # when the current run became ready; None while not ready
+
+
+@dataclass(frozen=True)
+class Restart:
+    delay_s: float
+    attempt: int  # the consecutive failure count this restart answers; 1 for the first
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    reason: str
+
+
+Decision = Restart | GiveUp
+
+_RESET_HINT = "fix the cause, then run `sparkctl reset`"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def base_delay(policy: RestartPolicy, attempt: int) -> float:
+    """The un-jittered delay before restart number `attempt` (1-based), capped."""
+    if attempt < 1:
+        raise ValueError("attempt is 1-based")
+    delay = policy.backoff_initial_s
+    for _ in range(attempt - 1):  # multiply step by step: factor**n overflows a float long before the cap
+        delay *= policy.backoff_factor
+        if delay >= policy.backoff_max_s:
+            return policy.backoff_max_s
+    return min(delay, policy.backoff_max_s)
+
+
+def _jittered(policy: RestartPolicy, delay: float, rand: float) -> float:
+    return max(0.0, delay * (1.0 + policy.jitter * (2.0 * rand - 1.0)))
+
+
+def is_stable(state: RestartState, policy: RestartPolicy, now: float) -> bool:
+    """Has the current run been ready long enough that a failure now would restart quickly?"""
+    return state.ready_since is not None and now - state.ready_since >= policy.stable_after_s
+
+
+def _in_window(strikes: tuple[Strike, ...], policy: RestartPolicy, now: float) -> tuple[Strike, ...]:
+    return tuple(s for s in strikes if now - s.at < policy.budget_window_s)
+
+
+def window_weight(state: RestartState, policy: RestartPolicy, now: float) -> int:
+    """Weighted failures inside the budget window at `now` (for metrics and status)."""
+    return sum(s.weight for s in _in_window(state.strikes, policy, now))
+
+
+def backoff_remaining(restart_due_at: float, now: float) -> float:
+    """Seconds left until a restart that is due at `restart_due_at` (now + Restart.delay_s when decided)."""
+    return max(0.0, restart_due_at - now)
+
+
+def on_ready(state: RestartState, now: float) -> RestartState:
+    """The instance became ready. Repeated calls keep the first time."""
+    if state.ready_since is not None:
+        return state
+    return replace(state, ready_since=now)
+
+
+def on_stopped(state: RestartState) -> RestartState:
+    """The instance was stopped on purpose: not a failure, but its ready period is over."""
+    if state.ready_since is None:
+        return state
+    return replace(state, ready_since=None)
+
+
+def reset(state: RestartState) -> RestartState:
+    """`sparkctl reset`/`restart`: close the breaker and forget all failures."""
+    return RestartState()
+
+
+def _budget_reason(strikes: tuple[Strike, ...], policy: RestartPolicy) -> str:
+    weight = sum(s.weight for s in strikes)
+    guard_kills = sum(1 for s in strikes if s.cls is FailureClass.killed_by_guard)
+    failures = "failure" if len(strikes) == 1 else "failures"
+    note = ""
+    if guard_kills:
+        note = f", {weight} counting memory-guard kills ×{policy.guard_kill_weight}"
+    return (
+        f"{len(strikes)} {failures} in {_duration(policy.budget_window_s)}{note} "
+        f"(restart budget {policy.budget_failures}); {_RESET_HINT}"
+    )
+
+
+def on_failure(
+    state: RestartState,
+    policy: RestartPolicy,
+    failure_class: FailureClass,
+    now: float,
+    rand: float,
+) -> tuple[RestartState, Decision]:
+    """Decide what follows an unrequested end of the instance at `now`. `rand` is uniform in [0, 1)."""
+    if not 0.0 <= rand <= 1.0:
+        raise ValueError("rand must be in [0, 1)")
+    if state.breaker_open:
+        return state, GiveUp(state.breaker_reason or f"the restart breaker is open; {_RESET_HINT}")
+
+    consecutive = 0 if is_stable(state, policy, now) else state.consecutive
+    consecutive += 1
+    weight = policy.guard_kill_weight if failure_class is FailureClass.killed_by_guard else 1
+    strikes = (*_in_window(state.strikes, policy, now), Strike(now, weight, failure_class))
+    after = RestartState(consecutive=consecutive, strikes=strikes, ready_since=None)
+
+    reason: str | None = None
+    if failure_class is FailureClass.config_error:
+        reason = f"a config error fails the same way every time, so sparkd does not retry it; {_RESET_HINT}"
+    elif sum(s.weight for s in strikes) >= policy.budget_failures:
+        reason = _budget_reason(strikes, policy)
+    elif policy.consecutive_limit is not None and consecutive >= policy.consecutive_limit:
+        reason = (
+            f"{consecutive} failures in a row without a stable run "
+            f"(limit {policy.consecutive_limit}); {_RESET_HINT}"
+        )
+    if reason is not None:
+        return replace(after, breaker_open=True, breaker_reason=reason), GiveUp(reason)
+
+    delay = _jittered(policy, base_delay(policy, consecutive), rand)
+    return after, Restart(delay_s=delay, attempt=consecutive)
