@@ -189,6 +189,11 @@ class PathsConfig(_Section):
         return self.run_dir / "sparkd.sock"
 
 
+class ApiConfig(_Section):
+    # Group that may use the control socket (<paths.run_dir>/sparkd.sock, mode 0660).
+    socket_group: str | None = "sparkd"
+
+
 class LintConfig(_Section):
     # Lint rule ids to accept deliberately, e.g. ["multiproc-fork"].
     allow: list[str] = Field(default_factory=list)
@@ -246,6 +251,7 @@ class Config(BaseSettings):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)
     lint: LintConfig = Field(default_factory=LintConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
     restart: RestartConfig = Field(default_factory=RestartConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from sparkd.api.server import bind_unix_socket, serve_unix
 from sparkd.config import Config, Role
 from sparkd.incidents import incident_record, write_incident
 from sparkd.launch import LaunchSpec, render
@@ -108,6 +109,8 @@ class Daemon:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                api_socket = bind_unix_socket(self.cfg.paths.socket, group=self.cfg.api.socket_group)
+                tg.start_soon(serve_unix, self, api_socket)
                 tg.start_soon(self._signals)
                 tg.start_soon(self._ticker)
                 self._write_status()
@@ -118,6 +121,7 @@ class Daemon:
                         break
                 tg.cancel_scope.cancel()
         finally:
+            self.cfg.paths.socket.unlink(missing_ok=True)
             lock.release()
             self.vllm_log.close()
         self.log.info("daemon_exit", state=self.machine.state.value)
@@ -285,13 +289,24 @@ class Daemon:
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
         return classify(exit_code, sig, self.vllm_log.last(300), hint=hint, context=self.context())
 
-    def _write_status(self) -> None:
-        data: dict[str, Any] = snapshot(
+    def status(self) -> dict[str, Any]:
+        return snapshot(
             self.cfg, self.machine, instance=self.instance, progress=self.progress, clock=self.clock,
             now=time.monotonic(), failure_at=self.failure_at, daemon_pid=os.getpid(),
         )
+
+    def refusal(self, action: str) -> str | None:
+        """Why an operator action is refused now, or None."""
+        if action == "start" and self.machine.state is State.failed:
+            return (f"the restart breaker is open ({self.machine.restart_state.breaker_reason}); "
+                    "use `sparkctl reset` or `sparkctl restart`")
+        if self._shutdown:
+            return "sparkd is shutting down"
+        return None
+
+    def _write_status(self) -> None:
         try:
-            write_json(self.status_path, data)
+            write_json(self.status_path, self.status())
         except OSError as exc:
             self.log.error("status_write_failed", error=str(exc))
 
