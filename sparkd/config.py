@@ -130,6 +130,7 @@ class LaunchConfig(_Section):
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None
+    api_key: str | None = None
     # Multi-node. Unset values come from [node] and [cluster]; set them only to override.
     nnodes: int | None = Field(default=None, ge=1)
     node_rank: int | None = Field(default=None, ge=0)

@@ -31,6 +31,7 @@ from sparkd.statefile import read_json, write_json
 from sparkd.status import Clock, snapshot
 from sparkd.supervisor import machine as sm
 from sparkd.supervisor.classify import ClassifyContext, Failure, FailureClass, classify
+from sparkd.supervisor.health import HealthTracker
 from sparkd.supervisor.machine import State
 from sparkd.supervisor.policy import RestartPolicy
 from sparkd.supervisor.progress import Progress, advance, is_progress
@@ -75,6 +76,7 @@ class Daemon:
                                 backups=cfg.supervisor.log_backups)
         self.instance: Instance | None = None
         self.watch: InstanceWatch | None = None
+        self.health = HealthTracker()
         self.progress = Progress()
         self.failure_at: float | None = None
         self.last_preflight: list[dict[str, object]] = []

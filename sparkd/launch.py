@@ -28,7 +28,7 @@ VALUE_FLAGS = (
     "served_model_name", "host", "port", "tensor_parallel_size", "pipeline_parallel_size",
     "kv_cache_dtype", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
     "gpu_memory_utilization", "load_format", "tokenizer", "tokenizer_mode", "tool_call_parser",
-    "reasoning_parser",
+    "reasoning_parser", "api_key",
 )
 # Typed fields rendered as a bare `--flag` when true.
 SWITCH_FLAGS = (

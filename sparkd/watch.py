@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import httpx
 
 from sparkd import probes
 from sparkd.runtime.base import Instance
@@ -79,38 +80,48 @@ class InstanceWatch:
         self.daemon.post(sm.Exited(failure))
 
     async def _probe(self) -> None:
+        """Readiness while starting, then the health layers; one task owns the (immutable) tracker."""
         cfg = self.daemon.cfg
-        base = probes.base_url(cfg.launch.host, cfg.launch.port)
-        hc = cfg.health
-        async with probes.make_client() as client:
-            while self.daemon.machine.state not in sm.SERVING:
-                if self.daemon.machine.state is sm.State.starting:
-                    result = await probes.probe_health(client, base, hc.timeout_s)
-                    if result.ok:
-                        self.daemon.post(sm.BecameReady())
-                        break
-                await anyio.sleep(READY_POLL_S)
-            await self._serve_probes(client, base)
-
-    async def _serve_probes(self, client: probes.httpx.AsyncClient, base: str) -> None:
-        hc = self.daemon.cfg.health
-        tracker = health.HealthTracker()
-        next_canary = time.monotonic() + hc.canary_interval_s
-        while True:
-            await anyio.sleep(hc.interval_s)
-            now = time.monotonic()
-            result = await probes.probe_health(client, base, hc.timeout_s)
-            tracker, obs = health.observe_health(tracker, result, now, hc)
-            self._post_health(obs)
-            metrics = await probes.scrape_vllm_metrics(client, base, hc.timeout_s)
-            tracker, obs = health.observe_metrics(tracker, metrics, time.monotonic(), hc)
-            self._post_health(obs)
-            if hc.canary and time.monotonic() >= next_canary:
-                canary = await probes.probe_canary(client, base, self.daemon.cfg.served_name, hc.canary_timeout_s)
-                tracker, obs = health.observe_canary(tracker, canary, time.monotonic(), hc)
+        base = probes.probe_base_url(cfg.launch.host, cfg.launch.port)
+        send, receive = anyio.create_memory_object_stream[tuple[str, object, float]](100)
+        async with probes.make_client() as client, anyio.create_task_group() as tg:
+            tg.start_soon(self._health_loop, client, base, send)
+            if cfg.health.canary:
+                tg.start_soon(self._canary_loop, client, base, send.clone())
+            tracker = health.HealthTracker()
+            async for kind, result, now in receive:
+                if kind == "health":
+                    tracker, obs = health.observe_health(tracker, result, now, cfg.health)  # type: ignore[arg-type]
+                elif kind == "metrics":
+                    tracker, obs = health.observe_metrics(tracker, result, now, cfg.health)  # type: ignore[arg-type]
+                else:
+                    tracker, obs = health.observe_canary(tracker, result, now, cfg.health)  # type: ignore[arg-type]
+                self.daemon.health = tracker
                 self._post_health(obs)
-                next_canary = time.monotonic() + hc.canary_interval_s
-            self.daemon.health = tracker
+
+    async def _health_loop(self, client: httpx.AsyncClient, base: str, send: Any) -> None:
+        hc = self.daemon.cfg.health
+        async with send:
+            while True:
+                serving = self.daemon.machine.state in sm.SERVING
+                result = await probes.probe_health(client, base, hc.timeout_s)
+                await send.send(("health", result, time.monotonic()))
+                if serving:
+                    metrics = await probes.scrape_vllm_metrics(client, base, hc.timeout_s)
+                    await send.send(("metrics", metrics, time.monotonic()))
+                await anyio.sleep(hc.interval_s if serving else READY_POLL_S)
+
+    async def _canary_loop(self, client: httpx.AsyncClient, base: str, send: Any) -> None:
+        hc = self.daemon.cfg.health
+        api_key = self.daemon.cfg.launch.api_key
+        async with send:
+            while True:
+                await anyio.sleep(hc.canary_interval_s)
+                if self.daemon.machine.state not in sm.SERVING:
+                    continue
+                result = await probes.probe_canary(client, base, self.daemon.cfg.served_name,
+                                                   hc.canary_timeout_s, api_key=api_key)
+                await send.send(("canary", result, time.monotonic()))
 
     def _post_health(self, obs: sm.Observation | None) -> None:
         if obs is None:

@@ -122,7 +122,7 @@ class HealthTracker:
 
     @property
     def watching(self) -> bool:
-        """Ready once: canary and stall checks apply."""
+        """Past the first /health 200 and not failed: the canary and the stall check apply."""
         return self.verdict in (Verdict.healthy, Verdict.degraded)
 
 
@@ -170,7 +170,7 @@ def _said(outcome: ProbeOutcome, cfg: HealthConfig) -> str:
 
 
 def observe_health(t: HealthTracker, result: ProbeResult, now: float, cfg: HealthConfig) -> Step:
-    """Fold one `/health` result, arrived at monotonic `now`."""
+    """Fold one `/health` result, arrived at monotonic `now` (the thresholds count results, not time)."""
     t = _count(t, "health", result.outcome.value, result.latency_s)
     outcome = result.outcome
     if t.verdict is Verdict.failed:
