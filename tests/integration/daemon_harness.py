@@ -1,0 +1,170 @@
+"""Run a real ``sparkd run`` against the vLLM stand-in and observe it from outside, like an operator."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+BIN = Path(sys.executable).parent
+STANDIN = BIN / "sparkd-standin"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    return json.dumps(str(value))
+
+
+def render_toml(data: dict[str, Any]) -> str:
+    top = [f"{k} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    tables = [f"[{k}]\n" + "\n".join(f"{kk} = {toml_value(vv)}" for kk, vv in v.items())
+              for k, v in data.items() if isinstance(v, dict)]
+    return "\n".join(top) + "\n\n" + "\n\n".join(tables) + "\n"
+
+
+def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "runtime": "process",
+        "node": {"name": "test", "role": "single"},
+        "launch": {"executable": str(STANDIN), "model": "/models/test", "served_model_name": "test-model",
+                   "host": "127.0.0.1", "port": port},
+        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
+        "api": {"socket_group": ""},
+        "supervisor": {"stop_grace_s": 5, "startup_silence_s": 60},
+        "restart": {"backoff_initial_s": 0.2, "backoff_max_s": 1, "jitter": 0, "budget_failures": 50,
+                    "budget_window_s": 600, "consecutive_limit": 0},
+        "health": {"interval_s": 0.5, "timeout_s": 2, "failure_threshold": 2, "canary_interval_s": 1,
+                   "canary_timeout_s": 2, "busy_grace_s": 60, "stall_after_s": 3},
+    }
+    for name, values in sections.items():
+        cfg[name] = {**cfg.get(name, {}), **values}
+    cfg["launch"].setdefault("env", {})
+    cfg["launch"]["env"] = {"SPARKD_STANDIN_STARTUP_SECONDS": "0.5", **cfg["launch"]["env"]}
+    return cfg
+
+
+class Sparkd:
+    """One ``sparkd run`` process with its config, state folder and control socket."""
+
+    def __init__(self, tmp: Path, config: dict[str, Any]) -> None:
+        self.tmp = tmp
+        self.config = config
+        self.config_path = tmp / "sparkd.toml"
+        self.config_path.write_text(render_toml(config))
+        self.state_dir = Path(config["paths"]["state_dir"])
+        self.socket = Path(config["paths"]["run_dir"]) / "sparkd.sock"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = tmp / "sparkd.log"
+
+    def start(self, *extra: str) -> Sparkd:
+        env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([str(BIN / "sparkd"), "run", "--config", str(self.config_path), *extra],
+                                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return self
+
+    def status(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads((self.state_dir / "status.json").read_text())
+            return data
+        except (OSError, ValueError):
+            return {}
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 60.0,
+                 what: str = "condition") -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status()
+            if status and predicate(status):
+                return status
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"sparkd exited ({self.proc.returncode}) waiting for {what}:\n{self.log()}")
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}; status {self.status()}\n{self.log()[-4000:]}")
+
+    def wait_state(self, state: str, timeout: float = 60.0, **also: Any) -> dict[str, Any]:
+        return self.wait_for(lambda s: s.get("state") == state and all(s.get(k) == v for k, v in also.items()),
+                             timeout, f"state {state} {also}")
+
+    def ctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / "sparkctl"), "--socket", str(self.socket), *args],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def incidents(self) -> list[dict[str, Any]]:
+        folder = self.state_dir / "incidents"
+        if not folder.is_dir():
+            return []
+        return [json.loads((p / "incident.json").read_text()) for p in sorted(folder.iterdir())]
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_tree(procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+
+
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def shm_segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith(("psm_", "sem.mp-"))}

@@ -1,0 +1,163 @@
+"""sparkd run supervising the stand-in as a host process: detection, classification, recovery, adoption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from daemon_harness import Sparkd, alive, base_config, free_port, kill_tree, shm_segments, tree
+
+Factory = Callable[..., Sparkd]
+
+
+@pytest.fixture
+def sparkd(tmp_path: Path) -> Iterator[Factory]:
+    started: list[Sparkd] = []
+    seen: list[psutil.Process] = []
+
+    def make(**sections: dict[str, Any]) -> Sparkd:
+        folder = tmp_path / f"d{len(started)}"
+        folder.mkdir()
+        daemon = Sparkd(folder, base_config(folder, free_port(), **sections))
+        started.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in started:
+        pid = daemon.status().get("pid")
+        if pid:
+            seen.extend(tree(pid))
+        daemon.stop()
+    kill_tree(alive(seen))
+
+
+def get(url: str, timeout: float = 5) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.status, response.read()
+
+
+def ready_pid(daemon: Sparkd, launches: int = 1, timeout: float = 60) -> int:
+    status = daemon.wait_for(lambda s: s.get("state") == "ready" and s.get("launches", 0) >= launches,
+                             timeout, f"ready after launch {launches}")
+    return int(status["pid"])
+
+
+def test_starts_serves_and_stops_clean(sparkd: Factory) -> None:
+    before = shm_segments()
+    daemon = sparkd().start()
+    pid = ready_pid(daemon)
+    port = daemon.config["launch"]["port"]
+    code, body = get(f"http://127.0.0.1:{port}/v1/models")
+    assert code == 200 and json.loads(body)["data"][0]["id"] == "test-model"
+    procs = tree(pid)
+    assert any(p.cmdline()[0].startswith("VLLM::") for p in procs[1:]), [p.cmdline() for p in procs]
+    status = daemon.ctl("status")
+    assert status.returncode == 0 and "ready" in status.stdout
+    assert daemon.stop() == 0
+    assert alive(procs) == []
+    assert shm_segments() - before == set()
+    assert daemon.status()["state"] == "stopped"
+
+
+@pytest.mark.parametrize(("knobs", "expected"), [
+    ({"SPARKD_STANDIN_DIE_AFTER": "1", "SPARKD_STANDIN_DIE_MODE": "exit", "SPARKD_STANDIN_DIE_EXIT_CODE": "1"},
+     {"unknown"}),
+    ({"SPARKD_STANDIN_DIE_AFTER": "1", "SPARKD_STANDIN_DIE_MODE": "engine"}, {"engine_dead"}),
+    ({"SPARKD_STANDIN_HANG_AFTER": "1"}, {"hang"}),
+    ({"SPARKD_STANDIN_STALL_AFTER": "1"}, {"stall", "hang"}),
+], ids=["exit-1", "engine-death-exit-0", "hang", "stall"])
+def test_fault_is_detected_classified_and_recovered(sparkd: Factory, knobs: dict[str, str],
+                                                    expected: set[str]) -> None:
+    daemon = sparkd(launch={"env": knobs}).start()
+    first = ready_pid(daemon)
+    second = ready_pid(daemon, launches=2, timeout=90)
+    assert second != first
+    failure = daemon.status()["last_failure"] or daemon.incidents()[0]
+    assert failure["class"] in expected, failure
+    assert daemon.incidents(), "every failure leaves an incident folder"
+
+
+def test_sigkill_of_vllm_is_a_crash_and_recovers(sparkd: Factory) -> None:
+    daemon = sparkd().start()
+    pid = ready_pid(daemon)
+    os.kill(pid, signal.SIGKILL)
+    new = ready_pid(daemon, launches=2)
+    assert new != pid
+    status = daemon.status()
+    assert status["restarts"] == 1
+    assert status["last_failure"]["signal"] == signal.SIGKILL
+    assert "SIGKILL" in status["last_failure"]["message"]
+    folder = sorted((daemon.state_dir / "incidents").iterdir())[-1]
+    assert {"incident.json", "log-tail.txt", "meminfo.txt"} <= {p.name for p in folder.iterdir()}
+
+
+def test_missing_launch_target_fails_once_with_the_path(sparkd: Factory, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "vllm-head.sh"
+    daemon = sparkd(launch={"executable": str(missing)}).start()
+    status = daemon.wait_state("failed", timeout=30)
+    assert str(missing) in status["last_failure"]["message"]
+    assert status["last_failure"]["class"] == "config_error"
+    assert status["launches"] == 0 and len(daemon.incidents()) == 1
+    assert daemon.ctl("status").returncode == 1
+
+
+def test_repeated_crashes_back_off_open_the_breaker_and_reset_closes_it(sparkd: Factory) -> None:
+    daemon = sparkd(launch={"env": {"SPARKD_STANDIN_DIE_AFTER": "0.2", "SPARKD_STANDIN_DIE_MODE": "exit"}},
+                    restart={"budget_failures": 3, "backoff_initial_s": 0.5}).start()
+    status = daemon.wait_state("failed", timeout=120)
+    assert status["breaker"]["open"] and "3 failures" in status["breaker"]["reason"]
+    assert status["launches"] == 3
+    refused = daemon.ctl("start")
+    assert refused.returncode == 1 and "breaker" in refused.stderr
+    assert daemon.ctl("reset").returncode == 0
+    daemon.wait_for(lambda s: s.get("launches", 0) >= 4, 60, "a launch after reset")
+    assert not daemon.status()["breaker"]["open"] or daemon.status()["launches"] >= 4
+
+
+def test_daemon_sigkill_then_restart_adopts_the_running_instance(sparkd: Factory) -> None:
+    daemon = sparkd().start()
+    pid = ready_pid(daemon)
+    daemon.kill()
+    assert psutil.pid_exists(pid)
+    daemon.start()
+    status = daemon.wait_for(lambda s: s.get("state") == "ready" and s.get("daemon_pid") == daemon.proc.pid,
+                             60, "ready under the new daemon")
+    assert status["pid"] == pid
+    assert status["restarts"] == 0 and status["launches"] == 0
+    assert "adopted" in daemon.log()
+
+
+def test_sparkctl_restart_wait_reports_phases(sparkd: Factory) -> None:
+    daemon = sparkd().start()
+    pid = ready_pid(daemon)
+    result = daemon.ctl("restart", "--wait", "--timeout", "90")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "preflight" in result.stdout and "ready" in result.stdout
+    assert daemon.status()["pid"] != pid
+
+
+def test_leave_running_on_sigterm_keeps_vllm_for_the_next_daemon(sparkd: Factory) -> None:
+    daemon = sparkd(supervisor={"leave_running": True}).start()
+    pid = ready_pid(daemon)
+    assert daemon.stop() == 0
+    assert psutil.pid_exists(pid)
+    daemon.start()
+    status = daemon.wait_for(lambda s: s.get("daemon_pid") == daemon.proc.pid and s.get("state") == "ready",
+                             60, "adopted")
+    assert status["pid"] == pid
+
+
+def test_second_daemon_on_the_node_is_refused(sparkd: Factory) -> None:
+    daemon = sparkd().start()
+    ready_pid(daemon)
+    (daemon.tmp / "again").mkdir()
+    second = Sparkd(daemon.tmp / "again", daemon.config).start()
+    assert second.proc is not None and second.proc.wait(30) == 1
+    assert "already_running" in second.log()
