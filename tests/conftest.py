@@ -1,0 +1,321 @@
+"""Shared fixtures: the real Docker engine and the sparkd test image (DESIGN.md §6).
+
+Tests marked ``@pytest.mark.docker`` get a working engine or fail loudly with the reason: a missing engine is
+never a silent skip. Locally, ``SPARKD_TESTS_NO_DOCKER=1`` skips them with an explicit reason.
+
+If no engine answers, the ``docker_client`` fixture runs ``tests/infra/ensure-docker.sh`` once (installs
+docker.io if needed and starts dockerd; needs root). ``SPARKD_TESTS_ENSURE_DOCKER=0`` turns that off.
+
+Containers made through ``make_container`` / ``make_session_container`` run the local test image with host
+networking and the host's ``/usr``, Python, venv and repo mounted read-only (``python_mounts``), so
+``<repo>/.venv/bin/python -m sparkd...`` runs inside. Every container carries the labels
+``sparkd.test=1`` and ``sparkd.test.session=<id>``; at the end of the session exactly the containers with
+this session's label are removed (force). No other container is ever touched.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+INFRA_DIR = REPO_ROOT / "tests" / "infra"
+ENSURE_DOCKER = INFRA_DIR / "ensure-docker.sh"
+
+NO_DOCKER_ENV = "SPARKD_TESTS_NO_DOCKER"
+ENSURE_DOCKER_ENV = "SPARKD_TESTS_ENSURE_DOCKER"
+
+TEST_LABEL = "sparkd.test"
+SESSION_LABEL = "sparkd.test.session"
+PID_LABEL = "sparkd.test.pid"
+
+
+def _load_build_image() -> ModuleType:
+    name = "sparkd_tests_infra_build_image"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, INFRA_DIR / "build_image.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+build_image = _load_build_image()
+
+
+def _no_docker() -> bool:
+    return os.environ.get(NO_DOCKER_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+_NO_DOCKER_REASON = f"{NO_DOCKER_ENV}=1: docker-marked tests skipped on request (never set this in CI)"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _no_docker():
+        return
+    skip = pytest.mark.skip(reason=_NO_DOCKER_REASON)
+    for item in items:
+        if item.get_closest_marker("docker") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _docker_marker_requires_engine(request: pytest.FixtureRequest) -> None:
+    """A ``docker``-marked test errors with the engine's problem even if it names no docker fixture."""
+    if request.node.get_closest_marker("docker") is not None:
+        request.getfixturevalue("docker_client")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Engine
+
+
+def _connect() -> tuple[Any, str | None]:
+    """(client, None) if the engine answers a ping, else (None, reason)."""
+    try:
+        import docker
+    except ImportError as exc:  # the project depends on it; a broken venv should say so
+        return None, f"the 'docker' package is not importable: {exc}"
+    try:
+        client = docker.from_env(timeout=60)
+        client.ping()
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return client, None
+
+
+@pytest.fixture(scope="session")
+def docker_session_id() -> str:
+    """Identifies this pytest session's containers (label ``sparkd.test.session``)."""
+    return uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(scope="session")
+def docker_test_labels(docker_session_id: str) -> dict[str, str]:
+    """Labels every container made for this session carries; give them to containers that code under test
+    creates, so the session-end cleanup removes those too."""
+    return {TEST_LABEL: "1", SESSION_LABEL: docker_session_id, PID_LABEL: str(os.getpid())}
+
+
+def _remove_session_containers(client: Any, session_id: str) -> list[str]:
+    """Force-remove the containers labelled with this session's id, and only those."""
+    import docker.errors
+
+    removed: list[str] = []
+    for container in client.containers.list(all=True, filters={"label": f"{SESSION_LABEL}={session_id}"}):
+        # Double-check the label on the object itself before removing anything.
+        if container.labels.get(SESSION_LABEL) != session_id:
+            continue
+        try:
+            container.remove(force=True, v=True)
+            removed.append(container.name)
+        except docker.errors.NotFound:
+            pass
+    return removed
+
+
+@pytest.fixture(scope="session")
+def docker_client(docker_session_id: str) -> Iterator[Any]:
+    """A ``docker.DockerClient`` connected to a live engine.
+
+    Skips only when ``SPARKD_TESTS_NO_DOCKER=1``; otherwise a missing engine fails the test with the reason.
+    At session end, force-removes the containers labelled with this session's id.
+    """
+    if _no_docker():
+        pytest.skip(_NO_DOCKER_REASON)
+    client, reason = _connect()
+    if client is None and os.environ.get(ENSURE_DOCKER_ENV, "1") != "0":
+        try:
+            proc = subprocess.run(
+                ["bash", str(ENSURE_DOCKER)], capture_output=True, text=True, timeout=900, check=False
+            )
+            output = (proc.stdout + proc.stderr).strip()
+            if proc.returncode != 0:
+                pytest.fail(
+                    f"No Docker engine ({reason}) and {ENSURE_DOCKER.relative_to(REPO_ROOT)} failed "
+                    f"(exit {proc.returncode}):\n{output}\n"
+                    f"Set {NO_DOCKER_ENV}=1 to skip docker tests locally.",
+                    pytrace=False,
+                )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"No Docker engine ({reason}) and {ENSURE_DOCKER} timed out", pytrace=False)
+        client, reason = _connect()
+    if client is None:
+        pytest.fail(
+            f"Docker engine unavailable: {reason}\n"
+            f"Start one with `bash {ENSURE_DOCKER.relative_to(REPO_ROOT)}` (as root), "
+            f"or set {NO_DOCKER_ENV}=1 to skip docker tests locally.",
+            pytrace=False,
+        )
+    try:
+        yield client
+    finally:
+        try:
+            _remove_session_containers(client, docker_session_id)
+        finally:
+            client.close()
+
+
+@pytest.fixture(scope="session")
+def test_image(docker_client: Any) -> str:
+    """Name of the local test image (``sparkd-test:latest``), built now if missing or outdated."""
+    try:
+        return build_image.ensure_image(docker_client)
+    except Exception as exc:
+        pytest.fail(f"could not build the test image {build_image.IMAGE}: {type(exc).__name__}: {exc}")
+
+
+@pytest.fixture(scope="session")
+def python_mounts() -> dict[str, dict[str, str]]:
+    """Read-only mounts (docker SDK ``volumes`` format) for the host's /usr, Python, the venv and the repo.
+    Do not mutate; merge: ``{**python_mounts, "/host/dir": {"bind": "/dir", "mode": "rw"}}``."""
+    return build_image.python_mounts(REPO_ROOT)
+
+
+@pytest.fixture(scope="session")
+def venv_python() -> str:
+    """``<repo>/.venv/bin/python``: the same path on the host and inside test containers."""
+    return build_image.venv_python(REPO_ROOT)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Containers
+
+
+class ContainerFactory:
+    """Creates containers from the test image with our defaults and tracks them for removal."""
+
+    _counter = itertools.count(1)
+
+    def __init__(
+        self,
+        client: Any,
+        image: str,
+        mounts: Mapping[str, Mapping[str, str]],
+        labels: Mapping[str, str],
+        session_id: str,
+    ) -> None:
+        self.client = client
+        self.image = image
+        self.mounts = dict(mounts)
+        self.labels = dict(labels)
+        self.session_id = session_id
+        self.created: list[Any] = []
+
+    def __call__(
+        self,
+        command: str | Sequence[str] | None = None,
+        *,
+        name: str | None = None,
+        network_mode: str = "host",
+        ipc_mode: str | None = None,
+        cap_add: Sequence[str] = (),
+        volumes: Mapping[str, Mapping[str, str]] | None = None,
+        environment: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        init: bool = False,
+        start: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """Run (or with ``start=False`` only create) a container; returns a docker SDK ``Container``.
+
+        - ``command``: default ``sleep infinity`` (the image's CMD); a string goes through ``/bin/sh -c``.
+        - ``network_mode``: ``"host"``; ``ipc_mode``: e.g. ``"host"`` to share /dev/shm with the host.
+        - ``cap_add``: single capabilities (``["SYS_PTRACE", "KILL"]``); ``privileged`` fails on these hosts.
+        - ``volumes``: merged over ``python_mounts`` (same format; a host path given here wins).
+        - ``labels``: merged over the session labels (which cannot be overridden).
+        - ``init``: run docker-init as PID 1 (reaps zombies, forwards signals).
+        - ``kwargs``: passed through to ``client.containers.run`` / ``create``.
+        """
+        if isinstance(command, str):
+            cmd: list[str] | None = ["/bin/sh", "-c", command]
+        else:
+            cmd = list(command) if command is not None else None
+        all_labels = {**(labels or {}), **self.labels}
+        all_volumes = {**self.mounts, **(dict(volumes) if volumes else {})}
+        env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", **(environment or {})}
+        params: dict[str, Any] = {
+            "name": name or f"sparkd-test-{self.session_id}-{next(self._counter)}",
+            "network_mode": network_mode,
+            "cap_add": list(cap_add) or None,
+            "volumes": all_volumes,
+            "environment": env,
+            "labels": all_labels,
+            "init": init or None,
+            **kwargs,
+        }
+        if ipc_mode is not None:
+            params["ipc_mode"] = ipc_mode
+        if start:
+            container = self.client.containers.run(self.image, cmd, detach=True, **params)
+        else:
+            container = self.client.containers.create(self.image, cmd, **params)
+        self.created.append(container)
+        return container
+
+    def remove_all(self) -> None:
+        """Force-remove the containers this factory made (each re-checked for this session's label)."""
+        import docker.errors
+
+        while self.created:
+            container = self.created.pop()
+            try:
+                container.reload()
+                if container.labels.get(SESSION_LABEL) == self.session_id:
+                    container.remove(force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+
+
+def _factory(
+    docker_client: Any,
+    test_image: str,
+    python_mounts: dict[str, dict[str, str]],
+    docker_test_labels: dict[str, str],
+    docker_session_id: str,
+) -> ContainerFactory:
+    return ContainerFactory(docker_client, test_image, python_mounts, docker_test_labels, docker_session_id)
+
+
+@pytest.fixture
+def make_container(
+    docker_client: Any,
+    test_image: str,
+    python_mounts: dict[str, dict[str, str]],
+    docker_test_labels: dict[str, str],
+    docker_session_id: str,
+) -> Iterator[Callable[..., Any]]:
+    """Factory for containers removed when the test ends. See :meth:`ContainerFactory.__call__`."""
+    factory = _factory(docker_client, test_image, python_mounts, docker_test_labels, docker_session_id)
+    try:
+        yield factory
+    finally:
+        factory.remove_all()
+
+
+@pytest.fixture(scope="session")
+def make_session_container(
+    docker_client: Any,
+    test_image: str,
+    python_mounts: dict[str, dict[str, str]],
+    docker_test_labels: dict[str, str],
+    docker_session_id: str,
+) -> Iterator[Callable[..., Any]]:
+    """Like ``make_container``, for containers shared by several tests; removed at session end."""
+    factory = _factory(docker_client, test_image, python_mounts, docker_test_labels, docker_session_id)
+    try:
+        yield factory
+    finally:
+        factory.remove_all()
