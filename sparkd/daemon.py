@@ -12,6 +12,7 @@ import random
 import signal
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,8 @@ class Daemon:
         self.progress = Progress()
         self.failure_at: float | None = None
         self.last_preflight: list[dict[str, object]] = []
+        # Recent states and phases with wall times, so `sparkctl restart --wait` shows every step.
+        self.history: deque[dict[str, Any]] = deque(maxlen=50)
         self._send, self._recv = anyio.create_memory_object_stream[sm.Observation](1000)
         self._busy = anyio.Lock()  # launch and stop never overlap
         self._preflight_scope: anyio.CancelScope | None = None
@@ -167,6 +170,7 @@ class Daemon:
         after, actions = sm.step(before, obs, time.monotonic(), self.limits)
         self.machine = after
         if after.state is not before.state:
+            self._remember(state=after.state.value)
             failure = after.pending or (after.last_failure if after.state is State.failed else None)
             self.log.info("transition", **{"from": before.state.value}, to=after.state.value,
                           observation=type(obs).__name__,
@@ -281,6 +285,7 @@ class Daemon:
         if self.headless and self.progress.distributed_ready and not before.distributed_ready:
             self.post(sm.BecameReady())
         if self.progress.phase is not before.phase:
+            self._remember(state=self.machine.state.value, phase=self.progress.phase.value)
             self.log.info("phase", phase=self.progress.phase.value)
             self._write_status()
 
@@ -291,10 +296,17 @@ class Daemon:
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
         return classify(exit_code, sig, self.vllm_log.last(300), hint=hint, context=self.context())
 
+    def _remember(self, **entry: Any) -> None:
+        shards = self.progress.shards_total
+        if entry.get("phase") == "loading_weights" and shards:
+            entry["shards"] = [self.progress.shards_loaded, shards]
+        self.history.append({"at": time.time(), **entry})
+
     def status(self) -> dict[str, Any]:
         return snapshot(
             self.cfg, self.machine, instance=self.instance, progress=self.progress, clock=self.clock,
             now=time.monotonic(), failure_at=self.failure_at, daemon_pid=os.getpid(),
+            extra={"history": list(self.history)},
         )
 
     def refusal(self, action: str) -> str | None:

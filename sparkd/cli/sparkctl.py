@@ -148,38 +148,42 @@ def restart(obj: Ctx, wait: bool, timeout_s: float) -> None:
     sys.exit(wait_for_start(obj, before.get("launches", 0), timeout_s))
 
 
-def _describe_progress(s: dict[str, Any]) -> str:
-    state, phase = s["state"], s.get("phase")
-    if state != "starting" or not phase:
-        return state
-    text = {"waiting_for_peer": "waiting for the peer rank", "loading_weights": "loading weights",
-            "kv_cache": "KV cache", "graph_capture": "capturing CUDA graphs",
-            "api_starting": "starting the API server"}.get(phase, phase)
-    shards = s.get("shards")
-    if phase == "loading_weights" and shards:
-        text += f" {shards[0]}/{shards[1]} shards"
-    return f"starting: {text}"
+PHASE_TEXT = {"launching": "launching", "waiting_for_peer": "waiting for the peer rank",
+              "loading_weights": "loading weights", "kv_cache": "KV cache", "graph_capture": "capturing CUDA graphs",
+              "api_starting": "starting the API server", "ready": "API up, checking /health"}
+
+
+def describe_step(entry: dict[str, Any]) -> str:
+    phase = entry.get("phase")
+    if not phase:
+        return str(entry["state"])
+    text = PHASE_TEXT.get(phase, phase)
+    if entry.get("shards"):
+        text += f" {entry['shards'][0]}/{entry['shards'][1]} shards"
+    return f"{entry['state']}: {text}"
 
 
 def wait_for_start(obj: Ctx, launches_before: int, timeout_s: float) -> int:
-    started, shown = time.monotonic(), ""
+    """Print every state and phase the daemon records after the request, until ready or a failure."""
+    started_wall, started = time.time(), time.monotonic()
+    printed = 0.0
     while time.monotonic() - started < timeout_s:
         try:
             with obj.client() as client:
                 s = client.status()
         except DaemonUnreachable as exc:
             _unreachable(exc, obj.as_json)
-        elapsed = time.monotonic() - started
-        line = _describe_progress(s)
-        if line != shown and not obj.as_json:
-            click.echo(f"[{elapsed:7.1f}s] {line}")
-            shown = line
+        for entry in s.get("history", []):
+            if entry["at"] >= started_wall - 0.5 and entry["at"] > printed:
+                printed = entry["at"]
+                if not obj.as_json:
+                    click.echo(f"[{max(0.0, entry['at'] - started_wall):7.1f}s] {describe_step(entry)}")
         new_launch = s.get("launches", 0) > launches_before
         if s["state"] == "ready" and new_launch:
             if obj.as_json:
                 click.echo(json.dumps(s, indent=2))
             return EXIT_READY
-        if s["state"] in ("failed", "backoff", "stopped") and (new_launch or s["state"] != "stopped"):
+        if s["state"] in ("failed", "backoff") or (s["state"] == "stopped" and new_launch):
             failure = s.get("last_failure") or {}
             if obj.as_json:
                 click.echo(json.dumps(s, indent=2))
