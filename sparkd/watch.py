@@ -75,6 +75,9 @@ class InstanceWatch:
         self.exited.set()
         with anyio.move_on_after(5.0):
             await self.logs_drained.wait()
+        if self.daemon.machine.state is sm.State.stopping:
+            self.daemon.log.info("exited", pid=self.instance.pid, exit=info.describe(), requested=True)
+            return
         failure = self.daemon.classify_exit(info.exit_code, info.signal, self.hint)
         self.daemon.log.info("exited", pid=self.instance.pid, exit=info.describe(), failure=failure.cls.value)
         self.daemon.post(sm.Exited(failure))

@@ -161,3 +161,13 @@ def test_second_daemon_on_the_node_is_refused(sparkd: Factory) -> None:
     second = Sparkd(daemon.tmp / "again", daemon.config).start()
     assert second.proc is not None and second.proc.wait(30) == 1
     assert "already_running" in second.log()
+
+
+def test_rehearse_runs_a_real_config_with_the_stand_in(sparkd: Factory) -> None:
+    daemon = sparkd(launch={"executable": "vllm-that-is-not-installed",
+                            "compilation_config": {"cudagraph_mode": "PIECEWISE"}})
+    daemon.start("--rehearse")
+    pid = ready_pid(daemon)
+    cmdline = psutil.Process(pid).cmdline()
+    assert "sparkd.standin" in cmdline and "--compilation-config" in cmdline
+    assert cmdline[cmdline.index("--compilation-config") + 1] == '{"cudagraph_mode": "PIECEWISE"}'
