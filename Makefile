@@ -20,6 +20,7 @@ run: setup
 
 docker-up:
 	bash tests/infra/ensure-docker.sh
+	bash tests/infra/ensure-tools.sh
 
 image: setup docker-up
 	$(BIN)/python tests/infra/build_image.py

@@ -193,6 +193,10 @@ class PathsConfig(_Section):
 class ApiConfig(_Section):
     # Group that may use the control socket (<paths.run_dir>/sparkd.sock, mode 0660).
     socket_group: str | None = "sparkd"
+    # One TCP port for Prometheus (/metrics, open) and the peer API (/v1/*, bearer token). port = 0: off.
+    listen: str = "127.0.0.1"
+    port: int = Field(default=9479, ge=0, le=65535)
+    token_file: Path | None = None
 
 
 class LintConfig(_Section):

@@ -13,18 +13,22 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
-from sparkd.api.server import bind_unix_socket, serve_unix
+from sparkd.api.server import bind_tcp_socket, bind_unix_socket, build_app, build_tcp_app, read_token, serve
 from sparkd.config import Config, Role
 from sparkd.incidents import incident_record, write_incident
 from sparkd.launch import LaunchSpec, render
 from sparkd.logs import VllmLog, configure_logging, get_logger
+from sparkd.memory import memory_metrics, read_meminfo
+from sparkd.metrics import DaemonCounters, Metrics
 from sparkd.nodelock import AlreadyRunning, NodeLock
+from sparkd.notify import Notifier
 from sparkd.preflight.runner import PreflightContext, run_preflight
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Instance, LaunchError, Runtime
@@ -88,6 +92,10 @@ class Daemon:
         self._preflight_scope: anyio.CancelScope | None = None
         self._shutdown = False
         self._tg: TaskGroup | None = None
+        self.counters = DaemonCounters()
+        self.metrics = Metrics(self)
+        self.notifier = Notifier()
+        self.loop_alive_at = time.monotonic()  # the watchdog pets only while this moves
 
     # ---- paths
     @property
@@ -114,12 +122,13 @@ class Daemon:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                api_socket = bind_unix_socket(self.cfg.paths.socket, group=self.cfg.api.socket_group)
-                tg.start_soon(serve_unix, self, api_socket)
+                self._start_servers(tg)
                 tg.start_soon(self._signals)
                 tg.start_soon(self._ticker)
+                tg.start_soon(self._watchdog)
                 self._write_status()
                 await self._adopt()
+                self.notifier.ready(self.status_line())
                 async for obs in self._recv:
                     self.apply(obs)
                     if self._shutdown and self._quiescent():
@@ -132,6 +141,26 @@ class Daemon:
         self.log.info("daemon_exit", state=self.machine.state.value)
         return 0
 
+    def _start_servers(self, tg: TaskGroup) -> None:
+        api = self.cfg.api
+        tg.start_soon(serve, build_app(self), bind_unix_socket(self.cfg.paths.socket, group=api.socket_group))
+        if api.port:
+            token = read_token(api.token_file)
+            if api.token_file is not None and token is None:
+                self.log.error("token_unreadable", path=str(api.token_file))
+            tg.start_soon(serve, build_tcp_app(self, token), bind_tcp_socket(api.listen, api.port))
+
+    async def _watchdog(self) -> None:
+        interval = self.notifier.watchdog_interval_s
+        if interval is None:
+            return
+        while True:
+            self.notifier.pet(self.loop_alive_at)
+            await anyio.sleep(interval)
+
+    def now(self) -> float:
+        return time.monotonic()
+
     def _quiescent(self) -> bool:
         if self.cfg.supervisor.leave_running:
             return True
@@ -143,6 +172,7 @@ class Daemon:
                 self.log.info("signal", signal=signal.Signals(signum).name,
                               leave_running=self.cfg.supervisor.leave_running)
                 self._shutdown = True
+                self.notifier.stopping()
                 if self.cfg.supervisor.leave_running:
                     self.post(sm.Tick())
                 else:
@@ -167,10 +197,13 @@ class Daemon:
     # ---- applying observations
     def apply(self, obs: sm.Observation) -> None:
         before = self.machine
-        after, actions = sm.step(before, obs, time.monotonic(), self.limits)
+        now = time.monotonic()
+        self.loop_alive_at = now
+        after, actions = sm.step(before, obs, now, self.limits)
         self.machine = after
         if after.state is not before.state:
             self._remember(state=after.state.value)
+            self._count(before, after, now)
             failure = after.pending or (after.last_failure if after.state is State.failed else None)
             self.log.info("transition", **{"from": before.state.value}, to=after.state.value,
                           observation=type(obs).__name__,
@@ -182,6 +215,30 @@ class Daemon:
             self._act(action)
         if after is not before:
             self._write_status()
+            self.notifier.status(self.status_line())
+
+    def _count(self, before: sm.Machine, after: sm.Machine, now: float) -> None:
+        if after.state is State.ready and before.state is State.starting and after.started_at is not None \
+                and after.launches:
+            self.metrics.start_duration.observe(now - after.started_at)
+        if after.launches > before.launches > 0:
+            self.counters.restarts[after.restart_reason or "unknown"] += 1
+
+    def status_line(self) -> str:
+        m, p = self.machine, self.progress
+        line = m.state.value
+        if m.state is State.starting and self.instance is not None:
+            line += f": {p.phase.value}" + (f" {p.shards_loaded}/{p.shards_total}" if p.shards_total else "")
+        if self.instance is not None:
+            line += f", pid {self.instance.pid}"
+        line += f", restarts {m.restarts}"
+        if m.last_failure is not None and m.state in (State.backoff, State.failed):
+            line += f", last failure {m.last_failure.cls.value}"
+        return line
+
+    def extra_metrics(self) -> Iterator[Any]:
+        """Memory metrics; the memory guard replaces this reading with its own samples when it runs."""
+        yield from memory_metrics(read_meminfo())
 
     def _act(self, action: sm.Action) -> None:
         assert self._tg is not None
@@ -253,6 +310,9 @@ class Daemon:
 
     def _record_incident(self, failure: Failure) -> None:
         self.failure_at = time.time()
+        self.counters.failures[failure.cls.value] += 1
+        if failure.exit_code is not None:
+            self.counters.last_exit_code = failure.exit_code
         record = incident_record(failure, at=self.failure_at, config_hash=self.cfg.launch_hash(),
                                  node=self.cfg.node.name, state=self.machine.state.value,
                                  pid=self.instance.pid if self.instance else None,
@@ -303,10 +363,13 @@ class Daemon:
         self.history.append({"at": time.time(), **entry})
 
     def status(self) -> dict[str, Any]:
+        meminfo = read_meminfo()
         return snapshot(
             self.cfg, self.machine, instance=self.instance, progress=self.progress, clock=self.clock,
             now=time.monotonic(), failure_at=self.failure_at, daemon_pid=os.getpid(),
-            extra={"history": list(self.history)},
+            extra={"history": list(self.history), "memory": {
+                "available_bytes": meminfo.get("MemAvailable"), "free_bytes": meminfo.get("MemFree"),
+                "total_bytes": meminfo.get("MemTotal")}},
         )
 
     def refusal(self, action: str) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import hmac
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Generator
@@ -17,10 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sparkd.incidents import list_incidents
 from sparkd.supervisor import machine as sm
@@ -59,7 +63,7 @@ def bind_unix_socket(path: Path, *, mode: int = 0o660, group: str | None = None)
     return sock
 
 
-def build_app(daemon: Daemon) -> Starlette:
+def control_routes(daemon: Daemon) -> list[Route]:
     async def status(request: Request) -> JSONResponse:
         return JSONResponse(daemon.status())
 
@@ -88,13 +92,70 @@ def build_app(daemon: Daemon) -> Starlette:
     async def preflight(request: Request) -> JSONResponse:
         return JSONResponse({"last": daemon.last_preflight})
 
-    return Starlette(routes=[
+    return [
         Route("/v1/status", status),
         Route("/v1/{action}", action, methods=["POST"]),
         Route("/v1/logs", logs),
         Route("/v1/incidents", incidents),
         Route("/v1/preflight", preflight),
-    ])
+    ]
+
+
+def build_app(daemon: Daemon) -> Starlette:
+    """The unix-socket app: who may connect is decided by the socket's mode and group."""
+    return Starlette(routes=control_routes(daemon))
+
+
+def read_token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return token or None
+
+
+def build_tcp_app(daemon: Daemon, token: str | None) -> Starlette:
+    """The TCP app: /metrics for Prometheus; the control API only with the peer bearer token."""
+
+    async def metrics(request: Request) -> Response:
+        return Response(daemon.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(routes=[Route("/metrics", metrics), *control_routes(daemon)],
+                     middleware=[Middleware(TokenGate, token=token)])
+
+
+class TokenGate:
+    """ASGI middleware: everything but /metrics needs ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/metrics":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if self.token is None:
+            refusal = JSONResponse({"error": "the control API is not open over TCP: no [api] token_file"}, 403)
+        elif not hmac.compare_digest(given, f"Bearer {self.token}".encode()):
+            refusal = JSONResponse({"error": "missing or wrong bearer token"}, 401,
+                                   headers={"WWW-Authenticate": "Bearer"})
+        else:
+            await self.app(scope, receive, send)
+            return
+        await refusal(scope, receive, send)
+
+
+def bind_tcp_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    return sock
 
 
 async def _follow(daemon: Daemon, backlog: list[str]) -> AsyncIterator[str]:
@@ -115,6 +176,6 @@ def _offer(send: Any, line: str) -> None:
         send.send_nowait(line)
 
 
-async def serve_unix(daemon: Daemon, sock: socket.socket) -> None:
-    config = uvicorn.Config(build_app(daemon), lifespan="off", log_level="warning", access_log=False)
+async def serve(app: Starlette, sock: socket.socket) -> None:
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
     await _QuietServer(config).serve(sockets=[sock])

@@ -181,6 +181,7 @@ class Machine:
     pending: Failure | None = None  # the failure the current stop answers
     after_stop: After = After.stay_stopped
     health_note: str | None = None  # why degraded
+    restart_reason: str | None = None  # why the next launch is a restart: a failure class, "operator", "reset"
     restart_state: policy.RestartState = field(default_factory=policy.RestartState)
 
     @property
@@ -221,7 +222,7 @@ def step(m: Machine, obs: Observation, now: float, limits: Limits | None = None)
             return replace(m, after_stop=After.stay_stopped if m.pending is None else m.after_stop), []
         return _to(m, State.stopped, now, deadline=None), []
     if isinstance(obs, RestartRequested):
-        m = replace(m, want_running=True, restart_state=policy.reset(m.restart_state))
+        m = replace(m, want_running=True, restart_state=policy.reset(m.restart_state), restart_reason="operator")
         if state in RUNNING:
             return _stop(m, now, After.restart, "operator restart")
         if state is State.stopping:
@@ -230,13 +231,15 @@ def step(m: Machine, obs: Observation, now: float, limits: Limits | None = None)
             return m, []
         return _preflight(m, now)
     if isinstance(obs, ResetRequested):
-        m = replace(m, restart_state=policy.reset(m.restart_state))
+        m = replace(m, restart_state=policy.reset(m.restart_state), restart_reason="reset")
         if state is not State.failed:
             return m, []
         return _preflight(m, now) if m.want_running else (_to(m, State.stopped, now), [])
     if isinstance(obs, StartRequested):
         m = replace(m, want_running=True)
-        if state in (State.stopped, State.backoff):
+        if state is State.stopped:
+            return _preflight(replace(m, restart_reason="operator"), now)
+        if state is State.backoff:
             return _preflight(m, now)
         return m, []  # running already, or failed (only reset/restart clear the breaker)
     return _lifecycle(m, obs, now, limits)
@@ -271,7 +274,7 @@ def _recover_now(m: Machine, failure: Failure, now: float, limits: Limits) -> Re
     actions: list[Action] = [RecordIncident(failure)]
     if isinstance(decision, policy.GiveUp):
         return _to(m, State.failed, now, deadline=None), actions
-    return _to(m, State.backoff, now, deadline=now + decision.delay_s), actions
+    return _to(m, State.backoff, now, deadline=now + decision.delay_s, restart_reason=failure.cls.value), actions
 
 
 def _starting(m: Machine, obs: Observation, now: float, limits: Limits) -> Result:
@@ -320,6 +323,7 @@ def _after_stop(m: Machine, obs: StopDone, now: float, limits: Limits) -> Result
     restart_state = policy.on_stopped(m.restart_state)
     m = replace(m, restart_state=restart_state)
     if m.after_stop is After.recover and m.pending is not None:
+        failed = m.pending
         restart_state, decision = policy.on_failure(m.restart_state, limits.restart, m.pending.cls, now,
                                                     obs.rand)
         m = replace(m, restart_state=restart_state, pending=None)
@@ -327,7 +331,7 @@ def _after_stop(m: Machine, obs: StopDone, now: float, limits: Limits) -> Result
             return _to(m, State.failed, now, deadline=None), []
         if not m.want_running:
             return _to(m, State.stopped, now, deadline=None), []
-        return _to(m, State.backoff, now, deadline=now + decision.delay_s), []
+        return _to(m, State.backoff, now, deadline=now + decision.delay_s, restart_reason=failed.cls.value), []
     if m.after_stop is After.restart and m.want_running:
-        return _preflight(m, now)
+        return _preflight(replace(m, restart_reason="operator"), now)
     return _to(m, State.stopped, now, deadline=None, pending=None), []

@@ -79,8 +79,8 @@ class Sparkd:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = tmp / "sparkd.log"
 
-    def start(self, *extra: str) -> Sparkd:
-        env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+    def start(self, *extra: str, env: dict[str, str] | None = None) -> Sparkd:
+        env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", **(env or {})}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([str(BIN / "sparkd"), "run", "--config", str(self.config_path), *extra],
                                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

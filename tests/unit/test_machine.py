@@ -139,3 +139,12 @@ def test_every_state_handles_every_observation_without_error() -> None:
             assert isinstance(after.state, State)
             if sm.Launch() in actions:
                 assert after.state is State.starting
+
+
+@pytest.mark.parametrize(("steps", "reason"), [
+    ([(sm.Exited(CRASH), 1), (sm.StopDone(), 1), (sm.Tick(), 20), (sm.PreflightDone(), 20)], "engine_dead"),
+    ([(sm.RestartRequested(), 1), (sm.StopDone(), 2), (sm.PreflightDone(), 2)], "operator"),
+])
+def test_restart_reason_names_what_caused_the_next_launch(steps, reason: str) -> None:
+    m = run(at(State.ready, launches=1), *steps)
+    assert m.state is State.starting and m.launches == 2 and m.restart_reason == reason

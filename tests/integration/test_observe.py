@@ -1,0 +1,122 @@
+"""Observe and control a real daemon: sd_notify datagrams, /metrics checked by promtool, the token gate,
+socket permissions, sparkctl commands and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_harness import Sparkd, base_config, free_port
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Sparkd]:
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    d = Sparkd(tmp_path, base_config(tmp_path, free_port(),
+                                     api={"port": free_port(), "token_file": str(token)}))
+    yield d
+    d.stop()
+
+
+def http(url: str, token: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_notify_datagrams_from_a_running_daemon(daemon: Sparkd, tmp_path: Path) -> None:
+    address = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(address)
+    sock.settimeout(30)
+    daemon.start(env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"})
+    messages = [sock.recv(4096).decode()]
+    assert messages[0].startswith("READY=1\nSTATUS=")
+    while not any(m.startswith("STATUS=ready") for m in messages):
+        messages.append(sock.recv(4096).decode())
+    watchdogs = 0
+    while watchdogs < 2:
+        if sock.recv(4096) == b"WATCHDOG=1":
+            watchdogs += 1
+    assert daemon.stop() == 0
+    rest = []
+    sock.settimeout(2)
+    try:
+        while True:
+            rest.append(sock.recv(4096).decode())
+    except TimeoutError:
+        pass
+    assert any(m.startswith("STOPPING=1") for m in rest)
+
+
+def test_metrics_pass_promtool_and_show_the_state(daemon: Sparkd) -> None:
+    daemon.start()
+    daemon.wait_state("ready")
+    code, text = http(f"http://127.0.0.1:{daemon.config['api']['port']}/metrics")
+    assert code == 200
+    assert 'sparkd_state{state="ready"} 1.0' in text and "sparkd_ready 1.0" in text
+    assert "sparkd_memory_available_bytes" in text and "sparkd_start_duration_seconds_count 1.0" in text
+    assert 'sparkd_probes_total{probe="health",result="ok"}' in text
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_tcp_control_api_needs_the_bearer_token(daemon: Sparkd) -> None:
+    daemon.start()
+    daemon.wait_state("ready")
+    base = f"http://127.0.0.1:{daemon.config['api']['port']}"
+    assert http(f"{base}/v1/status")[0] == 401
+    assert http(f"{base}/v1/status", token="wrong")[0] == 401
+    code, body = http(f"{base}/v1/status", token="s3cret-token")
+    assert code == 200 and json.loads(body)["state"] == "ready"
+
+
+def test_tcp_control_api_is_closed_without_a_token_file(tmp_path: Path) -> None:
+    d = Sparkd(tmp_path, base_config(tmp_path, free_port(), api={"port": free_port()}))
+    try:
+        d.start()
+        d.wait_state("ready")
+        code, body = http(f"http://127.0.0.1:{d.config['api']['port']}/v1/status", token="anything")
+        assert code == 403 and "token_file" in body
+    finally:
+        d.stop()
+
+
+def test_socket_mode_and_sparkctl_commands(daemon: Sparkd) -> None:
+    daemon.start()
+    daemon.wait_state("ready")
+    assert stat.S_IMODE(os.stat(daemon.socket).st_mode) == 0o660
+    status = daemon.ctl("--json", "status")
+    data = json.loads(status.stdout)
+    assert status.returncode == 0
+    assert {"state", "ready", "pid", "restarts", "last_failure"} <= data.keys()
+    assert data["memory"]["available_bytes"] > 0
+    assert daemon.ctl("stop").returncode == 0
+    daemon.wait_state("stopped")
+    assert daemon.ctl("status").returncode == 3
+    assert daemon.ctl("start").returncode == 0
+    daemon.wait_state("ready")
+    logs = daemon.ctl("logs", "-n", "500")
+    assert "Application startup complete." in logs.stdout
+    assert daemon.ctl("--json", "incidents").returncode == 0
+
+
+def test_sparkctl_without_a_daemon_says_so(tmp_path: Path) -> None:
+    d = Sparkd(tmp_path, base_config(tmp_path, free_port()))
+    result = d.ctl("status")
+    assert result.returncode == 4
+    assert "does not answer" in result.stderr and "Traceback" not in result.stderr
+    assert json.loads(d.ctl("--json", "status").stdout)["state"] == "unreachable"
