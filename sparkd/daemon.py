@@ -29,7 +29,7 @@ from sparkd.memory import memory_metrics, read_meminfo
 from sparkd.metrics import DaemonCounters, Metrics
 from sparkd.nodelock import AlreadyRunning, NodeLock
 from sparkd.notify import Notifier
-from sparkd.preflight.runner import PreflightContext, run_preflight
+from sparkd.preflight.runner import PreflightContext, PreflightReport, run_preflight
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Instance, LaunchError, Runtime
 from sparkd.statefile import read_json, write_json
@@ -76,7 +76,7 @@ class Daemon:
         self.limits = limits_from(cfg)
         self.machine = sm.Machine()
         self.clock = Clock(time.time() - time.monotonic())
-        self.log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
+        self._log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
         self.vllm_log = VllmLog(cfg.paths.logs / "vllm.log", max_bytes=cfg.supervisor.log_max_bytes,
                                 backups=cfg.supervisor.log_backups)
         self.instance: Instance | None = None
@@ -96,6 +96,11 @@ class Daemon:
         self.metrics = Metrics(self)
         self.notifier = Notifier()
         self.loop_alive_at = time.monotonic()  # the watchdog pets only while this moves
+
+    @property
+    def log(self) -> Any:
+        """The daemon's logger; every event carries the node, the role and the current state."""
+        return self._log.bind(state=self.machine.state.value)
 
     # ---- paths
     @property
@@ -255,6 +260,13 @@ class Daemon:
     def spec(self) -> LaunchSpec:
         spec = render(self.cfg)
         return rehearsal(spec) if self.rehearse else spec
+
+    async def run_preflight_now(self, *, dry_run: bool) -> PreflightReport:
+        """An operator's preflight (sparkctl preflight): never touches the watched instance."""
+        protect = frozenset(self.runtime.pids(self.instance)) if self.instance else frozenset()
+        ctx = PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime, protect=protect,
+                               dry_run=dry_run)
+        return await run_preflight(ctx)
 
     async def _preflight(self) -> None:
         with anyio.CancelScope() as scope:

@@ -55,8 +55,19 @@ class ControlClient:
         data: list[dict[str, Any]] = self._request("GET", "/v1/incidents").json()
         return data
 
-    def preflight(self) -> dict[str, Any]:
-        data: dict[str, Any] = self._request("GET", "/v1/preflight").json()
+    def preflight(self, *, dry_run: bool) -> dict[str, Any]:
+        response = self._request("POST", "/v1/preflight", params={"dry_run": "1" if dry_run else "0"},
+                                 timeout=600)
+        data: dict[str, Any] = response.json()
+        if response.status_code != 200:
+            raise ActionRefused(data.get("error", response.text), None)
+        return data
+
+    def incident(self, name: str) -> dict[str, Any] | None:
+        response = self._request("GET", f"/v1/incidents/{name}")
+        if response.status_code == 404:
+            return None
+        data: dict[str, Any] = response.json()
         return data
 
     def logs(self, lines: int, follow: bool) -> Iterator[str]:

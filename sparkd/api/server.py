@@ -90,14 +90,29 @@ def control_routes(daemon: Daemon) -> list[Route]:
         return JSONResponse(list_incidents(daemon.cfg.paths.incidents))
 
     async def preflight(request: Request) -> JSONResponse:
-        return JSONResponse({"last": daemon.last_preflight})
+        if request.method == "GET":
+            return JSONResponse({"last": daemon.last_preflight})
+        dry_run = request.query_params.get("dry_run", "") in ("1", "true", "yes")
+        if not dry_run and daemon.instance is not None:
+            return JSONResponse({"error": "vLLM is running: only a dry run is possible now"}, 409)
+        report = await daemon.run_preflight_now(dry_run=dry_run)
+        return JSONResponse({"ok": report.ok, "dry_run": dry_run, "results": report.to_json()})
+
+    async def incident(request: Request) -> JSONResponse:
+        name = request.path_params["name"]
+        for item in list_incidents(daemon.cfg.paths.incidents):
+            if Path(item["path"]).name == name or Path(item["path"]).name.startswith(name):
+                tail = (Path(item["path"]) / "log-tail.txt").read_text(errors="replace")
+                return JSONResponse({**item, "log_tail": tail})
+        return JSONResponse({"error": f"no incident {name!r}"}, 404)
 
     return [
         Route("/v1/status", status),
+        Route("/v1/preflight", preflight, methods=["GET", "POST"]),
         Route("/v1/{action}", action, methods=["POST"]),
         Route("/v1/logs", logs),
         Route("/v1/incidents", incidents),
-        Route("/v1/preflight", preflight),
+        Route("/v1/incidents/{name}", incident),
     ]
 
 

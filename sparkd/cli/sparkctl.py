@@ -212,11 +212,20 @@ def logs(obj: Ctx, lines: int, follow: bool) -> None:
 
 
 @main.command()
+@click.argument("incident_id", required=False)
 @click.pass_obj
-def incidents(obj: Ctx) -> None:
-    """Failures with their class, sentence and evidence folder, newest first."""
+def incidents(obj: Ctx, incident_id: str | None) -> None:
+    """Failures with their class, sentence and evidence folder, newest first; or one with its log tail."""
     try:
         with obj.client() as client:
+            if incident_id:
+                item = client.incident(incident_id)
+                if item is None:
+                    fail(f"sparkctl: no incident {incident_id!r}", EXIT_UNHEALTHY)
+                click.echo(json.dumps(item, indent=2) if obj.as_json else
+                           f"{item['at_utc']}  {item['class']}: {item['message']}\n{item['path']}\n\n"
+                           f"{item['log_tail']}")
+                return
             items = client.incidents()
     except DaemonUnreachable as exc:
         _unreachable(exc, obj.as_json)
@@ -224,4 +233,25 @@ def incidents(obj: Ctx) -> None:
         click.echo(json.dumps(items, indent=2))
         return
     for item in items:
-        click.echo(f"{item.get('at_utc', '?')}  {item['class']:<20} {item['message']}\n    {item['path']}")
+        click.echo(f"{Path(item['path']).name}  {item['class']:<20} {item['message']}")
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Report what would be fixed; change nothing.")
+@click.pass_obj
+def preflight(obj: Ctx, dry_run: bool) -> None:
+    """Run the preflight checks now through the daemon. Exit 0 ready to launch, 1 a check failed."""
+    try:
+        with obj.client(timeout_s=600) as client:
+            report = client.preflight(dry_run=dry_run)
+    except DaemonUnreachable as exc:
+        _unreachable(exc, obj.as_json)
+    except ActionRefused as exc:
+        fail(f"sparkctl preflight: refused: {exc}", EXIT_UNHEALTHY)
+    if obj.as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        for r in report["results"]:
+            did = f" -> {r['did']}" if r.get("did") else ""
+            click.echo(f"{r['verdict']:<6} {r['id']:<18} {r['found']}{did} ({r['duration_s'] * 1000:.0f} ms)")
+    sys.exit(EXIT_READY if report["ok"] else EXIT_UNHEALTHY)

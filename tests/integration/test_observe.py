@@ -120,3 +120,46 @@ def test_sparkctl_without_a_daemon_says_so(tmp_path: Path) -> None:
     assert result.returncode == 4
     assert "does not answer" in result.stderr and "Traceback" not in result.stderr
     assert json.loads(d.ctl("--json", "status").stdout)["state"] == "unreachable"
+
+
+PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
+
+
+def test_alert_rules_pass_promtool_unit_tests() -> None:
+    folder = PACKAGING / "prometheus"
+    check = subprocess.run(["promtool", "check", "rules", "sparkd-alerts.yml"], cwd=folder, capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    tests = subprocess.run(["promtool", "test", "rules", "sparkd-alerts.test.yml"], cwd=folder,
+                           capture_output=True, text=True, timeout=60)
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+
+
+def test_dashboard_queries_only_metrics_sparkd_exports(daemon: Sparkd) -> None:
+    import re
+
+    daemon.start()
+    daemon.wait_state("ready")
+    _, text = http(f"http://127.0.0.1:{daemon.config['api']['port']}/metrics")
+    exported = set(re.findall(r"^# TYPE (\w+)", text, re.M))
+    exported |= {f"{name}_{suffix}" for name in exported for suffix in ("total", "bucket", "count", "sum")}
+    dashboard = json.loads((PACKAGING / "grafana" / "sparkd-dashboard.json").read_text())
+    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"sparkd_\w+", t["expr"])}
+    assert used and used <= exported, used - exported
+
+
+def test_sparkctl_preflight_and_incident_detail(daemon: Sparkd) -> None:
+    daemon.start()
+    pid = daemon.wait_state("ready")["pid"]
+    dry = daemon.ctl("preflight", "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "stale_processes" in dry.stdout and "launch_target" in dry.stdout
+    assert daemon.status()["pid"] == pid, "a dry run never touches the watched instance"
+    refused = daemon.ctl("preflight")
+    assert refused.returncode == 1 and "dry run" in refused.stderr
+    os.kill(pid, 9)
+    daemon.wait_for(lambda s: s.get("state") == "ready" and s.get("pid") != pid, 60, "recovered")
+    listing = daemon.ctl("incidents").stdout.split()
+    detail = daemon.ctl("incidents", listing[0])
+    assert detail.returncode == 0 and "SIGKILL" in detail.stdout
+    assert daemon.ctl("incidents", "no-such-incident").returncode == 1
