@@ -157,6 +157,8 @@ class Limits:
     startup_timeout_s: float = 3600.0
     startup_silence_s: float = 900.0
     restart: policy.RestartPolicy = field(default_factory=policy.RestartPolicy)
+    # A worker of a pair: it starts only on the head's word and, after a failure, stops and waits for it.
+    led: bool = False
 
 
 class After(StrEnum):
@@ -250,6 +252,8 @@ def _lifecycle(m: Machine, obs: Observation, now: float, limits: Limits) -> Resu
     if state is State.adopting and isinstance(obs, Adopted):
         if obs.found:
             return _to(m, State.starting, now, started_at=now, last_progress_at=now), []
+        if limits.led:
+            return _to(m, State.stopped, now, want_running=False), []
         return _preflight(m, now) if m.want_running else (_to(m, State.stopped, now), [])
     if state is State.preflight and isinstance(obs, PreflightDone):
         if obs.failure is None:
@@ -269,9 +273,17 @@ def _lifecycle(m: Machine, obs: Observation, now: float, limits: Limits) -> Resu
 
 
 def _recover_now(m: Machine, failure: Failure, now: float, limits: Limits) -> Result:
-    restart_state, decision = policy.on_failure(m.restart_state, limits.restart, failure.cls, now, 0.5)
-    m = replace(m, restart_state=restart_state, last_failure=failure, pending=None)
+    """A start that failed before any process existed (preflight): back off, wait, or give up."""
     actions: list[Action] = [RecordIncident(failure)]
+    m = replace(m, last_failure=failure, pending=None)
+    if limits.led:
+        return _to(m, State.stopped, now, want_running=False), actions
+    if failure.cls is FailureClass.peer_lost:
+        restart_state, wait = policy.on_wait(m.restart_state, limits.restart, 0.5)
+        return _to(m, State.backoff, now, restart_state=restart_state, deadline=now + wait.delay_s,
+                   restart_reason=failure.cls.value), actions
+    restart_state, decision = policy.on_failure(m.restart_state, limits.restart, failure.cls, now, 0.5)
+    m = replace(m, restart_state=restart_state)
     if isinstance(decision, policy.GiveUp):
         return _to(m, State.failed, now, deadline=None), actions
     return _to(m, State.backoff, now, deadline=now + decision.delay_s, restart_reason=failure.cls.value), actions
@@ -322,6 +334,8 @@ def _serving(m: Machine, obs: Observation, now: float) -> Result:
 def _after_stop(m: Machine, obs: StopDone, now: float, limits: Limits) -> Result:
     restart_state = policy.on_stopped(m.restart_state)
     m = replace(m, restart_state=restart_state)
+    if m.after_stop is After.recover and m.pending is not None and limits.led:
+        return _to(m, State.stopped, now, deadline=None, pending=None, want_running=False), []
     if m.after_stop is After.recover and m.pending is not None:
         failed = m.pending
         restart_state, decision = policy.on_failure(m.restart_state, limits.restart, m.pending.cls, now,

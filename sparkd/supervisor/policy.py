@@ -40,6 +40,7 @@ __all__ = [
     "on_failure",
     "on_ready",
     "on_stopped",
+    "on_wait",
     "reset",
     "window_weight",
 ]
@@ -213,3 +214,10 @@ def on_failure(
 
     delay = _jittered(policy, base_delay(policy, consecutive), rand)
     return after, Restart(delay_s=delay, attempt=consecutive)
+
+
+def on_wait(state: RestartState, policy: RestartPolicy, rand: float) -> tuple[RestartState, Restart]:
+    """Try again later for a reason outside vLLM (the peer node is unreachable): the delay grows like a
+    failure's, but nothing counts toward the budget — the head waits for its worker, it does not give up."""
+    attempt = state.consecutive + 1
+    return replace(state, consecutive=attempt), Restart(_jittered(policy, base_delay(policy, attempt), rand), attempt)
