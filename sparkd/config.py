@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -167,9 +167,16 @@ class LaunchConfig(_Section):
 class ClusterConfig(_Section):
     master_addr: str | None = None
     master_port: int = Field(default=29501, ge=1, le=65535)
-    # Fabric addresses of the other nodes' sparkd daemons (the head lists its workers; a worker its head).
+    # Fabric addresses of the other nodes' sparkd daemons ("host" or "host:port"; the port defaults to
+    # [api] port): the head lists its workers, a worker its head. With peers, the pair is one unit.
     peers: list[str] = Field(default_factory=list)
     nnodes: int | None = Field(default=None, ge=1)
+    peer_timeout_s: float = Field(default=5.0, gt=0)
+    peer_poll_s: float = Field(default=2.0, gt=0)
+    # A peer unreachable this long is lost: the worker stops its rank, the head stops and waits for it.
+    peer_grace_s: float = Field(default=30.0, ge=0)
+    # How long the head waits for every worker rank to be up and waiting for the master.
+    worker_start_timeout_s: float = Field(default=600.0, gt=0)
 
 
 class PathsConfig(_Section):
@@ -242,6 +249,154 @@ class HealthConfig(_Section):
     stall_after_s: float = Field(default=120.0, gt=0)
 
 
+# Preflight check ids (sparkd/preflight), in the order they run; `[preflight] skip` takes these.
+PreflightCheckId = Literal[
+    "launch_target", "stale_processes", "ports", "dev_shm", "page_cache", "memory", "host", "image", "gpu",
+]
+
+
+class ImageAssert(_Section):
+    """One integrity assertion on a file where vLLM runs (inside the container for docker runtimes): the
+    number of lines of ``path`` matching the regular expression ``pattern`` must be ``count`` (``grep -c``).
+    The field's double-applied mxfp4.py patch: ``pattern = "empty_cache"``, ``count = 2`` (3 when re-applied)."""
+
+    path: str
+    pattern: str
+    count: int = Field(ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r} is not an absolute path")
+        return value
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+        return value
+
+
+class PreflightConfig(_Section):
+    """What preflight checks and fixes before every launch (``sparkd preflight`` runs it alone)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)  # `assert` or `asserts`
+
+    # Check ids not to run (reported as skipped).
+    skip: list[PreflightCheckId] = Field(default_factory=list)
+    # Stale VLLM::* processes: SIGTERM, this grace, then SIGKILL.
+    kill_grace_s: float = Field(default=5.0, ge=0)
+    # /dev/shm must have at least this much free space after the sweep (vLLM's rings need ~200 MiB).
+    shm_min_free_mib: int = Field(default=256, ge=0)
+    # `sync` and write 3 to /proc/sys/vm/drop_caches before the memory check.
+    drop_caches: bool = True
+    # MemFree must cover gpu_memory_utilization x MemTotal plus this margin.
+    memory_margin_gib: float = Field(default=2.0, ge=0)
+    # Host hardening, reported as warnings: swap off, vm.min_free_kbytes floor (0: not checked; the field uses
+    # 1.5-3 GiB), vm.overcommit_memory (the field sets 0).
+    swap_off: bool = True
+    min_free_kbytes: int = Field(default=1572864, ge=0)
+    overcommit_memory: int | None = Field(default=0, ge=0, le=2)
+    # Apply the hardening (swapoff -a, write the sysctls) instead of only reporting it.
+    apply_host: bool = False
+    # [[preflight.assert]] tables: file contents checked where vLLM runs.
+    asserts: list[ImageAssert] = Field(default_factory=list, alias="assert")
+
+
+class GuardConfig(_Section):
+    """The unified-memory guard (sparkd/guard). Sizes are bytes; strings such as ``"4 GiB"`` or ``"512MiB"``
+    are accepted. Floors are absolute, never percentages: on GB10 the driver's memory hides from every
+    percentage base. Rules and their order: ``sparkd/guard/policy.py``."""
+
+    enabled: bool = True
+    # Decide and log as usual, but never stop, kill or restart anything.
+    dry_run: bool = False
+    # Floors on MemAvailable: warn < refuse a start < stop (SIGTERM + grace) < SIGKILL of the vLLM tree.
+    warn_below: int = 8 * 1024**3
+    refuse_start_below: int = 16 * 1024**3
+    stop_below: int = 4 * 1024**3
+    kill_below: int = 2 * 1024**3
+    # A level holds until MemAvailable (or MemFree) is back above its floor plus this.
+    recover_margin: int = 1024**3
+    # Consecutive samples past a floor before the guard acts on it.
+    debounce_samples: int = Field(default=3, ge=1)
+    # MemFree under free_below counts as a stop, but only while MemAvailable is under free_gate_below: MemFree
+    # sits near zero whenever page cache is full (an ungated MemFree trigger killed a healthy launch).
+    free_below: int = 2 * 1024**3
+    free_gate_below: int = 8 * 1024**3
+    # PSI `full avg10` (percent) at or above this lifts a warn/stop level one stage; None turns it off.
+    psi_full_avg10_escalate: float | None = Field(default=40.0, gt=0, le=100)
+    # NV_ERR_NO_MEMORY in the kernel log within this many seconds lifts a warn/stop level one stage (0: off).
+    nvrm_escalate_s: float = Field(default=10.0, ge=0)
+    stop_grace_s: float = Field(default=30.0, ge=0)
+    # After a kill (after a stop: its grace plus this) no repeat and no start: memory takes time to come back.
+    cooldown_s: float = Field(default=15.0, ge=0)
+    # Sampling: the interval is the distance to the next floor over fill_rate, clamped; fast while starting.
+    min_interval_s: float = Field(default=0.005, gt=0)
+    max_interval_s: float = Field(default=1.0, gt=0)
+    starting_interval_s: float = Field(default=0.025, gt=0)
+    fill_rate: int = Field(default=16 * 1024**3, gt=0)  # bytes per second the pool can plausibly drain at
+    # Kernel PSI trigger (`<some|full> <stall us> <window us>`) that wakes the sampler; None: polling only.
+    psi_trigger: str | None = "some 150000 1000000"
+    kernel_log: bool = True
+    # Leak trend: Theil-Sen slope of MemAvailable over trend_window_s, one point per trend_step_s.
+    trend_window_s: float = Field(default=600.0, gt=0)
+    trend_step_s: float = Field(default=10.0, gt=0)
+    trend_min_span_s: float = Field(default=120.0, gt=0)
+    # Warn when the stop floor is predicted closer than this (seconds).
+    trend_warn_s: float = Field(default=3600.0, ge=0)
+    # Ask for a planned restart at the next idle moment when the floor is closer than this; None: never.
+    trend_restart_s: float | None = Field(default=None, gt=0)
+    # Sources, pointable elsewhere for tests.
+    meminfo_path: Path = Path("/proc/meminfo")
+    pressure_path: Path = Path("/proc/pressure/memory")
+    kmsg_path: Path = Path("/dev/kmsg")
+
+    @field_validator(
+        "warn_below", "refuse_start_below", "stop_below", "kill_below", "recover_margin", "free_below",
+        "free_gate_below", "fill_rate", mode="before",
+    )
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", value.lower())
+        if m is None:
+            raise ValueError(f"{value!r} is not a size like '4 GiB', '512 MiB' or a number of bytes")
+        return int(float(m.group(1)) * 1024 ** "bkmgt".index(m.group(2) or "b"))
+
+    @field_validator(
+        "warn_below", "refuse_start_below", "stop_below", "kill_below", "recover_margin", "free_below",
+        "free_gate_below",
+    )
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be >= 0")
+        return value
+
+    @field_validator("psi_trigger")
+    @classmethod
+    def _trigger(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"(some|full) \d+ \d+", value):
+            raise ValueError(f"{value!r} is not a PSI trigger like 'some 150000 1000000'")
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GuardConfig:
+        if not self.kill_below < self.stop_below < self.warn_below:
+            raise ValueError("need kill_below < stop_below < warn_below")
+        if self.refuse_start_below < self.stop_below:
+            raise ValueError("refuse_start_below must be >= stop_below (a start under it would be stopped)")
+        if self.min_interval_s > self.max_interval_s:
+            raise ValueError("min_interval_s must be <= max_interval_s")
+        return self
+
+
 class Config(BaseSettings):
     """The whole sparkd config. Build it with :func:`load_config`."""
 
@@ -260,6 +415,8 @@ class Config(BaseSettings):
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
     restart: RestartConfig = Field(default_factory=RestartConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    preflight: PreflightConfig = Field(default_factory=PreflightConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
 
     @classmethod
     def settings_customise_sources(
