@@ -1,0 +1,130 @@
+"""Fault and behaviour knobs of the stand-in.
+
+Every knob is read from the environment variable ``SPARKD_STANDIN_<NAME>`` so that a rehearsal can keep the real
+vLLM argv, and is also accepted as a ``--standin-<name> VALUE`` flag (the flag wins over the environment).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+ENV_PREFIX = "SPARKD_STANDIN_"
+FLAG_PREFIX = "--standin-"
+DIE_MODES = ("exit", "engine", "kill", "worker")
+
+
+class KnobError(ValueError):
+    """A knob value that cannot be parsed; the message names the knob."""
+
+
+@dataclass(frozen=True)
+class Knobs:
+    startup_seconds: float = 3.0  # total simulated load time, spread across the load phases
+    shards: int = 4  # safetensors shards shown in the loading progress lines
+    die_after: float | None = None  # seconds after ready; None = never
+    die_mode: str = "exit"  # exit | engine | kill | worker
+    die_exit_code: int = 1  # exit status for die_mode=exit
+    hang_after: float | None = None  # seconds after ready: the API event loop stops answering
+    stall_after: float | None = None  # seconds after ready: generation stops producing tokens
+    leak_mb_per_s: float = 0.0  # worker allocates and touches this much memory per second once loaded
+    leak_max_mb: float = 1024.0  # cap on the leak
+    fail_free_memory: bool = False  # refuse to start with vLLM's free-memory error
+    ignore_sigterm_while_loading: bool = False  # SIGTERM is ignored until ready
+    orphan_on_kill: bool = False  # children survive their parent's death (stale VLLM::* litter)
+    version: str = "0.13.0"  # the vLLM version the stand-in reports
+    tokens_per_s: float = 200.0  # generation rate of each request
+    tcpstore_timeout: float = 600.0  # seconds both rendezvous sides wait for each other
+    max_position_embeddings: int = 1048576  # the model's derived max_model_len (its config.json)
+    argv_file: str | None = None  # write json.dumps(sys.argv) here at start
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(text)
+
+
+def _optional_float(text: str) -> float | None:
+    return None if text.strip() == "" else float(text)
+
+
+def _die_mode(text: str) -> str:
+    if text not in DIE_MODES:
+        raise ValueError(text)
+    return text
+
+
+def _optional_str(text: str) -> str | None:
+    return text or None
+
+
+_PARSERS: dict[str, Callable[[str], object]] = {
+    "startup_seconds": float,
+    "shards": int,
+    "die_after": _optional_float,
+    "die_mode": _die_mode,
+    "die_exit_code": int,
+    "hang_after": _optional_float,
+    "stall_after": _optional_float,
+    "leak_mb_per_s": float,
+    "leak_max_mb": float,
+    "fail_free_memory": _bool,
+    "ignore_sigterm_while_loading": _bool,
+    "orphan_on_kill": _bool,
+    "version": str,
+    "tokens_per_s": float,
+    "tcpstore_timeout": float,
+    "max_position_embeddings": int,
+    "argv_file": _optional_str,
+}
+
+KNOB_NAMES: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Knobs))
+
+
+def env_name(knob: str) -> str:
+    return ENV_PREFIX + knob.upper()
+
+
+def flag_name(knob: str) -> str:
+    return FLAG_PREFIX + knob.replace("_", "-")
+
+
+def load_knobs(env: Mapping[str, str], flags: Mapping[str, str | None] | None = None) -> Knobs:
+    """Knobs from the environment, overridden by ``--standin-*`` flag values keyed by knob name."""
+    values: dict[str, object] = {}
+    for knob in KNOB_NAMES:
+        raw = (flags or {}).get(knob)
+        source = flag_name(knob)
+        if raw is None:
+            raw = env.get(env_name(knob))
+            source = env_name(knob)
+        if raw is None:
+            continue
+        try:
+            values[knob] = _PARSERS[knob](raw)
+        except ValueError as exc:
+            raise KnobError(f"invalid value for {source}: {raw!r}") from exc
+    return Knobs(**values)  # type: ignore[arg-type]
+
+
+# Share of startup_seconds spent in each simulated load phase (sums to 1).
+PHASE_SHARE = {
+    "api": 0.05,
+    "engine": 0.05,
+    "distributed": 0.05,
+    "weights": 0.40,
+    "model": 0.05,
+    "compile": 0.10,
+    "profile": 0.10,
+    "graphs": 0.15,
+    "finish": 0.05,
+}
+
+
+def phase_seconds(knobs: Knobs, phase: str) -> float:
+    return max(0.0, knobs.startup_seconds) * PHASE_SHARE[phase]
