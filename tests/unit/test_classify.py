@@ -40,8 +40,7 @@ FREE_MEM_013 = (
     "processes."
 )
 ENGINE_INIT_FAILED = (
-    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
-    "{'EngineCore_DP0': 1}"
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': 1}"
 )
 TORCH_OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of "
@@ -83,293 +82,525 @@ class Case:
 CASES: dict[str, Case] = {
     # ---- config errors ----
     "exit 127, launch target named by the context": Case(
-        127, None, (), F.config_error, None,
-        ("The launch target /workspace/vllm-head.sh does not exist (exit 127); fix [launch] in the config — "
-         "sparkd will not retry a config error.",),
+        127,
+        None,
+        (),
+        F.config_error,
+        None,
+        (
+            "The launch target /workspace/vllm-head.sh does not exist (exit 127); fix [launch] in the config — "
+            "sparkd will not retry a config error.",
+        ),
         ctx=ClassifyContext(launch_target="/workspace/vllm-head.sh"),
     ),
     "exit 127 with the shell's line naming the missing script": Case(
-        127, None, ("/bin/bash: /workspace/vllm-head-090.sh: No such file or directory",), F.config_error,
-        "vllm-head-090.sh", ("/workspace/vllm-head-090.sh does not exist (exit 127)",),
+        127,
+        None,
+        ("/bin/bash: /workspace/vllm-head-090.sh: No such file or directory",),
+        F.config_error,
+        "vllm-head-090.sh",
+        ("/workspace/vllm-head-090.sh does not exist (exit 127)",),
     ),
     "exit 127: a command inside the script was not found": Case(
-        127, None, ("/workspace/vllm-head.sh: line 12: vllm: command not found",), F.config_error,
-        "command not found", ("The command vllm was not found (exit 127)",),
+        127,
+        None,
+        ("/workspace/vllm-head.sh: line 12: vllm: command not found",),
+        F.config_error,
+        "command not found",
+        ("The command vllm was not found (exit 127)",),
         ctx=ClassifyContext(launch_target="/workspace/vllm-head.sh"),
     ),
     "exit 127 with no log and no context": Case(
-        127, None, (), F.config_error, None, ("does not exist (exit 127)", "will not retry"),
+        127,
+        None,
+        (),
+        F.config_error,
+        None,
+        ("does not exist (exit 127)", "will not retry"),
     ),
     "exit 126: launch target not executable": Case(
-        126, None, (), F.config_error, None,
+        126,
+        None,
+        (),
+        F.config_error,
+        None,
         ("The launch target /workspace/vllm-head.sh is not executable (exit 126)",),
         ctx=ClassifyContext(launch_target="/workspace/vllm-head.sh"),
     ),
     "docker exec of a missing path (OCI error, exit 127)": Case(
-        127, None,
-        ('OCI runtime exec failed: exec failed: unable to start container process: exec: "/workspace/x.sh": '
-         "stat /workspace/x.sh: no such file or directory: unknown",),
-        F.config_error, "OCI runtime", ("/workspace/x.sh does not exist in the container",),
+        127,
+        None,
+        (
+            'OCI runtime exec failed: exec failed: unable to start container process: exec: "/workspace/x.sh": '
+            "stat /workspace/x.sh: no such file or directory: unknown",
+        ),
+        F.config_error,
+        "OCI runtime",
+        ("/workspace/x.sh does not exist in the container",),
     ),
     "unknown vLLM flag": Case(
-        2, None,
-        ("usage: vllm serve [model_tag] [options]",
-         "vllm serve: error: unrecognized arguments: --enable-foo --bar 3"),
-        F.config_error, "unrecognized arguments",
+        2,
+        None,
+        ("usage: vllm serve [model_tag] [options]", "vllm serve: error: unrecognized arguments: --enable-foo --bar 3"),
+        F.config_error,
+        "unrecognized arguments",
         ("vLLM does not know the argument(s) --enable-foo --bar 3 (exit 2)", "will not retry"),
     ),
     "argparse rejects a value": Case(
-        2, None, ("vllm serve: error: argument --dtype: invalid choice: 'fp7'",), F.config_error,
-        "--dtype", ("rejected the argument --dtype",),
+        2,
+        None,
+        ("vllm serve: error: argument --dtype: invalid choice: 'fp7'",),
+        F.config_error,
+        "--dtype",
+        ("rejected the argument --dtype",),
     ),
     "max_model_len larger than derived (wrapped in pydantic)": Case(
-        1, None,
-        (api("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig"),
-         "  Value error, User-specified max_model_len (2097152) is greater than the derived max_model_len "
-         "(max_position_embeddings=1048576 or model_max_length=None in model's config.json). To allow "
-         "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."),
-        F.config_error, "User-specified max_model_len",
+        1,
+        None,
+        (
+            api("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig"),
+            "  Value error, User-specified max_model_len (2097152) is greater than the derived max_model_len "
+            "(max_position_embeddings=1048576 or model_max_length=None in model's config.json). To allow "
+            "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.",
+        ),
+        F.config_error,
+        "User-specified max_model_len",
         ("max_model_len 2097152 is larger than the model allows", "VLLM_ALLOW_LONG_MAX_MODEL_LEN"),
     ),
     "pydantic validation error alone": Case(
-        1, None, (api("pydantic_core._pydantic_core.ValidationError: 2 validation errors for VllmConfig"),),
-        F.config_error, "validation errors", ("VllmConfig rejected a setting",),
+        1,
+        None,
+        (api("pydantic_core._pydantic_core.ValidationError: 2 validation errors for VllmConfig"),),
+        F.config_error,
+        "validation errors",
+        ("VllmConfig rejected a setting",),
     ),
     "DSpark uniform-inputs error": Case(
-        1, None,
-        (ec("ValueError: DSpark currently requires uniform flattened per-request inputs"),
-         ec(ENGINE_INIT_FAILED)),
-        F.config_error, "DSpark", ("requires uniform flattened per-request inputs",),
+        1,
+        None,
+        (ec("ValueError: DSpark currently requires uniform flattened per-request inputs"), ec(ENGINE_INIT_FAILED)),
+        F.config_error,
+        "DSpark",
+        ("requires uniform flattened per-request inputs",),
     ),
     "KV cache cannot hold one max-length request": Case(
-        1, None,
-        (w0("ValueError: To serve at least one request with the models's max seq len (1048576), (40.50 GiB "
-            "KV cache is needed, which is larger than the available KV cache memory (18.08 GiB). Based on "
-            "the available memory, the estimated maximum model length is 467000."),
-         api(ENGINE_INIT_FAILED)),
-        F.config_error, "max seq len", ("max_model_len 1048576", "40.50 GiB", "18.08 GiB"),
+        1,
+        None,
+        (
+            w0(
+                "ValueError: To serve at least one request with the models's max seq len (1048576), (40.50 GiB "
+                "KV cache is needed, which is larger than the available KV cache memory (18.08 GiB). Based on "
+                "the available memory, the estimated maximum model length is 467000."
+            ),
+            api(ENGINE_INIT_FAILED),
+        ),
+        F.config_error,
+        "max seq len",
+        ("max_model_len 1048576", "40.50 GiB", "18.08 GiB"),
     ),
     "python cannot open the launch script": Case(
-        2, None, ("python3: can't open file '/workspace/serve.py': [Errno 2] No such file or directory",),
-        F.config_error, "can't open file", ("/workspace/serve.py does not exist (exit 2)",),
+        2,
+        None,
+        ("python3: can't open file '/workspace/serve.py': [Errno 2] No such file or directory",),
+        F.config_error,
+        "can't open file",
+        ("/workspace/serve.py does not exist (exit 2)",),
     ),
     # ---- the shell "not found" rule is held to a higher bar ----
     "a benign 'not found' from a helper does not make a config error": Case(
-        0, None,
-        ("sh: 1: nvidia-smi: not found",
-         api("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")),
-        F.engine_dead, "died unexpectedly",
+        0,
+        None,
+        (
+            "sh: 1: nvidia-smi: not found",
+            api("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."),
+        ),
+        F.engine_dead,
+        "died unexpectedly",
     ),
     # ---- memory ----
     "free-memory refusal beats the generic init failure after it": Case(
-        1, None,
-        (w0("WorkerProc failed to start."), w0(FREE_MEM), ec("EngineCore failed to start."),
-         api(ENGINE_INIT_FAILED)),
-        F.free_memory_refusal, "Free memory on device cuda:0",
-        ("only 36.75 of 121.63 GiB was free and it wants 103.38 GiB at gpu_memory_utilization 0.85, with "
-         "8.0 GiB MemAvailable (exit 1)", "drops caches"),
+        1,
+        None,
+        (w0("WorkerProc failed to start."), w0(FREE_MEM), ec("EngineCore failed to start."), api(ENGINE_INIT_FAILED)),
+        F.free_memory_refusal,
+        "Free memory on device cuda:0",
+        (
+            "only 36.75 of 121.63 GiB was free and it wants 103.38 GiB at gpu_memory_utilization 0.85, with "
+            "8.0 GiB MemAvailable (exit 1)",
+            "drops caches",
+        ),
         ctx=ClassifyContext(mem_available_bytes=8 * 1024**3),
     ),
     "free-memory refusal, 0.13 wording without the device": Case(
-        1, None, (w0(FREE_MEM_013),), F.free_memory_refusal, "101.3/121.69",
+        1,
+        None,
+        (w0(FREE_MEM_013),),
+        F.free_memory_refusal,
+        "101.3/121.69",
         ("only 101.3 of 121.69 GiB was free",),
     ),
     "CUDA OOM while loading weights": Case(
-        1, None,
-        (w0("Failed to load model - not enough GPU memory. Try lowering --gpu-memory-utilization to free "
-            "memory for weights. (original error: CUDA out of memory. Tried to allocate 1.00 GiB.)"),
-         w0(TORCH_OOM), api(ENGINE_INIT_FAILED)),
-        F.oom, "Failed to load model", ("ran out of memory while loading the weights",),
+        1,
+        None,
+        (
+            w0(
+                "Failed to load model - not enough GPU memory. Try lowering --gpu-memory-utilization to free "
+                "memory for weights. (original error: CUDA out of memory. Tried to allocate 1.00 GiB.)"
+            ),
+            w0(TORCH_OOM),
+            api(ENGINE_INIT_FAILED),
+        ),
+        F.oom,
+        "Failed to load model",
+        ("ran out of memory while loading the weights",),
     ),
     "torch OOM": Case(1, None, (w0(TORCH_OOM),), F.oom, "OutOfMemoryError", ("CUDA ran out of memory",)),
     "kernel OOM killer line in the tail, killed by SIGKILL": Case(
-        None, 9, ("Out of memory: Killed process 2390 (VLLM::Worker_TP0) total-vm:1234kB",), F.oom,
-        "Killed process", ("killed VLLM::Worker_TP0 (killed by SIGKILL)",),
+        None,
+        9,
+        ("Out of memory: Killed process 2390 (VLLM::Worker_TP0) total-vm:1234kB",),
+        F.oom,
+        "Killed process",
+        ("killed VLLM::Worker_TP0 (killed by SIGKILL)",),
     ),
     "earlyoom SIGTERM": Case(
-        143, None, ("earlyoom: low memory! sending SIGTERM to process 2390 uid 0 \"VLLM::Worker_TP0\"",),
-        F.oom, "earlyoom", ("earlyoom sent SIGTERM", "(killed by SIGTERM)"),
+        143,
+        None,
+        ('earlyoom: low memory! sending SIGTERM to process 2390 uid 0 "VLLM::Worker_TP0"',),
+        F.oom,
+        "earlyoom",
+        ("earlyoom sent SIGTERM", "(killed by SIGTERM)"),
     ),
     "NV_ERR_NO_MEMORY with little MemAvailable is the cause": Case(
-        1, None,
-        ("NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051)",
-         api("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")),
-        F.oom, "NV_ERR_NO_MEMORY",
+        1,
+        None,
+        (
+            "NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051)",
+            api("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."),
+        ),
+        F.oom,
+        "NV_ERR_NO_MEMORY",
         ("NVIDIA driver reported NV_ERR_NO_MEMORY, with 2.0 GiB MemAvailable (exit 1)",),
         ctx=ClassifyContext(mem_available_bytes=2 * 1024**3),
     ),
     "NV_ERR_NO_MEMORY with plenty of memory is startup noise": Case(
-        0, None,
-        ("NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051)",
-         api("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")),
-        F.engine_dead, "died unexpectedly", ("engine core process EngineCore_DP0 died",),
+        0,
+        None,
+        (
+            "NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051)",
+            api("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."),
+        ),
+        F.engine_dead,
+        "died unexpectedly",
+        ("engine core process EngineCore_DP0 died",),
         ctx=ClassifyContext(mem_available_bytes=60 * 1024**3),
     ),
     "NV_ERR_NO_MEMORY alone still explains a death": Case(
-        1, None, ("NVRM: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051)",), F.oom, "NV_ERR",
+        1,
+        None,
+        ("NVRM: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051)",),
+        F.oom,
+        "NV_ERR",
     ),
     # ---- ports, GPU ----
     "TCPStore EADDRINUSE on the master port": Case(
-        1, None, (w0(EADDRINUSE), api(ENGINE_INIT_FAILED)), F.port_in_use, "EADDRINUSE",
+        1,
+        None,
+        (w0(EADDRINUSE), api(ENGINE_INIT_FAILED)),
+        F.port_in_use,
+        "EADDRINUSE",
         ("The torch.distributed master port 29501 was already in use (exit 1)", "sweeps stale processes"),
         ctx=ClassifyContext(master_port=29501, api_port=8000),
     ),
     "older torch bind failure": Case(
-        1, None,
-        ("[W socket.cpp:464] [c10d] The server socket has failed to bind to [::]:29501 (errno: 98 - Address "
-         "already in use).",),
-        F.port_in_use, "failed to bind", ("master port 29501",),
+        1,
+        None,
+        (
+            "[W socket.cpp:464] [c10d] The server socket has failed to bind to [::]:29501 (errno: 98 - Address "
+            "already in use).",
+        ),
+        F.port_in_use,
+        "failed to bind",
+        ("master port 29501",),
     ),
     "uvicorn cannot bind the API port": Case(
-        1, None,
-        (api("[Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use",
-             level="ERROR:   ", src="x"),),
-        F.port_in_use, "8000", ("The API port 8000 was already in use",),
+        1,
+        None,
+        (
+            api(
+                "[Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use",
+                level="ERROR:   ",
+                src="x",
+            ),
+        ),
+        F.port_in_use,
+        "8000",
+        ("The API port 8000 was already in use",),
         ctx=ClassifyContext(api_port=8000),
     ),
     "bare Address already in use": Case(
-        1, None, ("OSError: [Errno 98] Address already in use",), F.port_in_use, "Errno 98",
+        1,
+        None,
+        ("OSError: [Errno 98] Address already in use",),
+        F.port_in_use,
+        "Errno 98",
         ("A port vLLM needs was already in use",),
     ),
     "GPU busy from a stale process": Case(
-        1, None,
-        (w0("RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable"),
-         api(ENGINE_INIT_FAILED)),
-        F.gpu_busy, "busy or unavailable", ("stale vLLM process",),
+        1,
+        None,
+        (w0("RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable"), api(ENGINE_INIT_FAILED)),
+        F.gpu_busy,
+        "busy or unavailable",
+        ("stale vLLM process",),
     ),
     # ---- rendezvous and peers ----
     "head: rank 1 never joined": Case(
-        1, None,
-        (w0("torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. 1/2 clients "
-            "joined."), api(ENGINE_INIT_FAILED)),
-        F.rendezvous_timeout, "1/2 clients joined",
+        1,
+        None,
+        (
+            w0(
+                "torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. 1/2 clients joined."
+            ),
+            api(ENGINE_INIT_FAILED),
+        ),
+        F.rendezvous_timeout,
+        "1/2 clients joined",
         ("waited 601 s", "only 1/2 ranks arrived", "worker first"),
     ),
     "worker: cannot reach the head": Case(
-        1, None,
-        (RETRY, RETRY,
-         "torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to "
-         "connect to (10.0.0.1, 29501)."),
-        F.rendezvous_timeout, "client socket has timed out", ("10.0.0.1:29501 for 600 s",),
+        1,
+        None,
+        (
+            RETRY,
+            RETRY,
+            "torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to "
+            "connect to (10.0.0.1, 29501).",
+        ),
+        F.rendezvous_timeout,
+        "client socket has timed out",
+        ("10.0.0.1:29501 for 600 s",),
     ),
     "worker killed while still retrying the rendezvous": Case(
-        None, 9, (RETRY, RETRY), F.rendezvous_timeout, "retrying",
+        None,
+        9,
+        (RETRY, RETRY),
+        F.rendezvous_timeout,
+        "retrying",
         ("kept failing to reach the head's rendezvous at 10.0.0.1:29501 (killed by SIGKILL)",),
     ),
     "retries during a normal boot do not explain a later engine death": Case(
-        0, None, (RETRY, w1("ERROR 11-26 01:30:00 [x.py:1] Worker proc VllmWorker-1 died unexpectedly, "
-                            "shutting down executor.")),
-        F.engine_dead, "VllmWorker-1",
+        0,
+        None,
+        (
+            RETRY,
+            w1("ERROR 11-26 01:30:00 [x.py:1] Worker proc VllmWorker-1 died unexpectedly, shutting down executor."),
+        ),
+        F.engine_dead,
+        "VllmWorker-1",
     ),
     "headless worker: head went away": Case(
-        None, 15, (PEER_RECV, PEER_DUMP, PEER_RECV), F.peer_lost, "recvValue failed",
+        None,
+        15,
+        (PEER_RECV, PEER_DUMP, PEER_RECV),
+        F.peer_lost,
+        "recvValue failed",
         ("The peer rank at 10.0.0.1 went away: its TCPStore connection closed (killed by SIGTERM)",),
         ctx=ClassifyContext(peer="10.0.0.1"),
     ),
     "peer lost before the NCCL error it caused": Case(
-        1, None, (PEER_DUMP, "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"),
-        F.peer_lost, "should dump",
+        1,
+        None,
+        (PEER_DUMP, "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"),
+        F.peer_lost,
+        "should dump",
     ),
     "NCCL remote process exited is a peer loss": Case(
-        1, None, (w0("RuntimeError: NCCL error: remote process exited or there was a network error"),),
-        F.peer_lost, "remote process exited", ("NCCL lost the peer rank",),
+        1,
+        None,
+        (w0("RuntimeError: NCCL error: remote process exited or there was a network error"),),
+        F.peer_lost,
+        "remote process exited",
+        ("NCCL lost the peer rank",),
     ),
     # ---- NCCL ----
     "pynccl unhandled system error": Case(
-        1, None,
-        (w0("RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"),
-         ec("EngineCore encountered a fatal error.")),
-        F.nccl, "unhandled system error", ("NCCL failed: unhandled system error",),
+        1,
+        None,
+        (
+            w0("RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"),
+            ec("EngineCore encountered a fatal error."),
+        ),
+        F.nccl,
+        "unhandled system error",
+        ("NCCL failed: unhandled system error",),
     ),
     "torch DistBackendError": Case(
-        1, None,
-        ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
-         "ProcessGroupNCCL.cpp:3356, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL "
-         "version 2.27.3",),
-        F.nccl, "DistBackendError", ("NCCL failed: unhandled cuda error",),
+        1,
+        None,
+        (
+            "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+            "ProcessGroupNCCL.cpp:3356, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL "
+            "version 2.27.3",
+        ),
+        F.nccl,
+        "DistBackendError",
+        ("NCCL failed: unhandled cuda error",),
     ),
     "RoCE memory registration failure": Case(
-        1, None,
+        1,
+        None,
         ("spark-1:811:902 [0] NCCL WARN Call to ibv_reg_mr_iova2 failed with error Cannot allocate memory",),
-        F.nccl, "ibv_reg_mr_iova2",
+        F.nccl,
+        "ibv_reg_mr_iova2",
     ),
     "NCCL watchdog collective timeout": Case(
-        None, 6,
-        ("[rank0]:[E1126 01:23:45 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank 0] Watchdog "
-         "caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE) ran for 600054 "
-         "milliseconds before timing out.",),
-        F.nccl, "Watchdog caught", ("(killed by SIGABRT)",),
+        None,
+        6,
+        (
+            "[rank0]:[E1126 01:23:45 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank 0] Watchdog "
+            "caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE) ran for 600054 "
+            "milliseconds before timing out.",
+        ),
+        F.nccl,
+        "Watchdog caught",
+        ("(killed by SIGABRT)",),
     ),
     # ---- wedges ----
     "TP wedge: shm waits, RPC timeout, engine death": Case(
-        0, None,
-        (ec("No available shared memory broadcast block found in 60 seconds. This typically happens when "
-            "some processes are hanging.", level="INFO"),
-         ec("No available shared memory broadcast block found in 60 seconds.", level="INFO"),
-         ec("TimeoutError: RPC call to sample_tokens timed out."),
-         ec("EngineCore encountered a fatal error."),
-         api("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."),
-         api("Application shutdown complete.", level="INFO")),
-        F.hang, "RPC call to sample_tokens", ("the RPC call to sample_tokens timed out",),
+        0,
+        None,
+        (
+            ec(
+                "No available shared memory broadcast block found in 60 seconds. This typically happens when "
+                "some processes are hanging.",
+                level="INFO",
+            ),
+            ec("No available shared memory broadcast block found in 60 seconds.", level="INFO"),
+            ec("TimeoutError: RPC call to sample_tokens timed out."),
+            ec("EngineCore encountered a fatal error."),
+            api("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."),
+            api("Application shutdown complete.", level="INFO"),
+        ),
+        F.hang,
+        "RPC call to sample_tokens",
+        ("the RPC call to sample_tokens timed out",),
     ),
     "engine ready timeout (0.33)": Case(
-        1, None,
-        (api("TimeoutError: Timed out waiting for engine core processes to start. This is often caused by "
-             "slow weight loading for large models. Waited 600s (configured by "
-             "VLLM_ENGINE_READY_TIMEOUT_S)."),),
-        F.hang, "Waited 600s", ("raise VLLM_ENGINE_READY_TIMEOUT_S",),
+        1,
+        None,
+        (
+            api(
+                "TimeoutError: Timed out waiting for engine core processes to start. This is often caused by "
+                "slow weight loading for large models. Waited 600s (configured by "
+                "VLLM_ENGINE_READY_TIMEOUT_S)."
+            ),
+        ),
+        F.hang,
+        "Waited 600s",
+        ("raise VLLM_ENGINE_READY_TIMEOUT_S",),
     ),
     # ---- engine death ----
     "engine core died at runtime, exit 0": Case(
-        0, None,
-        (api("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."),
-         api("AsyncLLM output_handler failed.")),
-        F.engine_dead, "EngineCore_DP0 died", ("engine core process EngineCore_DP0 died (exit 0)",),
+        0,
+        None,
+        (
+            api("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."),
+            api("AsyncLLM output_handler failed."),
+        ),
+        F.engine_dead,
+        "EngineCore_DP0 died",
+        ("engine core process EngineCore_DP0 died (exit 0)",),
     ),
     "local worker died (0.33 wording)": Case(
-        0, None,
-        (ec("Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting down executor."),
-         ec("EngineCore encountered a fatal error.")),
-        F.engine_dead, "VllmWorker-0", ("worker process VllmWorker-0 died",),
+        0,
+        None,
+        (
+            ec("Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting down executor."),
+            ec("EngineCore encountered a fatal error."),
+        ),
+        F.engine_dead,
+        "VllmWorker-0",
+        ("worker process VllmWorker-0 died",),
     ),
     "init failed with no earlier cause in the tail": Case(
-        1, None, (api(ENGINE_INIT_FAILED),), F.engine_dead, "Engine core initialization failed",
+        1,
+        None,
+        (api(ENGINE_INIT_FAILED),),
+        F.engine_dead,
+        "Engine core initialization failed",
         ("no earlier cause is in the log tail",),
     ),
     "exit 0 after ready with nothing in the log is still engine death": Case(
-        0, None, (api('10.0.0.5:43002 - "GET /health HTTP/1.1" 200 OK', level="INFO:    ", src="x"),),
-        F.engine_dead, None, ("exited with status 0 without being asked to", "restarts both ranks"),
+        0,
+        None,
+        (api('10.0.0.5:43002 - "GET /health HTTP/1.1" 200 OK', level="INFO:    ", src="x"),),
+        F.engine_dead,
+        None,
+        ("exited with status 0 without being asked to", "restarts both ranks"),
         ctx=ClassifyContext(was_ready=True),
     ),
     "exit 0 before ready": Case(
-        0, None, (), F.engine_dead, None, ("exited with status 0 before it was ready",),
+        0,
+        None,
+        (),
+        F.engine_dead,
+        None,
+        ("exited with status 0 before it was ready",),
         ctx=ClassifyContext(was_ready=False),
     ),
     # ---- nothing recognised ----
     "unknown non-zero exit keeps the last error-looking line": Case(
-        1, None,
-        ("Traceback (most recent call last):", '  File "x.py", line 3, in <module>',
-         "UnboundLocalError: cannot access local variable 'w' where it is not associated with a value",
-         "something after"),
-        F.unknown, "UnboundLocalError", ("stopped without a recognised error (exit 1)",),
+        1,
+        None,
+        (
+            "Traceback (most recent call last):",
+            '  File "x.py", line 3, in <module>',
+            "UnboundLocalError: cannot access local variable 'w' where it is not associated with a value",
+            "something after",
+        ),
+        F.unknown,
+        "UnboundLocalError",
+        ("stopped without a recognised error (exit 1)",),
     ),
     "unknown SIGKILL from outside": Case(
-        None, 9, (), F.unknown, None, ("killed by SIGKILL from outside sparkd", "journalctl -k"),
+        None,
+        9,
+        (),
+        F.unknown,
+        None,
+        ("killed by SIGKILL from outside sparkd", "journalctl -k"),
     ),
     "exit 137 reads as SIGKILL": Case(137, None, (), F.unknown, None, ("killed by SIGKILL",)),
     "no exit status at all": Case(None, None, (), F.unknown, None, ("exit status is unknown",)),
     # ---- hints win ----
     "guard hint beats the OOM lines it caused": Case(
-        None, 9, (w0(TORCH_OOM),), F.killed_by_guard, "OutOfMemoryError",
+        None,
+        9,
+        (w0(TORCH_OOM),),
+        F.killed_by_guard,
+        "OutOfMemoryError",
         ("memory guard killed vLLM", "with 1.0 GiB MemAvailable (killed by SIGKILL)", "weigh extra"),
-        hint=F.killed_by_guard, ctx=ClassifyContext(mem_available_bytes=1024**3),
+        hint=F.killed_by_guard,
+        ctx=ClassifyContext(mem_available_bytes=1024**3),
     ),
     "probe said engine dead, log shows the death": Case(
-        None, 15, (api("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."),),
-        F.engine_dead, "died unexpectedly", ("engine core process EngineCore_DP0 died",), hint=F.engine_dead,
+        None,
+        15,
+        (api("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."),),
+        F.engine_dead,
+        "died unexpectedly",
+        ("engine core process EngineCore_DP0 died",),
+        hint=F.engine_dead,
     ),
     "stall hint with a quiet log": Case(
-        None, 15, (), F.stall, None, ("stopped producing tokens", "(killed by SIGTERM)"), hint=F.stall,
+        None,
+        15,
+        (),
+        F.stall,
+        None,
+        ("stopped producing tokens", "(killed by SIGTERM)"),
+        hint=F.stall,
     ),
     "hang hint overrides exit 127": Case(127, None, (), F.hang, None, ("stopped answering",), hint=F.hang),
 }

@@ -17,8 +17,9 @@ MINIMAL = {"runtime": "process", "launch": {"model": "/models/m"}}
 
 
 def sparkd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sparkd.cli", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
 
 
 def problems(data: dict, **kw) -> list[str]:
@@ -54,13 +55,14 @@ def test_shipped_profiles_carry_the_field_numbers() -> None:
 
 def test_config_values_win_over_the_profile() -> None:
     cfg = config_from_mapping(
-        {**MINIMAL, "launch": {"model": "m", "profile": "throughput", "max_num_seqs": 3,
-                               "env": {"A": "1"}}}, env={})
+        {**MINIMAL, "launch": {"model": "m", "profile": "throughput", "max_num_seqs": 3, "env": {"A": "1"}}}, env={}
+    )
     assert cfg.launch.max_num_seqs == 3
     assert cfg.launch.max_model_len == 65536
     assert cfg.launch.env == {"A": "1"}
-    one_m = config_from_mapping({**MINIMAL, "launch": {"model": "m", "profile": "1m-context",
-                                                        "env": {"A": "1"}}}, env={})
+    one_m = config_from_mapping(
+        {**MINIMAL, "launch": {"model": "m", "profile": "1m-context", "env": {"A": "1"}}}, env={}
+    )
     assert one_m.launch.env == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "A": "1"}
 
 
@@ -70,10 +72,16 @@ def test_unknown_profile_names_the_known_ones() -> None:
 
 
 def test_environment_overrides_the_file() -> None:
-    env = {"SPARKD_LAUNCH__PORT": "8123", "SPARKD_NODE__ROLE": "head", "SPARKD_RUNTIME": "process",
-           "SPARKD_LAUNCH__COMPILATION_CONFIG": '{"cudagraph_mode": "PIECEWISE"}', "UNRELATED": "x"}
-    cfg = config_from_mapping({"runtime": "docker-exec", "container": {"image": "i"},
-                               "launch": {"model": "m", "port": 9000}}, env=env)
+    env = {
+        "SPARKD_LAUNCH__PORT": "8123",
+        "SPARKD_NODE__ROLE": "head",
+        "SPARKD_RUNTIME": "process",
+        "SPARKD_LAUNCH__COMPILATION_CONFIG": '{"cudagraph_mode": "PIECEWISE"}',
+        "UNRELATED": "x",
+    }
+    cfg = config_from_mapping(
+        {"runtime": "docker-exec", "container": {"image": "i"}, "launch": {"model": "m", "port": 9000}}, env=env
+    )
     assert cfg.launch.port == 8123
     assert cfg.node.role is Role.head
     assert cfg.runtime is RuntimeKind.process
@@ -84,27 +92,40 @@ def test_environment_overrides_the_file() -> None:
 def test_environment_override_reaches_the_cli(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('runtime = "process"\n[launch]\nmodel = "m"\n')
-    result = subprocess.run([sys.executable, "-m", "sparkd.cli", "render", "--json", "--config", str(path)],
-                            capture_output=True, text=True, env={"SPARKD_LAUNCH__PORT": "8123",
-                                                                 "PATH": "/usr/bin:/bin"}, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "render", "--json", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        env={"SPARKD_LAUNCH__PORT": "8123", "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert '"8123"' in result.stdout
 
 
-@pytest.mark.parametrize(("data", "expected"), [
-    ({"runtime": "process", "launch": {"model": "m", "max_num_seqs": 0}},
-     "launch.max_num_seqs: Input should be greater than or equal to 1 (got 0)"),
-    ({"runtime": "process", "launch": {"model": "m", "max_num_seq": 4}},
-     "launch.max_num_seq: unknown key (did you mean 'max_num_seqs'?)"),
-    ({"runtime": "process", "launch": {}}, "launch.model: required"),
-    ({"runtime": "process", "launch": {"model": "m", "gpu_memory_utilization": 1.5}},
-     "launch.gpu_memory_utilization: Input should be less than or equal to 1"),
-    ({"runtime": "process", "launch": {"model": "m", "port": "http"}}, "launch.port:"),
-    ({"runtime": "docker-exec", "launch": {"model": "m"}}, "container.image: required"),
-    ({"runtime": "kubernetes", "launch": {"model": "m"}}, "runtime: Input should be"),
-    ({"runtime": "process", "launch": {"model": "m", "env": {"BAD-NAME": "1"}}}, "launch.env:"),
-    ({"runtime": "process", "container": {"shm_size": "lots"}, "launch": {"model": "m"}}, "container.shm_size:"),
-])
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (
+            {"runtime": "process", "launch": {"model": "m", "max_num_seqs": 0}},
+            "launch.max_num_seqs: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            {"runtime": "process", "launch": {"model": "m", "max_num_seq": 4}},
+            "launch.max_num_seq: unknown key (did you mean 'max_num_seqs'?)",
+        ),
+        ({"runtime": "process", "launch": {}}, "launch.model: required"),
+        (
+            {"runtime": "process", "launch": {"model": "m", "gpu_memory_utilization": 1.5}},
+            "launch.gpu_memory_utilization: Input should be less than or equal to 1",
+        ),
+        ({"runtime": "process", "launch": {"model": "m", "port": "http"}}, "launch.port:"),
+        ({"runtime": "docker-exec", "launch": {"model": "m"}}, "container.image: required"),
+        ({"runtime": "kubernetes", "launch": {"model": "m"}}, "runtime: Input should be"),
+        ({"runtime": "process", "launch": {"model": "m", "env": {"BAD-NAME": "1"}}}, "launch.env:"),
+        ({"runtime": "process", "container": {"shm_size": "lots"}, "launch": {"model": "m"}}, "container.shm_size:"),
+    ],
+)
 def test_errors_name_the_key(data: dict, expected: str) -> None:
     assert any(p.startswith(expected) for p in problems(data)), problems(data)
 
@@ -140,10 +161,21 @@ def test_missing_file_is_a_clean_error(tmp_path: Path) -> None:
 
 
 def test_derived_multinode_facts_follow_node_and_cluster() -> None:
-    cfg = config_from_mapping({
-        "runtime": "process", "node": {"role": "worker", "rank": 1},
-        "cluster": {"master_addr": "10.0.0.1"}, "launch": {"model": "m"}}, env={})
+    cfg = config_from_mapping(
+        {
+            "runtime": "process",
+            "node": {"role": "worker", "rank": 1},
+            "cluster": {"master_addr": "10.0.0.1"},
+            "launch": {"model": "m"},
+        },
+        env={},
+    )
     assert (cfg.nnodes, cfg.node_rank, cfg.headless, cfg.master_addr, cfg.master_port) == (
-        2, 1, True, "10.0.0.1", 29501)
+        2,
+        1,
+        True,
+        "10.0.0.1",
+        29501,
+    )
     other = config_from_mapping({**MINIMAL, "launch": {"model": "m", "port": 9}}, env={})
     assert other.launch_hash() != config_from_mapping(MINIMAL, env={}).launch_hash()

@@ -15,11 +15,17 @@ from sparkd.supervisor.classify import FailureClass
 from sparkd.supervisor.health import HealthTracker, ProbeOutcome, ProbeResult, Verdict, VllmMetrics
 from sparkd.supervisor.machine import BecameReady, HealthDegraded, HealthFailed, HealthRecovered, Observation
 
-CFG = HealthConfig(timeout_s=5, failure_threshold=3, success_threshold=2, canary_timeout_s=30,
-                   busy_grace_s=600, stall_after_s=120)
+CFG = HealthConfig(
+    timeout_s=5, failure_threshold=3, success_threshold=2, canary_timeout_s=30, busy_grace_s=600, stall_after_s=120
+)
 
-OK, DEAD, REFUSED, TIMEOUT, ERROR = (ProbeOutcome.ok, ProbeOutcome.engine_dead, ProbeOutcome.refused,
-                                     ProbeOutcome.timeout, ProbeOutcome.error)
+OK, DEAD, REFUSED, TIMEOUT, ERROR = (
+    ProbeOutcome.ok,
+    ProbeOutcome.engine_dead,
+    ProbeOutcome.refused,
+    ProbeOutcome.timeout,
+    ProbeOutcome.error,
+)
 
 
 @dataclass(frozen=True)
@@ -38,10 +44,18 @@ def C(outcome: ProbeOutcome, now: float, expect: str | FailureClass | None = Non
     return Step("canary", outcome, now, expect)
 
 
-def M(running: float | None, tokens: float = 0.0, now: float = 0.0, expect: str | FailureClass | None = None,
-      kv: float | None = None) -> Step:
-    metrics = None if running is None else VllmMetrics(num_requests_running=running,
-                                                        generation_tokens_total=tokens, kv_cache_usage_perc=kv)
+def M(
+    running: float | None,
+    tokens: float = 0.0,
+    now: float = 0.0,
+    expect: str | FailureClass | None = None,
+    kv: float | None = None,
+) -> Step:
+    metrics = (
+        None
+        if running is None
+        else VllmMetrics(num_requests_running=running, generation_tokens_total=tokens, kv_cache_usage_perc=kv)
+    )
     return Step("metrics", metrics, now, expect)
 
 
@@ -78,90 +92,189 @@ READY = [H(OK, 0, "ready")]
 HISTORIES: dict[str, list[Step]] = {
     # ---- starting
     "refusals, timeouts and errors while starting are ignored; the first 200 is ready": [
-        H(REFUSED, 0), H(REFUSED, 5), H(TIMEOUT, 10), H(ERROR, 15), H(REFUSED, 20), H(OK, 25, "ready"),
+        H(REFUSED, 0),
+        H(REFUSED, 5),
+        H(TIMEOUT, 10),
+        H(ERROR, 15),
+        H(REFUSED, 20),
+        H(OK, 25, "ready"),
     ],
     "503 counts while starting: the server is up and the engine dead": [
-        H(REFUSED, 0), H(DEAD, 5), H(DEAD, 10), H(DEAD, 15, FailureClass.engine_dead),
+        H(REFUSED, 0),
+        H(DEAD, 5),
+        H(DEAD, 10),
+        H(DEAD, 15, FailureClass.engine_dead),
     ],
     "canary and metrics before ready are ignored": [
-        C(TIMEOUT, 0), C(DEAD, 1), M(3, 100, 2), M(3, 100, 500), H(OK, 501, "ready"),
+        C(TIMEOUT, 0),
+        C(DEAD, 1),
+        M(3, 100, 2),
+        M(3, 100, 500),
+        H(OK, 501, "ready"),
     ],
     # ---- /health failure threshold
     "timeouts degrade, then fail as a hang at the threshold": [
-        *READY, H(TIMEOUT, 5, "degraded"), H(TIMEOUT, 10, "degraded"), H(TIMEOUT, 15, FailureClass.hang),
+        *READY,
+        H(TIMEOUT, 5, "degraded"),
+        H(TIMEOUT, 10, "degraded"),
+        H(TIMEOUT, 15, FailureClass.hang),
     ],
-    "503s fail as engine_dead": [*READY, H(DEAD, 5, "degraded"), H(DEAD, 10, "degraded"),
-                                 H(DEAD, 15, FailureClass.engine_dead)],
+    "503s fail as engine_dead": [
+        *READY,
+        H(DEAD, 5, "degraded"),
+        H(DEAD, 10, "degraded"),
+        H(DEAD, 15, FailureClass.engine_dead),
+    ],
     "refusals fail as engine_dead (the API server is gone)": [
-        *READY, H(REFUSED, 5, "degraded"), H(REFUSED, 10, "degraded"), H(REFUSED, 15, FailureClass.engine_dead),
+        *READY,
+        H(REFUSED, 5, "degraded"),
+        H(REFUSED, 10, "degraded"),
+        H(REFUSED, 15, FailureClass.engine_dead),
     ],
     "a 503 anywhere in the streak makes it engine_dead": [
-        *READY, H(TIMEOUT, 5, "degraded"), H(DEAD, 10, "degraded"), H(TIMEOUT, 15, FailureClass.engine_dead),
+        *READY,
+        H(TIMEOUT, 5, "degraded"),
+        H(DEAD, 10, "degraded"),
+        H(TIMEOUT, 15, FailureClass.engine_dead),
     ],
     "a streak that ends refused is engine_dead": [
-        *READY, H(TIMEOUT, 5, "degraded"), H(TIMEOUT, 10, "degraded"), H(REFUSED, 15, FailureClass.engine_dead),
+        *READY,
+        H(TIMEOUT, 5, "degraded"),
+        H(TIMEOUT, 10, "degraded"),
+        H(REFUSED, 15, FailureClass.engine_dead),
     ],
     "a 200 breaks the streak": [
-        *READY, H(TIMEOUT, 5, "degraded"), H(TIMEOUT, 10, "degraded"), H(OK, 15), H(TIMEOUT, 20, "degraded"),
-        H(TIMEOUT, 25, "degraded"), H(OK, 30), H(OK, 35, "recovered"),
+        *READY,
+        H(TIMEOUT, 5, "degraded"),
+        H(TIMEOUT, 10, "degraded"),
+        H(OK, 15),
+        H(TIMEOUT, 20, "degraded"),
+        H(TIMEOUT, 25, "degraded"),
+        H(OK, 30),
+        H(OK, 35, "recovered"),
     ],
     "success_threshold 200s in a row recover": [
-        *READY, H(TIMEOUT, 5, "degraded"), H(OK, 10), H(OK, 15, "recovered"), H(OK, 20),
+        *READY,
+        H(TIMEOUT, 5, "degraded"),
+        H(OK, 10),
+        H(OK, 15, "recovered"),
+        H(OK, 20),
     ],
     "on hold after failing: nothing more is emitted": [
-        *READY, H(DEAD, 5, "degraded"), H(DEAD, 10, "degraded"), H(DEAD, 15, FailureClass.engine_dead),
-        H(OK, 20), H(OK, 25), C(DEAD, 26), M(3, 1, 27), M(3, 1, 1000),
+        *READY,
+        H(DEAD, 5, "degraded"),
+        H(DEAD, 10, "degraded"),
+        H(DEAD, 15, FailureClass.engine_dead),
+        H(OK, 20),
+        H(OK, 25),
+        C(DEAD, 26),
+        M(3, 1, 27),
+        M(3, 1, 1000),
     ],
     # ---- probe errors
     "errors degrade but never fail on their own": [
-        *READY, H(ERROR, 5, "degraded"), *[H(ERROR, 10 + i) for i in range(10)], H(OK, 30), H(OK, 35, "recovered"),
+        *READY,
+        H(ERROR, 5, "degraded"),
+        *[H(ERROR, 10 + i) for i in range(10)],
+        H(OK, 30),
+        H(OK, 35, "recovered"),
     ],
     "errors neither add to nor break a failure streak": [
-        *READY, H(TIMEOUT, 5, "degraded"), H(ERROR, 10), H(TIMEOUT, 15, "degraded"), H(ERROR, 20),
+        *READY,
+        H(TIMEOUT, 5, "degraded"),
+        H(ERROR, 10),
+        H(TIMEOUT, 15, "degraded"),
+        H(ERROR, 20),
         H(TIMEOUT, 25, FailureClass.hang),
     ],
     "two failures and errors after them never fail": [
-        *READY, H(TIMEOUT, 5, "degraded"), H(TIMEOUT, 10, "degraded"), *[H(ERROR, 15 + i) for i in range(5)],
+        *READY,
+        H(TIMEOUT, 5, "degraded"),
+        H(TIMEOUT, 10, "degraded"),
+        *[H(ERROR, 15 + i) for i in range(5)],
     ],
     # ---- canary and busy grace
     "a canary timeout while /health is 200 is busy; a hang after the busy grace": [
-        *READY, C(TIMEOUT, 100, "degraded"), H(OK, 105), C(TIMEOUT, 400), C(TIMEOUT, 699),
+        *READY,
+        C(TIMEOUT, 100, "degraded"),
+        H(OK, 105),
+        C(TIMEOUT, 400),
+        C(TIMEOUT, 699),
         C(TIMEOUT, 700, FailureClass.hang),
     ],
     "a canary 200 clears busy": [
-        *READY, C(TIMEOUT, 100, "degraded"), C(OK, 200, "recovered"), C(TIMEOUT, 300, "degraded"),
-        C(TIMEOUT, 850), C(OK, 899, "recovered"), C(TIMEOUT, 1000, "degraded"),
+        *READY,
+        C(TIMEOUT, 100, "degraded"),
+        C(OK, 200, "recovered"),
+        C(TIMEOUT, 300, "degraded"),
+        C(TIMEOUT, 850),
+        C(OK, 899, "recovered"),
+        C(TIMEOUT, 1000, "degraded"),
     ],
     "a canary timeout while /health is failing is left to /health": [
-        *READY, H(TIMEOUT, 5, "degraded"), C(TIMEOUT, 6), C(TIMEOUT, 700), H(OK, 705), H(OK, 710, "recovered"),
+        *READY,
+        H(TIMEOUT, 5, "degraded"),
+        C(TIMEOUT, 6),
+        C(TIMEOUT, 700),
+        H(OK, 705),
+        H(OK, 710, "recovered"),
     ],
     "a canary engine_dead fails at once": [*READY, C(DEAD, 60, FailureClass.engine_dead)],
     "a canary error degrades until a canary 200": [
-        *READY, C(ERROR, 60, "degraded"), C(ERROR, 120), C(OK, 180, "recovered"),
+        *READY,
+        C(ERROR, 60, "degraded"),
+        C(ERROR, 120),
+        C(OK, 180, "recovered"),
     ],
     "a refused canary is left to /health": [*READY, C(REFUSED, 60)],
     "/health degradation takes precedence over busy, then busy shows again": [
-        *READY, C(TIMEOUT, 60, "degraded"), H(TIMEOUT, 65, "degraded"), H(OK, 70), H(OK, 75, "degraded"),
+        *READY,
+        C(TIMEOUT, 60, "degraded"),
+        H(TIMEOUT, 65, "degraded"),
+        H(OK, 70),
+        H(OK, 75, "degraded"),
         C(OK, 120, "recovered"),
     ],
     # ---- stall from metrics
     "requests running and tokens frozen for stall_after_s: stall": [
-        *READY, M(3, 100, 10), M(3, 100, 60), M(3, 100, 129), M(3, 100, 130, FailureClass.stall),
+        *READY,
+        M(3, 100, 10),
+        M(3, 100, 60),
+        M(3, 100, 129),
+        M(3, 100, 130, FailureClass.stall),
     ],
     "tokens moving restart the stall clock": [
-        *READY, M(3, 100, 10), M(3, 150, 100), M(3, 150, 219), M(3, 150, 220, FailureClass.stall),
+        *READY,
+        M(3, 100, 10),
+        M(3, 150, 100),
+        M(3, 150, 219),
+        M(3, 150, 220, FailureClass.stall),
     ],
     "nothing running restarts the stall clock": [
-        *READY, M(3, 100, 10), M(0, 100, 100), M(2, 100, 150), M(2, 100, 269), M(2, 100, 270, FailureClass.stall),
+        *READY,
+        M(3, 100, 10),
+        M(0, 100, 100),
+        M(2, 100, 150),
+        M(2, 100, 269),
+        M(2, 100, 270, FailureClass.stall),
     ],
     "a counter reset (the value drops) restarts the stall clock": [
-        *READY, M(3, 100, 10), M(3, 5, 100), M(3, 5, 219), M(3, 5, 220, FailureClass.stall),
+        *READY,
+        M(3, 100, 10),
+        M(3, 5, 100),
+        M(3, 5, 219),
+        M(3, 5, 220, FailureClass.stall),
     ],
     "a long prefill grows the KV cache and is not a stall": [
-        *READY, *[M(1, 100, 10 + 60 * i, kv=0.01 * i) for i in range(20)],
+        *READY,
+        *[M(1, 100, 10 + 60 * i, kv=0.01 * i) for i in range(20)],
     ],
     "a failed scrape keeps the stall clock running": [
-        *READY, M(3, 100, 10), M(None, 0, 60), M(None, 0, 100), M(3, 100, 130, FailureClass.stall),
+        *READY,
+        M(3, 100, 10),
+        M(None, 0, 60),
+        M(None, 0, 100),
+        M(3, 100, 130, FailureClass.stall),
     ],
     "idle with frozen tokens is fine": [*READY, *[M(0, 100, 10 + 100 * i) for i in range(10)]],
 }
@@ -203,8 +316,9 @@ def test_busy_reason() -> None:
 
 
 def test_503_failure_sentence() -> None:
-    t, emitted = replay([*READY, H(DEAD, 5, "degraded"), H(DEAD, 10, "degraded"),
-                         H(DEAD, 15, FailureClass.engine_dead)])
+    t, emitted = replay(
+        [*READY, H(DEAD, 5, "degraded"), H(DEAD, 10, "degraded"), H(DEAD, 15, FailureClass.engine_dead)]
+    )
     obs = emitted[-1]
     assert isinstance(obs, HealthFailed)
     failure = obs.failure
@@ -220,7 +334,8 @@ def test_hang_sentence_names_the_busy_time() -> None:
     obs = emitted[-1]
     assert isinstance(obs, HealthFailed)
     assert obs.failure.sentence.startswith(
-        "the generation canary has had no answer for 660 s while /health is 200 (busy grace 600 s)")
+        "the generation canary has had no answer for 660 s while /health is 200 (busy grace 600 s)"
+    )
 
 
 def test_stall_sentence_names_the_numbers() -> None:
@@ -229,7 +344,8 @@ def test_stall_sentence_names_the_numbers() -> None:
     assert isinstance(obs, HealthFailed)
     assert obs.failure.sentence.startswith(
         "3 requests running and no token generated for 120 s (generation_tokens_total stuck at 4096, "
-        "KV cache usage unchanged at 25.0%) while /health is 200; ")
+        "KV cache usage unchanged at 25.0%) while /health is 200; "
+    )
     assert obs.failure.evidence is not None and "vllm:num_requests_running=3" in obs.failure.evidence
 
 
@@ -243,11 +359,25 @@ def test_stall_sentence_when_health_is_not_200() -> None:
 
 def test_counters() -> None:
     """Probes are counted by (probe, outcome), errors apart from failures, with the last latency."""
-    t, _ = replay([H(REFUSED, 0), H(OK, 1, "ready"), H(TIMEOUT, 5, "degraded"), H(ERROR, 10),
-                   C(OK, 11), M(None, 0, 12), M(0, 1, 13)])
+    t, _ = replay(
+        [
+            H(REFUSED, 0),
+            H(OK, 1, "ready"),
+            H(TIMEOUT, 5, "degraded"),
+            H(ERROR, 10),
+            C(OK, 11),
+            M(None, 0, 12),
+            M(0, 1, 13),
+        ]
+    )
     assert t.probes_total == {
-        ("health", "refused"): 1, ("health", "ok"): 1, ("health", "timeout"): 1, ("health", "error"): 1,
-        ("canary", "ok"): 1, ("metrics", "error"): 1, ("metrics", "ok"): 1,
+        ("health", "refused"): 1,
+        ("health", "ok"): 1,
+        ("health", "timeout"): 1,
+        ("health", "error"): 1,
+        ("canary", "ok"): 1,
+        ("metrics", "error"): 1,
+        ("metrics", "ok"): 1,
     }
     assert t.errors_total("health") == 1 and t.errors_total("metrics") == 1 and t.errors_total("canary") == 0
     assert (t.consecutive_failures, t.consecutive_errors, t.consecutive_successes) == (1, 1, 0)

@@ -17,21 +17,33 @@ from sparkd.launch import RECOMMENDED_ENV, render, render_script
 TABLES = {
     "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE", "custom_ops": ["all"]},
     "speculative_config": {"method": "deepseek_mtp", "num_speculative_tokens": 2},
-    "default_chat_template_kwargs": {"thinking": True, "note": "it's \"quoted\" $HOME `x` \\ ;&|"},
+    "default_chat_template_kwargs": {"thinking": True, "note": 'it\'s "quoted" $HOME `x` \\ ;&|'},
 }
 
 
 def make(launch=None, node=None, cluster=None):
-    data = {"runtime": "process", "node": node or {"role": "single"},
-            "launch": {"model": "/models/DeepSeek-V4-Flash", **(launch or {})}}
+    data = {
+        "runtime": "process",
+        "node": node or {"role": "single"},
+        "launch": {"model": "/models/DeepSeek-V4-Flash", **(launch or {})},
+    }
     if cluster:
         data["cluster"] = cluster
     return config_from_mapping(data, env={})
 
 
 def test_argv_is_vllm_serve_model_and_typed_flags() -> None:
-    spec = render(make({"served_model_name": "ds4", "max_num_seqs": 8, "enable_prefix_caching": False,
-                        "trust_remote_code": True, "extra_args": ["--foo", "bar"]}))
+    spec = render(
+        make(
+            {
+                "served_model_name": "ds4",
+                "max_num_seqs": 8,
+                "enable_prefix_caching": False,
+                "trust_remote_code": True,
+                "extra_args": ["--foo", "bar"],
+            }
+        )
+    )
     assert spec.argv[:3] == ("vllm", "serve", "/models/DeepSeek-V4-Flash")
     argv = list(spec.argv)
     assert argv[argv.index("--served-model-name") + 1] == "ds4"
@@ -41,11 +53,24 @@ def test_argv_is_vllm_serve_model_and_typed_flags() -> None:
 
 
 def test_worker_renders_headless_rank_and_master() -> None:
-    spec = render(make(node={"role": "worker", "rank": 1, "address": "10.0.0.2"},
-                       cluster={"master_addr": "10.0.0.1", "master_port": 25000}))
+    spec = render(
+        make(
+            node={"role": "worker", "rank": 1, "address": "10.0.0.2"},
+            cluster={"master_addr": "10.0.0.1", "master_port": 25000},
+        )
+    )
     tail = list(spec.argv[-9:])
-    assert tail == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
-                    "--master-port", "25000", "--headless"]
+    assert tail == [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.1",
+        "--master-port",
+        "25000",
+        "--headless",
+    ]
     assert spec.env["VLLM_HOST_IP"] == "10.0.0.2"
 
 
@@ -58,17 +83,22 @@ def test_environment_is_recommended_defaults_under_the_config() -> None:
 def fake_vllm(tmp_path: Path) -> tuple[Path, Path]:
     record = tmp_path / "argv.json"
     exe = tmp_path / "vllm"
-    exe.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                   f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open({str(record)!r}, 'w'))\n")
+    exe.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open({str(record)!r}, 'w'))\n"
+    )
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return exe, record
 
 
-@pytest.mark.parametrize("wrapper", [
-    ["bash", "{script}"],
-    ["bash", "-c", "bash {script}"],
-    ["sh", "-c", "bash -c 'bash {script}'"],
-])
+@pytest.mark.parametrize(
+    "wrapper",
+    [
+        ["bash", "{script}"],
+        ["bash", "-c", "bash {script}"],
+        ["sh", "-c", "bash -c 'bash {script}'"],
+    ],
+)
 def test_json_flags_arrive_byte_for_byte_through_shells(tmp_path: Path, wrapper: list[str]) -> None:
     exe, record = fake_vllm(tmp_path)
     spec = render(make({"executable": str(exe), **TABLES, "env": {"WEIRD": "a b 'c' $d"}}))
@@ -104,6 +134,5 @@ def test_render_cli_prints_script_and_json(tmp_path: Path) -> None:
     run = [sys.executable, "-m", "sparkd.cli", "render", "--config", str(path)]
     script = subprocess.run(run, capture_output=True, text=True, check=True, timeout=60).stdout
     assert "--compilation-config '{\"level\": 3}'" in script
-    data = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, check=True,
-                                     timeout=60).stdout)
+    data = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, check=True, timeout=60).stdout)
     assert data["argv"][:3] == ["vllm", "serve", "m"] and data["env"]["OMP_NUM_THREADS"] == "8"

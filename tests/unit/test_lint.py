@@ -13,8 +13,12 @@ GOOD_ENV = {"UCX_MEM_MMAP_HOOK_MODE": "none", "UCX_RCACHE_MAX_UNRELEASED": "1024
 
 
 def cfg(node=None, launch=None, cluster=None, allow=()):
-    data = {"runtime": "process", "node": node or {"role": "single"},
-            "launch": {"model": "m", **(launch or {})}, "lint": {"allow": list(allow)}}
+    data = {
+        "runtime": "process",
+        "node": node or {"role": "single"},
+        "launch": {"model": "m", **(launch or {})},
+        "lint": {"allow": list(allow)},
+    }
     if cluster:
         data["cluster"] = cluster
     return config_from_mapping(data, env={})
@@ -27,20 +31,32 @@ def rules(findings, level=Level.error):
 PAIR = {"master_addr": "10.0.0.1"}
 
 
-@pytest.mark.parametrize(("config", "rule", "key"), [
-    (cfg(launch={"env": {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}}),
-     "multiproc-fork", "launch.env.VLLM_WORKER_MULTIPROC_METHOD"),
-    (cfg(node={"role": "worker", "rank": 1}, launch={"headless": False}, cluster=PAIR),
-     "worker-not-headless", "launch.headless"),
-    (cfg(node={"role": "head"}, launch={"headless": True}, cluster=PAIR), "head-headless", "launch.headless"),
-    (cfg(node={"role": "head", "rank": 1}, cluster=PAIR), "rank-role-mismatch", "node.rank"),
-    (cfg(node={"role": "worker", "rank": 0}, cluster=PAIR), "rank-role-mismatch", "node.rank"),
-    (cfg(node={"role": "worker", "rank": 1}, launch={"node_rank": 0}, cluster=PAIR),
-     "rank-role-mismatch", "launch.node_rank"),
-    (cfg(node={"role": "head"}), "missing-master-addr", "cluster.master_addr"),
-    (cfg(launch={"nnodes": 2}), "single-multinode", "node.role"),
-    (cfg(launch={"extra_args": ["--max-num-seqs", "4"]}), "extra-arg-duplicates-field", "launch.extra_args[0]"),
-])
+@pytest.mark.parametrize(
+    ("config", "rule", "key"),
+    [
+        (
+            cfg(launch={"env": {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}}),
+            "multiproc-fork",
+            "launch.env.VLLM_WORKER_MULTIPROC_METHOD",
+        ),
+        (
+            cfg(node={"role": "worker", "rank": 1}, launch={"headless": False}, cluster=PAIR),
+            "worker-not-headless",
+            "launch.headless",
+        ),
+        (cfg(node={"role": "head"}, launch={"headless": True}, cluster=PAIR), "head-headless", "launch.headless"),
+        (cfg(node={"role": "head", "rank": 1}, cluster=PAIR), "rank-role-mismatch", "node.rank"),
+        (cfg(node={"role": "worker", "rank": 0}, cluster=PAIR), "rank-role-mismatch", "node.rank"),
+        (
+            cfg(node={"role": "worker", "rank": 1}, launch={"node_rank": 0}, cluster=PAIR),
+            "rank-role-mismatch",
+            "launch.node_rank",
+        ),
+        (cfg(node={"role": "head"}), "missing-master-addr", "cluster.master_addr"),
+        (cfg(launch={"nnodes": 2}), "single-multinode", "node.role"),
+        (cfg(launch={"extra_args": ["--max-num-seqs", "4"]}), "extra-arg-duplicates-field", "launch.extra_args[0]"),
+    ],
+)
 def test_known_bad_settings_are_errors_naming_the_key(config, rule: str, key: str) -> None:
     assert (rule, key) in rules(lint(config))
 
@@ -88,15 +104,23 @@ def test_script_ending_in_a_comment_is_an_error(tmp_path: Path) -> None:
 def test_check_config_prints_warnings_and_exits_0(tmp_path: Path) -> None:
     import subprocess
     import sys
+
     path = tmp_path / "c.toml"
     path.write_text('runtime = "process"\n[launch]\nmodel = "m"\ndefault_env = false\n')
-    result = subprocess.run([sys.executable, "-m", "sparkd.cli", "check-config", "--config", str(path)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "check-config", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0
     assert "warning: launch.env.UCX_MEM_MMAP_HOOK_MODE" in result.stderr
-    path.write_text('runtime = "process"\n[launch]\nmodel = "m"\n[launch.env]\n'
-                    'VLLM_WORKER_MULTIPROC_METHOD = "fork"\n')
-    result = subprocess.run([sys.executable, "-m", "sparkd.cli", "check-config", "--config", str(path)],
-                            capture_output=True, text=True, timeout=60)
+    path.write_text('runtime = "process"\n[launch]\nmodel = "m"\n[launch.env]\nVLLM_WORKER_MULTIPROC_METHOD = "fork"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "sparkd.cli", "check-config", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "error: launch.env.VLLM_WORKER_MULTIPROC_METHOD" in result.stderr

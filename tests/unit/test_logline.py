@@ -13,8 +13,7 @@ CYAN, RESET = "\x1b[0;36m", "\x1b[0;0m"
     ("raw", "text"),
     [
         ("INFO 11-26 01:20:01 [a.py:1] hello", "INFO 11-26 01:20:01 [a.py:1] hello"),
-        (f"{CYAN}(APIServer pid=2172){RESET} INFO 11-26 01:20:01 [a.py:1] hi\n",
-         "INFO 11-26 01:20:01 [a.py:1] hi"),
+        (f"{CYAN}(APIServer pid=2172){RESET} INFO 11-26 01:20:01 [a.py:1] hi\n", "INFO 11-26 01:20:01 [a.py:1] hi"),
         ("(EngineCore_DP0 pid=2301) x", "x"),
         ("(Worker_TP1 pid=811) \x1b[1;31mERROR\x1b[0m boom\r\n", "ERROR boom"),
         ("(RayWorkerWrapper pid=9, ip=10.0.0.2) INFO: y", "INFO: y"),

@@ -70,34 +70,63 @@ def ready(t: float) -> Ev:
 HISTORIES: dict[str, list[Ev]] = {
     "backoff doubles from 10 s": [fail(0, 10), fail(100, 20), fail(200, 40), fail(300, 80)],
     "fifth failure in the window opens the breaker": [
-        fail(0, 10), fail(60, 20), fail(120, 40), fail(240, 80), fail(400, "5 failures in 30 min"),
+        fail(0, 10),
+        fail(60, 20),
+        fail(120, 40),
+        fail(240, 80),
+        fail(400, "5 failures in 30 min"),
     ],
     "config error gives up at once": [fail(0, "config error", F.config_error)],
     "config error after restarts still gives up": [fail(0, 10), fail(100, "does not retry", F.config_error)],
     "old failures slide out of the window": [
         # four failures, then a fifth after the first has left the 1800 s window: not five in the window
-        fail(0, 10), fail(600, 20), fail(1200, 40), fail(1500, 80), fail(1801, 160),
+        fail(0, 10),
+        fail(600, 20),
+        fail(1200, 40),
+        fail(1500, 80),
+        fail(1801, 160),
     ],
     "a guard kill counts double toward the budget": [
-        fail(0, 10), fail(100, 20), fail(200, 40, F.killed_by_guard),
+        fail(0, 10),
+        fail(100, 20),
+        fail(200, 40, F.killed_by_guard),
         fail(300, "counting memory-guard kills ×2", F.killed_by_guard),
     ],
     "a long healthy run resets the backoff": [
-        fail(0, 10), fail(100, 20), fail(200, 40), ready(400), fail(400 + 600, 10),
+        fail(0, 10),
+        fail(100, 20),
+        fail(200, 40),
+        ready(400),
+        fail(400 + 600, 10),
     ],
     "a short healthy run does not reset the backoff": [
-        fail(0, 10), fail(100, 20), ready(300), fail(300 + 599, 40),
+        fail(0, 10),
+        fail(100, 20),
+        ready(300),
+        fail(300 + 599, 40),
     ],
     "a stable run resets the delay but not the budget": [
-        fail(0, 10), fail(50, 20), fail(100, 40), ready(150), fail(760, 10), fail(800, "5 failures"),
+        fail(0, 10),
+        fail(50, 20),
+        fail(100, 40),
+        ready(150),
+        fail(760, 10),
+        fail(800, "5 failures"),
     ],
     "a stop ends the ready period": [fail(0, 10), ready(100), Ev("stopped", 200), fail(2000, 20)],
     "reset closes the breaker and clears the counters": [
-        fail(0, "config error", F.config_error), Ev("reset", 10), fail(20, 10), fail(30, 20),
+        fail(0, "config error", F.config_error),
+        Ev("reset", 10),
+        fail(20, 10),
+        fail(30, 20),
     ],
     "slow crash loop: six failures in a row without a stable run give up": [
         # ~15 min per cycle (10 min boot + backoff): never five in 30 min, but never stable either
-        fail(0, 10), fail(900, 20), fail(1800, 40), fail(2700, 80), fail(3600, 160),
+        fail(0, 10),
+        fail(900, 20),
+        fail(1800, 40),
+        fail(2700, 80),
+        fail(3600, 160),
         fail(4500, "6 failures in a row without a stable run"),
     ],
 }
@@ -118,9 +147,7 @@ def test_base_delay_is_geometric_and_capped(attempt: int, delay: float) -> None:
     assert base_delay(RestartPolicy(), attempt) == delay
 
 
-@pytest.mark.parametrize(
-    ("rand", "factor"), [(0.0, 0.9), (0.25, 0.95), (0.5, 1.0), (0.75, 1.05), (0.999999, 1.1)]
-)
+@pytest.mark.parametrize(("rand", "factor"), [(0.0, 0.9), (0.25, 0.95), (0.5, 1.0), (0.75, 1.05), (0.999999, 1.1)])
 def test_jitter_is_symmetric_and_bounded(rand: float, factor: float) -> None:
     """delay * (1 + jitter*(2*rand-1)): rand 0 → -10 %, rand → 1 approaches +10 %."""
     _, decision = on_failure(RestartState(), RestartPolicy(), F.engine_dead, 0.0, rand)
@@ -174,9 +201,7 @@ def test_give_up_reason_names_the_count_and_window() -> None:
     assert "sparkctl reset" in decision.reason
 
 
-@pytest.mark.parametrize(
-    ("window_s", "text"), [(1800.0, "30 min"), (3600.0, "1 h"), (90.0, "90 s"), (21600.0, "6 h")]
-)
+@pytest.mark.parametrize(("window_s", "text"), [(1800.0, "30 min"), (3600.0, "1 h"), (90.0, "90 s"), (21600.0, "6 h")])
 def test_window_is_spelled_for_people(window_s: float, text: str) -> None:
     """The window in the reason is in the unit an operator would use."""
     pol = RestartPolicy(budget_failures=1, budget_window_s=window_s)
@@ -230,9 +255,7 @@ def test_on_stopped_without_ready_is_a_no_op() -> None:
     assert on_stopped(state) is state
 
 
-@pytest.mark.parametrize(
-    ("due", "now", "left"), [(110.0, 100.0, 10.0), (100.0, 100.0, 0.0), (90.0, 100.0, 0.0)]
-)
+@pytest.mark.parametrize(("due", "now", "left"), [(110.0, 100.0, 10.0), (100.0, 100.0, 0.0), (90.0, 100.0, 0.0)])
 def test_backoff_remaining(due: float, now: float, left: float) -> None:
     """Time left until a due restart, never negative."""
     assert backoff_remaining(due, now) == left

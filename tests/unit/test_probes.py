@@ -20,16 +20,40 @@ from sparkd.probes import ProbeOutcome, VllmMetrics
 SLOW_S = 10.0  # how long a "hanging" reply waits (released at teardown)
 TIMEOUT_S = 0.3  # probe timeout against a hanging reply
 
-ENGINE_DEAD_JSON = json.dumps({"error": {
-    "message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-    "type": "Internal Server Error", "param": None, "code": 500}}).encode()
-COMPLETION_JSON = json.dumps({
-    "id": "cmpl-1f2e3d4c5b6a7980", "object": "text_completion", "created": 1732580000, "model": "my-model",
-    "choices": [{"index": 0, "text": " pong", "logprobs": None, "finish_reason": "length", "stop_reason": None,
-                 "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None}],
-    "service_tier": None, "system_fingerprint": None,
-    "usage": {"prompt_tokens": 2, "total_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": None},
-    "kv_transfer_params": None}).encode()
+ENGINE_DEAD_JSON = json.dumps(
+    {
+        "error": {
+            "message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+            "type": "Internal Server Error",
+            "param": None,
+            "code": 500,
+        }
+    }
+).encode()
+COMPLETION_JSON = json.dumps(
+    {
+        "id": "cmpl-1f2e3d4c5b6a7980",
+        "object": "text_completion",
+        "created": 1732580000,
+        "model": "my-model",
+        "choices": [
+            {
+                "index": 0,
+                "text": " pong",
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {"prompt_tokens": 2, "total_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": None},
+        "kv_transfer_params": None,
+    }
+).encode()
 
 METRICS_TEXT = """\
 # HELP python_gc_objects_collected_total Objects collected during gc
@@ -140,8 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _serve(address: tuple[str, int], family: socket.AddressFamily) -> Generator[Stub, None, None]:
-    server_cls = type("_ServerV6", (_Server,), {"address_family": family}) if family == socket.AF_INET6 \
-        else _Server
+    server_cls = type("_ServerV6", (_Server,), {"address_family": family}) if family == socket.AF_INET6 else _Server
     server = server_cls(address, _Handler)
     host, port = server.server_address[:2]
     stub = Stub(url=probes.probe_base_url(str(host), int(port)))
@@ -186,8 +209,7 @@ HEALTH_CASES = {
     "404 is a probe error": (Reply(404), ProbeOutcome.error, "HTTP 404"),
     "no answer in time is a timeout": (Reply(200, delay_s=SLOW_S), ProbeOutcome.timeout, "no answer in 0.3 s"),
     "a dropped connection is a probe error": (Reply(raw=b""), ProbeOutcome.error, "RemoteProtocolError"),
-    "a malformed answer is a probe error": (Reply(raw=b"garbage\r\n\r\n"), ProbeOutcome.error,
-                                            "RemoteProtocolError"),
+    "a malformed answer is a probe error": (Reply(raw=b"garbage\r\n\r\n"), ProbeOutcome.error, "RemoteProtocolError"),
 }
 
 
@@ -277,19 +299,33 @@ async def test_a_slow_canary_does_not_hold_up_health(stub: Stub, client: httpx.A
 
 CANARY_CASES = {
     "a completion is ok": (Reply(200, COMPLETION_JSON), ProbeOutcome.ok, "HTTP 200"),
-    "engine dead 500 is engine_dead": (Reply(500, ENGINE_DEAD_JSON), ProbeOutcome.engine_dead,
-                                       "HTTP 500: EngineCore encountered an issue."),
+    "engine dead 500 is engine_dead": (
+        Reply(500, ENGINE_DEAD_JSON),
+        ProbeOutcome.engine_dead,
+        "HTTP 500: EngineCore encountered an issue.",
+    ),
     "another 500 is a probe error": (
         Reply(500, b'{"error":{"message":"boom","type":"Internal Server Error","param":null,"code":500}}'),
-        ProbeOutcome.error, "HTTP 500: boom"),
+        ProbeOutcome.error,
+        "HTTP 500: boom",
+    ),
     "an unknown model is a probe error": (
-        Reply(404, b'{"error":{"message":"The model `x` does not exist.","type":"NotFoundError",'
-                   b'"param":null,"code":404}}'),
-        ProbeOutcome.error, "HTTP 404: The model `x` does not exist."),
-    "a 200 that is not a completion is a probe error": (Reply(200, b"<html>hi</html>", "text/html"),
-                                                        ProbeOutcome.error, "HTTP 200 without choices"),
-    "no answer in time is a timeout": (Reply(200, COMPLETION_JSON, delay_s=SLOW_S), ProbeOutcome.timeout,
-                                       "no answer in 0.3 s"),
+        Reply(
+            404, b'{"error":{"message":"The model `x` does not exist.","type":"NotFoundError","param":null,"code":404}}'
+        ),
+        ProbeOutcome.error,
+        "HTTP 404: The model `x` does not exist.",
+    ),
+    "a 200 that is not a completion is a probe error": (
+        Reply(200, b"<html>hi</html>", "text/html"),
+        ProbeOutcome.error,
+        "HTTP 200 without choices",
+    ),
+    "no answer in time is a timeout": (
+        Reply(200, COMPLETION_JSON, delay_s=SLOW_S),
+        ProbeOutcome.timeout,
+        "no answer in 0.3 s",
+    ),
     "a dropped connection is a probe error": (Reply(raw=b""), ProbeOutcome.error, "RemoteProtocolError"),
 }
 
@@ -327,8 +363,13 @@ async def test_canary_refused(refused_url: str, client: httpx.AsyncClient) -> No
 # ---------------------------------------------------------------------------------------------------------
 # /metrics
 
-EXPECTED = VllmMetrics(num_requests_running=3.0, generation_tokens_total=1024.0, num_requests_waiting=4.0,
-                       prompt_tokens_total=5000.0, kv_cache_usage_perc=0.5)
+EXPECTED = VllmMetrics(
+    num_requests_running=3.0,
+    generation_tokens_total=1024.0,
+    num_requests_waiting=4.0,
+    prompt_tokens_total=5000.0,
+    kv_cache_usage_perc=0.5,
+)
 
 
 @pytest.mark.anyio
@@ -380,8 +421,10 @@ def test_parse_optional_series_missing() -> None:
 
 
 def test_parse_skips_broken_lines() -> None:
-    text = ('vllm:num_requests_running{engine="0" 3\nvllm:num_requests_running{engine="0"} x\n'
-            "vllm:num_requests_running 1\nvllm:generation_tokens_total 2\nvllm:generation_tokens_total\n")
+    text = (
+        'vllm:num_requests_running{engine="0" 3\nvllm:num_requests_running{engine="0"} x\n'
+        "vllm:num_requests_running 1\nvllm:generation_tokens_total 2\nvllm:generation_tokens_total\n"
+    )
     assert probes.parse_vllm_metrics(text) == VllmMetrics(num_requests_running=1.0, generation_tokens_total=2.0)
 
 

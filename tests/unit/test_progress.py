@@ -169,13 +169,26 @@ def test_distributed_ready_on_a_headless_node(line: str) -> None:
     ("line", "tokens", "concurrency", "per_request"),
     [
         ("INFO 11-26 01:24:11 [kv_cache_utils.py:1291] GPU KV cache size: 327,680 tokens", 327_680, None, None),
-        ("INFO 11-26 01:24:11 [kv_cache_utils.py:1297] Maximum concurrency for 32,768 tokens per request: 10.00x",
-         None, 10.0, 32_768),
+        (
+            "INFO 11-26 01:24:11 [kv_cache_utils.py:1297] Maximum concurrency for 32,768 tokens per request: 10.00x",
+            None,
+            10.0,
+            32_768,
+        ),
         # ≥0.28: one line
-        ("(EngineCore pid=9) INFO 11-26 01:24:11 [kv_cache_utils.py:1301] GPU KV cache size: 2,044,166 tokens, "
-         "Maximum concurrency for 1,048,576 tokens per request: 1.95x", 2_044_166, 1.95, 1_048_576),
-        ("GPU KV cache size: 1,901,239 tokens,Maximum concurrency for 1,048,576 tokens per request: 1.81x",
-         1_901_239, 1.81, 1_048_576),
+        (
+            "(EngineCore pid=9) INFO 11-26 01:24:11 [kv_cache_utils.py:1301] GPU KV cache size: 2,044,166 tokens, "
+            "Maximum concurrency for 1,048,576 tokens per request: 1.95x",
+            2_044_166,
+            1.95,
+            1_048_576,
+        ),
+        (
+            "GPU KV cache size: 1,901,239 tokens,Maximum concurrency for 1,048,576 tokens per request: 1.81x",
+            1_901_239,
+            1.81,
+            1_048_576,
+        ),
     ],
 )
 def test_kv_cache_lines(line: str, tokens: int | None, concurrency: float | None, per_request: int | None) -> None:
@@ -189,10 +202,15 @@ def test_kv_cache_lines(line: str, tokens: int | None, concurrency: float | None
     ("line", "phase"),
     [
         ("vLLM server version 0.20.0, serving model /models/x", Phase.launching),
-        ("Launching vLLM (v0.33.0) headless multiproc executor, with head node address 10.0.0.1:29501 for "
-         "torch.distributed process group.", Phase.waiting_for_peer),
-        ("world_size=2 rank=0 local_rank=0 distributed_init_method=tcp://10.0.0.1:29501 backend=nccl",
-         Phase.waiting_for_peer),
+        (
+            "Launching vLLM (v0.33.0) headless multiproc executor, with head node address 10.0.0.1:29501 for "
+            "torch.distributed process group.",
+            Phase.waiting_for_peer,
+        ),
+        (
+            "world_size=2 rank=0 local_rank=0 distributed_init_method=tcp://10.0.0.1:29501 backend=nccl",
+            Phase.waiting_for_peer,
+        ),
         ("Starting to load model /models/x...", Phase.loading_weights),
         ("Loading weights took 12.34 seconds", Phase.loading_weights),
         ("Model loading took 30.12 GiB memory and 13.456789 seconds", Phase.loading_weights),
@@ -200,8 +218,10 @@ def test_kv_cache_lines(line: str, tokens: int | None, concurrency: float | None
         ("Capturing CUDA graphs (decode, FULL): 100%|██████████| 67/67 [00:04<00:00]", Phase.graph_capture),
         ("Graph capturing finished in 5 secs, took 0.52 GiB", Phase.graph_capture),
         ("init engine (profile, create kv cache, warmup model) took 45.67 seconds", Phase.api_starting),
-        ("init engine (profile, create kv cache, warmup model) took 45.67 s (compilation: 25.30 s)",
-         Phase.api_starting),
+        (
+            "init engine (profile, create kv cache, warmup model) took 45.67 s (compilation: 25.30 s)",
+            Phase.api_starting,
+        ),
         ("Starting vLLM API server 0 on http://0.0.0.0:8000", Phase.api_starting),
         ("Starting vLLM server on http://0.0.0.0:8000", Phase.api_starting),  # 0.18+
         ("INFO:     Application startup complete.", Phase.ready),
@@ -240,7 +260,7 @@ def test_tqdm_carriage_returns_take_the_last_frame() -> None:
         "",
         "\r",
         "(APIServer pid=2172) INFO 11-26 01:20:09 [model.py:1661] Using max model len 32768",
-        "(APIServer pid=2172) INFO:     10.0.0.5:43002 - \"GET /health HTTP/1.1\" 200 OK",
+        '(APIServer pid=2172) INFO:     10.0.0.5:43002 - "GET /health HTTP/1.1" 200 OK',
         "INFO 11-26 01:30:00 [loggers.py:209] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation "
         "throughput: 0.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%",
         "INFO 11-26 01:30:00 [shm_broadcast.py:466] No available shared memory broadcast block found in 60 seconds.",
