@@ -63,6 +63,37 @@ def run_cmd(config_path: Path, rehearse: bool) -> None:
     raise SystemExit(run_daemon(cfg, config_path=config_path, rehearse=rehearse))
 
 
+@main.command("preflight")
+@config_option
+@click.option("--dry-run", is_flag=True, help="Report what would be fixed; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool) -> None:
+    """Check (and clean) the node before a launch. Exit 0 ready to launch, 1 a check failed, 2 invalid config."""
+    import anyio
+
+    from sparkd.preflight.runner import run_standalone
+    from sparkd.runtime import make_runtime
+
+    cfg = config_or_exit(config_path)
+    findings = lint(cfg)
+    for finding in findings:
+        click.echo(f"{config_path}: {finding}", err=True)
+    if errors(findings):
+        fail(f"sparkd: {config_path}: invalid ({len(errors(findings))} error(s))", EXIT_INVALID_CONFIG)
+    report = anyio.run(lambda: run_standalone(cfg, render(cfg), make_runtime(cfg), dry_run=dry_run))
+    if as_json:
+        click.echo(json.dumps(report.summary(), indent=2))
+    else:
+        for r in report.results:
+            line = f"{r.verdict.value:<5}  {r.id:<15} {r.found}"
+            click.echo(line + (f" -> {r.did}" if r.did else "") + f"  ({r.duration_s:.2f} s)")
+        failure = report.failure()
+        verdict = "dry run: " if dry_run else ""
+        click.echo(verdict + (f"not ready: {failure.sentence} [{failure.cls.value}]" if failure
+                              else "ready to launch"))
+    raise SystemExit(0 if report.ok else 1)
+
+
 @main.command(
     "standin",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},

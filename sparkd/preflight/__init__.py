@@ -1,1 +1,21 @@
-"""Preflight: every launch starts from a clean node with enough memory, or refuses with a reason."""
+"""Preflight: every launch starts from a clean node with enough memory, or refuses with a reason.
+
+One module per kind of check, each check a small async unit ``(ctx) -> CheckResult`` whose decision is a pure
+function (tests/unit/test_preflight_decisions.py); :mod:`.runner` runs them in this order:
+
+=================  ==============  =============================================================================
+id                 module          fails with
+=================  ==============  =============================================================================
+launch_target      target          config_error: target, image or local model path (config.json, shards) missing
+stale_processes    processes       gpu_busy: a stale VLLM::* / previous-launch process outlives SIGKILL
+ports              ports           port_in_use: API/master port held by anything but a stale vLLM process
+dev_shm            shm             unknown: /dev/shm has less room than [preflight] shm_min_free_mib
+page_cache         memory          never (cannot drop → warn)
+memory             memory          free_memory_refusal: MemFree < gpu_memory_utilization x MemTotal + margin
+host               host            unknown: [preflight] apply_host set and the settings would not stick
+image              image           config_error: a [[preflight.assert]] does not hold where vLLM runs
+gpu                gpu             gpu_busy: a compute process that is not a stale vLLM holds the GPU
+=================  ==============  =============================================================================
+
+In-container checks run through :mod:`.container` (``exec_in_container``).
+"""

@@ -1,40 +1,60 @@
-"""Run the preflight checks in order and turn their verdicts into one report (and a failure, if any)."""
+"""Run the preflight checks in order and turn their verdicts into one report (and a failure, if any).
+
+The order matters: the launch target first (nothing else is worth doing for a launch that cannot run), then
+the cleanup (stale processes, which frees their ports, GPU and /dev/shm segments; then ports and /dev/shm),
+then memory (drop the page cache, then judge what is free), then host settings, the image and the GPU.
+"""
 
 from __future__ import annotations
 
-import time
+import fcntl
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from sparkd.config import Config
 from sparkd.launch import LaunchSpec
-from sparkd.preflight import shm, stale
+from sparkd.preflight.base import (
+    Check,
+    CheckResult,
+    PreflightContext,
+    Verdict,
+    as_json,
+)
+from sparkd.preflight.gpu import check_gpu
+from sparkd.preflight.host import check_host
+from sparkd.preflight.image import check_image
+from sparkd.preflight.memory import check_memory, check_page_cache
+from sparkd.preflight.ports import check_ports
+from sparkd.preflight.processes import check_stale_processes
+from sparkd.preflight.shm import check_shm
+from sparkd.preflight.target import check_launch_target
+from sparkd.runtime import proctree
 from sparkd.runtime.base import Runtime
+from sparkd.statefile import read_json
 from sparkd.supervisor.classify import Failure, FailureClass
 
+__all__ = [
+    "DEFAULT_CHECKS", "CheckResult", "PreflightContext", "PreflightReport", "Verdict", "check_gpu", "check_host",
+    "check_image", "check_launch_target", "check_memory", "check_page_cache", "check_ports", "check_shm",
+    "check_stale_processes", "run_preflight", "run_standalone", "watched_pids",
+]
 
-class Verdict(StrEnum):
-    ok = "ok"
-    fixed = "fixed"
-    warn = "warn"
-    fail = "fail"
+CheckCallable = Callable[[PreflightContext], Awaitable[CheckResult]]
 
-
-@dataclass(frozen=True)
-class CheckResult:
-    id: str
-    verdict: Verdict
-    found: str
-    did: str = ""
-    duration_s: float = 0.0
-    failure_class: FailureClass | None = None  # with verdict fail: how the supervisor should treat it
+DEFAULT_CHECKS: tuple[Check, ...] = (
+    check_launch_target, check_stale_processes, check_ports, check_shm, check_page_cache, check_memory,
+    check_host, check_image, check_gpu,
+)
+CHECK_IDS: tuple[str, ...] = tuple(c.id for c in DEFAULT_CHECKS)
 
 
 @dataclass(frozen=True)
 class PreflightReport:
     results: list[CheckResult] = field(default_factory=list)
+    dry_run: bool = False
 
     @property
     def ok(self) -> bool:
@@ -49,61 +69,68 @@ class PreflightReport:
         return None
 
     def to_json(self) -> list[dict[str, object]]:
-        return [{"id": r.id, "verdict": r.verdict.value, "found": r.found, "did": r.did,
-                 "duration_s": round(r.duration_s, 4)} for r in self.results]
+        return [as_json(r) for r in self.results]
+
+    def summary(self) -> dict[str, Any]:
+        failure = self.failure()
+        return {
+            "ok": self.ok, "dry_run": self.dry_run, "results": self.to_json(),
+            "failure": None if failure is None else {"class": failure.cls.value, "message": failure.sentence},
+        }
 
 
-@dataclass(frozen=True)
-class PreflightContext:
-    cfg: Config
-    spec: LaunchSpec
-    runtime: Runtime
-    protect: frozenset[int] = frozenset()
-    dry_run: bool = False
-    shm_dir: Path = Path("/dev/shm")
-
-
-Check = Callable[[PreflightContext], Awaitable[CheckResult]]
-
-
-async def check_launch_target(ctx: PreflightContext) -> CheckResult:
-    problem = await ctx.runtime.missing_target(ctx.spec)
-    if problem:
-        return CheckResult("launch_target", Verdict.fail, problem, failure_class=FailureClass.config_error)
-    return CheckResult("launch_target", Verdict.ok, f"{ctx.spec.argv[0]} is there")
-
-
-async def check_stale_processes(ctx: PreflightContext) -> CheckResult:
-    procs = stale.find_stale(ctx.protect)
-    if not procs:
-        return CheckResult("stale_processes", Verdict.ok, "no stale VLLM::* process")
-    found = "; ".join(f"{p.pid} {p.cmdline}" for p in map(stale.describe, procs))
-    if ctx.dry_run:
-        return CheckResult("stale_processes", Verdict.warn, found, "would SIGTERM, then SIGKILL")
-    ended = await stale.kill_stale(procs)
-    return CheckResult("stale_processes", Verdict.fixed, found, f"ended {len(ended)} process(es)")
-
-
-async def check_shm(ctx: PreflightContext) -> CheckResult:
-    removed = shm.sweep(ctx.shm_dir, dry_run=ctx.dry_run)
-    if not removed:
-        return CheckResult("dev_shm", Verdict.ok, f"no leaked segment in {ctx.shm_dir}")
-    size = sum(s.size for s in removed)
-    names = ", ".join(s.name for s in removed[:10]) + (" ..." if len(removed) > 10 else "")
-    did = "would remove" if ctx.dry_run else "removed"
-    return CheckResult("dev_shm", Verdict.warn if ctx.dry_run else Verdict.fixed,
-                       f"{len(removed)} leaked segment(s): {names}", f"{did} them, {size} bytes")
-
-
-DEFAULT_CHECKS: tuple[Check, ...] = (check_launch_target, check_stale_processes, check_shm)
-
-
-async def run_preflight(ctx: PreflightContext, checks: tuple[Check, ...] = DEFAULT_CHECKS) -> PreflightReport:
-    results = []
-    for check in checks:
-        started = time.monotonic()
-        result = await check(ctx)
-        results.append(CheckResult(**{**result.__dict__, "duration_s": time.monotonic() - started}))
-        if result.verdict is Verdict.fail:
+async def run_preflight(ctx: PreflightContext, checks: tuple[CheckCallable, ...] = DEFAULT_CHECKS, *,
+                        report_rest: bool = False) -> PreflightReport:
+    """Run ``checks`` in order. At the first failure stop, or (``report_rest``) run the rest report-only:
+    once the node will not launch, nothing more is changed on it."""
+    results: list[CheckResult] = []
+    failed = False
+    for run in checks:
+        if failed and not report_rest:
             break
-    return PreflightReport(results)
+        result = await run(ctx.report_only() if failed else ctx)
+        results.append(result)
+        failed = failed or result.verdict is Verdict.fail
+    return PreflightReport(results, dry_run=ctx.dry_run)
+
+
+# ---- sparkd preflight (one-shot) ------------------------------------------------------------------------
+
+
+def daemon_running(state_dir: Path) -> bool:
+    """Whether a sparkd daemon holds this node's lock (``<state_dir>/sparkd.lock``)."""
+    try:
+        fd = os.open(state_dir / "sparkd.lock", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing drops a lock we got
+    return False
+
+
+def watched_pids(cfg: Config) -> frozenset[int]:
+    """The process tree of the instance a running daemon watches: never stale for a one-shot preflight.
+
+    With no daemon running, the recorded instance is a leftover of our previous launch, and stale."""
+    if not daemon_running(cfg.paths.state_dir):
+        return frozenset()
+    record = read_json(cfg.paths.state_dir / "instance.json") or {}
+    try:
+        pid, created = int(record["pid"]), float(record["create_time"])
+    except (KeyError, TypeError, ValueError):
+        return frozenset()
+    if proctree.same_process(pid, created) is None:
+        return frozenset()
+    return frozenset(proctree.tree_pids(pid))
+
+
+async def run_standalone(cfg: Config, spec: LaunchSpec, runtime: Runtime, *, dry_run: bool) -> PreflightReport:
+    """``sparkd preflight``: every check, reported in full (after a failure the rest run report-only)."""
+    ctx = PreflightContext(cfg=cfg, spec=spec, runtime=runtime, protect=watched_pids(cfg), dry_run=dry_run)
+    return await run_preflight(ctx, report_rest=True)

@@ -1,24 +1,42 @@
-"""Stale vLLM processes: titled ``VLLM::*`` and not part of the instance being watched.
+"""Stale vLLM processes: what counts as one, and how one is ended.
 
-Only a process whose *title* (argv[0] after setproctitle) starts with ``VLLM::`` counts. A command line that
-merely mentions vllm is never touched: ``python -c "...VLLM::Worker..."`` has argv[0] ``python``.
+Only a process whose *title* (argv[0] after setproctitle) starts with ``VLLM::`` counts by its name. A command
+line that merely mentions vllm is never touched: ``python -c "...VLLM::Worker..."`` has argv[0] ``python``.
+vLLM takes the prefix from ``VLLM_PROCESS_NAME_PREFIX``; when the launch sets it, that prefix is the one
+that marks our processes (:func:`title_prefix`).
+(The other kind of stale process, one left from our own previous launch, is found from the daemon's record:
+see :mod:`sparkd.preflight.processes`.)
+
+A process is signalled only through a ``psutil.Process`` bound when it was found, whose identity (PID and
+create time) psutil checks before every signal, so a PID reused meanwhile is never hit.
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
+from sparkd.preflight.base import read_cmdline, visible_pids
 from sparkd.runtime.proctree import running, signal_all, wait_gone
 
 TITLE_PREFIX = "VLLM::"
+PREFIX_ENV = "VLLM_PROCESS_NAME_PREFIX"
 
 
-def is_vllm_title(cmdline: list[str]) -> bool:
-    return bool(cmdline) and cmdline[0].startswith(TITLE_PREFIX)
+def title_prefix(*envs: Mapping[str, str]) -> str:
+    """``<VLLM_PROCESS_NAME_PREFIX>::`` from the first environment that sets it, else ``VLLM::``."""
+    for env in envs:
+        if env.get(PREFIX_ENV):
+            return env[PREFIX_ENV] + "::"
+    return TITLE_PREFIX
+
+
+def is_vllm_title(cmdline: list[str], prefix: str = TITLE_PREFIX) -> bool:
+    return bool(cmdline) and cmdline[0].startswith(prefix)
 
 
 @dataclass(frozen=True)
@@ -27,17 +45,35 @@ class StaleProcess:
     cmdline: str
 
 
-def find_stale(protect: Iterable[int] = ()) -> list[psutil.Process]:
+def bind(pid: int, argv: list[str]) -> psutil.Process | None:
+    """The live process ``pid`` if it still shows ``argv`` (as read from the proc root), else None.
+
+    Guards against a reused PID and against a proc root that is not this host's /proc."""
+    try:
+        proc = psutil.Process(pid)
+        if [part for part in proc.cmdline() if part] != argv or not running(proc):
+            return None
+        return proc
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def titled(proc_root: Path = Path("/proc"), prefix: str = TITLE_PREFIX) -> dict[int, list[str]]:
+    """Every visible process titled ``VLLM::*`` (or ``prefix``), with its argv."""
+    found = {}
+    for pid in visible_pids(proc_root):
+        argv = read_cmdline(proc_root, pid)
+        if argv and is_vllm_title(argv, prefix):
+            found[pid] = argv
+    return found
+
+
+def find_stale(protect: Iterable[int] = (), proc_root: Path = Path("/proc"),
+               prefix: str = TITLE_PREFIX) -> list[psutil.Process]:
     """Processes titled ``VLLM::*`` outside ``protect`` (the watched instance's tree)."""
     protected = set(protect)
-    stale = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if proc.pid in protected:
-            continue
-        cmdline = proc.info.get("cmdline") or []
-        if is_vllm_title(cmdline) and running(proc):
-            stale.append(proc)
-    return stale
+    procs = (bind(pid, argv) for pid, argv in titled(proc_root, prefix).items() if pid not in protected)
+    return [p for p in procs if p is not None]
 
 
 def describe(proc: psutil.Process) -> StaleProcess:
@@ -50,11 +86,20 @@ def describe(proc: psutil.Process) -> StaleProcess:
 
 async def kill_stale(procs: list[psutil.Process], grace_s: float = 5.0) -> list[StaleProcess]:
     """SIGTERM, grace, SIGKILL. Returns what was ended, each with its PID and command line."""
+    ended, _ = await end(procs, grace_s)
+    return ended
+
+
+async def end(procs: list[psutil.Process], grace_s: float = 5.0,
+              kill_wait_s: float = 5.0) -> tuple[list[StaleProcess], list[StaleProcess]]:
+    """SIGTERM, ``grace_s``, SIGKILL, ``kill_wait_s``: (what ended, what still runs)."""
     if not procs:
-        return []
-    found = [describe(p) for p in procs]
+        return [], []
+    found = {p.pid: describe(p) for p in procs}
     signal_all(procs, signal.SIGTERM)
     if not await wait_gone(procs, grace_s):
         signal_all([p for p in procs if running(p)], signal.SIGKILL)
-        await wait_gone(procs, 5.0)
-    return found
+        await wait_gone(procs, kill_wait_s)
+    survivors = [found[p.pid] for p in procs if running(p)]
+    gone = {s.pid for s in survivors}
+    return [s for pid, s in found.items() if pid not in gone], survivors

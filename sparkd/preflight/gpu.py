@@ -1,0 +1,94 @@
+"""Check: no leftover compute process holds the GPU.
+
+``nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader`` lists them (host PIDs). A listed
+process that is a stale vLLM process (see :mod:`sparkd.preflight.processes`) is ended; any other one fails
+the check (``gpu_busy``: "CUDA-capable device(s) is/are busy or unavailable") naming its PID and command line.
+The watched instance's processes are not leftovers. Without ``nvidia-smi`` the check is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+import anyio
+
+from sparkd.preflight import processes
+from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check, describe_cmdline, read_cmdline
+from sparkd.supervisor.classify import FailureClass
+
+QUERY = ("--query-compute-apps=pid,process_name", "--format=csv,noheader")
+TIMEOUT_S = 30.0  # nvidia-smi can hang on a wedged GPU
+
+
+@dataclass(frozen=True)
+class App:
+    pid: int
+    name: str
+
+
+def parse_compute_apps(text: str) -> list[App]:
+    """``1234, /usr/bin/python3`` lines; "No running processes found" and blank lines give nothing."""
+    apps = []
+    for line in text.splitlines():
+        pid, sep, name = line.partition(",")
+        if sep and pid.strip().isdigit():
+            apps.append(App(int(pid.strip()), name.strip()))
+    return apps
+
+
+def decide(apps: list[App], stale_pids: set[int], protect: frozenset[int], cmdlines: dict[int, str], *,
+           dry_run: bool) -> tuple[Verdict, str, list[int]]:
+    """Pure: (verdict, found, PIDs to end) for the compute processes nvidia-smi listed."""
+    leftovers = [a for a in apps if a.pid not in protect]
+    if not leftovers:
+        note = f" ({len(apps)} belong to the watched instance)" if apps else ""
+        return Verdict.ok, "no leftover GPU compute process" + note, []
+
+    def show(a: App) -> str:
+        return f"PID {a.pid} ({cmdlines.get(a.pid) or a.name})"
+
+    others = [a for a in leftovers if a.pid not in stale_pids]
+    if others:
+        return (Verdict.fail, "GPU compute process(es) not started by this launch hold the GPU: "
+                + "; ".join(map(show, others)) + ": not stale vLLM processes, so sparkd leaves them alone; stop "
+                "them before launching", [])
+    text = "stale vLLM compute process(es) hold the GPU: " + "; ".join(map(show, leftovers))
+    if dry_run:
+        return Verdict.warn, text, []
+    return Verdict.fixed, text, [a.pid for a in leftovers]
+
+
+@check("gpu")
+async def check_gpu(ctx: PreflightContext) -> CheckResult:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return CheckResult("gpu", Verdict.ok, "skipped: nvidia-smi is not on PATH (no NVIDIA driver here)")
+    try:
+        with anyio.fail_after(TIMEOUT_S):
+            result = await anyio.run_process([smi, *QUERY], check=False)
+    except TimeoutError:
+        return CheckResult("gpu", Verdict.fail, f"nvidia-smi did not answer within {TIMEOUT_S:.0f} s: the GPU or "
+                           "its driver is wedged (a reboot is likely needed)", failure_class=FailureClass.gpu_busy)
+    except OSError as exc:
+        return CheckResult("gpu", Verdict.warn, f"cannot run nvidia-smi: {exc}")
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).decode(errors="replace").strip().splitlines()
+        return CheckResult("gpu", Verdict.warn, f"nvidia-smi exited with {result.returncode}: "
+                           f"{detail[-1] if detail else 'no output'}")
+    apps = parse_compute_apps(result.stdout.decode(errors="replace"))
+    candidates = await anyio.to_thread.run_sync(processes.stale_candidates, ctx) if apps else []
+    cmdlines = {a.pid: describe_cmdline(read_cmdline(ctx.proc_root, a.pid)) for a in apps}
+    cmdlines = {pid: text for pid, text in cmdlines.items() if text != "?"}
+    verdict, found, end = decide(apps, {c.pid for c in candidates}, ctx.protect, cmdlines, dry_run=ctx.dry_run)
+    if verdict is Verdict.fail:
+        return CheckResult("gpu", verdict, found, failure_class=FailureClass.gpu_busy)
+    if verdict is Verdict.warn:
+        return CheckResult("gpu", verdict, found, "would SIGTERM, wait, then SIGKILL them")
+    if not end:
+        return CheckResult("gpu", verdict, found)
+    _, survivors = await processes.end_candidates(ctx, [c for c in candidates if c.pid in end])
+    if survivors:
+        return CheckResult("gpu", Verdict.fail, found + "; still running after SIGKILL: "
+                           + ", ".join(str(s.pid) for s in survivors), failure_class=FailureClass.gpu_busy)
+    return CheckResult("gpu", verdict, found, f"ended {len(end)} process(es) with SIGTERM/SIGKILL")

@@ -1,0 +1,241 @@
+"""Checks: page cache (drop it) and memory sufficiency (enough free memory for vLLM's startup check).
+
+On a GB10 the GPU's memory is the host's: vLLM's startup check compares ``gpu_memory_utilization x total``
+against *free* memory (``cudaMemGetInfo``), and page cache is not free. The field saw "Free memory on device
+(4.75/119.67 GiB)" with 110 GiB in page cache; ``sync; echo 3 > /proc/sys/vm/drop_caches`` got it back.
+
+- ``page_cache``: ``sync``, then write ``3`` to ``<proc>/sys/vm/drop_caches`` (``[preflight] drop_caches``);
+  reports the bytes reclaimed from meminfo's ``Cached`` before and after.
+- ``memory``: ``MemFree`` must cover ``gpu_memory_utilization x MemTotal + [preflight] memory_margin_gib``.
+  When it does not, the check fails (``free_memory_refusal``) naming the top memory holders by RSS, and when
+  nothing the kernel can account for explains the gap (even freeing every process and cache would not
+  reach the need: the rest is held by the driver), says a reboot is likely needed. A launch into vLLM's own
+  refusal costs minutes; a launch into a memory-starved node can freeze it.
+
+Both skip a launch of the vLLM stand-in, which loads no weights and needs no free memory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from sparkd.preflight.base import (
+    GIB,
+    CheckResult,
+    PreflightContext,
+    Verdict,
+    check,
+    describe_cmdline,
+    human_bytes,
+    read_cmdline,
+    read_text,
+    visible_pids,
+)
+from sparkd.preflight.target import is_standin
+from sparkd.supervisor.classify import FailureClass
+
+VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
+TOP_HOLDERS = 5
+
+Meminfo = Mapping[str, int]  # field → bytes
+
+
+# ---- pure parts -----------------------------------------------------------------------------------------
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo as bytes (``kB`` values scaled; unitless counts such as HugePages_Total kept)."""
+    out = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if not parts:
+            continue
+        try:
+            value = int(parts[0])
+        except ValueError:
+            continue
+        out[name.strip()] = value * 1024 if len(parts) > 1 and parts[1] == "kB" else value
+    return out
+
+
+def reclaimed(before: Meminfo, after: Meminfo) -> int:
+    return max(0, before.get("Cached", 0) - after.get("Cached", 0))
+
+
+def droppable(info: Meminfo) -> int:
+    """What dropping caches can give back: clean page cache, not tmpfs/shm (part of Cached, not droppable)."""
+    return max(0, info.get("Cached", 0) + info.get("Buffers", 0) - info.get("Shmem", 0))
+
+
+def residual(info: Meminfo) -> int:
+    """Memory no process, cache or kernel structure accounts for: on a GB10, held by the GPU driver
+    (DESIGN.md §5: MemTotal − MemFree − Active − Inactive − Slab − PageTables − Unevictable)."""
+    accounted = sum(info.get(k, 0) for k in ("MemFree", "Active", "Inactive", "Slab", "PageTables", "Unevictable"))
+    return max(0, info.get("MemTotal", 0) - accounted)
+
+
+def need_bytes(total: int, utilization: float, margin: int) -> int:
+    # vLLM requests ceil(total x utilization); the margin keeps the node alive beside it.
+    return math.ceil(total * utilization) + margin
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int
+    rss: int
+    cmdline: str
+
+
+@dataclass(frozen=True)
+class Assessment:
+    verdict: Verdict
+    found: str
+    short: int = 0  # bytes missing
+    reboot_likely: bool = False
+
+
+def assess(info: Meminfo, utilization: float, margin: int, *, holders: Sequence[Holder] = (), may_drop: int = 0,
+           cache_dropped: bool = True) -> Assessment:
+    """Pure: is MemFree enough for vLLM's startup check with ``utilization``?
+
+    ``may_drop``: bytes a pending cache drop would free (a dry run has not dropped them yet).
+    ``cache_dropped``: caches were dropped (or will be); when not, the page cache is named as the way out.
+    ``holders``: the top processes by RSS, named when the check fails.
+    """
+    total, free = info.get("MemTotal", 0), info.get("MemFree", 0)
+    need = need_bytes(total, utilization, margin)
+    terms = (f"{utilization:.2f} x MemTotal {human_bytes(total)} + {human_bytes(margin)} margin = "
+             f"{human_bytes(need)}")
+    if free >= need:
+        return Assessment(Verdict.ok, f"MemFree {human_bytes(free)} covers {terms}")
+    if free + may_drop >= need:
+        return Assessment(Verdict.warn, f"MemFree {human_bytes(free)} covers {terms} only once the page cache "
+                          f"({human_bytes(may_drop)} droppable) is dropped")
+    short = need - free
+    parts = [f"MemFree {human_bytes(free)} is {human_bytes(short)} short of {terms}; vLLM would refuse to start"]
+    cache = droppable(info)
+    if cache >= GIB:
+        parts.append(f"page cache holds {human_bytes(cache)}"
+                     + (" ([preflight] drop_caches is off)" if not cache_dropped else " (dropping it did not help)"))
+    if holders:
+        parts.append("top memory holders: " + ", ".join(
+            f"PID {h.pid} {h.cmdline} ({human_bytes(h.rss)})" for h in holders))
+    held = residual(info)
+    # Freeing every process, cache and kernel structure would still leave less than the need: the gap is
+    # memory nothing on the host accounts for.
+    reboot = total - held < need
+    if reboot:
+        parts.append(f"{human_bytes(held)} is held outside any process or cache (driver memory after a crash): "
+                     "a reboot is likely needed")
+    elif holders:
+        parts.append("stop what holds the memory or lower gpu_memory_utilization")
+    return Assessment(Verdict.fail, "; ".join(parts), short=short, reboot_likely=reboot)
+
+
+def top_holders(rows: list[Holder], n: int = TOP_HOLDERS) -> list[Holder]:
+    return sorted((r for r in rows if r.rss > 0), key=lambda h: (-h.rss, h.pid))[:n]
+
+
+def utilization_of(argv: Sequence[str]) -> float:
+    """``--gpu-memory-utilization`` as vLLM will receive it (typed field or extra_args), else vLLM's default.
+    A launch script's own flags are not visible: the default (0.9) is the cautious guess there."""
+    value: str | None = None
+    for i, arg in enumerate(argv):
+        if arg == "--gpu-memory-utilization" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--gpu-memory-utilization="):
+            value = arg.split("=", 1)[1]
+    try:
+        return float(value) if value is not None else VLLM_DEFAULT_UTILIZATION
+    except ValueError:
+        return VLLM_DEFAULT_UTILIZATION
+
+
+# ---- I/O --------------------------------------------------------------------------------------------------
+
+
+def read_meminfo(proc_root: Path) -> dict[str, int]:
+    text = read_text(proc_root / "meminfo")
+    return parse_meminfo(text) if text is not None else {}
+
+
+def rss_of(proc_root: Path, pid: int) -> int:
+    text = read_text(proc_root / str(pid) / "status") or ""
+    for line in text.splitlines():
+        if line.startswith("VmRSS:"):
+            parts = line.split()
+            return int(parts[1]) * 1024 if len(parts) > 1 and parts[1].isdigit() else 0
+    return 0
+
+
+def memory_holders(proc_root: Path, n: int = TOP_HOLDERS) -> list[Holder]:
+    rows = [Holder(pid, rss_of(proc_root, pid), "") for pid in visible_pids(proc_root)]
+    return [Holder(h.pid, h.rss, describe_cmdline(read_cmdline(proc_root, h.pid), 80)) for h in top_holders(rows, n)]
+
+
+def drop_caches(proc_root: Path) -> None:
+    """``sync`` then ``echo 3 > <proc>/sys/vm/drop_caches``. Raises OSError when not permitted."""
+    os.sync()
+    with open(proc_root / "sys" / "vm" / "drop_caches", "w", encoding="ascii") as handle:
+        handle.write("3\n")
+
+
+def _standin_note(ctx: PreflightContext) -> str | None:
+    if is_standin(ctx.spec.argv):
+        return "skipped: the launch is the vLLM stand-in, which loads no weights"
+    return None
+
+
+@check("page_cache")
+async def check_page_cache(ctx: PreflightContext) -> CheckResult:
+    note = _standin_note(ctx)
+    if note:
+        return CheckResult("page_cache", Verdict.ok, note)
+    before = read_meminfo(ctx.proc_root)
+    cached = before.get("Cached", 0)
+    if not ctx.cfg.preflight.drop_caches:
+        return CheckResult("page_cache", Verdict.ok, f"page cache {human_bytes(cached)}; not dropped "
+                           "([preflight] drop_caches is off)")
+    if ctx.dry_run:
+        return CheckResult("page_cache", Verdict.warn if droppable(before) else Verdict.ok,
+                           f"page cache {human_bytes(cached)} ({human_bytes(droppable(before))} droppable)",
+                           "would sync and drop caches")
+    try:
+        await anyio.to_thread.run_sync(drop_caches, ctx.proc_root)
+    except OSError as exc:
+        return CheckResult("page_cache", Verdict.warn, f"page cache {human_bytes(cached)}; cannot drop caches: "
+                           f"{exc.strerror or exc} (sparkd needs root for this)", "nothing")
+    after = read_meminfo(ctx.proc_root)
+    got = reclaimed(before, after)
+    return CheckResult("page_cache", Verdict.fixed if got else Verdict.ok,
+                       f"page cache {human_bytes(cached)} before, {human_bytes(after.get('Cached', 0))} after",
+                       f"synced and dropped caches: reclaimed {got} bytes ({human_bytes(got)})")
+
+
+@check("memory")
+async def check_memory(ctx: PreflightContext) -> CheckResult:
+    note = _standin_note(ctx)
+    if note:
+        return CheckResult("memory", Verdict.ok, note)
+    info = read_meminfo(ctx.proc_root)
+    if "MemTotal" not in info or "MemFree" not in info:
+        return CheckResult("memory", Verdict.warn, f"cannot read MemTotal/MemFree from {ctx.proc_root}/meminfo")
+    pf = ctx.cfg.preflight
+    utilization = utilization_of(ctx.spec.argv)
+    margin = int(pf.memory_margin_gib * GIB)
+    pending = pf.drop_caches and ctx.dry_run and "page_cache" not in pf.skip
+    first = assess(info, utilization, margin, may_drop=droppable(info) if pending else 0,
+                   cache_dropped=pf.drop_caches)
+    if first.verdict is not Verdict.fail:
+        return CheckResult("memory", first.verdict, first.found)
+    holders = await anyio.to_thread.run_sync(memory_holders, ctx.proc_root)
+    full = assess(info, utilization, margin, holders=holders, may_drop=droppable(info) if pending else 0,
+                  cache_dropped=pf.drop_caches)
+    return CheckResult("memory", Verdict.fail, full.found, failure_class=FailureClass.free_memory_refusal)

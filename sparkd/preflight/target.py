@@ -1,0 +1,184 @@
+"""Check: what the launch runs is there, where it will run.
+
+- The launch target (the executable or the user's launch script) exists and is executable; for the Docker
+  runtimes inside the container, which runs the configured image (the runtime's ``missing_target``). A
+  missing target fails with the path named: the "ExecStart points at a ghost file" failure, caught before a
+  day of exit-127 restarts.
+- A model given as a local (absolute) path exists where vLLM runs, with its ``config.json`` and its weight
+  shards; with a ``*.index.json``, every shard it lists; with ``-0000k-of-0000n`` names, all n of them.
+
+Both fail with class ``config_error``: retrying cannot help.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sparkd.config import RuntimeKind
+from sparkd.preflight import container as containers
+from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
+from sparkd.supervisor.classify import FailureClass
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+INDEX_MARK = "@@sparkd-index "
+# Exit status: 3 missing, 4 not a directory, 5 not readable. Prints the names, then the index file if any.
+LIST_SCRIPT = (
+    'd=$1\n'
+    '[ -e "$d" ] || exit 3\n'
+    '[ -d "$d" ] || exit 4\n'
+    'cd -- "$d" 2>/dev/null || exit 5\n'
+    'ls -1A || exit 5\n'
+    'for f in ' + " ".join(INDEX_FILES) + '; do\n'
+    '  if [ -f "$f" ]; then echo "' + INDEX_MARK + '$f"; cat -- "$f"; exit 0; fi\n'
+    'done\n'
+)
+_SHARD = re.compile(r"^(?P<stem>.*)-(?P<k>\d+)-of-(?P<n>\d+)(?P<ext>\.[A-Za-z0-9.]+)$")
+
+
+# ---- pure parts -----------------------------------------------------------------------------------------
+
+
+def is_standin(argv: Sequence[str]) -> bool:
+    """The launch runs the vLLM stand-in (a rehearsal, the demo, the tests): no weights, no GPU memory."""
+    if not argv:
+        return False
+    name = os.path.basename(argv[0])
+    if name == "sparkd-standin":
+        return True
+    if name == "sparkd" and len(argv) > 1 and argv[1] == "standin":
+        return True
+    return len(argv) > 2 and argv[1] == "-m" and argv[2] == "sparkd.standin"
+
+
+def local_model(model: str) -> str | None:
+    """The model's path when it is a local one (absolute); a hub id (``org/name``) is vLLM's to download."""
+    return model if model.startswith("/") else None
+
+
+@dataclass(frozen=True)
+class Listing:
+    status: int  # LIST_SCRIPT's exit status
+    names: tuple[str, ...] = ()
+    index_name: str | None = None
+    index_text: str | None = None
+
+
+def parse_listing(status: int, output: str) -> Listing:
+    head, sep, tail = output.partition(INDEX_MARK)
+    names = tuple(line for line in head.splitlines() if line)
+    if not sep:
+        return Listing(status, names)
+    index_name, _, text = tail.partition("\n")
+    return Listing(status, names, index_name.strip(), text)
+
+
+def missing_shards(names: Sequence[str]) -> list[str]:
+    """Shards named ``x-0000k-of-0000n.ext`` whose siblings are missing."""
+    groups: dict[tuple[str, str, str, int], set[int]] = {}
+    width: dict[tuple[str, str, str, int], int] = {}
+    for name in names:
+        m = _SHARD.match(name)
+        if m and m.group("ext").endswith(WEIGHT_SUFFIXES):
+            key = (m.group("stem"), m.group("n"), m.group("ext"), len(m.group("k")))
+            groups.setdefault(key, set()).add(int(m.group("k")))
+            width[key] = len(m.group("k"))
+    missing = []
+    for (stem, n, ext, _), have in groups.items():
+        w = width[(stem, n, ext, _)]
+        missing += [f"{stem}-{k:0{w}d}-of-{n}{ext}" for k in range(1, int(n) + 1) if k not in have]
+    return sorted(missing)
+
+
+def model_problem(path: str, listing: Listing, where: str) -> tuple[str | None, str]:
+    """Pure: (why the model at ``path`` cannot load, or None; what was found)."""
+    if listing.status == 3:
+        return f"the model path {path} does not exist {where}", ""
+    if listing.status == 4:
+        if path.endswith(".gguf"):
+            return None, f"model file {path}"
+        return f"the model path {path} is not a directory {where}", ""
+    if listing.status != 0:
+        return f"the model path {path} cannot be read {where} (listing exited with {listing.status})", ""
+    names = set(listing.names)
+    if "config.json" not in names:
+        return f"the model path {path} has no config.json {where}", ""
+    weights = sorted(n for n in names if n.endswith(WEIGHT_SUFFIXES))
+    if listing.index_name is not None:
+        try:
+            weight_map = json.loads(listing.index_text or "").get("weight_map", {})
+            listed = sorted(set(map(str, weight_map.values())))
+        except (ValueError, AttributeError):
+            return f"the model path {path} has an unreadable {listing.index_name} {where}", ""
+        absent = [n for n in listed if n not in names]
+        if absent:
+            shown = ", ".join(absent[:5]) + (" ..." if len(absent) > 5 else "")
+            return (f"the model path {path} is missing {len(absent)} of {len(listed)} weight shards listed in "
+                    f"{listing.index_name} {where}: {shown}"), ""
+        return None, f"model {path}: config.json and all {len(listed)} shards of {listing.index_name}"
+    if not weights:
+        return (f"the model path {path} has no weight shards ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}) "
+                f"{where}"), ""
+    absent = missing_shards(weights)
+    if absent:
+        shown = ", ".join(absent[:5]) + (" ..." if len(absent) > 5 else "")
+        return f"the model path {path} is missing {len(absent)} weight shard(s) {where}: {shown}", ""
+    return None, f"model {path}: config.json and {len(weights)} weight file(s)"
+
+
+# ---- the check --------------------------------------------------------------------------------------------
+
+
+def _fail(text: str) -> CheckResult:
+    return CheckResult("launch_target", Verdict.fail, text, failure_class=FailureClass.config_error)
+
+
+async def _docker_exec_absent(ctx: PreflightContext) -> str | None:
+    """Dry run, docker-exec: checking the target would create or start the container. Say so instead."""
+    probe = containers.DockerExecIn(ctx.cfg)
+    try:
+        status = await probe.status()
+    except containers.ContainerUnavailable as exc:
+        return str(exc)
+    name = ctx.cfg.container.name
+    if status is None:
+        return f"container {name} does not exist; the launch would create it from {ctx.cfg.container.image}"
+    if status != "running":
+        return f"container {name} is {status}; the launch would start it"
+    return None
+
+
+@check("launch_target")
+async def check_launch_target(ctx: PreflightContext) -> CheckResult:
+    cfg = ctx.cfg
+    if ctx.dry_run and cfg.runtime is RuntimeKind.docker_exec and ctx.container is None:
+        absent = await _docker_exec_absent(ctx)
+        if absent:
+            return CheckResult("launch_target", Verdict.warn, absent + " (dry run: the target is checked then)")
+    problem = await ctx.runtime.missing_target(ctx.spec)
+    if problem:
+        return _fail(problem)
+    target = ctx.spec.argv[1] if ctx.spec.argv[0] == "bash" and len(ctx.spec.argv) > 1 else ctx.spec.argv[0]
+    where = containers.where(cfg)
+    found = [f"the launch target {target} is there {where}"]
+    path = local_model(cfg.launch.model)
+    if path is None:
+        found.append(f"model {cfg.launch.model} is a hub id")
+    elif is_standin(ctx.spec.argv):
+        found.append("model path not checked: the launch is the vLLM stand-in")
+    else:
+        runner = containers.resolve(cfg, ctx.runtime, ctx.container)
+        try:
+            status, output = await runner.exec_in_container(["sh", "-c", LIST_SCRIPT, "sparkd-model", path])
+        except containers.ContainerUnavailable as exc:
+            return CheckResult("launch_target", Verdict.warn, "; ".join(found) + f"; model path {path} not "
+                               f"checked: {exc}")
+        problem, seen = model_problem(path, parse_listing(status, output), where)
+        if problem:
+            return _fail(problem)
+        found.append(seen)
+    return CheckResult("launch_target", Verdict.ok, "; ".join(found))

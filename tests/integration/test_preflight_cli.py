@@ -1,0 +1,124 @@
+"""``sparkd preflight`` as an operator runs it (exit codes, --json, --dry-run changes nothing), and the daemon
+with a failing preflight: no launch, a classified failure with the check's sentence, retries on the backoff
+schedule, and a launch once the node is clean."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from daemon_harness import Sparkd, base_config, render_toml
+from test_preflight_support import DECOY_ARGS, PREFIX, Children, leak, listener
+
+pytest_plugins = ["test_preflight_support"]  # fixtures: children
+
+BIN = Path(sys.executable).parent
+STANDIN = str(BIN / "sparkd-standin")
+
+
+def write_config(tmp_path: Path, port: int, **preflight: Any) -> Path:
+    data: dict[str, Any] = {
+        "runtime": "process",
+        "node": {"name": "pftest", "role": "single"},
+        "launch": {"executable": STANDIN, "model": "/models/test", "host": "127.0.0.1", "port": port,
+                   "env": {"VLLM_PROCESS_NAME_PREFIX": PREFIX}},
+        "paths": {"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run")},
+        "preflight": {"kill_grace_s": 2.0, **preflight},
+    }
+    path = tmp_path / "sparkd.toml"
+    path.write_text(render_toml(data))
+    return path
+
+
+def preflight(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "sparkd"), "preflight", "--config", str(config), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in report["results"]}
+
+
+def test_dry_run_changes_nothing(tmp_path: Path, children: Children) -> None:
+    """A stale vLLM process holding the API port and a leaked /dev/shm segment all survive a dry run."""
+    holder, port = listener(children, title=f"{PREFIX}::Worker_TP0")
+    segment = leak(Path("/dev/shm") / f"psm_{os.urandom(4).hex()}")
+    try:
+        result = preflight(write_config(tmp_path, port), "--dry-run", "--json")
+        assert result.returncode == 0, result.stderr + result.stdout
+        report = json.loads(result.stdout)
+        checks = by_id(report)
+        assert report["dry_run"] is True and report["ok"] is True and report["failure"] is None
+        assert checks["stale_processes"]["verdict"] == "warn"
+        assert f"{holder.pid} {PREFIX}::Worker_TP0 (title)" in checks["stale_processes"]["found"]
+        assert checks["ports"]["verdict"] == "warn"
+        assert f"{port} is held by stale vLLM PID {holder.pid}" in checks["ports"]["found"]
+        assert checks["dev_shm"]["verdict"] == "warn" and segment.name in checks["dev_shm"]["found"]
+        assert list(checks) == ["launch_target", "stale_processes", "ports", "dev_shm", "page_cache", "memory",
+                                "host", "image", "gpu"]
+        assert holder.alive() and segment.exists()
+        assert not (tmp_path / "state").exists()  # not even the state folder
+    finally:
+        segment.unlink(missing_ok=True)
+
+
+def test_a_failed_check_exits_1_naming_the_holder(tmp_path: Path, children: Children) -> None:
+    decoy, port = listener(children, args=DECOY_ARGS)
+    result = preflight(write_config(tmp_path, port, skip=["dev_shm"]))
+    assert result.returncode == 1, result.stdout + result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"not ready: Preflight ports failed: API port (launch.port) {port} is held by PID "
+                           f"{decoy.pid} (")
+    assert last.endswith("[port_in_use]")
+    assert "skipped ([preflight] skip)" in result.stdout
+    assert decoy.alive()
+
+
+def test_ready_exits_0(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = preflight(write_config(tmp_path, port, skip=["dev_shm"]))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "ready to launch"
+
+
+def test_invalid_config_exits_2(tmp_path: Path) -> None:
+    config = write_config(tmp_path, 8000, skip=["no_such_check"])
+    result = preflight(config)
+    assert result.returncode == 2 and "preflight.skip.0" in result.stderr
+
+
+def test_daemon_never_launches_into_a_failed_preflight_and_retries_on_backoff(
+        tmp_path: Path, children: Children) -> None:
+    decoy, port = listener(children, args=DECOY_ARGS)
+    config = base_config(tmp_path, port, preflight={"skip": ["dev_shm"], "kill_grace_s": 2.0},
+                         restart={"backoff_initial_s": 0.5, "backoff_factor": 1.0, "backoff_max_s": 0.5},
+                         api={"port": 0})
+    config["launch"]["env"]["VLLM_PROCESS_NAME_PREFIX"] = PREFIX
+    daemon = Sparkd(tmp_path, config).start()
+    try:
+        status = daemon.wait_for(lambda s: len([h for h in s.get("history", []) if h.get("state") == "preflight"])
+                                 >= 3, 30, "three preflights")
+        assert status["launches"] == 0 and status["pid"] is None
+        failure = status["last_failure"]
+        assert failure["class"] == "port_in_use"
+        assert failure["message"].startswith(f"Preflight ports failed: API port (launch.port) {port} is held by "
+                                             f"PID {decoy.pid} (")
+        times = [h["at"] for h in status["history"] if h.get("state") == "preflight"]
+        assert all(b - a >= 0.45 for a, b in itertools.pairwise(times)), times  # the backoff
+        incident = daemon.incidents()[0]
+        assert incident["class"] == "port_in_use"
+        assert any(r["id"] == "ports" and r["verdict"] == "fail" for r in incident["preflight"])
+
+        decoy.popen.kill()  # the port's owner goes away: the next preflight passes and vLLM launches
+        decoy.popen.wait(10)
+        daemon.wait_for(lambda s: s.get("state") == "ready" and s.get("launches") == 1, 60, "ready")
+    finally:
+        assert daemon.stop() == 0

@@ -1,0 +1,416 @@
+"""Preflight checks against the real node: real processes (titled like vLLM's), real sockets, real /dev/shm
+files, the real page cache. Each check: one case where it passes, one where it fixes, one where it must fail,
+and (stale processes, ports, /dev/shm) decoys it must not touch."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+from test_preflight_support import (
+    DECOY_ARGS,
+    PREFIX,
+    Children,
+    ProcView,
+    config,
+    context,
+    leak,
+    listener,
+    shm_owner,
+    write_record,
+)
+
+from sparkd.nodelock import NodeLock
+from sparkd.preflight.base import CheckResult, PreflightContext, Verdict
+from sparkd.preflight.gpu import check_gpu
+from sparkd.preflight.host import check_host
+from sparkd.preflight.memory import check_memory, check_page_cache, read_meminfo
+from sparkd.preflight.ports import check_ports
+from sparkd.preflight.processes import check_stale_processes
+from sparkd.preflight.runner import watched_pids
+from sparkd.preflight.shm import check_shm
+from sparkd.preflight.target import check_launch_target
+from sparkd.supervisor.classify import FailureClass
+
+pytest_plugins = ["test_preflight_support"]  # fixtures: children, view, shm_dir
+P = PREFIX  # the title prefix of the tests' launches: VLLMPFTEST::Worker_TP0
+
+
+def run(check: object, ctx: PreflightContext) -> CheckResult:
+    async def go() -> CheckResult:
+        return await check(ctx)  # type: ignore[operator]
+
+    return anyio.run(go)
+
+
+# ---- stale processes -------------------------------------------------------------------------------------------
+
+
+def test_stale_none(tmp_path: Path, children: Children, view: ProcView) -> None:
+    decoy = children(args=DECOY_ARGS)
+    result = run(check_stale_processes, context(tmp_path, view.add(decoy.pid)))
+    assert result.verdict is Verdict.ok and result.found == "no stale vLLM process"
+    assert decoy.alive()
+
+
+def test_stale_titled_are_ended_decoys_and_the_watched_instance_survive(
+        tmp_path: Path, children: Children, view: ProcView) -> None:
+    engine = children(title=f"{P}::EngineCore")
+    worker = children("signal.signal(signal.SIGTERM, signal.SIG_IGN)", title=f"{P}::Worker_TP0")  # needs SIGKILL
+    decoy = children(args=DECOY_ARGS)  # its command line mentions VLLM::Worker_TP0 and vllm serve
+    decoy_code = children(f"# {P}::Worker_TP1 vllm")  # and one whose code does
+    watched = children(title=f"{P}::Worker_TP0")
+    # Titled by a vLLM with the default prefix: not our launch's (other sessions' sweeps may end it meanwhile,
+    # so only what this check did is asserted).
+    other = children(title="VLLM::Worker_TP0")
+    ctx = context(tmp_path, view.add(engine.pid, worker.pid, decoy.pid, decoy_code.pid, watched.pid, other.pid),
+                  protect=frozenset({watched.pid}), preflight={"kill_grace_s": 0.5})
+    result = run(check_stale_processes, ctx)
+    assert result.verdict is Verdict.fixed, result
+    assert f"{engine.pid} {P}::EngineCore (title)" in result.found
+    assert f"{worker.pid} {P}::Worker_TP0 (title)" in result.found
+    assert "ended 2 process(es)" in result.did
+    assert not engine.alive() and not worker.alive()
+    assert decoy.alive() and decoy_code.alive() and watched.alive()
+    assert f"{other.pid} " not in result.found and f"{watched.pid} " not in result.found
+    assert f"{P}::Worker_TP0" in " ".join(decoy.cmdline())  # the decoy really mentions it
+
+
+def test_stale_previous_launch_from_the_record(tmp_path: Path, children: Children, view: ProcView) -> None:
+    api_server = children(args=("serve", "/models/m"))  # untitled, like vLLM's API server
+    reused = children(args=DECOY_ARGS)  # a record pointing at its PID with another create time: a reused PID
+    ctx = context(tmp_path, view.add(api_server.pid, reused.pid))
+    write_record(ctx.cfg, api_server.pid)
+    result = run(check_stale_processes, ctx)
+    assert result.verdict is Verdict.fixed and f"{api_server.pid} " in result.found
+    assert "(previous launch)" in result.found
+    assert not api_server.alive()
+
+    write_record(ctx.cfg, reused.pid, create_time=psutil.Process(reused.pid).create_time() - 1000)
+    result = run(check_stale_processes, ctx)
+    assert result.verdict is Verdict.ok and reused.alive()
+
+
+def test_stale_dry_run_touches_nothing(tmp_path: Path, children: Children, view: ProcView) -> None:
+    worker = children(title=f"{P}::Worker_TP1")
+    result = run(check_stale_processes, context(tmp_path, view.add(worker.pid), dry_run=True))
+    assert result.verdict is Verdict.warn and "would SIGTERM" in result.did
+    assert worker.alive()
+
+
+# ---- ports ------------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_ports_free(tmp_path: Path, view: ProcView) -> None:
+    port = free_port()
+    result = run(check_ports, context(tmp_path, view, launch={"port": port}))
+    assert result.verdict is Verdict.ok and result.found == f"API port (launch.port) {port} is free"
+
+
+def test_ports_held_by_stale_vllm_are_freed(tmp_path: Path, children: Children, view: ProcView) -> None:
+    holder, port = listener(children, title=f"{P}::Worker_TP0")
+    master, master_port = listener(children, title=f"{P}::Worker_TP0")
+    ctx = context(tmp_path, view.add(holder.pid, master.pid), launch={"port": port},
+                  node={"role": "head"}, cluster={"master_port": master_port})
+    result = run(check_ports, ctx)
+    assert result.verdict is Verdict.fixed, result
+    assert f"API port (launch.port) {port} was held by stale vLLM PID {holder.pid} ({P}::Worker_TP0)" in result.found
+    assert f"master port (torch.distributed TCPStore) {master_port} was held by stale vLLM PID {master.pid}" in (
+        result.found)
+    assert not holder.alive() and not master.alive()
+    with socket.socket() as sock:  # and the port is free again
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+
+
+def test_ports_held_by_anything_else_fail_naming_it(tmp_path: Path, children: Children, view: ProcView) -> None:
+    decoy, port = listener(children, args=DECOY_ARGS)
+    result = run(check_ports, context(tmp_path, view.add(decoy.pid), launch={"port": port}))
+    assert result.verdict is Verdict.fail and result.failure_class is FailureClass.port_in_use
+    assert f"is held by PID {decoy.pid} ({decoy.cmdline()[0]} -c import mmap" in result.found
+    assert f"{P}::Worker_TP0 VLLM::Worker_TP0 vllm serve" in " ".join(decoy.cmdline())
+    assert "not a stale vLLM process" in result.found
+    assert decoy.alive()
+
+
+def test_ports_dry_run_frees_nothing(tmp_path: Path, children: Children, view: ProcView) -> None:
+    holder, port = listener(children, title=f"{P}::Worker_TP0")
+    result = run(check_ports, context(tmp_path, view.add(holder.pid), launch={"port": port}, dry_run=True))
+    assert result.verdict is Verdict.warn and "would end" in result.did
+    assert holder.alive()
+
+
+# ---- /dev/shm ---------------------------------------------------------------------------------------------------
+
+
+def test_shm_clean(tmp_path: Path, shm_dir: Path) -> None:
+    (shm_dir / "not-a-segment").write_bytes(b"x")
+    result = run(check_shm, context(tmp_path, shm_dir=shm_dir))
+    assert result.verdict is Verdict.ok and (shm_dir / "not-a-segment").exists()
+
+
+def test_shm_leaks_removed_live_owners_and_decoys_kept(tmp_path: Path, children: Children, shm_dir: Path) -> None:
+    leaked = [leak(shm_dir / "psm_0badf00d"), leak(shm_dir / "sem.mp-abc12345", 4096), leak(shm_dir / "nccl-x1")]
+    mapped = shm_owner(children, shm_dir / "psm_11ve0000")  # mapped by a live process
+    opened = shm_owner(children, shm_dir / "nccl-open", how="open")  # held open by a live process
+    decoy = leak(shm_dir / "vllm_psm_not_ours")  # does not match the patterns
+    result = run(check_shm, context(tmp_path, shm_dir=shm_dir))
+    assert result.verdict is Verdict.fixed, result
+    assert "3 leaked segment(s)" in result.found
+    size = 2 * (1 << 20) + 4096
+    assert f"freed {size} bytes" in result.did
+    assert not any(p.exists() for p in leaked)
+    assert (shm_dir / "psm_11ve0000").exists() and (shm_dir / "nccl-open").exists() and decoy.exists()
+    assert mapped.alive() and opened.alive()
+
+
+def test_shm_dry_run_and_too_little_room(tmp_path: Path, shm_dir: Path) -> None:
+    segment = leak(shm_dir / "psm_deadbeef")
+    result = run(check_shm, context(tmp_path, shm_dir=shm_dir, dry_run=True))
+    assert result.verdict is Verdict.warn and f"would remove them, freeing {1 << 20} bytes" in result.did
+    assert segment.exists()
+    huge = os.statvfs(shm_dir).f_blocks * os.statvfs(shm_dir).f_frsize // (1 << 20) + 1
+    result = run(check_shm, context(tmp_path, shm_dir=shm_dir, preflight={"shm_min_free_mib": huge}))
+    assert result.verdict is Verdict.fail and "free, less than the" in result.found
+    assert not segment.exists()  # the sweep still ran
+
+
+# ---- page cache and memory ------------------------------------------------------------------------------------
+
+GIB_KB = 1 << 20
+
+
+def meminfo(total_gib: float, free_gib: float, cached_gib: float = 0.0, *, driver_gib: float = 0.0) -> str:
+    rest = total_gib - free_gib - cached_gib - driver_gib - 1
+    kb = {"MemTotal": total_gib, "MemFree": free_gib, "MemAvailable": free_gib + cached_gib, "Buffers": 0,
+          "Cached": cached_gib, "Shmem": 0, "Active": cached_gib, "Inactive": rest, "Slab": 0.5,
+          "PageTables": 0.5, "Unevictable": 0}
+    return "".join(f"{k}: {int(v * GIB_KB)} kB\n" for k, v in kb.items())
+
+
+def test_page_cache_dropped_for_real(tmp_path: Path) -> None:
+    """The one real drop on this machine: cache a 128 MiB file of ours, sync, drop, see Cached fall."""
+    data = tmp_path / "cached.bin"
+    with open(data, "wb") as handle:
+        handle.write(os.urandom(1 << 20) * 128)
+    data.read_bytes()
+    before = read_meminfo(Path("/proc"))["Cached"]
+    result = run(check_page_cache, context(tmp_path))
+    data.unlink()
+    assert result.verdict is Verdict.fixed, result
+    reclaimed = int(result.did.split("reclaimed ")[1].split(" bytes")[0])
+    assert reclaimed > 64 << 20 and f"{before}" not in result.found  # found shows GiB/MiB, did the bytes
+
+
+def test_page_cache_write_path_dry_run_and_off(tmp_path: Path, view: ProcView) -> None:
+    view.write("meminfo", meminfo(119.7, 11, 100))
+    knob = view.write("sys/vm/drop_caches", "")
+    result = run(check_page_cache, context(tmp_path, view, dry_run=True))
+    assert result.verdict is Verdict.warn and "would sync and drop caches" in result.did
+    assert knob.read_text() == ""
+    result = run(check_page_cache, context(tmp_path, view, preflight={"drop_caches": False}))
+    assert result.verdict is Verdict.ok and "not dropped" in result.found and knob.read_text() == ""
+    result = run(check_page_cache, context(tmp_path, view))
+    assert knob.read_text() == "3\n" and "reclaimed 0 bytes" in result.did  # a file does not drop anything
+
+
+def test_page_cache_cannot_drop_is_a_warning(tmp_path: Path, view: ProcView) -> None:
+    view.write("meminfo", meminfo(119.7, 11, 100))
+    (view.root / "sys/vm/drop_caches").mkdir(parents=True)  # not writable as a file
+    result = run(check_page_cache, context(tmp_path, view))
+    assert result.verdict is Verdict.warn and "cannot drop caches" in result.found
+
+
+def test_memory_enough_on_this_machine(tmp_path: Path) -> None:
+    result = run(check_memory, context(tmp_path, launch={"gpu_memory_utilization": 0.05},
+                                       preflight={"memory_margin_gib": 0}))
+    assert result.verdict is Verdict.ok and "covers 0.05 x MemTotal" in result.found
+
+
+def test_memory_short_names_the_top_holders(tmp_path: Path, children: Children, view: ProcView) -> None:
+    hog = children("hog = bytearray(96 << 20)\nhog[::4096] = b'x' * len(hog[::4096])", args=("--hog",))
+    small = children()
+    view.add(hog.pid, small.pid).write("meminfo", meminfo(119.7, 40, 0))
+    result = run(check_memory, context(tmp_path, view))
+    assert result.verdict is Verdict.fail and result.failure_class is FailureClass.free_memory_refusal
+    assert "MemFree 40.0 GiB is 69.7 GiB short of 0.90 x MemTotal 119.7 GiB + 2.0 GiB margin" in result.found
+    top = result.found.split("top memory holders: ")[1]
+    first = top.split(", PID")[0]
+    assert first.startswith(f"PID {hog.pid} ") and first.endswith(" MiB)"), top
+    assert float(first.rsplit("(", 1)[1].split()[0]) >= 96
+    assert "reboot" not in result.found
+
+
+def test_memory_short_with_nothing_to_explain_it_says_reboot(tmp_path: Path, view: ProcView) -> None:
+    view.write("meminfo", meminfo(119.7, 80, driver_gib=35))
+    result = run(check_memory, context(tmp_path, view))
+    assert result.verdict is Verdict.fail and "a reboot is likely needed" in result.found
+    assert "35.0 GiB is held outside any process or cache" in result.found
+
+
+def test_memory_dry_run_counts_the_cache_it_would_drop(tmp_path: Path, view: ProcView) -> None:
+    view.write("meminfo", meminfo(119.7, 11, 100))
+    result = run(check_memory, context(tmp_path, view, dry_run=True))
+    assert result.verdict is Verdict.warn and "only once the page cache" in result.found
+    result = run(check_memory, context(tmp_path, view))  # not a dry run: the cache should have been dropped
+    assert result.verdict is Verdict.fail
+
+
+def test_memory_and_page_cache_skip_the_standin(tmp_path: Path, view: ProcView) -> None:
+    view.write("meminfo", meminfo(119.7, 1, 100))
+    ctx = context(tmp_path, view, launch={"executable": str(Path(os.__file__).parent / "sparkd-standin")})
+    for check in (check_memory, check_page_cache):
+        result = run(check, ctx)
+        assert result.verdict is Verdict.ok and "vLLM stand-in" in result.found
+
+
+# ---- host hardening -------------------------------------------------------------------------------------------
+
+SWAPS_ON = "Filename\tType\tSize\tUsed\tPriority\n/swap.img  file  8388604  0  -2\n"
+SWAPS_OFF = "Filename\tType\tSize\tUsed\tPriority\n"
+
+
+def hardening(view: ProcView, swaps: str, min_free: int, overcommit: int) -> None:
+    view.write("swaps", swaps)
+    view.write("sys/vm/min_free_kbytes", f"{min_free}\n")
+    view.write("sys/vm/overcommit_memory", f"{overcommit}\n")
+
+
+def test_host_hardened(tmp_path: Path, view: ProcView) -> None:
+    hardening(view, SWAPS_OFF, 3145728, 0)
+    result = run(check_host, context(tmp_path, view))
+    assert result.verdict is Verdict.ok
+
+
+def test_host_reported_then_applied(tmp_path: Path, view: ProcView) -> None:
+    hardening(view, SWAPS_ON, 67584, 1)
+    result = run(check_host, context(tmp_path, view))
+    assert result.verdict is Verdict.warn and "reported only" in result.did
+    assert "swap is on: /swap.img (8.0 GiB), want off" in result.found
+    assert "vm.min_free_kbytes is 67584 (66.0 MiB), want >= 1572864 (1.5 GiB)" in result.found
+    assert "vm.overcommit_memory is 1, want 0" in result.found
+    dry = run(check_host, context(tmp_path, view, dry_run=True, preflight={"apply_host": True}))
+    assert dry.verdict is Verdict.warn and dry.did.startswith("would apply")
+    assert (view.root / "sys/vm/min_free_kbytes").read_text() == "67584\n"
+
+    swapoff = ("sh", "-c", f"printf 'Filename\\tType\\tSize\\tUsed\\tPriority\\n' > {view.root / 'swaps'}")
+    ctx = context(tmp_path, view, preflight={"apply_host": True, "min_free_kbytes": 3145728})
+    ctx = type(ctx)(**{**ctx.__dict__, "swapoff": swapoff})
+    result = run(check_host, ctx)
+    assert result.verdict is Verdict.fixed, result
+    assert (view.root / "sys/vm/min_free_kbytes").read_text() == "3145728\n"
+    assert (view.root / "sys/vm/overcommit_memory").read_text() == "0\n"
+    assert "/swap.img" not in (view.root / "swaps").read_text()
+
+
+def test_host_apply_that_does_not_stick_fails(tmp_path: Path, view: ProcView) -> None:
+    hardening(view, SWAPS_ON, 3145728, 0)
+    ctx = context(tmp_path, view, preflight={"apply_host": True})
+    ctx = type(ctx)(**{**ctx.__dict__, "swapoff": ("sh", "-c", "echo 'swapoff: /swap.img: busy' >&2; exit 1")})
+    result = run(check_host, ctx)
+    assert result.verdict is Verdict.fail and "swapoff: /swap.img: busy" in result.found
+
+
+# ---- GPU compute processes (a fake nvidia-smi on PATH) ---------------------------------------------------------
+
+
+def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    smi = bindir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n"
+                   '[ "$1" = "--query-compute-apps=pid,process_name" ] || exit 9\n'
+                   f"cat <<'EOF'\n{output}EOF\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+
+
+def test_gpu_without_nvidia_smi_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = run(check_gpu, context(tmp_path))
+    assert result.verdict is Verdict.ok and "skipped: nvidia-smi is not on PATH" in result.found
+
+
+def test_gpu_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: ProcView) -> None:
+    fake_smi(tmp_path, monkeypatch, "")
+    assert run(check_gpu, context(tmp_path, view)).verdict is Verdict.ok
+
+
+def test_gpu_leftover_stale_vllm_is_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children,
+                                         view: ProcView) -> None:
+    worker = children(title=f"{P}::Worker_TP0")
+    fake_smi(tmp_path, monkeypatch, f"{worker.pid}, /usr/bin/python3\n")
+    result = run(check_gpu, context(tmp_path, view.add(worker.pid)))
+    assert result.verdict is Verdict.fixed and f"PID {worker.pid} ({P}::Worker_TP0)" in result.found
+    assert not worker.alive()
+
+
+def test_gpu_leftover_other_process_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children,
+                                          view: ProcView) -> None:
+    decoy = children(args=DECOY_ARGS)
+    fake_smi(tmp_path, monkeypatch, f"{decoy.pid}, /usr/bin/python3\n")
+    result = run(check_gpu, context(tmp_path, view.add(decoy.pid)))
+    assert result.verdict is Verdict.fail and result.failure_class is FailureClass.gpu_busy
+    assert f"PID {decoy.pid} ({decoy.cmdline()[0]} -c import mmap" in result.found
+    assert decoy.alive()
+
+
+# ---- launch target (process runtime; the Docker side is in test_preflight_docker.py) ---------------------------
+
+
+def model_dir(root: Path, shards: int = 2, *, drop: int | None = None) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text("{}")
+    names = [f"model-{k:05d}-of-{shards:05d}.safetensors" for k in range(1, shards + 1)]
+    (root / "model.safetensors.index.json").write_text(
+        '{"weight_map": {' + ", ".join(f'"w{k}": "{n}"' for k, n in enumerate(names)) + "}}")
+    for k, name in enumerate(names, 1):
+        if k != drop:
+            (root / name).write_bytes(b"\0")
+    return root
+
+
+def test_target_and_local_model_present(tmp_path: Path) -> None:
+    model = model_dir(tmp_path / "models" / "m")
+    result = run(check_launch_target, context(tmp_path, launch={"model": str(model)}))
+    assert result.verdict is Verdict.ok, result
+    assert f"model {model}: config.json and all 2 shards of model.safetensors.index.json" in result.found
+
+
+def test_target_missing_script_is_a_config_error(tmp_path: Path) -> None:
+    ghost = tmp_path / "workspace" / "vllm-head-090.sh"
+    result = run(check_launch_target, context(tmp_path, launch={"script": str(ghost)}))
+    assert result.verdict is Verdict.fail and result.failure_class is FailureClass.config_error
+    assert result.found == f"the launch target {ghost} does not exist"
+
+
+def test_target_model_missing_a_shard_is_a_config_error(tmp_path: Path) -> None:
+    model = model_dir(tmp_path / "models" / "m", shards=3, drop=2)
+    result = run(check_launch_target, context(tmp_path, launch={"model": str(model)}))
+    assert result.verdict is Verdict.fail and result.failure_class is FailureClass.config_error
+    assert "is missing 1 of 3 weight shards listed in model.safetensors.index.json on this host: " \
+           "model-00002-of-00003.safetensors" in result.found
+
+
+# ---- sparkd preflight beside a running daemon -------------------------------------------------------------------
+
+
+def test_one_shot_preflight_spares_the_instance_a_running_daemon_watches(tmp_path: Path, children: Children) -> None:
+    instance = children(args=("serve", "/models/m"))
+    cfg = config(tmp_path)
+    write_record(cfg, instance.pid)
+    assert watched_pids(cfg) == frozenset()  # no daemon: the recorded launch is a leftover, and stale
+    with NodeLock(cfg.paths.state_dir / "sparkd.lock"):  # a daemon holds the node
+        assert watched_pids(cfg) == frozenset({instance.pid})
+    assert watched_pids(cfg) == frozenset()
