@@ -13,14 +13,19 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+from prometheus_client.core import GaugeMetricFamily
 
 from sparkd.api.server import bind_tcp_socket, bind_unix_socket, build_app, build_tcp_app, read_token, serve
+from sparkd.cluster.coordinator import Coordinator
+from sparkd.cluster.peers import PeerClient
+from sparkd.cluster.shared import shared_settings
 from sparkd.config import Config, Role
 from sparkd.incidents import incident_record, write_incident
 from sparkd.launch import LaunchSpec, render
@@ -73,7 +78,11 @@ class Daemon:
         self.cfg = cfg
         self.runtime = runtime
         self.rehearse = rehearse
-        self.limits = limits_from(cfg)
+        self.pair = pair_role(cfg)
+        self.limits = replace(limits_from(cfg), led=self.pair == "worker")
+        self.token = read_token(cfg.api.token_file)
+        self.coordinator: Coordinator | None = None
+        self.image_id: str | None = None  # the configured image's id, compared across the pair
         self.machine = sm.Machine()
         self.clock = Clock(time.time() - time.monotonic())
         self._log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
@@ -128,6 +137,10 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._start_servers(tg)
+                self.image_id = await self.runtime.configured_image_id()
+                if self.pair:
+                    self.coordinator = Coordinator(self, PeerClient(self.cfg, self.token))
+                    tg.start_soon(self.coordinator.watch)
                 tg.start_soon(self._signals)
                 tg.start_soon(self._ticker)
                 tg.start_soon(self._watchdog)
@@ -150,10 +163,9 @@ class Daemon:
         api = self.cfg.api
         tg.start_soon(serve, build_app(self), bind_unix_socket(self.cfg.paths.socket, group=api.socket_group))
         if api.port:
-            token = read_token(api.token_file)
-            if api.token_file is not None and token is None:
+            if api.token_file is not None and self.token is None:
                 self.log.error("token_unreadable", path=str(api.token_file))
-            tg.start_soon(serve, build_tcp_app(self, token), bind_tcp_socket(api.listen, api.port))
+            tg.start_soon(serve, build_tcp_app(self, self.token), bind_tcp_socket(api.listen, api.port))
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval_s
@@ -242,8 +254,13 @@ class Daemon:
         return line
 
     def extra_metrics(self) -> Iterator[Any]:
-        """Memory metrics; the memory guard replaces this reading with its own samples when it runs."""
+        """Memory metrics (the memory guard replaces this reading with its own samples when it runs), peers."""
         yield from memory_metrics(read_meminfo())
+        if self.coordinator is not None:
+            up = GaugeMetricFamily("sparkd_peer_up", "1 when the peer's sparkd answers.", labels=["peer"])
+            for peer in self.coordinator.peers_json():
+                up.add_metric([peer["peer"]], 1.0 if peer["reachable"] else 0.0)
+            yield up
 
     def _act(self, action: sm.Action) -> None:
         assert self._tg is not None
@@ -269,15 +286,30 @@ class Daemon:
         return await run_preflight(ctx)
 
     async def _preflight(self) -> None:
+        """This node's checks; on a pair's head also every worker's (in parallel), then the workers start."""
         with anyio.CancelScope() as scope:
             self._preflight_scope = scope
-            ctx = PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime)
-            report = await run_preflight(ctx)
-            self.last_preflight = report.to_json()
-            for result in report.results:
-                self.log.info("preflight", check=result.id, verdict=result.verdict.value, found=result.found,
-                              did=result.did, duration_s=round(result.duration_s, 3))
-            self.post(sm.PreflightDone(report.failure()))
+            failures: list[Failure | None] = [None, None]
+
+            async def local() -> None:
+                report = await run_preflight(PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime))
+                self.last_preflight = report.to_json()
+                for result in report.results:
+                    self.log.info("preflight", check=result.id, verdict=result.verdict.value, found=result.found,
+                                  did=result.did, duration_s=round(result.duration_s, 3))
+                failures[0] = report.failure()
+
+            async def workers() -> None:
+                if self.pair == "head" and self.coordinator is not None:
+                    failures[1] = await self.coordinator.check_and_clean_workers()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(local)
+                tg.start_soon(workers)
+            failure = failures[0] or failures[1]
+            if failure is None and self.pair == "head" and self.coordinator is not None:
+                failure = await self.coordinator.start_workers()
+            self.post(sm.PreflightDone(failure))
         self._preflight_scope = None
 
     async def _launch(self) -> None:
@@ -302,6 +334,13 @@ class Daemon:
         self._tg.start_soon(self.watch.run)
 
     async def _stop(self, reason: str) -> None:
+        async with anyio.create_task_group() as tg:
+            if self.pair == "head" and self.coordinator is not None:
+                tg.start_soon(self.coordinator.stop_workers)
+            tg.start_soon(self._stop_local, reason)
+        self.post(sm.StopDone(rand=random.random()))
+
+    async def _stop_local(self, reason: str) -> None:
         async with self._busy:
             instance, watch = self.instance, self.watch
             if instance is not None:
@@ -318,7 +357,6 @@ class Daemon:
                 result = await check(ctx)
                 if result.verdict.value != "ok":
                     self.log.info("sweep", check=result.id, found=result.found, did=result.did)
-            self.post(sm.StopDone(rand=random.random()))
 
     def _record_incident(self, failure: Failure) -> None:
         self.failure_at = time.time()
@@ -336,6 +374,8 @@ class Daemon:
             self.log.error("incident_write_failed", error=str(exc))
             return
         self.log.warning("incident", failure=failure.cls.value, reason=failure.sentence, folder=str(folder))
+        if self.pair == "worker" and self.coordinator is not None and self._tg is not None:
+            self._tg.start_soon(self.coordinator.report_failure, failure)
 
     # ---- called by the instance watch
     def context(self) -> ClassifyContext:
@@ -379,7 +419,7 @@ class Daemon:
         return snapshot(
             self.cfg, self.machine, instance=self.instance, progress=self.progress, clock=self.clock,
             now=time.monotonic(), failure_at=self.failure_at, daemon_pid=os.getpid(),
-            extra={"history": list(self.history), "memory": {
+            extra={"history": list(self.history), **self._pair_status(), "memory": {
                 "available_bytes": meminfo.get("MemAvailable"), "free_bytes": meminfo.get("MemFree"),
                 "total_bytes": meminfo.get("MemTotal")}},
         )
@@ -393,11 +433,35 @@ class Daemon:
             return "sparkd is shutting down"
         return None
 
+    def vllm_left(self) -> list[int]:
+        """PIDs of vLLM processes still on this node (titled with this launch's prefix)."""
+        from sparkd.preflight.stale import find_stale, title_prefix
+
+        return [p.pid for p in find_stale(prefix=title_prefix(self.spec().env))]
+
+    def _pair_status(self) -> dict[str, Any]:
+        return {"pair": self.pair, "shared": shared_settings(self.cfg), "image_id": self.image_id,
+                "peers": self.coordinator.peers_json() if self.coordinator else []}
+
+    async def wait_state(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        with anyio.move_on_after(timeout_s):
+            while not done():
+                await anyio.sleep(0.05)
+            return True
+        return False
+
     def _write_status(self) -> None:
         try:
             write_json(self.status_path, self.status())
         except OSError as exc:
             self.log.error("status_write_failed", error=str(exc))
+
+
+def pair_role(cfg: Config) -> str | None:
+    """"head" or "worker" when this node is one rank of a multi-node pair with peers; else None."""
+    if not cfg.cluster.peers or cfg.nnodes <= 1 or cfg.node.role is Role.single:
+        return None
+    return cfg.node.role.value
 
 
 def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int:

@@ -44,8 +44,8 @@ class ControlClient:
         data: dict[str, Any] = self._request("GET", "/v1/status").json()
         return data
 
-    def action(self, name: str) -> dict[str, Any]:
-        response = self._request("POST", f"/v1/{name}")
+    def action(self, name: str, *, local: bool = False) -> dict[str, Any]:
+        response = self._request("POST", f"/v1/{name}", params={"local": "1"} if local else None)
         data: dict[str, Any] = response.json()
         if response.status_code != 200:
             raise ActionRefused(data.get("error", response.text), data.get("status"))

@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sparkd.cluster.peers import PeerUnreachable
 from sparkd.incidents import list_incidents
 from sparkd.supervisor import machine as sm
 
@@ -71,6 +72,9 @@ def control_routes(daemon: Daemon) -> list[Route]:
         name = request.path_params["action"]
         if name not in ACTIONS:
             return JSONResponse({"error": f"unknown action {name!r}; one of {sorted(ACTIONS)}"}, 404)
+        local = request.query_params.get("local", "") in ("1", "true", "yes")
+        if daemon.pair == "worker" and not local and name != "reset" and daemon.coordinator is not None:
+            return await _forward_to_head(daemon, name)
         refused = daemon.refusal(name)
         if refused:
             return JSONResponse({"ok": False, "error": refused, "status": daemon.status()}, 409)
@@ -107,6 +111,7 @@ def control_routes(daemon: Daemon) -> list[Route]:
         return JSONResponse({"error": f"no incident {name!r}"}, 404)
 
     return [
+        *rank_routes(daemon),
         Route("/v1/status", status),
         Route("/v1/preflight", preflight, methods=["GET", "POST"]),
         Route("/v1/{action}", action, methods=["POST"]),
@@ -114,6 +119,68 @@ def control_routes(daemon: Daemon) -> list[Route]:
         Route("/v1/incidents", incidents),
         Route("/v1/incidents/{name}", incident),
     ]
+
+
+async def _forward_to_head(daemon: Daemon, name: str) -> JSONResponse:
+    """A worker acts on the whole pair through the head, which leads every start and restart."""
+    assert daemon.coordinator is not None
+    head = daemon.coordinator.client.peers[0]
+    try:
+        answer = await daemon.coordinator.client.request(head, "POST", f"/v1/{name}", retries=1)
+    except PeerUnreachable as exc:
+        return JSONResponse({"ok": False, "error": f"the head is unreachable ({exc}); use --local to act on "
+                             "this rank alone", "status": daemon.status()}, 409)
+    return JSONResponse({**answer, "forwarded_to": head}, 200 if answer.get("ok") else 409)
+
+
+def rank_routes(daemon: Daemon) -> list[Route]:
+    """What the head asks of a worker's daemon, and a worker tells its head."""
+
+    async def rank_stop(request: Request) -> JSONResponse:
+        if daemon.machine.state not in (sm.State.stopped, sm.State.failed) or daemon.instance is not None:
+            daemon.post(sm.StopRequested())
+            await daemon.wait_state(lambda: daemon.instance is None and daemon.machine.state in
+                                    (sm.State.stopped, sm.State.failed), daemon.cfg.supervisor.stop_grace_s + 30)
+        left = daemon.vllm_left()
+        return JSONResponse({"ok": not left, "vllm_left": left, "status": daemon.status()})
+
+    async def rank_preflight(request: Request) -> JSONResponse:
+        if daemon.instance is not None:
+            return JSONResponse({"ok": False, "failure": {"class": "unknown", "message": "its rank is running"}}, 409)
+        report = await daemon.run_preflight_now(dry_run=False)
+        daemon.last_preflight = report.to_json()
+        failure = report.failure()
+        return JSONResponse({"ok": report.ok, "results": report.to_json(), "failure": None if failure is None
+                             else {"class": failure.cls.value, "message": failure.sentence}})
+
+    async def rank_start(request: Request) -> JSONResponse:
+        if daemon.machine.state is sm.State.failed:
+            daemon.post(sm.ResetRequested())
+        daemon.post(sm.StartRequested())
+        await daemon.wait_state(lambda: daemon.machine.state is not sm.State.stopped, 5.0)
+        return JSONResponse({"ok": True, "status": daemon.status()})
+
+    async def rank_failed(request: Request) -> JSONResponse:
+        body = await request.json()
+        peer = request.client.host if request.client else "?"
+        if daemon.coordinator is not None:
+            daemon.coordinator.on_report(_peer_name(daemon, peer), body.get("failure"))
+        return JSONResponse({"ok": True})
+
+    return [
+        Route("/v1/rank/stop", rank_stop, methods=["POST"]),
+        Route("/v1/rank/preflight", rank_preflight, methods=["POST"]),
+        Route("/v1/rank/start", rank_start, methods=["POST"]),
+        Route("/v1/rank/failed", rank_failed, methods=["POST"]),
+    ]
+
+
+def _peer_name(daemon: Daemon, host: str) -> str:
+    assert daemon.coordinator is not None
+    for peer in daemon.coordinator.client.peers:
+        if peer == host or peer.startswith(f"{host}:") or peer.startswith(f"[{host}]"):
+            return peer
+    return host
 
 
 def build_app(daemon: Daemon) -> Starlette:

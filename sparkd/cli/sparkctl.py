@@ -108,10 +108,16 @@ def render_status(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _act(obj: Ctx, name: str) -> dict[str, Any]:
+LOCAL_RISK = ("--local acts on this node's rank alone: the other rank loses its peer (a headless worker hangs, "
+              "the head fails its next request) and the pair restarts as a unit afterwards.")
+
+
+def _act(obj: Ctx, name: str, local: bool = False) -> dict[str, Any]:
+    if local:
+        click.echo(f"sparkctl: {LOCAL_RISK}", err=True)
     try:
         with obj.client() as client:
-            return client.action(name)
+            return client.action(name, local=local)
     except DaemonUnreachable as exc:
         _unreachable(exc, obj.as_json)
     except ActionRefused as exc:
@@ -121,29 +127,46 @@ def _act(obj: Ctx, name: str) -> dict[str, Any]:
     raise AssertionError("unreachable")
 
 
+local_option = click.option("--local", is_flag=True, help="Act on this node's rank only (maintenance).")
+
+
+def _accepted(name: str, result: dict[str, Any]) -> str:
+    where = f" by the head {result['forwarded_to']}" if result.get("forwarded_to") else ""
+    return f"{name}: accepted{where} (state {result['status']['state']})"
+
+
 def _simple(name: str, help_text: str) -> None:
-    @main.command(name, help=help_text)
+    @main.command(name, help=help_text + " On a pair's worker it acts on the whole pair through the head.")
+    @local_option
     @click.pass_obj
-    def command(obj: Ctx) -> None:
-        result = _act(obj, name)
-        click.echo(json.dumps(result, indent=2) if obj.as_json else f"{name}: accepted "
-                   f"(state {result['status']['state']})")
+    def command(obj: Ctx, local: bool) -> None:
+        result = _act(obj, name, local)
+        click.echo(json.dumps(result, indent=2) if obj.as_json else _accepted(name, result))
 
 
 _simple("start", "Start vLLM (refused while the breaker is open: use reset or restart).")
 _simple("stop", "Stop vLLM and keep it stopped.")
-_simple("reset", "Close the restart breaker and forget failures; starts vLLM if it should run.")
+
+
+@main.command()
+@click.pass_obj
+def reset(obj: Ctx) -> None:
+    """Close the restart breaker and forget failures; starts vLLM if it should run."""
+    result = _act(obj, "reset")
+    click.echo(json.dumps(result, indent=2) if obj.as_json else _accepted("reset", result))
 
 
 @main.command()
 @click.option("--wait", is_flag=True, help="Follow the cold start through its phases until ready or failed.")
 @click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True)
+@local_option
 @click.pass_obj
-def restart(obj: Ctx, wait: bool, timeout_s: float) -> None:
-    """Stop vLLM, preflight, start it again; also closes the breaker."""
-    before = _act(obj, "restart")["status"]
+def restart(obj: Ctx, wait: bool, timeout_s: float, local: bool) -> None:
+    """Stop vLLM, preflight, start it again; also closes the breaker. On a pair's worker: the whole pair."""
+    result = _act(obj, "restart", local)
+    before = result["status"]
     if not wait:
-        click.echo(json.dumps(before, indent=2) if obj.as_json else "restart: accepted")
+        click.echo(json.dumps(result, indent=2) if obj.as_json else _accepted("restart", result))
         return
     sys.exit(wait_for_start(obj, before.get("launches", 0), timeout_s))
 

@@ -99,6 +99,10 @@ class Runtime(abc.ABC):
     def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
         """The instance's output lines from its start; once ``done`` is set (it exited), drain and end."""
 
+    async def configured_image_id(self) -> str | None:
+        """The id of the image vLLM runs from (docker runtimes), for comparing the ranks of a pair."""
+        return None
+
     async def missing_target(self, spec: LaunchSpec) -> str | None:
         """Why the launch target cannot run where it will run (a sentence naming the path), or None."""
         return None

@@ -55,20 +55,27 @@ def _listen_error(port: int, exc: OSError) -> DistError:
 
 
 class _Heartbeat:
-    """Sends a byte every second on each socket and calls ``on_lost`` once when any peer goes away."""
+    """Sends a byte every second on each socket and calls ``on_lost`` once when any peer goes away.
+
+    ``silent_s()`` says how long the quietest peer has sent nothing: a frozen (SIGSTOPped, wedged) rank keeps
+    its connection open but stops beating, and a collective with it would block, as NCCL's does."""
 
     def __init__(self, sockets: list[socket.socket], on_lost: threading.Event) -> None:
         self._sockets = sockets
         self._lost = on_lost
+        self._heard = {id(sock): time.monotonic() for sock in sockets}
         for sock in sockets:
             sock.settimeout(None)
             threading.Thread(target=self._read, args=(sock,), daemon=True).start()
         threading.Thread(target=self._beat, daemon=True).start()
 
+    def silent_s(self) -> float:
+        return time.monotonic() - min(self._heard.values(), default=time.monotonic())
+
     def _read(self, sock: socket.socket) -> None:
         try:
             while sock.recv(64):
-                pass
+                self._heard[id(sock)] = time.monotonic()
         except OSError:
             pass
         self._lost.set()
@@ -90,6 +97,7 @@ class StoreServer:
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.peer_lost = threading.Event()
+        self.heartbeat: _Heartbeat | None = None
         self._listener: socket.socket | None = None
         self._clients: dict[int, socket.socket] = {}
 
@@ -124,7 +132,7 @@ class StoreServer:
                 self._clients[rank] = conn
         for conn in self._clients.values():
             conn.sendall(b"GO\n")
-        _Heartbeat(list(self._clients.values()), self.peer_lost)
+        self.heartbeat = _Heartbeat(list(self._clients.values()), self.peer_lost)
 
     def close(self) -> None:
         for sock in [*self._clients.values(), *([self._listener] if self._listener else [])]:

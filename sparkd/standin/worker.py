@@ -53,6 +53,9 @@ _RPC_FRAMES = [
 ]
 
 
+FROZEN_PEER_S = 3.0  # a peer silent this long (heartbeats are 1 s apart) is frozen
+
+
 class WorkerError(Exception):
     """A worker-side exception: its class, message and the traceback the worker logged."""
 
@@ -241,8 +244,13 @@ class WorkerRuntime:
             )
 
     def execute(self, request_id: str) -> None:
-        """One model step for a request: an all-reduce across ranks, which fails once a peer is gone."""
+        """One model step for a request: an all-reduce across ranks, which fails once a peer is gone and
+        blocks while a peer is frozen (connected but silent), as an NCCL collective does."""
         self._check_peers()
+        heartbeat = self.store.heartbeat if isinstance(self.store, StoreServer) else None
+        while heartbeat is not None and heartbeat.silent_s() > FROZEN_PEER_S and not self._closed.is_set():
+            time.sleep(0.1)
+            self._check_peers()
 
     # -- faults and shutdown ----------------------------------------------------------------------------
     def _leak(self) -> None:

@@ -45,6 +45,15 @@ def render_toml(data: dict[str, Any]) -> str:
     return "\n".join(top) + "\n\n" + "\n\n".join(tables) + "\n"
 
 
+_PREFIXES = iter(range(1, 1_000_000))
+
+
+def unique_prefix() -> str:
+    """A vLLM process-title prefix of this test's own (VLLM_PROCESS_NAME_PREFIX): sparkd's stale sweep
+    matches the prefix of its launch, so daemons of other tests (or other sessions) never touch each other."""
+    return f"VLLMT{os.getpid()}X{next(_PREFIXES)}"
+
+
 def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "runtime": "process",
@@ -52,7 +61,7 @@ def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, A
         "launch": {"executable": str(STANDIN), "model": "/models/test", "served_model_name": "test-model",
                    "host": "127.0.0.1", "port": port},
         "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
-        "api": {"socket_group": ""},
+        "api": {"socket_group": "", "port": 0},
         "supervisor": {"stop_grace_s": 5, "startup_silence_s": 60},
         "restart": {"backoff_initial_s": 0.2, "backoff_max_s": 1, "jitter": 0, "budget_failures": 50,
                     "budget_window_s": 600, "consecutive_limit": 0},
@@ -62,8 +71,13 @@ def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, A
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}
     cfg["launch"].setdefault("env", {})
-    cfg["launch"]["env"] = {"SPARKD_STANDIN_STARTUP_SECONDS": "0.5", **cfg["launch"]["env"]}
+    cfg["launch"]["env"] = {"SPARKD_STANDIN_STARTUP_SECONDS": "0.5", "VLLM_PROCESS_NAME_PREFIX": unique_prefix(),
+                            **cfg["launch"]["env"]}
     return cfg
+
+
+def title_prefix(cfg: dict[str, Any]) -> str:
+    return str(cfg["launch"]["env"]["VLLM_PROCESS_NAME_PREFIX"]) + "::"
 
 
 class Sparkd:
@@ -168,3 +182,10 @@ def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 def shm_segments() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith(("psm_", "sem.mp-"))}
+
+
+def unheld(names: set[str]) -> set[str]:
+    """Those of ``names`` still in /dev/shm that no live process holds (leaked)."""
+    from sparkd.preflight.shm import held_names
+
+    return (names & shm_segments()) - held_names(Path("/dev/shm"))

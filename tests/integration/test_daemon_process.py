@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 import pytest
-from daemon_harness import Sparkd, alive, base_config, free_port, kill_tree, shm_segments, tree
+from daemon_harness import Sparkd, alive, base_config, free_port, kill_tree, shm_segments, title_prefix, tree, unheld
 
 Factory = Callable[..., Sparkd]
 
@@ -57,12 +57,13 @@ def test_starts_serves_and_stops_clean(sparkd: Factory) -> None:
     code, body = get(f"http://127.0.0.1:{port}/v1/models")
     assert code == 200 and json.loads(body)["data"][0]["id"] == "test-model"
     procs = tree(pid)
-    assert any(p.cmdline()[0].startswith("VLLM::") for p in procs[1:]), [p.cmdline() for p in procs]
+    prefix = title_prefix(daemon.config)
+    assert any(p.cmdline()[0].startswith(prefix) for p in procs[1:]), [p.cmdline() for p in procs]
     status = daemon.ctl("status")
     assert status.returncode == 0 and "ready" in status.stdout
     assert daemon.stop() == 0
     assert alive(procs) == []
-    assert shm_segments() - before == set()
+    assert unheld(shm_segments() - before) == set()
     assert daemon.status()["state"] == "stopped"
 
 

@@ -1,0 +1,105 @@
+"""Two nodes on one machine: network namespaces joined by a veth pair, a sparkd daemon in each.
+
+Each namespace is a test host of our own (addresses 10.231.N.1 and .2 exist only inside them). Daemons and
+their stand-in ranks run inside with ``ip netns exec``; the test reads their status files and talks to their
+unix sockets from outside (the file system is shared), and can cut the link with ``ip link set ... down``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from daemon_harness import BIN, Sparkd, base_config, unique_prefix
+
+_NETS = itertools.count(1)
+
+
+def ip(*args: str, ns: str | None = None) -> None:
+    cmd = ["ip", "netns", "exec", ns, "ip", *args] if ns else ["ip", *args]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+@dataclass
+class Link:
+    head_ns: str
+    worker_ns: str
+    head_addr: str
+    worker_addr: str
+    head_veth: str
+
+    @classmethod
+    def create(cls) -> Link:
+        n = next(_NETS)
+        tag = f"{os.getpid() % 10000}x{n}"
+        head_ns, worker_ns = f"sparkd-h{tag}", f"sparkd-w{tag}"
+        head_veth, worker_veth = f"sph{tag}", f"spw{tag}"
+        subnet = f"10.231.{(os.getpid() + n) % 250}"
+        ip("netns", "add", head_ns)
+        ip("netns", "add", worker_ns)
+        ip("link", "add", head_veth, "type", "veth", "peer", "name", worker_veth)
+        ip("link", "set", head_veth, "netns", head_ns)
+        ip("link", "set", worker_veth, "netns", worker_ns)
+        for ns, veth, addr in ((head_ns, head_veth, f"{subnet}.1"), (worker_ns, worker_veth, f"{subnet}.2")):
+            ip("addr", "add", f"{addr}/24", "dev", veth, ns=ns)
+            ip("link", "set", veth, "up", ns=ns)
+            ip("link", "set", "lo", "up", ns=ns)
+        return cls(head_ns, worker_ns, f"{subnet}.1", f"{subnet}.2", head_veth)
+
+    def cut(self) -> None:
+        ip("link", "set", self.head_veth, "down", ns=self.head_ns)
+
+    def restore(self) -> None:
+        ip("link", "set", self.head_veth, "up", ns=self.head_ns)
+
+    def destroy(self) -> None:
+        for ns in (self.head_ns, self.worker_ns):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+class NodeDaemon(Sparkd):
+    """A sparkd whose process runs inside a network namespace."""
+
+    def __init__(self, tmp: Path, config: dict[str, Any], ns: str) -> None:
+        super().__init__(tmp, config)
+        self.ns = ns
+
+    def start(self, *extra: str, env: dict[str, str] | None = None) -> NodeDaemon:
+        env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", **(env or {})}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns, str(BIN / "sparkd"), "run", "--config", str(self.config_path),
+                 *extra], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return self
+
+
+def pair_configs(tmp: Path, link: Link, *, worker_launch: dict[str, Any] | None = None,
+                 **sections: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    token = tmp / "token"
+    token.write_text("pair-token\n")
+    common_launch = {"tensor_parallel_size": 2, "host": "0.0.0.0", "port": 8000, "max_model_len": 8192}
+    cluster = {"master_addr": link.head_addr, "master_port": 29501, "nnodes": 2, "peer_poll_s": 0.5,
+               "peer_grace_s": 3, "worker_start_timeout_s": 60}
+    configs = []
+    for role, addr, peer, launch_extra in (("head", link.head_addr, link.worker_addr, {}),
+                                           ("worker", link.worker_addr, link.head_addr, worker_launch or {})):
+        folder = tmp / role
+        folder.mkdir()
+        cfg = base_config(folder, 8000, **sections)
+        cfg["node"] = {"name": role, "role": role, "rank": 0 if role == "head" else 1, "address": addr}
+        cfg["launch"].update(common_launch | launch_extra)
+        cfg["launch"]["env"]["VLLM_PROCESS_NAME_PREFIX"] = unique_prefix()
+        cfg["cluster"] = {**cluster, "peers": [peer]}
+        cfg["api"] = {"socket_group": "", "listen": addr, "port": 9479, "token_file": str(token)}
+        configs.append(cfg)
+    return configs[0], configs[1]
+
+
+def launch_time(status: dict[str, Any], launches: int = 1) -> float:
+    """Wall time the n-th launch of this run entered `starting` (from the daemon's history)."""
+    starts = [h["at"] for h in status.get("history", []) if h.get("state") == "starting" and "phase" not in h]
+    return starts[launches - 1] if len(starts) >= launches else float("inf")

@@ -1,0 +1,173 @@
+"""The pair as one unit: two daemons in two network namespaces, each supervising a stand-in rank coupled
+through the master port, recovering together from every way one side can go."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from daemon_harness import alive, kill_tree, title_prefix, tree
+from pair_harness import Link, NodeDaemon, launch_time, pair_configs
+
+
+class Pair:
+    def __init__(self, tmp: Path, link: Link, **kw: Any) -> None:
+        self.link = link
+        head_cfg, worker_cfg = pair_configs(tmp, link, **kw)
+        self.head = NodeDaemon(tmp / "head", head_cfg, link.head_ns)
+        self.worker = NodeDaemon(tmp / "worker", worker_cfg, link.worker_ns)
+        self.seen: list[psutil.Process] = []
+
+    def start(self) -> Pair:
+        self.worker.start()
+        self.head.start()
+        return self
+
+    def ready(self, head_launches: int = 1, timeout: float = 90) -> tuple[int, int]:
+        def current(daemon: NodeDaemon, s: dict[str, Any]) -> bool:
+            return daemon.proc is not None and s.get("daemon_pid") == daemon.proc.pid and s.get("state") == "ready"
+
+        head = self.head.wait_for(lambda s: current(self.head, s) and s.get("launches", 0) >= head_launches,
+                                  timeout, f"head ready (launch {head_launches})")
+        worker = self.worker.wait_for(lambda s: current(self.worker, s), timeout, "worker ready")
+        for pid in (head["pid"], worker["pid"]):
+            self.seen.extend(tree(pid))
+        return int(head["pid"]), int(worker["pid"])
+
+    def one_instance_per_node(self) -> None:
+        for daemon in (self.head, self.worker):
+            pid = daemon.status()["pid"]
+            prefix = title_prefix(daemon.config)
+            ours = {p.pid for p in tree(pid)}
+            titled = {p.pid for p in psutil.process_iter(["cmdline"])
+                      if (p.info["cmdline"] or [""])[0].startswith(prefix)}
+            assert titled and titled <= ours, f"{daemon.ns}: {titled - ours} outside the instance {pid}"
+
+    def close(self) -> None:
+        for daemon in (self.head, self.worker):
+            pid = daemon.status().get("pid")
+            if pid:
+                self.seen.extend(tree(pid))
+            daemon.stop()
+        kill_tree(alive(self.seen))
+        self.link.destroy()
+
+
+@pytest.fixture
+def make_pair(tmp_path: Path) -> Iterator[Any]:
+    pairs: list[Pair] = []
+
+    def make(**kw: Any) -> Pair:
+        folder = tmp_path / f"p{len(pairs)}"
+        folder.mkdir()
+        pair = Pair(folder, Link.create(), **kw)
+        pairs.append(pair)
+        return pair
+
+    yield make
+    for pair in pairs:
+        pair.close()
+
+
+def test_cold_start_starts_the_worker_before_the_head(make_pair: Any) -> None:
+    pair = make_pair().start()
+    pair.ready()
+    assert launch_time(pair.worker.status()) < launch_time(pair.head.status())
+    pair.one_instance_per_node()
+    pair.head.wait_for(lambda s: s["peers"][0]["reachable"] and s["peers"][0]["state"] == "ready", 10,
+                       "the head sees its worker ready")
+
+
+def test_killing_the_worker_rank_restarts_the_pair(make_pair: Any) -> None:
+    pair = make_pair().start()
+    head_pid, worker_pid = pair.ready()
+    os.kill(worker_pid, signal.SIGKILL)
+    new_head, new_worker = pair.ready(head_launches=2)
+    assert new_head != head_pid and new_worker != worker_pid
+    pair.one_instance_per_node()
+    failure = pair.head.status()["last_failure"]
+    assert pair.worker.config["node"]["address"] in failure["message"] or failure["class"] == "engine_dead"
+
+
+def test_killing_the_head_rank_restarts_the_pair(make_pair: Any) -> None:
+    pair = make_pair().start()
+    head_pid, worker_pid = pair.ready()
+    os.kill(head_pid, signal.SIGKILL)
+    new_head, new_worker = pair.ready(head_launches=2)
+    assert new_head != head_pid and new_worker != worker_pid
+    pair.one_instance_per_node()
+
+
+def test_a_hung_worker_rank_is_detected_by_the_head(make_pair: Any) -> None:
+    pair = make_pair(health={"canary_interval_s": 0.5, "canary_timeout_s": 1, "busy_grace_s": 2}).start()
+    _head_pid, worker_pid = pair.ready()
+    frozen = tree(worker_pid)
+    for proc in frozen:
+        proc.send_signal(signal.SIGSTOP)
+    _new_head, new_worker = pair.ready(head_launches=2, timeout=120)
+    assert new_worker != worker_pid
+    assert alive(frozen) == [], "the frozen rank was killed, not left behind"
+    assert pair.head.status()["last_failure"]["class"] in ("hang", "engine_dead", "peer_lost", "unknown")
+
+
+def test_cutting_the_link_stops_both_ranks_and_the_pair_recovers_when_it_returns(make_pair: Any) -> None:
+    pair = make_pair().start()
+    head_pid, worker_pid = pair.ready()
+    pair.link.cut()
+    pair.worker.wait_for(lambda s: s.get("state") in ("stopped", "failed") and s.get("pid") is None, 60,
+                         "the worker stops its rank without its head")
+    head = pair.head.wait_for(lambda s: s.get("state") == "backoff", 60, "the head waits for its worker")
+    assert head["last_failure"]["class"] == "peer_lost"
+    assert not head["breaker"]["open"]
+    pair.link.restore()
+    new_head, new_worker = pair.ready(head_launches=2, timeout=120)
+    assert new_head != head_pid and new_worker != worker_pid
+    pair.one_instance_per_node()
+
+
+def test_a_worker_node_reboot_leads_back_to_a_clean_pair(make_pair: Any) -> None:
+    pair = make_pair().start()
+    _, worker_pid = pair.ready()
+    rank = tree(worker_pid)
+    pair.worker.kill()
+    kill_tree(rank)
+    pair.head.wait_for(lambda s: s.get("state") == "backoff", 60, "the head notices the worker is gone")
+    pair.worker.start()
+    pair.ready(head_launches=2, timeout=120)
+    pair.one_instance_per_node()
+
+
+def test_a_head_reboot_clears_the_stale_worker_rank(make_pair: Any) -> None:
+    pair = make_pair().start()
+    head_pid, worker_pid = pair.ready()
+    rank = tree(head_pid)
+    pair.head.kill()
+    kill_tree(rank)
+    pair.head.start()
+    _, new_worker = pair.ready(head_launches=1, timeout=120)
+    assert new_worker != worker_pid, "the stale worker rank from before the reboot was replaced"
+    pair.one_instance_per_node()
+
+
+def test_mismatched_launch_settings_are_refused_naming_the_difference(make_pair: Any) -> None:
+    pair = make_pair(worker_launch={"max_model_len": 4096}).start()
+    status = pair.head.wait_state("failed", timeout=60)
+    message = status["last_failure"]["message"]
+    assert "max_model_len is 8192 here but 4096 on" in message
+    assert pair.worker.status()["pid"] is None
+
+
+def test_sparkctl_on_the_worker_acts_on_the_whole_pair(make_pair: Any) -> None:
+    pair = make_pair().start()
+    head_pid, worker_pid = pair.ready()
+    result = pair.worker.ctl("restart")
+    assert result.returncode == 0 and "by the head" in result.stdout, result.stdout + result.stderr
+    new_head, new_worker = pair.ready(head_launches=2)
+    assert new_head != head_pid and new_worker != worker_pid
+    local = pair.worker.ctl("stop", "--local")
+    assert "acts on this node's rank alone" in local.stderr
