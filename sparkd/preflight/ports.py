@@ -125,10 +125,12 @@ def decide(want: Wanted, bind_error: int | None, holders: list[Holder], *, dry_r
         return Decision(Verdict.fail, f"{name} is in use, but no process here shows a listening socket on it "
                         "(another network namespace, or a socket bound but not yet listening)",
                         failure_class=FailureClass.port_in_use)
-    others = [h for h in holders if not h.stale]
+    if all(h.protected for h in holders):
+        return Decision(Verdict.ok, f"{name} is held by the watched vLLM instance (PID "
+                        f"{', '.join(str(h.pid) for h in holders)})")
+    others = [h for h in holders if not h.stale and not h.protected]
     if others:
-        held = "; ".join(f"PID {h.pid} ({h.cmdline})" + (", the watched vLLM instance" if h.protected else "")
-                         for h in others)
+        held = "; ".join(f"PID {h.pid} ({h.cmdline})" for h in others)
         return Decision(Verdict.fail, f"{name} is held by {held}: not a stale vLLM process, so sparkd leaves "
                         "it alone; stop it or choose another port", failure_class=FailureClass.port_in_use)
     held = "; ".join(f"PID {h.pid} ({h.cmdline})" for h in holders)

@@ -206,7 +206,8 @@ WATCHED = ports.Holder(99, "vllm serve /models/m", stale=False, protected=True)
             "held by PID 88 (python3 -m http.server 8000 # vllm): not a stale vLLM process",
         ),
         (errno.EADDRINUSE, [STALE, OTHER], False, V.fail, (), FailureClass.port_in_use, "PID 88"),
-        (errno.EADDRINUSE, [WATCHED], False, V.fail, (), FailureClass.port_in_use, "the watched vLLM instance"),
+        # an operator's preflight while vLLM runs: its own port is not a problem
+        (errno.EADDRINUSE, [WATCHED], False, V.ok, (), None, "held by the watched vLLM instance"),
         (errno.EADDRINUSE, [], False, V.fail, (), FailureClass.port_in_use, "no process here shows"),
         (errno.EADDRNOTAVAIL, [], False, V.fail, (), FailureClass.config_error, "not an address of this node"),
         (errno.EACCES, [], False, V.fail, (), FailureClass.port_in_use, "cannot be bound"),
