@@ -115,11 +115,11 @@ def test_stall_keeps_health_200_but_generation_stops(launch: Standins) -> None:
     """STALL_AFTER: /health 200, a chat request never completes, num_requests_running > 0 and
     vllm:generation_tokens_total stops moving."""
     port = free_port()
-    standin = _head(launch, port, stall_after="1.0")
+    standin = _head(launch, port, stall_after="4.0")  # room for the first request on a loaded machine
     standin.wait_ready()
     client = http("127.0.0.1", port)
     assert client.post("/v1/chat/completions", json=chat_body("m", max_tokens=4)).status_code == 200
-    time.sleep(1.2)
+    time.sleep(4.5)
     with pytest.raises(httpx.ReadTimeout):
         http("127.0.0.1", port, 2.0).post("/v1/chat/completions", json=chat_body("m", max_tokens=2))
     with _raw_chat(port) as hung:  # a second request that stays in flight while we look
