@@ -20,6 +20,8 @@ from sparkd.runtime import proctree
 from sparkd.runtime.base import ExitInfo, Instance, LaunchError, Runtime
 from sparkd.runtime.logfile import follow_file
 
+VLLM_OOM_SCORE_ADJ = 500
+
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -60,8 +62,11 @@ class ProcessRuntime(Runtime):
         self.raw_log.unlink(missing_ok=True)
         with open(self.raw_log, "ab") as out:
             try:
+                # vLLM, not sparkd, must be the kernel's first choice under memory pressure: raise its
+                # oom_score_adj above sparkd's (the unit sets -900); raising needs no privilege.
                 child = subprocess.Popen(
-                    ["bash", str(self.script_path)], stdin=subprocess.DEVNULL, stdout=out,
+                    ["bash", "-c", f"echo {VLLM_OOM_SCORE_ADJ} > /proc/self/oom_score_adj 2>/dev/null; "
+                     'exec bash "$0"', str(self.script_path)], stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
                 )
             except OSError as exc:  # no bash: nothing else would run either

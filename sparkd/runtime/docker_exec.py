@@ -1,0 +1,297 @@
+"""vLLM exec'd into a long-lived container, the way the community runs it (``docker exec``).
+
+The container (``[container] name``) is created when missing and started when stopped; its main process is
+``[container] command`` (``sleep infinity``). Each launch puts the rendered script into it and execs
+``bash -c ": > LOG; exec bash SCRIPT >> LOG 2>&1"``: bash execs the script, which execs vLLM, so the exec's
+host PID (from ``exec_inspect``) is vLLM's. Docker cannot signal an exec, so stop works on that host PID
+tree; exits are seen through a pidfd and the exit status comes from ``exec_inspect``. The output file is
+read from the host through ``/proc/<container init PID>/root``, so an instance outlives a daemon restart.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker.errors
+
+from sparkd.launch import LaunchSpec, render_script
+from sparkd.runtime import proctree
+from sparkd.runtime.base import ExitInfo, Instance, LaunchError
+from sparkd.runtime.dockerutil import (
+    DOCKER_ERRORS,
+    DockerRuntime,
+    call,
+    check_command,
+    container_options,
+    create_time_or_zero,
+    explain,
+    missing_rehearse_mounts,
+    no_bash,
+    put_file,
+    short_id,
+    target_sentence,
+    wait_same_exit,
+)
+from sparkd.runtime.logfile import follow_file
+
+LOG_IN_CONTAINER = "/tmp/sparkd-vllm.log"
+RAW_LOG_LIMIT = 8 * 1024 * 1024
+EXEC_MARK = "sparkd-launch"  # $0 of the exec's bash: marks our execs so one is found even without a record
+PID_WAIT_S = 10.0
+EXIT_WAIT_S = 10.0
+
+
+def exec_command(script_path: str, config_hash: str) -> list[str]:
+    log, script = shlex.quote(LOG_IN_CONTAINER), shlex.quote(script_path)
+    return ["bash", "-c", f": > {log}; exec bash {script} >> {log} 2>&1", EXEC_MARK, config_hash]
+
+
+def host_log_path(init_pid: int) -> str:
+    """Where the host reads the container's output file: through the container init's root."""
+    return f"/proc/{init_pid}/root{LOG_IN_CONTAINER}"
+
+
+def is_our_exec(data: dict[str, Any]) -> bool:
+    process = data.get("ProcessConfig") or {}
+    args = process.get("arguments") or []
+    return (process.get("entrypoint") == "bash" and len(args) >= 3 and args[0] == "-c"
+            and args[2] == EXEC_MARK and LOG_IN_CONTAINER in args[1])
+
+
+class DockerExecRuntime(DockerRuntime):
+    name = "docker-exec"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._exits: dict[str, ExitInfo] = {}
+
+    # ---- the container
+
+    async def ensure_container(self) -> Any:
+        """The configured container, running: created when missing, started when stopped."""
+        name = self.container_name
+        container = await self.container(name)
+        if container is None:
+            container = await self._create()
+        status = container.status
+        if status in ("paused", "removing", "dead"):
+            raise LaunchError(f"container {name} is {status}; sparkd cannot exec into it", 125)
+        if status != "running":
+            try:
+                await call(container.start)
+            except docker.errors.APIError as exc:
+                raise LaunchError(f"container {name} does not start: {explain(exc)}", 125) from exc
+            await call(container.reload)
+            if container.status != "running":
+                state = container.attrs.get("State") or {}
+                raise LaunchError(
+                    f"container {name} stopped right after starting (exit code {state.get('ExitCode')}): "
+                    f"its command {container.attrs['Config'].get('Entrypoint')} must keep running", 125)
+        if self.rehearse:
+            missing = missing_rehearse_mounts(container.attrs)
+            if missing:
+                raise LaunchError(
+                    f"container {name} lacks the read-only mounts {', '.join(missing)} that a rehearsal needs "
+                    "(the host's Python and sparkd run inside it); remove the container so sparkd recreates "
+                    "it with them, or add them to [container] mounts", 127)
+        return container
+
+    async def _create(self) -> Any:
+        cfg, client = self.cfg, await self.docker()
+        options = container_options(
+            cfg, entrypoint=list(cfg.container.command), labels=self.labels(), rehearse=self.rehearse,
+            name=self.container_name,
+        )
+        try:
+            return await call(client.containers.create, **options)
+        except docker.errors.ImageNotFound as exc:
+            raise LaunchError(
+                f"the image {cfg.container.image} of container {self.container_name} is not on this node "
+                "(pull or build it)", 127) from exc
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # created meanwhile by someone else: use it
+                return await call(client.containers.get, self.container_name)
+            raise LaunchError(f"cannot create container {self.container_name}: {explain(exc)}", 125) from exc
+
+    # ---- launch
+
+    async def launch(self, spec: LaunchSpec) -> Instance:
+        try:
+            return await self._launch(spec)
+        except DOCKER_ERRORS as exc:
+            raise LaunchError(f"docker-exec launch in container {self.container_name} failed: "
+                              f"{explain(exc)}", 125) from exc
+
+    async def _launch(self, spec: LaunchSpec) -> Instance:
+        container = await self.ensure_container()
+        running = await self._scan_execs()
+        if running is not None:  # at most one vLLM per node: the daemon adopts it instead
+            raise LaunchError(f"an earlier launch still runs in container {self.container_name} "
+                              f"(host PID {running.pid}); stop it first", 125)
+        api = (await self.docker()).api
+        script_path = self.cfg.container.script_path
+        try:
+            await put_file(api, container.id, script_path, render_script(spec).encode(), 0o755)
+            await put_file(api, container.id, LOG_IN_CONTAINER, b"", 0o666)
+        except docker.errors.NotFound as exc:
+            raise LaunchError(f"cannot write {script_path} in container {self.container_name}: "
+                              f"{explain(exc)}", 127) from exc
+        exec_id = (await call(api.exec_create, container.id, exec_command(script_path, spec.config_hash),
+                              stdout=False, stderr=False))["Id"]
+        try:
+            await call(api.exec_start, exec_id, detach=True)
+        except docker.errors.APIError as exc:
+            if no_bash(exc):
+                raise LaunchError(f"bash is not in container {self.container_name}: {explain(exc)}",
+                                  127) from exc
+            raise
+        pid = await self._exec_pid(api, exec_id)
+        return Instance(
+            runtime=self.name, pid=pid, create_time=create_time_or_zero(pid), config_hash=spec.config_hash,
+            container_id=container.id, exec_id=exec_id,
+            log_path=host_log_path(container.attrs["State"]["Pid"]),
+            extra={"container": self.container_name, "log_in_container": LOG_IN_CONTAINER},
+        )
+
+    async def _exec_pid(self, api: Any, exec_id: str) -> int:
+        """The exec's host PID. An exec that already ended keeps its PID in exec_inspect: the Instance is
+        still returned (its create_time is 0.0), and ``wait`` reports the exec's exit status."""
+        with anyio.move_on_after(PID_WAIT_S):
+            while True:
+                data = await call(api.exec_inspect, exec_id)
+                if data.get("Pid"):
+                    return int(data["Pid"])
+                if not data.get("Running") and data.get("ExitCode") is not None:
+                    self._exits[exec_id] = ExitInfo.from_returncode(int(data["ExitCode"]))
+                    return 0
+                await anyio.sleep(0.02)
+        raise LaunchError(f"the exec in container {self.container_name} reported no PID "
+                          f"within {PID_WAIT_S:.0f} s", 125)
+
+    # ---- preflight
+
+    async def missing_target(self, spec: LaunchSpec) -> str | None:
+        """What keeps the launch from running in the container: a missing target or mount, another image.
+
+        Creates or starts the container when needed. Engine errors return None: the launch reports them.
+        """
+        try:
+            container = await self.ensure_container()
+            drift = await self._image_drift(container)
+            if drift:
+                return drift
+            return await self._check_target(container, spec)
+        except LaunchError as exc:
+            return str(exc) if exc.exit_code in (126, 127) else None
+        except DOCKER_ERRORS:
+            return None
+
+    async def _image_drift(self, container: Any) -> str | None:
+        want = self.cfg.container.image
+        have_id = container.attrs.get("Image", "")
+        have_name = (container.attrs.get("Config") or {}).get("Image", "")
+        client = await self.docker()
+        try:
+            want_id = (await call(client.images.get, want)).id
+        except docker.errors.ImageNotFound:
+            want_id = None
+        if want_id == have_id or (want_id is None and have_name == want):
+            return None
+        name = self.container_name
+        if have_name == want:
+            return (f"container {name} runs an older build of image {want} ({short_id(have_id)}); the tag "
+                    f"now names {short_id(want_id or '')}: recreate the container")
+        wanted = f"{want} ({short_id(want_id)})" if want_id else f"{want} (not on this node)"
+        return f"container {name} runs image {have_name} ({short_id(have_id)}), the config says {wanted}"
+
+    async def _check_target(self, container: Any, spec: LaunchSpec) -> str | None:
+        where = f"container {self.container_name}"
+        try:
+            result = await call(container.exec_run, check_command(spec.argv), environment=spec.env or None)
+        except docker.errors.APIError as exc:
+            if no_bash(exc):
+                return f"bash is not in {where} (sparkd launches through bash)"
+            raise
+        return target_sentence(spec.argv, int(result.exit_code), where)
+
+    # ---- watching
+
+    async def find(self, record: dict[str, Any] | None) -> Instance | None:
+        """The instance in ``record`` if its container runs and its PID is still that process; without a
+        usable record, a running exec of ours in the configured container."""
+        if record and record.get("runtime") == self.name and record.get("container_id"):
+            found = await self._from_record(Instance.from_record(record))
+            if found is not None:
+                return found
+        return await self._scan_execs()
+
+    async def _from_record(self, instance: Instance) -> Instance | None:
+        container = await self.container(str(instance.container_id))
+        if container is None or container.status != "running":
+            return None
+        if proctree.same_process(instance.pid, instance.create_time) is None:
+            return None
+        return replace(instance, log_path=host_log_path(container.attrs["State"]["Pid"]))
+
+    async def _scan_execs(self) -> Instance | None:
+        container = await self.container(self.container_name)
+        if container is None or container.status != "running":
+            return None
+        api = (await self.docker()).api
+        for exec_id in container.attrs.get("ExecIDs") or []:
+            try:
+                data = await call(api.exec_inspect, exec_id)
+            except docker.errors.NotFound:
+                continue
+            if not data.get("Running") or not is_our_exec(data) or not data.get("Pid"):
+                continue
+            pid = int(data["Pid"])
+            args = data["ProcessConfig"]["arguments"]
+            return Instance(
+                runtime=self.name, pid=pid, create_time=create_time_or_zero(pid),
+                config_hash=args[3] if len(args) > 3 else "", container_id=container.id, exec_id=exec_id,
+                log_path=host_log_path(container.attrs["State"]["Pid"]),
+                extra={"container": self.container_name, "log_in_container": LOG_IN_CONTAINER},
+            )
+        return None
+
+    async def wait(self, instance: Instance) -> ExitInfo:
+        key = instance.exec_id or f"pid:{instance.pid}"
+        if key in self._exits:
+            return self._exits[key]
+        await wait_same_exit(instance.pid, instance.create_time)
+        info = await self._exec_exit(instance.exec_id)
+        self._exits[key] = info
+        return info
+
+    async def _exec_exit(self, exec_id: str | None) -> ExitInfo:
+        """The exec's exit status; Docker records it a moment after the process ends."""
+        if exec_id is None:
+            return ExitInfo(exit_code=None)
+        with anyio.move_on_after(EXIT_WAIT_S):
+            while True:
+                try:
+                    data = await call((await self.docker()).api.exec_inspect, exec_id)
+                except DOCKER_ERRORS:  # gone with its container, or the engine is down
+                    return ExitInfo(exit_code=None)
+                if not data.get("Running") and data.get("ExitCode") is not None:
+                    return ExitInfo.from_returncode(int(data["ExitCode"]))
+                await anyio.sleep(0.05)
+        return ExitInfo(exit_code=None)
+
+    async def stop(self, instance: Instance, grace_s: float) -> ExitInfo:
+        """SIGTERM the exec's host process tree, SIGKILL what outlives ``grace_s``; the container stays."""
+        if proctree.same_process(instance.pid, instance.create_time) is not None:
+            await proctree.terminate_tree(instance.pid, grace_s)
+        return await self.wait(instance)
+
+    async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
+        if not instance.log_path:
+            return
+        async for line in follow_file(Path(instance.log_path), done, truncate_over=RAW_LOG_LIMIT):
+            yield line
