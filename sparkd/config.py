@@ -78,6 +78,8 @@ class ContainerConfig(_Section):
     host_ipc: bool = True
     gpus: str | None = "all"
     cap_add: list[str] = Field(default_factory=list)
+    # Extra labels on every container sparkd creates (sparkd adds sparkd.managed, sparkd.node, ...).
+    labels: dict[str, str] = Field(default_factory=dict)
     # The container's main process for docker-exec; vLLM runs beside it through `docker exec`.
     command: list[str] = Field(default_factory=lambda: ["sleep", "infinity"])
     # Where sparkd writes the rendered launch script inside the container.

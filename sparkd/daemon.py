@@ -320,7 +320,9 @@ class Daemon:
             try:
                 instance = await self.runtime.launch(spec)
             except LaunchError as exc:
-                self.post(sm.LaunchFailed(classify(exc.exit_code, None, [str(exc)], context=self.context())))
+                cls = FailureClass.config_error if exc.exit_code in (126, 127) else FailureClass.unknown
+                self.post(sm.LaunchFailed(Failure(cls=cls, sentence=f"The launch failed: {exc}",
+                                                  exit_code=exc.exit_code, signal=None, evidence=str(exc))))
                 return
             self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=list(spec.argv))
             self._attach(instance, adopted=False)
@@ -367,15 +369,20 @@ class Daemon:
                                  node=self.cfg.node.name, state=self.machine.state.value,
                                  pid=self.instance.pid if self.instance else None,
                                  preflight=self.last_preflight)
+        if self._tg is not None:
+            self._tg.start_soon(self._write_incident, record, self.instance)
+            if self.pair == "worker" and self.coordinator is not None:
+                self._tg.start_soon(self.coordinator.report_failure, failure)
+
+    async def _write_incident(self, record: dict[str, Any], instance: Instance | None) -> None:
+        container = await self.runtime.inspect(instance) if instance is not None else None
         try:
             folder = write_incident(self.cfg.paths.incidents, record, log_tail=self.vllm_log.last(300),
-                                    keep=self.cfg.supervisor.incidents_keep)
+                                    keep=self.cfg.supervisor.incidents_keep, container=container)
         except OSError as exc:
             self.log.error("incident_write_failed", error=str(exc))
             return
-        self.log.warning("incident", failure=failure.cls.value, reason=failure.sentence, folder=str(folder))
-        if self.pair == "worker" and self.coordinator is not None and self._tg is not None:
-            self._tg.start_soon(self.coordinator.report_failure, failure)
+        self.log.warning("incident", failure=record["class"], reason=record["message"], folder=str(folder))
 
     # ---- called by the instance watch
     def context(self) -> ClassifyContext:

@@ -99,6 +99,10 @@ class Runtime(abc.ABC):
     def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
         """The instance's output lines from its start; once ``done`` is set (it exited), drain and end."""
 
+    async def inspect(self, instance: Instance) -> dict[str, Any] | None:
+        """The container's inspect data for incident folders (docker runtimes); None otherwise."""
+        return None
+
     async def configured_image_id(self) -> str | None:
         """The id of the image vLLM runs from (docker runtimes), for comparing the ranks of a pair."""
         return None

@@ -306,7 +306,7 @@ class DockerRuntime(Runtime):
     ) -> None:
         self.cfg = cfg
         self.rehearse = rehearse
-        self.extra_labels = dict(labels or {})
+        self.extra_labels = {**cfg.container.labels, **(labels or {})}
         self._client = client
 
     @property
@@ -336,6 +336,15 @@ class DockerRuntime(Runtime):
             return await call(client.containers.get, ref)
         except docker.errors.NotFound:
             return None
+
+    async def configured_image_id(self) -> str | None:
+        """The local id of the configured image: the pair compares it across nodes."""
+        try:
+            client = await self.docker()
+            image = await call(client.images.get, self.cfg.container.image)
+        except Exception:  # no engine, no image: the launch itself reports that
+            return None
+        return str(image.id)
 
     async def inspect(self, instance: Instance) -> dict[str, Any] | None:
         """``docker inspect`` of the instance's container, for incident folders; None if unavailable."""
