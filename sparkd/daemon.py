@@ -27,6 +27,8 @@ from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.peers import PeerClient
 from sparkd.cluster.shared import shared_settings
 from sparkd.config import Config, Role
+from sparkd.guard.guard import Guard
+from sparkd.guard.wiring import DaemonGuardHooks, guard_metrics, start_refusal
 from sparkd.incidents import incident_record, write_incident
 from sparkd.launch import LaunchSpec, render
 from sparkd.logs import VllmLog, configure_logging, get_logger
@@ -41,7 +43,7 @@ from sparkd.statefile import read_json, write_json
 from sparkd.status import Clock, snapshot
 from sparkd.supervisor import machine as sm
 from sparkd.supervisor.classify import ClassifyContext, Failure, FailureClass, classify
-from sparkd.supervisor.health import HealthTracker
+from sparkd.supervisor.health import HealthTracker, VllmMetrics
 from sparkd.supervisor.machine import State
 from sparkd.supervisor.policy import RestartPolicy
 from sparkd.supervisor.progress import Progress, advance, is_progress
@@ -105,6 +107,10 @@ class Daemon:
         self.metrics = Metrics(self)
         self.notifier = Notifier()
         self.loop_alive_at = time.monotonic()  # the watchdog pets only while this moves
+        self.guard: Guard | None = None
+        self.last_vllm_metrics: VllmMetrics | None = None
+        self.recorded: set[int] = set()  # failures whose incident is written already (by the guard)
+        self.next_stop_grace_s: float | None = None  # the guard's grace for the stop it asked for
 
     @property
     def log(self) -> Any:
@@ -138,6 +144,9 @@ class Daemon:
                 self._tg = tg
                 self._start_servers(tg)
                 self.image_id = await self.runtime.configured_image_id()
+                if self.cfg.guard.enabled:
+                    self.guard = Guard(self.cfg.guard, DaemonGuardHooks(self))
+                    await tg.start(self.guard.run)
                 if self.pair:
                     self.coordinator = Coordinator(self, PeerClient(self.cfg, self.token))
                     tg.start_soon(self.coordinator.watch)
@@ -255,7 +264,10 @@ class Daemon:
 
     def extra_metrics(self) -> Iterator[Any]:
         """Memory metrics (the memory guard replaces this reading with its own samples when it runs), peers."""
-        yield from memory_metrics(read_meminfo())
+        if self.guard is not None:
+            yield from guard_metrics(self.guard)
+        else:
+            yield from memory_metrics(read_meminfo())
         if self.coordinator is not None:
             up = GaugeMetricFamily("sparkd_peer_up", "1 when the peer's sparkd answers.", labels=["peer"])
             for peer in self.coordinator.peers_json():
@@ -306,7 +318,7 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(local)
                 tg.start_soon(workers)
-            failure = failures[0] or failures[1]
+            failure = start_refusal(self.guard) or failures[0] or failures[1]
             if failure is None and self.pair == "head" and self.coordinator is not None:
                 failure = await self.coordinator.start_workers()
             self.post(sm.PreflightDone(failure))
@@ -345,8 +357,9 @@ class Daemon:
     async def _stop_local(self, reason: str) -> None:
         async with self._busy:
             instance, watch = self.instance, self.watch
+            grace, self.next_stop_grace_s = self.next_stop_grace_s, None
             if instance is not None:
-                info = await self.runtime.stop(instance, self.cfg.supervisor.stop_grace_s)
+                info = await self.runtime.stop(instance, self.cfg.supervisor.stop_grace_s if grace is None else grace)
                 self.log.info("stopped", pid=instance.pid, reason=reason, exit=info.describe())
                 if watch is not None:
                     await watch.close()
@@ -360,12 +373,20 @@ class Daemon:
                 if result.verdict.value != "ok":
                     self.log.info("sweep", check=result.id, found=result.found, did=result.did)
 
-    def _record_incident(self, failure: Failure) -> None:
-        self.failure_at = time.time()
+    def note_failure(self, failure: Failure) -> float:
+        """Count a failure and stamp its time; returns the wall time."""
+        self.failure_at = at = time.time()
         self.counters.failures[failure.cls.value] += 1
         if failure.exit_code is not None:
             self.counters.last_exit_code = failure.exit_code
-        record = incident_record(failure, at=self.failure_at, config_hash=self.cfg.launch_hash(),
+        return at
+
+    def _record_incident(self, failure: Failure) -> None:
+        if id(failure) in self.recorded:  # the guard wrote it before its kill
+            self.recorded.discard(id(failure))
+            return
+        at = self.note_failure(failure)
+        record = incident_record(failure, at=at, config_hash=self.cfg.launch_hash(),
                                  node=self.cfg.node.name, state=self.machine.state.value,
                                  pid=self.instance.pid if self.instance else None,
                                  preflight=self.last_preflight)
@@ -428,7 +449,10 @@ class Daemon:
             now=time.monotonic(), failure_at=self.failure_at, daemon_pid=os.getpid(),
             extra={"history": list(self.history), **self._pair_status(), "memory": {
                 "available_bytes": meminfo.get("MemAvailable"), "free_bytes": meminfo.get("MemFree"),
-                "total_bytes": meminfo.get("MemTotal")}},
+                "total_bytes": meminfo.get("MemTotal"),
+                "guard": None if self.guard is None or self.guard.decision is None else {
+                    "action": self.guard.decision.action.value, "level": self.guard.decision.level.value,
+                    "start_allowed": self.guard.start_allowed, "reason": self.guard.decision.reason}}},
         )
 
     def refusal(self, action: str) -> str | None:

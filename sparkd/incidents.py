@@ -29,7 +29,7 @@ def incident_record(failure: Failure, *, at: float, config_hash: str, **facts: A
 
 def write_incident(
     root: Path, record: dict[str, Any], *, log_tail: Sequence[str], container: dict[str, Any] | None = None,
-    keep: int = 50, meminfo: Path = Path("/proc/meminfo"),
+    keep: int = 50, meminfo: Path = Path("/proc/meminfo"), kernel_log: bool = True,
 ) -> Path:
     """Write one incident folder and prune the oldest beyond ``keep``. Returns the folder."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(record["at"]))
@@ -43,7 +43,7 @@ def write_incident(
         (folder / "meminfo.txt").write_text(f"unreadable: {exc}\n")
     if container is not None:
         (folder / "container.json").write_text(json.dumps(container, indent=2, default=str) + "\n")
-    kernel = _kernel_log_tail()
+    kernel = _kernel_log_tail() if kernel_log else None
     if kernel is not None:
         (folder / "kernel-log.txt").write_text(kernel)
     prune(root, keep)

@@ -96,6 +96,7 @@ class InstanceWatch:
                 if kind == "health":
                     tracker, obs = health.observe_health(tracker, result, now, cfg.health)  # type: ignore[arg-type]
                 elif kind == "metrics":
+                    self.daemon.last_vllm_metrics = result  # type: ignore[assignment]
                     tracker, obs = health.observe_metrics(tracker, result, now, cfg.health)  # type: ignore[arg-type]
                 else:
                     tracker, obs = health.observe_canary(tracker, result, now, cfg.health)  # type: ignore[arg-type]

@@ -65,6 +65,9 @@ def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, A
         "supervisor": {"stop_grace_s": 5, "startup_silence_s": 60},
         "restart": {"backoff_initial_s": 0.2, "backoff_max_s": 1, "jitter": 0, "budget_failures": 50,
                     "budget_window_s": 600, "consecutive_limit": 0},
+        # Floors for a small test machine (the defaults are for a 128 GB GB10).
+        "guard": {"warn_below": "2 GiB", "refuse_start_below": "1 GiB", "stop_below": "768 MiB",
+                  "kill_below": "512 MiB"},
         "health": {"interval_s": 0.5, "timeout_s": 2, "failure_threshold": 2, "canary_interval_s": 1,
                    "canary_timeout_s": 2, "busy_grace_s": 60, "stall_after_s": 3},
     }

@@ -172,3 +172,26 @@ def test_rehearse_runs_a_real_config_with_the_stand_in(sparkd: Factory) -> None:
     cmdline = psutil.Process(pid).cmdline()
     assert "sparkd.standin" in cmdline and "--compilation-config" in cmdline
     assert cmdline[cmdline.index("--compilation-config") + 1] == '{"cudagraph_mode": "PIECEWISE"}'
+
+
+GIB = 1 << 30
+
+
+def test_memory_guard_stops_a_leaking_vllm_and_reports_killed_by_guard(sparkd: Factory) -> None:
+    from sparkd.memory import read_meminfo
+
+    available = read_meminfo()["MemAvailable"]
+    if available < 8 * GIB:
+        pytest.skip(f"needs 8 GiB MemAvailable to leave the machine safe, has {available / GIB:.1f}")
+    stop = available - int(1.5 * GIB)  # the stand-in must leak ~1.5 GiB to cross it; it is capped at 3 GiB
+    daemon = sparkd(
+        launch={"env": {"SPARKD_STANDIN_LEAK_MB_PER_S": "400", "SPARKD_STANDIN_LEAK_MAX_MB": "3000"}},
+        guard={"warn_below": stop + GIB // 2, "refuse_start_below": stop, "stop_below": stop,
+               "kill_below": stop - GIB // 2, "stop_grace_s": 5},
+        restart={"backoff_initial_s": 30})
+    daemon.start()
+    status = daemon.wait_for(lambda s: (s.get("last_failure") or {}).get("class") == "killed_by_guard", 120,
+                             "a guard stop")
+    assert "memory guard" in status["last_failure"]["message"]
+    incidents = [i for i in daemon.incidents() if i["class"] == "killed_by_guard"]
+    assert len(incidents) == 1 and incidents[0].get("guard"), "evidence written once, with the guard's view"
