@@ -7,12 +7,10 @@ them one at a time from a single queue, and carries out the actions the machine 
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,27 +18,24 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from prometheus_client.core import GaugeMetricFamily
 
 from sparkd.api.server import bind_tcp_socket, bind_unix_socket, build_app, build_tcp_app, read_token, serve
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.peers import PeerClient
-from sparkd.cluster.shared import shared_settings
 from sparkd.config import Config, Role
 from sparkd.guard.guard import Guard
-from sparkd.guard.wiring import DaemonGuardHooks, guard_metrics, start_refusal
+from sparkd.guard.wiring import DaemonGuardHooks, start_refusal
 from sparkd.incidents import incident_record, write_incident
 from sparkd.launch import LaunchSpec, render
 from sparkd.logs import VllmLog, configure_logging, get_logger
-from sparkd.memory import memory_metrics, read_meminfo
 from sparkd.metrics import DaemonCounters, Metrics
 from sparkd.nodelock import AlreadyRunning, NodeLock
 from sparkd.notify import Notifier
 from sparkd.preflight.runner import PreflightContext, PreflightReport, run_preflight
+from sparkd.reporting import Reporter
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Instance, LaunchError, Runtime
 from sparkd.statefile import read_json, write_json
-from sparkd.status import Clock, snapshot
 from sparkd.supervisor import machine as sm
 from sparkd.supervisor.classify import ClassifyContext, Failure, FailureClass, classify
 from sparkd.supervisor.health import HealthTracker, VllmMetrics
@@ -86,7 +81,6 @@ class Daemon:
         self.coordinator: Coordinator | None = None
         self.image_id: str | None = None  # the configured image's id, compared across the pair
         self.machine = sm.Machine()
-        self.clock = Clock(time.time() - time.monotonic())
         self._log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
         self.vllm_log = VllmLog(cfg.paths.logs / "vllm.log", max_bytes=cfg.supervisor.log_max_bytes,
                                 backups=cfg.supervisor.log_backups)
@@ -96,8 +90,6 @@ class Daemon:
         self.progress = Progress()
         self.failure_at: float | None = None
         self.last_preflight: list[dict[str, object]] = []
-        # Recent states and phases with wall times, so `sparkctl restart --wait` shows every step.
-        self.history: deque[dict[str, Any]] = deque(maxlen=50)
         self._send, self._recv = anyio.create_memory_object_stream[sm.Observation](1000)
         self._busy = anyio.Lock()  # launch and stop never overlap
         self._preflight_scope: anyio.CancelScope | None = None
@@ -105,6 +97,7 @@ class Daemon:
         self._tg: TaskGroup | None = None
         self.counters = DaemonCounters()
         self.metrics = Metrics(self)
+        self.report = Reporter(self)
         self.notifier = Notifier()
         self.loop_alive_at = time.monotonic()  # the watchdog pets only while this moves
         self.guard: Guard | None = None
@@ -153,9 +146,9 @@ class Daemon:
                 tg.start_soon(self._signals)
                 tg.start_soon(self._ticker)
                 tg.start_soon(self._watchdog)
-                self._write_status()
+                self.report.write()
                 await self._adopt()
-                self.notifier.ready(self.status_line())
+                self.notifier.ready(self.report.status_line())
                 async for obs in self._recv:
                     self.apply(obs)
                     if self._shutdown and self._quiescent():
@@ -228,8 +221,8 @@ class Daemon:
         after, actions = sm.step(before, obs, now, self.limits)
         self.machine = after
         if after.state is not before.state:
-            self._remember(state=after.state.value)
-            self._count(before, after, now)
+            self.report.remember(state=after.state.value)
+            self.report.count_transition(before, after, now)
             failure = after.pending or (after.last_failure if after.state is State.failed else None)
             self.log.info("transition", **{"from": before.state.value}, to=after.state.value,
                           observation=type(obs).__name__,
@@ -240,39 +233,8 @@ class Daemon:
         for action in actions:
             self._act(action)
         if after is not before:
-            self._write_status()
-            self.notifier.status(self.status_line())
-
-    def _count(self, before: sm.Machine, after: sm.Machine, now: float) -> None:
-        if after.state is State.ready and before.state is State.starting and after.started_at is not None \
-                and after.launches:
-            self.metrics.start_duration.observe(now - after.started_at)
-        if after.launches > before.launches > 0:
-            self.counters.restarts[after.restart_reason or "unknown"] += 1
-
-    def status_line(self) -> str:
-        m, p = self.machine, self.progress
-        line = m.state.value
-        if m.state is State.starting and self.instance is not None:
-            line += f": {p.phase.value}" + (f" {p.shards_loaded}/{p.shards_total}" if p.shards_total else "")
-        if self.instance is not None:
-            line += f", pid {self.instance.pid}"
-        line += f", restarts {m.restarts}"
-        if m.last_failure is not None and m.state in (State.backoff, State.failed):
-            line += f", last failure {m.last_failure.cls.value}"
-        return line
-
-    def extra_metrics(self) -> Iterator[Any]:
-        """Memory metrics (the memory guard replaces this reading with its own samples when it runs), peers."""
-        if self.guard is not None:
-            yield from guard_metrics(self.guard)
-        else:
-            yield from memory_metrics(read_meminfo())
-        if self.coordinator is not None:
-            up = GaugeMetricFamily("sparkd_peer_up", "1 when the peer's sparkd answers.", labels=["peer"])
-            for peer in self.coordinator.peers_json():
-                up.add_metric([peer["peer"]], 1.0 if peer["reachable"] else 0.0)
-            yield up
+            self.report.write()
+            self.notifier.status(self.report.status_line())
 
     def _act(self, action: sm.Action) -> None:
         assert self._tg is not None
@@ -425,9 +387,9 @@ class Daemon:
         if self.headless and self.progress.distributed_ready and not before.distributed_ready:
             self.post(sm.BecameReady())
         if self.progress.phase is not before.phase:
-            self._remember(state=self.machine.state.value, phase=self.progress.phase.value)
+            self.report.remember(state=self.machine.state.value, phase=self.progress.phase.value)
             self.log.info("phase", phase=self.progress.phase.value)
-            self._write_status()
+            self.report.write()
 
     @property
     def headless(self) -> bool:
@@ -436,24 +398,11 @@ class Daemon:
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
         return classify(exit_code, sig, self.vllm_log.last(300), hint=hint, context=self.context())
 
-    def _remember(self, **entry: Any) -> None:
-        shards = self.progress.shards_total
-        if entry.get("phase") == "loading_weights" and shards:
-            entry["shards"] = [self.progress.shards_loaded, shards]
-        self.history.append({"at": time.time(), **entry})
-
     def status(self) -> dict[str, Any]:
-        meminfo = read_meminfo()
-        return snapshot(
-            self.cfg, self.machine, instance=self.instance, progress=self.progress, clock=self.clock,
-            now=time.monotonic(), failure_at=self.failure_at, daemon_pid=os.getpid(),
-            extra={"history": list(self.history), **self._pair_status(), "memory": {
-                "available_bytes": meminfo.get("MemAvailable"), "free_bytes": meminfo.get("MemFree"),
-                "total_bytes": meminfo.get("MemTotal"),
-                "guard": None if self.guard is None or self.guard.decision is None else {
-                    "action": self.guard.decision.action.value, "level": self.guard.decision.level.value,
-                    "start_allowed": self.guard.start_allowed, "reason": self.guard.decision.reason}}},
-        )
+        return self.report.status()
+
+    def extra_metrics(self) -> Iterator[Any]:
+        return self.report.extra_metrics()
 
     def refusal(self, action: str) -> str | None:
         """Why an operator action is refused now, or None."""
@@ -470,23 +419,12 @@ class Daemon:
 
         return [p.pid for p in find_stale(prefix=title_prefix(self.spec().env))]
 
-    def _pair_status(self) -> dict[str, Any]:
-        return {"pair": self.pair, "shared": shared_settings(self.cfg), "image_id": self.image_id,
-                "peers": self.coordinator.peers_json() if self.coordinator else []}
-
     async def wait_state(self, done: Callable[[], bool], timeout_s: float) -> bool:
         with anyio.move_on_after(timeout_s):
             while not done():
                 await anyio.sleep(0.05)
             return True
         return False
-
-    def _write_status(self) -> None:
-        try:
-            write_json(self.status_path, self.status())
-        except OSError as exc:
-            self.log.error("status_write_failed", error=str(exc))
-
 
 def pair_role(cfg: Config) -> str | None:
     """"head" or "worker" when this node is one rank of a multi-node pair with peers; else None."""
