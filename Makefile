@@ -40,3 +40,15 @@ unit: setup
 
 clean:
 	rm -rf $(VENV) .sparkd-demo .pytest_cache .ruff_cache .mypy_cache
+
+# Packages. `wheel`: the sdist and the wheel in dist/. `deb`: dist/sparkd_<version>_<arch>.deb for this machine's
+# architecture, with sparkd in its own virtualenv under /opt/sparkd (packaging/build-deb.sh says how).
+.PHONY: wheel deb
+
+wheel: setup
+	$(BIN)/pip install --quiet build
+	$(BIN)/python -m build --outdir dist .
+
+deb: setup
+	$(BIN)/pip install --quiet build
+	bash packaging/build-deb.sh --out dist

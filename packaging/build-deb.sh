@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# Build the sparkd Debian package (`make deb`): one command, for the architecture it runs on.
+#
+#   packaging/build-deb.sh [--out DIR] [--wheel FILE]
+#
+# 1. A wheel and an sdist of this tree (`python -m build`, the wheel built from the sdist, so the sdist is
+#    proven complete), unless --wheel gives one.
+# 2. A private virtualenv at /opt/sparkd/venv, made with the system's python3 (SPARKD_DEB_PYTHON) and filled
+#    from that wheel and its dependencies from PyPI; the system Python's site-packages are never touched.
+#    It is built in a staging tree and relocated: shebangs and pyvenv.cfg point at /opt/sparkd/venv.
+# 3. A hand-made package tree: /usr/bin/sparkd and /usr/bin/sparkctl (symlinks into the venv), the unit
+#    /lib/systemd/system/sparkd.service, /etc/sparkd/sparkd.toml (a conffile), docs and examples, and
+#    DEBIAN/{control,conffiles,md5sums,postinst,prerm,postrm} from packaging/debian/.
+# 4. dpkg-deb --build, then lintian if it is installed (errors fail the build).
+#
+# Build on the distribution you install on (the package depends on that python3.X): DGX Spark is arm64.
+# Needs dpkg-deb, python3 with the venv module, and the repo's .venv with pip >= 22.3 and `build`
+# (`make deb` sees to the latter).
+#
+# Environment:
+#   SPARKD_DEB_PYTHON     interpreter the package's venv runs on (default /usr/bin/python3)
+#   SPARKD_BUILD_PYTHON   interpreter that runs `build` and pip (default <repo>/.venv/bin/python)
+#   SPARKD_DEB_MAINTAINER the Maintainer field (default "sparkd developers <sparkd@example.org>")
+#   SPARKD_DEB_LINTIAN    0: do not run lintian even if installed
+#   SOURCE_DATE_EPOCH     timestamp for the changelog (default: the last commit's time)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="$REPO/dist"
+WHEEL=""
+PREFIX=/opt/sparkd
+TARGET_PY="${SPARKD_DEB_PYTHON:-/usr/bin/python3}"
+BUILD_PY="${SPARKD_BUILD_PYTHON:-$REPO/.venv/bin/python}"
+MAINTAINER="${SPARKD_DEB_MAINTAINER:-sparkd developers <sparkd@example.org>}"
+
+log() { echo "build-deb: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --out) OUT="$2"; shift 2 ;;
+        --wheel) WHEEL="$(realpath "$2")"; shift 2 ;;
+        -h|--help) sed -n '2,/^set -e/p' "$0" | sed 's/^# \{0,1\}//;/^set -e/d'; exit 0 ;;
+        *) die "unknown argument $1 (see --help)" ;;
+    esac
+done
+
+command -v dpkg-deb >/dev/null || die "dpkg-deb is missing (Debian/Ubuntu's dpkg package)"
+[[ -x "$TARGET_PY" ]] || die "no python at $TARGET_PY (set SPARKD_DEB_PYTHON)"
+[[ -x "$BUILD_PY" ]] || die "no build python at $BUILD_PY (run \`make setup\`, or set SPARKD_BUILD_PYTHON)"
+ARCH="$(dpkg --print-architecture)"
+mkdir -p "$OUT"
+OUT="$(realpath "$OUT")"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/sparkd-deb.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+ROOT="$WORK/root"
+VENV="$ROOT$PREFIX/venv"
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || date +%s)}"
+
+# ---- 1. the wheel
+if [[ -z "$WHEEL" ]]; then
+    "$BUILD_PY" -c 'import build' 2>/dev/null || die "the build python lacks \`build\` (pip install build; \`make deb\` does)"
+    log "building the sdist and the wheel (python -m build)"
+    if ! "$BUILD_PY" -m build --outdir "$WORK/dist" "$REPO" >"$WORK/build.log" 2>&1; then
+        tail -n 40 "$WORK/build.log" >&2
+        die "python -m build failed"
+    fi
+    WHEEL="$(ls "$WORK"/dist/sparkd-*.whl)"
+fi
+[[ -f "$WHEEL" ]] || die "no wheel at $WHEEL"
+# The wheel must carry the launch profiles (sparkd/profiles/*.toml): without them every config with
+# `profile = ...` fails on an installed sparkd.
+"$BUILD_PY" - "$WHEEL" <<'PY' || die "the wheel is incomplete (see above)"
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+profiles = [n for n in names if n.startswith("sparkd/profiles/") and n.endswith(".toml")]
+if not profiles:
+    sys.exit(f"{sys.argv[1]} has no sparkd/profiles/*.toml: add them to the package data in pyproject.toml "
+             '([tool.setuptools.package-data] sparkd = ["profiles/*.toml"])')
+PY
+if [[ "$WHEEL" == "$WORK"/dist/* ]]; then
+    cp "$WORK"/dist/* "$OUT"/  # the wheel and the sdist are artefacts too
+fi
+PEP440="$(basename "$WHEEL" | cut -d- -f2)"
+# PEP 440 pre-releases sort before the release in Debian only with a tilde: 1.0rc1 -> 1.0~rc1.
+VERSION="$(sed -E 's/\.?(a|b|rc|dev)([0-9]*)/~\1\2/' <<<"$PEP440")"
+log "sparkd $PEP440 -> package version $VERSION for $ARCH"
+
+# ---- 2. the private virtualenv
+PYBIN="$(readlink -f "$TARGET_PY")"
+PYVER="$("$PYBIN" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+log "virtualenv $PREFIX/venv on $PYBIN (python $PYVER)"
+"$PYBIN" -m venv --without-pip "$VENV" || die "$PYBIN -m venv failed (install python3-venv)"
+"$BUILD_PY" -m pip --python "$VENV/bin/python" install -qq --disable-pip-version-check --no-compile \
+    --no-warn-script-location --prefer-binary "$WHEEL" || die "pip install into the package's venv failed"
+# Relocate: the staging path becomes /opt/sparkd in every text file (shebangs, activate scripts, pyvenv.cfg).
+grep -rlIF "$ROOT" "$ROOT$PREFIX" | while IFS= read -r f; do sed -i "s|$ROOT||g" "$f"; done
+rm -f "$VENV"/lib/python*/site-packages/sparkd-*.dist-info/direct_url.json  # names the build's temp wheel
+find "$VENV" -depth -type d -name __pycache__ -exec rm -rf {} +
+# A service needs no activate scripts and no C headers.
+rm -f "$VENV"/bin/activate* "$VENV"/bin/Activate.ps1
+rm -rf "$VENV/include"
+# Strip the bundled extension modules like dh_strip does (debug symbols are not needed on a node).
+if command -v strip >/dev/null; then
+    find "$VENV" -type f -name '*.so*' -exec strip --remove-section=.comment --remove-section=.note \
+        --strip-unneeded {} +
+else
+    log "strip (binutils) not found: extension modules stay unstripped (lintian: unstripped-binary-or-object)"
+fi
+if leftover="$(grep -rlIF "$WORK" "$ROOT")"; then
+    die "build paths left in the package: $leftover"
+fi
+"$VENV/bin/python" -c 'import sys; sys.exit(0)' || die "the relocated venv's python does not start"
+
+# The oldest glibc the installed wheels allow (manylinux_X_Y tags; manylinux2014 = 2.17, ...).
+GLIBC="$("$PYBIN" - "$VENV" <<'PY'
+import glob, re, sys
+legacy = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+need = (2, 17)
+for wheel in glob.glob(f"{sys.argv[1]}/lib/python*/site-packages/*.dist-info/WHEEL"):
+    mins = []
+    for line in open(wheel, encoding="utf-8"):
+        if line.startswith("Tag:"):
+            plat = line.split("-")[-1].strip()
+            m = re.match(r"manylinux_(\d+)_(\d+)_", plat)
+            if m:
+                mins.append((int(m.group(1)), int(m.group(2))))
+            elif plat.split("_")[0] in legacy:
+                mins.append(legacy[plat.split("_")[0]])
+    if mins:
+        need = max(need, min(mins))
+print("%d.%d" % need)
+PY
+)"
+
+# ---- 3. the package tree
+install -D -m 0644 "$REPO/systemd/sparkd.service" "$ROOT/lib/systemd/system/sparkd.service"
+install -D -m 0644 "$REPO/config/sparkd.toml" "$ROOT/etc/sparkd/sparkd.toml"
+mkdir -p "$ROOT/usr/bin"
+ln -s "$PREFIX/venv/bin/sparkd" "$ROOT/usr/bin/sparkd"
+ln -s "$PREFIX/venv/bin/sparkctl" "$ROOT/usr/bin/sparkctl"
+
+DOC="$ROOT/usr/share/doc/sparkd"
+install -D -m 0644 "$REPO/packaging/debian/copyright" "$DOC/copyright"
+install -m 0644 "$REPO/README.md" "$DOC/README.md"
+[[ -f "$REPO/docs/migration.md" ]] && install -m 0644 "$REPO/docs/migration.md" "$DOC/migration.md"
+install -d "$DOC/examples"
+for example in "$REPO"/config/examples/*.toml "$REPO"/docs/examples/*.toml; do
+    [[ -f "$example" ]] && install -m 0644 "$example" "$DOC/examples/"
+done
+CHANGED="$(date -u -R -d "@$SOURCE_DATE_EPOCH")"
+printf 'sparkd (%s) unstable; urgency=medium\n\n  * Built from the sparkd source tree (%s).\n\n -- %s  %s\n' \
+    "$VERSION" "$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown)" "$MAINTAINER" "$CHANGED" \
+    | gzip -9n >"$DOC/changelog.gz"
+
+# Manual pages from the commands' own --help.
+manpage() {  # name section summary
+    local name="$1" section="$2" summary="$3" help
+    # The relocated scripts point at /opt/sparkd, which does not exist here: call the entry point directly.
+    help="$("$VENV/bin/python" -c 'import sys, importlib; m = importlib.import_module("sparkd.cli." + sys.argv[1])
+m.main(prog_name=sys.argv[1], args=["--help"])' "$name")" || die "$name --help failed in the packaged venv"
+    {
+        printf '.TH %s %s "%s" "sparkd %s" "sparkd"\n' "${name^^}" "$section" "$(date -u -d "@$SOURCE_DATE_EPOCH" +%F)" "$PEP440"
+        printf '.SH NAME\n%s \\- %s\n' "$name" "$summary"
+        printf '.SH DESCRIPTION\n.nf\n'
+        sed 's/\\/\\e/g; s/^\./\\\&./; s/^'"'"'/\\\&'"'"'/' <<<"$help"
+        printf '.fi\n.SH FILES\n/etc/sparkd/sparkd.toml, /var/lib/sparkd/, /run/sparkd/sparkd.sock\n'
+        printf '.SH SEE ALSO\n/usr/share/doc/sparkd/migration.md, /usr/share/doc/sparkd/examples/\n'
+    } | gzip -9n >"$ROOT/usr/share/man/man$section/$name.$section.gz"
+}
+install -d "$ROOT/usr/share/man/man8"
+manpage sparkd 8 "supervisor for vLLM on one node"
+manpage sparkctl 8 "control a running sparkd"
+
+# Lintian overrides: deliberate choices, each with its reason.
+install -D -m 0644 "$REPO/packaging/debian/lintian-overrides" "$ROOT/usr/share/lintian/overrides/sparkd"
+
+# Modes: directories 0755, files 0644, the venv's programs 0755.
+find "$ROOT" -type d -exec chmod 0755 {} +
+find "$ROOT" -type f -exec chmod 0644 {} +
+find "$VENV/bin" -type f -exec chmod 0755 {} +
+
+install -d "$ROOT/DEBIAN"
+for script in postinst prerm postrm; do
+    sed "s|@PREFIX@|$PREFIX|g" "$REPO/packaging/debian/$script" >"$ROOT/DEBIAN/$script"
+    chmod 0755 "$ROOT/DEBIAN/$script"
+done
+install -m 0644 "$REPO/packaging/debian/conffiles" "$ROOT/DEBIAN/conffiles"
+(cd "$ROOT" && find . -path ./DEBIAN -prune -o -path ./etc -prune -o -type f -printf '%P\0' | LC_ALL=C sort -z |
+    xargs -0 md5sum) >"$ROOT/DEBIAN/md5sums"
+chmod 0644 "$ROOT/DEBIAN/md5sums"
+SIZE="$(du -sk --exclude=DEBIAN "$ROOT" | cut -f1)"
+PYPKG="python$PYVER"
+sed -e "s|@VERSION@|$VERSION|" -e "s|@ARCH@|$ARCH|" -e "s|@MAINTAINER@|$MAINTAINER|" \
+    -e "s|@INSTALLED_SIZE@|$SIZE|" -e "s|@PYTHON_PACKAGE@|$PYPKG|" -e "s|@GLIBC@|$GLIBC|" \
+    "$REPO/packaging/debian/control.in" >"$ROOT/DEBIAN/control"
+
+# ---- 4. build and check
+DEB="$OUT/sparkd_${VERSION}_${ARCH}.deb"
+dpkg-deb --root-owner-group -Zxz --build "$ROOT" "$DEB" >/dev/null
+log "built $DEB ($(du -h "$DEB" | cut -f1); depends: $PYPKG, libc6 >= $GLIBC)"
+if [[ "${SPARKD_DEB_LINTIAN:-1}" != 0 ]] && command -v lintian >/dev/null; then
+    log "lintian $(basename "$DEB")"
+    lintian --fail-on error "$DEB" >&2 || die "lintian reports errors"
+fi
+echo "$DEB"
