@@ -9,6 +9,7 @@ import click
 
 from sparkd import __version__
 from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail
+from sparkd.config import Config
 from sparkd.launch import render, render_script
 from sparkd.lint import errors, lint
 
@@ -19,17 +20,23 @@ def main() -> None:
     """sparkd supervises vLLM on one node: preflight, launch, health, memory guard, restarts."""
 
 
-@main.command("check-config")
-@config_option
-@click.option("--profile", default=None, help="Apply this launch profile instead of the config's own.")
-def check_config(config_path: Path, profile: str | None) -> None:
-    """Validate the config and lint it against known-bad settings. Exit 0 valid, 2 invalid."""
+def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> Config:
+    """The config, its lint findings printed; exit 2 when it is invalid or has a lint error."""
     cfg = config_or_exit(config_path, profile=profile)
     findings = lint(cfg)
     for finding in findings:
         click.echo(f"{config_path}: {finding}", err=True)
     if errors(findings):
         fail(f"sparkd: {config_path}: invalid ({len(errors(findings))} error(s))", EXIT_INVALID_CONFIG)
+    return cfg
+
+
+@main.command("check-config")
+@config_option
+@click.option("--profile", default=None, help="Apply this launch profile instead of the config's own.")
+def check_config(config_path: Path, profile: str | None) -> None:
+    """Validate the config and lint it against known-bad settings. Exit 0 valid, 2 invalid."""
+    cfg = linted_config_or_exit(config_path, profile=profile)
     click.echo(f"{config_path}: ok (node {cfg.node.name}, role {cfg.node.role.value}, runtime "
                f"{cfg.runtime.value}, launch hash {cfg.launch_hash()})")
 
@@ -54,12 +61,7 @@ def run_cmd(config_path: Path, rehearse: bool) -> None:
     """Run the daemon in the foreground."""
     from sparkd.daemon import run_daemon
 
-    cfg = config_or_exit(config_path)
-    findings = lint(cfg)
-    for finding in findings:
-        click.echo(f"{config_path}: {finding}", err=True)
-    if errors(findings):
-        fail(f"sparkd: {config_path}: refusing to run an invalid config", EXIT_INVALID_CONFIG)
+    cfg = linted_config_or_exit(config_path)
     raise SystemExit(run_daemon(cfg, config_path=config_path, rehearse=rehearse))
 
 
@@ -74,12 +76,7 @@ def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool) -> None:
     from sparkd.preflight.runner import run_standalone
     from sparkd.runtime import make_runtime
 
-    cfg = config_or_exit(config_path)
-    findings = lint(cfg)
-    for finding in findings:
-        click.echo(f"{config_path}: {finding}", err=True)
-    if errors(findings):
-        fail(f"sparkd: {config_path}: invalid ({len(errors(findings))} error(s))", EXIT_INVALID_CONFIG)
+    cfg = linted_config_or_exit(config_path)
     report = anyio.run(lambda: run_standalone(cfg, render(cfg), make_runtime(cfg), dry_run=dry_run))
     if as_json:
         click.echo(json.dumps(report.summary(), indent=2))

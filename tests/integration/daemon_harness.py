@@ -16,6 +16,11 @@ from typing import Any
 
 import psutil
 
+from sparkd.runtime.proctree import tree
+
+__all__ = ["BIN", "STANDIN", "Sparkd", "alive", "base_config", "free_port", "kill_tree", "shm_segments", "title_prefix",
+           "tree", "unheld", "unique_prefix"]
+
 BIN = Path(sys.executable).parent
 STANDIN = BIN / "sparkd-standin"
 
@@ -156,14 +161,6 @@ class Sparkd:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-
-
-def tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
 
 
 def kill_tree(procs: list[psutil.Process]) -> None:
