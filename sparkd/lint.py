@@ -85,6 +85,13 @@ def _rank_rules(cfg: Config) -> Iterator[Finding]:
     if cfg.nnodes > 1 and not cfg.master_addr:
         yield Finding("missing-master-addr", Level.error, "cluster.master_addr",
                       "a multi-node launch needs the head's fabric address")
+    if cfg.cluster.peers and cfg.nnodes > 1 and role is not Role.single and cfg.api.token_file is None:
+        yield Finding("peers-without-token", Level.error, "api.token_file",
+                      "cluster.peers is set but the peer API has no token: the pair's daemons could not talk; "
+                      "put the same secret in a file on both nodes and name it here")
+    if cfg.cluster.peers and cfg.nnodes > 1 and not cfg.api.port:
+        yield Finding("peers-without-port", Level.error, "api.port",
+                      "cluster.peers is set but api.port = 0: the peer API needs the TCP port")
     if role is not Role.single and cfg.nnodes > 1 and rank >= cfg.nnodes:
         yield Finding("rank-role-mismatch", Level.error, key,
                       f"rank {rank} is not below nnodes = {cfg.nnodes}")

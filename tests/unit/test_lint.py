@@ -124,3 +124,12 @@ def test_check_config_prints_warnings_and_exits_0(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "error: launch.env.VLLM_WORKER_MULTIPROC_METHOD" in result.stderr
+
+
+def test_a_pair_needs_the_peer_token() -> None:
+    data = {"runtime": "process", "node": {"role": "head"}, "launch": {"model": "m"},
+            "cluster": {"master_addr": "10.0.0.1", "peers": ["10.0.0.2"]}}
+    findings = lint(config_from_mapping(data, env={}))
+    assert ("peers-without-token", "api.token_file") in rules(findings)
+    data["api"] = {"token_file": "/etc/sparkd/peer.token"}
+    assert lint(config_from_mapping(data, env={})) == []
