@@ -217,6 +217,8 @@ class SupervisorConfig(_Section):
     startup_timeout_s: float = Field(default=3600.0, gt=0)
     # A silent start fails after this long without a progress line, even inside the startup budget.
     startup_silence_s: float = Field(default=900.0, gt=0)
+    # Past startup_timeout_s a start goes on while its log showed progress within this many seconds.
+    startup_extension_s: float = Field(default=300.0, ge=0)
     stop_grace_s: float = Field(default=90.0, ge=0)
     # On SIGTERM, leave vLLM running so a daemon upgrade or restart does not cost a cold start.
     leave_running: bool = False

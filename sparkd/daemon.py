@@ -52,6 +52,7 @@ def limits_from(cfg: Config) -> sm.Limits:
     return sm.Limits(
         startup_timeout_s=cfg.supervisor.startup_timeout_s,
         startup_silence_s=cfg.supervisor.startup_silence_s,
+        startup_extension_s=cfg.supervisor.startup_extension_s,
         restart=RestartPolicy(
             backoff_initial_s=r.backoff_initial_s, backoff_factor=r.backoff_factor,
             backoff_max_s=max(r.backoff_max_s, r.backoff_initial_s), jitter=min(r.jitter, 0.99),

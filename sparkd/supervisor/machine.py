@@ -156,6 +156,8 @@ Action = RunPreflight | Launch | Stop | RecordIncident
 class Limits:
     startup_timeout_s: float = 3600.0
     startup_silence_s: float = 900.0
+    # Past the startup budget, a start whose log showed progress this recently keeps going.
+    startup_extension_s: float = 300.0
     restart: policy.RestartPolicy = field(default_factory=policy.RestartPolicy)
     # A worker of a pair: it starts only on the head's word and, after a failure, stops and waits for it.
     led: bool = False
@@ -301,7 +303,7 @@ def _starting(m: Machine, obs: Observation, now: float, limits: Limits) -> Resul
     if isinstance(obs, Tick):
         started = m.started_at if m.started_at is not None else now
         silent_since = m.last_progress_at if m.last_progress_at is not None else started
-        if now - started >= limits.startup_timeout_s:
+        if now - started >= limits.startup_timeout_s and now - silent_since >= limits.startup_extension_s:
             return _stop(m, now, After.recover, "startup budget spent",
                          startup_hang(f"not ready after {now - started:.0f} s (startup budget "
                                       f"{limits.startup_timeout_s:.0f} s)"))

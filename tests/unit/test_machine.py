@@ -14,6 +14,7 @@ from sparkd.supervisor.policy import RestartPolicy
 LIMITS = sm.Limits(
     startup_timeout_s=100.0,
     startup_silence_s=30.0,
+    startup_extension_s=5.0,
     restart=RestartPolicy(
         backoff_initial_s=10.0, jitter=0.0, budget_failures=3, budget_window_s=1000.0, consecutive_limit=None
     ),
@@ -107,8 +108,16 @@ TABLE = [
         [],
     ),
     (
-        "progressing start past the budget → stop",
+        "past the budget but progressing → the budget is extended",
         at(State.starting, started_at=0, last_progress_at=99),
+        sm.Tick(),
+        100,
+        State.starting,
+        [],
+    ),
+    (
+        "past the budget and no progress for the extension → stop",
+        at(State.starting, started_at=0, last_progress_at=90),
         sm.Tick(),
         100,
         State.stopping,
