@@ -52,3 +52,11 @@ wheel: setup
 deb: setup
 	$(BIN)/pip install --quiet build
 	bash packaging/build-deb.sh --out dist
+
+# Benchmarks against the tools people run today (tests/bench/README.md): installs Debian's supervisor and earlyoom
+# when missing, prints one markdown table and writes tests/bench/results.json; about 15 minutes, as root.
+.PHONY: bench
+
+bench: setup
+	sh tests/bench/install_deps.sh
+	$(BIN)/python tests/bench/bench_all.py --json tests/bench/results.json

@@ -1,0 +1,229 @@
+"""Benchmark: what an idle sparkd costs, beside supervisord and earlyoom; and its /metrics latency.
+
+    .venv/bin/python tests/bench/bench_footprint.py [--seconds 60] [--scrape-seconds 30] [--json out.json]
+
+Footprint: sparkd with its shipped defaults (health probe every 5 s with a vLLM metrics scrape, generation
+canary every 60 s, the 1 s ticker, /metrics served, the memory guard sampling every second when far from its
+floors; the floors themselves set for this small machine, see benchkit.GUARD_FLOORS) supervises a ready
+stand-in; beside it, at the same time, supervisord supervises the same stand-in and earlyoom runs with
+Debian's packaged arguments (``-r 3600``, plus ``--dryrun`` on this shared machine). For each supervisor's
+own PID (not its children): CPU time over the window as % of one core (psutil ``cpu_times``, user +
+system) and RSS sampled every second.
+
+Scrape: then a second sparkd, its guard sampling at its fastest throughout (``max_interval_s`` set to the
+default ``min_interval_s``, 5 ms), gets ``GET /metrics`` 20 times a second for the scrape window, each on a
+fresh loopback connection, beside the same on prometheus_client's own ``start_http_server`` (the reference
+Python exporter: process, platform and GC collectors) in its own process, interleaved 25 ms apart.
+Latency = connect to the last byte of the body.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from benchkit import (
+    Owned,
+    ShmLedger,
+    end_process,
+    free_port,
+    log,
+    median,
+    percentile,
+    render_toml,
+    rendered_launch,
+    sparkd_config,
+    standin_env,
+    unique_prefix,
+    wait_for,
+    wait_healthy,
+    write_json,
+)
+from peers import SparkdPeer, SupervisordPeer
+
+MIB = 1024 * 1024
+SETTLE_S = 5.0  # after everything is ready, before the window opens
+SCRAPE_RATE_HZ = 20
+GUARD_FASTEST_S = 0.005  # the guard's min_interval_s, made its max too: it samples at its fastest throughout
+# Debian's packaged arguments (/etc/default/earlyoom), and --dryrun: this machine is shared, and the poll loop
+# (what the footprint measures) is the same whether it may kill or not.
+EARLYOOM = ["earlyoom", "-r", "3600", "--dryrun"]
+PEER_EXPORTER = ("import time; from prometheus_client import start_http_server; "
+                 "start_http_server({port}, addr='127.0.0.1'); time.sleep(1e9)")
+
+
+def sample(procs: dict[str, psutil.Process], seconds: float) -> dict[str, dict[str, Any]]:
+    """CPU % of one core over the window and RSS every second, for each process."""
+    cpu0 = {name: p.cpu_times() for name, p in procs.items()}
+    rss: dict[str, list[float]] = {name: [] for name in procs}
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        for name, proc in procs.items():
+            rss[name].append(proc.memory_info().rss / MIB)
+        time.sleep(1.0)
+    wall = time.monotonic() - start
+    out = {}
+    for name, proc in procs.items():
+        t0, t1 = cpu0[name], proc.cpu_times()
+        busy = (t1.user - t0.user) + (t1.system - t0.system)
+        out[name] = {"pid": proc.pid, "cpu_pct": 100.0 * busy / wall, "cpu_s": busy, "window_s": wall,
+                     "rss_mib_median": median(rss[name]), "rss_mib_max": max(rss[name]), "samples": len(rss[name])}
+    return out
+
+
+def scrape_once(port: int) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"/metrics on {port}: HTTP {response.status}")
+    finally:
+        conn.close()
+    return (time.perf_counter() - t0) * 1000, len(body)
+
+
+def scrape(targets: dict[str, int], seconds: float) -> dict[str, dict[str, Any]]:
+    """Each target at SCRAPE_RATE_HZ, the targets evenly interleaved within each period."""
+    period = 1.0 / SCRAPE_RATE_HZ
+    offset = period / len(targets)
+    lat: dict[str, list[float]] = {name: [] for name in targets}
+    size: dict[str, int] = {}
+    start = time.monotonic()
+    n = 0
+    while time.monotonic() - start < seconds:
+        for i, (name, port) in enumerate(targets.items()):
+            time.sleep(max(0.0, start + n * period + i * offset - time.monotonic()))
+            ms, size[name] = scrape_once(port)
+            lat[name].append(ms)
+        n += 1
+    return {name: {"scrapes": len(v), "p50_ms": percentile(v, 50), "p99_ms": percentile(v, 99),
+                   "max_ms": max(v), "bytes": size[name], "rate_hz": len(v) / (time.monotonic() - start)}
+            for name, v in lat.items()}
+
+
+def start_sparkd(tmp: Path, **sections: dict[str, Any]) -> tuple[SparkdPeer, int, int]:
+    port, metrics_port = free_port(), free_port()
+    cfg = sparkd_config(tmp, port, standin_env(unique_prefix()), api_port=metrics_port, **sections)
+    return SparkdPeer(tmp, cfg).start(), port, metrics_port
+
+
+def footprint_phase(tmp: Path, seconds: float, owned: Owned, ledger: ShmLedger) -> dict[str, Any]:
+    sparkd = supervisord = earlyoom = None
+    try:
+        sparkd, port, _ = start_sparkd(tmp / "sparkd")
+        peer_port = free_port()
+        render = tmp / "render.toml"
+        render.write_text(render_toml(sparkd_config(tmp, peer_port, standin_env(unique_prefix()))))
+        supervisord = SupervisordPeer(tmp / "supervisord", {"standin": rendered_launch(render)}).start()
+        with open(tmp / "earlyoom.log", "ab") as out:
+            earlyoom = subprocess.Popen(EARLYOOM, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        for p in (port, peer_port):
+            if wait_healthy(p, 120) is None:
+                raise RuntimeError(f"the stand-in on {p} never became ready")
+        sparkd.daemon.wait_state("ready", timeout=60)
+        for pid in (sparkd.main_pid(), supervisord.main_pid()):
+            ledger.note(owned.add_tree(pid))
+        time.sleep(SETTLE_S)
+        procs = {"sparkd": psutil.Process(sparkd.pid), "supervisord": psutil.Process(supervisord.pid),
+                 "earlyoom": psutil.Process(earlyoom.pid)}
+        log(f"footprint: sampling sparkd, supervisord and earlyoom for {seconds:.0f} s")
+        return sample(procs, seconds)
+    finally:
+        for peer in (sparkd, supervisord):
+            if peer is not None:
+                peer.close()
+        if earlyoom is not None:
+            end_process(earlyoom)
+
+
+def scrape_phase(tmp: Path, seconds: float, owned: Owned, ledger: ShmLedger) -> dict[str, Any]:
+    sparkd = exporter = None
+    try:
+        sparkd, port, metrics_port = start_sparkd(tmp / "sparkd-fast", guard={"max_interval_s": GUARD_FASTEST_S})
+        exporter_port = free_port()
+        exporter = subprocess.Popen([sys.executable, "-c", PEER_EXPORTER.format(port=exporter_port)],
+                                    start_new_session=True)
+        if wait_healthy(port, 120) is None:
+            raise RuntimeError("the stand-in never became ready")
+        sparkd.daemon.wait_state("ready", timeout=60)
+        ledger.note(owned.add_tree(sparkd.main_pid()))
+        wait_for(lambda: _answers(exporter_port), 30, "the prometheus_client exporter")
+        time.sleep(SETTLE_S)
+        body = _metrics_text(metrics_port)
+        proc = psutil.Process(sparkd.pid)
+        cpu0, t0 = proc.cpu_times(), time.monotonic()
+        log(f"scrape: /metrics at {SCRAPE_RATE_HZ}/s for {seconds:.0f} s, sparkd (guard sampling every "
+            f"{GUARD_FASTEST_S * 1000:.0f} ms) and prometheus_client")
+        result = scrape({"sparkd": metrics_port, "prometheus_client": exporter_port}, seconds)
+        cpu1, wall = proc.cpu_times(), time.monotonic() - t0
+        busy = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+        return {"targets": result, "sparkd_cpu_pct_during": 100.0 * busy / wall,
+                "guard_metrics_present": any(line.startswith("sparkd_guard") for line in body.splitlines()),
+                "guard_interval_s": GUARD_FASTEST_S}
+    finally:
+        if sparkd is not None:
+            sparkd.close()
+        if exporter is not None:
+            end_process(exporter)
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="sparkd-bench-footprint-"))
+    owned, ledger = Owned(), ShmLedger()
+    started = time.monotonic()
+    try:
+        footprint = footprint_phase(tmp, args.seconds, owned, ledger)
+        scrapes = scrape_phase(tmp, args.scrape_seconds, owned, ledger)
+    finally:
+        left = owned.kill_all()
+        ledger.cleanup()
+        if left:
+            log(f"footprint: ended {left} leftover process(es) of ours")
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"footprint": footprint, "scrape": scrapes, "seconds": round(time.monotonic() - started, 1)}
+
+
+def _answers(port: int) -> bool:
+    try:
+        scrape_once(port)
+        return True
+    except (OSError, RuntimeError, http.client.HTTPException):
+        return False
+
+
+def _metrics_text(port: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--scrape-seconds", type=float, default=30.0)
+    parser.add_argument("--json", default="bench-footprint.json")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, configs)")
+    args = parser.parse_args()
+    results = bench(args)
+    write_json(args.json, results)
+    log(f"(JSON: {args.json}; {results['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
