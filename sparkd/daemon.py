@@ -199,8 +199,11 @@ class Daemon:
                     self.post(sm.StopRequested())
 
     async def _ticker(self) -> None:
+        """Time for the machine's deadlines: every TICK_S, and right at a backoff's end."""
         while True:
-            await anyio.sleep(TICK_S)
+            deadline = self.machine.deadline
+            delay = TICK_S if deadline is None else min(TICK_S, max(0.01, deadline - time.monotonic()))
+            await anyio.sleep(delay)
             self.post(sm.Tick())
 
     async def _adopt(self) -> None:

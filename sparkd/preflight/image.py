@@ -17,7 +17,6 @@ from __future__ import annotations
 import re
 
 from sparkd.config import ImageAssert
-from sparkd.preflight import container as containers
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
 from sparkd.supervisor.classify import FailureClass
 
@@ -47,6 +46,8 @@ def problem(rule: ImageAssert, status: int, text: str, where: str) -> str | None
 
 @check("image")
 async def check_image(ctx: PreflightContext) -> CheckResult:
+    from sparkd.preflight import container as containers  # the docker SDK only when needed
+
     rules = ctx.cfg.preflight.asserts
     if not rules:
         return CheckResult("image", Verdict.ok, "no [[preflight.assert]] configured")

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkd.config import RuntimeKind
-from sparkd.preflight import container as containers
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
 from sparkd.supervisor.classify import FailureClass
 
@@ -139,6 +138,8 @@ def _fail(text: str) -> CheckResult:
 
 async def _docker_exec_absent(ctx: PreflightContext) -> str | None:
     """Dry run, docker-exec: checking the target would create or start the container. Say so instead."""
+    from sparkd.preflight import container as containers  # the docker SDK only when needed
+
     probe = containers.DockerExecIn(ctx.cfg)
     try:
         status = await probe.status()
@@ -154,6 +155,8 @@ async def _docker_exec_absent(ctx: PreflightContext) -> str | None:
 
 @check("launch_target")
 async def check_launch_target(ctx: PreflightContext) -> CheckResult:
+    from sparkd.preflight import container as containers  # the docker SDK only when needed
+
     cfg = ctx.cfg
     if ctx.dry_run and cfg.runtime is RuntimeKind.docker_exec and ctx.container is None:
         absent = await _docker_exec_absent(ctx)
