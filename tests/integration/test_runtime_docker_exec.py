@@ -17,38 +17,17 @@ import anyio
 import httpx
 import psutil
 import pytest
+from docker_runtime_support import HANDLES_TERM, IGNORES_TERM, TIMEOUT, Follower, anyio_backend, py, sh
 
 from sparkd.config import Config, config_from_mapping
 from sparkd.launch import LaunchSpec
-from sparkd.runtime.base import Instance, LaunchError
+from sparkd.runtime.base import LaunchError
 from sparkd.runtime.docker_exec import LOG_IN_CONTAINER, DockerExecRuntime
 from sparkd.runtime.dockerutil import container_options, rehearse_paths
 
+__all__ = ["anyio_backend"]  # the fixture, used by pytest.mark.anyio
+
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
-
-TIMEOUT = 60.0
-HANDLES_TERM = (
-    "import signal, sys, time\n"
-    "def bye(*_):\n"
-    "    print('got SIGTERM', flush=True)\n"
-    "    sys.exit(7)\n"
-    "signal.signal(signal.SIGTERM, bye)\n"
-    "print('ready', flush=True)\n"
-    "while True:\n"
-    "    time.sleep(0.1)\n"
-)
-IGNORES_TERM = (
-    "import signal, time\n"
-    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-    "print('ready', flush=True)\n"
-    "while True:\n"
-    "    time.sleep(0.1)\n"
-)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 class Setup:
@@ -98,34 +77,6 @@ def setup(docker_client: Any, test_image: str, python_mounts: dict[str, dict[str
         yield s
     finally:
         s.remove()
-
-
-def py(venv_python: str, program: str) -> LaunchSpec:
-    return LaunchSpec(argv=(venv_python, "-u", "-c", program), env={"SPARKD_TEST": "1"}, config_hash="h-py")
-
-
-def sh(script: str) -> LaunchSpec:
-    return LaunchSpec(argv=("bash", "-c", script), config_hash="h-sh")
-
-
-class Follower:
-    """Collects an instance's log lines in the background."""
-
-    def __init__(self, runtime: DockerExecRuntime, instance: Instance) -> None:
-        self.runtime, self.instance = runtime, instance
-        self.lines: list[str] = []
-        self.done = anyio.Event()
-        self.ended = anyio.Event()
-
-    async def run(self) -> None:
-        async for line in self.runtime.follow_logs(self.instance, self.done):
-            self.lines.append(line)
-        self.ended.set()
-
-    async def wait_for(self, text: str) -> None:
-        with anyio.fail_after(TIMEOUT):
-            while text not in self.lines:
-                await anyio.sleep(0.05)
 
 
 async def wait_until(predicate: Callable[[], Any], what: str) -> Any:
