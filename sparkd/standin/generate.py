@@ -124,6 +124,8 @@ class TokenSource:
         self.stalled = False
 
     async def tokens(self, req: GenRequest) -> AsyncIterator[str]:
+        if self.stalled:
+            await self._held(req)
         started = time.monotonic()
         self.metrics.request_started(req.prompt_tokens, req.max_tokens)
         generated, reason, last = 0, "abort", started
@@ -143,6 +145,17 @@ class TokenSource:
             raise
         finally:
             self.metrics.request_finished(reason, req.prompt_tokens, generated, time.monotonic() - started)
+
+    async def _held(self, req: GenRequest) -> None:
+        """A request arriving at the stalled engine: held until the engine dies (then EngineDeadError)."""
+        scheduled = self.metrics.running == 0
+        self.metrics.request_held(scheduled=scheduled)
+        # No try/finally: a client that gives up cannot take its request back from a wedged engine (the abort
+        # waits for the engine loop), so it stays counted, running or waiting, until the engine dies.
+        await self.engine.execute(f"{req.request_id}-held")
+        self.metrics.request_released(scheduled=scheduled)
+        if self.engine.errored:
+            raise EngineDeadError
 
     async def _step(self, request_id: str) -> None:
         await asyncio.sleep(self.interval_s)

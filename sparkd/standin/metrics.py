@@ -236,6 +236,22 @@ class VllmMetrics:
         self.h_queue.observe(0.0)
         self._update_gauges()
 
+    def request_held(self, *, scheduled: bool) -> None:
+        """A request that arrives at a wedged engine: the first joins the running batch (its step never
+        completes, so no token of it is counted), later ones wait — as in vLLM when a collective hangs."""
+        if scheduled:
+            self.running += 1
+        else:
+            self.waiting += 1
+        self._update_gauges()
+
+    def request_released(self, *, scheduled: bool) -> None:
+        if scheduled:
+            self.running -= 1
+        else:
+            self.waiting -= 1
+        self._update_gauges()
+
     def token_generated(self, gap_s: float | None) -> None:
         self.tokens_in_use += 1
         self.generation_total += 1
