@@ -213,7 +213,10 @@ class DockerRunRuntime(DockerRuntime):
         client = await self.docker()
         running = await call(client.containers.list, filters={
             "label": [f"{MANAGED_LABEL}=1", f"{NODE_LABEL}={self.node}"], "status": "running"})
-        running = [c for c in running if self.ours(c.labels) and not c.labels.get(CHECK_LABEL)]
+        # Only our launches carry the config hash: a docker-exec container of the same node (its main process
+        # is `sleep infinity`, not vLLM) or a target-check container is never adopted.
+        running = [c for c in running if self.ours(c.labels) and not c.labels.get(CHECK_LABEL)
+                   and HASH_LABEL in c.labels]
         if not running:
             return None
         newest = max(running, key=lambda c: c.attrs.get("Created", ""))
@@ -221,7 +224,8 @@ class DockerRunRuntime(DockerRuntime):
 
     async def _adopt(self, container_id: str) -> Instance | None:
         container = await self.container(container_id)
-        if container is None or container.status != "running" or not self.ours(container.labels):
+        if container is None or container.status != "running" or not self.ours(container.labels) \
+                or HASH_LABEL not in container.labels:
             return None
         pid = int(container.attrs["State"].get("Pid") or 0)
         return Instance(

@@ -35,6 +35,7 @@ def docker_daemon(tmp_path: Path, test_image: str, python_mounts: dict[str, dict
             "name": name, "image": test_image, "mounts": mounts, "gpus": "", "host_ipc": True,
             "labels": docker_test_labels})
         cfg["runtime"] = runtime
+        cfg["node"]["name"] = name  # a node of its own: adoption must never find another test's container
         cfg["launch"]["executable"] = str(STANDIN)
         daemon = Sparkd(folder, cfg)
         made.append(daemon)

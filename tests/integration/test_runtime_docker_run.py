@@ -314,3 +314,10 @@ async def test_standin_serves_health_from_the_container(setup: Setup) -> None:
             await follower.ended.wait()
     assert info.signal != 9, follower.lines[-20:]
     assert follower.lines, "the stand-in's output arrives through docker logs"
+
+
+async def test_find_never_adopts_a_docker_exec_container_of_the_same_node(setup: Setup,
+                                                                            make_container: Any) -> None:
+    """A docker-exec container (main process `sleep infinity`) carries sparkd.managed and sparkd.node too."""
+    make_container("sleep infinity", labels={"sparkd.managed": "1", "sparkd.node": setup.node})
+    assert await setup.runtime().find(None) is None
