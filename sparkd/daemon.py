@@ -31,7 +31,13 @@ from sparkd.logs import VllmLog, configure_logging, get_logger
 from sparkd.metrics import DaemonCounters, Metrics
 from sparkd.nodelock import AlreadyRunning, NodeLock
 from sparkd.notify import Notifier
-from sparkd.preflight.runner import PreflightContext, PreflightReport, run_preflight
+from sparkd.preflight.runner import (
+    PreflightContext,
+    PreflightReport,
+    check_shm,
+    check_stale_processes,
+    run_preflight,
+)
 from sparkd.reporting import Reporter
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Instance, LaunchError, Runtime
@@ -332,8 +338,6 @@ class Daemon:
                 self.instance, self.watch = None, None
                 self.record_path.unlink(missing_ok=True)
             ctx = PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime)
-            from sparkd.preflight.runner import check_shm, check_stale_processes
-
             for check in (check_stale_processes, check_shm):
                 result = await check(ctx)
                 if result.verdict.value != "ok":

@@ -33,6 +33,7 @@ import psutil
 from benchkit import (
     Owned,
     ShmLedger,
+    bench_parser,
     end_process,
     free_port,
     log,
@@ -40,12 +41,12 @@ from benchkit import (
     percentile,
     render_toml,
     rendered_launch,
+    run_bench,
     sparkd_config,
     standin_env,
     unique_prefix,
     wait_for,
     wait_healthy,
-    write_json,
 )
 from peers import SparkdPeer, SupervisordPeer
 
@@ -213,16 +214,10 @@ def _metrics_text(port: int) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = bench_parser(__doc__, "bench-footprint.json")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--scrape-seconds", type=float, default=30.0)
-    parser.add_argument("--json", default="bench-footprint.json")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, configs)")
-    args = parser.parse_args()
-    results = bench(args)
-    write_json(args.json, results)
-    log(f"(JSON: {args.json}; {results['seconds']:.0f} s)")
-    return 0
+    return run_bench(parser, bench)
 
 
 if __name__ == "__main__":

@@ -36,13 +36,14 @@ from benchkit import (
     GUARD_FLOORS,
     Owned,
     ShmLedger,
+    bench_parser,
     end_process,
     log,
     median,
     render_toml,
     rendered_launch,
+    run_bench,
     wait_healthy,
-    write_json,
 )
 from pair_harness import Link, NodeDaemon, pair_configs
 
@@ -165,16 +166,10 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "poll":
         poll_main(int(sys.argv[2]), float(sys.argv[3]))
         return 0
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = bench_parser(__doc__, "bench-pair.json")
     parser.add_argument("--restarts", type=int, default=4)
     parser.add_argument("--bare", type=int, default=3)
-    parser.add_argument("--json", default="bench-pair.json")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, configs)")
-    args = parser.parse_args()
-    results = bench(args)
-    write_json(args.json, results)
-    log(f"(JSON: {args.json}; {results['seconds']:.0f} s)")
-    return 0
+    return run_bench(parser, bench)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from benchkit import (
     STANDIN_STARTUP_S,
     Owned,
     ShmLedger,
+    bench_parser,
     end_process,
     free_port,
     kill_delays,
@@ -46,11 +47,11 @@ from benchkit import (
     percentile,
     render_toml,
     rendered_launch,
+    run_bench,
     sparkd_config,
     standin_env,
     unique_prefix,
     wait_healthy,
-    write_json,
 )
 from peers import SparkdPeer, SupervisordPeer, UnitReplay
 from trials import parallel, sequential
@@ -235,20 +236,14 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = bench_parser(__doc__, "bench-recovery.json")
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--unit-kills", type=int, default=8)
     parser.add_argument("--default-kills", type=int, default=3)
     parser.add_argument("--litter", type=int, default=5)
     parser.add_argument("--startup-runs", type=int, default=5)
     parser.add_argument("--detect-extra", type=int, default=30, help="kills for detection only, beyond --kills")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, configs)")
-    parser.add_argument("--json", default="bench-recovery.json")
-    args = parser.parse_args()
-    results = bench(args)
-    write_json(args.json, results)
-    log(f"(JSON: {args.json}; {results['seconds']:.0f} s)")
-    return 0
+    return run_bench(parser, bench)
 
 
 if __name__ == "__main__":

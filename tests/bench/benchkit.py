@@ -7,6 +7,7 @@ so a reused PID is never hit); a /dev/shm file is removed only if one of our pro
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import json
@@ -17,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +261,20 @@ def log(text: str) -> None:
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def bench_parser(doc: str | None, default_json: str) -> argparse.ArgumentParser:
+    """The options every bench script has: ``--json PATH`` and ``--keep``."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--json", default=default_json)
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, configs)")
+    return parser
+
+
+def run_bench(parser: argparse.ArgumentParser, bench: Callable[[argparse.Namespace], dict[str, Any]]) -> int:
+    """Parse the options, run ``bench``, write its results as JSON."""
+    args = parser.parse_args()
+    results = bench(args)
+    write_json(args.json, results)
+    log(f"(JSON: {args.json}; {results['seconds']:.0f} s)")
+    return 0
