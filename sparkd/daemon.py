@@ -43,7 +43,8 @@ from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Instance, LaunchError, Runtime
 from sparkd.statefile import read_json, write_json
 from sparkd.supervisor import machine as sm
-from sparkd.supervisor.classify import ClassifyContext, Failure, FailureClass, classify
+from sparkd.supervisor.classify import ClassifyContext, classify
+from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.health import HealthTracker, VllmMetrics
 from sparkd.supervisor.machine import State
 from sparkd.supervisor.policy import RestartPolicy

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.statefile import write_json
-from sparkd.supervisor.classify import Failure
+from sparkd.supervisor.failures import Failure
 
 
 def incident_record(failure: Failure, *, at: float, config_hash: str, **facts: Any) -> dict[str, Any]:

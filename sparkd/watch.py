@@ -17,7 +17,7 @@ from sparkd import probes
 from sparkd.runtime.base import Instance
 from sparkd.supervisor import health
 from sparkd.supervisor import machine as sm
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.logline import clean
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import anyio
 from sparkd.cluster.peers import PeerClient, PeerUnreachable
 from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
 from sparkd.supervisor import machine as sm
-from sparkd.supervisor.classify import Failure, FailureClass
+from sparkd.supervisor.failures import Failure, FailureClass
 
 if TYPE_CHECKING:
     from sparkd.daemon import Daemon

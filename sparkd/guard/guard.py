@@ -38,7 +38,8 @@ from sparkd.guard.sample import Sample
 from sparkd.guard.sampler import Sampler, next_interval
 from sparkd.guard.trend import TrendVerdict, TrendWindow, add_point, assess
 from sparkd.logs import get_logger
-from sparkd.supervisor.classify import ClassifyContext, Failure, FailureClass, classify
+from sparkd.supervisor.classify import ClassifyContext, classify
+from sparkd.supervisor.failures import Failure, FailureClass
 
 __all__ = ["Guard", "GuardCounters", "GuardHooks", "GuardSignal", "guard_failure"]
 

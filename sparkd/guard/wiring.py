@@ -16,7 +16,7 @@ from sparkd.guard.guard import Guard
 from sparkd.guard.policy import Decision
 from sparkd.incidents import incident_record, write_incident
 from sparkd.supervisor import machine as sm
-from sparkd.supervisor.classify import Failure, FailureClass
+from sparkd.supervisor.failures import Failure, FailureClass
 
 if TYPE_CHECKING:
     from sparkd.daemon import Daemon

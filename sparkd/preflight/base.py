@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sparkd.config import Config
 from sparkd.launch import LaunchSpec
 from sparkd.runtime.base import Runtime
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 if TYPE_CHECKING:
     from sparkd.preflight.container import ContainerExec

@@ -15,7 +15,7 @@ import anyio
 
 from sparkd.preflight import processes
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check, describe_cmdline, read_cmdline
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 QUERY = ("--query-compute-apps=pid,process_name", "--format=csv,noheader")
 TIMEOUT_S = 30.0  # nvidia-smi can hang on a wedged GPU

@@ -18,7 +18,7 @@ import anyio
 
 from sparkd.config import PreflightConfig
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check, human_bytes, read_text
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 
 @dataclass(frozen=True)

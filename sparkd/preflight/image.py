@@ -18,7 +18,7 @@ import re
 
 from sparkd.config import ImageAssert
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 MISSING = 3
 # cat the file; exit 3 when it is not there.

@@ -38,7 +38,7 @@ from sparkd.preflight.base import (
     visible_pids,
 )
 from sparkd.preflight.target import is_standin
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
 TOP_HOLDERS = 5

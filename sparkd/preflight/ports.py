@@ -30,7 +30,7 @@ from sparkd.preflight.base import (
     read_cmdline,
     visible_pids,
 )
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 LISTEN = 0x0A
 

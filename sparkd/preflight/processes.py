@@ -30,7 +30,7 @@ from sparkd.preflight.base import (
 )
 from sparkd.runtime import proctree
 from sparkd.statefile import read_json
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 
 @dataclass(frozen=True)

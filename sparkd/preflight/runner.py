@@ -34,7 +34,7 @@ from sparkd.preflight.target import check_launch_target
 from sparkd.runtime import proctree
 from sparkd.runtime.base import Runtime
 from sparkd.statefile import read_json
-from sparkd.supervisor.classify import Failure, FailureClass
+from sparkd.supervisor.failures import Failure, FailureClass
 
 __all__ = [
     "DEFAULT_CHECKS", "CheckResult", "PreflightContext", "PreflightReport", "Verdict", "check_gpu", "check_host",

@@ -20,7 +20,7 @@ import anyio
 
 from sparkd.config import RuntimeKind
 from sparkd.preflight.base import MIB, CheckResult, PreflightContext, Verdict, check, human_bytes
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 PATTERNS = ("psm_", "sem.mp-", "nccl-")
 

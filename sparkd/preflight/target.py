@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from sparkd.config import RuntimeKind
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")

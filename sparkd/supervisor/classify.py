@@ -35,27 +35,12 @@ import re
 import signal as _signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import IntEnum, StrEnum
+from enum import IntEnum
 
+from sparkd.supervisor.failures import TREATMENT, Failure, FailureClass
 from sparkd.supervisor.logline import segments
 
-__all__ = ["ClassifyContext", "Failure", "FailureClass", "classify"]
-
-
-class FailureClass(StrEnum):
-    config_error = "config_error"  # the launch itself is wrong; retrying cannot help
-    free_memory_refusal = "free_memory_refusal"  # vLLM's startup check: not enough free memory
-    oom = "oom"  # ran out of memory (CUDA OOM, NVRM, kernel or earlyoom kill)
-    port_in_use = "port_in_use"  # EADDRINUSE on the API or master port
-    rendezvous_timeout = "rendezvous_timeout"  # the ranks never met in torch.distributed init
-    peer_lost = "peer_lost"  # the other rank went away (TCPStore closed)
-    nccl = "nccl"  # NCCL/RDMA error or collective timeout
-    engine_dead = "engine_dead"  # the engine core or a worker died
-    stall = "stall"  # requests running, tokens not moving (probe)
-    hang = "hang"  # not answering: RPC timeout, wedged TP pair (probe or log)
-    killed_by_guard = "killed_by_guard"  # sparkd's memory guard killed it
-    gpu_busy = "gpu_busy"  # CUDA device busy: a stale process holds the GPU
-    unknown = "unknown"  # nothing recognised
+__all__ = ["ClassifyContext", "classify"]
 
 
 @dataclass(frozen=True)
@@ -68,19 +53,6 @@ class ClassifyContext:
     mem_available_bytes: int | None = None  # MemAvailable when the failure was observed
     peer: str | None = None  # the other node's address, e.g. "10.0.0.2"
     was_ready: bool | None = None  # had this instance reached ready before it ended?
-
-
-@dataclass(frozen=True)
-class Failure:
-    cls: FailureClass
-    sentence: str
-    exit_code: int | None
-    signal: int | None  # as passed in, or derived from a 128+N exit code
-    evidence: str | None  # the log line the class rests on (undecorated), if any
-
-    @property
-    def restartable(self) -> bool:
-        return self.cls is not FailureClass.config_error
 
 
 class _Tier(IntEnum):
@@ -108,69 +80,13 @@ class _Rule:
 
 _NO_RETRY = "sparkd will not retry a config error"
 
-_DEFAULT_WHAT: dict[FailureClass, str] = {
-    FailureClass.config_error: "vLLM's configuration was rejected",
-    FailureClass.free_memory_refusal: "vLLM refused to start because too little memory was free",
-    FailureClass.oom: "vLLM ran out of memory",
-    FailureClass.port_in_use: "A port vLLM needs was already in use",
-    FailureClass.rendezvous_timeout: "The two ranks never met at the torch.distributed rendezvous",
-    FailureClass.peer_lost: "The peer rank went away",
-    FailureClass.nccl: "NCCL failed",
-    FailureClass.engine_dead: "The vLLM engine died",
-    FailureClass.stall: "vLLM stopped producing tokens while requests were running",
-    FailureClass.hang: "vLLM stopped answering",
-    FailureClass.killed_by_guard: (
-        "sparkd's memory guard killed vLLM because the node was running out of memory"
-    ),
-    FailureClass.gpu_busy: "CUDA reported the GPU busy or unavailable",
-    FailureClass.unknown: "vLLM stopped without a recognised error",
-}
+def _default_what(cls: FailureClass) -> str:
+    return TREATMENT[cls].what
 
-_DEFAULT_DO: dict[FailureClass, str] = {
-    FailureClass.config_error: f"fix the config — {_NO_RETRY}",
-    FailureClass.free_memory_refusal: (
-        "page cache or a stale process holds memory — sparkd drops caches, sweeps stale vLLM processes "
-        "and waits for headroom before the next start; if it repeats, lower gpu_memory_utilization or "
-        "reboot the node"
-    ),
-    FailureClass.oom: (
-        "if it repeats, lower gpu_memory_utilization, max_model_len or max_num_seqs — sparkd restarts with "
-        "backoff once there is memory headroom again"
-    ),
-    FailureClass.port_in_use: (
-        "a stale VLLM::* process or an old container usually holds it — sparkd sweeps stale processes before "
-        "the next start; if another program owns the port, change the port in the config"
-    ),
-    FailureClass.rendezvous_timeout: (
-        "check that the other node's rank is up and that the head address and master port are reachable "
-        "over the interconnect (after a reboot, re-check the RoCE GID index) — sparkd restarts both ranks, "
-        "worker first"
-    ),
-    FailureClass.peer_lost: (
-        "if the peer host no longer answers ssh it may be frozen by memory exhaustion and need a power "
-        "cycle — sparkd restarts the pair once the peer is back"
-    ),
-    FailureClass.nccl: (
-        "check the interconnect (link state, RoCE GID index), /dev/shm space and CmaFree — sparkd restarts "
-        "both ranks with backoff"
-    ),
-    FailureClass.engine_dead: (
-        "sparkd restarts both ranks with backoff; the log tail in the incident folder shows what led to it"
-    ),
-    FailureClass.stall: "the tensor-parallel pair is likely wedged — sparkd restarts both ranks",
-    FailureClass.hang: (
-        "the tensor-parallel pair is likely wedged (NCCL or the peer) — sparkd restarts both ranks"
-    ),
-    FailureClass.killed_by_guard: (
-        "guard kills weigh extra toward the restart budget; find what grows (the UCX cache leak: "
-        "UCX_MEM_MMAP_HOOK_MODE=none) or lower gpu_memory_utilization"
-    ),
-    FailureClass.gpu_busy: (
-        "a stale vLLM process from an earlier run still holds the GPU — sparkd sweeps stale processes and "
-        "waits for the GPU to be free before the next start"
-    ),
-    FailureClass.unknown: "the log tail is in the incident folder — sparkd restarts with backoff",
-}
+
+def _default_do(cls: FailureClass) -> str:
+    return TREATMENT[cls].do
+
 
 _GIB = 1024**3
 
@@ -284,7 +200,7 @@ def _what_earlyoom(m: re.Match[str], ctx: ClassifyContext) -> str:
 def _what_port(m: re.Match[str], ctx: ClassifyContext) -> str:
     port = m.groupdict().get("port")
     if port is None:
-        return _DEFAULT_WHAT[FailureClass.port_in_use]
+        return _default_what(FailureClass.port_in_use)
     name = _port_name(int(port), ctx)
     return f"{name[0].upper()}{name[1:]} was already in use"
 
@@ -546,7 +462,7 @@ def _evidence(text: str | None) -> str | None:
 def _launch_error(exit_code: int, hit: _Match | None, ctx: ClassifyContext) -> tuple[str, str]:
     """What and do for exit 126/127, preferring a log line that names the culprit."""
     if hit is not None and hit.rule.cls is FailureClass.config_error and hit.rule.what is not None:
-        return hit.rule.what(hit.match, ctx), hit.rule.do or _DEFAULT_DO[FailureClass.config_error]
+        return hit.rule.what(hit.match, ctx), hit.rule.do or _default_do(FailureClass.config_error)
     target = ctx.launch_target
     do = f"fix [launch] in the config — {_NO_RETRY}"
     if exit_code == 126:
@@ -587,11 +503,11 @@ def classify(
     if hint is not None:
         evidence = hit.text if hit is not None else None
         if hit is not None and hit.rule.cls is hint and hit.rule.what is not None:
-            return failure(hint, hit.rule.what(hit.match, ctx), hit.rule.do or _DEFAULT_DO[hint], evidence)
-        what = _DEFAULT_WHAT[hint]
+            return failure(hint, hit.rule.what(hit.match, ctx), hit.rule.do or _default_do(hint), evidence)
+        what = _default_what(hint)
         if hint in (FailureClass.oom, FailureClass.killed_by_guard):
             what += _mem_note(ctx)
-        return failure(hint, what, _DEFAULT_DO[hint], evidence)
+        return failure(hint, what, _default_do(hint), evidence)
 
     if exit_code in (126, 127) and signal is None:
         what, do = _launch_error(exit_code, hit, ctx)
@@ -599,15 +515,15 @@ def classify(
 
     if hit is not None:
         rule = hit.rule
-        what = rule.what(hit.match, ctx) if rule.what is not None else _DEFAULT_WHAT[rule.cls]
-        return failure(rule.cls, what, rule.do or _DEFAULT_DO[rule.cls], hit.text)
+        what = rule.what(hit.match, ctx) if rule.what is not None else _default_what(rule.cls)
+        return failure(rule.cls, what, rule.do or _default_do(rule.cls), hit.text)
 
     if exit_code == 0 and sig is None:
         if ctx.was_ready is False:
             what = "vLLM exited with status 0 before it was ready and logged no error"
         else:
             what = "vLLM exited with status 0 without being asked to, which it does after its engine dies"
-        return failure(FailureClass.engine_dead, what, _DEFAULT_DO[FailureClass.engine_dead], last_errorish,
+        return failure(FailureClass.engine_dead, what, _default_do(FailureClass.engine_dead), last_errorish,
                        with_how=False)
 
     if sig is not None:
@@ -618,7 +534,7 @@ def classify(
         do = "check the kernel log (`journalctl -k`) for an OOM kill — sparkd restarts with backoff"
         return failure(FailureClass.unknown, what, do, last_errorish, with_how=False)
 
-    what = _DEFAULT_WHAT[FailureClass.unknown]
+    what = _default_what(FailureClass.unknown)
     if exit_code is None:
         what = "vLLM went away and its exit status is unknown"
-    return failure(FailureClass.unknown, what, _DEFAULT_DO[FailureClass.unknown], last_errorish)
+    return failure(FailureClass.unknown, what, _default_do(FailureClass.unknown), last_errorish)

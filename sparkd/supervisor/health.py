@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
-from sparkd.supervisor.classify import Failure, FailureClass
+from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.machine import BecameReady, HealthDegraded, HealthFailed, HealthRecovered, Observation
 
 if TYPE_CHECKING:

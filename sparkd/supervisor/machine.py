@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from sparkd.supervisor import policy
-from sparkd.supervisor.classify import Failure, FailureClass
+from sparkd.supervisor.failures import Failure, FailureClass
 
 
 class State(StrEnum):

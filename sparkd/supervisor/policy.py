@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 __all__ = [
     "Decision",

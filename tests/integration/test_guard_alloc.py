@@ -34,7 +34,8 @@ from sparkd.incidents import incident_record, write_incident
 from sparkd.runtime import proctree
 from sparkd.supervisor import machine as sm
 from sparkd.supervisor import policy
-from sparkd.supervisor.classify import Failure, FailureClass, classify
+from sparkd.supervisor.classify import classify
+from sparkd.supervisor.failures import Failure, FailureClass
 
 MIB = 1024**2
 SAFE_AVAILABLE = 6 * GIB  # never let a test take the machine under this

@@ -22,7 +22,7 @@ from sparkd.preflight.container import DockerExecIn, DockerRunIn
 from sparkd.preflight.image import check_image
 from sparkd.preflight.target import check_launch_target
 from sparkd.runtime.docker_exec import DockerExecRuntime
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 pytestmark = pytest.mark.docker
 

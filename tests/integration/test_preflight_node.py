@@ -35,7 +35,7 @@ from sparkd.preflight.processes import check_stale_processes
 from sparkd.preflight.runner import watched_pids
 from sparkd.preflight.shm import check_shm
 from sparkd.preflight.target import check_launch_target
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 pytest_plugins = ["test_preflight_support"]  # fixtures: children, view, shm_dir
 P = PREFIX  # the title prefix of the tests' launches: VLLMPFTEST::Worker_TP0

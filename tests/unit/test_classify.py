@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sparkd.supervisor.classify import MAX_SCAN_LINES, ClassifyContext, FailureClass, classify
+from sparkd.supervisor.classify import MAX_SCAN_LINES, ClassifyContext, classify
+from sparkd.supervisor.failures import FailureClass
 
 F = FailureClass
 CYAN, RESET = "\x1b[0;36m", "\x1b[0;0m"
@@ -366,7 +367,7 @@ CASES: dict[str, Case] = {
         ),
         F.rendezvous_timeout,
         "1/2 clients joined",
-        ("waited 601 s", "only 1/2 ranks arrived", "worker first"),
+        ("waited 601 s", "only 1/2 ranks arrived", "workers first"),
     ),
     "worker: cannot reach the head": Case(
         1,
@@ -537,7 +538,7 @@ CASES: dict[str, Case] = {
         (api('10.0.0.5:43002 - "GET /health HTTP/1.1" 200 OK', level="INFO:    ", src="x"),),
         F.engine_dead,
         None,
-        ("exited with status 0 without being asked to", "restarts both ranks"),
+        ("exited with status 0 without being asked to", "restarts every rank"),
         ctx=ClassifyContext(was_ready=True),
     ),
     "exit 0 before ready": Case(

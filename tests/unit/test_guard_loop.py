@@ -21,7 +21,7 @@ import pytest
 from sparkd.config import GuardConfig
 from sparkd.guard import Action, Decision, Guard, Level, Sampler, next_interval
 from sparkd.guard.sample import GIB, MIB
-from sparkd.supervisor.classify import Failure, FailureClass
+from sparkd.supervisor.failures import Failure, FailureClass
 
 PSI_CALM = "some avg10=0.00 avg60=0.00 avg300=0.00 total=10\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=5\n"
 

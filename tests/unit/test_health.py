@@ -11,7 +11,7 @@ import pytest
 
 from sparkd.config import HealthConfig
 from sparkd.supervisor import health as h
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.health import HealthTracker, ProbeOutcome, ProbeResult, Verdict, VllmMetrics
 from sparkd.supervisor.machine import BecameReady, HealthDegraded, HealthFailed, HealthRecovered, Observation
 

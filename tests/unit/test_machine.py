@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from sparkd.supervisor import machine as sm
-from sparkd.supervisor.classify import Failure, FailureClass
+from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.machine import State
 from sparkd.supervisor.policy import RestartPolicy
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.policy import (
     GiveUp,
     Restart,

@@ -13,7 +13,7 @@ from sparkd.config import Config, PreflightConfig, config_from_mapping
 from sparkd.preflight import gpu, host, image, memory, ports, processes, shm, stale, target
 from sparkd.preflight.base import GIB, MIB, Verdict
 from sparkd.preflight.stale import StaleProcess
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 V = Verdict
 

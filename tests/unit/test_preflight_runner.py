@@ -13,7 +13,7 @@ from sparkd.launch import render
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict, check
 from sparkd.preflight.runner import CHECK_IDS, DEFAULT_CHECKS, PreflightReport, run_preflight
 from sparkd.runtime.process import ProcessRuntime
-from sparkd.supervisor.classify import FailureClass
+from sparkd.supervisor.failures import FailureClass
 
 
 def context(tmp_path: Path, **preflight: object) -> PreflightContext:

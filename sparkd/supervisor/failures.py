@@ -1,0 +1,157 @@
+"""Failure classes and how the supervisor treats each one: one table, read by the restart policy, the
+lifecycle machine, the pair coordinator and the incident writer. Pure.
+
+A :class:`Failure` is one ended (or refused) launch: its class, the sentence an operator reads, and the
+facts it rests on. :func:`Failure.of` is the one way to make one.
+
+Rules of the table (:data:`TREATMENT`):
+
+1. ``restartable`` False: the same launch fails the same way every time, so the breaker opens at once.
+2. ``budget``: what a failure costs in the restart budget. ``one``: one strike. ``guard_kill``: the
+   configured ``guard_kill_weight`` (memory-guard kills open the breaker faster). ``none``: sparkd waits for
+   something outside vLLM (the peer node, the Docker engine); the delay grows as after a failure, but the
+   budget is not spent and the breaker never opens.
+3. ``scope``: where the cause lies. ``node``: on this node (memory, ports, config, the image). ``pair``: between
+   the ranks (the link, the peer, the rendezvous); a pair's head waits for the peer instead of blaming it.
+4. ``evidence``: what an incident folder holds beyond the log tail and the record.
+5. ``what`` and ``do``: the default sentence, "what happened; what to do", used when no log line names more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["TREATMENT", "Budget", "Evidence", "Failure", "FailureClass", "Scope", "Treatment", "treatment"]
+
+
+class FailureClass(StrEnum):
+    config_error = "config_error"  # the launch itself is wrong; retrying cannot help
+    free_memory_refusal = "free_memory_refusal"  # vLLM's startup check: not enough free memory
+    oom = "oom"  # ran out of memory (CUDA OOM, NVRM, kernel or earlyoom kill)
+    port_in_use = "port_in_use"  # EADDRINUSE on the API or master port
+    rendezvous_timeout = "rendezvous_timeout"  # the ranks never met in torch.distributed init
+    peer_lost = "peer_lost"  # the other rank went away (TCPStore closed)
+    nccl = "nccl"  # NCCL/RDMA error or collective timeout
+    engine_dead = "engine_dead"  # the engine core or a worker died
+    stall = "stall"  # requests running, tokens not moving (probe)
+    hang = "hang"  # not answering: RPC timeout, wedged TP pair (probe or log)
+    killed_by_guard = "killed_by_guard"  # sparkd's memory guard killed it
+    gpu_busy = "gpu_busy"  # CUDA device busy: a stale process holds the GPU
+    unknown = "unknown"  # nothing recognised
+
+
+class Budget(StrEnum):
+    one = "one"  # one strike toward the restart budget
+    guard_kill = "guard_kill"  # the configured guard_kill_weight
+    none = "none"  # waiting, not failing: no strike, the breaker never opens
+
+
+class Scope(StrEnum):
+    node = "node"  # the cause is on this node
+    pair = "pair"  # the cause is between the ranks: the link, the peer, the rendezvous
+
+
+class Evidence(StrEnum):
+    meminfo = "meminfo"  # /proc/meminfo at the time
+    kernel_log = "kernel_log"  # the kernel log's tail (OOM kills, NVRM, Xid, AER)
+    container = "container"  # docker inspect of vLLM's container, when there is one
+    guard = "guard"  # the memory guard's latest samples and trend
+
+
+@dataclass(frozen=True)
+class Treatment:
+    restartable: bool
+    budget: Budget
+    scope: Scope
+    evidence: frozenset[Evidence]
+    what: str  # "what happened", when nothing more specific is known
+    do: str  # "what to do", and what sparkd does about it
+
+
+_NO_RETRY = "sparkd will not retry a config error"
+_ALWAYS = frozenset({Evidence.meminfo, Evidence.container})
+_MEMORY = _ALWAYS | {Evidence.kernel_log, Evidence.guard}
+
+
+def _t(restartable: bool, budget: Budget, scope: Scope, evidence: frozenset[Evidence], what: str,
+       do: str) -> Treatment:
+    return Treatment(restartable, budget, scope, evidence, what, do)
+
+
+F, B, S = FailureClass, Budget, Scope
+
+TREATMENT: dict[FailureClass, Treatment] = {
+    F.config_error: _t(False, B.one, S.node, _ALWAYS, "vLLM's configuration was rejected",
+                       f"fix the config — {_NO_RETRY}"),
+    F.free_memory_refusal: _t(
+        True, B.one, S.node, _MEMORY, "vLLM refused to start because too little memory was free",
+        "page cache or a stale process holds memory — sparkd drops caches, sweeps stale vLLM processes and waits "
+        "for headroom before the next start; if it repeats, lower gpu_memory_utilization or reboot the node"),
+    F.oom: _t(
+        True, B.one, S.node, _MEMORY, "vLLM ran out of memory",
+        "if it repeats, lower gpu_memory_utilization, max_model_len or max_num_seqs — sparkd restarts with "
+        "backoff once there is memory headroom again"),
+    F.port_in_use: _t(
+        True, B.one, S.node, _ALWAYS, "A port vLLM needs was already in use",
+        "a stale VLLM::* process or an old container usually holds it — sparkd sweeps stale processes before "
+        "the next start; if another program owns the port, change the port in the config"),
+    F.rendezvous_timeout: _t(
+        True, B.one, S.pair, _ALWAYS, "The ranks never met at the torch.distributed rendezvous",
+        "check that every node's rank is up and that the head address and master port are reachable over the "
+        "interconnect (after a reboot, re-check the RoCE GID index) — sparkd restarts every rank, workers first"),
+    F.peer_lost: _t(
+        True, B.none, S.pair, _MEMORY, "The peer rank went away",
+        "if the peer host no longer answers ssh it may be frozen by memory exhaustion and need a power cycle — "
+        "sparkd restarts the group once the peer is back"),
+    F.nccl: _t(
+        True, B.one, S.pair, _MEMORY, "NCCL failed",
+        "check the interconnect (link state, RoCE GID index), /dev/shm space and CmaFree — sparkd restarts every "
+        "rank with backoff"),
+    F.engine_dead: _t(
+        True, B.one, S.node, _MEMORY, "The vLLM engine died",
+        "sparkd restarts every rank with backoff; the log tail in the incident folder shows what led to it"),
+    F.stall: _t(True, B.one, S.pair, _ALWAYS, "vLLM stopped producing tokens while requests were running",
+                "the tensor-parallel group is likely wedged — sparkd restarts every rank"),
+    F.hang: _t(True, B.one, S.pair, _MEMORY, "vLLM stopped answering",
+               "the tensor-parallel group is likely wedged (NCCL or the peer) — sparkd restarts every rank"),
+    F.killed_by_guard: _t(
+        True, B.guard_kill, S.node, _MEMORY,
+        "sparkd's memory guard killed vLLM because the node was running out of memory",
+        "guard kills weigh extra toward the restart budget; find what grows (the UCX cache leak: "
+        "UCX_MEM_MMAP_HOOK_MODE=none) or lower gpu_memory_utilization"),
+    F.gpu_busy: _t(
+        True, B.one, S.node, _ALWAYS, "CUDA reported the GPU busy or unavailable",
+        "a stale vLLM process from an earlier run still holds the GPU — sparkd sweeps stale processes and waits "
+        "for the GPU to be free before the next start"),
+    F.unknown: _t(True, B.one, S.node, _MEMORY, "vLLM stopped without a recognised error",
+                  "the log tail is in the incident folder — sparkd restarts with backoff"),
+}
+del F, B, S
+
+
+def treatment(cls: FailureClass) -> Treatment:
+    return TREATMENT[cls]
+
+
+@dataclass(frozen=True)
+class Failure:
+    cls: FailureClass
+    sentence: str
+    exit_code: int | None
+    signal: int | None  # as passed in, or derived from a 128+N exit code
+    evidence: str | None  # the log line the class rests on (undecorated), if any
+
+    @classmethod
+    def of(cls, failure_class: FailureClass, sentence: str, *, evidence: str | None = None,
+           exit_code: int | None = None, signal: int | None = None) -> Failure:
+        """The one way to make a failure that no exit produced (a preflight, a probe, the peer, the guard)."""
+        return cls(failure_class, sentence, exit_code, signal, evidence)
+
+    @property
+    def treatment(self) -> Treatment:
+        return TREATMENT[self.cls]
+
+    @property
+    def restartable(self) -> bool:
+        return self.treatment.restartable
