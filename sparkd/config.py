@@ -94,7 +94,7 @@ class Config(BaseSettings):
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Config:
-        if self.runtime is not RuntimeKind.process and not self.container.image:
+        if self.runtime.in_container and not self.container.image:
             raise ValueError(f"container.image: required when runtime is {self.runtime.value!r}")
         return self
 

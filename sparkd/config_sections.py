@@ -23,6 +23,11 @@ class RuntimeKind(StrEnum):
     docker_run = "docker-run"
     process = "process"
 
+    @property
+    def in_container(self) -> bool:
+        """vLLM runs in a container of ``[container] image`` (which must then be set)."""
+        return self is not RuntimeKind.process
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -17,5 +17,6 @@ image              image           config_error: a [[preflight.assert]] does not
 gpu                gpu             gpu_busy: a compute process that is not a stale vLLM holds the GPU
 =================  ==============  =============================================================================
 
-In-container checks run through :mod:`.container` (``exec_in_container``).
+Checks that look where vLLM runs (in its container, or on the host) ask the runtime: ``ctx.runtime.where``,
+``exec``, ``read_file``, ``missing_target`` (sparkd/runtime/base.py).
 """

@@ -2,7 +2,9 @@
 
 A check is a small async unit ``(ctx) -> CheckResult``. Its decision is a pure function of what it observed
 (tested with tables in tests/unit); the I/O around it reads through ``ctx`` (``proc_root``, ``shm_dir``), so
-tests point it at a view of /proc holding only their own processes, or at files of their own.
+tests point it at a view of /proc holding only their own processes, or at files of their own. Whatever must be
+looked at where vLLM runs (inside its container, or on the host) is asked of ``ctx.runtime``: ``where``,
+``exec``, ``read_file``; no check knows which runtime is configured.
 """
 
 from __future__ import annotations
@@ -13,15 +15,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparkd.config import Config
 from sparkd.launch import LaunchSpec
 from sparkd.runtime.base import Runtime
 from sparkd.supervisor.failures import FailureClass
-
-if TYPE_CHECKING:
-    from sparkd.preflight.container import ContainerExec
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -56,8 +55,6 @@ class PreflightContext:
     shm_dir: Path = Path("/dev/shm")
     # Everything read from /proc goes through this root (processes, sockets, meminfo, sysctls, drop_caches).
     proc_root: Path = Path("/proc")
-    # Where in-container checks run; None: the runtime's own ``exec_in_container``, else preflight's adapter.
-    container: ContainerExec | None = None
     # The command that turns swap off when ``[preflight] apply_host`` is set.
     swapoff: tuple[str, ...] = ("swapoff", "-a")
 

@@ -18,11 +18,8 @@ import re
 
 from sparkd.config import ImageAssert
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
+from sparkd.runtime.base import TargetUnavailable
 from sparkd.supervisor.failures import FailureClass
-
-MISSING = 3
-# cat the file; exit 3 when it is not there.
-CAT_SCRIPT = '[ -f "$1" ] || exit 3\nexec cat -- "$1"\n'
 
 
 def count_lines(text: str, pattern: str) -> int:
@@ -31,12 +28,10 @@ def count_lines(text: str, pattern: str) -> int:
     return sum(1 for line in text.splitlines() if rx.search(line))
 
 
-def problem(rule: ImageAssert, status: int, text: str, where: str) -> str | None:
-    """Pure: why the assertion does not hold, or None."""
-    if status == MISSING:
+def problem(rule: ImageAssert, text: str | None, where: str) -> str | None:
+    """Pure: why the assertion does not hold, or None. ``text`` is None when the file is not there."""
+    if text is None:
         return f"{rule.path} does not exist {where} (asserted {rule.count} line(s) matching {rule.pattern!r})"
-    if status != 0:
-        return f"{rule.path} cannot be read {where} (exit {status})"
     seen = count_lines(text, rule.pattern)
     if seen != rule.count:
         return (f"{rule.path} has {seen} line(s) matching {rule.pattern!r} {where}, expected {rule.count}: "
@@ -46,20 +41,20 @@ def problem(rule: ImageAssert, status: int, text: str, where: str) -> str | None
 
 @check("image")
 async def check_image(ctx: PreflightContext) -> CheckResult:
-    from sparkd.preflight import container as containers  # the docker SDK only when needed
-
     rules = ctx.cfg.preflight.asserts
     if not rules:
         return CheckResult("image", Verdict.ok, "no [[preflight.assert]] configured")
-    where = containers.where(ctx.cfg)
-    runner = containers.resolve(ctx.cfg, ctx.runtime, ctx.container)
+    where = ctx.runtime.where
     problems = []
     for rule in rules:
         try:
-            status, text = await runner.exec_in_container(["sh", "-c", CAT_SCRIPT, "sparkd-assert", rule.path])
-        except containers.ContainerUnavailable as exc:
+            text = await ctx.runtime.read_file(rule.path)
+        except TargetUnavailable as exc:
             return CheckResult("image", Verdict.warn, f"{len(rules)} assertion(s) not checked: {exc}")
-        why = problem(rule, status, text, where)
+        except OSError as exc:
+            problems.append(str(exc))
+            continue
+        why = problem(rule, text, where)
         if why:
             problems.append(why)
     if problems:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import anyio
 
-from sparkd.config import Config, RuntimeKind
+from sparkd.config import Config
 from sparkd.preflight import processes
 from sparkd.preflight.base import (
     CheckResult,
@@ -69,9 +69,9 @@ class Decision:
 # ---- pure parts -----------------------------------------------------------------------------------------
 
 
-def wanted_ports(cfg: Config) -> list[Wanted]:
-    """The ports this node's launch binds on the host's network (none in a private container network)."""
-    if cfg.runtime is not RuntimeKind.process and not cfg.container.host_network:
+def wanted_ports(cfg: Config, *, on_host_network: bool) -> list[Wanted]:
+    """The ports this node's launch binds on the host's network (none when vLLM has a network of its own)."""
+    if not on_host_network:
         return []
     ports = []
     if not cfg.headless:
@@ -216,7 +216,7 @@ async def _one(ctx: PreflightContext, want: Wanted) -> Decision:
 
 @check("ports")
 async def check_ports(ctx: PreflightContext) -> CheckResult:
-    wanted = wanted_ports(ctx.cfg)
+    wanted = wanted_ports(ctx.cfg, on_host_network=ctx.runtime.shares_host_network)
     if not wanted:
         return CheckResult("ports", Verdict.ok, "no port to check (headless, or the container has its own "
                            "network)")

@@ -1,13 +1,14 @@
 """Check: what the launch runs is there, where it will run.
 
-- The launch target (the executable or the user's launch script) exists and is executable; for the Docker
-  runtimes inside the container, which runs the configured image (the runtime's ``missing_target``). A
+- The launch target (the executable or the user's launch script) exists and is executable where vLLM runs
+  (inside the container for the Docker runtimes, which must run the configured image: ``missing_target``). A
   missing target fails with the path named: the "ExecStart points at a ghost file" failure, caught before a
   day of exit-127 restarts.
 - A model given as a local (absolute) path exists where vLLM runs, with its ``config.json`` and its weight
   shards; with a ``*.index.json``, every shard it lists; with ``-0000k-of-0000n`` names, all n of them.
 
-Both fail with class ``config_error``: retrying cannot help.
+Both fail with class ``config_error``: retrying cannot help. A dry run does not create or start the place vLLM
+runs to look (``pending_preparation``): it reports what the launch would do there.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sparkd.config import RuntimeKind
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
+from sparkd.runtime.base import TargetUnavailable
 from sparkd.supervisor.failures import FailureClass
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -136,37 +137,18 @@ def _fail(text: str) -> CheckResult:
     return CheckResult("launch_target", Verdict.fail, text, failure_class=FailureClass.config_error)
 
 
-async def _docker_exec_absent(ctx: PreflightContext) -> str | None:
-    """Dry run, docker-exec: checking the target would create or start the container. Say so instead."""
-    from sparkd.preflight import container as containers  # the docker SDK only when needed
-
-    probe = containers.DockerExecIn(ctx.cfg)
-    try:
-        status = await probe.status()
-    except containers.ContainerUnavailable as exc:
-        return str(exc)
-    name = ctx.cfg.container.name
-    if status is None:
-        return f"container {name} does not exist; the launch would create it from {ctx.cfg.container.image}"
-    if status != "running":
-        return f"container {name} is {status}; the launch would start it"
-    return None
-
-
 @check("launch_target")
 async def check_launch_target(ctx: PreflightContext) -> CheckResult:
-    from sparkd.preflight import container as containers  # the docker SDK only when needed
-
-    cfg = ctx.cfg
-    if ctx.dry_run and cfg.runtime is RuntimeKind.docker_exec and ctx.container is None:
-        absent = await _docker_exec_absent(ctx)
-        if absent:
-            return CheckResult("launch_target", Verdict.warn, absent + " (dry run: the target is checked then)")
-    problem = await ctx.runtime.missing_target(ctx.spec)
+    cfg, runtime = ctx.cfg, ctx.runtime
+    if ctx.dry_run:  # checking the target may create or start the place vLLM runs: say so instead
+        pending = await runtime.pending_preparation()
+        if pending:
+            return CheckResult("launch_target", Verdict.warn, pending + " (dry run: the target is checked then)")
+    problem = await runtime.missing_target(ctx.spec)
     if problem:
         return _fail(problem)
     target = ctx.spec.argv[1] if ctx.spec.argv[0] == "bash" and len(ctx.spec.argv) > 1 else ctx.spec.argv[0]
-    where = containers.where(cfg)
+    where = runtime.where
     found = [f"the launch target {target} is there {where}"]
     path = local_model(cfg.launch.model)
     if path is None:
@@ -174,13 +156,12 @@ async def check_launch_target(ctx: PreflightContext) -> CheckResult:
     elif is_standin(ctx.spec.argv):
         found.append("model path not checked: the launch is the vLLM stand-in")
     else:
-        runner = containers.resolve(cfg, ctx.runtime, ctx.container)
         try:
-            status, output = await runner.exec_in_container(["sh", "-c", LIST_SCRIPT, "sparkd-model", path])
-        except containers.ContainerUnavailable as exc:
+            result = await runtime.exec(["sh", "-c", LIST_SCRIPT, "sparkd-model", path])
+        except TargetUnavailable as exc:
             return CheckResult("launch_target", Verdict.warn, "; ".join(found) + f"; model path {path} not "
                                f"checked: {exc}")
-        problem, seen = model_problem(path, parse_listing(status, output), where)
+        problem, seen = model_problem(path, parse_listing(result.exit_code, result.stdout), where)
         if problem:
             return _fail(problem)
         found.append(seen)

@@ -1,7 +1,18 @@
-"""The one small interface every way of running vLLM implements.
+"""The one interface every way of running vLLM implements, and the records it trades in.
 
-A runtime launches the rendered launch, finds an instance it launched earlier (adoption), waits for its exit
-(event-driven, never a slow poll), stops it (SIGTERM to the tree, grace, SIGKILL) and yields its log lines.
+A runtime owns *where vLLM runs*: it launches the rendered launch there, finds an instance it launched earlier
+(adoption), waits for its exit (event-driven, never a slow poll), stops it (SIGTERM to the tree, grace, SIGKILL)
+and yields its log lines. It also answers preflight's questions about that place, so no check needs to know
+which runtime is configured:
+
+- ``where``: the place in words ("on this host", "in container vllm_ds4", "in image X"), for sentences;
+- ``exec(cmd)`` / ``read_file(path)``: run a command or read a file there (raise ``TargetUnavailable`` when
+  there is nothing to run it in yet);
+- ``missing_target(spec)``: why the launch target cannot run there; ``pending_preparation()``: what a launch
+  would first create or start (a dry run reports it instead of doing it);
+- ``shares_host_network`` / ``shares_host_ipc``: whether vLLM's ports and /dev/shm are the host's;
+- ``inspect``, ``configured_image_id``, ``image_identity``, ``drift``, ``recreate``: what the engine knows.
+
 The supervisor decides; runtimes only act.
 """
 
@@ -9,13 +20,19 @@ from __future__ import annotations
 
 import abc
 import signal as signals
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import anyio
 
+from sparkd.config import Config
 from sparkd.launch import LaunchSpec
+
+EXEC_TIMEOUT_S = 60.0
+MISSING_FILE = 3  # exit status of READ_SCRIPT when the file is not there
+# Print a file; exit 3 when it is not a regular file.
+READ_SCRIPT = '[ -f "$1" ] || exit 3\nexec cat -- "$1"\n'
 
 
 class LaunchError(Exception):
@@ -24,6 +41,10 @@ class LaunchError(Exception):
     def __init__(self, message: str, exit_code: int = 127) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class TargetUnavailable(Exception):
+    """There is nothing to run a command in where vLLM runs (no container yet, a stopped one, no engine)."""
 
 
 @dataclass(frozen=True)
@@ -74,10 +95,47 @@ class ExitInfo:
         return cls(exit_code=code)
 
 
+@dataclass(frozen=True)
+class ExecResult:
+    """What a command run where vLLM runs said: its exit status, stdout and stderr (decoded, lossy)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str = ""
+
+
+@dataclass(frozen=True)
+class ImageIdentity:
+    """The image vLLM runs from, as the engine knows it: the pair compares ranks by one of these fields."""
+
+    id: str
+    repo_digests: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One setting in which the place vLLM runs differs from the config: ``key`` is the config key."""
+
+    key: str
+    configured: Any
+    actual: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}: the config says {self.configured!r}, the container has {self.actual!r}"
+
+
 class Runtime(abc.ABC):
     """How vLLM runs on this node."""
 
     name: str
+
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, cfg: Config, *, rehearse: bool = False) -> Runtime:
+        """The runtime for ``cfg`` (``rehearse``: the vLLM stand-in runs in vLLM's place)."""
+
+    # ---- the lifecycle
 
     @abc.abstractmethod
     async def launch(self, spec: LaunchSpec) -> Instance:
@@ -99,20 +157,79 @@ class Runtime(abc.ABC):
     def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
         """The instance's output lines from its start; once ``done`` is set (it exited), drain and end."""
 
-    async def inspect(self, instance: Instance) -> dict[str, Any] | None:
-        """The container's inspect data for incident folders (docker runtimes); None otherwise."""
-        return None
-
-    async def configured_image_id(self) -> str | None:
-        """The id of the image vLLM runs from (docker runtimes), for comparing the ranks of a pair."""
-        return None
-
-    async def missing_target(self, spec: LaunchSpec) -> str | None:
-        """Why the launch target cannot run where it will run (a sentence naming the path), or None."""
-        return None
-
     def pids(self, instance: Instance) -> set[int]:
         """Host PIDs of the instance's process tree (the memory guard and stale sweep must spare them)."""
         from sparkd.runtime.proctree import tree_pids
 
         return tree_pids(instance.pid)
+
+    # ---- where vLLM runs
+
+    @property
+    @abc.abstractmethod
+    def where(self) -> str:
+        """The place vLLM runs, for sentences: ``on this host``, ``in container vllm_ds4``."""
+
+    @property
+    @abc.abstractmethod
+    def shares_host_network(self) -> bool:
+        """vLLM's ports are bound on the host's network (a port check on the host means something)."""
+
+    @property
+    @abc.abstractmethod
+    def shares_host_ipc(self) -> bool:
+        """vLLM's /dev/shm is the host's."""
+
+    @abc.abstractmethod
+    async def exec(self, cmd: Sequence[str], *, env: Mapping[str, str] | None = None,
+                   timeout_s: float = EXEC_TIMEOUT_S) -> ExecResult:
+        """Run ``cmd`` where vLLM runs (``env`` added to its environment). Raises TargetUnavailable."""
+
+    async def read_file(self, path: str) -> str | None:
+        """The text of ``path`` where vLLM runs; None when it is not a regular file there.
+
+        Raises TargetUnavailable, or OSError naming the path when it exists but cannot be read."""
+        result = await self.exec(["sh", "-c", READ_SCRIPT, "sparkd-read", path])
+        if result.exit_code == MISSING_FILE:
+            return None
+        if result.exit_code != 0:
+            raise OSError(f"{path} cannot be read {self.where} (exit {result.exit_code}: "
+                          f"{result.stderr.strip()[:200]})")
+        return result.stdout
+
+    @abc.abstractmethod
+    async def missing_target(self, spec: LaunchSpec) -> str | None:
+        """Why the launch target cannot run where it will run (a sentence naming the path), or None.
+
+        May prepare the place (create or start a container) to look; see ``pending_preparation``."""
+
+    async def pending_preparation(self) -> str | None:
+        """What a launch would first create or start where vLLM runs (a dry run reports this instead of
+        checking the target), or None when that place is ready as it is. The host always is."""
+        return None
+
+    # ---- what the engine knows
+
+    async def inspect(self, instance: Instance) -> dict[str, Any] | None:
+        """What the engine (or the kernel) says about the instance, for incident folders; None once gone."""
+        return None
+
+    async def configured_image_id(self) -> str | None:
+        """The id of the image vLLM runs from, read now; None when vLLM runs from no image (on the host) or
+        the image is not there (the launch reports that)."""
+        identity = await self.image_identity()
+        return identity.id if identity else None
+
+    async def image_identity(self) -> ImageIdentity | None:
+        """Id, repo digests and labels of the image vLLM runs from; None as for ``configured_image_id``."""
+        return None
+
+    async def drift(self) -> list[Difference]:
+        """How an existing place vLLM runs (an adopted container) differs from the config, key by key.
+        Empty when there is nothing sparkd did not just create from the config."""
+        return []
+
+    async def recreate(self) -> str:
+        """Replace the place vLLM runs with one made from the config (``sparkctl recreate``); the instance must
+        be stopped first. Returns what was done, as a sentence. Raises LaunchError."""
+        return f"nothing to recreate: vLLM runs {self.where}"

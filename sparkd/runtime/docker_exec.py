@@ -11,7 +11,7 @@ read from the host through ``/proc/<container init PID>/root``, so an instance o
 from __future__ import annotations
 
 import shlex
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,22 +21,11 @@ import docker.errors
 
 from sparkd.launch import LaunchSpec, render_script
 from sparkd.runtime import proctree
-from sparkd.runtime.base import ExitInfo, Instance, LaunchError
-from sparkd.runtime.dockerutil import (
-    DOCKER_ERRORS,
-    DockerRuntime,
-    call,
-    check_command,
-    container_options,
-    create_time_or_zero,
-    explain,
-    missing_rehearse_mounts,
-    no_bash,
-    put_file,
-    short_id,
-    target_sentence,
-    wait_same_exit,
-)
+from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, TargetUnavailable
+from sparkd.runtime.container_spec import container_options, missing_rehearse_mounts
+from sparkd.runtime.docker_api import DOCKER_ERRORS, call, decode, explain, no_bash, put_file, short_id
+from sparkd.runtime.docker_base import DockerRuntime, create_time_or_zero, timed_out, wait_same_exit
+from sparkd.runtime.launch_target import check_command, target_sentence
 from sparkd.runtime.logfile import follow_file
 
 LOG_IN_CONTAINER = "/tmp/sparkd-vllm.log"
@@ -120,13 +109,6 @@ class DockerExecRuntime(DockerRuntime):
 
     # ---- launch
 
-    async def launch(self, spec: LaunchSpec) -> Instance:
-        try:
-            return await self._launch(spec)
-        except DOCKER_ERRORS as exc:
-            raise LaunchError(f"docker-exec launch in container {self.container_name} failed: "
-                              f"{explain(exc)}", 125) from exc
-
     async def _launch(self, spec: LaunchSpec) -> Instance:
         container = await self.ensure_container()
         running = await self._scan_execs()
@@ -173,7 +155,73 @@ class DockerExecRuntime(DockerRuntime):
         raise LaunchError(f"the exec in container {self.container_name} reported no PID "
                           f"within {PID_WAIT_S:.0f} s", 125)
 
-    # ---- preflight
+    # ---- where vLLM runs: the container
+
+    @property
+    def where(self) -> str:
+        return f"in container {self.container_name}"
+
+    async def pending_preparation(self) -> str | None:
+        """The container is missing or stopped: the launch (and the target check) would create or start it."""
+        try:
+            container = await self.container(self.container_name)
+        except DOCKER_ERRORS as exc:
+            return f"the Docker engine does not answer: {explain(exc)}"
+        if container is None:
+            return (f"container {self.container_name} does not exist; the launch would create it from "
+                    f"{self.cfg.container.image}")
+        if container.status != "running":
+            return f"container {self.container_name} is {container.status}; the launch would start it"
+        return None
+
+    async def exec(self, cmd: Sequence[str], *, env: Mapping[str, str] | None = None,
+                   timeout_s: float = EXEC_TIMEOUT_S) -> ExecResult:
+        """``docker exec`` in the running container; past ``timeout_s`` the exec's process is killed (124)."""
+        name = self.container_name
+        try:
+            container = await self.container(name)
+            if container is None:
+                raise TargetUnavailable(f"container {name} does not exist")
+            if container.status != "running":
+                raise TargetUnavailable(f"container {name} is {container.status}")
+            api = (await self.docker()).api
+            exec_id = (await call(api.exec_create, container.id, list(cmd), environment=dict(env or {}) or None,
+                                  stdout=True, stderr=True))["Id"]
+            output = None
+            with anyio.move_on_after(timeout_s):
+                output = await anyio.to_thread.run_sync(
+                    lambda: api.exec_start(exec_id, demux=True), abandon_on_cancel=True)
+            if output is None:
+                await self._kill_exec(api, exec_id)
+                return timed_out(timeout_s)
+            code = await self._exit_code(api, exec_id)
+        except docker.errors.APIError as exc:
+            if no_bash(exc):
+                return ExecResult(127, "", explain(exc))
+            raise TargetUnavailable(f"cannot exec in container {name}: {explain(exc)}") from exc
+        except DOCKER_ERRORS as exc:
+            raise TargetUnavailable(f"cannot exec in container {name}: {explain(exc)}") from exc
+        out, err = decode(output[0]), decode(output[1])
+        if code == 126 and out.startswith("OCI runtime exec failed") and "not found" in out:
+            return ExecResult(127, "", out.strip())  # the engine's word for "command not found"
+        return ExecResult(code, out, err)
+
+    @staticmethod
+    async def _exit_code(api: Any, exec_id: str) -> int:
+        """The ended exec's status; Docker records it a moment after the output stream closes."""
+        with anyio.move_on_after(EXIT_WAIT_S):
+            while True:
+                data = await call(api.exec_inspect, exec_id)
+                if not data.get("Running") and data.get("ExitCode") is not None:
+                    return int(data["ExitCode"])
+                await anyio.sleep(0.02)
+        raise TargetUnavailable(f"exec {exec_id[:12]} reported no exit status within {EXIT_WAIT_S:.0f} s")
+
+    async def _kill_exec(self, api: Any, exec_id: str) -> None:
+        data = await call(api.exec_inspect, exec_id)
+        pid = int(data.get("Pid") or 0)
+        if data.get("Running") and pid > 0:
+            await proctree.terminate_tree(pid, 0)
 
     async def missing_target(self, spec: LaunchSpec) -> str | None:
         """What keeps the launch from running in the container: a missing target or mount, another image.
@@ -185,21 +233,23 @@ class DockerExecRuntime(DockerRuntime):
             drift = await self._image_drift(container)
             if drift:
                 return drift
-            return await self._check_target(container, spec)
+            result = await self.exec(check_command(spec.argv), env=spec.env)
         except LaunchError as exc:
             return str(exc) if exc.exit_code in (126, 127) else None
+        except TargetUnavailable:
+            return None
         except DOCKER_ERRORS:
             return None
+        if result.exit_code in (126, 127):
+            return f"bash is not {self.where} (sparkd launches through bash)"
+        return target_sentence(spec.argv, result.exit_code, self.where)
 
     async def _image_drift(self, container: Any) -> str | None:
         want = self.cfg.container.image
         have_id = container.attrs.get("Image", "")
         have_name = (container.attrs.get("Config") or {}).get("Image", "")
-        client = await self.docker()
-        try:
-            want_id = (await call(client.images.get, want)).id
-        except docker.errors.ImageNotFound:
-            want_id = None
+        identity = await self.image_identity()
+        want_id = identity.id if identity else None
         if want_id == have_id or (want_id is None and have_name == want):
             return None
         name = self.container_name
@@ -208,16 +258,6 @@ class DockerExecRuntime(DockerRuntime):
                     f"now names {short_id(want_id or '')}: recreate the container")
         wanted = f"{want} ({short_id(want_id)})" if want_id else f"{want} (not on this node)"
         return f"container {name} runs image {have_name} ({short_id(have_id)}), the config says {wanted}"
-
-    async def _check_target(self, container: Any, spec: LaunchSpec) -> str | None:
-        where = f"container {self.container_name}"
-        try:
-            result = await call(container.exec_run, check_command(spec.argv), environment=spec.env or None)
-        except docker.errors.APIError as exc:
-            if no_bash(exc):
-                return f"bash is not in {where} (sparkd launches through bash)"
-            raise
-        return target_sentence(spec.argv, int(result.exit_code), where)
 
     # ---- watching
 

@@ -16,7 +16,7 @@ import re
 import signal
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,26 +24,24 @@ import anyio
 import docker.errors
 
 from sparkd.launch import LaunchSpec, render_script
-from sparkd.runtime.base import ExitInfo, Instance, LaunchError
-from sparkd.runtime.dockerutil import (
+from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, TargetUnavailable
+from sparkd.runtime.container_spec import container_options
+from sparkd.runtime.docker_api import (
     CHECK_LABEL,
     DOCKER_ERRORS,
     HASH_LABEL,
     MANAGED_LABEL,
     NODE_LABEL,
-    DockerRuntime,
     call,
-    check_command,
     close_quietly,
-    container_options,
-    create_time_or_zero,
     epoch_param,
     explain,
     next_item,
     no_bash,
     put_file,
-    target_sentence,
 )
+from sparkd.runtime.docker_base import DockerRuntime, ImageMissing, create_time_or_zero
+from sparkd.runtime.launch_target import check_command, target_sentence
 
 RECONNECT_S = 1.0  # pause before reopening a broken events or logs stream
 SETTLE_S = 10.0  # how long inspect may lag behind a die event
@@ -120,13 +118,6 @@ class DockerRunRuntime(DockerRuntime):
 
     # ---- launch
 
-    async def launch(self, spec: LaunchSpec) -> Instance:
-        try:
-            return await self._launch(spec)
-        except DOCKER_ERRORS as exc:
-            raise LaunchError(f"docker-run launch of container {self.container_name} failed: "
-                              f"{explain(exc)}", 125) from exc
-
     async def _launch(self, spec: LaunchSpec) -> Instance:
         await self._remove_previous()
         cfg, client = self.cfg, await self.docker()
@@ -168,41 +159,28 @@ class DockerRunRuntime(DockerRuntime):
         with contextlib.suppress(docker.errors.NotFound):
             await call(old.remove, v=True)
 
-    # ---- preflight
+    # ---- where vLLM runs: a fresh container of the image, per launch
+
+    @property
+    def where(self) -> str:
+        return f"in image {self.cfg.container.image}"
+
+    async def exec(self, cmd: Sequence[str], *, env: Mapping[str, str] | None = None,
+                   timeout_s: float = EXEC_TIMEOUT_S) -> ExecResult:
+        """The command in a short-lived container of the configured image with the configured mounts."""
+        return await self.run_once(cmd, env=env, timeout_s=timeout_s)
 
     async def missing_target(self, spec: LaunchSpec) -> str | None:
         """Check the launch target in a short-lived container of the configured image, with the mounts."""
-        image = self.cfg.container.image
         try:
-            client = await self.docker()
-            try:
-                await call(client.images.get, image)
-            except docker.errors.ImageNotFound:
-                return f"the image {image} is not on this node (pull or build it)"
-            status = await self._run_check(client, spec)
-        except DOCKER_ERRORS:
+            result = await self.exec(check_command(spec.argv), env=spec.env, timeout_s=CHECK_TIMEOUT_S)
+        except ImageMissing as exc:
+            return str(exc)
+        except TargetUnavailable:
             return None  # the engine's trouble: the launch reports it
-        if status is None:
-            return f"bash is not in image {image} (sparkd launches through bash)"
-        return target_sentence(spec.argv, status, f"image {image}")
-
-    async def _run_check(self, client: Any, spec: LaunchSpec) -> int | None:
-        options = container_options(
-            self.cfg, entrypoint=check_command(spec.argv), rehearse=self.rehearse, name=None, gpus=False,
-            labels={**self.extra_labels, CHECK_LABEL: "1", NODE_LABEL: self.node}, env=spec.env,
-        )
-        container = await call(client.containers.create, **options)
-        try:
-            try:
-                await call(container.start)
-            except docker.errors.APIError as exc:
-                if no_bash(exc):
-                    return None
-                raise
-            result = await call(container.wait, timeout=CHECK_TIMEOUT_S)
-            return int(result["StatusCode"])
-        finally:
-            await call(container.remove, force=True, v=True)
+        if result.exit_code in (126, 127):
+            return f"bash is not {self.where} (sparkd launches through bash)"
+        return target_sentence(spec.argv, result.exit_code, self.where)
 
     # ---- adoption
 

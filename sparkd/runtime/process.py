@@ -7,17 +7,19 @@ sparkd follows, so the instance survives a daemon restart and is adopted by the 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 
+from sparkd.config import Config
 from sparkd.launch import LaunchSpec, render_script
 from sparkd.runtime import proctree
-from sparkd.runtime.base import ExitInfo, Instance, LaunchError, Runtime
+from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, Runtime
+from sparkd.runtime.launch_target import missing_host_target
 from sparkd.runtime.logfile import follow_file
 
 VLLM_OOM_SCORE_ADJ = 500
@@ -30,21 +32,6 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def missing_host_target(argv: tuple[str, ...]) -> str | None:
-    """For a host launch: the executable (or the user's script) must exist and be executable."""
-    target = argv[1] if argv[0] == "bash" and len(argv) > 1 else argv[0]
-    if "/" in target:
-        path = Path(target)
-        if not path.exists():
-            return f"the launch target {target} does not exist"
-        if argv[0] != "bash" and not os.access(path, os.X_OK):
-            return f"the launch target {target} is not executable"
-        return None
-    if shutil.which(target) is None:
-        return f"the launch target {target} is not on PATH ({os.environ.get('PATH', '')})"
-    return None
-
-
 class ProcessRuntime(Runtime):
     name = "process"
 
@@ -55,6 +42,10 @@ class ProcessRuntime(Runtime):
         self.raw_log_limit = raw_log_limit
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._exits: dict[int, ExitInfo] = {}
+
+    @classmethod
+    def from_config(cls, cfg: Config, *, rehearse: bool = False) -> ProcessRuntime:
+        return cls(cfg.paths.state_dir / "run")
 
     async def launch(self, spec: LaunchSpec) -> Instance:
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -77,8 +68,54 @@ class ProcessRuntime(Runtime):
             config_hash=spec.config_hash, log_path=str(self.raw_log),
         )
 
+    # ---- where vLLM runs: this host
+
+    where = "on this host"
+    shares_host_network = True
+    shares_host_ipc = True
+
+    async def exec(self, cmd: Sequence[str], *, env: Mapping[str, str] | None = None,
+                   timeout_s: float = EXEC_TIMEOUT_S) -> ExecResult:
+        """The command on the host with sparkd's environment plus ``env``; killed past ``timeout_s`` (124).
+        A missing executable is exit 127, as a shell says."""
+        result = None
+        try:
+            with anyio.move_on_after(timeout_s):
+                result = await anyio.run_process(list(cmd), check=False, env={**os.environ, **(env or {})},
+                                                 stdin=subprocess.DEVNULL)
+        except FileNotFoundError as exc:
+            return ExecResult(127, "", f"{cmd[0]}: {exc.strerror}")
+        except PermissionError as exc:
+            return ExecResult(126, "", f"{cmd[0]}: {exc.strerror}")
+        if result is None:
+            return ExecResult(124, "", f"timed out after {timeout_s:g} s")
+        return ExecResult(result.returncode, result.stdout.decode("utf-8", errors="replace"),
+                          result.stderr.decode("utf-8", errors="replace"))
+
+    async def read_file(self, path: str) -> str | None:
+        """The host file read directly (no process started); None when it is not a regular file."""
+        target = Path(path)
+        if not target.is_file():
+            return None
+        return await anyio.to_thread.run_sync(lambda: target.read_text(encoding="utf-8", errors="replace"))
+
     async def missing_target(self, spec: LaunchSpec) -> str | None:
-        return missing_host_target(spec.argv)
+        return missing_host_target(spec.argv, spec.env)
+
+    async def inspect(self, instance: Instance) -> dict[str, Any] | None:
+        """The instance's main process as the kernel shows it (argv, state, memory, tree), while it runs."""
+        proc = proctree.same_process(instance.pid, instance.create_time)
+        if proc is None:
+            return None
+        try:
+            with proc.oneshot():
+                return {
+                    "Pid": proc.pid, "Cmdline": proc.cmdline(), "Status": proc.status(),
+                    "CreateTime": proc.create_time(), "Cwd": proc.cwd(), "RssBytes": proc.memory_info().rss,
+                    "TreePids": sorted(proctree.tree_pids(proc.pid)),
+                }
+        except psutil.Error:
+            return None
 
     async def find(self, record: dict[str, Any] | None) -> Instance | None:
         if not record or record.get("runtime") != self.name:

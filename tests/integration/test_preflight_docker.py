@@ -1,6 +1,6 @@
-"""Preflight checks that look inside a real container: the launch target and the configured image (through the
-docker-exec runtime's ``missing_target``), the model path with its config and shards, and the image integrity
-assertions (the field's double-applied mxfp4.py patch). Also: a dry run creates no container."""
+"""Preflight checks that look inside a real container, through the runtime (``missing_target``, ``exec``,
+``read_file``): the launch target and the configured image, the model path with its config and shards, and the
+image integrity assertions (the field's double-applied mxfp4.py patch). Also: a dry run creates no container."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import pytest
 from sparkd.config import Config, config_from_mapping
 from sparkd.launch import render
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict
-from sparkd.preflight.container import DockerExecIn, DockerRunIn
 from sparkd.preflight.image import check_image
 from sparkd.preflight.target import check_launch_target
 from sparkd.runtime.docker_exec import DockerExecRuntime
+from sparkd.runtime.docker_run import DockerRunRuntime
 from sparkd.supervisor.failures import FailureClass
 
 pytestmark = pytest.mark.docker
@@ -98,7 +98,7 @@ def run(check: Any, ctx: PreflightContext) -> CheckResult:
 def exec_context(box: Box, docker_client: Any, labels: dict[str, str], **sections: Any) -> PreflightContext:
     cfg = box.config(**sections)
     runtime = DockerExecRuntime(cfg, labels=labels, client=docker_client)
-    return PreflightContext(cfg=cfg, spec=render(cfg), runtime=runtime, container=DockerExecIn(cfg, docker_client))
+    return PreflightContext(cfg=cfg, spec=render(cfg), runtime=runtime)
 
 
 # ---- launch target and model, inside the container ----------------------------------------------------------
@@ -176,13 +176,8 @@ def test_docker_run_checks_in_a_short_lived_container(box: Box, docker_client: A
         "preflight": {"assert": [{"path": "/models/m/config.json", "pattern": "^[{]", "count": 1}]},
     }
     cfg = config_from_mapping(data, env={})
-    runner = DockerRunIn(cfg, docker_client, labels=docker_test_labels)
-
-    class NoTarget(DockerExecRuntime):  # only the in-container part is under test here
-        async def missing_target(self, spec: Any) -> str | None:
-            return None
-
-    ctx = PreflightContext(cfg=cfg, spec=render(cfg), runtime=NoTarget(cfg, client=docker_client), container=runner)
+    runtime = DockerRunRuntime(cfg, client=docker_client, labels=docker_test_labels)
+    ctx = PreflightContext(cfg=cfg, spec=render(cfg), runtime=runtime)
     target = run(check_launch_target, ctx)
     assert target.verdict is Verdict.ok and f"in image {test_image}" in target.found, target
     assert run(check_image, ctx).verdict is Verdict.ok

@@ -1,0 +1,222 @@
+"""What the Docker runtimes share: the engine client, labels, the launch error template, the configured image,
+``docker inspect``, host PID waits, and commands run in a short-lived container of the configured image.
+
+A subclass says how a launch starts (``_launch``) and how a command reaches the place vLLM runs (``exec``);
+this base turns engine errors during a launch into one ``LaunchError`` sentence for both.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import docker.errors
+import requests
+
+from sparkd.config import Config
+from sparkd.launch import LaunchSpec
+from sparkd.runtime import proctree
+from sparkd.runtime.base import (
+    EXEC_TIMEOUT_S,
+    ExecResult,
+    ImageIdentity,
+    Instance,
+    LaunchError,
+    Runtime,
+    TargetUnavailable,
+)
+from sparkd.runtime.container_spec import container_options
+from sparkd.runtime.docker_api import (
+    CHECK_LABEL,
+    DOCKER_ERRORS,
+    MANAGED_LABEL,
+    NODE_LABEL,
+    call,
+    connect,
+    decode,
+    explain,
+    no_bash,
+)
+
+TIMED_OUT = 124  # the exit status of a command that ran out of time, as timeout(1) reports it
+
+
+async def wait_same_exit(pid: int, create_time: float) -> None:
+    """Return once the process ``pid`` created at ``create_time`` has exited (at once if it is gone).
+
+    The pidfd is opened before the identity check, so a PID reused meanwhile cannot be mistaken for it.
+    """
+    if pid <= 0:
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if proctree.same_process(pid, create_time) is None:
+            return
+        await anyio.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+def create_time_or_zero(pid: int) -> float:
+    """psutil's create_time of ``pid``, or 0.0 when it already ended (no live process matches 0.0)."""
+    if pid <= 0:
+        return 0.0
+    try:
+        return proctree.create_time(pid)
+    except Exception:
+        return 0.0
+
+
+class ImageMissing(TargetUnavailable):
+    """The configured image is not on this node."""
+
+
+def timed_out(timeout_s: float) -> ExecResult:
+    return ExecResult(TIMED_OUT, "", f"timed out after {timeout_s:g} s")
+
+
+class DockerRuntime(Runtime):
+    """Shared state of the Docker runtimes.
+
+    ``labels``: extra labels for every container this runtime creates (tests mark theirs for cleanup).
+    ``client``: a ``docker.DockerClient`` to use; by default one from the environment, made on first use.
+    """
+
+    def __init__(
+        self, cfg: Config, *, rehearse: bool = False, labels: Mapping[str, str] | None = None,
+        client: Any = None,
+    ) -> None:
+        self.cfg = cfg
+        self.rehearse = rehearse
+        self.extra_labels = {**cfg.container.labels, **(labels or {})}
+        self._client = client
+
+    @classmethod
+    def from_config(cls, cfg: Config, *, rehearse: bool = False) -> DockerRuntime:
+        return cls(cfg, rehearse=rehearse)
+
+    @property
+    def container_name(self) -> str:
+        return self.cfg.container.name
+
+    @property
+    def node(self) -> str:
+        return self.cfg.node.name
+
+    @property
+    def shares_host_network(self) -> bool:
+        return self.cfg.container.host_network
+
+    @property
+    def shares_host_ipc(self) -> bool:
+        return self.cfg.container.host_ipc
+
+    async def docker(self) -> Any:
+        if self._client is None:
+            self._client = await connect()
+        return self._client
+
+    def labels(self, **more: str) -> dict[str, str]:
+        return {**self.extra_labels, MANAGED_LABEL: "1", NODE_LABEL: self.node, **more}
+
+    def ours(self, labels: Mapping[str, str] | None) -> bool:
+        labels = labels or {}
+        return labels.get(MANAGED_LABEL) == "1" and labels.get(NODE_LABEL) == self.node
+
+    async def container(self, ref: str) -> Any | None:
+        """The container ``ref`` (id or name), or None when there is none."""
+        client = await self.docker()
+        try:
+            return await call(client.containers.get, ref)
+        except docker.errors.NotFound:
+            return None
+
+    # ---- launch: one error template
+
+    async def launch(self, spec: LaunchSpec) -> Instance:
+        try:
+            return await self._launch(spec)
+        except DOCKER_ERRORS as exc:
+            raise LaunchError(f"{self.name} launch in container {self.container_name} failed: "
+                              f"{explain(exc)}", 125) from exc
+
+    @abc.abstractmethod
+    async def _launch(self, spec: LaunchSpec) -> Instance:
+        """Start the launch; engine errors are turned into LaunchError by ``launch``."""
+
+    # ---- what the engine knows
+
+    async def image_identity(self) -> ImageIdentity | None:
+        """The configured image as this node's engine has it, read now (a tag may have moved)."""
+        try:
+            client = await self.docker()
+            image = await call(client.images.get, self.cfg.container.image)
+        except DOCKER_ERRORS:  # no engine, no image: the launch itself reports that
+            return None
+        attrs = image.attrs or {}
+        return ImageIdentity(id=str(image.id), repo_digests=tuple(attrs.get("RepoDigests") or ()),
+                             labels=dict((attrs.get("Config") or {}).get("Labels") or {}))
+
+    async def inspect(self, instance: Instance) -> dict[str, Any] | None:
+        """``docker inspect`` of the instance's container, for incident folders; None if unavailable."""
+        if not instance.container_id:
+            return None
+        try:
+            client = await self.docker()
+            data: dict[str, Any] = await call(client.api.inspect_container, instance.container_id)
+        except DOCKER_ERRORS:
+            return None
+        return data
+
+    def pids(self, instance: Instance) -> set[int]:
+        if instance.pid <= 0 or proctree.same_process(instance.pid, instance.create_time) is None:
+            return set()
+        return proctree.tree_pids(instance.pid)
+
+    # ---- a command in a short-lived container of the configured image
+
+    async def run_once(self, cmd: Sequence[str], *, env: Mapping[str, str] | None = None,
+                       timeout_s: float = EXEC_TIMEOUT_S) -> ExecResult:
+        """Run ``cmd`` in a new container of the configured image with the configured mounts (no GPU), removed
+        after. A missing executable is exit 127, as a shell says. Raises TargetUnavailable."""
+        image = self.cfg.container.image
+        options = container_options(
+            self.cfg, entrypoint=list(cmd), rehearse=self.rehearse, name=None, gpus=False, env=env,
+            labels={**self.extra_labels, CHECK_LABEL: "1", NODE_LABEL: self.node},
+        )
+        try:
+            client = await self.docker()
+            container = await call(client.containers.create, **options)
+        except docker.errors.ImageNotFound as exc:
+            raise ImageMissing(f"the image {image} is not on this node (pull or build it)") from exc
+        except DOCKER_ERRORS as exc:
+            raise TargetUnavailable(f"cannot create a container of {image}: {explain(exc)}") from exc
+        try:
+            return await self._run_created(container, timeout_s)
+        except DOCKER_ERRORS as exc:
+            raise TargetUnavailable(f"cannot run a container of {image}: {explain(exc)}") from exc
+        finally:
+            with contextlib.suppress(*DOCKER_ERRORS):
+                await call(container.remove, force=True, v=True)
+
+    async def _run_created(self, container: Any, timeout_s: float) -> ExecResult:
+        try:
+            await call(container.start)
+        except docker.errors.APIError as exc:
+            if no_bash(exc):
+                return ExecResult(127, "", explain(exc))
+            raise
+        try:
+            status = await call(container.wait, timeout=timeout_s)
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):  # the wait's timeout
+            return timed_out(timeout_s)
+        out = await call(container.logs, stdout=True, stderr=False)
+        err = await call(container.logs, stdout=False, stderr=True)
+        return ExecResult(int(status["StatusCode"]), decode(out), decode(err))
