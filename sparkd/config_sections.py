@@ -10,6 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# [container] lives in config_container.py; its models are re-exported here beside the other sections.
+from sparkd.config_container import ContainerConfig, Mount, Ulimit, parse_size  # noqa: F401
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class Role(StrEnum):
@@ -39,37 +42,6 @@ class NodeConfig(_Section):
     rank: int = Field(default=0, ge=0)
     # This node's address on the fabric between the Sparks; rendered as VLLM_HOST_IP unless the env sets it.
     address: str | None = None
-
-
-class Mount(_Section):
-    source: str
-    target: str
-    read_only: bool = False
-
-
-class ContainerConfig(_Section):
-    name: str = "vllm"
-    image: str = ""
-    mounts: list[Mount] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    shm_size: str | None = None
-    host_network: bool = True
-    host_ipc: bool = True
-    gpus: str | None = "all"
-    cap_add: list[str] = Field(default_factory=list)
-    # Extra labels on every container sparkd creates (sparkd adds sparkd.managed, sparkd.node, ...).
-    labels: dict[str, str] = Field(default_factory=dict)
-    # The container's main process for docker-exec; vLLM runs beside it through `docker exec`.
-    command: list[str] = Field(default_factory=lambda: ["sleep", "infinity"])
-    # Where sparkd writes the rendered launch script inside the container.
-    script_path: str = "/tmp/sparkd-launch.sh"
-
-    @field_validator("shm_size")
-    @classmethod
-    def _shm_size(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"\d+[bkmg]?", value.lower()):
-            raise ValueError(f"{value!r} is not a size like '16g' or '512m'")
-        return value
 
 
 JsonTable = dict[str, Any]
@@ -158,6 +130,19 @@ class ClusterConfig(_Section):
     peer_grace_s: float = Field(default=30.0, ge=0)
     # How long the head waits for every worker rank to be up and waiting for the master.
     worker_start_timeout_s: float = Field(default=600.0, gt=0)
+    image_match: Literal["id", "repo-digest", "label", "off"] = Field(
+        default="id", description="How the ranks of a pair must agree on vLLM's image: 'id' (the same local "
+        "image id: copied with docker save/load or pulled), 'repo-digest' (pulled from the same registry "
+        "manifest), 'label' (the same value of cluster.image_label: images built on each node from one "
+        "revision), or 'off'.")
+    shared_env: list[str] = Field(
+        default_factory=lambda: ["VLLM_*", "UCX_*", "NCCL_CUMEM_ENABLE", "NCCL_IB_DISABLE", "NCCL_NET",
+                                 "TORCH_CUDA_ARCH_LIST", "!VLLM_HOST_IP", "!VLLM_CACHE_ROOT"],
+        description="Environment variables every rank must set alike (fnmatch patterns over [container] env and "
+        "[launch] env; '!' excludes, for per-node values).")
+    image_label: str = Field(
+        default="org.opencontainers.image.revision", min_length=1, description="The image label compared "
+        "across the pair when cluster.image_match = 'label'.")
 
 
 class PathsConfig(_Section):
@@ -234,7 +219,8 @@ class HealthConfig(_Section):
 
 # Preflight check ids (sparkd/preflight), in the order they run; `[preflight] skip` takes these.
 PreflightCheckId = Literal[
-    "launch_target", "stale_processes", "ports", "dev_shm", "page_cache", "memory", "host", "image", "gpu",
+    "container", "launch_target", "vllm_args", "stale_processes", "ports", "dev_shm", "page_cache", "memory",
+    "host", "image", "rdma", "gpu",
 ]
 
 
@@ -288,6 +274,21 @@ class PreflightConfig(_Section):
     apply_host: bool = False
     # [[preflight.assert]] tables: file contents checked where vLLM runs.
     asserts: list[ImageAssert] = Field(default_factory=list, alias="assert")
+    drift: Literal["fail", "warn", "off"] = Field(
+        default="fail", description="An existing container (docker-exec) that differs from [container] (image, "
+        "mounts, devices, privileged, ulimits, env, shm size, network and IPC mode, ...): 'fail' refuses the "
+        "launch until `sparkctl recreate` or the config matches, 'warn' reports it and launches, 'off'.")
+    rdma_min_memlock: int | None = Field(
+        default=None, gt=0, description="The locked-memory limit (ulimit -l) vLLM needs where it runs when "
+        "NCCL uses RDMA; unset: unlimited (container.ulimits memlock = -1). Sizes like '64g' are accepted.")
+    vllm_args_timeout_s: float = Field(
+        default=180.0, gt=0, description="How long vLLM may take to parse the rendered argv (the vllm_args "
+        "check imports vLLM where it runs: seconds, not a cold start).")
+
+    @field_validator("rdma_min_memlock", mode="before")
+    @classmethod
+    def _memlock_size(cls, value: Any) -> Any:
+        return parse_size(value)
 
 
 class GuardConfig(_Section):
@@ -345,12 +346,7 @@ class GuardConfig(_Section):
     )
     @classmethod
     def _size(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", value.lower())
-        if m is None:
-            raise ValueError(f"{value!r} is not a size like '4 GiB', '512 MiB' or a number of bytes")
-        return int(float(m.group(1)) * 1024 ** "bkmgt".index(m.group(2) or "b"))
+        return parse_size(value)
 
     @field_validator(
         "warn_below", "refuse_start_below", "stop_below", "kill_below", "recover_margin", "free_below",

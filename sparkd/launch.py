@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,8 @@ RECOMMENDED_ENV: dict[str, str] = {
     "OMP_NUM_THREADS": "8",
     "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800",
     "NCCL_CUMEM_ENABLE": "0",
+    # A cold start of DeepSeek-V4 on two Sparks takes 8-10 minutes; vLLM's own default is 600 s.
+    "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
 }
 
 # Typed [launch] fields rendered as `--flag value`, in this order.
@@ -99,6 +102,40 @@ def render_env(cfg: Config) -> dict[str, str]:
         env["VLLM_HOST_IP"] = cfg.node.address
     env.update(launch.env)
     return env
+
+
+@dataclass(frozen=True)
+class EnvSetting:
+    """One variable of vLLM's effective environment and the config key (or image) it comes from."""
+
+    value: str
+    key: str
+
+
+def effective_env(cfg: Config, image_env: Mapping[str, str] | None = None) -> dict[str, EnvSetting]:
+    """The environment vLLM starts with, lowest first: the image's ENV and ``[container] env`` (when it runs in a
+    container), then what the launch script exports (recommended env, node address, ``[launch] env``)."""
+    out: dict[str, EnvSetting] = {}
+    if cfg.runtime.in_container:
+        out.update({k: EnvSetting(v, f"the ENV of image {cfg.container.image}") for k, v in (image_env or {}).items()})
+        out.update({k: EnvSetting(v, f"container.env.{k}") for k, v in cfg.container.env.items()})
+    for name, value in render_env(cfg).items():
+        if name in cfg.launch.env:
+            key = f"launch.env.{name}"
+        elif name == "VLLM_HOST_IP":
+            key = "node.address"
+        else:
+            key = "launch.default_env"
+        out[name] = EnvSetting(value, key)
+    return out
+
+
+def nccl_ib_in_play(env: Mapping[str, str], nnodes: int) -> bool:
+    """NCCL will use its InfiniBand/RoCE transport: named HCAs, or a multi-node launch without
+    ``NCCL_IB_DISABLE=1`` (NCCL then uses any RDMA device it finds, and falls back to sockets quietly)."""
+    if env.get("NCCL_IB_DISABLE", "0").strip() == "1":
+        return False
+    return bool(env.get("NCCL_IB_HCA")) or nnodes > 1
 
 
 def render(cfg: Config) -> LaunchSpec:

@@ -91,6 +91,39 @@ def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool) -> None:
     raise SystemExit(0 if report.ok else 1)
 
 
+@main.command("import-compose")
+@click.argument("compose_file", type=click.Path(path_type=Path))
+@click.option("--service", default=None, help="The service to import (needed when the file has several).")
+@click.option("--env-file", type=click.Path(path_type=Path), default=None,
+              help="Variables for ${...} in the file (default: the .env beside it, as docker compose reads it).")
+@click.option("--runtime", type=click.Choice(["docker-run", "docker-exec"]), default="docker-run", show_default=True,
+              help="docker-run: a fresh container per launch, vLLM its main process (as compose runs it); "
+                   "docker-exec: a long-lived container vLLM is exec'd into.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=None,
+              help="Write the config here instead of printing it.")
+def import_compose_cmd(compose_file: Path, service: str | None, env_file: Path | None, runtime: str,
+                       output: Path | None) -> None:
+    """Turn a docker-compose service into a sparkd config (TOML), naming what it could not carry.
+
+    Exit 0 with the config; 2 when the file cannot be converted (the problem named)."""
+    from sparkd.compose import ComposeError, import_compose
+
+    try:
+        imported = import_compose(compose_file, service=service, env_file=env_file, runtime=runtime)
+    except ComposeError as exc:
+        fail(f"sparkd: import-compose: {exc}", EXIT_INVALID_CONFIG)
+    for note in imported.not_carried:
+        click.echo(f"not carried: {note}", err=True)
+    if output is None:
+        click.echo(imported.toml, nl=False)
+        return
+    try:
+        output.write_text(imported.toml, encoding="utf-8")
+    except OSError as exc:
+        fail(f"sparkd: import-compose: cannot write {output}: {exc.strerror or exc}", EXIT_INVALID_CONFIG)
+    click.echo(f"wrote {output}", err=True)
+
+
 @main.command(
     "standin",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},

@@ -1,23 +1,50 @@
-"""Pure pair decisions: which launch settings must agree, and what a worker's status says about its rank."""
+"""Pure pair decisions: which launch settings must agree, whether the ranks run the same image, and what a
+worker's status says about its rank.
+
+Rules:
+
+1. Every rank of one instance shares the model, the parallel layout (tensor, pipeline, expert), the speculative
+   and compilation config, block size, batch limits, KV-cache dtype, max_model_len, eager mode, custom
+   all-reduce, ``extra_args``, the rendezvous (master address and port, nnodes) and the environment variables
+   named by ``[cluster] shared_env`` (fnmatch patterns; ``!`` excludes: node addresses differ by design).
+2. The image is compared by ``[cluster] image_match``: ``id`` (the same local image id), ``repo-digest`` (a repo
+   digest in common: pulled from one registry manifest), ``label`` (the same value of ``[cluster] image_label``:
+   images built on each node from one revision, field report 004) or ``off``. What cannot be compared (a
+   ``docker load``ed image has no repo digest, a build without the label) is a difference, named as such.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 from sparkd.config import Config
+from sparkd.launch import render_env
 
 RUNNING_STATES = ("starting", "ready", "degraded")
+
+_SHARED_LAUNCH = (
+    "model", "tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel", "speculative_config",
+    "compilation_config", "block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype",
+    "max_model_len", "enforce_eager", "disable_custom_all_reduce", "extra_args",
+)
+def shared_env(env: Mapping[str, str], patterns: Sequence[str]) -> dict[str, str]:
+    """The part of ``env`` the ranks must agree on (``patterns``: fnmatch, ``!`` excludes)."""
+    include = [p for p in patterns if not p.startswith("!")]
+    exclude = [p[1:] for p in patterns if p.startswith("!")]
+    return {k: v for k, v in sorted(env.items())
+            if any(fnmatchcase(k, p) for p in include) and not any(fnmatchcase(k, p) for p in exclude)}
 
 
 def shared_settings(cfg: Config) -> dict[str, Any]:
     """Launch settings every rank of one instance must share."""
     launch = cfg.launch
-    return {
-        "model": launch.model, "tensor_parallel_size": launch.tensor_parallel_size,
-        "pipeline_parallel_size": launch.pipeline_parallel_size, "max_model_len": launch.max_model_len,
-        "kv_cache_dtype": launch.kv_cache_dtype, "master_addr": cfg.master_addr, "master_port": cfg.master_port,
-        "nnodes": cfg.nnodes,
-    }
+    settings: dict[str, Any] = {name: getattr(launch, name) for name in _SHARED_LAUNCH}
+    settings.update({"master_addr": cfg.master_addr, "master_port": cfg.master_port, "nnodes": cfg.nnodes})
+    env = {**(cfg.container.env if cfg.runtime.in_container else {}), **render_env(cfg)}
+    settings.update({f"env.{k}": v for k, v in shared_env(env, cfg.cluster.shared_env).items()})
+    return settings
 
 
 def differences(local: dict[str, Any], remote: dict[str, Any], *, peer: str) -> list[str]:
@@ -29,9 +56,39 @@ def differences(local: dict[str, Any], remote: dict[str, Any], *, peer: str) -> 
     return out
 
 
-def image_difference(local: str | None, remote: str | None, *, peer: str) -> str | None:
-    if local and remote and local != remote:
-        return f"the image is {local[:19]} here but {remote[:19]} on {peer}"
+ImageFacts = Mapping[str, Any]  # ImageIdentity.to_json(): {"id", "repo_digests", "labels"}; a bare id is accepted
+
+
+def _facts(image: ImageFacts | str | None) -> ImageFacts | None:
+    return {"id": image} if isinstance(image, str) else image
+
+
+def image_difference(local: ImageFacts | str | None, remote: ImageFacts | str | None, *, peer: str,
+                     mode: str = "id", label: str = "org.opencontainers.image.revision") -> str | None:
+    """Why the two ranks' images do not count as the same under ``mode``, or None. Nothing to compare (no image
+    on either side, a process runtime) is no difference."""
+    here, there = _facts(local), _facts(remote)
+    if mode == "off" or not here or not there or not here.get("id") or not there.get("id"):
+        return None
+    if mode == "repo-digest":
+        ours, theirs = set(here.get("repo_digests") or ()), set(there.get("repo_digests") or ())
+        if not ours or not theirs:
+            side = "here" if not ours else f"on {peer}"
+            return (f"the image has no repo digest {side} (built or loaded locally), so cluster.image_match = "
+                    "'repo-digest' cannot match it; pull it from a registry on both nodes or choose 'id' or 'label'")
+        if not ours & theirs:
+            return f"the image's repo digests differ: {sorted(ours)[0]} here but {sorted(theirs)[0]} on {peer}"
+        return None
+    if mode == "label":
+        mine, yours = (here.get("labels") or {}).get(label), (there.get("labels") or {}).get(label)
+        if mine is None or yours is None:
+            side = "here" if mine is None else f"on {peer}"
+            return f"the image has no label {label} {side} (cluster.image_match = 'label' compares it)"
+        if mine != yours:
+            return f"the image's label {label} is {mine!r} here but {yours!r} on {peer}"
+        return None
+    if here["id"] != there["id"]:
+        return f"the image is {str(here['id'])[:19]} here but {str(there['id'])[:19]} on {peer}"
     return None
 
 

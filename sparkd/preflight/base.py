@@ -19,7 +19,7 @@ from typing import Any
 
 from sparkd.config import Config
 from sparkd.launch import LaunchSpec
-from sparkd.runtime.base import Runtime
+from sparkd.runtime.base import ImageIdentity, Runtime
 from sparkd.supervisor.failures import FailureClass
 
 GIB = 1 << 30
@@ -55,6 +55,10 @@ class PreflightContext:
     shm_dir: Path = Path("/dev/shm")
     # Everything read from /proc goes through this root (processes, sockets, meminfo, sysctls, drop_caches).
     proc_root: Path = Path("/proc")
+    # RDMA devices are read from <sys_root>/class/infiniband.
+    sys_root: Path = Path("/sys")
+    # The image vLLM runs from, read once per preflight (run_preflight fills it in); None on the host.
+    image: ImageIdentity | None = None
     # The command that turns swap off when ``[preflight] apply_host`` is set.
     swapoff: tuple[str, ...] = ("swapoff", "-a")
 

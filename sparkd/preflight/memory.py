@@ -25,6 +25,7 @@ from pathlib import Path
 
 import anyio
 
+from sparkd.launch_script import script_facts
 from sparkd.preflight.base import (
     GIB,
     CheckResult,
@@ -38,6 +39,7 @@ from sparkd.preflight.base import (
     visible_pids,
 )
 from sparkd.preflight.target import is_standin
+from sparkd.runtime.base import TargetUnavailable
 from sparkd.supervisor.failures import FailureClass
 
 VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
@@ -144,8 +146,7 @@ def top_holders(rows: list[Holder], n: int = TOP_HOLDERS) -> list[Holder]:
 
 
 def utilization_of(argv: Sequence[str]) -> float:
-    """``--gpu-memory-utilization`` as vLLM will receive it (typed field or extra_args), else vLLM's default.
-    A launch script's own flags are not visible: the default (0.9) is the cautious guess there."""
+    """``--gpu-memory-utilization`` as vLLM will receive it (typed field or extra_args), else vLLM's default."""
     value: str | None = None
     for i, arg in enumerate(argv):
         if arg == "--gpu-memory-utilization" and i + 1 < len(argv):
@@ -219,6 +220,20 @@ async def check_page_cache(ctx: PreflightContext) -> CheckResult:
                        f"synced and dropped caches: reclaimed {got} bytes ({human_bytes(got)})")
 
 
+async def _utilization(ctx: PreflightContext) -> float:
+    """The launch's utilisation; with ``[launch] script``, the script's own flag (read where vLLM runs), else the
+    cautious default."""
+    script = ctx.cfg.launch.script
+    if not script:
+        return utilization_of(ctx.spec.argv)
+    try:
+        text = await ctx.runtime.read_file(script)
+    except (TargetUnavailable, OSError):
+        text = None
+    said = script_facts(text, ctx.cfg.launch.extra_args).literal_float("--gpu-memory-utilization") if text else None
+    return said if said is not None else VLLM_DEFAULT_UTILIZATION
+
+
 @check("memory")
 async def check_memory(ctx: PreflightContext) -> CheckResult:
     note = _standin_note(ctx)
@@ -228,7 +243,7 @@ async def check_memory(ctx: PreflightContext) -> CheckResult:
     if "MemTotal" not in info or "MemFree" not in info:
         return CheckResult("memory", Verdict.warn, f"cannot read MemTotal/MemFree from {ctx.proc_root}/meminfo")
     pf = ctx.cfg.preflight
-    utilization = utilization_of(ctx.spec.argv)
+    utilization = await _utilization(ctx)
     margin = int(pf.memory_margin_gib * GIB)
     pending = pf.drop_caches and ctx.dry_run and "page_cache" not in pf.skip
     first = assess(info, utilization, margin, may_drop=droppable(info) if pending else 0,

@@ -1,8 +1,12 @@
 """Run the preflight checks in order and turn their verdicts into one report (and a failure, if any).
 
-The order matters: the launch target first (nothing else is worth doing for a launch that cannot run), then
-the cleanup (stale processes, which frees their ports, GPU and /dev/shm segments; then ports and /dev/shm),
-then memory (drop the page cache, then judge what is free), then host settings, the image and the GPU.
+The order matters: the container and the launch target first (nothing else is worth doing for a launch that
+cannot run), then vLLM's parse of the argv (seconds, not a cold start), then the cleanup (stale processes, which
+frees their ports, GPU and /dev/shm segments; then ports and /dev/shm), then memory (drop the page cache, then
+judge what is free), then host settings, the image, RDMA and the GPU.
+
+The image vLLM runs from is read once at the start of every preflight (a tag may have moved since the last
+one); the report carries it (``PreflightReport.image``) for the pair's image comparison.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,30 +27,34 @@ from sparkd.preflight.base import (
     Verdict,
     as_json,
 )
+from sparkd.preflight.drift import check_container
 from sparkd.preflight.gpu import check_gpu
 from sparkd.preflight.host import check_host
 from sparkd.preflight.image import check_image
 from sparkd.preflight.memory import check_memory, check_page_cache
 from sparkd.preflight.ports import check_ports
 from sparkd.preflight.processes import check_stale_processes
+from sparkd.preflight.rdma import check_rdma
 from sparkd.preflight.shm import check_shm
 from sparkd.preflight.target import check_launch_target
+from sparkd.preflight.vllm_args import check_vllm_args
 from sparkd.runtime import proctree
-from sparkd.runtime.base import Runtime
+from sparkd.runtime.base import ImageIdentity, Runtime
 from sparkd.statefile import read_json
 from sparkd.supervisor.failures import Failure, FailureClass
 
 __all__ = [
-    "DEFAULT_CHECKS", "CheckResult", "PreflightContext", "PreflightReport", "Verdict", "check_gpu", "check_host",
-    "check_image", "check_launch_target", "check_memory", "check_page_cache", "check_ports", "check_shm",
-    "check_stale_processes", "run_preflight", "run_standalone", "watched_pids",
+    "DEFAULT_CHECKS", "CheckResult", "PreflightContext", "PreflightReport", "Verdict", "check_container",
+    "check_gpu", "check_host", "check_image", "check_launch_target", "check_memory", "check_page_cache",
+    "check_ports", "check_rdma", "check_shm", "check_stale_processes", "check_vllm_args", "run_preflight",
+    "run_standalone", "watched_pids",
 ]
 
 CheckCallable = Callable[[PreflightContext], Awaitable[CheckResult]]
 
 DEFAULT_CHECKS: tuple[Check, ...] = (
-    check_launch_target, check_stale_processes, check_ports, check_shm, check_page_cache, check_memory,
-    check_host, check_image, check_gpu,
+    check_container, check_launch_target, check_vllm_args, check_stale_processes, check_ports, check_shm,
+    check_page_cache, check_memory, check_host, check_image, check_rdma, check_gpu,
 )
 CHECK_IDS: tuple[str, ...] = tuple(c.id for c in DEFAULT_CHECKS)
 
@@ -55,6 +63,7 @@ CHECK_IDS: tuple[str, ...] = tuple(c.id for c in DEFAULT_CHECKS)
 class PreflightReport:
     results: list[CheckResult] = field(default_factory=list)
     dry_run: bool = False
+    image: ImageIdentity | None = None  # the image vLLM runs from, as read by this preflight
 
     @property
     def ok(self) -> bool:
@@ -76,13 +85,16 @@ class PreflightReport:
         return {
             "ok": self.ok, "dry_run": self.dry_run, "results": self.to_json(),
             "failure": None if failure is None else {"class": failure.cls.value, "message": failure.sentence},
+            "image": self.image.to_json() if self.image else None,
         }
 
 
 async def run_preflight(ctx: PreflightContext, checks: tuple[CheckCallable, ...] = DEFAULT_CHECKS, *,
                         report_rest: bool = False) -> PreflightReport:
     """Run ``checks`` in order. At the first failure stop, or (``report_rest``) run the rest report-only:
-    once the node will not launch, nothing more is changed on it."""
+    once the node will not launch, nothing more is changed on it. The image is read first, every time."""
+    if ctx.image is None:
+        ctx = replace(ctx, image=await ctx.runtime.image_identity())
     results: list[CheckResult] = []
     failed = False
     for run in checks:
@@ -91,7 +103,7 @@ async def run_preflight(ctx: PreflightContext, checks: tuple[CheckCallable, ...]
         result = await run(ctx.report_only() if failed else ctx)
         results.append(result)
         failed = failed or result.verdict is Verdict.fail
-    return PreflightReport(results, dry_run=ctx.dry_run)
+    return PreflightReport(results, dry_run=ctx.dry_run, image=ctx.image)
 
 
 # ---- sparkd preflight (one-shot) ------------------------------------------------------------------------

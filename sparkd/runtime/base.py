@@ -111,11 +111,16 @@ class ImageIdentity:
     id: str
     repo_digests: tuple[str, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)  # the image's ENV: every process in it starts with it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "repo_digests": list(self.repo_digests), "labels": dict(self.labels)}
 
 
 @dataclass(frozen=True)
 class Difference:
-    """One setting in which the place vLLM runs differs from the config: ``key`` is the config key."""
+    """One setting in which the place vLLM runs differs from the config. ``key`` is the config key; for a
+    list, ``configured`` holds what the config has and the place lacks, ``actual`` what it has beyond it."""
 
     key: str
     configured: Any
@@ -123,6 +128,9 @@ class Difference:
 
     def __str__(self) -> str:
         return f"{self.key}: the config says {self.configured!r}, the container has {self.actual!r}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "configured": self.configured, "actual": self.actual}
 
 
 class Runtime(abc.ABC):

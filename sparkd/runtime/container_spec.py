@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from docker.types import DeviceRequest
+from docker.types import DeviceRequest, Ulimit
 from docker.types import Mount as DockerMount
 
 import sparkd
@@ -111,12 +111,44 @@ def container_options(
         options["network_mode"] = "host"
     if cc.host_ipc:
         options["ipc_mode"] = "host"
-    if cc.cap_add:
-        options["cap_add"] = list(cc.cap_add)
+    options.update(host_options(cfg))
     requests_ = device_requests(cc.gpus) if gpus else None
     if requests_:
         options["device_requests"] = requests_
     return options
+
+
+def host_options(cfg: Config) -> dict[str, Any]:
+    """The host-facing settings of ``[container]`` as create keywords: only those set, so the engine's own
+    defaults stay visible as such in ``docker inspect``."""
+    cc = cfg.container
+    options: dict[str, Any] = {}
+    if cc.cap_add:
+        options["cap_add"] = list(cc.cap_add)
+    if cc.privileged:
+        options["privileged"] = True
+    if cc.devices:
+        options["devices"] = list(cc.devices)
+    if cc.ulimits:
+        options["ulimits"] = [Ulimit(name=name, soft=u.soft, hard=u.hard) for name, u in cc.ulimits.items()]
+    if cc.memory is not None:
+        options["mem_limit"] = cc.memory
+    if cc.memory_swap is not None:
+        options["memswap_limit"] = cc.memory_swap
+    if cc.oom_score_adj is not None:
+        options["oom_score_adj"] = cc.oom_score_adj
+    if cc.runtime:
+        options["runtime"] = cc.runtime
+    if cc.user:
+        options["user"] = cc.user
+    if cc.security_opt:
+        options["security_opt"] = list(cc.security_opt)
+    return options
+
+
+def missing_devices(cfg: Config) -> list[str]:
+    """``[container] devices`` whose host path does not exist on this host."""
+    return [d.split(":", 1)[0] for d in cfg.container.devices if not os.path.exists(d.split(":", 1)[0])]
 
 
 def missing_rehearse_mounts(container_attrs: Mapping[str, Any]) -> list[str]:

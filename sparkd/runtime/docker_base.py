@@ -29,7 +29,7 @@ from sparkd.runtime.base import (
     Runtime,
     TargetUnavailable,
 )
-from sparkd.runtime.container_spec import container_options
+from sparkd.runtime.container_spec import container_options, missing_devices
 from sparkd.runtime.docker_api import (
     CHECK_LABEL,
     DOCKER_ERRORS,
@@ -41,6 +41,7 @@ from sparkd.runtime.docker_api import (
     explain,
     no_bash,
 )
+from sparkd.runtime.drift import env_map
 
 TIMED_OUT = 124  # the exit status of a command that ran out of time, as timeout(1) reports it
 
@@ -153,16 +154,31 @@ class DockerRuntime(Runtime):
 
     # ---- what the engine knows
 
-    async def image_identity(self) -> ImageIdentity | None:
-        """The configured image as this node's engine has it, read now (a tag may have moved)."""
+    async def image_attrs(self) -> dict[str, Any] | None:
+        """``docker image inspect`` of the configured image, read now (a tag may have moved); None when the
+        image is not on this node or the engine does not answer (the launch itself reports that)."""
         try:
             client = await self.docker()
-            image = await call(client.images.get, self.cfg.container.image)
-        except DOCKER_ERRORS:  # no engine, no image: the launch itself reports that
+            data: dict[str, Any] = await call(client.api.inspect_image, self.cfg.container.image)
+        except DOCKER_ERRORS:
             return None
-        attrs = image.attrs or {}
-        return ImageIdentity(id=str(image.id), repo_digests=tuple(attrs.get("RepoDigests") or ()),
-                             labels=dict((attrs.get("Config") or {}).get("Labels") or {}))
+        return data
+
+    async def image_identity(self) -> ImageIdentity | None:
+        attrs = await self.image_attrs()
+        if attrs is None:
+            return None
+        config = attrs.get("Config") or {}
+        return ImageIdentity(id=str(attrs.get("Id", "")), repo_digests=tuple(attrs.get("RepoDigests") or ()),
+                             labels=dict(config.get("Labels") or {}), env=env_map(config.get("Env")))
+
+    def missing_devices(self) -> str | None:
+        """A configured device that is not on this host, as a sentence; None when all are there."""
+        missing = missing_devices(self.cfg)
+        if not missing:
+            return None
+        return (f"the device {', '.join(missing)} in container.devices does not exist on this host (no RDMA "
+                "driver loaded, or another path)")
 
     async def inspect(self, instance: Instance) -> dict[str, Any] | None:
         """``docker inspect`` of the instance's container, for incident folders; None if unavailable."""

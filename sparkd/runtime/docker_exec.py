@@ -21,10 +21,19 @@ import docker.errors
 
 from sparkd.launch import LaunchSpec, render_script
 from sparkd.runtime import proctree
-from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, TargetUnavailable
+from sparkd.runtime.base import (
+    EXEC_TIMEOUT_S,
+    Difference,
+    ExecResult,
+    ExitInfo,
+    Instance,
+    LaunchError,
+    TargetUnavailable,
+)
 from sparkd.runtime.container_spec import container_options, missing_rehearse_mounts
 from sparkd.runtime.docker_api import DOCKER_ERRORS, call, decode, explain, no_bash, put_file, short_id
 from sparkd.runtime.docker_base import DockerRuntime, create_time_or_zero, timed_out, wait_same_exit
+from sparkd.runtime.drift import container_drift
 from sparkd.runtime.launch_target import check_command, target_sentence
 from sparkd.runtime.logfile import follow_file
 
@@ -228,11 +237,11 @@ class DockerExecRuntime(DockerRuntime):
 
         Creates or starts the container when needed. Engine errors return None: the launch reports them.
         """
+        missing = self.missing_devices()
+        if missing:
+            return missing
         try:
-            container = await self.ensure_container()
-            drift = await self._image_drift(container)
-            if drift:
-                return drift
+            await self.ensure_container()
             result = await self.exec(check_command(spec.argv), env=spec.env)
         except LaunchError as exc:
             return str(exc) if exc.exit_code in (126, 127) else None
@@ -244,20 +253,37 @@ class DockerExecRuntime(DockerRuntime):
             return f"bash is not {self.where} (sparkd launches through bash)"
         return target_sentence(spec.argv, result.exit_code, self.where)
 
-    async def _image_drift(self, container: Any) -> str | None:
-        want = self.cfg.container.image
-        have_id = container.attrs.get("Image", "")
-        have_name = (container.attrs.get("Config") or {}).get("Image", "")
-        identity = await self.image_identity()
-        want_id = identity.id if identity else None
-        if want_id == have_id or (want_id is None and have_name == want):
-            return None
+    # ---- the container against the config
+
+    async def drift(self) -> list[Difference]:
+        """How the existing container differs from ``[container]``, key by key; [] when there is none yet (the
+        launch creates it from the config) or the engine does not answer."""
+        try:
+            container = await self.container(self.container_name)
+        except DOCKER_ERRORS:
+            return []
+        if container is None:
+            return []
+        return container_drift(self.cfg, container.attrs, await self.image_attrs())
+
+    async def recreate(self) -> str:
+        """Remove the container (whoever made it) and create it again from the config, started. Refused while
+        a launch of ours runs in it."""
         name = self.container_name
-        if have_name == want:
-            return (f"container {name} runs an older build of image {want} ({short_id(have_id)}); the tag "
-                    f"now names {short_id(want_id or '')}: recreate the container")
-        wanted = f"{want} ({short_id(want_id)})" if want_id else f"{want} (not on this node)"
-        return f"container {name} runs image {have_name} ({short_id(have_id)}), the config says {wanted}"
+        try:
+            running = await self._scan_execs()
+            if running is not None:
+                raise LaunchError(f"vLLM still runs in container {name} (host PID {running.pid}); stop it first",
+                                  125)
+            old = await self.container(name)
+            if old is not None:
+                await call(old.remove, force=True, v=False)
+            container = await self.ensure_container()
+        except DOCKER_ERRORS as exc:
+            raise LaunchError(f"cannot recreate container {name}: {explain(exc)}", 125) from exc
+        was = f"removed container {name} ({short_id(old.attrs.get('Image', ''))})" if old else \
+            f"container {name} did not exist"
+        return f"{was}; created it from the config ({self.cfg.container.image}, {short_id(container.id)})"
 
     # ---- watching
 

@@ -172,6 +172,9 @@ class DockerRunRuntime(DockerRuntime):
 
     async def missing_target(self, spec: LaunchSpec) -> str | None:
         """Check the launch target in a short-lived container of the configured image, with the mounts."""
+        missing = self.missing_devices()
+        if missing:
+            return missing
         try:
             result = await self.exec(check_command(spec.argv), env=spec.env, timeout_s=CHECK_TIMEOUT_S)
         except ImageMissing as exc:
@@ -181,6 +184,18 @@ class DockerRunRuntime(DockerRuntime):
         if result.exit_code in (126, 127):
             return f"bash is not {self.where} (sparkd launches through bash)"
         return target_sentence(spec.argv, result.exit_code, self.where)
+
+    async def recreate(self) -> str:
+        """Each launch creates a fresh container; this removes the stopped one kept from the last launch."""
+        name = self.container_name
+        try:
+            old = await self.container(name)
+            if old is None:
+                return f"no container {name} is kept; the next launch creates a fresh one"
+            await self._remove_previous()
+        except DOCKER_ERRORS as exc:
+            raise LaunchError(f"cannot remove container {name}: {explain(exc)}", 125) from exc
+        return f"removed the stopped container {name} of the last launch; the next launch creates a fresh one"
 
     # ---- adoption
 

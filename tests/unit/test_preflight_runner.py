@@ -27,7 +27,9 @@ def context(tmp_path: Path, **preflight: object) -> PreflightContext:
 def test_check_ids_are_the_config_keys() -> None:
     assert typing.get_args(PreflightCheckId) == CHECK_IDS
     assert CHECK_IDS == (
+        "container",
         "launch_target",
+        "vllm_args",
         "stale_processes",
         "ports",
         "dev_shm",
@@ -35,6 +37,7 @@ def test_check_ids_are_the_config_keys() -> None:
         "memory",
         "host",
         "image",
+        "rdma",
         "gpu",
     )
 
