@@ -73,13 +73,10 @@ def script_facts(text: str, appended: Sequence[str] = ()) -> ScriptFacts:
             continue
         if "serve" not in words:
             continue
-        if words[:1] == ["exec"]:
+        while words and (words[0] == "exec" or _ASSIGNMENT.match(words[0])):
+            exports.update(_assignments(words[:1]))
             words = words[1:]
-        prefix = 0
-        while prefix < len(words) and _ASSIGNMENT.match(words[prefix]):
-            prefix += 1
-        exports.update(_assignments(words[:prefix]))
-        command = words[prefix:]
+        command = words
     if "$@" in command:
         at = command.index("$@")
         command[at:at + 1] = list(appended)

@@ -8,8 +8,9 @@ image ENV, ``[container] env``, ``[launch] env``). Then:
    but the named ones when led by ``^``. A named HCA that is missing or down fails with class ``nccl`` (a link
    can come back). Unset, with no RDMA device at all: a warning, NCCL will use TCP sockets.
 2. ``/dev/infiniband`` holds ``uverbs*`` where vLLM runs (a container needs ``devices`` or ``privileged``).
-3. The locked-memory limit there is unlimited, or at least ``[preflight] rdma_min_memlock``: NCCL registers its
-   buffers (``ibv_reg_mr ... Cannot allocate memory`` otherwise, field report 001).
+3. The locked-memory limit there is unlimited, or at least ``[preflight] rdma_min_memlock``, unless the processes
+   there hold CAP_IPC_LOCK (privileged, ``cap_add = ["IPC_LOCK"]``, root on the host), which lifts the limit for
+   RDMA registration: NCCL registers its buffers (``ibv_reg_mr ... Cannot allocate memory`` otherwise, report 001).
 4. The RoCE v2 GID index of each chosen Ethernet port is read from sysfs: the ``RoCE v2`` GID holding this node's
    fabric address (``node.address`` / ``VLLM_HOST_IP``) as an IPv4-mapped address, else the first IPv4 one. A
    configured ``NCCL_IB_GID_INDEX`` that differs fails: the index moves after a reboot, and a wrong one is the
@@ -35,6 +36,8 @@ from sparkd.supervisor.failures import FailureClass
 
 ROCE_V2 = "RoCE v2"
 LIMITS = "/proc/self/limits"
+STATUS = "/proc/self/status"
+CAP_IPC_LOCK = 14
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class Facts:
     selection: Selection
     devices: tuple[str, ...] | None = None
     memlock: int | None = None  # soft limit in bytes, -1 unlimited; None: not read
+    ipc_lock: bool = False  # the processes there hold CAP_IPC_LOCK: the limit does not bind RDMA registration
     address: str | None = None
     gid_index: str | None = None  # NCCL_IB_GID_INDEX as configured
     min_memlock: int | None = None
@@ -152,6 +156,17 @@ def memlock_of(limits: str) -> int | None:
     return None
 
 
+def has_ipc_lock(status: str) -> bool:
+    """Whether ``CapEff`` of a ``/proc/<pid>/status`` text holds CAP_IPC_LOCK."""
+    for line in status.splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
+            except (IndexError, ValueError):
+                return False
+    return False
+
+
 def _gid_problems(facts: Facts, chosen: Sequence[Port]) -> tuple[list[str], list[str]]:
     problems, seen = [], []
     for port in chosen:
@@ -177,7 +192,8 @@ def _place_problems(facts: Facts, where: str) -> list[str]:
         problems.append(f"there is no /dev/infiniband/uverbs* {where} (set container.devices = "
                         "[\"/dev/infiniband\"] or container.privileged = true)")
     need = facts.min_memlock
-    if facts.memlock is not None and facts.memlock != -1 and (need is None or facts.memlock < need):
+    if facts.memlock is not None and facts.memlock != -1 and not facts.ipc_lock and (
+            need is None or facts.memlock < need):
         wanted = "unlimited" if need is None else f"at least {human_bytes(need)} ([preflight] rdma_min_memlock)"
         problems.append(f"the locked-memory limit {where} is {human_bytes(facts.memlock)}, NCCL needs {wanted} to "
                         "register its RDMA buffers (set container.ulimits = { memlock = -1 })")
@@ -197,7 +213,8 @@ def decide(facts: Facts, where: str) -> tuple[Verdict, str, FailureClass | None]
         return Verdict.fail, "; ".join([*config, *link]), cls
     found = [f"{len(chosen)} active RDMA port(s): {', '.join(p.name for p in chosen)}", *seen]
     if facts.memlock is not None:
-        found.append("locked memory " + ("unlimited" if facts.memlock == -1 else human_bytes(facts.memlock)))
+        found.append("locked memory " + ("unlimited" if facts.memlock == -1 else human_bytes(facts.memlock))
+                     + (" (CAP_IPC_LOCK held)" if facts.ipc_lock else ""))
     if facts.unreadable:
         return Verdict.warn, "; ".join(found + facts.unreadable), None
     return Verdict.ok, "; ".join(found), None
@@ -247,12 +264,14 @@ async def _where_vllm_runs(ctx: PreflightContext, facts: Facts) -> Facts:
         listing = await ctx.runtime.exec(["sh", "-c", "ls -1 /dev/infiniband 2>/dev/null; true"])
         devices = tuple(listing.stdout.split())
         limits = await ctx.runtime.read_file(LIMITS)
+        status = await ctx.runtime.read_file(STATUS)
     except TargetUnavailable as exc:
         return replace(facts, unreadable=[f"/dev/infiniband and ulimit -l not checked: {exc}"])
     memlock = memlock_of(limits or "")
     if memlock is None:
         unreadable.append(f"the locked-memory limit could not be read {ctx.runtime.where}")
-    return replace(facts, devices=devices, memlock=memlock, unreadable=unreadable)
+    return replace(facts, devices=devices, memlock=memlock, ipc_lock=has_ipc_lock(status or ""),
+                   unreadable=unreadable)
 
 
 def in_play_env(ctx: PreflightContext) -> Mapping[str, str]:

@@ -18,6 +18,7 @@ import pytest
 from sparkd.config import Config, config_from_mapping
 from sparkd.launch import render
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict
+from sparkd.preflight.drift import check_container
 from sparkd.preflight.image import check_image
 from sparkd.preflight.target import check_launch_target
 from sparkd.runtime.docker_exec import DockerExecRuntime
@@ -123,10 +124,12 @@ def test_model_not_in_the_container_is_a_config_error(box: Box, docker_client: A
 
 def test_wrong_image_is_a_config_error(box: Box, docker_client: Any, docker_test_labels: dict[str, str]) -> None:
     ctx = exec_context(box, docker_client, docker_test_labels, container={"image": "sparkd-test-other:nope"})
-    result = run(check_launch_target, ctx)
+    result = run(check_container, ctx)
     assert result.verdict is Verdict.fail and result.failure_class is FailureClass.config_error
-    assert f"container {box.name} runs image {box.image}" in result.found
-    assert "the config says sparkd-test-other:nope" in result.found
+    assert f"the container vLLM runs in container {box.name} differs from the config" in result.found
+    assert f"container.image: the config says 'sparkd-test-other:nope (not on this node)', the container has " \
+           f"'{box.image} (" in result.found
+    assert "`sparkctl recreate` replaces it from the config" in result.found
 
 
 def test_dry_run_does_not_create_the_container(box: Box, docker_client: Any,

@@ -78,13 +78,14 @@ async def test_a_stopped_container_is_started(setup: DockerPlace) -> None:
         assert (await runtime.wait(instance)).exit_code == 0
 
 
-async def test_a_container_of_another_image_is_named(setup: DockerPlace) -> None:
+async def test_a_container_of_another_image_is_drift(setup: DockerPlace) -> None:
     await setup.runtime().ensure_container()
+    assert await setup.runtime().drift() == []  # made from the config: nothing differs
     other = setup.runtime(setup.config(image="sparkd-test-elsewhere:nope"))
-    problem = await other.missing_target(sh("true"))
-    assert problem is not None
-    assert problem.startswith(f"container {setup.name} runs image sparkd-test:latest (")
-    assert problem.endswith("the config says sparkd-test-elsewhere:nope (not on this node)")
+    [difference] = await other.drift()
+    assert difference.key == "container.image"
+    assert difference.configured == "sparkd-test-elsewhere:nope (not on this node)"
+    assert str(difference.actual).startswith("sparkd-test:latest (")
 
 
 async def test_a_missing_image_is_a_launch_error(setup: DockerPlace) -> None:

@@ -134,3 +134,77 @@ def test_a_pair_needs_the_peer_token() -> None:
     assert ("peers-without-token", "api.token_file") in rules(findings)
     data["api"] = {"token_file": "/etc/sparkd/peer.token"}
     assert lint(config_from_mapping(data, env={})) == []
+
+
+# ---- the effective launch: every source of the environment, the user's script, the container ------------------
+
+
+def docker(container=None, launch=None, node=None, cluster=None):
+    data = {"runtime": "docker-run", "node": node or {"role": "single"},
+            "container": {"image": "img", "mounts": [{"source": "/c/vllm", "target": "/root/.cache/vllm"},
+                                                     {"source": "/c/fi", "target": "/root/.cache/flashinfer"}],
+                          **(container or {})},
+            "launch": {"model": "m", **(launch or {})}}
+    if cluster:
+        data["cluster"] = cluster
+    return config_from_mapping(data, env={})
+
+
+FORK = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+
+
+def test_fork_is_an_error_wherever_it_is_set(tmp_path: Path) -> None:
+    assert ("multiproc-fork", "container.env.VLLM_WORKER_MULTIPROC_METHOD") in rules(lint(docker({"env": FORK})))
+    assert ("multiproc-fork", "the ENV of image img") in rules(lint(docker(), image_env=FORK))
+    # [launch.env] is exported by the launch script: it wins over the image's and the container's value.
+    assert "multiproc-fork" not in {f.rule for f in lint(docker(
+        {"env": FORK}, {"env": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}}), image_env=FORK)}
+    script = tmp_path / "serve.sh"
+    script.write_text("export VLLM_WORKER_MULTIPROC_METHOD=fork\nexec vllm serve /models/m\n")
+    assert "multiproc-fork" in {f.rule for f in lint(cfg(launch={"script": str(script)}))}
+
+
+def test_script_mode_still_checks_rank_and_headless(tmp_path: Path) -> None:
+    script = tmp_path / "vllm-worker.sh"
+    script.write_text("#!/bin/bash\nexport OMP_NUM_THREADS=8\nexec vllm serve /models/m \\\n"
+                      "  --gpu-memory-utilization 0.85 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1\n")
+    worker = cfg(node={"role": "worker", "rank": 1}, launch={"script": str(script)}, cluster=PAIR)
+    found = {(f.rule, f.key): f.message for f in lint(worker) if f.level is Level.error}
+    assert "launches --node-rank 0, but this node's rank is 1" in found[("rank-role-mismatch", "launch.script")]
+    assert ("worker-not-headless", "launch.script") in found
+    script.write_text("exec vllm serve /models/m --nnodes 2 --node-rank 1 ${HEADLESS:+--headless}\n")
+    assert rules(lint(worker)) == set()  # an expansion may hold --headless: not judged
+    head = cfg(node={"role": "head"}, launch={"script": str(script)}, cluster=PAIR)
+    script.write_text('exec vllm serve /models/m --nnodes 2 --node-rank 0 --headless "$@"\n')
+    assert ("head-headless", "launch.script") in rules(lint(head))
+
+
+def test_compile_caches_not_on_a_mount_are_a_warning() -> None:
+    assert "compile-cache-not-persisted" not in {f.rule for f in lint(docker())}
+    bare = lint(docker({"mounts": []}))
+    warned = [f.message for f in bare if f.rule == "compile-cache-not-persisted"]
+    assert len(warned) == 2 and "/root/.cache/vllm" in warned[0] and "/root/.cache/flashinfer" in warned[1]
+    moved = docker({"mounts": [{"source": "/hf", "target": "/cache"}, {"source": "/fi", "target": "/w"}],
+                    "env": {"VLLM_CACHE_ROOT": "/cache/vllm", "FLASHINFER_WORKSPACE_BASE": "/w"}})
+    assert "compile-cache-not-persisted" not in {f.rule for f in lint(moved)}
+    assert "compile-cache-not-persisted" not in {f.rule for f in lint(cfg())}  # on the host they persist
+
+
+def test_rdma_without_devices_or_memlock_is_a_warning() -> None:
+    pair = {"master_addr": "10.0.0.1", "nnodes": 2}
+    bare = {(f.rule, f.key) for f in lint(docker(node={"role": "head"}, cluster=pair))}
+    assert {("rdma-no-devices", "container.devices"), ("rdma-memlock", "container.ulimits")} <= bare
+    ready = docker({"devices": ["/dev/infiniband"], "ulimits": {"memlock": -1}}, node={"role": "head"},
+                   cluster=pair)
+    assert not {"rdma-no-devices", "rdma-memlock"} & {f.rule for f in lint(ready)}
+    assert not {"rdma-no-devices", "rdma-memlock"} & {f.rule for f in lint(docker({"privileged": True},
+                                                                                    node={"role": "head"},
+                                                                                    cluster=pair))}
+    off = docker({"env": {"NCCL_IB_DISABLE": "1"}}, node={"role": "head"}, cluster=pair)
+    assert not {"rdma-no-devices", "rdma-memlock"} & {f.rule for f in lint(off)}
+
+
+def test_a_short_engine_ready_timeout_is_a_warning() -> None:
+    findings = lint(cfg(launch={"env": {"VLLM_ENGINE_READY_TIMEOUT_S": "600"}}))
+    assert ("missing-vllm-engine-ready-timeout-s", "launch.env.VLLM_ENGINE_READY_TIMEOUT_S") in rules(
+        findings, Level.warning)

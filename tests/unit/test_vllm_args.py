@@ -1,0 +1,129 @@
+"""The vllm_args preflight check (sparkd/preflight/vllm_args.py): the serving vLLM parses the rendered argv.
+
+Real vLLM is checked by ``make test-vllm`` (tests/vllm). Here a small fake ``vllm`` package stands in: it has vLLM's
+command-line module layout (``vllm.entrypoints.cli.main`` / ``serve``) over the vLLM stand-in's own parser
+(``sparkd.standin.args``), which rejects unknown flags as vLLM's does. (The stand-in's own distribution with
+``sparkd_standin.flags.ACCEPTED`` is not merged yet; this fake is the test's bridge to its parser.)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from sparkd.config import config_from_mapping
+from sparkd.launch import render
+from sparkd.preflight.base import PreflightContext, Verdict
+from sparkd.preflight.vllm_args import check_vllm_args, judge, vllm_message
+from sparkd.runtime.base import ExecResult
+from sparkd.runtime.process import ProcessRuntime
+from sparkd.supervisor.failures import FailureClass
+
+FAKE = {
+    "vllm/__init__.py": '__version__ = "0.0.0+standin-parser"\n',
+    "vllm/platforms/__init__.py": "class _Platform:\n    def is_unspecified(self):\n        return False\n\n"
+                                  "current_platform = _Platform()\n",
+    "vllm/entrypoints/__init__.py": "",
+    "vllm/entrypoints/cli/__init__.py": "",
+    "vllm/entrypoints/cli/serve.py": "class ServeSubcommand:\n    @staticmethod\n    def cmd(args):\n"
+                                     "        raise SystemExit('the engine would start here')\n",
+    "vllm/entrypoints/cli/main.py": (
+        "import sys\n"
+        "from sparkd.standin.args import build_parser, preprocess\n"
+        "from vllm.entrypoints.cli import serve\n\n"
+        "def main():\n"
+        "    argv = sys.argv[1:]\n"
+        "    if argv[:1] != ['serve']:\n"
+        "        sys.exit('vllm: error: only serve here')\n"
+        "    words, _ = preprocess(argv[1:])\n"
+        "    serve.ServeSubcommand.cmd(build_parser().parse_args(words))\n"
+    ),
+}
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path) -> tuple[Path, Path]:
+    """(the ``vllm`` executable, the directory to put on PYTHONPATH)."""
+    lib = tmp_path / "fakevllm"
+    for name, text in FAKE.items():
+        (lib / name).parent.mkdir(parents=True, exist_ok=True)
+        (lib / name).write_text(text)
+    exe = tmp_path / "bin" / "vllm"
+    exe.parent.mkdir()
+    exe.write_text(f"#!{sys.executable}\nfrom vllm.entrypoints.cli.main import main\nmain()\n")
+    exe.chmod(0o755)
+    return exe, lib
+
+
+def context(tmp_path: Path, exe: Path, lib: Path | None, **launch: Any) -> PreflightContext:
+    (tmp_path / "state").mkdir(exist_ok=True)
+    env = {"PYTHONPATH": str(lib)} if lib else {}
+    data = {"runtime": "process", "launch": {"executable": str(exe), "model": "m", "env": env, **launch},
+            "paths": {"state_dir": str(tmp_path / "state")}}
+    cfg = config_from_mapping(data, env={})
+    return PreflightContext(cfg=cfg, spec=render(cfg), runtime=ProcessRuntime(tmp_path / "run"))
+
+
+def test_a_misspelled_flag_fails_in_seconds_naming_it(tmp_path: Path, fake_vllm: tuple[Path, Path]) -> None:
+    exe, lib = fake_vllm
+    started = time.monotonic()
+    result = anyio.run(check_vllm_args, context(tmp_path, exe, lib, max_num_seqs=4,
+                                                extra_args=["--max-num-seqz", "8"]))
+    assert result.verdict is Verdict.fail and result.failure_class is FailureClass.config_error
+    assert "vLLM rejects the rendered argv on this host: " in result.found
+    assert "vllm serve: error: unrecognized arguments: --max-num-seqz 8" in result.found
+    assert time.monotonic() - started < 60  # seconds, not a cold start (a generous bound)
+
+
+def test_an_accepted_argv_is_ok_and_cached(tmp_path: Path, fake_vllm: tuple[Path, Path]) -> None:
+    exe, lib = fake_vllm
+    ctx = context(tmp_path, exe, lib, max_num_seqs=4, compilation_config={"cudagraph_mode": "PIECEWISE"})
+    first = anyio.run(check_vllm_args, ctx)
+    assert first.verdict is Verdict.ok and first.found == "vllm 0.0.0+standin-parser accepts the rendered argv on " \
+                                                          "this host"
+    (lib / "vllm" / "entrypoints" / "cli" / "main.py").write_text("raise SystemExit(3)\n")  # any parse now fails
+    second = anyio.run(check_vllm_args, ctx)
+    assert second.verdict is Verdict.ok and second.found.endswith("(cached)")
+    changed = anyio.run(check_vllm_args, context(tmp_path, exe, lib, max_num_seqs=5))  # another argv: parsed
+    assert changed.verdict is Verdict.fail
+
+
+def test_not_checked_without_vllm_or_in_script_mode(tmp_path: Path, fake_vllm: tuple[Path, Path]) -> None:
+    exe, _ = fake_vllm
+    result = anyio.run(check_vllm_args, context(tmp_path, exe, None))  # no vllm importable by its interpreter
+    assert result.verdict is Verdict.warn and "argv not checked on this host: cannot import vLLM" in result.found
+    script = tmp_path / "serve.sh"
+    script.write_text("exec vllm serve m\n")
+    scripted = anyio.run(check_vllm_args, context(tmp_path, exe, None, script=str(script)))
+    assert scripted.verdict is Verdict.ok and scripted.found.startswith("not checked: [launch] script")
+
+
+@pytest.mark.parametrize(
+    ("code", "stderr", "verdict", "words"),
+    [
+        (0, "", Verdict.ok, "accepts the rendered argv in container c"),
+        (2, "usage: vllm [-h] [-v]\nvllm: error: unrecognized arguments: --enable-expert-paralel\n", Verdict.fail,
+         "vLLM rejects the rendered argv in container c: vllm: error: unrecognized arguments: --enable-expert-paralel"),
+        (2, "usage: vllm serve [model_tag] [options]\nvllm serve: error: argument --kv-cache-dtype: invalid choice: "
+            "'nope' (choose from 'auto', 'fp8')\n", Verdict.fail, "invalid choice: 'nope'"),
+        (1, "Traceback (most recent call last):\n  ...\nTypeError: Error: --enable-auto-tool-choice requires "
+            "--tool-call-parser\n", Verdict.fail, "requires --tool-call-parser"),
+        (90, "cannot import vLLM's command line with /usr/bin/python3: No module named 'vllm'\n", Verdict.warn,
+         "argv not checked in container c: cannot import"),
+        (92, "cannot import vLLM's command line: libcudart.so.13: cannot open shared object file\n", Verdict.fail,
+         "vLLM does not import in container c"),
+        (124, "timed out after 180 s", Verdict.warn, "took too long"),
+    ],
+)
+def test_judge(code: int, stderr: str, verdict: Verdict, words: str) -> None:
+    got, found, _ = judge(ExecResult(code, "vllm 0.24.0\n" if code == 0 else "", stderr), "in container c")
+    assert got is verdict and words in found, found
+
+
+def test_vllm_message_keeps_the_error_line_not_the_usage() -> None:
+    assert vllm_message("usage: vllm serve\nvllm serve: error: x\n") == "vllm serve: error: x"
