@@ -355,3 +355,46 @@ def roce_gid(ipv4: str) -> str:
 @pytest.fixture
 def sysfs(tmp_path: Path) -> SysfsTree:
     return SysfsTree(tmp_path / "sys")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A `vllm` command line for the argv parse check
+
+
+# vLLM's command-line module layout (vllm.entrypoints.cli.main / serve, vllm.platforms) over the vLLM stand-in's own
+# parser (sparkd.standin.args), which rejects unknown flags as vLLM's does. The stand-in's own distribution, with
+# sparkd_standin.flags.ACCEPTED, is not merged yet: this is the tests' bridge to its parser.
+FAKE_VLLM = {
+    "vllm/__init__.py": '__version__ = "0.0.0+standin-parser"\n',
+    "vllm/platforms/__init__.py": "class _Platform:\n    def is_unspecified(self):\n        return False\n\n"
+                                  "current_platform = _Platform()\n",
+    "vllm/entrypoints/__init__.py": "",
+    "vllm/entrypoints/cli/__init__.py": "",
+    "vllm/entrypoints/cli/serve.py": "class ServeSubcommand:\n    @staticmethod\n    def cmd(args):\n"
+                                     "        raise SystemExit('the engine would start here')\n",
+    "vllm/entrypoints/cli/main.py": (
+        "import sys\n"
+        "from sparkd.standin.args import build_parser, preprocess\n"
+        "from vllm.entrypoints.cli import serve\n\n"
+        "def main():\n"
+        "    argv = sys.argv[1:]\n"
+        "    if argv[:1] != ['serve']:\n"
+        "        sys.exit('vllm: error: only serve here')\n"
+        "    words, _ = preprocess(argv[1:])\n"
+        "    serve.ServeSubcommand.cmd(build_parser().parse_args(words))\n"
+    ),
+}
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path) -> tuple[Path, Path]:
+    """(a ``vllm`` executable run by this venv's Python, the directory to put on its PYTHONPATH)."""
+    lib = tmp_path / "fakevllm"
+    for name, text in FAKE_VLLM.items():
+        (lib / name).parent.mkdir(parents=True, exist_ok=True)
+        (lib / name).write_text(text)
+    exe = tmp_path / "bin" / "vllm"
+    exe.parent.mkdir()
+    exe.write_text(f"#!{sys.executable}\nfrom vllm.entrypoints.cli.main import main\nmain()\n")
+    exe.chmod(0o755)
+    return exe, lib

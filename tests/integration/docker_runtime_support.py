@@ -117,9 +117,10 @@ class DockerPlace:
         self.node = f"node-{tag}"
 
     def config(self, *, image: str | None = None, mounts: list[dict[str, Any]] | None = None,
-               gpus: str | None = None, **container: Any) -> Config:
+               gpus: str | None = None, sections: dict[str, Any] | None = None, **container: Any) -> Config:
+        """A config of this place; ``container`` keys override the defaults, ``sections`` add other sections."""
         data = {
-            "node": {"name": self.node},
+            "node": {"name": self.node, **(sections or {}).get("node", {})},
             "runtime": self.kind.value,
             "container": {
                 "name": self.name, "image": image or self.image,
@@ -129,6 +130,7 @@ class DockerPlace:
                 **container,
             },
             "launch": {"model": "m"},
+            **{k: v for k, v in (sections or {}).items() if k != "node"},
         }
         return config_from_mapping(data, env={})
 

@@ -1,14 +1,11 @@
 """The vllm_args preflight check (sparkd/preflight/vllm_args.py): the serving vLLM parses the rendered argv.
 
-Real vLLM is checked by ``make test-vllm`` (tests/vllm). Here a small fake ``vllm`` package stands in: it has vLLM's
-command-line module layout (``vllm.entrypoints.cli.main`` / ``serve``) over the vLLM stand-in's own parser
-(``sparkd.standin.args``), which rejects unknown flags as vLLM's does. (The stand-in's own distribution with
-``sparkd_standin.flags.ACCEPTED`` is not merged yet; this fake is the test's bridge to its parser.)
+Real vLLM is checked by ``make test-vllm`` (tests/vllm). Here the ``fake_vllm`` fixture (tests/conftest.py) stands
+in: vLLM's command-line module layout over the vLLM stand-in's own parser, which rejects unknown flags as vLLM's does.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,41 +20,6 @@ from sparkd.preflight.vllm_args import check_vllm_args, judge, vllm_message
 from sparkd.runtime.base import ExecResult
 from sparkd.runtime.process import ProcessRuntime
 from sparkd.supervisor.failures import FailureClass
-
-FAKE = {
-    "vllm/__init__.py": '__version__ = "0.0.0+standin-parser"\n',
-    "vllm/platforms/__init__.py": "class _Platform:\n    def is_unspecified(self):\n        return False\n\n"
-                                  "current_platform = _Platform()\n",
-    "vllm/entrypoints/__init__.py": "",
-    "vllm/entrypoints/cli/__init__.py": "",
-    "vllm/entrypoints/cli/serve.py": "class ServeSubcommand:\n    @staticmethod\n    def cmd(args):\n"
-                                     "        raise SystemExit('the engine would start here')\n",
-    "vllm/entrypoints/cli/main.py": (
-        "import sys\n"
-        "from sparkd.standin.args import build_parser, preprocess\n"
-        "from vllm.entrypoints.cli import serve\n\n"
-        "def main():\n"
-        "    argv = sys.argv[1:]\n"
-        "    if argv[:1] != ['serve']:\n"
-        "        sys.exit('vllm: error: only serve here')\n"
-        "    words, _ = preprocess(argv[1:])\n"
-        "    serve.ServeSubcommand.cmd(build_parser().parse_args(words))\n"
-    ),
-}
-
-
-@pytest.fixture
-def fake_vllm(tmp_path: Path) -> tuple[Path, Path]:
-    """(the ``vllm`` executable, the directory to put on PYTHONPATH)."""
-    lib = tmp_path / "fakevllm"
-    for name, text in FAKE.items():
-        (lib / name).parent.mkdir(parents=True, exist_ok=True)
-        (lib / name).write_text(text)
-    exe = tmp_path / "bin" / "vllm"
-    exe.parent.mkdir()
-    exe.write_text(f"#!{sys.executable}\nfrom vllm.entrypoints.cli.main import main\nmain()\n")
-    exe.chmod(0o755)
-    return exe, lib
 
 
 def context(tmp_path: Path, exe: Path, lib: Path | None, **launch: Any) -> PreflightContext:
