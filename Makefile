@@ -60,3 +60,12 @@ deb: setup
 bench: setup
 	sh tests/bench/install_deps.sh
 	$(BIN)/python tests/bench/bench_all.py --json tests/bench/results.json
+
+# The real vLLM (0.24, CPU platform forced for its argument parser) against every shipped config and profile and
+# the stand-in's flags. Opt-in: the first run installs it into ~/.cache/sparkd/vllm-0.24.0 (~9 GB; SPARKD_VLLM_VENV
+# to put it elsewhere), later runs reuse it.
+.PHONY: test-vllm
+
+test-vllm: setup
+	$(BIN)/python tests/vllm/ensure_vllm.py
+	SPARKD_TEST_VLLM=1 $(BIN)/pytest -q tests/vllm

@@ -1,0 +1,117 @@
+"""The real vLLM 0.24 against what sparkd ships and what the stand-in accepts (``make test-vllm``, opt-in).
+
+1. The vllm_args preflight check, unchanged, runs the real vLLM's parser on a rendered argv (process runtime, the
+   cached virtualenv's ``vllm``): a good argv passes, a misspelled flag fails with vLLM's own message.
+2. Every shipped config (config/, config/examples/, docs/examples/) with its own profile and with each profile
+   renders an argv the real vLLM accepts, parsed as the check parses it (one process for all, batch_parse.py).
+   A config written for a patched vLLM names what stock vLLM rejects in EXPECTED_REJECTIONS, exactly.
+3. Every flag the stand-in accepts is a flag of the real ``vllm serve``, apart from the named ones the stand-in
+   keeps from vLLM 0.13 (STANDIN_ONLY): the list must stay exact, so a new difference fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import anyio
+
+from sparkd.config import load_config
+from sparkd.launch import LaunchSpec, render
+from sparkd.preflight.base import PreflightContext, Verdict
+from sparkd.preflight.vllm_args import check_vllm_args
+from sparkd.profiles import profile_names
+from sparkd.runtime.process import ProcessRuntime
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+SHIPPED = sorted([REPO / "config" / "sparkd.toml", *(REPO / "config" / "examples").glob("*.toml"),
+                  *(REPO / "docs" / "examples").glob("*.toml")])
+# Configs for a patched vLLM: what stock vLLM 0.24 says about them, exactly.
+EXPECTED_REJECTIONS = {
+    "field-004-dspark-1m-nvfp4.toml": "argument --kv-cache-dtype: invalid choice: 'nvfp4_ds_mla'",
+}
+# `vllm serve` flags of vLLM 0.13 that the stand-in (sparkd/standin/flags.py) still accepts and vLLM 0.24 does not.
+STANDIN_ONLY = {
+    "--task", "--tokenizer-pool-type", "--guided-decoding-backend", "--override-neuron-config", "--served-model-path",
+    "--max-seq-len-to-capture", "--num-lookahead-slots", "--num-redundant-experts", "--tokenizer-pool-size",
+    "--swap-space", "-O", "--override-pooler-config", "--rope-scaling", "--cuda-graph-sizes", "--prompt-adapters",
+    "--disable-log-requests", "--disable-frontend-multiprocessing", "--disable-mm-preprocessor-cache",
+}
+
+
+def in_vllm(venv: Path, *args: str, stdin: str = "") -> object:
+    result = subprocess.run([str(venv / "bin" / "python"), str(HERE / "batch_parse.py"), *args], input=stdin,
+                            capture_output=True, text=True, timeout=900, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_preflight_check_runs_the_real_parser(vllm_venv: Path, tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    cfg = load_config(REPO / "config" / "examples" / "head.toml", env={"SPARKD_PATHS__STATE_DIR": str(tmp_path)})
+    spec = render(cfg)
+    vllm = str(vllm_venv / "bin" / "vllm")
+
+    def check(argv: tuple[str, ...]) -> object:
+        ctx = PreflightContext(cfg=cfg, spec=LaunchSpec((vllm, *argv[1:]), spec.env, spec.config_hash),
+                               runtime=ProcessRuntime(tmp_path / "run"))
+        return anyio.run(check_vllm_args, ctx)
+
+    good = check(spec.argv)
+    assert good.verdict is Verdict.ok and good.found.startswith("vllm 0.24.0 accepts the rendered argv"), good.found
+    bad = check((*spec.argv, "--enable-expert-paralel"))
+    assert bad.verdict is Verdict.fail
+    assert "unrecognized arguments: --enable-expert-paralel" in bad.found, bad.found
+
+
+def argvs() -> list[tuple[str, list[str]]]:
+    out = []
+    for path in SHIPPED:
+        for profile in (None, *profile_names()):
+            cfg = load_config(path, env={}, profile=profile)
+            spec = render(cfg)
+            if cfg.launch.script is None and spec.argv[1:2] == ("serve",):
+                out.append((f"{path.name} profile {profile or '(its own)'}", list(spec.argv[1:])))
+    return out
+
+
+def test_every_shipped_config_and_profile_parses(vllm_venv: Path) -> None:
+    cases = argvs()
+    assert len(cases) >= len(SHIPPED) * 5 - 5, "every shipped config renders a serve argv"
+    results = in_vllm(vllm_venv, "parse", stdin=json.dumps([argv for _, argv in cases]))
+    problems = []
+    for (name, argv), result in zip(cases, results, strict=True):  # type: ignore[call-overload]
+        expected = EXPECTED_REJECTIONS.get(name.split(" profile ")[0])
+        if expected is None and result["code"] != 0:
+            problems.append(f"{name}: {result['stderr'].strip().splitlines()[-1:]} for {argv}")
+        elif expected is not None and (result["code"] == 0 or expected not in result["stderr"]):
+            problems.append(f"{name}: expected vLLM to say {expected!r}, it said {result['stderr'][-300:]!r}")
+    assert problems == []
+
+
+def standin_flags() -> set[str]:
+    try:  # the stand-in as its own distribution, once merged
+        from sparkd_standin.flags import ACCEPTED  # type: ignore[import-not-found]
+
+        return set(ACCEPTED)
+    except ImportError:
+        from sparkd.standin.flags import SERVE_FLAGS
+
+        names = {name for flag in SERVE_FLAGS for name in flag.names}
+        names |= {"--no-" + flag.names[0][2:] for flag in SERVE_FLAGS if flag.kind == "bool"}
+        return names
+
+
+def test_the_standins_flags_are_vllms(vllm_venv: Path) -> None:
+    options = in_vllm(vllm_venv, "options")
+    assert isinstance(options, dict) and "--max-num-seqs" in options
+    negated = {"--no-" + name[2:] for name in STANDIN_ONLY if name.startswith("--")}
+    missing = {name for name in standin_flags() if name not in options} - negated
+    assert missing == STANDIN_ONLY
+
+
+def test_misspellings_are_refused(vllm_venv: Path) -> None:
+    flags = ["--max-num-seqz", "--enable-expert-paralel", "--kv-cache-dtype=fp9", "--compilation-config={\"a\":"]
+    results = in_vllm(vllm_venv, "parse", stdin=json.dumps([["serve", "m", flag] for flag in flags]))
+    assert [r["code"] for r in results] == [2, 2, 2, 2]  # type: ignore[attr-defined]
