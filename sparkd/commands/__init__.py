@@ -1,0 +1,11 @@
+"""Control commands, one module each, shared by the daemon (``execute``) and sparkctl (``render``).
+
+``OPERATOR`` are the operator's commands (the unix socket; over TCP with the bearer token). The ranks of a
+group talk to each other through their own commands, ``sparkd.cluster.rank_commands``.
+"""
+
+from __future__ import annotations
+
+from sparkd.commands import incidents, logs, preflight, reset, restart, start, status, stop
+
+OPERATOR = (status, start, stop, restart, reset, logs, incidents, preflight)
