@@ -45,7 +45,7 @@ class IncidentWriter:
     def write_now(self, record: dict[str, Any], log_tail: Sequence[str], *,
                   guard: dict[str, Any] | None = None) -> Path | None:
         """Synchronous and quick (no kernel log, no Docker): for the guard, before it signals anything."""
-        return self._write(record, log_tail, frozenset({Evidence.meminfo}), None, guard)
+        return self._write(record, log_tail, frozenset({Evidence.meminfo, Evidence.guard}), None, guard)
 
     async def write(self, record: dict[str, Any], log_tail: Sequence[str], *, evidence: frozenset[Evidence],
                     container: dict[str, Any] | None = None, guard: dict[str, Any] | None = None) -> Path | None:

@@ -20,7 +20,7 @@ import anyio
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
 from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
 from sparkd.config import Config, Role
-from sparkd.daemon.clock import Clock
+from sparkd.clock import Clock
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.states import RUNNING, State

@@ -1,7 +1,7 @@
 """Control commands, one module each, shared by the daemon (``execute``) and sparkctl (``render``).
 
 ``OPERATOR`` are the operator's commands (the unix socket; over TCP with the bearer token). The ranks of a
-group talk to each other through their own commands, ``sparkd.cluster.rank_commands``.
+group talk to each other through their own commands, ``sparkd.commands.rank``.
 """
 
 from __future__ import annotations

@@ -25,10 +25,10 @@ from sparkd.api.bounded import harden_process
 from sparkd.api.server import bind_tcp_socket, bind_unix_socket, build_app, build_tcp_app, read_token, serve
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
-from sparkd.cluster.rank_commands import RANK
+from sparkd.commands.rank import RANK
 from sparkd.config import Config, Role
 from sparkd.daemon import memory
-from sparkd.daemon.clock import Clock, SystemClock
+from sparkd.clock import Clock, SystemClock
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
@@ -161,7 +161,8 @@ class Daemon:
     def publish(self) -> None:
         """status.json and the systemd STATUS line, after every change."""
         self.files.put(self.status_path, self.view.status())
-        self.notifier.status(self.view.line())
+        if self.sup.booted.is_set():  # READY=1 carries the first STATUS=
+            self.notifier.status(self.view.line())
 
     async def run(self, sockets: Sockets | None = None) -> int:
         """Run until a shutdown finds nothing running (``sockets`` None: no control API, for in-process tests)."""

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sparkd.daemon.clock import Clock
+from sparkd.clock import Clock
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.policy import RestartState, Strike
 from sparkd.supervisor.states import Intent, Remembered

@@ -19,7 +19,7 @@ import anyio
 
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
-from sparkd.daemon.clock import Clock
+from sparkd.clock import Clock
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.watch import InstanceWatch, Probes
 from sparkd.incidents import IncidentWriter, incident_record

@@ -14,7 +14,7 @@ from sparkd import __version__
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.shared import shared_settings
 from sparkd.config import Config
-from sparkd.daemon.clock import Clock, wall_of
+from sparkd.clock import Clock, wall_of
 from sparkd.daemon.node import Node
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.guard.guard import Guard

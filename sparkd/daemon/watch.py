@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import anyio
 
 from sparkd.config import HealthConfig
-from sparkd.daemon.clock import Clock
+from sparkd.clock import Clock
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor import health
 from sparkd.supervisor import vocabulary as v

@@ -145,7 +145,7 @@ class Sparkd:
         folder = self.state_dir / "incidents"
         if not folder.is_dir():
             return []
-        return [json.loads((p / "incident.json").read_text()) for p in sorted(folder.iterdir())]
+        return [{**json.loads((p / "incident.json").read_text()), "path": str(p)} for p in sorted(folder.iterdir())]
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None

@@ -14,6 +14,8 @@ import psutil
 import pytest
 from daemon_harness import Sparkd, alive, base_config, free_port, kill_tree, shm_segments, title_prefix, tree, unheld
 
+from sparkd import exits
+
 Factory = Callable[..., Sparkd]
 
 
@@ -160,7 +162,7 @@ def test_second_daemon_on_the_node_is_refused(sparkd: Factory) -> None:
     ready_pid(daemon)
     (daemon.tmp / "again").mkdir()
     second = Sparkd(daemon.tmp / "again", daemon.config).start()
-    assert second.proc is not None and second.proc.wait(30) == 1
+    assert second.proc is not None and second.proc.wait(30) == exits.ALREADY_RUNNING
     assert "already_running" in second.log()
 
 
@@ -178,9 +180,11 @@ GIB = 1 << 30
 
 
 def test_memory_guard_stops_a_leaking_vllm_and_reports_killed_by_guard(sparkd: Factory) -> None:
-    from sparkd.memory import read_meminfo
+    from sparkd.guard.meminfo import read_meminfo
 
-    available = read_meminfo()["MemAvailable"]
+    meminfo = read_meminfo()
+    assert meminfo is not None
+    available = meminfo.mem_available
     if available < 8 * GIB:
         pytest.skip(f"needs 8 GiB MemAvailable to leave the machine safe, has {available / GIB:.1f}")
     stop = available - int(1.5 * GIB)  # the stand-in must leak ~1.5 GiB to cross it; it is capped at 3 GiB
@@ -194,4 +198,5 @@ def test_memory_guard_stops_a_leaking_vllm_and_reports_killed_by_guard(sparkd: F
                              "a guard stop")
     assert "memory guard" in status["last_failure"]["message"]
     incidents = [i for i in daemon.incidents() if i["class"] == "killed_by_guard"]
-    assert len(incidents) == 1 and incidents[0].get("guard"), "evidence written once, with the guard's view"
+    assert len(incidents) == 1, "evidence written once"
+    assert (Path(incidents[0]["path"]) / "guard.json").is_file(), "with the guard's view"

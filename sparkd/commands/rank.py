@@ -2,7 +2,8 @@
 
 The head asks each worker's daemon to stop its rank (and report any ``VLLM::*`` left), to preflight, and to
 start its rank (closing its breaker: the head decides about the group's restarts); a worker tells its head at
-once that its rank failed. These are peer commands, apart from the operator's (``sparkd.commands``).
+once that its rank failed. These are peer commands, kept apart from the operator's (``sparkd.commands.OPERATOR``):
+only the TCP listener, behind the peer token, serves them.
 """
 
 from __future__ import annotations
