@@ -17,10 +17,10 @@ from typing import Any
 
 import anyio
 
+from sparkd.clock import Clock
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
 from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
 from sparkd.config import Config, Role
-from sparkd.clock import Clock
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.states import RUNNING, State

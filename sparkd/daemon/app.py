@@ -23,12 +23,12 @@ from anyio.abc import TaskGroup
 from sparkd import exits
 from sparkd.api.bounded import harden_process
 from sparkd.api.server import bind_tcp_socket, bind_unix_socket, build_app, build_tcp_app, read_token, serve
+from sparkd.clock import Clock, SystemClock
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
 from sparkd.commands.rank import RANK
 from sparkd.config import Config, Role
 from sparkd.daemon import memory
-from sparkd.clock import Clock, SystemClock
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal

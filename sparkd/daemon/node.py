@@ -17,9 +17,9 @@ from typing import Any
 
 import anyio
 
+from sparkd.clock import Clock
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
-from sparkd.clock import Clock
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.watch import InstanceWatch, Probes
 from sparkd.incidents import IncidentWriter, incident_record

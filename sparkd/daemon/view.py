@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkd import __version__
+from sparkd.clock import Clock, wall_of
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.shared import shared_settings
 from sparkd.config import Config
-from sparkd.clock import Clock, wall_of
 from sparkd.daemon.node import Node
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.guard.guard import Guard

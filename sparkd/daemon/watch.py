@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import anyio
 
-from sparkd.config import HealthConfig
 from sparkd.clock import Clock
+from sparkd.config import HealthConfig
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor import health
 from sparkd.supervisor import vocabulary as v

@@ -4,7 +4,6 @@ no module past 400 lines, no function past 60."""
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
