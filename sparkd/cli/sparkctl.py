@@ -20,7 +20,7 @@ from sparkd import __version__
 from sparkd.api.client import ActionRefused, ControlClient, DaemonUnreachable
 from sparkd.cli.common import config_or_exit
 from sparkd.cli.progress import wait_for
-from sparkd.commands import incidents, logs, preflight, reset, restart, start, status, stop
+from sparkd.commands import handover, incidents, logs, preflight, reload, reset, restart, start, status, stop
 from sparkd.commands.act import LOCAL_RISK
 from sparkd.commands.act import Request as ActRequest
 from sparkd.commands.status import EXIT_NOT_SERVING, EXIT_READY, EXIT_UNHEALTHY, EXIT_UNREACHABLE
@@ -149,6 +149,22 @@ _lifecycle(restart, waits_for="ready")
 def reset_cmd(obj: Ctx) -> None:
     """Close the restart breaker and forget failures; starts vLLM if it should run."""
     obj.emit(obj.call(reset, ActRequest()), reset.render)
+
+
+@main.command("reload")
+@global_options
+@click.pass_obj
+def reload_cmd(obj: Ctx) -> None:
+    """Read and validate the config on disk; show what changed. Exit 1 (nothing changed) when it is invalid."""
+    obj.emit(obj.call(reload, reload.Request(), timeout_s=60), reload.render)
+
+
+@main.command("handover")
+@global_options
+@click.pass_obj
+def handover_cmd(obj: Ctx) -> None:
+    """Exit sparkd now and leave vLLM running for the next sparkd to adopt (package upgrades)."""
+    obj.emit(obj.call(handover, handover.Request()), handover.render)
 
 
 @main.command("logs")

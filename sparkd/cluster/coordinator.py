@@ -217,6 +217,24 @@ class Coordinator:
             except (PeerUnreachable, PeerRefused) as exc:
                 self.log.warning("report_failed", peer=peer, error=str(exc))
 
+    async def reload_workers(self) -> list[str]:
+        """Head side, before an operator's restart: every worker takes on its config on disk (or says why not)."""
+        problems: list[str] = []
+
+        async def one(peer: str) -> None:
+            try:
+                await self.client.request(peer, "POST", "/v1/reload", timeout_s=60)
+            except PeerRefused as exc:
+                problems.append(f"the worker on {peer}: {exc}")
+            except PeerUnreachable as exc:  # the restart waits for it like any start does
+                self.log.warning("worker_reload_unreachable", peer=peer, error=str(exc))
+
+        if self.role is Role.head:
+            async with anyio.create_task_group() as tg:
+                for peer in self.client.peers:
+                    tg.start_soon(one, peer)
+        return problems
+
     async def forward(self, name: str) -> tuple[bool, dict[str, Any]]:
         """Worker side: an operator command, carried out by the head for the whole group."""
         head = self.client.peers[0]

@@ -6,6 +6,6 @@ group talk to each other through their own commands, ``sparkd.commands.rank``.
 
 from __future__ import annotations
 
-from sparkd.commands import incidents, logs, preflight, reset, restart, start, status, stop
+from sparkd.commands import handover, incidents, logs, preflight, reload, reset, restart, start, status, stop
 
-OPERATOR = (status, start, stop, restart, reset, logs, incidents, preflight)
+OPERATOR = (status, start, stop, restart, reset, reload, handover, logs, incidents, preflight)

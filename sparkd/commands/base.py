@@ -55,6 +55,9 @@ class Group(Protocol):
 
     def on_report(self, peer: str, failure: dict[str, Any] | None) -> None: ...
 
+    async def reload_workers(self) -> list[str]:
+        """Every worker reloads its config on disk; the problems of those that refused (none: all took it)."""
+
 
 class Control(Protocol):
     """The daemon's surface for commands (``sparkd.daemon.control.DaemonControl``)."""
@@ -97,6 +100,12 @@ class Control(Protocol):
     async def preflight(self, *, dry_run: bool) -> Any: ...
 
     def last_preflight(self) -> list[dict[str, Any]]: ...
+
+    async def reload(self) -> Any:
+        """Read and validate the config on disk; take it on when valid (a ``ReloadReport``)."""
+
+    def handover(self) -> None:
+        """Exit now, leaving vLLM running for the next sparkd to adopt."""
 
 
 def flag(params: Mapping[str, str], name: str) -> bool:

@@ -69,6 +69,7 @@ def render(s: Mapping[str, Any]) -> str:
     failure = s.get("last_failure")
     if failure:
         lines.append(f"  last failure ({failure['class']}, {when(failure.get('at'))}): {failure['message']}")
+    lines.extend(_config(s.get("config") or {}))
     for problem in (s.get("daemon") or {}).get("problems") or []:
         lines.append(f"  sparkd degraded: {problem}")
     lines.extend(_memory(s.get("memory") or {}))
@@ -79,6 +80,21 @@ def render(s: Mapping[str, Any]) -> str:
         failed = f", last failure {peer['last_failure']}" if peer.get("last_failure") else ""
         lines.append(f"  peer {where} at {peer['peer']}: {state}{pid}{failed}")
     return "\n".join(lines)
+
+
+def _config(config: Mapping[str, Any]) -> list[str]:
+    if not config.get("path"):
+        return []
+    if not config.get("valid", True):
+        return [f"  the config on disk is invalid ({'; '.join(config.get('problems') or [])}): "
+                "sparkd keeps the one it loaded"]
+    lines = []
+    if config.get("reload_needed"):
+        lines.append(f"  {config['path']} changed since sparkd loaded it: `sparkctl reload` takes it on")
+    if config.get("restart_needed"):
+        lines.append("  the running vLLM was launched from an older config: `sparkctl restart` launches the one "
+                     "on disk")
+    return lines
 
 
 def _memory(memory: Mapping[str, Any]) -> list[str]:

@@ -34,6 +34,7 @@ from sparkd.daemon.files import StateWriter
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
+from sparkd.daemon.reload import Reloader, keep_fixed
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
@@ -101,8 +102,10 @@ class Daemon:
 
     def __init__(self, cfg: Config, runtime: Runtime, *, rehearse: bool = False, clock: Clock | None = None,
                  notifier: Notifier | None = None, probes: Callable[[], Probes] | None = None,
-                 rand: Callable[[], float] = random.random, **node_options: Any) -> None:
+                 rand: Callable[[], float] = random.random, config_path: Path | None = None,
+                 **node_options: Any) -> None:
         self.cfg = cfg
+        self.runtime = runtime
         self.clock = clock or SystemClock()
         self.notifier = notifier or Notifier()
         self.log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
@@ -123,10 +126,13 @@ class Daemon:
             start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
             guard_evidence=lambda: self.guard.evidence() if self.guard is not None else None, **node_options)
         self.sup.effects = self.node
+        self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
-                               problems=self.problems)
+                               problems=self.problems, config_state=self.config_state)
         self.metrics = Metrics(self.view)
-        self.control = DaemonControl(self.sup, self.node, self.view, self.group)
+        self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
+                                     handover=self.handover)
+        self._scope: anyio.CancelScope | None = None
         self.sup.listeners.append(lambda before, after, obs: self.publish())
         self.node.phase_listeners.append(lambda startup: self.publish())
         self._signals_seen = 0
@@ -158,6 +164,44 @@ class Daemon:
     def problems(self) -> list[str]:
         return sorted(self.files.problems.values())
 
+    def apply_config(self, cfg: Config) -> None:
+        """Take on a reloaded config: daemon settings at once, launch settings at the next start."""
+        self.cfg = cfg
+        self.sup.limits = limits_from(cfg)
+        self.node.cfg = cfg
+        if self.node.watch is not None:
+            self.node.watch.cfg = cfg.health
+        self.node.incidents.keep = cfg.supervisor.incidents_keep
+        self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
+        self.view.cfg = cfg
+        if self.group is not None:
+            self.group.cfg = cfg
+        if self.guard is not None:
+            self.guard.cfg = cfg.guard
+        if hasattr(self.runtime, "cfg"):
+            self.runtime.cfg = cfg
+        self.publish()
+
+    def config_state(self) -> dict[str, Any]:
+        """The config on disk against the one loaded and the one the running vLLM was launched from."""
+        disk = self.reloader.on_disk()
+        if disk is None:
+            return {"path": None}
+        path = str(self.reloader.path)
+        if isinstance(disk, list):
+            return {"path": path, "valid": False, "problems": disk}
+        loaded, on_disk = self.cfg.launch_hash(), disk.launch_hash()
+        running = self.node.instance.config_hash if self.node.instance is not None else None
+        return {"path": path, "valid": True, "hash_on_disk": on_disk, "hash_loaded": loaded, "hash_running": running,
+                "reload_needed": disk != keep_fixed(self.cfg, disk) or on_disk != loaded,
+                "restart_needed": running is not None and running != on_disk}
+
+    def handover(self) -> None:
+        """Exit now and leave vLLM running, for the next sparkd to adopt (a package upgrade)."""
+        self.log.info("handover", pid=self.node.instance.pid if self.node.instance else None)
+        if self._scope is not None:
+            self._scope.cancel()
+
     def publish(self) -> None:
         """status.json and the systemd STATUS line, after every change."""
         self.files.put(self.status_path, self.view.status())
@@ -168,6 +212,7 @@ class Daemon:
         """Run until a shutdown finds nothing running (``sockets`` None: no control API, for in-process tests)."""
         try:
             async with anyio.create_task_group() as tg:
+                self._scope = tg.cancel_scope
                 self.node.task_group = tg
                 tg.start_soon(self.files.run)
                 if sockets is not None:
@@ -212,6 +257,7 @@ class Daemon:
                 name = signal.Signals(signum).name
                 if signum == signal.SIGHUP:
                     self.log.info("signal", signal=name, action="reload")
+                    await self.reloader.reload()
                     continue
                 self._signals_seen += 1
                 leave = self.cfg.supervisor.leave_running
@@ -264,7 +310,7 @@ def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int
     log.info("starting", config=str(config_path), runtime=cfg.runtime.value, rehearse=rehearse,
              launch_hash=cfg.launch_hash(), pid=os.getpid())
     try:
-        daemon = Daemon(cfg, make_runtime(cfg, rehearse=rehearse), rehearse=rehearse)
+        daemon = Daemon(cfg, make_runtime(cfg, rehearse=rehearse), rehearse=rehearse, config_path=config_path)
         return anyio.run(daemon.run, sockets)
     finally:
         lock.release()

@@ -5,7 +5,7 @@ node and the view. Commands post observations and read status here; they never r
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import anyio
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Role
 from sparkd.daemon.node import Node
+from sparkd.daemon.reload import ReloadReport
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
 from sparkd.preflight.runner import PreflightReport
@@ -24,14 +25,16 @@ FOLLOW_BUFFER = 10_000  # lines a slow `sparkctl logs -f` may fall behind before
 
 
 class DaemonControl:
-    def __init__(self, sup: Supervisor, node: Node, view: StatusView, group: Coordinator | None) -> None:
+    def __init__(self, sup: Supervisor, node: Node, view: StatusView, group: Coordinator | None, *,
+                 reload: Callable[[], Awaitable[ReloadReport]], handover: Callable[[], None]) -> None:
         self.sup = sup
         self.node = node
         self.view = view
         self.group = group
         self.worker = group is not None and group.role is Role.worker
         self.incidents_root: Path = node.cfg.paths.incidents
-        self.stop_timeout_s = node.cfg.supervisor.stop_grace_s + 30.0
+        self._reload = reload
+        self._handover = handover
         self._changed = anyio.Event()
         sup.listeners.append(lambda before, after, obs: self._signal())
 
@@ -39,8 +42,18 @@ class DaemonControl:
         self._changed.set()
         self._changed = anyio.Event()
 
+    @property
+    def stop_timeout_s(self) -> float:
+        return self.node.cfg.supervisor.stop_grace_s + 30.0
+
     def status(self) -> dict[str, Any]:
         return self.view.status()
+
+    async def reload(self) -> ReloadReport:
+        return await self._reload()
+
+    def handover(self) -> None:
+        self._handover()
 
     def refusal(self, command: str) -> str | None:
         if self.sup.shutting_down:

@@ -30,7 +30,8 @@ HISTORY = 50
 class StatusView:
     def __init__(self, cfg: Config, sup: Supervisor, node: Node, clock: Clock, *,
                  guard: Callable[[], Guard | None] = lambda: None, group: Coordinator | None = None,
-                 problems: Callable[[], list[str]] = list) -> None:
+                 problems: Callable[[], list[str]] = list,
+                 config_state: Callable[[], dict[str, Any]] = dict) -> None:
         self.cfg = cfg
         self.sup = sup
         self.node = node
@@ -38,6 +39,7 @@ class StatusView:
         self.guard = guard
         self.group = group
         self.problems = problems
+        self.config_state = config_state
         # Recent states and phases with wall times, so `sparkctl restart --wait` shows every step.
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.restarts: Counter[str] = Counter()  # by what caused them: a failure class, operator, reset
@@ -98,6 +100,7 @@ class StatusView:
                 "exit_code": last.exit_code, "signal": last.signal, "evidence": last.evidence},
             "config_hash": self.cfg.launch_hash(), "daemon_pid": os.getpid(), "updated_at": clock.wall(),
             "daemon": {"degraded": bool(problems), "problems": problems},
+            "config": self.config_state(),
             "history": list(self.history),
             "pair": self.group.role.value if self.group is not None and self.group.role else None,
             "shared": shared_settings(self.cfg), "image_id": node.image_id,

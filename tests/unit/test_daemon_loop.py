@@ -237,3 +237,83 @@ async def test_the_watchdog_is_petted_with_the_loops_last_progress_not_the_time(
             tg.cancel_scope.cancel()
         assert node.notifier.pets == [wedged_at]
 
+
+
+CONFIG_TOML = """
+runtime = "process"
+[node]
+name = "scripted"
+role = "single"
+[launch]
+executable = "/usr/bin/true"
+model = "/models/m"
+port = 18999
+max_model_len = {max_model_len}
+[paths]
+state_dir = "{tmp}/state"
+run_dir = "{tmp}/run"
+[api]
+socket_group = ""
+port = 0
+[guard]
+enabled = false
+[health]
+interval_s = {interval}
+canary = false
+"""
+
+
+def write_config(tmp: Path, *, max_model_len: int = 8192, interval: float = 5.0, extra: str = "") -> Path:
+    path = tmp / "sparkd.toml"
+    path.write_text(CONFIG_TOML.format(tmp=tmp, max_model_len=max_model_len, interval=interval) + extra)
+    return path
+
+
+async def test_reload_applies_daemon_settings_now_and_the_launch_at_the_next_start(tmp_path: Path) -> None:
+    from sparkd.commands import reload as reload_command
+    from sparkd.config import load_config
+
+    path = write_config(tmp_path)
+    runtime, clock = FakeRuntime(), FakeClock()
+    node = Node(load_config(path), runtime, clock)
+    node.daemon.reloader.path = path
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(node.daemon.run)
+        await node.until_state("ready")
+        write_config(tmp_path, max_model_len=16384, interval=2.0)
+        assert node.status()["config"]["reload_needed"] is True
+        reply = await reload_command.execute(node.daemon.control, reload_command.Request())
+        assert reply.ok, reply.error
+        assert any("--max-model-len" in line and "16384" in line for line in reply.result["launch"])
+        assert reply.result["settings"] == ["health.interval_s: 5.0 → 2.0"]
+        assert node.daemon.node.watch is not None and node.daemon.node.watch.cfg.interval_s == 2.0
+        assert node.status()["config"]["restart_needed"] is True  # running on the old launch until a restart
+        assert len(runtime.launches) == 1 and "16384" not in " ".join(runtime.launches[0].argv)
+        assert (await node.command(restart)).ok
+        await node.until(lambda: len(runtime.launches) == 2 and node.state == "ready")
+        assert "16384" in " ".join(runtime.launches[1].argv)
+        assert node.status()["config"]["restart_needed"] is False
+        tg.cancel_scope.cancel()
+
+
+async def test_an_invalid_config_on_disk_changes_nothing_and_refuses_a_restart(tmp_path: Path) -> None:
+    from sparkd.commands import reload as reload_command
+    from sparkd.config import load_config
+
+    path = write_config(tmp_path)
+    runtime, clock = FakeRuntime(), FakeClock()
+    node = Node(load_config(path), runtime, clock)
+    node.daemon.reloader.path = path
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(node.daemon.run)
+        await node.until_state("ready")
+        before = node.daemon.cfg
+        path.write_text(path.read_text().replace("max_model_len = 8192", "max_model_len = -3"))
+        reply = await reload_command.execute(node.daemon.control, reload_command.Request())
+        assert not reply.ok and "launch.max_model_len" in reply.error
+        assert node.daemon.cfg is before
+        assert node.status()["config"]["valid"] is False
+        refused = await node.command(restart)
+        assert not refused.ok and "launch.max_model_len" in refused.error
+        assert node.state == "ready" and len(runtime.launches) == 1
+        tg.cancel_scope.cancel()
