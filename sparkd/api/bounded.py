@@ -3,7 +3,8 @@
 uvicorn closes a connection that idles after a response (``timeout_keep_alive``) but waits forever for the first
 request, and accepts any number of connections: 1,100 idle ones exhaust a daemon's 1024 descriptors. Here a
 connection beyond ``MAX_CONNECTIONS`` is closed at once, and one that has not sent a whole request within
-``HEADER_TIMEOUT_S`` (of its opening, or of its previous response) is closed (slowloris).
+``HEADER_TIMEOUT_S`` (of its opening, or of its previous response) is closed (slowloris). The server's backlog
+is ``MAX_CONNECTIONS`` too: asyncio accepts up to a backlog's worth per wakeup before any close runs.
 """
 
 from __future__ import annotations

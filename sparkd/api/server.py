@@ -171,7 +171,7 @@ class TokenGate:
 async def serve(app: Starlette, sock: socket.socket) -> None:
     config = uvicorn.Config(
         app, http=BoundedH11, lifespan="off", log_level="warning", access_log=False,
-        limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=IDLE_TIMEOUT_S,
+        limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=IDLE_TIMEOUT_S, backlog=MAX_CONNECTIONS,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
     await _QuietServer(config).serve(sockets=[sock])

@@ -160,6 +160,12 @@ class Node:
                 self.post(v.LaunchFailed(Failure.of(cls, f"The launch failed: {exc}", evidence=str(exc),
                                                     exit_code=exc.exit_code)))
                 return
+            except OSError as exc:  # the host refuses what the launch writes: wait for it, spend no budget
+                self.post(v.LaunchFailed(Failure.of(
+                    FailureClass.host_unavailable, f"sparkd cannot launch vLLM: {exc.strerror or exc} "
+                    f"({exc.filename or 'the state directory'}); it waits and tries again without spending the "
+                    "restart budget.", evidence=repr(exc))))
+                return
             self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=list(spec.argv))
             self._attach(instance, adopted=False)
             self.post(v.Launched())

@@ -18,7 +18,7 @@ from anyio.abc import TaskGroup
 from sparkd.clock import Clock
 from sparkd.supervisor import lifecycle
 from sparkd.supervisor import vocabulary as v
-from sparkd.supervisor.failures import Failure
+from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.policy import window_weight
 from sparkd.supervisor.states import Limits, Machine, Remembered, State, quiescent, remembered
 
@@ -151,21 +151,28 @@ class Supervisor:
 
     def _act(self, action: v.Action) -> None:
         if isinstance(action, v.RunPreflight):
-            self._spawn(self._run_preflight)
+            self._spawn(action, self._run_preflight)
         elif isinstance(action, v.Launch):
-            self._spawn(self.effects.launch)
+            self._spawn(action, self.effects.launch)
         elif isinstance(action, v.Stop):
-            self._spawn(self.effects.stop, action.reason, action.grace_s)
+            self._spawn(action, self.effects.stop, action.reason, action.grace_s)
         elif isinstance(action, v.RecordIncident):
-            self._spawn(self.effects.record, action.failure, action.written)
+            self._spawn(action, self.effects.record, action.failure, action.written)
 
-    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+    def _spawn(self, action: v.Action, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run an effect beside the loop. An effect that raises is a bug or a host problem, never the end of
+        the daemon: it is logged with its traceback, and the lifecycle hears the outcome it waits for."""
         assert self._tg is not None, "actions arrive only while the loop runs"
 
         async def effect() -> None:
             self._effects_running += 1
             try:
                 await fn(*args)
+            except Exception as exc:
+                self.log.exception("effect_failed", action=type(action).__name__, error=repr(exc))
+                outcome = _outcome_of_a_failed(action, exc)
+                if outcome is not None:
+                    self.post(outcome)
             finally:
                 self._effects_running -= 1
                 if self.shutting_down:
@@ -187,3 +194,16 @@ class Supervisor:
             now = self.clock.now()
             await self.clock.sleep(TICK_S if deadline is None else min(TICK_S, max(0.01, deadline - now)))
             self.post(v.Tick())
+
+
+def _outcome_of_a_failed(action: v.Action, exc: Exception) -> v.Observation | None:
+    """What the lifecycle must hear when an effect raised instead of reporting."""
+    failure = Failure.of(FailureClass.unknown, f"sparkd could not carry out {type(action).__name__}: {exc}; "
+                         "sparkd retries with backoff — the daemon's log has the traceback.", evidence=repr(exc))
+    if isinstance(action, v.RunPreflight):
+        return v.PreflightDone(failure)
+    if isinstance(action, v.Launch):
+        return v.LaunchFailed(failure)
+    if isinstance(action, v.Stop):
+        return v.StopDone()
+    return None
