@@ -19,6 +19,7 @@ import anyio
 
 from sparkd.clock import Clock
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
+from sparkd.cluster.ranks import Member, group_problems
 from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
 from sparkd.config import Config, Role
 from sparkd.supervisor import vocabulary as v
@@ -43,6 +44,13 @@ class PeerView:
         self.reachable = False
         self.last_seen: float | None = None
         self.since_unreachable: float | None = None
+
+
+def _peer_entry(peer: str, reachable: bool, status: dict[str, Any] | None) -> dict[str, Any]:
+    status = status or {}
+    return {"peer": peer, "reachable": reachable, "node": status.get("node"), "rank": status.get("rank"),
+            "state": status.get("state"), "pid": status.get("pid"),
+            "last_failure": (status.get("last_failure") or {}).get("class")}
 
 
 class Coordinator:
@@ -80,9 +88,38 @@ class Coordinator:
         return failures[0] if failures else None
 
     async def prepare_workers(self) -> Failure | None:
-        """Every worker: same launch settings and image, its rank stopped with no VLLM::* left, preflight ok.
-        Runs beside the head's own preflight."""
-        return await self._each(self._prepare)
+        """Every worker reachable; the ranks form a group; same launch settings and image everywhere; every
+        rank stopped with no VLLM::* left; every preflight ok. Runs beside the head's own preflight."""
+        statuses: dict[str, dict[str, Any]] = {}
+
+        async def fetch(peer: str) -> None:
+            statuses[peer] = await self.client.status(peer)
+
+        failure = await self._each(fetch)
+        if failure is not None:
+            return failure
+        members = [self._member(), *(Member.from_status(statuses[peer], peer) for peer in self.client.peers)]
+        problems = group_problems(members)
+        if problems:
+            return Failure.of(FailureClass.config_error, f"The group cannot form: {'; '.join(problems)}; fix "
+                              "node.rank, cluster.nnodes or the parallel sizes — sparkd will not start it.")
+        mismatch = [line for peer in self.client.peers for line in self._differences(peer, statuses[peer])]
+        if mismatch:
+            return Failure.of(FailureClass.config_error, f"The group's launch settings differ: {'; '.join(mismatch)}; "
+                              "make every config agree — sparkd will not start a mismatched group.")
+        return await self._each(self._clean)
+
+    def _member(self) -> Member:
+        launch = self.cfg.launch
+        return Member(node=self.cfg.node.name, where="this node", rank=self.cfg.node_rank, nnodes=self.cfg.nnodes,
+                      tensor_parallel_size=launch.tensor_parallel_size or 1,
+                      pipeline_parallel_size=launch.pipeline_parallel_size or 1,
+                      gpus_per_node=self.cfg.cluster.gpus_per_node, head=True)
+
+    def _differences(self, peer: str, status: dict[str, Any]) -> list[str]:
+        mismatch = differences(shared_settings(self.cfg), status.get("shared", {}), peer=peer)
+        image = image_difference(self.image_id(), status.get("image_id"), peer=peer)
+        return [image, *mismatch] if image else mismatch
 
     async def start_workers(self) -> Failure | None:
         """Start every worker rank and wait until each is up and waiting for the master (workers first)."""
@@ -91,15 +128,7 @@ class Coordinator:
             await self.stop_workers()
         return failure
 
-    async def _prepare(self, peer: str) -> Failure | None:
-        status = await self.client.status(peer)
-        mismatch = differences(shared_settings(self.cfg), status.get("shared", {}), peer=peer)
-        image = image_difference(self.image_id(), status.get("image_id"), peer=peer)
-        if image:
-            mismatch.insert(0, image)
-        if mismatch:
-            return Failure.of(FailureClass.config_error, f"The group's launch settings differ: {'; '.join(mismatch)}; "
-                              "make every config agree — sparkd will not start a mismatched group.")
+    async def _clean(self, peer: str) -> Failure | None:
         stopped = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout())
         if stopped.get("vllm_left"):
             return Failure.of(FailureClass.gpu_busy, f"VLLM::* processes are left on {peer} after stopping its "
@@ -202,11 +231,13 @@ class Coordinator:
         return host
 
     def peers_json(self) -> list[dict[str, Any]]:
-        return [{"peer": peer, "reachable": view.reachable, "state": (view.status or {}).get("state"),
-                 "pid": (view.status or {}).get("pid"), "node": (view.status or {}).get("node"),
-                 "rank": (view.status or {}).get("rank"),
-                 "last_failure": ((view.status or {}).get("last_failure") or {}).get("class")}
-                for peer, view in self.views.items()]
+        """Every other rank of the group: the head knows them all; a worker shows the head's view of the rest."""
+        out = [_peer_entry(peer, view.reachable, view.status) for peer, view in self.views.items()]
+        if self.role is Role.worker:
+            for view in self.views.values():
+                others = (view.status or {}).get("peers") or []
+                out.extend({**p, "via": "the head"} for p in others if p.get("node") != self.cfg.node.name)
+        return out
 
     async def report_failure(self, failure: Failure) -> None:
         """Worker side: tell the head at once that this rank failed."""

@@ -82,7 +82,8 @@ class StatusView:
         problems = self.problems()
         return {
             "version": __version__, "node": self.cfg.node.name, "role": self.cfg.node.role.value,
-            "rank": self.cfg.node_rank, "runtime": self.cfg.runtime.value,
+            "rank": self.cfg.node_rank, "gpus_per_node": self.cfg.cluster.gpus_per_node,
+            "runtime": self.cfg.runtime.value,
             "state": m.state.value, "since": wall_of(clock, m.since), "ready": m.state in SERVING,
             "intent": m.intent.value,
             "pid": instance.pid if instance else None, "container_id": instance.container_id if instance else None,
