@@ -163,8 +163,10 @@ class Coordinator:
 
     async def stop_workers(self) -> None:
         async def one(peer: str) -> None:
+            retries = 0 if not self.views[peer].reachable else 2  # a lost node gets one try, not three
             try:
-                result = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout())
+                result = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout(),
+                                                   retries=retries)
                 if result.get("vllm_left"):
                     self.log.warning("worker_vllm_left", peer=peer, pids=result["vllm_left"])
             except (PeerUnreachable, PeerRefused) as exc:

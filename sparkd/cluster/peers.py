@@ -50,7 +50,10 @@ class PeerClient:
         last: Exception | None = None
         for attempt in range(retries + 1):
             try:
-                response = await self._client.request(method, url, timeout=timeout_s or self.timeout_s, **kw)
+                # A long request (a rank's stop, its preflight) still gives up connecting after peer_timeout_s:
+                # a node cut off the fabric swallows SYNs.
+                timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=self.timeout_s)
+                response = await self._client.request(method, url, timeout=timeout, **kw)
             except httpx.TransportError as exc:
                 last = exc
                 if attempt < retries:

@@ -132,7 +132,9 @@ class Supervisor:
         name = type(obs).__name__
         if edge is None:
             if not isinstance(obs, v.Tick):
-                self.log.info("ignored", observation=name, why=lifecycle.IGNORED[(before.state, type(obs))])
+                chatty = isinstance(obs, v.Progress | v.Launched | v.HealthDegraded | v.HealthRecovered)
+                log = self.log.debug if chatty else self.log.info
+                log("ignored", observation=name, why=lifecycle.IGNORED[(before.state, type(obs))])
             return
         if after.state is before.state:
             return
