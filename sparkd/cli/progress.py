@@ -20,8 +20,9 @@ from sparkd.commands import status as status_command
 POLL_S = 0.25
 
 PHASE_TEXT = {"launching": "launching", "waiting_for_peer": "waiting for the peer ranks",
-              "loading_weights": "loading weights", "kv_cache": "KV cache", "graph_capture": "capturing CUDA graphs",
-              "api_starting": "starting the API server", "ready": "API up, checking /health"}
+              "loading_weights": "loading weights", "compiling": "compiling and profiling", "kv_cache": "KV cache",
+              "graph_capture": "capturing CUDA graphs", "api_starting": "starting the API server",
+              "ready": "API up, checking /health"}
 
 
 class Caller(Protocol):

@@ -69,6 +69,7 @@ def render(s: Mapping[str, Any]) -> str:
     failure = s.get("last_failure")
     if failure:
         lines.append(f"  last failure ({failure['class']}, {when(failure.get('at'))}): {failure['message']}")
+    lines.extend(_timing(s.get("start_timing") or {}))
     lines.extend(_config(s.get("config") or {}))
     for problem in (s.get("daemon") or {}).get("problems") or []:
         lines.append(f"  sparkd degraded: {problem}")
@@ -80,6 +81,16 @@ def render(s: Mapping[str, Any]) -> str:
         failed = f", last failure {peer['last_failure']}" if peer.get("last_failure") else ""
         lines.append(f"  peer {where} at {peer['peer']}: {state}{pid}{failed}")
     return "\n".join(lines)
+
+
+def _timing(timing: Mapping[str, Any]) -> list[str]:
+    if not timing or timing.get("adopted") or timing.get("sparkd_s") is None:
+        return []
+    slowest = max(timing["steps_s"].items(), key=lambda kv: kv[1], default=("?", 0.0))
+    line = f"  last start: sparkd {timing['sparkd_s']:.2f} s to exec (slowest: {slowest[0]} {slowest[1]:.2f} s)"
+    if timing.get("phases_s"):
+        line += ", vLLM " + ", ".join(f"{phase} {secs:.1f} s" for phase, secs in timing["phases_s"].items())
+    return [line]
 
 
 def _config(config: Mapping[str, Any]) -> list[str]:

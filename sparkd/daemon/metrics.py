@@ -105,6 +105,18 @@ class SparkdCollector(Collector):
         if node.startup.kv_cache_tokens is not None:
             yield f.gauge("sparkd_vllm_kv_cache_tokens", "GPU KV cache size vLLM reported, in tokens.",
                           node.startup.kv_cache_tokens)
+        timing = node.timing.to_json() if node.timing is not None else None
+        if timing is not None:
+            steps = GaugeMetricFamily("sparkd_launch_step_seconds", "Seconds sparkd spent in each step of the last "
+                                      "start, from the start request to vLLM's exec.", labels=[*f.keys, "step"])
+            for step, seconds in timing["steps_s"].items():
+                f.add(steps, seconds, step)
+            yield steps
+            phases = GaugeMetricFamily("sparkd_startup_phase_seconds", "Seconds vLLM spent in each cold-start "
+                                       "phase of the last start.", labels=[*f.keys, "phase"])
+            for phase_name, seconds in timing["phases_s"].items():
+                f.add(phases, seconds, phase_name)
+            yield phases
         if node.startup.max_concurrency is not None:
             yield f.gauge("sparkd_vllm_max_concurrency", "Maximum concurrency at max_model_len vLLM reported.",
                           node.startup.max_concurrency)

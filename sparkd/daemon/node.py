@@ -21,6 +21,7 @@ from sparkd.clock import Clock
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
 from sparkd.incidents import IncidentWriter, incident_record
 from sparkd.launch import LaunchSpec, render
@@ -90,6 +91,7 @@ class Node:
         self.counters = Counters()
         self.image_id: str | None = None  # the configured image's id, compared across a group
         self.last_preflight: list[dict[str, object]] = []
+        self.timing: LaunchTiming | None = None  # the current (or last) launch's, for status and metrics
         self.phase_listeners: list[Callable[[Startup], None]] = []
         self._busy = anyio.Lock()  # launch and stop never overlap
 
@@ -120,38 +122,49 @@ class Node:
                 self.files.remove(self.record_path)
             return False
         self.log.info("adopted", pid=instance.pid, container=instance.container_id)
+        self.timing = LaunchTiming(requested_at=self.clock.now(), adopted=True)
         self._attach(instance, adopted=True)
         return True
 
     # ---- the lifecycle's effects
     async def preflight(self) -> None:
         """This node's checks; on a group's head also every worker's (in parallel), then the workers start."""
+        timing = self.timing = LaunchTiming(requested_at=self.clock.now())
         failures: list[Failure | None] = [None, None]
 
         async def local() -> None:
             report = await run_preflight(self._context(), self.checks)
             self.last_preflight = report.to_json()
             for result in report.results:
+                timing.step(f"preflight.{result.id}", result.duration_s)
                 self.log.info("preflight", check=result.id, verdict=result.verdict.value, found=result.found,
                               did=result.did, duration_s=round(result.duration_s, 3))
             failures[0] = report.failure()
 
         async def workers() -> None:
             if self.role is Role.head and self.group is not None:
+                started = self.clock.now()
                 failures[1] = await self.group.prepare_workers()
+                timing.step("group.prepare_workers", self.clock.now() - started)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(local)
             tg.start_soon(workers)
         failure = self.start_gate() or failures[0] or failures[1]
         if failure is None and self.role is Role.head and self.group is not None:
+            started = self.clock.now()
             failure = await self.group.start_workers()
+            timing.step("group.start_workers", self.clock.now() - started)
+        timing.step("preflight", self.clock.now() - timing.requested_at)
         self.post(v.PreflightDone(failure, rand=self.rand()))
 
     async def launch(self) -> None:
         async with self._busy:
             spec = self.spec()
             self.startup = Startup()
+            timing = self.timing or LaunchTiming(requested_at=self.clock.now())
+            called = self.clock.now()
+            timing.step("queue", called - timing.requested_at - timing.steps.get("preflight", 0.0))
             self.vllm_log.append(f"---- sparkd: launch {' '.join(spec.argv)}")
             try:
                 instance = await self.runtime.launch(spec)
@@ -166,7 +179,11 @@ class Node:
                     f"({exc.filename or 'the state directory'}); it waits and tries again without spending the "
                     "restart budget.", evidence=repr(exc))))
                 return
-            self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=list(spec.argv))
+            timing.exec_at = self.clock.now()
+            timing.step("runtime.launch", timing.exec_at - called)
+            self.timing = timing
+            self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=list(spec.argv),
+                          sparkd_s=round(timing.exec_at - timing.requested_at, 4))
             self._attach(instance, adopted=False)
             self.post(v.Launched())
 
@@ -254,6 +271,8 @@ class Node:
         if self.headless and self.startup.distributed_ready and not before.distributed_ready:
             self.post(v.BecameReady())
         if self.startup.phase is not before.phase:
+            if self.timing is not None:
+                self.timing.phase(self.startup.phase, self.clock.now())
             self.log.info("phase", phase=self.startup.phase.value)
             for listener in self.phase_listeners:
                 listener(self.startup)

@@ -54,6 +54,10 @@ class StatusView:
             self.restarts[after.restart_reason or "unknown"] += 1
         if after.state is State.ready and before.state is State.starting and after.started_at is not None:
             self.last_start_s = round(after.since - after.started_at, 1)
+            timing = self.node.timing
+            if timing is not None and timing.ready_at is None:
+                timing.ready_at = after.since
+                self.node.log.info("start_timing", **timing.to_json())
 
     def on_phase(self, startup: Startup) -> None:
         entry: dict[str, Any] = {"at": self.clock.wall(), "state": self.sup.machine.state.value,
@@ -93,6 +97,7 @@ class StatusView:
             "shards": [startup.shards_loaded, startup.shards_total] if startup.shards_total else None,
             "kv_cache_tokens": startup.kv_cache_tokens, "max_concurrency": startup.max_concurrency,
             "last_start_s": self.last_start_s,
+            "start_timing": node.timing.to_json() if node.timing is not None else None,
             "health": m.health_note,
             "breaker": {"open": m.breaker_open, "reason": m.breaker_reason},
             "backoff_until": wall_of(clock, m.deadline) if m.state is State.backoff else None,

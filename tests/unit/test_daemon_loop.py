@@ -317,3 +317,22 @@ async def test_an_invalid_config_on_disk_changes_nothing_and_refuses_a_restart(t
         assert not refused.ok and "launch.max_model_len" in refused.error
         assert node.state == "ready" and len(runtime.launches) == 1
         tg.cancel_scope.cancel()
+
+
+async def test_status_shows_where_a_start_went(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(auto_ready=False), FakeClock()
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until(lambda: runtime.current is not None)
+        for line, seconds in (("Starting to load model /models/m...", 40), ("Model loading took 1.0 GiB memory "
+                              "and 40.0 seconds", 25), ("Available KV cache memory: 3.00 GiB", 5)):
+            runtime.say(line)
+            await all_tasks_blocked()
+            clock.advance(seconds)
+        runtime.serve()
+        await node.until_state("ready")
+        timing = node.status()["start_timing"]
+        assert set(timing["steps_s"]) >= {"preflight.scripted", "preflight", "queue", "runtime.launch"}
+        assert timing["sparkd_s"] is not None and not timing["adopted"]
+        assert timing["phases_s"]["loading_weights"] == pytest.approx(40)
+        assert timing["phases_s"]["compiling"] == pytest.approx(25)
+        assert timing["phases_s"]["kv_cache"] >= 5
