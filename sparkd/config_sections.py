@@ -124,6 +124,8 @@ class ClusterConfig(_Section):
     # [api] port): the head lists its workers, a worker its head. With peers, the pair is one unit.
     peers: list[str] = Field(default_factory=list)
     nnodes: int | None = Field(default=None, ge=1)
+    # GPUs each node gives the group (one on a DGX Spark): tensor × pipeline parallel = nnodes × this.
+    gpus_per_node: int = Field(default=1, ge=1)
     peer_timeout_s: float = Field(default=5.0, gt=0)
     peer_poll_s: float = Field(default=2.0, gt=0)
     # A peer unreachable this long is lost: the worker stops its rank, the head stops and waits for it.

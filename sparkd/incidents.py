@@ -1,8 +1,12 @@
 """Incident folders: the evidence of every failure, written before anything is cleaned up.
 
 ``<state_dir>/incidents/<UTC time>-<class>/`` holds ``incident.json`` (class, sentence, exit, config hash),
-``log-tail.txt``, ``meminfo.txt``, ``container.json`` (docker inspect, when a container is involved) and
-``kernel-log.txt`` (when the kernel log is readable). Old folders are pruned by count.
+``log-tail.txt``, and what the failure table (``failures.TREATMENT[cls].evidence``) asks for: ``meminfo.txt``,
+``kernel-log.txt`` (when the kernel log is readable), ``container.json`` (docker inspect, when a container is
+involved) and ``guard.json`` (the memory guard's samples and trend). Old folders are pruned by count.
+
+:class:`IncidentWriter` writes in a worker thread (the kernel-log read and the disk never block the event
+loop), except :meth:`IncidentWriter.write_now`, the memory guard's quick synchronous write before a signal.
 """
 
 from __future__ import annotations
@@ -15,8 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from sparkd.statefile import write_json
-from sparkd.supervisor.failures import Failure
+from sparkd.supervisor.failures import Evidence, Failure
+
+KERNEL_LOG_LINES = 200
 
 
 def incident_record(failure: Failure, *, at: float, config_hash: str, **facts: Any) -> dict[str, Any]:
@@ -27,9 +35,38 @@ def incident_record(failure: Failure, *, at: float, config_hash: str, **facts: A
     }
 
 
+class IncidentWriter:
+    def __init__(self, root: Path, *, keep: int, log: Any, meminfo: Path = Path("/proc/meminfo")) -> None:
+        self.root = root
+        self.keep = keep
+        self.log = log
+        self.meminfo = meminfo
+
+    def write_now(self, record: dict[str, Any], log_tail: Sequence[str], *,
+                  guard: dict[str, Any] | None = None) -> Path | None:
+        """Synchronous and quick (no kernel log, no Docker): for the guard, before it signals anything."""
+        return self._write(record, log_tail, frozenset({Evidence.meminfo, Evidence.guard}), None, guard)
+
+    async def write(self, record: dict[str, Any], log_tail: Sequence[str], *, evidence: frozenset[Evidence],
+                    container: dict[str, Any] | None = None, guard: dict[str, Any] | None = None) -> Path | None:
+        return await anyio.to_thread.run_sync(self._write, record, list(log_tail), evidence, container, guard)
+
+    def _write(self, record: dict[str, Any], log_tail: Sequence[str], evidence: frozenset[Evidence],
+               container: dict[str, Any] | None, guard: dict[str, Any] | None) -> Path | None:
+        try:
+            folder = write_incident(self.root, record, log_tail=log_tail, evidence=evidence, container=container,
+                                    guard=guard, meminfo=self.meminfo, keep=self.keep)
+        except OSError as exc:
+            self.log.error("incident_write_failed", failure=record["class"], error=str(exc))
+            return None
+        self.log.warning("incident", failure=record["class"], reason=record["message"], folder=str(folder))
+        return folder
+
+
 def write_incident(
-    root: Path, record: dict[str, Any], *, log_tail: Sequence[str], container: dict[str, Any] | None = None,
-    keep: int = 50, meminfo: Path = Path("/proc/meminfo"), kernel_log: bool = True,
+    root: Path, record: dict[str, Any], *, log_tail: Sequence[str], evidence: frozenset[Evidence],
+    container: dict[str, Any] | None = None, guard: dict[str, Any] | None = None,
+    meminfo: Path = Path("/proc/meminfo"), keep: int = 50,
 ) -> Path:
     """Write one incident folder and prune the oldest beyond ``keep``. Returns the folder."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(record["at"]))
@@ -37,13 +74,16 @@ def write_incident(
     folder.mkdir(parents=True)
     write_json(folder / "incident.json", record)
     (folder / "log-tail.txt").write_text("\n".join(log_tail) + ("\n" if log_tail else ""), encoding="utf-8")
-    try:
-        shutil.copyfile(meminfo, folder / "meminfo.txt")
-    except OSError as exc:
-        (folder / "meminfo.txt").write_text(f"unreadable: {exc}\n")
-    if container is not None:
+    if Evidence.meminfo in evidence:
+        try:
+            shutil.copyfile(meminfo, folder / "meminfo.txt")
+        except OSError as exc:
+            (folder / "meminfo.txt").write_text(f"unreadable: {exc}\n")
+    if Evidence.container in evidence and container is not None:
         (folder / "container.json").write_text(json.dumps(container, indent=2, default=str) + "\n")
-    kernel = _kernel_log_tail() if kernel_log else None
+    if Evidence.guard in evidence and guard is not None:
+        (folder / "guard.json").write_text(json.dumps(guard, indent=2, default=str) + "\n")
+    kernel = _kernel_log_tail() if Evidence.kernel_log in evidence else None
     if kernel is not None:
         (folder / "kernel-log.txt").write_text(kernel)
     prune(root, keep)
@@ -58,7 +98,7 @@ def _unique(path: Path) -> Path:
     return candidate
 
 
-def _kernel_log_tail(lines: int = 200) -> str | None:
+def _kernel_log_tail(lines: int = KERNEL_LOG_LINES) -> str | None:
     try:
         out = subprocess.run(["dmesg", "--ctime"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
@@ -75,7 +115,7 @@ def prune(root: Path, keep: int) -> None:
 
 
 def list_incidents(root: Path) -> list[dict[str, Any]]:
-    """Incident records, newest first."""
+    """Incident records, newest first (a folder without a readable record is left out)."""
     if not root.is_dir():
         return []
     out = []
@@ -84,5 +124,14 @@ def list_incidents(root: Path) -> list[dict[str, Any]]:
             record = json.loads((folder / "incident.json").read_text())
         except (OSError, ValueError):
             continue
-        out.append({**record, "path": str(folder)})
+        if isinstance(record, dict):
+            out.append({**record, "path": str(folder)})
     return out
+
+
+def log_tail_of(folder: Path) -> str:
+    """An incident's log tail; a folder without one says so."""
+    try:
+        return (folder / "log-tail.txt").read_text(errors="replace")
+    except OSError as exc:
+        return f"(no log tail: {exc})\n"

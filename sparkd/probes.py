@@ -30,6 +30,7 @@ from sparkd import __version__
 from sparkd.supervisor.health import ProbeOutcome, ProbeResult, VllmMetrics
 
 __all__ = [
+    "HttpProbes",
     "ProbeOutcome",
     "ProbeResult",
     "VllmMetrics",
@@ -249,3 +250,29 @@ def _after_labels(line: str, brace: int) -> str | None:
         elif char == "}" and not in_quotes:
             return line[i + 1:]
     return None
+
+
+class HttpProbes:
+    """The three probes of one instance's API server, over one client (``aclose`` closes it)."""
+
+    def __init__(self, *, host: str, port: int, timeout_s: float, canary_timeout_s: float, model: str,
+                 api_key: str | None) -> None:
+        self.base = probe_base_url(host, port)
+        self.timeout_s = timeout_s
+        self.canary_timeout_s = canary_timeout_s
+        self.model = model
+        self.api_key = api_key
+        self._client = make_client()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def health(self) -> ProbeResult:
+        return await probe_health(self._client, self.base, self.timeout_s)
+
+    async def metrics(self) -> VllmMetrics | None:
+        return await scrape_vllm_metrics(self._client, self.base, self.timeout_s)
+
+    async def canary(self) -> ProbeResult:
+        return await probe_canary(self._client, self.base, self.model, self.canary_timeout_s,
+                                  api_key=self.api_key)

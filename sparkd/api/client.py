@@ -1,7 +1,10 @@
-"""The control API client sparkctl uses: HTTP over the daemon's unix socket (httpx)."""
+"""The control API client sparkctl uses: a command over the daemon's unix socket (httpx), its envelope unwrapped."""
 
 from __future__ import annotations
 
+import errno
+import grp
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,9 +17,25 @@ class DaemonUnreachable(Exception):
 
 
 class ActionRefused(Exception):
-    def __init__(self, message: str, status: dict[str, Any] | None) -> None:
+    """The daemon answered ``ok: false``; ``result`` is what it sent with the refusal (usually its status)."""
+
+    def __init__(self, message: str, result: Any = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.result = result
+
+
+def unreachable_hint(socket_path: Path, exc: BaseException) -> str:
+    """Why the socket cannot be used, and what to do about it."""
+    cause = exc.__cause__ or exc.__context__ or exc
+    if isinstance(cause, PermissionError) or getattr(cause, "errno", None) == errno.EACCES:
+        try:
+            group = grp.getgrgid(os.stat(socket_path).st_gid).gr_name
+        except (OSError, KeyError):
+            group = "sparkd"
+        return (f"permission denied on {socket_path}: join the {group!r} group (`sudo usermod -aG {group} "
+                f"$USER`, then log in again) or use sudo")
+    return (f"sparkd does not answer on {socket_path} ({exc}); is it running? Try `systemctl status sparkd` "
+            "(or pass --socket / --config)")
 
 
 class ControlClient:
@@ -34,46 +53,29 @@ class ControlClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def call(self, command: Any, request: Any, *, timeout_s: float | None = None) -> Any:
+        """Run ``command`` (a module of sparkd.commands) with ``request``; its result, or ActionRefused."""
+        params = request.to_params()
+        kw: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
         try:
-            return self._client.request(method, path, **kw)
+            response = self._client.request(command.METHOD, f"/v1/{command.NAME}", params=params, **kw)
         except httpx.TransportError as exc:
-            raise DaemonUnreachable(f"sparkd does not answer on {self.socket_path}: {exc}") from None
-
-    def status(self) -> dict[str, Any]:
-        data: dict[str, Any] = self._request("GET", "/v1/status").json()
-        return data
-
-    def action(self, name: str, *, local: bool = False) -> dict[str, Any]:
-        response = self._request("POST", f"/v1/{name}", params={"local": "1"} if local else None)
-        data: dict[str, Any] = response.json()
-        if response.status_code != 200:
-            raise ActionRefused(data.get("error", response.text), data.get("status"))
-        return data
-
-    def incidents(self) -> list[dict[str, Any]]:
-        data: list[dict[str, Any]] = self._request("GET", "/v1/incidents").json()
-        return data
-
-    def preflight(self, *, dry_run: bool) -> dict[str, Any]:
-        response = self._request("POST", "/v1/preflight", params={"dry_run": "1" if dry_run else "0"},
-                                 timeout=600)
-        data: dict[str, Any] = response.json()
-        if response.status_code != 200:
-            raise ActionRefused(data.get("error", response.text), None)
-        return data
-
-    def incident(self, name: str) -> dict[str, Any] | None:
-        response = self._request("GET", f"/v1/incidents/{name}")
-        if response.status_code == 404:
-            return None
-        data: dict[str, Any] = response.json()
-        return data
-
-    def logs(self, lines: int, follow: bool) -> Iterator[str]:
-        params = {"lines": str(lines), "follow": "1" if follow else "0"}
+            raise DaemonUnreachable(unreachable_hint(self.socket_path, exc)) from None
         try:
-            with self._client.stream("GET", "/v1/logs", params=params, timeout=None) as response:
+            envelope = response.json()
+        except ValueError:
+            raise ActionRefused(f"the daemon answered HTTP {response.status_code} without JSON") from None
+        if not isinstance(envelope, dict) or not envelope.get("ok"):
+            error = envelope.get("error") if isinstance(envelope, dict) else None
+            raise ActionRefused(error or f"HTTP {response.status_code}",
+                                envelope.get("result") if isinstance(envelope, dict) else None)
+        return envelope.get("result")
+
+    def stream(self, command: Any, request: Any) -> Iterator[str]:
+        """A streamed command's lines (``logs --follow``) as they come."""
+        try:
+            with self._client.stream(command.METHOD, f"/v1/{command.NAME}", params=request.to_params(),
+                                     timeout=None) as response:
                 yield from response.iter_lines()
         except httpx.TransportError as exc:
-            raise DaemonUnreachable(f"sparkd does not answer on {self.socket_path}: {exc}") from None
+            raise DaemonUnreachable(unreachable_hint(self.socket_path, exc)) from None

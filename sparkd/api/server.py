@@ -1,8 +1,11 @@
-"""The control API server: a small Starlette app on uvicorn, bound to a pre-made unix socket.
+"""The control API: the commands (``sparkd.commands``) over HTTP, on a unix socket and on the TCP port.
 
-The socket is created by sparkd itself (mode 0660, the configured group) before uvicorn serves it, so there
-is never a moment when it is open to everyone. uvicorn's own signal handling is switched off: the daemon
-owns SIGTERM.
+Routes are built from the command modules: ``/v1/<NAME>`` runs ``execute(control, Request.from_params(…))`` and
+answers with the command's envelope. The unix socket is created by sparkd itself (mode 0660, the configured
+group) before uvicorn serves it, so there is never a moment when it is open to everyone. The TCP port serves
+``/metrics`` to anyone and everything else only with the bearer token; it also carries the ranks' own
+commands. Both listeners bound what a client may cost: a connection limit, header and idle timeouts, and a
+header size cap. uvicorn's own signal handling is switched off: the daemon owns the signals.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ import grp
 import hmac
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import Any
 
-import anyio
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -26,17 +29,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sparkd.cluster.peers import PeerUnreachable
-from sparkd.incidents import list_incidents
-from sparkd.supervisor import machine as sm
+from sparkd.api.bounded import MAX_CONNECTIONS, BoundedH11
+from sparkd.commands import OPERATOR
+from sparkd.commands.base import BadRequest, Control, Reply, Stream
 
-if TYPE_CHECKING:
-    from sparkd.daemon import Daemon
-
-ACTIONS: dict[str, Callable[[], sm.Observation]] = {
-    "start": sm.StartRequested, "stop": sm.StopRequested, "restart": sm.RestartRequested,
-    "reset": sm.ResetRequested,
-}
+IDLE_TIMEOUT_S = 5  # keep-alive connections with no request are closed after this
+MAX_HEADER_BYTES = 64 * 1024
 
 
 class _QuietServer(uvicorn.Server):
@@ -64,128 +62,17 @@ def bind_unix_socket(path: Path, *, mode: int = 0o660, group: str | None = None)
     return sock
 
 
-def control_routes(daemon: Daemon) -> list[Route]:
-    async def status(request: Request) -> JSONResponse:
-        return JSONResponse(daemon.status())
-
-    async def action(request: Request) -> JSONResponse:
-        name = request.path_params["action"]
-        if name not in ACTIONS:
-            return JSONResponse({"error": f"unknown action {name!r}; one of {sorted(ACTIONS)}"}, 404)
-        local = request.query_params.get("local", "") in ("1", "true", "yes")
-        if daemon.pair == "worker" and not local and name != "reset" and daemon.coordinator is not None:
-            return await _forward_to_head(daemon, name)
-        refused = daemon.refusal(name)
-        if refused:
-            return JSONResponse({"ok": False, "error": refused, "status": daemon.status()}, 409)
-        daemon.post(ACTIONS[name]())
-        await anyio.sleep(0)
-        return JSONResponse({"ok": True, "action": name, "status": daemon.status()})
-
-    async def logs(request: Request) -> Response:
-        lines = int(request.query_params.get("lines", "200"))
-        follow = request.query_params.get("follow", "") in ("1", "true", "yes")
-        backlog = daemon.vllm_log.last(lines)
-        if not follow:
-            return Response("".join(f"{line}\n" for line in backlog), media_type="text/plain")
-        return StreamingResponse(_follow(daemon, backlog), media_type="text/plain")
-
-    async def incidents(request: Request) -> JSONResponse:
-        return JSONResponse(list_incidents(daemon.cfg.paths.incidents))
-
-    async def preflight(request: Request) -> JSONResponse:
-        if request.method == "GET":
-            return JSONResponse({"last": daemon.last_preflight})
-        dry_run = request.query_params.get("dry_run", "") in ("1", "true", "yes")
-        if not dry_run and daemon.instance is not None:
-            return JSONResponse({"error": "vLLM is running: only a dry run is possible now"}, 409)
-        report = await daemon.run_preflight_now(dry_run=dry_run)
-        return JSONResponse({"ok": report.ok, "dry_run": dry_run, "results": report.to_json()})
-
-    async def incident(request: Request) -> JSONResponse:
-        name = request.path_params["name"]
-        for item in list_incidents(daemon.cfg.paths.incidents):
-            if Path(item["path"]).name == name or Path(item["path"]).name.startswith(name):
-                tail = (Path(item["path"]) / "log-tail.txt").read_text(errors="replace")
-                return JSONResponse({**item, "log_tail": tail})
-        return JSONResponse({"error": f"no incident {name!r}"}, 404)
-
-    return [
-        *rank_routes(daemon),
-        Route("/v1/status", status),
-        Route("/v1/preflight", preflight, methods=["GET", "POST"]),
-        Route("/v1/{action}", action, methods=["POST"]),
-        Route("/v1/logs", logs),
-        Route("/v1/incidents", incidents),
-        Route("/v1/incidents/{name}", incident),
-    ]
-
-
-async def _forward_to_head(daemon: Daemon, name: str) -> JSONResponse:
-    """A worker acts on the whole pair through the head, which leads every start and restart."""
-    assert daemon.coordinator is not None
-    head = daemon.coordinator.client.peers[0]
+def bind_tcp_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        answer = await daemon.coordinator.client.request(head, "POST", f"/v1/{name}", retries=1)
-    except PeerUnreachable as exc:
-        return JSONResponse({"ok": False, "error": f"the head is unreachable ({exc}); use --local to act on "
-                             "this rank alone", "status": daemon.status()}, 409)
-    return JSONResponse({**answer, "forwarded_to": head}, 200 if answer.get("ok") else 409)
-
-
-def rank_routes(daemon: Daemon) -> list[Route]:
-    """What the head asks of a worker's daemon, and a worker tells its head."""
-
-    async def rank_stop(request: Request) -> JSONResponse:
-        if daemon.machine.state not in (sm.State.stopped, sm.State.failed) or daemon.instance is not None:
-            daemon.post(sm.StopRequested())
-            await daemon.wait_state(lambda: daemon.instance is None and daemon.machine.state in
-                                    (sm.State.stopped, sm.State.failed), daemon.cfg.supervisor.stop_grace_s + 30)
-        left = daemon.vllm_left()
-        return JSONResponse({"ok": not left, "vllm_left": left, "status": daemon.status()})
-
-    async def rank_preflight(request: Request) -> JSONResponse:
-        if daemon.instance is not None:
-            return JSONResponse({"ok": False, "failure": {"class": "unknown", "message": "its rank is running"}}, 409)
-        report = await daemon.run_preflight_now(dry_run=False)
-        daemon.last_preflight = report.to_json()
-        failure = report.failure()
-        return JSONResponse({"ok": report.ok, "results": report.to_json(), "failure": None if failure is None
-                             else {"class": failure.cls.value, "message": failure.sentence}})
-
-    async def rank_start(request: Request) -> JSONResponse:
-        if daemon.machine.state is sm.State.failed:
-            daemon.post(sm.ResetRequested())
-        daemon.post(sm.StartRequested())
-        await daemon.wait_state(lambda: daemon.machine.state is not sm.State.stopped, 5.0)
-        return JSONResponse({"ok": True, "status": daemon.status()})
-
-    async def rank_failed(request: Request) -> JSONResponse:
-        body = await request.json()
-        peer = request.client.host if request.client else "?"
-        if daemon.coordinator is not None:
-            daemon.coordinator.on_report(_peer_name(daemon, peer), body.get("failure"))
-        return JSONResponse({"ok": True})
-
-    return [
-        Route("/v1/rank/stop", rank_stop, methods=["POST"]),
-        Route("/v1/rank/preflight", rank_preflight, methods=["POST"]),
-        Route("/v1/rank/start", rank_start, methods=["POST"]),
-        Route("/v1/rank/failed", rank_failed, methods=["POST"]),
-    ]
-
-
-def _peer_name(daemon: Daemon, host: str) -> str:
-    assert daemon.coordinator is not None
-    for peer in daemon.coordinator.client.peers:
-        if peer == host or peer.startswith(f"{host}:") or peer.startswith(f"[{host}]"):
-            return peer
-    return host
-
-
-def build_app(daemon: Daemon) -> Starlette:
-    """The unix-socket app: who may connect is decided by the socket's mode and group."""
-    return Starlette(routes=control_routes(daemon))
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def read_token(path: Path | None) -> str | None:
@@ -193,19 +80,68 @@ def read_token(path: Path | None) -> str | None:
         return None
     try:
         token = path.read_text(encoding="utf-8").strip()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return None
     return token or None
 
 
-def build_tcp_app(daemon: Daemon, token: str | None) -> Starlette:
-    """The TCP app: /metrics for Prometheus; the control API only with the peer bearer token."""
+def command_routes(control: Control, commands: Iterable[Any]) -> list[Route]:
+    return [Route(f"/v1/{cmd.NAME}", _handler(control, cmd), methods=[cmd.METHOD]) for cmd in commands]
 
-    async def metrics(request: Request) -> Response:
-        return Response(daemon.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    return Starlette(routes=[Route("/metrics", metrics), *control_routes(daemon)],
-                     middleware=[Middleware(TokenGate, token=token)])
+def _handler(control: Control, cmd: ModuleType | Any) -> Callable[[Request], Any]:
+    async def handle(request: Request) -> Response:
+        params: dict[str, Any] = dict(request.query_params)
+        if request.method == "POST" and request.headers.get("content-type", "").startswith("application/json"):
+            try:
+                body = await request.json()
+            except ValueError:
+                return _json(Reply(False, error="the body is not JSON", code=400))
+            if not isinstance(body, dict):
+                return _json(Reply(False, error="the body must be a JSON object", code=400))
+            params.update(body)
+        params["peer"] = request.client.host if request.client else "?"
+        try:
+            parsed = cmd.Request.from_params(params)
+        except BadRequest as exc:
+            return _json(Reply(False, error=str(exc), code=400))
+        reply = await cmd.execute(control, parsed)
+        if isinstance(reply, Stream):
+            return StreamingResponse(_lines(reply.lines), media_type="text/plain")
+        return _json(reply)
+
+    return handle
+
+
+def _json(reply: Reply) -> JSONResponse:
+    return JSONResponse(reply.envelope(), reply.code)
+
+
+async def _lines(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    async for line in lines:
+        yield line + "\n"
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _json(Reply(False, error=f"no such command: {request.method} {request.url.path}", code=404))
+
+
+def build_app(control: Control) -> Starlette:
+    """The unix-socket app: who may connect is decided by the socket's mode and group."""
+    return Starlette(routes=command_routes(control, OPERATOR),
+                     exception_handlers={404: _not_found, 405: _not_found})
+
+
+def build_tcp_app(control: Control, token: str | None, metrics: Callable[[], bytes],
+                  rank_commands: Iterable[Any] = ()) -> Starlette:
+    """The TCP app: /metrics for Prometheus; the control API and the ranks' commands only with the token."""
+
+    async def scrape(request: Request) -> Response:
+        return Response(metrics(), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(routes=[Route("/metrics", scrape), *command_routes(control, (*OPERATOR, *rank_commands))],
+                     middleware=[Middleware(TokenGate, token=token)],
+                     exception_handlers={404: _not_found, 405: _not_found})
 
 
 class TokenGate:
@@ -221,43 +157,21 @@ class TokenGate:
             return
         given = dict(scope["headers"]).get(b"authorization", b"")
         if self.token is None:
-            refusal = JSONResponse({"error": "the control API is not open over TCP: no [api] token_file"}, 403)
+            refusal = _json(Reply(False, error="the control API is not open over TCP: no [api] token_file",
+                                  code=403))
         elif not hmac.compare_digest(given, f"Bearer {self.token}".encode()):
-            refusal = JSONResponse({"error": "missing or wrong bearer token"}, 401,
-                                   headers={"WWW-Authenticate": "Bearer"})
+            refusal = _json(Reply(False, error="missing or wrong bearer token", code=401))
+            refusal.headers["WWW-Authenticate"] = "Bearer"
         else:
             await self.app(scope, receive, send)
             return
         await refusal(scope, receive, send)
 
 
-def bind_tcp_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    return sock
-
-
-async def _follow(daemon: Daemon, backlog: list[str]) -> AsyncIterator[str]:
-    send, receive = anyio.create_memory_object_stream[str](10000)
-    unsubscribe = daemon.vllm_log.subscribe(lambda line: _offer(send, line))
-    try:
-        for line in backlog:
-            yield line + "\n"
-        async for line in receive:
-            yield line + "\n"
-    finally:
-        unsubscribe()
-        send.close()
-
-
-def _offer(send: Any, line: str) -> None:
-    with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        send.send_nowait(line)
-
-
 async def serve(app: Starlette, sock: socket.socket) -> None:
-    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
+    config = uvicorn.Config(
+        app, http=BoundedH11, lifespan="off", log_level="warning", access_log=False,
+        limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=IDLE_TIMEOUT_S, backlog=MAX_CONNECTIONS,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+    )
     await _QuietServer(config).serve(sockets=[sock])

@@ -1,280 +1,212 @@
 """``sparkctl``: the operator's command line for a running sparkd.
 
-``status`` exit codes follow LSB: 0 ready, 1 degraded or failed, 3 not serving (stopped, starting,
-backoff, ...), 4 the daemon is unreachable.
+Each subcommand is one command module of :mod:`sparkd.commands` (its request, the daemon's answer, the text).
+``--json``, ``--socket`` and ``--config`` are accepted before or after the subcommand. ``status`` exit codes
+follow LSB: 0 ready, 1 degraded or failed, 3 not serving (stopped, starting, backoff, …), 4 unreachable.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from sparkd import __version__
 from sparkd.api.client import ActionRefused, ControlClient, DaemonUnreachable
-from sparkd.cli.common import config_or_exit, fail
+from sparkd.cli.common import config_or_exit
+from sparkd.cli.progress import wait_for
+from sparkd.commands import handover, incidents, logs, preflight, reload, reset, restart, start, status, stop
+from sparkd.commands.act import LOCAL_RISK
+from sparkd.commands.act import Request as ActRequest
+from sparkd.commands.status import EXIT_NOT_SERVING, EXIT_READY, EXIT_UNHEALTHY, EXIT_UNREACHABLE
 
-EXIT_READY, EXIT_UNHEALTHY, EXIT_NOT_SERVING, EXIT_UNREACHABLE = 0, 1, 3, 4
 DEFAULT_SOCKET = Path("/run/sparkd/sparkd.sock")
 
 
 @dataclass
 class Ctx:
-    socket: Path
-    as_json: bool
+    socket: Path | None = None
+    config: Path | None = None
+    as_json: bool = False
+
+    def socket_path(self) -> Path:
+        if self.socket is not None:
+            return self.socket
+        if self.config is not None:
+            return config_or_exit(self.config, prog="sparkctl").paths.socket
+        return DEFAULT_SOCKET
 
     def client(self, timeout_s: float = 10.0) -> ControlClient:
-        return ControlClient(self.socket, timeout_s=timeout_s)
+        return ControlClient(self.socket_path(), timeout_s=timeout_s)
+
+    def call(self, command: Any, request: Any, *, timeout_s: float = 10.0) -> Any:
+        try:
+            with self.client(timeout_s) as client:
+                return client.call(command, request, timeout_s=timeout_s)
+        except DaemonUnreachable as exc:
+            self.unreachable(exc)
+        except ActionRefused as exc:
+            self.refused(command.NAME, exc)
+
+    def emit(self, result: Any, text: Callable[[Any], str]) -> None:
+        click.echo(json.dumps(result, indent=2) if self.as_json else text(result))
+
+    def unreachable(self, exc: DaemonUnreachable) -> NoReturn:
+        if self.as_json:
+            click.echo(json.dumps({"state": "unreachable", "ready": False, "error": str(exc)}))
+        else:
+            click.echo(f"sparkctl: {exc}", err=True)
+        sys.exit(EXIT_UNREACHABLE)
+
+    def refused(self, name: str, exc: ActionRefused) -> NoReturn:
+        if self.as_json:
+            click.echo(json.dumps({"ok": False, "error": str(exc), "result": exc.result}))
+        else:
+            click.echo(f"sparkctl {name}: refused: {exc}", err=True)
+        sys.exit(EXIT_UNHEALTHY)
 
 
-def status_exit_code(status: dict[str, Any]) -> int:
-    state = status.get("state")
-    if state == "ready":
-        return EXIT_READY
-    if state in ("degraded", "failed"):
-        return EXIT_UNHEALTHY
-    return EXIT_NOT_SERVING
+def _set(field: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is not None and value is not False:
+            setattr(ctx.ensure_object(Ctx), field, value)
+
+    return callback
+
+
+def global_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--socket, --config and --json, accepted on the group and on every subcommand."""
+    for option in (
+        click.option("--json", "as_json", is_flag=True, expose_value=False, callback=_set("as_json"),
+                     help="Machine-readable output."),
+        click.option("--config", type=click.Path(path_type=Path), expose_value=False, callback=_set("config"),
+                     help="Take the socket from this sparkd config."),
+        click.option("--socket", type=click.Path(path_type=Path), expose_value=False, callback=_set("socket"),
+                     help=f"The daemon's control socket (default {DEFAULT_SOCKET})."),
+    ):
+        fn = option(fn)
+    return fn
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sparkctl")
-@click.option("--socket", "socket_path", type=click.Path(path_type=Path), default=None,
-              help=f"The daemon's control socket (default {DEFAULT_SOCKET}).")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
-              help="Take the socket from this sparkd config.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@global_options
 @click.pass_context
-def main(ctx: click.Context, socket_path: Path | None, config_path: Path | None, as_json: bool) -> None:
-    """Drive the sparkd daemon on this node: status, start, stop, restart, reset, logs."""
-    if socket_path is None and config_path is not None:
-        socket_path = config_or_exit(config_path, prog="sparkctl").paths.socket
-    ctx.obj = Ctx(socket=socket_path or DEFAULT_SOCKET, as_json=as_json)
+def main(ctx: click.Context) -> None:
+    """Drive the sparkd daemon on this node: status, start, stop, restart, reset, logs, incidents, preflight."""
+    ctx.ensure_object(Ctx)
 
 
-def _unreachable(exc: DaemonUnreachable, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps({"state": "unreachable", "ready": False, "error": str(exc)}))
-    else:
-        click.echo(f"sparkctl: {exc}", err=True)
-    sys.exit(EXIT_UNREACHABLE)
-
-
-@main.command()
+@main.command("status")
+@global_options
 @click.pass_obj
-def status(obj: Ctx) -> None:
-    """Node, role, state, phase, uptime, PID, restarts, last failure, breaker."""
-    try:
-        with obj.client() as client:
-            data = client.status()
-    except DaemonUnreachable as exc:
-        _unreachable(exc, obj.as_json)
-    click.echo(json.dumps(data, indent=2) if obj.as_json else render_status(data))
-    sys.exit(status_exit_code(data))
-
-
-def _ago(ts: float | None) -> str:
-    if not ts:
-        return "?"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
-
-
-def render_status(s: dict[str, Any]) -> str:
-    lines = [f"sparkd {s.get('version', '?')} on {s['node']} ({s['role']}, {s['runtime']}): "
-             f"{s['state']} since {_ago(s.get('since'))}"]
-    facts = [f"pid {s['pid']}" if s.get("pid") else "no vLLM process", f"restarts {s['restarts']}"]
-    if s.get("uptime_s") is not None:
-        facts.append(f"ready for {s['uptime_s']:.0f} s")
-    if s.get("phase"):
-        shards = s.get("shards")
-        facts.append(f"phase {s['phase']}" + (f" ({shards[0]}/{shards[1]} shards)" if shards else ""))
-    lines.append("  " + ", ".join(facts))
-    if s.get("health"):
-        lines.append(f"  health: {s['health']}")
-    if s.get("backoff_until"):
-        lines.append(f"  next start at {_ago(s['backoff_until'])}")
-    if s.get("breaker", {}).get("open"):
-        lines.append(f"  breaker OPEN: {s['breaker']['reason']}")
-    failure = s.get("last_failure")
-    if failure:
-        lines.append(f"  last failure ({failure['class']}, {_ago(failure.get('at'))}): {failure['message']}")
-    memory = s.get("memory")
-    if memory and memory.get("available_bytes") is not None:
-        lines.append(f"  memory available: {memory['available_bytes'] / 2**30:.1f} GiB")
-    return "\n".join(lines)
-
-
-LOCAL_RISK = ("--local acts on this node's rank alone: the other rank loses its peer (a headless worker hangs, "
-              "the head fails its next request) and the pair restarts as a unit afterwards.")
-
-
-def _act(obj: Ctx, name: str, local: bool = False) -> dict[str, Any]:
-    if local:
-        click.echo(f"sparkctl: {LOCAL_RISK}", err=True)
-    try:
-        with obj.client() as client:
-            return client.action(name, local=local)
-    except DaemonUnreachable as exc:
-        _unreachable(exc, obj.as_json)
-    except ActionRefused as exc:
-        if obj.as_json:
-            click.echo(json.dumps({"ok": False, "error": str(exc)}))
-        fail(f"sparkctl {name}: refused: {exc}", EXIT_UNHEALTHY)
-    raise AssertionError("unreachable")
+def status_cmd(obj: Ctx) -> None:
+    """Node, role, state, phase, uptime, PID, restarts, last failure, breaker, guard and peers."""
+    result = obj.call(status, status.Request())
+    obj.emit(result, status.render)
+    sys.exit(status.exit_code(result))
 
 
 local_option = click.option("--local", is_flag=True, help="Act on this node's rank only (maintenance).")
+wait_option = click.option("--wait", is_flag=True, help="Follow it until done (ready, stopped or failed).")
+timeout_option = click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
+                              help="With --wait: give up after this many seconds.")
 
 
-def _accepted(name: str, result: dict[str, Any]) -> str:
-    where = f" by the head {result['forwarded_to']}" if result.get("forwarded_to") else ""
-    return f"{name}: accepted{where} (state {result['status']['state']})"
+def _lifecycle(command: Any, *, waits_for: str | None) -> None:
+    """One subcommand for start, stop, restart: post it, then optionally follow it."""
 
-
-def _simple(name: str, help_text: str) -> None:
-    @main.command(name, help=help_text + " On a pair's worker it acts on the whole pair through the head.")
+    @main.command(command.NAME, help=(command.__doc__ or "").split(":", 1)[-1].strip().split("\n\n")[0])
+    @global_options
     @local_option
+    @wait_option
+    @timeout_option
     @click.pass_obj
-    def command(obj: Ctx, local: bool) -> None:
-        result = _act(obj, name, local)
-        click.echo(json.dumps(result, indent=2) if obj.as_json else _accepted(name, result))
+    def run(obj: Ctx, local: bool, wait: bool, timeout_s: float) -> None:
+        if local:
+            click.echo(f"sparkctl: {LOCAL_RISK}", err=True)
+        before = obj.call(status, status.Request()) if wait else None
+        result = obj.call(command, ActRequest(local=local))
+        if before is None or waits_for is None:
+            obj.emit(result, command.render)
+            return
+        sys.exit(wait_for(obj, waits_for, before, timeout_s))
 
 
-_simple("start", "Start vLLM (refused while the breaker is open: use reset or restart).")
-_simple("stop", "Stop vLLM and keep it stopped.")
+_lifecycle(start, waits_for="ready")
+_lifecycle(stop, waits_for="stopped")
+_lifecycle(restart, waits_for="ready")
 
 
-@main.command()
+@main.command("reset")
+@global_options
 @click.pass_obj
-def reset(obj: Ctx) -> None:
+def reset_cmd(obj: Ctx) -> None:
     """Close the restart breaker and forget failures; starts vLLM if it should run."""
-    result = _act(obj, "reset")
-    click.echo(json.dumps(result, indent=2) if obj.as_json else _accepted("reset", result))
+    obj.emit(obj.call(reset, ActRequest()), reset.render)
 
 
-@main.command()
-@click.option("--wait", is_flag=True, help="Follow the cold start through its phases until ready or failed.")
-@click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True)
-@local_option
+@main.command("reload")
+@global_options
 @click.pass_obj
-def restart(obj: Ctx, wait: bool, timeout_s: float, local: bool) -> None:
-    """Stop vLLM, preflight, start it again; also closes the breaker. On a pair's worker: the whole pair."""
-    result = _act(obj, "restart", local)
-    before = result["status"]
-    if not wait:
-        click.echo(json.dumps(result, indent=2) if obj.as_json else _accepted("restart", result))
-        return
-    sys.exit(wait_for_start(obj, before.get("launches", 0), timeout_s))
+def reload_cmd(obj: Ctx) -> None:
+    """Read and validate the config on disk; show what changed. Exit 1 (nothing changed) when it is invalid."""
+    obj.emit(obj.call(reload, reload.Request(), timeout_s=60), reload.render)
 
 
-PHASE_TEXT = {"launching": "launching", "waiting_for_peer": "waiting for the peer rank",
-              "loading_weights": "loading weights", "kv_cache": "KV cache", "graph_capture": "capturing CUDA graphs",
-              "api_starting": "starting the API server", "ready": "API up, checking /health"}
+@main.command("handover")
+@global_options
+@click.pass_obj
+def handover_cmd(obj: Ctx) -> None:
+    """Exit sparkd now and leave vLLM running for the next sparkd to adopt (package upgrades)."""
+    obj.emit(obj.call(handover, handover.Request()), handover.render)
 
 
-def describe_step(entry: dict[str, Any]) -> str:
-    phase = entry.get("phase")
-    if not phase:
-        return str(entry["state"])
-    text = PHASE_TEXT.get(phase, phase)
-    if entry.get("shards"):
-        text += f" {entry['shards'][0]}/{entry['shards'][1]} shards"
-    return f"{entry['state']}: {text}"
-
-
-def wait_for_start(obj: Ctx, launches_before: int, timeout_s: float) -> int:
-    """Print every state and phase the daemon records after the request, until ready or a failure."""
-    started_wall, started = time.time(), time.monotonic()
-    printed = 0.0
-    while time.monotonic() - started < timeout_s:
-        try:
-            with obj.client() as client:
-                s = client.status()
-        except DaemonUnreachable as exc:
-            _unreachable(exc, obj.as_json)
-        for entry in s.get("history", []):
-            if entry["at"] >= started_wall - 0.5 and entry["at"] > printed:
-                printed = entry["at"]
-                if not obj.as_json:
-                    click.echo(f"[{max(0.0, entry['at'] - started_wall):7.1f}s] {describe_step(entry)}")
-        new_launch = s.get("launches", 0) > launches_before
-        if s["state"] == "ready" and new_launch:
-            if obj.as_json:
-                click.echo(json.dumps(s, indent=2))
-            return EXIT_READY
-        if s["state"] in ("failed", "backoff") or (s["state"] == "stopped" and new_launch):
-            failure = s.get("last_failure") or {}
-            if obj.as_json:
-                click.echo(json.dumps(s, indent=2))
-            else:
-                click.echo(f"start failed ({failure.get('class', s['state'])}): {failure.get('message', '')}")
-            return EXIT_UNHEALTHY
-        time.sleep(0.25)
-    click.echo(f"sparkctl: not ready after {timeout_s:.0f} s", err=True)
-    return EXIT_UNHEALTHY
-
-
-@main.command()
-@click.option("-n", "--lines", type=int, default=200, show_default=True)
+@main.command("logs")
+@global_options
+@click.option("-n", "--lines", type=click.IntRange(min=0), default=logs.DEFAULT_LINES, show_default=True)
 @click.option("-f", "--follow", is_flag=True)
 @click.pass_obj
-def logs(obj: Ctx, lines: int, follow: bool) -> None:
-    """vLLM's output as sparkd saw it."""
+def logs_cmd(obj: Ctx, lines: int, follow: bool) -> None:
+    """vLLM's output as sparkd saw it (secrets redacted)."""
+    request = logs.Request(lines=lines, follow=follow)
     try:
-        with obj.client() as client:
-            for line in client.logs(lines, follow):
+        if follow:
+            with obj.client() as client:
+                for line in client.stream(logs, request):
+                    click.echo(line)
+        else:
+            for line in obj.call(logs, request):
                 click.echo(line)
     except DaemonUnreachable as exc:
-        _unreachable(exc, obj.as_json)
+        obj.unreachable(exc)
     except KeyboardInterrupt:
         pass
 
 
-@main.command()
+@main.command("incidents")
+@global_options
 @click.argument("incident_id", required=False)
 @click.pass_obj
-def incidents(obj: Ctx, incident_id: str | None) -> None:
+def incidents_cmd(obj: Ctx, incident_id: str | None) -> None:
     """Failures with their class, sentence and evidence folder, newest first; or one with its log tail."""
-    try:
-        with obj.client() as client:
-            if incident_id:
-                item = client.incident(incident_id)
-                if item is None:
-                    fail(f"sparkctl: no incident {incident_id!r}", EXIT_UNHEALTHY)
-                click.echo(json.dumps(item, indent=2) if obj.as_json else
-                           f"{item['at_utc']}  {item['class']}: {item['message']}\n{item['path']}\n\n"
-                           f"{item['log_tail']}")
-                return
-            items = client.incidents()
-    except DaemonUnreachable as exc:
-        _unreachable(exc, obj.as_json)
-    if obj.as_json:
-        click.echo(json.dumps(items, indent=2))
-        return
-    for item in items:
-        click.echo(f"{Path(item['path']).name}  {item['class']:<20} {item['message']}")
+    obj.emit(obj.call(incidents, incidents.Request(incident_id)), incidents.render)
 
 
-@main.command()
+@main.command("preflight")
+@global_options
 @click.option("--dry-run", is_flag=True, help="Report what would be fixed; change nothing.")
 @click.pass_obj
-def preflight(obj: Ctx, dry_run: bool) -> None:
+def preflight_cmd(obj: Ctx, dry_run: bool) -> None:
     """Run the preflight checks now through the daemon. Exit 0 ready to launch, 1 a check failed."""
-    try:
-        with obj.client(timeout_s=600) as client:
-            report = client.preflight(dry_run=dry_run)
-    except DaemonUnreachable as exc:
-        _unreachable(exc, obj.as_json)
-    except ActionRefused as exc:
-        fail(f"sparkctl preflight: refused: {exc}", EXIT_UNHEALTHY)
-    if obj.as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        for r in report["results"]:
-            did = f" -> {r['did']}" if r.get("did") else ""
-            click.echo(f"{r['verdict']:<6} {r['id']:<18} {r['found']}{did} ({r['duration_s'] * 1000:.0f} ms)")
-    sys.exit(EXIT_READY if report["ok"] else EXIT_UNHEALTHY)
+    result = obj.call(preflight, preflight.Request(dry_run=dry_run), timeout_s=600)
+    obj.emit(result, preflight.render)
+    sys.exit(preflight.exit_code(result))
+
+
+__all__ = ["EXIT_NOT_SERVING", "EXIT_READY", "EXIT_UNHEALTHY", "EXIT_UNREACHABLE", "Ctx", "main"]

@@ -59,7 +59,7 @@ def render_cmd(config_path: Path, as_json: bool) -> None:
 @click.option("--rehearse", is_flag=True, help="Run the config with the vLLM stand-in in place of vLLM.")
 def run_cmd(config_path: Path, rehearse: bool) -> None:
     """Run the daemon in the foreground."""
-    from sparkd.daemon import run_daemon
+    from sparkd.daemon.app import run_daemon
 
     cfg = linted_config_or_exit(config_path)
     raise SystemExit(run_daemon(cfg, config_path=config_path, rehearse=rehearse))

@@ -1,30 +1,39 @@
-"""The pair as one unit, from the head's side: prepare and start the workers, stop them, watch them.
+"""A group of ranks as one unit: the head prepares, starts and stops the workers; both sides watch each other.
 
 Field facts (community-recipes §14, vllm-runtime-surface §5): a headless worker hangs forever when the head
-dies; the head's /health stays 200 for minutes after the worker dies; restarting one rank mid-boot kills the
-other's TCPStore; the worker must start first. So every start and restart of the head stops every rank,
-verifies no ``VLLM::*`` is left, preflights all nodes, starts the workers, waits for their ranks to reach the
-rendezvous, and only then starts the head.
+dies; the head's /health stays 200 for minutes after a worker dies; restarting one rank mid-boot kills the
+others' TCPStore; the workers must start first. So every start and restart of the head stops every rank,
+verifies no ``VLLM::*`` is left, preflights all nodes, starts the workers (in parallel), waits for their ranks
+to reach the rendezvous, and only then starts the head.
+
+The coordinator sees its own node through two narrow ports — ``post`` (an observation) and ``state`` (the
+lifecycle state) — and its peers through the peer link (:class:`~sparkd.cluster.peers.PeerClient`).
 """
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 
-from sparkd.cluster.peers import PeerClient, PeerUnreachable
+from sparkd.clock import Clock
+from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
+from sparkd.cluster.ranks import Member, group_problems
 from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
-from sparkd.supervisor import machine as sm
+from sparkd.config import Config, Role
+from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.states import RUNNING, State
 
-if TYPE_CHECKING:
-    from sparkd.daemon import Daemon
+START_POLL_S = 0.2
 
 
-def pair_failure(cls: FailureClass, sentence: str) -> Failure:
-    return Failure(cls=cls, sentence=sentence, exit_code=None, signal=None, evidence=None)
+def group_role(cfg: Config) -> Role | None:
+    """head or worker when this node is one rank of a multi-node group with peers; else None."""
+    if not cfg.cluster.peers or cfg.nnodes <= 1 or cfg.node.role is Role.single:
+        return None
+    return cfg.node.role
 
 
 class PeerView:
@@ -37,14 +46,28 @@ class PeerView:
         self.since_unreachable: float | None = None
 
 
+def _peer_entry(peer: str, reachable: bool, status: dict[str, Any] | None) -> dict[str, Any]:
+    status = status or {}
+    return {"peer": peer, "reachable": reachable, "node": status.get("node"), "rank": status.get("rank"),
+            "state": status.get("state"), "pid": status.get("pid"),
+            "last_failure": (status.get("last_failure") or {}).get("class")}
+
+
 class Coordinator:
-    def __init__(self, daemon: Daemon, client: PeerClient) -> None:
-        self.daemon = daemon
+    def __init__(self, cfg: Config, client: PeerClient, *, post: Callable[[v.Observation], None],
+                 state: Callable[[], State], image_id: Callable[[], str | None], clock: Clock, log: Any) -> None:
+        self.cfg = cfg
+        self.role = group_role(cfg)
         self.client = client
+        self.post = post
+        self.state = state
+        self.image_id = image_id
+        self.clock = clock
+        self.log = log
         self.views = {peer: PeerView() for peer in client.peers}
 
-    # ---- head: prepare and start the workers
-    async def _each(self, job: Any) -> Failure | None:
+    # ---- head: prepare, start and stop the workers
+    async def _each(self, job: Callable[[str], Awaitable[Failure | None]]) -> Failure | None:
         """Run ``job(peer)`` for every worker in parallel; the first failure, or None."""
         failures: list[Failure] = []
 
@@ -52,8 +75,10 @@ class Coordinator:
             try:
                 failure = await job(peer)
             except PeerUnreachable as exc:
-                failure = pair_failure(FailureClass.peer_lost, f"The worker's sparkd at {peer} cannot be reached "
-                                       f"({exc}); the head waits for it with backoff instead of starting alone.")
+                failure = Failure.of(FailureClass.peer_lost, f"The worker's sparkd at {peer} cannot be reached "
+                                     f"({exc}); the head waits for it with backoff instead of starting alone.")
+            except PeerRefused as exc:
+                failure = Failure.of(FailureClass.unknown, f"The worker's sparkd at {peer}: {exc}.")
             if failure is not None:
                 failures.append(failure)
 
@@ -62,10 +87,39 @@ class Coordinator:
                 tg.start_soon(one, peer)
         return failures[0] if failures else None
 
-    async def check_and_clean_workers(self) -> Failure | None:
-        """Every worker: same launch settings and image, its rank stopped with no VLLM::* left, preflight ok.
-        Runs beside the head's own preflight."""
-        return await self._each(self._check_and_clean)
+    async def prepare_workers(self) -> Failure | None:
+        """Every worker reachable; the ranks form a group; same launch settings and image everywhere; every
+        rank stopped with no VLLM::* left; every preflight ok. Runs beside the head's own preflight."""
+        statuses: dict[str, dict[str, Any]] = {}
+
+        async def fetch(peer: str) -> None:
+            statuses[peer] = await self.client.status(peer)
+
+        failure = await self._each(fetch)
+        if failure is not None:
+            return failure
+        members = [self._member(), *(Member.from_status(statuses[peer], peer) for peer in self.client.peers)]
+        problems = group_problems(members)
+        if problems:
+            return Failure.of(FailureClass.config_error, f"The group cannot form: {'; '.join(problems)}; fix "
+                              "node.rank, cluster.nnodes or the parallel sizes — sparkd will not start it.")
+        mismatch = [line for peer in self.client.peers for line in self._differences(peer, statuses[peer])]
+        if mismatch:
+            return Failure.of(FailureClass.config_error, f"The group's launch settings differ: {'; '.join(mismatch)}; "
+                              "make every config agree — sparkd will not start a mismatched group.")
+        return await self._each(self._clean)
+
+    def _member(self) -> Member:
+        launch = self.cfg.launch
+        return Member(node=self.cfg.node.name, where="this node", rank=self.cfg.node_rank, nnodes=self.cfg.nnodes,
+                      tensor_parallel_size=launch.tensor_parallel_size or 1,
+                      pipeline_parallel_size=launch.pipeline_parallel_size or 1,
+                      gpus_per_node=self.cfg.cluster.gpus_per_node, head=True)
+
+    def _differences(self, peer: str, status: dict[str, Any]) -> list[str]:
+        mismatch = differences(shared_settings(self.cfg), status.get("shared", {}), peer=peer)
+        image = image_difference(self.image_id(), status.get("image_id"), peer=peer)
+        return [image, *mismatch] if image else mismatch
 
     async def start_workers(self) -> Failure | None:
         """Start every worker rank and wait until each is up and waiting for the master (workers first)."""
@@ -74,21 +128,11 @@ class Coordinator:
             await self.stop_workers()
         return failure
 
-    async def _check_and_clean(self, peer: str) -> Failure | None:
-        d = self.daemon
-        status = await self.client.status(peer)
-        mismatch = differences(shared_settings(d.cfg), status.get("shared", {}), peer=peer)
-        image = image_difference(d.image_id, status.get("image_id"), peer=peer)
-        if image:
-            mismatch.insert(0, image)
-        if mismatch:
-            return pair_failure(FailureClass.config_error,
-                                f"The pair's launch settings differ: {'; '.join(mismatch)}; make both configs "
-                                "agree — sparkd will not start a mismatched pair.")
+    async def _clean(self, peer: str) -> Failure | None:
         stopped = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout())
         if stopped.get("vllm_left"):
-            return pair_failure(FailureClass.gpu_busy, f"VLLM::* processes are left on {peer} after stopping its "
-                                f"rank: {stopped['vllm_left']}")
+            return Failure.of(FailureClass.gpu_busy, f"VLLM::* processes are left on {peer} after stopping its "
+                              f"rank: {stopped['vllm_left']}")
         report = await self.client.request(peer, "POST", "/v1/rank/preflight", timeout_s=600)
         if not report.get("ok", False):
             return self._remote_failure(peer, report.get("failure"), "its preflight failed")
@@ -96,36 +140,37 @@ class Coordinator:
 
     async def _start_one(self, peer: str) -> Failure | None:
         await self.client.request(peer, "POST", "/v1/rank/start")
-        deadline = time.monotonic() + self.daemon.cfg.cluster.worker_start_timeout_s
-        while time.monotonic() < deadline:
+        timeout = self.cfg.cluster.worker_start_timeout_s
+        deadline = self.clock.now() + timeout
+        while self.clock.now() < deadline:
             status = await self.client.status(peer)
             if rank_waiting_or_later(status):
-                self.daemon.log.info("worker_rank_up", peer=peer, pid=status.get("pid"), phase=status.get("phase"))
+                self.log.info("worker_rank_up", peer=peer, pid=status.get("pid"), phase=status.get("phase"))
                 return None
             if status.get("state") in ("stopped", "failed") and status.get("last_failure"):
                 return self._remote_failure(peer, status.get("last_failure"), "its rank did not start")
-            await anyio.sleep(0.2)
-        return pair_failure(FailureClass.hang, f"The worker rank on {peer} was not up after "
-                            f"{self.daemon.cfg.cluster.worker_start_timeout_s:.0f} s.")
+            await self.clock.sleep(START_POLL_S)
+        return Failure.of(FailureClass.hang, f"The worker rank on {peer} was not up after {timeout:.0f} s.")
 
     def _remote_failure(self, peer: str, failure: dict[str, Any] | None, what: str) -> Failure:
         failure = failure or {}
-        cls = FailureClass(failure.get("class", "unknown")) if failure.get("class") in FailureClass.__members__ \
-            else FailureClass.unknown
-        message = failure.get("message", "no reason given")
-        return pair_failure(cls, f"The worker on {peer}: {what}: {message}")
+        name = str(failure.get("class"))
+        cls = FailureClass(name) if name in FailureClass.__members__ else FailureClass.unknown
+        return Failure.of(cls, f"The worker on {peer}: {what}: {failure.get('message', 'no reason given')}")
 
     def _stop_timeout(self) -> float:
-        return self.daemon.cfg.supervisor.stop_grace_s + 60.0
+        return self.cfg.supervisor.stop_grace_s + 60.0
 
     async def stop_workers(self) -> None:
         async def one(peer: str) -> None:
+            retries = 0 if not self.views[peer].reachable else 2  # a lost node gets one try, not three
             try:
-                result = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout())
+                result = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout(),
+                                                   retries=retries)
                 if result.get("vllm_left"):
-                    self.daemon.log.warning("worker_vllm_left", peer=peer, pids=result["vllm_left"])
-            except PeerUnreachable as exc:
-                self.daemon.log.warning("worker_stop_unreachable", peer=peer, error=str(exc))
+                    self.log.warning("worker_vllm_left", peer=peer, pids=result["vllm_left"])
+            except (PeerUnreachable, PeerRefused) as exc:
+                self.log.warning("worker_stop_failed", peer=peer, error=str(exc))
 
         async with anyio.create_task_group() as tg:
             for peer in self.client.peers:
@@ -133,42 +178,39 @@ class Coordinator:
 
     # ---- both sides: watch the peers
     async def watch(self) -> None:
-        poll = self.daemon.cfg.cluster.peer_poll_s
         while True:
             async with anyio.create_task_group() as tg:
                 for peer in self.client.peers:
                     tg.start_soon(self._poll, peer)
-            self._judge(time.monotonic())
-            await anyio.sleep(poll)
+            self._judge(self.clock.now())
+            await self.clock.sleep(self.cfg.cluster.peer_poll_s)
 
     async def _poll(self, peer: str) -> None:
-        view, now = self.views[peer], time.monotonic()
+        view, now = self.views[peer], self.clock.now()
         try:
             view.status = await self.client.request(peer, "GET", "/v1/status", retries=0)
             view.reachable, view.last_seen, view.since_unreachable = True, now, None
-        except PeerUnreachable:
+        except (PeerUnreachable, PeerRefused):
             if view.reachable or view.since_unreachable is None:
                 view.since_unreachable = now
-                self.daemon.log.warning("peer_unreachable", peer=peer)
+                self.log.warning("peer_unreachable", peer=peer)
             view.reachable = False
 
     def _judge(self, now: float) -> None:
-        d = self.daemon
-        grace = d.cfg.cluster.peer_grace_s
-        running = d.machine.state in sm.RUNNING
+        if self.state() not in RUNNING:
+            return
+        grace = self.cfg.cluster.peer_grace_s
         for peer, view in self.views.items():
             lost_for = now - view.since_unreachable if view.since_unreachable is not None else 0.0
-            if d.pair == "worker":
-                if not view.reachable and lost_for >= grace and running:
-                    d.log.warning("head_lost", peer=peer, seconds=round(lost_for, 1))
-                    d.post(sm.HealthFailed(pair_failure(
+            lost = not view.reachable and lost_for >= grace
+            if self.role is Role.worker:
+                if lost:
+                    self.log.warning("head_lost", peer=peer, seconds=round(lost_for, 1))
+                    self.post(v.HealthFailed(Failure.of(
                         FailureClass.peer_lost, f"The head's sparkd at {peer} has been unreachable for "
                         f"{lost_for:.0f} s; a headless rank cannot serve alone, so sparkd stopped it.")))
-                continue
-            if not running:
-                continue
-            if not view.reachable and lost_for >= grace:
-                d.post(sm.HealthFailed(pair_failure(
+            elif lost:
+                self.post(v.HealthFailed(Failure.of(
                     FailureClass.peer_lost, f"The worker's sparkd at {peer} has been unreachable for "
                     f"{lost_for:.0f} s (node down, frozen, or the link is cut); sparkd stops the head's rank and "
                     "waits for the worker.")))
@@ -176,17 +218,28 @@ class Coordinator:
                 self._worker_rank_failed(peer, view.status.get("last_failure"))
 
     def _worker_rank_failed(self, peer: str, failure: dict[str, Any] | None) -> None:
-        self.daemon.post(sm.HealthFailed(self._remote_failure(peer, failure, "its rank is gone")))
+        self.post(v.HealthFailed(self._remote_failure(peer, failure, "its rank is gone")))
 
     def on_report(self, peer: str, failure: dict[str, Any] | None) -> None:
         """A worker reported its rank's failure at once (POST /v1/rank/failed)."""
-        if self.daemon.machine.state in sm.RUNNING:
-            self._worker_rank_failed(peer, failure)
+        if self.state() in RUNNING:
+            self._worker_rank_failed(self.peer_named(peer), failure)
+
+    def peer_named(self, host: str) -> str:
+        """The configured peer a request from ``host`` came from (or ``host`` itself)."""
+        for peer in self.client.peers:
+            if peer == host or peer.startswith(f"{host}:") or peer.startswith(f"[{host}]"):
+                return peer
+        return host
 
     def peers_json(self) -> list[dict[str, Any]]:
-        return [{"peer": peer, "reachable": v.reachable,
-                 "state": (v.status or {}).get("state"), "pid": (v.status or {}).get("pid")}
-                for peer, v in self.views.items()]
+        """Every other rank of the group: the head knows them all; a worker shows the head's view of the rest."""
+        out = [_peer_entry(peer, view.reachable, view.status) for peer, view in self.views.items()]
+        if self.role is Role.worker:
+            for view in self.views.values():
+                others = (view.status or {}).get("peers") or []
+                out.extend({**p, "via": "the head"} for p in others if p.get("node") != self.cfg.node.name)
+        return out
 
     async def report_failure(self, failure: Failure) -> None:
         """Worker side: tell the head at once that this rank failed."""
@@ -194,5 +247,32 @@ class Coordinator:
         for peer in self.client.peers:
             try:
                 await self.client.request(peer, "POST", "/v1/rank/failed", json=body, retries=1)
-            except PeerUnreachable as exc:
-                self.daemon.log.warning("report_unreachable", peer=peer, error=str(exc))
+            except (PeerUnreachable, PeerRefused) as exc:
+                self.log.warning("report_failed", peer=peer, error=str(exc))
+
+    async def reload_workers(self) -> list[str]:
+        """Head side, before an operator's restart: every worker takes on its config on disk (or says why not)."""
+        problems: list[str] = []
+
+        async def one(peer: str) -> None:
+            try:
+                await self.client.request(peer, "POST", "/v1/reload", timeout_s=60)
+            except PeerRefused as exc:
+                problems.append(f"the worker on {peer}: {exc}")
+            except PeerUnreachable as exc:  # the restart waits for it like any start does
+                self.log.warning("worker_reload_unreachable", peer=peer, error=str(exc))
+
+        if self.role is Role.head:
+            async with anyio.create_task_group() as tg:
+                for peer in self.client.peers:
+                    tg.start_soon(one, peer)
+        return problems
+
+    async def forward(self, name: str) -> tuple[bool, dict[str, Any]]:
+        """Worker side: an operator command, carried out by the head for the whole group."""
+        head = self.client.peers[0]
+        try:
+            answer = await self.client.envelope(head, "POST", f"/v1/{name}", retries=1)
+        except PeerUnreachable as exc:
+            return False, {"error": f"the head is unreachable ({exc}); use --local to act on this rank alone"}
+        return bool(answer.get("ok")), {**answer, "forwarded_to": head}

@@ -15,6 +15,10 @@ class PeerUnreachable(Exception):
     pass
 
 
+class PeerRefused(Exception):
+    """The peer's sparkd answered, and refused (``ok: false``)."""
+
+
 class PeerClient:
     def __init__(self, cfg: Config, token: str | None) -> None:
         self.timeout_s = cfg.cluster.peer_timeout_s
@@ -31,12 +35,25 @@ class PeerClient:
 
     async def request(self, peer: str, method: str, path: str, *, retries: int = 2,
                       timeout_s: float | None = None, **kw: Any) -> dict[str, Any]:
-        """JSON from the peer; PeerUnreachable after ``retries`` more tries with a short pause."""
+        """The command's result from the peer; PeerRefused when it refused, PeerUnreachable when it did not
+        answer after ``retries`` more tries with a short pause."""
+        envelope = await self.envelope(peer, method, path, retries=retries, timeout_s=timeout_s, **kw)
+        if not envelope.get("ok"):
+            raise PeerRefused(f"{peer} refused: {envelope.get('error') or 'no reason given'}")
+        result = envelope.get("result")
+        return result if isinstance(result, dict) else {}
+
+    async def envelope(self, peer: str, method: str, path: str, *, retries: int = 2,
+                       timeout_s: float | None = None, **kw: Any) -> dict[str, Any]:
+        """The peer's whole answer (``{"ok": …, "result": …, "error": …}``)."""
         url = self.urls[peer] + path
         last: Exception | None = None
         for attempt in range(retries + 1):
             try:
-                response = await self._client.request(method, url, timeout=timeout_s or self.timeout_s, **kw)
+                # A long request (a rank's stop, its preflight) still gives up connecting after peer_timeout_s:
+                # a node cut off the fabric swallows SYNs.
+                timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=self.timeout_s)
+                response = await self._client.request(method, url, timeout=timeout, **kw)
             except httpx.TransportError as exc:
                 last = exc
                 if attempt < retries:
@@ -44,9 +61,12 @@ class PeerClient:
                 continue
             if response.status_code in (401, 403):
                 raise PeerUnreachable(f"{peer} refused the peer token ({response.status_code})")
-            data: dict[str, Any] = response.json()
-            if response.status_code >= 400:
-                data.setdefault("error", f"HTTP {response.status_code}")
+            try:
+                data = response.json()
+            except ValueError:
+                data = None
+            if not isinstance(data, dict):
+                return {"ok": False, "error": f"HTTP {response.status_code} without a JSON envelope"}
             return data
         raise PeerUnreachable(f"sparkd on {peer} does not answer: {last}")
 

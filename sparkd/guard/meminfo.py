@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["MemInfo", "MeminfoReader", "parse_meminfo"]
+__all__ = ["MemInfo", "MeminfoReader", "parse_meminfo", "read_meminfo"]
 
 KIB = 1024
 
@@ -132,3 +132,11 @@ class MeminfoReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_meminfo(path: Path | str = "/proc/meminfo") -> MemInfo | None:
+    """One plain reading (status, metrics without the guard, preflight); None when unreadable."""
+    try:
+        return parse_meminfo(Path(path).read_text(encoding="ascii", errors="replace"))
+    except (OSError, MeminfoError):
+        return None

@@ -38,6 +38,7 @@ class FailureClass(StrEnum):
     hang = "hang"  # not answering: RPC timeout, wedged TP pair (probe or log)
     killed_by_guard = "killed_by_guard"  # sparkd's memory guard killed it
     gpu_busy = "gpu_busy"  # CUDA device busy: a stale process holds the GPU
+    host_unavailable = "host_unavailable"  # what a launch needs from the host is missing (engine, disk): wait
     unknown = "unknown"  # nothing recognised
 
 
@@ -124,6 +125,10 @@ TREATMENT: dict[FailureClass, Treatment] = {
         True, B.one, S.node, _ALWAYS, "CUDA reported the GPU busy or unavailable",
         "a stale vLLM process from an earlier run still holds the GPU — sparkd sweeps stale processes and waits "
         "for the GPU to be free before the next start"),
+    F.host_unavailable: _t(
+        True, B.none, S.node, _ALWAYS, "sparkd cannot launch vLLM on this node right now",
+        "sparkd waits for it (the Docker engine to answer, the state directory to take writes) and tries again "
+        "with backoff, without spending the restart budget"),
     F.unknown: _t(True, B.one, S.node, _MEMORY, "vLLM stopped without a recognised error",
                   "the log tail is in the incident folder — sparkd restarts with backoff"),
 }

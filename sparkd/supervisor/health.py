@@ -39,7 +39,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
 from sparkd.supervisor.failures import Failure, FailureClass
-from sparkd.supervisor.machine import BecameReady, HealthDegraded, HealthFailed, HealthRecovered, Observation
+from sparkd.supervisor.vocabulary import BecameReady, HealthDegraded, HealthFailed, HealthRecovered, Observation
 
 if TYPE_CHECKING:
     from sparkd.config import HealthConfig

@@ -4,20 +4,23 @@ moby's `ShouldRestart(exitCode, manuallyStopped, duration)` has the right inputs
 a timer. Here a decision is a value; the caller sleeps, logs and changes state. Time is monotonic seconds,
 passed in; randomness (jitter) is a float in [0, 1), passed in.
 
+The breaker itself is not kept here: `GiveUp` is the decision to open it, and the lifecycle machine's `failed`
+state is its one representation (only `sparkctl reset`/`restart` leave it). How a class is treated (restartable,
+its weight in the budget) comes from the one failure table, `sparkd.supervisor.failures.TREATMENT`.
+
 Rules, in the order `on_failure` applies them:
 
-1. An open breaker stays open: every failure gets `GiveUp` until `reset()` (`sparkctl reset`/`restart`).
-2. A run that had been ready for `stable_after_s` resets the consecutive count: a failure after a long
+1. A run that had been ready for `stable_after_s` resets the consecutive count: a failure after a long
    healthy run restarts quickly.
-3. The failure is recorded in the budget window with a weight: a `killed_by_guard` failure weighs
-   `guard_kill_weight` (memory-guard kills open the breaker faster), everything else 1. Failures older than
-   `budget_window_s` drop out.
-4. A config error opens the breaker at once: the same launch fails the same way every time.
-5. Weighted failures in the window reaching `budget_failures` open the breaker.
-6. `consecutive_limit` failures in a row without a stable run open the breaker. This catches the slow
-   crash loop the window cannot: an 8–10 minute cold start plus the 300 s cap fits only two failures in
-   30 minutes, and every cycle on GB10 leaks memory the driver never gives back.
-7. Otherwise restart after `min(initial * factor**(n-1), max)`, jittered by ±`jitter` (the cap applies
+2. The failure is recorded in the budget window with its class's weight: `Budget.guard_kill` weighs
+   `guard_kill_weight` (memory-guard kills open the breaker faster), `Budget.one` weighs 1. Failures older
+   than `budget_window_s` drop out. (`Budget.none` classes never reach `on_failure`: they wait, `on_wait`.)
+3. A class that is not restartable (a config error) gives up at once: the same launch fails the same way.
+4. Weighted failures in the window reaching `budget_failures` give up.
+5. `consecutive_limit` failures in a row without a stable run give up. This catches the slow crash loop the
+   window cannot: an 8–10 minute cold start plus the 300 s cap fits only two failures in 30 minutes, and
+   every cycle on GB10 leaks memory the driver never gives back.
+6. Otherwise restart after `min(initial * factor**(n-1), max)`, jittered by ±`jitter` (the cap applies
    before the jitter), where n is the consecutive count including this failure.
 """
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sparkd.supervisor.failures import FailureClass
+from sparkd.supervisor.failures import TREATMENT, Budget, FailureClass
 
 __all__ = [
     "Decision",
@@ -34,7 +37,6 @@ __all__ = [
     "RestartPolicy",
     "RestartState",
     "Strike",
-    "backoff_remaining",
     "base_delay",
     "is_stable",
     "on_failure",
@@ -42,6 +44,7 @@ __all__ = [
     "on_stopped",
     "on_wait",
     "reset",
+    "weight",
     "window_weight",
 ]
 
@@ -84,8 +87,6 @@ class Strike:
 class RestartState:
     consecutive: int = 0  # failures since the last stable run (or reset)
     strikes: tuple[Strike, ...] = ()  # failures inside the budget window, oldest first
-    breaker_open: bool = False  # True: no more restarts until reset()
-    breaker_reason: str | None = None
     ready_since: float | None = None  # when the current run became ready; None while not ready
 
 
@@ -139,13 +140,8 @@ def _in_window(strikes: tuple[Strike, ...], policy: RestartPolicy, now: float) -
 
 
 def window_weight(state: RestartState, policy: RestartPolicy, now: float) -> int:
-    """Weighted failures inside the budget window at `now` (for metrics and status)."""
+    """Weighted failures inside the budget window at `now` (the transition log shows it)."""
     return sum(s.weight for s in _in_window(state.strikes, policy, now))
-
-
-def backoff_remaining(restart_due_at: float, now: float) -> float:
-    """Seconds left until a restart that is due at `restart_due_at` (now + Restart.delay_s when decided)."""
-    return max(0.0, restart_due_at - now)
 
 
 def on_ready(state: RestartState, now: float) -> RestartState:
@@ -163,8 +159,14 @@ def on_stopped(state: RestartState) -> RestartState:
 
 
 def reset(state: RestartState) -> RestartState:
-    """`sparkctl reset`/`restart`: close the breaker and forget all failures."""
-    return RestartState()
+    """`sparkctl reset`/`restart`: forget all failures (a running instance stays ready since when it was)."""
+    return RestartState(ready_since=state.ready_since)
+
+
+def weight(policy: RestartPolicy, failure_class: FailureClass) -> int:
+    """What one failure of this class costs in the restart budget."""
+    budget = TREATMENT[failure_class].budget
+    return {Budget.one: 1, Budget.guard_kill: policy.guard_kill_weight, Budget.none: 0}[budget]
 
 
 def _budget_reason(strikes: tuple[Strike, ...], policy: RestartPolicy) -> str:
@@ -188,20 +190,17 @@ def on_failure(
     rand: float,
 ) -> tuple[RestartState, Decision]:
     """Decide what follows an unrequested end of the instance at `now`. `rand` is uniform in [0, 1)."""
-    if not 0.0 <= rand <= 1.0:
+    if not 0.0 <= rand < 1.0:
         raise ValueError("rand must be in [0, 1)")
-    if state.breaker_open:
-        return state, GiveUp(state.breaker_reason or f"the restart breaker is open; {_RESET_HINT}")
-
     consecutive = 0 if is_stable(state, policy, now) else state.consecutive
     consecutive += 1
-    weight = policy.guard_kill_weight if failure_class is FailureClass.killed_by_guard else 1
-    strikes = (*_in_window(state.strikes, policy, now), Strike(now, weight, failure_class))
+    strikes = (*_in_window(state.strikes, policy, now), Strike(now, weight(policy, failure_class), failure_class))
     after = RestartState(consecutive=consecutive, strikes=strikes, ready_since=None)
 
     reason: str | None = None
-    if failure_class is FailureClass.config_error:
-        reason = f"a config error fails the same way every time, so sparkd does not retry it; {_RESET_HINT}"
+    if not TREATMENT[failure_class].restartable:
+        reason = (f"{failure_class.value.replace('_', ' ')} fails the same way every time, so sparkd does not "
+                  f"retry it; {_RESET_HINT}")
     elif sum(s.weight for s in strikes) >= policy.budget_failures:
         reason = _budget_reason(strikes, policy)
     elif policy.consecutive_limit is not None and consecutive >= policy.consecutive_limit:
@@ -210,14 +209,14 @@ def on_failure(
             f"(limit {policy.consecutive_limit}); {_RESET_HINT}"
         )
     if reason is not None:
-        return replace(after, breaker_open=True, breaker_reason=reason), GiveUp(reason)
+        return after, GiveUp(reason)
 
     delay = _jittered(policy, base_delay(policy, consecutive), rand)
     return after, Restart(delay_s=delay, attempt=consecutive)
 
 
 def on_wait(state: RestartState, policy: RestartPolicy, rand: float) -> tuple[RestartState, Restart]:
-    """Try again later for a reason outside vLLM (the peer node is unreachable): the delay grows like a
-    failure's, but nothing counts toward the budget — the head waits for its worker, it does not give up."""
+    """Try again later for a reason outside vLLM (`Budget.none`: the peer node, the Docker engine): the delay
+    grows like a failure's, but nothing counts toward the budget — sparkd waits, it does not give up."""
     attempt = state.consecutive + 1
     return replace(state, consecutive=attempt), Restart(_jittered(policy, base_delay(policy, attempt), rand), attempt)

@@ -37,6 +37,7 @@ class Phase(StrEnum):
     launching = "launching"  # process started; version, args, engine config lines
     waiting_for_peer = "waiting_for_peer"  # in torch.distributed init, blocked until the other rank joins
     loading_weights = "loading_weights"  # past distributed init, reading checkpoint shards
+    compiling = "compiling"  # weights loaded: torch.compile and the memory profile run
     kv_cache = "kv_cache"  # profiling done, KV cache sized
     graph_capture = "graph_capture"  # capturing CUDA graphs
     api_starting = "api_starting"  # engine up; API server starting (head only)
@@ -132,10 +133,10 @@ _RULES: tuple[_Rule, ...] = (
           distributed=True),
     _rule(r"Loading weights took [\d.]+ seconds", P.loading_weights, distributed=True),
     _rule(r"Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<secs>[\d.]+) seconds",
-          P.loading_weights, _model_loading, distributed=True),
+          P.compiling, _model_loading, distributed=True),
     _rule(r"Loading drafter model", None),
-    # torch.compile and profiling (between weights and the KV cache; progress, no phase of their own)
-    _rule(r"Dynamo bytecode transform time|Compiling a graph for|torch\.compile takes", None),
+    # torch.compile and the memory profile (between the weights and the KV cache)
+    _rule(r"Dynamo bytecode transform time|Compiling a graph for|torch\.compile takes", P.compiling),
     # KV cache
     _rule(r"Available KV cache memory: (?P<gib>[\d.]+) GiB", P.kv_cache, _kv_gib, distributed=True),
     _rule(r"GPU KV cache size: (?P<tokens>[\d,]+) tokens", P.kv_cache, _kv_tokens),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -101,11 +102,18 @@ class Sparkd:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = tmp / "sparkd.log"
 
-    def start(self, *extra: str, env: dict[str, str] | None = None) -> Sparkd:
+    def start(self, *extra: str, env: dict[str, str] | None = None, limit_fds: int | None = None) -> Sparkd:
+        """``limit_fds``: the daemon's RLIMIT_NOFILE, soft and hard (it cannot raise it)."""
         env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", **(env or {})}
+
+        def limit() -> None:
+            if limit_fds is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit_fds, limit_fds))
+
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([str(BIN / "sparkd"), "run", "--config", str(self.config_path), *extra],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                         preexec_fn=limit)
         return self
 
     def status(self) -> dict[str, Any]:
@@ -145,7 +153,7 @@ class Sparkd:
         folder = self.state_dir / "incidents"
         if not folder.is_dir():
             return []
-        return [json.loads((p / "incident.json").read_text()) for p in sorted(folder.iterdir())]
+        return [{**json.loads((p / "incident.json").read_text()), "path": str(p)} for p in sorted(folder.iterdir())]
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -13,6 +14,8 @@ from typing import Any
 import psutil
 import pytest
 from daemon_harness import Sparkd, alive, base_config, free_port, kill_tree, shm_segments, title_prefix, tree, unheld
+
+from sparkd import exits
 
 Factory = Callable[..., Sparkd]
 
@@ -115,11 +118,19 @@ def test_repeated_crashes_back_off_open_the_breaker_and_reset_closes_it(sparkd: 
     status = daemon.wait_state("failed", timeout=120)
     assert status["breaker"]["open"] and "3 failures" in status["breaker"]["reason"]
     assert status["launches"] == 3
+    backoffs = backoff_spells(status["history"])
+    assert len(backoffs) == 2 and backoffs[1] > backoffs[0], f"the second backoff is longer: {backoffs}"
     refused = daemon.ctl("start")
     assert refused.returncode == 1 and "breaker" in refused.stderr
     assert daemon.ctl("reset").returncode == 0
-    daemon.wait_for(lambda s: s.get("launches", 0) >= 4, 60, "a launch after reset")
-    assert not daemon.status()["breaker"]["open"] or daemon.status()["launches"] >= 4
+    after = daemon.wait_for(lambda s: s.get("launches", 0) >= 4, 60, "a launch after reset")
+    assert not after["breaker"]["open"]
+
+
+def backoff_spells(history: list[dict[str, Any]]) -> list[float]:
+    """How long each backoff lasted, from the daemon's history of states."""
+    states = [h for h in history if "phase" not in h]
+    return [b["at"] - a["at"] for a, b in itertools.pairwise(states) if a["state"] == "backoff"]
 
 
 def test_daemon_sigkill_then_restart_adopts_the_running_instance(sparkd: Factory) -> None:
@@ -160,8 +171,11 @@ def test_second_daemon_on_the_node_is_refused(sparkd: Factory) -> None:
     ready_pid(daemon)
     (daemon.tmp / "again").mkdir()
     second = Sparkd(daemon.tmp / "again", daemon.config).start()
-    assert second.proc is not None and second.proc.wait(30) == 1
-    assert "already_running" in second.log()
+    try:
+        assert second.proc is not None and second.proc.wait(30) == exits.ALREADY_RUNNING
+        assert "already_running" in second.log() and "Traceback" not in second.log()
+    finally:
+        second.kill()
 
 
 def test_rehearse_runs_a_real_config_with_the_stand_in(sparkd: Factory) -> None:
@@ -178,9 +192,11 @@ GIB = 1 << 30
 
 
 def test_memory_guard_stops_a_leaking_vllm_and_reports_killed_by_guard(sparkd: Factory) -> None:
-    from sparkd.memory import read_meminfo
+    from sparkd.guard.meminfo import read_meminfo
 
-    available = read_meminfo()["MemAvailable"]
+    meminfo = read_meminfo()
+    assert meminfo is not None
+    available = meminfo.mem_available
     if available < 8 * GIB:
         pytest.skip(f"needs 8 GiB MemAvailable to leave the machine safe, has {available / GIB:.1f}")
     stop = available - int(1.5 * GIB)  # the stand-in must leak ~1.5 GiB to cross it; it is capped at 3 GiB
@@ -194,4 +210,5 @@ def test_memory_guard_stops_a_leaking_vllm_and_reports_killed_by_guard(sparkd: F
                              "a guard stop")
     assert "memory guard" in status["last_failure"]["message"]
     incidents = [i for i in daemon.incidents() if i["class"] == "killed_by_guard"]
-    assert len(incidents) == 1 and incidents[0].get("guard"), "evidence written once, with the guard's view"
+    assert len(incidents) == 1, "evidence written once"
+    assert (Path(incidents[0]["path"]) / "guard.json").is_file(), "with the guard's view"

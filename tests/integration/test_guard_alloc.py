@@ -32,10 +32,11 @@ from sparkd.guard.policy import Decision
 from sparkd.guard.sample import GIB
 from sparkd.incidents import incident_record, write_incident
 from sparkd.runtime import proctree
-from sparkd.supervisor import machine as sm
-from sparkd.supervisor import policy
+from sparkd.supervisor import lifecycle, policy
+from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.states import Machine, State
 
 MIB = 1024**2
 SAFE_AVAILABLE = 6 * GIB  # never let a test take the machine under this
@@ -132,7 +133,8 @@ class Hooks:
     def write_evidence(self, failure: Failure) -> None:
         alive = proctree.running(psutil.Process(self.root_pid))
         record = incident_record(failure, at=time.time(), config_hash="test", node="test")
-        folder = write_incident(self.incidents, record, log_tail=["(guard test)"])
+        folder = write_incident(self.incidents, record, log_tail=["(guard test)"],
+                                evidence=failure.treatment.evidence)
         self.evidence.append((time.monotonic(), alive, folder))
 
     async def stop_vllm(self, failure: Failure, grace_s: float) -> None:
@@ -170,12 +172,12 @@ async def guard_until_exit(guard: Guard, proc: subprocess.Popen[bytes], timeout_
 
 def assert_supervisor_reports_guard(failure: Failure) -> None:
     """The pure supervisor takes the guard's failure as is, records it, and weighs it double."""
-    m = sm.Machine(state=sm.State.ready, since=0.0)
-    m, actions = sm.step(m, sm.HealthFailed(failure), 10.0)
-    assert m.state is sm.State.stopping and m.pending is failure
-    assert actions[0] == sm.RecordIncident(failure)
-    m, _ = sm.step(m, sm.StopDone(rand=0.5), 11.0)
-    assert m.state is sm.State.backoff and m.last_failure is not None
+    m = Machine(state=State.ready, since=0.0)
+    m, actions, _ = lifecycle.step(m, v.HealthFailed(failure, grace_s=10.0, recorded=True), 10.0)
+    assert m.state is State.stopping and m.answering is failure
+    assert actions == [v.RecordIncident(failure, written=True), v.Stop("health failed", 10.0)]
+    m, _, _ = lifecycle.step(m, v.StopDone(rand=0.5), 11.0)
+    assert m.state is State.backoff and m.last_failure is not None
     assert m.last_failure.cls is FailureClass.killed_by_guard
     assert policy.window_weight(m.restart_state, policy.RestartPolicy(), 11.0) == 2
 

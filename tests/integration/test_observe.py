@@ -66,9 +66,10 @@ def test_metrics_pass_promtool_and_show_the_state(daemon: Sparkd) -> None:
     daemon.wait_state("ready")
     code, text = http(f"http://127.0.0.1:{daemon.config['api']['port']}/metrics")
     assert code == 200
-    assert 'sparkd_state{state="ready"} 1.0' in text and "sparkd_ready 1.0" in text
-    assert "sparkd_memory_available_bytes" in text and "sparkd_start_duration_seconds_count 1.0" in text
-    assert 'sparkd_probes_total{probe="health",result="ok"}' in text
+    assert 'sparkd_state{node="test",state="ready"} 1.0' in text and 'sparkd_ready{node="test"} 1.0' in text
+    assert "sparkd_memory_available_bytes" in text
+    assert 'sparkd_start_duration_seconds_count{node="test"} 1.0' in text
+    assert 'sparkd_probes_total{node="test",probe="health",result="ok"}' in text
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
                            timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -81,7 +82,7 @@ def test_tcp_control_api_needs_the_bearer_token(daemon: Sparkd) -> None:
     assert http(f"{base}/v1/status")[0] == 401
     assert http(f"{base}/v1/status", token="wrong")[0] == 401
     code, body = http(f"{base}/v1/status", token="s3cret-token")
-    assert code == 200 and json.loads(body)["state"] == "ready"
+    assert code == 200 and json.loads(body)["result"]["state"] == "ready"
 
 
 def test_tcp_control_api_is_closed_without_a_token_file(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 def test_wheel_holds_the_code_the_profiles_and_the_commands(built: Built) -> None:
     names = zipfile.ZipFile(built.wheel).namelist()
     assert built.wheel.name == f"sparkd-{sparkd.__version__}-py3-none-any.whl"
-    assert "sparkd/daemon.py" in names and "sparkd/standin/__main__.py" in names
+    assert "sparkd/daemon/app.py" in names and "sparkd/standin/__main__.py" in names
     profiles = {Path(n).stem for n in names if n.startswith("sparkd/profiles/") and n.endswith(".toml")}
     assert {"latency", "throughput", "balanced", "1m-context"} <= profiles, sorted(names)
     entry_points = zipfile.ZipFile(built.wheel).read(f"sparkd-{sparkd.__version__}.dist-info/entry_points.txt")

@@ -13,7 +13,7 @@ from sparkd.config import HealthConfig
 from sparkd.supervisor import health as h
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.health import HealthTracker, ProbeOutcome, ProbeResult, Verdict, VllmMetrics
-from sparkd.supervisor.machine import BecameReady, HealthDegraded, HealthFailed, HealthRecovered, Observation
+from sparkd.supervisor.vocabulary import BecameReady, HealthDegraded, HealthFailed, HealthRecovered, Observation
 
 CFG = HealthConfig(
     timeout_s=5, failure_threshold=3, success_threshold=2, canary_timeout_s=30, busy_grace_s=600, stall_after_s=120

@@ -12,13 +12,13 @@ from sparkd.supervisor.policy import (
     Restart,
     RestartPolicy,
     RestartState,
-    backoff_remaining,
     base_delay,
     is_stable,
     on_failure,
     on_ready,
     on_stopped,
     reset,
+    weight,
     window_weight,
 )
 
@@ -51,11 +51,9 @@ def run(history: list[Ev], policy: RestartPolicy | None = None) -> RestartState:
             if isinstance(ev.expect, str):
                 assert isinstance(decision, GiveUp), f"step {i}: {decision}"
                 assert ev.expect in decision.reason, f"step {i}: {decision.reason}"
-                assert state.breaker_open
             else:
                 assert isinstance(decision, Restart), f"step {i}: {decision}"
                 assert decision.delay_s == pytest.approx(ev.expect), f"step {i}"
-                assert not state.breaker_open
     return state
 
 
@@ -182,13 +180,15 @@ def test_attempt_counts_consecutive_failures() -> None:
     assert attempts == [1, 2, 3]
 
 
-def test_open_breaker_keeps_giving_up_without_change() -> None:
-    """Once open, every failure gets the same GiveUp and the state is untouched."""
-    state, first = on_failure(RestartState(), RestartPolicy(), F.config_error, 0.0, MID)
-    again_state, again = on_failure(state, RestartPolicy(), F.engine_dead, 5000.0, MID)
-    assert isinstance(first, GiveUp) and again == first
-    assert again_state is state
-    assert state.breaker_reason == first.reason
+@pytest.mark.parametrize(("cls", "expected"), [(F.engine_dead, 1), (F.killed_by_guard, 3), (F.peer_lost, 0),
+                                               (F.config_error, 1)])
+def test_a_class_weighs_what_the_failure_table_says(cls: FailureClass, expected: int) -> None:
+    assert weight(RestartPolicy(guard_kill_weight=3), cls) == expected
+
+
+def test_a_class_that_is_not_restartable_gives_up_at_once() -> None:
+    _, decision = on_failure(RestartState(), RestartPolicy(), F.config_error, 0.0, MID)
+    assert isinstance(decision, GiveUp) and "config error fails the same way" in decision.reason
 
 
 def test_give_up_reason_names_the_count_and_window() -> None:
@@ -243,10 +243,11 @@ def test_failure_ends_the_ready_period() -> None:
     assert state.ready_since is None
 
 
-def test_reset_returns_a_clean_state() -> None:
-    """reset() forgets everything, including an open breaker."""
+def test_reset_forgets_the_failures_but_not_a_running_ready_period() -> None:
+    """reset() forgets every failure; an instance that is ready stays ready since when it was."""
     state, _ = on_failure(RestartState(), RestartPolicy(), F.config_error, 0.0, MID)
     assert reset(state) == RestartState()
+    assert reset(on_ready(state, 50.0)) == RestartState(ready_since=50.0)
 
 
 def test_on_stopped_without_ready_is_a_no_op() -> None:
@@ -255,13 +256,7 @@ def test_on_stopped_without_ready_is_a_no_op() -> None:
     assert on_stopped(state) is state
 
 
-@pytest.mark.parametrize(("due", "now", "left"), [(110.0, 100.0, 10.0), (100.0, 100.0, 0.0), (90.0, 100.0, 0.0)])
-def test_backoff_remaining(due: float, now: float, left: float) -> None:
-    """Time left until a due restart, never negative."""
-    assert backoff_remaining(due, now) == left
-
-
-@pytest.mark.parametrize("rand", [-0.1, 1.5])
+@pytest.mark.parametrize("rand", [-0.1, 1.0, 1.5])
 def test_rand_out_of_range_is_rejected(rand: float) -> None:
     """rand must be a uniform draw in [0, 1)."""
     with pytest.raises(ValueError):

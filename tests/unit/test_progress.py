@@ -134,7 +134,8 @@ def test_worker_log_phases_and_facts() -> None:
     """A headless worker waits for the peer, loads, sizes its KV cache, captures graphs; never ready."""
     states = replay(WORKER_LOG)
     # The first line is the headless launch line: the worker is waiting for its peer from the start.
-    assert phases(states) == [Phase.waiting_for_peer, Phase.loading_weights, Phase.kv_cache, Phase.graph_capture]
+    assert phases(states) == [Phase.waiting_for_peer, Phase.loading_weights, Phase.compiling, Phase.kv_cache,
+                              Phase.graph_capture]
     final = states[-1]
     assert final.distributed_ready
     assert (final.world_size, final.rank) == (2, 1)
@@ -213,7 +214,8 @@ def test_kv_cache_lines(line: str, tokens: int | None, concurrency: float | None
         ),
         ("Starting to load model /models/x...", Phase.loading_weights),
         ("Loading weights took 12.34 seconds", Phase.loading_weights),
-        ("Model loading took 30.12 GiB memory and 13.456789 seconds", Phase.loading_weights),
+        ("Model loading took 30.12 GiB memory and 13.456789 seconds", Phase.compiling),
+        ("Dynamo bytecode transform time: 5.1 s", Phase.compiling),
         ("Available KV cache memory: 40.12 GiB", Phase.kv_cache),
         ("Capturing CUDA graphs (decode, FULL): 100%|██████████| 67/67 [00:04<00:00]", Phase.graph_capture),
         ("Graph capturing finished in 5 secs, took 0.52 GiB", Phase.graph_capture),

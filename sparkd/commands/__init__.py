@@ -1,0 +1,11 @@
+"""Control commands, one module each, shared by the daemon (``execute``) and sparkctl (``render``).
+
+``OPERATOR`` are the operator's commands (the unix socket; over TCP with the bearer token). The ranks of a
+group talk to each other through their own commands, ``sparkd.commands.rank``.
+"""
+
+from __future__ import annotations
+
+from sparkd.commands import handover, incidents, logs, preflight, reload, reset, restart, start, status, stop
+
+OPERATOR = (status, start, stop, restart, reset, reload, handover, logs, incidents, preflight)

@@ -1,0 +1,49 @@
+"""What the lifecycle commands (start, stop, restart, reset) share: refuse, forward, post, answer.
+
+On a group's worker an operator command is carried out by the head for the whole group (``--local`` acts on
+this rank alone, for maintenance); ``reset`` always acts locally (it only closes this node's breaker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkd.commands.base import Control, Reply, flag, ok, refused
+from sparkd.supervisor import vocabulary as v
+
+LOCAL_RISK = ("--local acts on this node's rank alone: the other ranks lose their peer (a headless worker hangs, "
+              "the head fails its next request) and the group restarts as a unit afterwards.")
+
+
+@dataclass(frozen=True)
+class Request:
+    local: bool = False
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> Request:
+        return cls(local=flag(params, "local"))
+
+    def to_params(self) -> dict[str, str]:
+        return {"local": "1"} if self.local else {}
+
+
+async def act(control: Control, name: str, observation: Callable[[], v.Observation], request: Request,
+              *, forwardable: bool = True) -> Reply:
+    if control.worker and forwardable and not request.local and control.group is not None:
+        done, answer = await control.group.forward(name)
+        if not done:
+            return refused(answer.get("error") or "the head refused", control.status())
+        return ok({**(answer.get("result") or {}), "forwarded_to": answer["forwarded_to"]})
+    why = control.refusal(name)
+    if why:
+        return refused(why, control.status())
+    await control.submit(observation())
+    return ok(control.status())
+
+
+def accepted(name: str, result: Mapping[str, Any]) -> str:
+    where = f" by the head {result['forwarded_to']}" if result.get("forwarded_to") else ""
+    state = result.get("state") or "?"
+    return f"{name}: accepted{where} (state {state})"

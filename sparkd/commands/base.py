@@ -1,0 +1,131 @@
+"""What every control command shares: the daemon surface it runs against, its reply, its request parsing.
+
+A command is one module (circus's way): ``NAME`` and ``METHOD`` (its route is ``/v1/<NAME>``), a ``Request``
+with ``from_params``/``to_params`` (the query string both sides agree on), ``execute(control, request)`` on the
+daemon's side, and ``render``/``exit_code`` on sparkctl's side. Its docstring is its protocol. Every answer is
+one envelope: ``{"ok": true, "result": …}`` or ``{"ok": false, "error": "…", "result": <status or null>}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from sparkd.supervisor import vocabulary as v
+
+
+class BadRequest(ValueError):
+    """A request the daemon cannot parse: 400, naming the parameter."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    ok: bool
+    result: Any = None
+    error: str | None = None
+    code: int = 200
+
+    def envelope(self) -> dict[str, Any]:
+        if self.ok:
+            return {"ok": True, "result": self.result}
+        return {"ok": False, "error": self.error, "result": self.result}
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A streamed text answer (``sparkctl logs -f``)."""
+
+    lines: AsyncIterator[str]
+
+
+def ok(result: Any = None) -> Reply:
+    return Reply(True, result)
+
+
+def refused(error: str, result: Any = None, code: int = 409) -> Reply:
+    return Reply(False, result, error, code)
+
+
+class Group(Protocol):
+    """The group a node belongs to, as commands see it."""
+
+    async def forward(self, name: str) -> tuple[bool, dict[str, Any]]: ...
+
+    def on_report(self, peer: str, failure: dict[str, Any] | None) -> None: ...
+
+    async def reload_workers(self) -> list[str]:
+        """Every worker reloads its config on disk; the problems of those that refused (none: all took it)."""
+
+
+class Control(Protocol):
+    """The daemon's surface for commands (``sparkd.daemon.control.DaemonControl``)."""
+
+    @property
+    def worker(self) -> bool:
+        """This node is a led rank of a group: operator commands go to the head."""
+
+    @property
+    def group(self) -> Group | None: ...
+
+    @property
+    def incidents_root(self) -> Path: ...
+
+    @property
+    def stop_timeout_s(self) -> float: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def refusal(self, command: str) -> str | None: ...
+
+    async def submit(self, obs: v.Observation) -> None:
+        """Post ``obs`` and return once the supervising loop has applied it."""
+
+    async def settle(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until ``done()`` holds after a change of state (or the timeout); whether it held."""
+
+    def running(self) -> bool:
+        """An instance exists on this node."""
+
+    def stopped(self) -> bool:
+        """Nothing runs here and the lifecycle rests (stopped or failed)."""
+
+    def vllm_left(self) -> list[int]: ...
+
+    def log_tail(self, lines: int) -> list[str]: ...
+
+    def follow_log(self, backlog: list[str]) -> AsyncIterator[str]: ...
+
+    async def preflight(self, *, dry_run: bool) -> Any: ...
+
+    def last_preflight(self) -> list[dict[str, Any]]: ...
+
+    async def reload(self) -> Any:
+        """Read and validate the config on disk; take it on when valid (a ``ReloadReport``)."""
+
+    def handover(self) -> None:
+        """Exit now, leaving vLLM running for the next sparkd to adopt."""
+
+
+def flag(params: Mapping[str, str], name: str) -> bool:
+    value = params.get(name, "")
+    if value not in ("", "0", "1", "true", "false", "yes", "no"):
+        raise BadRequest(f"{name}: expected 1 or 0, got {value!r}")
+    return value in ("1", "true", "yes")
+
+
+def number(params: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name}: expected a whole number, got {raw!r}") from None
+    if value < minimum:
+        raise BadRequest(f"{name}: must be at least {minimum}, got {value}")
+    return value
+
+
+Execute = Callable[[Control, Any], Any]

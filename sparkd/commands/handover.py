@@ -1,0 +1,38 @@
+"""``POST /v1/handover`` — ``sparkctl handover``: sparkd exits at once and leaves vLLM running, for the next sparkd
+to adopt without a cold start (the package's upgrade uses it; ``systemctl stop sparkd`` still stops vLLM).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkd.commands.base import Control, Reply, ok, refused
+
+NAME = "handover"
+METHOD = "POST"
+
+
+@dataclass(frozen=True)
+class Request:
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> Request:
+        return cls()
+
+    def to_params(self) -> dict[str, str]:
+        return {}
+
+
+async def execute(control: Control, request: Request) -> Reply:
+    why = control.refusal("handover")
+    if why:
+        return refused(why)
+    status = control.status()
+    control.handover()
+    return ok({"pid": status.get("pid"), "state": status.get("state")})
+
+
+def render(result: Mapping[str, Any]) -> str:
+    running = f"vLLM (pid {result['pid']}) keeps running" if result.get("pid") else "no vLLM runs"
+    return f"handover: sparkd is exiting; {running} for the next sparkd to adopt"

@@ -1,0 +1,96 @@
+"""What the ranks of a group ask of each other (``/v1/rank/<name>``, over TCP with the peer token only).
+
+The head asks each worker's daemon to stop its rank (and report any ``VLLM::*`` left), to preflight, and to
+start its rank (closing its breaker: the head decides about the group's restarts); a worker tells its head at
+once that its rank failed. These are peer commands, kept apart from the operator's (``sparkd.commands.OPERATOR``):
+only the TCP listener, behind the peer token, serves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkd.commands.base import BadRequest, Control, Reply, ok, refused
+from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.states import State
+
+START_SETTLE_S = 5.0
+
+
+@dataclass(frozen=True)
+class NoParams:
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> NoParams:
+        return cls()
+
+    def to_params(self) -> dict[str, str]:
+        return {}
+
+
+@dataclass(frozen=True)
+class Failed:
+    failure: dict[str, Any] | None
+    peer: str
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Failed:
+        failure = params.get("failure")
+        if failure is not None and not isinstance(failure, dict):
+            raise BadRequest("failure: expected an object with class and message")
+        return cls(failure, str(params.get("peer", "?")))
+
+    def to_params(self) -> dict[str, Any]:
+        return {"failure": self.failure}
+
+
+class RankStop:
+    NAME, METHOD, Request = "rank/stop", "POST", NoParams
+
+    @staticmethod
+    async def execute(control: Control, request: NoParams) -> Reply:
+        if not control.stopped():
+            await control.submit(v.StopRequested())
+            await control.settle(control.stopped, control.stop_timeout_s)
+        left = control.vllm_left()
+        return ok({"vllm_left": left, "status": control.status()})
+
+
+class RankPreflight:
+    NAME, METHOD, Request = "rank/preflight", "POST", NoParams
+
+    @staticmethod
+    async def execute(control: Control, request: NoParams) -> Reply:
+        if control.running():
+            return ok({"ok": False, "failure": {"class": "unknown", "message": "its rank is running"}})
+        report = await control.preflight(dry_run=False)
+        failure = report.failure()
+        return ok({"ok": report.ok, "results": report.to_json(), "failure": None if failure is None
+                   else {"class": failure.cls.value, "message": failure.sentence}})
+
+
+class RankStart:
+    NAME, METHOD, Request = "rank/start", "POST", NoParams
+
+    @staticmethod
+    async def execute(control: Control, request: NoParams) -> Reply:
+        if control.status()["state"] == State.failed.value:
+            await control.submit(v.ResetRequested())
+        await control.submit(v.StartRequested())
+        await control.settle(lambda: control.status()["state"] != State.stopped.value, START_SETTLE_S)
+        return ok(control.status())
+
+
+class RankFailed:
+    NAME, METHOD, Request = "rank/failed", "POST", Failed
+
+    @staticmethod
+    async def execute(control: Control, request: Failed) -> Reply:
+        if control.group is None:
+            return refused("this node is not the head of a group", code=400)
+        control.group.on_report(request.peer, request.failure)
+        return ok()
+
+
+RANK = (RankStop, RankPreflight, RankStart, RankFailed)

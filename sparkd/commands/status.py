@@ -1,0 +1,119 @@
+"""``GET /v1/status`` — ``sparkctl status``: node, role, rank, state, phase, uptime, PID, restarts, last failure,
+the breaker, the guard's decision and every peer. Exit codes follow LSB: 0 ready, 1 degraded or failed,
+3 not serving (stopped, starting, backoff, …), 4 the daemon is unreachable (sparkctl's own).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkd.commands.base import Control, Reply, ok
+
+NAME = "status"
+METHOD = "GET"
+
+EXIT_READY, EXIT_UNHEALTHY, EXIT_NOT_SERVING, EXIT_UNREACHABLE = 0, 1, 3, 4
+
+
+@dataclass(frozen=True)
+class Request:
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> Request:
+        return cls()
+
+    def to_params(self) -> dict[str, str]:
+        return {}
+
+
+async def execute(control: Control, request: Request) -> Reply:
+    return ok(control.status())
+
+
+def exit_code(status: Mapping[str, Any]) -> int:
+    state = status.get("state")
+    if state == "ready" and not (status.get("daemon") or {}).get("degraded"):
+        return EXIT_READY
+    if state in ("ready", "degraded", "failed"):
+        return EXIT_UNHEALTHY
+    return EXIT_NOT_SERVING
+
+
+def when(ts: float | None) -> str:
+    if not ts:
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def render(s: Mapping[str, Any]) -> str:
+    rank = f", rank {s['rank']}" if s.get("pair") else ""
+    lines = [f"sparkd {s.get('version', '?')} on {s['node']} ({s['role']}{rank}, {s['runtime']}): "
+             f"{s['state']} since {when(s.get('since'))}"]
+    facts = [f"pid {s['pid']}" if s.get("pid") else "no vLLM process", f"restarts {s['restarts']}"]
+    if s.get("uptime_s") is not None:
+        facts.append(f"ready for {s['uptime_s']:.0f} s")
+    if s.get("phase"):
+        shards = s.get("shards")
+        facts.append(f"phase {s['phase']}" + (f" ({shards[0]}/{shards[1]} shards)" if shards else ""))
+    if s.get("intent") == "stop":
+        facts.append("kept stopped (sparkctl start to run it)")
+    lines.append("  " + ", ".join(facts))
+    if s.get("health"):
+        lines.append(f"  health: {s['health']}")
+    if s.get("backoff_until"):
+        lines.append(f"  next start at {when(s['backoff_until'])}")
+    if (s.get("breaker") or {}).get("open"):
+        lines.append(f"  breaker OPEN: {s['breaker']['reason']}")
+    failure = s.get("last_failure")
+    if failure:
+        lines.append(f"  last failure ({failure['class']}, {when(failure.get('at'))}): {failure['message']}")
+    lines.extend(_timing(s.get("start_timing") or {}))
+    lines.extend(_config(s.get("config") or {}))
+    for problem in (s.get("daemon") or {}).get("problems") or []:
+        lines.append(f"  sparkd degraded: {problem}")
+    lines.extend(_memory(s.get("memory") or {}))
+    for peer in s.get("peers") or []:
+        where = f"{peer.get('node') or peer['peer']} (rank {peer.get('rank', '?')})"
+        state = peer.get("state") if peer.get("reachable") else "unreachable"
+        pid = f", pid {peer['pid']}" if peer.get("pid") else ""
+        failed = f", last failure {peer['last_failure']}" if peer.get("last_failure") else ""
+        lines.append(f"  peer {where} at {peer['peer']}: {state}{pid}{failed}")
+    return "\n".join(lines)
+
+
+def _timing(timing: Mapping[str, Any]) -> list[str]:
+    if not timing or timing.get("adopted") or timing.get("sparkd_s") is None:
+        return []
+    slowest = max(timing["steps_s"].items(), key=lambda kv: kv[1], default=("?", 0.0))
+    line = f"  last start: sparkd {timing['sparkd_s']:.2f} s to exec (slowest: {slowest[0]} {slowest[1]:.2f} s)"
+    if timing.get("phases_s"):
+        line += ", vLLM " + ", ".join(f"{phase} {secs:.1f} s" for phase, secs in timing["phases_s"].items())
+    return [line]
+
+
+def _config(config: Mapping[str, Any]) -> list[str]:
+    if not config.get("path"):
+        return []
+    if not config.get("valid", True):
+        return [f"  the config on disk is invalid ({'; '.join(config.get('problems') or [])}): "
+                "sparkd keeps the one it loaded"]
+    lines = []
+    if config.get("reload_needed"):
+        lines.append(f"  {config['path']} changed since sparkd loaded it: `sparkctl reload` takes it on")
+    if config.get("restart_needed"):
+        lines.append("  the running vLLM was launched from an older config: `sparkctl restart` launches the one "
+                     "on disk")
+    return lines
+
+
+def _memory(memory: Mapping[str, Any]) -> list[str]:
+    lines = []
+    if memory.get("available_bytes") is not None:
+        lines.append(f"  memory available: {memory['available_bytes'] / 2**30:.1f} GiB")
+    guard = memory.get("guard")
+    if guard:
+        gate = "allows starts" if guard.get("start_allowed") else "refuses starts"
+        lines.append(f"  memory guard: {guard['action']} ({guard['level']}), {gate}: {guard['reason']}")
+    return lines

@@ -1,0 +1,319 @@
+"""``sparkd run``: build the daemon for this node from its config, and run it until it is told to stop.
+
+Startup problems are sentences and exit statuses (``sparkd.exits``), never tracebacks: another sparkd holding
+the node's lock, a control port taken, a directory that cannot be written. Signals: SIGTERM/SIGINT stop vLLM
+and exit (a second one ends vLLM at once instead of waiting out the grace; with ``leave_running`` sparkd exits
+and leaves vLLM to the next daemon); SIGHUP reloads the config.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from sparkd import exits
+from sparkd.api.bounded import harden_process
+from sparkd.api.server import bind_tcp_socket, bind_unix_socket, build_app, build_tcp_app, read_token, serve
+from sparkd.clock import Clock, SystemClock
+from sparkd.cluster.coordinator import Coordinator, group_role
+from sparkd.cluster.peers import PeerClient
+from sparkd.commands.rank import RANK
+from sparkd.config import Config, Role
+from sparkd.daemon import memory
+from sparkd.daemon.control import DaemonControl
+from sparkd.daemon.files import StateWriter
+from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
+from sparkd.daemon.metrics import Metrics
+from sparkd.daemon.node import Node
+from sparkd.daemon.reload import Reloader, keep_fixed
+from sparkd.daemon.supervisor import Supervisor
+from sparkd.daemon.view import StatusView
+from sparkd.daemon.watch import Probes
+from sparkd.guard.guard import Guard
+from sparkd.incidents import IncidentWriter
+from sparkd.logs import VllmLog, configure_logging, get_logger
+from sparkd.nodelock import AlreadyRunning, NodeLock
+from sparkd.notify import Notifier
+from sparkd.probes import HttpProbes
+from sparkd.runtime import make_runtime
+from sparkd.runtime.base import Runtime
+from sparkd.supervisor.policy import RestartPolicy
+from sparkd.supervisor.states import Limits, restore
+
+
+class StartupError(Exception):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def limits_from(cfg: Config) -> Limits:
+    r = cfg.restart
+    return Limits(
+        startup_timeout_s=cfg.supervisor.startup_timeout_s,
+        startup_silence_s=cfg.supervisor.startup_silence_s,
+        startup_extension_s=cfg.supervisor.startup_extension_s,
+        restart=RestartPolicy(
+            backoff_initial_s=r.backoff_initial_s, backoff_factor=r.backoff_factor,
+            backoff_max_s=max(r.backoff_max_s, r.backoff_initial_s), jitter=min(r.jitter, 0.99),
+            stable_after_s=r.stable_after_s, budget_failures=r.budget_failures,
+            budget_window_s=r.budget_window_s, guard_kill_weight=r.guard_kill_weight,
+            consecutive_limit=r.consecutive_limit or None,
+        ),
+        led=group_role(cfg) is Role.worker,
+    )
+
+
+@dataclass
+class Sockets:
+    unix: socket.socket
+    tcp: socket.socket | None
+
+
+def open_sockets(cfg: Config) -> Sockets:
+    try:
+        unix = bind_unix_socket(cfg.paths.socket, group=cfg.api.socket_group)
+    except OSError as exc:
+        raise StartupError(f"cannot create the control socket {cfg.paths.socket}: {exc.strerror or exc}",
+                           exits.HOST_PROBLEM) from None
+    tcp = None
+    if cfg.api.port:
+        try:
+            tcp = bind_tcp_socket(cfg.api.listen, cfg.api.port)
+        except OSError as exc:
+            unix.close()
+            why = "is in use by another program" if exc.errno == 98 else f"cannot be bound: {exc.strerror or exc}"
+            raise StartupError(f"[api] port {cfg.api.port} on {cfg.api.listen} {why}; free it or change "
+                               "[api] port / listen", exits.HOST_PROBLEM) from None
+    return Sockets(unix, tcp)
+
+
+class Daemon:
+    """Everything one node's sparkd runs, built from the config and wired through narrow ports."""
+
+    def __init__(self, cfg: Config, runtime: Runtime, *, rehearse: bool = False, clock: Clock | None = None,
+                 notifier: Notifier | None = None, probes: Callable[[], Probes] | None = None,
+                 rand: Callable[[], float] = random.random, config_path: Path | None = None,
+                 **node_options: Any) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.clock = clock or SystemClock()
+        self.notifier = notifier or Notifier()
+        self.log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
+        self.files = StateWriter(self.log)
+        self.vllm_log = VllmLog(cfg.paths.logs / "vllm.log", max_bytes=cfg.supervisor.log_max_bytes,
+                                backups=cfg.supervisor.log_backups)
+        self.token = read_token(cfg.api.token_file)
+        self.guard: Guard | None = None
+        machine = restore(memory.load(self.lifecycle_path, self.clock, self.log), self.clock.now())
+        self.sup = Supervisor(machine=machine, limits=limits_from(cfg), effects=_Deferred(), clock=self.clock,
+                              log=self.log, remember=self._remember)
+        self.group = self._group()
+        self.node = Node(
+            cfg, runtime, post=self.sup.post, state=lambda: self.sup.machine.state, clock=self.clock,
+            log=self.log, vllm_log=self.vllm_log,
+            incidents=IncidentWriter(cfg.paths.incidents, keep=cfg.supervisor.incidents_keep, log=self.log),
+            files=self.files, probes=probes or self._probes, group=self.group,
+            start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
+            guard_evidence=lambda: self.guard.evidence() if self.guard is not None else None, **node_options)
+        self.sup.effects = self.node
+        self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
+        self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
+                               problems=self.problems, config_state=self.config_state)
+        self.metrics = Metrics(self.view)
+        self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
+                                     handover=self.handover)
+        self._scope: anyio.CancelScope | None = None
+        self.sup.listeners.append(lambda before, after, obs: self.publish())
+        self.node.phase_listeners.append(lambda startup: self.publish())
+        self._signals_seen = 0
+
+    @property
+    def lifecycle_path(self) -> Path:
+        return self.cfg.paths.state_dir / "lifecycle.json"
+
+    @property
+    def status_path(self) -> Path:
+        return self.cfg.paths.state_dir / "status.json"
+
+    def _group(self) -> Coordinator | None:
+        if group_role(self.cfg) is None:
+            return None
+        return Coordinator(self.cfg, PeerClient(self.cfg, self.token), post=self.sup.post,
+                           state=lambda: self.sup.machine.state, image_id=lambda: self.node.image_id,
+                           clock=self.clock, log=self.log)
+
+    def _probes(self) -> HttpProbes:
+        launch, health = self.cfg.launch, self.cfg.health
+        return HttpProbes(host=launch.host, port=launch.port, timeout_s=health.timeout_s,
+                          canary_timeout_s=health.canary_timeout_s, model=self.cfg.served_name,
+                          api_key=launch.api_key)
+
+    def _remember(self, remembered: Any) -> None:
+        self.files.put(self.lifecycle_path, memory.to_json(remembered, self.clock))
+
+    def problems(self) -> list[str]:
+        return sorted(self.files.problems.values())
+
+    def apply_config(self, cfg: Config) -> None:
+        """Take on a reloaded config: daemon settings at once, launch settings at the next start."""
+        self.cfg = cfg
+        self.sup.limits = limits_from(cfg)
+        self.node.cfg = cfg
+        if self.node.watch is not None:
+            self.node.watch.cfg = cfg.health
+        self.node.incidents.keep = cfg.supervisor.incidents_keep
+        self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
+        self.view.cfg = cfg
+        if self.group is not None:
+            self.group.cfg = cfg
+        if self.guard is not None:
+            self.guard.cfg = cfg.guard
+        if hasattr(self.runtime, "cfg"):
+            self.runtime.cfg = cfg
+        self.publish()
+
+    def config_state(self) -> dict[str, Any]:
+        """The config on disk against the one loaded and the one the running vLLM was launched from."""
+        disk = self.reloader.on_disk()
+        if disk is None:
+            return {"path": None}
+        path = str(self.reloader.path)
+        if isinstance(disk, list):
+            return {"path": path, "valid": False, "problems": disk}
+        loaded, on_disk = self.cfg.launch_hash(), disk.launch_hash()
+        running = self.node.instance.config_hash if self.node.instance is not None else None
+        return {"path": path, "valid": True, "hash_on_disk": on_disk, "hash_loaded": loaded, "hash_running": running,
+                "reload_needed": disk != keep_fixed(self.cfg, disk) or on_disk != loaded,
+                "restart_needed": running is not None and running != on_disk}
+
+    def handover(self) -> None:
+        """Exit now and leave vLLM running, for the next sparkd to adopt (a package upgrade)."""
+        self.log.info("handover", pid=self.node.instance.pid if self.node.instance else None)
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def publish(self) -> None:
+        """status.json and the systemd STATUS line, after every change."""
+        self.files.put(self.status_path, self.view.status())
+        if self.sup.booted.is_set():  # READY=1 carries the first STATUS=
+            self.notifier.status(self.view.line())
+
+    async def run(self, sockets: Sockets | None = None) -> int:
+        """Run until a shutdown finds nothing running (``sockets`` None: no control API, for in-process tests)."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._scope = tg.cancel_scope
+                self.node.task_group = tg
+                tg.start_soon(self.files.run)
+                if sockets is not None:
+                    self._serve(tg, sockets)
+                if self.cfg.guard.enabled:
+                    self.guard = Guard(self.cfg.guard, NodeGuardHooks(self.node, self.sup.post,
+                                                                       lambda: self.sup.machine.state))
+                    await tg.start(self.guard.run)
+                if self.group is not None:
+                    tg.start_soon(self.group.watch)
+                tg.start_soon(self._signals, tg.cancel_scope)
+                tg.start_soon(self._watchdog)
+                self.publish()
+                await self.sup.run(boot=self._boot)
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                self.files.put(self.status_path, self.view.status())
+                await self.files.flush()
+            if sockets is not None:
+                self.cfg.paths.socket.unlink(missing_ok=True)
+            self.vllm_log.close()
+        self.log.info("daemon_exit", state=self.sup.machine.state.value)
+        return exits.OK
+
+    def _serve(self, tg: TaskGroup, sockets: Sockets) -> None:
+        tg.start_soon(serve, build_app(self.control), sockets.unix)
+        if sockets.tcp is not None:
+            if self.cfg.api.token_file is not None and self.token is None:
+                self.log.error("token_unreadable", path=str(self.cfg.api.token_file))
+            tg.start_soon(serve, build_tcp_app(self.control, self.token, self.metrics.render, RANK), sockets.tcp)
+
+    async def _boot(self) -> bool:
+        found = await self.node.adopt()
+        self.notifier.ready(self.view.line())
+        return found
+
+    async def _signals(self, scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                await self.sup.booted.wait()
+                name = signal.Signals(signum).name
+                if signum == signal.SIGHUP:
+                    self.log.info("signal", signal=name, action="reload")
+                    await self.reloader.reload()
+                    continue
+                self._signals_seen += 1
+                leave = self.cfg.supervisor.leave_running
+                self.log.info("signal", signal=name, leave_running=leave, forced=self._signals_seen > 1)
+                self.notifier.stopping()
+                if leave:
+                    scope.cancel()
+                elif self._signals_seen == 1:
+                    self.sup.shutdown()
+                else:
+                    await self.node.hurry()
+
+    async def _watchdog(self) -> None:
+        interval = self.notifier.watchdog_interval_s
+        if interval is None:
+            return
+        while True:
+            self.notifier.pet(self.sup.alive_at, self.clock.now())
+            await self.clock.sleep(interval)
+
+
+class _Deferred:
+    """The supervisor's effects until the node exists (it is built right after)."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        raise RuntimeError("the daemon's node is not wired yet")
+
+
+def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int:
+    configure_logging()
+    log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
+    harden_process()
+    lock = NodeLock(cfg.paths.state_dir / "sparkd.lock")
+    try:
+        for folder in (cfg.paths.state_dir, cfg.paths.run_dir, cfg.paths.logs):
+            folder.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except AlreadyRunning as exc:
+        log.error("already_running", detail=str(exc))
+        return exits.ALREADY_RUNNING
+    except OSError as exc:
+        log.error("startup_failed", detail=f"cannot use {exc.filename or cfg.paths.state_dir}: {exc.strerror}")
+        return exits.HOST_PROBLEM
+    try:
+        sockets = open_sockets(cfg)
+    except StartupError as exc:
+        log.error("startup_failed", detail=str(exc))
+        lock.release()
+        return exc.status
+    log.info("starting", config=str(config_path), runtime=cfg.runtime.value, rehearse=rehearse,
+             launch_hash=cfg.launch_hash(), pid=os.getpid())
+    try:
+        daemon = Daemon(cfg, make_runtime(cfg, rehearse=rehearse), rehearse=rehearse, config_path=config_path)
+        return anyio.run(daemon.run, sockets)
+    finally:
+        lock.release()
+
+
+__all__ = ["Daemon", "Sockets", "StartupError", "limits_from", "open_sockets", "run_daemon"]

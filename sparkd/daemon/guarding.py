@@ -1,0 +1,60 @@
+"""The node's side of the memory guard: the hooks it acts through, and its start gate.
+
+The guard samples and decides (``sparkd.guard``); these hooks turn its decisions into the lifecycle's
+vocabulary. A guard stop or kill is a classified failure (``killed_by_guard``) whose evidence the guard wrote
+before any signal, so it travels as ``HealthFailed(failure, grace_s=…, recorded=True)``: the grace rides on the
+stop, and the incident is recorded once by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sparkd.daemon.node import Node
+from sparkd.guard.guard import Guard
+from sparkd.guard.policy import Decision
+from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.states import State
+
+
+class NodeGuardHooks:
+    def __init__(self, node: Node, post: Callable[[v.Observation], None], state: Callable[[], State]) -> None:
+        self.node = node
+        self.post = post
+        self.state = state
+
+    def vllm_pids(self) -> set[int]:
+        return self.node.pids()
+
+    def starting(self) -> bool:
+        return self.state() in (State.preflight, State.starting)
+
+    def idle(self) -> bool | None:
+        watch = self.node.watch
+        metrics = watch.vllm_metrics if watch is not None else None
+        return None if metrics is None else metrics.num_requests_running <= 0
+
+    def on_decision(self, decision: Decision) -> None:
+        """The guard logs its own decisions (once each); status and metrics read them from the guard."""
+
+    def write_evidence(self, failure: Failure) -> None:
+        self.node.write_guard_evidence(failure)
+
+    async def stop_vllm(self, failure: Failure, grace_s: float) -> None:
+        self.post(v.HealthFailed(failure, grace_s=grace_s, recorded=True))
+
+    async def kill_vllm(self, failure: Failure) -> None:
+        self.post(v.HealthFailed(failure, grace_s=0.0, recorded=True))
+
+    async def planned_restart(self, reason: str) -> None:
+        self.node.log.warning("guard_planned_restart", reason=reason)
+        self.post(v.RestartRequested())
+
+
+def start_refusal(guard: Guard | None) -> Failure | None:
+    """The guard's start gate as a preflight failure: a start waits for headroom with backoff."""
+    if guard is None or guard.start_allowed or guard.decision is None:
+        return None
+    return Failure.of(FailureClass.free_memory_refusal, f"The memory guard refuses a start: {guard.decision.reason}; "
+                      "sparkd waits for headroom and tries again with backoff.")

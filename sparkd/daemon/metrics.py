@@ -1,0 +1,222 @@
+"""Prometheus metrics: every family sparkd exports, defined here, collected at scrape time (node_exporter's way).
+
+Nothing is kept twice: a scrape reads the machine, the startup progress, the health tracker, the counters,
+the guard's latest sample (or one plain reading of /proc/meminfo without the guard) and the group, through the
+read-only :class:`~sparkd.daemon.view.StatusView`, so the numbers never drift from the status. Conventions:
+``sparkd_`` prefix, base units, ``_total`` counters, ``_seconds``, ``_bytes``, ``_info``. Every family carries the
+``node`` label and, in a group, ``rank`` and ``group`` (the head's name), so one Prometheus watches several groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from sparkd import __version__
+from sparkd.daemon.view import StatusView
+from sparkd.guard.guard import Guard
+from sparkd.guard.meminfo import MemInfo, read_meminfo
+from sparkd.supervisor.progress import Phase
+from sparkd.supervisor.states import SERVING, State
+
+# Cold starts of the real model take 8-10 minutes; the stand-in takes seconds.
+START_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600)
+
+
+class _Families:
+    """Builds families that all carry this node's identity labels."""
+
+    def __init__(self, identity: dict[str, str]) -> None:
+        self.keys = list(identity)
+        self.values = list(identity.values())
+
+    def gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=self.keys)
+        family.add_metric(self.values, value)
+        return family
+
+    def counter(self, name: str, doc: str, extra: list[str]) -> CounterMetricFamily:
+        return CounterMetricFamily(name, doc, labels=[*self.keys, *extra])
+
+    def add(self, family: Any, value: float, *extra: str) -> None:
+        family.add_metric([*self.values, *extra], value)
+
+
+class SparkdCollector(Collector):
+    def __init__(self, view: StatusView) -> None:
+        self.view = view
+        cfg = view.cfg
+        identity = {"node": cfg.node.name}
+        if view.group is not None:
+            identity["rank"] = str(cfg.node_rank)
+            identity["group"] = f"{cfg.master_addr}:{cfg.master_port}"  # what every rank of one group shares
+        self.f = _Families(identity)
+
+    def collect(self) -> Iterator[Any]:
+        f, view = self.f, self.view
+        m = view.sup.machine
+        info = InfoMetricFamily("sparkd_build", "sparkd build information.", labels=f.keys)
+        info.add_metric(f.values, {"version": __version__, "role": view.cfg.node.role.value,
+                                   "runtime": view.cfg.runtime.value})
+        yield info
+        state = GaugeMetricFamily("sparkd_state", "1 for the current lifecycle state.", labels=[*f.keys, "state"])
+        for s in State:
+            f.add(state, 1.0 if m.state is s else 0.0, s.value)
+        yield state
+        yield f.gauge("sparkd_ready", "1 when vLLM serves (ready or degraded).", 1.0 if m.state in SERVING else 0.0)
+        yield f.gauge("sparkd_breaker_open", "1 when the restart breaker is open.", 1.0 if m.breaker_open else 0.0)
+        backoff = max(0.0, m.deadline - view.clock.now()) if m.state is State.backoff and m.deadline else 0.0
+        yield f.gauge("sparkd_backoff_seconds", "Seconds until the next start attempt.", backoff)
+        yield f.gauge("sparkd_daemon_degraded", "1 when sparkd itself cannot do part of its job (see status).",
+                      1.0 if view.problems() else 0.0)
+        yield from self._counters()
+        yield from self._startup()
+        yield from self._health()
+        yield from self._preflight()
+        yield from self._memory(view.guard())
+        yield from self._peers()
+
+    def _counters(self) -> Iterator[Any]:
+        f, counters = self.f, self.view.node.counters
+        restarts = f.counter("sparkd_restarts", "Restarts of vLLM by what caused them.", ["reason"])
+        for reason, n in sorted(self.view.restarts.items()):
+            f.add(restarts, n, reason)
+        yield restarts
+        failures = f.counter("sparkd_failures", "Failures of vLLM by class.", ["class"])
+        for cls, n in sorted(counters.failures.items()):
+            f.add(failures, n, cls)
+        yield failures
+        if counters.last_exit_code is not None:
+            yield f.gauge("sparkd_last_exit_code", "Exit status of the last vLLM process that ended.",
+                          counters.last_exit_code)
+
+    def _startup(self) -> Iterator[Any]:
+        f, node = self.f, self.view.node
+        phase = GaugeMetricFamily("sparkd_startup_phase", "1 for vLLM's current startup phase.",
+                                  labels=[*f.keys, "phase"])
+        current = node.startup.phase if node.instance is not None else None
+        for p in Phase:
+            f.add(phase, 1.0 if p is current else 0.0, p.value)
+        yield phase
+        if node.startup.kv_cache_tokens is not None:
+            yield f.gauge("sparkd_vllm_kv_cache_tokens", "GPU KV cache size vLLM reported, in tokens.",
+                          node.startup.kv_cache_tokens)
+        timing = node.timing.to_json() if node.timing is not None else None
+        if timing is not None:
+            steps = GaugeMetricFamily("sparkd_launch_step_seconds", "Seconds sparkd spent in each step of the last "
+                                      "start, from the start request to vLLM's exec.", labels=[*f.keys, "step"])
+            for step, seconds in timing["steps_s"].items():
+                f.add(steps, seconds, step)
+            yield steps
+            phases = GaugeMetricFamily("sparkd_startup_phase_seconds", "Seconds vLLM spent in each cold-start "
+                                       "phase of the last start.", labels=[*f.keys, "phase"])
+            for phase_name, seconds in timing["phases_s"].items():
+                f.add(phases, seconds, phase_name)
+            yield phases
+        if node.startup.max_concurrency is not None:
+            yield f.gauge("sparkd_vllm_max_concurrency", "Maximum concurrency at max_model_len vLLM reported.",
+                          node.startup.max_concurrency)
+
+    def _health(self) -> Iterator[Any]:
+        f, watch = self.f, self.view.node.watch
+        probes = f.counter("sparkd_probes", "Health probes by probe and result.", ["probe", "result"])
+        latency = GaugeMetricFamily("sparkd_probe_latency_seconds", "Latency of the last probe.",
+                                    labels=[*f.keys, "probe"])
+        if watch is not None:
+            for (probe, outcome), n in sorted(watch.health.probes_total.items()):
+                f.add(probes, n, probe, str(outcome))
+            for probe, seconds in sorted(watch.health.last_latency_s.items()):
+                f.add(latency, seconds, probe)
+        yield probes
+        yield latency
+
+    def _preflight(self) -> Iterator[Any]:
+        f = self.f
+        results = GaugeMetricFamily("sparkd_preflight_check", "Verdict of each check in the last preflight.",
+                                    labels=[*f.keys, "check", "verdict"])
+        durations = GaugeMetricFamily("sparkd_preflight_check_duration_seconds",
+                                      "Duration of each check in the last preflight.", labels=[*f.keys, "check"])
+        for r in self.view.node.last_preflight:
+            f.add(results, 1.0, str(r["id"]), str(r["verdict"]))
+            f.add(durations, float(r["duration_s"]), str(r["id"]))  # type: ignore[arg-type]
+        yield results
+        yield durations
+
+    def _memory(self, guard: Guard | None) -> Iterator[Any]:
+        f = self.f
+        sample = guard.latest if guard is not None else None
+        mem: MemInfo | None = sample.mem if sample is not None else read_meminfo()
+        if mem is not None:
+            for name, value, doc in (
+                ("sparkd_memory_total_bytes", mem.mem_total, "MemTotal."),
+                ("sparkd_memory_available_bytes", mem.mem_available, "MemAvailable."),
+                ("sparkd_memory_free_bytes", mem.mem_free, "MemFree."),
+                ("sparkd_memory_page_cache_bytes", mem.cached, "Page cache (Cached)."),
+                ("sparkd_memory_shmem_bytes", mem.shmem, "Shared memory (Shmem)."),
+                ("sparkd_memory_driver_residual_bytes", mem.driver_residual,
+                 "MemTotal - MemFree - Active - Inactive - Slab - PageTables - Unevictable (GPU driver on GB10)."),
+                ("sparkd_memory_swap_used_bytes", mem.swap_total - mem.swap_free, "Swap in use."),
+            ):
+                yield f.gauge(name, doc, value)
+        if guard is not None:
+            yield from self._guard(guard)
+
+    def _guard(self, guard: Guard) -> Iterator[Any]:
+        f, sample = self.f, guard.latest
+        if sample is not None:
+            if sample.psi is not None:
+                psi = GaugeMetricFamily("sparkd_memory_pressure_avg10_ratio", "PSI memory avg10 as a ratio.",
+                                        labels=[*f.keys, "kind"])
+                f.add(psi, sample.psi.some_avg10 / 100, "some")
+                f.add(psi, sample.psi.full_avg10 / 100, "full")
+                yield psi
+            nvrm = f.counter("sparkd_kernel_nvrm_no_memory", "NV_ERR_NO_MEMORY lines in the kernel log.", [])
+            f.add(nvrm, sample.nvrm_errors)
+            yield nvrm
+        actions = f.counter("sparkd_guard_actions", "Memory guard actions by kind.", ["action"])
+        for action, n in sorted(guard.counters.actions.items()):
+            f.add(actions, n, action)
+        yield actions
+        yield f.gauge("sparkd_guard_start_allowed", "1 when the guard allows vLLM to start.",
+                      1.0 if guard.start_allowed else 0.0)
+        trend = guard.trend
+        if trend is not None:
+            yield f.gauge("sparkd_guard_leak_slope_bytes_per_second",
+                          "Theil-Sen slope of MemAvailable over the trend window.", trend.slope)
+            if trend.seconds_to_floor is not None:
+                yield f.gauge("sparkd_guard_seconds_to_floor",
+                              "Predicted seconds until MemAvailable reaches the stop floor.", trend.seconds_to_floor)
+
+    def _peers(self) -> Iterator[Any]:
+        if self.view.group is None:
+            return
+        f = self.f
+        up = GaugeMetricFamily("sparkd_peer_up", "1 when the peer's sparkd answers.", labels=[*f.keys, "peer"])
+        for peer in self.view.group.peers_json():
+            f.add(up, 1.0 if peer["reachable"] else 0.0, peer["peer"])
+        yield up
+
+
+class Metrics:
+    """The registry a scrape renders, plus the start-duration histogram the daemon observes."""
+
+    def __init__(self, view: StatusView) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        collector = SparkdCollector(view)
+        self.registry.register(collector)
+        self.start_duration = Histogram("sparkd_start_duration_seconds", "From launch to ready.",
+                                        labelnames=collector.f.keys, buckets=START_BUCKETS, registry=self.registry)
+        self._start = self.start_duration.labels(*collector.f.values)
+        view.sup.listeners.append(self._on_change)
+
+    def _on_change(self, before: Any, after: Any, obs: Any) -> None:
+        if after.state is State.ready and before.state is State.starting and after.started_at is not None \
+                and after.launches:
+            self._start.observe(after.since - after.started_at)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,311 @@
+"""This node's vLLM: the lifecycle's effects (preflight, launch, stop, incidents) and the instance they act on.
+
+The :class:`Node` carries out what the supervising loop hands it and posts the outcome back as an observation;
+it decides nothing about the lifecycle. It owns the instance record (``instance.json``), the instance's watch,
+the host copy of vLLM's output and the startup progress read from it. On a group's head it prepares, starts
+and stops the workers beside its own rank; on a worker it tells the head at once when its rank fails.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from sparkd.clock import Clock
+from sparkd.cluster.coordinator import Coordinator
+from sparkd.config import Config, Role
+from sparkd.daemon.files import StateWriter
+from sparkd.daemon.timing import LaunchTiming
+from sparkd.daemon.watch import InstanceWatch, Probes
+from sparkd.incidents import IncidentWriter, incident_record
+from sparkd.launch import LaunchSpec, render
+from sparkd.logs import VllmLog
+from sparkd.preflight.base import Check
+from sparkd.preflight.runner import (
+    DEFAULT_CHECKS,
+    PreflightContext,
+    PreflightReport,
+    check_shm,
+    check_stale_processes,
+    run_preflight,
+)
+from sparkd.preflight.stale import find_stale, title_prefix
+from sparkd.rehearsal import rehearsal
+from sparkd.runtime.base import Instance, LaunchError, Runtime
+from sparkd.statefile import read_json
+from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.classify import ClassifyContext, classify
+from sparkd.supervisor.failures import Evidence, Failure, FailureClass
+from sparkd.supervisor.progress import Progress as Startup
+from sparkd.supervisor.progress import advance, is_progress
+from sparkd.supervisor.states import State
+
+LOG_TAIL_LINES = 300  # what an incident and the classifier read of vLLM's output
+
+
+@dataclass
+class Counters:
+    """What happened, counted as it happens (everything else is read when asked)."""
+
+    failures: Counter[str] = field(default_factory=Counter)  # by class
+    last_exit_code: int | None = None
+    failure_at: float | None = None  # wall time of the last failure
+
+
+class Node:
+    def __init__(
+        self, cfg: Config, runtime: Runtime, *, post: Callable[[v.Observation], None], state: Callable[[], State],
+        clock: Clock, log: Any, vllm_log: VllmLog, incidents: IncidentWriter, files: StateWriter,
+        probes: Callable[[], Probes], group: Coordinator | None = None, start_gate: Callable[[], Failure | None]
+        = lambda: None, guard_evidence: Callable[[], dict[str, Any] | None] = lambda: None,
+        rand: Callable[[], float] = random.random, rehearse: bool = False,
+        checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
+    ) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.post = post
+        self.state = state
+        self.clock = clock
+        self.log = log
+        self.vllm_log = vllm_log
+        self.incidents = incidents
+        self.files = files
+        self.probes = probes
+        self.group = group
+        self.start_gate = start_gate
+        self.guard_evidence = guard_evidence
+        self.rand = rand
+        self.rehearse = rehearse
+        self.checks = checks  # before every launch
+        self.sweep = sweep  # after every stop
+        self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
+        self.instance: Instance | None = None
+        self.watch: InstanceWatch | None = None
+        self.startup = Startup()
+        self.counters = Counters()
+        self.image_id: str | None = None  # the configured image's id, compared across a group
+        self.last_preflight: list[dict[str, object]] = []
+        self.timing: LaunchTiming | None = None  # the current (or last) launch's, for status and metrics
+        self.phase_listeners: list[Callable[[Startup], None]] = []
+        self._busy = anyio.Lock()  # launch and stop never overlap
+
+    @property
+    def record_path(self) -> Path:
+        return self.cfg.paths.state_dir / "instance.json"
+
+    @property
+    def headless(self) -> bool:
+        return self.cfg.node.role is Role.worker or self.cfg.headless
+
+    @property
+    def role(self) -> Role | None:
+        return self.group.role if self.group is not None else None
+
+    def spec(self) -> LaunchSpec:
+        spec = render(self.cfg)
+        return rehearsal(spec) if self.rehearse else spec
+
+    # ---- boot
+    async def adopt(self) -> bool:
+        """Find the instance this node launched before sparkd (re)started and watch it again."""
+        self.image_id = await self.runtime.configured_image_id()
+        record = read_json(self.record_path)
+        instance = await self.runtime.find(record)
+        if instance is None:
+            if record is not None:
+                self.files.remove(self.record_path)
+            return False
+        self.log.info("adopted", pid=instance.pid, container=instance.container_id)
+        self.timing = LaunchTiming(requested_at=self.clock.now(), adopted=True)
+        self._attach(instance, adopted=True)
+        return True
+
+    # ---- the lifecycle's effects
+    async def preflight(self) -> None:
+        """This node's checks; on a group's head also every worker's (in parallel), then the workers start."""
+        timing = self.timing = LaunchTiming(requested_at=self.clock.now())
+        failures: list[Failure | None] = [None, None]
+
+        async def local() -> None:
+            report = await run_preflight(self._context(), self.checks)
+            self.last_preflight = report.to_json()
+            for result in report.results:
+                timing.step(f"preflight.{result.id}", result.duration_s)
+                self.log.info("preflight", check=result.id, verdict=result.verdict.value, found=result.found,
+                              did=result.did, duration_s=round(result.duration_s, 3))
+            failures[0] = report.failure()
+
+        async def workers() -> None:
+            if self.role is Role.head and self.group is not None:
+                started = self.clock.now()
+                failures[1] = await self.group.prepare_workers()
+                timing.step("group.prepare_workers", self.clock.now() - started)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(local)
+            tg.start_soon(workers)
+        failure = self.start_gate() or failures[0] or failures[1]
+        if failure is None and self.role is Role.head and self.group is not None:
+            started = self.clock.now()
+            failure = await self.group.start_workers()
+            timing.step("group.start_workers", self.clock.now() - started)
+        timing.step("preflight", self.clock.now() - timing.requested_at)
+        self.post(v.PreflightDone(failure, rand=self.rand()))
+
+    async def launch(self) -> None:
+        async with self._busy:
+            spec = self.spec()
+            self.startup = Startup()
+            timing = self.timing or LaunchTiming(requested_at=self.clock.now())
+            called = self.clock.now()
+            timing.step("queue", called - timing.requested_at - timing.steps.get("preflight", 0.0))
+            self.vllm_log.append(f"---- sparkd: launch {' '.join(spec.argv)}")
+            try:
+                instance = await self.runtime.launch(spec)
+            except LaunchError as exc:
+                cls = FailureClass.config_error if exc.exit_code in (126, 127) else FailureClass.unknown
+                self.post(v.LaunchFailed(Failure.of(cls, f"The launch failed: {exc}", evidence=str(exc),
+                                                    exit_code=exc.exit_code)))
+                return
+            except OSError as exc:  # the host refuses what the launch writes: wait for it, spend no budget
+                self.post(v.LaunchFailed(Failure.of(
+                    FailureClass.host_unavailable, f"sparkd cannot launch vLLM: {exc.strerror or exc} "
+                    f"({exc.filename or 'the state directory'}); it waits and tries again without spending the "
+                    "restart budget.", evidence=repr(exc))))
+                return
+            timing.exec_at = self.clock.now()
+            timing.step("runtime.launch", timing.exec_at - called)
+            self.timing = timing
+            self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=list(spec.argv),
+                          sparkd_s=round(timing.exec_at - timing.requested_at, 4))
+            self._attach(instance, adopted=False)
+            self.post(v.Launched())
+
+    def _attach(self, instance: Instance, *, adopted: bool) -> None:
+        self.instance = instance
+        self.files.write_now(self.record_path, instance.to_record())
+        self.watch = InstanceWatch(
+            instance, self.runtime, post=self.post, state=self.state, on_line=self.on_line,
+            classify_exit=self.classify_exit, probes=None if self.headless else self.probes(),
+            health_cfg=self.cfg.health, clock=self.clock, log=self.log, replay=adopted)
+        self._spawn(self.watch.run)
+
+    async def stop(self, reason: str, grace_s: float | None) -> None:
+        async with anyio.create_task_group() as tg:
+            if self.role is Role.head and self.group is not None:
+                tg.start_soon(self.group.stop_workers)
+            tg.start_soon(self._stop_local, reason, grace_s)
+        self.post(v.StopDone(rand=self.rand()))
+
+    async def _stop_local(self, reason: str, grace_s: float | None) -> None:
+        async with self._busy:
+            instance, watch = self.instance, self.watch
+            if instance is not None:
+                grace = self.cfg.supervisor.stop_grace_s if grace_s is None else grace_s
+                info = await self.runtime.stop(instance, grace)
+                self.log.info("stopped", pid=instance.pid, reason=reason, exit=info.describe())
+                if watch is not None:
+                    await watch.close()
+                self.instance, self.watch = None, None
+                self.files.remove(self.record_path)
+            ctx = self._context()
+            for check in self.sweep:
+                result = await check(ctx)
+                if result.verdict.value != "ok":
+                    self.log.info("sweep", check=result.id, found=result.found, did=result.did)
+
+    async def hurry(self) -> None:
+        """A second SIGTERM: end the instance now, without waiting out the grace."""
+        instance = self.instance
+        if instance is not None:
+            self.log.warning("forced_stop", pid=instance.pid)
+            await self.runtime.stop(instance, 0.0)
+
+    async def record(self, failure: Failure, written: bool) -> None:
+        """Count the failure, keep its evidence (the guard wrote its own already), tell the group's head."""
+        at = self._count(failure)
+        if self.role is Role.worker and self.group is not None:
+            self._spawn(self.group.report_failure, failure)
+        if written:
+            return
+        evidence = failure.treatment.evidence
+        container = None
+        if Evidence.container in evidence and self.instance is not None:
+            container = await self.runtime.inspect(self.instance)
+        record = self._incident(failure, at, preflight=self.last_preflight)
+        await self.incidents.write(record, self.vllm_log.last(LOG_TAIL_LINES), evidence=evidence,
+                                   container=container, guard=self.guard_evidence())
+
+    def write_guard_evidence(self, failure: Failure) -> None:
+        """The memory guard's evidence, now, before it signals anything (synchronous and quick)."""
+        record = self._incident(failure, self._count(failure))
+        self.incidents.write_now(record, self.vllm_log.last(LOG_TAIL_LINES), guard=self.guard_evidence())
+
+    def _count(self, failure: Failure) -> float:
+        self.counters.failure_at = at = self.clock.wall()
+        self.counters.failures[failure.cls.value] += 1
+        if failure.exit_code is not None:
+            self.counters.last_exit_code = failure.exit_code
+        return at
+
+    def _incident(self, failure: Failure, at: float, **facts: Any) -> dict[str, Any]:
+        return incident_record(failure, at=at, config_hash=self.cfg.launch_hash(), node=self.cfg.node.name,
+                               state=self.state().value, pid=self.instance.pid if self.instance else None, **facts)
+
+    # ---- what the watch tells
+    def on_line(self, line: str, persist: bool = True) -> None:
+        self.vllm_log.append(line, persist=persist)
+        if not is_progress(line):
+            return
+        before = self.startup
+        self.startup = advance(before, line, self.clock.now())
+        if self.startup is before:
+            return
+        self.post(v.Progress())
+        if self.headless and self.startup.distributed_ready and not before.distributed_ready:
+            self.post(v.BecameReady())
+        if self.startup.phase is not before.phase:
+            if self.timing is not None:
+                self.timing.phase(self.startup.phase, self.clock.now())
+            self.log.info("phase", phase=self.startup.phase.value)
+            for listener in self.phase_listeners:
+                listener(self.startup)
+
+    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
+        return classify(exit_code, sig, self.vllm_log.last(LOG_TAIL_LINES), hint=hint, context=self.context())
+
+    def context(self) -> ClassifyContext:
+        spec = render(self.cfg)
+        target = spec.argv[1] if spec.argv[0] == "bash" else spec.argv[0]
+        return ClassifyContext(launch_target=target, api_port=self.cfg.launch.port,
+                               master_port=self.cfg.master_port if self.cfg.nnodes > 1 else None,
+                               was_ready=self.state() in (State.ready, State.degraded))
+
+    # ---- for the operator, the guard and the group
+    def _context(self, *, dry_run: bool = False, protect: bool = False) -> PreflightContext:
+        pids = frozenset(self.pids()) if protect else frozenset()
+        return PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime, protect=pids, dry_run=dry_run)
+
+    async def operator_preflight(self, *, dry_run: bool) -> PreflightReport:
+        """An operator's (or the head's) preflight: never touches the watched instance."""
+        report = await run_preflight(self._context(dry_run=dry_run, protect=True), self.checks)
+        if not dry_run:
+            self.last_preflight = report.to_json()
+        return report
+
+    def pids(self) -> set[int]:
+        return self.runtime.pids(self.instance) if self.instance is not None else set()
+
+    def vllm_left(self) -> list[int]:
+        """PIDs of vLLM processes still on this node (titled with this launch's prefix)."""
+        return [p.pid for p in find_stale(prefix=title_prefix(self.spec().env))]
+
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self.task_group is not None, "the node acts only while the daemon runs"
+        self.task_group.start_soon(fn, *args)

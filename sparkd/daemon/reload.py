@@ -1,0 +1,96 @@
+"""Config reload (``sparkctl reload``, SIGHUP, the unit's ExecReload=): read and validate the config on disk.
+
+Invalid: nothing changes; the problems are reported (and logged), the running vLLM is untouched. Valid: what
+changed is reported — the rendered argv and environment, and every other key — and the daemon takes it on at
+once (health, guard floors, restart policy, timeouts); launch settings apply at the next start, so ``sparkctl
+restart`` launches exactly the validated config on disk (restart reloads first). Keys a running daemon cannot
+take on (``config_diff.NEEDS_RESTART``) keep their old value until sparkd restarts, and the report says so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from sparkd.config import Config, ConfigError, load_config
+from sparkd.config_diff import launch_changes, needs_restart, setting_changes
+from sparkd.lint import errors, lint
+
+
+@dataclass(frozen=True)
+class ReloadReport:
+    ok: bool
+    problems: list[str] = field(default_factory=list)  # why the config on disk was refused
+    launch: list[str] = field(default_factory=list)  # argv/env changes: at the next start
+    settings: list[str] = field(default_factory=list)  # applied now
+    at_daemon_restart: list[str] = field(default_factory=list)  # kept as they were until sparkd restarts
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "problems": self.problems, "launch": self.launch, "settings": self.settings,
+                "at_daemon_restart": self.at_daemon_restart}
+
+
+def read_valid(path: Path) -> Config | list[str]:
+    """The config at ``path`` if it loads and lints clean, else the problems, each naming its key."""
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        return [f"{exc.source}: {problem}" for problem in exc.problems]
+    bad = errors(lint(cfg))
+    return [f"{path}: {finding}" for finding in bad] if bad else cfg
+
+
+def keep_fixed(old: Config, new: Config) -> Config:
+    """``new`` with the keys a running daemon cannot take on kept as in ``old``."""
+    return new.model_copy(update={
+        "node": new.node.model_copy(update={"name": old.node.name, "role": old.node.role}),
+        "runtime": old.runtime, "paths": old.paths,
+        "api": new.api.model_copy(update={"port": old.api.port, "listen": old.api.listen,
+                                          "socket_group": old.api.socket_group, "token_file": old.api.token_file}),
+        "cluster": new.cluster.model_copy(update={"peers": old.cluster.peers}),
+    })
+
+
+class Reloader:
+    def __init__(self, path: Path | None, current: Callable[[], Config], apply: Callable[[Config], None],
+                 log: Any) -> None:
+        self.path = path
+        self.current = current
+        self.apply = apply
+        self.log = log
+        self._disk: tuple[tuple[int, int, int], Config | list[str]] | None = None
+
+    async def reload(self) -> ReloadReport:
+        if self.path is None:  # built in-process from a config object: there is nothing on disk to take on
+            return ReloadReport(True)
+        read = await anyio.to_thread.run_sync(read_valid, self.path)
+        if isinstance(read, list):
+            self.log.error("config_reload_refused", path=str(self.path), problems=read)
+            return ReloadReport(False, read)
+        old = self.current()
+        changes = setting_changes(old, read)
+        fixed = [f"{key}: {a!r} → {b!r}" for key, a, b in changes if needs_restart(key)]
+        now = [f"{key}: {a!r} → {b!r}" for key, a, b in changes if not needs_restart(key)]
+        report = ReloadReport(True, launch=launch_changes(old, read), settings=now, at_daemon_restart=fixed)
+        self.apply(keep_fixed(old, read))
+        self.log.info("config_reloaded", path=str(self.path), launch=report.launch, settings=report.settings,
+                      at_daemon_restart=report.at_daemon_restart)
+        return report
+
+    def on_disk(self) -> Config | list[str] | None:
+        """The config on disk now (re-read only when the file changed), or its problems; None without a file."""
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            return [f"{self.path}: {exc.strerror}"]
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if self._disk is None or self._disk[0] != key:
+            self._disk = (key, read_valid(self.path))
+        return self._disk[1]

@@ -1,0 +1,151 @@
+"""Watching one instance: its log lines, its exit (event-driven), and its HTTP health.
+
+An :class:`InstanceWatch` lives from launch (or adoption) until the instance is stopped. It only observes
+and posts observations; it never decides. It owns the health tracker (one task updates it) and shows it,
+with the last vLLM metrics, read-only to whoever reports.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import anyio
+
+from sparkd.clock import Clock
+from sparkd.config import HealthConfig
+from sparkd.runtime.base import Instance, Runtime
+from sparkd.supervisor import health
+from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.health import HealthTracker, ProbeResult, VllmMetrics
+from sparkd.supervisor.logline import clean
+from sparkd.supervisor.states import SERVING, State
+
+READY_POLL_S = 0.5  # /health while starting: the port refuses until vLLM is ready, so this is cheap
+DRAIN_S = 5.0  # after an exit, how long the log may take to deliver its last lines before classifying
+
+# A headless rank whose head went away hangs forever printing these (reference §5.3).
+PEER_LOST_MARKERS = ("Connection was likely closed. Did the remote server shutdown or crash?",
+                     "TCPStore server has shut down")
+
+
+class Probes(Protocol):
+    """vLLM's HTTP surface as the health layers see it (sparkd.probes.HttpProbes, or a fake)."""
+
+    async def health(self) -> ProbeResult: ...
+
+    async def metrics(self) -> VllmMetrics | None: ...
+
+    async def canary(self) -> ProbeResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+ClassifyExit = Callable[[int | None, int | None, FailureClass | None], Failure]
+LineSink = Callable[[str, bool], None]  # (line, persist): persist False for lines replayed at adoption
+
+
+class InstanceWatch:
+    def __init__(
+        self, instance: Instance, runtime: Runtime, *, post: Callable[[v.Observation], None],
+        state: Callable[[], State], on_line: LineSink, classify_exit: ClassifyExit, probes: Probes | None,
+        health_cfg: HealthConfig, clock: Clock, log: Any, replay: bool,
+    ) -> None:
+        self.instance = instance
+        self.runtime = runtime
+        self.post = post
+        self.state = state
+        self.on_line = on_line
+        self.classify_exit = classify_exit
+        self.probes = probes  # None: a headless rank serves no HTTP
+        self.cfg = health_cfg
+        self.clock = clock
+        self.log = log
+        self.health = HealthTracker()
+        self.vllm_metrics: VllmMetrics | None = None
+        self.exited = anyio.Event()
+        self.logs_drained = anyio.Event()
+        self.closed = anyio.Event()
+        self.scope = anyio.CancelScope()
+        self._replay_bytes = _size(instance.log_path) if replay else 0
+
+    async def run(self) -> None:
+        try:
+            with self.scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._follow_logs)
+                    tg.start_soon(self._watch_exit)
+                    if self.probes is not None:
+                        tg.start_soon(self._probe_health)
+                        if self.cfg.canary:
+                            tg.start_soon(self._probe_canary)
+        finally:
+            if self.probes is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.probes.aclose()
+            self.closed.set()
+
+    async def close(self) -> None:
+        self.scope.cancel()
+        await self.closed.wait()
+
+    async def _follow_logs(self) -> None:
+        consumed = 0
+        async for line in self.runtime.follow_logs(self.instance, self.exited):
+            consumed += len(line.encode("utf-8", "replace")) + 1
+            self.on_line(line, consumed > self._replay_bytes)
+            if self.probes is None and self._peer_lost(line):
+                self.post(v.HealthFailed(self.classify_exit(None, None, FailureClass.peer_lost)))
+        self.logs_drained.set()
+
+    def _peer_lost(self, line: str) -> bool:
+        if self.state() not in SERVING:
+            return False
+        text = clean(line)
+        return any(marker in text for marker in PEER_LOST_MARKERS)
+
+    async def _watch_exit(self) -> None:
+        info = await self.runtime.wait(self.instance)
+        self.exited.set()
+        with anyio.move_on_after(DRAIN_S):
+            await self.logs_drained.wait()
+        if self.state() is State.stopping:
+            self.log.info("exited", pid=self.instance.pid, exit=info.describe(), requested=True)
+            return
+        failure = self.classify_exit(info.exit_code, info.signal, None)
+        self.log.info("exited", pid=self.instance.pid, exit=info.describe(), failure=failure.cls.value)
+        self.post(v.Exited(failure))
+
+    async def _probe_health(self) -> None:
+        """Readiness while starting (cheap: the port refuses), then /health and vLLM's metrics."""
+        assert self.probes is not None
+        while True:
+            serving = self.state() in SERVING
+            self._observe(health.observe_health, await self.probes.health())
+            if serving:
+                self.vllm_metrics = await self.probes.metrics()
+                self._observe(health.observe_metrics, self.vllm_metrics)
+            await self.clock.sleep(self.cfg.interval_s if serving else READY_POLL_S)
+
+    async def _probe_canary(self) -> None:
+        assert self.probes is not None
+        while True:
+            await self.clock.sleep(self.cfg.canary_interval_s)
+            if self.state() in SERVING:
+                self._observe(health.observe_canary, await self.probes.canary())
+
+    def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
+        self.health, obs = observe(self.health, result, self.clock.now(), self.cfg)
+        if obs is not None:
+            self.post(obs)
+
+
+def _size(path: str | None) -> int:
+    if not path:
+        return 0
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0

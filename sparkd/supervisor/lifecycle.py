@@ -1,0 +1,336 @@
+"""The lifecycle state machine: a pure function of (machine, observation, monotonic time), written as a table.
+
+``step`` looks up ``(state, type of observation)`` in :data:`TABLE` and runs that edge's handler, which returns
+the next machine and the actions the shell must carry out. Every pair not in the table is listed in
+:data:`IGNORED` — a late exit of an instance already being stopped, a probe result after a stop — and comes
+back with ``edge=None`` so the shell can log it. A test holds the two together: every pair is in exactly one.
+No clock, no I/O, no random numbers (jitter rides on the observation).
+
+Rules:
+
+1. ``failed`` is the open restart breaker, and its only representation. Only ``reset`` and ``restart`` leave
+   it; ``stop`` records the intent and stays failed, ``start`` is refused (``states.refusal``).
+2. The operator's ``intent`` (run or stop) is explicit and outlives the daemon (``states.Remembered``): after
+   ``sparkctl stop`` a restarted daemon leaves vLLM stopped. A daemon shutdown (SIGTERM) stops vLLM but leaves
+   the intent as it was.
+3. A stop always knows what follows it (``After``): stay stopped, restart at once, or recover from the failure
+   it answers (backoff, a wait that spends no budget, or the breaker).
+4. How a failure is treated — restartable, its budget weight, waiting instead of failing — comes from the one
+   failure table (``sparkd.supervisor.failures``) through the restart policy.
+5. A led rank (a worker of a group) never restarts on its own: after a failure it stops and waits for its head.
+6. While adopting, only the boot result is taken; the shell holds operator commands and signals until then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+from sparkd.supervisor import policy
+from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.failures import Budget, Failure, FailureClass
+from sparkd.supervisor.states import RUNNING, After, Intent, Limits, Machine, State
+
+__all__ = ["IGNORED", "TABLE", "Edge", "Step", "startup_hang", "step"]
+
+
+class Step(NamedTuple):
+    machine: Machine
+    actions: list[v.Action]
+    edge: str | None  # "ready → stopping: the instance failed"; None: the pair is ignored
+
+
+Result = tuple[Machine, list[v.Action]]
+Handler = Callable[[Machine, Any, float, Limits], Result]
+
+
+@dataclass(frozen=True)
+class Edge:
+    to: frozenset[State]  # where this edge may lead
+    why: str
+    handler: Handler
+
+
+# ---- helpers shared by the handlers ---------------------------------------------------------------------
+
+
+def _to(m: Machine, state: State, now: float, **changes: Any) -> Machine:
+    if state is not State.stopping:
+        changes.setdefault("after", None)
+        changes.setdefault("answering", None)
+    if state is not State.failed:
+        changes.setdefault("breaker_reason", None)
+    if state is not State.backoff:
+        changes.setdefault("deadline", None)
+    return replace(m, state=state, since=now, **changes)
+
+
+def _preflight(m: Machine, now: float, **changes: Any) -> Result:
+    return _to(m, State.preflight, now, health_note=None, **changes), [v.RunPreflight()]
+
+
+def _stop(m: Machine, now: float, after: After, reason: str, *, failure: Failure | None = None,
+          grace_s: float | None = None, recorded: bool = False) -> Result:
+    actions: list[v.Action] = []
+    changes: dict[str, Any] = {"after": after, "answering": failure, "health_note": None}
+    if failure is not None:
+        actions.append(v.RecordIncident(failure, written=recorded))
+        changes["last_failure"] = failure
+    actions.append(v.Stop(reason, grace_s))
+    return _to(m, State.stopping, now, **changes), actions
+
+
+def _give_up(m: Machine, now: float, reason: str) -> Result:
+    return _to(m, State.failed, now, breaker_reason=reason), []
+
+
+def _recover(m: Machine, failure: Failure, now: float, rand: float, limits: Limits) -> Result:
+    """After a failure, with no instance left: wait, back off, or open the breaker."""
+    if failure.treatment.budget is Budget.none:
+        state, wait = policy.on_wait(m.restart_state, limits.restart, rand)
+        return _to(m, State.backoff, now, restart_state=state, deadline=now + wait.delay_s,
+                   restart_reason=failure.cls.value), []
+    state, decision = policy.on_failure(m.restart_state, limits.restart, failure.cls, now, rand)
+    m = replace(m, restart_state=state)
+    if isinstance(decision, policy.GiveUp):
+        return _give_up(m, now, decision.reason)
+    if m.intent is Intent.stop:
+        return _to(m, State.stopped, now), []
+    return _to(m, State.backoff, now, deadline=now + decision.delay_s, restart_reason=failure.cls.value), []
+
+
+def startup_hang(what: str) -> Failure:
+    return Failure.of(FailureClass.hang,
+                      f"vLLM stalled during startup: {what}; sparkd stopped it and will retry with backoff.")
+
+
+# ---- the handlers, one per edge --------------------------------------------------------------------------
+
+
+def _boot(m: Machine, obs: v.Adopted, now: float, limits: Limits) -> Result:
+    if obs.found:
+        if m.intent is Intent.stop:
+            return _stop(_to(m, State.starting, now), now, After.stay, "operator stop (remembered)")
+        return _to(m, State.starting, now, started_at=now, last_progress_at=now), []
+    if limits.led:
+        return _to(m, State.stopped, now), []
+    if m.breaker_reason is not None:
+        return _give_up(m, now, m.breaker_reason)
+    if m.intent is Intent.stop:
+        return _to(m, State.stopped, now), []
+    if m.deadline is not None and m.deadline > now:
+        return _to(m, State.backoff, now, deadline=m.deadline), []
+    return _preflight(m, now)
+
+
+def _start(m: Machine, obs: v.StartRequested, now: float, limits: Limits) -> Result:
+    reason = "operator" if m.state is State.stopped else m.restart_reason
+    return _preflight(replace(m, intent=Intent.run), now, restart_reason=reason)
+
+
+def _start_after_stop(m: Machine, obs: v.StartRequested, now: float, limits: Limits) -> Result:
+    after = After.restart if m.after is After.stay else m.after
+    return replace(m, intent=Intent.run, after=after), []
+
+
+def _stop_request(m: Machine, obs: v.StopRequested, now: float, limits: Limits) -> Result:
+    m = replace(m, intent=Intent.stop)
+    if m.state in RUNNING:
+        return _stop(m, now, After.stay, "operator stop")
+    if m.state is State.stopping:
+        return replace(m, after=After.recover if m.after is After.recover else After.stay), []
+    if m.state is State.failed:
+        return m, []
+    return _to(m, State.stopped, now), []
+
+
+def _shutdown(m: Machine, obs: v.ShutdownRequested, now: float, limits: Limits) -> Result:
+    if m.state in RUNNING:
+        return _stop(m, now, After.stay, "sparkd shutting down")
+    if m.state is State.stopping:
+        return replace(m, after=After.recover if m.after is After.recover else After.stay), []
+    return _to(m, State.stopped, now), []
+
+
+def _restart(m: Machine, obs: v.RestartRequested, now: float, limits: Limits) -> Result:
+    m = replace(m, intent=Intent.run, restart_state=policy.reset(m.restart_state), restart_reason="operator")
+    if m.state in RUNNING:
+        return _stop(m, now, After.restart, "operator restart")
+    if m.state is State.stopping:
+        return replace(m, after=After.restart, answering=None), []
+    if m.state is State.preflight:
+        return m, []
+    return _preflight(m, now)
+
+
+def _reset(m: Machine, obs: v.ResetRequested, now: float, limits: Limits) -> Result:
+    m = replace(m, restart_state=policy.reset(m.restart_state), restart_reason="reset")
+    if m.state is not State.failed:
+        return m, []
+    if m.intent is Intent.run and not limits.led:
+        return _preflight(m, now)
+    return _to(m, State.stopped, now), []
+
+
+def _preflight_done(m: Machine, obs: v.PreflightDone, now: float, limits: Limits) -> Result:
+    if obs.failure is None:
+        restarts = m.restarts + (1 if m.launches else 0)
+        return _to(m, State.starting, now, started_at=now, last_progress_at=now, launches=m.launches + 1,
+                   restarts=restarts), [v.Launch()]
+    m = replace(m, last_failure=obs.failure)
+    actions: list[v.Action] = [v.RecordIncident(obs.failure)]
+    if limits.led:
+        return _to(m, State.stopped, now), actions
+    m, more = _recover(m, obs.failure, now, obs.rand, limits)
+    return m, actions + more
+
+
+def _progress(m: Machine, obs: v.Progress, now: float, limits: Limits) -> Result:
+    return replace(m, last_progress_at=now), []
+
+
+def _became_ready(m: Machine, obs: v.BecameReady, now: float, limits: Limits) -> Result:
+    return _to(m, State.ready, now, restart_state=policy.on_ready(m.restart_state, now)), []
+
+
+def _failed_while_running(m: Machine, obs: v.Exited | v.HealthFailed | v.LaunchFailed, now: float,
+                          limits: Limits) -> Result:
+    reason = {v.Exited: "exited", v.HealthFailed: "health failed", v.LaunchFailed: "launch failed"}[type(obs)]
+    if m.state is State.starting and isinstance(obs, v.Exited):
+        reason = "exited during startup"
+    grace = obs.grace_s if isinstance(obs, v.HealthFailed) else None
+    recorded = obs.recorded if isinstance(obs, v.HealthFailed) else False
+    return _stop(m, now, After.recover, reason, failure=obs.failure, grace_s=grace, recorded=recorded)
+
+
+def _startup_deadline(m: Machine, obs: v.Tick, now: float, limits: Limits) -> Result:
+    started = m.started_at if m.started_at is not None else now
+    silent_since = m.last_progress_at if m.last_progress_at is not None else started
+    if now - started >= limits.startup_timeout_s and now - silent_since >= limits.startup_extension_s:
+        return _stop(m, now, After.recover, "startup budget spent", failure=startup_hang(
+            f"not ready after {now - started:.0f} s (startup budget {limits.startup_timeout_s:.0f} s)"))
+    if now - silent_since >= limits.startup_silence_s:
+        return _stop(m, now, After.recover, "startup silent", failure=startup_hang(
+            f"no startup progress in the log for {now - silent_since:.0f} s"))
+    return m, []
+
+
+def _degraded(m: Machine, obs: v.HealthDegraded, now: float, limits: Limits) -> Result:
+    if m.state is State.ready:
+        return _to(m, State.degraded, now, health_note=obs.reason), []
+    return replace(m, health_note=obs.reason), []
+
+
+def _recovered(m: Machine, obs: v.HealthRecovered, now: float, limits: Limits) -> Result:
+    return _to(m, State.ready, now, health_note=None), []
+
+
+def _stop_done(m: Machine, obs: v.StopDone, now: float, limits: Limits) -> Result:
+    m = replace(m, restart_state=policy.on_stopped(m.restart_state))
+    if m.after is After.recover and m.answering is not None:
+        if limits.led:
+            return _to(m, State.stopped, now), []
+        return _recover(m, m.answering, now, obs.rand, limits)
+    if m.after is After.restart and m.intent is Intent.run:
+        return _preflight(m, now, restart_reason="operator")
+    return _to(m, State.stopped, now), []
+
+
+def _backoff_over(m: Machine, obs: v.Tick, now: float, limits: Limits) -> Result:
+    if m.deadline is not None and now >= m.deadline:
+        return _preflight(m, now)
+    return m, []
+
+
+def _leave_failed(m: Machine, obs: v.ResetRequested | v.RestartRequested, now: float, limits: Limits) -> Result:
+    return _reset(m, obs, now, limits) if isinstance(obs, v.ResetRequested) else _restart(m, obs, now, limits)
+
+
+def _stop_while_failed(m: Machine, obs: v.StopRequested, now: float, limits: Limits) -> Result:
+    return replace(m, intent=Intent.stop), []
+
+
+
+# ---- the table -------------------------------------------------------------------------------------------
+
+S = State
+_ANY_BUT_ADOPTING = tuple(s for s in State if s is not S.adopting)
+_RUNNING = (S.starting, S.ready, S.degraded)
+
+TABLE: dict[tuple[State, type], Edge] = {}
+IGNORED: dict[tuple[State, type], str] = {}
+
+
+def _on(states: tuple[State, ...], observations: tuple[type, ...], to: tuple[State, ...], why: str,
+        handler: Handler) -> None:
+    for state in states:
+        for obs in observations:
+            assert (state, obs) not in TABLE, (state, obs)
+            TABLE[(state, obs)] = Edge(frozenset(to), why, handler)
+
+
+def _ignore(states: tuple[State, ...], observations: tuple[type, ...], why: str) -> None:
+    for state in states:
+        for obs in observations:
+            if (state, obs) not in TABLE and (state, obs) not in IGNORED:
+                IGNORED[(state, obs)] = why
+
+
+# boot
+_on((S.adopting,), (v.Adopted,), (S.starting, S.stopping, S.stopped, S.failed, S.backoff, S.preflight),
+    "the boot-time search is over", _boot)
+# the operator
+_on((S.stopped, S.backoff), (v.StartRequested,), (S.preflight,), "operator start", _start)
+_on((S.stopping,), (v.StartRequested,), (S.stopping,), "start once the stop is done", _start_after_stop)
+_on(_RUNNING, (v.StopRequested,), (S.stopping,), "operator stop", _stop_request)
+_on((S.stopping,), (v.StopRequested,), (S.stopping,), "stay stopped once the stop is done", _stop_request)
+_on((S.preflight, S.backoff, S.stopped), (v.StopRequested,), (S.stopped,), "operator stop", _stop_request)
+_on((S.failed,), (v.StopRequested,), (S.failed,), "stop: the breaker stays open", _stop_while_failed)
+_on(_RUNNING, (v.RestartRequested,), (S.stopping,), "operator restart", _restart)
+_on((S.stopping,), (v.RestartRequested,), (S.stopping,), "restart once the stop is done", _restart)
+_on((S.preflight,), (v.RestartRequested,), (S.preflight,), "restart forgets the failures; preflight goes on",
+    _restart)
+_on((S.stopped, S.backoff), (v.RestartRequested,), (S.preflight,), "operator restart", _restart)
+_on((S.failed,), (v.RestartRequested, v.ResetRequested), (S.preflight, S.stopped), "the breaker is closed",
+    _leave_failed)
+_on(tuple(s for s in _ANY_BUT_ADOPTING if s is not S.failed), (v.ResetRequested,), tuple(_ANY_BUT_ADOPTING),
+    "reset forgets the failures", _reset)
+_on(_RUNNING, (v.ShutdownRequested,), (S.stopping,), "sparkd is shutting down", _shutdown)
+_on((S.stopping,), (v.ShutdownRequested,), (S.stopping,), "stay stopped: sparkd is shutting down", _shutdown)
+_on((S.preflight,), (v.ShutdownRequested,), (S.stopped,), "sparkd is shutting down", _shutdown)
+# the lifecycle
+_on((S.preflight,), (v.PreflightDone,), (S.starting, S.backoff, S.failed, S.stopped), "preflight done",
+    _preflight_done)
+_on((S.starting,), (v.Progress,), (S.starting,), "startup progress", _progress)
+_on((S.starting,), (v.BecameReady,), (S.ready,), "ready", _became_ready)
+_on((S.starting,), (v.Tick,), (S.starting, S.stopping), "startup deadlines", _startup_deadline)
+_on((S.starting,), (v.LaunchFailed,), (S.stopping,), "the launch failed", _failed_while_running)
+_on(_RUNNING, (v.Exited, v.HealthFailed), (S.stopping,), "the instance failed", _failed_while_running)
+_on((S.ready, S.degraded), (v.HealthDegraded,), (S.degraded,), "health degraded", _degraded)
+_on((S.degraded,), (v.HealthRecovered,), (S.ready,), "health recovered", _recovered)
+_on((S.stopping,), (v.StopDone,), (S.stopped, S.preflight, S.backoff, S.failed), "the stop is done", _stop_done)
+_on((S.backoff,), (v.Tick,), (S.backoff, S.preflight), "backoff deadline", _backoff_over)
+
+# Everything else is ignored, for the reason given.
+_ignore((S.adopting,), v.OBSERVATIONS, "still adopting: the shell holds commands and signals until the boot "
+        "result")
+_ignore(tuple(State), (v.Tick,), "no deadline in this state")
+_ignore(tuple(State), (v.StartRequested,), "vLLM is running or starting already, or the breaker is open")
+_ignore(tuple(State), (v.ShutdownRequested,), "nothing of vLLM's runs")
+_ignore(tuple(State), (v.Exited, v.HealthFailed, v.HealthDegraded, v.HealthRecovered, v.Progress, v.BecameReady,
+                       v.LaunchFailed, v.Launched),
+        "a report about an instance that is not (or no longer) watched in this state")
+_ignore(tuple(State), (v.PreflightDone, v.StopDone, v.Adopted), "the effect it reports is not awaited now")
+
+
+# ---- stepping ------------------------------------------------------------------------------------------
+
+
+def step(m: Machine, obs: v.Observation, now: float, limits: Limits | None = None) -> Step:
+    """The next machine, the actions to carry out, and the edge taken, for ``obs`` at monotonic ``now``."""
+    edge = TABLE.get((m.state, type(obs)))
+    if edge is None:
+        return Step(m, [], None)
+    after, actions = edge.handler(m, obs, now, limits or Limits())
+    return Step(after, actions, f"{m.state.value} → {after.state.value}: {edge.why}")

@@ -1,0 +1,266 @@
+"""Fakes for running sparkd's real daemon loop in-process, in milliseconds (honcho's way).
+
+- :class:`FakeClock`: monotonic and wall time that move only when told, or jump to the next sleeper once every
+  task is blocked (:meth:`FakeClock.run_until`), so a 300 s backoff passes in microseconds.
+- :class:`FakeRuntime`: instances that live in memory; the script makes them print lines, become ready,
+  crash or ignore SIGTERM; it records every launch and stop (with its grace).
+- :class:`FakeProbes`: /health answers 200 once the instance is serving, refused before.
+- :class:`FakeNotifier`: the systemd notifications, recorded.
+- :func:`passing_check` / :func:`failing_check`: preflight checks with a scripted verdict.
+
+``tests/unit/test_daemon_loop.py`` shows a scripted history end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from sparkd.config import Config
+from sparkd.launch import LaunchSpec
+from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
+from sparkd.runtime.base import ExecResult, ExitInfo, Instance, LaunchError, Runtime, TargetUnavailable
+from sparkd.supervisor.failures import FailureClass
+from sparkd.supervisor.health import ProbeOutcome, ProbeResult, VllmMetrics
+
+__all__ = ["FakeClock", "FakeNotifier", "FakeProbes", "FakeRuntime", "failing_check", "passing_check"]
+
+
+class FakeClock:
+    def __init__(self, start: float = 1000.0, wall_offset: float = 1_800_000_000.0) -> None:
+        self.t = start
+        self.wall_offset = wall_offset
+        self._sleepers: list[tuple[float, int, anyio.Event]] = []
+        self._order = itertools.count()
+
+    def now(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return self.t + self.wall_offset
+
+    async def sleep(self, seconds: float) -> None:
+        wake = anyio.Event()
+        heapq.heappush(self._sleepers, (self.t + max(0.0, seconds), next(self._order), wake))
+        await wake.wait()
+
+    def advance(self, seconds: float) -> None:
+        """Move time on and wake every sleeper whose time has come."""
+        self.t += seconds
+        while self._sleepers and self._sleepers[0][0] <= self.t:
+            heapq.heappop(self._sleepers)[2].set()
+
+    async def run_until(self, done: Callable[[], bool], *, limit_s: float = 86_400.0) -> float:
+        """Let every task run; whenever all are blocked and ``done()`` is false, jump to the next sleeper.
+        Returns the fake seconds that passed. Raises TimeoutError past ``limit_s`` of fake time."""
+        started = self.t
+        while True:
+            await all_tasks_blocked()
+            if done():
+                return self.t - started
+            if not self._sleepers:
+                await anyio.sleep(0.001)  # a worker thread (a file write) may still be busy
+                continue
+            if self._sleepers[0][0] - started > limit_s:
+                raise TimeoutError(f"not done after {limit_s:.0f} fake seconds")
+            self.advance(max(0.0, self._sleepers[0][0] - self.t))
+
+
+async def all_tasks_blocked() -> None:
+    """Return once every other task waits on something (asyncio; anyio's own polls every 0.1 s)."""
+    this = asyncio.current_task()
+    while True:
+        await asyncio.sleep(0)
+        for task in asyncio.all_tasks():
+            waiter = getattr(task, "_fut_waiter", None)
+            if task is not this and (waiter is None or waiter.done()):
+                break
+        else:
+            return
+
+
+@dataclass
+class _Proc:
+    instance: Instance
+    lines: list[str] = field(default_factory=list)
+    serving: bool = False
+    exit: ExitInfo | None = None
+    ignores_sigterm: bool = False
+    ended: anyio.Event = field(default_factory=anyio.Event)
+    more: anyio.Event = field(default_factory=anyio.Event)
+
+
+class FakeRuntime(Runtime):
+    """vLLM as the script says. ``auto_ready``: an instance serves as soon as it is launched."""
+
+    name = "fake"
+
+    def __init__(self, *, auto_ready: bool = True) -> None:
+        self.auto_ready = auto_ready
+        self.procs: dict[int, _Proc] = {}
+        self.launches: list[LaunchSpec] = []
+        self.stops: list[tuple[int, float]] = []  # (pid, grace_s) of every stop asked for
+        self.launch_error: LaunchError | None = None
+        self._pids = itertools.count(4000)
+
+    @property
+    def current(self) -> _Proc | None:
+        alive = [p for p in self.procs.values() if p.exit is None]
+        return alive[-1] if alive else None
+
+    def start(self, *, serving: bool = True) -> Instance:
+        """An instance that runs already (for adoption): returns it, to be written as the record."""
+        pid = next(self._pids)
+        instance = Instance(runtime=self.name, pid=pid, create_time=float(pid), config_hash="fake")
+        self.procs[pid] = _Proc(instance, serving=serving)
+        return instance
+
+    async def launch(self, spec: LaunchSpec) -> Instance:
+        if self.launch_error is not None:
+            raise self.launch_error
+        self.launches.append(spec)
+        instance = self.start(serving=self.auto_ready)
+        return Instance(**{**instance.to_record(), "config_hash": spec.config_hash})
+
+    async def find(self, record: dict[str, Any] | None) -> Instance | None:
+        if not record or record.get("runtime") != self.name:
+            return None
+        proc = self.procs.get(int(record.get("pid", 0)))
+        return Instance.from_record(record) if proc is not None and proc.exit is None else None
+
+    async def wait(self, instance: Instance) -> ExitInfo:
+        proc = self.procs[instance.pid]
+        await proc.ended.wait()
+        assert proc.exit is not None
+        return proc.exit
+
+    async def stop(self, instance: Instance, grace_s: float) -> ExitInfo:
+        self.stops.append((instance.pid, grace_s))
+        proc = self.procs[instance.pid]
+        if proc.exit is None:
+            self.end(instance.pid, ExitInfo(exit_code=None, signal=9 if proc.ignores_sigterm else 15))
+        return proc.exit or ExitInfo(exit_code=None)
+
+    async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
+        proc = self.procs[instance.pid]
+        sent = 0
+        while True:
+            while sent < len(proc.lines):
+                sent += 1
+                yield proc.lines[sent - 1]
+            if proc.exit is not None:
+                return
+            proc.more = anyio.Event()
+            await proc.more.wait()
+
+    def pids(self, instance: Instance) -> set[int]:
+        proc = self.procs.get(instance.pid)
+        return {instance.pid} if proc is not None and proc.exit is None else set()
+
+    # ---- where vLLM runs: nowhere a command could run
+    @classmethod
+    def from_config(cls, cfg: Config, *, rehearse: bool = False) -> FakeRuntime:
+        return cls()
+
+    where = "in the fake runtime"
+    shares_host_network = False
+    shares_host_ipc = False
+
+    async def exec(self, cmd: Any, *, env: Any = None, timeout_s: float = 0.0) -> ExecResult:
+        raise TargetUnavailable("the fake runtime runs no commands")
+
+    async def missing_target(self, spec: LaunchSpec) -> str | None:
+        return None
+
+    # ---- the script
+    def say(self, *lines: str) -> None:
+        proc = self.current
+        assert proc is not None, "no instance runs"
+        proc.lines.extend(lines)
+        proc.more.set()
+
+    def serve(self) -> None:
+        assert self.current is not None
+        self.current.serving = True
+
+    def crash(self, exit_code: int | None = 1, signal: int | None = None) -> int:
+        proc = self.current
+        assert proc is not None, "no instance runs"
+        self.end(proc.instance.pid, ExitInfo(exit_code=exit_code, signal=signal))
+        return proc.instance.pid
+
+    def end(self, pid: int, info: ExitInfo) -> None:
+        proc = self.procs[pid]
+        proc.exit = info
+        proc.serving = False
+        proc.ended.set()
+        proc.more.set()
+
+
+class FakeProbes:
+    """The probes of the runtime's current instance: 200 while it serves, refused otherwise."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self.runtime = runtime
+        self.metrics_value: VllmMetrics | None = None
+
+    async def health(self) -> ProbeResult:
+        proc = self.runtime.current
+        if proc is not None and proc.serving:
+            return ProbeResult(ProbeOutcome.ok, 0.001, "HTTP 200")
+        return ProbeResult(ProbeOutcome.refused, 0.001, "connection refused")
+
+    async def metrics(self) -> VllmMetrics | None:
+        return self.metrics_value
+
+    async def canary(self) -> ProbeResult:
+        return await self.health()
+
+    async def aclose(self) -> None:
+        pass
+
+
+class FakeNotifier:
+    """sd_notify, recorded: ``sent`` holds every datagram's lines."""
+
+    def __init__(self, watchdog_s: float | None = None) -> None:
+        self.sent: list[tuple[str, ...]] = []
+        self.watchdog_s = watchdog_s
+        self.pets: list[float] = []  # the loop's last progress each pet was given
+
+    def ready(self, status: str) -> None:
+        self.sent.append(("READY=1", f"STATUS={status}"))
+
+    def status(self, status: str) -> None:
+        self.sent.append((f"STATUS={status}",))
+
+    def stopping(self) -> None:
+        self.sent.append(("STOPPING=1",))
+
+    @property
+    def watchdog_interval_s(self) -> float | None:
+        return None if self.watchdog_s is None else self.watchdog_s / 2
+
+    def pet(self, last_progress: float, now: float | None = None) -> bool:
+        self.pets.append(last_progress)
+        return self.watchdog_s is not None and now is not None and now - last_progress <= self.watchdog_s / 2
+
+
+def passing_check(check_id: str = "scripted") -> Check:
+    async def run(ctx: PreflightContext) -> CheckResult:
+        return CheckResult(check_id, Verdict.ok, "all good")
+
+    return Check(check_id, run)
+
+
+def failing_check(found: str, cls: FailureClass = FailureClass.unknown, check_id: str = "scripted") -> Check:
+    async def run(ctx: PreflightContext) -> CheckResult:
+        return CheckResult(check_id, Verdict.fail, found, failure_class=cls)
+
+    return Check(check_id, run)

@@ -1,0 +1,142 @@
+"""The operator's daemon, end to end with ``sparkd run`` and ``sparkctl``: reload (command and SIGHUP), global
+options anywhere, a second SIGTERM, the hand-over, startup failures without a traceback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from daemon_harness import BIN, Sparkd, alive, base_config, free_port, kill_tree, render_toml, tree
+
+from sparkd import exits
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[list[Sparkd]]:
+    started: list[Sparkd] = []
+    yield started
+    seen: list[psutil.Process] = []
+    for daemon in started:
+        pid = daemon.status().get("pid")
+        if pid:
+            seen.extend(tree(pid))
+        daemon.stop()
+    kill_tree(alive(seen))
+
+
+def make(daemons: list[Sparkd], tmp: Path, **sections: dict[str, Any]) -> Sparkd:
+    folder = tmp / f"d{len(daemons)}"
+    folder.mkdir()
+    daemon = Sparkd(folder, base_config(folder, free_port(), **sections))
+    daemons.append(daemon)
+    return daemon
+
+
+def rewrite(daemon: Sparkd, **sections: dict[str, Any]) -> None:
+    for name, values in sections.items():
+        daemon.config[name] = {**daemon.config.get(name, {}), **values}
+    daemon.config_path.write_text(render_toml(daemon.config))
+
+
+def test_reload_takes_on_a_valid_config_and_refuses_an_invalid_one(daemons: list[Sparkd], tmp_path: Path) -> None:
+    daemon = make(daemons, tmp_path).start()
+    pid = daemon.wait_state("ready")["pid"]
+    rewrite(daemon, launch={"max_model_len": 4096}, health={"interval_s": 0.7})
+    live = json.loads(daemon.ctl("status", "--json").stdout)
+    assert live["config"]["reload_needed"] and "changed since sparkd loaded it" in daemon.ctl("status").stdout
+    done = daemon.ctl("reload")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--max-model-len 4096" in done.stdout and "health.interval_s: 0.5 → 0.7" in done.stdout
+    status = daemon.wait_for(lambda s: s["config"].get("restart_needed"), 30, "the running launch is older")
+    assert status["pid"] == pid and status["state"] == "ready"
+    assert "older config" in daemon.ctl("status").stdout
+
+    rewrite(daemon, launch={"max_model_len": -1})
+    refused = daemon.ctl("reload")
+    assert refused.returncode == 1 and "launch.max_model_len" in refused.stderr and "Traceback" not in refused.stderr
+    assert daemon.ctl("restart").returncode == 1
+    assert daemon.status()["pid"] == pid, "an invalid config on disk never touches the running vLLM"
+
+    rewrite(daemon, launch={"max_model_len": 4096})
+    restarted = daemon.ctl("restart", "--wait", "--timeout", "90")
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert "--max-model-len" in psutil.Process(daemon.status()["pid"]).cmdline()
+    cmdline = psutil.Process(daemon.status()["pid"]).cmdline()
+    assert cmdline[cmdline.index("--max-model-len") + 1] == "4096"
+    assert not daemon.status()["config"]["restart_needed"]
+
+
+def test_sighup_reloads_and_never_ends_the_daemon(daemons: list[Sparkd], tmp_path: Path) -> None:
+    daemon = make(daemons, tmp_path).start()
+    pid = daemon.wait_state("ready")["pid"]
+    rewrite(daemon, health={"interval_s": 0.9})
+    daemon.signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while "config_reloaded" not in daemon.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "config_reloaded" in daemon.log()
+    assert daemon.proc is not None and daemon.proc.poll() is None
+    assert daemon.status()["pid"] == pid and psutil.pid_exists(pid)
+
+
+def test_global_options_are_taken_after_the_subcommand(daemons: list[Sparkd], tmp_path: Path) -> None:
+    daemon = make(daemons, tmp_path).start()
+    daemon.wait_state("ready")
+    for args in (["status", "--json", "--socket", str(daemon.socket)],
+                 ["--json", "status", "--socket", str(daemon.socket)],
+                 ["status", "--config", str(daemon.config_path), "--json"]):
+        result = subprocess.run([str(BIN / "sparkctl"), *args], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, (args, result.stderr)
+        assert '"state": "ready"' in result.stdout
+    empty = daemon.ctl("logs", "-n", "0")
+    assert empty.returncode == 0 and empty.stdout == ""
+
+
+def test_a_second_sigterm_ends_vllm_without_waiting_out_the_grace(daemons: list[Sparkd], tmp_path: Path) -> None:
+    daemon = make(daemons, tmp_path, supervisor={"stop_grace_s": 300},
+                  launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "120",
+                                  "SPARKD_STANDIN_IGNORE_SIGTERM_WHILE_LOADING": "1"}}).start()
+    pid = daemon.wait_for(lambda s: s.get("phase") == "loading_weights", 60, "loading")["pid"]
+    family = tree(pid)
+    daemon.signal(signal.SIGTERM)
+    daemon.wait_state("stopping")
+    started = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.proc is not None and daemon.proc.wait(120) == 0
+    assert time.monotonic() - started < 120, "the second signal did not wait out the 300 s grace"
+    assert alive(family) == []
+    assert "forced_stop" in daemon.log()
+
+
+def test_handover_leaves_vllm_for_the_next_daemon(daemons: list[Sparkd], tmp_path: Path) -> None:
+    daemon = make(daemons, tmp_path).start()
+    pid = daemon.wait_state("ready")["pid"]
+    result = daemon.ctl("handover")
+    assert result.returncode == 0 and f"pid {pid}" in result.stdout
+    assert daemon.proc is not None and daemon.proc.wait(30) == 0
+    assert psutil.pid_exists(pid)
+    daemon.start()
+    status = daemon.wait_for(lambda s: s.get("daemon_pid") == daemon.proc.pid and s.get("state") == "ready", 60,
+                             "adopted")
+    assert status["pid"] == pid and status["launches"] == 0
+
+
+def test_a_taken_control_port_is_a_sentence_and_a_status_systemd_will_not_retry(daemons: list[Sparkd],
+                                                                                 tmp_path: Path) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    try:
+        daemon = make(daemons, tmp_path, api={"port": holder.getsockname()[1], "listen": "127.0.0.1"}).start()
+        assert daemon.proc is not None and daemon.proc.wait(30) == exits.HOST_PROBLEM
+        assert "is in use by another program" in daemon.log() and "Traceback" not in daemon.log()
+    finally:
+        holder.close()

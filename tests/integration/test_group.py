@@ -1,0 +1,101 @@
+"""Groups beyond the pair: four daemons in four network namespaces on one bridge, each supervising a stand-in
+rank, for TP=4 and TP=2 × PP=2 — started workers first, recovering as one unit from every way a rank can go."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from daemon_harness import alive, tree
+from group_harness import Fabric, Group
+from pair_harness import launch_time
+
+FAST_HEALTH = {"canary_interval_s": 0.5, "canary_timeout_s": 1, "busy_grace_s": 2}
+
+
+@pytest.fixture
+def make_group(tmp_path: Path) -> Iterator[Any]:
+    groups: list[Group] = []
+
+    def make(n: int = 4, **kw: Any) -> Group:
+        folder = tmp_path / f"g{len(groups)}"
+        folder.mkdir()
+        group = Group(folder, Fabric.create(n), **kw)
+        groups.append(group)
+        return group
+
+    yield make
+    for group in groups:
+        group.close()
+
+
+def test_tp4_starts_workers_first_and_recovers_as_one_unit(make_group: Any) -> None:
+    group = make_group(tp=4).start()
+    pids = group.ready()
+    head_start = launch_time(group.head.status())
+    assert all(launch_time(w.status()) < head_start for w in group.workers), "every worker before the head"
+    group.one_instance_per_node()
+    status = group.head.ctl("status")
+    for i in range(1, 4):
+        assert f"spark{i}" in status.stdout and f"rank {i}" in status.stdout, status.stdout
+    seen_by_worker = group.workers[1].ctl("status").stdout
+    assert all(f"spark{i}" in seen_by_worker for i in (0, 1, 3)), seen_by_worker
+
+    os.kill(pids[2], signal.SIGKILL)  # rank 2
+    again = group.ready(head_launches=2)
+    assert all(new != old for new, old in zip(again, pids, strict=True)), "the whole group restarted"
+    group.one_instance_per_node()
+
+    group.workers[0].kill()  # rank 1's daemon dies; its rank keeps serving and is adopted
+    group.workers[0].start()
+    assert group.ready(head_launches=2) == again
+    group.head.kill()
+    group.head.start()
+    assert group.ready(head_launches=0) == again, "a restarted head adopts its rank; the group keeps serving"
+
+
+def test_tp2_pp2_kill_of_the_head_rank_restarts_the_group(make_group: Any) -> None:
+    group = make_group(tp=2, pp=2).start()
+    pids = group.ready()
+    cmdline = psutil.Process(pids[0]).cmdline()
+    assert cmdline[cmdline.index("--pipeline-parallel-size") + 1] == "2"
+    os.kill(pids[0], signal.SIGKILL)
+    again = group.ready(head_launches=2)
+    assert all(new != old for new, old in zip(again, pids, strict=True))
+    group.one_instance_per_node()
+
+
+def test_a_frozen_rank_is_found_and_the_group_restarts(make_group: Any) -> None:
+    group = make_group(tp=4, health=FAST_HEALTH).start()
+    pids = group.ready()
+    frozen = tree(pids[3])
+    for proc in frozen:
+        proc.send_signal(signal.SIGSTOP)
+    again = group.ready(head_launches=2, timeout=180)
+    assert again[3] != pids[3] and alive(frozen) == [], "the frozen rank was ended, not left behind"
+
+
+def test_a_lost_node_is_waited_for_and_the_group_comes_back(make_group: Any) -> None:
+    group = make_group(tp=4).start()
+    pids = group.ready()
+    group.fabric.cut(2)
+    group.workers[1].wait_for(lambda s: s.get("pid") is None, 60, "the cut-off worker stops its rank")
+    head = group.head.wait_for(lambda s: s.get("state") == "backoff", 60, "the head waits for the lost node")
+    assert head["last_failure"]["class"] == "peer_lost" and not head["breaker"]["open"]
+    group.fabric.restore(2)
+    again = group.ready(head_launches=2, timeout=180)
+    assert all(new != old for new, old in zip(again, pids, strict=True))
+    group.one_instance_per_node()
+
+
+def test_ranks_that_cannot_form_a_group_are_refused_naming_them(make_group: Any) -> None:
+    group = make_group(tp=4, ranks=[0, 1, 1, 3]).start()
+    status = group.head.wait_state("failed", timeout=60)
+    message = status["last_failure"]["message"]
+    assert "rank 1 is claimed 2 times" in message and "spark1" in message and "spark2" in message
+    assert all(w.status().get("pid") is None for w in group.workers)

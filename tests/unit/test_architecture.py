@@ -1,0 +1,107 @@
+"""The house rules of sparkd/, held by a test: no import circle, no import from a lower layer to a higher one,
+no module past 400 lines, no function past 60."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "sparkd"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+# Floors, lowest first: a module may import only from its own floor or below. (The pure core is floor 2.)
+LAYERS: list[tuple[str, ...]] = [
+    ("sparkd", "sparkd.exits", "sparkd.clock", "sparkd.statefile", "sparkd.nodelock", "sparkd.notify",
+     "sparkd.logs", "sparkd.secrets", "sparkd.profiles", "sparkd.config_sections"),
+    ("sparkd.config",),
+    ("sparkd.supervisor", "sparkd.launch", "sparkd.lint", "sparkd.rehearsal", "sparkd.compose", "sparkd.explain",
+     "sparkd.config_diff"),
+    ("sparkd.runtime", "sparkd.probes", "sparkd.incidents", "sparkd.guard", "sparkd.preflight", "sparkd.cluster"),
+    ("sparkd.commands",),
+    ("sparkd.api",),
+    ("sparkd.daemon",),
+    ("sparkd.cli", "sparkd.testing"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def floor(module: str) -> int:
+    best = (-1, -1)  # (length of the matching prefix, floor)
+    for level, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best[0]:
+                best = (len(prefix), level)
+    assert best[1] >= 0, f"{module} is on no floor: add it to LAYERS"
+    return best[1]
+
+
+def imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sparkd"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("sparkd"))
+    return {m for m in found if m in MODULES}
+
+
+GRAPH = {name: imports(path) - {name} for name, path in MODULES.items()}
+
+
+def test_no_import_circle() -> None:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(GRAPH):
+        if module not in index:
+            visit(module)
+    assert circles == []
+
+
+def test_no_import_climbs_a_floor() -> None:
+    climbs = [f"{m} (floor {floor(m)}) imports {t} (floor {floor(t)})"
+              for m, targets in sorted(GRAPH.items()) for t in sorted(targets) if floor(t) > floor(m)]
+    assert climbs == []
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_and_functions_stay_small(module: str) -> None:
+    text = MODULES[module].read_text()
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{module}: split it along a real seam"
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and (node.end_lineno or 0) - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert long == []

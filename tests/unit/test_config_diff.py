@@ -1,0 +1,45 @@
+"""What changed between two configs, as a reload reports it."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from sparkd.config import config_from_mapping
+from sparkd.config_diff import launch_changes, needs_restart, setting_changes
+from sparkd.daemon.reload import keep_fixed
+
+BASE: dict[str, Any] = {
+    "runtime": "process", "node": {"name": "a", "role": "single"},
+    "launch": {"executable": "/usr/bin/true", "model": "/m", "max_model_len": 8192,
+               "env": {"NCCL_SOCKET_IFNAME": "eth0", "HF_TOKEN": "old-secret"}},
+    "health": {"interval_s": 5}, "paths": {"state_dir": "/var/lib/a"},
+}
+
+
+def changed(**sections: dict[str, Any]) -> Any:
+    data = copy.deepcopy(BASE)
+    for name, values in sections.items():
+        data[name] = {**data[name], **values}
+    return config_from_mapping(data, source="new")
+
+
+OLD = config_from_mapping(copy.deepcopy(BASE), source="old")
+
+
+def test_launch_changes_name_each_flag_with_its_values_and_hide_secrets() -> None:
+    new = changed(launch={"max_model_len": 16384, "env": {"NCCL_SOCKET_IFNAME": "enp1", "HF_TOKEN": "new-secret"}})
+    lines = launch_changes(OLD, new)
+    assert lines[0] == "argv: removed --max-model-len 8192; added --max-model-len 16384"
+    assert "env HF_TOKEN: (secret) → (secret)" in lines
+    assert "env NCCL_SOCKET_IFNAME: 'eth0' → 'enp1'" in lines
+    assert not any("secret'" in line for line in lines)
+
+
+def test_setting_changes_skip_the_launch_and_mark_what_waits_for_a_daemon_restart() -> None:
+    new = changed(health={"interval_s": 2}, paths={"state_dir": "/var/lib/b"})
+    changes = {key: (a, b) for key, a, b in setting_changes(OLD, new)}
+    assert changes["health.interval_s"] == (5.0, 2.0)
+    assert not any(key.startswith("launch.") for key in changes)
+    assert needs_restart("paths.state_dir") and needs_restart("api.port") and not needs_restart("health.interval_s")
+    assert keep_fixed(OLD, new).paths == OLD.paths and keep_fixed(OLD, new).health.interval_s == 2.0

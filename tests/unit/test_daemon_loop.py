@@ -1,0 +1,338 @@
+"""The daemon's real loop, in-process, with fakes (sparkd.testing): scripted histories that run in milliseconds.
+
+Each test builds the real :class:`~sparkd.daemon.app.Daemon` (supervisor, node, watch, view, control) over a
+FakeRuntime and a FakeClock, runs it in a task group, and drives it through the same control commands sparkctl
+sends. The process-level tests (tests/integration) stay the end-to-end layer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from sparkd.commands import reset, restart, start, stop
+from sparkd.commands.act import Request
+from sparkd.config import Config, config_from_mapping
+from sparkd.daemon.app import Daemon
+from sparkd.daemon.guarding import NodeGuardHooks
+from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.testing import (
+    FakeClock,
+    FakeNotifier,
+    FakeProbes,
+    FakeRuntime,
+    all_tasks_blocked,
+    failing_check,
+    passing_check,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def config(tmp: Path, **sections: dict[str, Any]) -> Config:
+    data: dict[str, Any] = {
+        "runtime": "process",
+        "node": {"name": "scripted", "role": "single"},
+        "launch": {"executable": "/usr/bin/true", "model": "/models/m", "port": 18999},
+        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
+        "api": {"socket_group": "", "port": 0},
+        "guard": {"enabled": False},
+        "restart": {"backoff_initial_s": 10, "backoff_max_s": 300, "jitter": 0.1, "budget_failures": 3,
+                    "budget_window_s": 1800, "consecutive_limit": 0},
+        "health": {"interval_s": 5, "canary": False},
+    }
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values}
+    return config_from_mapping(data, source="test")
+
+
+class Node:
+    """One node's daemon under test: the real loop, fake parts, the same commands sparkctl sends."""
+
+    def __init__(self, cfg: Config, runtime: FakeRuntime, clock: FakeClock, *, rand: float = 0.5,
+                 checks: tuple[Any, ...] | None = None) -> None:
+        self.cfg, self.runtime, self.clock = cfg, runtime, clock
+        self.notifier = FakeNotifier()
+        self.daemon = Daemon(cfg, runtime, clock=clock, notifier=self.notifier,  # type: ignore[arg-type]
+                             probes=lambda: FakeProbes(runtime), rand=lambda: rand,
+                             checks=checks if checks is not None else (passing_check(),), sweep=())
+
+    @property
+    def state(self) -> str:
+        return self.daemon.sup.machine.state.value
+
+    def status(self) -> dict[str, Any]:
+        return self.daemon.view.status()
+
+    async def until(self, done: Callable[[], bool], limit_s: float = 3600) -> float:
+        return await self.clock.run_until(done, limit_s=limit_s)
+
+    async def until_state(self, state: str, limit_s: float = 3600) -> float:
+        return await self.until(lambda: self.state == state, limit_s)
+
+    async def command(self, module: Any) -> Any:
+        return await module.execute(self.daemon.control, Request())
+
+
+@asynccontextmanager
+async def running(cfg: Config, runtime: FakeRuntime, clock: FakeClock, **kw: Any) -> AsyncIterator[Node]:
+    node = Node(cfg, runtime, clock, **kw)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(node.daemon.run)
+        await node.until(lambda: node.daemon.sup.booted.is_set())
+        yield node
+        tg.cancel_scope.cancel()
+
+
+async def test_a_crash_backs_off_with_jitter_then_the_instance_is_ready_again(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(config(tmp_path), runtime, clock, rand=0.9) as node:
+        await node.until_state("ready")
+        runtime.crash(exit_code=1)
+        await node.until_state("backoff")
+        status = node.status()
+        assert status["last_failure"]["class"] == "unknown"
+        # 10 s base, jitter 0.1 at rand 0.9: 10 * (1 + 0.1 * 0.8) = 10.8 s — the node's draw reached the policy.
+        assert status["backoff_until"] - clock.wall() == pytest.approx(10.8)
+        waited = await node.until_state("ready")
+        assert waited == pytest.approx(10.8, abs=0.5)
+        assert len(runtime.launches) == 2 and status["launches"] == 1
+        assert node.status()["restarts"] == 1
+        incidents = list((tmp_path / "state" / "incidents").iterdir())
+        assert len(incidents) == 1 and json.loads((incidents[0] / "incident.json").read_text())["class"] == "unknown"
+
+
+async def test_an_exit_0_is_a_failure_even_while_health_still_says_ok(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until_state("ready")
+        pid = runtime.crash(exit_code=0)
+        runtime.procs[pid].serving = True  # /health would still answer 200: only the exit tells
+        await node.until(lambda: node.status()["last_failure"] is not None)
+        failure = node.status()["last_failure"]
+        assert failure["class"] == "engine_dead" and failure["exit_code"] == 0
+
+
+async def test_budget_spent_breaker_holds_through_stop_start_and_a_daemon_restart_until_reset(tmp_path: Path) -> None:
+    cfg, runtime, clock = config(tmp_path, restart={"budget_failures": 2}), FakeRuntime(), FakeClock()
+    async with running(cfg, runtime, clock) as node:
+        for _ in range(2):
+            await node.until_state("ready")
+            runtime.crash(exit_code=1)
+            await node.until(lambda: node.state in ("backoff", "failed"))
+        await node.until_state("failed")
+        assert node.status()["breaker"]["open"]
+        assert (await node.command(stop)).ok
+        assert node.state == "failed"  # stop records the intent; the breaker stays open
+        refused = await node.command(start)
+        assert not refused.ok and "breaker is open" in refused.error
+        assert len(runtime.launches) == 2
+    # The daemon is killed and restarted (a new one over the same state directory): the breaker is remembered.
+    async with running(cfg, runtime, clock) as again:
+        assert again.state == "failed" and again.status()["breaker"]["open"]
+        assert not (await again.command(start)).ok
+        assert (await again.command(reset)).ok
+        assert again.state == "stopped"  # reset closes the breaker; the intent (stop) is remembered too
+        assert (await again.command(start)).ok
+        await again.until_state("ready")
+        assert len(runtime.launches) == 3
+
+
+async def test_a_stopped_node_stays_stopped_across_a_daemon_restart(tmp_path: Path) -> None:
+    cfg, runtime, clock = config(tmp_path), FakeRuntime(), FakeClock()
+    async with running(cfg, runtime, clock) as node:
+        await node.until_state("ready")
+        assert (await node.command(stop)).ok
+        await node.until_state("stopped")
+    async with running(cfg, runtime, clock) as again:
+        await again.until(lambda: again.state != "adopting")
+        assert again.state == "stopped" and again.status()["intent"] == "stop"
+        assert len(runtime.launches) == 1
+
+
+async def test_the_remaining_backoff_survives_a_daemon_restart(tmp_path: Path) -> None:
+    cfg, runtime, clock = config(tmp_path, restart={"jitter": 0}), FakeRuntime(), FakeClock()
+    async with running(cfg, runtime, clock) as node:
+        await node.until_state("ready")
+        runtime.crash()
+        await node.until_state("backoff")
+    clock.advance(4)
+    async with running(cfg, runtime, clock) as again:
+        assert again.state == "backoff"
+        assert again.status()["backoff_until"] - clock.wall() == pytest.approx(6)
+        assert await again.until_state("ready") == pytest.approx(6, abs=0.5)
+
+
+async def test_a_failed_preflight_backs_off_with_the_same_jitter(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    checks = (failing_check("port 8000 held by pid 7", FailureClass.port_in_use),)
+    async with running(config(tmp_path), runtime, clock, rand=0.0, checks=checks) as node:
+        await node.until_state("backoff")
+        assert node.status()["backoff_until"] - clock.wall() == pytest.approx(9.0)  # 10 s × (1 − 0.1)
+        assert runtime.launches == []
+
+
+async def test_a_guard_stop_carries_its_grace_and_records_the_incident_once(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until_state("ready")
+        daemon = node.daemon
+        hooks = NodeGuardHooks(daemon.node, daemon.sup.post, lambda: daemon.sup.machine.state)
+        failure = Failure.of(FailureClass.killed_by_guard, "memory ran low", evidence="MemAvailable 3 GiB")
+        hooks.write_evidence(failure)  # the guard writes before it signals
+        await hooks.stop_vllm(failure, 7.0)
+        await node.until_state("backoff")
+        assert runtime.stops == [(runtime.procs[min(runtime.procs)].instance.pid, 7.0)]
+        incidents = list((tmp_path / "state" / "incidents").iterdir())
+        assert len(incidents) == 1 and "killed_by_guard" in incidents[0].name
+        assert node.status()["last_failure"]["class"] == "killed_by_guard"
+
+
+async def test_a_restarted_daemon_adopts_the_running_instance_without_a_launch(tmp_path: Path) -> None:
+    cfg, runtime, clock = config(tmp_path), FakeRuntime(), FakeClock()
+    instance = runtime.start(serving=True)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "instance.json").write_text(json.dumps(instance.to_record()))
+    async with running(cfg, runtime, clock) as node:
+        await node.until_state("ready")
+        assert runtime.launches == [] and node.status()["pid"] == instance.pid
+        assert node.status()["launches"] == 0
+
+
+async def test_restart_from_failed_closes_the_breaker_and_launches(tmp_path: Path) -> None:
+    cfg, runtime, clock = config(tmp_path, restart={"budget_failures": 1}), FakeRuntime(), FakeClock()
+    async with running(cfg, runtime, clock) as node:
+        await node.until_state("ready")
+        runtime.crash()
+        await node.until_state("failed")
+        assert (await node.command(restart)).ok
+        await node.until_state("ready")
+        assert not node.status()["breaker"]["open"]
+        runtime.crash()
+        await node.until_state("failed")  # the budget was forgotten: one failure opens it again, not zero
+
+
+async def test_the_watchdog_is_petted_with_the_loops_last_progress_not_the_time(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until_state("ready")
+        node.notifier.watchdog_s = 30.0
+        wedged_at = node.daemon.sup.alive_at
+        clock.advance(100)
+        node.daemon.sup.alive_at = wedged_at  # the loop made no progress since
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(node.daemon._watchdog)
+            await all_tasks_blocked()
+            tg.cancel_scope.cancel()
+        assert node.notifier.pets == [wedged_at]
+
+
+
+CONFIG_TOML = """
+runtime = "process"
+[node]
+name = "scripted"
+role = "single"
+[launch]
+executable = "/usr/bin/true"
+model = "/models/m"
+port = 18999
+max_model_len = {max_model_len}
+[paths]
+state_dir = "{tmp}/state"
+run_dir = "{tmp}/run"
+[api]
+socket_group = ""
+port = 0
+[guard]
+enabled = false
+[health]
+interval_s = {interval}
+canary = false
+"""
+
+
+def write_config(tmp: Path, *, max_model_len: int = 8192, interval: float = 5.0, extra: str = "") -> Path:
+    path = tmp / "sparkd.toml"
+    path.write_text(CONFIG_TOML.format(tmp=tmp, max_model_len=max_model_len, interval=interval) + extra)
+    return path
+
+
+async def test_reload_applies_daemon_settings_now_and_the_launch_at_the_next_start(tmp_path: Path) -> None:
+    from sparkd.commands import reload as reload_command
+    from sparkd.config import load_config
+
+    path = write_config(tmp_path)
+    runtime, clock = FakeRuntime(), FakeClock()
+    node = Node(load_config(path), runtime, clock)
+    node.daemon.reloader.path = path
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(node.daemon.run)
+        await node.until_state("ready")
+        write_config(tmp_path, max_model_len=16384, interval=2.0)
+        assert node.status()["config"]["reload_needed"] is True
+        reply = await reload_command.execute(node.daemon.control, reload_command.Request())
+        assert reply.ok, reply.error
+        assert any("--max-model-len" in line and "16384" in line for line in reply.result["launch"])
+        assert reply.result["settings"] == ["health.interval_s: 5.0 → 2.0"]
+        assert node.daemon.node.watch is not None and node.daemon.node.watch.cfg.interval_s == 2.0
+        assert node.status()["config"]["restart_needed"] is True  # running on the old launch until a restart
+        assert len(runtime.launches) == 1 and "16384" not in " ".join(runtime.launches[0].argv)
+        assert (await node.command(restart)).ok
+        await node.until(lambda: len(runtime.launches) == 2 and node.state == "ready")
+        assert "16384" in " ".join(runtime.launches[1].argv)
+        assert node.status()["config"]["restart_needed"] is False
+        tg.cancel_scope.cancel()
+
+
+async def test_an_invalid_config_on_disk_changes_nothing_and_refuses_a_restart(tmp_path: Path) -> None:
+    from sparkd.commands import reload as reload_command
+    from sparkd.config import load_config
+
+    path = write_config(tmp_path)
+    runtime, clock = FakeRuntime(), FakeClock()
+    node = Node(load_config(path), runtime, clock)
+    node.daemon.reloader.path = path
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(node.daemon.run)
+        await node.until_state("ready")
+        before = node.daemon.cfg
+        path.write_text(path.read_text().replace("max_model_len = 8192", "max_model_len = -3"))
+        reply = await reload_command.execute(node.daemon.control, reload_command.Request())
+        assert not reply.ok and "launch.max_model_len" in reply.error
+        assert node.daemon.cfg is before
+        assert node.status()["config"]["valid"] is False
+        refused = await node.command(restart)
+        assert not refused.ok and "launch.max_model_len" in refused.error
+        assert node.state == "ready" and len(runtime.launches) == 1
+        tg.cancel_scope.cancel()
+
+
+async def test_status_shows_where_a_start_went(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(auto_ready=False), FakeClock()
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until(lambda: runtime.current is not None)
+        for line, seconds in (("Starting to load model /models/m...", 40), ("Model loading took 1.0 GiB memory "
+                              "and 40.0 seconds", 25), ("Available KV cache memory: 3.00 GiB", 5)):
+            runtime.say(line)
+            await all_tasks_blocked()
+            clock.advance(seconds)
+        runtime.serve()
+        await node.until_state("ready")
+        timing = node.status()["start_timing"]
+        assert set(timing["steps_s"]) >= {"preflight.scripted", "preflight", "queue", "runtime.launch"}
+        assert timing["sparkd_s"] is not None and not timing["adopted"]
+        assert timing["phases_s"]["loading_weights"] == pytest.approx(40)
+        assert timing["phases_s"]["compiling"] == pytest.approx(25)
+        assert timing["phases_s"]["kv_cache"] >= 5
