@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from sysfs_tree import SysfsTree
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INFRA_DIR = REPO_ROOT / "tests" / "infra"
@@ -325,35 +326,9 @@ def make_session_container(
 # RDMA devices in sysfs
 
 
-class SysfsTree:
-    """A ``/sys`` of the test's own: ``<root>/class/infiniband/<hca>/ports/<n>/{state,link_layer,gids,gid_attrs}``
-    as the kernel's ib_core lays it out (a GID slot not in use reads as zeros)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def port(self, hca: str, number: int = 1, *, state: str = "4: ACTIVE", link_layer: str = "Ethernet",
-             gids: Mapping[int, tuple[str, str]] | None = None) -> Path:
-        base = self.root / "class" / "infiniband" / hca / "ports" / str(number)
-        for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
-            (base / sub).mkdir(parents=True, exist_ok=True)
-        (base / "state").write_text(state + "\n")
-        (base / "link_layer").write_text(link_layer + "\n")
-        for index in range(8):
-            gid, kind = (gids or {}).get(index, ("0000:0000:0000:0000:0000:0000:0000:0000", ""))
-            (base / "gids" / str(index)).write_text(gid + "\n")
-            (base / "gid_attrs" / "types" / str(index)).write_text(kind + "\n" if kind else "")
-        return base
-
-
-def roce_gid(ipv4: str) -> str:
-    """The IPv4-mapped GID sysfs shows for ``ipv4`` (``0000:...:ffff:0a00:0001``)."""
-    a, b, c, d = (int(x) for x in ipv4.split("."))
-    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
-
-
 @pytest.fixture
 def sysfs(tmp_path: Path) -> SysfsTree:
+    """A ``/sys`` of the test's own (tests/sysfs_tree.py)."""
     return SysfsTree(tmp_path / "sys")
 
 

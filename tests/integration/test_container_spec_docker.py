@@ -18,8 +18,8 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import SysfsTree, roce_gid
 from docker_runtime_support import DockerPlace, anyio_backend, sh
+from sysfs_tree import SysfsTree, roce_gid
 
 from sparkd.compose import import_compose
 from sparkd.config import RuntimeKind, load_config

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import SysfsTree, roce_gid
+from sysfs_tree import SysfsTree, roce_gid
 
 from sparkd.config import config_from_mapping
 from sparkd.launch import render
