@@ -138,8 +138,12 @@ class ClusterConfig(_Section):
         "manifest), 'label' (the same value of cluster.image_label: images built on each node from one "
         "revision), or 'off'.")
     shared_env: list[str] = Field(
-        default_factory=lambda: ["VLLM_*", "UCX_*", "NCCL_CUMEM_ENABLE", "NCCL_IB_DISABLE", "NCCL_NET",
-                                 "TORCH_CUDA_ARCH_LIST", "!VLLM_HOST_IP", "!VLLM_CACHE_ROOT"],
+        default_factory=lambda: [
+            "VLLM_*", "UCX_*", "NCCL_CUMEM_ENABLE", "NCCL_IB_DISABLE", "NCCL_NET", "TORCH_CUDA_ARCH_LIST",
+            # Per node by design: addresses, paths, process titles, logging.
+            "!VLLM_HOST_IP", "!VLLM_PORT", "!VLLM_CACHE_ROOT", "!VLLM_NCCL_SO_PATH", "!VLLM_PROCESS_NAME_PREFIX",
+            "!VLLM_LOGGING_LEVEL", "!VLLM_CONFIGURE_LOGGING",
+        ],
         description="Environment variables every rank must set alike (fnmatch patterns over [container] env and "
         "[launch] env; '!' excludes, for per-node values).")
     image_label: str = Field(

@@ -31,7 +31,11 @@ class Imported:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    import yaml  # only this command reads YAML
+    try:
+        import yaml  # only this command reads YAML
+    except ImportError:
+        raise ComposeError("reading compose files needs PyYAML: pip install 'sparkd[compose]' (or pyyaml) into "
+                           "sparkd's environment") from None
 
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -138,3 +138,10 @@ def test_the_command_line(tmp_path: Path) -> None:
                              capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert missing.returncode == 2 and "required variable NODE_RANK is missing a value" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_without_pyyaml_the_command_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "yaml", None)  # as in the .deb's virtualenv, which leaves PyYAML out
+    with pytest.raises(ComposeError) as err:
+        import_compose(FIELD_001, environ=WORKER)
+    assert "needs PyYAML: pip install 'sparkd[compose]'" in str(err.value)
