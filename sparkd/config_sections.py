@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from enum import StrEnum
@@ -11,6 +12,29 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def _ip_address(value: str) -> str:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::)") from None
+    return value
+
+
+def _host(value: str) -> str:
+    """An IP address or a host name (RFC 1123 labels; not all-numeric, so 999.1.1.1 is no name)."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    labels = value.rstrip(".").split(".")
+    if len(value) > 253 or not all(_HOST_LABEL.match(label) for label in labels) or labels[-1].isdigit():
+        raise ValueError(f"{value!r} is neither an IP address nor a host name")
+    return value
+
 
 class Role(StrEnum):
     head = "head"
@@ -25,7 +49,8 @@ class RuntimeKind(StrEnum):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `backoff_initial_s = inf` or `interval_s = nan` would leave a timer that never fires.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class NodeConfig(_Section):
@@ -131,6 +156,11 @@ class LaunchConfig(_Section):
             )
         return value
 
+    @field_validator("host")
+    @classmethod
+    def _host_name(cls, value: str) -> str:
+        return _host(value)
+
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
@@ -180,6 +210,11 @@ class ApiConfig(_Section):
     listen: str = "127.0.0.1"
     port: int = Field(default=9479, ge=0, le=65535)
     token_file: Path | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        return _ip_address(value)
 
 
 class LintConfig(_Section):

@@ -8,9 +8,10 @@ from typing import NoReturn
 
 import click
 
+from sparkd import exits
 from sparkd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 
-EXIT_INVALID_CONFIG = 2
+EXIT_INVALID_CONFIG = exits.INVALID_CONFIG
 
 config_option = click.option(
     "--config", "config_path", type=click.Path(path_type=Path), default=DEFAULT_CONFIG_PATH,
