@@ -25,26 +25,32 @@ from sparkd.config_sections import (
     ApiConfig,
     ClusterConfig,
     ContainerConfig,
-    GuardConfig,
-    HealthConfig,
-    ImageAssert,
     LaunchConfig,
     LintConfig,
+    LogConfig,
+    LogFormat,
+    LogLevel,
     Mount,
     NodeConfig,
     PathsConfig,
+    Role,
+    RuntimeKind,
+)
+from sparkd.config_supervision import (
+    GuardConfig,
+    HealthConfig,
+    ImageAssert,
     PreflightCheckId,
     PreflightConfig,
     RestartConfig,
-    Role,
-    RuntimeKind,
     SupervisorConfig,
 )
 from sparkd.profiles import load_profile
 
 __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
-    "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "Mount", "NodeConfig",
+    "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig", "LogFormat",
+    "LogLevel", "Mount", "NodeConfig",
     "PathsConfig", "PreflightCheckId", "PreflightConfig", "RestartConfig", "Role", "RuntimeKind",
     "SupervisorConfig", "config_from_mapping", "load_config", "read_toml",
 ]
@@ -68,19 +74,27 @@ class Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    node: NodeConfig = Field(default_factory=NodeConfig)
-    runtime: RuntimeKind = RuntimeKind.docker_exec
-    container: ContainerConfig = Field(default_factory=ContainerConfig)
-    launch: LaunchConfig
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-    paths: PathsConfig = Field(default_factory=PathsConfig)
-    lint: LintConfig = Field(default_factory=LintConfig)
-    api: ApiConfig = Field(default_factory=ApiConfig)
-    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
-    restart: RestartConfig = Field(default_factory=RestartConfig)
-    health: HealthConfig = Field(default_factory=HealthConfig)
-    preflight: PreflightConfig = Field(default_factory=PreflightConfig)
-    guard: GuardConfig = Field(default_factory=GuardConfig)
+    node: NodeConfig = Field(default_factory=NodeConfig, description="This node: its name, role and rank.")
+    runtime: RuntimeKind = Field(default=RuntimeKind.docker_exec, description=(
+        "How vLLM runs: `docker-exec` (exec'd into a long-lived container), `docker-run` (a container per "
+        "launch) or `process` (on the host, as sparkd's child)."))
+    container: ContainerConfig = Field(default_factory=ContainerConfig, description=(
+        "vLLM's container (the docker runtimes)."))
+    launch: LaunchConfig = Field(description="`vllm serve` and its flags: the known-good launch.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description=(
+        "The pair: peers' daemons and the rendezvous."))
+    paths: PathsConfig = Field(default_factory=PathsConfig, description="Where sparkd keeps state, socket and logs.")
+    lint: LintConfig = Field(default_factory=LintConfig, description="`sparkd check-config`'s lint rules.")
+    api: ApiConfig = Field(default_factory=ApiConfig, description=(
+        "The control socket and the TCP port (metrics, peer API)."))
+    log: LogConfig = Field(default_factory=LogConfig, description="sparkd's own log, and vLLM's output.")
+    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description=(
+        "Start, stop, log and incident budgets."))
+    restart: RestartConfig = Field(default_factory=RestartConfig, description="Backoff, budget and breaker.")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Health probes.")
+    preflight: PreflightConfig = Field(default_factory=PreflightConfig, description=(
+        "Checks and clean-up before every launch."))
+    guard: GuardConfig = Field(default_factory=GuardConfig, description="The unified-memory guard.")
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Config:

@@ -54,6 +54,20 @@ def render_cmd(config_path: Path, as_json: bool) -> None:
         click.echo(render_script(spec, source=str(config_path)), nl=False)
 
 
+@main.command("config-reference")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per key instead of markdown.")
+def config_reference_cmd(as_json: bool) -> None:
+    """Every config key: type, default, environment variable, description (docs/config.md is this output)."""
+    from dataclasses import asdict
+
+    from sparkd.config_reference import reference_markdown, rows
+
+    if as_json:
+        click.echo(json.dumps([asdict(row) for row in rows()], indent=2))
+    else:
+        click.echo(reference_markdown(), nl=False)
+
+
 @main.command("run")
 @config_option
 @click.option("--rehearse", is_flag=True, help="Run the config with the vLLM stand-in in place of vLLM.")

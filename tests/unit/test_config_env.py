@@ -158,3 +158,14 @@ def test_good_hosts_and_listen_addresses_pass() -> None:
         assert config_from_mapping({**BASE, "launch": {"model": "/m", "host": host}}, env={}).launch.host == host
     for listen in ("0.0.0.0", "127.0.0.1", "::1", "10.0.0.1"):
         assert config_from_mapping({**BASE, "api": {"listen": listen}}, env={}).api.listen == listen
+
+
+def test_false_turns_off_a_key_that_is_on_by_default() -> None:
+    cfg = config_from_mapping({"runtime": "process", "launch": {"model": "/m", "subcommand": False},
+                               "container": {"gpus": False}, "preflight": {"overcommit_memory": False},
+                               "guard": {"psi_trigger": False, "psi_full_avg10_escalate": False}}, env={})
+    assert (cfg.launch.subcommand, cfg.container.gpus, cfg.preflight.overcommit_memory, cfg.guard.psi_trigger,
+            cfg.guard.psi_full_avg10_escalate) == (None, None, None, None, None)
+    # A key that is off (None) by default keeps false as a value: --no-enable-prefix-caching.
+    assert config_from_mapping({"runtime": "process", "launch": {"model": "/m", "enable_prefix_caching": False}},
+                               env={}).launch.enable_prefix_caching is False
