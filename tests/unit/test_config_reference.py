@@ -49,7 +49,7 @@ def test_a_key_without_a_description_fails_the_reference() -> None:
     class Root(BaseModel):
         part: Section = Field(default_factory=Section, description="a section")
 
-    with pytest.raises(UndocumentedKey, match="part.bare"):
+    with pytest.raises(UndocumentedKey, match=r"part\.bare"):
         rows(Root)
 
 
