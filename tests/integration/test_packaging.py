@@ -195,7 +195,7 @@ def test_package_installs_and_runs_in_a_clean_container(debian: Any, built: Buil
     for name, word, expected in (("sparkctl", "re", {"reset", "restart"}), ("sparkd", "check", {"check-config"})):
         shown = debian.out(f"bash -c 'source /usr/share/bash-completion/completions/{name};"
                            f" COMP_WORDS=({name} {word}); COMP_CWORD=1; _{name}_completion {name};"
-                           " printf \"%s\\n\" \"${{COMPREPLY[@]}}\"'")
+                           " printf \"%s\\n\" \"${COMPREPLY[@]}\"'")
         assert expected <= {line.split(",")[-1] for line in shown.splitlines()}, shown
 
     # The packaged unit runs the packaged daemon: a process-runtime node with the packaged stand-in.
