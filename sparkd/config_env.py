@@ -7,9 +7,9 @@ the file. Rules:
    without regard to case (``SPARKD_SUPERVISOR__LEAVE_RUNNING``). Below a table of free keys (``launch.env``,
    ``container.env``, ``container.labels``, the JSON flag tables) a part is a key of that table and keeps
    its case: ``SPARKD_LAUNCH__ENV__NCCL_SOCKET_IFNAME=eth0`` sets ``NCCL_SOCKET_IFNAME``.
-2. A variable whose first part names no top-level key is not an override and is ignored (the stand-in's
-   ``SPARKD_STANDIN_*`` knobs, the build scripts' ``SPARKD_DEB_*``). Below a known key, an unknown part is
-   an error, with the closest key suggested.
+2. A variable without ``__`` whose name is no top-level key is not an override and is ignored (the
+   stand-in's ``SPARKD_STANDIN_*`` knobs, the build scripts' ``SPARKD_DEB_*``). Any other unknown part (a
+   typo'd section in ``SPARKD_LANCH__PORT``, a key) is an error, with the closest key suggested.
 3. A section, a table or a list is given as JSON (``SPARKD_LAUNCH__EXTRA_ARGS='["--foo"]'``); a value as
    its text, which the config model then converts (``8001``, ``true``). A value inside a JSON flag table
    (``SPARKD_LAUNCH__COMPILATION_CONFIG__LEVEL=3``) is read as JSON when it parses, else as text.
@@ -147,7 +147,7 @@ def parse_overrides(env: Mapping[str, str], root: type[BaseModel]) -> list[Overr
         if not variable.startswith(ENV_PREFIX):
             continue
         parts = variable[len(ENV_PREFIX):].split(SEPARATOR)
-        if _field_key(root, parts[0]) is None:
+        if len(parts) == 1 and _field_key(root, parts[0]) is None:
             continue  # not an override (rule 2)
         try:
             path, kind, _ = _resolve(variable, parts, root)

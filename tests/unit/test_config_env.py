@@ -79,6 +79,7 @@ def test_variable_for_picks_the_most_specific_override() -> None:
         ({"SPARKD_LAUNCH": "{"}, "SPARKD_LAUNCH: launch takes JSON"),
         ({"SPARKD_LAUNCH": "[1]"}, "SPARKD_LAUNCH: launch takes a JSON object"),
         ({"SPARKD_LAUNCH__PROT": "1"}, "SPARKD_LAUNCH__PROT: launch has no key 'prot' (did you mean 'port'?)"),
+        ({"SPARKD_LANCH__PORT": "1"}, "SPARKD_LANCH__PORT: the config has no key 'lanch' (did you mean 'launch'?)"),
         ({"SPARKD_LAUNCH__PORT__X": "1"}, "SPARKD_LAUNCH__PORT__X: launch.port is a single value"),
         ({"SPARKD_LAUNCH__EXTRA_ARGS__0": "x"}, "SPARKD_LAUNCH__EXTRA_ARGS__0: launch.extra_args is a list"),
         ({"SPARKD_LAUNCH____PORT": "1"}, "SPARKD_LAUNCH____PORT: an empty part"),
