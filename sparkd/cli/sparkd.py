@@ -45,8 +45,9 @@ def check_config(config_path: Path, profile: str | None) -> None:
 @config_option
 @click.option("--json", "as_json", is_flag=True, help='Print {"argv": [...], "env": {...}} instead.')
 def render_cmd(config_path: Path, as_json: bool) -> None:
-    """Print the launch script (or argv and env) rendered from the config."""
-    cfg = config_or_exit(config_path)
+    """Print the launch script (or argv and env) rendered from the config; exit 2, printing nothing, for a config
+    check-config refuses."""
+    cfg = linted_config_or_exit(config_path)
     spec = render(cfg)
     if as_json:
         click.echo(json.dumps(spec.to_json(), indent=2))

@@ -1,4 +1,4 @@
-"""systemd/sparkd.service under a real systemd 252 booted as PID 1 in a container (DESIGN.md §6).
+"""systemd/sparkd.service under a real systemd 252 booted as PID 1 in a container (docs/design.md).
 
 The container runs Debian's systemd from its own /usr and the repo's sparkd through read-only mounts:
 ``/usr/bin/sparkd`` is a symlink to ``<repo>/.venv/bin/sparkd``, so the shipped unit runs unmodified. The only

@@ -42,3 +42,13 @@ def test_token_file_warnings(tmp_path: Path, mode: int | None, expected: str | N
 def test_no_token_file_named_no_warning(tmp_path: Path) -> None:
     result = check(tmp_path, None)
     assert result.returncode == 0 and "token" not in result.stderr, result.stderr
+
+
+def test_render_refuses_what_check_config_refuses(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('runtime = "process"\n[launch]\nmodel = "/m"\n'
+                    '[launch.env]\nVLLM_WORKER_MULTIPROC_METHOD = "fork"\n')
+    result = subprocess.run([sys.executable, "-m", "sparkd.cli", "render", "--config", str(path)],
+                            capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert "[multiproc-fork]" in result.stderr, result.stderr
