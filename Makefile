@@ -2,16 +2,20 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+# Pinned, tested versions: the same file fills the .deb's virtualenv (packaging/build-deb.sh).
+CONSTRAINTS := packaging/constraints.txt
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(CONSTRAINTS) | sha256sum | cut -c1-12)
 
 .PHONY: setup run test lint typecheck unit docker-up image clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
+	# Nothing the pins no longer name (a dependency dropped since this venv was made).
+	$(BIN)/python packaging/venv_check.py --prune $(CONSTRAINTS)
 	rm -f $(VENV)/.installed-* && touch $@
 
 # sparkd supervising the built-in vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both).
@@ -46,11 +50,11 @@ clean:
 .PHONY: wheel deb
 
 wheel: setup
-	$(BIN)/pip install --quiet build
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) build
 	$(BIN)/python -m build --outdir dist .
 
 deb: setup
-	$(BIN)/pip install --quiet build
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) build
 	bash packaging/build-deb.sh --out dist
 
 # Benchmarks against the tools people run today (tests/bench/README.md): installs Debian's supervisor and earlyoom

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from sparkd import __version__
-from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail
+from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail, token_file_findings
 from sparkd.config import Config
 from sparkd.launch import render, render_script
 from sparkd.lint import errors, lint
@@ -23,7 +23,7 @@ def main() -> None:
 def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> Config:
     """The config, its lint findings printed; exit 2 when it is invalid or has a lint error."""
     cfg = config_or_exit(config_path, profile=profile)
-    findings = lint(cfg)
+    findings = [*lint(cfg), *token_file_findings(cfg)]
     for finding in findings:
         click.echo(f"{config_path}: {finding}", err=True)
     if errors(findings):
@@ -45,13 +45,28 @@ def check_config(config_path: Path, profile: str | None) -> None:
 @config_option
 @click.option("--json", "as_json", is_flag=True, help='Print {"argv": [...], "env": {...}} instead.')
 def render_cmd(config_path: Path, as_json: bool) -> None:
-    """Print the launch script (or argv and env) rendered from the config."""
-    cfg = config_or_exit(config_path)
+    """Print the launch script (or argv and env) rendered from the config; exit 2, printing nothing, for a config
+    check-config refuses."""
+    cfg = linted_config_or_exit(config_path)
     spec = render(cfg)
     if as_json:
         click.echo(json.dumps(spec.to_json(), indent=2))
     else:
         click.echo(render_script(spec, source=str(config_path)), nl=False)
+
+
+@main.command("config-reference")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per key instead of markdown.")
+def config_reference_cmd(as_json: bool) -> None:
+    """Every config key: type, default, environment variable, description (docs/config.md is this output)."""
+    from dataclasses import asdict
+
+    from sparkd.config_reference import reference_markdown, rows
+
+    if as_json:
+        click.echo(json.dumps([asdict(row) for row in rows()], indent=2))
+    else:
+        click.echo(reference_markdown(), nl=False)
 
 
 @main.command("run")
