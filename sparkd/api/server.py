@@ -170,7 +170,7 @@ class TokenGate:
 
 async def serve(app: Starlette, sock: socket.socket) -> None:
     config = uvicorn.Config(
-        app, http=BoundedH11, lifespan="off", log_level="warning", access_log=False,
+        app, http=BoundedH11, lifespan="off", log_level="warning", access_log=False, log_config=None,
         limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=IDLE_TIMEOUT_S, backlog=MAX_CONNECTIONS,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )

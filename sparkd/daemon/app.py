@@ -110,8 +110,7 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
         self.files = StateWriter(self.log)
-        self.vllm_log = VllmLog(cfg.paths.logs / "vllm.log", max_bytes=cfg.supervisor.log_max_bytes,
-                                backups=cfg.supervisor.log_backups)
+        self.vllm_log = VllmLog.from_config(cfg)
         self.token = read_token(cfg.api.token_file)
         self.guard: Guard | None = None
         machine = restore(memory.load(self.lifecycle_path, self.clock, self.log), self.clock.now())
@@ -162,7 +161,12 @@ class Daemon:
         self.files.put(self.lifecycle_path, memory.to_json(remembered, self.clock))
 
     def problems(self) -> list[str]:
-        return sorted(self.files.problems.values())
+        """What sparkd itself cannot do right now (it reports itself degraded until they clear)."""
+        problems = sorted(self.files.problems.values())
+        if self.vllm_log.write_error:
+            problems.append(f"vLLM's output is not being kept on disk: {self.vllm_log.write_error} "
+                            f"({self.vllm_log.lost_lines} line(s) lost)")
+        return problems
 
     def apply_config(self, cfg: Config) -> None:
         """Take on a reloaded config: daemon settings at once, launch settings at the next start."""
@@ -173,6 +177,7 @@ class Daemon:
             self.node.watch.cfg = cfg.health
         self.node.incidents.keep = cfg.supervisor.incidents_keep
         self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
+        configure_logging(cfg.log)
         self.view.cfg = cfg
         if self.group is not None:
             self.group.cfg = cfg
@@ -287,7 +292,7 @@ class _Deferred:
 
 
 def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int:
-    configure_logging()
+    configure_logging(cfg.log)
     log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
     harden_process()
     lock = NodeLock(cfg.paths.state_dir / "sparkd.lock")

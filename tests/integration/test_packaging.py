@@ -262,8 +262,6 @@ def upgraded_deb(built: Built, version: str) -> Path:
 
 @pytest.mark.docker
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, reason="waits for `sparkctl handover` (lead, issue 15 item 7): the daemon exits 0 "
-                   "leaving vLLM running; postinst calls it, waits for the unit to stop, then starts it")
 def test_upgrade_hands_over_without_a_cold_start(debian: Any, built: Built) -> None:
     newer = upgraded_deb(built, f"{sparkd.__version__}+upgrade1")
     debian.sh(f"dpkg -i /dist/{built.deb.name}")

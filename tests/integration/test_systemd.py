@@ -306,8 +306,6 @@ def test_journal_native_protocol_reaches_journald(node: Any) -> None:
     assert "a warning line" in warnings and "an info line" not in warnings, warnings
 
 
-@pytest.mark.xfail(strict=True, reason="waits for the daemon shell to build its vLLM log with "
-                   "VllmLog.from_config(cfg) (sparkd/logs.py), which honours [log] vllm_to_journal")
 def test_vllm_output_in_the_journal_under_its_own_identifier(node: Any) -> None:
     node.write("/etc/systemd/system/sparkd.service.d/15-vllm-journal.conf",
                "[Service]\nEnvironment=SPARKD_LOG__VLLM_TO_JOURNAL=true\n")
@@ -322,8 +320,6 @@ def test_vllm_output_in_the_journal_under_its_own_identifier(node: Any) -> None:
         node.sh("rm -f /etc/systemd/system/sparkd.service.d/15-vllm-journal.conf && systemctl daemon-reload")
 
 
-@pytest.mark.xfail(strict=True, reason="waits for `sparkctl reload` (the daemon shell and sparkctl, lead's issue 15 "
-                   "item 1): ExecReload= runs it")
 def test_reload_reports_an_invalid_config_and_keeps_vllm(node: Any) -> None:
     main_pid, vllm_pid = ensure_ready(node)
     good = node.out("cat /etc/sparkd/sparkd.toml")
