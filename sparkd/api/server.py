@@ -23,6 +23,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -114,7 +115,14 @@ def _handler(control: Control, cmd: ModuleType | Any) -> Callable[[Request], Any
 
 
 def _json(reply: Reply) -> JSONResponse:
-    return JSONResponse(reply.envelope(), reply.code)
+    then = reply.then
+    if then is None:
+        return JSONResponse(reply.envelope(), reply.code)
+
+    async def after() -> None:  # in the event loop, once the answer is out
+        then()
+
+    return JSONResponse(reply.envelope(), reply.code, background=BackgroundTask(after))
 
 
 async def _lines(lines: AsyncIterator[str]) -> AsyncIterator[str]:
