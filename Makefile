@@ -2,19 +2,20 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml standin/pyproject.toml | sha256sum | cut -c1-12)
 
 .PHONY: setup run test lint typecheck unit docker-up image clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# sparkd and its vLLM stand-in (standin/, its own distribution: the demo, the tests and --rehearse run it).
+$(STAMP): pyproject.toml standin/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -e ./standin
 	rm -f $(VENV)/.installed-* && touch $@
 
-# sparkd supervising the built-in vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both).
+# sparkd supervising the vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both).
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sparkd run --config config/examples/demo.toml
 
@@ -26,17 +27,17 @@ image: setup docker-up
 	$(BIN)/python tests/infra/build_image.py
 
 lint: setup
-	$(BIN)/ruff check sparkd tests
+	$(BIN)/ruff check sparkd standin tests
 
 typecheck: setup
-	$(BIN)/mypy sparkd
+	$(BIN)/mypy sparkd standin/sparkd_standin
 
 # The whole suite: lint, types, unit and integration tests against a real Docker engine.
 test: setup lint typecheck image
 	$(BIN)/pytest -q
 
 unit: setup
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/unit tests/standin
 
 clean:
 	rm -rf $(VENV) .sparkd-demo .pytest_cache .ruff_cache .mypy_cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -97,7 +98,13 @@ def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool) -> None:
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def standin_cmd(args: tuple[str, ...]) -> None:
-    """The vLLM stand-in: `sparkd standin serve MODEL [vllm flags]`."""
-    from sparkd.standin.__main__ import main as standin_main
+    """The vLLM stand-in (the sparkd-standin distribution): `sparkd standin serve MODEL [vllm flags]`."""
+    import os
 
-    raise SystemExit(standin_main(list(args)))
+    from sparkd.rehearsal import STANDIN, standin_executable
+
+    program = standin_executable()
+    if not os.path.isabs(program):
+        fail(f"sparkd: the vLLM stand-in is not installed: no `{STANDIN}` next to {sys.executable} or on PATH "
+             "(install the sparkd-standin distribution: `pip install ./standin` in a checkout, or `make setup`)")
+    os.execv(program, [program, *args])

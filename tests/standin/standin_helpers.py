@@ -70,7 +70,7 @@ def _alive(pid: int) -> bool:
 
 
 class Standin:
-    """One ``python -m sparkd.standin serve ...`` process with its stdout+stderr collected line by line."""
+    """One ``python -m sparkd_standin serve ...`` process with its stdout+stderr collected line by line."""
 
     def __init__(
         self,
@@ -87,7 +87,7 @@ class Standin:
         }
         full_env.setdefault("PYTHONPATH", str(REPO_ROOT))
         self.title_prefix = full_env["VLLM_PROCESS_NAME_PREFIX"]
-        self.argv = [sys.executable, "-m", "sparkd.standin", "serve", *args]
+        self.argv = [sys.executable, "-m", "sparkd_standin", "serve", *args]
         self.proc = subprocess.Popen(
             self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
         )

@@ -18,3 +18,4 @@ Modules: args/flags (argv), knobs (faults), logfmt (vLLM log lines), sizing (fak
 procs (children), rendezvous (TCPStore), worker, executor, engine, client (API ↔ engine), metrics, generate
 (OpenAI requests), api (HTTP app), faults (after-ready faults), server (head), headless.
 """
+__version__ = "0.1.0"

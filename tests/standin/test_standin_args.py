@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.standin import sizing
-from sparkd.standin.__main__ import main
-from sparkd.standin.args import human_readable_int, parse_serve_args
-from sparkd.standin.knobs import KnobError, Knobs, load_knobs
+from sparkd_standin import sizing
+from sparkd_standin.__main__ import main
+from sparkd_standin.args import human_readable_int, parse_serve_args
+from sparkd_standin.knobs import KnobError, Knobs, load_knobs
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,7 @@ def test_free_memory_refusal_text_matches_vllm_013() -> None:
 def test_unknown_flag_from_the_command_line_exits_2() -> None:
     """The real entry point exits 2 with the argparse message on stderr."""
     proc = subprocess.run(
-        [sys.executable, "-m", "sparkd.standin", "serve", "m", "--bogus-flag", "1"],
+        [sys.executable, "-m", "sparkd_standin", "serve", "m", "--bogus-flag", "1"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -134,7 +134,7 @@ def test_argv_file_records_argv_even_when_rejected(tmp_path: Path) -> None:
     """SPARKD_STANDIN_ARGV_FILE receives json.dumps(sys.argv) first, so a rejected argv is still visible."""
     target = tmp_path / "argv.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "sparkd.standin", "serve", "m", "--compilation-config", '{"a": [1, 2]}', "--nope"],
+        [sys.executable, "-m", "sparkd_standin", "serve", "m", "--compilation-config", '{"a": [1, 2]}', "--nope"],
         capture_output=True,
         text=True,
         timeout=60,
