@@ -43,7 +43,8 @@ STARTUP = {
         rf"^{W}{HEAD}\[gpu_model_runner\.py:4857\] Starting to load model {MODEL}\.\.\.$",
         rf"^{W}Loading safetensors checkpoint shards:  50% Completed \| 2/4 \[",
         rf"^{W}{HEAD}\[default_loader\.py:397\] Loading weights took [\d.]+ seconds$",
-        rf"^{W}{HEAD}\[gpu_model_runner\.py:4959\] Model loading took \d+\.\d{{1,2}} GiB memory and \d+\.\d{{6}} seconds$",
+        rf"^{W}{HEAD}\[gpu_model_runner\.py:4959\] Model loading took \d+\.\d{{1,2}} GiB memory and "
+        r"\d+\.\d{6} seconds$",
         rf"^{W}{HEAD}\[monitor\.py:53\] torch\.compile took [\d.]+ s in total$",
         rf"^{W}{HEAD}\[gpu_worker\.py:462\] Available KV cache memory: [\d.]+ GiB$",
         rf"^\(EngineCore pid=\d+\) {HEAD}\[kv_cache_utils\.py:1710\] GPU KV cache size: [\d,]+ tokens$",
