@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -80,3 +81,28 @@ def test_the_context_skips_checks_without_running_them(tmp_path: Path) -> None:
     ]
     unskipped = dataclasses.replace(ctx, skip={})
     assert not anyio.run(run_preflight, unskipped, (make("memory"),)).ok and ran == ["memory"]
+
+
+def test_sparkd_standin_passes_everything_to_the_installed_standin() -> None:
+    """`sparkd standin ...` is `sparkd-standin ...`: its help, its parser's errors and exit statuses."""
+    sparkd = str(Path(sys.executable).parent / "sparkd")
+    shown = subprocess.run([sparkd, "standin", "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: vllm [-h] [-v]")
+    refused = subprocess.run([sparkd, "standin", "serve", "m", "--bogus"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1] == "vllm: error: unrecognized arguments: --bogus"
+
+
+def test_sparkd_standin_names_what_is_missing_when_it_is_not_installed(tmp_path: Path) -> None:
+    """Without sparkd-standin beside the interpreter or on PATH: one sentence naming it and how to install it."""
+    program = (
+        "import sys; sys.executable = sys.argv[1]; from sparkd.cli.sparkd import main; main(['standin', '--help'])"
+    )
+    env = {"PATH": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", program, str(tmp_path / "python")], capture_output=True, text=True,
+                          env=env, timeout=60)  # fmt: skip
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip() == (
+        f"sparkd: the vLLM stand-in is not installed: no `sparkd-standin` next to {tmp_path / 'python'} or on "
+        "PATH (install the sparkd-standin distribution: `pip install ./standin` in a checkout, or `make setup`)"
+    )
