@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+import httpx
 import pytest
-from standin_helpers import Standin, Standins, free_port, standins, wait_until
+from standin_helpers import Standin, Standins, free_port, http, standins, wait_until
 
 MODEL = "/models/Qwen3-30B"
 A, E, W = r"\(APIServer pid=\d+\) ", r"\(EngineCore_DP0 pid=\d+\) ", r"\(Worker_TP0 pid=\d+\) "
@@ -82,10 +83,13 @@ def launch() -> Iterator[Standins]:
         yield group
 
 
-def _head(launch: Standins, version: str, *extra: str, **env: str) -> Standin:
+STATS_AT = {"0.13.0": "loggers.py:248", "0.21.0": "loggers.py:271", "0.24.0": "loggers.py:273"}
+
+
+def _head(launch: Standins, version: str, *extra: str, port: int | None = None, **env: str) -> Standin:
     return launch.start(
-        MODEL, "--host", "127.0.0.1", "--port", str(free_port()), "-tp", "2", "--max-model-len", "32K", *extra,
-        env={"SPARKD_STANDIN_VLLM_VERSION": version, "NO_COLOR": "1", **env},
+        MODEL, "--host", "127.0.0.1", "--port", str(port or free_port()), "-tp", "2", "--max-model-len", "32K",
+        *extra, env={"SPARKD_STANDIN_VLLM_VERSION": version, "NO_COLOR": "1", **env},
     )  # fmt: skip
 
 
@@ -99,14 +103,31 @@ def assert_in_order(standin: Standin, patterns: list[str]) -> None:
 
 @pytest.mark.parametrize("version", sorted(STARTUP))
 def test_startup_lines_are_each_releases_own(launch: Standins, version: str) -> None:
-    """A tp=2 head logs the release's lines in vLLM's order, from the right process, with its file:line."""
-    standin = _head(launch, version)
+    """A tp=2 head logs the release's lines in vLLM's order, from the right process, with its file:line; so is
+    its stats line once there is traffic."""
+    port = free_port()
+    standin = _head(launch, version, port=port, VLLM_LOG_STATS_INTERVAL="0.5")
     standin.wait_ready()
     assert_in_order(standin, STARTUP[version])
+    wait_until(lambda: _completed(port))
+    standin.wait_for(
+        rf"^{A}{HEAD}\[{re.escape(STATS_AT[version])}\] Engine 000: Avg prompt throughput: \d+\.\d tokens/s, Avg "
+        r"generation throughput: \d+\.\d tokens/s, Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: "
+        r"\d+\.\d%, Prefix cache hit rate: 0\.0%$",
+        timeout=10,
+    )
     text = standin.text()
     assert "Uvicorn running on" not in text
     assert re.search(r"\(Worker_TP1 pid=\d+\) .*Loading weights took", text) is None  # info_once: local rank 0
     assert ("Engine core proc" in text, "vLLM API server version" in text) == (False, version == "0.13.0")
+
+
+def _completed(port: int) -> bool:
+    try:
+        response = http("127.0.0.1", port).post("/v1/completions", json={"prompt": "hi", "max_tokens": 8})
+    except httpx.TransportError:
+        return False  # uvicorn listens just after "Application startup complete."
+    return response.status_code == 200
 
 
 def test_013_without_fork_decorates_each_process_once(launch: Standins) -> None:
