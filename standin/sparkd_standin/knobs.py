@@ -37,7 +37,7 @@ class Knobs:
     die_mode: str = "exit"  # exit | engine | kill | worker
     die_exit_code: int = 1  # exit status for die_mode=exit
     hang_after: float | None = None  # seconds after ready: the API event loop stops answering
-    stall_after: float | None = None  # seconds after ready: generation stops producing tokens
+    stall_after: float | None = None  # seconds after ready: from then on no engine step completes (a wedged rank)
     leak_mb_per_s: float = 0.0  # worker allocates and touches this much memory per second once loaded
     leak_max_mb: float = 1024.0  # cap on the leak
     fail_free_memory: bool = False  # refuse to start with vLLM's free-memory error
@@ -53,14 +53,14 @@ class Knobs:
     missing_module: str = "deep_gemm"  # the module crash=missing_module cannot import
     jit_after: float | None = None  # seconds after ready: the next engine step JIT-compiles a kernel first
     jit_seconds: float = 30.0  # how long that compilation pauses every step
-
-    @property
-    def dialect(self) -> Dialect:
-        return dialect(self.vllm_version)
     tokens_per_s: float = 200.0  # generation rate of each request
     tcpstore_timeout: float = 600.0  # seconds both rendezvous sides wait for each other
     max_position_embeddings: int = 1048576  # the model's derived max_model_len (its config.json)
     argv_file: str | None = None  # write json.dumps(sys.argv) here at start
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect(self.vllm_version)
 
 
 def _bool(text: str) -> bool:
