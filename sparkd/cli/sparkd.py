@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit
 from sparkd.config import Config
 from sparkd.launch import render, render_script
 from sparkd.lint import errors, lint
+from sparkd.rehearsal import STANDIN, standin_executable
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,10 +101,6 @@ def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def standin_cmd(args: tuple[str, ...]) -> None:
     """The vLLM stand-in (the sparkd-standin distribution): `sparkd standin serve MODEL [vllm flags]`."""
-    import os
-
-    from sparkd.rehearsal import STANDIN, standin_executable
-
     program = standin_executable()
     if not os.path.isabs(program):
         fail(f"sparkd: the vLLM stand-in is not installed: no `{STANDIN}` next to {sys.executable} or on PATH "
