@@ -34,6 +34,12 @@ def _head(launch: Standins, port: int, *extra: str, **knobs: str) -> Standin:
     return launch.start("m", "--host", "127.0.0.1", "--port", str(port), *extra, env=env)
 
 
+def serving(standin: Standin, port: int) -> None:
+    """Ready, and listening: uvicorn listens just after "Application startup complete."."""
+    standin.wait_ready()
+    wait_until(lambda: _connected(port)).close()
+
+
 def gauges(port: int) -> tuple[float | None, float | None, float | None]:
     text = http("127.0.0.1", port).get("/metrics").text
     return tuple(  # type: ignore[return-value]
@@ -47,7 +53,7 @@ def _raw_completion(port: int, max_tokens: int = 16, stream: bool = False) -> It
     """A completion request on a raw socket, left in flight while the block runs (closed at its end)."""
     body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": max_tokens, "stream": stream}).encode()
     head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-    with wait_until(lambda: _connected(port)) as sock:  # uvicorn listens just after "startup complete"
+    with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         yield sock
 
@@ -65,7 +71,7 @@ def test_idle_wedge_changes_no_gauge_and_ends_in_the_rpc_timeout(launch: Standin
     timeout (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, 300 s scaled by TIME_SCALE to 3 s): 500, /health 503, exit 0."""
     port = free_port()
     standin = _head(launch, port, "-tp", "2", stall_after="0", time_scale="0.01")
-    standin.wait_ready()
+    serving(standin, port)
     before = gauges(port)
     assert before == (0.0, 0.0, 0.0)
     with _raw_completion(port):
@@ -86,7 +92,7 @@ def test_wedge_mid_generation_freezes_the_gauges_at_the_last_step(launch: Standi
     port = free_port()
     env = {"VLLM_LOG_STATS_INTERVAL": "0.5", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}
     standin = _head(launch, port, "-tp", "2", stall_after="3", tokens_per_s="20", **env)
-    standin.wait_ready()
+    serving(standin, port)
     with _raw_completion(port, max_tokens=100000, stream=True):
         wait_until(lambda: (gauges(port)[2] or 0) > 0, timeout=10)
         standin.wait_for(r"Avg generation throughput: 0\.0 tokens/s, Running: 1 reqs", timeout=20)
@@ -104,7 +110,7 @@ def test_wedge_of_a_single_in_process_rank_hangs_for_good(launch: Standins) -> N
     """tp=1 (the uni executor): no message queue, no RPC timeout; a wedged step hangs and vLLM says nothing."""
     port = free_port()
     standin = _head(launch, port, stall_after="0", time_scale="0.01")
-    standin.wait_ready()
+    serving(standin, port)
     with pytest.raises(httpx.ReadTimeout):
         http("127.0.0.1", port, 5.0).post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
     assert http("127.0.0.1", port).get("/health").status_code == 200
@@ -118,7 +124,7 @@ def test_rpc_timeout_and_warning_interval_come_from_vllms_variables(launch: Stan
     port = free_port()
     env = {"VLLM_RINGBUFFER_WARNING_INTERVAL": "1", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3"}
     standin = _head(launch, port, "-tp", "2", stall_after="0", **env)
-    standin.wait_ready()
+    serving(standin, port)
     response = http("127.0.0.1", port, 30).post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
     assert response.status_code == 500
     text = standin.text()
@@ -133,7 +139,7 @@ def test_jit_compile_pauses_every_request_then_serving_resumes(launch: Standins)
     port = free_port()
     standin = _head(launch, port, "-tp", "2", vllm_version="0.24.0", jit_after="5", jit_seconds="4",
                     time_scale="0.02", tokens_per_s="50")  # fmt: skip
-    standin.wait_ready()
+    serving(standin, port)
     results: list[int] = []
 
     def complete(max_tokens: int) -> None:
@@ -169,7 +175,7 @@ def test_stats_line_comes_at_vllms_own_interval(launch: Standins) -> None:
     interval after the server started (by the lines' own clocks)."""
     port = free_port()
     standin = _head(launch, port, tokens_per_s="20")
-    standin.wait_ready()
+    serving(standin, port)
     with _raw_completion(port, max_tokens=100000, stream=True):
         stats = standin.wait_for(r"\[loggers\.py:271\] Engine 000: Avg prompt throughput: .*", timeout=40).string
     started = standin.wait_for(r"Starting vLLM server on", timeout=1).string
