@@ -29,7 +29,7 @@ def write_config(tmp_path: Path, port: int, **preflight: Any) -> Path:
         "launch": {"executable": STANDIN, "model": MODEL, "host": "127.0.0.1", "port": port,
                    "env": {"VLLM_PROCESS_NAME_PREFIX": PREFIX}},
         "paths": {"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run")},
-        "preflight": {"kill_grace_s": 2.0, **preflight, "skip": [*STANDIN_SKIPS, *preflight.get("skip", [])]},
+        "preflight": {"kill_grace_s": 2.0, **preflight, "skip": [*preflight.get("skip", []), *STANDIN_SKIPS]},
     }
     path = tmp_path / "sparkd.toml"
     path.write_text(render_toml(data))
