@@ -4,21 +4,22 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Pinned, tested versions: the same file fills the .deb's virtualenv (packaging/build-deb.sh).
 CONSTRAINTS := packaging/constraints.txt
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(CONSTRAINTS) | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml standin/pyproject.toml $(CONSTRAINTS) | sha256sum | cut -c1-12)
 
 .PHONY: setup run test lint typecheck unit docker-up image clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+# sparkd and its vLLM stand-in (standin/, its own distribution: the demo, the tests and --rehearse run it).
+$(STAMP): pyproject.toml standin/pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[test]' -e ./standin
 	# Nothing the pins no longer name (a dependency dropped since this venv was made).
 	$(BIN)/python packaging/venv_check.py --prune $(CONSTRAINTS)
 	rm -f $(VENV)/.installed-* && touch $@
 
-# sparkd supervising the built-in vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both).
+# sparkd supervising the vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both).
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sparkd run --config config/examples/demo.toml
 
@@ -30,17 +31,17 @@ image: setup docker-up
 	$(BIN)/python tests/infra/build_image.py
 
 lint: setup
-	$(BIN)/ruff check sparkd tests
+	$(BIN)/ruff check sparkd standin tests
 
 typecheck: setup
-	$(BIN)/mypy sparkd
+	$(BIN)/mypy sparkd standin/sparkd_standin
 
 # The whole suite: lint, types, unit and integration tests against a real Docker engine.
 test: setup lint typecheck image
 	$(BIN)/pytest -q
 
 unit: setup
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/unit tests/standin
 
 clean:
 	rm -rf $(VENV) .sparkd-demo .pytest_cache .ruff_cache .mypy_cache

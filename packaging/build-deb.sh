@@ -4,12 +4,13 @@
 #   packaging/build-deb.sh [--out DIR] [--wheel FILE]
 #
 # 1. A wheel and an sdist of this tree (`python -m build`, the wheel built from the sdist, so the sdist is
-#    proven complete), unless --wheel gives one.
+#    proven complete), unless --wheel gives one; and a wheel of the vLLM stand-in (standin/, the sparkd-standin
+#    distribution), which `sparkd run --rehearse` runs in place of vLLM.
 # 2. A private virtualenv at /opt/sparkd/venv, made with the system's python3 (SPARKD_DEB_PYTHON) and filled
-#    from that wheel and its dependencies at the versions pinned in packaging/constraints.txt (the ones the
-#    tests ran with; any other version, or an unpinned package, fails the build); the system Python's
-#    site-packages are never touched. It is built in a staging tree and relocated: shebangs and pyvenv.cfg
-#    point at /opt/sparkd/venv.
+#    from those wheels (sparkd and the stand-in) and their dependencies at the versions pinned in
+#    packaging/constraints.txt (the ones the tests ran with; any other version, or an unpinned package, fails
+#    the build); the system Python's site-packages are never touched. It is built in a staging tree and
+#    relocated: shebangs and pyvenv.cfg point at /opt/sparkd/venv.
 # 3. A hand-made package tree: /usr/bin/sparkd and /usr/bin/sparkctl (symlinks into the venv), the unit
 #    /lib/systemd/system/sparkd.service, /etc/sparkd/sparkd.toml (a conffile), docs (README, LICENSE,
 #    migration guide, config reference, runbook) and examples, the Prometheus rules and scrape example and
@@ -85,6 +86,12 @@ PY
 if [[ "$WHEEL" == "$WORK"/dist/* ]]; then
     cp "$WORK"/dist/* "$OUT"/  # the wheel and the sdist are artefacts too
 fi
+log "building the stand-in's wheel (standin/, for sparkd run --rehearse)"
+if ! "$BUILD_PY" -m build --wheel --outdir "$WORK/standin-dist" "$REPO/standin" >"$WORK/build-standin.log" 2>&1; then
+    tail -n 40 "$WORK/build-standin.log" >&2
+    die "python -m build standin/ failed"
+fi
+STANDIN_WHEEL="$(ls "$WORK"/standin-dist/sparkd_standin-*.whl)"
 PEP440="$(basename "$WHEEL" | cut -d- -f2)"
 # PEP 440 pre-releases sort before the release in Debian only with a tilde: 1.0rc1 -> 1.0~rc1.
 VERSION="$(sed -E 's/\.?(a|b|rc|dev)([0-9]*)/~\1\2/' <<<"$PEP440")"
@@ -97,12 +104,13 @@ log "virtualenv $PREFIX/venv on $PYBIN (python $PYVER)"
 "$PYBIN" -m venv --without-pip "$VENV" || die "$PYBIN -m venv failed (install python3-venv)"
 CONSTRAINTS="$REPO/packaging/constraints.txt"
 "$BUILD_PY" -m pip --python "$VENV/bin/python" install -qq --disable-pip-version-check --no-compile \
-    --no-warn-script-location --prefer-binary -c "$CONSTRAINTS" "$WHEEL" || die "pip install into the package's venv failed"
+    --no-warn-script-location --prefer-binary -c "$CONSTRAINTS" "$WHEEL" "$STANDIN_WHEEL" \
+    || die "pip install into the package's venv failed"
 "$VENV/bin/python" "$REPO/packaging/venv_check.py" "$CONSTRAINTS" \
     || die "the package's venv differs from $CONSTRAINTS (see above): pin what it installs"
 # Relocate: the staging path becomes /opt/sparkd in every text file (shebangs, activate scripts, pyvenv.cfg).
 grep -rlIF "$ROOT" "$ROOT$PREFIX" | while IFS= read -r f; do sed -i "s|$ROOT||g" "$f"; done
-rm -f "$VENV"/lib/python*/site-packages/sparkd-*.dist-info/direct_url.json  # names the build's temp wheel
+rm -f "$VENV"/lib/python*/site-packages/sparkd{,_standin}-*.dist-info/direct_url.json  # names the build's temp wheels
 find "$VENV" -depth -type d -name __pycache__ -exec rm -rf {} +
 # A service needs no activate scripts and no C headers.
 rm -f "$VENV"/bin/activate* "$VENV"/bin/Activate.ps1

@@ -16,7 +16,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-UNPINNED = {"pip", "setuptools", "wheel", "sparkd"}
+UNPINNED = {"pip", "setuptools", "wheel", "sparkd", "sparkd-standin"}
 
 
 def canonical(name: str) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import click
@@ -12,6 +14,7 @@ from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit
 from sparkd.config import Config
 from sparkd.launch import render, render_script
 from sparkd.lint import errors, lint
+from sparkd.rehearsal import STANDIN, standin_executable
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -112,7 +115,9 @@ def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool) -> None:
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def standin_cmd(args: tuple[str, ...]) -> None:
-    """The vLLM stand-in: `sparkd standin serve MODEL [vllm flags]`."""
-    from sparkd.standin.__main__ import main as standin_main
-
-    raise SystemExit(standin_main(list(args)))
+    """The vLLM stand-in (the sparkd-standin distribution): `sparkd standin serve MODEL [vllm flags]`."""
+    program = standin_executable()
+    if not os.path.isabs(program):
+        fail(f"sparkd: the vLLM stand-in is not installed: no `{STANDIN}` next to {sys.executable} or on PATH "
+             "(install the sparkd-standin distribution: `pip install ./standin` in a checkout, or `make setup`)")
+    os.execv(program, [program, *args])

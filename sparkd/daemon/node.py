@@ -36,7 +36,7 @@ from sparkd.preflight.runner import (
     run_preflight,
 )
 from sparkd.preflight.stale import find_stale, title_prefix
-from sparkd.rehearsal import rehearsal
+from sparkd.rehearsal import rehearsal, rehearsal_skips
 from sparkd.runtime.base import Instance, LaunchError, Runtime
 from sparkd.statefile import read_json
 from sparkd.supervisor import vocabulary as v
@@ -290,7 +290,8 @@ class Node:
     # ---- for the operator, the guard and the group
     def _context(self, *, dry_run: bool = False, protect: bool = False) -> PreflightContext:
         pids = frozenset(self.pids()) if protect else frozenset()
-        return PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime, protect=pids, dry_run=dry_run)
+        return PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime, protect=pids, dry_run=dry_run,
+                                skip=rehearsal_skips() if self.rehearse else {})
 
     async def operator_preflight(self, *, dry_run: bool) -> PreflightReport:
         """An operator's (or the head's) preflight: never touches the watched instance."""

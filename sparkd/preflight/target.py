@@ -13,7 +13,6 @@ Both fail with class ``config_error``: retrying cannot help.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,18 +39,6 @@ _SHARD = re.compile(r"^(?P<stem>.*)-(?P<k>\d+)-of-(?P<n>\d+)(?P<ext>\.[A-Za-z0-9
 
 
 # ---- pure parts -----------------------------------------------------------------------------------------
-
-
-def is_standin(argv: Sequence[str]) -> bool:
-    """The launch runs the vLLM stand-in (a rehearsal, the demo, the tests): no weights, no GPU memory."""
-    if not argv:
-        return False
-    name = os.path.basename(argv[0])
-    if name == "sparkd-standin":
-        return True
-    if name == "sparkd" and len(argv) > 1 and argv[1] == "standin":
-        return True
-    return len(argv) > 2 and argv[1] == "-m" and argv[2] == "sparkd.standin"
 
 
 def local_model(model: str) -> str | None:
@@ -171,8 +158,6 @@ async def check_launch_target(ctx: PreflightContext) -> CheckResult:
     path = local_model(cfg.launch.model)
     if path is None:
         found.append(f"model {cfg.launch.model} is a hub id")
-    elif is_standin(ctx.spec.argv):
-        found.append("model path not checked: the launch is the vLLM stand-in")
     else:
         runner = containers.resolve(cfg, ctx.runtime, ctx.container)
         try:

@@ -69,12 +69,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 def test_wheel_holds_the_code_the_profiles_and_the_commands(built: Built) -> None:
     names = zipfile.ZipFile(built.wheel).namelist()
     assert built.wheel.name == f"sparkd-{sparkd.__version__}-py3-none-any.whl"
-    assert "sparkd/daemon/app.py" in names and "sparkd/standin/__main__.py" in names
+    assert "sparkd/daemon/app.py" in names and "sparkd/rehearsal.py" in names
+    assert not any(n.startswith(("sparkd/standin/", "sparkd_standin/")) for n in names)  # its own distribution
     profiles = {Path(n).stem for n in names if n.startswith("sparkd/profiles/") and n.endswith(".toml")}
     assert {"latency", "throughput", "balanced", "1m-context"} <= profiles, sorted(names)
     entry_points = zipfile.ZipFile(built.wheel).read(f"sparkd-{sparkd.__version__}.dist-info/entry_points.txt")
     for command in (b"sparkd = sparkd.cli.sparkd:main", b"sparkctl = sparkd.cli.sparkctl:main"):
         assert command in entry_points
+    assert b"sparkd-standin" not in entry_points
 
 
 def test_deb_fields_and_files(built: Built) -> None:
@@ -206,11 +208,13 @@ name = "packaged"
 role = "single"
 [launch]
 executable = "{PREFIX}/venv/bin/sparkd-standin"
-model = "/models/m"
+model = "sparkd-tests/standin"
 host = "127.0.0.1"
 port = 8000
 [launch.env]
 SPARKD_STANDIN_STARTUP_SECONDS = "1"
+[preflight]
+skip = ["memory", "page_cache"]
 [supervisor]
 stop_grace_s = 10
 """)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -35,6 +36,7 @@ from sparkd.preflight.processes import check_stale_processes
 from sparkd.preflight.runner import watched_pids
 from sparkd.preflight.shm import check_shm
 from sparkd.preflight.target import check_launch_target
+from sparkd.rehearsal import SKIP_REASON, rehearsal_skips
 from sparkd.supervisor.failures import FailureClass
 
 pytest_plugins = ["test_preflight_support"]  # fixtures: children, view, shm_dir
@@ -267,12 +269,15 @@ def test_memory_dry_run_counts_the_cache_it_would_drop(tmp_path: Path, view: Pro
     assert result.verdict is Verdict.fail
 
 
-def test_memory_and_page_cache_skip_the_standin(tmp_path: Path, view: ProcView) -> None:
+def test_memory_and_page_cache_skip_only_when_told(tmp_path: Path, view: ProcView) -> None:
+    """A rehearsal's skips come through the context (sparkd.rehearsal); the stand-in's argv alone skips nothing."""
     view.write("meminfo", meminfo(119.7, 1, 100))
-    ctx = context(tmp_path, view, launch={"executable": str(Path(os.__file__).parent / "sparkd-standin")})
+    standin = {"executable": str(Path(os.__file__).parent / "sparkd-standin")}
+    told = replace(context(tmp_path, view, launch=standin), skip=rehearsal_skips())
     for check in (check_memory, check_page_cache):
-        result = run(check, ctx)
-        assert result.verdict is Verdict.ok and "vLLM stand-in" in result.found
+        result = run(check, told)
+        assert result.verdict is Verdict.ok and result.found == f"skipped ({SKIP_REASON})"
+    assert run(check_memory, context(tmp_path, view, launch=standin)).verdict is Verdict.fail
 
 
 # ---- host hardening -------------------------------------------------------------------------------------------

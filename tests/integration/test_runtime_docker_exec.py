@@ -3,7 +3,6 @@ into a long-lived container of the test image (the host's /usr, Python, venv and
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
 import sys
@@ -298,13 +297,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sparkd.standin.__main__") is None,
-                    reason="the vLLM stand-in (sparkd.standin) has no __main__ yet")
 async def test_standin_serves_health_from_the_container(setup: Setup) -> None:
     port = free_port()
     runtime = setup.runtime(rehearse=True)
     spec = LaunchSpec(
-        argv=(sys.executable, "-m", "sparkd.standin", "serve", "m", "--port", str(port), "--host", "127.0.0.1"),
+        argv=(sys.executable, "-m", "sparkd_standin", "serve", "m", "--port", str(port), "--host", "127.0.0.1"),
         env={"SPARKD_STANDIN_STARTUP_SECONDS": "1"}, config_hash="h-standin",
     )
     assert await runtime.missing_target(spec) is None

@@ -52,13 +52,16 @@ role = "single"
 
 [launch]
 executable = "{VENV_BIN / "sparkd-standin"}"
-model = "/models/DeepSeek-V4-Flash"
+model = "deepseek-ai/DeepSeek-V4-Flash"
 served_model_name = "deepseek-v4-flash"
 host = "127.0.0.1"
 port = 8000
 
 [launch.env]
 SPARKD_STANDIN_STARTUP_SECONDS = "1"
+
+[preflight]
+skip = ["memory", "page_cache"]  # the stand-in loads no weights
 
 [paths]
 state_dir = "/var/lib/sparkd"

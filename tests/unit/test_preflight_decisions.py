@@ -25,23 +25,7 @@ def cfg(**sections: Any) -> Config:
     return config_from_mapping(data, env={})
 
 
-# ---- launch target: the stand-in, local models, listings ---------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("argv", "expected"),
-    [
-        (("/venv/bin/sparkd-standin", "serve", "m"), True),
-        (("/usr/bin/python3", "-m", "sparkd.standin", "serve", "m"), True),
-        (("sparkd", "standin", "serve", "m"), True),
-        (("vllm", "serve", "m"), False),
-        (("bash", "/workspace/vllm-head.sh"), False),
-        (("python3", "-m", "vllm.entrypoints.openai.api_server"), False),
-        ((), False),
-    ],
-)
-def test_is_standin(argv: tuple[str, ...], expected: bool) -> None:
-    assert target.is_standin(argv) is expected
+# ---- launch target: local models, listings ---------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
-from sparkd.standin import logfmt, sizing
-from sparkd.standin.args import ServeConfig
+from sparkd_standin import logfmt, sizing
+from sparkd_standin.args import ServeConfig
+from sparkd_standin.dialect import Dialect
 
 _FRAMES = [
     ("entrypoints/cli/serve.py", 60, "cmd", "uvloop.run(run_server(args))"),
@@ -25,9 +26,9 @@ def _allow_long() -> bool:
     return os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true")
 
 
-def create_model_config(config: ServeConfig) -> bool:
+def create_model_config(config: ServeConfig, d: Dialect) -> bool:
     """Log the model lines; False after printing the ValidationError when --max-model-len is too long."""
-    logfmt.info("model.py:514", f"Resolved architecture: {sizing.architecture(config.model)}")
+    logfmt.info(d.at("arch"), f"Resolved architecture: {sizing.architecture(config.model)}")
     wanted, derived = config.max_model_len or 0, config.derived_max_model_len
     if wanted > derived:
         message = (
@@ -45,6 +46,6 @@ def create_model_config(config: ServeConfig) -> bool:
                 "    For further information visit https://errors.pydantic.dev/2.12/v/value_error"
             )
             return False
-        logfmt.warning("model.py:2163", f"{message} Make sure the value is correct and within the model context size.")
-    logfmt.info("model.py:1661", f"Using max model len {config.resolved_max_model_len}")
+        logfmt.warning(d.at("long_len"), f"{message} {_CAUTION}")
+    logfmt.info(d.at("max_len"), f"Using max model len {config.resolved_max_model_len}")
     return True

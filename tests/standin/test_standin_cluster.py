@@ -47,10 +47,10 @@ def _refused(host: str, port: int) -> bool:
 def pair(launch: Standins) -> tuple[Standin, Standin, int]:
     """A head that waited for its worker node, both ready."""
     api_port, master_port = free_port(HEAD), free_port(HEAD)
-    head = _start_head(launch, api_port, master_port)
+    head = _start_head(launch, api_port, master_port, SPARKD_STANDIN_TIME_SCALE="0.01")  # vLLM's 300 s RPC: 3 s
     head.wait_for(
-        rf"^INFO .* world_size=2 rank=0 local_rank=0 distributed_init_method=tcp://{re.escape(HEAD)}:{master_port} "
-        "backend=nccl"
+        rf"^\(Worker pid=\d+\) INFO .* world_size=2 rank=0 local_rank=0 distributed_init_method=tcp://"
+        rf"{re.escape(HEAD)}:{master_port} backend=nccl"
     )
     time.sleep(1.0)
     assert head.count("Application startup complete") == 0 and _refused(HEAD, api_port)
@@ -64,7 +64,7 @@ def test_head_waits_for_the_worker_node_then_serves(pair: tuple[Standin, Standin
     """The head is not ready before rank 1 joins; the worker node logs its rank-1 lines under Worker_TP1."""
     head, worker, api_port = pair
     worker.wait_for(
-        r"^INFO .* \[serve\.py:121\] Launching vLLM \(v0\.13\.0\) headless multiproc executor, with head node "
+        r"^INFO .* \[serve\.py:186\] Launching vLLM \(v0\.21\.0\) headless multiproc executor, with head node "
         rf"address {re.escape(HEAD)}:\d+ for torch\.distributed process group\.$"
     )
     for pattern in (
@@ -108,28 +108,53 @@ def test_head_death_leaves_the_worker_hanging_with_tcpstore_warnings(pair: tuple
     assert f"{worker.title_prefix}::Worker_TP1" in worker.titled()
 
 
-def test_worker_death_is_noticed_by_the_next_request(pair: tuple[Standin, Standin, int]) -> None:
-    """Rank 1 dies: its node exits 0; the idle head keeps /health 200; the next chat fails with 500 (NCCL
-    error → EngineCore fatal), /health turns 503 and the head exits 0."""
-    head, worker, api_port = pair
-    rank1 = worker.titled()[f"{worker.title_prefix}::Worker_TP1"]
-    rank1.kill()
+def _lose_rank1(head: Standin, worker: Standin) -> None:
+    """Rank 1 dies: its node exits 0; the idle head notices nothing (/health 200)."""
+    worker.titled()[f"{worker.title_prefix}::Worker_TP1"].kill()
     worker.wait_for(r"ERROR .* Worker proc VllmWorker-1 died unexpectedly, shutting down executor\.")
     assert worker.wait_exit(15) == 0
-    client = http(HEAD, api_port)
-    time.sleep(1.5)  # the head has noticed the lost heartbeat by now, and still says nothing
+    time.sleep(1.5)  # the head has seen the lost heartbeat by now, and says nothing
+
+
+def test_lost_peer_hangs_the_next_request_until_the_rpc_timeout(pair: tuple[Standin, Standin, int]) -> None:
+    """GB10 TP=2 in the field (vllm#40926, vllm#46611): the next step's collective hangs; the EngineCore warns
+    every VLLM_RINGBUFFER_WARNING_INTERVAL (60 s, scaled here) and gives up after the RPC timeout (300 s, scaled):
+    TimeoutError, fatal error, the request 500, /health 503, exit 0."""
+    head, worker, api_port = pair
+    _lose_rank1(head, worker)
+    client = http(HEAD, api_port, timeout=60)
     assert client.get("/health").status_code == 200
     response = client.post("/v1/chat/completions", json=chat_body("m"))
     assert response.status_code == 500
-    assert response.json()["error"] == {
-        "message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-        "type": "Internal Server Error",
-        "param": None,
-        "code": 500,
-    }
-    head.wait_for(r"RuntimeError: NCCL error: remote process exited or there was a network error", timeout=5)
-    head.wait_for(r"\(EngineCore_DP0 pid=\d+\) ERROR .* EngineCore encountered a fatal error\.", timeout=5)
+    assert response.json()["error"]["message"] == (
+        "EngineCore encountered an issue. See stack trace (above) for the root cause."
+    )
+    text = head.text()
+    warning = (
+        r"\(EngineCore pid=\d+\) INFO .* \[shm_broadcast\.py:681\] No available shared memory broadcast block found "
+        r"in 60 seconds\. This typically happens when some processes are hanging or doing some time-consuming work "
+        r"\(e\.g\. compilation, weight/kv cache quantization\)\.$"
+    )
+    assert head.count(warning) >= 2
+    assert text.index("No available shared memory") < text.index("TimeoutError: RPC call to sample_tokens timed out.")
+    assert "NCCL error" not in text
+    head.wait_for(r"\(EngineCore pid=\d+\) ERROR .* \[core\.py:1142\] EngineCore encountered a fatal error\.")
+    head.wait_for(r"\(APIServer pid=\d+\) ERROR .* \[async_llm\.py:704\] AsyncLLM output_handler failed\.")
     assert client.get("/health").status_code == 503
+    assert head.wait_exit(20) == 0
+
+
+def test_lost_peer_fails_at_once_with_the_opt_in_nccl_error(launch: Standins) -> None:
+    """PEER_LOSS=error: the old immediate ``NCCL error: remote process exited ...`` on the next request."""
+    api_port, master_port = free_port(HEAD), free_port(HEAD)
+    head = _start_head(launch, api_port, master_port, SPARKD_STANDIN_PEER_LOSS="error")
+    worker = _start_worker(launch, master_port)
+    head.wait_ready()
+    _lose_rank1(head, worker)
+    response = http(HEAD, api_port).post("/v1/chat/completions", json=chat_body("m"))
+    assert response.status_code == 500
+    head.wait_for(r"RuntimeError: NCCL error: remote process exited or there was a network error", timeout=5)
+    head.wait_for(r"\(EngineCore pid=\d+\) ERROR .* EngineCore encountered a fatal error\.", timeout=5)
     assert head.wait_exit(20) == 0
 
 
@@ -160,7 +185,7 @@ def test_head_alone_times_out_waiting_for_clients(launch: Standins) -> None:
             "torch.distributed.DistStoreError: Timed out after 3 seconds waiting for clients. 1/2 clients joined."
         )
     )
-    head.wait_for(re.escape("Failed core proc(s): {'EngineCore_DP0': 1}"))
+    head.wait_for(re.escape("Failed core proc(s): {'EngineCore': 1}"))
 
 
 def test_worker_node_sigterm_exits_0(launch: Standins) -> None:

@@ -1,10 +1,11 @@
-"""A headless node (``--headless --node-rank N``): vLLM 0.13's ``run_headless``.
+"""A headless node (``--headless --node-rank N``): vLLM's ``run_headless``.
 
 The main process keeps its argv title and is not decorated. It logs the "Launching vLLM ... headless
 multiproc executor" line, starts its local worker(s) (``VLLM::Worker_TP<rank>``), which couple with rank 0
 through the master port, drives their load phases, then watches them: a dying worker ends the node with
 "Worker proc VllmWorker-N died unexpectedly, shutting down executor." and exit 0. SIGTERM exits 0 after stopping
-the workers. When the head goes away nothing here exits: the worker prints torch's TCPStore warnings forever.
+the workers, without a word (vLLM logs "Shutting down." only on its data-parallel headless path). When the
+head goes away nothing here exits: the worker prints torch's TCPStore warnings forever.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import signal
 import time
 from multiprocessing.connection import wait
 
-from sparkd.standin import logfmt, procs
-from sparkd.standin.args import ServeConfig
-from sparkd.standin.engine import INIT_FAILED, worker_failed
-from sparkd.standin.executor import MultiprocExecutor, RpcFailed, WorkerDied, WorkerInitFailed, local_specs
-from sparkd.standin.executor import init_method as make_init_method
-from sparkd.standin.knobs import Knobs
-from sparkd.standin.modelconfig import create_model_config
+from sparkd_standin import logfmt, procs
+from sparkd_standin.args import ServeConfig
+from sparkd_standin.engine import INIT_FAILED, worker_failed
+from sparkd_standin.executor import MultiprocExecutor, RpcFailed, WorkerDied, WorkerInitFailed, local_specs
+from sparkd_standin.executor import init_method as make_init_method
+from sparkd_standin.knobs import Knobs
+from sparkd_standin.modelconfig import create_model_config
 
 _HEADLESS_FRAMES = [
     ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
@@ -39,14 +40,15 @@ def run_headless(config: ServeConfig, knobs: Knobs) -> int:
     procs.exit_on_signals()
     if knobs.ignore_sigterm_while_loading:
         procs.ignore_sigterm()
-    if not create_model_config(config):
+    d = knobs.dialect
+    if not create_model_config(config, d):
         return 1
     logfmt.info(
-        "serve.py:121",
-        f"Launching vLLM (v{knobs.version}) headless multiproc executor, with head node address "
+        d.at("headless"),
+        f"Launching vLLM (v{knobs.vllm_version}) headless multiproc executor, with head node address "
         f"{config.master_addr}:{config.master_port} for torch.distributed process group.",
     )
-    lock = procs.spawn_context().Lock()  # the executor's shared_worker_lock (/dev/shm/sem.mp-*)
+    lock = procs.lock_context().Lock()  # the executor's shared_worker_lock (/dev/shm/sem.mp-* under spawn)
     executor = MultiprocExecutor(local_specs(config, knobs, config.node_rank, make_init_method(config)))
     try:
         failure = _load(executor)
@@ -56,7 +58,6 @@ def run_headless(config: ServeConfig, knobs: Knobs) -> int:
         procs.exit_on_signals()
         return _watch(executor, knobs)
     except SystemExit:
-        logfmt.info("serve.py:140", "Shutting down.")
         return 0
     finally:
         executor.shutdown()
@@ -68,7 +69,7 @@ def _load(executor: MultiprocExecutor) -> str | None:
     try:
         executor.start()
         executor.wait_ready()
-        for phase in ("load", "profile", "warmup"):
+        for phase in ("profile", "warmup"):
             executor.collective(phase)
     except (WorkerInitFailed, WorkerDied):
         return INIT_FAILED
@@ -85,7 +86,9 @@ def _watch(executor: MultiprocExecutor, knobs: Knobs) -> int:
         died = wait(executor.sentinels(), timeout)
         if died:
             name = executor.name_of(died[0])  # type: ignore[arg-type]
-            logfmt.error("multiproc_executor.py:231", f"Worker proc {name} died unexpectedly, shutting down executor.")
+            logfmt.error(
+                knobs.dialect.at("worker_died"), f"Worker proc {name} died unexpectedly, shutting down executor."
+            )
             return 0
         if die_at is not None:
             die_at = None

@@ -5,9 +5,11 @@
   failure → engine death); with a single in-process rank there is no worker process, so the engine dies.
 - hang: the event loop blocks: connections are accepted by the kernel, nothing is answered. A signal still
   ends the block so that SIGTERM keeps working.
-- stall: requests stop producing tokens but stay running; /health stays 200. The EngineCore holds the pending
-  steps, warns that no shared-memory broadcast block is free, and turns fatal ("RPC call to sample_tokens timed
-  out") after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (default 300), as vLLM does.
+- stall: from now on no engine step completes (a wedged rank); /health stays 200 and the gauges keep the last
+  completed step's values. With workers in their own processes the EngineCore warns that no shared-memory
+  broadcast block is free and turns fatal ("RPC call to sample_tokens timed out") after
+  VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (default 300, times ``time_scale``), as vLLM does; with one in-process
+  rank (uni executor) it hangs for good, as vLLM's does.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import time
 from typing import Protocol
 
-from sparkd.standin.api import AppState
+from sparkd_standin.api import AppState
 
 
 class _Exitable(Protocol):

@@ -1,4 +1,15 @@
-"""vLLM's Prometheus metrics (V1 names, ``engine``/``model_name`` labels) and its periodic stats log line."""
+"""vLLM's Prometheus metrics (V1 names, ``engine``/``model_name`` labels) and its periodic stats log line.
+
+- The gauges (running, waiting, KV usage) change only when an engine step completes: vLLM publishes the
+  scheduler's stats with each step's output (``scheduler.update_from_output`` → the output handler → the stat
+  loggers). A request reaching a wedged engine is counted by the scheduler but never published; the gauges keep
+  the last completed step's values (0 after an idle spell) — ``step_completed`` is the one place they move.
+- ``--disable-log-stats``: vLLM builds no stat loggers, so /metrics has no ``vllm:*`` family at all (the
+  process collectors stay); the stats line is not logged either.
+- The stats line (``Engine 000: Avg prompt throughput ...``) every VLLM_LOG_STATS_INTERVAL (10 s) reads the
+  same published stats; it is DEBUG while the engine is idle (this and the previous interval had no
+  throughput), so a wedge shows one last line with 0.0 tokens/s and then nothing at INFO.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +25,8 @@ from prometheus_client import (
     Histogram,
 )
 
-from sparkd.standin import logfmt
-from sparkd.standin.args import ServeConfig
+from sparkd_standin import logfmt
+from sparkd_standin.args import ServeConfig
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 ITERATION_BUCKETS: list[float] = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -165,7 +176,7 @@ SLEEP_STATE_HELP = (
 
 
 class VllmMetrics:
-    """The metric families in a private registry, and the bookkeeping the request path feeds them."""
+    """The metric families, the scheduler's live counts, and what the last completed step published."""
 
     g_running: Gauge
     g_waiting: Gauge
@@ -184,23 +195,25 @@ class VllmMetrics:
     h_queue: Histogram
     h_inference: Histogram
 
-    def __init__(self, config: ServeConfig, kv_tokens: int) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, config: ServeConfig, kv_tokens: int, *, exposed: bool = True) -> None:
+        self.registry = CollectorRegistry()  # what /metrics shows
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
+        families = self.registry if exposed else CollectorRegistry()  # --disable-log-stats: shown nowhere
         self.kv_tokens = max(1, kv_tokens)
         self.running = self.waiting = self.tokens_in_use = self.prompt_total = self.generation_total = 0
-        self._register(config, {"model_name": config.served_model_names[0], "engine": "0"})
+        self.published = (0, 0, 0.0)  # (running, waiting, KV usage) as of the last completed step
+        self._register(config, {"model_name": config.served_model_names[0], "engine": "0"}, families)
         info = cache_config_labels(config, kv_tokens)
         cache_info = Gauge(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=self.registry
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=families
         )
         cache_info.labels(**info).set(1)  # every CacheConfig field is a label; no model_name
-        self._update_gauges()
+        self.step_completed()
 
-    def _register(self, config: ServeConfig, labels: dict[str, str]) -> None:
+    def _register(self, config: ServeConfig, labels: dict[str, str], reg: CollectorRegistry) -> None:
         """Every family with its labelled series created up front, as vLLM does (so they show at 0)."""
-        names, reg = list(labels), self.registry
+        names = list(labels)
         for attr, name, doc in GAUGES:
             setattr(self, attr, Gauge(name, doc, names, registry=reg).labels(**labels))
         for attr, name, doc in COUNTERS:
@@ -218,12 +231,16 @@ class VllmMetrics:
         )  # fmt: skip
         self.c_success = {reason: success.labels(**labels, finished_reason=reason) for reason in FINISHED_REASONS}
 
-    def _update_gauges(self) -> None:
-        self.g_running.set(self.running)
-        self.g_waiting.set(self.waiting)
-        self.g_kv_usage.set(min(1.0, self.tokens_in_use / self.kv_tokens))
+    def step_completed(self) -> None:
+        """An engine step finished: its scheduler stats become what the gauges and the stats line show."""
+        self.published = (self.running, self.waiting, min(1.0, self.tokens_in_use / self.kv_tokens))
+        running, waiting, usage = self.published
+        self.g_running.set(running)
+        self.g_waiting.set(waiting)
+        self.g_kv_usage.set(usage)
 
     def request_started(self, prompt_tokens: int, max_tokens: int) -> None:
+        """The request's prefill step completed."""
         self.running += 1
         self.tokens_in_use += prompt_tokens
         self.prompt_total += prompt_tokens
@@ -234,23 +251,21 @@ class VllmMetrics:
         self.h_max_tokens.observe(max_tokens)
         self.h_n.observe(1)
         self.h_queue.observe(0.0)
-        self._update_gauges()
+        self.step_completed()
 
     def request_held(self, *, scheduled: bool) -> None:
-        """A request that arrives at a wedged engine: the first joins the running batch (its step never
-        completes, so no token of it is counted), later ones wait — as in vLLM when a collective hangs."""
+        """A request reaching a wedged engine: the scheduler runs the first and queues the rest, but no step
+        completes, so nothing is published."""
         if scheduled:
             self.running += 1
         else:
             self.waiting += 1
-        self._update_gauges()
 
     def request_released(self, *, scheduled: bool) -> None:
         if scheduled:
             self.running -= 1
         else:
             self.waiting -= 1
-        self._update_gauges()
 
     def token_generated(self, gap_s: float | None) -> None:
         self.tokens_in_use += 1
@@ -259,12 +274,14 @@ class VllmMetrics:
         self.h_iteration.observe(1)
         if gap_s is not None:
             self.h_itl.observe(gap_s)
-        self._update_gauges()
+        self.step_completed()
 
     def first_token(self, ttft_s: float) -> None:
         self.h_ttft.observe(ttft_s)
 
     def request_finished(self, reason: str, prompt_tokens: int, generated: int, e2e_s: float) -> None:
+        """Finished or aborted (published with the step that processes it); an engine that died publishes
+        nothing more."""
         self.running -= 1
         self.tokens_in_use -= prompt_tokens + generated
         self.c_success[reason].inc()
@@ -272,14 +289,16 @@ class VllmMetrics:
             self.h_generation.observe(generated)
             self.h_e2e.observe(e2e_s)
             self.h_inference.observe(e2e_s)
-        self._update_gauges()
+        if reason != "error":
+            self.step_completed()
 
 
 class StatsLogger:
     """``Engine 000: Avg prompt throughput ...`` every interval; DEBUG (not shown) while the engine is idle."""
 
-    def __init__(self, metrics: VllmMetrics) -> None:
+    def __init__(self, metrics: VllmMetrics, where: str) -> None:
         self.metrics = metrics
+        self.where = where
         self._last_time = time.monotonic()
         self._last_prompt = metrics.prompt_total
         self._last_generation = metrics.generation_total
@@ -293,10 +312,11 @@ class StatsLogger:
         idle = not any((prompt_tp, generation_tp, *self._last_throughputs))
         self._last_time, self._last_prompt, self._last_generation = now, m.prompt_total, m.generation_total
         self._last_throughputs = (prompt_tp, generation_tp)
+        running, waiting, usage = m.published
         logfmt.log(
             "DEBUG" if idle else "INFO",
-            "loggers.py:209",
+            self.where,
             f"Engine 000: Avg prompt throughput: {prompt_tp:.1f} tokens/s, Avg generation throughput: "
-            f"{generation_tp:.1f} tokens/s, Running: {m.running} reqs, Waiting: {m.waiting} reqs, "
-            f"GPU KV cache usage: {100 * m.tokens_in_use / m.kv_tokens:.1f}%, Prefix cache hit rate: 0.0%",
+            f"{generation_tp:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
+            f"GPU KV cache usage: {100 * usage:.1f}%, Prefix cache hit rate: 0.0%",
         )

@@ -1,10 +1,12 @@
-"""The EngineCore process (``VLLM::EngineCore``, prefix ``EngineCore_DP0``).
+"""The EngineCore process (``VLLM::EngineCore``; prefix ``EngineCore_DP0`` in 0.13, ``EngineCore`` in 0.21+).
 
-It creates its broadcast ring in /dev/shm and the executor's lock, starts the workers, drives the load phases
-(load, profile → KV cache size, warmup), reports READY to the API server and then serves one "execute" RPC per
-request. A failing or dying worker makes the engine fatal: it logs vLLM's lines, tells the API server it is dead
-and exits 1. Like vLLM's EngineCore it has no parent-death detection of its own; for test hygiene it still exits
-when the API server dies unless ``orphan_on_kill`` is set.
+It creates its broadcast ring in /dev/shm and the executor's lock, starts the workers (which load the model),
+drives the profile (→ KV cache size) and the warmup, reports READY to the API server and then runs one step
+per request, one at a time. A failing or dying worker, or a step the workers do not finish within the RPC
+timeout (``executor.RpcWait``), makes the engine fatal: it logs vLLM's lines, tells the API server it is dead
+and exits 1. The ``stall`` fault makes every step hang from then on, as a wedged rank does. Like vLLM's
+EngineCore it has no parent-death detection of its own; for test hygiene it still exits when the API server
+dies unless ``orphan_on_kill`` is set.
 """
 
 from __future__ import annotations
@@ -18,14 +20,22 @@ from multiprocessing.connection import Connection, wait
 
 import setproctitle
 
-from sparkd.standin import logfmt, procs, sizing
-from sparkd.standin.args import ServeConfig
-from sparkd.standin.executor import RpcFailed, WorkerDied, WorkerInitFailed, make_executor
-from sparkd.standin.knobs import Knobs, phase_seconds
-from sparkd.standin.shm import Segment
-from sparkd.standin.worker import WorkerError
+from sparkd_standin import logfmt, procs, sizing
+from sparkd_standin.args import ServeConfig
+from sparkd_standin.executor import (
+    MultiprocExecutor,
+    RpcFailed,
+    RpcTimeout,
+    RpcWait,
+    WorkerDied,
+    WorkerInitFailed,
+    make_executor,
+)
+from sparkd_standin.knobs import Knobs, phase_seconds
+from sparkd_standin.shm import Segment
+from sparkd_standin.worker import WorkerError
 
-PROC_NAME = "EngineCore_DP0"
+RPC_TIMED_OUT = "TimeoutError: RPC call to sample_tokens timed out."
 _CORE_FRAMES = [
     ("v1/engine/core.py", 857, "run_engine_core", "engine_core = EngineCoreProc(*args, **kwargs)"),
     ("v1/engine/core.py", 637, "__init__", "super().__init__("),
@@ -55,57 +65,27 @@ def worker_failed(message: str) -> str:
     return f"RuntimeError: Worker failed with error '{message}', please check the stack trace above for the root cause"
 
 
-class StallClock:
-    """A stalled engine never finishes a step. With steps pending, vLLM warns every VLLM_RINGBUFFER_WARNING_INTERVAL
-    that no broadcast block is free, and fails after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS."""
-
-    def __init__(self) -> None:
-        self.stalled = False
-        self.warn_s = float(os.environ.get("VLLM_RINGBUFFER_WARNING_INTERVAL", "60"))
-        self.timeout_s = float(os.environ.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "300"))
-        self._since: float | None = None
-        self._warned_at = 0.0
-
-    def hold(self, now: float) -> None:
-        if self._since is None:
-            self._since = self._warned_at = now
-
-    def seconds_to_next(self, now: float) -> float | None:
-        if self._since is None:
-            return None
-        return max(0.0, min(self._warned_at + self.warn_s, self._since + self.timeout_s) - now)
-
-    def due(self, now: float) -> str | None:
-        if self._since is None:
-            return None
-        if now >= self._since + self.timeout_s:
-            return "timeout"
-        if now >= self._warned_at + self.warn_s:
-            self._warned_at = now
-            return "warn"
-        return None
-
-
 class EngineCore:
     def __init__(self, config: ServeConfig, knobs: Knobs, conn: Connection) -> None:
         self.config = config
         self.knobs = knobs
         self.conn = conn
         self.segment = Segment()  # the executor's RPC broadcast ring
-        self.lock = procs.spawn_context().Lock()  # vLLM's shared_worker_lock: a /dev/shm/sem.mp-* semaphore
-        self.executor = make_executor(config, knobs, node_rank=0)
+        self.lock = procs.lock_context().Lock()  # vLLM's shared_worker_lock (/dev/shm/sem.mp-* under spawn)
+        self.executor = make_executor(config, knobs, node_rank=0, parent_title=engine_title())
         self.kv_tokens = 0
-        self.stall = StallClock()
+        self.stalled = False
         self._close_lock = threading.Lock()
         self._closed = False
 
     def start(self) -> bool:
         """Load everything; True once READY was sent, False after a startup failure was reported."""
+        d = self.knobs.dialect
         started = time.monotonic()
-        logfmt.info("core.py:94", self._config_line())
-        if "OMP_NUM_THREADS" not in os.environ and hasattr(self.executor, "children"):
+        logfmt.info(d.at("init_engine"), self._config_line())
+        if "OMP_NUM_THREADS" not in os.environ and isinstance(self.executor, MultiprocExecutor):
             logfmt.warning(
-                "multiproc_executor.py:883",
+                d.at("reduce_threads"),
                 f"Reducing Torch parallelism from {os.cpu_count() or 1} threads to 1 to avoid unnecessary CPU "
                 "contention. Set OMP_NUM_THREADS in the external environment to tune this value as needed.",
             )
@@ -121,25 +101,24 @@ class EngineCore:
         except NoKvCacheMemory:
             return self._startup_failed(_CORE_FRAMES, NO_KV_MEMORY)
         time.sleep(phase_seconds(self.knobs, "finish"))
-        logfmt.info(
-            "core.py:260",
-            f"init engine (profile, create kv cache, warmup model) took {time.monotonic() - started:.2f} seconds",
-        )
+        compile_s = 0.0 if self.config.enforce_eager else phase_seconds(self.knobs, "compile")
+        where, text = d.init_took(time.monotonic() - started, compile_s)
+        logfmt.info(where, text)
         self.conn.send(("ready", self._ready_info()))
         return True
 
     def _load(self) -> None:
+        d = self.knobs.dialect
         self.executor.start()
         self.executor.wait_ready()
-        self.executor.collective("load")
         kv_gib = min(self.executor.collective("profile"))
         if kv_gib <= 0:
             raise NoKvCacheMemory
         self.kv_tokens = sizing.kv_cache_tokens(self.config, kv_gib)
         max_len = self.config.resolved_max_model_len
-        logfmt.info("kv_cache_utils.py:1291", f"GPU KV cache size: {self.kv_tokens:,} tokens")
+        logfmt.info(d.at("kv_size"), f"GPU KV cache size: {self.kv_tokens:,} tokens")
         logfmt.info(
-            "kv_cache_utils.py:1297",
+            d.at("kv_conc"),
             f"Maximum concurrency for {max_len:,} tokens per request: "
             f"{sizing.max_concurrency(self.kv_tokens, max_len):.2f}x",
         )
@@ -152,7 +131,7 @@ class EngineCore:
         cfg = self.config
         compilation = {"level": None, "mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE", **cfg.compilation_config}
         return (
-            f"Initializing a V1 LLM engine (v{self.knobs.version}) with config: model='{cfg.model}', "
+            f"Initializing a V1 LLM engine (v{self.knobs.vllm_version}) with config: model='{cfg.model}', "
             f"speculative_config={cfg.speculative_config}, tokenizer='{cfg.tokenizer or cfg.model}', "
             f"skip_tokenizer_init=False, tokenizer_mode={cfg.tokenizer_mode}, revision=None, "
             f"tokenizer_revision=None, trust_remote_code={cfg.trust_remote_code}, dtype=torch.bfloat16, "
@@ -168,8 +147,8 @@ class EngineCore:
 
     def _startup_failed(self, frames: list[tuple[str, int, str, str]], exc_line: str) -> bool:
         text = logfmt.traceback_text(frames, exc_line)
-        logfmt.exception("core.py:866", "EngineCore failed to start.", text)
-        logfmt.print_stderr(f"Process {PROC_NAME}:\n{text}")
+        logfmt.exception(self.knobs.dialect.at("core_failed"), "EngineCore failed to start.", text)
+        logfmt.print_stderr(f"Process {self.knobs.dialect.engine_proc}:\n{text}")
         with contextlib.suppress(OSError):
             self.conn.send(("failed",))
         return False
@@ -178,26 +157,13 @@ class EngineCore:
     def busy_loop(self) -> None:
         watched: list[object] = [self.conn, *self.executor.sentinels()]
         while True:
-            for ready in wait(watched, self.stall.seconds_to_next(time.monotonic())):  # type: ignore[arg-type]
+            for ready in wait(watched):  # type: ignore[arg-type]
                 if ready is self.conn:
                     if not self._handle_request():
                         watched.remove(self.conn)  # API server gone: orphaned (or about to exit)
                 else:
                     name = self.executor.name_of(ready)  # type: ignore[arg-type]
                     self._worker_died(name)
-            self._check_stall()
-
-    def _check_stall(self) -> None:
-        due = self.stall.due(time.monotonic())
-        if due == "warn":
-            logfmt.info(
-                "shm_broadcast.py:466",
-                f"No available shared memory broadcast block found in {self.stall.warn_s:g} seconds. This typically "
-                "happens when some processes are hanging or doing some time-consuming work (e.g. compilation, "
-                "weight/kv cache quantization).",
-            )
-        elif due == "timeout":
-            self._fatal("TimeoutError: RPC call to sample_tokens timed out.")
 
     def _handle_request(self) -> bool:
         try:
@@ -207,33 +173,63 @@ class EngineCore:
         if kind == "shutdown":
             raise SystemExit(0)
         if kind == "stall":
-            self.stall.stalled = True
+            self.stalled = True
             return True
         request_id = params[0]
-        if self.stall.stalled:  # a hung rank: the step never completes
-            self.stall.hold(time.monotonic())
-            return True
         try:
-            self.executor.collective("execute", request_id)
+            self._step(request_id)
         except WorkerDied as exc:
             self._worker_died(exc.name)
         except RpcFailed as exc:
             self._fatal(worker_failed(exc.message))
+        except RpcTimeout:
+            self._fatal(RPC_TIMED_OUT)
         with contextlib.suppress(OSError):
             self.conn.send(("result", request_id))
         return True
 
+    def _step(self, request_id: str) -> None:
+        """One engine step: the workers' RPC, waited on as vLLM waits (none for the uni executor)."""
+        wait_for = self._rpc_wait()
+        if self.stalled:
+            self._hang(wait_for)
+        self.executor.collective("execute", request_id, wait_for=wait_for)
+
+    def _rpc_wait(self) -> RpcWait | None:
+        return RpcWait(self.knobs, self._no_free_block) if isinstance(self.executor, MultiprocExecutor) else None
+
+    def _hang(self, wait_for: RpcWait | None) -> None:
+        """A step that never completes: the workers never answer (until one dies or the RPC times out)."""
+        if wait_for is None:
+            threading.Event().wait()
+        while True:
+            assert wait_for is not None
+            died = wait(self.executor.sentinels(), wait_for.remaining())
+            if died:
+                raise WorkerDied(self.executor.name_of(died[0]))  # type: ignore[arg-type]
+            wait_for.tick()
+
+    def _no_free_block(self, shown_interval: int) -> None:
+        logfmt.info(
+            self.knobs.dialect.at("shm_wait"),
+            f"No available shared memory broadcast block found in {shown_interval} seconds. This typically "
+            "happens when some processes are hanging or doing some time-consuming work (e.g. compilation, "
+            "weight/kv cache quantization).",
+        )
+
     def _worker_died(self, name: str) -> None:
-        logfmt.error("multiproc_executor.py:231", f"Worker proc {name} died unexpectedly, shutting down executor.")
+        logfmt.error(
+            self.knobs.dialect.at("worker_died"), f"Worker proc {name} died unexpectedly, shutting down executor."
+        )
         self.executor.shutdown()
         self._fatal("RuntimeError: Executor failed.")
 
     def _fatal(self, exc_line: str) -> None:
         text = logfmt.traceback_text(_BUSY_FRAMES, exc_line)
-        logfmt.exception("core.py:868", "EngineCore encountered a fatal error.", text)
+        logfmt.exception(self.knobs.dialect.at("core_fatal"), "EngineCore encountered a fatal error.", text)
         with contextlib.suppress(OSError):
             self.conn.send(("dead",))
-        logfmt.print_stderr(f"Process {PROC_NAME}:\n{text}")
+        logfmt.print_stderr(f"Process {self.knobs.dialect.engine_proc}:\n{text}")
         raise SystemExit(1)
 
     def on_parent_exit(self) -> None:
@@ -253,10 +249,15 @@ class EngineCore:
             self.segment.unlink()
 
 
+def engine_title() -> str:
+    return f"{os.environ.get('VLLM_PROCESS_NAME_PREFIX', 'VLLM')}::EngineCore"
+
+
 def engine_core_main(config: ServeConfig, knobs: Knobs, conn: Connection, death_r: Connection) -> None:
     """Process target of the EngineCore."""
-    setproctitle.setproctitle(f"{os.environ.get('VLLM_PROCESS_NAME_PREFIX', 'VLLM')}::EngineCore")
-    logfmt.decorate_logs(PROC_NAME)
+    logfmt.inherit_parent_prefix()
+    setproctitle.setproctitle(engine_title())
+    logfmt.decorate_logs(knobs.dialect.engine_proc, knobs.dialect)
     procs.exit_on_signals()
     if knobs.ignore_sigterm_while_loading:
         procs.ignore_sigterm()

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP app (starlette), with vLLM 0.13's routes, bodies and status codes."""
+"""The OpenAI-compatible HTTP app (starlette), with vLLM's routes, bodies and status codes (0.13's shapes)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sparkd.standin import logfmt
-from sparkd.standin.args import ServeConfig
-from sparkd.standin.client import EngineClient, EngineDeadError
-from sparkd.standin.generate import (
+from sparkd_standin import logfmt
+from sparkd_standin.args import ServeConfig
+from sparkd_standin.client import EngineClient, EngineDeadError
+from sparkd_standin.generate import (
     GenRequest,
     RequestError,
     TokenSource,
@@ -31,8 +31,8 @@ from sparkd.standin.generate import (
     random_uuid,
     stream_events,
 )
-from sparkd.standin.knobs import Knobs
-from sparkd.standin.metrics import StatsLogger, VllmMetrics
+from sparkd_standin.knobs import Knobs
+from sparkd_standin.metrics import StatsLogger, VllmMetrics
 
 # What 0.13 prints after "Available routes are:" (a representative subset, in its order).
 ROUTES = (
@@ -111,7 +111,7 @@ async def health(request: Request) -> Response:
 
 
 async def version(request: Request) -> Response:
-    return JSONResponse({"version": _state(request).knobs.version})
+    return JSONResponse({"version": _state(request).knobs.vllm_version})
 
 
 async def load(request: Request) -> Response:
@@ -271,7 +271,7 @@ def build_app(state: AppState) -> ASGIApp:
 
 async def log_stats_forever(state: AppState) -> None:
     interval = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
-    stats = StatsLogger(state.metrics)
+    stats = StatsLogger(state.metrics, state.knobs.dialect.at("stats"))
     while True:
         await asyncio.sleep(interval)
         stats.log()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from sparkd.standin.args import ServeConfig
+from sparkd_standin.args import ServeConfig
+from sparkd_standin.dialect import Dialect
 
 GIB = 1 << 30
 TOTAL_GIB = 121.69  # what torch.cuda.mem_get_info reports as total on a GB10
@@ -33,15 +34,11 @@ def requested_gib(utilization: float) -> float:
     return round(math.ceil(TOTAL_GIB * GIB * utilization) / GIB, 2)
 
 
-def free_memory_refusal(utilization: float) -> str:
-    """vLLM 0.13's startup refusal (gpu_worker.py), without the exception class."""
+def free_memory_refusal(utilization: float, dialect: Dialect) -> str:
+    """vLLM's startup refusal (``request_memory``), without the exception class."""
     wanted = requested_gib(utilization)
     free = round(max(0.01, wanted - FREE_MEMORY_SHORTFALL_GIB), 2)
-    return (
-        f"Free memory on device ({free}/{TOTAL_GIB} GiB) on startup is less than desired GPU memory "
-        f"utilization ({utilization}, {wanted} GiB). Decrease GPU memory utilization or reduce GPU memory "
-        "used by other processes."
-    )
+    return dialect.free_memory(free, TOTAL_GIB, utilization, wanted)
 
 
 def weights_gib(config: ServeConfig) -> float:

@@ -1,8 +1,15 @@
-"""One vLLM worker (rank): distributed init, the free-memory check, weight loading, KV profiling, CUDA-graph
-capture, and the per-request "collective" that fails once a remote rank is gone.
+"""One vLLM worker (rank): distributed init, the free-memory check, loading, KV profiling, CUDA-graph capture,
+and the per-request step, an all-reduce across ranks.
 
 ``WorkerRuntime`` does the work; ``worker_main`` runs it in its own process (multiproc executor) and serves the
 executor's RPCs over a pipe. With one rank on one node the EngineCore runs the runtime itself (uni executor).
+As in vLLM, a worker initialises its device and loads the model before it reports READY; the profile and the
+warmup are RPCs.
+
+A step blocks while a peer rank is frozen (connected, silent), as an NCCL collective does. A peer that is gone
+makes it hang too (GB10 TP=2 in the field: vllm#40926, vllm#46611): nothing in vLLM's pynccl polls NCCL's async
+errors, so the head's EngineCore waits for the step until its RPC timeout. ``peer_loss=error`` raises
+``NCCL error: remote process exited ...`` at once instead. ``jit_after`` makes one step compile a kernel first.
 """
 
 from __future__ import annotations
@@ -17,11 +24,11 @@ from multiprocessing.connection import Connection
 
 import setproctitle
 
-from sparkd.standin import logfmt, procs, sizing
-from sparkd.standin.args import ServeConfig
-from sparkd.standin.knobs import Knobs, phase_seconds
-from sparkd.standin.rendezvous import DistError, StoreClient, StoreServer
-from sparkd.standin.shm import Segment
+from sparkd_standin import loading, logfmt, procs, sizing
+from sparkd_standin.args import ServeConfig
+from sparkd_standin.knobs import Knobs, phase_seconds
+from sparkd_standin.rendezvous import DistError, StoreClient, StoreServer
+from sparkd_standin.shm import Segment
 
 NCCL_PEER_GONE = "NCCL error: remote process exited or there was a network error"
 MIB = 1 << 20
@@ -33,26 +40,16 @@ _INIT_FRAMES = [
 _DIST_FRAMES = [
     ("v1/worker/gpu_worker.py", 235, "init_device", "init_worker_distributed_environment("),
     ("distributed/parallel_state.py", 1213, "init_distributed_environment", "torch.distributed.init_process_group("),
-    (
-        "/usr/local/lib/python3.12/dist-packages/torch/distributed/rendezvous.py",
-        189,
-        "_create_c10d_store",
-        "return TCPStore(",
-    ),
-]
+    ("/usr/local/lib/python3.12/dist-packages/torch/distributed/rendezvous.py", 189, "_create_c10d_store",
+     "return TCPStore("),
+]  # fmt: skip
 _RPC_FRAMES = [
     ("v1/executor/multiproc_executor.py", 817, "worker_busy_loop", "output = func(*args, **kwargs)"),
     ("v1/worker/gpu_worker.py", 562, "execute_model", "output = self.model_runner.execute_model("),
     ("distributed/device_communicators/pynccl.py", 160, "all_reduce", "self.nccl.ncclAllReduce("),
-    (
-        "distributed/device_communicators/pynccl_wrapper.py",
-        366,
-        "NCCL_CHECK",
-        'raise RuntimeError(f"NCCL error: {error_str}")',
-    ),
-]
-
-
+    ("distributed/device_communicators/pynccl_wrapper.py", 366, "NCCL_CHECK",
+     'raise RuntimeError(f"NCCL error: {error_str}")'),
+]  # fmt: skip
 FROZEN_PEER_S = 3.0  # a peer silent this long (heartbeats are 1 s apart) is frozen
 
 
@@ -74,6 +71,7 @@ class WorkerSpec:
     local_rank: int
     init_method: str  # tcp://addr:port
     in_process: bool = False  # uni executor: runs inside the EngineCore (no title, prefix or shm of its own)
+    parent_title: str | None = None  # a forked worker shows its parent's title until it is titled itself
 
     @property
     def title(self) -> str:
@@ -92,41 +90,63 @@ class WorkerSpec:
     def proc_name(self) -> str:
         return f"VllmWorker-{self.rank}"
 
+    @property
+    def ranked(self) -> loading.Rank:
+        return loading.Rank(self.config, self.knobs, self.rank, self.local_rank)
+
+
+def set_title(name: str) -> None:
+    setproctitle.setproctitle(f"{os.environ.get('VLLM_PROCESS_NAME_PREFIX', 'VLLM')}::{name}")
+
 
 class WorkerRuntime:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.store: StoreServer | StoreClient | None = None
         self.segment: Segment | None = None
+        self.ready_at: float | None = None
+        self._jit_pending = spec.knobs.jit_after is not None
         self._leaked: list[bytearray] = []
         self._closed = threading.Event()
 
-    # -- distributed init -------------------------------------------------------------------------------
+    # -- WorkerProc.__init__: device, rendezvous, model -------------------------------------------------
     def init_device(self) -> None:
-        spec, cfg = self.spec, self.spec.config
+        spec, cfg, d = self.spec, self.spec.config, self.spec.knobs.dialect
         logfmt.info(
-            "parallel_state.py:1204",
+            d.at("world"),
             f"world_size={cfg.world_size} rank={spec.rank} local_rank={spec.local_rank} "
             f"distributed_init_method={spec.init_method} backend=nccl",
         )
         self._couple()
         time.sleep(phase_seconds(spec.knobs, "distributed"))
-        logfmt.info("pynccl.py:112", "vLLM is using nccl==2.27.5")
-        ep = str(spec.rank) if cfg.enable_expert_parallel else "N/A"
-        logfmt.info(
-            "parallel_state.py:1412",
-            f"rank {spec.rank} in world size {cfg.world_size} is assigned as DP rank 0, "
-            f"PP rank {spec.rank // cfg.tensor_parallel_size}, PCP rank 0, "
-            f"TP rank {spec.rank % cfg.tensor_parallel_size}, EP rank {ep}",
-        )
+        spec.ranked.once("nccl", "vLLM is using nccl==2.27.5")
+        ep = spec.rank if cfg.enable_expert_parallel else None
+        tp, pp = spec.rank % cfg.tensor_parallel_size, spec.rank // cfg.tensor_parallel_size
+        spec.ranked.once("rank", d.rank_line(spec.rank, cfg.world_size, pp, tp, ep), scope="process")
         if spec.knobs.fail_free_memory:
             frames = [*_INIT_FRAMES, ("v1/worker/gpu_worker.py", 248, "init_device", "raise ValueError(")]
-            raise WorkerError("ValueError", sizing.free_memory_refusal(cfg.gpu_memory_utilization), frames)
+            raise WorkerError("ValueError", sizing.free_memory_refusal(cfg.gpu_memory_utilization, d), frames)
         if not spec.in_process:
-            setproctitle.setproctitle(f"{os.environ.get('VLLM_PROCESS_NAME_PREFIX', 'VLLM')}::{spec.title}")
-            logfmt.decorate_logs(spec.title)
+            set_title(spec.title)
+            logfmt.decorate_logs(spec.title, d)
             if spec.rank < cfg.local_world_size:
                 self.segment = Segment()  # the worker's response ring, only when a reader is on this node
+
+    def load(self) -> None:
+        """``load_model`` (and, with the ``crash`` knob, the field's startup crash)."""
+        knobs = self.spec.knobs
+        if knobs.crash in ("double_patch", "missing_module"):
+            self._crash(knobs.crash)
+        loading.load_weights(self.spec.ranked)
+        if not self.spec.config.enforce_eager:
+            loading.compile_model(self.spec.ranked)
+        if knobs.crash == "fork_shm":
+            self._crash(knobs.crash)
+
+    def _crash(self, crash: str) -> None:
+        module = self.spec.knobs.missing_module
+        kind, _, message = loading.crash_line(crash, module).partition(": ")
+        raise WorkerError(kind, message, loading.crash_frames(crash, module))
 
     def _couple(self) -> None:
         spec, cfg = self.spec, self.spec.config
@@ -155,102 +175,43 @@ class WorkerRuntime:
         if self.is_peer_lost():
             raise WorkerError("RuntimeError", NCCL_PEER_GONE, _RPC_FRAMES)
 
-    # -- load phases (RPCs from the executor) -----------------------------------------------------------
-    def load(self) -> None:
-        self._check_peers()
-        spec, cfg, knobs = self.spec, self.spec.config, self.spec.knobs
-        started = time.monotonic()
-        if spec.rank == 0:
-            logfmt.info("gpu_model_runner.py:3563", f"Starting to load model {cfg.model}...")
-        logfmt.info(
-            "cuda.py:352",
-            "Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', "
-            "'TRITON_ATTN', 'FLEX_ATTENTION']",
-        )
-        self._load_shards(started)
-        logfmt.info("default_loader.py:309", f"Loading weights took {time.monotonic() - started:.2f} seconds")
-        if cfg.speculative_config:
-            logfmt.info("gpu_model_runner.py:3597", "Loading drafter model...")
-        time.sleep(phase_seconds(knobs, "model"))
-        logfmt.info(
-            "gpu_model_runner.py:3660",
-            f"Model loading took {sizing.weights_gib(cfg):.4f} GiB memory and {time.monotonic() - started:.6f} seconds",
-        )
-        if not cfg.enforce_eager:
-            self._compile()
-
-    def _load_shards(self, started: float) -> None:
-        shards = max(1, self.spec.knobs.shards)
-        show = self.spec.rank == 0
-        if show:
-            logfmt.progress(_shard_line(0, shards, 0.0))
-        for done in range(1, shards + 1):
-            time.sleep(phase_seconds(self.spec.knobs, "weights") / shards)
-            if show:
-                logfmt.progress(_shard_line(done, shards, time.monotonic() - started))
-
-    def _compile(self) -> None:
-        spec = self.spec
-        compile_s = phase_seconds(spec.knobs, "compile")
-        logfmt.info(
-            "backends.py:644",
-            f"Using cache directory: /root/.cache/vllm/torch_compile_cache/6f1e0c2a9b/rank_{spec.rank}_0/backbone "
-            "for vLLM's torch.compile",
-        )
-        time.sleep(compile_s * 0.3)
-        logfmt.info("backends.py:704", f"Dynamo bytecode transform time: {compile_s * 0.3:.2f} s")
-        time.sleep(compile_s * 0.7)
-        logfmt.info(
-            "backends.py:279",
-            f"Compiling a graph for compile range (1, {spec.config.max_num_batched_tokens}) takes "
-            f"{compile_s * 0.7:.2f} s",
-        )
-        logfmt.info("monitor.py:35", f"torch.compile takes {compile_s:.2f} s in total")
-
+    # -- RPCs from the executor -------------------------------------------------------------------------
     def profile(self) -> float:
         self._check_peers()
         time.sleep(phase_seconds(self.spec.knobs, "profile"))
         kv_gib = sizing.available_kv_gib(self.spec.config)
-        logfmt.info("gpu_worker.py:376", f"Available KV cache memory: {kv_gib:.2f} GiB")
+        self.spec.ranked.once("kv_avail", self.spec.knobs.dialect.kv_available(kv_gib))
         return kv_gib
 
     def warmup(self) -> None:
         self._check_peers()
-        spec = self.spec
-        if not spec.config.enforce_eager:
-            started = time.monotonic()
-            seconds = phase_seconds(spec.knobs, "graphs")
-            for label, count, share in (("mixed prefill-decode, PIECEWISE", 67, 0.6), ("decode, FULL", 35, 0.4)):
-                self._capture(label, count, seconds * share)
-            if spec.local_rank == 0:
-                logfmt.info(
-                    "gpu_model_runner.py:4588",
-                    f"Graph capturing finished in {time.monotonic() - started:.0f} secs, "
-                    f"took {sizing.CUDA_GRAPH_GIB:.2f} GiB",
-                )
-        if spec.knobs.leak_mb_per_s > 0:
+        if not self.spec.config.enforce_eager:
+            loading.capture_graphs(self.spec.ranked)
+        loading.jit_monitor_activated(self.spec.ranked)
+        self.ready_at = time.monotonic()
+        if self.spec.knobs.leak_mb_per_s > 0:
             threading.Thread(target=self._leak, daemon=True, name="leak").start()
 
-    def _capture(self, label: str, count: int, seconds: float) -> None:
-        desc = f"Capturing CUDA graphs ({label})"
-        show = self.spec.rank == 0
-        if show:
-            logfmt.progress(f"{desc}:   0%|          | 0/{count} [00:00<?, ?it/s]")
-        time.sleep(seconds)
-        if show:
-            rate = count / max(seconds, 1e-3)
-            logfmt.progress(
-                f"{desc}: 100%|██████████| {count}/{count} [{logfmt.format_elapsed(seconds)}<00:00, {rate:.2f}it/s]"
-            )
-
     def execute(self, request_id: str) -> None:
-        """One model step for a request: an all-reduce across ranks, which fails once a peer is gone and
-        blocks while a peer is frozen (connected but silent), as an NCCL collective does."""
-        self._check_peers()
+        """One model step for a request: an all-reduce across ranks (see the module's docstring)."""
+        self._wait_for_peers()
+        knobs = self.spec.knobs
+        due = self.ready_at is not None and time.monotonic() >= self.ready_at + (knobs.jit_after or 0.0)
+        if self._jit_pending and due:
+            self._jit_pending = False
+            loading.jit_compile(self.spec.ranked, knobs.jit_seconds)
+
+    def _wait_for_peers(self) -> None:
         heartbeat = self.store.heartbeat if isinstance(self.store, StoreServer) else None
-        while heartbeat is not None and heartbeat.silent_s() > FROZEN_PEER_S and not self._closed.is_set():
+        while not self._closed.is_set():
+            if self.is_peer_lost():
+                if self.spec.knobs.peer_loss == "error":
+                    raise WorkerError("RuntimeError", NCCL_PEER_GONE, _RPC_FRAMES)
+                self._closed.wait()  # the collective never returns; the EngineCore gives up on it
+                return
+            if heartbeat is None or heartbeat.silent_s() <= FROZEN_PEER_S:
+                return
             time.sleep(0.1)
-            self._check_peers()
 
     # -- faults and shutdown ----------------------------------------------------------------------------
     def _leak(self) -> None:
@@ -273,21 +234,16 @@ class WorkerRuntime:
             self.store.close()
 
 
-def _shard_line(done: int, total: int, elapsed: float) -> str:
-    percent = 100 * done / total
-    if done == 0:
-        timing = "00:00<?, ?it/s"
-    else:
-        per_shard = elapsed / done
-        remaining = logfmt.format_elapsed(per_shard * (total - done))
-        rate = f"{per_shard:5.2f}s/it" if per_shard > 1 else f"{1 / max(per_shard, 1e-6):5.2f}it/s"
-        timing = f"{logfmt.format_elapsed(elapsed)}<{remaining}, {rate}"
-    return f"Loading safetensors checkpoint shards: {percent:3.0f}% Completed | {done}/{total} [{timing}]"
-
-
 # -- the worker process ------------------------------------------------------------------------------------
 def worker_main(spec: WorkerSpec, conn: Connection, death_r: Connection) -> None:
-    """Process target: init, report READY or FAILED, then serve RPCs until told to stop or orphaned."""
+    """Process target: init and load, report READY or FAILED, then serve RPCs until told to stop or orphaned."""
+    d = spec.knobs.dialect
+    logfmt.inherit_parent_prefix()
+    if spec.parent_title and logfmt.forks():
+        setproctitle.setproctitle(spec.parent_title)  # what a forked child shows until it titles itself
+    if d.titles_workers_early:
+        set_title("Worker")
+        logfmt.decorate_logs("Worker", d)
     procs.exit_on_signals()
     if spec.knobs.ignore_sigterm_while_loading:
         procs.ignore_sigterm()
@@ -296,8 +252,9 @@ def worker_main(spec: WorkerSpec, conn: Connection, death_r: Connection) -> None
     try:
         try:
             runtime.init_device()
+            runtime.load()
         except WorkerError as exc:
-            logfmt.exception("multiproc_executor.py:751", "WorkerProc failed to start.", exc.traceback)
+            logfmt.exception(d.at("worker_failed"), "WorkerProc failed to start.", exc.traceback)
             conn.send(("failed", exc.exc_line))
             return
         conn.send(("ready", os.getpid()))
@@ -318,7 +275,7 @@ def _serve_rpcs(runtime: WorkerRuntime, conn: Connection) -> None:
         try:
             result = getattr(runtime, kind)(*params)
         except WorkerError as exc:
-            logfmt.exception("multiproc_executor.py:822", "WorkerProc hit an exception.", exc.traceback)
+            logfmt.exception(runtime.spec.knobs.dialect.at("worker_exc"), "WorkerProc hit an exception.", exc.traceback)
             conn.send(("error", exc.message))
             continue
         if kind == "warmup" and runtime.spec.knobs.ignore_sigterm_while_loading:
@@ -329,8 +286,10 @@ def _serve_rpcs(runtime: WorkerRuntime, conn: Connection) -> None:
 def _parent_exited(runtime: WorkerRuntime) -> None:
     if runtime.spec.knobs.orphan_on_kill:
         return
-    logfmt.info("multiproc_executor.py:558", "Parent process exited, terminating worker")
-    logfmt.info("multiproc_executor.py:599", "WorkerProc shutting down.")
+    d = runtime.spec.knobs.dialect
+    runtime.spec.ranked.once("parent_exited", d.parent_exited, scope="process")
+    if d.family != "0.24":  # 0.24 leaves without a word
+        logfmt.info(d.at("worker_shutdown"), "WorkerProc shutting down.")
     runtime.close()
     with contextlib.suppress(Exception):
         sys.stdout.flush()

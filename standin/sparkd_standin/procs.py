@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.context import SpawnContext, SpawnProcess
+from multiprocessing.context import BaseContext, SpawnContext, SpawnProcess
 from typing import Any
 
 TERMINATE_GRACE_S = 5.0  # vLLM: SIGTERM, wait 5 s (4 s for workers), then SIGKILL
@@ -21,6 +22,13 @@ TERMINATE_GRACE_S = 5.0  # vLLM: SIGTERM, wait 5 s (4 s for workers), then SIGKI
 
 def spawn_context() -> SpawnContext:
     return multiprocessing.get_context("spawn")
+
+
+def lock_context() -> BaseContext:
+    """The context of vLLM's ``shared_worker_lock``: under fork (its default) the semaphore is unlinked at once;
+    under spawn (VLLM_WORKER_MULTIPROC_METHOD=spawn) it stays in /dev/shm as ``sem.mp-*`` while held."""
+    method = "spawn" if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork") == "spawn" else "fork"
+    return multiprocessing.get_context(method)
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Chat and text completions: validation, token production at a fixed rate, and vLLM 0.13's JSON/SSE shapes.
 
-Every request first runs one engine step (an RPC through the EngineCore to the workers, which fails once a
-remote rank is gone), then produces ``max_tokens`` tokens at ``tokens_per_s``. While stalled, requests hold
-their place in ``num_requests_running`` and never produce a token.
+Every request first runs one engine step (the prefill: an RPC through the EngineCore to the workers), then
+produces ``max_tokens`` tokens at ``tokens_per_s``, each only while no engine step is in flight. While
+stalled, a new request is counted by the scheduler (running or waiting) but never published nor answered.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkd.standin.client import EngineClient, EngineDeadError
-from sparkd.standin.metrics import VllmMetrics
+from sparkd_standin.client import EngineClient, EngineDeadError
+from sparkd_standin.metrics import VllmMetrics
 
 DEFAULT_MAX_TOKENS = 16
 WORDS = (
@@ -115,7 +115,7 @@ def parse_request(kind: str, body: Any, served: tuple[str, ...], max_len: int, h
 
 
 class TokenSource:
-    """Produces tokens for requests at a fixed rate, through the engine, honouring the stall fault."""
+    """Produces tokens for requests at a fixed rate, between engine steps, honouring the stall fault."""
 
     def __init__(self, engine: EngineClient, metrics: VllmMetrics, tokens_per_s: float) -> None:
         self.engine = engine
@@ -127,10 +127,10 @@ class TokenSource:
         if self.stalled:
             await self._held(req)
         started = time.monotonic()
+        await self.engine.execute(req.request_id)  # the prefill step
         self.metrics.request_started(req.prompt_tokens, req.max_tokens)
         generated, reason, last = 0, "abort", started
         try:
-            await self.engine.execute(req.request_id)
             for index in range(req.max_tokens):
                 await self._step(req.request_id)
                 now = time.monotonic()
@@ -161,6 +161,7 @@ class TokenSource:
         await asyncio.sleep(self.interval_s)
         if self.stalled:
             await self.engine.execute(f"{request_id}-step")  # held by the stalled engine until it dies
+        await self.engine.steps_flow()  # a step in flight (a JIT compile, a hung collective) holds every token
         if self.engine.errored:
             raise EngineDeadError
 

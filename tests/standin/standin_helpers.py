@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +24,6 @@ import psutil
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 READY_LINE = "Application startup complete."
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # Other suites on this host sweep stale "VLLM::*" processes host-wide; our stand-ins use vLLM's own title-prefix
 # variable to stay out of their way, except where a test asks for the real titles (title_prefix="VLLM").
 TEST_TITLE_PREFIX = "VLLMTEST"
@@ -70,7 +68,8 @@ def _alive(pid: int) -> bool:
 
 
 class Standin:
-    """One ``python -m sparkd.standin serve ...`` process with its stdout+stderr collected line by line."""
+    """One ``python -m sparkd_standin serve ...`` process (the installed sparkd-standin distribution) with its
+    stdout+stderr collected line by line."""
 
     def __init__(
         self,
@@ -85,9 +84,8 @@ class Standin:
             "VLLM_PROCESS_NAME_PREFIX": title_prefix,
             **(env or {}),
         }
-        full_env.setdefault("PYTHONPATH", str(REPO_ROOT))
         self.title_prefix = full_env["VLLM_PROCESS_NAME_PREFIX"]
-        self.argv = [sys.executable, "-m", "sparkd.standin", "serve", *args]
+        self.argv = [sys.executable, "-m", "sparkd_standin", "serve", *args]
         self.proc = subprocess.Popen(
             self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
         )

@@ -2,9 +2,12 @@
 
 - vLLM's logger writes ``LEVEL MM-DD HH:MM:SS [file.py:line] message`` to stdout. A multi-line message (a
   traceback) repeats the header on every line, joined by ``\\r\\n`` (vLLM's NewLineFormatter).
-- ``decorate_logs(name)`` patches sys.stdout/sys.stderr so every line gets ``(name pid=N) ``, in cyan unless
-  NO_COLOR is set, as vLLM's decorate_logs does. Lines written straight to fd 2 (torch's C++ warnings) are not
-  decorated, as in vLLM.
+- ``decorate_logs(name, dialect)`` patches sys.stdout/sys.stderr so every line gets ``(name pid=N) ``, as vLLM's
+  decorate_logs does: 0.13 wraps the prefix the stream already has (so a forked child logs under its parent's
+  name too), 0.21+ replaces it. vLLM forks its EngineCore and workers unless VLLM_WORKER_MULTIPROC_METHOD=spawn;
+  the stand-in always spawns, and a child that vLLM would have forked starts with its parent's prefix
+  (``inherit_parent_prefix``), passed down in the environment. Lines written straight to fd 2 (torch's C++
+  warnings) are not decorated, as in vLLM.
 - tqdm bars go to stderr as ``\\r`` + bar + ``\\n``.
 """
 
@@ -15,8 +18,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
+
+from sparkd_standin.dialect import Dialect
 
 CYAN = "\033[0;36m"
 RESET = "\033[0;0m"
@@ -30,12 +35,25 @@ def _min_level() -> int:
     return _LEVELS.get(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper(), 20)
 
 
-def _colour_enabled() -> bool:
-    return os.environ.get("NO_COLOR", "0") == "0"
+FORK_PREFIX_ENV = "_SPARKD_STANDIN_FORK_PREFIX"  # the prefix a forked child would have inherited
+_current = {"prefix": ""}
 
 
-def _add_prefix(stream: TextIO, prefix: str) -> None:
-    original = getattr(stream, "_standin_original_write", stream.write)
+def forks() -> bool:
+    """vLLM's default start method for its EngineCore and workers is fork."""
+    return os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork") != "spawn"
+
+
+def _colour(dialect: Dialect) -> bool:
+    if os.environ.get("NO_COLOR", "0") != "0":
+        return False
+    if not dialect.modern:
+        return True
+    setting = os.environ.get("VLLM_LOGGING_COLOR", "")
+    return setting == "1" or (setting != "0" and sys.stdout.isatty())
+
+
+def _prefixed(original: Callable[[str], object]) -> Callable[[str], int]:
     state = {"new_line": True}
 
     def write_with_prefix(text: str) -> int:
@@ -47,25 +65,44 @@ def _add_prefix(stream: TextIO, prefix: str) -> None:
                 end = text.find("\n", start)
                 chunk = text[start:] if end == -1 else text[start : end + 1]
                 if state["new_line"]:
-                    pieces.append(prefix)
+                    pieces.append(_current["prefix"])
                 pieces.append(chunk)
                 state["new_line"] = chunk.endswith("\n")
                 start += len(chunk)
             original("".join(pieces))
         return len(text)
 
-    stream._standin_original_write = original  # type: ignore[attr-defined]
-    stream.write = write_with_prefix  # type: ignore[method-assign]
+    return write_with_prefix
 
 
-def decorate_logs(name: str) -> None:
-    """Prefix every line this process writes to stdout and stderr with ``(name pid=N) ``."""
+def _install(prefix: str) -> None:
+    """Every line this process writes to stdout and stderr starts with ``prefix`` (replacing any earlier one)."""
+    _current["prefix"] = prefix
+    os.environ[FORK_PREFIX_ENV] = prefix
+    for stream in (sys.stdout, sys.stderr):
+        if not hasattr(stream, "_standin_original_write"):
+            original = stream.write
+            setattr(stream, "_standin_original_write", original)  # noqa: B010 (a TextIO has no such attribute)
+            stream.write = _prefixed(original)  # type: ignore[method-assign]
+
+
+def decorate_logs(name: str, dialect: Dialect) -> None:
+    """``(name pid=N) `` before every line: after the inherited prefix in 0.13, instead of it in 0.21+."""
     if os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
         return
     pid = os.getpid()
-    prefix = f"{CYAN}({name} pid={pid}){RESET} " if _colour_enabled() else f"({name} pid={pid}) "
-    for stream in (sys.stdout, sys.stderr):
-        _add_prefix(stream, prefix)
+    own = f"{CYAN}({name} pid={pid}){RESET} " if _colour(dialect) else f"({name} pid={pid}) "
+    _install(_current["prefix"] + own if dialect.stacks_prefixes else own)
+
+
+def inherit_parent_prefix() -> None:
+    """First thing in a child vLLM would have forked: the parent's prefix until the child decorates its own."""
+    inherited = os.environ.get(FORK_PREFIX_ENV, "")
+    if forks() and inherited and os.environ.get("VLLM_CONFIGURE_LOGGING", "1") != "0":
+        _install(inherited)
+    else:
+        _current["prefix"] = ""
+        os.environ.pop(FORK_PREFIX_ENV, None)
 
 
 def _emit(stream: TextIO, text: str) -> None:

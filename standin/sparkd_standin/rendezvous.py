@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 
-from sparkd.standin import logfmt
+from sparkd_standin import logfmt
 
 HEARTBEAT_S = 1.0
 LOST_WARNING_EVERY_S = 2.0

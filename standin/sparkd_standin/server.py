@@ -1,12 +1,15 @@
-"""The head's API server process (node-rank 0, not headless): vLLM 0.13's ``run_server`` sequence.
+"""The head's API server process (node-rank 0, not headless): vLLM's ``run_server`` sequence.
 
-1. version and non-default-args lines; bind the API port (SO_REUSEADDR) without listening;
+1. the version line (0.13) or logo (0.21+) and the non-default args; bind the API port with SO_REUSEADDR and
+   SO_REUSEPORT, as vLLM does (so a stale vLLM still listening there does not stop the bind: both then serve
+   the port), without listening;
 2. SIGTERM raises KeyboardInterrupt while loading (uncaught: the process ends by SIGINT, returncode -2);
 3. start the EngineCore and wait for READY; a startup failure is ``RuntimeError: Engine core initialization
    failed ...`` and exit 1;
 4. route lines, then uvicorn on the pre-bound socket: it listens right after "Application startup complete.";
-5. SIGTERM/SIGINT cancel the server task ("Shutting down FastAPI HTTP server." + uvicorn's shutdown lines); the
-   watchdog stops the server within 5 s of engine death; either way the engine is stopped and the exit is 0.
+5. SIGTERM/SIGINT: 0.13 cancels the server ("Shutting down FastAPI HTTP server.", then uvicorn's shutdown
+   lines) and stops the engine; 0.21+ stops the engine first (0.24 logs each step as ``[shutdown] ...``). The
+   watchdog stops the server within 5 s of engine death. Either way the exit is 0.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ from typing import Any
 
 import uvicorn
 
-from sparkd.standin import api, faults, logfmt
-from sparkd.standin.args import ServeConfig
-from sparkd.standin.client import EngineClient, EngineStartupError
-from sparkd.standin.generate import TokenSource
-from sparkd.standin.knobs import Knobs, phase_seconds
-from sparkd.standin.metrics import VllmMetrics
-from sparkd.standin.modelconfig import create_model_config
+from sparkd_standin import api, faults, logfmt
+from sparkd_standin.args import ServeConfig
+from sparkd_standin.client import EngineClient, EngineStartupError
+from sparkd_standin.dialect import LOGO
+from sparkd_standin.generate import TokenSource
+from sparkd_standin.knobs import Knobs, phase_seconds
+from sparkd_standin.metrics import VllmMetrics
+from sparkd_standin.modelconfig import create_model_config
 
 WATCHDOG_S = 5.0  # vLLM's VLLM_WATCHDOG_TIME_S
 GRACEFUL_SHUTDOWN_S = 5.0  # bounds uvicorn's wait for hung requests (vLLM 0.13 waits forever)
@@ -49,6 +53,7 @@ def create_server_socket(host: str | None, port: int) -> socket.socket:
     family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host or "", port))
     except OSError:
@@ -65,18 +70,29 @@ def _print_crash(frames: list[tuple[str, int, str, str]], exc_line: str) -> None
     logfmt.print_stderr(logfmt.traceback_text(frames, exc_line))
 
 
+def _log_version(config: ServeConfig, knobs: Knobs) -> None:
+    d = knobs.dialect
+    if not d.modern:
+        logfmt.info(d.at("version"), f"vLLM API server version {d.version}")
+    elif os.environ.get("VLLM_DISABLE_LOG_LOGO", "0") not in ("", "0"):
+        logfmt.info(d.at("logo"), f"vLLM server version {d.version}, serving model {config.model}")
+    else:
+        logfmt.info(d.at("logo"), LOGO.format(version=d.version, model=config.model))
+    logfmt.info(d.at("non_default"), f"non-default args: {config.non_default}")
+
+
 def run_api_server(config: ServeConfig, knobs: Knobs) -> int:
-    logfmt.decorate_logs("APIServer")
-    logfmt.info("api_server.py:1351", f"vLLM API server version {knobs.version}")
-    logfmt.info("utils.py:253", f"non-default args: {config.non_default}")
+    d = knobs.dialect
+    logfmt.decorate_logs("APIServer", d)
+    _log_version(config, knobs)
     try:
         sock = create_server_socket(config.host, config.port)
     except OSError as exc:
-        frame = ("entrypoints/openai/api_server.py", 1330, "create_server_socket", "sock.bind(addr)")
+        frame = ("entrypoints/openai/api_server.py", 1318, "create_server_socket", "sock.bind(addr)")
         _print_crash([*_MAIN_FRAMES, frame], f"OSError: [Errno {exc.errno}] {exc.strerror}")
         return 1
     signal.signal(signal.SIGTERM, signal.SIG_IGN if knobs.ignore_sigterm_while_loading else _interrupt_on_sigterm)
-    if not create_model_config(config):
+    if not create_model_config(config, d):
         return 1
     engine = EngineClient(config, knobs)
     try:
@@ -91,12 +107,12 @@ def run_api_server(config: ServeConfig, knobs: Knobs) -> int:
         raise
     signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     port = sock.getsockname()[1]
-    logfmt.info("api_server.py:1099", "Supported tasks: ['generate']")
-    logfmt.info("api_server.py:1426", f"Starting vLLM API server 0 on http://{config.host or '0.0.0.0'}:{port}")
-    logfmt.info("launcher.py:38", "Available routes are:")
+    logfmt.info(d.at("tasks"), "Supported tasks: ['generate']")
+    logfmt.info(d.at("starting"), d.starting(f"http://{config.host or '0.0.0.0'}:{port}"))
+    logfmt.info(d.at("routes"), "Available routes are:")
     for line in api.route_lines():
-        logfmt.info("launcher.py:46", line)
-    metrics = VllmMetrics(config, int(info["kv_tokens"]))
+        logfmt.info(d.at("route"), line)
+    metrics = VllmMetrics(config, int(info["kv_tokens"]), exposed=not config.disable_log_stats)
     state = api.AppState(config, knobs, engine, metrics, TokenSource(engine, metrics, knobs.tokens_per_s))
     try:
         asyncio.run(serve_http(state, sock))
@@ -111,7 +127,7 @@ def run_api_server(config: ServeConfig, knobs: Knobs) -> int:
 def _start_engine(config: ServeConfig, knobs: Knobs, engine: EngineClient) -> dict[str, Any]:
     if config.enable_chunked_prefill:
         logfmt.info(
-            "scheduler.py:231",
+            knobs.dialect.at("chunked"),
             f"Chunked prefill is enabled with max_num_batched_tokens={config.max_num_batched_tokens}.",
         )
     time.sleep(phase_seconds(knobs, "api"))
@@ -155,9 +171,25 @@ async def serve_http(state: api.AppState, sock: socket.socket) -> None:
     try:
         await server_task
     except asyncio.CancelledError:
-        logfmt.info("launcher.py:110", "Shutting down FastAPI HTTP server.")
-        await server.shutdown()
+        await _shut_down(state, server)
     finally:
         watchdog_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watchdog_task
+
+
+async def _shut_down(state: api.AppState, server: uvicorn.Server) -> None:
+    """0.13 stops the HTTP server, then (in run_api_server) the engine; 0.21+ the engine first."""
+    d = state.knobs.dialect
+    if d.family == "0.24":
+        logfmt.info(d.at("shutdown_triggered"), "[shutdown] API server: shutdown triggered")
+        logfmt.info(d.at("shutdown_engine"), "[shutdown] API server: stopping engine client mode=abort timeout=0s")
+    if d.modern:
+        await asyncio.get_running_loop().run_in_executor(None, state.engine.shutdown)
+    if d.family == "0.24":
+        logfmt.info(d.at("shutdown_engine_done"), "[shutdown] API server: engine client stopped")
+        logfmt.info(d.at("shutdown_signalling"), "[shutdown] API server: signalling HTTP server shutdown")
+        logfmt.info(d.at("shutdown_http"), "[shutdown] API server: shutting down FastAPI HTTP server")
+    else:
+        logfmt.info(d.at("shutdown_http"), "Shutting down FastAPI HTTP server.")
+    await server.shutdown()

@@ -1,8 +1,12 @@
-"""The API server's handle on its EngineCore: start it, wait for READY, run one RPC per request, notice death.
+"""The API server's handle on its EngineCore: start it, wait for READY, run one step per request, notice death.
 
-Death is noticed two ways, as in vLLM 0.13: the engine's ENGINE_CORE_DEAD message ("AsyncLLM output_handler
-failed.") or its process ending while nobody asked it to ("Engine core proc EngineCore_DP0 died unexpectedly,
-shutting down client."). Either makes ``errored`` true: /health turns 503 and the watchdog stops the server.
+Death is noticed two ways: the engine's ENGINE_CORE_DEAD message, or its process ending while nobody asked it
+to. Either logs "AsyncLLM output_handler failed." with the EngineDeadError traceback; 0.13 first logs "Engine
+core proc EngineCore_DP0 died unexpectedly, shutting down client." for a process that ended (0.21+'s monitor is
+silent). Either makes ``errored`` true: /health turns 503 and the watchdog stops the server.
+
+Steps are serial, as in vLLM's engine: while one is in flight (a JIT compile, a hung collective) no request
+produces a token (``steps_flow``).
 """
 
 from __future__ import annotations
@@ -13,17 +17,22 @@ import threading
 from multiprocessing.connection import wait
 from typing import Any
 
-from sparkd.standin import logfmt
-from sparkd.standin.args import ServeConfig
-from sparkd.standin.engine import PROC_NAME, engine_core_main
-from sparkd.standin.knobs import Knobs
-from sparkd.standin.procs import Child, start_child
+from sparkd_standin import logfmt
+from sparkd_standin.args import ServeConfig
+from sparkd_standin.engine import engine_core_main
+from sparkd_standin.knobs import Knobs
+from sparkd_standin.procs import Child, start_child
 
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
-_OUTPUT_HANDLER_FRAMES = [
-    ("v1/engine/async_llm.py", 483, "output_handler", "outputs = await engine_core.get_output_async()"),
-    ("v1/engine/core_client.py", 893, "get_output_async", "raise self._format_exception(outputs) from None"),
-]
+_OUTPUT_HANDLER_LINES = {"0.13": (490, 893), "0.21": (660, 998), "0.24": (660, 998)}
+
+
+def _output_handler_frames(family: str) -> list[tuple[str, int, str, str]]:
+    handler, client = _OUTPUT_HANDLER_LINES[family]
+    return [
+        ("v1/engine/async_llm.py", handler, "output_handler", "outputs = await engine_core.get_output_async()"),
+        ("v1/engine/core_client.py", client, "get_output_async", "raise self._format_exception(outputs) from None"),
+    ]
 
 
 class EngineDeadError(Exception):
@@ -48,6 +57,8 @@ class EngineClient:
         self._child: Child | None = None
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = {}
+        self._in_flight = 0
+        self._no_step: asyncio.Event | None = None  # set while no step is in flight (made in the server's loop)
 
     @property
     def errored(self) -> bool:
@@ -58,7 +69,7 @@ class EngineClient:
         return self._child.proc.pid if self._child else None
 
     def start(self) -> None:
-        self._child = start_child(engine_core_main, PROC_NAME, (self.config, self.knobs))
+        self._child = start_child(engine_core_main, self.knobs.dialect.engine_proc, (self.config, self.knobs))
 
     def wait_ready(self) -> dict[str, Any]:
         """Block until READY. Raises EngineStartupError if the engine fails or dies first."""
@@ -71,7 +82,7 @@ class EngineClient:
                 message = conn.recv()
         if message[0] != "ready":
             proc.join(10)
-            raise EngineStartupError({PROC_NAME: proc.exitcode})
+            raise EngineStartupError({self.knobs.dialect.engine_proc: proc.exitcode})
         self.info = message[1]
         threading.Thread(target=self._read_outputs, daemon=True, name="output_handler").start()
         threading.Thread(target=self._monitor, daemon=True, name="MPClientEngineMonitor").start()
@@ -86,9 +97,29 @@ class EngineClient:
             if self.dead:
                 raise EngineDeadError
             self._pending[request_id] = (loop, future)
-        with contextlib.suppress(OSError):  # a dead engine: the monitor fails the pending request
-            self._child.conn.send(("execute", request_id))
-        await future
+        self._step_started()
+        try:
+            with contextlib.suppress(OSError):  # a dead engine: the monitor fails the pending request
+                self._child.conn.send(("execute", request_id))
+            await future
+        finally:
+            self._step_ended()
+
+    def _step_started(self) -> None:
+        if self._no_step is None:
+            self._no_step = asyncio.Event()
+        self._in_flight += 1
+        self._no_step.clear()
+
+    def _step_ended(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._no_step is not None:
+            self._no_step.set()
+
+    async def steps_flow(self) -> None:
+        """Returns once no engine step is in flight: tokens come only between steps."""
+        if self._in_flight and self._no_step is not None:
+            await self._no_step.wait()
 
     def stall(self) -> None:
         """From now on the engine never completes a step (a hung rank)."""
@@ -119,13 +150,14 @@ class EngineClient:
                 return
             self.dead = True
             pending, self._pending = self._pending, {}
-        if by_message:
-            text = logfmt.traceback_text(
-                _OUTPUT_HANDLER_FRAMES, f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MESSAGE}"
-            )
-            logfmt.exception("async_llm.py:525", "AsyncLLM output_handler failed.", text)
-        else:
-            logfmt.error("core_client.py:606", f"Engine core proc {PROC_NAME} died unexpectedly, shutting down client.")
+        d = self.knobs.dialect
+        if not by_message and d.logs_engine_proc_death:
+            died = f"Engine core proc {d.engine_proc} died unexpectedly, shutting down client."
+            logfmt.error(d.at("proc_died"), died)
+        text = logfmt.traceback_text(
+            _output_handler_frames(d.family), f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MESSAGE}"
+        )
+        logfmt.exception(d.at("output_handler"), "AsyncLLM output_handler failed.", text)
         for loop, future in pending.values():
             loop.call_soon_threadsafe(_set_exception, future)
 
