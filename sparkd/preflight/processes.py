@@ -28,6 +28,7 @@ from sparkd.preflight.base import (
     read_cmdline,
     visible_pids,
 )
+from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
 from sparkd.runtime import proctree
 from sparkd.statefile import read_json
 from sparkd.supervisor.failures import FailureClass
@@ -89,8 +90,13 @@ def stale_candidates(ctx: PreflightContext) -> list[Candidate]:
 
 async def end_candidates(ctx: PreflightContext, candidates: list[Candidate]
                          ) -> tuple[list[stale.StaleProcess], list[stale.StaleProcess]]:
-    """SIGTERM, grace, SIGKILL the candidates still showing the argv they were found with."""
+    """SIGTERM, grace, SIGKILL the candidates still showing the argv they were found with.
+
+    First the /dev/shm segments they hold go into the ledger: once they are dead, the sweep may remove them."""
     bound = [p for p in (stale.bind(c.pid, c.argv) for c in candidates) if p is not None]
+    if bound:
+        ledger = ShmLedger(ctx.cfg.paths.state_dir / LEDGER_NAME)
+        await anyio.to_thread.run_sync(lambda: ledger.note([p.pid for p in bound], ctx.shm_dir, ctx.proc_root))
     return await stale.end(bound, ctx.cfg.preflight.kill_grace_s)
 
 

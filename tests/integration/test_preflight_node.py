@@ -14,6 +14,7 @@ import psutil
 import pytest
 from test_preflight_support import (
     DECOY_ARGS,
+    MAP_ONLY,
     PREFIX,
     Children,
     ProcView,
@@ -21,6 +22,7 @@ from test_preflight_support import (
     context,
     leak,
     listener,
+    open_paths,
     shm_owner,
     write_record,
 )
@@ -161,18 +163,36 @@ def test_shm_clean(tmp_path: Path, shm_dir: Path) -> None:
 
 
 def test_shm_leaks_removed_live_owners_and_decoys_kept(tmp_path: Path, children: Children, shm_dir: Path) -> None:
-    leaked = [leak(shm_dir / "psm_0badf00d"), leak(shm_dir / "sem.mp-abc12345", 4096), leak(shm_dir / "nccl-x1")]
-    mapped = shm_owner(children, shm_dir / "psm_11ve0000")  # mapped by a live process
-    opened = shm_owner(children, shm_dir / "nccl-open", how="open")  # held open by a live process
+    leaked = [leak(shm_dir / "psm_0badf00d"), leak(shm_dir / "nccl-x1"), leak(shm_dir / "torch_999999999_7_0")]
+    mapped = shm_owner(children, shm_dir / "psm_11ve0000")  # only mapped by a live process (no descriptor)
+    assert str(shm_dir / "psm_11ve0000") not in open_paths(mapped.pid)
+    assert str(shm_dir / "psm_11ve0000") in Path(f"/proc/{mapped.pid}/maps").read_text()
+    opened = shm_owner(children, shm_dir / "nccl-open", how="open")  # only held open by a live process
     decoy = leak(shm_dir / "vllm_psm_not_ours")  # does not match the patterns
+    semaphore = leak(shm_dir / "sem.mp-abc12345", 4096)  # multiprocessing's naming: nobody's proof it is ours
+    live_torch = leak(shm_dir / f"torch_{opened.pid}_1_0")  # its creator still runs: it may be in flight
     result = run(check_shm, context(tmp_path, shm_dir=shm_dir))
     assert result.verdict is Verdict.fixed, result
     assert "3 leaked segment(s)" in result.found
-    size = 2 * (1 << 20) + 4096
-    assert f"freed {size} bytes" in result.did
+    assert f"freed {3 << 20} bytes" in result.did
     assert not any(p.exists() for p in leaked)
     assert (shm_dir / "psm_11ve0000").exists() and (shm_dir / "nccl-open").exists() and decoy.exists()
+    assert semaphore.exists() and live_torch.exists()
     assert mapped.alive() and opened.alive()
+
+
+def test_shm_a_stale_vllm_processs_semaphore_is_noted_before_the_kill_and_removed_after(
+        tmp_path: Path, children: Children, view: ProcView, shm_dir: Path) -> None:
+    stale_engine = children(f"fd = os.open({str(shm_dir / 'sem.mp-st4le001')!r}, os.O_CREAT | os.O_RDWR, 0o600)\n"
+                            "os.ftruncate(fd, 1 << 20)\n" + MAP_ONLY, title=f"{P}::EngineCore")
+    unowned = leak(shm_dir / "sem.mp-n0tours1", 4096)
+    ctx = context(tmp_path, view.add(stale_engine.pid), shm_dir=shm_dir)
+    assert run(check_stale_processes, ctx).verdict is Verdict.fixed and not stale_engine.alive()
+    assert "sem.mp-st4le001" in (ctx.cfg.paths.state_dir / "shm-ledger.json").read_text()
+    result = run(check_shm, ctx)
+    assert result.verdict is Verdict.fixed and "1 leaked segment(s)" in result.found
+    assert "sem.mp-st4le001" in result.found
+    assert not (shm_dir / "sem.mp-st4le001").exists() and unowned.exists()
 
 
 def test_shm_dry_run_and_too_little_room(tmp_path: Path, shm_dir: Path) -> None:

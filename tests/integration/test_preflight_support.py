@@ -176,11 +176,35 @@ def shm_dir() -> Iterator[Path]:
     path.rmdir()
 
 
+MAP_ONLY = """\
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+addr = libc.mmap(None, 1 << 20, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+ctypes.memset(addr, 120, 1)
+os.close(fd)
+"""
+
+
 def shm_owner(children: Children, path: Path, *, how: str = "map", args: tuple[str, ...] = ()) -> Child:
-    """A child holding ``path`` (created, 1 MiB) mapped (``map``) or just open (``open``)."""
+    """A child holding ``path`` (created, 1 MiB) only mapped (``map``: through libc's mmap, the descriptor
+    closed — CPython's ``mmap.mmap`` would keep a dup of it) or only open (``open``)."""
     body = f"fd = os.open({str(path)!r}, os.O_CREAT | os.O_RDWR, 0o600)\nos.ftruncate(fd, 1 << 20)\n"
-    body += "m = mmap.mmap(fd, 1 << 20); m[0:1] = b'x'; os.close(fd)\n" if how == "map" else "\n"
+    body += MAP_ONLY if how == "map" else "\n"
     return children(body, args=args)
+
+
+def open_paths(pid: int) -> set[str]:
+    """What ``pid`` has open, as its descriptors' links read."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return out
 
 
 def leak(path: Path, size: int = 1 << 20) -> Path:
