@@ -128,12 +128,13 @@ def numbers(value: Any) -> str | None:
 
 OPT_STR = (str, type(None))
 
-# What proctree.ProcessIdentity records at launch: the executable, the command line, the title.
+# What proctree.ProcessIdentity records at launch: the launch marker, the executable, the command line, the title.
 IDENTITY = Schema("process identity", {
     "pid": Field((int,), True, pid_check),
     "create_time": Field(NUMBER, True, positive),
+    "marker": Field(OPT_STR),
     "exe": Field(OPT_STR),
-    "cmdline": Field((list,), True),
+    "cmdline": Field((list,)),
     "title": Field(OPT_STR),
 })
 

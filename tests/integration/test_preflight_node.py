@@ -37,6 +37,7 @@ from sparkd.preflight.processes import check_stale_processes
 from sparkd.preflight.runner import watched_pids
 from sparkd.preflight.shm import check_shm
 from sparkd.preflight.target import check_launch_target
+from sparkd.runtime.proctree import MARKER_ENV, launch_marker
 from sparkd.supervisor.failures import FailureClass
 
 pytest_plugins = ["test_preflight_support"]  # fixtures: children, view, shm_dir
@@ -84,10 +85,11 @@ def test_stale_titled_are_ended_decoys_and_the_watched_instance_survive(
 
 
 def test_stale_previous_launch_from_the_record(tmp_path: Path, children: Children, view: ProcView) -> None:
-    api_server = children(args=("serve", "/models/m"))  # untitled, like vLLM's API server
+    marker = launch_marker()
+    api_server = children(args=("serve", "/models/m"), env={MARKER_ENV: marker})  # untitled, like vLLM's API server
     reused = children(args=DECOY_ARGS)  # a record pointing at its PID with another create time: a reused PID
     ctx = context(tmp_path, view.add(api_server.pid, reused.pid))
-    write_record(ctx.cfg, api_server.pid)
+    write_record(ctx.cfg, api_server.pid, marker=marker)
     result = run(check_stale_processes, ctx)
     assert result.verdict is Verdict.fixed and f"{api_server.pid} " in result.found
     assert "(previous launch)" in result.found
@@ -96,6 +98,18 @@ def test_stale_previous_launch_from_the_record(tmp_path: Path, children: Childre
     write_record(ctx.cfg, reused.pid, create_time=psutil.Process(reused.pid).create_time() - 1000)
     result = run(check_stale_processes, ctx)
     assert result.verdict is Verdict.ok and reused.alive()
+
+
+def test_stale_a_forged_record_ends_nothing(tmp_path: Path, children: Children, view: ProcView) -> None:
+    """reliability.md 3e: a record naming an unrelated process with its exact create time."""
+    unrelated = children(args=("serve", "/models/m"))  # what the config launches would look like, but no marker
+    marked_elsewhere = children(env={MARKER_ENV: "another-launch"})
+    ctx = context(tmp_path, view.add(unrelated.pid, marked_elsewhere.pid))
+    for pid, marker in ((unrelated.pid, None), (unrelated.pid, "forged"), (marked_elsewhere.pid, "forged")):
+        write_record(ctx.cfg, pid, marker=marker)
+        result = run(check_stale_processes, ctx)
+        assert result.verdict is Verdict.ok, (pid, marker, result)
+    assert unrelated.alive() and marked_elsewhere.alive()
 
 
 def test_stale_dry_run_touches_nothing(tmp_path: Path, children: Children, view: ProcView) -> None:

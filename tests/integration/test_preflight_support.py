@@ -64,7 +64,7 @@ class Children:
         self.started: list[Child] = []
 
     def __call__(self, body: str = "", *, title: str | None = None, args: tuple[str, ...] = (),
-                 info: str = "''") -> Child:
+                 info: str = "''", env: dict[str, str] | None = None) -> Child:
         """Run ``body``; with ``title`` setproctitle it first (the way vLLM titles its processes); print
         ``ready <info>`` and sleep. ``args`` end up on the child's command line (decoys mention vllm there)."""
         code = PRELUDE
@@ -72,7 +72,7 @@ class Children:
             code += f"setproctitle.setproctitle({title!r})\n"
         code += textwrap.dedent(body) + f"\nprint('ready', {info}, flush=True)\ntime.sleep(600)\n"
         popen = subprocess.Popen([PY, "-c", code, *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                 text=True)
+                                 text=True, env={**os.environ, **env} if env else None)
         line = popen.stdout.readline() if popen.stdout else ""
         child = Child(popen, line.removeprefix("ready").strip())
         self.started.append(child)
@@ -157,12 +157,15 @@ def context(tmp_path: Path, view: ProcView | None = None, *, dry_run: bool = Fal
     )
 
 
-def write_record(cfg: Config, pid: int, create_time: float | None = None) -> None:
-    """The daemon's instance.json for a launch whose main process is ``pid``."""
+def write_record(cfg: Config, pid: int, create_time: float | None = None, *, marker: str | None = None) -> None:
+    """The daemon's instance.json for a launch whose main process is ``pid`` (with ``marker``: the launch
+    marker its identity records, as a launch by sparkd has)."""
     cfg.paths.state_dir.mkdir(parents=True, exist_ok=True)
     created = psutil.Process(pid).create_time() if create_time is None else create_time
-    (cfg.paths.state_dir / "instance.json").write_text(json.dumps(
-        {"runtime": "process", "pid": pid, "create_time": created, "config_hash": ""}))
+    record: dict[str, Any] = {"runtime": "process", "pid": pid, "create_time": created, "config_hash": ""}
+    if marker is not None:
+        record["identity"] = {"pid": pid, "create_time": created, "marker": marker, "cmdline": []}
+    (cfg.paths.state_dir / "instance.json").write_text(json.dumps(record))
 
 
 @pytest.fixture
