@@ -139,8 +139,8 @@ def render_script(spec: LaunchSpec, *, source: str = "the sparkd config") -> str
         "set -euo pipefail",
     ]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.env.items()]
-    if spec.secret_env:
-        lines.append(f"# {', '.join(sorted(spec.secret_env))}: set by sparkd in the launch's environment, never here.")
+    for name in sorted(spec.secret_env):  # absent: refuse to start rather than serve without the key
+        lines.append(f': "${{{name}:?is not set: sparkd passes it in the environment, not in this file}}"')
     words = [shlex.quote(word) for word in spec.argv]
     lines.append("exec " + " \\\n    ".join(_pair_flags(words)))
     return "\n".join(lines) + "\n"

@@ -4,6 +4,8 @@ redactor masks the key and the peer token in every text sparkd logs, keeps or sh
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import psutil
@@ -32,9 +34,24 @@ def test_the_api_key_is_in_the_launchs_environment_only(tmp_path: Path) -> None:
     spec = render(config(tmp_path))  # type: ignore[arg-type]
     assert KEY not in " ".join(spec.argv) and "--api-key" not in spec.argv
     assert KEY not in render_script(spec) and KEY not in json.dumps(spec.to_json()) and KEY not in repr(spec)
-    assert "VLLM_API_KEY: set by sparkd in the launch's environment, never here." in render_script(spec)
     assert spec.secret_env == {"VLLM_API_KEY": KEY} and spec.environment()["VLLM_API_KEY"] == KEY
     assert "VLLM_API_KEY" not in spec.env
+
+
+def test_the_script_gets_the_key_from_its_environment_and_refuses_to_run_without_it(tmp_path: Path) -> None:
+    program = tmp_path / "vllm"
+    program.write_text("#!/bin/sh\necho \"argv: $*\"; echo \"key: ${VLLM_API_KEY:-none}\"\n")
+    program.chmod(0o755)
+    spec = render(config(tmp_path, executable=str(program)))  # type: ignore[arg-type]
+    script = tmp_path / "launch.sh"
+    script.write_text(render_script(spec))
+    ran = subprocess.run(["bash", str(script)], env={**os.environ, **spec.environment()}, capture_output=True,
+                         text=True, timeout=30)
+    assert ran.returncode == 0 and f"key: {KEY}" in ran.stdout and KEY not in ran.stdout.split("key:")[0]
+    bare = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    refused = subprocess.run(["bash", str(script)], env=bare, capture_output=True, text=True, timeout=30)
+    assert refused.returncode != 0 and "argv:" not in refused.stdout
+    assert "VLLM_API_KEY: is not set: sparkd passes it in the environment" in refused.stderr
 
 
 def test_a_key_set_in_launch_env_is_kept_out_of_the_script_too(tmp_path: Path) -> None:
