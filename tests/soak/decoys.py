@@ -11,36 +11,15 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from test_shm_support import DECOY
 
 PY = sys.executable
 
-SHM_DECOY = textwrap.dedent("""\
-    import multiprocessing as mp, sys
-    from multiprocessing import shared_memory
-
-    def take(lock):
-        with lock:
-            pass
-
-    if __name__ == "__main__":
-        ctx = mp.get_context("spawn")
-        lock = ctx.Lock()
-        segment = shared_memory.SharedMemory(create=True, size=1 << 20)
-        segment.buf[0] = 7
-        print("sem." + lock._semlock.name.lstrip("/"), segment.name, flush=True)
-        for line in sys.stdin:
-            child = ctx.Process(target=take, args=(lock,))
-            child.start()
-            child.join(60)
-            print("child", child.exitcode, segment.buf[0], flush=True)
-        segment.close()
-        segment.unlink()
-    """)
+SHM_DECOY = DECOY  # a spawn-context lock and a SharedMemory; on each input line a child takes the lock
 
 
 @dataclass

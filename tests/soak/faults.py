@@ -21,6 +21,7 @@ import httpx
 import psutil
 from invariants import Ledger
 from soakpair import SoakPair, stop_tree
+from test_logfile import FLOOD  # as vLLM floods: one flushed write per line
 
 PY = sys.executable
 API_BOUND_S = 2.0  # issue 16: a flood never delays the control API by more than a second (2 s: a shared CI box)
@@ -157,18 +158,6 @@ def idle_connections(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> 
         if holder.stdout:
             holder.stdout.close()
     return f"{opened} of {params['count']} idle connections held {params['hold_s']} s"
-
-
-FLOOD = textwrap.dedent("""\
-    import sys, time
-    end = time.monotonic() + float(sys.argv[2])
-    line = "INFO 01-01 00:00:00 [flood.py:1] " + "x" * 80 + "\\n"
-    with open(sys.argv[1], "a") as out:
-        while time.monotonic() < end:
-            for _ in range(1000):
-                out.write(line)
-                out.flush()
-    """)
 
 
 def log_flood(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:

@@ -31,6 +31,7 @@ class Violation:
     first_at: float
     during: str
     count: int = 1
+    details: list[str] = field(default_factory=list)  # the first few occurrences' particulars
 
 
 @dataclass
@@ -42,12 +43,14 @@ class Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
     during: str = "setup"
 
-    def add(self, what: str) -> None:
+    def add(self, what: str, detail: str | None = None) -> None:
         with self.lock:
             if what in self.items:
                 self.items[what].count += 1
             else:
                 self.items[what] = Violation(what, round(time.monotonic() - self.started, 1), self.during)
+            if detail and len(self.items[what].details) < 5:
+                self.items[what].details.append(detail)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [v.__dict__ for v in self.items.values()]
@@ -67,6 +70,18 @@ def vllm_mains(prefix: str) -> list[int]:
         if f"VLLM_PROCESS_NAME_PREFIX={prefix}".encode() in environ.split(b"\0"):
             out.append(proc.pid)
     return sorted(out)
+
+
+def describe(pids: Iterable[int]) -> str:
+    """PID, state, parent and age of each process, for a violation's details."""
+    out = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            out.append(f"{pid} {proc.status()} ppid {proc.ppid()} age {time.time() - proc.create_time():.1f} s")
+        except psutil.Error:
+            out.append(f"{pid} gone")
+    return "; ".join(out)
 
 
 def titled(prefix: str) -> set[int]:
@@ -133,7 +148,7 @@ class Sampler(threading.Thread):
                 self.ledger.add(f"{node.name}: status.json {problem}")
             mains = vllm_mains(node.prefix)
             if len(mains) > 1:
-                self.ledger.add(f"{node.name}: {len(mains)} vLLM instances at once")
+                self.ledger.add(f"{node.name}: {len(mains)} vLLM instances at once", describe(mains))
             self._footprint(node)
         for sentence in self.touched():
             self.ledger.add(sentence)
