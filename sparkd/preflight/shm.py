@@ -158,6 +158,8 @@ async def check_shm(ctx: PreflightContext) -> CheckResult:
         return CheckResult("dev_shm", Verdict.ok, f"container {cfg.container.name} has its own /dev/shm "
                            "(no --ipc=host): the host's is not vLLM's")
     ledger = cfg.paths.state_dir / LEDGER_NAME
+    if ctx.protect and not ctx.dry_run:  # the watched instance's segments: ours, once it is gone
+        await anyio.to_thread.run_sync(lambda: ShmLedger(ledger).note(ctx.protect, ctx.shm_dir, ctx.proc_root))
     try:
         removed = await anyio.to_thread.run_sync(
             lambda: sweep(ctx.shm_dir, dry_run=ctx.dry_run, proc=ctx.proc_root, ledger=ledger))
