@@ -105,14 +105,13 @@ def test_terminate_tree_refuses_init_in_a_pid_namespace() -> None:
 
 def test_sparkd_itself_and_its_ancestors_are_never_signalled(started: Started) -> None:
     """A program whose parent is a shell this test starts asks every kill path to end that shell (and
-terminate_tree to end itself): the stop path, signal_all, the guard's Victims, the stale sweep's end."""
+    terminate_tree to end itself): the stop path, signal_all, the guard's Victims, the stale sweep's end."""
     code = ("import os, anyio, psutil; from sparkd.runtime import proctree; from sparkd.guard.kill import Victims; "
-            "parent = os.getppid(); "
+            "from sparkd.preflight import stale; parent = os.getppid(); "
             "print(anyio.run(lambda: proctree.terminate_tree(parent, 0.2)), "
             "anyio.run(lambda: proctree.terminate_tree(os.getpid(), 0.2)), "
             "proctree.signal_all([psutil.Process(parent)], 15), Victims([parent, os.getpid()]).pids, "
             "[s.pid for s in anyio.run(lambda: stale.end([psutil.Process(parent)], 0.2, 0.2))[0]], flush=True)")
-    code = code.replace("import os,", "import os, sparkd.preflight.stale as stale,")
     shell = subprocess.run(["sh", "-c", f'{PY} -c "$0"; echo shell survived', code], capture_output=True,
                            text=True, timeout=60)
     assert shell.stdout.splitlines() == ["[] [] [] [] []", "shell survived"], shell
