@@ -28,7 +28,7 @@ VALUE_FLAGS = (
     "served_model_name", "host", "port", "tensor_parallel_size", "pipeline_parallel_size",
     "kv_cache_dtype", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
     "gpu_memory_utilization", "load_format", "tokenizer", "tokenizer_mode", "tool_call_parser",
-    "reasoning_parser", "api_key",
+    "reasoning_parser",
 )
 # Typed fields rendered as a bare `--flag` when true.
 SWITCH_FLAGS = (
@@ -46,14 +46,25 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+# Secrets reach vLLM through its environment only: never argv (any user can read it), the script or its JSON.
+# vLLM reads its API key from VLLM_API_KEY (vllm/envs.py; the API server takes args.api_key or that).
+SECRET_ENV = ("VLLM_API_KEY",)
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     config_hash: str = ""
+    # The runtime adds these to the launch's environment; nothing renders or logs them.
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"argv": list(self.argv), "env": dict(self.env)}
+
+    def environment(self) -> dict[str, str]:
+        """The launch's whole environment, secrets included: for the runtime's exec, nothing else."""
+        return {**self.env, **self.secret_env}
 
 
 def render_flags(cfg: Config) -> list[str]:
@@ -112,7 +123,11 @@ def render(cfg: Config) -> LaunchSpec:
             argv.append(launch.subcommand)
         argv.append(launch.model)
         argv += render_flags(cfg)
-    return LaunchSpec(argv=tuple(argv), env=render_env(cfg), config_hash=cfg.launch_hash())
+    env = render_env(cfg)
+    secret_env = {name: env.pop(name) for name in SECRET_ENV if name in env}
+    if launch.api_key:
+        secret_env["VLLM_API_KEY"] = launch.api_key
+    return LaunchSpec(argv=tuple(argv), env=env, config_hash=cfg.launch_hash(), secret_env=secret_env)
 
 
 def render_script(spec: LaunchSpec, *, source: str = "the sparkd config") -> str:
@@ -124,6 +139,8 @@ def render_script(spec: LaunchSpec, *, source: str = "the sparkd config") -> str
         "set -euo pipefail",
     ]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.env.items()]
+    for name in sorted(spec.secret_env):  # absent: refuse to start rather than serve without the key
+        lines.append(f': "${{{name}:?is not set: sparkd passes it in the environment, not in this file}}"')
     words = [shlex.quote(word) for word in spec.argv]
     lines.append("exec " + " \\\n    ".join(_pair_flags(words)))
     return "\n".join(lines) + "\n"
