@@ -163,14 +163,21 @@ STATUS = Schema("status file", {
 
 # The operator's intent and the restart policy's memory, so a daemon restart honours them (the lead's shell
 # writes it; the fields are the ones issue 16 names: a stop, the breaker, the remaining backoff).
+STRIKE = Schema("restart strike", {
+    "at": Field(NUMBER, True, positive),
+    "weight": Field((int,), True, not_negative),
+    "class": Field((str,), True, not_empty),
+})
+
+# What sparkd.daemon.memory keeps: the operator's intent, the restart budget, the breaker, the remaining backoff.
 LIFECYCLE = Schema("lifecycle file", {
-    "want_running": Field((bool,), True),
-    "breaker_open": Field((bool,)),
+    "version": Field((int,), True),
+    "intent": Field((str,), True, not_empty),
+    "consecutive": Field((int,), check=not_negative),
+    "strikes": Field((list,), check=each(STRIKE)),
     "breaker_reason": Field(OPT_STR),
     "backoff_until": Field((int, float, type(None)), check=positive),
-    "consecutive_failures": Field((int,), check=not_negative),
-    "failure_times": Field((list,), check=numbers),
-    "updated_at": Field(NUMBER, check=positive),
+    "last_failure": Field((dict, type(None))),
 })
 
 SHM_SEGMENT = Schema("shared-memory segment", {

@@ -44,10 +44,13 @@ from sparkd.logs import VllmLog, configure_logging, get_logger
 from sparkd.nodelock import AlreadyRunning, NodeLock
 from sparkd.notify import Notifier
 from sparkd.probes import HttpProbes
+from sparkd.redact import redactor_for
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Runtime
 from sparkd.supervisor.policy import RestartPolicy
-from sparkd.supervisor.states import Limits, restore
+from sparkd.supervisor.states import Limits, State, restore
+
+SHM_NOTE_S = 60.0
 
 
 class StartupError(Exception):
@@ -123,6 +126,7 @@ class Daemon:
             incidents=IncidentWriter(cfg.paths.incidents, keep=cfg.supervisor.incidents_keep, log=self.log),
             files=self.files, probes=probes or self._probes, group=self.group,
             start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
+            redact=redactor_for(cfg, token=self.token),
             guard_evidence=lambda: self.guard.evidence() if self.guard is not None else None, **node_options)
         self.sup.effects = self.node
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
@@ -230,6 +234,7 @@ class Daemon:
                     tg.start_soon(self.group.watch)
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._watchdog)
+                tg.start_soon(self._note_shm)
                 self.publish()
                 await self.sup.run(boot=self._boot)
                 tg.cancel_scope.cancel()
@@ -274,6 +279,17 @@ class Daemon:
                     self.sup.shutdown()
                 else:
                     await self.node.hurry()
+
+    async def _note_shm(self) -> None:
+        """What the instance holds in /dev/shm, noted every SHM_NOTE_S and right after it becomes ready."""
+        ready = anyio.Event()
+        self.sup.listeners.append(lambda before, after, obs: ready.set() if after.state is State.ready
+                                  and before.state is not State.ready else None)
+        while True:
+            with anyio.move_on_after(SHM_NOTE_S):
+                await ready.wait()
+            ready = anyio.Event()
+            await self.node.note_shm()
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval_s

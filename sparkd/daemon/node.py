@@ -19,7 +19,7 @@ import anyio
 
 from sparkd.clock import Clock
 from sparkd.cluster.coordinator import Coordinator
-from sparkd.config import Config, Role
+from sparkd.config import Config, Role, RuntimeKind
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
@@ -35,10 +35,13 @@ from sparkd.preflight.runner import (
     check_stale_processes,
     run_preflight,
 )
+from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
 from sparkd.preflight.stale import find_stale, title_prefix
+from sparkd.redact import Redactor
 from sparkd.rehearsal import rehearsal, rehearsal_skips
 from sparkd.runtime.base import Instance, LaunchError, Runtime
-from sparkd.statefile import read_json
+from sparkd.statefile import json_state
+from sparkd.stateschema import INSTANCE
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.classify import ClassifyContext, classify
 from sparkd.supervisor.failures import Evidence, Failure, FailureClass
@@ -64,7 +67,7 @@ class Node:
         clock: Clock, log: Any, vllm_log: VllmLog, incidents: IncidentWriter, files: StateWriter,
         probes: Callable[[], Probes], group: Coordinator | None = None, start_gate: Callable[[], Failure | None]
         = lambda: None, guard_evidence: Callable[[], dict[str, Any] | None] = lambda: None,
-        rand: Callable[[], float] = random.random, rehearse: bool = False,
+        rand: Callable[[], float] = random.random, rehearse: bool = False, redact: Redactor | None = None,
         checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
     ) -> None:
         self.cfg = cfg
@@ -82,6 +85,10 @@ class Node:
         self.guard_evidence = guard_evidence
         self.rand = rand
         self.rehearse = rehearse
+        self.redact = redact or Redactor()  # secrets never reach a log, an incident or `sparkctl logs`
+        self.instance_file = json_state(self.cfg.paths.state_dir / "instance.json", INSTANCE, log=log,
+                                        clock=clock.wall)
+        self.ledger = ShmLedger(self.cfg.paths.state_dir / LEDGER_NAME, log=log, clock=clock.wall)
         self.checks = checks  # before every launch
         self.sweep = sweep  # after every stop
         self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
@@ -115,7 +122,7 @@ class Node:
     async def adopt(self) -> bool:
         """Find the instance this node launched before sparkd (re)started and watch it again."""
         self.image_id = await self.runtime.configured_image_id()
-        record = read_json(self.record_path)
+        record = self.instance_file.read()  # a bad record is set aside, logged, and treated as absent
         instance = await self.runtime.find(record)
         if instance is None:
             if record is not None:
@@ -165,7 +172,8 @@ class Node:
             timing = self.timing or LaunchTiming(requested_at=self.clock.now())
             called = self.clock.now()
             timing.step("queue", called - timing.requested_at - timing.steps.get("preflight", 0.0))
-            self.vllm_log.append(f"---- sparkd: launch {' '.join(spec.argv)}")
+            argv = self.redact.argv(spec.argv)
+            self.vllm_log.append(f"---- sparkd: launch {' '.join(argv)}")
             try:
                 instance = await self.runtime.launch(spec)
             except LaunchError as exc:
@@ -182,7 +190,7 @@ class Node:
             timing.exec_at = self.clock.now()
             timing.step("runtime.launch", timing.exec_at - called)
             self.timing = timing
-            self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=list(spec.argv),
+            self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=argv,
                           sparkd_s=round(timing.exec_at - timing.requested_at, 4))
             self._attach(instance, adopted=False)
             self.post(v.Launched())
@@ -207,6 +215,7 @@ class Node:
         async with self._busy:
             instance, watch = self.instance, self.watch
             if instance is not None:
+                await self.note_shm()  # what it holds now is provably ours once it is gone
                 grace = self.cfg.supervisor.stop_grace_s if grace_s is None else grace_s
                 info = await self.runtime.stop(instance, grace)
                 self.log.info("stopped", pid=instance.pid, reason=reason, exit=info.describe())
@@ -255,11 +264,22 @@ class Node:
         return at
 
     def _incident(self, failure: Failure, at: float, **facts: Any) -> dict[str, Any]:
-        return incident_record(failure, at=at, config_hash=self.cfg.launch_hash(), node=self.cfg.node.name,
-                               state=self.state().value, pid=self.instance.pid if self.instance else None, **facts)
+        record = incident_record(failure, at=at, config_hash=self.cfg.launch_hash(), node=self.cfg.node.name,
+                                 state=self.state().value, pid=self.instance.pid if self.instance else None, **facts)
+        redacted: dict[str, Any] = self.redact.mapping(record)
+        return redacted
+
+    async def note_shm(self) -> None:
+        """Record the /dev/shm segments the instance holds (the sweep removes them only with that proof)."""
+        shares_ipc = self.cfg.runtime is RuntimeKind.process or self.cfg.container.host_ipc
+        if self.instance is None or not shares_ipc:
+            return
+        pids = self.pids()
+        await anyio.to_thread.run_sync(self.ledger.note, pids, Path("/dev/shm"))
 
     # ---- what the watch tells
     def on_line(self, line: str, persist: bool = True) -> None:
+        line = self.redact(line)
         self.vllm_log.append(line, persist=persist)
         if not is_progress(line):
             return

@@ -119,10 +119,10 @@ def test_an_unreadable_record_is_set_aside(tmp_path: Path) -> None:
 @pytest.mark.parametrize("schema, good, bad, why", [
     (STATUS, {"state": "ready", "pid": 77, "updated_at": 1.5}, {"state": 3}, "state: 3 is not a string"),
     (STATUS, {"state": "stopped", "pid": None}, {"state": ""}, "state: is empty"),
-    (LIFECYCLE, {"want_running": False, "breaker_open": True, "failure_times": [1.0, 2]},
-     {"want_running": "no"}, "want_running: 'no' is not a boolean"),
-    (LIFECYCLE, {"want_running": True, "backoff_until": None}, {"want_running": True, "failure_times": ["x"]},
-     "failure_times: 'x' is not a finite number"),
+    (LIFECYCLE, {"version": 1, "intent": "stop", "strikes": [{"at": 1.0, "weight": 2, "class": "oom"}]},
+     {"version": 1, "intent": 3}, "intent: 3 is not a string"),
+    (LIFECYCLE, {"version": 1, "intent": "run", "backoff_until": None},
+     {"version": 1, "intent": "run", "strikes": [{"at": 1.0, "weight": 1}]}, "strikes: item 0: class: missing"),
     (SHM_LEDGER, {"segments": [{"name": "psm_1", "dev": 27, "inode": 5}]},
      {"segments": [{"name": "psm_1", "dev": 27}]}, "segments: item 0: inode: missing"),
 ])
