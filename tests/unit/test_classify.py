@@ -562,7 +562,8 @@ CASES: dict[str, Case] = {
         ),
         F.unknown,
         "UnboundLocalError",
-        ("stopped without a recognised error (exit 1)",),
+        ("vLLM stopped with an error sparkd does not recognise: `UnboundLocalError: cannot access local variable "
+         "'w' where it is not associated with a value` (exit 1)",),
     ),
     "unknown SIGKILL from outside": Case(
         None,
@@ -621,7 +622,7 @@ def test_classify(case: Case) -> None:
         assert part in failure.sentence, failure.sentence
     assert failure.sentence.endswith(".")
     assert "\x1b" not in (failure.evidence or "") and "pid=" not in (failure.evidence or "")
-    assert failure.restartable is (case.cls is not F.config_error)
+    assert failure.restartable is (case.cls not in (F.config_error, F.image_error))
 
 
 def test_evidence_is_undecorated_and_exit_code_kept() -> None:
