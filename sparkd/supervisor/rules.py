@@ -320,7 +320,8 @@ RULES: tuple[Rule, ...] = (
     _r(F.nccl, C, r"(?P<msg>failed to extend /dev/shm/nccl-.*No space left on device.*)", _what_nccl),
     _r(F.nccl, C, r"(?P<msg>Watchdog caught collective operation timeout)", _what_nccl),
     _r(F.nccl, C, r"(?P<msg>ProcessGroupNCCL's watchdog got stuck for \d+ seconds)", _what_nccl),
-    _r(F.nccl, C, r"NCCL error(?: in: [^,]*,)?:? (?P<msg>[^(\n]+)", _what_nccl),
+    # the wrapper torch and pynccl raise; its detail, when there is one, is an NCCL WARN line above
+    _r(F.nccl, G, r"NCCL error(?: in: [^,]*,)?:? (?P<msg>[^(\n]+)", _what_nccl),
     # -- wedges and startup timeouts --
     _r(F.hang, G, r"RPC call to (?P<rpc>\w+) timed out",
        _fmt("A rank stopped answering: the RPC call to {rpc} timed out")),
