@@ -261,7 +261,8 @@ RULES: tuple[Rule, ...] = (
     # -- out of memory --
     _r(F.oom, C, r"Failed to load model - not enough GPU memory",
        _with_mem("vLLM ran out of memory while loading the weights")),
-    _r(F.oom, C, r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory", _with_mem("CUDA ran out of memory")),
+    _r(F.oom, C, r"CUDA out of memory|OutOfMemoryError|CUDA (?:driver )?error: out of memory",
+       _with_mem("CUDA ran out of memory")),
     _r(F.oom, C, r"out of memory: Killed process \d+ \((?P<comm>[^)]*)\)",
        _with_mem("The kernel OOM killer killed {comm}"), flags=_I),
     _r(F.oom, C, r"earlyoom.*sending (?P<sig>SIG\w+) to process",
@@ -285,6 +286,9 @@ RULES: tuple[Rule, ...] = (
        _const("The PCIe link reported an uncorrectable fatal error (AER)"), REBOOT_DO),
     _r(F.gpu_error, G, r"AER: .*Uncorrect\w* \((?P<sev>Non-Fatal)\)",
        _const("The PCIe link reported an uncorrectable non-fatal error (AER)")),
+    _r(F.gpu_error, C, r"CUDA error: (?P<err>an illegal memory access was encountered|unspecified launch failure|"
+       r"an illegal instruction was encountered|misaligned address)",
+       _fmt("A GPU kernel faulted (CUDA error: {err})"), APP_XID_DO),
     _r(F.gpu_error, C, r"CUDA error: uncorrectable ECC error encountered",
        _const("The GPU reported an uncorrectable ECC error"), REBOOT_DO),
     # -- rendezvous --
@@ -306,12 +310,14 @@ RULES: tuple[Rule, ...] = (
     _r(F.peer_lost, C, r"NCCL error(?: in: [^,]*,)?:? remote process exited or there was a network error",
        _what_nccl_remote),
     _r(F.peer_lost, C, r"ncclRemoteError", _what_nccl_remote),
-    _r(F.peer_lost, C,
+    # a closed TCPStore is a cause on a headless worker whose head went away, and fallout of a local death
+    # (a worker process died first) on the node that lost it: generic, so the earlier death wins
+    _r(F.peer_lost, G,
        r"(?:recvValue failed|Failed to recv).*?(?P<why>Connection was likely closed|Connection reset by peer|"
        r"Broken pipe)", _what_peer),
-    _r(F.peer_lost, C, r"Failed to check the \"should dump\" flag on TCPStore", _what_peer),
-    _r(F.peer_lost, C, r"(?P<why>TCPStore server has shut down)", _what_peer),
-    _r(F.peer_lost, C, r"ProcessGroupNCCL.*(?P<why>HeartbeatMonitor)", _what_peer),
+    _r(F.peer_lost, G, r"Failed to check the \"should dump\" flag on TCPStore", _what_peer),
+    _r(F.peer_lost, G, r"(?P<why>TCPStore server has shut down)", _what_peer),
+    _r(F.peer_lost, G, r"ProcessGroupNCCL.*(?P<why>HeartbeatMonitor)", _what_peer),
     # -- NCCL / RDMA --
     _r(F.nccl, C, r"(?P<msg>ibv_reg_mr\w*.*Cannot allocate memory.*)",
        _fmt("NCCL could not register memory with the RDMA NIC ({msg})"), _MEMLOCK),
@@ -344,7 +350,7 @@ RULES: tuple[Rule, ...] = (
     # -- consequences: every engine death ends in these --
     _r(F.engine_dead, Q, r"Engine core proc (?P<proc>\S+) died unexpectedly",
        _fmt("vLLM's engine core process {proc} died")),
-    _r(F.engine_dead, Q, r"Worker proc (?P<proc>\S+) died unexpectedly", _fmt("vLLM's worker process {proc} died")),
+    _r(F.engine_dead, G, r"Worker proc (?P<proc>\S+) died unexpectedly", _fmt("vLLM's worker process {proc} died")),
     _r(F.engine_dead, Q, r"RayWorkerProc rank=\[\d+\] died unexpectedly", _const("A Ray worker process died")),
     _r(F.engine_dead, Q, r"EngineCore encountered a fatal error", _const("vLLM's engine core hit a fatal error")),
     _r(F.engine_dead, Q,
