@@ -8,11 +8,12 @@ facts: nothing here reads the node.
 
 from __future__ import annotations
 
+import io
 import json
 import signal as _signal
 import sys
 from collections import deque
-from typing import TextIO
+from typing import BinaryIO
 
 from sparkd.supervisor.classify import MAX_SCAN_LINES, classify
 from sparkd.supervisor.failures import Failure
@@ -24,18 +25,18 @@ class ExplainError(Exception):
     """Bad input, said in one line that names it."""
 
 
-def read_tail(source: str, stdin: TextIO | None = None) -> list[str]:
-    """The last lines of the log at `source` (``-``: stdin), as the classifier scans them."""
+def read_tail(source: str, stdin: BinaryIO | None = None) -> list[str]:
+    """The last lines of the log at `source` (``-``: stdin), as the classifier scans them: bytes that are not
+    UTF-8 are replaced, and a tqdm bar's ``\\r`` frames stay in their line (no newline translation)."""
     try:
         if source == "-":
-            stream = stdin if stdin is not None else sys.stdin
+            raw = stdin if stdin is not None else sys.stdin.buffer
+            stream = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
             return list(deque(stream, maxlen=MAX_SCAN_LINES))
         with open(source, encoding="utf-8", errors="replace", newline="") as handle:
             return list(deque(handle, maxlen=MAX_SCAN_LINES))
     except OSError as exc:
         raise ExplainError(f"cannot read the log {source!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:  # only stdin can raise it: files are read with errors="replace"
-        raise ExplainError(f"the log on stdin is not text: {exc.reason}") from None
 
 
 def parse_signal(value: str) -> int:

@@ -334,6 +334,10 @@ RULES: tuple[Rule, ...] = (
     _r(F.hang, G, r"Timed out waiting for engines? ?(?:to ?send ?initial ?message|core processes to start)",
        _const("vLLM gave up waiting for its engine to start after VLLM_ENGINE_READY_TIMEOUT_S"),
        "raise VLLM_ENGINE_READY_TIMEOUT_S if loading is just slow — sparkd restarts with backoff"),
+    # the executor's wait for a worker's answer timing out inside the shared-memory queue (the TimeoutError behind
+    # "RPC call to ... timed out", when the excerpt stops before that line)
+    _r(F.hang, G, r"shm_broadcast\.py\", line \d+, in (?:acquire_read|timeout_ms)",
+       _const("A rank stopped answering: the engine's wait on the shared-memory queue timed out (TimeoutError)")),
     _r(F.hang, A, r"No available shared memory broadcast block found in \d+ seconds",
        _const("A rank stopped consuming the shared-memory broadcast queue")),
     # -- a silent wedge: vLLM's own throughput line with requests running and no token for a whole interval --
