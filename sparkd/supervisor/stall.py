@@ -42,6 +42,7 @@ __all__ = ["VLLM_DEFAULT_EXECUTE_TIMEOUT_S", "StallClock", "Wedge", "execute_tim
 # vLLM's default for VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (envs.py, 0.13–0.24); sparkd's launch env sets 1800.
 VLLM_DEFAULT_EXECUTE_TIMEOUT_S = 300.0
 STEP_MARGIN = 2.0  # the busy limit is at least this many times the longest step seen in the busy spell
+LOG_STATS_INTERVAL_S = 10.0  # VLLM_LOG_STATS_INTERVAL: the throughput line's tokens moved during the last 10 s
 
 _Marks = tuple[float, float | None, float | None, float, float | None]
 
@@ -84,12 +85,18 @@ def execute_timeout(cfg: HealthConfig) -> float:
     return cfg.execute_timeout_s if cfg.execute_timeout_s is not None else VLLM_DEFAULT_EXECUTE_TIMEOUT_S
 
 
-def _progress(c: StallClock, now: float) -> StallClock:
+def _progress(c: StallClock, now: float, since: float | None = None) -> StallClock:
+    """Progress seen at `now` that happened after `since` (None: at `now`). It ends a JIT hold only when it surely
+    came after the JIT line: a throughput line's tokens may predate it by up to an interval, a scrape's change by
+    up to the time since the last scrape."""
+    after = now if since is None else since
     # A step is the gap between progress within a busy spell; a JIT pause is no step (rule 5 covers it).
     in_step = c.progress_at is not None and c.busy_since is not None and c.jit_at is None
     step = now - c.progress_at if in_step and c.progress_at is not None else 0.0
-    return replace(c, progress_at=now, longest_step_s=max(c.longest_step_s, step), canary_sent_at=None,
-                   jit_at=None, jit_what=None)
+    c = replace(c, progress_at=now, longest_step_s=max(c.longest_step_s, step), canary_sent_at=None)
+    if c.jit_at is not None and after > c.jit_at:
+        c = replace(c, jit_at=None, jit_what=None)
+    return c
 
 
 def _work(c: StallClock, running: int, waiting: int, now: float) -> StallClock:
@@ -103,9 +110,10 @@ def on_metrics(c: StallClock, metrics: VllmMetrics, now: float) -> StallClock:
     marks: _Marks = (metrics.generation_tokens_total, metrics.prompt_tokens_total, metrics.kv_cache_usage_perc,
                      metrics.num_requests_running, metrics.num_requests_waiting)
     moved = c.marks is not None and marks != c.marks
+    previous = c.metrics_at
     c = replace(c, marks=marks, metrics_at=now, metrics_off=False)
     if moved or c.progress_at is None:
-        c = _progress(c, now)
+        c = _progress(c, now, previous)
     return _work(c, int(metrics.num_requests_running), int(metrics.num_requests_waiting or 0), now)
 
 
@@ -118,11 +126,11 @@ def on_line(c: StallClock, seen: Throughput | JitCompile, now: float) -> StallCl
         return replace(c, jit_at=now, jit_what=seen.what)
     lines = {**c.lines, seen.engine: seen}
     c = replace(c, lines=lines)
+    if c.metrics_at is not None:
+        return c  # the same numbers as the scraped gauges, older and coarser: the scrape decides
     if seen.moving:
-        c = _progress(c, now)
-    if c.metrics_at is None:  # the gauges, when scraped, are the same numbers and fresher
-        c = _work(c, sum(t.running for t in lines.values()), sum(t.waiting for t in lines.values()), now)
-    return c
+        c = _progress(c, now, now - LOG_STATS_INTERVAL_S)
+    return _work(c, sum(t.running for t in lines.values()), sum(t.waiting for t in lines.values()), now)
 
 
 def on_jit(c: StallClock, what: str, now: float) -> StallClock:

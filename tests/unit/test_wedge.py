@@ -187,6 +187,13 @@ HISTORIES: dict[str, list[Step]] = {
         *READY, OFF(0), *[L(stats(0, 40, 4), 10 * i) for i in range(1, 30)], C(TIMEOUT, 45, "degraded"),
         *[OFF(5 * i) for i in range(10, 60)],
     ],
+    "with metrics scraped, a throughput line's older tokens do not delay the stall": [
+        *READY, M(3, 100, 0), C(TIMEOUT, 35, "degraded"), L(stats(0, 30, 3), 40), M(3, 100, 44), M(3, 100, 45, STALL),
+    ],
+    "a throughput line whose interval began before the JIT line does not end the hold": [
+        *READY, OFF(0), L(stats(0, 30, 2), 5), L(JIT_LINE, 10), L(stats(0, 30, 2), 15), C(TIMEOUT, 50, "degraded"),
+        *[OFF(5 * i) for i in range(11, 60)],
+    ],
     "throughput lines: idle (last line Running: 0), canary unanswered, lines stay silent: hang": [
         *READY, OFF(0), L(stats(0, 20, 1), 10), L(stats(0, 3, 0), 20), OFF(30), C(TIMEOUT, 60, HANG),
     ],
