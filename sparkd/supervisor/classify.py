@@ -64,6 +64,8 @@ _EXCEPTION = re.compile(
     r"(?P<line>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::\s.*)?)$"
 )
 _OOM_KILLED = "docker inspect: State.OOMKilled=true"
+# Signals a process raises on itself when it faults (a segfault, an abort from a C++ assertion or NCCL).
+_CRASH_SIGNALS = frozenset({_signal.SIGSEGV, _signal.SIGBUS, _signal.SIGILL, _signal.SIGFPE, _signal.SIGABRT})
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,11 @@ def _unmatched(scan: _Scan, ctx: ClassifyContext, make: _Sentence) -> Failure:
             what = "vLLM exited with status 0 without being asked to, which it does after its engine dies"
         return make(FailureClass.engine_dead, what + named, default_do(FailureClass.engine_dead), evidence,
                     with_how=False)
+    if make.sig in _CRASH_SIGNALS:
+        what = (f"vLLM crashed with {_signal_name(make.sig)}: a fault inside vLLM or one of its native libraries "
+                "(CUDA, NCCL, a kernel extension), not a kill from outside")
+        do = "the log tail in the incident folder ends at the crash — sparkd restarts with backoff"
+        return make(FailureClass.unknown, what + named, do, evidence, with_how=False)
     if make.sig is not None:
         what = (f"vLLM was killed by {_signal_name(make.sig)} from outside sparkd "
                 "(the kernel OOM killer, earlyoom or a person)")

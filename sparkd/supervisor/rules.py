@@ -168,6 +168,8 @@ _MEMLOCK = ("the locked-memory limit is too low for RDMA: raise memlock to unlim
 _FORK = ("if VLLM_WORKER_MULTIPROC_METHOD=fork is set in the config, the container's env or the launch script, "
          "remove it (field report 002); otherwise it is the intermittent cold-boot race of vllm#54259 — sparkd "
          "restarts every rank with backoff")
+_CUSTOM_AR = ("if it repeats, add --disable-custom-all-reduce to the config's vLLM flags (NCCL then does the "
+              "all-reduce) — sparkd restarts every rank with backoff")
 _DOUBLE_PATCH = ("the mxfp4.py patch (fix-ds4-gpu-cache) was applied twice: `grep -c empty_cache` on mxfp4.py must "
                  "print 2 — dedup it or rebuild the image, and add a [[preflight.assert]] for it — "
                  + NO_RETRY_IMAGE)
@@ -191,7 +193,9 @@ _XID = r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)\b"
 # Order matters only between rules that can match the same line: the first one listed wins for that line.
 RULES: tuple[Rule, ...] = (
     # -- config errors (never retried) --
-    _r(F.config_error, C, r"unrecognized arguments: (?P<args>--.*)", _fmt("vLLM does not know the argument(s) {args}"),
+    # a flag vLLM does not know, or a stray positional (`api_server.py: error: unrecognized arguments: /models/x`)
+    _r(F.config_error, C, r": error: unrecognized arguments: (?P<args>.+)",
+       _fmt("vLLM does not know the argument(s) {args}"),
        f"remove or fix them in the config's vLLM flags — {NO_RETRY}"),
     _r(F.config_error, C, r": error: argument (?P<arg>[^:]+): (?P<msg>.+)",
        _fmt("vLLM rejected the argument {arg}: {msg}"), f"fix the vLLM flags in the config — {NO_RETRY}"),
@@ -276,7 +280,9 @@ RULES: tuple[Rule, ...] = (
        flags=_I),
     _r(F.port_in_use, C, r"EADDRINUSE|\[Errno 98\]|Address already in use", port_what, flags=_I),
     # -- GPU held by a stale process --
-    _r(F.gpu_busy, C, r"CUDA-capable device\(s\) is/are busy or unavailable"),
+    # cudaErrorDevicesUnavailable: the CUDA 11+ wording and the older "all CUDA-capable devices are busy"
+    _r(F.gpu_busy, C, r"CUDA-capable device\(s\) is/are busy or unavailable|all CUDA-capable devices are busy or "
+       r"unavailable", flags=_I),
     # -- GPU and PCIe faults (kernel log) --
     _r(F.gpu_error, C, _XID, xid_what, REBOOT_DO, when=xid_fatal),
     _r(F.gpu_error, G, _XID, xid_what, APP_XID_DO, when=xid_app_fault),
@@ -323,6 +329,8 @@ RULES: tuple[Rule, ...] = (
        _fmt("NCCL could not register memory with the RDMA NIC ({msg})"), _MEMLOCK),
     _r(F.nccl, C, r"(?P<msg>NCCL WARN .*unhandled system error.*)", _what_nccl),
     _r(F.nccl, C, r"(?P<msg>NET/IB .* failed.*)", _what_nccl),
+    # the verbs call itself: `NCCL WARN Call to ibv_modify_qp failed with 110 Connection timed out, on dev ...`
+    _r(F.nccl, C, r"NCCL WARN (?P<msg>Call to ibv_\w+ failed[^,]*)", _what_nccl),
     _r(F.nccl, C, r"(?P<msg>failed to extend /dev/shm/nccl-.*No space left on device.*)", _what_nccl),
     _r(F.nccl, C, r"(?P<msg>Watchdog caught collective operation timeout)", _what_nccl),
     _r(F.nccl, C, r"(?P<msg>ProcessGroupNCCL's watchdog got stuck for \d+ seconds)", _what_nccl),
@@ -344,6 +352,11 @@ RULES: tuple[Rule, ...] = (
     _r(F.stall, A, r"Avg prompt throughput: 0\.0 tokens/s, Avg generation throughput: 0\.0 tokens/s, "
        r"Running: (?P<running>[1-9]\d*) reqs",
        _fmt("vLLM's throughput log shows {running} request(s) running and no token generated")),
+    # -- vLLM's own CUDA checks in csrc (CUDACHECK prints this line and exits the worker) --
+    _r(F.engine_dead, C, r"Failed: Cuda error (?P<file>\S*custom_all_reduce\S*?):(?P<line>\d+) '(?P<err>[^']+)'",
+       _fmt("vLLM's custom all-reduce failed with a CUDA error ('{err}' at {file}:{line})"), _CUSTOM_AR),
+    _r(F.engine_dead, C, r"Failed: Cuda error (?P<file>\S+?):(?P<line>\d+) '(?P<err>[^']+)'",
+       _fmt("A CUDA call in vLLM's kernels failed ('{err}' at {file}:{line})")),
     # -- the shared-memory ring of the executor (fork, or the GB10 cold-boot race) --
     _r(F.engine_dead, C, r"'ShmRingBuffer' object has no attribute 'shared_memory'",
        _const("vLLM's shared-memory ring could not attach ('ShmRingBuffer' object has no attribute "

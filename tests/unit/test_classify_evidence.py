@@ -54,6 +54,10 @@ def ec(message: str, level: str = "ERROR") -> str:
                      "NV_ERR_NO_MEMORY", (), id="NVRM with memory to spare is only the last resort"),
         pytest.param(None, 9, (), ClassifyContext(), F.unknown, None, ("from outside sparkd", "journalctl -k"),
                      id="SIGKILL with no kernel evidence"),
+        pytest.param(None, 11, ("INFO 07-01 12:00:00 [core.py:100] step",), ClassifyContext(), F.unknown, None,
+                     ("crashed with SIGSEGV", "not a kill from outside"), id="a segfault is a crash, not a kill"),
+        pytest.param(134, None, (), ClassifyContext(), F.unknown, None, ("crashed with SIGABRT",),
+                     id="exit 134 is an abort"),
     ],
 )
 def test_kernel_and_docker_evidence(exit_code: int | None, sig: int | None, tail: tuple[str, ...],
@@ -181,3 +185,29 @@ def test_shm_ring_sentence_names_fork_and_stays_restartable() -> None:
                                  INIT_FAILED])
     assert "VLLM_WORKER_MULTIPROC_METHOD=fork" in failure.sentence and "vllm#54259" in failure.sentence
     assert failure.restartable
+
+
+@pytest.mark.parametrize(
+    ("line", "cls", "says"),
+    [
+        pytest.param("Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:455 'invalid argument'",
+                     F.engine_dead,
+                     ("custom all-reduce failed", "'invalid argument' at", "--disable-custom-all-reduce"),
+                     id="vLLM's CUDACHECK in the custom all-reduce"),
+        pytest.param("Failed: Cuda error /workspace/csrc/other.cu:12 'an illegal instruction was encountered'",
+                     F.engine_dead, ("A CUDA call in vLLM's kernels failed",), id="vLLM's CUDACHECK elsewhere"),
+        pytest.param("RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable", F.gpu_busy,
+                     ("busy or unavailable",), id="the older cudaErrorDevicesUnavailable wording"),
+        pytest.param("host:454:604 [0] transport/net_ib.cc:937 NCCL WARN Call to ibv_modify_qp failed with 110 "
+                     "Connection timed out, on dev rocep1s0f0:1, curr state INIT, next state RTR", F.nccl,
+                     ("NCCL failed: Call to ibv_modify_qp failed with 110 Connection timed out",),
+                     id="a failing verbs call"),
+        pytest.param("api_server.py: error: unrecognized arguments: /root/models/Qwen3-8B", F.config_error,
+                     ("does not know the argument(s) /root/models/Qwen3-8B",), id="a stray positional argument"),
+    ],
+)
+def test_rules_from_the_corpus(line: str, cls: FailureClass, says: tuple[str, ...]) -> None:
+    failure = classify(1, None, (line,))
+    assert failure.cls is cls, failure.sentence
+    for part in says:
+        assert part in failure.sentence, failure.sentence
