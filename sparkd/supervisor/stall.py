@@ -6,9 +6,11 @@ and the periodic throughput log line both come from the scheduler stats of a fin
 gauges at 0 when the wedge began on an idle engine. So the clock reads progress from every source there is and
 lets only a request it knows is waiting prove a wedge. Rules:
 
-1. Progress is any of: a change of the metrics' marks (generation and prompt token counters, KV cache usage,
-   requests running and waiting), a throughput line with tokens moving, a canary answer, a JIT-compile line
-   or compiler process (the worker is alive, compiling). Each sets ``progress_at``.
+1. Progress is any of: generated tokens counted, the prompt-token counter or KV cache usage moving while the
+   number of requests stays the same (a prefill chunk), a throughput line with tokens moving, a canary answer, a
+   JIT-compile line or compiler process (the worker is alive, compiling). Each sets ``progress_at``. A move that
+   only shows requests arriving or leaving — more or fewer of them, their prompt and KV counted or released, no
+   token — proves no step: a server that publishes admissions and aborts at once shows exactly that while wedged.
 2. Work is pending when the gauges (or the latest throughput line) count requests running or waiting, or a
    canary timed out and has not been answered since: ``waiting_since`` is the earlier of when the gauges first
    showed work and when that canary was sent.
@@ -55,7 +57,8 @@ class StallClock:
     running: int = 0  # requests running per the latest gauges or throughput lines
     waiting: int = 0
     lines: dict[str, Throughput] = field(default_factory=dict)  # the latest throughput line per engine
-    progress_at: float | None = None  # the last progress of any kind (rule 1)
+    progress_at: float | None = None  # the last progress of any kind (rule 1): when it was seen
+    progress_from: float | None = None  # the earliest it can have happened (a scrape sees a step late)
     busy_since: float | None = None  # the gauges first showed work in this busy spell
     longest_step_s: float = 0.0  # the longest gap between progress in this busy spell
     canary_sent_at: float | None = None  # a canary that timed out, unanswered since: when it was sent
@@ -93,7 +96,9 @@ def _progress(c: StallClock, now: float, since: float | None = None) -> StallClo
     # A step is the gap between progress within a busy spell; a JIT pause is no step (rule 5 covers it).
     in_step = c.progress_at is not None and c.busy_since is not None and c.jit_at is None
     step = now - c.progress_at if in_step and c.progress_at is not None else 0.0
-    c = replace(c, progress_at=now, longest_step_s=max(c.longest_step_s, step), canary_sent_at=None)
+    answered = c.canary_sent_at is None or after > c.canary_sent_at  # the step surely came after the canary
+    c = replace(c, progress_at=now, progress_from=after, longest_step_s=max(c.longest_step_s, step),
+                canary_sent_at=None if answered else c.canary_sent_at)
     if c.jit_at is not None and after > c.jit_at:
         c = replace(c, jit_at=None, jit_what=None)
     return c
@@ -109,12 +114,20 @@ def _work(c: StallClock, running: int, waiting: int, now: float) -> StallClock:
 def on_metrics(c: StallClock, metrics: VllmMetrics, now: float) -> StallClock:
     marks: _Marks = (metrics.generation_tokens_total, metrics.prompt_tokens_total, metrics.kv_cache_usage_perc,
                      metrics.num_requests_running, metrics.num_requests_waiting)
-    moved = c.marks is not None and marks != c.marks
+    moved = c.marks is not None and _stepped(c.marks, marks)
     previous = c.metrics_at
     c = replace(c, marks=marks, metrics_at=now, metrics_off=False)
     if moved or c.progress_at is None:
         c = _progress(c, now, previous)
     return _work(c, int(metrics.num_requests_running), int(metrics.num_requests_waiting or 0), now)
+
+
+def _stepped(before: _Marks, after: _Marks) -> bool:
+    """Rule 1 for two scrapes' marks (generation, prompt, KV usage, running, waiting)."""
+    if after[0] != before[0]:
+        return True
+    same_requests = after[3] + (after[4] or 0) == before[3] + (before[4] or 0)
+    return same_requests and after[1:3] != before[1:3]
 
 
 def on_metrics_off(c: StallClock) -> StallClock:
@@ -163,7 +176,8 @@ def judge(c: StallClock, now: float, cfg: HealthConfig) -> Wedge | None:
             return _stall(c, now - since, limit)
     if not c.gauges_busy and c.canary_sent_at is not None:
         sent = c.canary_sent_at
-        no_step_since = c.progress_at is None or c.progress_at <= sent
+        # only a step surely after the canary was sent answers it: a scrape sees a step up to an interval late
+        no_step_since = c.progress_from is None or c.progress_from <= sent
         if no_step_since and _watched_since(c, sent) and now - sent >= cfg.canary_timeout_s:
             return _idle_hang(c, now - sent)
     return None

@@ -1,7 +1,7 @@
 """Wedge detection: how long after a wedge begins sparkd's health tracker calls it, and how often it calls one that
 is not there.
 
-    .venv/bin/python tests/bench/bench_wedge.py [--trials 40] [--json tests/bench/bench_wedge.json]
+    .venv/bin/python tests/bench/bench_wedge.py [--trials 40] [--json bench-wedge.json]
 
 A replay, not a live run: each trial builds a simulated vLLM (tests/bench/wedge_worlds.py, which follows real
 vLLM's rules: gauges move only when a step completes, the throughput line stops after two quiet intervals,
@@ -225,7 +225,7 @@ def bench(args: Any) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = bench_parser(__doc__, "tests/bench/bench_wedge.json")
+    parser = bench_parser(__doc__, "bench-wedge.json")
     parser.add_argument("--trials", type=int, default=40)
     return run_bench(parser, bench)
 

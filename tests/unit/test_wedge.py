@@ -132,8 +132,20 @@ HISTORIES: dict[str, list[Step]] = {
         *READY, M(3, 100, 0), C(TIMEOUT, 30, "degraded"), Step("metrics", None, 40), Step("metrics", None, 45, STALL),
     ],
     "nothing running ends the busy spell; an idle gap is no step": [
-        *READY, M(3, 100, 0), C(TIMEOUT, 30, "degraded"), M(0, 100, 40), M(2, 100, 100), M(2, 100, 130),
-        C(TIMEOUT, 140), M(2, 100, 144), M(2, 100, 145, STALL),
+        *READY, M(3, 100, 0), M(3, 100, 5), C(TIMEOUT, 30, "degraded"), M(0, 110, 40), M(2, 110, 100), M(2, 110, 130),
+        C(TIMEOUT, 140), M(2, 110, 144), M(2, 110, 145, STALL),
+    ],
+    "request gauges that move without a token are no progress (held canaries piling up, published live)": [
+        *READY, M(1, 100, 0), C(TIMEOUT, 10, "degraded"), M(2, 100, 20), M(3, 100, 30), M(4, 100, 44),
+        M(5, 100, 45, STALL),
+    ],
+    "requests admitted and aborted with their KV, no token: no progress, so the idle canary is a hang": [
+        *READY, M(0, 100, 0, kv=0.01), C(TIMEOUT, 40, "degraded"), M(1, 100, 41, prompt=600, kv=0.05),
+        M(0, 100, 42, HANG, prompt=600, kv=0.01),
+    ],
+    "KV moving with the same requests is a prefill chunk: progress": [
+        *READY, M(1, 100, 0, kv=0.10), C(TIMEOUT, 40, "degraded"),
+        *[M(1, 100, t, kv=0.10 + t / 1000) for t in range(41, 400, 20)],
     ],
     # ---- a wedge that begins on an idle engine (gauges stay at 0)
     "idle engine, canary unanswered, no step since it was sent: hang at the canary's timeout": [
@@ -142,6 +154,9 @@ HISTORIES: dict[str, list[Step]] = {
     "idle engine, canary slow but its step completed: busy, no hang": [
         *READY, *scrapes(0, 20, 0, 100), M(1, 101, 25), M(0, 101, 30), C(TIMEOUT, 40, "degraded"),
         *scrapes(45, 200, 0, 101),
+    ],
+    "idle engine: a step a scrape sees just after the canary was sent may predate it, so it answers nothing": [
+        *READY, M(0, 100, 0), M(0, 100, 15), M(0, 102, 20.5), C(TIMEOUT, 50, HANG),
     ],
     "idle engine, canary unanswered, but no scrape after it was sent: not judged yet": [
         *READY, M(0, 100, 0), C(TIMEOUT, 40, "degraded"), M(0, 100, 45, HANG),
