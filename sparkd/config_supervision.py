@@ -62,12 +62,23 @@ class HealthConfig(_Section):
     failure_threshold: int = Field(default=3, ge=1, description="Failed `/health` probes in a row that fail vLLM.")
     success_threshold: int = Field(default=1, ge=1, description="Good `/health` probes in a row that clear degraded.")
     canary: bool = Field(default=True, description="Send a one-token generation now and then: proves the engine works.")
-    canary_interval_s: float = Field(default=60.0, gt=0, description="Seconds between canary generations.")
-    canary_timeout_s: float = Field(default=30.0, gt=0, description="Timeout of one canary generation.")
+    canary_interval_s: float = Field(default=15.0, gt=0, description=(
+        "Seconds between test generations. A wedge that begins on an idle engine shows only to a canary (vLLM's "
+        "gauges move only when an engine step completes), so this bounds how late it is seen."))
+    canary_timeout_s: float = Field(default=30.0, gt=0, description=(
+        "A test generation with no answer after this long is busy; on an idle engine that completed no step "
+        "meanwhile it is a hang."))
     busy_grace_s: float = Field(default=600.0, ge=0, description=(
-        "A canary timing out while `/health` is 200 counts as busy (degraded) this long, then as a hang."))
-    stall_after_s: float = Field(default=120.0, gt=0, description=(
-        "Requests running and no progress (tokens, KV cache) for this long: a stall, and a restart."))
+        "Only when no engine step is observable (vLLM runs with --disable-log-stats): how long canary timeouts while "
+        "/health is 200 count as busy before they are a hang."))
+    stall_after_s: float = Field(default=45.0, gt=0, description=(
+        "Requests running, a canary unanswered and no engine step completed for this long is a stall (raised to "
+        "twice the longest step seen while busy, e.g. during a 1M-token prefill)."))
+    execute_timeout_s: float | None = Field(default=None, gt=0, description=(
+        "How long vLLM lets one engine step run before it kills the engine (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS). "
+        "After a JIT-compile line the stall check waits this long before it calls a wedge, so a compile vLLM "
+        "would survive is not restarted. Unset: the launch environment's value (sparkd's default env sets 1800), "
+        "else vLLM's own default, 300."))
 
 
 # Preflight check ids (sparkd/preflight), in the order they run; `[preflight] skip` takes these.

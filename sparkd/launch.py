@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkd import __version__
-from sparkd.config import Config, LaunchConfig
+from sparkd.config import Config, HealthConfig, LaunchConfig
 
 # The field's known-good environment (DESIGN.md §5). `[launch] env` overrides; `default_env = false` drops it.
 RECOMMENDED_ENV: dict[str, str] = {
@@ -110,6 +110,20 @@ def render_env(cfg: Config) -> dict[str, str]:
         env["VLLM_HOST_IP"] = cfg.node.address
     env.update(launch.env)
     return env
+
+
+EXECUTE_TIMEOUT_ENV = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+
+
+def health_settings(cfg: Config) -> HealthConfig:
+    """`[health]` with `execute_timeout_s` taken from the launch environment when the config leaves it unset: the
+    value vLLM will run with, so the stall check waits out what vLLM itself would survive."""
+    if cfg.health.execute_timeout_s is not None:
+        return cfg.health
+    value = render_env(cfg).get(EXECUTE_TIMEOUT_ENV, "").strip()
+    if not value.isdigit() or int(value) <= 0:
+        return cfg.health  # unset (vLLM's default applies) or not an integer (lint reports it)
+    return cfg.health.model_copy(update={"execute_timeout_s": float(value)})
 
 
 def render(cfg: Config) -> LaunchSpec:

@@ -109,6 +109,24 @@ def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool) -> None:
     raise SystemExit(0 if report.ok else 1)
 
 
+@main.command("explain")
+@click.argument("logfile")
+@click.option("--exit-code", type=click.IntRange(0, 255), default=None,
+              help="How the process exited (a shell's 128+N is read as signal N).")
+@click.option("--signal", "sig", default=None, help="The signal that ended it: SIGKILL, TERM, 9, ...")
+@click.option("--json", "as_json", is_flag=True, help='Print {"class": ..., "sentence": ..., "evidence": ...}.')
+def explain_cmd(logfile: str, exit_code: int | None, sig: str | None, as_json: bool) -> None:
+    """Explain why vLLM stopped, from its log (LOGFILE, or - for stdin): class, sentence, evidence."""
+    from sparkd.explain import ExplainError, explain, parse_signal, read_tail, render
+
+    try:
+        number = parse_signal(sig) if sig is not None else None
+        lines = read_tail(logfile)
+    except ExplainError as exc:
+        fail(f"sparkd explain: {exc}", EXIT_INVALID_CONFIG)
+    click.echo(render(explain(lines, exit_code, number), as_json=as_json))
+
+
 @main.command(
     "standin",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
