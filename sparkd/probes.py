@@ -295,8 +295,8 @@ class HttpProbes:
     async def health(self) -> ProbeResult:
         return await probe_health(self._client, self.base, self.timeout_s)
 
-    async def metrics(self) -> VllmMetrics | None:
-        return await scrape_vllm_metrics(self._client, self.base, self.timeout_s)
+    async def metrics(self) -> VllmMetrics | MetricsOff | None:
+        return await scrape_metrics(self._client, self.base, self.timeout_s)
 
     async def canary(self) -> ProbeResult:
         return await probe_canary(self._client, self.base, self.model, self.canary_timeout_s,

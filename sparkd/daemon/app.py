@@ -40,6 +40,7 @@ from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
 from sparkd.guard.guard import Guard
 from sparkd.incidents import IncidentWriter
+from sparkd.launch import health_settings
 from sparkd.logs import VllmLog, configure_logging, get_logger
 from sparkd.nodelock import AlreadyRunning, NodeLock
 from sparkd.notify import Notifier
@@ -127,7 +128,7 @@ class Daemon:
             files=self.files, probes=probes or self._probes, group=self.group,
             start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
             redact=redactor_for(cfg, token=self.token),
-            guard_evidence=lambda: self.guard.evidence() if self.guard is not None else None, **node_options)
+            guard=lambda: self.guard, **node_options)
         self.sup.effects = self.node
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
@@ -178,7 +179,7 @@ class Daemon:
         self.sup.limits = limits_from(cfg)
         self.node.cfg = cfg
         if self.node.watch is not None:
-            self.node.watch.cfg = cfg.health
+            self.node.watch.cfg = health_settings(cfg)
         self.node.incidents.keep = cfg.supervisor.incidents_keep
         self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
         configure_logging(cfg.log)

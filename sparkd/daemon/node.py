@@ -23,8 +23,9 @@ from sparkd.config import Config, Role, RuntimeKind
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
+from sparkd.guard.guard import Guard
 from sparkd.incidents import IncidentWriter, incident_record
-from sparkd.launch import LaunchSpec, render
+from sparkd.launch import LaunchSpec, health_settings, render
 from sparkd.logs import VllmLog
 from sparkd.preflight.base import Check
 from sparkd.preflight.runner import (
@@ -66,7 +67,7 @@ class Node:
         self, cfg: Config, runtime: Runtime, *, post: Callable[[v.Observation], None], state: Callable[[], State],
         clock: Clock, log: Any, vllm_log: VllmLog, incidents: IncidentWriter, files: StateWriter,
         probes: Callable[[], Probes], group: Coordinator | None = None, start_gate: Callable[[], Failure | None]
-        = lambda: None, guard_evidence: Callable[[], dict[str, Any] | None] = lambda: None,
+        = lambda: None, guard: Callable[[], Guard | None] = lambda: None,
         rand: Callable[[], float] = random.random, rehearse: bool = False, redact: Redactor | None = None,
         checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
     ) -> None:
@@ -82,7 +83,8 @@ class Node:
         self.probes = probes
         self.group = group
         self.start_gate = start_gate
-        self.guard_evidence = guard_evidence
+        self.guard = guard
+        self.kernel_mark = 0  # the guard's kernel-log lines kept before the current launch
         self.rand = rand
         self.rehearse = rehearse
         self.redact = redact or Redactor()  # secrets never reach a log, an incident or `sparkctl logs`
@@ -187,6 +189,8 @@ class Node:
                     f"({exc.filename or 'the state directory'}); it waits and tries again without spending the "
                     "restart budget.", evidence=repr(exc))))
                 return
+            kernel = self._kernel()
+            self.kernel_mark = kernel.kept if kernel is not None else 0
             timing.exec_at = self.clock.now()
             timing.step("runtime.launch", timing.exec_at - called)
             self.timing = timing
@@ -199,9 +203,9 @@ class Node:
         self.instance = instance
         self.files.write_now(self.record_path, instance.to_record())
         self.watch = InstanceWatch(
-            instance, self.runtime, post=self.post, state=self.state, on_line=self.on_line,
+            instance, self.runtime, post=self._from_watch, state=self.state, on_line=self.on_line,
             classify_exit=self.classify_exit, probes=None if self.headless else self.probes(),
-            health_cfg=self.cfg.health, clock=self.clock, log=self.log, replay=adopted)
+            health_cfg=health_settings(self.cfg), clock=self.clock, log=self.log, replay=adopted)
         self._spawn(self.watch.run)
 
     async def stop(self, reason: str, grace_s: float | None) -> None:
@@ -251,6 +255,10 @@ class Node:
         await self.incidents.write(record, self.vllm_log.last(LOG_TAIL_LINES), evidence=evidence,
                                    container=container, guard=self.guard_evidence())
 
+    def guard_evidence(self) -> dict[str, Any] | None:
+        guard = self.guard()
+        return guard.evidence() if guard is not None else None
+
     def write_guard_evidence(self, failure: Failure) -> None:
         """The memory guard's evidence, now, before it signals anything (synchronous and quick)."""
         record = self._incident(failure, self._count(failure))
@@ -297,15 +305,36 @@ class Node:
             for listener in self.phase_listeners:
                 listener(self.startup)
 
+    def _from_watch(self, obs: v.Observation) -> None:
+        """The watch's observations; a wedge seen while a peer's sparkd is unreachable is the peer's loss (the
+        canary's timeout and the peer's grace race: the cause decides whether the group waits or counts)."""
+        lost = self.group.unreachable() if self.group is not None else []
+        if isinstance(obs, v.HealthFailed) and lost and obs.failure.cls in (FailureClass.hang, FailureClass.stall):
+            obs = v.HealthFailed(Failure.of(
+                FailureClass.peer_lost, f"vLLM stopped answering while the sparkd of {', '.join(lost)} is "
+                "unreachable: the peer is gone (node down, frozen, or the link is cut); sparkd stops this rank and "
+                "waits for the peer.", evidence=obs.failure.sentence), obs.grace_s, obs.recorded)
+        self.post(obs)
+
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
         return classify(exit_code, sig, self.vllm_log.last(LOG_TAIL_LINES), hint=hint, context=self.context())
 
     def context(self) -> ClassifyContext:
         spec = render(self.cfg)
         target = spec.argv[1] if spec.argv[0] == "bash" else spec.argv[0]
+        guard = self.guard()
+        sample = guard.latest if guard is not None else None
+        kernel = self._kernel()
         return ClassifyContext(launch_target=target, api_port=self.cfg.launch.port,
                                master_port=self.cfg.master_port if self.cfg.nnodes > 1 else None,
-                               was_ready=self.state() in (State.ready, State.degraded))
+                               was_ready=self.state() in (State.ready, State.degraded),
+                               mem_available_bytes=sample.available if sample is not None else None,
+                               kernel_lines=kernel.since(self.kernel_mark) if kernel is not None else ())
+
+    def _kernel(self) -> Any:
+        """The guard's kernel-log reader (Xid, AER, NVRM, OOM kills), when the guard runs and can read it."""
+        guard = self.guard()
+        return guard.sampler.kernel if guard is not None else None
 
     # ---- for the operator, the guard and the group
     def _context(self, *, dry_run: bool = False, protect: bool = False) -> PreflightContext:
