@@ -1,4 +1,4 @@
-"""Shared fixtures: the real Docker engine and the sparkd test image (DESIGN.md §6).
+"""Shared fixtures: the real Docker engine and the sparkd test image (docs/design.md §8).
 
 Tests marked ``@pytest.mark.docker`` get a working engine or fail loudly with the reason: a missing engine is
 never a silent skip. Locally, ``SPARKD_TESTS_NO_DOCKER=1`` skips them with an explicit reason.
