@@ -90,7 +90,7 @@ def test_the_corpus_spans_the_versions() -> None:
 # Issue 14 asks for at least 40 excerpts and two of every class. Real, quotable log lines in 0.11+ were not found
 # for the second excerpt of these classes (nor any `unknown`); nothing is made up to fill them. Strict: once the
 # corpus gets there, this xfail turns into a failure and the marker must go.
-THIN = {"rendezvous_timeout", "unknown"}
+THIN = {"unknown"}
 
 
 @pytest.mark.xfail(strict=True, reason=f"corpus short of issue 14's target: 40 excerpts, two each of {sorted(THIN)}")
