@@ -168,6 +168,9 @@ _MEMLOCK = ("the locked-memory limit is too low for RDMA: raise memlock to unlim
 _FORK = ("if VLLM_WORKER_MULTIPROC_METHOD=fork is set in the config, the container's env or the launch script, "
          "remove it (field report 002); otherwise it is the intermittent cold-boot race of vllm#54259 — sparkd "
          "restarts every rank with backoff")
+_SHM_FULL = ("leaked segments fill it or it is too small — sparkd removes dead nccl-* segments before the next start "
+             "and restarts every rank with backoff; if it repeats, give vLLM's container a larger /dev/shm "
+             "([container] shm_size) or the host's (host_ipc = true)")
 _CUSTOM_AR = ("if it repeats, add --disable-custom-all-reduce to the config's vLLM flags (NCCL then does the "
               "all-reduce) — sparkd restarts every rank with backoff")
 _DOUBLE_PATCH = ("the mxfp4.py patch (fix-ds4-gpu-cache) was applied twice: `grep -c empty_cache` on mxfp4.py must "
@@ -331,7 +334,11 @@ RULES: tuple[Rule, ...] = (
     _r(F.nccl, C, r"(?P<msg>NET/IB .* failed.*)", _what_nccl),
     # the verbs call itself: `NCCL WARN Call to ibv_modify_qp failed with 110 Connection timed out, on dev ...`
     _r(F.nccl, C, r"NCCL WARN (?P<msg>Call to ibv_\w+ failed[^,]*)", _what_nccl),
-    _r(F.nccl, C, r"(?P<msg>failed to extend /dev/shm/nccl-.*No space left on device.*)", _what_nccl),
+    # both of NCCL's shmutils messages for a full /dev/shm: growing a segment, creating one
+    _r(F.nccl, C, r"(?:failed to extend|Error while creating shared memory segment) (?P<seg>/dev/shm/nccl-[^\s,]+)"
+       r".*No space left on device",
+       _fmt("NCCL could not allocate its shared-memory segment {seg}: /dev/shm is full (No space left on device)"),
+       _SHM_FULL),
     _r(F.nccl, C, r"(?P<msg>Watchdog caught collective operation timeout)", _what_nccl),
     _r(F.nccl, C, r"(?P<msg>ProcessGroupNCCL's watchdog got stuck for \d+ seconds)", _what_nccl),
     # the wrapper torch and pynccl raise; its detail, when there is one, is an NCCL WARN line above

@@ -202,6 +202,14 @@ def test_shm_ring_sentence_names_fork_and_stays_restartable() -> None:
                      "Connection timed out, on dev rocep1s0f0:1, curr state INIT, next state RTR", F.nccl,
                      ("NCCL failed: Call to ibv_modify_qp failed with 110 Connection timed out",),
                      id="a failing verbs call"),
+        pytest.param("vllm-decode-0:3663:4044 [0] misc/shmutils.cc:129 NCCL WARN Error while creating shared memory "
+                     "segment /dev/shm/nccl-Ewjreo (size 33030528), error: No space left on device (28)", F.nccl,
+                     ("segment /dev/shm/nccl-Ewjreo: /dev/shm is full", "shm_size"),
+                     id="NCCL cannot create its /dev/shm segment (llm-d#352)"),
+        pytest.param("ci:202016:202235 [0] misc/shmutils.cc:88 NCCL WARN Error: failed to extend /dev/shm/nccl-WU88OE "
+                     "to 9637892 bytes, error: No space left on device (28)", F.nccl,
+                     ("segment /dev/shm/nccl-WU88OE: /dev/shm is full", "removes dead nccl-* segments"),
+                     id="NCCL cannot grow its /dev/shm segment"),
         pytest.param("api_server.py: error: unrecognized arguments: /root/models/Qwen3-8B", F.config_error,
                      ("does not know the argument(s) /root/models/Qwen3-8B",), id="a stray positional argument"),
     ],

@@ -87,10 +87,10 @@ def test_the_corpus_spans_the_versions() -> None:
         assert e.header["source"].startswith(("https://github.com/", "field-reports/")), e.name
 
 
-# Issue 14 asks for at least 40 excerpts and two of every class. Real, quotable log lines in 0.11+ were not found
-# for the second excerpt of these classes (nor any `unknown`); nothing is made up to fill them. Strict: once the
-# corpus gets there, this xfail turns into a failure and the marker must go.
-THIN = {"gpu_busy", "gpu_error", "nccl", "port_in_use", "rendezvous_timeout", "unknown"}
+# Issue 14 asks for at least 40 excerpts and two of every class. No public log was found whose end nothing
+# recognises and whose process's end is known (README, "Coverage"), so `unknown` has no excerpt yet; nothing is made
+# up to fill it. Strict: once the corpus gets there, this xfail turns into a failure and the marker must go.
+THIN = {"unknown"}
 
 
 @pytest.mark.xfail(strict=True, reason=f"corpus short of issue 14's target: 40 excerpts, two each of {sorted(THIN)}")
