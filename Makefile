@@ -2,19 +2,24 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+# Pinned, tested versions: the same file fills the .deb's virtualenv (packaging/build-deb.sh).
+CONSTRAINTS := packaging/constraints.txt
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml standin/pyproject.toml $(CONSTRAINTS) | sha256sum | cut -c1-12)
 
 .PHONY: setup run test lint typecheck unit docker-up image clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# sparkd and its vLLM stand-in (standin/, its own distribution: the demo, the tests and --rehearse run it).
+$(STAMP): pyproject.toml standin/pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[test]' -e ./standin
+	# Nothing the pins no longer name (a dependency dropped since this venv was made).
+	$(BIN)/python packaging/venv_check.py --prune $(CONSTRAINTS)
 	rm -f $(VENV)/.installed-* && touch $@
 
-# sparkd supervising the built-in vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both).
+# sparkd supervising the vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both).
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sparkd run --config config/examples/demo.toml
 
@@ -26,17 +31,29 @@ image: setup docker-up
 	$(BIN)/python tests/infra/build_image.py
 
 lint: setup
-	$(BIN)/ruff check sparkd tests
+	$(BIN)/ruff check sparkd standin tests
 
 typecheck: setup
-	$(BIN)/mypy sparkd
+	$(BIN)/mypy sparkd standin/sparkd_standin
 
 # The whole suite: lint, types, unit and integration tests against a real Docker engine.
 test: setup lint typecheck image
 	$(BIN)/pytest -q
 
 unit: setup
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/unit tests/standin
+
+# The chaos soak (tests/soak): a pair of daemons under a seeded random schedule of faults for SOAK_SECONDS
+# (default 180; SOAK_SEED replays a run), decoys planted, invariants checked; ends with
+# "soak: F faults, R recoveries, V violations" and writes the details to SOAK_REPORT (JSON). Needs root.
+# It runs in a mount namespace of its own with a fresh /dev/shm, so that the decoys planted there meet only
+# this soak's daemons (other programs' sweeps on a shared host cannot remove them, and ours cannot reach theirs).
+.PHONY: soak
+
+soak: setup
+	SPARKD_SOAK=1 unshare --mount --propagation private sh -c \
+		'mount -t tmpfs -o size=1g,mode=1777 tmpfs /dev/shm && exec $(BIN)/pytest -q -s tests/soak'
+
 
 clean:
 	rm -rf $(VENV) .sparkd-demo .pytest_cache .ruff_cache .mypy_cache
@@ -46,11 +63,11 @@ clean:
 .PHONY: wheel deb
 
 wheel: setup
-	$(BIN)/pip install --quiet build
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) build
 	$(BIN)/python -m build --outdir dist .
 
 deb: setup
-	$(BIN)/pip install --quiet build
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) build
 	bash packaging/build-deb.sh --out dist
 
 # Benchmarks against the tools people run today (tests/bench/README.md): installs Debian's supervisor and earlyoom

@@ -4,13 +4,18 @@
 #   packaging/build-deb.sh [--out DIR] [--wheel FILE]
 #
 # 1. A wheel and an sdist of this tree (`python -m build`, the wheel built from the sdist, so the sdist is
-#    proven complete), unless --wheel gives one.
+#    proven complete), unless --wheel gives one; and a wheel of the vLLM stand-in (standin/, the sparkd-standin
+#    distribution), which `sparkd run --rehearse` runs in place of vLLM.
 # 2. A private virtualenv at /opt/sparkd/venv, made with the system's python3 (SPARKD_DEB_PYTHON) and filled
-#    from that wheel and its dependencies from PyPI; the system Python's site-packages are never touched.
-#    It is built in a staging tree and relocated: shebangs and pyvenv.cfg point at /opt/sparkd/venv.
+#    from those wheels (sparkd and the stand-in) and their dependencies at the versions pinned in
+#    packaging/constraints.txt (the ones the tests ran with; any other version, or an unpinned package, fails
+#    the build); the system Python's site-packages are never touched. It is built in a staging tree and
+#    relocated: shebangs and pyvenv.cfg point at /opt/sparkd/venv.
 # 3. A hand-made package tree: /usr/bin/sparkd and /usr/bin/sparkctl (symlinks into the venv), the unit
-#    /lib/systemd/system/sparkd.service, /etc/sparkd/sparkd.toml (a conffile), docs and examples, and
-#    DEBIAN/{control,conffiles,md5sums,postinst,prerm,postrm} from packaging/debian/.
+#    /lib/systemd/system/sparkd.service, /etc/sparkd/sparkd.toml (a conffile), docs (README, LICENSE,
+#    migration guide, config reference, runbook) and examples, the Prometheus rules and scrape example and
+#    the Grafana dashboard under /usr/share/sparkd/, bash and zsh completion for both commands, man pages,
+#    and DEBIAN/{control,conffiles,md5sums,postinst,prerm,postrm} from packaging/debian/.
 # 4. dpkg-deb --build, then lintian if it is installed (errors fail the build).
 #
 # Build on the distribution you install on (the package depends on that python3.X): DGX Spark is arm64.
@@ -81,6 +86,12 @@ PY
 if [[ "$WHEEL" == "$WORK"/dist/* ]]; then
     cp "$WORK"/dist/* "$OUT"/  # the wheel and the sdist are artefacts too
 fi
+log "building the stand-in's wheel (standin/, for sparkd run --rehearse)"
+if ! "$BUILD_PY" -m build --wheel --outdir "$WORK/standin-dist" "$REPO/standin" >"$WORK/build-standin.log" 2>&1; then
+    tail -n 40 "$WORK/build-standin.log" >&2
+    die "python -m build standin/ failed"
+fi
+STANDIN_WHEEL="$(ls "$WORK"/standin-dist/sparkd_standin-*.whl)"
 PEP440="$(basename "$WHEEL" | cut -d- -f2)"
 # PEP 440 pre-releases sort before the release in Debian only with a tilde: 1.0rc1 -> 1.0~rc1.
 VERSION="$(sed -E 's/\.?(a|b|rc|dev)([0-9]*)/~\1\2/' <<<"$PEP440")"
@@ -91,11 +102,15 @@ PYBIN="$(readlink -f "$TARGET_PY")"
 PYVER="$("$PYBIN" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 log "virtualenv $PREFIX/venv on $PYBIN (python $PYVER)"
 "$PYBIN" -m venv --without-pip "$VENV" || die "$PYBIN -m venv failed (install python3-venv)"
+CONSTRAINTS="$REPO/packaging/constraints.txt"
 "$BUILD_PY" -m pip --python "$VENV/bin/python" install -qq --disable-pip-version-check --no-compile \
-    --no-warn-script-location --prefer-binary "$WHEEL" || die "pip install into the package's venv failed"
+    --no-warn-script-location --prefer-binary -c "$CONSTRAINTS" "$WHEEL" "$STANDIN_WHEEL" \
+    || die "pip install into the package's venv failed"
+"$VENV/bin/python" "$REPO/packaging/venv_check.py" "$CONSTRAINTS" \
+    || die "the package's venv differs from $CONSTRAINTS (see above): pin what it installs"
 # Relocate: the staging path becomes /opt/sparkd in every text file (shebangs, activate scripts, pyvenv.cfg).
 grep -rlIF "$ROOT" "$ROOT$PREFIX" | while IFS= read -r f; do sed -i "s|$ROOT||g" "$f"; done
-rm -f "$VENV"/lib/python*/site-packages/sparkd-*.dist-info/direct_url.json  # names the build's temp wheel
+rm -f "$VENV"/lib/python*/site-packages/sparkd{,_standin}-*.dist-info/direct_url.json  # names the build's temp wheels
 find "$VENV" -depth -type d -name __pycache__ -exec rm -rf {} +
 # A service needs no activate scripts and no C headers.
 rm -f "$VENV"/bin/activate* "$VENV"/bin/Activate.ps1
@@ -143,7 +158,14 @@ ln -s "$PREFIX/venv/bin/sparkctl" "$ROOT/usr/bin/sparkctl"
 DOC="$ROOT/usr/share/doc/sparkd"
 install -D -m 0644 "$REPO/packaging/debian/copyright" "$DOC/copyright"
 install -m 0644 "$REPO/README.md" "$DOC/README.md"
-[[ -f "$REPO/docs/migration.md" ]] && install -m 0644 "$REPO/docs/migration.md" "$DOC/migration.md"
+install -m 0644 "$REPO/LICENSE" "$DOC/LICENSE"
+for doc in migration config runbook; do
+    install -m 0644 "$REPO/docs/$doc.md" "$DOC/$doc.md"
+done
+# Monitoring: the alert rules (with their promtool tests), a scrape example and the Grafana dashboard.
+SHARE="$ROOT/usr/share/sparkd"
+install -D -m 0644 -t "$SHARE/prometheus" "$REPO"/packaging/prometheus/*.yml
+install -D -m 0644 -t "$SHARE/grafana" "$REPO/packaging/grafana/sparkd-dashboard.json"
 install -d "$DOC/examples"
 for example in "$REPO"/config/examples/*.toml "$REPO"/docs/examples/*.toml; do
     [[ -f "$example" ]] && install -m 0644 "$example" "$DOC/examples/"
@@ -171,6 +193,19 @@ m.main(prog_name=sys.argv[1], args=["--help"])' "$name")" || die "$name --help f
 install -d "$ROOT/usr/share/man/man8"
 manpage sparkd 8 "supervisor for vLLM on one node"
 manpage sparkctl 8 "control a running sparkd"
+
+# Shell completion, click's own scripts (they call the command back for the candidates).
+completion() {  # name shell destination
+    "$VENV/bin/python" -c 'import os, sys, importlib; m = importlib.import_module("sparkd.cli." + sys.argv[1])
+os.environ["_" + sys.argv[1].upper() + "_COMPLETE"] = sys.argv[2] + "_source"
+m.main(prog_name=sys.argv[1], args=[])' "$1" "$2" >"$3" || die "$1: no $2 completion"
+    [[ -s "$3" ]] || die "$1: empty $2 completion"
+}
+install -d "$ROOT/usr/share/bash-completion/completions" "$ROOT/usr/share/zsh/vendor-completions"
+for name in sparkd sparkctl; do
+    completion "$name" bash "$ROOT/usr/share/bash-completion/completions/$name"
+    completion "$name" zsh "$ROOT/usr/share/zsh/vendor-completions/_$name"
+done
 
 # Lintian overrides: deliberate choices, each with its reason.
 install -D -m 0644 "$REPO/packaging/debian/lintian-overrides" "$ROOT/usr/share/lintian/overrides/sparkd"

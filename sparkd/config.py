@@ -1,7 +1,10 @@
-"""Typed configuration: one TOML file plus ``SPARKD_*`` environment overrides.
+"""Typed configuration: one TOML file plus ``SPARKD_*`` environment overrides (:mod:`sparkd.config_env`).
 
 The config is the known-good launch. argv, environment and the launch script are rendered from it
 (:mod:`sparkd.launch`); nothing about a launch depends on a file someone edited inside a container.
+
+Every problem is one ``key: message`` line naming the key (or the ``SPARKD_*`` variable that set it); no
+input, however broken (a directory, binary bytes, a table nested 20,000 deep, ``inf``), ends in a traceback.
 """
 
 from __future__ import annotations
@@ -15,39 +18,45 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sparkd.config_container import ContainerConfig, Mount
+from sparkd.config_env import ENV_PREFIX, Override, OverrideError, apply_overrides, parse_overrides, variable_for
 from sparkd.config_sections import (
     ApiConfig,
     ClusterConfig,
-    ContainerConfig,
+    LaunchConfig,
+    LintConfig,
+    LogConfig,
+    LogFormat,
+    LogLevel,
+    NodeConfig,
+    PathsConfig,
+    Role,
+    RuntimeKind,
+)
+from sparkd.config_supervision import (
     GuardConfig,
     HealthConfig,
     ImageAssert,
-    LaunchConfig,
-    LintConfig,
-    Mount,
-    NodeConfig,
-    PathsConfig,
     PreflightCheckId,
     PreflightConfig,
     RestartConfig,
-    Role,
-    RuntimeKind,
     SupervisorConfig,
 )
 from sparkd.profiles import load_profile
 
 __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
-    "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "Mount", "NodeConfig",
+    "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig", "LogFormat",
+    "LogLevel", "Mount", "NodeConfig",
     "PathsConfig", "PreflightCheckId", "PreflightConfig", "RestartConfig", "Role", "RuntimeKind",
     "SupervisorConfig", "config_from_mapping", "load_config", "read_toml",
 ]
 
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
-ENV_PREFIX = "SPARKD_"
+# Deeper than any real config; deeper input is refused before anything recurses into it.
+MAX_DEPTH = 32
 
 
 class ConfigError(Exception):
@@ -59,38 +68,32 @@ class ConfigError(Exception):
         super().__init__(f"{source}: " + "; ".join(problems))
 
 
-class Config(BaseSettings):
+class Config(BaseModel):
     """The whole sparkd config. Build it with :func:`load_config`."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True,
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    node: NodeConfig = Field(default_factory=NodeConfig)
-    runtime: RuntimeKind = RuntimeKind.docker_exec
-    container: ContainerConfig = Field(default_factory=ContainerConfig)
-    launch: LaunchConfig
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-    paths: PathsConfig = Field(default_factory=PathsConfig)
-    lint: LintConfig = Field(default_factory=LintConfig)
-    api: ApiConfig = Field(default_factory=ApiConfig)
-    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
-    restart: RestartConfig = Field(default_factory=RestartConfig)
-    health: HealthConfig = Field(default_factory=HealthConfig)
-    preflight: PreflightConfig = Field(default_factory=PreflightConfig)
-    guard: GuardConfig = Field(default_factory=GuardConfig)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The environment overrides the file; the file arrives as init kwargs.
-        return (env_settings, init_settings)
+    node: NodeConfig = Field(default_factory=NodeConfig, description="This node: its name, role and rank.")
+    runtime: RuntimeKind = Field(default=RuntimeKind.docker_exec, description=(
+        "How vLLM runs: `docker-exec` (exec'd into a long-lived container), `docker-run` (a container per "
+        "launch) or `process` (on the host, as sparkd's child)."))
+    container: ContainerConfig = Field(default_factory=ContainerConfig, description=(
+        "vLLM's container (the docker runtimes)."))
+    launch: LaunchConfig = Field(description="`vllm serve` and its flags: the known-good launch.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description=(
+        "The pair: peers' daemons and the rendezvous."))
+    paths: PathsConfig = Field(default_factory=PathsConfig, description="Where sparkd keeps state, socket and logs.")
+    lint: LintConfig = Field(default_factory=LintConfig, description="`sparkd check-config`'s lint rules.")
+    api: ApiConfig = Field(default_factory=ApiConfig, description=(
+        "The control socket and the TCP port (metrics, peer API)."))
+    log: LogConfig = Field(default_factory=LogConfig, description="sparkd's own log, and vLLM's output.")
+    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description=(
+        "Start, stop, log and incident budgets."))
+    restart: RestartConfig = Field(default_factory=RestartConfig, description="Backoff, budget and breaker.")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Health probes.")
+    preflight: PreflightConfig = Field(default_factory=PreflightConfig, description=(
+        "Checks and clean-up before every launch."))
+    guard: GuardConfig = Field(default_factory=GuardConfig, description="The unified-memory guard.")
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Config:
@@ -144,15 +147,20 @@ def read_toml(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), [f"cannot read: {exc}"]) from None
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), [f"TOML syntax error: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError(str(path), [f"TOML nested too deeply (sparkd reads at most {MAX_DEPTH} levels)"]) from None
+    if not data and not text.strip():
+        raise ConfigError(str(path), ["the file is empty (a config needs at least [launch] model = ...)"])
+    return data
 
 
 def load_config(
     path: Path | str, *, env: Mapping[str, str] | None = None, profile: str | None = None,
 ) -> Config:
-    """Load ``path``, apply its ``launch.profile`` (or ``profile``) and ``SPARKD_*`` overrides, validate."""
+    """Load ``path``, apply ``SPARKD_*`` overrides and its ``launch.profile`` (or ``profile``), validate."""
     path = Path(path)
     data = read_toml(path)
     return config_from_mapping(data, source=str(path), env=env, profile=profile)
@@ -162,52 +170,66 @@ def config_from_mapping(
     data: dict[str, Any], *, source: str = "<config>", env: Mapping[str, str] | None = None,
     profile: str | None = None,
 ) -> Config:
+    """Validate ``data`` (a config file's tables) with the ``SPARKD_*`` overrides in ``env`` (default: the
+    process environment) and the launch profile applied. Raises :class:`ConfigError`."""
     env = os.environ if env is None else env
+    too_deep = _too_deep(data)
+    if too_deep is not None:
+        raise ConfigError(source, [f"{too_deep}: nested deeper than {MAX_DEPTH} levels"])
+    try:
+        overrides = parse_overrides(env, Config)
+    except OverrideError as exc:
+        raise ConfigError("from the environment", exc.problems) from None
+    data = _with_profile(apply_overrides(data, overrides), source, profile)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = _describe(exc, overrides)
+        from_env = all(p.startswith(ENV_PREFIX) for p in problems)
+        raise ConfigError("from the environment" if from_env else source, problems) from None
+    except RecursionError:
+        raise ConfigError(source, [f"nested deeper than {MAX_DEPTH} levels"]) from None
+
+
+def _too_deep(data: Any) -> str | None:
+    """The key path of the first value nested deeper than MAX_DEPTH, found without recursion."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > MAX_DEPTH:
+            return ".".join(path[:4]) + ". ..."
+        if isinstance(value, dict):
+            stack.extend((v, (*path, str(k))) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, (*path, str(i))) for i, v in enumerate(value))
+    return None
+
+
+def _with_profile(data: dict[str, Any], source: str, profile: str | None) -> dict[str, Any]:
+    """``data`` with the launch profile's values under its own ``[launch]`` keys (the config wins)."""
     launch = data.get("launch")
     profile_name = profile or (launch.get("profile") if isinstance(launch, dict) else None)
-    if profile_name is not None:
-        if not isinstance(profile_name, str):
-            raise ConfigError(source, ["launch.profile: must be a string"])
-        try:
-            defaults = load_profile(profile_name)
-        except LookupError as exc:
-            raise ConfigError(source, [f"launch.profile: {exc}"]) from None
-        merged = {**defaults, **(launch or {}), "profile": profile_name}
-        merged["env"] = {**defaults.get("env", {}), **(launch or {}).get("env", {})}
-        data = {**data, "launch": merged}
-    saved = None if env is os.environ else _swap_env(env)
+    if profile_name is None:
+        return data
+    if not isinstance(profile_name, str):
+        raise ConfigError(source, ["launch.profile: must be a string"])
     try:
-        return Config(**data)
-    except ValidationError as exc:
-        raise ConfigError(source, _describe(exc)) from None
-    finally:
-        if saved is not None:
-            _restore_env(saved)
+        defaults = load_profile(profile_name)
+    except LookupError as exc:
+        raise ConfigError(source, [f"launch.profile: {exc}"]) from None
+    if not isinstance(launch, dict):
+        return data  # `launch = 5`: the model says what is wrong with it
+    merged = {**defaults, **launch, "profile": profile_name}
+    own_env = launch.get("env", {})
+    if isinstance(own_env, dict):
+        merged["env"] = {**defaults.get("env", {}), **own_env}
+    return {**data, "launch": merged}
 
 
-def _swap_env(env: Mapping[str, str]) -> dict[str, str | None]:
-    # pydantic-settings reads os.environ; present the SPARKD_* part of `env` instead, for this call only.
-    saved: dict[str, str | None] = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
-    for key in saved:
-        del os.environ[key]
-    for key, value in env.items():
-        if not key.startswith(ENV_PREFIX):
-            continue
-        saved.setdefault(key, None)
-        os.environ[key] = value
-    return saved
-
-
-def _restore_env(saved: Mapping[str, str | None]) -> None:
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-def _describe(exc: ValidationError) -> list[str]:
-    problems = []
+def _describe(exc: ValidationError, overrides: list[Override]) -> list[str]:
+    """One line per error, naming the key (or the variable that set it); unknown keys first, since a typo'd
+    section also makes its required keys missing."""
+    problems: list[tuple[int, str]] = []
     for err in exc.errors():
         loc = [str(part) for part in err["loc"]]
         key = ".".join(loc) or "<root>"
@@ -217,12 +239,24 @@ def _describe(exc: ValidationError) -> list[str]:
         elif err["type"] == "missing":
             message = "required"
         elif not loc:
-            problems.append(message)  # model-level checks name their own key
+            problems.append((1, message))  # model-level checks name their own key
             continue
         if "input" in err and err["type"] not in ("missing", "extra_forbidden"):
-            message += f" (got {err['input']!r})"
-        problems.append(f"{key}: {message}")
-    return problems
+            shown = _short_repr(err["input"])
+            if shown not in message:
+                message += f" (got {shown})"
+        variable = variable_for(loc, overrides)
+        where = f"{variable} ({key})" if variable else key
+        problems.append((0 if err["type"] == "extra_forbidden" else 1, f"{where}: {message}"))
+    return [line for _, line in sorted(problems, key=lambda p: p[0])]
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<a deeply nested {type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _suggest(loc: list[str]) -> str:
@@ -235,4 +269,3 @@ def _suggest(loc: list[str]) -> str:
     names = list(getattr(model, "model_fields", {}))
     close = difflib.get_close_matches(loc[-1], names, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-

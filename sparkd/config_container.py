@@ -13,7 +13,9 @@ import os
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from sparkd.config_sections import _Section
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -40,10 +42,6 @@ def parse_size(value: Any) -> Any:
     if m is None:
         raise ValueError(f"{value!r} is not a size like '64g', '64gb', '64 GiB', '512MiB' or a number of bytes")
     return int(float(m.group(1)) * 1024 ** "bkmgt".index(m.group(2) or "b"))
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Mount(_Section):
@@ -144,7 +142,7 @@ class ContainerConfig(_Section):
     env: dict[str, str] = Field(default_factory=dict, description="Environment of the container (docker run -e); "
                                 "[launch.env] is exported by the launch script on top of it.")
     shm_size: int | None = Field(default=None, gt=0, description="Size of the container's own /dev/shm "
-                                 "('64gb', '64g', '64 GiB' or bytes); unused with host_ipc.")
+                                 "(bytes, or a size such as \"64gb\", \"64g\", \"64 GiB\"); unused with host_ipc.")
     host_network: bool = Field(default=True, description="Share the host's network (--network host): NCCL over "
                                "RoCE and the API need it.")
     host_ipc: bool = Field(default=True, description="Share the host's IPC namespace and /dev/shm (--ipc host).")
@@ -160,10 +158,10 @@ class ContainerConfig(_Section):
     ulimits: dict[UlimitName, Ulimit] = Field(default_factory=dict, description="Resource limits (--ulimit): "
                                               "memlock = -1 (NCCL registers memory for RDMA), stack = 67108864, "
                                               "nofile; a value, 'unlimited', 'soft:hard' or {soft, hard}.")
-    memory: int | None = Field(default=None, gt=0, description="Memory ceiling of the container (--memory, "
-                               "'100g'): its processes are killed before the host freezes.")
+    memory: int | None = Field(default=None, gt=0, description="Memory ceiling of the container (--memory; "
+                               "bytes, or a size such as \"100g\"): its processes are killed before the host freezes.")
     memory_swap: int | None = Field(default=None, ge=UNLIMITED, description="Memory plus swap ceiling "
-                                    "(--memory-swap); -1 unlimited.")
+                                    "(--memory-swap; bytes, or a size such as \"120g\"); -1 unlimited.")
     oom_score_adj: int | None = Field(default=None, ge=-1000, le=1000, description="The container's "
                                       "oom_score_adj (--oom-score-adj): 500 makes vLLM the kernel's first choice.")
     runtime: str | None = Field(default=None, description="OCI runtime the engine starts the container with "

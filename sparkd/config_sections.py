@@ -1,19 +1,47 @@
-"""The sections of the sparkd config, one pydantic model each. :mod:`sparkd.config` assembles and loads them."""
+"""The sections of the sparkd config, one pydantic model each: the node, its container, the launch, the pair,
+paths, the API, lint and logs. :mod:`sparkd.config_supervision` holds the sections that steer supervision;
+:mod:`sparkd.config` assembles and loads them.
+
+Every key carries a ``description``: ``sparkd config-reference`` and ``docs/config.md`` are generated from
+them, so a key without one is a key nobody can look up (a test checks that each has one).
+"""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
+import types
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# [container] lives in config_container.py; its models are re-exported here beside the other sections.
-from sparkd.config_container import ContainerConfig, Mount, Ulimit, parse_size  # noqa: F401
-
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def _ip_address(value: str) -> str:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::)") from None
+    return value
+
+
+def _host(value: str) -> str:
+    """An IP address or a host name (RFC 1123 labels; not all-numeric, so 999.1.1.1 is no name)."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    labels = value.rstrip(".").split(".")
+    if len(value) > 253 or not all(_HOST_LABEL.match(label) for label in labels) or labels[-1].isdigit():
+        raise ValueError(f"{value!r} is neither an IP address nor a host name")
+    return value
+
 
 class Role(StrEnum):
     head = "head"
@@ -33,67 +61,110 @@ class RuntimeKind(StrEnum):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `backoff_initial_s = inf` or `interval_s = nan` would leave a timer that never fires.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _false_turns_off(cls, data: Any) -> Any:
+        """TOML has no null: ``false`` unsets a key that is on by default and may be off (``gpus = false``,
+        ``psi_trigger = false``)."""
+        if not isinstance(data, dict):
+            return data
+        for name, field in cls.model_fields.items():
+            key = field.alias if isinstance(field.alias, str) else name
+            if data.get(key) is False and field.default is not None and field.default is not False \
+                    and _allows_none(field.annotation):
+                data = {**data, key: None}
+        return data
+
+
+def _allows_none(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
 
 
 class NodeConfig(_Section):
-    name: str = Field(default_factory=socket.gethostname)
-    role: Role = Role.single
-    rank: int = Field(default=0, ge=0)
-    # This node's address on the fabric between the Sparks; rendered as VLLM_HOST_IP unless the env sets it.
-    address: str | None = None
+    name: str = Field(default_factory=socket.gethostname, description=(
+        "This node's name in status, metrics (the `node` label), incidents and container labels. Default: the "
+        "host name."))
+    role: Role = Field(default=Role.single, description=(
+        "`single`: one node serves alone. `head`: rank 0 of a pair, runs the API and leads every start. "
+        "`worker`: a rank > 0, runs `--headless` on the head's word."))
+    rank: int = Field(default=0, ge=0, description=(
+        "This node's rank in a multi-node launch: the head is 0, workers 1, 2, ..."))
+    address: str | None = Field(default=None, description=(
+        "This node's address on the fabric between the Sparks; rendered as `VLLM_HOST_IP` unless the launch "
+        "environment sets it."))
 
 
 JsonTable = dict[str, Any]
 
 
+def _flag(text: str) -> str:
+    return text + " Unset: vLLM's default."
+
+
 class LaunchConfig(_Section):
     """``vllm serve`` and its flags. Unset (None) flags are left to vLLM's defaults."""
 
-    executable: str = "vllm"
-    subcommand: str | None = "serve"
-    # A user's own launch script (migration path). When set, sparkd runs it instead of rendering argv.
-    script: str | None = None
-    profile: str | None = None
-    model: str
-    served_model_name: str | None = None
-    host: str = "0.0.0.0"
-    port: int = Field(default=8000, ge=1, le=65535)
-    trust_remote_code: bool = False
-    tensor_parallel_size: int | None = Field(default=None, ge=1)
-    pipeline_parallel_size: int | None = Field(default=None, ge=1)
-    kv_cache_dtype: str | None = None
-    block_size: int | None = Field(default=None, ge=1)
-    max_model_len: int | None = Field(default=None, ge=1)
-    max_num_seqs: int | None = Field(default=None, ge=1)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
-    enable_prefix_caching: bool | None = None
-    enable_chunked_prefill: bool | None = None
-    enable_expert_parallel: bool = False
-    disable_custom_all_reduce: bool = False
-    enforce_eager: bool = False
-    load_format: str | None = None
-    compilation_config: JsonTable | None = None
-    speculative_config: JsonTable | None = None
-    default_chat_template_kwargs: JsonTable | None = None
-    override_generation_config: JsonTable | None = None
-    tokenizer: str | None = None
-    tokenizer_mode: str | None = None
-    tool_call_parser: str | None = None
-    enable_auto_tool_choice: bool = False
-    reasoning_parser: str | None = None
-    api_key: str | None = None
-    # Multi-node. Unset values come from [node] and [cluster]; set them only to override.
-    nnodes: int | None = Field(default=None, ge=1)
-    node_rank: int | None = Field(default=None, ge=0)
-    master_addr: str | None = None
-    master_port: int | None = Field(default=None, ge=1, le=65535)
-    headless: bool | None = None
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    # Merge the field's recommended environment (UCX, OMP, NCCL, timeouts) under `env`.
-    default_env: bool = True
+    executable: str = Field(default="vllm", description="The program to run: `vllm`, or a path.")
+    subcommand: str | None = Field(default="serve", description="Its subcommand; false: none.")
+    script: str | None = Field(default=None, description=(
+        "A user's own launch script (the migration path). When set, sparkd runs `bash SCRIPT EXTRA_ARGS...` "
+        "instead of rendering argv."))
+    profile: str | None = Field(default=None, description=(
+        "A launch profile (`latency`, `throughput`, `balanced`, `1m-context`) whose values apply under this "
+        "section's own keys."))
+    model: str = Field(description="The model: a path where vLLM runs, or a Hugging Face id. Required.")
+    served_model_name: str | None = Field(default=None, description="`--served-model-name`; default: `model`.")
+    host: str = Field(default="0.0.0.0", description=(
+        "`--host`: the address vLLM's API listens on (an IP or a host name)."))
+    port: int = Field(default=8000, ge=1, le=65535, description="`--port`: vLLM's API port; sparkd probes it.")
+    trust_remote_code: bool = Field(default=False, description="`--trust-remote-code`.")
+    tensor_parallel_size: int | None = Field(default=None, ge=1, description=_flag("`--tensor-parallel-size`."))
+    pipeline_parallel_size: int | None = Field(default=None, ge=1, description=_flag("`--pipeline-parallel-size`."))
+    kv_cache_dtype: str | None = Field(default=None, description=_flag("`--kv-cache-dtype`, e.g. `fp8`."))
+    block_size: int | None = Field(default=None, ge=1, description=_flag("`--block-size`."))
+    max_model_len: int | None = Field(default=None, ge=1, description=_flag("`--max-model-len`."))
+    max_num_seqs: int | None = Field(default=None, ge=1, description=_flag("`--max-num-seqs`."))
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, description=_flag("`--max-num-batched-tokens`."))
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0, description=_flag(
+        "`--gpu-memory-utilization` (0-1]; preflight checks free memory against it."))
+    enable_prefix_caching: bool | None = Field(default=None, description=_flag(
+        "`--enable-prefix-caching` (true) or `--no-enable-prefix-caching` (false)."))
+    enable_chunked_prefill: bool | None = Field(default=None, description=_flag(
+        "`--enable-chunked-prefill` (true) or `--no-enable-chunked-prefill` (false)."))
+    enable_expert_parallel: bool = Field(default=False, description="`--enable-expert-parallel`.")
+    disable_custom_all_reduce: bool = Field(default=False, description="`--disable-custom-all-reduce`.")
+    enforce_eager: bool = Field(default=False, description="`--enforce-eager`.")
+    load_format: str | None = Field(default=None, description=_flag("`--load-format`, e.g. `safetensors`."))
+    compilation_config: JsonTable | None = Field(default=None, description=(
+        "`--compilation-config` as a TOML table; rendered as JSON, quoted once."))
+    speculative_config: JsonTable | None = Field(default=None, description=(
+        "`--speculative-config` as a TOML table; rendered as JSON, quoted once."))
+    default_chat_template_kwargs: JsonTable | None = Field(default=None, description=(
+        "`--default-chat-template-kwargs` as a TOML table; rendered as JSON, quoted once."))
+    override_generation_config: JsonTable | None = Field(default=None, description=(
+        "`--override-generation-config` as a TOML table; rendered as JSON, quoted once."))
+    tokenizer: str | None = Field(default=None, description=_flag("`--tokenizer`."))
+    tokenizer_mode: str | None = Field(default=None, description=_flag("`--tokenizer-mode`."))
+    tool_call_parser: str | None = Field(default=None, description=_flag("`--tool-call-parser`."))
+    enable_auto_tool_choice: bool = Field(default=False, description="`--enable-auto-tool-choice`.")
+    reasoning_parser: str | None = Field(default=None, description=_flag("`--reasoning-parser`."))
+    api_key: str | None = Field(default=None, description="`--api-key`: clients must send it; sparkd's probes do.")
+    nnodes: int | None = Field(default=None, ge=1, description=(
+        "`--nnodes`; default: `[cluster] nnodes`, else from the role."))
+    node_rank: int | None = Field(default=None, ge=0, description="`--node-rank`; default: `[node] rank`.")
+    master_addr: str | None = Field(default=None, description="`--master-addr`; default: `[cluster] master_addr`.")
+    master_port: int | None = Field(default=None, ge=1, le=65535, description=(
+        "`--master-port`; default: `[cluster] master_port`."))
+    headless: bool | None = Field(default=None, description="`--headless`; default: true on a worker.")
+    extra_args: list[str] = Field(default_factory=list, description=(
+        "Flags sparkd has no key for, passed verbatim, one word per element."))
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        "vLLM's environment, merged over the recommended one (see `default_env`)."))
+    default_env: bool = Field(default=True, description=(
+        "Merge the field's recommended environment (UCX, OMP, NCCL, timeouts) under `env`."))
 
     @field_validator(
         "compilation_config", "speculative_config", "default_chat_template_kwargs",
@@ -108,6 +179,11 @@ class LaunchConfig(_Section):
             )
         return value
 
+    @field_validator("host")
+    @classmethod
+    def _host_name(cls, value: str) -> str:
+        return _host(value)
+
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
@@ -118,25 +194,29 @@ class LaunchConfig(_Section):
 
 
 class ClusterConfig(_Section):
-    master_addr: str | None = None
-    master_port: int = Field(default=29501, ge=1, le=65535)
-    # Fabric addresses of the other nodes' sparkd daemons ("host" or "host:port"; the port defaults to
-    # [api] port): the head lists its workers, a worker its head. With peers, the pair is one unit.
-    peers: list[str] = Field(default_factory=list)
-    nnodes: int | None = Field(default=None, ge=1)
-    # GPUs each node gives the group (one on a DGX Spark): tensor × pipeline parallel = nnodes × this.
-    gpus_per_node: int = Field(default=1, ge=1)
-    peer_timeout_s: float = Field(default=5.0, gt=0)
-    peer_poll_s: float = Field(default=2.0, gt=0)
-    # A peer unreachable this long is lost: the worker stops its rank, the head stops and waits for it.
-    peer_grace_s: float = Field(default=30.0, ge=0)
-    # How long the head waits for every worker rank to be up and waiting for the master.
-    worker_start_timeout_s: float = Field(default=600.0, gt=0)
-    image_match: Literal["id", "repo-digest", "label", "off"] = Field(
-        default="id", description="How the ranks of a pair must agree on vLLM's image: 'id' (the same local "
-        "image id: copied with docker save/load or pulled), 'repo-digest' (pulled from the same registry "
-        "manifest), 'label' (the same value of cluster.image_label: images built on each node from one "
-        "revision), or 'off'.")
+    """The pair (or group): the other nodes' daemons and the rendezvous."""
+
+    master_addr: str | None = Field(default=None, description=(
+        "The head's fabric address: the torch.distributed rendezvous (TCPStore)."))
+    master_port: int = Field(default=29501, ge=1, le=65535, description="The rendezvous port on the head.")
+    peers: list[str] = Field(default_factory=list, description=(
+        "The other nodes' sparkd (`host` or `host:port`; the port defaults to `[api] port`): the head lists its "
+        "workers, a worker its head. With peers, the pair is one unit."))
+    nnodes: int | None = Field(default=None, ge=1, description="Nodes in the launch; default: 1 alone, 2 in a pair.")
+    gpus_per_node: int = Field(default=1, ge=1, description=(
+        "GPUs each node gives the group (one on a DGX Spark): tensor × pipeline parallel = nnodes × this."))
+    peer_timeout_s: float = Field(default=5.0, gt=0, description="Timeout of one request to a peer's sparkd.")
+    peer_poll_s: float = Field(default=2.0, gt=0, description="How often each peer's sparkd is polled.")
+    peer_grace_s: float = Field(default=30.0, ge=0, description=(
+        "A peer unreachable this long is lost: the worker stops its rank, the head stops and waits for it."))
+    worker_start_timeout_s: float = Field(default=600.0, gt=0, description=(
+        "How long the head waits for every worker rank to be up and waiting for the master."))
+    image_match: Literal["id", "repo-digest", "label", "off"] = Field(default="id", description=(
+        "How the ranks must agree on vLLM's image: `id` (the same local image id: copied with docker save/load "
+        "or pulled), `repo-digest` (pulled from the same registry manifest), `label` (the same value of "
+        "`image_label`: images built on each node from one revision), or `off`."))
+    image_label: str = Field(default="org.opencontainers.image.revision", min_length=1, description=(
+        "The image label compared across the ranks when `image_match = \"label\"`."))
     shared_env: list[str] = Field(
         default_factory=lambda: [
             "VLLM_*", "UCX_*", "NCCL_CUMEM_ENABLE", "NCCL_IB_DISABLE", "NCCL_NET", "TORCH_CUDA_ARCH_LIST",
@@ -144,17 +224,17 @@ class ClusterConfig(_Section):
             "!VLLM_HOST_IP", "!VLLM_PORT", "!VLLM_CACHE_ROOT", "!VLLM_NCCL_SO_PATH", "!VLLM_PROCESS_NAME_PREFIX",
             "!VLLM_LOGGING_LEVEL", "!VLLM_CONFIGURE_LOGGING",
         ],
-        description="Environment variables every rank must set alike (fnmatch patterns over [container] env and "
-        "[launch] env; '!' excludes, for per-node values).")
-    image_label: str = Field(
-        default="org.opencontainers.image.revision", min_length=1, description="The image label compared "
-        "across the pair when cluster.image_match = 'label'.")
+        description=("Environment variables every rank must set alike (fnmatch patterns over `[container] env` "
+                     "and `[launch] env`; `!` excludes, for per-node values)."))
 
 
 class PathsConfig(_Section):
-    state_dir: Path = Path("/var/lib/sparkd")
-    run_dir: Path = Path("/run/sparkd")
-    log_dir: Path | None = None  # default: <state_dir>/logs
+    state_dir: Path = Field(default=Path("/var/lib/sparkd"), description=(
+        "status.json, the instance record, incidents/ and (by default) logs/."))
+    run_dir: Path = Field(default=Path("/run/sparkd"), description="The control socket `sparkd.sock`.")
+    log_dir: Path | None = Field(default=None, description=(
+        "vLLM's output (`vllm.log`, rotated); default `<state_dir>/logs`. The package's unit sets up "
+        "/var/log/sparkd (`LogsDirectory=`)."))
 
     @property
     def logs(self) -> Path:
@@ -170,213 +250,47 @@ class PathsConfig(_Section):
 
 
 class ApiConfig(_Section):
-    # Group that may use the control socket (<paths.run_dir>/sparkd.sock, mode 0660).
-    socket_group: str | None = "sparkd"
-    # One TCP port for Prometheus (/metrics, open) and the peer API (/v1/*, bearer token). port = 0: off.
-    listen: str = "127.0.0.1"
-    port: int = Field(default=9479, ge=0, le=65535)
-    token_file: Path | None = None
+    socket_group: str | None = Field(default="sparkd", description=(
+        "Group that may use the control socket (`<run_dir>/sparkd.sock`, mode 0660), i.e. `sparkctl`."))
+    listen: str = Field(default="127.0.0.1", description=(
+        "IP address of the TCP port: Prometheus `/metrics` (open) and the peer API `/v1/*` (bearer token). "
+        "A pair needs the fabric address or 0.0.0.0."))
+    port: int = Field(default=9479, ge=0, le=65535, description="The TCP port; 0: no TCP listener.")
+    token_file: Path | None = Field(default=None, description=(
+        "File holding the peer API's shared secret (the same on every node, mode 0600); without it `/v1/*` "
+        "over TCP is closed."))
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        return _ip_address(value)
 
 
 class LintConfig(_Section):
-    # Lint rule ids to accept deliberately, e.g. ["multiproc-fork"].
-    allow: list[str] = Field(default_factory=list)
+    allow: list[str] = Field(default_factory=list, description=(
+        "Lint rule ids accepted deliberately, e.g. `[\"multiproc-fork\"]`."))
 
 
-class SupervisorConfig(_Section):
-    startup_timeout_s: float = Field(default=3600.0, gt=0)
-    # A silent start fails after this long without a progress line, even inside the startup budget.
-    startup_silence_s: float = Field(default=900.0, gt=0)
-    # Past startup_timeout_s a start goes on while its log showed progress within this many seconds.
-    startup_extension_s: float = Field(default=300.0, ge=0)
-    stop_grace_s: float = Field(default=90.0, ge=0)
-    # On SIGTERM, leave vLLM running so a daemon upgrade or restart does not cost a cold start.
-    leave_running: bool = False
-    log_max_bytes: int = Field(default=64 * 1024 * 1024, ge=4096)
-    log_backups: int = Field(default=3, ge=0)
-    incidents_keep: int = Field(default=50, ge=1)
+class LogFormat(StrEnum):
+    auto = "auto"
+    console = "console"
+    json = "json"
 
 
-class RestartConfig(_Section):
-    backoff_initial_s: float = Field(default=10.0, ge=0)
-    backoff_factor: float = Field(default=2.0, ge=1.0)
-    backoff_max_s: float = Field(default=300.0, ge=0)
-    jitter: float = Field(default=0.1, ge=0, le=1)
-    stable_after_s: float = Field(default=600.0, ge=0)
-    budget_failures: int = Field(default=5, ge=1)
-    budget_window_s: float = Field(default=1800.0, gt=0)
-    # This many failures in a row without a stable run also open the breaker (0: no such limit).
-    consecutive_limit: int = Field(default=6, ge=0)
-    # A memory-guard kill counts this many failures toward the budget.
-    guard_kill_weight: int = Field(default=2, ge=1)
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
 
 
-class HealthConfig(_Section):
-    interval_s: float = Field(default=5.0, gt=0)
-    timeout_s: float = Field(default=5.0, gt=0)
-    failure_threshold: int = Field(default=3, ge=1)
-    success_threshold: int = Field(default=1, ge=1)
-    canary: bool = True
-    canary_interval_s: float = Field(default=60.0, gt=0)
-    canary_timeout_s: float = Field(default=30.0, gt=0)
-    busy_grace_s: float = Field(default=600.0, ge=0)
-    stall_after_s: float = Field(default=120.0, gt=0)
+class LogConfig(_Section):
+    """sparkd's own log (stderr; the journal under systemd) and where vLLM's output goes."""
 
-
-# Preflight check ids (sparkd/preflight), in the order they run; `[preflight] skip` takes these.
-PreflightCheckId = Literal[
-    "container", "launch_target", "vllm_args", "stale_processes", "ports", "dev_shm", "page_cache", "memory",
-    "host", "image", "rdma", "gpu",
-]
-
-
-class ImageAssert(_Section):
-    """One integrity assertion on a file where vLLM runs (inside the container for docker runtimes): the
-    number of lines of ``path`` matching the regular expression ``pattern`` must be ``count`` (``grep -c``).
-    The field's double-applied mxfp4.py patch: ``pattern = "empty_cache"``, ``count = 2`` (3 when re-applied)."""
-
-    path: str
-    pattern: str
-    count: int = Field(ge=0)
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError(f"{value!r} is not an absolute path")
-        return value
-
-    @field_validator("pattern")
-    @classmethod
-    def _regex(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
-        return value
-
-
-class PreflightConfig(_Section):
-    """What preflight checks and fixes before every launch (``sparkd preflight`` runs it alone)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)  # `assert` or `asserts`
-
-    # Check ids not to run (reported as skipped).
-    skip: list[PreflightCheckId] = Field(default_factory=list)
-    # Stale VLLM::* processes: SIGTERM, this grace, then SIGKILL.
-    kill_grace_s: float = Field(default=5.0, ge=0)
-    # /dev/shm must have at least this much free space after the sweep (vLLM's rings need ~200 MiB).
-    shm_min_free_mib: int = Field(default=256, ge=0)
-    # `sync` and write 3 to /proc/sys/vm/drop_caches before the memory check.
-    drop_caches: bool = True
-    # MemFree must cover gpu_memory_utilization x MemTotal plus this margin.
-    memory_margin_gib: float = Field(default=2.0, ge=0)
-    # Host hardening, reported as warnings: swap off, vm.min_free_kbytes floor (0: not checked; the field uses
-    # 1.5-3 GiB), vm.overcommit_memory (the field sets 0).
-    swap_off: bool = True
-    min_free_kbytes: int = Field(default=1572864, ge=0)
-    overcommit_memory: int | None = Field(default=0, ge=0, le=2)
-    # Apply the hardening (swapoff -a, write the sysctls) instead of only reporting it.
-    apply_host: bool = False
-    # [[preflight.assert]] tables: file contents checked where vLLM runs.
-    asserts: list[ImageAssert] = Field(default_factory=list, alias="assert")
-    drift: Literal["fail", "warn", "off"] = Field(
-        default="fail", description="An existing container (docker-exec) that differs from [container] (image, "
-        "mounts, devices, privileged, ulimits, env, shm size, network and IPC mode, ...): 'fail' refuses the "
-        "launch until `sparkctl recreate` or the config matches, 'warn' reports it and launches, 'off'.")
-    rdma_min_memlock: int | None = Field(
-        default=None, gt=0, description="The locked-memory limit (ulimit -l) vLLM needs where it runs when "
-        "NCCL uses RDMA; unset: unlimited (container.ulimits memlock = -1). Sizes like '64g' are accepted.")
-    vllm_args_timeout_s: float = Field(
-        default=180.0, gt=0, description="How long vLLM may take to parse the rendered argv (the vllm_args "
-        "check imports vLLM where it runs: seconds, not a cold start).")
-
-    @field_validator("rdma_min_memlock", mode="before")
-    @classmethod
-    def _memlock_size(cls, value: Any) -> Any:
-        return parse_size(value)
-
-
-class GuardConfig(_Section):
-    """The unified-memory guard (sparkd/guard). Sizes are bytes; strings such as ``"4 GiB"`` or ``"512MiB"``
-    are accepted. Floors are absolute, never percentages: on GB10 the driver's memory hides from every
-    percentage base. Rules and their order: ``sparkd/guard/policy.py``."""
-
-    enabled: bool = True
-    # Decide and log as usual, but never stop, kill or restart anything.
-    dry_run: bool = False
-    # Floors on MemAvailable: warn < refuse a start < stop (SIGTERM + grace) < SIGKILL of the vLLM tree.
-    warn_below: int = 8 * 1024**3
-    refuse_start_below: int = 16 * 1024**3
-    stop_below: int = 4 * 1024**3
-    kill_below: int = 2 * 1024**3
-    # A level holds until MemAvailable (or MemFree) is back above its floor plus this.
-    recover_margin: int = 1024**3
-    # Consecutive samples past a floor before the guard acts on it.
-    debounce_samples: int = Field(default=3, ge=1)
-    # MemFree under free_below counts as a stop, but only while MemAvailable is under free_gate_below: MemFree
-    # sits near zero whenever page cache is full (an ungated MemFree trigger killed a healthy launch).
-    free_below: int = 2 * 1024**3
-    free_gate_below: int = 8 * 1024**3
-    # PSI `full avg10` (percent) at or above this lifts a warn/stop level one stage; None turns it off.
-    psi_full_avg10_escalate: float | None = Field(default=40.0, gt=0, le=100)
-    # NV_ERR_NO_MEMORY in the kernel log within this many seconds lifts a warn/stop level one stage (0: off).
-    nvrm_escalate_s: float = Field(default=10.0, ge=0)
-    stop_grace_s: float = Field(default=30.0, ge=0)
-    # After a kill (after a stop: its grace plus this) no repeat and no start: memory takes time to come back.
-    cooldown_s: float = Field(default=15.0, ge=0)
-    # Sampling: the interval is the distance to the next floor over fill_rate, clamped; fast while starting.
-    min_interval_s: float = Field(default=0.005, gt=0)
-    max_interval_s: float = Field(default=1.0, gt=0)
-    starting_interval_s: float = Field(default=0.025, gt=0)
-    fill_rate: int = Field(default=16 * 1024**3, gt=0)  # bytes per second the pool can plausibly drain at
-    # Kernel PSI trigger (`<some|full> <stall us> <window us>`) that wakes the sampler; None: polling only.
-    psi_trigger: str | None = "some 150000 1000000"
-    kernel_log: bool = True
-    # Leak trend: Theil-Sen slope of MemAvailable over trend_window_s, one point per trend_step_s.
-    trend_window_s: float = Field(default=600.0, gt=0)
-    trend_step_s: float = Field(default=10.0, gt=0)
-    trend_min_span_s: float = Field(default=120.0, gt=0)
-    # Warn when the stop floor is predicted closer than this (seconds).
-    trend_warn_s: float = Field(default=3600.0, ge=0)
-    # Ask for a planned restart at the next idle moment when the floor is closer than this; None: never.
-    trend_restart_s: float | None = Field(default=None, gt=0)
-    # Sources, pointable elsewhere for tests.
-    meminfo_path: Path = Path("/proc/meminfo")
-    pressure_path: Path = Path("/proc/pressure/memory")
-    kmsg_path: Path = Path("/dev/kmsg")
-
-    @field_validator(
-        "warn_below", "refuse_start_below", "stop_below", "kill_below", "recover_margin", "free_below",
-        "free_gate_below", "fill_rate", mode="before",
-    )
-    @classmethod
-    def _size(cls, value: Any) -> Any:
-        return parse_size(value)
-
-    @field_validator(
-        "warn_below", "refuse_start_below", "stop_below", "kill_below", "recover_margin", "free_below",
-        "free_gate_below",
-    )
-    @classmethod
-    def _not_negative(cls, value: int) -> int:
-        if value < 0:
-            raise ValueError("must be >= 0")
-        return value
-
-    @field_validator("psi_trigger")
-    @classmethod
-    def _trigger(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"(some|full) \d+ \d+", value):
-            raise ValueError(f"{value!r} is not a PSI trigger like 'some 150000 1000000'")
-        return value
-
-    @model_validator(mode="after")
-    def _ordered(self) -> GuardConfig:
-        if not self.kill_below < self.stop_below < self.warn_below:
-            raise ValueError("need kill_below < stop_below < warn_below")
-        if self.refuse_start_below < self.stop_below:
-            raise ValueError("refuse_start_below must be >= stop_below (a start under it would be stopped)")
-        if self.min_interval_s > self.max_interval_s:
-            raise ValueError("min_interval_s must be <= max_interval_s")
-        return self
+    format: LogFormat = Field(default=LogFormat.auto, description=(
+        "`console`: readable lines; `json`: one JSON object per line; `auto`: console on a terminal, else JSON."))
+    level: LogLevel = Field(default=LogLevel.info, description=(
+        "Least severe level logged: debug, info, warning, error."))
+    vllm_to_journal: bool = Field(default=False, description=(
+        "Also send vLLM's output to the journal under `SYSLOG_IDENTIFIER=vllm` (`journalctl -t vllm`), "
+        "when the journal runs."))

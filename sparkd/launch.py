@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkd import __version__
-from sparkd.config import Config, LaunchConfig
+from sparkd.config import Config, HealthConfig, LaunchConfig
 
 # The field's known-good environment (DESIGN.md §5). `[launch] env` overrides; `default_env = false` drops it.
 RECOMMENDED_ENV: dict[str, str] = {
@@ -31,7 +31,7 @@ VALUE_FLAGS = (
     "served_model_name", "host", "port", "tensor_parallel_size", "pipeline_parallel_size",
     "kv_cache_dtype", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
     "gpu_memory_utilization", "load_format", "tokenizer", "tokenizer_mode", "tool_call_parser",
-    "reasoning_parser", "api_key",
+    "reasoning_parser",
 )
 # Typed fields rendered as a bare `--flag` when true.
 SWITCH_FLAGS = (
@@ -49,14 +49,25 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+# Secrets reach vLLM through its environment only: never argv (any user can read it), the script or its JSON.
+# vLLM reads its API key from VLLM_API_KEY (vllm/envs.py; the API server takes args.api_key or that).
+SECRET_ENV = ("VLLM_API_KEY",)
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     config_hash: str = ""
+    # The runtime adds these to the launch's environment; nothing renders or logs them.
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"argv": list(self.argv), "env": dict(self.env)}
+
+    def environment(self) -> dict[str, str]:
+        """The launch's whole environment, secrets included: for the runtime's exec, nothing else."""
+        return {**self.env, **self.secret_env}
 
 
 def render_flags(cfg: Config) -> list[str]:
@@ -138,6 +149,20 @@ def nccl_ib_in_play(env: Mapping[str, str], nnodes: int) -> bool:
     return bool(env.get("NCCL_IB_HCA")) or nnodes > 1
 
 
+EXECUTE_TIMEOUT_ENV = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+
+
+def health_settings(cfg: Config) -> HealthConfig:
+    """`[health]` with `execute_timeout_s` taken from the launch environment when the config leaves it unset: the
+    value vLLM will run with, so the stall check waits out what vLLM itself would survive."""
+    if cfg.health.execute_timeout_s is not None:
+        return cfg.health
+    value = render_env(cfg).get(EXECUTE_TIMEOUT_ENV, "").strip()
+    if not value.isdigit() or int(value) <= 0:
+        return cfg.health  # unset (vLLM's default applies) or not an integer (lint reports it)
+    return cfg.health.model_copy(update={"execute_timeout_s": float(value)})
+
+
 def render(cfg: Config) -> LaunchSpec:
     """The argv and environment of the launch. With ``[launch] script`` set, the user's script is run."""
     launch = cfg.launch
@@ -149,7 +174,11 @@ def render(cfg: Config) -> LaunchSpec:
             argv.append(launch.subcommand)
         argv.append(launch.model)
         argv += render_flags(cfg)
-    return LaunchSpec(argv=tuple(argv), env=render_env(cfg), config_hash=cfg.launch_hash())
+    env = render_env(cfg)
+    secret_env = {name: env.pop(name) for name in SECRET_ENV if name in env}
+    if launch.api_key:
+        secret_env["VLLM_API_KEY"] = launch.api_key
+    return LaunchSpec(argv=tuple(argv), env=env, config_hash=cfg.launch_hash(), secret_env=secret_env)
 
 
 def render_script(spec: LaunchSpec, *, source: str = "the sparkd config") -> str:
@@ -161,6 +190,8 @@ def render_script(spec: LaunchSpec, *, source: str = "the sparkd config") -> str
         "set -euo pipefail",
     ]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.env.items()]
+    for name in sorted(spec.secret_env):  # absent: refuse to start rather than serve without the key
+        lines.append(f': "${{{name}:?is not set: sparkd passes it in the environment, not in this file}}"')
     words = [shlex.quote(word) for word in spec.argv]
     lines.append("exec " + " \\\n    ".join(_pair_flags(words)))
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sparkd.config import Config, Role
 from sparkd.launch import (
+    EXECUTE_TIMEOUT_ENV,
     JSON_FLAGS,
     RECOMMENDED_ENV,
     SWITCH_FLAGS,
@@ -120,6 +121,11 @@ def _env_rules(cfg: Config, env: Mapping[str, EnvSetting]) -> Iterator[Finding]:
         yield Finding("multiproc-fork", Level.error, fork.key,
                       "VLLM_WORKER_MULTIPROC_METHOD=fork crashes DeepSeek-V4 on GB10 (AttributeError: "
                       "'ShmRingBuffer' object has no attribute 'shared_memory'); leave it unset or use 'spawn'")
+    timeout = env.get(EXECUTE_TIMEOUT_ENV)
+    if timeout is not None and not (timeout.value.strip().isdigit() and int(timeout.value) > 0):
+        yield Finding("execute-timeout-not-integer", Level.error, timeout.key,
+                      f"{timeout.value!r} is not a positive whole number of seconds; vLLM reads it with int() and "
+                      "fails at startup")
     for name, why in _RECOMMENDED.items():
         rule, key = f"missing-{name.lower().replace('_', '-')}", f"launch.env.{name}"
         value = RECOMMENDED_ENV[name]
@@ -166,6 +172,11 @@ def _flag_rules(cfg: Config) -> Iterator[Finding]:
             yield Finding("extra-arg-duplicates-field", Level.error, f"launch.extra_args[{i}]",
                           f"{name} is a typed setting; set launch.{name[2:].replace('-', '_')} instead "
                           "so the config stays the one source of truth")
+        elif name == "--disable-log-stats":
+            yield Finding("disable-log-stats", Level.warning, f"launch.extra_args[{i}]",
+                          "--disable-log-stats removes every vllm:* metric and vLLM's throughput log line, so "
+                          "sparkd cannot see engine steps: a wedge is only caught by the canary after "
+                          "health.busy_grace_s")
         elif arg.lstrip().startswith(("{", "[")):
             yield Finding("json-in-extra-args", Level.warning, f"launch.extra_args[{i}]",
                           "a JSON value in extra_args; prefer a typed TOML table where one exists")

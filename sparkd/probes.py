@@ -27,10 +27,11 @@ import anyio
 import httpx
 
 from sparkd import __version__
-from sparkd.supervisor.health import ProbeOutcome, ProbeResult, VllmMetrics
+from sparkd.supervisor.health import MetricsOff, ProbeOutcome, ProbeResult, VllmMetrics
 
 __all__ = [
     "HttpProbes",
+    "MetricsOff",
     "ProbeOutcome",
     "ProbeResult",
     "VllmMetrics",
@@ -39,6 +40,8 @@ __all__ = [
     "probe_base_url",
     "probe_canary",
     "probe_health",
+    "read_metrics_page",
+    "scrape_metrics",
     "scrape_vllm_metrics",
 ]
 
@@ -177,6 +180,28 @@ async def scrape_vllm_metrics(client: httpx.AsyncClient, base_url: str, timeout_
     return parse_vllm_metrics(answer[0].text)
 
 
+async def scrape_metrics(
+    client: httpx.AsyncClient, base_url: str, timeout_s: float
+) -> VllmMetrics | MetricsOff | None:
+    """GET /metrics for the health tracker: the series, `MetricsOff` when the page answered without any `vllm:*`
+    family (vLLM runs with --disable-log-stats), or None if the scrape failed in any way."""
+    answer = await _request(client, "GET", f"{base_url}/metrics", timeout_s)
+    if isinstance(answer, ProbeResult) or answer[0].status_code != 200:
+        return None
+    return read_metrics_page(answer[0].text)
+
+
+def read_metrics_page(text: str) -> VllmMetrics | MetricsOff | None:
+    """`parse_vllm_metrics`, telling a page with no `vllm:*` family at all (`MetricsOff`) from one that lacks
+    the series the tracker needs (None)."""
+    parsed = parse_vllm_metrics(text)
+    if parsed is not None:
+        return parsed
+    if any(line.startswith("vllm:") for line in text.splitlines()):
+        return None
+    return MetricsOff()
+
+
 _SUMMED = {
     "vllm:num_requests_running": "num_requests_running",
     "vllm:num_requests_waiting": "num_requests_waiting",
@@ -270,8 +295,8 @@ class HttpProbes:
     async def health(self) -> ProbeResult:
         return await probe_health(self._client, self.base, self.timeout_s)
 
-    async def metrics(self) -> VllmMetrics | None:
-        return await scrape_vllm_metrics(self._client, self.base, self.timeout_s)
+    async def metrics(self) -> VllmMetrics | MetricsOff | None:
+        return await scrape_metrics(self._client, self.base, self.timeout_s)
 
     async def canary(self) -> ProbeResult:
         return await probe_canary(self._client, self.base, self.model, self.canary_timeout_s,

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real Docker engine and the sparkd test image (DESIGN.md §6).
+"""Shared fixtures: the real Docker engine and the sparkd test image (docs/design.md §8).
 
 Tests marked ``@pytest.mark.docker`` get a working engine or fail loudly with the reason: a missing engine is
 never a silent skip. Locally, ``SPARKD_TESTS_NO_DOCKER=1`` skips them with an explicit reason.
@@ -337,8 +337,7 @@ def sysfs(tmp_path: Path) -> SysfsTree:
 
 
 # vLLM's command-line module layout (vllm.entrypoints.cli.main / serve, vllm.platforms) over the vLLM stand-in's own
-# parser (sparkd.standin.args), which rejects unknown flags as vLLM's does. The stand-in's own distribution, with
-# sparkd_standin.flags.ACCEPTED, is not merged yet: this is the tests' bridge to its parser.
+# parser (sparkd_standin.args, release 0.24), which rejects unknown flags with vLLM's argparse errors.
 FAKE_VLLM = {
     "vllm/__init__.py": '__version__ = "0.0.0+standin-parser"\n',
     "vllm/platforms/__init__.py": "class _Platform:\n    def is_unspecified(self):\n        return False\n\n"
@@ -349,14 +348,10 @@ FAKE_VLLM = {
                                      "        raise SystemExit('the engine would start here')\n",
     "vllm/entrypoints/cli/main.py": (
         "import sys\n"
-        "from sparkd.standin.args import build_parser, preprocess\n"
+        "from sparkd_standin.args import parse_command\n"
         "from vllm.entrypoints.cli import serve\n\n"
         "def main():\n"
-        "    argv = sys.argv[1:]\n"
-        "    if argv[:1] != ['serve']:\n"
-        "        sys.exit('vllm: error: only serve here')\n"
-        "    words, _ = preprocess(argv[1:])\n"
-        "    serve.ServeSubcommand.cmd(build_parser().parse_args(words))\n"
+        "    serve.ServeSubcommand.cmd(parse_command(sys.argv[1:], '0.24', '0.24.0'))\n"
     ),
 }
 

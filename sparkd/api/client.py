@@ -26,8 +26,7 @@ class ActionRefused(Exception):
 
 def unreachable_hint(socket_path: Path, exc: BaseException) -> str:
     """Why the socket cannot be used, and what to do about it."""
-    cause = exc.__cause__ or exc.__context__ or exc
-    if isinstance(cause, PermissionError) or getattr(cause, "errno", None) == errno.EACCES:
+    if _denied(exc):
         try:
             group = grp.getgrgid(os.stat(socket_path).st_gid).gr_name
         except (OSError, KeyError):
@@ -36,6 +35,17 @@ def unreachable_hint(socket_path: Path, exc: BaseException) -> str:
                 f"$USER`, then log in again) or use sudo")
     return (f"sparkd does not answer on {socket_path} ({exc}); is it running? Try `systemctl status sparkd` "
             "(or pass --socket / --config)")
+
+
+def _denied(exc: BaseException | None) -> bool:
+    """Somewhere in the chain of causes, the socket refused us (EACCES): httpx wraps the OSError."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, PermissionError) or getattr(exc, "errno", None) == errno.EACCES or \
+                "[Errno 13]" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 class ControlClient:

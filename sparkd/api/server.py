@@ -23,6 +23,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -114,7 +115,14 @@ def _handler(control: Control, cmd: ModuleType | Any) -> Callable[[Request], Any
 
 
 def _json(reply: Reply) -> JSONResponse:
-    return JSONResponse(reply.envelope(), reply.code)
+    then = reply.then
+    if then is None:
+        return JSONResponse(reply.envelope(), reply.code)
+
+    async def after() -> None:  # in the event loop, once the answer is out
+        then()
+
+    return JSONResponse(reply.envelope(), reply.code, background=BackgroundTask(after))
 
 
 async def _lines(lines: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -170,7 +178,7 @@ class TokenGate:
 
 async def serve(app: Starlette, sock: socket.socket) -> None:
     config = uvicorn.Config(
-        app, http=BoundedH11, lifespan="off", log_level="warning", access_log=False,
+        app, http=BoundedH11, lifespan="off", log_level="warning", access_log=False, log_config=None,
         limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=IDLE_TIMEOUT_S, backlog=MAX_CONNECTIONS,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )

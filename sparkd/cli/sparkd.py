@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import click
 
 from sparkd import __version__
-from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail
+from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail, token_file_findings
 from sparkd.config import Config
 from sparkd.launch import render, render_script
 from sparkd.lint import errors, lint
+from sparkd.rehearsal import STANDIN, standin_executable
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,7 +26,7 @@ def main() -> None:
 def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> Config:
     """The config, its lint findings printed; exit 2 when it is invalid or has a lint error."""
     cfg = config_or_exit(config_path, profile=profile)
-    findings = lint(cfg)
+    findings = [*lint(cfg), *token_file_findings(cfg)]
     for finding in findings:
         click.echo(f"{config_path}: {finding}", err=True)
     if errors(findings):
@@ -45,13 +48,28 @@ def check_config(config_path: Path, profile: str | None) -> None:
 @config_option
 @click.option("--json", "as_json", is_flag=True, help='Print {"argv": [...], "env": {...}} instead.')
 def render_cmd(config_path: Path, as_json: bool) -> None:
-    """Print the launch script (or argv and env) rendered from the config."""
-    cfg = config_or_exit(config_path)
+    """Print the launch script (or argv and env) rendered from the config; exit 2, printing nothing, for a config
+    check-config refuses."""
+    cfg = linted_config_or_exit(config_path)
     spec = render(cfg)
     if as_json:
         click.echo(json.dumps(spec.to_json(), indent=2))
     else:
         click.echo(render_script(spec, source=str(config_path)), nl=False)
+
+
+@main.command("config-reference")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per key instead of markdown.")
+def config_reference_cmd(as_json: bool) -> None:
+    """Every config key: type, default, environment variable, description (docs/config.md is this output)."""
+    from dataclasses import asdict
+
+    from sparkd.config_reference import reference_markdown, rows
+
+    if as_json:
+        click.echo(json.dumps([asdict(row) for row in rows()], indent=2))
+    else:
+        click.echo(reference_markdown(), nl=False)
 
 
 @main.command("run")
@@ -124,13 +142,33 @@ def import_compose_cmd(compose_file: Path, service: str | None, env_file: Path |
     click.echo(f"wrote {output}", err=True)
 
 
+@main.command("explain")
+@click.argument("logfile")
+@click.option("--exit-code", type=click.IntRange(0, 255), default=None,
+              help="How the process exited (a shell's 128+N is read as signal N).")
+@click.option("--signal", "sig", default=None, help="The signal that ended it: SIGKILL, TERM, 9, ...")
+@click.option("--json", "as_json", is_flag=True, help='Print {"class": ..., "sentence": ..., "evidence": ...}.')
+def explain_cmd(logfile: str, exit_code: int | None, sig: str | None, as_json: bool) -> None:
+    """Explain why vLLM stopped, from its log (LOGFILE, or - for stdin): class, sentence, evidence."""
+    from sparkd.explain import ExplainError, explain, parse_signal, read_tail, render
+
+    try:
+        number = parse_signal(sig) if sig is not None else None
+        lines = read_tail(logfile)
+    except ExplainError as exc:
+        fail(f"sparkd explain: {exc}", EXIT_INVALID_CONFIG)
+    click.echo(render(explain(lines, exit_code, number), as_json=as_json))
+
+
 @main.command(
     "standin",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def standin_cmd(args: tuple[str, ...]) -> None:
-    """The vLLM stand-in: `sparkd standin serve MODEL [vllm flags]`."""
-    from sparkd.standin.__main__ import main as standin_main
-
-    raise SystemExit(standin_main(list(args)))
+    """The vLLM stand-in (the sparkd-standin distribution): `sparkd standin serve MODEL [vllm flags]`."""
+    program = standin_executable()
+    if not os.path.isabs(program):
+        fail(f"sparkd: the vLLM stand-in is not installed: no `{STANDIN}` next to {sys.executable} or on PATH "
+             "(install the sparkd-standin distribution: `pip install ./standin` in a checkout, or `make setup`)")
+    os.execv(program, [program, *args])

@@ -225,6 +225,10 @@ class Coordinator:
         if self.state() in RUNNING:
             self._worker_rank_failed(self.peer_named(peer), failure)
 
+    def unreachable(self) -> list[str]:
+        """The peers whose sparkd does not answer now."""
+        return [peer for peer, view in self.views.items() if view.since_unreachable is not None]
+
     def peer_named(self, host: str) -> str:
         """The configured peer a request from ``host`` came from (or ``host`` itself)."""
         for peer in self.client.peers:

@@ -26,6 +26,7 @@ class Reply:
     result: Any = None
     error: str | None = None
     code: int = 200
+    then: Callable[[], None] | None = None  # run once the answer is sent (a hand-over exits after answering)
 
     def envelope(self) -> dict[str, Any]:
         if self.ok:

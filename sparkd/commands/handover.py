@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sparkd.commands.base import Control, Reply, ok, refused
+from sparkd.commands.base import Control, Reply, refused
 
 NAME = "handover"
 METHOD = "POST"
@@ -29,8 +29,7 @@ async def execute(control: Control, request: Request) -> Reply:
     if why:
         return refused(why)
     status = control.status()
-    control.handover()
-    return ok({"pid": status.get("pid"), "state": status.get("state")})
+    return Reply(True, {"pid": status.get("pid"), "state": status.get("state")}, then=control.handover)
 
 
 def render(result: Mapping[str, Any]) -> str:

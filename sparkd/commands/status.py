@@ -62,6 +62,8 @@ def render(s: Mapping[str, Any]) -> str:
     lines.append("  " + ", ".join(facts))
     if s.get("health"):
         lines.append(f"  health: {s['health']}")
+    if s.get("watch_note"):
+        lines.append(f"  note: {s['watch_note']}")
     if s.get("backoff_until"):
         lines.append(f"  next start at {when(s['backoff_until'])}")
     if (s.get("breaker") or {}).get("open"):

@@ -40,14 +40,18 @@ from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
 from sparkd.guard.guard import Guard
 from sparkd.incidents import IncidentWriter
+from sparkd.launch import health_settings
 from sparkd.logs import VllmLog, configure_logging, get_logger
 from sparkd.nodelock import AlreadyRunning, NodeLock
 from sparkd.notify import Notifier
 from sparkd.probes import HttpProbes
+from sparkd.redact import redactor_for
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Runtime
 from sparkd.supervisor.policy import RestartPolicy
-from sparkd.supervisor.states import Limits, restore
+from sparkd.supervisor.states import Limits, State, restore
+
+SHM_NOTE_S = 60.0
 
 
 class StartupError(Exception):
@@ -110,8 +114,7 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
         self.files = StateWriter(self.log)
-        self.vllm_log = VllmLog(cfg.paths.logs / "vllm.log", max_bytes=cfg.supervisor.log_max_bytes,
-                                backups=cfg.supervisor.log_backups)
+        self.vllm_log = VllmLog.from_config(cfg)
         self.token = read_token(cfg.api.token_file)
         self.guard: Guard | None = None
         machine = restore(memory.load(self.lifecycle_path, self.clock, self.log), self.clock.now())
@@ -124,7 +127,8 @@ class Daemon:
             incidents=IncidentWriter(cfg.paths.incidents, keep=cfg.supervisor.incidents_keep, log=self.log),
             files=self.files, probes=probes or self._probes, group=self.group,
             start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
-            guard_evidence=lambda: self.guard.evidence() if self.guard is not None else None, **node_options)
+            redact=redactor_for(cfg, token=self.token),
+            guard=lambda: self.guard, **node_options)
         self.sup.effects = self.node
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
@@ -162,7 +166,12 @@ class Daemon:
         self.files.put(self.lifecycle_path, memory.to_json(remembered, self.clock))
 
     def problems(self) -> list[str]:
-        return sorted(self.files.problems.values())
+        """What sparkd itself cannot do right now (it reports itself degraded until they clear)."""
+        problems = sorted(self.files.problems.values())
+        if self.vllm_log.write_error:
+            problems.append(f"vLLM's output is not being kept on disk: {self.vllm_log.write_error} "
+                            f"({self.vllm_log.lost_lines} line(s) lost)")
+        return problems
 
     def apply_config(self, cfg: Config) -> None:
         """Take on a reloaded config: daemon settings at once, launch settings at the next start."""
@@ -170,9 +179,10 @@ class Daemon:
         self.sup.limits = limits_from(cfg)
         self.node.cfg = cfg
         if self.node.watch is not None:
-            self.node.watch.cfg = cfg.health
+            self.node.watch.cfg = health_settings(cfg)
         self.node.incidents.keep = cfg.supervisor.incidents_keep
         self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
+        configure_logging(cfg.log)
         self.view.cfg = cfg
         if self.group is not None:
             self.group.cfg = cfg
@@ -225,6 +235,7 @@ class Daemon:
                     tg.start_soon(self.group.watch)
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._watchdog)
+                tg.start_soon(self._note_shm)
                 self.publish()
                 await self.sup.run(boot=self._boot)
                 tg.cancel_scope.cancel()
@@ -270,6 +281,17 @@ class Daemon:
                 else:
                     await self.node.hurry()
 
+    async def _note_shm(self) -> None:
+        """What the instance holds in /dev/shm, noted every SHM_NOTE_S and right after it becomes ready."""
+        ready = anyio.Event()
+        self.sup.listeners.append(lambda before, after, obs: ready.set() if after.state is State.ready
+                                  and before.state is not State.ready else None)
+        while True:
+            with anyio.move_on_after(SHM_NOTE_S):
+                await ready.wait()
+            ready = anyio.Event()
+            await self.node.note_shm()
+
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval_s
         if interval is None:
@@ -287,7 +309,7 @@ class _Deferred:
 
 
 def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int:
-    configure_logging()
+    configure_logging(cfg.log)
     log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
     harden_process()
     lock = NodeLock(cfg.paths.state_dir / "sparkd.lock")

@@ -2,17 +2,18 @@
 
 The operator's intent, the restart budget, the open breaker and the remaining backoff (``Remembered``) are
 kept as wall-clock times, because monotonic time does not survive a reboot. A missing file is a fresh start;
-a file that does not parse or has the wrong shape is set aside (renamed, never deleted), logged by name, and
-also means a fresh start.
+a file that does not parse or has the wrong shape is set aside (renamed ``.bad-<stamp>``, never deleted), logged
+by name, and also means a fresh start.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from sparkd.clock import Clock
+from sparkd.statefile import json_state, set_aside
+from sparkd.stateschema import LIFECYCLE
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.policy import RestartState, Strike
 from sparkd.supervisor.states import Intent, Remembered
@@ -73,16 +74,15 @@ def from_json(data: Any, clock: Clock) -> Remembered:
 
 
 def load(path: Path, clock: Clock, log: Any) -> Remembered:
-    """The remembered lifecycle in ``path``, or a fresh one (missing, unreadable or malformed: logged)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        log.info("lifecycle_fresh", path=str(path), reason="no lifecycle record")
+    """The remembered lifecycle in ``path``, or a fresh one (missing, unreadable or malformed: logged, and a bad
+    file set aside)."""
+    state = json_state(path, LIFECYCLE, log=log, clock=clock.wall)
+    data = state.read()
+    if data is None:
+        log.info("lifecycle_fresh", path=str(path), reason="no usable lifecycle record")
         return Remembered()
-    except OSError as exc:
-        return _set_aside(path, clock, log, f"unreadable: {exc}")
     try:
-        remembered = from_json(json.loads(text), clock)
+        remembered = from_json(data, clock)
     except (ValueError, RecursionError) as exc:
         return _set_aside(path, clock, log, str(exc))
     log.info("lifecycle_restored", path=str(path), intent=remembered.intent.value,
@@ -92,11 +92,6 @@ def load(path: Path, clock: Clock, log: Any) -> Remembered:
 
 
 def _set_aside(path: Path, clock: Clock, log: Any, why: str) -> Remembered:
-    aside = path.with_name(f"{path.name}.bad-{int(clock.wall())}")
-    try:
-        path.rename(aside)
-    except OSError as exc:
-        log.error("lifecycle_unusable", path=str(path), reason=why, set_aside_error=str(exc))
-    else:
-        log.warning("lifecycle_unusable", path=str(path), reason=why, set_aside=str(aside))
+    aside = set_aside(path, clock.wall())
+    log.warning("lifecycle_unusable", path=str(path), reason=why, set_aside=str(aside) if aside else None)
     return Remembered()

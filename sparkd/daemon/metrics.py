@@ -20,6 +20,8 @@ from sparkd import __version__
 from sparkd.daemon.view import StatusView
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
+from sparkd.guard.policy import Action as GuardAction
+from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.progress import Phase
 from sparkd.supervisor.states import SERVING, State
 
@@ -69,8 +71,14 @@ class SparkdCollector(Collector):
         yield state
         yield f.gauge("sparkd_ready", "1 when vLLM serves (ready or degraded).", 1.0 if m.state in SERVING else 0.0)
         yield f.gauge("sparkd_breaker_open", "1 when the restart breaker is open.", 1.0 if m.breaker_open else 0.0)
-        backoff = max(0.0, m.deadline - view.clock.now()) if m.state is State.backoff and m.deadline else 0.0
+        now = view.clock.now()
+        backoff = max(0.0, m.deadline - now) if m.state is State.backoff and m.deadline else 0.0
         yield f.gauge("sparkd_backoff_seconds", "Seconds until the next start attempt.", backoff)
+        starting = m.state is State.starting and m.started_at is not None
+        yield f.gauge("sparkd_start_elapsed_seconds", "Seconds since the current launch, while it starts (else 0).",
+                      now - m.started_at if starting and m.started_at is not None else 0.0)
+        yield f.gauge("sparkd_start_budget_seconds", "The startup budget of a launch ([supervisor] "
+                      "startup_timeout_s).", view.sup.limits.startup_timeout_s)
         yield f.gauge("sparkd_daemon_degraded", "1 when sparkd itself cannot do part of its job (see status).",
                       1.0 if view.problems() else 0.0)
         yield from self._counters()
@@ -87,8 +95,8 @@ class SparkdCollector(Collector):
             f.add(restarts, n, reason)
         yield restarts
         failures = f.counter("sparkd_failures", "Failures of vLLM by class.", ["class"])
-        for cls, n in sorted(counters.failures.items()):
-            f.add(failures, n, cls)
+        for cls in FailureClass:  # every class from 0, so rate() and increase() see the first failure
+            f.add(failures, counters.failures.get(cls.value, 0), cls.value)
         yield failures
         if counters.last_exit_code is not None:
             yield f.gauge("sparkd_last_exit_code", "Exit status of the last vLLM process that ended.",
@@ -178,8 +186,9 @@ class SparkdCollector(Collector):
             f.add(nvrm, sample.nvrm_errors)
             yield nvrm
         actions = f.counter("sparkd_guard_actions", "Memory guard actions by kind.", ["action"])
-        for action, n in sorted(guard.counters.actions.items()):
-            f.add(actions, n, action)
+        for action in GuardAction:
+            if action is not GuardAction.ok:
+                f.add(actions, guard.counters.actions.get(action.value, 0), action.value)
         yield actions
         yield f.gauge("sparkd_guard_start_allowed", "1 when the guard allows vLLM to start.",
                       1.0 if guard.start_allowed else 0.0)

@@ -19,12 +19,13 @@ import anyio
 
 from sparkd.clock import Clock
 from sparkd.cluster.coordinator import Coordinator
-from sparkd.config import Config, Role
+from sparkd.config import Config, Role, RuntimeKind
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
+from sparkd.guard.guard import Guard
 from sparkd.incidents import IncidentWriter, incident_record
-from sparkd.launch import LaunchSpec, render
+from sparkd.launch import LaunchSpec, health_settings, render
 from sparkd.logs import VllmLog
 from sparkd.preflight.base import Check
 from sparkd.preflight.runner import (
@@ -35,10 +36,13 @@ from sparkd.preflight.runner import (
     check_stale_processes,
     run_preflight,
 )
+from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
 from sparkd.preflight.stale import find_stale, title_prefix
-from sparkd.rehearsal import rehearsal
+from sparkd.redact import Redactor
+from sparkd.rehearsal import rehearsal, rehearsal_skips
 from sparkd.runtime.base import Instance, LaunchError, Runtime
-from sparkd.statefile import read_json
+from sparkd.statefile import json_state
+from sparkd.stateschema import INSTANCE
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.classify import ClassifyContext, classify
 from sparkd.supervisor.failures import Evidence, Failure, FailureClass
@@ -63,8 +67,8 @@ class Node:
         self, cfg: Config, runtime: Runtime, *, post: Callable[[v.Observation], None], state: Callable[[], State],
         clock: Clock, log: Any, vllm_log: VllmLog, incidents: IncidentWriter, files: StateWriter,
         probes: Callable[[], Probes], group: Coordinator | None = None, start_gate: Callable[[], Failure | None]
-        = lambda: None, guard_evidence: Callable[[], dict[str, Any] | None] = lambda: None,
-        rand: Callable[[], float] = random.random, rehearse: bool = False,
+        = lambda: None, guard: Callable[[], Guard | None] = lambda: None,
+        rand: Callable[[], float] = random.random, rehearse: bool = False, redact: Redactor | None = None,
         checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
     ) -> None:
         self.cfg = cfg
@@ -79,9 +83,14 @@ class Node:
         self.probes = probes
         self.group = group
         self.start_gate = start_gate
-        self.guard_evidence = guard_evidence
+        self.guard = guard
+        self.kernel_mark = 0  # the guard's kernel-log lines kept before the current launch
         self.rand = rand
         self.rehearse = rehearse
+        self.redact = redact or Redactor()  # secrets never reach a log, an incident or `sparkctl logs`
+        self.instance_file = json_state(self.cfg.paths.state_dir / "instance.json", INSTANCE, log=log,
+                                        clock=clock.wall)
+        self.ledger = ShmLedger(self.cfg.paths.state_dir / LEDGER_NAME, log=log, clock=clock.wall)
         self.checks = checks  # before every launch
         self.sweep = sweep  # after every stop
         self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
@@ -115,7 +124,7 @@ class Node:
     async def adopt(self) -> bool:
         """Find the instance this node launched before sparkd (re)started and watch it again."""
         self.image_id = await self.runtime.configured_image_id()
-        record = read_json(self.record_path)
+        record = self.instance_file.read()  # a bad record is set aside, logged, and treated as absent
         instance = await self.runtime.find(record)
         if instance is None:
             if record is not None:
@@ -165,7 +174,8 @@ class Node:
             timing = self.timing or LaunchTiming(requested_at=self.clock.now())
             called = self.clock.now()
             timing.step("queue", called - timing.requested_at - timing.steps.get("preflight", 0.0))
-            self.vllm_log.append(f"---- sparkd: launch {' '.join(spec.argv)}")
+            argv = self.redact.argv(spec.argv)
+            self.vllm_log.append(f"---- sparkd: launch {' '.join(argv)}")
             try:
                 instance = await self.runtime.launch(spec)
             except LaunchError as exc:
@@ -179,10 +189,12 @@ class Node:
                     f"({exc.filename or 'the state directory'}); it waits and tries again without spending the "
                     "restart budget.", evidence=repr(exc))))
                 return
+            kernel = self._kernel()
+            self.kernel_mark = kernel.kept if kernel is not None else 0
             timing.exec_at = self.clock.now()
             timing.step("runtime.launch", timing.exec_at - called)
             self.timing = timing
-            self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=list(spec.argv),
+            self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=argv,
                           sparkd_s=round(timing.exec_at - timing.requested_at, 4))
             self._attach(instance, adopted=False)
             self.post(v.Launched())
@@ -191,9 +203,9 @@ class Node:
         self.instance = instance
         self.files.write_now(self.record_path, instance.to_record())
         self.watch = InstanceWatch(
-            instance, self.runtime, post=self.post, state=self.state, on_line=self.on_line,
+            instance, self.runtime, post=self._from_watch, state=self.state, on_line=self.on_line,
             classify_exit=self.classify_exit, probes=None if self.headless else self.probes(),
-            health_cfg=self.cfg.health, clock=self.clock, log=self.log, replay=adopted)
+            health_cfg=health_settings(self.cfg), clock=self.clock, log=self.log, replay=adopted)
         self._spawn(self.watch.run)
 
     async def stop(self, reason: str, grace_s: float | None) -> None:
@@ -207,6 +219,7 @@ class Node:
         async with self._busy:
             instance, watch = self.instance, self.watch
             if instance is not None:
+                await self.note_shm()  # what it holds now is provably ours once it is gone
                 grace = self.cfg.supervisor.stop_grace_s if grace_s is None else grace_s
                 info = await self.runtime.stop(instance, grace)
                 self.log.info("stopped", pid=instance.pid, reason=reason, exit=info.describe())
@@ -242,6 +255,10 @@ class Node:
         await self.incidents.write(record, self.vllm_log.last(LOG_TAIL_LINES), evidence=evidence,
                                    container=container, guard=self.guard_evidence())
 
+    def guard_evidence(self) -> dict[str, Any] | None:
+        guard = self.guard()
+        return guard.evidence() if guard is not None else None
+
     def write_guard_evidence(self, failure: Failure) -> None:
         """The memory guard's evidence, now, before it signals anything (synchronous and quick)."""
         record = self._incident(failure, self._count(failure))
@@ -255,11 +272,22 @@ class Node:
         return at
 
     def _incident(self, failure: Failure, at: float, **facts: Any) -> dict[str, Any]:
-        return incident_record(failure, at=at, config_hash=self.cfg.launch_hash(), node=self.cfg.node.name,
-                               state=self.state().value, pid=self.instance.pid if self.instance else None, **facts)
+        record = incident_record(failure, at=at, config_hash=self.cfg.launch_hash(), node=self.cfg.node.name,
+                                 state=self.state().value, pid=self.instance.pid if self.instance else None, **facts)
+        redacted: dict[str, Any] = self.redact.mapping(record)
+        return redacted
+
+    async def note_shm(self) -> None:
+        """Record the /dev/shm segments the instance holds (the sweep removes them only with that proof)."""
+        shares_ipc = self.cfg.runtime is RuntimeKind.process or self.cfg.container.host_ipc
+        if self.instance is None or not shares_ipc:
+            return
+        pids = self.pids()
+        await anyio.to_thread.run_sync(self.ledger.note, pids, Path("/dev/shm"))
 
     # ---- what the watch tells
     def on_line(self, line: str, persist: bool = True) -> None:
+        line = self.redact(line)
         self.vllm_log.append(line, persist=persist)
         if not is_progress(line):
             return
@@ -277,20 +305,42 @@ class Node:
             for listener in self.phase_listeners:
                 listener(self.startup)
 
+    def _from_watch(self, obs: v.Observation) -> None:
+        """The watch's observations; a wedge seen while a peer's sparkd is unreachable is the peer's loss (the
+        canary's timeout and the peer's grace race: the cause decides whether the group waits or counts)."""
+        lost = self.group.unreachable() if self.group is not None else []
+        if isinstance(obs, v.HealthFailed) and lost and obs.failure.cls in (FailureClass.hang, FailureClass.stall):
+            obs = v.HealthFailed(Failure.of(
+                FailureClass.peer_lost, f"vLLM stopped answering while the sparkd of {', '.join(lost)} is "
+                "unreachable: the peer is gone (node down, frozen, or the link is cut); sparkd stops this rank and "
+                "waits for the peer.", evidence=obs.failure.sentence), obs.grace_s, obs.recorded)
+        self.post(obs)
+
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
         return classify(exit_code, sig, self.vllm_log.last(LOG_TAIL_LINES), hint=hint, context=self.context())
 
     def context(self) -> ClassifyContext:
         spec = render(self.cfg)
         target = spec.argv[1] if spec.argv[0] == "bash" else spec.argv[0]
+        guard = self.guard()
+        sample = guard.latest if guard is not None else None
+        kernel = self._kernel()
         return ClassifyContext(launch_target=target, api_port=self.cfg.launch.port,
                                master_port=self.cfg.master_port if self.cfg.nnodes > 1 else None,
-                               was_ready=self.state() in (State.ready, State.degraded))
+                               was_ready=self.state() in (State.ready, State.degraded),
+                               mem_available_bytes=sample.available if sample is not None else None,
+                               kernel_lines=kernel.since(self.kernel_mark) if kernel is not None else ())
+
+    def _kernel(self) -> Any:
+        """The guard's kernel-log reader (Xid, AER, NVRM, OOM kills), when the guard runs and can read it."""
+        guard = self.guard()
+        return guard.sampler.kernel if guard is not None else None
 
     # ---- for the operator, the guard and the group
     def _context(self, *, dry_run: bool = False, protect: bool = False) -> PreflightContext:
         pids = frozenset(self.pids()) if protect else frozenset()
-        return PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime, protect=pids, dry_run=dry_run)
+        return PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime, protect=pids, dry_run=dry_run,
+                                skip=rehearsal_skips() if self.rehearse else {})
 
     async def operator_preflight(self, *, dry_run: bool) -> PreflightReport:
         """An operator's (or the head's) preflight: never touches the watched instance."""

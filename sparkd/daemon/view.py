@@ -99,6 +99,7 @@ class StatusView:
             "last_start_s": self.last_start_s,
             "start_timing": node.timing.to_json() if node.timing is not None else None,
             "health": m.health_note,
+            "watch_note": node.watch.health.watch_note if node.watch is not None else None,
             "breaker": {"open": m.breaker_open, "reason": m.breaker_reason},
             "backoff_until": wall_of(clock, m.deadline) if m.state is State.backoff else None,
             "last_failure": None if last is None else {

@@ -19,8 +19,9 @@ from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor import health
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
-from sparkd.supervisor.health import HealthTracker, ProbeResult, VllmMetrics
+from sparkd.supervisor.health import HealthTracker
 from sparkd.supervisor.logline import clean
+from sparkd.supervisor.readings import MetricsOff, ProbeResult, VllmMetrics
 from sparkd.supervisor.states import SERVING, State
 
 READY_POLL_S = 0.5  # /health while starting: the port refuses until vLLM is ready, so this is cheap
@@ -36,7 +37,7 @@ class Probes(Protocol):
 
     async def health(self) -> ProbeResult: ...
 
-    async def metrics(self) -> VllmMetrics | None: ...
+    async def metrics(self) -> VllmMetrics | MetricsOff | None: ...
 
     async def canary(self) -> ProbeResult: ...
 
@@ -95,9 +96,12 @@ class InstanceWatch:
         consumed = 0
         async for line in self.runtime.follow_logs(self.instance, self.exited):
             consumed += len(line.encode("utf-8", "replace")) + 1
-            self.on_line(line, consumed > self._replay_bytes)
+            live = consumed > self._replay_bytes
+            self.on_line(line, live)
             if self.probes is None and self._peer_lost(line):
                 self.post(v.HealthFailed(self.classify_exit(None, None, FailureClass.peer_lost)))
+            elif self.probes is not None and live:  # vLLM's throughput and JIT lines move the wedge clock
+                self._observe(health.observe_log_line, line)
         self.logs_drained.set()
 
     def _peer_lost(self, line: str) -> bool:
@@ -125,8 +129,9 @@ class InstanceWatch:
             serving = self.state() in SERVING
             self._observe(health.observe_health, await self.probes.health())
             if serving:
-                self.vllm_metrics = await self.probes.metrics()
-                self._observe(health.observe_metrics, self.vllm_metrics)
+                metrics = await self.probes.metrics()
+                self.vllm_metrics = metrics if isinstance(metrics, VllmMetrics) else None
+                self._observe(health.observe_metrics, metrics)
             await self.clock.sleep(self.cfg.interval_s if serving else READY_POLL_S)
 
     async def _probe_canary(self) -> None:

@@ -17,6 +17,8 @@ import platform
 import signal
 from collections.abc import Iterable
 
+from sparkd.runtime.proctree import ancestors
+
 __all__ = ["Victims", "process_mrelease"]
 
 # process_mrelease is 448 in the generic syscall table (aarch64) and on x86_64.
@@ -39,9 +41,10 @@ class Victims:
 
     def __init__(self, pids: Iterable[int]) -> None:
         self.fds: dict[int, int] = {}
+        spared = ancestors()
         for pid in sorted(set(pids)):
-            if pid <= 1 or pid == os.getpid():
-                continue  # never init, never the guard itself
+            if pid in spared or pid <= 1:
+                continue  # never init, never sparkd itself or its ancestors
             try:
                 self.fds[pid] = os.pidfd_open(pid)
             except OSError:

@@ -3,7 +3,9 @@
 On GB10, NVRM logs ``NV_ERR_NO_MEMORY`` when the unified pool runs dry even while MemAvailable still looks
 healthy (a handful during startup are benign; the fatal pattern is the same line with MemAvailable under
 ~10 GiB). The kernel OOM killer logs ``Out of memory: Killed process <pid> (<comm>)``; process titles are
-cut to 15 characters (``VLLM::EngineCor``, ``VLLM::Worker_TP``).
+cut to 15 characters (``VLLM::EngineCor``, ``VLLM::Worker_TP``). The driver's ``NVRM: Xid (PCI:…): N, …``
+lines and the PCIe ``AER: … Uncorrected (Fatal)`` lines are kept too: the failure classifier reads them
+(:meth:`KernelLog.since`, passed as ``ClassifyContext.kernel_lines``).
 
 :class:`KernelLog` opens `/dev/kmsg` non-blocking and seeks to the end, so only lines written after the
 guard started count; each ``read`` returns one record and EAGAIN means "nothing new". When `/dev/kmsg` is
@@ -24,7 +26,9 @@ from pathlib import Path
 __all__ = ["KernelEvent", "KernelLog", "classify_line", "parse_records"]
 
 NVRM_NO_MEMORY = "NV_ERR_NO_MEMORY"
-_OOM_KILL = re.compile(r"Out of memory: Killed process (?P<pid>\d+) \((?P<comm>[^)]*)\)")
+_OOM_KILL = re.compile(r"Out of memory: Killed process (?P<pid>\d+) \((?P<comm>[^)]*)\)", re.IGNORECASE)
+_XID = re.compile(r"NVRM: Xid \(|NVRM: .*fallen off the bus")
+_AER = re.compile(r"AER: .*(?:Uncorrect\w* \((?:Fatal|Non-Fatal)\))")
 _VLLM_COMM = re.compile(r"vllm", re.IGNORECASE)
 
 
@@ -32,6 +36,8 @@ class KernelEvent(StrEnum):
     nvrm_no_memory = "nvrm_no_memory"
     vllm_oom_kill = "vllm_oom_kill"  # the kernel OOM killer killed a vLLM process
     other_oom_kill = "other_oom_kill"
+    xid = "xid"  # the NVIDIA driver reported a GPU error (an Xid, or the GPU fell off the bus)
+    aer = "aer"  # the PCIe link reported an uncorrectable error
 
 
 def parse_records(chunk: bytes) -> list[str]:
@@ -51,6 +57,10 @@ def classify_line(message: str, vllm_pids: Collection[int] = ()) -> KernelEvent 
     """What a kernel log message means to the guard, or None."""
     if NVRM_NO_MEMORY in message:
         return KernelEvent.nvrm_no_memory
+    if _XID.search(message):
+        return KernelEvent.xid
+    if _AER.search(message):
+        return KernelEvent.aer
     m = _OOM_KILL.search(message)
     if m is None:
         return None
@@ -74,6 +84,8 @@ class KernelLog:
         self.vllm_oom_kills = 0
         self.other_oom_kills = 0
         self.lines: deque[str] = deque(maxlen=keep_lines)  # recent lines, for incident evidence
+        self.kept = 0  # lines kept so far; a mark for `since`
+        self._events: deque[tuple[int, KernelEvent, str]] = deque(maxlen=keep_lines)
 
     @classmethod
     def open(cls, path: Path | str = "/dev/kmsg", *, from_start: bool = False) -> KernelLog | None:
@@ -111,12 +123,20 @@ class KernelLog:
         if event is None:
             return
         self.lines.append(message)
+        self.kept += 1
+        self._events.append((self.kept, event, message))
         if event is KernelEvent.nvrm_no_memory:
             self.nvrm_errors += 1
         elif event is KernelEvent.vllm_oom_kill:
             self.vllm_oom_kills += 1
-        else:
+        elif event is KernelEvent.other_oom_kill:
             self.other_oom_kills += 1
+
+    def since(self, mark: int) -> tuple[str, ...]:
+        """The lines kept after `mark` (a value of :attr:`kept`) that can explain a vLLM failure: NVRM, Xid,
+        AER and OOM kills of vLLM's processes (another process's OOM kill is left out)."""
+        return tuple(message for seq, event, message in self._events
+                     if seq > mark and event is not KernelEvent.other_oom_kill)
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,8 @@ class PreflightContext:
     image: ImageIdentity | None = None
     # The command that turns swap off when ``[preflight] apply_host`` is set.
     swapoff: tuple[str, ...] = ("swapoff", "-a")
+    # Checks this run skips besides ``[preflight] skip``: check id -> why (a rehearsal's, sparkd.rehearsal).
+    skip: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def record_path(self) -> Path:
@@ -81,7 +83,7 @@ CheckFn = Callable[[PreflightContext], Awaitable[CheckResult]]
 
 @dataclass(frozen=True)
 class Check:
-    """A named check. Calling it honours ``[preflight] skip`` and times the run."""
+    """A named check. Calling it honours ``[preflight] skip`` and the context's ``skip``, and times the run."""
 
     id: str
     fn: CheckFn
@@ -90,6 +92,8 @@ class Check:
         started = time.monotonic()
         if self.id in ctx.cfg.preflight.skip:
             result = CheckResult(self.id, Verdict.ok, "skipped ([preflight] skip)")
+        elif self.id in ctx.skip:
+            result = CheckResult(self.id, Verdict.ok, f"skipped ({ctx.skip[self.id]})")
         else:
             try:
                 result = await self.fn(ctx)

@@ -38,7 +38,6 @@ from sparkd.preflight.base import (
     read_text,
     visible_pids,
 )
-from sparkd.preflight.target import is_standin
 from sparkd.runtime.base import TargetUnavailable
 from sparkd.supervisor.failures import FailureClass
 
@@ -188,17 +187,8 @@ def drop_caches(proc_root: Path) -> None:
         handle.write("3\n")
 
 
-def _standin_note(ctx: PreflightContext) -> str | None:
-    if is_standin(ctx.spec.argv):
-        return "skipped: the launch is the vLLM stand-in, which loads no weights"
-    return None
-
-
 @check("page_cache")
 async def check_page_cache(ctx: PreflightContext) -> CheckResult:
-    note = _standin_note(ctx)
-    if note:
-        return CheckResult("page_cache", Verdict.ok, note)
     before = read_meminfo(ctx.proc_root)
     cached = before.get("Cached", 0)
     if not ctx.cfg.preflight.drop_caches:
@@ -236,16 +226,13 @@ async def _utilization(ctx: PreflightContext) -> float:
 
 @check("memory")
 async def check_memory(ctx: PreflightContext) -> CheckResult:
-    note = _standin_note(ctx)
-    if note:
-        return CheckResult("memory", Verdict.ok, note)
     info = read_meminfo(ctx.proc_root)
     if "MemTotal" not in info or "MemFree" not in info:
         return CheckResult("memory", Verdict.warn, f"cannot read MemTotal/MemFree from {ctx.proc_root}/meminfo")
     pf = ctx.cfg.preflight
     utilization = await _utilization(ctx)
     margin = int(pf.memory_margin_gib * GIB)
-    pending = pf.drop_caches and ctx.dry_run and "page_cache" not in pf.skip
+    pending = pf.drop_caches and ctx.dry_run and "page_cache" not in pf.skip and "page_cache" not in ctx.skip
     first = assess(info, utilization, margin, may_drop=droppable(info) if pending else 0,
                    cache_dropped=pf.drop_caches)
     if first.verdict is not Verdict.fail:

@@ -2,7 +2,8 @@
 
 Stale means titled ``VLLM::*`` (EngineCore, Worker_TP*; the prefix is the launch's VLLM_PROCESS_NAME_PREFIX when
 it sets one), or part of the process tree of our own previous
-launch as the daemon's ``instance.json`` records it (PID and create time, so a reused PID is not it), and never
+launch as the daemon's ``instance.json`` records it, when the process is provably that launch (its launch
+marker, or else it runs what the config launches: a reused PID or a forged record is not it), and never
 part of the watched instance (``ctx.protect``). Stale processes get SIGTERM, a grace, then SIGKILL; each is
 reported with its PID and command line. Nothing else is ever touched.
 
@@ -18,6 +19,8 @@ from typing import Any
 
 import anyio
 
+from sparkd.config import Config
+from sparkd.launch import LaunchSpec
 from sparkd.preflight import stale
 from sparkd.preflight.base import (
     CheckResult,
@@ -28,8 +31,10 @@ from sparkd.preflight.base import (
     read_cmdline,
     visible_pids,
 )
+from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
 from sparkd.runtime import proctree
-from sparkd.statefile import read_json
+from sparkd.statefile import json_state
+from sparkd.stateschema import INSTANCE
 from sparkd.supervisor.failures import FailureClass
 
 
@@ -56,19 +61,31 @@ def select(titled: Mapping[int, list[str]], recorded: Mapping[int, list[str]],
     return [out[pid] for pid in sorted(out)]
 
 
-def recorded_tree(record: Mapping[str, Any] | None, proc_root: Path) -> dict[int, list[str]]:
-    """The live process tree of the launch in the daemon's record (identity: PID + create time)."""
+def record_identity(record: Mapping[str, Any]) -> proctree.ProcessIdentity:
+    """The identity a (validated) instance record names: its recorded one, or PID + create time only."""
+    if record.get("identity"):
+        return proctree.ProcessIdentity.from_record(record["identity"])
+    return proctree.ProcessIdentity(pid=int(record["pid"]), create_time=float(record["create_time"]))
+
+
+def expected_launch(cfg: Config, spec: LaunchSpec, prefix: str) -> proctree.Expected:
+    """What the config launches (never what a record says): for proving a marker-less process ours."""
+    script = cfg.launch.script if cfg.launch.script else str(cfg.paths.state_dir / "run" / "launch.sh")
+    return proctree.Expected(executable=spec.argv[0] if spec.argv else "", script=script, title_prefix=prefix)
+
+
+def recorded_tree(record: Mapping[str, Any] | None, proc_root: Path,
+                  expected: proctree.Expected | None = None) -> dict[int, list[str]]:
+    """The live process tree of the launch in the daemon's record, if the process is provably that launch
+    (:func:`proctree.same_identity`: its launch marker, or else it runs what the config launches)."""
     if not record:
         return {}
-    try:
-        pid, created = int(record["pid"]), float(record["create_time"])
-    except (KeyError, TypeError, ValueError):
-        return {}
-    if pid <= 0 or proctree.same_process(pid, created) is None:
+    root = proctree.same_identity(record_identity(record), expected)
+    if root is None:
         return {}
     visible = set(visible_pids(proc_root))
     out = {}
-    for member in proctree.tree(pid):
+    for member in proctree.tree(root.pid):
         argv = read_cmdline(proc_root, member.pid) if member.pid in visible else None
         if argv:
             out[member.pid] = argv
@@ -81,16 +98,22 @@ def title_prefix(ctx: PreflightContext) -> str:
 
 
 def stale_candidates(ctx: PreflightContext) -> list[Candidate]:
-    record = read_json(ctx.record_path)
+    record = json_state(ctx.record_path, INSTANCE).peek()  # a bad record is the daemon's to set aside
     prefix = title_prefix(ctx)
-    return select(stale.titled(ctx.proc_root, prefix), recorded_tree(record, ctx.proc_root), ctx.never_touch,
-                  prefix)
+    expected = expected_launch(ctx.cfg, ctx.spec, prefix)
+    return select(stale.titled(ctx.proc_root, prefix), recorded_tree(record, ctx.proc_root, expected),
+                  ctx.never_touch, prefix)
 
 
 async def end_candidates(ctx: PreflightContext, candidates: list[Candidate]
                          ) -> tuple[list[stale.StaleProcess], list[stale.StaleProcess]]:
-    """SIGTERM, grace, SIGKILL the candidates still showing the argv they were found with."""
+    """SIGTERM, grace, SIGKILL the candidates still showing the argv they were found with.
+
+    First the /dev/shm segments they hold go into the ledger: once they are dead, the sweep may remove them."""
     bound = [p for p in (stale.bind(c.pid, c.argv) for c in candidates) if p is not None]
+    if bound:
+        ledger = ShmLedger(ctx.cfg.paths.state_dir / LEDGER_NAME)
+        await anyio.to_thread.run_sync(lambda: ledger.note([p.pid for p in bound], ctx.shm_dir, ctx.proc_root))
     return await stale.end(bound, ctx.cfg.preflight.kill_grace_s)
 
 

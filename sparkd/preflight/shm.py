@@ -1,18 +1,27 @@
 """Check: no leaked shared-memory segment in /dev/shm, and room for vLLM's rings.
 
-Leaked means ``psm_*``, ``sem.mp-*`` or ``nccl-*`` that no live process has open (``<proc>/*/fd``) or mapped
-(``<proc>/*/maps``). Only segments nobody holds are removed; one in use is never touched. After the sweep,
-/dev/shm must have ``[preflight] shm_min_free_mib`` free (vLLM's broadcast ring alone is 160 MiB; NCCL fails
-with "failed to extend /dev/shm/nccl-*" when it runs out).
+Only what is provably vLLM's and dead is removed (issue 16, ecosystem.md §8):
+- a segment nothing holds: no process has a descriptor to it or maps it, counted by inode, so glibc's
+  temporary-name mapping of a semaphore counts (see :mod:`sparkd.preflight.shmholders`);
+- and either sparkd's ledger shows that our launch (or a stale ``VLLM::*`` process) held it — by name and
+  inode, noted while they ran or found at the sweep — or it has vLLM's, NCCL's or torch's naming
+  (``psm_*``, ``nccl-*``, ``torch_<pid>_*`` whose creator PID no longer runs).
+- A ``sem.mp-*`` is Python multiprocessing's naming, used by every Python program on the host: it is removed
+  only with the ledger's proof, never by its name.
+If some process's descriptors or mappings cannot be read (not root), nothing is removed.
+
+After the sweep, /dev/shm must have ``[preflight] shm_min_free_mib`` free (vLLM's broadcast ring alone is
+160 MiB; NCCL fails with "failed to extend /dev/shm/nccl-*" when it runs out).
 
 The host's /dev/shm is vLLM's when it runs as a host process or in a container with ``--ipc=host``. A container
-with its own IPC namespace has its own /dev/shm, which this check leaves alone (a segment's holders there are
-named by paths this host cannot match safely).
+with its own IPC namespace has its own /dev/shm, which this check leaves alone.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,98 +29,99 @@ import anyio
 
 from sparkd.config import RuntimeKind
 from sparkd.preflight.base import MIB, CheckResult, PreflightContext, Verdict, check, human_bytes
+from sparkd.preflight.shmholders import LEDGER_NAME, Entry, ShmLedger, device_of, entries, scan
 from sparkd.supervisor.failures import FailureClass
 
-PATTERNS = ("psm_", "sem.mp-", "nccl-")
+BY_NAMING = ("psm_", "nccl-", "torch_")  # removable when unheld: vLLM's SharedMemory rings, NCCL, torch
+BY_PROOF_ONLY = ("sem.mp-",)  # removable only when the ledger shows our launch held it
+PATTERNS = BY_NAMING + BY_PROOF_ONLY
+_TORCH = re.compile(r"torch_(\d+)_")
 
 
 @dataclass(frozen=True)
 class Segment:
     name: str
     size: int
+    inode: int = 0
+    why: str = ""  # "ours" (the ledger's proof) or "naming"
 
 
-def candidates(shm_dir: Path) -> list[Segment]:
+def decide(found: list[Entry], held: set[int], owned: Mapping[tuple[str, int], object],
+           live_pids: set[int]) -> list[Segment]:
+    """Pure: the segments to remove among ``found``, given the held inodes, the ledger and the live PIDs."""
     out = []
-    try:
-        entries = list(os.scandir(shm_dir))
-    except OSError:
-        return []
-    for entry in entries:
-        if entry.name.startswith(PATTERNS) and entry.is_file(follow_symlinks=False):
-            try:
-                out.append(Segment(entry.name, entry.stat(follow_symlinks=False).st_blocks * 512))
-            except OSError:
-                continue
+    for entry in found:
+        if entry.inode in held:
+            continue
+        if (entry.name, entry.inode) in owned:
+            out.append(Segment(entry.name, entry.size, entry.inode, "ours"))
+        elif entry.name.startswith(BY_NAMING) and not _creator_alive(entry.name, live_pids):
+            out.append(Segment(entry.name, entry.size, entry.inode, "naming"))
     return out
+
+
+def _creator_alive(name: str, live_pids: set[int]) -> bool:
+    """torch names its segments torch_<creator pid>_<random>: one of a live creator may be in flight."""
+    match = _TORCH.match(name)
+    return match is not None and int(match.group(1)) in live_pids
+
+
+def live_pids(proc: Path) -> set[int]:
+    try:
+        return {int(d.name) for d in os.scandir(proc) if d.name.isdigit()}
+    except OSError:
+        return set()
 
 
 class IncompleteView(Exception):
     """Some process's open files or mappings cannot be read (not root): no segment is provably unused."""
 
 
-def scan_held(shm_dir: Path, proc: Path = Path("/proc")) -> tuple[set[str], int]:
-    """(names under ``shm_dir`` that some process has open or mapped, processes that could not be read)."""
-    prefix = str(shm_dir).rstrip("/") + "/"
-    held: set[str] = set()
-    unreadable = 0
-    try:
-        pid_dirs = [d for d in proc.iterdir() if d.name.isdigit()]
-    except OSError:
-        return held, 1
-    for pid_dir in pid_dirs:
-        try:
-            with os.scandir(pid_dir / "fd") as fds:
-                for fd in fds:
-                    try:
-                        target = os.readlink(fd.path)
-                    except FileNotFoundError:
-                        continue  # closed meanwhile
-                    if target.startswith(prefix):
-                        held.add(target[len(prefix):].removesuffix(" (deleted)"))
-            with open(pid_dir / "maps", encoding="utf-8", errors="replace") as maps:
-                for line in maps:
-                    at = line.find(prefix)
-                    if at >= 0:
-                        held.add(line[at + len(prefix):].rstrip("\n").removesuffix(" (deleted)"))
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # the process ended meanwhile: it holds nothing
-        except OSError:
-            unreadable += 1
-    return held, unreadable
-
-
 def held_names(shm_dir: Path, proc: Path = Path("/proc")) -> set[str]:
-    """Names under ``shm_dir`` that some process has open or mapped."""
-    return scan_held(shm_dir, proc)[0]
+    """Names in ``shm_dir`` whose file some process has open or mapped (under any name)."""
+    dev = device_of(shm_dir)
+    if dev is None:
+        return set()
+    held = scan(dev, proc).inodes
+    return {e.name for e in entries(shm_dir, ("",)) if e.inode in held}
 
 
 def sweep(shm_dir: Path = Path("/dev/shm"), *, dry_run: bool = False, proc: Path = Path("/proc"),
-          complete_view: bool | None = None) -> list[Segment]:
+          complete_view: bool | None = None, ledger: Path | None = None) -> list[Segment]:
     """Remove leaked segments; returns what was (or, dry-run, would be) removed.
 
-    ``complete_view`` (default: when not root) raises IncompleteView, removing nothing, if some process cannot
-    be inspected. Root sees every process on a normal host; what root cannot read (a sandbox's own init, say)
-    is taken not to hold our segments."""
-    found = candidates(shm_dir)
-    if not found:
+    ``ledger``: sparkd's record of the segments its launches held (see module doc). ``complete_view``
+    (default: when not root) raises IncompleteView, removing nothing, if some process cannot be inspected.
+    Root sees every process on a normal host; what root cannot read (a sandbox's own init, say) is taken
+    not to hold our segments."""
+    found = entries(shm_dir, PATTERNS)
+    dev = device_of(shm_dir)
+    if not found or dev is None:
         return []
-    held, unreadable = scan_held(shm_dir, proc)
+    holders = scan(dev, proc)
     if complete_view is None:
         complete_view = os.geteuid() != 0
-    if unreadable and complete_view:
+    if holders.unreadable and complete_view:
         raise IncompleteView(f"{len(found)} segment(s) in {shm_dir} may be leaked, but the open files of "
-                             f"{unreadable} process(es) cannot be read (sparkd is not root): none removed")
+                             f"{holders.unreadable} process(es) cannot be read (sparkd is not root): none removed")
+    book = ShmLedger(ledger) if ledger is not None else None
+    owned = book.owned() if book is not None else {}
+    live = live_pids(proc)
+    chosen = decide(found, holders.inodes, owned, live)
+    if dry_run:
+        return chosen
     removed = []
-    for segment in found:
-        if segment.name in held:
+    for segment in chosen:
+        try:
+            if os.stat(shm_dir / segment.name).st_ino != segment.inode:
+                continue  # replaced since the scan
+            (shm_dir / segment.name).unlink()
+        except OSError:
             continue
-        if not dry_run:
-            try:
-                (shm_dir / segment.name).unlink()
-            except OSError:
-                continue
         removed.append(segment)
+    if book is not None:
+        present = {(e.name, e.inode) for e in entries(shm_dir, ("",))}
+        book.forget([key for key in owned if key not in present])
     return removed
 
 
@@ -147,9 +157,12 @@ async def check_shm(ctx: PreflightContext) -> CheckResult:
     if cfg.runtime is not RuntimeKind.process and not cfg.container.host_ipc:
         return CheckResult("dev_shm", Verdict.ok, f"container {cfg.container.name} has its own /dev/shm "
                            "(no --ipc=host): the host's is not vLLM's")
+    ledger = cfg.paths.state_dir / LEDGER_NAME
+    if ctx.protect and not ctx.dry_run:  # the watched instance's segments: ours, once it is gone
+        await anyio.to_thread.run_sync(lambda: ShmLedger(ledger).note(ctx.protect, ctx.shm_dir, ctx.proc_root))
     try:
         removed = await anyio.to_thread.run_sync(
-            lambda: sweep(ctx.shm_dir, dry_run=ctx.dry_run, proc=ctx.proc_root))
+            lambda: sweep(ctx.shm_dir, dry_run=ctx.dry_run, proc=ctx.proc_root, ledger=ledger))
     except IncompleteView as exc:
         return CheckResult("dev_shm", Verdict.warn, str(exc))
     v, found, did = verdict(removed, free_bytes(ctx.shm_dir), cfg.preflight.shm_min_free_mib * MIB,

@@ -14,7 +14,6 @@ runs to look (``pending_preparation``): it reports what the launch would do ther
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,18 +40,6 @@ _SHARD = re.compile(r"^(?P<stem>.*)-(?P<k>\d+)-of-(?P<n>\d+)(?P<ext>\.[A-Za-z0-9
 
 
 # ---- pure parts -----------------------------------------------------------------------------------------
-
-
-def is_standin(argv: Sequence[str]) -> bool:
-    """The launch runs the vLLM stand-in (a rehearsal, the demo, the tests): no weights, no GPU memory."""
-    if not argv:
-        return False
-    name = os.path.basename(argv[0])
-    if name == "sparkd-standin":
-        return True
-    if name == "sparkd" and len(argv) > 1 and argv[1] == "standin":
-        return True
-    return len(argv) > 2 and argv[1] == "-m" and argv[2] == "sparkd.standin"
 
 
 def local_model(model: str) -> str | None:
@@ -153,8 +140,6 @@ async def check_launch_target(ctx: PreflightContext) -> CheckResult:
     path = local_model(cfg.launch.model)
     if path is None:
         found.append(f"model {cfg.launch.model} is a hub id")
-    elif is_standin(ctx.spec.argv):
-        found.append("model path not checked: the launch is the vLLM stand-in")
     else:
         try:
             result = await runtime.exec(["sh", "-c", LIST_SCRIPT, "sparkd-model", path])

@@ -18,6 +18,7 @@ from docker.types import Mount as DockerMount
 
 import sparkd
 from sparkd.config import Config
+from sparkd.rehearsal import standin_source_root
 
 _SYSTEM_DIRS = frozenset({"/", "/usr", "/usr/local", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/opt", "/var"})
 
@@ -35,8 +36,9 @@ def outermost(paths: Iterable[str]) -> list[str]:
 
 def rehearse_paths() -> list[str]:
     """Host paths a rehearsal needs at the same place inside the container: the interpreter the venv was
-    made from, the venv, and sparkd's source. System directories are left out (see _SYSTEM_DIRS)."""
-    candidates = [sys.base_prefix, sys.prefix, sparkd_source_root()]
+    made from, the venv, sparkd's source and the stand-in's (``sparkd-standin`` runs there). System
+    directories are left out (see _SYSTEM_DIRS)."""
+    candidates = [sys.base_prefix, sys.prefix, sparkd_source_root(), standin_source_root() or sys.prefix]
     return [p for p in outermost(candidates) if p not in _SYSTEM_DIRS]
 
 

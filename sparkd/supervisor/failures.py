@@ -6,7 +6,8 @@ facts it rests on. :func:`Failure.of` is the one way to make one.
 
 Rules of the table (:data:`TREATMENT`):
 
-1. ``restartable`` False: the same launch fails the same way every time, so the breaker opens at once.
+1. ``restartable`` False: the same launch fails the same way every time (a config error, an image that lacks
+   a module or library), so the breaker opens at once.
 2. ``budget``: what a failure costs in the restart budget. ``one``: one strike. ``guard_kill``: the
    configured ``guard_kill_weight`` (memory-guard kills open the breaker faster). ``none``: sparkd waits for
    something outside vLLM (the peer node, the Docker engine); the delay grows as after a failure, but the
@@ -27,6 +28,7 @@ __all__ = ["TREATMENT", "Budget", "Evidence", "Failure", "FailureClass", "Scope"
 
 class FailureClass(StrEnum):
     config_error = "config_error"  # the launch itself is wrong; retrying cannot help
+    image_error = "image_error"  # the image lacks a module, library or symbol vLLM needs; retrying cannot help
     free_memory_refusal = "free_memory_refusal"  # vLLM's startup check: not enough free memory
     oom = "oom"  # ran out of memory (CUDA OOM, NVRM, kernel or earlyoom kill)
     port_in_use = "port_in_use"  # EADDRINUSE on the API or master port
@@ -38,6 +40,7 @@ class FailureClass(StrEnum):
     hang = "hang"  # not answering: RPC timeout, wedged TP pair (probe or log)
     killed_by_guard = "killed_by_guard"  # sparkd's memory guard killed it
     gpu_busy = "gpu_busy"  # CUDA device busy: a stale process holds the GPU
+    gpu_error = "gpu_error"  # the GPU or its PCIe link faulted: an Xid, a fatal AER, an uncorrectable ECC error
     host_unavailable = "host_unavailable"  # what a launch needs from the host is missing (engine, disk): wait
     unknown = "unknown"  # nothing recognised
 
@@ -71,6 +74,7 @@ class Treatment:
 
 
 _NO_RETRY = "sparkd will not retry a config error"
+_NO_RETRY_IMAGE = "sparkd will not retry an image error"
 _ALWAYS = frozenset({Evidence.meminfo, Evidence.container})
 _MEMORY = _ALWAYS | {Evidence.kernel_log, Evidence.guard}
 
@@ -85,6 +89,9 @@ F, B, S = FailureClass, Budget, Scope
 TREATMENT: dict[FailureClass, Treatment] = {
     F.config_error: _t(False, B.one, S.node, _ALWAYS, "vLLM's configuration was rejected",
                        f"fix the config — {_NO_RETRY}"),
+    F.image_error: _t(False, B.one, S.node, _ALWAYS,
+                      "vLLM's image lacks a module, library or symbol it needs",
+                      f"fix or rebuild the image — {_NO_RETRY_IMAGE}"),
     F.free_memory_refusal: _t(
         True, B.one, S.node, _MEMORY, "vLLM refused to start because too little memory was free",
         "page cache or a stale process holds memory — sparkd drops caches, sweeps stale vLLM processes and waits "
@@ -125,6 +132,10 @@ TREATMENT: dict[FailureClass, Treatment] = {
         True, B.one, S.node, _ALWAYS, "CUDA reported the GPU busy or unavailable",
         "a stale vLLM process from an earlier run still holds the GPU — sparkd sweeps stale processes and waits "
         "for the GPU to be free before the next start"),
+    F.gpu_error: _t(
+        True, B.one, S.node, _MEMORY, "The GPU or its PCIe link reported a fault",
+        "check `nvidia-smi` and `journalctl -k`; after Xid 79, a GSP error or a fatal PCIe AER the node needs a reboot "
+        "or a power cycle — sparkd restarts with backoff and stops at the restart breaker"),
     F.host_unavailable: _t(
         True, B.none, S.node, _ALWAYS, "sparkd cannot launch vLLM on this node right now",
         "sparkd waits for it (the Docker engine to answer, the state directory to take writes) and tries again "

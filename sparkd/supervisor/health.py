@@ -17,15 +17,18 @@ Rules:
    it neither adds to nor breaks a failure streak, it degrades, and it never fails the instance on its own.
 4. `success_threshold` 200s in a row clear what `/health` degraded; when nothing else degrades,
    `HealthRecovered`.
-5. Canary: a timeout while the latest `/health` is 200 means busy: degraded, and a `hang` once busy has lasted
-   `busy_grace_s` since the first busy timeout. A canary 200 clears busy. `engine_dead` fails at once.
-   Canary refusals and timeouts while `/health` is not 200 are left to the `/health` layer.
-6. Stall: requests running and the engine's progress marks (generation and prompt token counters, KV cache
-   usage, requests running) unchanged for `stall_after_s` → `stall`. Any change, a counter reset, or nothing
-   running restarts the clock. The KV cache usage is there because a long prefill (16 minutes at 1M tokens on
-   GB10) generates no token for minutes, while each prefill chunk grows the KV cache; a wedged engine moves
-   none of them.
-7. After `HealthFailed` the tracker is on hold: it only counts. Start a fresh tracker for the next instance.
+5. Canary: a timeout while the latest `/health` is 200 means busy: degraded. A canary 200 clears busy.
+   `engine_dead` fails at once. Canary refusals and timeouts while `/health` is not 200 are left to the `/health`
+   layer. Whether a busy engine is wedged is the wedge clock's question (rule 6); only when no engine step is
+   observable at all (no `vllm:*` metrics, no throughput lines) does busy become a `hang` after `busy_grace_s`.
+6. Wedges: every metrics scrape, canary result, serving log line (`observe_log_line`) and compile seen in
+   vLLM's tree (`observe_jit`) feeds the wedge clock (:mod:`sparkd.supervisor.stall`), which calls a `stall`
+   (requests running, no engine step for the busy limit, a canary unanswered) or a `hang` (an idle engine that
+   completes no step for a canary), and holds both while a JIT compile may still run within vLLM's execute
+   timeout.
+7. A `/metrics` page without any `vllm:*` family (vLLM runs with `--disable-log-stats`) sets `watch_note`; it
+   does not degrade the instance (vLLM serves fine), it says the wedge clock is blind.
+8. After `HealthFailed` the tracker is on hold: it only counts. Start a fresh tracker for the next instance.
 
 A degraded reason that changes (2 of 3 failures instead of 1 of 3, busy instead of an error) is emitted again
 as `HealthDegraded`; the machine keeps it as its health note.
@@ -36,9 +39,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
+from sparkd.supervisor import stall
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.readings import MetricsOff, ProbeName, ProbeOutcome, ProbeResult, VllmMetrics
+from sparkd.supervisor.servelog import read_serve_line
+from sparkd.supervisor.stall import StallClock
 from sparkd.supervisor.vocabulary import BecameReady, HealthDegraded, HealthFailed, HealthRecovered, Observation
 
 if TYPE_CHECKING:
@@ -46,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HealthTracker",
+    "MetricsOff",
     "ProbeName",
     "ProbeOutcome",
     "ProbeResult",
@@ -53,39 +61,12 @@ __all__ = [
     "VllmMetrics",
     "observe_canary",
     "observe_health",
+    "observe_jit",
+    "observe_log_line",
     "observe_metrics",
 ]
 
-ProbeName = Literal["health", "canary", "metrics"]
-
-
-class ProbeOutcome(StrEnum):
-    ok = "ok"  # /health 200, or a generation that answered
-    engine_dead = "engine_dead"  # /health 503, or a generation answered "EngineCore encountered an issue"
-    refused = "refused"  # connection refused: nothing listens on the port
-    timeout = "timeout"  # no answer within the probe's timeout
-    error = "error"  # could not probe: another status, a reset, a malformed answer
-
-
 _FAILURES = frozenset({ProbeOutcome.engine_dead, ProbeOutcome.refused, ProbeOutcome.timeout})
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    outcome: ProbeOutcome
-    latency_s: float  # from sending the request to the outcome
-    detail: str = ""  # short: "HTTP 404", "no answer in 5 s", "connection refused"
-
-
-@dataclass(frozen=True)
-class VllmMetrics:
-    """The series of vLLM's /metrics the health checks read; summed over label sets (engines)."""
-
-    num_requests_running: float
-    generation_tokens_total: float
-    num_requests_waiting: float | None = None
-    prompt_tokens_total: float | None = None
-    kv_cache_usage_perc: float | None = None  # 0..1; the highest over engines
 
 
 class Verdict(StrEnum):
@@ -93,9 +74,6 @@ class Verdict(StrEnum):
     healthy = "healthy"
     degraded = "degraded"
     failed = "failed"  # HealthFailed was emitted; on hold
-
-
-_Progress = tuple[float, float | None, float | None, float]
 
 
 @dataclass(frozen=True)
@@ -111,8 +89,8 @@ class HealthTracker:
     health_note: str | None = None  # why /health degrades; cleared by success_threshold 200s
     canary_note: str | None = None  # why the canary degrades (busy, or a probe error); cleared by a 200
     busy_since: float | None = None  # the first canary timeout of the current busy spell
-    progress: _Progress | None = None  # the engine's progress marks at the last scrape
-    progress_at: float | None = None  # when they last changed while requests were running
+    clock: StallClock = field(default_factory=StallClock)  # is the engine still completing steps?
+    watch_note: str | None = None  # what the wedge clock cannot see (vLLM's metrics are off)
     probes_total: Mapping[tuple[ProbeName, str], int] = field(default_factory=dict)  # by (probe, outcome)
     last_latency_s: Mapping[ProbeName, float] = field(default_factory=dict)
 
@@ -217,13 +195,14 @@ def _health_failed(t: HealthTracker, result: ProbeResult, cfg: HealthConfig) -> 
 
 
 def observe_canary(t: HealthTracker, result: ProbeResult, now: float, cfg: HealthConfig) -> Step:
-    """Fold one generation canary result, arrived at monotonic `now`."""
+    """Fold one generation canary result, arrived at monotonic `now` (sent `result.latency_s` before)."""
     t = _count(t, "canary", result.outcome.value, result.latency_s)
     if not t.watching:
         return t, None
     outcome = result.outcome
     if outcome is ProbeOutcome.ok:
-        return _settle(replace(t, busy_since=None, canary_note=None))
+        clock = stall.on_canary(t.clock, True, now - result.latency_s, now)
+        return _settle(replace(t, busy_since=None, canary_note=None, clock=clock))
     if outcome is ProbeOutcome.engine_dead:
         what = 'a test generation failed with "EngineCore encountered an issue": the engine core is dead'
         return _fail(t, FailureClass.engine_dead, what, _SEE_LOG, f"canary: {result.detail}")
@@ -232,40 +211,60 @@ def observe_canary(t: HealthTracker, result: ProbeResult, now: float, cfg: Healt
     if outcome is ProbeOutcome.refused or t.last_health is not ProbeOutcome.ok:
         return t, None  # /health is not 200: its own failure streak decides
     since = now if t.busy_since is None else t.busy_since
-    if now - since >= cfg.busy_grace_s:
+    t = replace(t, busy_since=since, clock=stall.on_canary(t.clock, False, now - result.latency_s, now))
+    if not t.clock.observable and not stall.held(t.clock, now, cfg) and now - since >= cfg.busy_grace_s:
         return _fail(t, FailureClass.hang,
                      f"the generation canary has had no answer for {now - since:.0f} s while /health is 200 "
                      f"(busy grace {cfg.busy_grace_s:g} s): the engine is wedged", _WEDGED,
                      f"canary: {result.detail}; busy since {since:.1f}, now {now:.1f} (monotonic s)")
+    step = _judge(t, now, cfg)
+    if step[1] is not None:
+        return step
+    after = ("a wedge if no engine step completes meanwhile" if t.clock.observable
+             else f"a hang if still busy after {cfg.busy_grace_s:g} s (no engine step is observable)")
     note = (f"busy: the generation canary got no answer within {cfg.canary_timeout_s:g} s while /health is "
-            f"200; a hang if still busy after {cfg.busy_grace_s:g} s")
-    return _settle(replace(t, busy_since=since, canary_note=note))
+            f"200; {after}")
+    return _settle(replace(t, canary_note=note))
 
 
-def observe_metrics(t: HealthTracker, metrics: VllmMetrics | None, now: float, cfg: HealthConfig) -> Step:
-    """Fold one scrape of vLLM's /metrics (None: the scrape failed), taken at monotonic `now`."""
-    t = _count(t, "metrics", ProbeOutcome.ok.value if metrics is not None else ProbeOutcome.error.value)
-    if metrics is None:
-        return t, None  # could not probe: the stall clock keeps running
-    mark: _Progress = (metrics.generation_tokens_total, metrics.prompt_tokens_total,
-                       metrics.kv_cache_usage_perc, metrics.num_requests_running)
-    moved = mark != t.progress
-    t = replace(t, progress=mark)
-    if not t.watching or metrics.num_requests_running <= 0:
-        return replace(t, progress_at=None), None
-    if moved or t.progress_at is None:
-        return replace(t, progress_at=now), None
-    quiet_s = now - t.progress_at
-    if quiet_s < cfg.stall_after_s:
+def observe_metrics(t: HealthTracker, metrics: VllmMetrics | MetricsOff | None, now: float,
+                    cfg: HealthConfig) -> Step:
+    """Fold one scrape of vLLM's /metrics taken at monotonic `now`: the series, `MetricsOff` (the page has no
+    `vllm:*` family), or None (the scrape failed; the wedge clock keeps what it knew)."""
+    t = _count(t, "metrics", ProbeOutcome.error.value if metrics is None else ProbeOutcome.ok.value)
+    if isinstance(metrics, MetricsOff):
+        t = replace(t, clock=stall.on_metrics_off(t.clock), watch_note=_METRICS_OFF)
+    elif metrics is not None:
+        t = replace(t, clock=stall.on_metrics(t.clock, metrics, now), watch_note=None)
+    return _judge(t, now, cfg)
+
+
+def observe_log_line(t: HealthTracker, line: str, now: float, cfg: HealthConfig) -> Step:
+    """Fold one raw vLLM log line read at monotonic `now`: throughput lines and JIT lines feed the wedge clock;
+    every other line changes nothing (the same tracker comes back)."""
+    seen = read_serve_line(line)
+    if seen is None:
         return t, None
-    running = int(metrics.num_requests_running)
+    return _judge(replace(t, clock=stall.on_line(t.clock, seen, now)), now, cfg)
+
+
+def observe_jit(t: HealthTracker, what: str, now: float, cfg: HealthConfig) -> Step:
+    """A compile seen outside the log (an `nvcc`/`ptxas`/`ninja` process in vLLM's tree): hold the wedge verdicts
+    as a JIT line does."""
+    if t.verdict is Verdict.failed:
+        return t, None
+    return replace(t, clock=stall.on_jit(t.clock, what, now)), None
+
+
+_METRICS_OFF = ("vLLM serves no vllm:* metrics (it runs with --disable-log-stats, which also silences its throughput "
+                "log): sparkd cannot see engine steps, so a wedge is only caught by the canary after busy_grace_s")
+
+
+def _judge(t: HealthTracker, now: float, cfg: HealthConfig) -> Step:
+    if not t.watching:
+        return t, None
     health = "200" if t.last_health is ProbeOutcome.ok else f"{t.last_health or 'not probed'}"
-    kv = metrics.kv_cache_usage_perc
-    kv_note = f", KV cache usage unchanged at {kv:.1%}" if kv is not None else ""
-    return _fail(t, FailureClass.stall,
-                 f"{running} request{'s' if running != 1 else ''} running and no token generated for "
-                 f"{quiet_s:.0f} s (generation_tokens_total stuck at {metrics.generation_tokens_total:.0f}"
-                 f"{kv_note}) while /health is {health}", _WEDGED,
-                 f"vllm:num_requests_running={metrics.num_requests_running:g} "
-                 f"vllm:generation_tokens_total={metrics.generation_tokens_total:g} "
-                 f"vllm:kv_cache_usage_perc={kv} unchanged for {quiet_s:.0f} s")
+    wedge = stall.judge(t.clock, now, cfg)
+    if wedge is None:
+        return t, None
+    return _fail(t, FailureClass(wedge.cls), f"{wedge.what} while /health is {health}", _WEDGED, wedge.evidence)

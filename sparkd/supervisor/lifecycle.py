@@ -294,8 +294,9 @@ _on((S.preflight,), (v.RestartRequested,), (S.preflight,), "restart forgets the 
 _on((S.stopped, S.backoff), (v.RestartRequested,), (S.preflight,), "operator restart", _restart)
 _on((S.failed,), (v.RestartRequested, v.ResetRequested), (S.preflight, S.stopped), "the breaker is closed",
     _leave_failed)
-_on(tuple(s for s in _ANY_BUT_ADOPTING if s is not S.failed), (v.ResetRequested,), tuple(_ANY_BUT_ADOPTING),
-    "reset forgets the failures", _reset)
+for _state in _ANY_BUT_ADOPTING:
+    if _state is not S.failed:
+        _on((_state,), (v.ResetRequested,), (_state,), "reset forgets the failures", _reset)
 _on(_RUNNING, (v.ShutdownRequested,), (S.stopping,), "sparkd is shutting down", _shutdown)
 _on((S.stopping,), (v.ShutdownRequested,), (S.stopping,), "stay stopped: sparkd is shutting down", _shutdown)
 _on((S.preflight,), (v.ShutdownRequested,), (S.stopped,), "sparkd is shutting down", _shutdown)

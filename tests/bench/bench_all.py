@@ -3,9 +3,10 @@
     .venv/bin/python tests/bench/bench_all.py [--json tests/bench/results.json] [--quick]
 
 Runs, each as its own process (progress on stderr): bench_recovery.py (recovery, litter, detection),
-bench_footprint.py (idle footprint, /metrics latency), bench_pair.py (pair restart overhead) and the memory
-guard's bench_guard.py, then prints one table: every figure beside its peer from the same run, the ratio,
-issue 9's target and whether sparkd meets it (and by how much it misses). tests/bench/README.md explains
+bench_footprint.py (idle footprint, /metrics latency), bench_pair.py (pair restart overhead), the memory
+guard's bench_guard.py and bench_wedge.py (wedge detection time, false positives), then prints one table:
+every figure beside its peer from the same run, the ratio, the issue's target and whether sparkd meets it (and
+by how much it misses). tests/bench/README.md explains
 each figure. ``--quick`` runs a few trials of each, to check the benchmarks themselves (its figures are
 not the ones to quote).
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchkit import HERE, log, write_json
-from report import guard_rows, render, summary_rows
+from report import guard_rows, render, summary_rows, wedge_rows
 
 QUICK = {
     "bench_recovery.py": ["--kills", "3", "--unit-kills", "2", "--default-kills", "1", "--litter", "2",
@@ -33,6 +34,7 @@ QUICK = {
     "bench_footprint.py": ["--seconds", "10", "--scrape-seconds", "5"],
     "bench_pair.py": ["--restarts", "2", "--bare", "2"],
     "bench_guard.py": ["--runs", "1", "--rates", "2"],
+    "bench_wedge.py": ["--trials", "5"],
 }
 
 
@@ -57,7 +59,7 @@ def main() -> int:
     parser.add_argument("--json", default=str(HERE / "results.json"))
     parser.add_argument("--quick", action="store_true", help="a few trials of each (checks the benchmarks)")
     parser.add_argument("--guard-runs", default="3", help="bench_guard.py --runs (its default is 5)")
-    parser.add_argument("--skip", default="", help="comma-separated: recovery,footprint,pair,guard")
+    parser.add_argument("--skip", default="", help="comma-separated: recovery,footprint,pair,guard,wedge")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     started = time.monotonic()
@@ -70,7 +72,8 @@ def main() -> int:
         folder = Path(tmp)
         for name, script, extra in (("recovery", "bench_recovery.py", []), ("footprint", "bench_footprint.py", []),
                                     ("pair", "bench_pair.py", []),
-                                    ("guard", "bench_guard.py", ["--runs", args.guard_runs])):
+                                    ("guard", "bench_guard.py", ["--runs", args.guard_runs]),
+                                    ("wedge", "bench_wedge.py", [])):
             if name in skip:
                 continue
             if not (HERE / script).exists():
@@ -82,7 +85,7 @@ def main() -> int:
                 results[name]["table"] = stdout.strip()
     results["seconds"] = round(time.monotonic() - started, 1)
     results["load_after"] = os.getloadavg()
-    rows = summary_rows(results) + guard_rows(results.get("guard"))
+    rows = summary_rows(results) + guard_rows(results.get("guard")) + wedge_rows(results.get("wedge"))
     results["summary"] = rows
     table = render(rows, results)
     results["table"] = table

@@ -29,7 +29,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 sys.path.insert(0, str(REPO))
 
-from daemon_harness import BIN, STANDIN, free_port, render_toml, unique_prefix  # noqa: E402
+from daemon_harness import BIN, STANDIN, STANDIN_SKIPS, free_port, render_toml, unique_prefix  # noqa: E402
 
 __all__ = ["BIN", "REPO", "STANDIN", "Owned", "ShmLedger", "free_port", "render_toml", "unique_prefix"]
 
@@ -197,7 +197,8 @@ def sparkd_config(tmp: Path, port: int, env: dict[str, str], *, master_port: int
     With ``master_port`` the stand-in runs as the head of a two-node world on its own (tensor parallel 1, so it
     binds the master port in its worker child and waits for nobody): the field's VLLM::Worker-holds-the-port
     failure on one machine."""
-    launch: dict[str, Any] = {"executable": str(STANDIN), "model": "/models/bench", "served_model_name": "bench",
+    launch: dict[str, Any] = {"executable": str(STANDIN), "model": "sparkd-bench/standin",
+                              "served_model_name": "bench",
                               "host": "127.0.0.1", "port": port, "env": env}
     node: dict[str, Any] = {"name": "bench", "role": "single"}
     if master_port is not None:
@@ -208,6 +209,7 @@ def sparkd_config(tmp: Path, port: int, env: dict[str, str], *, master_port: int
         "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
         "api": {"socket_group": "", "listen": "127.0.0.1", "port": api_port},
         "guard": dict(GUARD_FLOORS),
+        "preflight": {"skip": STANDIN_SKIPS},  # the stand-in loads no weights (sparkd.rehearsal.REHEARSAL_SKIPS)
     }
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}

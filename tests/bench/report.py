@@ -9,7 +9,7 @@ from typing import Any
 from benchkit import fmt, ratio
 
 COLUMNS = (("n", "#"), ("figure", "figure"), ("sparkd", "sparkd"), ("peer", "peer, same run"),
-           ("ratio", "ratio sparkd/peer"), ("target", "target (issue 9)"), ("verdict", "verdict"))
+           ("ratio", "ratio sparkd/peer"), ("target", "target"), ("verdict", "verdict"))
 Row = dict[str, str]
 
 
@@ -85,6 +85,31 @@ def guard_rows(guard: dict[str, Any] | None) -> list[Row]:
                 f"{cells('sparkd', 'reaction_ms', '.0f')}; {cells('sparkd', 'overshoot_mib', '.0f')}",
                 f"earlyoom {cells('earlyoom', 'reaction_ms', '.0f')}; {cells('earlyoom', 'overshoot_mib', '.0f')}",
                 f"{ratios('reaction_ms')}; {ratios('overshoot_mib')}", "– (issue 6)")]
+
+
+def wedge_rows(wedge: dict[str, Any] | None) -> list[Row]:
+    """bench_wedge.py: a replay through the pure tracker on an injected clock (decision latency, not I/O)."""
+    title = "Wedge detection (replay through the pure health tracker, injected clock: decision latency, not I/O)"
+    if wedge is None:
+        return [row("7", title, "not run (--skip wedge)", target="– (issue 14)")]
+    if wedge.get("missing") or wedge.get("failed") or not wedge.get("scenarios"):
+        return [row("7", title, "bench_wedge.py failed or measured nothing (its output is above)",
+                    target="– (issue 14)")]
+    rows, target = [], wedge["target_s"]
+    for sc in wedge["scenarios"]:
+        s, b, n = sc["sparkd"], sc["before"], sc["trials"]
+        if sc["wedge"]:
+            ok = verdict(s["max_s"], target + 1e-9, "s") if s["caught"] == n else "**missed (not caught)**"
+            rows.append(row("7", f"Wedge: {sc['name']}: caught/trials, median (max) s after it began",
+                            f"{s['caught']}/{n}, {fmt(s['median_s'], '.0f')} ({fmt(s['max_s'], '.0f')})",
+                            f"before issue 14: {b['caught']}/{n}, {fmt(b['median_s'], '.0f')} "
+                            f"({fmt(b['max_s'], '.0f')})", fmt(ratio(s["max_s"], b["max_s"])),
+                            f"all within {target:.0f} s", ok))
+        else:
+            rows.append(row("7", f"False positives: {sc['name']}", f"{s['false_positives']}/{n}",
+                            f"before issue 14: {b['false_positives']}/{n}", target="0",
+                            verdict="met" if s["false_positives"] == 0 else "**missed**"))
+    return rows
 
 
 def footprint_rows(fp: dict[str, Any]) -> list[Row]:

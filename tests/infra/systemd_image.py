@@ -7,7 +7,7 @@ a tar, and ``docker import`` turns it into ``sparkd-systemd-test:latest``. It ha
 dpkg database, so a ``.deb`` really installs into it. The recipe's hash is the image label
 ``sparkd.test.recipe``: the image is rebuilt only when the recipe changes (about a minute).
 
-Containers boot it the way DESIGN.md §6 says works here: ``--cap-add SYS_ADMIN --security-opt
+Containers boot it the way that works on these machines: ``--cap-add SYS_ADMIN --security-opt
 seccomp=unconfined --tmpfs /run --tmpfs /run/lock -v /sys/fs/cgroup:/sys/fs/cgroup``. The repo's Python
 reaches them through :func:`python_mounts` (the host's interpreter prefix, the venv and the repo, but not the
 host's ``/usr``: the image brings its own, and the same Debian release's libraries).
@@ -46,7 +46,7 @@ LOCK_PATH = Path(tempfile.gettempdir()) / "sparkd-systemd-image.lock"
 
 RECIPE: dict[str, Any] = {
     "version": 1,
-    "suite": os.environ.get("SPARKD_SYSTEMD_SUITE", "bookworm"),  # systemd 252, like DESIGN.md §6
+    "suite": os.environ.get("SPARKD_SYSTEMD_SUITE", "bookworm"),  # systemd 252 (Debian 12)
     "variant": "minbase",
     "arch": platform.machine(),
     # systemd as PID 1; python3 gives the repo venv's interpreter its libraries (and runs a packaged venv);
@@ -57,7 +57,7 @@ RECIPE: dict[str, Any] = {
     "changes": ["ENV container=docker", "ENV LANG=C.UTF-8", 'CMD ["/sbin/init"]'],
 }
 
-# How DESIGN.md §6 boots systemd in a container on these machines (docker SDK keyword arguments).
+# How systemd boots in a container on these machines (docker SDK keyword arguments).
 BOOT_KWARGS: dict[str, Any] = {
     "cap_add": ["SYS_ADMIN"],
     "security_opt": ["seccomp=unconfined"],

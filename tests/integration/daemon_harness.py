@@ -17,13 +17,18 @@ from typing import Any
 
 import psutil
 
+from sparkd.rehearsal import REHEARSAL_SKIPS
 from sparkd.runtime.proctree import tree
 
-__all__ = ["BIN", "STANDIN", "Sparkd", "alive", "base_config", "free_port", "kill_tree", "shm_segments", "title_prefix",
-           "tree", "unheld", "unique_prefix"]
+__all__ = ["BIN", "MODEL", "STANDIN", "STANDIN_SKIPS", "Sparkd", "alive", "base_config", "free_port", "kill_tree",
+           "shm_segments", "title_prefix", "tree", "unheld", "unique_prefix"]
 
 BIN = Path(sys.executable).parent
-STANDIN = BIN / "sparkd-standin"
+STANDIN = BIN / "sparkd-standin"  # the sparkd-standin distribution, installed next to sparkd by `make setup`
+# A hub id: the stand-in loads nothing, and preflight checks a local model path for real (config.json, shards).
+MODEL = "sparkd-tests/standin"
+# What a config running the stand-in lists in `[preflight] skip`, for the reason a rehearsal skips them.
+STANDIN_SKIPS = sorted(REHEARSAL_SKIPS)
 
 
 def free_port() -> int:
@@ -64,7 +69,7 @@ def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, A
     cfg: dict[str, Any] = {
         "runtime": "process",
         "node": {"name": "test", "role": "single"},
-        "launch": {"executable": str(STANDIN), "model": "/models/test", "served_model_name": "test-model",
+        "launch": {"executable": str(STANDIN), "model": MODEL, "served_model_name": "test-model",
                    "host": "127.0.0.1", "port": port},
         "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
         "api": {"socket_group": "", "port": 0},
@@ -79,6 +84,8 @@ def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, A
     }
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}
+    cfg.setdefault("preflight", {})
+    cfg["preflight"]["skip"] = sorted({*cfg["preflight"].get("skip", []), *STANDIN_SKIPS})
     cfg["launch"].setdefault("env", {})
     cfg["launch"]["env"] = {"SPARKD_STANDIN_STARTUP_SECONDS": "0.5", "VLLM_PROCESS_NAME_PREFIX": unique_prefix(),
                             **cfg["launch"]["env"]}

@@ -3,7 +3,6 @@ a runtime under test runs in (a tmp dir on the host, or a fresh container name a
 
 from __future__ import annotations
 
-import importlib.util
 import uuid
 from pathlib import Path
 from typing import Any
@@ -57,17 +56,6 @@ def py(python: str, program: str, config_hash: str = "h-py") -> LaunchSpec:
 
 def sh(script: str) -> LaunchSpec:
     return LaunchSpec(argv=("bash", "-c", script), config_hash="h-sh")
-
-
-def standin_module() -> str | None:
-    """The stand-in's ``python -m`` module: its own distribution once split out, else the package's."""
-    for name in ("sparkd_standin", "sparkd.standin"):
-        try:
-            if importlib.util.find_spec(f"{name}.__main__") is not None:
-                return name
-        except ModuleNotFoundError:
-            continue
-    return None
 
 
 class Follower:

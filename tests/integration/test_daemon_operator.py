@@ -4,6 +4,7 @@ options anywhere, a second SIGTERM, the hand-over, startup failures without a tr
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -140,3 +141,37 @@ def test_a_taken_control_port_is_a_sentence_and_a_status_systemd_will_not_retry(
         assert "is in use by another program" in daemon.log() and "Traceback" not in daemon.log()
     finally:
         holder.close()
+
+
+def test_a_socket_the_user_may_not_open_says_which_group_to_join(daemons: list[Sparkd], tmp_path: Path) -> None:
+    daemon = make(daemons, tmp_path).start()
+    daemon.wait_state("ready")
+    tmp_path.chmod(0o755)
+    for parent in (daemon.tmp, daemon.socket.parent):
+        parent.chmod(0o755)
+    result = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                             str(BIN / "sparkctl"), "--socket", str(daemon.socket), "status"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "permission denied" in result.stderr and "group" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_run_directory_that_cannot_be_made_is_a_sentence_and_a_host_status(daemons: list[Sparkd],
+                                                                           tmp_path: Path) -> None:
+    daemon = make(daemons, tmp_path, paths={"run_dir": "/proc/sparkd-cannot-be-here"}).start()
+    assert daemon.proc is not None and daemon.proc.wait(30) == exits.HOST_PROBLEM
+    assert "startup_failed" in daemon.log() and "Traceback" not in daemon.log()
+
+
+def test_restart_wait_draws_a_live_line_on_a_terminal_and_plain_lines_when_piped(daemons: list[Sparkd],
+                                                                                tmp_path: Path) -> None:
+    daemon = make(daemons, tmp_path, launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "3"}}).start()
+    daemon.wait_state("ready")
+    piped = daemon.ctl("restart", "--wait", "--timeout", "90")
+    assert piped.returncode == 0 and "starting: loading weights" in piped.stdout and "\x1b[" not in piped.stdout
+    # On a pseudo-terminal: the live line (elapsed, ETA from the last cold start), then the result.
+    command = f"{BIN / 'sparkctl'} --socket {daemon.socket} restart --wait --timeout 90"
+    tty = subprocess.run(["script", "-qec", command, "/dev/null"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "160", "TERM": "xterm"})
+    assert tty.returncode == 0, tty.stdout
+    assert "elapsed" in tty.stdout and "ETA" in tty.stdout and "ready after" in tty.stdout

@@ -13,7 +13,19 @@ from typing import Any
 
 import psutil
 import pytest
-from daemon_harness import Sparkd, alive, base_config, free_port, kill_tree, shm_segments, title_prefix, tree, unheld
+from daemon_harness import (
+    STANDIN,
+    Sparkd,
+    alive,
+    base_config,
+    free_port,
+    kill_tree,
+    render_toml,
+    shm_segments,
+    title_prefix,
+    tree,
+    unheld,
+)
 
 from sparkd import exits
 
@@ -75,8 +87,11 @@ def test_starts_serves_and_stops_clean(sparkd: Factory) -> None:
      {"unknown"}),
     ({"SPARKD_STANDIN_DIE_AFTER": "1", "SPARKD_STANDIN_DIE_MODE": "engine"}, {"engine_dead"}),
     ({"SPARKD_STANDIN_HANG_AFTER": "1"}, {"hang"}),
-    ({"SPARKD_STANDIN_STALL_AFTER": "1"}, {"stall"}),
-], ids=["exit-1", "engine-death-exit-0", "hang", "stall"])
+    # A wedge of an idle engine: vLLM publishes no gauge for a step that never completes (they stay at 0), and a
+    # single in-process rank has no RPC timeout, so sparkd sees a canary that gets no answer while /health says
+    # 200: hang once busy_grace_s is spent. (The stall check needs a running count: a wedge mid-generation.)
+    ({"SPARKD_STANDIN_STALL_AFTER": "1"}, {"hang"}),
+], ids=["exit-1", "engine-death-exit-0", "hang", "idle-wedge"])
 def test_fault_is_detected_classified_and_recovered(sparkd: Factory, knobs: dict[str, str],
                                                     expected: set[str]) -> None:
     daemon = sparkd(launch={"env": knobs}).start()
@@ -181,10 +196,12 @@ def test_second_daemon_on_the_node_is_refused(sparkd: Factory) -> None:
 def test_rehearse_runs_a_real_config_with_the_stand_in(sparkd: Factory) -> None:
     daemon = sparkd(launch={"executable": "vllm-that-is-not-installed",
                             "compilation_config": {"cudagraph_mode": "PIECEWISE"}})
+    daemon.config["preflight"]["skip"] = []  # a real config: the rehearsal itself skips what it must
+    daemon.config_path.write_text(render_toml(daemon.config))
     daemon.start("--rehearse")
-    pid = ready_pid(daemon)
+    pid = ready_pid(daemon, timeout=30)
     cmdline = psutil.Process(pid).cmdline()
-    assert "sparkd.standin" in cmdline and "--compilation-config" in cmdline
+    assert str(STANDIN) in cmdline and "--compilation-config" in cmdline
     assert cmdline[cmdline.index("--compilation-config") + 1] == '{"cudagraph_mode": "PIECEWISE"}'
 
 

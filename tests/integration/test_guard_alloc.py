@@ -243,7 +243,7 @@ async def test_guard_stops_the_leaking_standin(tmp_path: Path, start_available: 
     log = tmp_path / "standin.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sparkd.standin", "serve", "/models/test", "--host", "127.0.0.1",
+            [sys.executable, "-m", "sparkd_standin", "serve", "/models/test", "--host", "127.0.0.1",
              "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env={**_base_env(), **env})
     children.append(proc)
     hooks = Hooks(proc.pid, tmp_path / "incidents")

@@ -69,12 +69,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 def test_wheel_holds_the_code_the_profiles_and_the_commands(built: Built) -> None:
     names = zipfile.ZipFile(built.wheel).namelist()
     assert built.wheel.name == f"sparkd-{sparkd.__version__}-py3-none-any.whl"
-    assert "sparkd/daemon/app.py" in names and "sparkd/standin/__main__.py" in names
+    assert "sparkd/daemon/app.py" in names and "sparkd/rehearsal.py" in names
+    assert not any(n.startswith(("sparkd/standin/", "sparkd_standin/")) for n in names)  # its own distribution
     profiles = {Path(n).stem for n in names if n.startswith("sparkd/profiles/") and n.endswith(".toml")}
     assert {"latency", "throughput", "balanced", "1m-context"} <= profiles, sorted(names)
     entry_points = zipfile.ZipFile(built.wheel).read(f"sparkd-{sparkd.__version__}.dist-info/entry_points.txt")
     for command in (b"sparkd = sparkd.cli.sparkd:main", b"sparkctl = sparkd.cli.sparkctl:main"):
         assert command in entry_points
+    assert b"sparkd-standin" not in entry_points
 
 
 def test_deb_fields_and_files(built: Built) -> None:
@@ -99,6 +101,49 @@ def test_deb_fields_and_files(built: Built) -> None:
         assert os.access(path, os.X_OK) and "@PREFIX@" not in path.read_text()
         assert subprocess.run(["sh", "-n", str(path)], check=False).returncode == 0, script
     assert "groupadd --system sparkd" in (built.tree / "DEBIAN" / "postinst").read_text()
+
+
+def test_deb_ships_monitoring_docs_licence_and_completion(built: Built) -> None:
+    share = built.tree / "usr/share/sparkd"
+    for name in ("sparkd-alerts.yml", "sparkd-alerts.test.yml", "prometheus-scrape.yml"):
+        assert (share / "prometheus" / name).read_text() == (REPO / "packaging/prometheus" / name).read_text()
+    assert (share / "grafana/sparkd-dashboard.json").read_bytes() == \
+        (REPO / "packaging/grafana/sparkd-dashboard.json").read_bytes()
+    doc = built.tree / "usr/share/doc/sparkd"
+    for name in ("runbook.md", "config.md", "migration.md"):
+        assert (doc / name).read_text() == (REPO / "docs" / name).read_text(), name
+    licence = (REPO / "LICENSE").read_text()
+    assert "Apache License" in licence and "Version 2.0" in licence
+    assert (doc / "LICENSE").read_text() == licence
+    dist_info = next((built.tree / "opt/sparkd/venv/lib").glob("python*/site-packages/sparkd-*.dist-info"))
+    assert licence in [p.read_text() for p in dist_info.rglob("LICENSE*")]  # the wheel carries it too
+    assert licence in [zipfile.ZipFile(built.wheel).read(n).decode() for n in zipfile.ZipFile(built.wheel).namelist()
+                       if n.endswith("LICENSE")]
+    for name in ("sparkd", "sparkctl"):
+        bash = (built.tree / "usr/share/bash-completion/completions" / name).read_text()
+        assert f"_{name.upper()}_COMPLETE=bash_complete" in bash and f"complete -o nosort -F _{name}_completion" in bash
+        assert f"#compdef {name}" in (built.tree / "usr/share/zsh/vendor-completions" / f"_{name}").read_text()
+
+
+def test_deb_venv_holds_exactly_the_pinned_versions(built: Built) -> None:
+    venv_check = _venv_check()
+    site = next((built.tree / "opt/sparkd/venv/lib").glob("python*/site-packages"))
+    have = {}
+    for meta in site.glob("*.dist-info/METADATA"):
+        fields = dict(line.split(": ", 1) for line in meta.read_text(errors="replace").splitlines()[:10]
+                      if ": " in line)
+        have[venv_check.canonical(fields["Name"])] = fields["Version"]
+    pinned = venv_check.pins(REPO / "packaging/constraints.txt")
+    assert venv_check.differences(pinned, have) == []
+    assert {"pydantic", "anyio", "click", "structlog", "uvicorn"} <= have.keys()
+
+
+def _venv_check() -> Any:
+    spec = importlib.util.spec_from_file_location("venv_check", REPO / "packaging" / "venv_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +185,20 @@ def test_package_installs_and_runs_in_a_clean_container(debian: Any, built: Buil
     assert debian.out("getent group sparkd").startswith("sparkd:x:")
     assert debian.out("stat -c %a /var/lib/sparkd") == "750"
     assert debian.sh("test -d /var/cache/sparkd/vllm && test -d /var/cache/sparkd/flashinfer", check=False)[0] == 0
-    assert debian.out("systemd-analyze verify sparkd.service 2>&1") == ""
+    assert debian.out("systemd-analyze verify sparkd.service 2>&1") == ""  # the man: pages are there
     assert debian.out("systemctl is-enabled sparkd", check=False) == "disabled"  # the operator enables it
+    # The shipped config names /etc/sparkd/peer.token: postinst made it, private, and check-config is content.
+    assert debian.out("stat -c '%a %U %s' /etc/sparkd/peer.token") == "600 root 65"
+    assert "api.token_file" not in debian.out("sparkd check-config --config /etc/sparkd/sparkd.toml 2>&1")
+    debian.sh("chmod 644 /etc/sparkd/peer.token")
+    assert "[token-file-mode]" in debian.out("sparkd check-config --config /etc/sparkd/sparkd.toml 2>&1")
+    debian.sh("chmod 600 /etc/sparkd/peer.token")
+    # Completion through the installed scripts, the way bash calls them.
+    for name, word, expected in (("sparkctl", "re", {"reset", "restart"}), ("sparkd", "check", {"check-config"})):
+        shown = debian.out(f"bash -c 'source /usr/share/bash-completion/completions/{name};"
+                           f" COMP_WORDS=({name} {word}); COMP_CWORD=1; _{name}_completion {name};"
+                           " printf \"%s\\n\" \"${COMPREPLY[@]}\"'")
+        assert expected <= {line.split(",")[-1] for line in shown.splitlines()}, shown
 
     # The packaged unit runs the packaged daemon: a process-runtime node with the packaged stand-in.
     debian.write("/etc/sparkd/sparkd.toml", f"""\
@@ -151,11 +208,13 @@ name = "packaged"
 role = "single"
 [launch]
 executable = "{PREFIX}/venv/bin/sparkd-standin"
-model = "/models/m"
+model = "sparkd-tests/standin"
 host = "127.0.0.1"
 port = 8000
 [launch.env]
 SPARKD_STANDIN_STARTUP_SECONDS = "1"
+[preflight]
+skip = ["memory", "page_cache"]
 [supervisor]
 stop_grace_s = 10
 """)
@@ -171,8 +230,89 @@ stop_grace_s = 10
     # Purge takes it all away again (the edited conffile included); the group stays by design.
     debian.sh("dpkg --purge sparkd")
     for path in (PREFIX, "/usr/bin/sparkd", "/usr/bin/sparkctl", "/etc/sparkd", "/var/lib/sparkd",
-                 "/lib/systemd/system/sparkd.service"):
+                 "/var/log/sparkd", "/lib/systemd/system/sparkd.service", "/usr/share/sparkd"):
         assert debian.sh(f"test -e {path}", check=False)[0] != 0, path
+
+
+STANDIN_CONFIG = f"""\
+runtime = "process"
+[node]
+name = "packaged"
+role = "single"
+[launch]
+executable = "{PREFIX}/venv/bin/sparkd-standin"
+model = "/models/m"
+host = "127.0.0.1"
+port = 8000
+[launch.env]
+SPARKD_STANDIN_STARTUP_SECONDS = "1"
+[supervisor]
+stop_grace_s = 10
+"""
+
+
+def upgraded_deb(built: Built, version: str) -> Path:
+    """The built package as a later version: the same files, the maintainer scripts of this tree."""
+    tree = built.tree.parent / f"tree-{version}"
+    if not tree.exists():
+        subprocess.run(["cp", "-a", str(built.tree), str(tree)], check=True)
+        control = tree / "DEBIAN" / "control"
+        control.write_text(re.sub(r"^Version: .*$", f"Version: {version}", control.read_text(), flags=re.M))
+    deb = built.deb.parent / f"sparkd_{version}_upgrade.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(tree), str(deb)], check=True,
+                   capture_output=True)
+    return deb
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_upgrade_hands_over_without_a_cold_start(debian: Any, built: Built) -> None:
+    newer = upgraded_deb(built, f"{sparkd.__version__}+upgrade1")
+    debian.sh(f"dpkg -i /dist/{built.deb.name}")
+    debian.write("/etc/sparkd/sparkd.toml", STANDIN_CONFIG)  # leave_running = false: a restart would relaunch
+    debian.sh("systemctl start sparkd")
+    ready = debian.wait("the packaged sparkd ready", lambda: (s := json.loads(
+        debian.out("sparkctl --json status", check=False) or "{}")).get("state") == "ready" and s)
+    old_main, vllm_pid = int(debian.prop("sparkd", "MainPID")), ready["pid"]
+    born = debian.out(f"cut -d')' -f2- /proc/{vllm_pid}/stat | awk '{{print $20}}'")
+    code, out = debian.sh(f"dpkg -i /dist/{newer.name}", check=False)
+    assert code == 0, out
+    assert "the new daemon adopts the running vLLM" in out, out
+    assert debian.out("dpkg-query -W -f '${Version}' sparkd") == f"{sparkd.__version__}+upgrade1"
+    now = debian.wait("the new daemon ready", lambda: (s := json.loads(
+        debian.out("sparkctl --json status", check=False) or "{}")).get("state") == "ready"
+        and s.get("daemon_pid") not in (None, old_main) and s)
+    assert now["pid"] == vllm_pid and now.get("launches") == 0, now  # adopted, not relaunched
+    assert debian.out(f"cut -d')' -f2- /proc/{vllm_pid}/stat | awk '{{print $20}}'") == born
+    assert int(debian.prop("sparkd", "MainPID")) == now["daemon_pid"]
+    # `systemctl stop` still stops vLLM after the upgrade.
+    debian.sh("systemctl stop sparkd")
+    assert debian.sh(f"test -d /proc/{vllm_pid}", check=False)[0] != 0
+    left = [p for p in debian.out("ps -eo pid=,args=").splitlines() if re.search(r"VLLM::|sparkd", p)]
+    assert left == [], left
+    debian.sh("dpkg --purge sparkd")
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_upgrade_from_a_daemon_that_cannot_hand_over_leaves_it_running(debian: Any, built: Built) -> None:
+    """A daemon that does not answer `sparkctl handover` (older than it, or its socket gone) is neither
+    restarted nor does the upgrade fail: postinst says how to finish."""
+    newer = upgraded_deb(built, f"{sparkd.__version__}+upgrade2")
+    debian.sh(f"dpkg -i /dist/{built.deb.name}")
+    debian.write("/etc/sparkd/sparkd.toml", STANDIN_CONFIG)
+    debian.sh("systemctl start sparkd")
+    ready = debian.wait("the packaged sparkd ready", lambda: (s := json.loads(
+        debian.out("sparkctl --json status", check=False) or "{}")).get("state") == "ready" and s)
+    main = debian.prop("sparkd", "MainPID")
+    debian.sh("mv /run/sparkd/sparkd.sock /run/sparkd/hidden.sock")  # handover cannot reach it
+    code, out = debian.sh(f"dpkg -i /dist/{newer.name}", check=False)
+    debian.sh("mv /run/sparkd/hidden.sock /run/sparkd/sparkd.sock")
+    assert code == 0, out
+    assert "cannot hand over" in out and "systemctl restart sparkd" in out, out
+    assert debian.prop("sparkd", "MainPID") == main  # the old daemon goes on, vLLM with it
+    assert json.loads(debian.out("sparkctl --json status"))["pid"] == ready["pid"]
+    debian.sh("systemctl stop sparkd && dpkg --purge sparkd")
 
 
 @pytest.mark.parametrize("name", ["converted-head.toml", "converted-worker.toml"])

@@ -116,7 +116,9 @@ def test_a_hung_worker_rank_is_detected_by_the_head(make_pair: Any) -> None:
 
 
 def test_cutting_the_link_stops_both_ranks_and_the_pair_recovers_when_it_returns(make_pair: Any) -> None:
-    pair = make_pair().start()
+    # The head's engine blocks on the lost rank, so its canary would call an idle-engine hang after
+    # canary_timeout_s; the default (30 s) is not shorter than peer_grace_s (30 s), and neither is it here.
+    pair = make_pair(health={"canary_timeout_s": 10}).start()
     head_pid, worker_pid = pair.ready()
     pair.link.cut()
     pair.worker.wait_for(lambda s: s.get("state") in ("stopped", "failed") and s.get("pid") is None, 60,

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from daemon_harness import Sparkd, base_config, render_toml
+from daemon_harness import MODEL, STANDIN_SKIPS, Sparkd, base_config, render_toml
 from test_preflight_support import DECOY_ARGS, PREFIX, Children, leak, listener
 
 pytest_plugins = ["test_preflight_support"]  # fixtures: children
@@ -26,10 +26,10 @@ def write_config(tmp_path: Path, port: int, **preflight: Any) -> Path:
     data: dict[str, Any] = {
         "runtime": "process",
         "node": {"name": "pftest", "role": "single"},
-        "launch": {"executable": STANDIN, "model": "/models/test", "host": "127.0.0.1", "port": port,
+        "launch": {"executable": STANDIN, "model": MODEL, "host": "127.0.0.1", "port": port,
                    "env": {"VLLM_PROCESS_NAME_PREFIX": PREFIX}},
         "paths": {"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run")},
-        "preflight": {"kill_grace_s": 2.0, **preflight},
+        "preflight": {"kill_grace_s": 2.0, **preflight, "skip": [*preflight.get("skip", []), *STANDIN_SKIPS]},
     }
     path = tmp_path / "sparkd.toml"
     path.write_text(render_toml(data))

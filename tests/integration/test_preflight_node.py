@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -14,6 +15,7 @@ import psutil
 import pytest
 from test_preflight_support import (
     DECOY_ARGS,
+    MAP_ONLY,
     PREFIX,
     Children,
     ProcView,
@@ -21,6 +23,7 @@ from test_preflight_support import (
     context,
     leak,
     listener,
+    open_paths,
     shm_owner,
     write_record,
 )
@@ -35,6 +38,8 @@ from sparkd.preflight.processes import check_stale_processes
 from sparkd.preflight.runner import watched_pids
 from sparkd.preflight.shm import check_shm
 from sparkd.preflight.target import check_launch_target
+from sparkd.rehearsal import SKIP_REASON, rehearsal_skips
+from sparkd.runtime.proctree import MARKER_ENV, launch_marker
 from sparkd.supervisor.failures import FailureClass
 
 pytest_plugins = ["test_preflight_support"]  # fixtures: children, view, shm_dir
@@ -82,10 +87,11 @@ def test_stale_titled_are_ended_decoys_and_the_watched_instance_survive(
 
 
 def test_stale_previous_launch_from_the_record(tmp_path: Path, children: Children, view: ProcView) -> None:
-    api_server = children(args=("serve", "/models/m"))  # untitled, like vLLM's API server
+    marker = launch_marker()
+    api_server = children(args=("serve", "/models/m"), env={MARKER_ENV: marker})  # untitled, like vLLM's API server
     reused = children(args=DECOY_ARGS)  # a record pointing at its PID with another create time: a reused PID
     ctx = context(tmp_path, view.add(api_server.pid, reused.pid))
-    write_record(ctx.cfg, api_server.pid)
+    write_record(ctx.cfg, api_server.pid, marker=marker)
     result = run(check_stale_processes, ctx)
     assert result.verdict is Verdict.fixed and f"{api_server.pid} " in result.found
     assert "(previous launch)" in result.found
@@ -94,6 +100,18 @@ def test_stale_previous_launch_from_the_record(tmp_path: Path, children: Childre
     write_record(ctx.cfg, reused.pid, create_time=psutil.Process(reused.pid).create_time() - 1000)
     result = run(check_stale_processes, ctx)
     assert result.verdict is Verdict.ok and reused.alive()
+
+
+def test_stale_a_forged_record_ends_nothing(tmp_path: Path, children: Children, view: ProcView) -> None:
+    """reliability.md 3e: a record naming an unrelated process with its exact create time."""
+    unrelated = children(args=("serve", "/models/m"))  # what the config launches would look like, but no marker
+    marked_elsewhere = children(env={MARKER_ENV: "another-launch"})
+    ctx = context(tmp_path, view.add(unrelated.pid, marked_elsewhere.pid))
+    for pid, marker in ((unrelated.pid, None), (unrelated.pid, "forged"), (marked_elsewhere.pid, "forged")):
+        write_record(ctx.cfg, pid, marker=marker)
+        result = run(check_stale_processes, ctx)
+        assert result.verdict is Verdict.ok, (pid, marker, result)
+    assert unrelated.alive() and marked_elsewhere.alive()
 
 
 def test_stale_dry_run_touches_nothing(tmp_path: Path, children: Children, view: ProcView) -> None:
@@ -161,18 +179,36 @@ def test_shm_clean(tmp_path: Path, shm_dir: Path) -> None:
 
 
 def test_shm_leaks_removed_live_owners_and_decoys_kept(tmp_path: Path, children: Children, shm_dir: Path) -> None:
-    leaked = [leak(shm_dir / "psm_0badf00d"), leak(shm_dir / "sem.mp-abc12345", 4096), leak(shm_dir / "nccl-x1")]
-    mapped = shm_owner(children, shm_dir / "psm_11ve0000")  # mapped by a live process
-    opened = shm_owner(children, shm_dir / "nccl-open", how="open")  # held open by a live process
+    leaked = [leak(shm_dir / "psm_0badf00d"), leak(shm_dir / "nccl-x1"), leak(shm_dir / "torch_999999999_7_0")]
+    mapped = shm_owner(children, shm_dir / "psm_11ve0000")  # only mapped by a live process (no descriptor)
+    assert str(shm_dir / "psm_11ve0000") not in open_paths(mapped.pid)
+    assert str(shm_dir / "psm_11ve0000") in Path(f"/proc/{mapped.pid}/maps").read_text()
+    opened = shm_owner(children, shm_dir / "nccl-open", how="open")  # only held open by a live process
     decoy = leak(shm_dir / "vllm_psm_not_ours")  # does not match the patterns
+    semaphore = leak(shm_dir / "sem.mp-abc12345", 4096)  # multiprocessing's naming: nobody's proof it is ours
+    live_torch = leak(shm_dir / f"torch_{opened.pid}_1_0")  # its creator still runs: it may be in flight
     result = run(check_shm, context(tmp_path, shm_dir=shm_dir))
     assert result.verdict is Verdict.fixed, result
     assert "3 leaked segment(s)" in result.found
-    size = 2 * (1 << 20) + 4096
-    assert f"freed {size} bytes" in result.did
+    assert f"freed {3 << 20} bytes" in result.did
     assert not any(p.exists() for p in leaked)
     assert (shm_dir / "psm_11ve0000").exists() and (shm_dir / "nccl-open").exists() and decoy.exists()
+    assert semaphore.exists() and live_torch.exists()
     assert mapped.alive() and opened.alive()
+
+
+def test_shm_a_stale_vllm_processs_semaphore_is_noted_before_the_kill_and_removed_after(
+        tmp_path: Path, children: Children, view: ProcView, shm_dir: Path) -> None:
+    stale_engine = children(f"fd = os.open({str(shm_dir / 'sem.mp-st4le001')!r}, os.O_CREAT | os.O_RDWR, 0o600)\n"
+                            "os.ftruncate(fd, 1 << 20)\n" + MAP_ONLY, title=f"{P}::EngineCore")
+    unowned = leak(shm_dir / "sem.mp-n0tours1", 4096)
+    ctx = context(tmp_path, view.add(stale_engine.pid), shm_dir=shm_dir)
+    assert run(check_stale_processes, ctx).verdict is Verdict.fixed and not stale_engine.alive()
+    assert "sem.mp-st4le001" in (ctx.cfg.paths.state_dir / "shm-ledger.json").read_text()
+    result = run(check_shm, ctx)
+    assert result.verdict is Verdict.fixed and "1 leaked segment(s)" in result.found
+    assert "sem.mp-st4le001" in result.found
+    assert not (shm_dir / "sem.mp-st4le001").exists() and unowned.exists()
 
 
 def test_shm_dry_run_and_too_little_room(tmp_path: Path, shm_dir: Path) -> None:
@@ -267,12 +303,15 @@ def test_memory_dry_run_counts_the_cache_it_would_drop(tmp_path: Path, view: Pro
     assert result.verdict is Verdict.fail
 
 
-def test_memory_and_page_cache_skip_the_standin(tmp_path: Path, view: ProcView) -> None:
+def test_memory_and_page_cache_skip_only_when_told(tmp_path: Path, view: ProcView) -> None:
+    """A rehearsal's skips come through the context (sparkd.rehearsal); the stand-in's argv alone skips nothing."""
     view.write("meminfo", meminfo(119.7, 1, 100))
-    ctx = context(tmp_path, view, launch={"executable": str(Path(os.__file__).parent / "sparkd-standin")})
+    standin = {"executable": str(Path(os.__file__).parent / "sparkd-standin")}
+    told = replace(context(tmp_path, view, launch=standin), skip=rehearsal_skips())
     for check in (check_memory, check_page_cache):
-        result = run(check, ctx)
-        assert result.verdict is Verdict.ok and "vLLM stand-in" in result.found
+        result = run(check, told)
+        assert result.verdict is Verdict.ok and result.found == f"skipped ({SKIP_REASON})"
+    assert run(check_memory, context(tmp_path, view, launch=standin)).verdict is Verdict.fail
 
 
 # ---- host hardening -------------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ class Children:
         self.started: list[Child] = []
 
     def __call__(self, body: str = "", *, title: str | None = None, args: tuple[str, ...] = (),
-                 info: str = "''") -> Child:
+                 info: str = "''", env: dict[str, str] | None = None) -> Child:
         """Run ``body``; with ``title`` setproctitle it first (the way vLLM titles its processes); print
         ``ready <info>`` and sleep. ``args`` end up on the child's command line (decoys mention vllm there)."""
         code = PRELUDE
@@ -72,7 +72,7 @@ class Children:
             code += f"setproctitle.setproctitle({title!r})\n"
         code += textwrap.dedent(body) + f"\nprint('ready', {info}, flush=True)\ntime.sleep(600)\n"
         popen = subprocess.Popen([PY, "-c", code, *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                 text=True)
+                                 text=True, env={**os.environ, **env} if env else None)
         line = popen.stdout.readline() if popen.stdout else ""
         child = Child(popen, line.removeprefix("ready").strip())
         self.started.append(child)
@@ -157,12 +157,15 @@ def context(tmp_path: Path, view: ProcView | None = None, *, dry_run: bool = Fal
     )
 
 
-def write_record(cfg: Config, pid: int, create_time: float | None = None) -> None:
-    """The daemon's instance.json for a launch whose main process is ``pid``."""
+def write_record(cfg: Config, pid: int, create_time: float | None = None, *, marker: str | None = None) -> None:
+    """The daemon's instance.json for a launch whose main process is ``pid`` (with ``marker``: the launch
+    marker its identity records, as a launch by sparkd has)."""
     cfg.paths.state_dir.mkdir(parents=True, exist_ok=True)
     created = psutil.Process(pid).create_time() if create_time is None else create_time
-    (cfg.paths.state_dir / "instance.json").write_text(json.dumps(
-        {"runtime": "process", "pid": pid, "create_time": created, "config_hash": ""}))
+    record: dict[str, Any] = {"runtime": "process", "pid": pid, "create_time": created, "config_hash": ""}
+    if marker is not None:
+        record["identity"] = {"pid": pid, "create_time": created, "marker": marker, "cmdline": []}
+    (cfg.paths.state_dir / "instance.json").write_text(json.dumps(record))
 
 
 @pytest.fixture
@@ -176,11 +179,35 @@ def shm_dir() -> Iterator[Path]:
     path.rmdir()
 
 
+MAP_ONLY = """\
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+addr = libc.mmap(None, 1 << 20, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+ctypes.memset(addr, 120, 1)
+os.close(fd)
+"""
+
+
 def shm_owner(children: Children, path: Path, *, how: str = "map", args: tuple[str, ...] = ()) -> Child:
-    """A child holding ``path`` (created, 1 MiB) mapped (``map``) or just open (``open``)."""
+    """A child holding ``path`` (created, 1 MiB) only mapped (``map``: through libc's mmap, the descriptor
+    closed — CPython's ``mmap.mmap`` would keep a dup of it) or only open (``open``)."""
     body = f"fd = os.open({str(path)!r}, os.O_CREAT | os.O_RDWR, 0o600)\nos.ftruncate(fd, 1 << 20)\n"
-    body += "m = mmap.mmap(fd, 1 << 20); m[0:1] = b'x'; os.close(fd)\n" if how == "map" else "\n"
+    body += MAP_ONLY if how == "map" else "\n"
     return children(body, args=args)
+
+
+def open_paths(pid: int) -> set[str]:
+    """What ``pid`` has open, as its descriptors' links read."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return out
 
 
 def leak(path: Path, size: int = 1 << 20) -> Path:

@@ -37,7 +37,6 @@ from docker_runtime_support import (
     py,
     run_to_end,
     sh,
-    standin_module,
 )
 
 from sparkd.config import RuntimeKind
@@ -283,12 +282,11 @@ async def wait_healthy(port: int, follower: Follower) -> None:
     pytest.fail(f"the stand-in never answered /health: {follower.lines[-30:]}")
 
 
-@pytest.mark.skipif(standin_module() is None, reason="no vLLM stand-in is installed (sparkd_standin)")
 async def test_the_standin_serves_health_and_stops_on_sigterm(place: Place) -> None:
     runtime = place.runtime(rehearse=True)
     port = free_port()
     spec = LaunchSpec(
-        argv=(sys.executable, "-m", str(standin_module()), "serve", "m", "--port", str(port), "--host", "127.0.0.1"),
+        argv=(sys.executable, "-m", "sparkd_standin", "serve", "m", "--port", str(port), "--host", "127.0.0.1"),
         env={"SPARKD_STANDIN_STARTUP_SECONDS": "1"}, config_hash="h-standin",
     )
     assert await runtime.missing_target(spec) is None

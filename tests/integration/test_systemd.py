@@ -1,4 +1,4 @@
-"""systemd/sparkd.service under a real systemd 252 booted as PID 1 in a container (DESIGN.md §6).
+"""systemd/sparkd.service under a real systemd 252 booted as PID 1 in a container (docs/design.md).
 
 The container runs Debian's systemd from its own /usr and the repo's sparkd through read-only mounts:
 ``/usr/bin/sparkd`` is a symlink to ``<repo>/.venv/bin/sparkd``, so the shipped unit runs unmodified. The only
@@ -52,13 +52,16 @@ role = "single"
 
 [launch]
 executable = "{VENV_BIN / "sparkd-standin"}"
-model = "/models/DeepSeek-V4-Flash"
+model = "deepseek-ai/DeepSeek-V4-Flash"
 served_model_name = "deepseek-v4-flash"
 host = "127.0.0.1"
 port = 8000
 
 [launch.env]
 SPARKD_STANDIN_STARTUP_SECONDS = "1"
+
+[preflight]
+skip = ["memory", "page_cache"]  # the stand-in loads no weights
 
 [paths]
 state_dir = "/var/lib/sparkd"
@@ -131,30 +134,41 @@ def vllm_processes(node: Any) -> list[str]:
 
 
 def test_unit_passes_systemd_analyze_verify(node: Any) -> None:
-    code, out = node.sh("systemd-analyze verify /lib/systemd/system/sparkd.service", check=False)
+    # --man=no: the man: pages come with the package (test_packaging verifies the unit with them installed).
+    code, out = node.sh("systemd-analyze verify --man=no /lib/systemd/system/sparkd.service", check=False)
     assert code == 0 and out.strip() == "", out
     # The same check catches the field's day-long exit-127 loop before it starts: ExecStart at a missing file.
     node.write("/tmp/ghost.service", UNIT.read_text().replace("/usr/bin/sparkd run", "/usr/bin/ghost run"))
-    code, out = node.sh("systemd-analyze verify /tmp/ghost.service", check=False)
+    code, out = node.sh("systemd-analyze verify --man=no /tmp/ghost.service", check=False)
     assert code != 0 and "/usr/bin/ghost" in out, out
 
 
+def show(node: Any, *names: str) -> dict[str, str]:
+    text = node.out("systemctl show sparkd " + " ".join(f"-p {name}" for name in names))
+    return dict(line.split("=", 1) for line in text.splitlines())
+
+
 def test_unit_settings_as_loaded_by_systemd(node: Any) -> None:
+    from sparkd import exits
     from sparkd.config import SupervisorConfig
 
-    props = dict(line.split("=", 1) for line in node.out(
-        "systemctl show sparkd -p Type -p NotifyAccess -p Restart -p RestartUSec -p KillMode -p OOMScoreAdjust"
-        " -p TimeoutStopUSec -p StartLimitIntervalUSec -p RestartPreventExitStatus"
-        " -p MemoryMin -p MemoryLow -p After -p Wants -p RuntimeDirectory -p StateDirectory").splitlines())
+    props = show(node, "Type", "NotifyAccess", "Restart", "RestartUSec", "KillMode", "OOMScoreAdjust",
+                 "TimeoutStopUSec", "StartLimitIntervalUSec", "RestartPreventExitStatus", "MemoryMin", "MemoryLow",
+                 "After", "Wants", "RuntimeDirectory", "StateDirectory", "LogsDirectory", "ExecReload",
+                 "LimitNOFILE", "LimitMEMLOCK")
     assert props["Type"] == "notify" and props["NotifyAccess"] == "main", props
     assert props["Restart"] == "on-failure" and props["RestartUSec"] == "5s", props
     assert props["KillMode"] == "process" and props["OOMScoreAdjust"] == "-900", props
     assert props["StartLimitIntervalUSec"] == "0", props  # never "start-limit-hit" for good
-    assert props["RestartPreventExitStatus"] == "2", props  # an invalid config is not retried
+    # A config or host problem, or another sparkd, is not retried: the statuses sparkd.exits says so for.
+    assert props["RestartPreventExitStatus"] == " ".join(map(str, sorted(exits.NOT_RESTARTABLE))), props
     assert int(props["MemoryMin"]) > 0 and int(props["MemoryLow"]) > int(props["MemoryMin"]), props
     assert {"docker.service", "network-online.target"} <= set(props["After"].split()), props
     assert {"docker.service", "network-online.target"} <= set(props["Wants"].split()), props
     assert props["RuntimeDirectory"] == "sparkd" and props["StateDirectory"] == "sparkd", props
+    assert props["LogsDirectory"] == "sparkd", props
+    assert "path=/usr/bin/sparkctl ; argv[]=/usr/bin/sparkctl reload" in props["ExecReload"], props
+    assert int(props["LimitNOFILE"]) >= 65536 and props["LimitMEMLOCK"] == "infinity", props
     stop_s = _seconds(props["TimeoutStopUSec"])
     assert stop_s > SupervisorConfig().stop_grace_s + 30, props  # vLLM's grace plus the sweep fit
     shipped = UNIT.read_text()
@@ -227,6 +241,101 @@ def test_oom_score_leaves_vllm_the_first_choice(node: Any) -> None:
                     "OOMScoreAdjust=-900 ('assuming containerized execution'); nothing to compare")
     # vLLM must not inherit sparkd's protection: the process runtime resets it for its child.
     assert int(node.out(f"cat /proc/{vllm_pid}/oom_score_adj")) >= 0
+
+
+def test_sandbox_is_on_and_leaves_sparkd_what_it_needs(node: Any) -> None:
+    props = show(node, "ProtectSystem", "NoNewPrivileges", "ProtectHostname", "ProtectControlGroups",
+                 "RestrictSUIDSGID", "LockPersonality", "RestrictRealtime", "SystemCallArchitectures",
+                 "DevicePolicy", "DeviceAllow", "ProtectKernelTunables", "ProtectKernelLogs", "PrivateDevices",
+                 "PrivateTmp", "ProtectHome", "ProtectClock", "CapabilityBoundingSet")
+    assert props["ProtectSystem"] == "full" and props["SystemCallArchitectures"] == "native", props
+    assert all(props[k] == "yes" for k in ("NoNewPrivileges", "ProtectHostname", "ProtectControlGroups",
+                                           "RestrictSUIDSGID", "LockPersonality", "RestrictRealtime")), props
+    # What sparkd must keep: every device (/dev/kmsg, /dev/nvidia*), /proc/sys, the kernel log, /tmp, /home.
+    assert props["DevicePolicy"] == "auto" and props.get("DeviceAllow", "") == "", props  # no device list
+    assert all(props[k] == "no" for k in ("ProtectKernelTunables", "ProtectKernelLogs", "PrivateDevices",
+                                          "PrivateTmp", "ProtectHome", "ProtectClock")), props
+    caps = set(props["CapabilityBoundingSet"].split())
+    assert {"cap_kill", "cap_sys_admin", "cap_syslog", "cap_sys_ptrace", "cap_ipc_lock"} <= caps, caps
+    assert not {"cap_sys_time", "cap_sys_boot", "cap_mac_admin", "cap_bpf"} & caps, caps
+    # Under that sandbox sparkd still ends a stale VLLM:: process of another unit and a leaked /dev/shm segment.
+    ensure_ready(node)
+    node.sh("systemd-run --unit decoy-stale bash -c 'exec -a VLLM::Worker_TP1 sleep 1000'"
+            " && head -c 4096 /dev/zero > /dev/shm/psm_0ddba11")
+    node.wait("the decoy running", lambda: "VLLM::Worker_TP1" in node.out("ps -eo args"))
+    node.sh("sparkctl restart --wait", timeout=120)
+    assert "VLLM::Worker_TP1" not in node.out("ps -eo args")
+    assert "psm_0ddba11" not in node.out("ls /dev/shm")
+    assert node.prop("decoy-stale", "ActiveState") != "active"
+
+
+def test_security_score_is_the_one_the_readme_records(node: Any) -> None:
+    out = node.out("systemd-analyze security sparkd --no-pager")
+    measured = re.search(r"Overall exposure level for sparkd.service: (\d+\.\d) (\w+)", out)
+    assert measured, out
+    recorded = re.search(r"`systemd-analyze security sparkd` rates the unit \*\*(\d+\.\d) (\w+)\*\*",
+                         (REPO / "README.md").read_text())
+    assert recorded, "README.md must say: `systemd-analyze security sparkd` rates the unit **X.Y LEVEL**"
+    assert measured.groups() == recorded.groups(), (measured.groups(), recorded.groups())
+
+
+def test_journal_priorities_let_journalctl_filter_warnings(node: Any) -> None:
+    _, vllm_pid = ensure_ready(node)
+    cursor = node.out("journalctl -n 0 --show-cursor --no-pager | sed -n 's/^-- cursor: //p'")
+    node.sh(f"kill -KILL {vllm_pid}")  # a vLLM failure: sparkd logs the incident as a warning
+    node.wait("the restarted vLLM ready", lambda: (s := status(node)).get("state") == "ready"
+              and s.get("pid") != vllm_pid)
+    after = f"--after-cursor '{cursor}'"
+    # The whole unit's history (journalctl 252 returns nothing for -p combined with --after-cursor).
+    warnings = node.wait("the incident in the journal", lambda: '"event": "incident"' in (o := node.out(
+        "journalctl -u sparkd -p warning --no-pager -o cat", check=False)) and o, timeout=30)
+    everything = node.out(f"journalctl -u sparkd --no-pager -o cat {after}")
+    assert '"event": "incident"' in warnings, warnings
+    assert '"event": "transition"' in everything and '"event": "transition"' not in warnings, warnings
+    assert not re.search(r"^<\d>", everything, re.M), everything  # journald took the prefixes, none shown
+    entries = node.out(f"journalctl -u sparkd _PID={node.prop('sparkd', 'MainPID')} -o json --no-pager {after}")
+    priorities = {json.loads(line)["PRIORITY"] for line in entries.splitlines()}
+    assert {"4", "6"} <= priorities, priorities
+
+
+def test_journal_native_protocol_reaches_journald(node: Any) -> None:
+    node.sh(f"{VENV_BIN / 'python'} -c 'from sparkd.journal import JournalSink; s = JournalSink(\"vllm-probe\");"
+            " s.send(\"INFO 01-02 10:00:00 [a.py:1] an info line\");"
+            " s.send(\"(EngineCore_DP0 pid=7) WARNING 01-02 10:00:01 [b.py:2] a warning line\")'")
+    shown = node.wait("both lines in the journal", lambda: (o := node.out(
+        "journalctl -t vllm-probe --no-pager -o cat")).count("line") == 2 and o)
+    assert "an info line" in shown and "a warning line" in shown
+    warnings = node.out("journalctl -t vllm-probe -p warning --no-pager -o cat")
+    assert "a warning line" in warnings and "an info line" not in warnings, warnings
+
+
+def test_vllm_output_in_the_journal_under_its_own_identifier(node: Any) -> None:
+    node.write("/etc/systemd/system/sparkd.service.d/15-vllm-journal.conf",
+               "[Service]\nEnvironment=SPARKD_LOG__VLLM_TO_JOURNAL=true\n")
+    try:
+        node.sh("systemctl daemon-reload && systemctl restart sparkd")
+        ensure_ready(node)
+        node.sh("sparkctl restart --wait", timeout=120)  # a launch whose every line flows through the new daemon
+        shown = node.wait("vLLM's startup in the journal", lambda: "Application startup complete." in (
+            o := node.out("journalctl -t vllm --no-pager -o cat", check=False)) and o, timeout=30)
+        assert "Application startup complete." in shown
+    finally:
+        node.sh("rm -f /etc/systemd/system/sparkd.service.d/15-vllm-journal.conf && systemctl daemon-reload")
+
+
+def test_reload_reports_an_invalid_config_and_keeps_vllm(node: Any) -> None:
+    main_pid, vllm_pid = ensure_ready(node)
+    good = node.out("cat /etc/sparkd/sparkd.toml")
+    try:
+        node.write("/etc/sparkd/sparkd.toml", good.replace("port = 8000", 'port = "eight thousand"'))
+        code, out = node.sh("systemctl reload sparkd", check=False)
+        assert code != 0, out
+        assert "launch.port" in node.out("journalctl -u sparkd --no-pager -o cat -n 30")
+    finally:
+        node.write("/etc/sparkd/sparkd.toml", good)
+    assert node.prop("sparkd", "MainPID") == str(main_pid) and status(node)["pid"] == vllm_pid
+    node.sh("systemctl reload sparkd")  # the valid config: reload succeeds
+    assert node.prop("sparkd", "ActiveState") == "active" and status(node)["pid"] == vllm_pid
 
 
 def test_stop_stops_vllm_and_leaves_nothing_behind(node: Any) -> None:

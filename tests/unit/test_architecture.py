@@ -14,11 +14,12 @@ MAX_FUNCTION_LINES = 60
 
 # Floors, lowest first: a module may import only from its own floor or below. (The pure core is floor 2.)
 LAYERS: list[tuple[str, ...]] = [
-    ("sparkd", "sparkd.exits", "sparkd.clock", "sparkd.statefile", "sparkd.nodelock", "sparkd.notify",
-     "sparkd.logs", "sparkd.secrets", "sparkd.profiles", "sparkd.config_sections"),
+    ("sparkd", "sparkd.exits", "sparkd.clock", "sparkd.nodelock", "sparkd.notify", "sparkd.journal",
+     "sparkd.profiles", "sparkd.config_sections", "sparkd.config_supervision", "sparkd.config_env"),
     ("sparkd.config",),
     ("sparkd.supervisor", "sparkd.launch", "sparkd.lint", "sparkd.rehearsal", "sparkd.compose", "sparkd.explain",
-     "sparkd.config_diff"),
+     "sparkd.config_diff", "sparkd.config_reference", "sparkd.logs", "sparkd.statefile", "sparkd.stateschema",
+     "sparkd.redact"),
     ("sparkd.runtime", "sparkd.probes", "sparkd.incidents", "sparkd.guard", "sparkd.preflight", "sparkd.cluster"),
     ("sparkd.commands",),
     ("sparkd.api",),

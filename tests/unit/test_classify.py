@@ -562,7 +562,8 @@ CASES: dict[str, Case] = {
         ),
         F.unknown,
         "UnboundLocalError",
-        ("stopped without a recognised error (exit 1)",),
+        ("vLLM stopped with an error sparkd does not recognise: `UnboundLocalError: cannot access local variable "
+         "'w' where it is not associated with a value` (exit 1)",),
     ),
     "unknown SIGKILL from outside": Case(
         None,
@@ -621,7 +622,7 @@ def test_classify(case: Case) -> None:
         assert part in failure.sentence, failure.sentence
     assert failure.sentence.endswith(".")
     assert "\x1b" not in (failure.evidence or "") and "pid=" not in (failure.evidence or "")
-    assert failure.restartable is (case.cls is not F.config_error)
+    assert failure.restartable is (case.cls not in (F.config_error, F.image_error))
 
 
 def test_evidence_is_undecorated_and_exit_code_kept() -> None:
@@ -639,9 +640,17 @@ def test_128_plus_n_exit_is_reported_as_signal() -> None:
 
 def test_earliest_cause_wins_within_a_tier() -> None:
     """Two specific causes: the first one logged is the root, the second is fallout."""
-    tail = [w0(EADDRINUSE), "RuntimeError: NCCL error: unhandled system error"]
+    tail = [w0(EADDRINUSE), w0(TORCH_OOM)]
     assert classify(1, None, tail).cls is F.port_in_use
-    assert classify(1, None, list(reversed(tail))).cls is F.nccl
+    assert classify(1, None, list(reversed(tail))).cls is F.oom
+
+
+def test_the_nccl_wrapper_yields_to_the_nccl_warn_line_it_wraps() -> None:
+    """`NCCL error: unhandled system error` is generic; the NCCL WARN line says why, before or after it."""
+    tail = ["RuntimeError: NCCL error: unhandled system error",
+            "NCCL WARN Call to ibv_reg_mr_iova2 failed with error Cannot allocate memory"]
+    for order in (tail, list(reversed(tail))):
+        assert "ibv_reg_mr_iova2" in (classify(1, None, order).evidence or "")
 
 
 def test_error_inside_a_tqdm_frame_is_found() -> None:

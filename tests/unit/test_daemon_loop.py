@@ -336,3 +336,49 @@ async def test_status_shows_where_a_start_went(tmp_path: Path) -> None:
         assert timing["phases_s"]["loading_weights"] == pytest.approx(40)
         assert timing["phases_s"]["compiling"] == pytest.approx(25)
         assert timing["phases_s"]["kv_cache"] >= 5
+
+
+@pytest.mark.parametrize("content", ['{"runtime": "process"}', '{"runtime": "fake", "pid": "abc", "create_time": 1}',
+                                     "[1, 2, 3]", "\x00garbage", "directory"])
+async def test_a_bad_instance_record_is_set_aside_and_never_crashes_the_daemon(tmp_path: Path, content: str) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    state = tmp_path / "state"
+    state.mkdir()
+    record = state / "instance.json"
+    if content == "directory":
+        record.mkdir()
+    else:
+        record.write_text(content)
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until_state("ready")
+        assert len(runtime.launches) == 1
+    assert list(state.glob("instance.json.bad-*")), "set aside, not deleted"
+
+
+async def test_a_bad_lifecycle_file_is_a_fresh_start(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "lifecycle.json").write_text('{"version": 1, "intent": "stop", "strikes": [{"at": "x"}]}')
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until_state("ready")
+    assert list(state.glob("lifecycle.json.bad-*"))
+
+
+async def test_secrets_never_reach_the_vllm_log_or_an_incident(tmp_path: Path) -> None:
+    token = tmp_path / "peer.token"
+    token.write_text("peer-token-secret-42\n")
+    cfg = config(tmp_path, launch={"api_key": "sk-never-shown"}, api={"token_file": str(token)})
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(cfg, runtime, clock) as node:
+        await node.until_state("ready")
+        runtime.say("INFO non-default args: {'api_key': ['sk-never-shown']}", "token peer-token-secret-42 here")
+        await all_tasks_blocked()
+        runtime.crash()
+        await node.until_state("backoff")
+        shown = "\n".join(node.daemon.control.log_tail(100))
+        assert "sk-never-shown" not in shown and "peer-token-secret-42" not in shown and "non-default" in shown
+    for path in (tmp_path / "state").rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert "sk-never-shown" not in text and "peer-token-secret-42" not in text, path

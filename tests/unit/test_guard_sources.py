@@ -346,3 +346,37 @@ def test_real_kmsg() -> None:
         assert seen >= 1
     finally:
         log.close()
+
+
+# The driver's and the PCIe layer's fault lines (kept for the failure classifier, not counted by the guard).
+XID_RECORD = b"4,2001,91000000,-;NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n"
+AER_RECORD = (b"3,2002,91000001,-;pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: "
+              b"0000:01:00.0\n")
+
+
+@pytest.mark.parametrize(("record", "event"), [(XID_RECORD, KernelEvent.xid), (AER_RECORD, KernelEvent.aer)])
+def test_fault_lines_are_recognised(record: bytes, event: KernelEvent) -> None:
+    assert classify_line(parse_records(record)[0]) is event
+
+
+def test_since_returns_what_explains_a_failure_after_the_mark(tmp_path: Path) -> None:
+    """`since(mark)` gives the lines kept after the mark, without other processes' OOM kills: what the daemon
+    passes to the classifier for the instance launched at the mark."""
+    path = tmp_path / "kmsg"
+    path.write_bytes(b"")
+    log = KernelLog.open(path, from_start=True)
+    assert log is not None
+    try:
+        with open(path, "ab") as handle:
+            handle.write(KMSG_RECORDS[0])
+        log.drain()
+        mark = log.kept
+        with open(path, "ab") as handle:
+            handle.write(KMSG_RECORDS[2] + KMSG_RECORDS[3] + XID_RECORD + AER_RECORD)
+        log.drain()
+        lines = log.since(mark)
+        assert [line.split(":")[0] for line in lines] == ["Out of memory", "NVRM", "pcieport 0000"]
+        assert "chrome" not in " ".join(lines)
+        assert len(log.since(0)) == 4 and log.since(log.kept) == ()
+    finally:
+        log.close()

@@ -1,6 +1,7 @@
 """The health tracker, scripted: sequences of (probe, result, time) → the machine observation each emits.
 
-No clock, no sleep: every step carries its monotonic time.
+No clock, no sleep: every step carries its monotonic time. The wedge clock (stall and idle-engine hang from
+metrics, canary, log lines and compiles) has its own tables in test_wedge.py.
 """
 
 from __future__ import annotations
@@ -235,47 +236,6 @@ HISTORIES: dict[str, list[Step]] = {
         H(OK, 75, "degraded"),
         C(OK, 120, "recovered"),
     ],
-    # ---- stall from metrics
-    "requests running and tokens frozen for stall_after_s: stall": [
-        *READY,
-        M(3, 100, 10),
-        M(3, 100, 60),
-        M(3, 100, 129),
-        M(3, 100, 130, FailureClass.stall),
-    ],
-    "tokens moving restart the stall clock": [
-        *READY,
-        M(3, 100, 10),
-        M(3, 150, 100),
-        M(3, 150, 219),
-        M(3, 150, 220, FailureClass.stall),
-    ],
-    "nothing running restarts the stall clock": [
-        *READY,
-        M(3, 100, 10),
-        M(0, 100, 100),
-        M(2, 100, 150),
-        M(2, 100, 269),
-        M(2, 100, 270, FailureClass.stall),
-    ],
-    "a counter reset (the value drops) restarts the stall clock": [
-        *READY,
-        M(3, 100, 10),
-        M(3, 5, 100),
-        M(3, 5, 219),
-        M(3, 5, 220, FailureClass.stall),
-    ],
-    "a long prefill grows the KV cache and is not a stall": [
-        *READY,
-        *[M(1, 100, 10 + 60 * i, kv=0.01 * i) for i in range(20)],
-    ],
-    "a failed scrape keeps the stall clock running": [
-        *READY,
-        M(3, 100, 10),
-        M(None, 0, 60),
-        M(None, 0, 100),
-        M(3, 100, 130, FailureClass.stall),
-    ],
     "idle with frozen tokens is fine": [*READY, *[M(0, 100, 10 + 100 * i) for i in range(10)]],
 }
 
@@ -336,25 +296,6 @@ def test_hang_sentence_names_the_busy_time() -> None:
     assert obs.failure.sentence.startswith(
         "the generation canary has had no answer for 660 s while /health is 200 (busy grace 600 s)"
     )
-
-
-def test_stall_sentence_names_the_numbers() -> None:
-    _, emitted = replay([*READY, M(3, 4096, 10, kv=0.25), M(3, 4096, 130, FailureClass.stall, kv=0.25)])
-    obs = emitted[-1]
-    assert isinstance(obs, HealthFailed)
-    assert obs.failure.sentence.startswith(
-        "3 requests running and no token generated for 120 s (generation_tokens_total stuck at 4096, "
-        "KV cache usage unchanged at 25.0%) while /health is 200; "
-    )
-    assert obs.failure.evidence is not None and "vllm:num_requests_running=3" in obs.failure.evidence
-
-
-def test_stall_sentence_when_health_is_not_200() -> None:
-    _, emitted = replay([*READY, H(ERROR, 5, "degraded"), M(1, 7, 10), M(1, 7, 130, FailureClass.stall)])
-    obs = emitted[-1]
-    assert isinstance(obs, HealthFailed)
-    assert "1 request running and no token generated for 120 s" in obs.failure.sentence
-    assert "while /health is error" in obs.failure.sentence
 
 
 def test_counters() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sparkd.config import config_from_mapping
-from sparkd.launch import RECOMMENDED_ENV, render, render_script
+from sparkd.launch import RECOMMENDED_ENV, health_settings, render, render_script
 
 TABLES = {
     "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE", "custom_ops": ["all"]},
@@ -136,3 +136,20 @@ def test_render_cli_prints_script_and_json(tmp_path: Path) -> None:
     assert "--compilation-config '{\"level\": 3}'" in script
     data = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, check=True, timeout=60).stdout)
     assert data["argv"][:3] == ["vllm", "serve", "m"] and data["env"]["OMP_NUM_THREADS"] == "8"
+
+
+@pytest.mark.parametrize(
+    ("launch", "health", "expected"),
+    [
+        ({}, {}, 1800.0),  # sparkd's default env sets VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1800
+        ({"env": {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "900"}}, {}, 900.0),
+        ({"default_env": False}, {}, None),  # unset: vLLM's own default applies
+        ({}, {"execute_timeout_s": 120}, 120.0),  # the config says so explicitly
+        ({"env": {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "soon"}}, {}, None),  # lint refuses it
+    ],
+)
+def test_health_settings_carry_vllms_execute_timeout(launch: dict, health: dict, expected: float | None) -> None:
+    """The stall check waits out what vLLM itself would survive: the timeout vLLM runs with."""
+    cfg = config_from_mapping({"runtime": "process", "node": {"role": "single"},
+                               "launch": {"model": "m", **launch}, "health": health}, env={})
+    assert health_settings(cfg).execute_timeout_s == expected

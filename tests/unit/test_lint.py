@@ -56,6 +56,11 @@ PAIR = {"master_addr": "10.0.0.1"}
         (cfg(node={"role": "head"}), "missing-master-addr", "cluster.master_addr"),
         (cfg(launch={"nnodes": 2}), "single-multinode", "node.role"),
         (cfg(launch={"extra_args": ["--max-num-seqs", "4"]}), "extra-arg-duplicates-field", "launch.extra_args[0]"),
+        (
+            cfg(launch={"env": {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "30m"}}),
+            "execute-timeout-not-integer",
+            "launch.env.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS",
+        ),
     ],
 )
 def test_known_bad_settings_are_errors_naming_the_key(config, rule: str, key: str) -> None:
@@ -208,3 +213,12 @@ def test_a_short_engine_ready_timeout_is_a_warning() -> None:
     findings = lint(cfg(launch={"env": {"VLLM_ENGINE_READY_TIMEOUT_S": "600"}}))
     assert ("missing-vllm-engine-ready-timeout-s", "launch.env.VLLM_ENGINE_READY_TIMEOUT_S") in rules(
         findings, Level.warning)
+
+
+def test_disable_log_stats_is_a_warning_naming_what_it_blinds() -> None:
+    """--disable-log-stats removes the vllm:* metrics and the throughput line the stall check reads."""
+    findings = lint(cfg(launch={"env": GOOD_ENV, "extra_args": ["--disable-log-stats"]}))
+    warnings = [f for f in findings if f.rule == "disable-log-stats"]
+    assert len(warnings) == 1 and warnings[0].level is Level.warning
+    assert warnings[0].key == "launch.extra_args[0]" and "vllm:* metric" in warnings[0].message
+    assert not [f for f in lint(cfg(launch={"env": GOOD_ENV})) if f.rule == "disable-log-stats"]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sparkd.config import Config, PreflightConfig, config_from_mapping
-from sparkd.preflight import gpu, host, image, memory, ports, processes, shm, stale, target
+from sparkd.preflight import gpu, host, image, memory, ports, processes, shm, shmholders, stale, target
 from sparkd.preflight.base import GIB, MIB, Verdict
 from sparkd.preflight.stale import StaleProcess
 from sparkd.runtime import make_runtime
@@ -26,23 +26,7 @@ def cfg(**sections: Any) -> Config:
     return config_from_mapping(data, env={})
 
 
-# ---- launch target: the stand-in, local models, listings ---------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("argv", "expected"),
-    [
-        (("/venv/bin/sparkd-standin", "serve", "m"), True),
-        (("/usr/bin/python3", "-m", "sparkd.standin", "serve", "m"), True),
-        (("sparkd", "standin", "serve", "m"), True),
-        (("vllm", "serve", "m"), False),
-        (("bash", "/workspace/vllm-head.sh"), False),
-        (("python3", "-m", "vllm.entrypoints.openai.api_server"), False),
-        ((), False),
-    ],
-)
-def test_is_standin(argv: tuple[str, ...], expected: bool) -> None:
-    assert target.is_standin(argv) is expected
+# ---- launch target: local models, listings ---------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -490,6 +474,32 @@ def test_gpu_decision(
 ) -> None:
     v, found, to_end = gpu.decide(apps, stale_pids, protect, {7: "VLLM::Worker_TP0"}, dry_run=dry_run)
     assert (v, to_end) == (verdict, end) and text in found
+
+
+def entry(name: str, inode: int) -> shmholders.Entry:
+    return shmholders.Entry(name, inode, dev=27, size=4096, mtime=0.0)
+
+
+@pytest.mark.parametrize(("name", "held", "owned", "live", "expected"), [
+    ("psm_0badf00d", False, False, set(), "naming"),
+    ("nccl-x1", False, False, set(), "naming"),
+    ("psm_0badf00d", True, True, set(), None),  # held (by descriptor or by mapping under any name): never
+    ("sem.mp-abc", False, False, set(), None),  # multiprocessing's naming proves nothing
+    ("sem.mp-abc", False, True, set(), "ours"),  # the ledger's proof: our launch held it
+    ("sem.mp-abc", True, True, set(), None),  # ours once, but some live process holds it now
+    ("torch_4242_77_0", False, False, set(), "naming"),  # its creator is gone
+    ("torch_4242_77_0", False, False, {4242}, None),  # its creator runs: it may be in flight
+    ("torch_4242_77_0", False, True, {4242}, "ours"),
+    ("vllm_psm_x", False, False, set(), None),  # not a name we know
+])
+def test_shm_decide(name: str, held: bool, owned: bool, live: set[int], expected: str | None) -> None:
+    found = [entry(name, 11)]
+    chosen = shm.decide(found, {11} if held else set(), {(name, 11): {}} if owned else {}, live)
+    assert [s.why for s in chosen] == ([expected] if expected else [])
+
+
+def test_shm_ledger_proof_needs_the_same_inode() -> None:
+    assert shm.decide([entry("sem.mp-abc", 12)], set(), {("sem.mp-abc", 11): {}}, set()) == []
 
 
 def test_shm_sweep_removes_nothing_when_it_cannot_see_every_process(tmp_path: Path) -> None:

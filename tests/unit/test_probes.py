@@ -446,3 +446,20 @@ BASE_URLS = {
 @pytest.mark.parametrize(("host", "port"), list(BASE_URLS))
 def test_probe_base_url(host: str, port: int) -> None:
     assert probes.probe_base_url(host, port) == BASE_URLS[host, port]
+
+
+@pytest.mark.anyio
+async def test_scrape_tells_metrics_off_from_a_failure(stub: Stub, client: httpx.AsyncClient) -> None:
+    """With --disable-log-stats vLLM's /metrics has only the process and HTTP families: `MetricsOff`, which the
+    tracker reports; a failed scrape stays None."""
+    stub.routes["GET", "/metrics"] = Reply(200, b"# HELP python_info x\npython_info 1.0\nhttp_requests_total 3\n",
+                                           "text/plain")
+    assert await probes.scrape_metrics(client, stub.url, TIMEOUT_S) == probes.MetricsOff()
+    stub.routes["GET", "/metrics"] = Reply(200, METRICS_TEXT.encode(), "text/plain; version=0.0.4")
+    assert await probes.scrape_metrics(client, stub.url, TIMEOUT_S) == EXPECTED
+    stub.routes["GET", "/metrics"] = Reply(500, b"oops")
+    assert await probes.scrape_metrics(client, stub.url, TIMEOUT_S) is None
+
+
+def test_a_page_with_vllm_families_but_not_the_needed_ones_is_no_metrics_off() -> None:
+    assert probes.read_metrics_page("vllm:cache_config_info 1\n") is None

@@ -5,8 +5,8 @@
 2. Every shipped config (config/, config/examples/, docs/examples/) with its own profile and with each profile
    renders an argv the real vLLM accepts, parsed as the check parses it (one process for all, batch_parse.py).
    A config written for a patched vLLM names what stock vLLM rejects in EXPECTED_REJECTIONS, exactly.
-3. Every flag the stand-in accepts is a flag of the real ``vllm serve``, apart from the named ones the stand-in
-   keeps from vLLM 0.13 (STANDIN_ONLY): the list must stay exact, so a new difference fails here.
+3. Every flag the stand-in accepts as vLLM 0.24 (``sparkd_standin.flags.ACCEPTED["0.24"]``) is a flag of the
+   real ``vllm serve``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from sparkd.preflight.base import PreflightContext, Verdict
 from sparkd.preflight.vllm_args import check_vllm_args
 from sparkd.profiles import profile_names
 from sparkd.runtime.process import ProcessRuntime
+from sparkd_standin.flags import ACCEPTED
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -32,15 +33,6 @@ SHIPPED = sorted([REPO / "config" / "sparkd.toml", *(REPO / "config" / "examples
 EXPECTED_REJECTIONS = {
     "field-004-dspark-1m-nvfp4.toml": "argument --kv-cache-dtype: invalid choice: 'nvfp4_ds_mla'",
 }
-# `vllm serve` flags of vLLM 0.13 that the stand-in (sparkd/standin/flags.py) still accepts and vLLM 0.24 does not.
-STANDIN_ONLY = {
-    "--task", "--tokenizer-pool-type", "--guided-decoding-backend", "--override-neuron-config", "--served-model-path",
-    "--max-seq-len-to-capture", "--num-lookahead-slots", "--num-redundant-experts", "--tokenizer-pool-size",
-    "--swap-space", "-O", "--override-pooler-config", "--rope-scaling", "--cuda-graph-sizes", "--prompt-adapters",
-    "--disable-log-requests", "--disable-frontend-multiprocessing", "--disable-mm-preprocessor-cache",
-}
-
-
 def in_vllm(venv: Path, *args: str, stdin: str = "") -> object:
     result = subprocess.run([str(venv / "bin" / "python"), str(HERE / "batch_parse.py"), *args], input=stdin,
                             capture_output=True, text=True, timeout=900, check=True)
@@ -90,25 +82,10 @@ def test_every_shipped_config_and_profile_parses(vllm_venv: Path) -> None:
     assert problems == []
 
 
-def standin_flags() -> set[str]:
-    try:  # the stand-in as its own distribution, once merged
-        from sparkd_standin.flags import ACCEPTED  # type: ignore[import-not-found]
-
-        return set(ACCEPTED)
-    except ImportError:
-        from sparkd.standin.flags import SERVE_FLAGS
-
-        names = {name for flag in SERVE_FLAGS for name in flag.names}
-        names |= {"--no-" + flag.names[0][2:] for flag in SERVE_FLAGS if flag.kind == "bool"}
-        return names
-
-
 def test_the_standins_flags_are_vllms(vllm_venv: Path) -> None:
     options = in_vllm(vllm_venv, "options")
     assert isinstance(options, dict) and "--max-num-seqs" in options
-    negated = {"--no-" + name[2:] for name in STANDIN_ONLY if name.startswith("--")}
-    missing = {name for name in standin_flags() if name not in options} - negated
-    assert missing == STANDIN_ONLY
+    assert not {name for name in ACCEPTED["0.24"] if name not in options}
 
 
 def test_misspellings_are_refused(vllm_venv: Path) -> None:

@@ -1,0 +1,106 @@
+"""Pieces of the classifier's sentences: the class defaults, facts from the context, and the meaning of an Xid.
+
+A sentence is "what happened (how it ended); what to do." The class table (`failures.TREATMENT`) holds the
+default halves; the rules (`rules.py`) build a specific "what" from their match and these helpers. Pure.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from sparkd.supervisor.failures import TREATMENT, FailureClass
+
+if TYPE_CHECKING:
+    from sparkd.supervisor.context import ClassifyContext
+
+NO_RETRY = "sparkd will not retry a config error"
+NO_RETRY_IMAGE = "sparkd will not retry an image error"
+
+_GIB = 1024**3
+
+
+def default_what(cls: FailureClass) -> str:
+    return TREATMENT[cls].what
+
+
+def default_do(cls: FailureClass) -> str:
+    return TREATMENT[cls].do
+
+
+def gib(n: int) -> str:
+    return f"{n / _GIB:.1f} GiB"
+
+
+def mem_note(ctx: ClassifyContext) -> str:
+    if ctx.mem_available_bytes is None:
+        return ""
+    return f", with {gib(ctx.mem_available_bytes)} MemAvailable"
+
+
+def port_name(port: int, ctx: ClassifyContext) -> str:
+    if ctx.master_port is not None and port == ctx.master_port:
+        return f"the torch.distributed master port {port}"
+    if ctx.api_port is not None and port == ctx.api_port:
+        return f"the API port {port}"
+    if port in (29500, 29501):
+        return f"the torch.distributed master port {port}"
+    return f"port {port}"
+
+
+def port_what(m: re.Match[str], ctx: ClassifyContext) -> str:
+    port = m.groupdict().get("port")
+    if port is None:
+        return default_what(FailureClass.port_in_use)
+    name = port_name(int(port), ctx)
+    return f"{name[0].upper()}{name[1:]} was already in use"
+
+
+def what_free_memory(m: re.Match[str], ctx: ClassifyContext) -> str:
+    free, total, util, want = m.group("free"), m.group("total"), m.group("util"), m.group("want")
+    if want is None:  # the shortened form the field quotes: "(4.75/119.67 GiB) ... utilization (0.9)."
+        want = f"{float(util) * float(total):.1f}"
+    return (f"vLLM refused to start: only {free} of {total} GiB was free and it wants {want} GiB at "
+            f"gpu_memory_utilization {util}{mem_note(ctx)}")
+
+
+# ---- Xid: the NVIDIA driver's GPU error codes (NVIDIA's Xid catalogue) --------------------------------------
+
+# Faults a GPU kernel causes (an illegal address, a killed channel): the GPU itself is fine.
+_APP_XIDS = frozenset({13, 31, 32, 43, 45, 68, 69})
+_XID_MEANING = {
+    13: "graphics engine exception", 31: "GPU memory page fault", 32: "corrupted push buffer stream",
+    43: "GPU stopped processing", 45: "preemptive cleanup after a process ended", 48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint", 62: "internal micro-controller halt",
+    63: "ECC page retirement or row remap", 64: "ECC page retirement or row remap failure",
+    68: "video processor exception", 69: "graphics engine class error", 74: "NVLink error",
+    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate", 94: "contained ECC error",
+    95: "uncontained ECC error", 109: "context switch timeout", 119: "GSP RPC timeout", 120: "GSP error",
+    121: "C2C link error", 140: "unrecovered ECC error", 143: "GPU initialization failure",
+    154: "GPU recovery action changed",
+}
+
+REBOOT_DO = ("the GPU needs a reset: check `nvidia-smi` and `journalctl -k`, then reboot or power-cycle the node — "
+             "sparkd restarts with backoff and stops at the restart breaker")
+APP_XID_DO = ("a GPU kernel faulted (an illegal memory access or a killed channel), usually a bug in vLLM or a kernel "
+              "for this model and settings — sparkd restarts with backoff; if it repeats, change the kernel backend "
+              "or the vLLM build")
+
+
+def _xid(m: re.Match[str]) -> int:
+    return int(m.group("xid"))
+
+
+def xid_what(m: re.Match[str], ctx: ClassifyContext) -> str:
+    xid = _xid(m)
+    meaning = _XID_MEANING.get(xid)
+    detail = f" ({meaning})" if meaning else ""
+    return f"The GPU at PCI {m.group('pci').removeprefix('PCI:')} reported Xid {xid}{detail}"
+
+
+def xid_fatal(m: re.Match[str], exit_code: int | None, ctx: ClassifyContext) -> bool:
+    return _xid(m) not in _APP_XIDS
+
+
+def xid_app_fault(m: re.Match[str], exit_code: int | None, ctx: ClassifyContext) -> bool:
+    return _xid(m) in _APP_XIDS

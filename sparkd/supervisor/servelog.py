@@ -1,0 +1,103 @@
+"""What vLLM's log says while it serves: its periodic throughput line and the JIT-compile lines. Pure.
+
+The throughput line (``v1/metrics/loggers.py`` ``LoggingStatLogger.log``, every ``VLLM_LOG_STATS_INTERVAL`` =
+10 s, 0.11–0.24)::
+
+    Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 33.2 tokens/s, Running: 1 reqs,
+    Waiting: 0 reqs, GPU KV cache usage: 58.5%, Prefix cache hit rate: 76.5%
+
+Rules that matter to a stall check (checked against vLLM 0.13 and 0.24 source):
+
+- It is logged at INFO only while the engine is not idle: once both throughputs were 0 for two intervals in a
+  row it drops to DEBUG, so the lines stop. A wedge mid-generation therefore leaves one last line with
+  ``0.0 tokens/s`` and ``Running: N`` > 0, then silence.
+- ``Running``/``Waiting`` come from the scheduler stats of the last *completed* engine step, like the
+  ``vllm:num_requests_*`` gauges: a step that never completes changes neither.
+- Prompt tokens are counted when a request's prefill finishes (its first token), so a long chunked prefill shows
+  0 prompt throughput until it is done; only the KV cache usage moves.
+- ``--disable-log-stats`` turns these lines off together with every ``vllm:*`` metric (both are the stat
+  logger manager ``AsyncLLM`` only builds with log stats on).
+
+JIT lines (real ones, from vLLM's ``jit_monitor.py`` ≥0.21 and FlashInfer's ``flashinfer.jit`` logger)::
+
+    (EngineCore) WARNING 05-18 19:12:27 [jit_monitor.py:103] Triton kernel JIT compilation during inference:
+        _causal_conv1d_update_kernel. This causes a latency spike; consider extending warmup to cover ...
+    (EngineCore pid=2275828) WARNING 06-19 16:22:25 [jit_monitor.py:124] CuTeDSL JIT compilation during
+        inference: FlashAttentionForwardSm100. ...
+    WARNING 06-25 10:59:52 [jit_monitor.py:134] TileLang JIT compilation during inference: mhc_pre_big_...
+    2025-03-10 10:41:52,925 - INFO - flashinfer.jit: Prebuilt kernels not found, using JIT backend
+
+The jit_monitor lines are written *after* each compile (a Triton post-compile hook), so a burst of compiles
+shows as a line per kernel; DeepGEMM's and FlashInfer's runtime compiles log nothing by default (vllm#49905,
+vllm#56684; the FlashInfer logging PRs #38462/#54529 are not merged) — the shell can report those as compiler
+processes (``nvcc``, ``ptxas``, ``cicc``, ``ninja``) in vLLM's process tree instead.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sparkd.supervisor.logline import clean
+
+__all__ = ["COMPILER_PROCESSES", "JitCompile", "Throughput", "read_serve_line"]
+
+# Process names of the compilers a runtime JIT runs (FlashInfer: ninja → nvcc → cicc/ptxas; DeepGEMM with
+# DG_JIT_USE_NVRTC=0: nvcc; Triton: ptxas). Seen in vLLM's process tree, they mean "compiling", like a JIT line.
+COMPILER_PROCESSES = frozenset({"nvcc", "cicc", "ptxas", "ninja", "cc1plus", "nvlink", "fatbinary", "cudafe++"})
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One engine's periodic throughput line."""
+
+    engine: str  # "000"
+    prompt_tps: float
+    generation_tps: float
+    running: int
+    waiting: int
+    kv_cache_usage_pct: float | None  # "GPU KV cache usage: 58.5%"
+
+    @property
+    def moving(self) -> bool:
+        """The engine completed steps that processed tokens during the interval."""
+        return self.prompt_tps > 0 or self.generation_tps > 0
+
+
+@dataclass(frozen=True)
+class JitCompile:
+    what: str  # "Triton kernel _causal_conv1d_update_kernel", "flashinfer.jit: ..."
+
+
+_THROUGHPUT = re.compile(
+    r"(?:Engine (?P<engine>\d+): )?Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, "
+    r"Avg generation throughput: (?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, "
+    r"(?:Swapped: \d+ reqs, )?(?:Pending|Waiting): (?P<waiting>\d+) reqs"
+    r"(?:, Preemptions: \d+)?(?:, GPU KV cache usage: (?P<kv>[\d.]+)%)?"
+)
+_JIT_MONITOR = re.compile(r"(?P<kind>[\w/ -]+?) JIT compilation during inference: (?P<name>[^\s.(]+)")
+_FLASHINFER_JIT = re.compile(r"flashinfer\.jit: (?P<msg>.*)")
+_OTHER_JIT = re.compile(
+    r"(?P<msg>Triton autotuning for function \w+|JIT-compil\w* .*|Compiling a graph for (?:dynamic shape|compile "
+    r"range|general shape)[^,]*|Dynamo bytecode transform time)"
+)
+
+
+def read_serve_line(raw: str) -> Throughput | JitCompile | None:
+    """What one raw log line says about serving progress, if anything."""
+    text = clean(raw)
+    if "throughput" in text:
+        m = _THROUGHPUT.search(text)
+        if m is not None:
+            kv = m.group("kv")
+            return Throughput(engine=m.group("engine") or "000", prompt_tps=float(m.group("prompt")),
+                              generation_tps=float(m.group("gen")), running=int(m.group("running")),
+                              waiting=int(m.group("waiting")), kv_cache_usage_pct=float(kv) if kv else None)
+    if "JIT" in text or "jit" in text or "Compiling" in text or "Dynamo" in text or "autotuning" in text:
+        m = _JIT_MONITOR.search(text)
+        if m is not None:
+            return JitCompile(f"{m.group('kind').strip()} {m.group('name')}")
+        m = _FLASHINFER_JIT.search(text) or _OTHER_JIT.search(text)
+        if m is not None:
+            return JitCompile(m.group(0).strip()[:120])
+    return None

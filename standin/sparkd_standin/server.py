@@ -1,0 +1,195 @@
+"""The head's API server process (node-rank 0, not headless): vLLM's ``run_server`` sequence.
+
+1. the version line (0.13) or logo (0.21+) and the non-default args; bind the API port with SO_REUSEADDR and
+   SO_REUSEPORT, as vLLM does (so a stale vLLM still listening there does not stop the bind: both then serve
+   the port), without listening;
+2. SIGTERM raises KeyboardInterrupt while loading (uncaught: the process ends by SIGINT, returncode -2);
+3. start the EngineCore and wait for READY; a startup failure is ``RuntimeError: Engine core initialization
+   failed ...`` and exit 1;
+4. route lines, then uvicorn on the pre-bound socket: it listens right after "Application startup complete.";
+5. SIGTERM/SIGINT: 0.13 cancels the server ("Shutting down FastAPI HTTP server.", then uvicorn's shutdown
+   lines) and stops the engine; 0.21+ stops the engine first (0.24 logs each step as ``[shutdown] ...``). The
+   watchdog stops the server within 5 s of engine death. Either way the exit is 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import uvicorn
+
+from sparkd_standin import api, faults, logfmt
+from sparkd_standin.args import ServeConfig
+from sparkd_standin.client import EngineClient, EngineStartupError
+from sparkd_standin.dialect import LOGO
+from sparkd_standin.generate import TokenSource
+from sparkd_standin.knobs import Knobs, phase_seconds
+from sparkd_standin.metrics import VllmMetrics
+from sparkd_standin.modelconfig import create_model_config
+
+WATCHDOG_S = 5.0  # vLLM's VLLM_WATCHDOG_TIME_S
+GRACEFUL_SHUTDOWN_S = 5.0  # bounds uvicorn's wait for hung requests (vLLM 0.13 waits forever)
+_MAIN_FRAMES = [
+    ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
+    ("entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
+    ("entrypoints/cli/serve.py", 60, "cmd", "uvloop.run(run_server(args))"),
+    (
+        "entrypoints/openai/api_server.py",
+        1398,
+        "run_server",
+        "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)",
+    ),
+]
+
+
+def create_server_socket(host: str | None, port: int) -> socket.socket:
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host or "", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _interrupt_on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt("terminated")
+
+
+def _print_crash(frames: list[tuple[str, int, str, str]], exc_line: str) -> None:
+    logfmt.print_stderr(logfmt.traceback_text(frames, exc_line))
+
+
+def _log_version(config: ServeConfig, knobs: Knobs) -> None:
+    d = knobs.dialect
+    if not d.modern:
+        logfmt.info(d.at("version"), f"vLLM API server version {d.version}")
+    elif os.environ.get("VLLM_DISABLE_LOG_LOGO", "0") not in ("", "0"):
+        logfmt.info(d.at("logo"), f"vLLM server version {d.version}, serving model {config.model}")
+    else:
+        logfmt.info(d.at("logo"), LOGO.format(version=d.version, model=config.model))
+    logfmt.info(d.at("non_default"), f"non-default args: {config.non_default}")
+
+
+def run_api_server(config: ServeConfig, knobs: Knobs) -> int:
+    d = knobs.dialect
+    logfmt.decorate_logs("APIServer", d)
+    _log_version(config, knobs)
+    try:
+        sock = create_server_socket(config.host, config.port)
+    except OSError as exc:
+        frame = ("entrypoints/openai/api_server.py", 1318, "create_server_socket", "sock.bind(addr)")
+        _print_crash([*_MAIN_FRAMES, frame], f"OSError: [Errno {exc.errno}] {exc.strerror}")
+        return 1
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if knobs.ignore_sigterm_while_loading else _interrupt_on_sigterm)
+    if not create_model_config(config, d):
+        return 1
+    engine = EngineClient(config, knobs)
+    try:
+        info = _start_engine(config, knobs, engine)
+    except EngineStartupError as exc:
+        engine.shutdown()
+        frame = ("v1/engine/utils.py", 960, "wait_for_engine_startup", "raise RuntimeError(")
+        _print_crash([*_MAIN_FRAMES, frame], f"RuntimeError: {exc}")
+        return 1
+    except BaseException:  # KeyboardInterrupt from SIGTERM/SIGINT while loading: stop children, re-raise
+        engine.shutdown()
+        raise
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    port = sock.getsockname()[1]
+    logfmt.info(d.at("tasks"), "Supported tasks: ['generate']")
+    logfmt.info(d.at("starting"), d.starting(f"http://{config.host or '0.0.0.0'}:{port}"))
+    logfmt.info(d.at("routes"), "Available routes are:")
+    for line in api.route_lines():
+        logfmt.info(d.at("route"), line)
+    metrics = VllmMetrics(config, int(info["kv_tokens"]), exposed=not config.disable_log_stats)
+    state = api.AppState(config, knobs, engine, metrics, TokenSource(engine, metrics, knobs.tokens_per_s))
+    try:
+        asyncio.run(serve_http(state, sock))
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        engine.shutdown()
+        sys.stdout.flush()
+    return 0
+
+
+def _start_engine(config: ServeConfig, knobs: Knobs, engine: EngineClient) -> dict[str, Any]:
+    if config.enable_chunked_prefill:
+        logfmt.info(
+            knobs.dialect.at("chunked"),
+            f"Chunked prefill is enabled with max_num_batched_tokens={config.max_num_batched_tokens}.",
+        )
+    time.sleep(phase_seconds(knobs, "api"))
+    engine.start()
+    return engine.wait_ready()
+
+
+async def watchdog_loop(server: uvicorn.Server, state: api.AppState) -> None:
+    """vLLM's launcher watchdog: stop serving once the engine is dead."""
+    keep_alive = os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") == "1"
+    while True:
+        await asyncio.sleep(WATCHDOG_S)
+        if state.engine.errored and not keep_alive:
+            server.should_exit = True
+
+
+async def serve_http(state: api.AppState, sock: socket.socket) -> None:
+    cfg = state.config
+    config = uvicorn.Config(
+        api.build_app(state),
+        log_level=cfg.uvicorn_log_level,
+        access_log=not cfg.disable_uvicorn_access_log,
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_S),
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    if not cfg.disable_log_stats:
+        state.background.append(api.log_stats_forever)
+    state.background.append(lambda st: faults.run_faults(st, server))
+    loop = asyncio.get_running_loop()
+    server_task = loop.create_task(server.serve(sockets=[sock]))
+    watchdog_task = loop.create_task(watchdog_loop(server, state))
+
+    def signal_handler() -> None:
+        server_task.cancel()
+        watchdog_task.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, signal_handler)
+    loop.add_signal_handler(signal.SIGTERM, signal_handler)
+    try:
+        await server_task
+    except asyncio.CancelledError:
+        await _shut_down(state, server)
+    finally:
+        watchdog_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watchdog_task
+
+
+async def _shut_down(state: api.AppState, server: uvicorn.Server) -> None:
+    """0.13 stops the HTTP server, then (in run_api_server) the engine; 0.21+ the engine first."""
+    d = state.knobs.dialect
+    if d.family == "0.24":
+        logfmt.info(d.at("shutdown_triggered"), "[shutdown] API server: shutdown triggered")
+        logfmt.info(d.at("shutdown_engine"), "[shutdown] API server: stopping engine client mode=abort timeout=0s")
+    if d.modern:
+        await asyncio.get_running_loop().run_in_executor(None, state.engine.shutdown)
+    if d.family == "0.24":
+        logfmt.info(d.at("shutdown_engine_done"), "[shutdown] API server: engine client stopped")
+        logfmt.info(d.at("shutdown_signalling"), "[shutdown] API server: signalling HTTP server shutdown")
+        logfmt.info(d.at("shutdown_http"), "[shutdown] API server: shutting down FastAPI HTTP server")
+    else:
+        logfmt.info(d.at("shutdown_http"), "Shutting down FastAPI HTTP server.")
+    await server.shutdown()

@@ -1,0 +1,234 @@
+"""Wedge detection: how long after a wedge begins sparkd's health tracker calls it, and how often it calls one that
+is not there.
+
+    .venv/bin/python tests/bench/bench_wedge.py [--trials 40] [--json bench-wedge.json]
+
+A replay, not a live run: each trial builds a simulated vLLM (tests/bench/wedge_worlds.py, which follows real
+vLLM's rules: gauges move only when a step completes, the throughput line stops after two quiet intervals,
+--disable-log-stats removes metrics and that line) and feeds what sparkd's probes would see — /health and /metrics
+every 5 s, the canary loop, the log lines — through the pure tracker (sparkd.supervisor.health) on an injected
+clock, with random phases per trial. It measures decision latency, not I/O. The peer in the same run is the
+tracker as it was before issue 14 (commit 9f32bbe: stall after 120 s of frozen marks with requests running, a
+hang after 600 s of canary timeouts, canary every 60 s), replayed on the same worlds.
+
+Wedge kinds (target: called within 60 s of the wedge's start): mid-generation stall; idle-engine wedge; a stall
+with /metrics off but vLLM's throughput log still written; a lost peer on GB10 (the collective hangs: mid-generation
+and idle). False positives (target: none): a 240 s and a 900 s mid-serve JIT pause announced by a jit_monitor line,
+and a 1M-token prefill in 16384- and 32768-token chunks.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from benchkit import bench_parser, fmt, median, percentile, run_bench
+from wedge_worlds import JIT_LINE, SHM_LINE, World, decoding, idle, prefill
+
+from sparkd.config import HealthConfig
+from sparkd.supervisor import health as h
+from sparkd.supervisor.health import HealthTracker, MetricsOff, ProbeOutcome, ProbeResult, VllmMetrics
+from sparkd.supervisor.vocabulary import HealthFailed
+
+TARGET_S = 60.0
+# sparkd's shipped [health] defaults, with the execute timeout its default launch env sets (1800 s).
+NEW = HealthConfig(execute_timeout_s=1800)
+OLD = HealthConfig(canary_interval_s=60, canary_timeout_s=30, stall_after_s=120, busy_grace_s=600)
+
+
+class OldTracker:
+    """The decision rules of 9f32bbe's health.observe_metrics / observe_canary (the peer)."""
+
+    def __init__(self) -> None:
+        self.marks: tuple[Any, ...] | None = None
+        self.progress_at: float | None = None
+        self.busy_since: float | None = None
+
+    def metrics(self, m: VllmMetrics | None, now: float) -> bool:
+        if m is None:
+            return False
+        mark = (m.generation_tokens_total, m.prompt_tokens_total, m.kv_cache_usage_perc, m.num_requests_running)
+        moved, self.marks = mark != self.marks, mark
+        if m.num_requests_running <= 0:
+            self.progress_at = None
+            return False
+        if moved or self.progress_at is None:
+            self.progress_at = now
+            return False
+        return now - self.progress_at >= OLD.stall_after_s
+
+    def canary(self, answered: bool, now: float) -> bool:
+        if answered:
+            self.busy_since = None
+            return False
+        self.busy_since = now if self.busy_since is None else self.busy_since
+        return now - self.busy_since >= OLD.busy_grace_s
+
+
+def metrics_of(world: World, t: float) -> VllmMetrics | MetricsOff:
+    if not world.metrics:
+        return MetricsOff()
+    g, p, kv, r, w = world.marks(t)
+    return VllmMetrics(num_requests_running=r, generation_tokens_total=g, num_requests_waiting=w,
+                       prompt_tokens_total=p, kv_cache_usage_perc=kv)
+
+
+def replay(world: World, until: float, rng: random.Random, *, new: bool) -> float | None:
+    """The time of the first wedge verdict in [0, until], or None."""
+    cfg = NEW if new else OLD
+    probe_phase, canary_phase = rng.uniform(0, cfg.interval_s), rng.uniform(0, cfg.canary_interval_s)
+    events: list[tuple[float, str, Any]] = [(k * cfg.interval_s + probe_phase, "probe", None)
+                                            for k in range(int(until / cfg.interval_s) + 1)]
+    events += [(t, "line", line) for t, line in [*world.lines, *world.throughput_lines(until, rng.uniform(0, 10))]]
+    events.append((canary_phase, "canary_send", None))
+    tracker, old = HealthTracker(), OldTracker()
+    tracker, _ = h.observe_health(tracker, ProbeResult(ProbeOutcome.ok, 0.01), 0.0, cfg)
+    while events:
+        events.sort(key=lambda e: e[0])
+        now, kind, value = events.pop(0)
+        if now > until:
+            return None
+        fired = False
+        if kind == "probe":
+            tracker, _ = h.observe_health(tracker, ProbeResult(ProbeOutcome.ok, 0.01), now, cfg)
+            seen = metrics_of(world, now)
+            if new:
+                tracker, obs = h.observe_metrics(tracker, seen, now, cfg)
+                fired = isinstance(obs, HealthFailed)
+            else:
+                fired = old.metrics(seen if isinstance(seen, VllmMetrics) else None, now)
+        elif kind == "line" and new:
+            tracker, obs = h.observe_log_line(tracker, value, now, cfg)
+            fired = isinstance(obs, HealthFailed)
+        elif kind == "canary_send":
+            latency = world.canary(now, cfg.canary_timeout_s)
+            done = now + (latency if latency is not None else cfg.canary_timeout_s)
+            events.append((done, "canary_result", latency))
+        elif kind == "canary_result":
+            outcome = ProbeOutcome.ok if value is not None else ProbeOutcome.timeout
+            waited = value if value is not None else cfg.canary_timeout_s
+            if new:
+                tracker, obs = h.observe_canary(tracker, ProbeResult(outcome, waited, "bench"), now, cfg)
+                fired = isinstance(obs, HealthFailed)
+            else:
+                fired = old.canary(value is not None, now)
+            events.append((now + cfg.canary_interval_s, "canary_send", None))
+        if fired:
+            return now
+    return None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    build: Callable[[random.Random], tuple[World, float, float]]  # → world, wedge start (nan: none), horizon
+    wedge: bool
+
+
+def mid_generation(rng: random.Random) -> tuple[World, float, float]:
+    t0 = rng.uniform(300, 400)
+    return decoding(t0 + 900, stuck_after=t0), t0, t0 + 900
+
+
+def idle_wedge(rng: random.Random) -> tuple[World, float, float]:
+    t0 = rng.uniform(300, 400)
+    return idle(stuck_after=t0), t0, t0 + 900
+
+
+def lines_only(rng: random.Random) -> tuple[World, float, float]:
+    world, t0, end = mid_generation(rng)
+    world.metrics = False
+    return world, t0, end
+
+
+def blind(rng: random.Random) -> tuple[World, float, float]:
+    world, t0, end = lines_only(rng)
+    world.log_stats = False
+    return world, t0, end
+
+
+def peer_lost(world_at: Callable[[random.Random], tuple[World, float, float]]) -> Callable[..., Any]:
+    def build(rng: random.Random) -> tuple[World, float, float]:
+        world, t0, end = world_at(rng)
+        world.lines += [(t0 + 60 * k, SHM_LINE) for k in range(1, 15)]  # the head's waits, every 60 s
+        return world, t0, end
+    return build
+
+
+def jit_pause(pause: float) -> Callable[[random.Random], tuple[World, float, float]]:
+    def build(rng: random.Random) -> tuple[World, float, float]:
+        t0 = rng.uniform(300, 400)
+        world = decoding(t0 + pause + 300, stuck_after=t0, resume_at=t0 + pause)
+        world.lines += [(t0 + 1.0, JIT_LINE)] + [(t0 + 60 * k, SHM_LINE) for k in range(1, int(pause // 60) + 1)]
+        return world, math.nan, t0 + pause + 300
+    return build
+
+
+def long_prefill(chunk: int) -> Callable[[random.Random], tuple[World, float, float]]:
+    def build(rng: random.Random) -> tuple[World, float, float]:
+        world = prefill(1_000_000, chunk, start=rng.uniform(20, 60))
+        return world, math.nan, world.busy_until + 120
+    return build
+
+
+SCENARIOS = (
+    Scenario("mid-generation stall (3 requests decoding, every step stops)", mid_generation, True),
+    Scenario("idle-engine wedge (gauges stay at 0)", idle_wedge, True),
+    Scenario("stall with /metrics off, throughput log on", lines_only, True),
+    Scenario("lost peer, requests running (the TP collective hangs)", peer_lost(mid_generation), True),
+    Scenario("lost peer, engine idle", peer_lost(idle_wedge), True),
+    Scenario("stall with /metrics and the throughput log off (--disable-log-stats)", blind, True),
+    Scenario("JIT pause of 240 s mid-serve (jit_monitor line, then no step)", jit_pause(240), False),
+    Scenario("JIT pause of 900 s mid-serve", jit_pause(900), False),
+    Scenario("1M-token prefill, 16384-token chunks (~17 min)", long_prefill(16384), False),
+    Scenario("1M-token prefill, 32768-token chunks (steps up to ~55 s)", long_prefill(32768), False),
+)
+
+
+def measure(scenario: Scenario, trials: int, seed: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": scenario.name, "wedge": scenario.wedge, "trials": trials}
+    for who, new in (("sparkd", True), ("before", False)):
+        rng = random.Random(seed)
+        delays, false_calls = [], 0
+        for _ in range(trials):
+            world, t0, horizon = scenario.build(rng)
+            at = replay(world, horizon, rng, new=new)
+            if scenario.wedge:
+                delays.append(None if at is None else at - t0)
+            elif at is not None:
+                false_calls += 1
+        if scenario.wedge:
+            caught = [d for d in delays if d is not None]
+            out[who] = {"caught": len(caught), "median_s": median(caught), "p90_s": percentile(caught, 90),
+                        "max_s": max(caught) if caught else None, "within_target": sum(d <= TARGET_S for d in caught)}
+        else:
+            out[who] = {"false_positives": false_calls}
+    return out
+
+
+def bench(args: Any) -> dict[str, Any]:
+    started = time.monotonic()
+    rows = [measure(s, args.trials, seed=14 + i) for i, s in enumerate(SCENARIOS)]
+    for r in rows:
+        s, b = r["sparkd"], r["before"]
+        if r["wedge"]:
+            print(f"{r['name']}: sparkd {s['caught']}/{r['trials']} caught, median {fmt(s['median_s'], '.0f')} s, "
+                  f"max {fmt(s['max_s'], '.0f')} s; before {b['caught']}/{r['trials']}, max {fmt(b['max_s'], '.0f')} s")
+        else:
+            print(f"{r['name']}: false positives sparkd {s['false_positives']}/{r['trials']}, before "
+                  f"{b['false_positives']}/{r['trials']}")
+    return {"scenarios": rows, "target_s": TARGET_S, "trials": args.trials, "seconds": time.monotonic() - started}
+
+
+def main() -> int:
+    parser = bench_parser(__doc__, "bench-wedge.json")
+    parser.add_argument("--trials", type=int, default=40)
+    return run_bench(parser, bench)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

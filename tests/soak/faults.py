@@ -1,0 +1,211 @@
+"""The faults the soak gives today's daemons, one function each: ``(pair, params, ledger) -> note``.
+
+Each acts, then returns; the runner waits for the recovery. What a fault itself can see going wrong (a client
+that got a traceback, a control API that did not answer, a frozen rank left behind) goes into the ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import psutil
+from invariants import Ledger
+from soakpair import SoakPair, stop_tree
+from test_logfile import FLOOD  # as vLLM floods: one flushed write per line
+
+PY = sys.executable
+API_BOUND_S = 2.0  # issue 16: a flood never delays the control API by more than a second (2 s: a shared CI box)
+
+
+def ctl(pair: SoakPair, node: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return pair.daemons[node].ctl(*args, timeout=timeout)
+
+
+def api_latency(pair: SoakPair, node: str, ledger: Ledger, during: str) -> float:
+    """Time one GET /v1/status on the node's control socket; no answer, or a slow one, is a violation."""
+    begun = time.monotonic()
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(pair.daemons[node].socket)), timeout=30) as client:
+            answer = client.get("http://sparkd/v1/status")
+    except httpx.HTTPError as exc:
+        ledger.add(f"{node}: the control API did not answer during {during} ({type(exc).__name__})")
+        return time.monotonic() - begun
+    took = time.monotonic() - begun
+    if answer.status_code != 200:
+        ledger.add(f"{node}: the control API answered {answer.status_code} during {during}")
+    elif took > API_BOUND_S:
+        ledger.add(f"{node}: the control API took more than {API_BOUND_S:.0f} s to answer during {during}")
+    pair.latencies.append(took)
+    return took
+
+
+def vllm_sigkill(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
+    pid = pair.rank_pid(params["node"])
+    if pid is None:
+        return "no rank to kill"
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return f"{params['node']} rank {pid} was already gone"
+    return f"SIGKILL {params['node']} rank {pid}"
+
+
+def rank_sigstop(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
+    pid = pair.rank_pid(params["node"])
+    if pid is None:
+        return "no rank to stop"
+    frozen = stop_tree(pid)
+    pair.frozen = frozen  # type: ignore[attr-defined]
+    return f"SIGSTOP {params['node']} rank {pid} ({len(frozen)} processes)"
+
+
+def after_sigstop(pair: SoakPair, ledger: Ledger) -> None:
+    """After the recovery: the frozen rank must be gone (sparkd killed it); else end it ourselves."""
+    frozen: list[psutil.Process] = getattr(pair, "frozen", [])
+    left = [p for p in frozen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if left:
+        ledger.add("a frozen (SIGSTOPped) rank was left behind after the recovery")
+        for proc in left:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+    pair.frozen = []  # type: ignore[attr-defined]
+
+
+def link_cut(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
+    pair.link.cut()
+    time.sleep(params["down_s"])
+    pair.link.restore()
+    return f"link down {params['down_s']} s"
+
+
+def daemon_sigkill(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
+    name = params["node"]
+    pair.expected_exit.add(name)
+    pair.daemons[name].kill()
+    time.sleep(0.5)
+    pair.start(name)
+    return f"SIGKILL {name} daemon, started a new one"
+
+
+def ctl_storm(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
+    rng_orders = [("restart",), ("stop", "start"), ("restart", "restart"), ("start",), ("stop", "restart")]
+    results: list[subprocess.CompletedProcess[str]] = []
+    lock = threading.Lock()
+
+    def client(n: int) -> None:
+        for command in rng_orders[n % len(rng_orders)]:
+            try:
+                done = ctl(pair, params["node"], command, timeout=120)
+            except subprocess.TimeoutExpired:
+                ledger.add(f"sparkctl {command} on the {params['node']} did not answer within 120 s in a storm")
+                continue
+            with lock:
+                results.append(done)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(params["clients"])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for done in results:
+        if "Traceback" in done.stderr or "Traceback" in done.stdout:
+            ledger.add(f"sparkctl {done.args[-1]} printed a traceback in a storm")
+    ctl(pair, params["node"], "start", timeout=120)  # whatever the storm left: the operator wants it running
+    return f"{params['clients']} clients on the {params['node']}: " + ", ".join(
+        f"{d.args[-1]}={d.returncode}" for d in results)
+
+
+HOLDER = textwrap.dedent("""\
+    import socket, sys, time
+    host, port, count, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    held = []
+    for _ in range(count):
+        try:
+            held.append(socket.create_connection((host, port), timeout=5))
+        except OSError:
+            break
+    print(len(held), flush=True)
+    time.sleep(hold)
+    """)
+
+
+def idle_connections(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
+    port = int(pair.head.config["api"]["port"])
+    holder = subprocess.Popen(["ip", "netns", "exec", pair.link.head_ns, PY, "-c", HOLDER, pair.link.head_addr,
+                               str(port), str(params["count"]), str(params["hold_s"])],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        opened = holder.stdout.readline().strip() if holder.stdout else "?"
+        api_latency(pair, "head", ledger, f"{params['count']} idle connections")
+        if params.get("kill_rank"):  # a vLLM failure while the descriptors are exhausted (reliability.md 5f)
+            vllm_sigkill(pair, {"node": "head"}, ledger)
+        holder.wait(params["hold_s"] + 30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(10)
+        if holder.stdout:
+            holder.stdout.close()
+    return f"{opened} of {params['count']} idle connections held {params['hold_s']} s"
+
+
+def log_flood(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
+    raw = pair.head.state_dir / "run" / "vllm.out"
+    writer = subprocess.Popen([PY, "-c", FLOOD, str(raw), str(params["seconds"])])
+    worst = 0.0
+    biggest = 0
+    try:
+        while writer.poll() is None:
+            worst = max(worst, api_latency(pair, "head", ledger, "a log flood"))
+            with contextlib.suppress(OSError):
+                biggest = max(biggest, raw.stat().st_size)
+            time.sleep(0.2)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+        writer.wait(30)
+    if biggest > 64 << 20:
+        ledger.add(f"the raw vLLM log reached {biggest >> 20} MiB during a flood")
+    return f"flood {params['seconds']} s: API worst {worst:.2f} s, raw log max {biggest >> 20} MiB"
+
+
+def state_full(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
+    filler = pair.head.state_dir / "soak-filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 65536)
+    finally:
+        os.close(fd)
+    try:
+        deadline = time.monotonic() + params["hold_s"]
+        if params.get("kill_rank"):  # a vLLM failure while nothing can be written (reliability.md 4)
+            vllm_sigkill(pair, {"node": "head"}, ledger)
+        while time.monotonic() < deadline:
+            api_latency(pair, "head", ledger, "a full state filesystem")
+            time.sleep(0.5)
+    finally:
+        filler.unlink(missing_ok=True)
+    return f"state filesystem full for {params['hold_s']} s"
+
+
+FAULTS: dict[str, Callable[[SoakPair, dict[str, Any], Ledger], str]] = {
+    "vllm_sigkill": vllm_sigkill, "rank_sigstop": rank_sigstop, "link_cut": link_cut,
+    "daemon_sigkill": daemon_sigkill, "ctl_storm": ctl_storm, "idle_connections": idle_connections,
+    "log_flood": log_flood, "state_full": state_full,
+}
+# After these both ranks must be new processes (the pair restarts as one unit).
+REPLACES_THE_PAIR = frozenset({"vllm_sigkill", "rank_sigstop"})  # a short link cut may be ridden through
+AFTER: dict[str, Callable[[SoakPair, Ledger], None]] = {"rank_sigstop": after_sigstop}

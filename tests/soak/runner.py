@@ -1,0 +1,122 @@
+"""The soak itself: plant the decoys, start the pair, then fault → recovery until the time is up.
+
+Closing line: ``soak: F faults, R recoveries, V violations``; the details go to a JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from decoys import Decoys
+from faults import AFTER, FAULTS, REPLACES_THE_PAIR
+from invariants import Ledger, Sampler, footprint_growth, orphans
+from schedule import FAULTS as KINDS
+from schedule import steps
+from soakpair import SoakPair
+
+
+def closing_line(report: dict[str, Any]) -> str:
+    return (f"soak: {len(report['faults'])} faults, {report['recoveries']} recoveries, "
+            f"{len(report['violations'])} violations")
+
+
+def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
+    ledger = Ledger()
+    report: dict[str, Any] = {"seed": seed, "seconds": seconds, "faults": [], "recoveries": 0, "crashes": [],
+                              "kinds": {k.name: k.what for k in KINDS}}
+    pair = SoakPair(tmp / "pair")
+    decoys = Decoys(tmp)
+    sampler = Sampler(pair.nodes(), ledger, decoys.touched)
+    try:
+        decoys.plant(mention=f"{pair.nodes()[0].prefix}::Worker_TP0 VLLM::Worker_TP0 vllm serve /models/test")
+        pair.start()
+        first = pair.settle()
+        if first != "ready":
+            ledger.add(f"the pair never became ready: {first}")
+            return finish(report, ledger, pair, sampler, decoys, None)
+        sampler.start()
+        since = time.monotonic()
+        deadline = since + seconds
+        for step in steps(seed, 100_000):
+            if time.monotonic() >= deadline:
+                break
+            report["faults"].append(one_fault(pair, ledger, report, step.n, step.kind, step.params))
+        return finish(report, ledger, pair, sampler, decoys, since)
+    finally:
+        sampler.halt.set()
+        decoys.close()
+        pair.close()
+
+
+def one_fault(pair: SoakPair, ledger: Ledger, report: dict[str, Any], n: int, kind: str,
+              params: dict[str, Any]) -> dict[str, Any]:
+    ledger.during = f"#{n} {kind}"
+    begun = time.monotonic()
+    before = {name: pair.rank_pid(name) for name in pair.daemons}
+    note = FAULTS[kind](pair, params, ledger)
+    if (kind in REPLACES_THE_PAIR or params.get("kill_rank")) and not pair.replaced(before):
+        ledger.add(f"{kind}: no new instance replaced the old one within the bound")
+    outcome = pair.settle()
+    if kind in AFTER:
+        AFTER[kind](pair, ledger)
+    outcome = recover_from_crashes(pair, ledger, report, kind, outcome)
+    if outcome.startswith("failed"):
+        for name in pair.daemons:
+            pair.daemons[name].ctl("reset", timeout=120)
+        outcome += " (reset)"
+        outcome = pair.settle() if pair.settle(5) != "ready" else "ready"
+    if outcome == "timeout":
+        ledger.add(f"{kind}: the pair was neither ready nor failed with a sentence within the bound")
+    if outcome == "ready":
+        report["recoveries"] += 1
+        for node in pair.nodes():
+            for sentence in orphans(node, pair.status(node.name)):
+                ledger.add(sentence)
+    return {"n": n, "kind": kind, "params": params, "note": note, "outcome": outcome,
+            "seconds": round(time.monotonic() - begun, 1)}
+
+
+def recover_from_crashes(pair: SoakPair, ledger: Ledger, report: dict[str, Any], kind: str, outcome: str) -> str:
+    crashed = pair.crashed()
+    if not crashed:
+        return outcome
+    for name, code in crashed.items():
+        ledger.add(f"the {name} daemon died (exit {code}) during {kind}")
+        tail = pair.daemons[name].log().splitlines()[-25:]
+        report["crashes"].append({"node": name, "exit": code, "during": kind, "log_tail": tail})
+        pair.start(name)
+    return pair.settle()
+
+
+def finish(report: dict[str, Any], ledger: Ledger, pair: SoakPair, sampler: Sampler, decoys: Decoys,
+           since: float | None) -> dict[str, Any]:
+    sampler.halt.set()
+    if sampler.is_alive():
+        sampler.join(10)
+    ledger.during = "the end"
+    if not decoys.lock_still_opens_by_name():
+        ledger.add("the decoy's multiprocessing lock no longer opens by its name")
+    for sentence in decoys.touched():
+        ledger.add(sentence)
+    if since is not None:
+        for name, series in sampler.footprint.items():
+            for sentence in footprint_growth(series):
+                ledger.add(f"the {name} daemon's {sentence}")
+    report["violations"] = ledger.to_json()
+    report["samples"] = sampler.samples
+    report["footprint"] = {name: {"daemons": len({s[1] for s in series}),
+                                  "last_rss": series[-1][2] if series else None,
+                                  "last_fds": series[-1][3] if series else None,
+                                  "max_rss": max((s[2] for s in series), default=None),
+                                  "max_fds": max((s[3] for s in series), default=None)}
+                           for name, series in sampler.footprint.items()}
+    report["api_latency_s"] = {"max": round(max(pair.latencies, default=0.0), 3), "count": len(pair.latencies)}
+    return report
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -1,0 +1,140 @@
+"""The pair under soak: two daemons in network namespaces (the pair harness), the head's state folder on a
+small tmpfs of its own (so that it can be filled), descriptors limited as systemd's default soft limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from daemon_harness import alive, kill_tree, title_prefix, tree
+from invariants import Node, read_status
+from pair_harness import Link, NodeDaemon, pair_configs
+
+NOFILE = 1024  # systemd's default soft limit for a service (the unit sets none today)
+STATE_TMPFS = "96m"
+RECOVERY_S = 150.0
+
+
+class SoakPair:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.link = Link.create()
+        self.mounted = False
+        try:
+            self._configure(tmp)
+        except BaseException:
+            self.link.destroy()
+            raise
+        self.seen: list[psutil.Process] = []
+        self.expected_exit: set[str] = set()
+        self.latencies: list[float] = []  # control API round trips measured during faults
+
+    def _configure(self, tmp: Path) -> None:
+        health = {"canary_interval_s": 0.5, "canary_timeout_s": 1, "busy_grace_s": 2}
+        supervisor = {"log_max_bytes": 4 << 20, "log_backups": 2}
+        head_cfg, worker_cfg = pair_configs(tmp, self.link, health=health, supervisor=supervisor)
+        self.head = NodeDaemon(tmp / "head", head_cfg, self.link.head_ns)
+        self.worker = NodeDaemon(tmp / "worker", worker_cfg, self.link.worker_ns)
+        self.head.state_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={STATE_TMPFS}", "tmpfs", str(self.head.state_dir)],
+                       check=True, timeout=30)
+        self.mounted = True
+
+    @property
+    def daemons(self) -> dict[str, NodeDaemon]:
+        return {"head": self.head, "worker": self.worker}
+
+    def nodes(self) -> list[Node]:
+        return [Node(name, title_prefix(d.config)[:-2], d.state_dir / "status.json",
+                     (lambda d=d: d.proc.pid if d.proc is not None and d.proc.poll() is None else None))
+                for name, d in self.daemons.items()]
+
+    def start(self, which: str | None = None) -> None:
+        for name in ([which] if which else ["worker", "head"]):
+            daemon = self.daemons[name].start()
+            assert daemon.proc is not None
+            subprocess.run(["prlimit", "--pid", str(daemon.proc.pid), f"--nofile={NOFILE}:{NOFILE}"],
+                           capture_output=True, timeout=30)
+            self.expected_exit.discard(name)
+
+    def status(self, name: str) -> dict[str, Any]:
+        data, _ = read_status(self.daemons[name].state_dir / "status.json")
+        return data or {}
+
+    def current(self, name: str, status: dict[str, Any]) -> bool:
+        daemon = self.daemons[name]
+        return daemon.proc is not None and status.get("daemon_pid") == daemon.proc.pid
+
+    def crashed(self) -> dict[str, int]:
+        """Daemons that exited although nobody asked them to: name → exit status."""
+        return {name: d.proc.returncode for name, d in self.daemons.items()
+                if d.proc is not None and d.proc.poll() is not None and name not in self.expected_exit}
+
+    def settle(self, timeout: float = RECOVERY_S) -> str:
+        """Wait until both ranks are ready (returns "ready"), or one daemon is failed with a sentence
+        ("failed: <sentence>"), or a daemon died ("crashed"); "timeout" after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.crashed():
+                return "crashed"
+            statuses = {name: self.status(name) for name in self.daemons}
+            if all(self.current(n, s) and s.get("state") == "ready" for n, s in statuses.items()):
+                for s in statuses.values():
+                    self.seen.extend(tree(int(s["pid"])))
+                return "ready"
+            for name, s in statuses.items():
+                failure = s.get("last_failure") or {}
+                if self.current(name, s) and s.get("state") == "failed" and failure.get("message"):
+                    return f"failed: {name}: {failure['message']}"
+            time.sleep(0.25)
+        return "timeout"
+
+    def replaced(self, before: dict[str, int | None], timeout: float = RECOVERY_S) -> bool:
+        """Wait until every rank runs under a PID other than in ``before`` (the old ones were replaced)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = {name: self.rank_pid(name) for name in self.daemons}
+            if all(now[n] is not None and now[n] != before.get(n) for n in now):
+                return True
+            if self.crashed():
+                return False
+            time.sleep(0.25)
+        return False
+
+    def rank_pid(self, name: str) -> int | None:
+        pid = self.status(name).get("pid")
+        return int(pid) if pid else None
+
+    def close(self) -> None:
+        for daemon in self.daemons.values():
+            pid = self.status_pid(daemon)
+            if pid:
+                self.seen.extend(tree(pid))
+            with contextlib.suppress(Exception):
+                daemon.stop(timeout=60)
+            daemon.kill()
+        kill_tree(alive(self.seen))
+        self.link.destroy()
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.head.state_dir)], capture_output=True, timeout=30)
+            self.mounted = False
+
+    @staticmethod
+    def status_pid(daemon: NodeDaemon) -> int | None:
+        data, _ = read_status(daemon.state_dir / "status.json")
+        return int(data["pid"]) if data and data.get("pid") else None
+
+
+def stop_tree(pid: int, sig: int = signal.SIGSTOP) -> list[psutil.Process]:
+    procs = tree(pid)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(sig)
+    return procs

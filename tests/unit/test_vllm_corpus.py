@@ -1,0 +1,145 @@
+"""The corpus of real vLLM log excerpts (tests/data/vllm-logs/, format in its README): every excerpt goes through
+the log parser, the classifier and `sparkd explain`, and must come out as its header says — the expected class and
+a sentence that names the cause and the next step."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections import Counter
+from dataclasses import dataclass
+from functools import reduce
+from pathlib import Path
+
+import pytest
+
+from sparkd.explain import parse_signal
+from sparkd.supervisor.classify import classify
+from sparkd.supervisor.failures import FailureClass
+from sparkd.supervisor.logline import clean, parse
+from sparkd.supervisor.progress import Phase, Progress, advance
+from sparkd.supervisor.servelog import read_serve_line
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "vllm-logs"
+SPARKD = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "sparkd"
+REQUIRED = ("source", "vllm", "class", "cause", "next")
+KNOWN = (*REQUIRED, "exit", "signal", "phase", "note")
+# sparkd's own verdict: its memory guard killed vLLM. No vLLM log says so (test_classify.py covers it).
+NOT_IN_LOGS = {FailureClass.killed_by_guard, FailureClass.host_unavailable}  # sparkd's own, not vLLM's
+_VERSION = re.compile(r"^0\.(?P<minor>\d+)(?:\.\d+)*(?:rc\d+)?(?:\.dev\d+)?\b")
+
+
+@dataclass(frozen=True)
+class Excerpt:
+    name: str
+    header: dict[str, str]
+    lines: tuple[str, ...]
+
+    @property
+    def cls(self) -> FailureClass:
+        return FailureClass(self.header["class"])
+
+    @property
+    def exit_code(self) -> int | None:
+        if "signal" in self.header:
+            return None
+        return int(self.header.get("exit", "1"))
+
+    @property
+    def signal(self) -> int | None:
+        return parse_signal(self.header["signal"]) if "signal" in self.header else None
+
+    @property
+    def minor(self) -> int:
+        m = _VERSION.match(self.header["vllm"])
+        assert m is not None, f"{self.name}: vllm: {self.header['vllm']!r} does not start with 0.N"
+        return int(m.group("minor"))
+
+
+def load(path: Path) -> Excerpt:
+    text = path.read_text(encoding="utf-8")
+    head, sep, body = text.partition("\n---\n")
+    assert sep, f"{path.name}: no '---' line between the header and the excerpt"
+    header: dict[str, str] = {}
+    for line in head.splitlines():
+        m = re.fullmatch(r"# (?P<key>[a-z]+): (?P<value>.+)", line)
+        assert m is not None, f"{path.name}: header line {line!r} is not '# key: value'"
+        assert m.group("key") in KNOWN, f"{path.name}: unknown header key {m.group('key')!r}"
+        header[m.group("key")] = m.group("value").strip()
+    missing = [key for key in REQUIRED if key not in header]
+    assert not missing, f"{path.name}: missing header keys {missing}"
+    lines = tuple(body.rstrip("\n").split("\n"))
+    assert any(line.strip() for line in lines), f"{path.name}: the excerpt is empty"
+    return Excerpt(path.stem, header, lines)
+
+
+EXCERPTS = [load(path) for path in sorted(CORPUS.glob("*.log"))]
+IDS = [e.name for e in EXCERPTS]
+
+
+def test_the_corpus_spans_the_versions() -> None:
+    """Every excerpt names its source and a vLLM version from 0.11 on; together they run from 0.11 to at least 0.24
+    (builds after 0.24 are what the DGX Spark field runs, so they count too)."""
+    minors = {e.minor for e in EXCERPTS}
+    assert min(minors) == 11 and max(minors) >= 24, sorted(minors)
+    for e in EXCERPTS:
+        assert e.header["source"].startswith(("https://github.com/", "field-reports/")), e.name
+
+
+# Issue 14 asks for at least 40 excerpts and two of every class. No public log was found whose end nothing
+# recognises and whose process's end is known (README, "Coverage"), so `unknown` has no excerpt yet; nothing is made
+# up to fill it. Strict: once the corpus gets there, this xfail turns into a failure and the marker must go.
+THIN = {"unknown"}
+
+
+@pytest.mark.xfail(strict=True, reason=f"corpus short of issue 14's target: 40 excerpts, two each of {sorted(THIN)}")
+def test_the_corpus_is_broad() -> None:
+    """At least 40 excerpts, every class a vLLM log can show at least twice."""
+    counts = Counter(e.cls for e in EXCERPTS)
+    thin = {cls.value: counts[cls] for cls in FailureClass if cls not in NOT_IN_LOGS and counts[cls] < 2}
+    assert len(EXCERPTS) >= 40 and not thin, f"{len(EXCERPTS)} excerpts; classes with fewer than two: {thin}"
+
+
+def test_the_thin_classes_are_the_ones_named() -> None:
+    """The xfail above names exactly the classes that are short, so a new excerpt shows up here first."""
+    counts = Counter(e.cls for e in EXCERPTS)
+    assert {cls.value for cls in FailureClass if cls not in NOT_IN_LOGS and counts[cls] < 2} == THIN
+
+
+@pytest.mark.parametrize("excerpt", EXCERPTS, ids=IDS)
+def test_every_line_parses(excerpt: Excerpt) -> None:
+    """The parser takes every real line apart: no colour and no `(Name pid=N)` prefix is left in front."""
+    for raw in excerpt.lines:
+        line = parse(raw)
+        assert "\x1b" not in line.text and not re.match(r"\s*\([A-Za-z_][\w.\-]* pid=\d+", line.text), raw
+        read_serve_line(raw)
+    progress = reduce(lambda p, item: advance(p, item[1], float(item[0])), enumerate(excerpt.lines), Progress())
+    if "phase" in excerpt.header:
+        assert progress.phase is Phase(excerpt.header["phase"])
+
+
+@pytest.mark.parametrize("excerpt", EXCERPTS, ids=IDS)
+def test_classified_as_the_header_says(excerpt: Excerpt) -> None:
+    failure = classify(excerpt.exit_code, excerpt.signal, excerpt.lines)
+    assert failure.cls is excerpt.cls, failure.sentence
+    what, _, do = failure.sentence.partition("; ")
+    assert what and do, failure.sentence
+    assert excerpt.header["cause"] in failure.sentence, failure.sentence
+    assert excerpt.header["next"] in failure.sentence, failure.sentence
+    if failure.evidence is not None:  # the line it rests on is one of the excerpt's (undecorated)
+        cleaned = " ".join(clean(line) for line in excerpt.lines)
+        assert failure.evidence.rstrip("…")[:60] in cleaned or failure.evidence.startswith("docker inspect")
+
+
+@pytest.mark.parametrize("excerpt", EXCERPTS, ids=IDS)
+def test_sparkd_explain_says_the_same(excerpt: Excerpt) -> None:
+    """`sparkd explain - --json`, the excerpt on stdin: the same class and sentence as the daemon's classifier."""
+    how = ["--signal", excerpt.header["signal"]] if "signal" in excerpt.header else \
+        ["--exit-code", str(excerpt.exit_code)]
+    proc = subprocess.run([str(SPARKD), "explain", "-", *how, "--json"], input="\n".join(excerpt.lines) + "\n",
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    expected = classify(excerpt.exit_code, excerpt.signal, excerpt.lines)
+    assert answer == {"class": excerpt.cls.value, "sentence": expected.sentence, "evidence": expected.evidence}
