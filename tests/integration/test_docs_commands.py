@@ -132,11 +132,13 @@ name = "docs"
 role = "single"
 [launch]
 executable = "{VENV_BIN / "sparkd-standin"}"
-model = "/models/DeepSeek-V4-Flash"
+model = "deepseek-ai/DeepSeek-V4-Flash"
 host = "127.0.0.1"
 port = 8000
 [launch.env]
 SPARKD_STANDIN_STARTUP_SECONDS = "1"
+[preflight]
+skip = ["memory", "page_cache"]
 [api]
 token_file = "/etc/sparkd/peer.token"
 [supervisor]

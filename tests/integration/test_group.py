@@ -81,7 +81,9 @@ def test_a_frozen_rank_is_found_and_the_group_restarts(make_group: Any) -> None:
 
 
 def test_a_lost_node_is_waited_for_and_the_group_comes_back(make_group: Any) -> None:
-    group = make_group(tp=4).start()
+    # The canary's timeout above the peer link's (5 s), as in the shipped defaults (30 s): the loss is seen as
+    # the peer's, not as a hang of this rank.
+    group = make_group(tp=4, health={"canary_timeout_s": 10}).start()
     pids = group.ready()
     group.fabric.cut(2)
     group.workers[1].wait_for(lambda s: s.get("pid") is None, 60, "the cut-off worker stops its rank")

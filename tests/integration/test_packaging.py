@@ -241,13 +241,15 @@ name = "packaged"
 role = "single"
 [launch]
 executable = "{PREFIX}/venv/bin/sparkd-standin"
-model = "/models/m"
+model = "sparkd-tests/standin"
 host = "127.0.0.1"
 port = 8000
 [launch.env]
 SPARKD_STANDIN_STARTUP_SECONDS = "1"
 [supervisor]
 stop_grace_s = 10
+[preflight]
+skip = ["memory", "page_cache"]
 """
 
 
