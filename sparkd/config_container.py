@@ -15,10 +15,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sparkd.config_sections import _Section
+from sparkd.config_sections import _Section, env_names
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SECURITY_OPT = re.compile(r"^(no-new-privileges(:(true|false))?|(seccomp|apparmor|label|systempaths)[=:].+)$")
@@ -204,10 +203,7 @@ class ContainerConfig(_Section):
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"{name!r} is not a valid environment variable name")
-        return value
+        return env_names(value)
 
     @field_validator("user")
     @classmethod

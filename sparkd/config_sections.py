@@ -43,6 +43,14 @@ def _host(value: str) -> str:
     return value
 
 
+def env_names(env: dict[str, str]) -> dict[str, str]:
+    """``env`` unchanged when every name is a valid environment variable name; else ValueError naming it."""
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not a valid environment variable name")
+    return env
+
+
 class Role(StrEnum):
     head = "head"
     worker = "worker"
@@ -187,10 +195,7 @@ class LaunchConfig(_Section):
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"{name!r} is not a valid environment variable name")
-        return value
+        return env_names(value)
 
 
 class ClusterConfig(_Section):
