@@ -28,10 +28,11 @@ STANDIN_PACKAGE = "sparkd_standin"
 # The stand-in loads no weights and takes no GPU memory, so the checks that make room for vLLM's memory would
 # only drop a node's page cache (and refuse a start on a small test machine) for nothing:
 #   memory      - "enough free memory for gpu_memory_utilization": the stand-in needs a few hundred MiB;
-#   page_cache  - "sync and drop caches before the load": there is no load to make room for.
+#   page_cache  - "sync and drop caches before the load": there is no load to make room for;
+#   vllm_args   - "the serving vLLM parses the argv": the stand-in is not vLLM (it has its own parser).
 # Everything else (the launch target, stale processes, ports, /dev/shm, the host, the container) is the node's
 # real state and is checked as for vLLM.
-REHEARSAL_SKIPS: frozenset[str] = frozenset({"memory", "page_cache"})
+REHEARSAL_SKIPS: frozenset[str] = frozenset({"memory", "page_cache", "vllm_args"})
 SKIP_REASON = "a rehearsal: the vLLM stand-in loads no weights and takes no GPU memory"
 
 

@@ -159,6 +159,10 @@ class FakeRuntime(Runtime):
             proc.more = anyio.Event()
             await proc.more.wait()
 
+    def proven(self, record: dict[str, Any], expected: Any) -> bool:
+        """Its instances are its own: a record naming one of them is proof enough."""
+        return int(record.get("pid") or 0) in self.procs
+
     def pids(self, instance: Instance) -> set[int]:
         proc = self.procs.get(instance.pid)
         return {instance.pid} if proc is not None and proc.exit is None else set()

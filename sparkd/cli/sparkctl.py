@@ -20,7 +20,19 @@ from sparkd import __version__
 from sparkd.api.client import ActionRefused, ControlClient, DaemonUnreachable
 from sparkd.cli.common import config_or_exit
 from sparkd.cli.progress import wait_for
-from sparkd.commands import handover, incidents, logs, preflight, reload, reset, restart, start, status, stop
+from sparkd.commands import (
+    handover,
+    incidents,
+    logs,
+    preflight,
+    recreate,
+    reload,
+    reset,
+    restart,
+    start,
+    status,
+    stop,
+)
 from sparkd.commands.act import LOCAL_RISK
 from sparkd.commands.act import Request as ActRequest
 from sparkd.commands.status import EXIT_NOT_SERVING, EXIT_READY, EXIT_UNHEALTHY, EXIT_UNREACHABLE
@@ -157,6 +169,14 @@ def reset_cmd(obj: Ctx) -> None:
 def reload_cmd(obj: Ctx) -> None:
     """Read and validate the config on disk; show what changed. Exit 1 (nothing changed) when it is invalid."""
     obj.emit(obj.call(reload, reload.Request(), timeout_s=60), reload.render)
+
+
+@main.command("recreate")
+@global_options
+@click.pass_obj
+def recreate_cmd(obj: Ctx) -> None:
+    """Replace vLLM's container with one made from the config (while vLLM is stopped)."""
+    obj.emit(obj.call(recreate, recreate.Request(), timeout_s=300), recreate.render)
 
 
 @main.command("handover")

@@ -55,13 +55,14 @@ def _peer_entry(peer: str, reachable: bool, status: dict[str, Any] | None) -> di
 
 class Coordinator:
     def __init__(self, cfg: Config, client: PeerClient, *, post: Callable[[v.Observation], None],
-                 state: Callable[[], State], image_id: Callable[[], str | None], clock: Clock, log: Any) -> None:
+                 state: Callable[[], State], image: Callable[[], dict[str, Any] | None], clock: Clock,
+                 log: Any) -> None:
         self.cfg = cfg
         self.role = group_role(cfg)
         self.client = client
         self.post = post
         self.state = state
-        self.image_id = image_id
+        self.image = image
         self.clock = clock
         self.log = log
         self.views = {peer: PeerView() for peer in client.peers}
@@ -118,7 +119,8 @@ class Coordinator:
 
     def _differences(self, peer: str, status: dict[str, Any]) -> list[str]:
         mismatch = differences(shared_settings(self.cfg), status.get("shared", {}), peer=peer)
-        image = image_difference(self.image_id(), status.get("image_id"), peer=peer)
+        image = image_difference(self.image(), status.get("image") or status.get("image_id"), peer=peer,
+                                 mode=self.cfg.cluster.image_match, label=self.cfg.cluster.image_label)
         return [image, *mismatch] if image else mismatch
 
     async def start_workers(self) -> Failure | None:

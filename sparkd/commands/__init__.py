@@ -6,6 +6,18 @@ group talk to each other through their own commands, ``sparkd.commands.rank``.
 
 from __future__ import annotations
 
-from sparkd.commands import handover, incidents, logs, preflight, reload, reset, restart, start, status, stop
+from sparkd.commands import (
+    handover,
+    incidents,
+    logs,
+    preflight,
+    recreate,
+    reload,
+    reset,
+    restart,
+    start,
+    status,
+    stop,
+)
 
-OPERATOR = (status, start, stop, restart, reset, reload, handover, logs, incidents, preflight)
+OPERATOR = (status, start, stop, restart, reset, reload, recreate, handover, logs, incidents, preflight)

@@ -108,6 +108,9 @@ class Control(Protocol):
     def handover(self) -> None:
         """Exit now, leaving vLLM running for the next sparkd to adopt."""
 
+    async def recreate(self) -> tuple[bool, str]:
+        """Replace vLLM's container from the config: (done, the sentence that says what happened)."""
+
 
 def flag(params: Mapping[str, str], name: str) -> bool:
     value = params.get(name, "")

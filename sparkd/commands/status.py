@@ -71,6 +71,9 @@ def render(s: Mapping[str, Any]) -> str:
     failure = s.get("last_failure")
     if failure:
         lines.append(f"  last failure ({failure['class']}, {when(failure.get('at'))}): {failure['message']}")
+    for drift in s.get("drift") or []:
+        lines.append(f"  container drift: {drift.get('key')}: {drift.get('actual')!r} in the container, "
+                     f"{drift.get('configured')!r} in the config (`sparkctl recreate` while stopped)")
     lines.extend(_timing(s.get("start_timing") or {}))
     lines.extend(_config(s.get("config") or {}))
     for problem in (s.get("daemon") or {}).get("problems") or []:

@@ -153,7 +153,8 @@ class Daemon:
         if group_role(self.cfg) is None:
             return None
         return Coordinator(self.cfg, PeerClient(self.cfg, self.token), post=self.sup.post,
-                           state=lambda: self.sup.machine.state, image_id=lambda: self.node.image_id,
+                           state=lambda: self.sup.machine.state,
+                           image=lambda: self.node.image.to_json() if self.node.image else None,
                            clock=self.clock, log=self.log)
 
     def _probes(self) -> HttpProbes:
@@ -180,7 +181,7 @@ class Daemon:
         self.node.cfg = cfg
         if self.node.watch is not None:
             self.node.watch.cfg = health_settings(cfg)
-        self.node.incidents.keep = cfg.supervisor.incidents_keep
+        self.node.evidence.incidents.keep = cfg.supervisor.incidents_keep
         self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
         configure_logging(cfg.log)
         self.view.cfg = cfg

@@ -18,6 +18,7 @@ from sparkd.daemon.reload import ReloadReport
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
 from sparkd.preflight.runner import PreflightReport
+from sparkd.runtime.base import LaunchError
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State, refusal
 
@@ -54,6 +55,14 @@ class DaemonControl:
 
     def handover(self) -> None:
         self._handover()
+
+    async def recreate(self) -> tuple[bool, str]:
+        try:
+            sentence = await self.node.runtime.recreate()
+        except LaunchError as exc:
+            return False, str(exc)
+        self.node.drift = []
+        return True, sentence
 
     def refusal(self, command: str) -> str | None:
         if self.sup.shutting_down:

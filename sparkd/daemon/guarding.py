@@ -39,7 +39,7 @@ class NodeGuardHooks:
         """The guard logs its own decisions (once each); status and metrics read them from the guard."""
 
     def write_evidence(self, failure: Failure) -> None:
-        self.node.write_guard_evidence(failure)
+        self.node.evidence.write_guard_evidence(failure)
 
     async def stop_vllm(self, failure: Failure, grace_s: float) -> None:
         self.post(v.HealthFailed(failure, grace_s=grace_s, recorded=True))

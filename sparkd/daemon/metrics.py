@@ -89,7 +89,7 @@ class SparkdCollector(Collector):
         yield from self._peers()
 
     def _counters(self) -> Iterator[Any]:
-        f, counters = self.f, self.view.node.counters
+        f, counters = self.f, self.view.node.evidence.counters
         restarts = f.counter("sparkd_restarts", "Restarts of vLLM by what caused them.", ["reason"])
         for reason, n in sorted(self.view.restarts.items()):
             f.add(restarts, n, reason)

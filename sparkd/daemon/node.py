@@ -9,25 +9,27 @@ and stops the workers beside its own rank; on a worker it tells the head at once
 from __future__ import annotations
 
 import random
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 
 from sparkd.clock import Clock
 from sparkd.cluster.coordinator import Coordinator
-from sparkd.config import Config, Role, RuntimeKind
+from sparkd.config import Config, Role
+from sparkd.daemon.evidence import FailureEvidence
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
 from sparkd.guard.guard import Guard
-from sparkd.incidents import IncidentWriter, incident_record
+from sparkd.incidents import IncidentWriter
 from sparkd.launch import LaunchSpec, health_settings, render
 from sparkd.logs import VllmLog
 from sparkd.preflight.base import Check
+from sparkd.preflight.processes import expected_launch
 from sparkd.preflight.runner import (
     DEFAULT_CHECKS,
     PreflightContext,
@@ -40,26 +42,15 @@ from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
 from sparkd.preflight.stale import find_stale, title_prefix
 from sparkd.redact import Redactor
 from sparkd.rehearsal import rehearsal, rehearsal_skips
-from sparkd.runtime.base import Instance, LaunchError, Runtime
+from sparkd.runtime.base import ImageIdentity, Instance, LaunchError, Runtime
+from sparkd.runtime.proctree import MARKER_ENV, ProcessIdentity, launch_marker
 from sparkd.statefile import json_state
 from sparkd.stateschema import INSTANCE
 from sparkd.supervisor import vocabulary as v
-from sparkd.supervisor.classify import ClassifyContext, classify
-from sparkd.supervisor.failures import Evidence, Failure, FailureClass
+from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.progress import Progress as Startup
 from sparkd.supervisor.progress import advance, is_progress
 from sparkd.supervisor.states import State
-
-LOG_TAIL_LINES = 300  # what an incident and the classifier read of vLLM's output
-
-
-@dataclass
-class Counters:
-    """What happened, counted as it happens (everything else is read when asked)."""
-
-    failures: Counter[str] = field(default_factory=Counter)  # by class
-    last_exit_code: int | None = None
-    failure_at: float | None = None  # wall time of the last failure
 
 
 class Node:
@@ -78,13 +69,10 @@ class Node:
         self.clock = clock
         self.log = log
         self.vllm_log = vllm_log
-        self.incidents = incidents
         self.files = files
         self.probes = probes
         self.group = group
         self.start_gate = start_gate
-        self.guard = guard
-        self.kernel_mark = 0  # the guard's kernel-log lines kept before the current launch
         self.rand = rand
         self.rehearse = rehearse
         self.redact = redact or Redactor()  # secrets never reach a log, an incident or `sparkctl logs`
@@ -97,8 +85,10 @@ class Node:
         self.instance: Instance | None = None
         self.watch: InstanceWatch | None = None
         self.startup = Startup()
-        self.counters = Counters()
-        self.image_id: str | None = None  # the configured image's id, compared across a group
+        self.evidence = FailureEvidence(cfg, runtime, incidents=incidents, vllm_log=vllm_log, redact=self.redact,
+                                        clock=clock, state=state, instance=lambda: self.instance, guard=guard)
+        self.image: ImageIdentity | None = None  # the image vLLM runs from, read at boot and every preflight
+        self.drift: list[dict[str, Any]] = []  # how the container differs from the config (the last preflight)
         self.last_preflight: list[dict[str, object]] = []
         self.timing: LaunchTiming | None = None  # the current (or last) launch's, for status and metrics
         self.phase_listeners: list[Callable[[Startup], None]] = []
@@ -123,9 +113,18 @@ class Node:
     # ---- boot
     async def adopt(self) -> bool:
         """Find the instance this node launched before sparkd (re)started and watch it again."""
-        self.image_id = await self.runtime.configured_image_id()
+        self.image = await self.runtime.image_identity()
         record = self.instance_file.read()  # a bad record is set aside, logged, and treated as absent
-        instance = await self.runtime.find(record)
+        try:
+            instance = await self.runtime.find(record)
+        except Exception as exc:  # the engine is down at boot: nothing to adopt now; the record stays
+            self.log.warning("adoption_impossible", error=str(exc), record=str(self.record_path))
+            return False
+        if instance is not None and record is not None and not self._proven(record):
+            self.log.warning("record_not_proven", pid=instance.pid, record=str(self.record_path),
+                             why="the process the record names does not carry this node's launch marker and does "
+                                 "not run what the config launches; not adopted, not touched")
+            instance = None
         if instance is None:
             if record is not None:
                 self.files.remove(self.record_path)
@@ -144,6 +143,8 @@ class Node:
         async def local() -> None:
             report = await run_preflight(self._context(), self.checks)
             self.last_preflight = report.to_json()
+            self.image = report.image or self.image
+            self.drift = [d.to_json() for d in await self.runtime.drift()]
             for result in report.results:
                 timing.step(f"preflight.{result.id}", result.duration_s)
                 self.log.info("preflight", check=result.id, verdict=result.verdict.value, found=result.found,
@@ -176,12 +177,17 @@ class Node:
             timing.step("queue", called - timing.requested_at - timing.steps.get("preflight", 0.0))
             argv = self.redact.argv(spec.argv)
             self.vllm_log.append(f"---- sparkd: launch {' '.join(argv)}")
+            marker = launch_marker()  # every process of the launch inherits it: the proof it is ours
             try:
-                instance = await self.runtime.launch(spec)
+                instance = await self.runtime.launch(replace(spec, env={**spec.env, MARKER_ENV: marker}))
             except LaunchError as exc:
-                cls = FailureClass.config_error if exc.exit_code in (126, 127) else FailureClass.unknown
-                self.post(v.LaunchFailed(Failure.of(cls, f"The launch failed: {exc}", evidence=str(exc),
-                                                    exit_code=exc.exit_code)))
+                if exc.unavailable:
+                    cls, text = FailureClass.host_unavailable, (f"The container engine does not answer ({exc}); "
+                                                                "sparkd waits for it and launches when it is back")
+                else:
+                    cls = FailureClass.config_error if exc.exit_code in (126, 127) else FailureClass.unknown
+                    text = f"The launch failed: {exc}"
+                self.post(v.LaunchFailed(Failure.of(cls, text, evidence=str(exc), exit_code=exc.exit_code)))
                 return
             except OSError as exc:  # the host refuses what the launch writes: wait for it, spend no budget
                 self.post(v.LaunchFailed(Failure.of(
@@ -189,8 +195,8 @@ class Node:
                     f"({exc.filename or 'the state directory'}); it waits and tries again without spending the "
                     "restart budget.", evidence=repr(exc))))
                 return
-            kernel = self._kernel()
-            self.kernel_mark = kernel.kept if kernel is not None else 0
+            instance = self._with_identity(instance, marker)
+            self.evidence.mark_launch()
             timing.exec_at = self.clock.now()
             timing.step("runtime.launch", timing.exec_at - called)
             self.timing = timing
@@ -199,12 +205,23 @@ class Node:
             self._attach(instance, adopted=False)
             self.post(v.Launched())
 
+    def _with_identity(self, instance: Instance, marker: str) -> Instance:
+        try:
+            identity = ProcessIdentity.of(instance.pid, marker)
+        except (psutil.Error, ValueError):  # it ended already: wait() reports how
+            return instance
+        return replace(instance, identity=identity.to_record())
+
+    def _proven(self, record: dict[str, Any]) -> bool:
+        spec = self.spec()
+        return self.runtime.proven(record, expected_launch(self.cfg, spec, title_prefix(spec.env)))
+
     def _attach(self, instance: Instance, *, adopted: bool) -> None:
         self.instance = instance
         self.files.write_now(self.record_path, instance.to_record())
         self.watch = InstanceWatch(
             instance, self.runtime, post=self._from_watch, state=self.state, on_line=self.on_line,
-            classify_exit=self.classify_exit, probes=None if self.headless else self.probes(),
+            classify_exit=self.evidence.classify_exit, probes=None if self.headless else self.probes(),
             health_cfg=health_settings(self.cfg), clock=self.clock, log=self.log, replay=adopted)
         self._spawn(self.watch.run)
 
@@ -241,46 +258,14 @@ class Node:
             await self.runtime.stop(instance, 0.0)
 
     async def record(self, failure: Failure, written: bool) -> None:
-        """Count the failure, keep its evidence (the guard wrote its own already), tell the group's head."""
-        at = self._count(failure)
+        """Count the failure and keep its evidence (the guard wrote its own already); tell the group's head."""
         if self.role is Role.worker and self.group is not None:
             self._spawn(self.group.report_failure, failure)
-        if written:
-            return
-        evidence = failure.treatment.evidence
-        container = None
-        if Evidence.container in evidence and self.instance is not None:
-            container = await self.runtime.inspect(self.instance)
-        record = self._incident(failure, at, preflight=self.last_preflight)
-        await self.incidents.write(record, self.vllm_log.last(LOG_TAIL_LINES), evidence=evidence,
-                                   container=container, guard=self.guard_evidence())
-
-    def guard_evidence(self) -> dict[str, Any] | None:
-        guard = self.guard()
-        return guard.evidence() if guard is not None else None
-
-    def write_guard_evidence(self, failure: Failure) -> None:
-        """The memory guard's evidence, now, before it signals anything (synchronous and quick)."""
-        record = self._incident(failure, self._count(failure))
-        self.incidents.write_now(record, self.vllm_log.last(LOG_TAIL_LINES), guard=self.guard_evidence())
-
-    def _count(self, failure: Failure) -> float:
-        self.counters.failure_at = at = self.clock.wall()
-        self.counters.failures[failure.cls.value] += 1
-        if failure.exit_code is not None:
-            self.counters.last_exit_code = failure.exit_code
-        return at
-
-    def _incident(self, failure: Failure, at: float, **facts: Any) -> dict[str, Any]:
-        record = incident_record(failure, at=at, config_hash=self.cfg.launch_hash(), node=self.cfg.node.name,
-                                 state=self.state().value, pid=self.instance.pid if self.instance else None, **facts)
-        redacted: dict[str, Any] = self.redact.mapping(record)
-        return redacted
+        await self.evidence.record(failure, written=written, instance=self.instance, preflight=self.last_preflight)
 
     async def note_shm(self) -> None:
         """Record the /dev/shm segments the instance holds (the sweep removes them only with that proof)."""
-        shares_ipc = self.cfg.runtime is RuntimeKind.process or self.cfg.container.host_ipc
-        if self.instance is None or not shares_ipc:
+        if self.instance is None or not self.runtime.shares_host_ipc:
             return
         pids = self.pids()
         await anyio.to_thread.run_sync(self.ledger.note, pids, Path("/dev/shm"))
@@ -315,26 +300,6 @@ class Node:
                 "unreachable: the peer is gone (node down, frozen, or the link is cut); sparkd stops this rank and "
                 "waits for the peer.", evidence=obs.failure.sentence), obs.grace_s, obs.recorded)
         self.post(obs)
-
-    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
-        return classify(exit_code, sig, self.vllm_log.last(LOG_TAIL_LINES), hint=hint, context=self.context())
-
-    def context(self) -> ClassifyContext:
-        spec = render(self.cfg)
-        target = spec.argv[1] if spec.argv[0] == "bash" else spec.argv[0]
-        guard = self.guard()
-        sample = guard.latest if guard is not None else None
-        kernel = self._kernel()
-        return ClassifyContext(launch_target=target, api_port=self.cfg.launch.port,
-                               master_port=self.cfg.master_port if self.cfg.nnodes > 1 else None,
-                               was_ready=self.state() in (State.ready, State.degraded),
-                               mem_available_bytes=sample.available if sample is not None else None,
-                               kernel_lines=kernel.since(self.kernel_mark) if kernel is not None else ())
-
-    def _kernel(self) -> Any:
-        """The guard's kernel-log reader (Xid, AER, NVRM, OOM kills), when the guard runs and can read it."""
-        guard = self.guard()
-        return guard.sampler.kernel if guard is not None else None
 
     # ---- for the operator, the guard and the group
     def _context(self, *, dry_run: bool = False, protect: bool = False) -> PreflightContext:

@@ -103,14 +103,15 @@ class StatusView:
             "breaker": {"open": m.breaker_open, "reason": m.breaker_reason},
             "backoff_until": wall_of(clock, m.deadline) if m.state is State.backoff else None,
             "last_failure": None if last is None else {
-                "class": last.cls.value, "message": last.sentence, "at": node.counters.failure_at,
+                "class": last.cls.value, "message": last.sentence, "at": node.evidence.counters.failure_at,
                 "exit_code": last.exit_code, "signal": last.signal, "evidence": last.evidence},
             "config_hash": self.cfg.launch_hash(), "daemon_pid": os.getpid(), "updated_at": clock.wall(),
             "daemon": {"degraded": bool(problems), "problems": problems},
             "config": self.config_state(),
             "history": list(self.history),
             "pair": self.group.role.value if self.group is not None and self.group.role else None,
-            "shared": shared_settings(self.cfg), "image_id": node.image_id,
+            "shared": shared_settings(self.cfg), "image": node.image.to_json() if node.image else None,
+            "image_id": node.image.id if node.image else None, "drift": node.drift,
             "peers": self.group.peers_json() if self.group is not None else [],
             "memory": self._memory(),
         }

@@ -19,7 +19,7 @@ from typing import Any
 
 from sparkd.config import Config
 from sparkd.launch import LaunchSpec
-from sparkd.runtime.base import ImageIdentity, Runtime
+from sparkd.runtime.base import ImageIdentity, Runtime, engine_unreachable
 from sparkd.supervisor.failures import FailureClass
 
 GIB = 1 << 30
@@ -98,10 +98,16 @@ class Check:
             try:
                 result = await self.fn(ctx)
             except Exception as exc:  # a check's own bug must not take the daemon down, nor launch blind
-                result = CheckResult(self.id, Verdict.fail, f"the check itself failed ({type(exc).__name__}: "
-                                     f"{exc}); to launch without it, add {self.id!r} to [preflight] skip",
-                                     failure_class=FailureClass.unknown)
+                result = _crashed(self.id, exc)
         return replace(result, duration_s=time.monotonic() - started)
+
+
+def _crashed(check_id: str, exc: Exception) -> CheckResult:
+    if engine_unreachable(exc):  # waiting for the engine is not a failure of the node
+        return CheckResult(check_id, Verdict.fail, f"the container engine does not answer ({exc}); sparkd waits "
+                           "for it and checks again", failure_class=FailureClass.host_unavailable)
+    return CheckResult(check_id, Verdict.fail, f"the check itself failed ({type(exc).__name__}: {exc}); to launch "
+                       f"without it, add {check_id!r} to [preflight] skip", failure_class=FailureClass.unknown)
 
 
 def check(check_id: str) -> Callable[[CheckFn], Check]:

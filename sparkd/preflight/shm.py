@@ -27,7 +27,6 @@ from pathlib import Path
 
 import anyio
 
-from sparkd.config import RuntimeKind
 from sparkd.preflight.base import MIB, CheckResult, PreflightContext, Verdict, check, human_bytes
 from sparkd.preflight.shmholders import LEDGER_NAME, Entry, ShmLedger, device_of, entries, scan
 from sparkd.supervisor.failures import FailureClass
@@ -154,7 +153,7 @@ def verdict(removed: list[Segment], free: int | None, floor: int, *, dry_run: bo
 @check("dev_shm")
 async def check_shm(ctx: PreflightContext) -> CheckResult:
     cfg = ctx.cfg
-    if cfg.runtime is not RuntimeKind.process and not cfg.container.host_ipc:
+    if not ctx.runtime.shares_host_ipc:
         return CheckResult("dev_shm", Verdict.ok, f"container {cfg.container.name} has its own /dev/shm "
                            "(no --ipc=host): the host's is not vLLM's")
     ledger = cfg.paths.state_dir / LEDGER_NAME

@@ -28,6 +28,7 @@ import anyio
 
 from sparkd.config import Config
 from sparkd.launch import LaunchSpec
+from sparkd.runtime.proctree import Expected, ProcessIdentity, same_identity
 
 EXEC_TIMEOUT_S = 60.0
 MISSING_FILE = 3  # exit status of READ_SCRIPT when the file is not there
@@ -36,11 +37,29 @@ READ_SCRIPT = '[ -f "$1" ] || exit 3\nexec cat -- "$1"\n'
 
 
 class LaunchError(Exception):
-    """The launch could not even start. ``exit_code`` mirrors what a shell would have said (127, 126)."""
+    """The launch could not even start. ``exit_code`` mirrors what a shell would have said (127, 126).
+    ``unavailable``: the engine vLLM runs under does not answer — a wait, not a failure of the launch."""
 
-    def __init__(self, message: str, exit_code: int = 127) -> None:
+    def __init__(self, message: str, exit_code: int = 127, *, unavailable: bool = False) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.unavailable = unavailable
+
+
+# How the Docker SDK (and requests under it) say that nothing answers on the engine's socket.
+_ENGINE_DOWN = ("Error while fetching server API version", "Connection aborted", "Connection refused",
+                "Failed to establish a new connection")
+
+
+def engine_unreachable(exc: BaseException | None) -> bool:
+    """The container engine does not answer (down, restarting, its socket gone), somewhere in ``exc``'s causes."""
+    depth = 0
+    while exc is not None and depth < 10:
+        if type(exc).__name__ in ("ConnectionError", "ConnectionRefusedError") or \
+                any(mark in str(exc) for mark in _ENGINE_DOWN):
+            return True
+        exc, depth = exc.__cause__ or exc.__context__, depth + 1
+    return False
 
 
 class TargetUnavailable(Exception):
@@ -59,6 +78,7 @@ class Instance:
     exec_id: str | None = None
     log_path: str | None = None  # where the runtime's log source reads from
     extra: dict[str, Any] = field(default_factory=dict)
+    identity: dict[str, Any] | None = None  # proctree.ProcessIdentity at launch: the proof it is still ours
 
     def to_record(self) -> dict[str, Any]:
         return asdict(self)
@@ -164,6 +184,18 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
         """The instance's output lines from its start; once ``done`` is set (it exited), drain and end."""
+
+    def proven(self, record: dict[str, Any], expected: Expected | None) -> bool:
+        """Is the process a record names provably this node's launch (its launch marker, or else running what
+        the config launches), never only a PID and a start time a record can forge? A record naming no host
+        process (a container that already ended) has nothing to prove."""
+        pid = int(record.get("pid") or 0)
+        if pid <= 1:
+            return True
+        identity = record.get("identity")
+        known = ProcessIdentity.from_record(identity) if identity else ProcessIdentity(
+            pid=pid, create_time=float(record.get("create_time") or 0.0))
+        return same_identity(known, expected) is not None
 
     def pids(self, instance: Instance) -> set[int]:
         """Host PIDs of the instance's process tree (the memory guard and stale sweep must spare them)."""

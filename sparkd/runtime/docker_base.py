@@ -28,6 +28,7 @@ from sparkd.runtime.base import (
     LaunchError,
     Runtime,
     TargetUnavailable,
+    engine_unreachable,
 )
 from sparkd.runtime.container_spec import container_options, missing_devices
 from sparkd.runtime.docker_api import (
@@ -146,7 +147,7 @@ class DockerRuntime(Runtime):
             return await self._launch(spec)
         except DOCKER_ERRORS as exc:
             raise LaunchError(f"{self.name} launch in container {self.container_name} failed: "
-                              f"{explain(exc)}", 125) from exc
+                              f"{explain(exc)}", 125, unavailable=engine_unreachable(exc)) from exc
 
     @abc.abstractmethod
     async def _launch(self, spec: LaunchSpec) -> Instance:

@@ -133,7 +133,7 @@ class DockerExecRuntime(DockerRuntime):
             raise LaunchError(f"cannot write {script_path} in container {self.container_name}: "
                               f"{explain(exc)}", 127) from exc
         exec_id = (await call(api.exec_create, container.id, exec_command(script_path, spec.config_hash),
-                              stdout=False, stderr=False))["Id"]
+                              stdout=False, stderr=False, environment=dict(spec.secret_env) or None))["Id"]
         try:
             await call(api.exec_start, exec_id, detach=True)
         except docker.errors.APIError as exc:

@@ -124,7 +124,7 @@ class DockerRunRuntime(DockerRuntime):
         script_path = cfg.container.script_path
         options = container_options(
             cfg, entrypoint=["bash", script_path], labels=self.labels(**{HASH_LABEL: spec.config_hash}),
-            rehearse=self.rehearse, name=self.container_name,
+            rehearse=self.rehearse, name=self.container_name, env=spec.secret_env,
         )
         try:
             container = await call(client.containers.create, **options)

@@ -59,6 +59,7 @@ class ProcessRuntime(Runtime):
                     ["bash", "-c", f"echo {VLLM_OOM_SCORE_ADJ} > /proc/self/oom_score_adj 2>/dev/null; "
                      'exec bash "$0"', str(self.script_path)], stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                    env={**os.environ, **spec.secret_env},  # never in the script: only the process has them
                 )
             except OSError as exc:  # no bash: nothing else would run either
                 raise LaunchError(f"cannot start bash for {self.script_path}: {exc}", 127) from exc

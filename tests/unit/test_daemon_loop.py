@@ -109,7 +109,9 @@ async def test_a_crash_backs_off_with_jitter_then_the_instance_is_ready_again(tm
         assert waited == pytest.approx(10.8, abs=0.5)
         assert len(runtime.launches) == 2 and status["launches"] == 1
         assert node.status()["restarts"] == 1
-        incidents = list((tmp_path / "state" / "incidents").iterdir())
+        folder = tmp_path / "state" / "incidents"
+        await node.until(lambda: any(folder.glob("*/incident.json")))  # written in a worker thread
+        incidents = list(folder.iterdir())
         assert len(incidents) == 1 and json.loads((incidents[0] / "incident.json").read_text())["class"] == "unknown"
 
 
@@ -194,6 +196,7 @@ async def test_a_guard_stop_carries_its_grace_and_records_the_incident_once(tmp_
         await hooks.stop_vllm(failure, 7.0)
         await node.until_state("backoff")
         assert runtime.stops == [(runtime.procs[min(runtime.procs)].instance.pid, 7.0)]
+        await all_tasks_blocked()
         incidents = list((tmp_path / "state" / "incidents").iterdir())
         assert len(incidents) == 1 and "killed_by_guard" in incidents[0].name
         assert node.status()["last_failure"]["class"] == "killed_by_guard"

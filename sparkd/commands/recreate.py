@@ -1,0 +1,37 @@
+"""``POST /v1/recreate`` — ``sparkctl recreate``: replace the container vLLM runs in with one made from the config
+(docker-exec: when preflight reports the container drifted from ``[container]``). Only while vLLM is stopped
+(``sparkctl stop`` first); what was installed into the old container by hand is lost. The next start runs in
+the new container.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkd.commands.base import Control, Reply, ok, refused
+
+NAME = "recreate"
+METHOD = "POST"
+
+
+@dataclass(frozen=True)
+class Request:
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> Request:
+        return cls()
+
+    def to_params(self) -> dict[str, str]:
+        return {}
+
+
+async def execute(control: Control, request: Request) -> Reply:
+    if control.running() or not control.stopped():
+        return refused("vLLM runs: stop it first (`sparkctl stop`), then recreate its container", control.status())
+    done, sentence = await control.recreate()
+    return ok({"recreated": sentence}) if done else refused(sentence, control.status())
+
+
+def render(result: Mapping[str, Any]) -> str:
+    return f"recreate: {result['recreated']}"

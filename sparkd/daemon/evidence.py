@@ -1,0 +1,116 @@
+"""What a failure leaves behind: it is counted, classified with every fact sparkd has, and its incident folder
+is written (off the loop; the memory guard's own before it signals anything).
+
+The facts beyond vLLM's log tail: the exit, the launch target and ports from the config, MemAvailable from the
+guard's latest sample, the kernel's lines (NVRM, Xid, AER, OOM kills) since the launch, the container's state.
+Everything written is redacted: no secret reaches an incident.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkd.clock import Clock
+from sparkd.config import Config
+from sparkd.guard.guard import Guard
+from sparkd.incidents import IncidentWriter, incident_record
+from sparkd.launch import render
+from sparkd.logs import VllmLog
+from sparkd.redact import Redactor
+from sparkd.runtime.base import Instance, Runtime
+from sparkd.supervisor.classify import ClassifyContext, classify
+from sparkd.supervisor.failures import Evidence, Failure, FailureClass
+from sparkd.supervisor.states import State
+
+LOG_TAIL_LINES = 300  # what an incident and the classifier read of vLLM's output
+
+
+@dataclass
+class Counters:
+    """What happened, counted as it happens (everything else is read when asked)."""
+
+    failures: Counter[str] = field(default_factory=Counter)  # by class
+    last_exit_code: int | None = None
+    failure_at: float | None = None  # wall time of the last failure
+
+
+class FailureEvidence:
+    def __init__(self, cfg: Config, runtime: Runtime, *, incidents: IncidentWriter, vllm_log: VllmLog,
+                 redact: Redactor, clock: Clock, state: Callable[[], State],
+                 instance: Callable[[], Instance | None], guard: Callable[[], Guard | None]) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.incidents = incidents
+        self.vllm_log = vllm_log
+        self.redact = redact
+        self.clock = clock
+        self.state = state
+        self.instance = instance
+        self.guard = guard
+        self.counters = Counters()
+        self.kernel_mark = 0  # the guard's kernel-log lines kept before the current launch
+
+    def mark_launch(self) -> None:
+        """A launch begins: kernel lines from now on belong to it."""
+        kernel = self._kernel()
+        self.kernel_mark = kernel.kept if kernel is not None else 0
+
+    async def record(self, failure: Failure, *, written: bool, instance: Instance | None,
+                     preflight: list[dict[str, Any]]) -> None:
+        """Count the failure; unless ``written`` (the guard's), write its incident with what its class asks for."""
+        at = self._count(failure)
+        if written:
+            return
+        evidence = failure.treatment.evidence
+        container = None
+        if Evidence.container in evidence and instance is not None:
+            container = self.redact.mapping(await self.runtime.inspect(instance))
+        record = self._incident(failure, at, preflight=preflight)
+        await self.incidents.write(record, self.vllm_log.last(LOG_TAIL_LINES), evidence=evidence,
+                                   container=container, guard=self._guard_evidence())
+
+    def write_guard_evidence(self, failure: Failure) -> None:
+        """The memory guard's evidence, now, before it signals anything (synchronous and quick)."""
+        record = self._incident(failure, self._count(failure))
+        self.incidents.write_now(record, self.vllm_log.last(LOG_TAIL_LINES), guard=self._guard_evidence())
+
+    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
+        return classify(exit_code, sig, self.vllm_log.last(LOG_TAIL_LINES), hint=hint, context=self.context())
+
+    def context(self) -> ClassifyContext:
+        spec = render(self.cfg)
+        target = spec.argv[1] if spec.argv[0] == "bash" else spec.argv[0]
+        guard = self.guard()
+        sample = guard.latest if guard is not None else None
+        kernel = self._kernel()
+        return ClassifyContext(launch_target=target, api_port=self.cfg.launch.port,
+                               master_port=self.cfg.master_port if self.cfg.nnodes > 1 else None,
+                               was_ready=self.state() in (State.ready, State.degraded),
+                               mem_available_bytes=sample.available if sample is not None else None,
+                               kernel_lines=kernel.since(self.kernel_mark) if kernel is not None else ())
+
+    def _kernel(self) -> Any:
+        """The guard's kernel-log reader (Xid, AER, NVRM, OOM kills), when the guard runs and can read it."""
+        guard = self.guard()
+        return guard.sampler.kernel if guard is not None else None
+
+    def _guard_evidence(self) -> dict[str, Any] | None:
+        guard = self.guard()
+        return guard.evidence() if guard is not None else None
+
+    def _count(self, failure: Failure) -> float:
+        self.counters.failure_at = at = self.clock.wall()
+        self.counters.failures[failure.cls.value] += 1
+        if failure.exit_code is not None:
+            self.counters.last_exit_code = failure.exit_code
+        return at
+
+    def _incident(self, failure: Failure, at: float, **facts: Any) -> dict[str, Any]:
+        instance = self.instance()
+        record = incident_record(failure, at=at, config_hash=self.cfg.launch_hash(), node=self.cfg.node.name,
+                                 state=self.state().value, pid=instance.pid if instance else None, **facts)
+        redacted: dict[str, Any] = self.redact.mapping(record)
+        return redacted
