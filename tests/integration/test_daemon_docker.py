@@ -3,8 +3,12 @@ a daemon SIGKILL, and a clean stop."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
-from daemon_harness import STANDIN, Sparkd, alive, base_config, free_port, kill_tree, tree
+from daemon_harness import STANDIN, Sparkd, alive, base_config, free_port, kill_tree, render_toml, tree
 
 pytestmark = pytest.mark.docker
 
@@ -92,3 +96,91 @@ def test_sigterm_stops_vllm_in_the_container_and_leaves_nothing(docker_daemon: A
         assert container.status == "exited"
     else:
         assert container.status == "running", "the long-lived container stays; only vLLM stops"
+
+
+class EngineProxy:
+    """The Docker engine's socket seen through a path this test controls: taken away, the engine is 'down'
+    for the daemon (it does not answer), while the real engine and its containers carry on."""
+
+    def __init__(self, path: Path, target: str = "/var/run/docker.sock") -> None:
+        self.path, self.target = path, target
+        self.server: socket.socket | None = None
+        self.threads: list[threading.Thread] = []
+
+    def up(self) -> None:
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(self.path))
+        self.server.listen(64)
+        thread = threading.Thread(target=self._accept, args=(self.server,), daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def down(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        self.path.unlink(missing_ok=True)
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            engine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            engine.connect(self.target)
+            for a, b in ((client, engine), (engine, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := a.recv(65536):
+                b.sendall(data)
+        for sock in (a, b):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def test_an_engine_that_does_not_answer_is_waited_for_and_sparkd_recovers_when_it_is_back(
+        docker_daemon: Any, tmp_path: Path) -> None:
+    proxy = EngineProxy(tmp_path / "engine.sock")
+    proxy.up()
+    daemon = docker_daemon("docker-exec")
+    daemon.config["restart"].update({"budget_failures": 3, "backoff_initial_s": 0.5, "backoff_max_s": 2})
+    daemon.config_path.write_text(render_toml(daemon.config))
+    daemon.start(env={"DOCKER_HOST": f"unix://{proxy.path}"})
+    first = ready(daemon)
+    proxy.down()
+    os.kill(first["pid"], signal.SIGKILL)  # vLLM dies while the engine is away: every relaunch must wait
+    waiting = daemon.wait_for(lambda s: (s.get("last_failure") or {}).get("class") == "host_unavailable", 90,
+                              "the launch waits for the engine")
+    time.sleep(6)  # several attempts while away: each at most 2 s apart, more than the budget of 3
+    status = daemon.status()
+    assert not status["breaker"]["open"] and status["state"] != "failed", status["last_failure"]
+    assert waiting["launches"] >= 1
+    proxy.up()
+    again = ready(daemon, launches=2)
+    assert again["pid"] != first["pid"] and not again["breaker"]["open"]
+    proxy.down()
+
+
+def test_a_drifted_container_is_reported_and_recreated(docker_daemon: Any, docker_client: Any) -> None:
+    daemon = docker_daemon("docker-exec").start()
+    ready(daemon)
+    daemon.ctl("stop", "--wait")
+    daemon.config["container"]["env"] = {"SPARKD_TEST_DRIFT": "1"}  # the existing container lacks it
+    daemon.config_path.write_text(render_toml(daemon.config))
+    assert daemon.ctl("reload").returncode == 0
+    refused = daemon.ctl("start")
+    assert refused.returncode == 0
+    failed = daemon.wait_state("failed", timeout=60)
+    assert "container.env" in failed["last_failure"]["message"], failed["last_failure"]
+    assert "SPARKD_TEST_DRIFT" in daemon.ctl("status").stdout
+    recreated = daemon.ctl("recreate")
+    assert recreated.returncode == 0, recreated.stdout + recreated.stderr
+    assert daemon.ctl("reset").returncode == 0
+    daemon.ctl("start")
+    now = ready(daemon, launches=2)
+    env = docker_client.api.inspect_container(now["container_id"])["Config"]["Env"]
+    assert "SPARKD_TEST_DRIFT=1" in env and not now.get("drift")
