@@ -26,8 +26,9 @@ KIB = 1024
 # The fields the guard reads, as the kernel names them.
 FIELDS: tuple[str, ...] = (
     "MemTotal", "MemFree", "MemAvailable", "Cached", "SwapTotal", "SwapFree", "Active", "Inactive",
-    "Unevictable", "Shmem", "Slab", "PageTables",
+    "Unevictable", "Shmem", "Slab", "PageTables", "Buffers",
 )
+OPTIONAL = ("SwapTotal", "SwapFree", "Buffers")  # read as 0 when absent (a kernel without swap support)
 
 
 class MemInfo(NamedTuple):
@@ -45,6 +46,7 @@ class MemInfo(NamedTuple):
     shmem: int
     slab: int
     page_tables: int
+    buffers: int = 0
 
     @property
     def driver_residual(self) -> int:
@@ -58,7 +60,7 @@ class MeminfoError(ValueError):
 
 
 def parse_meminfo(text: str) -> MemInfo:
-    """Parse `/proc/meminfo` text. Missing SwapTotal/SwapFree read as 0; any other missing field raises."""
+    """Parse `/proc/meminfo` text. Missing :data:`OPTIONAL` fields read as 0; any other missing field raises."""
     values: dict[str, int] = {}
     for line in text.splitlines():
         key, sep, rest = line.partition(":")
@@ -68,8 +70,8 @@ def parse_meminfo(text: str) -> MemInfo:
         if parts and parts[0].isdigit():
             scale = KIB if len(parts) > 1 and parts[1] == "kB" else 1
             values[key.strip()] = int(parts[0]) * scale
-    values.setdefault("SwapTotal", 0)
-    values.setdefault("SwapFree", 0)
+    for name in OPTIONAL:
+        values.setdefault(name, 0)
     missing = [f for f in FIELDS if f not in values]
     if missing:
         raise MeminfoError(f"meminfo lacks {', '.join(missing)}")
@@ -100,7 +102,7 @@ class MeminfoReader:
         parse_meminfo(data.decode("ascii", "replace"))  # raises if a field is missing
         keys = [b"\n" + f.encode() + b":" for f in FIELDS]
         found = sorted((data.find(key), i) for i, key in enumerate(keys))
-        # Fields the file lacks (only SwapTotal/SwapFree may) stay 0.
+        # Fields the file lacks (only the OPTIONAL ones may) stay 0.
         self._keys = tuple(keys[i] for pos, i in found if pos >= 0)
         self._slots = tuple(i for pos, i in found if pos >= 0)
 

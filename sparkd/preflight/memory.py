@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 
+from sparkd.guard.meminfo import MemInfo, MeminfoError, parse_meminfo
 from sparkd.launch_script import script_facts
 from sparkd.preflight.base import (
     GIB,
@@ -44,42 +45,17 @@ from sparkd.supervisor.failures import FailureClass
 VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
 TOP_HOLDERS = 5
 
-Meminfo = Mapping[str, int]  # field → bytes
-
 
 # ---- pure parts -----------------------------------------------------------------------------------------
 
 
-def parse_meminfo(text: str) -> dict[str, int]:
-    """/proc/meminfo as bytes (``kB`` values scaled; unitless counts such as HugePages_Total kept)."""
-    out = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if not parts:
-            continue
-        try:
-            value = int(parts[0])
-        except ValueError:
-            continue
-        out[name.strip()] = value * 1024 if len(parts) > 1 and parts[1] == "kB" else value
-    return out
+def reclaimed(before: MemInfo, after: MemInfo) -> int:
+    return max(0, before.cached - after.cached)
 
 
-def reclaimed(before: Meminfo, after: Meminfo) -> int:
-    return max(0, before.get("Cached", 0) - after.get("Cached", 0))
-
-
-def droppable(info: Meminfo) -> int:
+def droppable(info: MemInfo) -> int:
     """What dropping caches can give back: clean page cache, not tmpfs/shm (part of Cached, not droppable)."""
-    return max(0, info.get("Cached", 0) + info.get("Buffers", 0) - info.get("Shmem", 0))
-
-
-def residual(info: Meminfo) -> int:
-    """Memory no process, cache or kernel structure accounts for: on a GB10, held by the GPU driver
-    (DESIGN.md §5: MemTotal − MemFree − Active − Inactive − Slab − PageTables − Unevictable)."""
-    accounted = sum(info.get(k, 0) for k in ("MemFree", "Active", "Inactive", "Slab", "PageTables", "Unevictable"))
-    return max(0, info.get("MemTotal", 0) - accounted)
+    return max(0, info.cached + info.buffers - info.shmem)
 
 
 def need_bytes(total: int, utilization: float, margin: int) -> int:
@@ -102,7 +78,7 @@ class Assessment:
     reboot_likely: bool = False
 
 
-def assess(info: Meminfo, utilization: float, margin: int, *, holders: Sequence[Holder] = (), may_drop: int = 0,
+def assess(info: MemInfo, utilization: float, margin: int, *, holders: Sequence[Holder] = (), may_drop: int = 0,
            cache_dropped: bool = True) -> Assessment:
     """Pure: is MemFree enough for vLLM's startup check with ``utilization``?
 
@@ -110,7 +86,7 @@ def assess(info: Meminfo, utilization: float, margin: int, *, holders: Sequence[
     ``cache_dropped``: caches were dropped (or will be); when not, the page cache is named as the way out.
     ``holders``: the top processes by RSS, named when the check fails.
     """
-    total, free = info.get("MemTotal", 0), info.get("MemFree", 0)
+    total, free = info.mem_total, info.mem_free
     need = need_bytes(total, utilization, margin)
     terms = (f"{utilization:.2f} x MemTotal {human_bytes(total)} + {human_bytes(margin)} margin = "
              f"{human_bytes(need)}")
@@ -128,7 +104,7 @@ def assess(info: Meminfo, utilization: float, margin: int, *, holders: Sequence[
     if holders:
         parts.append("top memory holders: " + ", ".join(
             f"PID {h.pid} {h.cmdline} ({human_bytes(h.rss)})" for h in holders))
-    held = residual(info)
+    held = info.driver_residual
     # Freeing every process, cache and kernel structure would still leave less than the need: the gap is
     # memory nothing on the host accounts for.
     reboot = total - held < need
@@ -161,9 +137,12 @@ def utilization_of(argv: Sequence[str]) -> float:
 # ---- I/O --------------------------------------------------------------------------------------------------
 
 
-def read_meminfo(proc_root: Path) -> dict[str, int]:
+def read_meminfo(proc_root: Path) -> MemInfo | None:
     text = read_text(proc_root / "meminfo")
-    return parse_meminfo(text) if text is not None else {}
+    try:
+        return parse_meminfo(text) if text is not None else None
+    except MeminfoError:
+        return None
 
 
 def rss_of(proc_root: Path, pid: int) -> int:
@@ -190,7 +169,9 @@ def drop_caches(proc_root: Path) -> None:
 @check("page_cache")
 async def check_page_cache(ctx: PreflightContext) -> CheckResult:
     before = read_meminfo(ctx.proc_root)
-    cached = before.get("Cached", 0)
+    if before is None:
+        return CheckResult("page_cache", Verdict.warn, f"cannot read {ctx.proc_root}/meminfo")
+    cached = before.cached
     if not ctx.cfg.preflight.drop_caches:
         return CheckResult("page_cache", Verdict.ok, f"page cache {human_bytes(cached)}; not dropped "
                            "([preflight] drop_caches is off)")
@@ -203,10 +184,10 @@ async def check_page_cache(ctx: PreflightContext) -> CheckResult:
     except OSError as exc:
         return CheckResult("page_cache", Verdict.warn, f"page cache {human_bytes(cached)}; cannot drop caches: "
                            f"{exc.strerror or exc} (sparkd needs root for this)", "nothing")
-    after = read_meminfo(ctx.proc_root)
+    after = read_meminfo(ctx.proc_root) or before
     got = reclaimed(before, after)
     return CheckResult("page_cache", Verdict.fixed if got else Verdict.ok,
-                       f"page cache {human_bytes(cached)} before, {human_bytes(after.get('Cached', 0))} after",
+                       f"page cache {human_bytes(cached)} before, {human_bytes(after.cached)} after",
                        f"synced and dropped caches: reclaimed {got} bytes ({human_bytes(got)})")
 
 
@@ -227,8 +208,8 @@ async def _utilization(ctx: PreflightContext) -> float:
 @check("memory")
 async def check_memory(ctx: PreflightContext) -> CheckResult:
     info = read_meminfo(ctx.proc_root)
-    if "MemTotal" not in info or "MemFree" not in info:
-        return CheckResult("memory", Verdict.warn, f"cannot read MemTotal/MemFree from {ctx.proc_root}/meminfo")
+    if info is None:
+        return CheckResult("memory", Verdict.warn, f"cannot read {ctx.proc_root}/meminfo")
     pf = ctx.cfg.preflight
     utilization = await _utilization(ctx)
     margin = int(pf.memory_margin_gib * GIB)

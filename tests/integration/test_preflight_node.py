@@ -241,7 +241,7 @@ def test_page_cache_dropped_for_real(tmp_path: Path) -> None:
     with open(data, "wb") as handle:
         handle.write(os.urandom(1 << 20) * 128)
     data.read_bytes()
-    before = read_meminfo(Path("/proc"))["Cached"]
+    before = read_meminfo(Path("/proc")).cached
     result = run(check_page_cache, context(tmp_path))
     data.unlink()
     assert result.verdict is Verdict.fixed, result

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from sparkd.config import Config, PreflightConfig, config_from_mapping
+from sparkd.guard.meminfo import MemInfo, parse_meminfo
 from sparkd.preflight import gpu, host, image, memory, ports, processes, shm, shmholders, stale, target
 from sparkd.preflight.base import GIB, MIB, Verdict
 from sparkd.preflight.stale import StaleProcess
@@ -260,37 +261,33 @@ MemFree:         4980736 kB
 MemAvailable:   120000000 kB
 Buffers:           10240 kB
 Cached:         115343360 kB
+Active:          6000000 kB
+Inactive:      110000000 kB
+Unevictable:           0 kB
 Shmem:             20480 kB
+Slab:             800000 kB
+PageTables:        40000 kB
 HugePages_Total:       0
 """
 
 
-def test_parse_meminfo() -> None:
-    info = memory.parse_meminfo(MEMINFO)
-    assert info["MemTotal"] == 125483480 * 1024 and info["Cached"] == 115343360 * 1024
-    assert info["HugePages_Total"] == 0
+def test_droppable_cache_is_page_cache_and_buffers_less_shared_memory() -> None:
+    info = parse_meminfo(MEMINFO)
     assert memory.droppable(info) == (115343360 + 10240 - 20480) * 1024
+    assert info.driver_residual == (125483480 - 4980736 - 6000000 - 110000000 - 800000 - 40000) * 1024
 
 
 def mem(
     total_gib: float, free_gib: float, *, cached_gib: float = 0, anon_gib: float = 0, driver_gib: float = 0
-) -> dict[str, int]:
+) -> MemInfo:
     """A meminfo whose residual (driver-held) memory is ``driver_gib``."""
     rest = total_gib - free_gib - cached_gib - anon_gib - driver_gib - 1.0
     assert rest >= -1e-9
     g = GIB
-    return {
-        "MemTotal": int(total_gib * g),
-        "MemFree": int(free_gib * g),
-        "Cached": int(cached_gib * g),
-        "Buffers": 0,
-        "Shmem": 0,
-        "Active": int((cached_gib + anon_gib) * g),
-        "Inactive": int(rest * g),
-        "Slab": int(0.5 * g),
-        "PageTables": int(0.5 * g),
-        "Unevictable": 0,
-    }
+    return MemInfo(mem_total=int(total_gib * g), mem_free=int(free_gib * g),
+                   mem_available=int((free_gib + cached_gib) * g), cached=int(cached_gib * g), swap_total=0,
+                   swap_free=0, active=int((cached_gib + anon_gib) * g),
+                   inactive=int(rest * g), unevictable=0, shmem=0, slab=int(0.5 * g), page_tables=int(0.5 * g))
 
 
 HOLDERS = [memory.Holder(4242, 40 * GIB, "python3 train.py")]
