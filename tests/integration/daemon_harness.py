@@ -177,6 +177,16 @@ class Sparkd:
             self.proc.kill()
             self.proc.wait(10)
 
+    def end(self, timeout: float = 60.0) -> None:
+        """For a teardown: stop (SIGTERM); if the daemon does not exit in ``timeout`` (stuck in a stop, as a
+        mutant can be), SIGKILL it and the vLLM tree its status named. Never raises."""
+        pid = self.status().get("pid")
+        family = tree(pid) if pid else []
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.stop(timeout)
+        self.kill()
+        kill_tree(alive(family))
+
 
 def kill_tree(procs: list[psutil.Process]) -> None:
     for proc in procs:

@@ -29,7 +29,7 @@ def daemons(tmp_path: Path) -> Iterator[list[Sparkd]]:
         pid = daemon.status().get("pid")
         if pid:
             seen.extend(tree(pid))
-        daemon.stop()
+        daemon.end()
     kill_tree(alive(seen))
 
 

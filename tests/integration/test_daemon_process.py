@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import signal
+import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,7 +51,7 @@ def sparkd(tmp_path: Path) -> Iterator[Factory]:
         pid = daemon.status().get("pid")
         if pid:
             seen.extend(tree(pid))
-        daemon.stop()
+        daemon.end()
     kill_tree(alive(seen))
 
 
@@ -91,7 +93,7 @@ def test_starts_serves_and_stops_clean(sparkd: Factory) -> None:
     # single in-process rank has no RPC timeout, so sparkd sees a canary that gets no answer while /health says
     # 200: hang once busy_grace_s is spent. (The stall check needs a running count: a wedge mid-generation.)
     ({"SPARKD_STANDIN_STALL_AFTER": "1"}, {"hang"}),
-], ids=["exit-1", "engine-death-exit-0", "hang", "idle-wedge"])
+], ids=["exit-1", "engine-death", "hang", "idle-wedge"])
 def test_fault_is_detected_classified_and_recovered(sparkd: Factory, knobs: dict[str, str],
                                                     expected: set[str]) -> None:
     daemon = sparkd(launch={"env": knobs}).start()
@@ -101,6 +103,17 @@ def test_fault_is_detected_classified_and_recovered(sparkd: Factory, knobs: dict
     failure = daemon.status()["last_failure"] or daemon.incidents()[0]
     assert failure["class"] in expected, failure
     assert daemon.incidents(), "every failure leaves an incident folder"
+
+
+def test_an_exit_0_is_a_failure_seen_by_the_exit_not_the_health_probe(sparkd: Factory) -> None:
+    """vLLM exits 0 while /health is 30 s away (mutation.md M08): the exit itself is the failure, at once."""
+    daemon = sparkd(launch={"env": {"SPARKD_STANDIN_DIE_AFTER": "0.5", "SPARKD_STANDIN_DIE_MODE": "exit",
+                                    "SPARKD_STANDIN_DIE_EXIT_CODE": "0"}},
+                    health={"interval_s": 30, "canary": False}).start()
+    ready_pid(daemon)
+    status = daemon.wait_for(lambda s: s.get("launches", 0) >= 2 and s.get("last_failure") is not None, 25,
+                             "a relaunch after the exit, well before the next /health probe")
+    assert status["last_failure"]["class"] == "engine_dead" and status["last_failure"]["exit_code"] == 0
 
 
 def test_sigkill_of_vllm_is_a_crash_and_recovers(sparkd: Factory) -> None:
@@ -189,8 +202,12 @@ def test_second_daemon_on_the_node_is_refused(sparkd: Factory) -> None:
     try:
         assert second.proc is not None and second.proc.wait(30) == exits.ALREADY_RUNNING
         assert "already_running" in second.log() and "Traceback" not in second.log()
-    finally:
+    finally:  # a second daemon that did run (the lock not exclusive) is stopped with whatever it launched
+        family = tree(second.proc.pid) if second.proc is not None and second.proc.poll() is None else []
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            second.stop(30)
         second.kill()
+        kill_tree(alive(family))
 
 
 def test_rehearse_runs_a_real_config_with_the_stand_in(sparkd: Factory) -> None:

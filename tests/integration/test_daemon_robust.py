@@ -28,7 +28,7 @@ def started(tmp_path: Path) -> Iterator[list[Sparkd]]:
         pid = daemon.status().get("pid")
         if pid:
             seen.extend(tree(pid))
-        daemon.stop()
+        daemon.end()
     kill_tree(alive(seen))
 
 
@@ -105,7 +105,7 @@ def test_a_full_state_filesystem_degrades_and_recovers(started: list[Sparkd], tm
         assert json.loads((state / "status.json").read_text())["state"] == "ready"
     finally:
         for daemon in started:
-            daemon.stop()
+            daemon.end()
         subprocess.run(["umount", str(state)], check=False)
 
 

@@ -24,7 +24,7 @@ def daemon(tmp_path: Path) -> Iterator[Sparkd]:
     d = Sparkd(tmp_path, base_config(tmp_path, free_port(),
                                      api={"port": free_port(), "token_file": str(token)}))
     yield d
-    d.stop()
+    d.end()
 
 
 def http(url: str, token: str | None = None) -> tuple[int, str]:
@@ -93,7 +93,7 @@ def test_tcp_control_api_is_closed_without_a_token_file(tmp_path: Path) -> None:
         code, body = http(f"http://127.0.0.1:{d.config['api']['port']}/v1/status", token="anything")
         assert code == 403 and "token_file" in body
     finally:
-        d.stop()
+        d.end()
 
 
 def test_socket_mode_and_sparkctl_commands(daemon: Sparkd) -> None:

@@ -56,7 +56,7 @@ def daemon(tmp_path: Path) -> Iterator[Sparkd]:
     d.start()
     d.wait_state("ready", timeout=90)
     yield d
-    d.stop()
+    d.end()
 
 
 @pytest.fixture

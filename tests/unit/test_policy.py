@@ -17,6 +17,7 @@ from sparkd.supervisor.policy import (
     on_failure,
     on_ready,
     on_stopped,
+    on_wait,
     reset,
     weight,
     window_weight,
@@ -254,6 +255,29 @@ def test_on_stopped_without_ready_is_a_no_op() -> None:
     """Stopping an instance that never became ready changes nothing."""
     state = RestartState()
     assert on_stopped(state) is state
+
+
+def test_waits_grow_the_delay_but_never_count_toward_the_budget_or_the_consecutive_limit() -> None:
+    """An engine (or peer) away for many tries: waits back off like failures, jittered by their draw, but the
+    first real failure afterwards is the first in a row, not the wait count's next (tests/mutation.md W1)."""
+    pol = RestartPolicy(budget_failures=2, consecutive_limit=2, jitter=0.1)
+    state, delays = RestartState(), []
+    for _ in range(6):
+        state, wait = on_wait(state, pol, MID)
+        delays.append(wait.delay_s)
+    assert delays == [10.0, 20.0, 40.0, 80.0, 160.0, 300.0]
+    assert on_wait(state, pol, 0.0)[1].delay_s == pytest.approx(270.0)  # jittered like a failure's delay
+    assert state.consecutive == 0 and state.strikes == ()
+    state, decision = on_failure(state, pol, F.engine_dead, 0.0, MID)
+    assert decision == Restart(delay_s=10.0, attempt=1) and state.waits == 0
+    state, _ = on_wait(state, pol, MID)
+    assert on_wait(state, pol, MID)[1].delay_s == 40.0  # a wait after a failure backs off from it
+
+
+def test_a_ready_run_forgets_the_waits() -> None:
+    state, _ = on_wait(on_wait(RestartState(), RestartPolicy(), MID)[0], RestartPolicy(), MID)
+    assert state.waits == 2
+    assert on_ready(state, 5.0).waits == 0 and reset(state).waits == 0
 
 
 @pytest.mark.parametrize("rand", [-0.1, 1.0, 1.5])
