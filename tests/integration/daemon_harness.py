@@ -178,6 +178,33 @@ class Sparkd:
             self.proc.wait(10)
 
 
+class Fleet:
+    """The daemons a test made, each in a folder of its own under ``tmp``. ``close`` stops them and ends what
+    they launched and left behind (by PID, what their status named)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.made: list[Sparkd] = []
+
+    def __call__(self, **sections: dict[str, Any]) -> Sparkd:
+        folder = self.tmp / f"d{len(self.made)}"
+        folder.mkdir()
+        return self.add(Sparkd(folder, base_config(folder, free_port(), **sections)))
+
+    def add(self, daemon: Sparkd) -> Sparkd:
+        self.made.append(daemon)
+        return daemon
+
+    def close(self) -> None:
+        seen: list[psutil.Process] = []
+        for daemon in self.made:
+            pid = daemon.status().get("pid")
+            if pid:
+                seen.extend(tree(pid))
+            daemon.stop()
+        kill_tree(alive(seen))
+
+
 def kill_tree(procs: list[psutil.Process]) -> None:
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
