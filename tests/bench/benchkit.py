@@ -139,10 +139,9 @@ class ShmLedger:
 
     def cleanup(self) -> int:
         """Remove our names that no live process holds any more; returns how many."""
-        from sparkd.preflight.shm import scan_held
+        from sparkd.preflight.shm import held_names
 
-        held, _ = scan_held(SHM)
-        gone = self.present() - held
+        gone = self.present() - held_names(SHM)
         self.remove(gone)
         return len(gone)
 
