@@ -247,11 +247,12 @@ def _sample(line: str) -> tuple[str, float] | None:
     spaces, braces and escaped quotes."""
     brace = line.find("{")
     space = line.find(" ")
-    if brace != -1 and (space == -1 or brace < space):
-        name, rest = line[:brace], _after_labels(line, brace)
-    else:
-        name, rest = (line[:space], line[space:]) if space != -1 else (line, None)
-    if rest is None or (name not in _SUMMED and name not in _MAXED):
+    labelled = brace != -1 and (space == -1 or brace < space)
+    name = line[:brace] if labelled else line[:space] if space != -1 else line
+    if name not in _SUMMED and name not in _MAXED:
+        return None  # before the labels are walked: most of a page is histogram buckets nobody reads
+    rest = _after_labels(line, brace) if labelled else line[space:] if space != -1 else None
+    if rest is None:
         return None
     fields = rest.split()
     if not fields:
