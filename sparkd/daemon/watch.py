@@ -113,6 +113,8 @@ class InstanceWatch:
     async def _watch_exit(self) -> None:
         info = await self.runtime.wait(self.instance)
         self.exited.set()
+        # The death as sparkd saw it, now: the classification below waits for the log to drain and reads it.
+        self.log.info("exit_seen", pid=self.instance.pid, exit=info.describe())
         with anyio.move_on_after(DRAIN_S):
             await self.logs_drained.wait()
         if self.state() is State.stopping:
