@@ -32,8 +32,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-import psutil
-from benchkit import REPO, ShmLedger, running, wait_for
+from benchkit import REPO, ShmLedger, standin_by_prefix, wait_for
 
 RESTART_SEC = 30
 DOCKER_CLI = "/usr/local/bin/docker"
@@ -117,14 +116,7 @@ class UnitPeer:
         """The stand-in's API server on the host (found by its own title prefix in its environment)."""
 
         def current() -> int | None:
-            for proc in psutil.process_iter(["cmdline"]):
-                cmd = proc.info["cmdline"] or []
-                if proc.pid == old or not cmd or cmd[0].startswith(self.prefix) or "serve" not in cmd:
-                    continue
-                with contextlib.suppress(psutil.Error):
-                    if proc.environ().get("VLLM_PROCESS_NAME_PREFIX") == self.prefix and running(proc):
-                        return proc.pid
-            return None
+            return standin_by_prefix(self.prefix, old)
 
         return int(wait_for(current, timeout, f"{self.unit}'s stand-in"))
 
