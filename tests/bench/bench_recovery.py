@@ -184,7 +184,8 @@ def summary(trials: list[dict[str, Any]], startup: float | None) -> dict[str, An
 def detection(trials: list[dict[str, Any]]) -> dict[str, Any]:
     samples = [t["detection_ms"] for t in trials if t.get("detection_ms") is not None]
     return {"trials": len(trials), "samples": len(samples), "p50_ms": percentile(samples, 50),
-            "p99_ms": percentile(samples, 99), "max_ms": max(samples, default=None), "all_ms": samples}
+            "p99_ms": percentile(samples, 99), "max_ms": max(samples, default=None), "all_ms": samples,
+            "classified_ms": [t["classified_ms"] for t in trials if t.get("classified_ms") is not None]}
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
