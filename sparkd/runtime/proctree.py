@@ -179,7 +179,29 @@ def tree(pid: int) -> list[psutil.Process]:
 
 
 def tree_pids(pid: int) -> set[int]:
-    return {p.pid for p in tree(pid)}
+    """``pid`` and its descendants' PIDs, from the kernel's per-task ``children`` lists: it reads the tree's own
+    entries in /proc, where psutil's ``children()`` reads every process's (the guard asks this at rest)."""
+    if pid <= 0:
+        return set()
+    found: set[int] = set()
+    todo = [pid]
+    try:
+        while todo:
+            current = todo.pop()
+            try:
+                tasks = os.listdir(f"/proc/{current}/task")
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # gone meanwhile (the root gone: nothing)
+            found.add(current)
+            for task in tasks:
+                try:
+                    with open(f"/proc/{current}/task/{task}/children") as handle:
+                        todo.extend(int(child) for child in handle.read().split() if int(child) not in found)
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+    except OSError:  # no children files (CONFIG_PROC_CHILDREN off): the slow way
+        return {p.pid for p in tree(pid)}
+    return found
 
 
 async def wait_exit(pid: int) -> None:
