@@ -109,6 +109,10 @@ class LineSplitter:
         return out
 
 
+IDLE_AFTER_S = 30.0  # a file that has not grown for this long is polled every IDLE_POLL_S instead of poll_s
+IDLE_POLL_S = 1.0
+
+
 async def follow_file(
     path: Path, done: anyio.Event, *, poll_s: float = 0.2, truncate_over: int | None = None,
     max_line: int = MAX_LINE, max_pieces: int = MAX_PIECES, replay_max: int | None = None,
@@ -117,11 +121,14 @@ async def follow_file(
     """Yield the lines appended to ``path`` from its start; after ``done`` is set, drain and stop.
 
     ``truncate_over``: keep the raw file under this size (see the module doc). ``replay_max`` (default:
-    ``truncate_over``): where a large file is first opened, read only its last this-many bytes."""
+    ``truncate_over``): where a large file is first opened, read only its last this-many bytes. A file that has
+    not grown for IDLE_AFTER_S (an idle vLLM logs nothing) is polled every IDLE_POLL_S; the end (``done``) is
+    never waited for."""
     stats = stats if stats is not None else FollowStats()
     replay_max = truncate_over if replay_max is None else replay_max
     handle: BinaryIO | None = None
     splitter = LineSplitter(max_line, max_pieces)
+    quiet_polls, idle_after = 0, max(1, round(IDLE_AFTER_S / poll_s))
     try:
         while True:
             if handle is None:
@@ -131,6 +138,7 @@ async def follow_file(
                         yield line
             data = handle.read(chunk) if handle is not None else b""
             if data:
+                quiet_polls = 0
                 stats.offset += len(data)
                 for line in splitter.feed(data):
                     yield line
@@ -147,7 +155,8 @@ async def follow_file(
             if handle is not None:
                 for line in _at_end(handle, path, truncate_over, splitter, stats):
                     yield line
-            with anyio.move_on_after(poll_s):
+            quiet_polls += 1
+            with anyio.move_on_after(poll_s if quiet_polls < idle_after else max(poll_s, IDLE_POLL_S)):
                 await done.wait()
     finally:
         if handle is not None:
