@@ -51,6 +51,7 @@ from sparkd.supervisor.progress import advance, is_progress
 from sparkd.supervisor.states import State
 
 LOG_TAIL_LINES = 300  # what an incident and the classifier read of vLLM's output
+LAUNCH_LINE = "---- sparkd: launch "  # written into the vLLM log before every launch
 
 
 @dataclass
@@ -175,7 +176,7 @@ class Node:
             called = self.clock.now()
             timing.step("queue", called - timing.requested_at - timing.steps.get("preflight", 0.0))
             argv = self.redact.argv(spec.argv)
-            self.vllm_log.append(f"---- sparkd: launch {' '.join(argv)}")
+            self.vllm_log.append(f"{LAUNCH_LINE}{' '.join(argv)}")
             try:
                 instance = await self.runtime.launch(spec)
             except LaunchError as exc:
@@ -317,7 +318,8 @@ class Node:
         self.post(obs)
 
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
-        return classify(exit_code, sig, self.vllm_log.last(LOG_TAIL_LINES), hint=hint, context=self.context())
+        return classify(exit_code, sig, this_launch(self.vllm_log.last(LOG_TAIL_LINES)), hint=hint,
+                        context=self.context())
 
     def context(self) -> ClassifyContext:
         spec = render(self.cfg)
@@ -359,3 +361,12 @@ class Node:
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self.task_group is not None, "the node acts only while the daemon runs"
         self.task_group.start_soon(fn, *args)
+
+
+def this_launch(tail: list[str]) -> list[str]:
+    """The lines of ``tail`` since the last launch line: an earlier instance's errors never classify this death
+    (and a short-lived instance is classified from its few lines, not 300)."""
+    for i in range(len(tail) - 1, -1, -1):
+        if tail[i].startswith(LAUNCH_LINE):
+            return tail[i + 1:]
+    return tail
