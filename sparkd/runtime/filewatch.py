@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 from pathlib import Path
 
 import anyio
@@ -64,5 +65,11 @@ class FileWatch:
                 pass
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        """Close the watch in a thread of its own: releasing an inotify instance waits for the kernel's RCU grace
+        period (~8 ms here), and the follower closes it on the exit path, before the death is classified."""
+        threading.Thread(target=_close_quietly, args=(self.fd,), name="inotify-close", daemon=True).start()
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
