@@ -150,15 +150,18 @@ def same_identity(identity: ProcessIdentity, expected: Expected | None = None) -
 
 
 def ancestors(pid: int | None = None) -> set[int]:
-    """``pid`` (default: this process) and every process above it."""
+    """``pid`` (default: this process) and every process above it (the parent links in /proc/PID/stat: psutil
+    builds a Process, with its create time, for each link; this runs on every stop)."""
     out: set[int] = set()
-    try:
-        proc: psutil.Process | None = psutil.Process(os.getpid() if pid is None else pid)
-        while proc is not None and proc.pid not in out:
-            out.add(proc.pid)
-            proc = proc.parent()
-    except psutil.Error:
-        pass
+    current = os.getpid() if pid is None else pid
+    while current > 0 and current not in out:
+        try:
+            with open(f"/proc/{current}/stat", "rb") as handle:
+                parent = int(handle.read().rsplit(b")", 1)[1].split()[1])  # the field after the state: ppid
+        except (OSError, ValueError, IndexError):
+            break
+        out.add(current)
+        current = parent
     return out
 
 
