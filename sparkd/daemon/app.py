@@ -214,7 +214,7 @@ class Daemon:
 
     def publish(self) -> None:
         """status.json and the systemd STATUS line, after every change."""
-        self.files.put(self.status_path, self.view.status())
+        self.files.put(self.status_path, self.view.status)  # rendered when written: once per burst of changes
         if self.sup.booted.is_set():  # READY=1 carries the first STATUS=
             self.notifier.status(self.view.line())
 
