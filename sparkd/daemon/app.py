@@ -8,6 +8,7 @@ and leaves vLLM to the next daemon); SIGHUP reloads the config.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -333,6 +334,9 @@ def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int
              launch_hash=cfg.launch_hash(), pid=os.getpid())
     try:
         daemon = Daemon(cfg, make_runtime(cfg, rehearse=rehearse), rehearse=rehearse, config_path=config_path)
+        # What the imports and the config made lives as long as the daemon: out of the collector's way, so a full
+        # collection (~10 ms over 55k objects) walks only what the daemon allocates from now on.
+        gc.freeze()
         return anyio.run(daemon.run, sockets)
     finally:
         lock.release()
