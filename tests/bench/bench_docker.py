@@ -60,9 +60,13 @@ UNIT_WINDOW_S = 60.0  # RestartSec=30, sleep 5, the startup
 
 
 def container_section(name: str) -> dict[str, Any]:
+    """sparkd's [container] for the bench's container, the test image built first if it is missing."""
+    import docker as docker_sdk
+
     sys.path.insert(0, str(REPO / "tests" / "infra"))
     import build_image
 
+    build_image.ensure_image(docker_sdk.from_env(timeout=300))
     mounts = [{"source": src, "target": opt["bind"], "read_only": opt.get("mode") == "ro"}
               for src, opt in build_image.python_mounts(REPO).items()]
     return {"name": name, "image": IMAGE, "mounts": mounts, "gpus": "", "host_ipc": True,
