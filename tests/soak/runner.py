@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from catalogue import AFTER, FAULTS, crashes_a_rank
 from decoys import Decoys
-from faults import AFTER, FAULTS, REPLACES_THE_PAIR
+from faults import Skipped
 from invariants import Ledger, Sampler, footprint_growth, orphans
 from schedule import FAULTS as KINDS
 from schedule import steps
-from soakpair import SoakPair
+from soakpair import RECOVERY_S, RESTART, SoakPair
 
 
 def closing_line(report: dict[str, Any]) -> str:
@@ -26,7 +28,8 @@ def closing_line(report: dict[str, Any]) -> str:
 def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
     ledger = Ledger()
     report: dict[str, Any] = {"seed": seed, "seconds": seconds, "faults": [], "recoveries": 0, "crashes": [],
-                              "kinds": {k.name: k.what for k in KINDS}}
+                              "skipped": [], "kinds": {k.name: k.what for k in KINDS}, "restart_policy": RESTART,
+                              "recovery_bound_s": RECOVERY_S}
     pair = SoakPair(tmp / "pair")
     decoys = Decoys(tmp)
     sampler = Sampler(pair.nodes(), ledger, decoys.touched)
@@ -43,7 +46,10 @@ def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
         for step in steps(seed, 100_000):
             if time.monotonic() >= deadline:
                 break
-            report["faults"].append(one_fault(pair, ledger, report, step.n, step.kind, step.params))
+            try:
+                report["faults"].append(one_fault(pair, ledger, report, step.n, step.kind, step.params))
+            except Skipped as skip:
+                report["skipped"].append({"n": step.n, "kind": step.kind, "why": str(skip)})
         return finish(report, ledger, pair, sampler, decoys, since)
     finally:
         sampler.halt.set()
@@ -54,10 +60,12 @@ def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
 def one_fault(pair: SoakPair, ledger: Ledger, report: dict[str, Any], n: int, kind: str,
               params: dict[str, Any]) -> dict[str, Any]:
     ledger.during = f"#{n} {kind}"
+    if not pair.stable():  # every fault starts from a stable run (soakpair's docstring)
+        ledger.add("the pair did not stay ready past stable_after_s after a recovery")
     begun = time.monotonic()
     before = {name: pair.rank_pid(name) for name in pair.daemons}
     note = FAULTS[kind](pair, params, ledger)
-    if (kind in REPLACES_THE_PAIR or params.get("kill_rank")) and not pair.replaced(before):
+    if crashes_a_rank(kind, params) and not pair.replaced(before):
         ledger.add(f"{kind}: no new instance replaced the old one within the bound")
     outcome = pair.settle()
     if kind in AFTER:
@@ -107,14 +115,23 @@ def finish(report: dict[str, Any], ledger: Ledger, pair: SoakPair, sampler: Samp
                 ledger.add(f"the {name} daemon's {sentence}")
     report["violations"] = ledger.to_json()
     report["samples"] = sampler.samples
-    report["footprint"] = {name: {"daemons": len({s[1] for s in series}),
-                                  "last_rss": series[-1][2] if series else None,
-                                  "last_fds": series[-1][3] if series else None,
-                                  "max_rss": max((s[2] for s in series), default=None),
-                                  "max_fds": max((s[3] for s in series), default=None)}
-                           for name, series in sampler.footprint.items()}
+    report["faults_by_kind"] = dict(Counter(f["kind"] for f in report["faults"]).most_common())
+    report["budget_seen"] = sampler.budget
+    report["footprint"] = {name: footprint(series) for name, series in sampler.footprint.items()}
     report["api_latency_s"] = {"max": round(max(pair.latencies, default=0.0), 3), "count": len(pair.latencies)}
     return report
+
+
+def footprint(series: list[tuple[float, int, int, int]]) -> dict[str, Any]:
+    """RSS (MiB) and descriptors of the node's longest-running daemon process, from its first sample to its
+    last, and the most any daemon process of this node reached."""
+    if not series:
+        return {}
+    runs = [[s for s in series if s[1] == pid] for pid in dict.fromkeys(s[1] for s in series)]
+    longest = max(runs, key=lambda run: run[-1][0] - run[0][0])
+    return {"daemons": len(runs), "longest_run_s": round(longest[-1][0] - longest[0][0]),
+            "rss_mib": [longest[0][2] >> 20, longest[-1][2] >> 20], "fds": [longest[0][3], longest[-1][3]],
+            "max_rss_mib": max(s[2] for s in series) >> 20, "max_fds": max(s[3] for s in series)}
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
