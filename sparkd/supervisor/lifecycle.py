@@ -88,7 +88,7 @@ def _give_up(m: Machine, now: float, reason: str) -> Result:
 def _recover(m: Machine, failure: Failure, now: float, rand: float, limits: Limits) -> Result:
     """After a failure, with no instance left: wait, back off, or open the breaker."""
     if failure.treatment.budget is Budget.none:
-        state, wait = policy.on_wait(policy.on_stopped(m.restart_state), limits.restart, rand)
+        state, wait = policy.on_wait(m.restart_state, limits.restart, now, rand)
         return _to(m, State.backoff, now, restart_state=state, deadline=now + wait.delay_s,
                    restart_reason=failure.cls.value), []
     state, decision = policy.on_failure(m.restart_state, limits.restart, failure.cls, now, rand)

@@ -287,3 +287,21 @@ def test_a_stable_run_that_fails_starts_the_count_over(ready_for: float, consecu
     assert m.state is State.backoff and m.restart_state.consecutive == consecutive
     assert m.deadline - m.since == pytest.approx(delay)
     assert m.restart_state.ready_since is None  # the run is over
+
+
+def test_a_crash_right_after_a_peer_outage_is_one_failure_not_the_breaker() -> None:
+    """Soak seed 11: five waits for a lost peer, then one crash, opened a consecutive_limit of 6."""
+    limits = replace(LIMITS, restart=replace(LIMITS.restart, consecutive_limit=2))
+    lost = failure(FailureClass.peer_lost)
+    m, t = at(State.ready, started_at=0), 0.0
+    for _ in range(5):
+        m = step(m, v.HealthFailed(lost), t, limits)
+        m = step(m, v.StopDone(), t + 1, limits)
+        assert m.state is State.backoff
+        t = m.deadline
+        m = step(m, v.Tick(), t, limits)
+        m = step(step(m, v.PreflightDone(), t, limits), v.BecameReady(), t + 1, limits)
+    assert (m.restart_state.consecutive, m.restart_state.waits) == (0, 5)
+    m = step(m, v.Exited(CRASH), t + 2, limits)
+    m = step(m, v.StopDone(), t + 3, limits)
+    assert m.state is State.backoff and m.restart_state.consecutive == 1
