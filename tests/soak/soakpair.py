@@ -51,7 +51,9 @@ class SoakPair:
         self._commands = 0
 
     def _configure(self, tmp: Path) -> None:
-        health = {"canary_interval_s": 0.5, "canary_timeout_s": 1, "busy_grace_s": 2}
+        # canary_timeout_s above the pair's peer_grace_s (3 s), as the defaults have it (30 s and 30 s): a
+        # canary that goes unanswered while the link is down is then the peer's loss, not a hang.
+        health = {"canary_interval_s": 0.5, "canary_timeout_s": 4, "busy_grace_s": 2}
         supervisor = {"log_max_bytes": 4 << 20, "log_backups": 2}
         head_cfg, worker_cfg = pair_configs(tmp, self.link, health=health, supervisor=supervisor, restart=RESTART,
                                             guard=GUARD)
