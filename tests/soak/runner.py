@@ -122,15 +122,17 @@ def finish(report: dict[str, Any], ledger: Ledger, pair: SoakPair, sampler: Samp
     return report
 
 
-def footprint(series: list[tuple[float, int, int, int]]) -> dict[str, Any]:
-    """RSS (MiB) and descriptors of the node's longest-running daemon process, from its first sample to its
-    last, and the most any daemon process of this node reached."""
+def footprint(series: list[tuple[float, int, int, int]], warmup_s: float = 15.0) -> dict[str, Any]:
+    """RSS (MiB) and descriptors of the node's longest-running daemon process, from its first sample past its
+    start-up (``warmup_s``, as the footprint check takes it) to its last, and the most any daemon process of
+    this node reached."""
     if not series:
         return {}
     runs = [[s for s in series if s[1] == pid] for pid in dict.fromkeys(s[1] for s in series)]
     longest = max(runs, key=lambda run: run[-1][0] - run[0][0])
+    steady = [s for s in longest if s[0] >= longest[0][0] + warmup_s] or longest
     return {"daemons": len(runs), "longest_run_s": round(longest[-1][0] - longest[0][0]),
-            "rss_mib": [longest[0][2] >> 20, longest[-1][2] >> 20], "fds": [longest[0][3], longest[-1][3]],
+            "rss_mib": [steady[0][2] >> 20, steady[-1][2] >> 20], "fds": [steady[0][3], steady[-1][3]],
             "max_rss_mib": max(s[2] for s in series) >> 20, "max_fds": max(s[3] for s in series)}
 
 
