@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dockerd import dockerd_restart
 from faults import (
     after_sigstop,
     ctl_storm,
@@ -27,7 +28,7 @@ FAULTS: dict[str, Fault] = {
     "vllm_sigkill": vllm_sigkill, "rank_sigstop": rank_sigstop, "link_cut": link_cut,
     "daemon_sigkill": daemon_sigkill, "ctl_storm": ctl_storm, "idle_connections": idle_connections,
     "log_flood": log_flood, "state_full": state_full, "stall": stall, "hang": hang, "leak": leak,
-    "broken_config": broken_config,
+    "broken_config": broken_config, "dockerd_restart": dockerd_restart,
 }
 # A real failure of a rank: after it both ranks must be new processes (the pair restarts as one unit).
 REPLACES_THE_PAIR = frozenset({"vllm_sigkill", "rank_sigstop", "stall", "hang", "leak"})

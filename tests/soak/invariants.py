@@ -68,9 +68,20 @@ class Ledger:
 
 
 def vllm_mains(prefix: str) -> list[int]:
-    """The stand-in's main ``serve`` processes launched with title prefix ``prefix`` (without its ``::``)."""
-    out = []
-    for proc in psutil.process_iter(["cmdline"]):
+    """The stand-in's main ``serve`` processes launched with title prefix ``prefix`` (without its ``::``).
+    A child the main has just forked shows the main's command line until it takes its title: not a main."""
+    return mains_of(_serve_processes(prefix))
+
+
+def mains_of(found: dict[int, int]) -> list[int]:
+    """Of the ``serve`` processes (PID → parent PID), those whose parent is not one of them."""
+    return sorted(pid for pid, ppid in found.items() if ppid not in found)
+
+
+def _serve_processes(prefix: str) -> dict[int, int]:
+    """PID → parent PID of the processes whose command line is the stand-in's ``serve`` of ``prefix``."""
+    out = {}
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
         cmdline = proc.info["cmdline"] or []
         if len(cmdline) < 3 or not cmdline[1].endswith("sparkd-standin") or "serve" not in cmdline[2:3]:
             continue
@@ -79,8 +90,8 @@ def vllm_mains(prefix: str) -> list[int]:
         except OSError:
             continue
         if f"VLLM_PROCESS_NAME_PREFIX={prefix}".encode() in environ.split(b"\0"):
-            out.append(proc.pid)
-    return sorted(out)
+            out[proc.pid] = proc.info["ppid"]
+    return out
 
 
 def describe(pids: Iterable[int]) -> str:
@@ -89,7 +100,8 @@ def describe(pids: Iterable[int]) -> str:
     for pid in pids:
         try:
             proc = psutil.Process(pid)
-            out.append(f"{pid} {proc.status()} ppid {proc.ppid()} age {time.time() - proc.create_time():.1f} s")
+            out.append(f"{pid} {proc.status()} ppid {proc.ppid()} age {time.time() - proc.create_time():.1f} s "
+                       f"{' '.join(proc.cmdline())[:80]!r}")
         except psutil.Error:
             out.append(f"{pid} gone")
     return "; ".join(out)
@@ -265,16 +277,18 @@ def start_since_boot(pid: int) -> float | None:
     return int(stat.rsplit(")", 1)[1].split()[19]) * TICK_S
 
 
-def orphans(node: Node, status: dict[str, Any]) -> list[str]:
+def orphans(node: Node, status: dict[str, Any]) -> list[tuple[str, str]]:
     """After a recovery: processes of the node's launch outside the watched instance's tree."""
     ours = tree_pids(status.get("pid"))
     stray = sorted(titled(node.prefix + "::") - ours)
     mains = [pid for pid in vllm_mains(node.prefix) if pid not in ours]
     out = []
     if stray:
-        out.append(f"{node.name}: orphan vLLM processes after recovery (titled {node.prefix}::*)")
+        out.append((f"{node.name}: orphan vLLM processes after recovery (titled {node.prefix}::*)",
+                    f"watched {status.get('pid')}; {describe(stray)}"))
     if mains:
-        out.append(f"{node.name}: a second vLLM main process outside the watched instance after recovery")
+        out.append((f"{node.name}: a second vLLM main process outside the watched instance after recovery",
+                    f"watched {status.get('pid')}; {describe(mains)}"))
     return out
 
 

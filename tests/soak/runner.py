@@ -5,18 +5,20 @@ Closing line: ``soak: F faults, R recoveries, V violations``; the details go to 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import dockerd
 from catalogue import AFTER, FAULTS, crashes_a_rank
 from decoys import Decoys
 from faults import Skipped
-from invariants import Ledger, Sampler, footprint_growth, orphans
-from schedule import FAULTS as KINDS
-from schedule import steps
+from invariants import Ledger, Sampler, footprint_growth, orphans, read_status
+from schedule import first_step_from_env, kinds_from_env, steps
 from soakpair import RECOVERY_S, RESTART, SoakPair
 
 
@@ -27,23 +29,29 @@ def closing_line(report: dict[str, Any]) -> str:
 
 def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
     ledger = Ledger()
+    kinds = kinds_from_env()
     report: dict[str, Any] = {"seed": seed, "seconds": seconds, "faults": [], "recoveries": 0, "crashes": [],
-                              "skipped": [], "kinds": {k.name: k.what for k in KINDS}, "restart_policy": RESTART,
+                              "skipped": [], "kinds": {k.name: k.what for k in kinds}, "restart_policy": RESTART,
                               "recovery_bound_s": RECOVERY_S}
     pair = SoakPair(tmp / "pair")
-    decoys = Decoys(tmp)
-    sampler = Sampler(pair.nodes(), ledger, decoys.touched)
     try:
-        decoys.plant(mention=f"{pair.nodes()[0].prefix}::Worker_TP0 VLLM::Worker_TP0 vllm serve /models/test")
-        pair.start()
-        first = pair.settle()
+        pair.solo = dockerd.Solo(tmp) if dockerd.ENABLED else None
+    except BaseException:
+        pair.close()
+        raise
+    decoys = Decoys(tmp)
+    nodes = pair.nodes()
+    sampler = Sampler(nodes, ledger, decoys.touched)
+    try:
+        decoys.plant(mention=f"{nodes[0].prefix}::Worker_TP0 VLLM::Worker_TP0 vllm serve /models/test")
+        first = start_all(pair)
         if first != "ready":
-            ledger.add(f"the pair never became ready: {first}")
+            ledger.add(f"the daemons never became ready: {first}")
             return finish(report, ledger, pair, sampler, decoys, None)
         sampler.start()
         since = time.monotonic()
         deadline = since + seconds
-        for step in steps(seed, 100_000):
+        for step in steps(seed, 100_000, kinds)[first_step_from_env():]:
             if time.monotonic() >= deadline:
                 break
             try:
@@ -55,6 +63,17 @@ def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
         sampler.halt.set()
         decoys.close()
         pair.close()
+        if pair.solo is not None:
+            pair.solo.close()
+
+
+def start_all(pair: SoakPair) -> str:
+    pair.start()
+    if pair.solo is not None:
+        pair.solo.start()
+        if pair.solo.ready() is None:
+            return f"the docker-exec daemon: {pair.solo.daemon.status().get('last_failure')}"
+    return pair.settle()
 
 
 def one_fault(pair: SoakPair, ledger: Ledger, report: dict[str, Any], n: int, kind: str,
@@ -64,7 +83,9 @@ def one_fault(pair: SoakPair, ledger: Ledger, report: dict[str, Any], n: int, ki
         ledger.add("the pair did not stay ready past stable_after_s after a recovery")
     begun = time.monotonic()
     before = {name: pair.rank_pid(name) for name in pair.daemons}
+    pair.before_crash = None
     note = FAULTS[kind](pair, params, ledger)
+    before = pair.before_crash or before  # a crash after other trouble (link_cut's crash_after): from then on
     if crashes_a_rank(kind, params) and not pair.replaced(before):
         ledger.add(f"{kind}: no new instance replaced the old one within the bound")
     outcome = pair.settle()
@@ -81,8 +102,8 @@ def one_fault(pair: SoakPair, ledger: Ledger, report: dict[str, Any], n: int, ki
     if outcome == "ready":
         report["recoveries"] += 1
         for node in pair.nodes():
-            for sentence in orphans(node, pair.status(node.name)):
-                ledger.add(sentence)
+            for sentence, detail in orphans(node, read_status(node.status_path)[0] or {}):
+                ledger.add(sentence, detail)
     return {"n": n, "kind": kind, "params": params, "note": note, "outcome": outcome,
             "seconds": round(time.monotonic() - begun, 1)}
 
@@ -136,6 +157,18 @@ def footprint(series: list[tuple[float, int, int, int]], warmup_s: float = 15.0)
             "max_rss_mib": max(s[2] for s in series) >> 20, "max_fds": max(s[3] for s in series)}
 
 
-def write_report(report: dict[str, Any], path: Path) -> None:
+def write_report(report: dict[str, Any], path: Path, tmp: Path) -> None:
+    """The report as JSON at ``path``; after a violation, the daemons' and vLLM's logs beside it, in
+    ``<path>.logs/`` (the test's folder may be gone by the time someone looks)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if not report["violations"]:
+        return
+    kept = path.with_name(path.name + ".logs")
+    for log in [*tmp.rglob("sparkd.log"), *tmp.rglob("vllm.log*")]:
+        target = kept / log.relative_to(tmp)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            shutil.copyfile(log, target)
+    report["logs"] = str(kept)
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -36,6 +36,8 @@ FAULTS: tuple[FaultKind, ...] = (
     FaultKind("log_flood", 2, "an unthrottled flood of output in the head's raw vLLM log"),
     FaultKind("state_full", 1, "the head's state filesystem filled to the last byte for a while"),
 )
+# Opt-in (SOAK_DOCKERD=1, dockerd.py): a Docker engine of the soak's own restarted under a docker-exec daemon.
+DOCKERD = FaultKind("dockerd_restart", 2, "the Docker engine of a docker-exec daemon stopped, then started again")
 # How the broken_config fault breaks the file, and how it asks for it to be taken on (reloads.py).
 BREAKAGES = ("toml_syntax", "wrong_type", "infinite", "unknown_key", "floors_out_of_order", "deep_nesting")
 ASKS = ("reload", "sighup", "restart_here", "restart_other")
@@ -48,11 +50,26 @@ class Step:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+def kinds_from_env(env: dict[str, str] | None = None) -> tuple[FaultKind, ...]:
+    """The faults of this run: the default ones, and the dockerd restart when ``SOAK_DOCKERD=1``."""
+    env = dict(os.environ) if env is None else env
+    return (*FAULTS, DOCKERD) if env.get("SOAK_DOCKERD") == "1" else FAULTS
+
+
 def seed_from_env(env: dict[str, str] | None = None) -> int:
     """``SOAK_SEED`` when set (to replay a run), else a fresh one."""
     env = dict(os.environ) if env is None else env
     raw = env.get("SOAK_SEED", "").strip()
     return int(raw) if raw else random.SystemRandom().randrange(1, 2**31)
+
+
+def first_step_from_env(env: dict[str, str] | None = None) -> int:
+    """``SOAK_FROM``: replay a seed's schedule from this step on (its faults and their parameters unchanged)."""
+    env = dict(os.environ) if env is None else env
+    raw = env.get("SOAK_FROM", "").strip()
+    if raw and not raw.isdigit():
+        raise ValueError(f"SOAK_FROM must be a step number (0, 1, ...), not {raw!r}")
+    return int(raw or 0)
 
 
 def seconds_from_env(env: dict[str, str] | None = None) -> float:
@@ -89,6 +106,8 @@ def _params(kind: str, rng: random.Random) -> dict[str, Any]:
         return {"clients": rng.randint(3, 6), "node": rng.choice(["head", "worker", "both"]), "shift": rng.randrange(7)}
     if kind == "broken_config":
         return {"node": side, "breakage": rng.choice(BREAKAGES), "ask": rng.choice(ASKS)}
+    if kind == "dockerd_restart":
+        return {"down_s": round(rng.uniform(3, 8), 1)}
     if kind == "leak":
         return {"mb_per_s": rng.choice([300, 500])}
     if kind == "idle_connections":

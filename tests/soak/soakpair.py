@@ -48,6 +48,8 @@ class SoakPair:
         self.expected_exit: set[str] = set()
         self.latencies: list[float] = []  # control API round trips measured during faults
         self.frozen: list[psutil.Process] = []  # a SIGSTOPped rank, until the recovery ended it
+        self.solo: Any = None  # the docker-exec daemon of the opt-in dockerd restart (dockerd.Solo)
+        self.before_crash: dict[str, int | None] | None = None  # both ranks' PIDs when a fault killed one
         self._commands = 0
 
     def _configure(self, tmp: Path) -> None:
@@ -73,9 +75,11 @@ class SoakPair:
         return {"head": self.head, "worker": self.worker}
 
     def nodes(self) -> list[Node]:
-        return [Node(name, title_prefix(d.config)[:-2], d.state_dir / "status.json",
-                     (lambda d=d: d.proc.pid if d.proc is not None and d.proc.poll() is None else None))
-                for name, d in self.daemons.items()]
+        """The nodes the invariants watch: the pair's two, and the docker-exec daemon when there is one."""
+        out = [Node(name, title_prefix(d.config)[:-2], d.state_dir / "status.json",
+                    (lambda d=d: d.proc.pid if d.proc is not None and d.proc.poll() is None else None))
+               for name, d in self.daemons.items()]
+        return out + ([self.solo.node()] if self.solo is not None else [])
 
     def start(self, which: str | None = None) -> None:
         for name in ([which] if which else ["worker", "head"]):

@@ -41,9 +41,10 @@ def test_soak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     print(f"\nsoak: seed {seed}, {SECONDS:.0f} s (replay with SOAK_SEED={seed})", flush=True)
     report = run_soak(tmp_path, seed, SECONDS)
     path = Path(os.environ.get("SOAK_REPORT") or tmp_path / "soak.json")
-    write_report(report, path)
+    write_report(report, path, tmp_path)
     listing = "\n".join(f"  - {v['what']} (x{v['count']}, first during {v['during']})" for v in report["violations"])
-    print(f"{closing_line(report)}\nsoak: details in {path}\n{listing}", flush=True)
+    logs = f"\nsoak: the daemons' logs in {report['logs']}" if report.get("logs") else ""
+    print(f"{closing_line(report)}\nsoak: details in {path}{logs}\n{listing}", flush=True)
     assert not report["violations"], f"{closing_line(report)}:\n{listing}"
 
 

@@ -8,9 +8,18 @@ import itertools
 
 import pytest
 from catalogue import FAULTS as RUNNABLE
-from invariants import TICK_S, Launches, Ledger, breaker_violations, footprint_growth, overlaps
+from invariants import TICK_S, Launches, Ledger, breaker_violations, footprint_growth, mains_of, overlaps
 from reloads import BREAKAGES as BREAKS
-from schedule import BREAKAGES, FAULTS, seconds_from_env, seed_from_env, steps
+from schedule import (
+    BREAKAGES,
+    DOCKERD,
+    FAULTS,
+    first_step_from_env,
+    kinds_from_env,
+    seconds_from_env,
+    seed_from_env,
+    steps,
+)
 from soakpair import RESTART
 from wedges import guard_floors
 
@@ -28,6 +37,9 @@ def test_seed_and_duration_from_the_environment() -> None:
     assert seed_from_env({"SOAK_SEED": "42"}) == 42
     assert 1 <= seed_from_env({}) < 2**31
     assert seconds_from_env({}) == 180 and seconds_from_env({"SOAK_SECONDS": "1800"}) == 1800
+    assert first_step_from_env({}) == 0 and first_step_from_env({"SOAK_FROM": "67"}) == 67
+    with pytest.raises(ValueError, match="SOAK_FROM must be a step number"):
+        first_step_from_env({"SOAK_FROM": "x"})
     with pytest.raises(ValueError, match="SOAK_SECONDS must be a positive number of seconds, not '-1'"):
         seconds_from_env({"SOAK_SECONDS": "-1"})
 
@@ -60,7 +72,8 @@ def test_the_ledger_counts_a_sentence_instead_of_repeating_it() -> None:
 
 
 def test_every_kind_the_schedule_draws_is_a_fault_the_runner_knows() -> None:
-    assert {f.name for f in FAULTS} == set(RUNNABLE)
+    assert {f.name for f in (*FAULTS, DOCKERD)} == set(RUNNABLE)
+    assert kinds_from_env({}) == FAULTS and kinds_from_env({"SOAK_DOCKERD": "1"}) == (*FAULTS, DOCKERD)
     assert set(BREAKAGES) == set(BREAKS)
     RestartConfig(**RESTART)  # the soak's policy is a valid config
 
@@ -109,3 +122,10 @@ def _failed(cls: str, reason: str, message: str = "what happened") -> dict[str, 
 def test_an_open_breaker_is_named_by_what_opened_it(status: dict[str, object], found: list[str]) -> None:
     lifecycle = {"consecutive": 4, "strikes": [{"class": "hang", "weight": 1, "at": 0}]}
     assert [sentence for sentence, _ in breaker_violations("head", status, lifecycle)] == found
+
+
+def test_a_child_forked_by_the_main_is_not_a_second_main() -> None:
+    """Seed 1391712872, #39: a child in the moment between its fork and its title showed the main's command
+    line and was counted as a second vLLM racing the first."""
+    assert mains_of({11228: 1, 11231: 11228}) == [11228]
+    assert mains_of({11228: 1, 11300: 1}) == [11228, 11300]

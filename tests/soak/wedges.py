@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from typing import Any
 
-from daemon_harness import render_toml
+import psutil
+from daemon_harness import render_toml, tree
 from faults import Skipped, ctl
 from invariants import Ledger
 from soakpair import SoakPair
@@ -64,25 +66,40 @@ def leak(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
                        (reload.stdout + reload.stderr)[-300:])
             return "the guard's floors could not be lowered"
         pair.command("head", f"leak {params['mb_per_s']} {LEAK_CAP_MB}")
-        failure = _wait_for_failure(pair, before, GUARD_S)
+        failure, lowest = _wait_for_failure(pair, before, GUARD_S)
     finally:
         head.config_path.write_text(original)
         restored = ctl(pair, "head", "reload")
     if restored.returncode != 0:
         ledger.add("the head refused its own config back after a leak", (restored.stdout + restored.stderr)[-300:])
     if failure is None:
-        ledger.add(f"the memory guard did not end a leak within {GUARD_S:.0f} s")
+        floors = guard_floors(available)
+        ledger.add(f"the memory guard did not end a leak within {GUARD_S:.0f} s",
+                   f"MemAvailable {available >> 20} MiB at the start, {lowest >> 20} MiB at the lowest; stop floor "
+                   f"{floors['stop_below'] >> 20} MiB; the head's ranks: {_rss(pair)}")
         return f"leak {params['mb_per_s']} MB/s: no failure"
     if failure.get("class") != "killed_by_guard":
         ledger.add("a leak ended in another failure than the memory guard's stop", str(failure.get("message")))
     return f"leak {params['mb_per_s']} MB/s: {failure.get('class')}: {str(failure.get('message'))[:80]}"
 
 
-def _wait_for_failure(pair: SoakPair, before: Any, timeout: float) -> dict[str, Any] | None:
-    deadline = time.monotonic() + timeout
+def _wait_for_failure(pair: SoakPair, before: Any, timeout: float) -> tuple[dict[str, Any] | None, int]:
+    """The head's next failure (or None), and the lowest MemAvailable seen meanwhile."""
+    deadline, lowest = time.monotonic() + timeout, 1 << 62
     while time.monotonic() < deadline:
+        meminfo = read_meminfo()
+        lowest = min(lowest, meminfo.mem_available if meminfo is not None else lowest)
         failure = pair.status("head").get("last_failure") or {}
         if failure.get("at") not in (None, before):
-            return failure
+            return failure, lowest
         time.sleep(0.2)
-    return None
+    return None, lowest
+
+
+def _rss(pair: SoakPair) -> str:
+    """The head's processes with their resident memory (MiB), for a violation's details."""
+    out = []
+    for proc in tree(pair.rank_pid("head") or 0):
+        with contextlib.suppress(psutil.Error):
+            out.append(f"{proc.pid} {proc.cmdline()[0][-24:]} {proc.memory_info().rss >> 20}")
+    return ", ".join(out) or "none"
