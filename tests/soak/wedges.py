@@ -73,14 +73,27 @@ def leak(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
     if restored.returncode != 0:
         ledger.add("the head refused its own config back after a leak", (restored.stdout + restored.stderr)[-300:])
     if failure is None:
-        floors = guard_floors(available)
-        ledger.add(f"the memory guard did not end a leak within {GUARD_S:.0f} s",
-                   f"MemAvailable {available >> 20} MiB at the start, {lowest >> 20} MiB at the lowest; stop floor "
-                   f"{floors['stop_below'] >> 20} MiB; the head's ranks: {_rss(pair)}")
-        return f"leak {params['mb_per_s']} MB/s: no failure"
+        return _no_guard_stop(pair, params, ledger, available, lowest)
     if failure.get("class") != "killed_by_guard":
         ledger.add("a leak ended in another failure than the memory guard's stop", str(failure.get("message")))
     return f"leak {params['mb_per_s']} MB/s: {failure.get('class')}: {str(failure.get('message'))[:80]}"
+
+
+def _no_guard_stop(pair: SoakPair, params: dict[str, Any], ledger: Ledger, available: int, lowest: int) -> str:
+    """The guard did not stop the leak. A violation when MemAvailable went well under the stop floor (or the
+    worker never leaked); when it never got there, the host's memory moved under the fault (other programs
+    freed memory meanwhile) and nothing is proven. Either way the leaking instance is restarted."""
+    stop = guard_floors(available)["stop_below"]
+    seen = (f"MemAvailable {available >> 20} MiB at the start, {lowest >> 20} MiB at the lowest; stop floor "
+            f"{stop >> 20} MiB; the head's processes (MiB): {_rss(pair)}")
+    leaked = max(_resident(pair), default=0) >= LEAK_CAP_MB // 2 * MIB
+    if not leaked:
+        ledger.add("the head's worker did not take the leak command", seen)
+    elif lowest < stop - GIB // 4:
+        ledger.add(f"the memory guard did not end a leak within {GUARD_S:.0f} s", seen)
+    ctl(pair, "head", "restart")
+    verdict = "no guard stop" if leaked and lowest < stop - GIB // 4 else "inconclusive"
+    return f"leak {params['mb_per_s']} MB/s: {verdict} ({seen}); restarted"
 
 
 def _wait_for_failure(pair: SoakPair, before: Any, timeout: float) -> tuple[dict[str, Any] | None, int]:
@@ -100,6 +113,14 @@ def _rss(pair: SoakPair) -> str:
     """The head's processes with their resident memory (MiB), for a violation's details."""
     out = []
     for proc in tree(pair.rank_pid("head") or 0):
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(psutil.Error, IndexError):
             out.append(f"{proc.pid} {proc.cmdline()[0][-24:]} {proc.memory_info().rss >> 20}")
     return ", ".join(out) or "none"
+
+
+def _resident(pair: SoakPair) -> list[int]:
+    out = []
+    for proc in tree(pair.rank_pid("head") or 0):
+        with contextlib.suppress(psutil.Error):
+            out.append(proc.memory_info().rss)
+    return out
