@@ -151,7 +151,8 @@ class Supervisor:
         if after.breaker_reason is not None:
             fields["breaker"] = after.breaker_reason
         rs = after.restart_state
-        fields.update(consecutive=rs.consecutive, budget_weight=window_weight(rs, self.limits.restart, now))
+        fields.update(consecutive=rs.consecutive, waits=rs.waits,
+                      budget_weight=window_weight(rs, self.limits.restart, now))
         self._log.info("transition", state=after.state.value, **fields)
 
     def _act(self, action: v.Action) -> None:

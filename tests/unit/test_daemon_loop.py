@@ -21,6 +21,7 @@ from sparkd.commands.act import Request
 from sparkd.config import Config, config_from_mapping
 from sparkd.daemon.app import Daemon
 from sparkd.daemon.guarding import NodeGuardHooks
+from sparkd.guard.policy import Action, Decision, Level
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.testing import (
     FakeClock,
@@ -385,3 +386,43 @@ async def test_secrets_never_reach_the_vllm_log_or_an_incident(tmp_path: Path) -
         if path.is_file():
             text = path.read_text(errors="replace")
             assert "sk-never-shown" not in text and "peer-token-secret-42" not in text, path
+
+
+class GuardGate:
+    """The guard as the start gate sees it: refusing starts (its cool-down after a stop) until opened."""
+
+    latest = None  # no memory sample to show
+    start_allowed = False
+
+    def __init__(self) -> None:
+        self.decision = Decision(Action.cooldown, Level.stop, False, "cool-down after the guard's stop 1.0 s ago",
+                                 available=3 << 30, at=0.0)
+
+    def evidence(self) -> dict[str, Any]:
+        return {}
+
+
+async def test_a_start_the_guard_refuses_is_a_wait_not_a_failure(tmp_path: Path) -> None:
+    """Soak seed 11: after a guard stop the guard refuses starts for its grace and cool-down; each refused
+    start counted as a failure, so one guard stop (weight 2) and its own cool-down opened the breaker."""
+    cfg = config(tmp_path, restart={"budget_failures": 3, "consecutive_limit": 3, "backoff_initial_s": 1,
+                                    "backoff_max_s": 1})
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(cfg, runtime, clock) as node:
+        await node.until_state("ready")
+        daemon = node.daemon
+        gate = GuardGate()
+        daemon.guard = gate  # type: ignore[assignment]
+        hooks = NodeGuardHooks(daemon.node, daemon.sup.post, lambda: daemon.sup.machine.state)
+        await hooks.stop_vllm(Failure.of(FailureClass.killed_by_guard, "memory ran low"), 0.0)
+        await node.until(lambda: _refusals(node) >= 3 or node.state == "failed", limit_s=600)
+        assert node.state != "failed", node.status()["breaker"]
+        assert node.status()["last_failure"]["class"] == "host_unavailable"
+        assert "memory guard refuses a start" in node.status()["last_failure"]["message"]
+        daemon.guard = None  # headroom again: nothing refuses the start
+        await node.until_state("ready")
+        assert not node.status()["breaker"]["open"] and len(runtime.launches) == 2
+
+
+def _refusals(node: Node) -> int:
+    return sum(1 for h in node.status()["history"] if h["state"] == "backoff") - 1

@@ -17,6 +17,7 @@ from sparkd.supervisor.policy import (
     on_failure,
     on_ready,
     on_stopped,
+    on_wait,
     reset,
     weight,
     window_weight,
@@ -289,3 +290,31 @@ def test_policy_defaults() -> None:
     assert (pol.backoff_max_s, pol.jitter) == (300.0, 0.1)
     assert (pol.stable_after_s, pol.budget_failures, pol.budget_window_s) == (600.0, 5, 1800.0)
     assert (pol.guard_kill_weight, pol.consecutive_limit) == (2, 6)
+
+
+def test_waits_lengthen_the_delay_but_never_count_toward_the_limit() -> None:
+    """Soak seed 11: a wait counted as one more failure in a row, so after a peer outage (or the guard's
+    cool-down) of five retries the first real failure opened the breaker with '6 failures in a row'."""
+    pol = RestartPolicy(jitter=0.0, consecutive_limit=6, budget_failures=100, backoff_max_s=1e6)
+    state, decision = on_failure(RestartState(), pol, F.engine_dead, 0.0, MID)
+    delays = [decision.delay_s]
+    for t in range(1, 6):
+        state, wait = on_wait(state, pol, float(t), MID)
+        delays.append(wait.delay_s)
+    state, decision = on_failure(state, pol, F.engine_dead, 10.0, MID)
+    assert isinstance(decision, Restart), decision
+    assert (state.consecutive, state.waits, decision.attempt) == (2, 5, 7)
+    assert [*delays, decision.delay_s] == [10.0 * 2**n for n in range(7)]
+    for t in range(11, 15):  # four more failures: six in a row, whatever the waits between them
+        state, decision = on_failure(state, pol, F.engine_dead, float(t), MID)
+    assert isinstance(decision, GiveUp) and "6 failures in a row" in decision.reason
+
+
+def test_a_stable_run_that_ends_in_a_wait_starts_the_counts_over() -> None:
+    pol = RestartPolicy(jitter=0.0, stable_after_s=600.0)
+    state = RestartState(consecutive=4, waits=3, ready_since=0.0)
+    state, wait = on_wait(state, pol, 700.0, MID)
+    assert (state.consecutive, state.waits, state.ready_since, wait) == (0, 1, None, Restart(10.0, 1))
+    state = RestartState(consecutive=4, waits=3, ready_since=0.0)
+    state, wait = on_wait(state, pol, 100.0, MID)
+    assert (state.consecutive, state.waits, wait.attempt) == (4, 4, 8)
