@@ -51,7 +51,8 @@ class RestartConfig(_Section):
         "This many (weighted) failures within `budget_window_s` open the breaker."))
     budget_window_s: float = Field(default=1800.0, gt=0, description="The restart budget's window.")
     consecutive_limit: int = Field(default=6, ge=0, description=(
-        "This many failures in a row without a stable run also open the breaker (0: no such limit)."))
+        "This many failures in a row without a stable run also open the breaker; waits (a lost peer, the Docker "
+        "engine, memory headroom) between them do not count (0: no such limit)."))
     guard_kill_weight: int = Field(default=2, ge=1, description="A memory-guard kill counts this many failures.")
 
 

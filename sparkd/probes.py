@@ -1,6 +1,6 @@
 """HTTP probes against vLLM's API server: `/health`, a one-token generation canary, `/metrics`. I/O only.
 
-Each probe makes one request through a shared `httpx.AsyncClient` (:func:`make_client`) and maps what
+Each probe makes one request through a shared :class:`sparkd.plainhttp.Client` (:func:`make_client`) and maps what
 happened to a :class:`~sparkd.supervisor.health.ProbeResult`; the verdict is the pure tracker's job
 (:mod:`sparkd.supervisor.health`). The mapping (kubelet's "could not probe is not unhealthy"):
 
@@ -13,7 +13,7 @@ happened to a :class:`~sparkd.supervisor.health.ProbeResult`; the verdict is the
 Probes never raise for what the server does; they raise only when cancelled.
 
 Probes go to the loopback address when vLLM listens on all addresses, and never through an HTTP proxy from
-the environment (`trust_env=False`): an `http_proxy` meant for downloads would swallow every probe.
+the environment: an `http_proxy` meant for downloads would swallow every probe.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import time
 from collections.abc import Mapping
 
 import anyio
-import httpx
 
 from sparkd import __version__
+from sparkd.plainhttp import Client, ProtocolError, Response
 from sparkd.supervisor.health import MetricsOff, ProbeOutcome, ProbeResult, VllmMetrics
 
 __all__ = [
@@ -62,19 +62,14 @@ def probe_base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def make_client(*, max_connections: int = 8) -> httpx.AsyncClient:
+def make_client() -> Client:
     """The client all probes of one daemon share; close it with `aclose()` (or `async with`).
 
-    No connection is kept alive between probes: uvicorn drops idle connections after 5 s, which races a 5 s
-    probe interval into spurious "server disconnected" errors, and a fresh connection to loopback costs
-    nothing. No proxies or netrc from the environment. Timeouts are set per probe.
+    No connection is kept alive between probes (uvicorn drops idle connections after 5 s, which races a 5 s probe
+    interval; a fresh connection to loopback costs nothing), no proxy from the environment, no TLS. Timeouts are
+    set per probe.
     """
-    return httpx.AsyncClient(
-        trust_env=False,
-        follow_redirects=False,
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=0),
-        headers={"User-Agent": f"sparkd/{__version__} (probe)"},
-    )
+    return Client(headers={"User-Agent": f"sparkd/{__version__} (probe)"})
 
 
 def _is_refused(exc: BaseException) -> bool:
@@ -94,30 +89,33 @@ def _short(text: str) -> str:
 
 
 async def _request(
-    client: httpx.AsyncClient, method: str, url: str, timeout_s: float, *,
+    client: Client, method: str, url: str, timeout_s: float, *,
     json_body: object = None, headers: Mapping[str, str] | None = None,
-) -> tuple[httpx.Response, float] | ProbeResult:
+) -> tuple[Response, float] | ProbeResult:
     """One request under one overall deadline: (response, latency), or the failed ProbeResult."""
     start = time.monotonic()
 
     def failed(outcome: ProbeOutcome, detail: str) -> ProbeResult:
         return ProbeResult(outcome, time.monotonic() - start, detail)
 
+    connected = False
     try:
         with anyio.fail_after(timeout_s):
             response = await client.request(method, url, json=json_body, headers=headers, timeout=timeout_s)
-    except (TimeoutError, httpx.TimeoutException):
+            connected = True
+    except TimeoutError:
         return failed(ProbeOutcome.timeout, f"no answer in {timeout_s:g} s")
-    except httpx.ConnectError as exc:
+    except ProtocolError as exc:
+        return failed(ProbeOutcome.error, f"ProtocolError: {_short(str(exc))}")
+    except OSError as exc:  # refused, unreachable, reset (anyio's own stream errors are OSErrors too)
         if _is_refused(exc):
             return failed(ProbeOutcome.refused, "connection refused")
-        return failed(ProbeOutcome.error, f"connect error: {_short(str(exc) or type(exc).__name__)}")
-    except httpx.HTTPError as exc:  # reset, protocol error, decoding error
-        return failed(ProbeOutcome.error, f"{type(exc).__name__}: {_short(str(exc))}")
+        what = "connect error" if not connected else type(exc).__name__
+        return failed(ProbeOutcome.error, f"{what}: {_short(str(exc) or type(exc).__name__)}")
     return response, time.monotonic() - start
 
 
-async def probe_health(client: httpx.AsyncClient, base_url: str, timeout_s: float) -> ProbeResult:
+async def probe_health(client: Client, base_url: str, timeout_s: float) -> ProbeResult:
     """GET /health: 200 → ok, 503 → engine_dead, refused, timeout, else error."""
     answer = await _request(client, "GET", f"{base_url}/health", timeout_s)
     if isinstance(answer, ProbeResult):
@@ -131,7 +129,7 @@ async def probe_health(client: httpx.AsyncClient, base_url: str, timeout_s: floa
 
 
 async def probe_canary(
-    client: httpx.AsyncClient, base_url: str, model: str, timeout_s: float, *, api_key: str | None = None
+    client: Client, base_url: str, model: str, timeout_s: float, *, api_key: str | None = None
 ) -> ProbeResult:
     """POST /v1/completions for one greedy token of "ping" as `model` (the served name).
 
@@ -172,7 +170,7 @@ def _error_message(text: str) -> str:
     return _short(text)
 
 
-async def scrape_vllm_metrics(client: httpx.AsyncClient, base_url: str, timeout_s: float) -> VllmMetrics | None:
+async def scrape_vllm_metrics(client: Client, base_url: str, timeout_s: float) -> VllmMetrics | None:
     """GET /metrics and parse the series the health checks need; None if the scrape failed in any way."""
     answer = await _request(client, "GET", f"{base_url}/metrics", timeout_s)
     if isinstance(answer, ProbeResult) or answer[0].status_code != 200:
@@ -181,7 +179,7 @@ async def scrape_vllm_metrics(client: httpx.AsyncClient, base_url: str, timeout_
 
 
 async def scrape_metrics(
-    client: httpx.AsyncClient, base_url: str, timeout_s: float
+    client: Client, base_url: str, timeout_s: float
 ) -> VllmMetrics | MetricsOff | None:
     """GET /metrics for the health tracker: the series, `MetricsOff` when the page answered without any `vllm:*`
     family (vLLM runs with --disable-log-stats), or None if the scrape failed in any way."""
@@ -247,11 +245,12 @@ def _sample(line: str) -> tuple[str, float] | None:
     spaces, braces and escaped quotes."""
     brace = line.find("{")
     space = line.find(" ")
-    if brace != -1 and (space == -1 or brace < space):
-        name, rest = line[:brace], _after_labels(line, brace)
-    else:
-        name, rest = (line[:space], line[space:]) if space != -1 else (line, None)
-    if rest is None or (name not in _SUMMED and name not in _MAXED):
+    labelled = brace != -1 and (space == -1 or brace < space)
+    name = line[:brace] if labelled else line[:space] if space != -1 else line
+    if name not in _SUMMED and name not in _MAXED:
+        return None  # before the labels are walked: most of a page is histogram buckets nobody reads
+    rest = _after_labels(line, brace) if labelled else line[space:] if space != -1 else None
+    if rest is None:
         return None
     fields = rest.split()
     if not fields:

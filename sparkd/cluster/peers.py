@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-import httpx
 
 from sparkd.cluster.shared import peer_base_url
 from sparkd.config import Config
+from sparkd.plainhttp import Client, ProtocolError
 
 
 class PeerUnreachable(Exception):
@@ -24,7 +24,7 @@ class PeerClient:
         self.timeout_s = cfg.cluster.peer_timeout_s
         self.urls = {peer: peer_base_url(peer, cfg.api.port) for peer in cfg.cluster.peers}
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.AsyncClient(headers=headers, trust_env=False, timeout=self.timeout_s)
+        self._client = Client(headers=headers)  # plain HTTP between the nodes' sparkd, one connection a request
 
     @property
     def peers(self) -> list[str]:
@@ -52,9 +52,9 @@ class PeerClient:
             try:
                 # A long request (a rank's stop, its preflight) still gives up connecting after peer_timeout_s:
                 # a node cut off the fabric swallows SYNs.
-                timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=self.timeout_s)
-                response = await self._client.request(method, url, timeout=timeout, **kw)
-            except httpx.TransportError as exc:
+                with anyio.fail_after(timeout_s or self.timeout_s):
+                    response = await self._client.request(method, url, connect_timeout=self.timeout_s, **kw)
+            except (OSError, TimeoutError, ProtocolError) as exc:
                 last = exc
                 if attempt < retries:
                     await anyio.sleep(0.2 * (attempt + 1))

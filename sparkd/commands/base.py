@@ -21,6 +21,18 @@ class BadRequest(ValueError):
 
 
 @dataclass(frozen=True)
+class NoParams:
+    """The request of a command that takes no parameters."""
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> NoParams:
+        return cls()
+
+    def to_params(self) -> dict[str, str]:
+        return {}
+
+
+@dataclass(frozen=True)
 class Reply:
     ok: bool
     result: Any = None

@@ -5,23 +5,15 @@ to adopt without a cold start (the package's upgrade uses it; ``systemctl stop s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from sparkd.commands.base import Control, Reply, refused
+from sparkd.commands.base import Control, NoParams, Reply, refused
 
 NAME = "handover"
 METHOD = "POST"
 
 
-@dataclass(frozen=True)
-class Request:
-    @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> Request:
-        return cls()
-
-    def to_params(self) -> dict[str, str]:
-        return {}
+Request = NoParams
 
 
 async def execute(control: Control, request: Request) -> Reply:

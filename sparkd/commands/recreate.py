@@ -7,23 +7,15 @@ the new container.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from sparkd.commands.base import Control, Reply, ok, refused
+from sparkd.commands.base import Control, NoParams, Reply, ok, refused
 
 NAME = "recreate"
 METHOD = "POST"
 
 
-@dataclass(frozen=True)
-class Request:
-    @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> Request:
-        return cls()
-
-    def to_params(self) -> dict[str, str]:
-        return {}
+Request = NoParams
 
 
 async def execute(control: Control, request: Request) -> Reply:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from sparkd.commands.base import Control, Reply, ok
+from sparkd.commands.base import Control, NoParams, Reply, ok
 
 NAME = "status"
 METHOD = "GET"
@@ -18,14 +17,7 @@ METHOD = "GET"
 EXIT_READY, EXIT_UNHEALTHY, EXIT_NOT_SERVING, EXIT_UNREACHABLE = 0, 1, 3, 4
 
 
-@dataclass(frozen=True)
-class Request:
-    @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> Request:
-        return cls()
-
-    def to_params(self) -> dict[str, str]:
-        return {}
+Request = NoParams
 
 
 async def execute(control: Control, request: Request) -> Reply:

@@ -8,6 +8,7 @@ and leaves vLLM to the next daemon); SIGHUP reloads the config.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -215,7 +216,7 @@ class Daemon:
 
     def publish(self) -> None:
         """status.json and the systemd STATUS line, after every change."""
-        self.files.put(self.status_path, self.view.status())
+        self.files.put(self.status_path, self.view.status)  # rendered when written: once per burst of changes
         if self.sup.booted.is_set():  # READY=1 carries the first STATUS=
             self.notifier.status(self.view.line())
 
@@ -334,6 +335,9 @@ def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int
              launch_hash=cfg.launch_hash(), pid=os.getpid())
     try:
         daemon = Daemon(cfg, make_runtime(cfg, rehearse=rehearse), rehearse=rehearse, config_path=config_path)
+        # What the imports and the config made lives as long as the daemon: out of the collector's way, so a full
+        # collection (~10 ms over 55k objects) walks only what the daemon allocates from now on.
+        gc.freeze()
         return anyio.run(daemon.run, sockets)
     finally:
         lock.release()

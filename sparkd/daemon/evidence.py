@@ -26,6 +26,7 @@ from sparkd.supervisor.failures import Evidence, Failure, FailureClass
 from sparkd.supervisor.states import State
 
 LOG_TAIL_LINES = 300  # what an incident and the classifier read of vLLM's output
+LAUNCH_LINE = "---- sparkd: launch "  # written into the vLLM log before every launch
 
 
 @dataclass
@@ -79,7 +80,8 @@ class FailureEvidence:
         self.incidents.write_now(record, self.vllm_log.last(LOG_TAIL_LINES), guard=self._guard_evidence())
 
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
-        return classify(exit_code, sig, self.vllm_log.last(LOG_TAIL_LINES), hint=hint, context=self.context())
+        return classify(exit_code, sig, this_launch(self.vllm_log.last(LOG_TAIL_LINES)), hint=hint,
+                        context=self.context())
 
     def context(self) -> ClassifyContext:
         spec = render(self.cfg)
@@ -115,3 +117,12 @@ class FailureEvidence:
                                  state=self.state().value, pid=instance.pid if instance else None, **facts)
         redacted: dict[str, Any] = self.redact.mapping(record)
         return redacted
+
+
+def this_launch(tail: list[str]) -> list[str]:
+    """The lines of ``tail`` since the last launch line: an earlier instance's errors never classify this death
+    (and a short-lived instance is classified from its few lines, not 300)."""
+    for i in range(len(tail) - 1, -1, -1):
+        if tail[i].startswith(LAUNCH_LINE):
+            return tail[i + 1:]
+    return tail

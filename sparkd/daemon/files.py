@@ -1,7 +1,9 @@
 """The daemon's small state files, written off the event loop.
 
 Writes are coalesced (the newest data for a path wins) and run in a worker thread, so a slow disk never delays
-the loop, the watchdog or the memory guard. A write that fails (disk full, read-only, a directory in the way)
+the loop, the watchdog or the memory guard. The data may be a function that makes it: it is called once, on the
+loop, when the write happens, so a burst of changes (a recovery is eight transitions in a few ms) renders the
+status once. A write that fails (disk full, read-only, a directory in the way)
 is never fatal: the problem is kept for status (sparkd reports itself degraded with the reason), logged once
 per episode, and the write is tried again with the next change or after ``RETRY_S``.
 """
@@ -9,6 +11,7 @@ per episode, and the write is tried again with the next change or after ``RETRY_
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ class StateWriter:
         self._wake = anyio.Event()
         self.problems: dict[Path, str] = {}
 
-    def put(self, path: Path, data: dict[str, Any]) -> None:
+    def put(self, path: Path, data: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
         self._pending[path] = data
         self._wake.set()
 
@@ -61,7 +64,8 @@ class StateWriter:
             if data is _UNLINK:
                 done = await anyio.to_thread.run_sync(self._unlink, path)
             else:
-                done = await anyio.to_thread.run_sync(self._write, path, data)
+                made = data() if callable(data) else data
+                done = await anyio.to_thread.run_sync(self._write, path, made)
             if done and self._pending.get(path) is data:  # a newer put waits for the next pass
                 del self._pending[path]
 

@@ -53,8 +53,10 @@ class NodeGuardHooks:
 
 
 def start_refusal(guard: Guard | None) -> Failure | None:
-    """The guard's start gate as a preflight failure: a start waits for headroom with backoff."""
+    """The guard's start gate as a preflight failure: a start waits for headroom with backoff. A wait, not a
+    failure (``host_unavailable``: no restart budget spent, no step toward the breaker): vLLM never ran, and
+    the gate is closed by the guard's own cool-down after every stop it makes."""
     if guard is None or guard.start_allowed or guard.decision is None:
         return None
-    return Failure.of(FailureClass.free_memory_refusal, f"The memory guard refuses a start: {guard.decision.reason}; "
-                      "sparkd waits for headroom and tries again with backoff.")
+    return Failure.of(FailureClass.host_unavailable, f"The memory guard refuses a start: {guard.decision.reason}; "
+                      "sparkd waits for headroom and tries again with backoff, without spending the restart budget.")

@@ -9,12 +9,15 @@ read-only :class:`~sparkd.daemon.view.StatusView`, so the numbers never drift fr
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from sparkd import __version__
 from sparkd.daemon.view import StatusView
@@ -228,4 +231,48 @@ class Metrics:
             self._start.observe(after.since - after.started_at)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return text_format(self.registry)
+
+
+_LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_ESCAPE_VALUE = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r'\"'})
+_TYPES = {"counter": "counter", "info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram",
+          "unknown": "untyped"}
+_SUFFIXES = {"counter": "_total", "info": "_info"}
+
+
+def text_format(registry: CollectorRegistry) -> bytes:
+    """prometheus_client's ``generate_latest``, byte for byte, for families whose metric and label names are
+    plain (sparkd's all are; anything else goes through ``generate_latest``): about a third of its cost, the
+    scrape being rendered on the daemon's loop beside the memory guard."""
+    out: list[str] = []
+    for family in registry.collect():
+        name = family.name + _SUFFIXES.get(family.type, "")
+        if not _plain(name) or not all(_plain(s.name) and all(map(_plain, s.labels)) for s in family.samples):
+            return generate_latest(registry)
+        doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {_TYPES.get(family.type, family.type)}\n")
+        later: dict[str, list[str]] = {}
+        for sample in family.samples:
+            line = _sample_line(sample)
+            suffix = next((x for x in ("_created", "_gsum", "_gcount") if sample.name == family.name + x), None)
+            if suffix is None:
+                out.append(line)
+            else:
+                later.setdefault(suffix, []).append(line)
+        for suffix, lines in sorted(later.items()):
+            out.append(f"# HELP {family.name}{suffix} {doc}\n# TYPE {family.name}{suffix} gauge\n")
+            out.extend(lines)
+    return "".join(out).encode("utf-8")
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain(name: str) -> bool:
+    return _LEGACY_NAME.match(name) is not None
+
+
+def _sample_line(sample: Any) -> str:
+    labels = ",".join(f'{k}="{str(v).translate(_ESCAPE_VALUE)}"' for k, v in sorted(sample.labels.items()))
+    stamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
+    return f"{sample.name}{{{labels}}} {floatToGoString(sample.value)}{stamp}\n" if labels else \
+        f"{sample.name} {floatToGoString(sample.value)}{stamp}\n"

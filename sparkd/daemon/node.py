@@ -20,7 +20,7 @@ import psutil
 from sparkd.clock import Clock
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
-from sparkd.daemon.evidence import FailureEvidence
+from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
@@ -176,7 +176,7 @@ class Node:
             called = self.clock.now()
             timing.step("queue", called - timing.requested_at - timing.steps.get("preflight", 0.0))
             argv = self.redact.argv(spec.argv)
-            self.vllm_log.append(f"---- sparkd: launch {' '.join(argv)}")
+            self.vllm_log.append(f"{LAUNCH_LINE}{' '.join(argv)}")
             marker = launch_marker()  # every process of the launch inherits it: the proof it is ours
             try:
                 instance = await self.runtime.launch(replace(spec, env={**spec.env, MARKER_ENV: marker}))

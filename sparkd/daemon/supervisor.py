@@ -66,6 +66,7 @@ class Supervisor:
             QUEUE_SIZE)
         self._tg: TaskGroup | None = None
         self._preflight: anyio.CancelScope | None = None
+        self._tick_sleep: anyio.CancelScope | None = None  # the ticker's sleep, cut short by a new deadline
         self._effects_running = 0
 
     @property
@@ -118,6 +119,8 @@ class Supervisor:
         self._log_step(before, after, obs, edge, now)
         if after.state is not State.preflight and self._preflight is not None:
             self._preflight.cancel()
+        if after.deadline is not None and after.deadline != before.deadline and self._tick_sleep is not None:
+            self._tick_sleep.cancel()  # the ticker sleeps toward no deadline or an older one: re-arm it
         memory = remembered(after)
         if memory != self._remembered:
             self._remembered = memory
@@ -148,7 +151,8 @@ class Supervisor:
         if after.breaker_reason is not None:
             fields["breaker"] = after.breaker_reason
         rs = after.restart_state
-        fields.update(consecutive=rs.consecutive, budget_weight=window_weight(rs, self.limits.restart, now))
+        fields.update(consecutive=rs.consecutive, waits=rs.waits,
+                      budget_weight=window_weight(rs, self.limits.restart, now))
         self._log.info("transition", state=after.state.value, **fields)
 
     def _act(self, action: v.Action) -> None:
@@ -190,12 +194,21 @@ class Supervisor:
             self._preflight = None
 
     async def _ticker(self) -> None:
-        """Time for the lifecycle's deadlines: every TICK_S, and right at a backoff's end."""
+        """Time for the lifecycle's deadlines: every TICK_S, and right at a backoff's end — at once when it is
+        due already (a zero backoff); a new deadline cuts the sleep short (``apply``)."""
         while True:
             deadline = self.machine.deadline
-            now = self.clock.now()
-            await self.clock.sleep(TICK_S if deadline is None else min(TICK_S, max(0.01, deadline - now)))
+            wait = TICK_S if deadline is None else min(TICK_S, deadline - self.clock.now())
+            if wait > 0:
+                with anyio.CancelScope() as scope:
+                    self._tick_sleep = scope
+                    await self.clock.sleep(max(wait, 0.01))
+                self._tick_sleep = None
+                if scope.cancelled_caught:
+                    continue
             self.post(v.Tick())
+            if wait <= 0:
+                await self.clock.sleep(0.01)  # the due tick is queued: give the loop a moment to take it
 
 
 def _outcome_of_a_failed(action: v.Action, exc: Exception) -> v.Observation | None:

@@ -7,7 +7,9 @@ with the last vLLM metrics, read-only to whoever reports.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -77,6 +79,7 @@ class InstanceWatch:
             with self.scope:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._follow_logs)
+                    tg.start_soon(self._see_exit)
                     tg.start_soon(self._watch_exit)
                     if self.probes is not None:
                         tg.start_soon(self._probe_health)
@@ -121,6 +124,33 @@ class InstanceWatch:
         failure = self.classify_exit(info.exit_code, info.signal, None)
         self.log.info("exited", pid=self.instance.pid, exit=info.describe(), failure=failure.cls.value)
         self.post(v.Exited(failure))
+
+    async def _see_exit(self) -> None:
+        """Log ``exit_seen`` the moment the kernel reports the death: a thread blocked on a pidfd, so a busy loop
+        (vLLM's last lines arriving, a status render) never delays sparkd's record of it. The exit status, the
+        log's last lines and the classification follow on the loop (``_watch_exit``)."""
+        try:
+            pidfd = os.pidfd_open(self.instance.pid)
+        except OSError:
+            return  # gone already (an adopted instance that just died) or not ours to watch
+        wake_r, wake_w = os.pipe()
+        pid, log = self.instance.pid, self.log
+
+        def block() -> None:
+            try:
+                ready, _, _ = select.select([pidfd, wake_r], [], [])
+                if pidfd in ready:
+                    log.info("exit_seen", pid=pid)
+            finally:
+                for fd in (pidfd, wake_r):
+                    os.close(fd)
+
+        try:
+            await anyio.to_thread.run_sync(block, abandon_on_cancel=True)
+        finally:
+            with contextlib.suppress(OSError):  # the thread may be done already (its end of the pipe closed)
+                os.write(wake_w, b"x")  # a closed watch: the thread returns
+            os.close(wake_w)
 
     async def _probe_health(self) -> None:
         """Readiness while starting (cheap: the port refuses), then /health and vLLM's metrics."""

@@ -43,7 +43,8 @@ from sparkd.supervisor.failures import Failure, FailureClass
 
 __all__ = ["Guard", "GuardCounters", "GuardHooks", "GuardSignal", "guard_failure"]
 
-PID_REFRESH_S = 1.0  # how stale the "is vLLM running" fact may be far from the floors
+PID_REFRESH_S = 5.0  # how stale the "is vLLM running" fact may be far from the floors (listing the tree
+# scans all of /proc: ~2 ms a time on a small host, the largest part of an idle daemon's CPU at 1 s)
 PID_REFRESH_NEAR_S = 0.1  # ... and at warn level or worse (acting always lists the tree afresh)
 RECENT_SAMPLES = 100  # kept for the incident evidence
 

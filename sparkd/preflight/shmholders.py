@@ -93,12 +93,15 @@ def _fd_inodes(fd_dir: Path, dev: int) -> set[int]:
 
 
 def _mapped_inodes(maps: Path, device: str) -> set[int]:
+    with open(maps, "rb") as handle:
+        data = handle.read()
+    if f" {device} ".encode() not in data:  # most processes map nothing from the device: one search, no parse
+        return set()
     out = set()
-    with open(maps, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            parts = line.split(maxsplit=5)
-            if len(parts) >= 5 and parts[3] == device and parts[4] != "0":
-                out.add(int(parts[4]))
+    for line in data.decode("utf-8", "replace").splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) >= 5 and parts[3] == device and parts[4] != "0":
+            out.add(int(parts[4]))
     return out
 
 

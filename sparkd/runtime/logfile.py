@@ -28,6 +28,8 @@ from typing import BinaryIO
 
 import anyio
 
+from sparkd.runtime.filewatch import FileWatch
+
 _SPLIT = re.compile(r"\r\n|\r|\n")  # tqdm redraws its bar with \r
 CUT_MARK = " [sparkd: line cut]"
 NOTE = "---- sparkd:"
@@ -109,6 +111,9 @@ class LineSplitter:
         return out
 
 
+WATCHED_POLL_S = 5.0  # with an inotify watch, a look at the file anyway this often (the watch is the fast path)
+
+
 async def follow_file(
     path: Path, done: anyio.Event, *, poll_s: float = 0.2, truncate_over: int | None = None,
     max_line: int = MAX_LINE, max_pieces: int = MAX_PIECES, replay_max: int | None = None,
@@ -117,16 +122,20 @@ async def follow_file(
     """Yield the lines appended to ``path`` from its start; after ``done`` is set, drain and stop.
 
     ``truncate_over``: keep the raw file under this size (see the module doc). ``replay_max`` (default:
-    ``truncate_over``): where a large file is first opened, read only its last this-many bytes."""
+    ``truncate_over``): where a large file is first opened, read only its last this-many bytes. Between reads
+    the follower waits for a write to the file (inotify, ``filewatch``), for ``done``, or WATCHED_POLL_S; without
+    a watch it polls every ``poll_s``."""
     stats = stats if stats is not None else FollowStats()
     replay_max = truncate_over if replay_max is None else replay_max
     handle: BinaryIO | None = None
     splitter = LineSplitter(max_line, max_pieces)
+    watch: FileWatch | None = None
     try:
         while True:
             if handle is None:
                 handle = _open(path)
                 if handle is not None:
+                    watch = FileWatch.open(path)
                     for line in _skip_replay(handle, path, replay_max, stats):
                         yield line
             data = handle.read(chunk) if handle is not None else b""
@@ -147,9 +156,14 @@ async def follow_file(
             if handle is not None:
                 for line in _at_end(handle, path, truncate_over, splitter, stats):
                     yield line
+            if watch is not None:
+                await watch.wait(done, max(poll_s, WATCHED_POLL_S))
+                continue
             with anyio.move_on_after(poll_s):
                 await done.wait()
     finally:
+        if watch is not None:
+            watch.close()
         if handle is not None:
             handle.close()
 

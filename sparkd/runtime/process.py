@@ -134,7 +134,8 @@ class ProcessRuntime(Runtime):
         if child is None:
             info = ExitInfo(exit_code=None)  # adopted: another process reaps it
         else:
-            info = ExitInfo.from_returncode(await anyio.to_thread.run_sync(child.wait))
+            code = child.poll()  # the pidfd fired: it has exited, reaping it needs no thread
+            info = ExitInfo.from_returncode(code if code is not None else await anyio.to_thread.run_sync(child.wait))
         self._exits[instance.pid] = info
         return info
 

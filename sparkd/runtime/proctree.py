@@ -150,15 +150,18 @@ def same_identity(identity: ProcessIdentity, expected: Expected | None = None) -
 
 
 def ancestors(pid: int | None = None) -> set[int]:
-    """``pid`` (default: this process) and every process above it."""
+    """``pid`` (default: this process) and every process above it (the parent links in /proc/PID/stat: psutil
+    builds a Process, with its create time, for each link; this runs on every stop)."""
     out: set[int] = set()
-    try:
-        proc: psutil.Process | None = psutil.Process(os.getpid() if pid is None else pid)
-        while proc is not None and proc.pid not in out:
-            out.add(proc.pid)
-            proc = proc.parent()
-    except psutil.Error:
-        pass
+    current = os.getpid() if pid is None else pid
+    while current > 0 and current not in out:
+        try:
+            with open(f"/proc/{current}/stat", "rb") as handle:
+                parent = int(handle.read().rsplit(b")", 1)[1].split()[1])  # the field after the state: ppid
+        except (OSError, ValueError, IndexError):
+            break
+        out.add(current)
+        current = parent
     return out
 
 
@@ -179,7 +182,29 @@ def tree(pid: int) -> list[psutil.Process]:
 
 
 def tree_pids(pid: int) -> set[int]:
-    return {p.pid for p in tree(pid)}
+    """``pid`` and its descendants' PIDs, from the kernel's per-task ``children`` lists: it reads the tree's own
+    entries in /proc, where psutil's ``children()`` reads every process's (the guard asks this at rest)."""
+    if pid <= 0:
+        return set()
+    found: set[int] = set()
+    todo = [pid]
+    try:
+        while todo:
+            current = todo.pop()
+            try:
+                tasks = os.listdir(f"/proc/{current}/task")
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # gone meanwhile (the root gone: nothing)
+            found.add(current)
+            for task in tasks:
+                try:
+                    with open(f"/proc/{current}/task/{task}/children") as handle:
+                        todo.extend(int(child) for child in handle.read().split() if int(child) not in found)
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+    except OSError:  # no children files (CONFIG_PROC_CHILDREN off): the slow way
+        return {p.pid for p in tree(pid)}
+    return found
 
 
 async def wait_exit(pid: int) -> None:

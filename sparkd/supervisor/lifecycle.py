@@ -88,7 +88,7 @@ def _give_up(m: Machine, now: float, reason: str) -> Result:
 def _recover(m: Machine, failure: Failure, now: float, rand: float, limits: Limits) -> Result:
     """After a failure, with no instance left: wait, back off, or open the breaker."""
     if failure.treatment.budget is Budget.none:
-        state, wait = policy.on_wait(m.restart_state, limits.restart, rand)
+        state, wait = policy.on_wait(m.restart_state, limits.restart, now, rand)
         return _to(m, State.backoff, now, restart_state=state, deadline=now + wait.delay_s,
                    restart_reason=failure.cls.value), []
     state, decision = policy.on_failure(m.restart_state, limits.restart, failure.cls, now, rand)
@@ -227,11 +227,11 @@ def _recovered(m: Machine, obs: v.HealthRecovered, now: float, limits: Limits) -
 
 
 def _stop_done(m: Machine, obs: v.StopDone, now: float, limits: Limits) -> Result:
+    if m.after is After.recover and m.answering is not None and not limits.led:
+        return _recover(m, m.answering, now, obs.rand, limits)  # the policy sees how long the run was ready
     m = replace(m, restart_state=policy.on_stopped(m.restart_state))
     if m.after is After.recover and m.answering is not None:
-        if limits.led:
-            return _to(m, State.stopped, now), []
-        return _recover(m, m.answering, now, obs.rand, limits)
+        return _to(m, State.stopped, now), []
     if m.after is After.restart and m.intent is Intent.run:
         return _preflight(m, now, restart_reason="operator")
     return _to(m, State.stopped, now), []

@@ -19,9 +19,13 @@ Rules, in the order `on_failure` applies them:
 4. Weighted failures in the window reaching `budget_failures` give up.
 5. `consecutive_limit` failures in a row without a stable run give up. This catches the slow crash loop the
    window cannot: an 8–10 minute cold start plus the 300 s cap fits only two failures in 30 minutes, and
-   every cycle on GB10 leaks memory the driver never gives back.
+   every cycle on GB10 leaks memory the driver never gives back. Waits (`on_wait`) between them are not
+   failures and do not count.
 6. Otherwise restart after `min(initial * factor**(n-1), max)`, jittered by ±`jitter` (the cap applies
-   before the jitter), where n is the consecutive count including this failure.
+   before the jitter), where n counts the failures and the waits since the last stable run, this one included.
+
+`on_wait` (a `Budget.none` class: the peer node, the Docker engine, the guard's start gate) follows rules 1 and
+6 only: a wait never gives up and never counts toward the budget or the consecutive limit.
 """
 
 from __future__ import annotations
@@ -88,12 +92,15 @@ class RestartState:
     consecutive: int = 0  # failures since the last stable run (or reset)
     strikes: tuple[Strike, ...] = ()  # failures inside the budget window, oldest first
     ready_since: float | None = None  # when the current run became ready; None while not ready
+    # Waits since the last stable run (or reset): they lengthen the delay, never count toward a limit. Not kept
+    # across a daemon restart (only the next delay depends on it).
+    waits: int = 0
 
 
 @dataclass(frozen=True)
 class Restart:
     delay_s: float
-    attempt: int  # the consecutive failure count this restart answers; 1 for the first
+    attempt: int  # failures and waits since the last stable run, this one included; 1 for the first
 
 
 @dataclass(frozen=True)
@@ -192,10 +199,11 @@ def on_failure(
     """Decide what follows an unrequested end of the instance at `now`. `rand` is uniform in [0, 1)."""
     if not 0.0 <= rand < 1.0:
         raise ValueError("rand must be in [0, 1)")
-    consecutive = 0 if is_stable(state, policy, now) else state.consecutive
-    consecutive += 1
+    stable = is_stable(state, policy, now)
+    consecutive = (0 if stable else state.consecutive) + 1
+    waits = 0 if stable else state.waits
     strikes = (*_in_window(state.strikes, policy, now), Strike(now, weight(policy, failure_class), failure_class))
-    after = RestartState(consecutive=consecutive, strikes=strikes, ready_since=None)
+    after = RestartState(consecutive=consecutive, strikes=strikes, ready_since=None, waits=waits)
 
     reason: str | None = None
     if not TREATMENT[failure_class].restartable:
@@ -211,12 +219,18 @@ def on_failure(
     if reason is not None:
         return after, GiveUp(reason)
 
-    delay = _jittered(policy, base_delay(policy, consecutive), rand)
-    return after, Restart(delay_s=delay, attempt=consecutive)
+    attempt = consecutive + waits
+    delay = _jittered(policy, base_delay(policy, attempt), rand)
+    return after, Restart(delay_s=delay, attempt=attempt)
 
 
-def on_wait(state: RestartState, policy: RestartPolicy, rand: float) -> tuple[RestartState, Restart]:
-    """Try again later for a reason outside vLLM (`Budget.none`: the peer node, the Docker engine): the delay
-    grows like a failure's, but nothing counts toward the budget — sparkd waits, it does not give up."""
-    attempt = state.consecutive + 1
-    return replace(state, consecutive=attempt), Restart(_jittered(policy, base_delay(policy, attempt), rand), attempt)
+def on_wait(state: RestartState, policy: RestartPolicy, now: float, rand: float) -> tuple[RestartState, Restart]:
+    """Try again later for a reason outside vLLM (`Budget.none`: the peer node, the Docker engine, the guard's
+    start gate): the delay grows like a failure's, but nothing counts toward the budget or the consecutive
+    limit — sparkd waits, it does not give up. A stable run that ends in a wait starts the counts over."""
+    stable = is_stable(state, policy, now)
+    consecutive = 0 if stable else state.consecutive
+    waits = (0 if stable else state.waits) + 1
+    attempt = consecutive + waits
+    after = RestartState(consecutive=consecutive, strikes=state.strikes, ready_since=None, waits=waits)
+    return after, Restart(_jittered(policy, base_delay(policy, attempt), rand), attempt)

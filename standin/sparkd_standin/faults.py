@@ -1,4 +1,5 @@
-"""Faults injected after ready, on the head's API server: die, hang, stall (the worker leaks by itself).
+"""Faults injected after ready, on the head's API server: die, hang, stall (the worker leaks by itself), at
+the knobs' times or when the control file asks (:mod:`sparkd_standin.control`).
 
 - die/exit: stop the children, exit with die_exit_code.  die/kill: SIGKILL this process.
 - die/engine: SIGKILL the EngineCore (engine-death path).  die/worker: SIGKILL the local worker (executor
@@ -23,6 +24,7 @@ import time
 from typing import Protocol
 
 from sparkd_standin.api import AppState
+from sparkd_standin.control import POLL_S, Command, ControlFile
 
 
 class _Exitable(Protocol):
@@ -68,5 +70,22 @@ async def run_faults(state: AppState, server: _Exitable) -> None:
         elif kind == "hang":
             block_event_loop(server)
         else:
-            state.source.stalled = True
-            state.engine.stall()
+            stall(state)
+
+
+def stall(state: AppState) -> None:
+    state.source.stalled = True
+    state.engine.stall()
+
+
+async def follow_control(control: ControlFile, state: AppState, server: _Exitable) -> None:
+    """Take the control file's stall and hang commands (a worker takes leak); silently, as a wedge is."""
+    while True:
+        await asyncio.sleep(POLL_S)
+        command: Command | None = control.poll()
+        if command is None:
+            continue
+        if command.fault == "stall":
+            stall(state)
+        elif command.fault == "hang":
+            block_event_loop(server)

@@ -57,6 +57,7 @@ class Knobs:
     tcpstore_timeout: float = 600.0  # seconds both rendezvous sides wait for each other
     max_position_embeddings: int = 1048576  # the model's derived max_model_len (its config.json)
     argv_file: str | None = None  # write json.dumps(sys.argv) here at start
+    control_file: str | None = None  # stall, hang or leak a running rank by writing here (see control.py)
 
     @property
     def dialect(self) -> Dialect:
@@ -133,6 +134,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "tcpstore_timeout": float,
     "max_position_embeddings": int,
     "argv_file": _optional_str,
+    "control_file": _optional_str,
 }
 
 _EXPECTED = {

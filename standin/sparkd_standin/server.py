@@ -28,6 +28,7 @@ import uvicorn
 from sparkd_standin import api, faults, logfmt
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.client import EngineClient, EngineStartupError
+from sparkd_standin.control import ControlFile
 from sparkd_standin.dialect import LOGO
 from sparkd_standin.generate import TokenSource
 from sparkd_standin.knobs import Knobs, phase_seconds
@@ -84,6 +85,7 @@ def _log_version(config: ServeConfig, knobs: Knobs) -> None:
 def run_api_server(config: ServeConfig, knobs: Knobs) -> int:
     d = knobs.dialect
     logfmt.decorate_logs("APIServer", d)
+    control = ControlFile(knobs.control_file) if knobs.control_file else None  # older commands are not ours
     _log_version(config, knobs)
     try:
         sock = create_server_socket(config.host, config.port)
@@ -115,7 +117,7 @@ def run_api_server(config: ServeConfig, knobs: Knobs) -> int:
     metrics = VllmMetrics(config, int(info["kv_tokens"]), exposed=not config.disable_log_stats)
     state = api.AppState(config, knobs, engine, metrics, TokenSource(engine, metrics, knobs.tokens_per_s))
     try:
-        asyncio.run(serve_http(state, sock))
+        asyncio.run(serve_http(state, sock, control))
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -144,7 +146,7 @@ async def watchdog_loop(server: uvicorn.Server, state: api.AppState) -> None:
             server.should_exit = True
 
 
-async def serve_http(state: api.AppState, sock: socket.socket) -> None:
+async def serve_http(state: api.AppState, sock: socket.socket, control: ControlFile | None = None) -> None:
     cfg = state.config
     config = uvicorn.Config(
         api.build_app(state),
@@ -158,6 +160,8 @@ async def serve_http(state: api.AppState, sock: socket.socket) -> None:
     if not cfg.disable_log_stats:
         state.background.append(api.log_stats_forever)
     state.background.append(lambda st: faults.run_faults(st, server))
+    if control is not None:
+        state.background.append(lambda st: faults.follow_control(control, st, server))
     loop = asyncio.get_running_loop()
     server_task = loop.create_task(server.serve(sockets=[sock]))
     watchdog_task = loop.create_task(watchdog_loop(server, state))

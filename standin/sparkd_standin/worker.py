@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 
 import setproctitle
 
-from sparkd_standin import loading, logfmt, procs, sizing
+from sparkd_standin import control, loading, logfmt, procs, sizing
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.knobs import Knobs, phase_seconds
 from sparkd_standin.rendezvous import DistError, StoreClient, StoreServer
@@ -108,6 +108,8 @@ class WorkerRuntime:
         self._jit_pending = spec.knobs.jit_after is not None
         self._leaked: list[bytearray] = []
         self._closed = threading.Event()
+        if spec.knobs.control_file:  # a leak asked for at run time (control.py); older commands are not ours
+            control.watch_in_thread(control.ControlFile(spec.knobs.control_file), self._on_command, self._closed)
 
     # -- WorkerProc.__init__: device, rendezvous, model -------------------------------------------------
     def init_device(self) -> None:
@@ -190,7 +192,7 @@ class WorkerRuntime:
         loading.jit_monitor_activated(self.spec.ranked)
         self.ready_at = time.monotonic()
         if self.spec.knobs.leak_mb_per_s > 0:
-            threading.Thread(target=self._leak, daemon=True, name="leak").start()
+            self._start_leak(self.spec.knobs.leak_mb_per_s, self.spec.knobs.leak_max_mb)
 
     def execute(self, request_id: str) -> None:
         """One model step for a request: an all-reduce across ranks (see the module's docstring)."""
@@ -214,12 +216,19 @@ class WorkerRuntime:
             time.sleep(0.1)
 
     # -- faults and shutdown ----------------------------------------------------------------------------
-    def _leak(self) -> None:
-        """Allocate and touch real memory at leak_mb_per_s, up to leak_max_mb (the UCX leak of the field)."""
-        knobs, step_s, total = self.spec.knobs, 0.1, 0
-        cap = int(knobs.leak_max_mb * MIB)
+    def _on_command(self, command: control.Command) -> None:
+        if command.fault == "leak":
+            self._start_leak(command.leak_mb_per_s, command.leak_max_mb)
+
+    def _start_leak(self, mb_per_s: float, max_mb: float) -> None:
+        threading.Thread(target=self._leak, args=(mb_per_s, max_mb), daemon=True, name="leak").start()
+
+    def _leak(self, mb_per_s: float, max_mb: float) -> None:
+        """Allocate and touch real memory at ``mb_per_s``, up to ``max_mb`` (the UCX leak of the field)."""
+        step_s, total = 0.1, 0
+        cap = int(max_mb * MIB)
         while total < cap and not self._closed.is_set():
-            size = min(max(4096, int(knobs.leak_mb_per_s * MIB * step_s)), cap - total)
+            size = min(max(4096, int(mb_per_s * MIB * step_s)), cap - total)
             chunk = bytearray(size)
             chunk[::4096] = b"\x01" * len(range(0, size, 4096))  # write every page so it is resident
             self._leaked.append(chunk)

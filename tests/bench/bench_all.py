@@ -3,8 +3,9 @@
     .venv/bin/python tests/bench/bench_all.py [--json tests/bench/results.json] [--quick]
 
 Runs, each as its own process (progress on stderr): bench_recovery.py (recovery, litter, detection),
-bench_footprint.py (idle footprint, /metrics latency), bench_pair.py (pair restart overhead), the memory
-guard's bench_guard.py and bench_wedge.py (wedge detection time, false positives), then prints one table:
+bench_docker.py (the same on the docker-exec runtime), bench_footprint.py (idle footprint, what each
+dependency costs, /metrics latency), bench_group.py (group restart overhead for 2, 3 and 4 nodes), the
+memory guard's bench_guard.py and bench_wedge.py (wedge detection time, false positives), then prints one table:
 every figure beside its peer from the same run, the ratio, the issue's target and whether sparkd meets it (and
 by how much it misses). tests/bench/README.md explains
 each figure. ``--quick`` runs a few trials of each, to check the benchmarks themselves (its figures are
@@ -32,7 +33,8 @@ QUICK = {
     "bench_recovery.py": ["--kills", "3", "--unit-kills", "2", "--default-kills", "1", "--litter", "2",
                           "--startup-runs", "2", "--detect-extra", "3"],
     "bench_footprint.py": ["--seconds", "10", "--scrape-seconds", "5"],
-    "bench_pair.py": ["--restarts", "2", "--bare", "2"],
+    "bench_docker.py": ["--kills", "3", "--unit-kills", "1", "--startup-runs", "2"],
+    "bench_group.py": ["--sizes", "2,4", "--restarts", "2", "--bare", "2"],
     "bench_guard.py": ["--runs", "1", "--rates", "2"],
     "bench_wedge.py": ["--trials", "5"],
 }
@@ -58,8 +60,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--json", default=str(HERE / "results.json"))
     parser.add_argument("--quick", action="store_true", help="a few trials of each (checks the benchmarks)")
-    parser.add_argument("--guard-runs", default="3", help="bench_guard.py --runs (its default is 5)")
-    parser.add_argument("--skip", default="", help="comma-separated: recovery,footprint,pair,guard,wedge")
+    parser.add_argument("--guard-runs", default="5", help="bench_guard.py --runs (issue 18: every one of 5 runs)")
+    parser.add_argument("--skip", default="", help="comma-separated: recovery,docker,footprint,group,guard,wedge")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     started = time.monotonic()
@@ -70,8 +72,8 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="sparkd-bench-") as tmp:
         folder = Path(tmp)
-        for name, script, extra in (("recovery", "bench_recovery.py", []), ("footprint", "bench_footprint.py", []),
-                                    ("pair", "bench_pair.py", []),
+        for name, script, extra in (("recovery", "bench_recovery.py", []), ("docker", "bench_docker.py", []),
+                                    ("footprint", "bench_footprint.py", []), ("group", "bench_group.py", []),
                                     ("guard", "bench_guard.py", ["--runs", args.guard_runs]),
                                     ("wedge", "bench_wedge.py", [])):
             if name in skip:

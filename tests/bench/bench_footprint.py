@@ -61,6 +61,35 @@ PEER_EXPORTER = ("import time; from prometheus_client import start_http_server; 
                  "start_http_server({port}, addr='127.0.0.1'); time.sleep(1e9)")
 
 
+DEPENDENCIES = ("anyio", "psutil", "pydantic", "structlog", "uvicorn", "starlette.applications", "httpx",
+                "prometheus_client", "docker")
+IMPORT_PROBE = """
+import importlib, sys
+def rss():
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * 4096 / 1048576
+before, count = rss(), len(sys.modules)
+importlib.import_module(sys.argv[1])
+print(before, rss() - before, len(sys.modules) - count)
+"""
+
+
+def import_costs() -> dict[str, Any]:
+    """RSS each dependency adds to a fresh interpreter on its own (shared pieces, asyncio say, count in each),
+    and what importing the daemon (sparkd.daemon.app) adds: what a daemon at rest pays for its imports."""
+    def probe(module: str) -> tuple[float, float, int]:
+        out = subprocess.run([sys.executable, "-c", IMPORT_PROBE, module], capture_output=True, text=True,
+                             check=True, timeout=120).stdout.split()
+        return float(out[0]), float(out[1]), int(out[2])
+
+    each = {}
+    for module in DEPENDENCIES:
+        _, mib, modules = probe(module)
+        each[module.split(".")[0]] = {"rss_mib": round(mib, 2), "modules": modules}
+    bare, daemon, modules = probe("sparkd.daemon.app")
+    return {"bare_mib": round(bare, 2), "each": each, "daemon_mib": round(daemon, 2), "daemon_modules": modules}
+
+
 def sample(procs: dict[str, psutil.Process], seconds: float) -> dict[str, dict[str, Any]]:
     """CPU % of one core over the window and RSS every second, for each process."""
     cpu0 = {name: p.cpu_times() for name, p in procs.items()}
@@ -184,6 +213,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     owned, ledger = Owned(), ShmLedger()
     started = time.monotonic()
     try:
+        imports = import_costs()
         footprint = footprint_phase(tmp, args.seconds, owned, ledger)
         scrapes = scrape_phase(tmp, args.scrape_seconds, owned, ledger)
     finally:
@@ -193,7 +223,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             log(f"footprint: ended {left} leftover process(es) of ours")
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    return {"footprint": footprint, "scrape": scrapes, "seconds": round(time.monotonic() - started, 1)}
+    return {"footprint": footprint, "scrape": scrapes, "imports": imports,
+            "seconds": round(time.monotonic() - started, 1)}
 
 
 def _answers(port: int) -> bool:

@@ -323,6 +323,12 @@ def summarise(runs: list[dict[str, Any]], rates: list[float]) -> list[dict[str, 
         for key in ("reaction_ms", "overshoot_mib"):
             s, e = row["sparkd"][key], row["earlyoom"][key]
             row[f"ratio_{key}"] = None if s is None or not e else s / e
+        # Run by run (the same run index, one after the other): was sparkd's overshoot below earlyoom's?
+        pairs = [(a, b) for a in runs for b in runs if a["guard"] == "sparkd" and b["guard"] == "earlyoom"
+                 and a["rate_target"] == b["rate_target"] == rate and a.get("run") == b.get("run")]
+        wins = [a.get("overshoot_mib") is not None and b.get("overshoot_mib") is not None
+                and a["overshoot_mib"] < b["overshoot_mib"] for a, b in pairs]
+        row["paired_runs"], row["overshoot_below_runs"] = len(pairs), sum(wins)
         rows.append(row)
     return rows
 
@@ -386,6 +392,7 @@ def bench(args: argparse.Namespace) -> int:
                 result = measure(guard, rate, distance)
                 if result is None:
                     continue
+                result["run"] = i
                 runs.append(result)
                 print(f"  {guard:8s} {rate:g} GiB/s run {i + 1}: reaction {fmt(result.get('reaction_ms'), '.0f')} ms, "
                       f"overshoot {fmt(result.get('overshoot_mib'), '.0f')} MiB, achieved "

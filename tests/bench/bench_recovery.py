@@ -53,8 +53,9 @@ from benchkit import (
     unique_prefix,
     wait_healthy,
 )
-from peers import SparkdPeer, SupervisordPeer, UnitReplay
+from peers import SparkdPeer, SupervisordPeer
 from trials import parallel, sequential
+from unitpeer import NoShm, UnitPeer, systemd_host
 
 BENCH_RESTART = {"backoff_initial_s": 0, "jitter": 0, "budget_failures": 1000, "consecutive_limit": 0}
 # How long a death with litter may take to end healthy: sparkd 30 s; supervisord 20 s (it gives up, FATAL,
@@ -144,33 +145,31 @@ def supervisord_litter(tmp: Path, n: int, owned: Owned, ledger: ShmLedger) -> li
 
 def unit_runs(tmp: Path, clean: int, litter: int, owned: Owned, ledger: ShmLedger
               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every unit instance at once; kills staggered 3 s apart so no two restarts overlap."""
-    units, ports = [], []
-    for i in range(clean + litter):
-        p = Ports()
-        argv, env = launch_for(tmp / f"u{i}", p, standin_env(unique_prefix(), orphan=i >= clean))
-        units.append(UnitReplay(f"u{i}", argv, env, tmp / f"u{i}" / "standin.log"))
-        ports.append(p)
-    for unit in units:
-        unit.start()
-    try:
-        for unit, p in zip(units, ports, strict=True):
-            if wait_healthy(p.api, 120) is None:
-                raise RuntimeError(f"unit {unit.unit} never became ready")
-        delays = kill_delays(clean + litter, seed=19)
-        jobs = [(unit, p.api, UNIT_STAGGER_S * i + delays[i], None)
-                for i, (unit, p) in enumerate(zip(units, ports, strict=True))]
-        trials = parallel(jobs, owned, ledger, window=LITTER_WINDOW_S["unit"], label="unit")
-        for trial, unit in zip(trials, units, strict=True):
-            trial["result"] = unit.result
-        return trials[:clean], trials[clean:]
-    finally:
+    """The field's unit under a real systemd (unitpeer.py), one unit per stand-in, all at once; kills staggered
+    UNIT_STAGGER_S apart so that their RestartSec=30 waits overlap and no two restarts compete."""
+    with systemd_host() as node:
+        units, ports = [], []
+        for i in range(clean + litter):
+            p = Ports()
+            argv, env = launch_for(tmp / f"u{i}", p, standin_env(unique_prefix(), orphan=i >= clean))
+            units.append(UnitPeer(node, f"vllm-bench-u{i}", argv, env, p.api))
+            ports.append(p)
         for unit in units:
-            unit.snapshot()
-            unit.stop()
-            ledger.ours |= unit.ledger.ours
-            for proc in unit.owned.procs.values():
-                owned.procs.setdefault((proc.pid, proc.create_time()), proc)
+            unit.start()
+        try:
+            for unit, p in zip(units, ports, strict=True):
+                if wait_healthy(p.api, 120) is None:
+                    raise RuntimeError(f"unit {unit.unit} never became ready:\n{node.journal(unit.unit)}")
+            delays = kill_delays(clean + litter, seed=19)
+            jobs = [(unit, p.api, UNIT_STAGGER_S * i + delays[i], None)
+                    for i, (unit, p) in enumerate(zip(units, ports, strict=True))]
+            trials = parallel(jobs, owned, NoShm(), window=LITTER_WINDOW_S["unit"], label="unit")
+            for trial, unit in zip(trials, units, strict=True):
+                trial["result"] = unit.result()
+            return trials[:clean], trials[clean:]
+        finally:
+            for unit in units:
+                unit.stop()
 
 
 def summary(trials: list[dict[str, Any]], startup: float | None) -> dict[str, Any]:
@@ -185,7 +184,8 @@ def summary(trials: list[dict[str, Any]], startup: float | None) -> dict[str, An
 def detection(trials: list[dict[str, Any]]) -> dict[str, Any]:
     samples = [t["detection_ms"] for t in trials if t.get("detection_ms") is not None]
     return {"trials": len(trials), "samples": len(samples), "p50_ms": percentile(samples, 50),
-            "p99_ms": percentile(samples, 99), "max_ms": max(samples, default=None), "all_ms": samples}
+            "p99_ms": percentile(samples, 99), "max_ms": max(samples, default=None), "all_ms": samples,
+            "classified_ms": [t["classified_ms"] for t in trials if t.get("classified_ms") is not None]}
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:

@@ -139,10 +139,9 @@ class ShmLedger:
 
     def cleanup(self) -> int:
         """Remove our names that no live process holds any more; returns how many."""
-        from sparkd.preflight.shm import scan_held
+        from sparkd.preflight.shm import held_names
 
-        held, _ = scan_held(SHM)
-        gone = self.present() - held
+        gone = self.present() - held_names(SHM)
         self.remove(gone)
         return len(gone)
 
@@ -179,6 +178,19 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) 
             return value
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def standin_by_prefix(prefix: str, old: int | None = None) -> int | None:
+    """The stand-in's API server (not one of its titled children) whose environment carries ``prefix`` as its
+    VLLM_PROCESS_NAME_PREFIX: how the bench finds a stand-in that a container or a unit started."""
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if proc.pid == old or not cmd or cmd[0].startswith(prefix) or "serve" not in cmd:
+            continue
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("VLLM_PROCESS_NAME_PREFIX") == prefix and running(proc):
+                return proc.pid
+    return None
 
 
 def kill_delays(n: int, seed: int = 9, low: float = 0.2, high: float = 2.0) -> list[float]:

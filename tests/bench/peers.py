@@ -1,4 +1,5 @@
-"""The supervisors under test, behind one small interface: sparkd, supervisord, and the field's systemd unit.
+"""The supervisors under test, behind one small interface: sparkd and supervisord (the field's systemd unit,
+under a real systemd, is in unitpeer.py).
 
 Each supervises the vLLM stand-in with the same argv and environment (sparkd renders them; the peers run
 them word for word). The bench kills the stand-in's main process and watches from outside.
@@ -8,25 +9,20 @@ them word for word). The bench kills the stand-in's main process and watches fro
 - :class:`SupervisordPeer`: Debian's supervisord 4.x, ``nodaemon``, one ``[program:x]`` per stand-in with
   ``autorestart=true`` and every other setting at its default; it notices a death on SIGCHLD and logs
   ``exited: x (...)`` with a millisecond timestamp.
-- :class:`UnitReplay`: the field's unit (reference/field-reports/002) replayed in-process, see its docstring.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shlex
 import subprocess
-import threading
-import time
-from collections import deque
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
-from benchkit import BIN, Owned, ShmLedger, end_process, running, wait_for
+from benchkit import end_process, running, wait_for
 from daemon_harness import Sparkd
 
 
@@ -44,6 +40,10 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+# sparkd's log events on the way from a death to the next launch (peers.SparkdPeer.path_ms), in order.
+PATH_EVENTS = ("exited", "to_stopping", "stopped", "to_backoff", "to_preflight", "to_starting", "launched")
 
 
 class SparkdPeer:
@@ -76,13 +76,46 @@ class SparkdPeer:
         return _size(self.daemon.log_path)
 
     def noticed_at(self, mark: int, pid: int) -> float | None:
-        """Wall time of sparkd's ``exited`` event for ``pid`` (its structlog timestamp, UTC, µs)."""
+        """Wall time of sparkd's ``exit_seen`` event for ``pid`` (its structlog timestamp, UTC, µs): logged as
+        soon as the pidfd fired and the exit status was read."""
+        return self._event_at(mark, pid, "exit_seen")
+
+    def classified_at(self, mark: int, pid: int) -> float | None:
+        """Wall time of the ``exited`` event: the log drained and the death classified, Exited posted."""
+        return self._event_at(mark, pid, "exited")
+
+    def start_timing(self) -> dict[str, Any] | None:
+        """The current launch's ``start_timing`` from status (sparkd's steps from start requested to exec)."""
+        timing = self.daemon.status().get("start_timing")
+        return timing if isinstance(timing, dict) else None
+
+    def path_ms(self, mark: int, pid: int) -> dict[str, float]:
+        """Milliseconds from ``exit_seen`` of ``pid`` to each step of the recovery, from sparkd's own log."""
+        events: dict[str, float] = {}
+        seen: float | None = None
+        for line in _read_from(self.daemon.log_path, mark):
+            if not line.startswith("{"):
+                continue
+            with contextlib.suppress(ValueError, KeyError):
+                event = json.loads(line)
+                name = event["event"]
+                at = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+                if name == "exit_seen" and event.get("pid") == pid:
+                    seen = at
+                if seen is None:
+                    continue
+                key = f"to_{event.get('to')}" if name == "transition" else name
+                if key in PATH_EVENTS:
+                    events.setdefault(key, round((at - seen) * 1000, 2))
+        return events
+
+    def _event_at(self, mark: int, pid: int, name: str) -> float | None:
         for line in _read_from(self.daemon.log_path, mark):
             if not line.startswith("{"):
                 continue
             with contextlib.suppress(ValueError):
                 event = json.loads(line)
-                if event.get("event") == "exited" and event.get("pid") == pid:
+                if event.get("event") == name and event.get("pid") == pid:
                     return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
         return None
 
@@ -159,107 +192,3 @@ class SupervisordPeer:
     def close(self) -> None:
         if self.proc is not None:
             end_process(self.proc, timeout=30)
-
-
-# ---- the field's unit, replayed ---------------------------------------------------------------------------------
-
-RESTART_SEC = 30.0  # Restart=on-failure, RestartSec=30
-START_LIMIT_INTERVAL_S = 10.0  # DefaultStartLimitIntervalSec
-START_LIMIT_BURST = 5  # DefaultStartLimitBurst
-STOP_PATTERN = "sparkd-standin serve"  # ExecStop's pkill -9 -f "vllm serve", for the stand-in's command line
-
-
-class UnitReplay(threading.Thread):
-    """The field's ``vllm-ds4-head.service`` (reference/field-reports/002), one instance per thread:
-
-    - ``ExecStartPre``: ``sync; echo 3 > /proc/sys/vm/drop_caches; rm -f /dev/shm/psm_* /dev/shm/sem.mp-*``,
-      the ``rm`` scoped to the files this unit's processes held (the field's node has one vLLM; here several
-      units may share the machine, and other people's files are never ours to remove).
-    - ``ExecStart``: the stand-in (the field's ``docker exec ... bash launch.sh``; ``docker start`` and the
-      ``sleep 5`` that follows it belong to the container and are left out, which flatters the unit by 5 s).
-    - ``Type=simple``: started as soon as it is forked. ``Restart=on-failure``: a non-zero exit or a signal
-      restarts after ``RestartSec=30``; exit 0 does not. ``StartLimitIntervalSec=10``/``StartLimitBurst=5``.
-    - On the main process's death the stop runs: ``ExecStop``'s ``pkill -9 -f "vllm serve"`` (scoped to the
-      processes this unit started: it matches command lines, and a ``VLLM::Worker`` whose title replaced its
-      command line does not match), then ``KillMode=mixed`` signals the unit's cgroup, which in the field holds
-      only the ``docker exec`` client: vLLM's processes live in the container's cgroup, out of reach.
-    """
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path,
-                 restart_sec: float = RESTART_SEC) -> None:
-        super().__init__(name=f"unit-{name}", daemon=True)
-        self.unit = name
-        self.argv = argv
-        self.env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", **env}
-        self.log_path = log_path
-        self.restart_sec = restart_sec
-        self.owned = Owned()
-        self.ledger = ShmLedger()
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.events: list[tuple[str, float, Any]] = []
-        self.result = "active"
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-
-    def run(self) -> None:
-        starts: deque[float] = deque()
-        while not self._stopping.is_set():
-            now = time.monotonic()
-            while starts and now - starts[0] >= START_LIMIT_INTERVAL_S:
-                starts.popleft()
-            if len(starts) >= START_LIMIT_BURST:
-                self.result = "failed (start-limit-hit)"
-                self.events.append(("start-limit-hit", now, None))
-                return
-            starts.append(now)
-            self._exec_start_pre()
-            with self._lock:
-                if self._stopping.is_set():
-                    return
-                with open(self.log_path, "ab") as out:
-                    self.popen = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                                  stdin=subprocess.DEVNULL, start_new_session=True)
-                self.owned.add_tree(self.popen.pid)
-            self.events.append(("start", time.monotonic(), self.popen.pid))
-            code = self.popen.wait()
-            self.events.append(("exit", time.monotonic(), code))
-            self._exec_stop()
-            if self._stopping.is_set():
-                return
-            if code == 0:
-                self.result = "inactive (exit 0: on-failure does not restart)"
-                return
-            if self._stopping.wait(self.restart_sec):
-                return
-
-    def snapshot(self) -> None:
-        """Remember the current tree and the /dev/shm files it holds (the bench calls it before a kill)."""
-        if self.popen is not None:
-            self.ledger.note(self.owned.add_tree(self.popen.pid))
-
-    def main_pid(self, old: int | None = None, timeout: float = 60) -> int:
-        def current() -> int | None:
-            popen = self.popen
-            return popen.pid if popen is not None and popen.pid != old and popen.poll() is None else None
-
-        return int(wait_for(current, timeout, f"unit {self.unit}'s stand-in"))
-
-    def _exec_start_pre(self) -> None:
-        with contextlib.suppress(OSError):
-            os.sync()
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        self.ledger.remove(self.ledger.present())
-
-    def _exec_stop(self) -> None:
-        for proc in self.owned.alive():
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                if STOP_PATTERN in " ".join(proc.cmdline()):
-                    proc.kill()
-
-    def stop(self) -> None:
-        """``systemctl stop``: stop restarting and SIGTERM the main process (the bench ends the rest)."""
-        with self._lock:
-            self._stopping.set()
-            if self.popen is not None:
-                end_process(self.popen, timeout=15)
-        self.join(30)

@@ -39,6 +39,12 @@ def kill_once(peer: Any, pid: int, port: int, owned: Owned, ledger: ShmLedger, *
             time.sleep(0.05)
             noticed = peer.noticed_at(mark, pid, **kwargs)
         trial["detection_ms"] = None if noticed is None else round((noticed - wall) * 1000, 3)
+        classified = peer.classified_at(mark, pid) if hasattr(peer, "classified_at") else None
+        if classified is not None:
+            trial["classified_ms"] = round((classified - wall) * 1000, 3)
+    if hasattr(peer, "start_timing") and ready is not None:
+        trial["start_timing"] = peer.start_timing()
+        trial["path_ms"] = peer.path_ms(mark, pid)
     stale = [p for p in tree[1:] if running(p)]
     trial["stale_left"] = len(stale)
     trial["shm_left"] = sum(1 for name in names if (SHM / name).exists())

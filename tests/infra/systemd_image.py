@@ -226,12 +226,14 @@ class Node:
 
 @contextlib.contextmanager
 def booted(client: Any, labels: Mapping[str, str], *, volumes: Mapping[str, Mapping[str, str]] | None = None,
-           name: str | None = None, boot_timeout: float = 120) -> Iterator[Node]:
+           name: str | None = None, boot_timeout: float = 120, options: Mapping[str, Any] | None = None
+           ) -> Iterator[Node]:
     """Boot ``IMAGE`` with systemd as PID 1; yields once ``systemctl is-system-running`` settles; removes the
-    container afterwards (it carries ``labels``, so the session cleanup would find it too)."""
+    container afterwards (it carries ``labels``, so the session cleanup would find it too). ``options``: docker
+    SDK arguments over BOOT_KWARGS (the benchmarks use the host's network to poll the units' stand-ins)."""
     container = client.containers.run(
         IMAGE, detach=True, name=name, labels=dict(labels),
-        volumes={**CGROUP_VOLUME, **(dict(volumes) if volumes else {})}, **BOOT_KWARGS,
+        volumes={**CGROUP_VOLUME, **(dict(volumes) if volumes else {})}, **{**BOOT_KWARGS, **(options or {})},
     )
     try:
         node = Node(container)

@@ -179,13 +179,38 @@ class Sparkd:
 
     def end(self, timeout: float = 60.0) -> None:
         """For a teardown: stop (SIGTERM); if the daemon does not exit in ``timeout`` (stuck in a stop, as a
-        mutant can be), SIGKILL it and the vLLM tree its status named. Never raises."""
+        mutant can be), SIGKILL it, then what it launched: its own process tree and the vLLM tree its status
+        named. Never raises."""
         pid = self.status().get("pid")
         family = tree(pid) if pid else []
+        if self.proc is not None and self.proc.poll() is None:
+            family += tree(self.proc.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.stop(timeout)
         self.kill()
         kill_tree(alive(family))
+
+
+class Fleet:
+    """The daemons a test made, each in a folder of its own under ``tmp``. ``close`` stops them and ends what
+    they launched and left behind (by PID, what their status named)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.made: list[Sparkd] = []
+
+    def __call__(self, **sections: dict[str, Any]) -> Sparkd:
+        folder = self.tmp / f"d{len(self.made)}"
+        folder.mkdir()
+        return self.add(Sparkd(folder, base_config(folder, free_port(), **sections)))
+
+    def add(self, daemon: Sparkd) -> Sparkd:
+        self.made.append(daemon)
+        return daemon
+
+    def close(self) -> None:
+        for daemon in self.made:
+            daemon.end()
 
 
 def kill_tree(procs: list[psutil.Process]) -> None:

@@ -7,34 +7,9 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import psutil
-import pytest
-from daemon_harness import BIN, Sparkd, alive, base_config, free_port, kill_tree, tree
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[list[Sparkd]]:
-    started: list[Sparkd] = []
-    yield started
-    seen: list[psutil.Process] = []
-    for daemon in started:
-        pid = daemon.status().get("pid")
-        if pid:
-            seen.extend(tree(pid))
-        daemon.end()
-    kill_tree(alive(seen))
-
-
-def make(daemons: list[Sparkd], tmp: Path, **sections: dict[str, Any]) -> Sparkd:
-    folder = tmp / f"d{len(daemons)}"
-    folder.mkdir()
-    daemon = Sparkd(folder, base_config(folder, free_port(), **sections))
-    daemons.append(daemon)
-    return daemon
+from daemon_harness import BIN, Fleet, Sparkd
 
 
 def ready(daemon: Sparkd, launches: int = 1, timeout: float = 60) -> dict[str, Any]:
@@ -42,19 +17,18 @@ def ready(daemon: Sparkd, launches: int = 1, timeout: float = 60) -> dict[str, A
                            f"ready after launch {launches}")
 
 
-def test_an_idle_engine_wedge_is_a_hang_long_before_the_busy_grace(daemons: list[Sparkd], tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path, launch={"env": {"SPARKD_STANDIN_STALL_AFTER": "1"}},
-                  health={"busy_grace_s": 600, "canary_interval_s": 1, "canary_timeout_s": 2}).start()
+def test_an_idle_engine_wedge_is_a_hang_long_before_the_busy_grace(sparkd: Fleet) -> None:
+    daemon = sparkd(launch={"env": {"SPARKD_STANDIN_STALL_AFTER": "1"}},
+                    health={"busy_grace_s": 600, "canary_interval_s": 1, "canary_timeout_s": 2}).start()
     ready(daemon)
     status = daemon.wait_for(lambda s: s.get("last_failure") is not None, 90, "the wedge caught")
     assert status["last_failure"]["class"] == "hang", status["last_failure"]
     assert ready(daemon, launches=2, timeout=60)["launches"] == 2
 
 
-def test_a_jit_compile_holds_the_stall_check(daemons: list[Sparkd], tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path, launch={"env": {"SPARKD_STANDIN_JIT_AFTER": "1",
-                                                     "SPARKD_STANDIN_JIT_SECONDS": "20"}},
-                  health={"canary_interval_s": 1, "canary_timeout_s": 2, "stall_after_s": 3}).start()
+def test_a_jit_compile_holds_the_stall_check(sparkd: Fleet) -> None:
+    daemon = sparkd(launch={"env": {"SPARKD_STANDIN_JIT_AFTER": "1", "SPARKD_STANDIN_JIT_SECONDS": "20"}},
+                    health={"canary_interval_s": 1, "canary_timeout_s": 2, "stall_after_s": 3}).start()
     ready(daemon)
     deadline = time.monotonic() + 30  # the compile (20 s) and a canary answered after it
     while time.monotonic() < deadline:
@@ -64,8 +38,8 @@ def test_a_jit_compile_holds_the_stall_check(daemons: list[Sparkd], tmp_path: Pa
     assert daemon.status()["state"] in ("ready", "degraded")
 
 
-def test_metrics_switched_off_are_reported(daemons: list[Sparkd], tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path, launch={"extra_args": ["--disable-log-stats"]})
+def test_metrics_switched_off_are_reported(sparkd: Fleet) -> None:
+    daemon = sparkd(launch={"extra_args": ["--disable-log-stats"]})
     check = subprocess.run([str(BIN / "sparkd"), "check-config", "--config", str(daemon.config_path)],
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 0 and "disable-log-stats" in check.stderr
@@ -79,9 +53,9 @@ def test_metrics_switched_off_are_reported(daemons: list[Sparkd], tmp_path: Path
     assert "note:" in daemon.ctl("status").stdout
 
 
-def test_sparkd_explain_reads_an_incident_as_the_daemon_did(daemons: list[Sparkd], tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path, launch={"env": {"SPARKD_STANDIN_CRASH": "missing_module"}},
-                  restart={"budget_failures": 50}).start()
+def test_sparkd_explain_reads_an_incident_as_the_daemon_did(sparkd: Fleet) -> None:
+    daemon = sparkd(launch={"env": {"SPARKD_STANDIN_CRASH": "missing_module"}},
+                    restart={"budget_failures": 50}).start()
     incident = None
     deadline = time.monotonic() + 90
     while incident is None and time.monotonic() < deadline:

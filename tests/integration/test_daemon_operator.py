@@ -9,36 +9,13 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
-from daemon_harness import BIN, Sparkd, alive, base_config, free_port, kill_tree, render_toml, tree
+from daemon_harness import BIN, Fleet, Sparkd, alive, render_toml, tree
 
 from sparkd import exits
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[list[Sparkd]]:
-    started: list[Sparkd] = []
-    yield started
-    seen: list[psutil.Process] = []
-    for daemon in started:
-        pid = daemon.status().get("pid")
-        if pid:
-            seen.extend(tree(pid))
-        daemon.end()
-    kill_tree(alive(seen))
-
-
-def make(daemons: list[Sparkd], tmp: Path, **sections: dict[str, Any]) -> Sparkd:
-    folder = tmp / f"d{len(daemons)}"
-    folder.mkdir()
-    daemon = Sparkd(folder, base_config(folder, free_port(), **sections))
-    daemons.append(daemon)
-    return daemon
 
 
 def rewrite(daemon: Sparkd, **sections: dict[str, Any]) -> None:
@@ -47,8 +24,8 @@ def rewrite(daemon: Sparkd, **sections: dict[str, Any]) -> None:
     daemon.config_path.write_text(render_toml(daemon.config))
 
 
-def test_reload_takes_on_a_valid_config_and_refuses_an_invalid_one(daemons: list[Sparkd], tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path).start()
+def test_reload_takes_on_a_valid_config_and_refuses_an_invalid_one(sparkd: Fleet) -> None:
+    daemon = sparkd().start()
     pid = daemon.wait_state("ready")["pid"]
     rewrite(daemon, launch={"max_model_len": 4096}, health={"interval_s": 0.7})
     live = json.loads(daemon.ctl("status", "--json").stdout)
@@ -75,8 +52,8 @@ def test_reload_takes_on_a_valid_config_and_refuses_an_invalid_one(daemons: list
     assert not daemon.status()["config"]["restart_needed"]
 
 
-def test_sighup_reloads_and_never_ends_the_daemon(daemons: list[Sparkd], tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path).start()
+def test_sighup_reloads_and_never_ends_the_daemon(sparkd: Fleet) -> None:
+    daemon = sparkd().start()
     pid = daemon.wait_state("ready")["pid"]
     rewrite(daemon, health={"interval_s": 0.9})
     daemon.signal(signal.SIGHUP)
@@ -88,8 +65,8 @@ def test_sighup_reloads_and_never_ends_the_daemon(daemons: list[Sparkd], tmp_pat
     assert daemon.status()["pid"] == pid and psutil.pid_exists(pid)
 
 
-def test_global_options_are_taken_after_the_subcommand(daemons: list[Sparkd], tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path).start()
+def test_global_options_are_taken_after_the_subcommand(sparkd: Fleet) -> None:
+    daemon = sparkd().start()
     daemon.wait_state("ready")
     for args in (["status", "--json", "--socket", str(daemon.socket)],
                  ["--json", "status", "--socket", str(daemon.socket)],
@@ -101,10 +78,10 @@ def test_global_options_are_taken_after_the_subcommand(daemons: list[Sparkd], tm
     assert empty.returncode == 0 and empty.stdout == ""
 
 
-def test_a_second_sigterm_ends_vllm_without_waiting_out_the_grace(daemons: list[Sparkd], tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path, supervisor={"stop_grace_s": 300},
-                  launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "120",
-                                  "SPARKD_STANDIN_IGNORE_SIGTERM_WHILE_LOADING": "1"}}).start()
+def test_a_second_sigterm_ends_vllm_without_waiting_out_the_grace(sparkd: Fleet) -> None:
+    daemon = sparkd(supervisor={"stop_grace_s": 300},
+                    launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "120",
+                                    "SPARKD_STANDIN_IGNORE_SIGTERM_WHILE_LOADING": "1"}}).start()
     pid = daemon.wait_for(lambda s: s.get("phase") == "loading_weights", 60, "loading")["pid"]
     family = tree(pid)
     daemon.signal(signal.SIGTERM)
@@ -117,8 +94,8 @@ def test_a_second_sigterm_ends_vllm_without_waiting_out_the_grace(daemons: list[
     assert "forced_stop" in daemon.log()
 
 
-def test_handover_leaves_vllm_for_the_next_daemon(daemons: list[Sparkd], tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path).start()
+def test_handover_leaves_vllm_for_the_next_daemon(sparkd: Fleet) -> None:
+    daemon = sparkd().start()
     pid = daemon.wait_state("ready")["pid"]
     result = daemon.ctl("handover")
     assert result.returncode == 0 and f"pid {pid}" in result.stdout
@@ -130,21 +107,20 @@ def test_handover_leaves_vllm_for_the_next_daemon(daemons: list[Sparkd], tmp_pat
     assert status["pid"] == pid and status["launches"] == 0
 
 
-def test_a_taken_control_port_is_a_sentence_and_a_status_systemd_will_not_retry(daemons: list[Sparkd],
-                                                                                 tmp_path: Path) -> None:
+def test_a_taken_control_port_is_a_sentence_and_a_status_systemd_will_not_retry(sparkd: Fleet) -> None:
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen(1)
     try:
-        daemon = make(daemons, tmp_path, api={"port": holder.getsockname()[1], "listen": "127.0.0.1"}).start()
+        daemon = sparkd(api={"port": holder.getsockname()[1], "listen": "127.0.0.1"}).start()
         assert daemon.proc is not None and daemon.proc.wait(30) == exits.HOST_PROBLEM
         assert "is in use by another program" in daemon.log() and "Traceback" not in daemon.log()
     finally:
         holder.close()
 
 
-def test_a_socket_the_user_may_not_open_says_which_group_to_join(daemons: list[Sparkd], tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path).start()
+def test_a_socket_the_user_may_not_open_says_which_group_to_join(sparkd: Fleet, tmp_path: Path) -> None:
+    daemon = sparkd().start()
     daemon.wait_state("ready")
     tmp_path.chmod(0o755)
     for parent in (daemon.tmp, daemon.socket.parent):
@@ -156,16 +132,14 @@ def test_a_socket_the_user_may_not_open_says_which_group_to_join(daemons: list[S
     assert "permission denied" in result.stderr and "group" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_a_run_directory_that_cannot_be_made_is_a_sentence_and_a_host_status(daemons: list[Sparkd],
-                                                                           tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path, paths={"run_dir": "/proc/sparkd-cannot-be-here"}).start()
+def test_a_run_directory_that_cannot_be_made_is_a_sentence_and_a_host_status(sparkd: Fleet) -> None:
+    daemon = sparkd(paths={"run_dir": "/proc/sparkd-cannot-be-here"}).start()
     assert daemon.proc is not None and daemon.proc.wait(30) == exits.HOST_PROBLEM
     assert "startup_failed" in daemon.log() and "Traceback" not in daemon.log()
 
 
-def test_restart_wait_draws_a_live_line_on_a_terminal_and_plain_lines_when_piped(daemons: list[Sparkd],
-                                                                                tmp_path: Path) -> None:
-    daemon = make(daemons, tmp_path, launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "3"}}).start()
+def test_restart_wait_draws_a_live_line_on_a_terminal_and_plain_lines_when_piped(sparkd: Fleet) -> None:
+    daemon = sparkd(launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "3"}}).start()
     daemon.wait_state("ready")
     piped = daemon.ctl("restart", "--wait", "--timeout", "90")
     assert piped.returncode == 0 and "starting: loading weights" in piped.stdout and "\x1b[" not in piped.stdout

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
 import signal
-import subprocess
 import urllib.request
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +14,9 @@ import psutil
 import pytest
 from daemon_harness import (
     STANDIN,
+    Fleet,
     Sparkd,
     alive,
-    base_config,
-    free_port,
-    kill_tree,
     render_toml,
     shm_segments,
     title_prefix,
@@ -30,29 +25,6 @@ from daemon_harness import (
 )
 
 from sparkd import exits
-
-Factory = Callable[..., Sparkd]
-
-
-@pytest.fixture
-def sparkd(tmp_path: Path) -> Iterator[Factory]:
-    started: list[Sparkd] = []
-    seen: list[psutil.Process] = []
-
-    def make(**sections: dict[str, Any]) -> Sparkd:
-        folder = tmp_path / f"d{len(started)}"
-        folder.mkdir()
-        daemon = Sparkd(folder, base_config(folder, free_port(), **sections))
-        started.append(daemon)
-        return daemon
-
-    yield make
-    for daemon in started:
-        pid = daemon.status().get("pid")
-        if pid:
-            seen.extend(tree(pid))
-        daemon.end()
-    kill_tree(alive(seen))
 
 
 def get(url: str, timeout: float = 5) -> tuple[int, bytes]:
@@ -66,7 +38,7 @@ def ready_pid(daemon: Sparkd, launches: int = 1, timeout: float = 60) -> int:
     return int(status["pid"])
 
 
-def test_starts_serves_and_stops_clean(sparkd: Factory) -> None:
+def test_starts_serves_and_stops_clean(sparkd: Fleet) -> None:
     before = shm_segments()
     daemon = sparkd().start()
     pid = ready_pid(daemon)
@@ -94,7 +66,7 @@ def test_starts_serves_and_stops_clean(sparkd: Factory) -> None:
     # 200: hang once busy_grace_s is spent. (The stall check needs a running count: a wedge mid-generation.)
     ({"SPARKD_STANDIN_STALL_AFTER": "1"}, {"hang"}),
 ], ids=["exit-1", "engine-death", "hang", "idle-wedge"])
-def test_fault_is_detected_classified_and_recovered(sparkd: Factory, knobs: dict[str, str],
+def test_fault_is_detected_classified_and_recovered(sparkd: Fleet, knobs: dict[str, str],
                                                     expected: set[str]) -> None:
     daemon = sparkd(launch={"env": knobs}).start()
     first = ready_pid(daemon)
@@ -105,7 +77,7 @@ def test_fault_is_detected_classified_and_recovered(sparkd: Factory, knobs: dict
     assert daemon.incidents(), "every failure leaves an incident folder"
 
 
-def test_an_exit_0_is_a_failure_seen_by_the_exit_not_the_health_probe(sparkd: Factory) -> None:
+def test_an_exit_0_is_a_failure_seen_by_the_exit_not_the_health_probe(sparkd: Fleet) -> None:
     """vLLM exits 0 while /health is 30 s away (mutation.md M08): the exit itself is the failure, at once."""
     daemon = sparkd(launch={"env": {"SPARKD_STANDIN_DIE_AFTER": "0.5", "SPARKD_STANDIN_DIE_MODE": "exit",
                                     "SPARKD_STANDIN_DIE_EXIT_CODE": "0"}},
@@ -116,7 +88,7 @@ def test_an_exit_0_is_a_failure_seen_by_the_exit_not_the_health_probe(sparkd: Fa
     assert status["last_failure"]["class"] == "engine_dead" and status["last_failure"]["exit_code"] == 0
 
 
-def test_sigkill_of_vllm_is_a_crash_and_recovers(sparkd: Factory) -> None:
+def test_sigkill_of_vllm_is_a_crash_and_recovers(sparkd: Fleet) -> None:
     daemon = sparkd().start()
     pid = ready_pid(daemon)
     os.kill(pid, signal.SIGKILL)
@@ -130,7 +102,7 @@ def test_sigkill_of_vllm_is_a_crash_and_recovers(sparkd: Factory) -> None:
     assert {"incident.json", "log-tail.txt", "meminfo.txt"} <= {p.name for p in folder.iterdir()}
 
 
-def test_missing_launch_target_fails_once_with_the_path(sparkd: Factory, tmp_path: Path) -> None:
+def test_missing_launch_target_fails_once_with_the_path(sparkd: Fleet, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dir" / "vllm-head.sh"
     daemon = sparkd(launch={"executable": str(missing)}).start()
     status = daemon.wait_state("failed", timeout=30)
@@ -140,7 +112,7 @@ def test_missing_launch_target_fails_once_with_the_path(sparkd: Factory, tmp_pat
     assert daemon.ctl("status").returncode == 1
 
 
-def test_repeated_crashes_back_off_open_the_breaker_and_reset_closes_it(sparkd: Factory) -> None:
+def test_repeated_crashes_back_off_open_the_breaker_and_reset_closes_it(sparkd: Fleet) -> None:
     daemon = sparkd(launch={"env": {"SPARKD_STANDIN_DIE_AFTER": "0.2", "SPARKD_STANDIN_DIE_MODE": "exit"}},
                     restart={"budget_failures": 3, "backoff_initial_s": 0.5}).start()
     status = daemon.wait_state("failed", timeout=120)
@@ -161,7 +133,7 @@ def backoff_spells(history: list[dict[str, Any]]) -> list[float]:
     return [b["at"] - a["at"] for a, b in itertools.pairwise(states) if a["state"] == "backoff"]
 
 
-def test_daemon_sigkill_then_restart_adopts_the_running_instance(sparkd: Factory) -> None:
+def test_daemon_sigkill_then_restart_adopts_the_running_instance(sparkd: Fleet) -> None:
     daemon = sparkd().start()
     pid = ready_pid(daemon)
     daemon.kill()
@@ -174,7 +146,7 @@ def test_daemon_sigkill_then_restart_adopts_the_running_instance(sparkd: Factory
     assert "adopted" in daemon.log()
 
 
-def test_sparkctl_restart_wait_reports_phases(sparkd: Factory) -> None:
+def test_sparkctl_restart_wait_reports_phases(sparkd: Fleet) -> None:
     daemon = sparkd().start()
     pid = ready_pid(daemon)
     result = daemon.ctl("restart", "--wait", "--timeout", "90")
@@ -183,7 +155,7 @@ def test_sparkctl_restart_wait_reports_phases(sparkd: Factory) -> None:
     assert daemon.status()["pid"] != pid
 
 
-def test_leave_running_on_sigterm_keeps_vllm_for_the_next_daemon(sparkd: Factory) -> None:
+def test_leave_running_on_sigterm_keeps_vllm_for_the_next_daemon(sparkd: Fleet) -> None:
     daemon = sparkd(supervisor={"leave_running": True}).start()
     pid = ready_pid(daemon)
     assert daemon.stop() == 0
@@ -194,23 +166,16 @@ def test_leave_running_on_sigterm_keeps_vllm_for_the_next_daemon(sparkd: Factory
     assert status["pid"] == pid
 
 
-def test_second_daemon_on_the_node_is_refused(sparkd: Factory) -> None:
+def test_second_daemon_on_the_node_is_refused(sparkd: Fleet) -> None:
     daemon = sparkd().start()
     ready_pid(daemon)
     (daemon.tmp / "again").mkdir()
-    second = Sparkd(daemon.tmp / "again", daemon.config).start()
-    try:
-        assert second.proc is not None and second.proc.wait(30) == exits.ALREADY_RUNNING
-        assert "already_running" in second.log() and "Traceback" not in second.log()
-    finally:  # a second daemon that did run (the lock not exclusive) is stopped with whatever it launched
-        family = tree(second.proc.pid) if second.proc is not None and second.proc.poll() is None else []
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            second.stop(30)
-        second.kill()
-        kill_tree(alive(family))
+    second = sparkd.add(Sparkd(daemon.tmp / "again", daemon.config)).start()  # ended with the fleet if it ran
+    assert second.proc is not None and second.proc.wait(30) == exits.ALREADY_RUNNING
+    assert "already_running" in second.log() and "Traceback" not in second.log()
 
 
-def test_rehearse_runs_a_real_config_with_the_stand_in(sparkd: Factory) -> None:
+def test_rehearse_runs_a_real_config_with_the_stand_in(sparkd: Fleet) -> None:
     daemon = sparkd(launch={"executable": "vllm-that-is-not-installed",
                             "compilation_config": {"cudagraph_mode": "PIECEWISE"}})
     daemon.config["preflight"]["skip"] = []  # a real config: the rehearsal itself skips what it must
@@ -225,7 +190,7 @@ def test_rehearse_runs_a_real_config_with_the_stand_in(sparkd: Factory) -> None:
 GIB = 1 << 30
 
 
-def test_memory_guard_stops_a_leaking_vllm_and_reports_killed_by_guard(sparkd: Factory) -> None:
+def test_memory_guard_stops_a_leaking_vllm_and_reports_killed_by_guard(sparkd: Fleet) -> None:
     from sparkd.guard.meminfo import read_meminfo
 
     meminfo = read_meminfo()

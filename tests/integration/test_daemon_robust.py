@@ -9,27 +9,11 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
-import pytest
-from daemon_harness import Sparkd, alive, base_config, free_port, kill_tree, tree
+from daemon_harness import Fleet, Sparkd, base_config, free_port
 
 FD_LIMIT = 1024  # the daemon's descriptor limit, soft and hard (systemd's default soft limit): a flood stays under
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Sparkd]]:
-    daemons: list[Sparkd] = []
-    yield daemons
-    seen: list[psutil.Process] = []
-    for daemon in daemons:
-        pid = daemon.status().get("pid")
-        if pid:
-            seen.extend(tree(pid))
-        daemon.end()
-    kill_tree(alive(seen))
 
 
 def open_idle(port: int, n: int) -> list[socket.socket]:
@@ -56,10 +40,10 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return True
 
 
-def test_an_idle_connection_flood_never_takes_the_daemon_down(started: list[Sparkd], tmp_path: Path) -> None:
+def test_an_idle_connection_flood_never_takes_the_daemon_down(sparkd: Fleet, tmp_path: Path) -> None:
     port = free_port()
     daemon = Sparkd(tmp_path, base_config(tmp_path, free_port(), api={"port": port, "listen": "127.0.0.1"}))
-    started.append(daemon)
+    sparkd.add(daemon)
     daemon.start(limit_fds=FD_LIMIT)
     pid = daemon.wait_state("ready")["pid"]
     conns = open_idle(port, 1100)
@@ -80,14 +64,14 @@ def test_an_idle_connection_flood_never_takes_the_daemon_down(started: list[Spar
     assert "out of system resource" not in daemon.log() and "Too many open files" not in daemon.log()
 
 
-def test_a_full_state_filesystem_degrades_and_recovers(started: list[Sparkd], tmp_path: Path) -> None:
+def test_a_full_state_filesystem_degrades_and_recovers(sparkd: Fleet, tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(state)], check=True)
     filler = state / "filler"
     try:
         daemon = Sparkd(tmp_path, base_config(tmp_path, free_port()))
-        started.append(daemon)
+        sparkd.add(daemon)
         daemon.start()
         pid = daemon.wait_state("ready")["pid"]
         with contextlib.suppress(OSError), open(filler, "wb") as out:
@@ -104,7 +88,7 @@ def test_a_full_state_filesystem_degrades_and_recovers(started: list[Sparkd], tm
         status = wait_live(daemon, lambda s: not s["daemon"]["degraded"] and s["state"] == "ready", 60)
         assert json.loads((state / "status.json").read_text())["state"] == "ready"
     finally:
-        for daemon in started:
+        for daemon in sparkd.made:
             daemon.end()
         subprocess.run(["umount", str(state)], check=False)
 

@@ -1,7 +1,9 @@
-"""The faults the soak gives today's daemons, one function each: ``(pair, params, ledger) -> note``.
+"""The faults the soak gives the daemons, one function each: ``(pair, params, ledger) -> note``.
 
 Each acts, then returns; the runner waits for the recovery. What a fault itself can see going wrong (a client
-that got a traceback, a control API that did not answer, a frozen rank left behind) goes into the ledger.
+that got a traceback, a control API that did not answer, a frozen rank left behind) goes into the ledger. A
+fault that cannot run on this machine now raises :class:`Skipped` with the reason. The stand-in's run-time
+faults are in :mod:`wedges`, the broken config in :mod:`reloads`; :mod:`catalogue` holds the table.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -24,7 +25,12 @@ from soakpair import SoakPair, stop_tree
 from test_logfile import FLOOD  # as vLLM floods: one flushed write per line
 
 PY = sys.executable
+RAW_LOG_BOUND_MIB = 64  # the reader truncates the raw file past 8 MiB; this leaves room for a starved reader
 API_BOUND_S = 2.0  # issue 16: a flood never delays the control API by more than a second (2 s: a shared CI box)
+
+
+class Skipped(Exception):
+    """The fault cannot run here now (the message says why); nothing was done."""
 
 
 def ctl(pair: SoakPair, node: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -53,6 +59,7 @@ def vllm_sigkill(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
     pid = pair.rank_pid(params["node"])
     if pid is None:
         return "no rank to kill"
+    pair.before_crash = {name: pair.rank_pid(name) for name in pair.daemons}
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -65,28 +72,41 @@ def rank_sigstop(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
     if pid is None:
         return "no rank to stop"
     frozen = stop_tree(pid)
-    pair.frozen = frozen  # type: ignore[attr-defined]
+    pair.frozen = frozen
     return f"SIGSTOP {params['node']} rank {pid} ({len(frozen)} processes)"
 
 
 def after_sigstop(pair: SoakPair, ledger: Ledger) -> None:
     """After the recovery: the frozen rank must be gone (sparkd killed it); else end it ourselves."""
-    frozen: list[psutil.Process] = getattr(pair, "frozen", [])
-    left = [p for p in frozen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = [p for p in pair.frozen if _alive(p)]
     if left:
         ledger.add("a frozen (SIGSTOPped) rank was left behind after the recovery")
         for proc in left:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(signal.SIGCONT)
                 proc.kill()
-    pair.frozen = []  # type: ignore[attr-defined]
+    pair.frozen = []
+
+
+def _alive(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    return False
 
 
 def link_cut(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
+    """The link down, then up. ``crash_after``: once the pair is ready again, a rank crashes at once — a real
+    failure right after a run of waits for the peer (which must not count toward the limits)."""
     pair.link.cut()
     time.sleep(params["down_s"])
     pair.link.restore()
-    return f"link down {params['down_s']} s"
+    note = f"link down {params['down_s']} s"
+    if not params.get("crash_after"):
+        return note
+    outcome = pair.settle()
+    if outcome != "ready":
+        return f"{note}, then {outcome} (no crash)"
+    return f"{note}, then {vllm_sigkill(pair, {'node': 'head'}, ledger)} as soon as the pair was ready"
 
 
 def daemon_sigkill(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
@@ -98,17 +118,23 @@ def daemon_sigkill(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> st
     return f"SIGKILL {name} daemon, started a new one"
 
 
+STORM_ORDERS = [("restart",), ("stop", "start"), ("restart", "restart"), ("start",), ("stop", "restart"),
+                ("reset", "stop"), ("start", "reset")]
+
+
 def ctl_storm(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
-    rng_orders = [("restart",), ("stop", "start"), ("restart", "restart"), ("start",), ("stop", "restart")]
+    """``clients`` sparkctl clients at once, each a few commands in a row, on one node or spread over both."""
+    nodes = ["head", "worker"] if params["node"] == "both" else [params["node"]]
     results: list[subprocess.CompletedProcess[str]] = []
     lock = threading.Lock()
 
     def client(n: int) -> None:
-        for command in rng_orders[n % len(rng_orders)]:
+        node = nodes[n % len(nodes)]
+        for command in STORM_ORDERS[(n + params.get("shift", 0)) % len(STORM_ORDERS)]:
             try:
-                done = ctl(pair, params["node"], command, timeout=120)
+                done = ctl(pair, node, command, timeout=120)
             except subprocess.TimeoutExpired:
-                ledger.add(f"sparkctl {command} on the {params['node']} did not answer within 120 s in a storm")
+                ledger.add(f"sparkctl {command} on the {node} did not answer within 120 s in a storm")
                 continue
             with lock:
                 results.append(done)
@@ -121,7 +147,7 @@ def ctl_storm(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
     for done in results:
         if "Traceback" in done.stderr or "Traceback" in done.stdout:
             ledger.add(f"sparkctl {done.args[-1]} printed a traceback in a storm")
-    ctl(pair, params["node"], "start", timeout=120)  # whatever the storm left: the operator wants it running
+    ctl(pair, "head", "start", timeout=120)  # whatever the storm left: the operator wants the pair running
     return f"{params['clients']} clients on the {params['node']}: " + ", ".join(
         f"{d.args[-1]}={d.returncode}" for d in results)
 
@@ -163,21 +189,22 @@ def idle_connections(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> 
 def log_flood(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
     raw = pair.head.state_dir / "run" / "vllm.out"
     writer = subprocess.Popen([PY, "-c", FLOOD, str(raw), str(params["seconds"])])
-    worst = 0.0
-    biggest = 0
+    worst, sizes, begun, rank = 0.0, [], time.monotonic(), pair.rank_pid("head")
     try:
         while writer.poll() is None:
             worst = max(worst, api_latency(pair, "head", ledger, "a log flood"))
             with contextlib.suppress(OSError):
-                biggest = max(biggest, raw.stat().st_size)
+                sizes.append((round(time.monotonic() - begun, 2), raw.stat().st_size >> 20))
             time.sleep(0.2)
     finally:
         if writer.poll() is None:
             writer.kill()
         writer.wait(30)
-    if biggest > 64 << 20:
-        ledger.add(f"the raw vLLM log reached {biggest >> 20} MiB during a flood")
-    return f"flood {params['seconds']} s: API worst {worst:.2f} s, raw log max {biggest >> 20} MiB"
+    biggest = max((size for _, size in sizes), default=0)
+    if biggest > RAW_LOG_BOUND_MIB:
+        ledger.add(f"the raw vLLM log grew past {RAW_LOG_BOUND_MIB} MiB during a flood",
+                   f"(s, MiB): {sizes}; the head's rank {rank} → {pair.rank_pid('head')}")
+    return f"flood {params['seconds']} s: API worst {worst:.2f} s, raw log max {biggest} MiB"
 
 
 def state_full(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
@@ -199,13 +226,3 @@ def state_full(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
     finally:
         filler.unlink(missing_ok=True)
     return f"state filesystem full for {params['hold_s']} s"
-
-
-FAULTS: dict[str, Callable[[SoakPair, dict[str, Any], Ledger], str]] = {
-    "vllm_sigkill": vllm_sigkill, "rank_sigstop": rank_sigstop, "link_cut": link_cut,
-    "daemon_sigkill": daemon_sigkill, "ctl_storm": ctl_storm, "idle_connections": idle_connections,
-    "log_flood": log_flood, "state_full": state_full,
-}
-# After these both ranks must be new processes (the pair restarts as one unit).
-REPLACES_THE_PAIR = frozenset({"vllm_sigkill", "rank_sigstop"})  # a short link cut may be ridden through
-AFTER: dict[str, Callable[[SoakPair, Ledger], None]] = {"rank_sigstop": after_sigstop}

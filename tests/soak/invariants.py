@@ -2,8 +2,14 @@
 
 Each broken invariant is a :class:`Violation` with a sentence; the same sentence is counted, not repeated.
 - at most one vLLM per node at any moment (main processes of the node's launch: the stand-in's ``serve``
-  process whose environment carries the node's title prefix), so never two launches racing;
+  process whose environment carries the node's title prefix), and never two launches racing: a launch whose
+  main process started while the previous one's was still seen alive (start times from the kernel, so an
+  overlap shorter than the sampling period is still caught);
 - ``status.json`` always parses;
+- the restart breaker opens only on real failures: the soak's policy cannot be exhausted by its real faults
+  (soakpair's docstring), so ``failed`` on either node is a violation, named by what opened it — a wait
+  (peer lost, host unavailable), failures in a row, the budget — with the failures the lifecycle counted;
+  and ``failed`` always carries a sentence;
 - no decoy process or /dev/shm segment touched (see :mod:`decoys`);
 - once a fault is recovered: no process titled with the node's prefix outside the watched instance's tree;
 - the daemons' RSS and descriptor count flat from the first recovery to the end.
@@ -12,6 +18,7 @@ Each broken invariant is a :class:`Violation` with a sentence; the same sentence
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -21,8 +28,12 @@ from typing import Any
 
 import psutil
 
+from sparkd.supervisor.failures import TREATMENT, Budget, FailureClass
+
 RSS_GROWTH = (1.5, 40 << 20)  # at the end: at most 1.5× the first sample plus 40 MiB
 FD_GROWTH = 64
+WAITS = frozenset(cls.value for cls in FailureClass if TREATMENT[cls].budget is Budget.none)
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # the resolution of a process's start time
 
 
 @dataclass
@@ -57,9 +68,20 @@ class Ledger:
 
 
 def vllm_mains(prefix: str) -> list[int]:
-    """The stand-in's main ``serve`` processes launched with title prefix ``prefix`` (without its ``::``)."""
-    out = []
-    for proc in psutil.process_iter(["cmdline"]):
+    """The stand-in's main ``serve`` processes launched with title prefix ``prefix`` (without its ``::``).
+    A child the main has just forked shows the main's command line until it takes its title: not a main."""
+    return mains_of(_serve_processes(prefix))
+
+
+def mains_of(found: dict[int, int]) -> list[int]:
+    """Of the ``serve`` processes (PID → parent PID), those whose parent is not one of them."""
+    return sorted(pid for pid, ppid in found.items() if ppid not in found)
+
+
+def _serve_processes(prefix: str) -> dict[int, int]:
+    """PID → parent PID of the processes whose command line is the stand-in's ``serve`` of ``prefix``."""
+    out = {}
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
         cmdline = proc.info["cmdline"] or []
         if len(cmdline) < 3 or not cmdline[1].endswith("sparkd-standin") or "serve" not in cmdline[2:3]:
             continue
@@ -68,8 +90,8 @@ def vllm_mains(prefix: str) -> list[int]:
         except OSError:
             continue
         if f"VLLM_PROCESS_NAME_PREFIX={prefix}".encode() in environ.split(b"\0"):
-            out.append(proc.pid)
-    return sorted(out)
+            out[proc.pid] = proc.info["ppid"]
+    return out
 
 
 def describe(pids: Iterable[int]) -> str:
@@ -78,7 +100,8 @@ def describe(pids: Iterable[int]) -> str:
     for pid in pids:
         try:
             proc = psutil.Process(pid)
-            out.append(f"{pid} {proc.status()} ppid {proc.ppid()} age {time.time() - proc.create_time():.1f} s")
+            out.append(f"{pid} {proc.status()} ppid {proc.ppid()} age {time.time() - proc.create_time():.1f} s "
+                       f"{' '.join(proc.cmdline())[:80]!r}")
         except psutil.Error:
             out.append(f"{pid} gone")
     return "; ".join(out)
@@ -120,6 +143,10 @@ class Node:
     status_path: Path
     daemon_pid: Callable[[], int | None]
 
+    @property
+    def lifecycle_path(self) -> Path:
+        return self.status_path.with_name("lifecycle.json")
+
 
 class Sampler(threading.Thread):
     """Every ``period`` seconds: one vLLM per node, status files parse, decoys untouched, daemon footprint."""
@@ -134,6 +161,8 @@ class Sampler(threading.Thread):
         self.halt = threading.Event()
         # node → (time, daemon pid, RSS, descriptors)
         self.footprint: dict[str, list[tuple[float, int, int, int]]] = {n.name: [] for n in nodes}
+        self.launches = {n.name: Launches() for n in nodes}
+        self.budget: dict[str, dict[str, int]] = {n.name: {"max_weight": 0, "max_consecutive": 0} for n in nodes}
         self.samples = 0
 
     def run(self) -> None:
@@ -143,15 +172,28 @@ class Sampler(threading.Thread):
     def check_once(self) -> None:
         self.samples += 1
         for node in self.nodes:
-            _, problem = read_status(node.status_path)
+            status, problem = read_status(node.status_path)
             if problem:
                 self.ledger.add(f"{node.name}: status.json {problem}")
+            scanned = time.clock_gettime(time.CLOCK_BOOTTIME)  # each one found was alive then
             mains = vllm_mains(node.prefix)
             if len(mains) > 1:
                 self.ledger.add(f"{node.name}: {len(mains)} vLLM instances at once", describe(mains))
+            for sentence, detail in self.launches[node.name].observe(mains, scanned):
+                self.ledger.add(f"{node.name}: {sentence}", detail)
+            lifecycle, _ = read_status(node.lifecycle_path)
+            self._budget(node.name, lifecycle or {})
+            for sentence, detail in breaker_violations(node.name, status or {}, lifecycle or {}):
+                self.ledger.add(sentence, detail)
             self._footprint(node)
         for sentence in self.touched():
             self.ledger.add(sentence)
+
+    def _budget(self, name: str, lifecycle: dict[str, Any]) -> None:
+        seen = self.budget[name]
+        weight = sum(int(s.get("weight", 0)) for s in lifecycle.get("strikes") or [])
+        seen["max_weight"] = max(seen["max_weight"], weight)
+        seen["max_consecutive"] = max(seen["max_consecutive"], int(lifecycle.get("consecutive") or 0))
 
     def _footprint(self, node: Node) -> None:
         pid = node.daemon_pid()
@@ -164,32 +206,103 @@ class Sampler(threading.Thread):
             return
 
 
-def orphans(node: Node, status: dict[str, Any]) -> list[str]:
+def breaker_violations(name: str, status: dict[str, Any], lifecycle: dict[str, Any]) -> list[tuple[str, str]]:
+    """A node shown ``failed`` (the breaker open): what opened it, as a sentence, with what was counted."""
+    if status.get("state") != "failed":
+        return []
+    failure = status.get("last_failure") or {}
+    out = []
+    if not failure.get("message"):
+        out.append((f"{name}: failed without a sentence", str(failure)))
+    cls = failure.get("class", "no failure")
+    reason = str((status.get("breaker") or {}).get("reason") or "")
+    if cls in WAITS:
+        why = f"on a wait ({cls})"
+    elif "in a row" in reason:
+        why = f"on {cls}: failures in a row"
+    elif "restart budget" in reason:
+        why = f"on {cls}: the budget"
+    else:
+        why = f"on {cls}"
+    strikes = [s.get("class") for s in lifecycle.get("strikes") or []]
+    detail = f"{reason}; consecutive {lifecycle.get('consecutive')}, failures counted {strikes}"
+    out.append((f"{name}: the restart breaker opened {why}", detail))
+    return out
+
+
+@dataclass
+class Launches:
+    """One node's vLLM main processes as seen: (PID, start) → last seen alive, in seconds since boot."""
+
+    seen: dict[tuple[int, float], float] = field(default_factory=dict)
+    told: set[tuple[tuple[int, float], tuple[int, float]]] = field(default_factory=set)
+
+    def observe(self, pids: Iterable[int], alive_at: float) -> list[tuple[str, str]]:
+        """``pids``: the node's main processes found alive at ``alive_at`` (seconds since boot)."""
+        for pid in pids:
+            started = start_since_boot(pid)
+            if started is not None:
+                self.seen[(pid, started)] = alive_at
+        out = []
+        for a, b in overlaps(self.seen):
+            if (a, b) not in self.told:
+                self.told.add((a, b))
+                out.append(("two launches raced: a vLLM started while the previous one still ran",
+                            f"{a[0]} started {a[1]:.2f} s after boot, seen alive at {self.seen[a]:.2f}; "
+                            f"{b[0]} started {b[1]:.2f}"))
+        return out
+
+
+Seen = tuple[int, float]  # (PID, start in seconds since boot)
+
+
+def overlaps(seen: dict[Seen, float]) -> list[tuple[Seen, Seen]]:
+    """Pairs (a, b) where b started while a was provably alive: a started first and was seen alive after b
+    started. Start times count clock ticks, so only an overlap beyond two ticks counts."""
+    out = []
+    by_start = sorted(seen.items(), key=lambda item: item[0][1])
+    for i, (a, a_last) in enumerate(by_start):
+        for b, _ in by_start[i + 1:]:
+            if b[1] < a_last - 2 * TICK_S:
+                out.append((a, b))
+    return out
+
+
+def start_since_boot(pid: int) -> float | None:
+    """A process's start time in seconds since boot (/proc/PID/stat, field 22), as CLOCK_BOOTTIME counts."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19]) * TICK_S
+
+
+def orphans(node: Node, status: dict[str, Any]) -> list[tuple[str, str]]:
     """After a recovery: processes of the node's launch outside the watched instance's tree."""
     ours = tree_pids(status.get("pid"))
     stray = sorted(titled(node.prefix + "::") - ours)
     mains = [pid for pid in vllm_mains(node.prefix) if pid not in ours]
     out = []
     if stray:
-        out.append(f"{node.name}: orphan vLLM processes after recovery (titled {node.prefix}::*)")
+        out.append((f"{node.name}: orphan vLLM processes after recovery (titled {node.prefix}::*)",
+                    f"watched {status.get('pid')}; {describe(stray)}"))
     if mains:
-        out.append(f"{node.name}: a second vLLM main process outside the watched instance after recovery")
+        out.append((f"{node.name}: a second vLLM main process outside the watched instance after recovery",
+                    f"watched {status.get('pid')}; {describe(mains)}"))
     return out
 
 
 def footprint_growth(series: list[tuple[float, int, int, int]], warmup_s: float = 15.0) -> list[str]:
-    """The last daemon process's footprint: its first sample past ``warmup_s`` against its last one."""
-    if not series:
-        return []
-    pid = series[-1][1]
-    mine = [s for s in series if s[1] == pid]
-    steady = [s for s in mine if s[0] >= mine[0][0] + warmup_s]
-    if len(steady) < 2:
-        return []
-    (_, _, rss0, fds0), (_, _, rss1, fds1) = steady[0], steady[-1]
+    """Each daemon process's footprint: its first sample past ``warmup_s`` against its last one."""
     out = []
-    if rss1 > rss0 * RSS_GROWTH[0] + RSS_GROWTH[1]:
-        out.append(f"RSS grew from {rss0 >> 20} MiB to {rss1 >> 20} MiB")
-    if fds1 > fds0 + FD_GROWTH:
-        out.append(f"open descriptors grew from {fds0} to {fds1}")
+    for pid in dict.fromkeys(s[1] for s in series):
+        mine = [s for s in series if s[1] == pid]
+        steady = [s for s in mine if s[0] >= mine[0][0] + warmup_s]
+        if len(steady) < 2:
+            continue
+        (_, _, rss0, fds0), (_, _, rss1, fds1) = steady[0], steady[-1]
+        if rss1 > rss0 * RSS_GROWTH[0] + RSS_GROWTH[1]:
+            out.append(f"RSS grew from {rss0 >> 20} MiB to {rss1 >> 20} MiB")
+        if fds1 > fds0 + FD_GROWTH:
+            out.append(f"open descriptors grew from {fds0} to {fds1}")
     return out

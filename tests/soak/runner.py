@@ -5,17 +5,21 @@ Closing line: ``soak: F faults, R recoveries, V violations``; the details go to 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import dockerd
+from catalogue import AFTER, FAULTS, crashes_a_rank
 from decoys import Decoys
-from faults import AFTER, FAULTS, REPLACES_THE_PAIR
-from invariants import Ledger, Sampler, footprint_growth, orphans
-from schedule import FAULTS as KINDS
-from schedule import steps
-from soakpair import SoakPair
+from faults import Skipped
+from invariants import Ledger, Sampler, footprint_growth, orphans, read_status
+from schedule import first_step_from_env, kinds_from_env, steps
+from soakpair import RECOVERY_S, RESTART, SoakPair
 
 
 def closing_line(report: dict[str, Any]) -> str:
@@ -25,39 +29,64 @@ def closing_line(report: dict[str, Any]) -> str:
 
 def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
     ledger = Ledger()
+    kinds = kinds_from_env()
     report: dict[str, Any] = {"seed": seed, "seconds": seconds, "faults": [], "recoveries": 0, "crashes": [],
-                              "kinds": {k.name: k.what for k in KINDS}}
+                              "skipped": [], "kinds": {k.name: k.what for k in kinds}, "restart_policy": RESTART,
+                              "recovery_bound_s": RECOVERY_S}
     pair = SoakPair(tmp / "pair")
-    decoys = Decoys(tmp)
-    sampler = Sampler(pair.nodes(), ledger, decoys.touched)
     try:
-        decoys.plant(mention=f"{pair.nodes()[0].prefix}::Worker_TP0 VLLM::Worker_TP0 vllm serve /models/test")
-        pair.start()
-        first = pair.settle()
+        pair.solo = dockerd.Solo(tmp) if dockerd.ENABLED else None
+    except BaseException:
+        pair.close()
+        raise
+    decoys = Decoys(tmp)
+    nodes = pair.nodes()
+    sampler = Sampler(nodes, ledger, decoys.touched)
+    try:
+        decoys.plant(mention=f"{nodes[0].prefix}::Worker_TP0 VLLM::Worker_TP0 vllm serve /models/test")
+        first = start_all(pair)
         if first != "ready":
-            ledger.add(f"the pair never became ready: {first}")
+            ledger.add(f"the daemons never became ready: {first}")
             return finish(report, ledger, pair, sampler, decoys, None)
         sampler.start()
         since = time.monotonic()
         deadline = since + seconds
-        for step in steps(seed, 100_000):
+        for step in steps(seed, 100_000, kinds)[first_step_from_env():]:
             if time.monotonic() >= deadline:
                 break
-            report["faults"].append(one_fault(pair, ledger, report, step.n, step.kind, step.params))
+            try:
+                report["faults"].append(one_fault(pair, ledger, report, step.n, step.kind, step.params))
+            except Skipped as skip:
+                report["skipped"].append({"n": step.n, "kind": step.kind, "why": str(skip)})
         return finish(report, ledger, pair, sampler, decoys, since)
     finally:
         sampler.halt.set()
         decoys.close()
         pair.close()
+        if pair.solo is not None:
+            pair.solo.close()
+
+
+def start_all(pair: SoakPair) -> str:
+    pair.start()
+    if pair.solo is not None:
+        pair.solo.start()
+        if pair.solo.ready() is None:
+            return f"the docker-exec daemon: {pair.solo.daemon.status().get('last_failure')}"
+    return pair.settle()
 
 
 def one_fault(pair: SoakPair, ledger: Ledger, report: dict[str, Any], n: int, kind: str,
               params: dict[str, Any]) -> dict[str, Any]:
     ledger.during = f"#{n} {kind}"
+    if not pair.stable():  # every fault starts from a stable run (soakpair's docstring)
+        ledger.add("the pair did not stay ready past stable_after_s after a recovery")
     begun = time.monotonic()
     before = {name: pair.rank_pid(name) for name in pair.daemons}
+    pair.before_crash = None
     note = FAULTS[kind](pair, params, ledger)
-    if (kind in REPLACES_THE_PAIR or params.get("kill_rank")) and not pair.replaced(before):
+    before = pair.before_crash or before  # a crash after other trouble (link_cut's crash_after): from then on
+    if crashes_a_rank(kind, params) and not pair.replaced(before):
         ledger.add(f"{kind}: no new instance replaced the old one within the bound")
     outcome = pair.settle()
     if kind in AFTER:
@@ -73,8 +102,8 @@ def one_fault(pair: SoakPair, ledger: Ledger, report: dict[str, Any], n: int, ki
     if outcome == "ready":
         report["recoveries"] += 1
         for node in pair.nodes():
-            for sentence in orphans(node, pair.status(node.name)):
-                ledger.add(sentence)
+            for sentence, detail in orphans(node, read_status(node.status_path)[0] or {}):
+                ledger.add(sentence, detail)
     return {"n": n, "kind": kind, "params": params, "note": note, "outcome": outcome,
             "seconds": round(time.monotonic() - begun, 1)}
 
@@ -107,16 +136,39 @@ def finish(report: dict[str, Any], ledger: Ledger, pair: SoakPair, sampler: Samp
                 ledger.add(f"the {name} daemon's {sentence}")
     report["violations"] = ledger.to_json()
     report["samples"] = sampler.samples
-    report["footprint"] = {name: {"daemons": len({s[1] for s in series}),
-                                  "last_rss": series[-1][2] if series else None,
-                                  "last_fds": series[-1][3] if series else None,
-                                  "max_rss": max((s[2] for s in series), default=None),
-                                  "max_fds": max((s[3] for s in series), default=None)}
-                           for name, series in sampler.footprint.items()}
+    report["faults_by_kind"] = dict(Counter(f["kind"] for f in report["faults"]).most_common())
+    report["budget_seen"] = sampler.budget
+    report["footprint"] = {name: footprint(series) for name, series in sampler.footprint.items()}
     report["api_latency_s"] = {"max": round(max(pair.latencies, default=0.0), 3), "count": len(pair.latencies)}
     return report
 
 
-def write_report(report: dict[str, Any], path: Path) -> None:
+def footprint(series: list[tuple[float, int, int, int]], warmup_s: float = 15.0) -> dict[str, Any]:
+    """RSS (MiB) and descriptors of the node's longest-running daemon process, from its first sample past its
+    start-up (``warmup_s``, as the footprint check takes it) to its last, and the most any daemon process of
+    this node reached."""
+    if not series:
+        return {}
+    runs = [[s for s in series if s[1] == pid] for pid in dict.fromkeys(s[1] for s in series)]
+    longest = max(runs, key=lambda run: run[-1][0] - run[0][0])
+    steady = [s for s in longest if s[0] >= longest[0][0] + warmup_s] or longest
+    return {"daemons": len(runs), "longest_run_s": round(longest[-1][0] - longest[0][0]),
+            "rss_mib": [steady[0][2] >> 20, steady[-1][2] >> 20], "fds": [steady[0][3], steady[-1][3]],
+            "max_rss_mib": max(s[2] for s in series) >> 20, "max_fds": max(s[3] for s in series)}
+
+
+def write_report(report: dict[str, Any], path: Path, tmp: Path) -> None:
+    """The report as JSON at ``path``; after a violation, the daemons' and vLLM's logs beside it, in
+    ``<path>.logs/`` (the test's folder may be gone by the time someone looks)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if not report["violations"]:
+        return
+    kept = path.with_name(path.name + ".logs")
+    for log in [*tmp.rglob("sparkd.log"), *tmp.rglob("vllm.log*")]:
+        target = kept / log.relative_to(tmp)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            shutil.copyfile(log, target)
+    report["logs"] = str(kept)
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")

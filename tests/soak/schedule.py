@@ -21,19 +21,26 @@ class FaultKind:
     what: str  # one line for the report
 
 
-# The faults today's daemon can be given (issue 16, item 6). Not yet: dockerd restart (needs the docker-exec
-# pair), reload of a broken config (no reload yet), and the stall/hang/leak knobs at run time (the stand-in
-# reads them at launch only).
+# The faults of issue 16, item 6.
 FAULTS: tuple[FaultKind, ...] = (
     FaultKind("vllm_sigkill", 4, "SIGKILL of one rank's main vLLM process"),
     FaultKind("rank_sigstop", 2, "SIGSTOP of a whole rank (a hang only the peer's probes can see)"),
-    FaultKind("link_cut", 2, "the link between the nodes cut, then restored"),
+    FaultKind("stall", 2, "the head's running engine stalls: no step completes, /health stays 200"),
+    FaultKind("hang", 2, "the head's running API server hangs: connections accepted, nothing answered"),
+    FaultKind("leak", 1, "the head's running worker leaks real memory until the memory guard stops it"),
+    FaultKind("link_cut", 2, "the link between the nodes cut, then restored (sometimes a crash right after)"),
     FaultKind("daemon_sigkill", 3, "SIGKILL of one daemon, then a new one started (adoption)"),
-    FaultKind("ctl_storm", 2, "restart/stop/start from several clients at once"),
+    FaultKind("ctl_storm", 2, "restart/stop/start/reset from several clients at once, on one node or both"),
+    FaultKind("broken_config", 2, "a broken config on disk, then reload, SIGHUP or restart; then restored"),
     FaultKind("idle_connections", 1, "hundreds of idle TCP connections to the head's control port"),
     FaultKind("log_flood", 2, "an unthrottled flood of output in the head's raw vLLM log"),
     FaultKind("state_full", 1, "the head's state filesystem filled to the last byte for a while"),
 )
+# Opt-in (SOAK_DOCKERD=1, dockerd.py): a Docker engine of the soak's own restarted under a docker-exec daemon.
+DOCKERD = FaultKind("dockerd_restart", 2, "the Docker engine of a docker-exec daemon stopped, then started again")
+# How the broken_config fault breaks the file, and how it asks for it to be taken on (reloads.py).
+BREAKAGES = ("toml_syntax", "wrong_type", "infinite", "unknown_key", "floors_out_of_order", "deep_nesting")
+ASKS = ("reload", "sighup", "restart_here", "restart_other")
 
 
 @dataclass(frozen=True)
@@ -43,11 +50,26 @@ class Step:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+def kinds_from_env(env: dict[str, str] | None = None) -> tuple[FaultKind, ...]:
+    """The faults of this run: the default ones, and the dockerd restart when ``SOAK_DOCKERD=1``."""
+    env = dict(os.environ) if env is None else env
+    return (*FAULTS, DOCKERD) if env.get("SOAK_DOCKERD") == "1" else FAULTS
+
+
 def seed_from_env(env: dict[str, str] | None = None) -> int:
     """``SOAK_SEED`` when set (to replay a run), else a fresh one."""
     env = dict(os.environ) if env is None else env
     raw = env.get("SOAK_SEED", "").strip()
     return int(raw) if raw else random.SystemRandom().randrange(1, 2**31)
+
+
+def first_step_from_env(env: dict[str, str] | None = None) -> int:
+    """``SOAK_FROM``: replay a seed's schedule from this step on (its faults and their parameters unchanged)."""
+    env = dict(os.environ) if env is None else env
+    raw = env.get("SOAK_FROM", "").strip()
+    if raw and not raw.isdigit():
+        raise ValueError(f"SOAK_FROM must be a step number (0, 1, ...), not {raw!r}")
+    return int(raw or 0)
 
 
 def seconds_from_env(env: dict[str, str] | None = None) -> float:
@@ -76,10 +98,18 @@ def _params(kind: str, rng: random.Random) -> dict[str, Any]:
     side = rng.choice(["head", "worker"])
     if kind in ("vllm_sigkill", "rank_sigstop", "daemon_sigkill"):
         return {"node": side}
-    if kind == "link_cut":
-        return {"down_s": round(rng.uniform(3, 8), 1)}
+    if kind == "link_cut":  # crash_after: long enough for the head to wait (peer_lost) several times first
+        crash_after = rng.random() < 0.4
+        down_s = rng.uniform(6, 10) if crash_after else rng.uniform(3, 8)
+        return {"down_s": round(down_s, 1), "crash_after": crash_after}
     if kind == "ctl_storm":
-        return {"clients": rng.randint(3, 6), "node": side}
+        return {"clients": rng.randint(3, 6), "node": rng.choice(["head", "worker", "both"]), "shift": rng.randrange(7)}
+    if kind == "broken_config":
+        return {"node": side, "breakage": rng.choice(BREAKAGES), "ask": rng.choice(ASKS)}
+    if kind == "dockerd_restart":
+        return {"down_s": round(rng.uniform(3, 8), 1)}
+    if kind == "leak":
+        return {"mb_per_s": rng.choice([300, 500])}
     if kind == "idle_connections":
         count = rng.choice([200, 400, 1100])
         return {"count": count, "hold_s": round(rng.uniform(5, 10), 1), "kill_rank": count > 1000}

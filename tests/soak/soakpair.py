@@ -1,10 +1,18 @@
 """The pair under soak: two daemons in network namespaces (the pair harness), the head's state folder on a
-small tmpfs of its own (so that it can be filled), descriptors limited as systemd's default soft limit.
+small tmpfs of its own (so that it can be filled), descriptors limited as systemd's default soft limit, and a
+control file per node through which the stand-in's running ranks are stalled, hung or made to leak.
+
+The restart policy is one that the soak's real faults cannot exhaust (``RESTART``): the runner lets a pair
+run ``STABLE_S`` before a fault that crashes a rank, so each such fault starts a new run of consecutive
+failures, and ``consecutive_limit`` sits above the few failures one fault causes; the budget's window cannot
+hold ``budget_failures`` real faults at the schedule's pace (each takes seconds). So a breaker that opens
+here counted something that is not a failure — a wait for the peer, a full disk — and is a violation.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import time
@@ -18,7 +26,11 @@ from pair_harness import Link, NodeDaemon, pair_configs
 
 NOFILE = 1024  # systemd's default soft limit for a service (the unit sets none today)
 STATE_TMPFS = "96m"
-RECOVERY_S = 150.0
+RECOVERY_S = 150.0  # every fault ends in ready, or failed with a sentence, within this bound
+STABLE_S = 2.0
+RESTART = {"budget_failures": 100, "budget_window_s": 300, "consecutive_limit": 4, "stable_after_s": STABLE_S}
+# Floors the leak fault lowers and restores through a reload (guard_floors); a quick stop and recovery.
+GUARD = {"stop_grace_s": 5, "recover_margin": "256 MiB", "cooldown_s": 1}
 
 
 class SoakPair:
@@ -35,11 +47,22 @@ class SoakPair:
         self.seen: list[psutil.Process] = []
         self.expected_exit: set[str] = set()
         self.latencies: list[float] = []  # control API round trips measured during faults
+        self.frozen: list[psutil.Process] = []  # a SIGSTOPped rank, until the recovery ended it
+        self.solo: Any = None  # the docker-exec daemon of the opt-in dockerd restart (dockerd.Solo)
+        self.before_crash: dict[str, int | None] | None = None  # both ranks' PIDs when a fault killed one
+        self._commands = 0
 
     def _configure(self, tmp: Path) -> None:
-        health = {"canary_interval_s": 0.5, "canary_timeout_s": 1, "busy_grace_s": 2}
+        # canary_timeout_s above the pair's peer_grace_s (3 s), as the defaults have it (30 s and 30 s): a
+        # canary that goes unanswered while the link is down is then the peer's loss, not a hang.
+        health = {"canary_interval_s": 0.5, "canary_timeout_s": 4, "busy_grace_s": 2}
         supervisor = {"log_max_bytes": 4 << 20, "log_backups": 2}
-        head_cfg, worker_cfg = pair_configs(tmp, self.link, health=health, supervisor=supervisor)
+        head_cfg, worker_cfg = pair_configs(tmp, self.link, health=health, supervisor=supervisor, restart=RESTART,
+                                            guard=GUARD)
+        self.controls = {}
+        for name, cfg in (("head", head_cfg), ("worker", worker_cfg)):
+            self.controls[name] = tmp / f"{name}-control"
+            cfg["launch"]["env"]["SPARKD_STANDIN_CONTROL_FILE"] = str(self.controls[name])
         self.head = NodeDaemon(tmp / "head", head_cfg, self.link.head_ns)
         self.worker = NodeDaemon(tmp / "worker", worker_cfg, self.link.worker_ns)
         self.head.state_dir.mkdir(parents=True, exist_ok=True)
@@ -52,9 +75,11 @@ class SoakPair:
         return {"head": self.head, "worker": self.worker}
 
     def nodes(self) -> list[Node]:
-        return [Node(name, title_prefix(d.config)[:-2], d.state_dir / "status.json",
-                     (lambda d=d: d.proc.pid if d.proc is not None and d.proc.poll() is None else None))
-                for name, d in self.daemons.items()]
+        """The nodes the invariants watch: the pair's two, and the docker-exec daemon when there is one."""
+        out = [Node(name, title_prefix(d.config)[:-2], d.state_dir / "status.json",
+                    (lambda d=d: d.proc.pid if d.proc is not None and d.proc.poll() is None else None))
+               for name, d in self.daemons.items()]
+        return out + ([self.solo.node()] if self.solo is not None else [])
 
     def start(self, which: str | None = None) -> None:
         for name in ([which] if which else ["worker", "head"]):
@@ -107,6 +132,27 @@ class SoakPair:
                 return False
             time.sleep(0.25)
         return False
+
+    def stable(self, timeout: float = RECOVERY_S) -> bool:
+        """Wait until both ranks have been ready for longer than the policy's ``stable_after_s``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            statuses = [self.status(name) for name in self.daemons]
+            if all(s.get("state") == "ready" and time.time() - (s.get("since") or time.time()) > STABLE_S + 0.5
+                   for s in statuses):
+                return True
+            if self.crashed():
+                return False
+            time.sleep(0.25)
+        return False
+
+    def command(self, name: str, fault: str) -> None:
+        """One command to the stand-in's running ranks on ``name`` (standin/sparkd_standin/control.py)."""
+        self._commands += 1
+        path = self.controls[name]
+        part = path.with_suffix(".part")
+        part.write_text(f"{self._commands} {fault}\n")
+        os.replace(part, path)
 
     def rank_pid(self, name: str) -> int | None:
         pid = self.status(name).get("pid")

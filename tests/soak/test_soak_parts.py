@@ -1,13 +1,29 @@
 """The soak's pure parts: the schedule is a function of its seed (a failing run is replayed with SOAK_SEED),
-the footprint check compares a daemon with itself, the ledger counts a violation once per sentence."""
+every kind it draws is a fault the runner knows, the footprint check compares a daemon with itself, the ledger
+counts a violation once per sentence, launches that overlap are caught, an open breaker is named by its cause."""
 
 from __future__ import annotations
 
 import itertools
 
 import pytest
-from invariants import Ledger, footprint_growth
-from schedule import FAULTS, seconds_from_env, seed_from_env, steps
+from catalogue import FAULTS as RUNNABLE
+from invariants import TICK_S, Launches, Ledger, breaker_violations, footprint_growth, mains_of, overlaps
+from reloads import BREAKAGES as BREAKS
+from schedule import (
+    BREAKAGES,
+    DOCKERD,
+    FAULTS,
+    first_step_from_env,
+    kinds_from_env,
+    seconds_from_env,
+    seed_from_env,
+    steps,
+)
+from soakpair import RESTART
+from wedges import guard_floors
+
+from sparkd.config import GuardConfig, RestartConfig
 
 
 def test_the_same_seed_gives_the_same_schedule_and_no_fault_twice_in_a_row() -> None:
@@ -21,6 +37,9 @@ def test_seed_and_duration_from_the_environment() -> None:
     assert seed_from_env({"SOAK_SEED": "42"}) == 42
     assert 1 <= seed_from_env({}) < 2**31
     assert seconds_from_env({}) == 180 and seconds_from_env({"SOAK_SECONDS": "1800"}) == 1800
+    assert first_step_from_env({}) == 0 and first_step_from_env({"SOAK_FROM": "67"}) == 67
+    with pytest.raises(ValueError, match="SOAK_FROM must be a step number"):
+        first_step_from_env({"SOAK_FROM": "x"})
     with pytest.raises(ValueError, match="SOAK_SECONDS must be a positive number of seconds, not '-1'"):
         seconds_from_env({"SOAK_SECONDS": "-1"})
 
@@ -50,3 +69,63 @@ def test_the_ledger_counts_a_sentence_instead_of_repeating_it() -> None:
     [first, second] = ledger.to_json()
     assert (first["what"], first["count"], first["during"], second["count"]) == \
         ("head: status.json does not parse", 3, "#3 log_flood", 1)
+
+
+def test_every_kind_the_schedule_draws_is_a_fault_the_runner_knows() -> None:
+    assert {f.name for f in (*FAULTS, DOCKERD)} == set(RUNNABLE)
+    assert kinds_from_env({}) == FAULTS and kinds_from_env({"SOAK_DOCKERD": "1"}) == (*FAULTS, DOCKERD)
+    assert set(BREAKAGES) == set(BREAKS)
+    RestartConfig(**RESTART)  # the soak's policy is a valid config
+
+
+def test_the_leak_faults_floors_are_a_valid_guard_config_under_what_is_available() -> None:
+    available = 20 << 30
+    floors = guard_floors(available)
+    GuardConfig(**floors)
+    assert floors["kill_below"] < floors["stop_below"] == available - (1 << 30) <= floors["refuse_start_below"]
+
+
+@pytest.mark.parametrize(("seen", "found"), [
+    ({(10, 1.00): 5.0, (11, 5.00): 9.0}, []),  # one after the other: 10 last seen when 11 started
+    ({(10, 1.00): 5.5, (11, 5.00): 9.0}, [((10, 1.00), (11, 5.00))]),  # 10 seen alive after 11 started
+    ({(10, 1.00): 5.0 + TICK_S, (11, 5.00): 9.0}, []),  # within the start time's resolution
+    ({(10, 1.00): 20.0, (11, 5.00): 9.0, (12, 9.5): 12.0}, [((10, 1.00), (11, 5.00)), ((10, 1.00), (12, 9.5))]),
+    ({}, []),
+])
+def test_overlapping_launches(seen: dict[tuple[int, float], float], found: list[object]) -> None:
+    assert overlaps(seen) == found
+
+
+def test_launches_tells_an_overlap_once() -> None:
+    launches = Launches({(10, 1.0): 6.0, (11, 5.0): 7.0})
+    [(sentence, _)] = launches.observe([], 8.0)
+    assert sentence == "two launches raced: a vLLM started while the previous one still ran"
+    assert launches.observe([], 9.0) == []
+
+
+def _failed(cls: str, reason: str, message: str = "what happened") -> dict[str, object]:
+    return {"state": "failed", "breaker": {"open": True, "reason": reason},
+            "last_failure": {"class": cls, "message": message}}
+
+
+@pytest.mark.parametrize(("status", "found"), [
+    ({"state": "ready"}, []),
+    (_failed("peer_lost", "6 failures in a row without a stable run (limit 6)"),
+     ["head: the restart breaker opened on a wait (peer_lost)"]),
+    (_failed("hang", "4 failures in a row without a stable run (limit 4); fix"),
+     ["head: the restart breaker opened on hang: failures in a row"]),
+    (_failed("oom", "5 failures in 30 min (restart budget 5); fix"),
+     ["head: the restart breaker opened on oom: the budget"]),
+    (_failed("config_error", "config error fails the same way every time", ""),
+     ["head: failed without a sentence", "head: the restart breaker opened on config_error"]),
+])
+def test_an_open_breaker_is_named_by_what_opened_it(status: dict[str, object], found: list[str]) -> None:
+    lifecycle = {"consecutive": 4, "strikes": [{"class": "hang", "weight": 1, "at": 0}]}
+    assert [sentence for sentence, _ in breaker_violations("head", status, lifecycle)] == found
+
+
+def test_a_child_forked_by_the_main_is_not_a_second_main() -> None:
+    """Seed 1391712872, #39: a child in the moment between its fork and its title showed the main's command
+    line and was counted as a second vLLM racing the first."""
+    assert mains_of({11228: 1, 11231: 11228}) == [11228]
+    assert mains_of({11228: 1, 11300: 1}) == [11228, 11300]

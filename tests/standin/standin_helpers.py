@@ -255,6 +255,19 @@ def standins() -> Iterator[Standins]:
         group.cleanup()
 
 
+def serving(standin: Standin, port: int) -> None:
+    """Ready, and listening: uvicorn listens just after "Application startup complete."."""
+    standin.wait_ready()
+    wait_until(lambda: _connected(port)).close()
+
+
+def _connected(port: int) -> socket.socket | None:
+    try:
+        return socket.create_connection(("127.0.0.1", port))
+    except ConnectionRefusedError:
+        return None
+
+
 def http(host: str, port: int, timeout: float = 10.0) -> httpx.Client:
     return httpx.Client(base_url=f"http://{host}:{port}", timeout=timeout)
 

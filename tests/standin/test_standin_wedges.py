@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from standin_helpers import Standin, Standins, free_port, http, metric_value, standins, wait_until
+from standin_helpers import Standin, Standins, free_port, http, metric_value, serving, standins, wait_until
 
 LABELS = {"engine": "0", "model_name": "m"}
 NO_BLOCK = "No available shared memory broadcast block found in "
@@ -34,12 +34,6 @@ def _head(launch: Standins, port: int, *extra: str, **knobs: str) -> Standin:
     return launch.start("m", "--host", "127.0.0.1", "--port", str(port), *extra, env=env)
 
 
-def serving(standin: Standin, port: int) -> None:
-    """Ready, and listening: uvicorn listens just after "Application startup complete."."""
-    standin.wait_ready()
-    wait_until(lambda: _connected(port)).close()
-
-
 def gauges(port: int) -> tuple[float | None, float | None, float | None]:
     text = http("127.0.0.1", port).get("/metrics").text
     return tuple(  # type: ignore[return-value]
@@ -56,13 +50,6 @@ def _raw_completion(port: int, max_tokens: int = 16, stream: bool = False) -> It
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         yield sock
-
-
-def _connected(port: int) -> socket.socket | None:
-    try:
-        return socket.create_connection(("127.0.0.1", port))
-    except ConnectionRefusedError:
-        return None
 
 
 def test_idle_wedge_changes_no_gauge_and_ends_in_the_rpc_timeout(launch: Standins) -> None:

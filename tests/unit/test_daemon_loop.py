@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
-from loop_harness import config, running
+from loop_harness import Node, config, running
 
 from sparkd.commands import reset, restart, start, stop
 from sparkd.daemon.guarding import NodeGuardHooks
+from sparkd.guard.policy import Action, Decision, Level
 from sparkd.runtime.base import LaunchError
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.testing import (
@@ -269,7 +271,7 @@ async def test_a_record_the_runtime_cannot_prove_is_neither_adopted_nor_touched(
 
 async def test_an_engine_that_does_not_answer_is_waited_for_with_jitter_spending_no_budget(tmp_path: Path) -> None:
     """host_unavailable: the waits back off (jittered), never open the breaker, and do not count toward the
-    consecutive limit: the first crash once the engine is back is the first in a row (tests/mutation.md W1)."""
+    consecutive limit: the first crash once the engine is back is the first in a row."""
     cfg = config(tmp_path, restart={"budget_failures": 2, "consecutive_limit": 2})
     runtime, clock = FakeRuntime(), FakeClock()
     runtime.launch_error = LaunchError("Error while fetching server API version", unavailable=True)
@@ -280,9 +282,52 @@ async def test_an_engine_that_does_not_answer_is_waited_for_with_jitter_spending
         assert node.status()["backoff_until"] - clock.wall() == pytest.approx(9.0)  # 10 s × (1 − 0.1)
         assert node.status()["last_failure"]["class"] == "host_unavailable"
         await node.until(lambda: node.daemon.sup.machine.restart_state.waits == 5 and node.state == "backoff")
+        assert not node.status()["breaker"]["open"] and runtime.launches == []
         runtime.launch_error = None  # the engine answers again
         await node.until_state("ready")
         runtime.crash()
         await node.until(lambda: node.state in ("backoff", "failed"))
-        assert node.state == "backoff" and node.status()["backoff_until"] - clock.wall() == pytest.approx(9.0)
-        assert "failed" not in states and len(runtime.launches) == 1
+        assert node.state == "backoff" and "failed" not in states and len(runtime.launches) == 1
+        assert node.daemon.sup.machine.restart_state.consecutive == 1  # the first failure in a row
+        # the run was not stable: the delay still grows from the waits before it (6th try: 300 s cap × 0.9)
+        assert node.status()["backoff_until"] - clock.wall() == pytest.approx(270.0)
+
+
+class GuardGate:
+    """The guard as the start gate sees it: refusing starts (its cool-down after a stop) until opened."""
+
+    latest = None  # no memory sample to show
+    start_allowed = False
+
+    def __init__(self) -> None:
+        self.decision = Decision(Action.cooldown, Level.stop, False, "cool-down after the guard's stop 1.0 s ago",
+                                 available=3 << 30, at=0.0)
+
+    def evidence(self) -> dict[str, Any]:
+        return {}
+
+
+async def test_a_start_the_guard_refuses_is_a_wait_not_a_failure(tmp_path: Path) -> None:
+    """Soak seed 11: after a guard stop the guard refuses starts for its grace and cool-down; each refused
+    start counted as a failure, so one guard stop (weight 2) and its own cool-down opened the breaker."""
+    cfg = config(tmp_path, restart={"budget_failures": 3, "consecutive_limit": 3, "backoff_initial_s": 1,
+                                    "backoff_max_s": 1})
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(cfg, runtime, clock) as node:
+        await node.until_state("ready")
+        daemon = node.daemon
+        gate = GuardGate()
+        daemon.guard = gate  # type: ignore[assignment]
+        hooks = NodeGuardHooks(daemon.node, daemon.sup.post, lambda: daemon.sup.machine.state)
+        await hooks.stop_vllm(Failure.of(FailureClass.killed_by_guard, "memory ran low"), 0.0)
+        await node.until(lambda: _refusals(node) >= 3 or node.state == "failed", limit_s=600)
+        assert node.state != "failed", node.status()["breaker"]
+        assert node.status()["last_failure"]["class"] == "host_unavailable"
+        assert "memory guard refuses a start" in node.status()["last_failure"]["message"]
+        daemon.guard = None  # headroom again: nothing refuses the start
+        await node.until_state("ready")
+        assert not node.status()["breaker"]["open"] and len(runtime.launches) == 2
+
+
+def _refusals(node: Node) -> int:
+    return sum(1 for h in node.status()["history"] if h["state"] == "backoff") - 1

@@ -290,3 +290,36 @@ def test_commands_are_refused_while_adopting_and_a_shutdown_waits_for_quiet() ->
     assert refusal(at(State.adopting), "stop") is not None
     assert refusal(at(State.ready), "stop") is None
     assert not quiescent(at(State.stopping, after=After.stay)) and quiescent(at(State.stopped))
+
+
+@pytest.mark.parametrize(("ready_for", "consecutive", "delay"), [(1000.0, 1, 10.0), (100.0, 4, 80.0)])
+def test_a_stable_run_that_fails_starts_the_count_over(ready_for: float, consecutive: int, delay: float) -> None:
+    """Soak seed 11: the stop cleared the run's ready time before the policy saw the failure, so no run was
+    ever stable — every failure, however long the run before it, was one more in a row (and the next backoff
+    longer), and consecutive_limit opened the breaker on failures weeks apart."""
+    limits = replace(LIMITS, restart=replace(LIMITS.restart, stable_after_s=600.0))
+    m = at(State.starting, started_at=0, restart_state=RestartState(consecutive=3))
+    m = step(m, v.BecameReady(), 0, limits)
+    m = step(m, v.HealthFailed(CRASH), ready_for, limits)
+    m = step(m, v.StopDone(), ready_for + 1, limits)
+    assert m.state is State.backoff and m.restart_state.consecutive == consecutive
+    assert m.deadline - m.since == pytest.approx(delay)
+    assert m.restart_state.ready_since is None  # the run is over
+
+
+def test_a_crash_right_after_a_peer_outage_is_one_failure_not_the_breaker() -> None:
+    """Soak seed 11: five waits for a lost peer, then one crash, opened a consecutive_limit of 6."""
+    limits = replace(LIMITS, restart=replace(LIMITS.restart, consecutive_limit=2))
+    lost = failure(FailureClass.peer_lost)
+    m, t = at(State.ready, started_at=0), 0.0
+    for _ in range(5):
+        m = step(m, v.HealthFailed(lost), t, limits)
+        m = step(m, v.StopDone(), t + 1, limits)
+        assert m.state is State.backoff
+        t = m.deadline
+        m = step(m, v.Tick(), t, limits)
+        m = step(step(m, v.PreflightDone(), t, limits), v.BecameReady(), t + 1, limits)
+    assert (m.restart_state.consecutive, m.restart_state.waits) == (0, 5)
+    m = step(m, v.Exited(CRASH), t + 2, limits)
+    m = step(m, v.StopDone(), t + 3, limits)
+    assert m.state is State.backoff and m.restart_state.consecutive == 1

@@ -210,3 +210,39 @@ def test_at_its_end_a_raw_file_over_the_limit_is_truncated_and_nothing_is_lost(t
 
     seen, size = anyio.run(main)
     assert seen == ["a" * 100, "b" * 100, "after"] and size == len(b"after\n")
+
+
+def test_a_written_line_is_seen_at_once_without_waiting_for_a_poll(tmp_path: Path) -> None:
+    """The follower waits for the file's writes (inotify), not for its poll: with a 30 s poll a line written
+    after the follower went to sleep still arrives at once, and so does the end."""
+    path = tmp_path / "vllm.out"
+    path.write_bytes(b"one\n")
+
+    async def main() -> tuple[list[str], float, float]:
+        done = anyio.Event()
+        seen: list[str] = []
+
+        async def read() -> None:
+            async for line in follow_file(path, done, poll_s=30.0):
+                seen.append(line)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            with anyio.fail_after(10):
+                while not seen:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.2)  # the follower is asleep at the file's end
+            with path.open("ab") as out:
+                out.write(b"two\n")
+            started = time.monotonic()
+            with anyio.fail_after(10):
+                while len(seen) < 2:
+                    await anyio.sleep(0.005)
+            line_s = time.monotonic() - started
+            started = time.monotonic()
+            done.set()
+        return seen, line_s, time.monotonic() - started
+
+    seen, line_s, end_s = anyio.run(main)
+    assert seen == ["one", "two"]
+    assert line_s < 5 and end_s < 5  # far under the 30 s poll (generous: a shared machine)

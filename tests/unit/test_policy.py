@@ -257,29 +257,6 @@ def test_on_stopped_without_ready_is_a_no_op() -> None:
     assert on_stopped(state) is state
 
 
-def test_waits_grow_the_delay_but_never_count_toward_the_budget_or_the_consecutive_limit() -> None:
-    """An engine (or peer) away for many tries: waits back off like failures, jittered by their draw, but the
-    first real failure afterwards is the first in a row, not the wait count's next (tests/mutation.md W1)."""
-    pol = RestartPolicy(budget_failures=2, consecutive_limit=2, jitter=0.1)
-    state, delays = RestartState(), []
-    for _ in range(6):
-        state, wait = on_wait(state, pol, MID)
-        delays.append(wait.delay_s)
-    assert delays == [10.0, 20.0, 40.0, 80.0, 160.0, 300.0]
-    assert on_wait(state, pol, 0.0)[1].delay_s == pytest.approx(270.0)  # jittered like a failure's delay
-    assert state.consecutive == 0 and state.strikes == ()
-    state, decision = on_failure(state, pol, F.engine_dead, 0.0, MID)
-    assert decision == Restart(delay_s=10.0, attempt=1) and state.waits == 0
-    state, _ = on_wait(state, pol, MID)
-    assert on_wait(state, pol, MID)[1].delay_s == 40.0  # a wait after a failure backs off from it
-
-
-def test_a_ready_run_forgets_the_waits() -> None:
-    state, _ = on_wait(on_wait(RestartState(), RestartPolicy(), MID)[0], RestartPolicy(), MID)
-    assert state.waits == 2
-    assert on_ready(state, 5.0).waits == 0 and reset(state).waits == 0
-
-
 @pytest.mark.parametrize("rand", [-0.1, 1.0, 1.5])
 def test_rand_out_of_range_is_rejected(rand: float) -> None:
     """rand must be a uniform draw in [0, 1)."""
@@ -313,3 +290,31 @@ def test_policy_defaults() -> None:
     assert (pol.backoff_max_s, pol.jitter) == (300.0, 0.1)
     assert (pol.stable_after_s, pol.budget_failures, pol.budget_window_s) == (600.0, 5, 1800.0)
     assert (pol.guard_kill_weight, pol.consecutive_limit) == (2, 6)
+
+
+def test_waits_lengthen_the_delay_but_never_count_toward_the_limit() -> None:
+    """Soak seed 11: a wait counted as one more failure in a row, so after a peer outage (or the guard's
+    cool-down) of five retries the first real failure opened the breaker with '6 failures in a row'."""
+    pol = RestartPolicy(jitter=0.0, consecutive_limit=6, budget_failures=100, backoff_max_s=1e6)
+    state, decision = on_failure(RestartState(), pol, F.engine_dead, 0.0, MID)
+    delays = [decision.delay_s]
+    for t in range(1, 6):
+        state, wait = on_wait(state, pol, float(t), MID)
+        delays.append(wait.delay_s)
+    state, decision = on_failure(state, pol, F.engine_dead, 10.0, MID)
+    assert isinstance(decision, Restart), decision
+    assert (state.consecutive, state.waits, decision.attempt) == (2, 5, 7)
+    assert [*delays, decision.delay_s] == [10.0 * 2**n for n in range(7)]
+    for t in range(11, 15):  # four more failures: six in a row, whatever the waits between them
+        state, decision = on_failure(state, pol, F.engine_dead, float(t), MID)
+    assert isinstance(decision, GiveUp) and "6 failures in a row" in decision.reason
+
+
+def test_a_stable_run_that_ends_in_a_wait_starts_the_counts_over() -> None:
+    pol = RestartPolicy(jitter=0.0, stable_after_s=600.0)
+    state = RestartState(consecutive=4, waits=3, ready_since=0.0)
+    state, wait = on_wait(state, pol, 700.0, MID)
+    assert (state.consecutive, state.waits, state.ready_since, wait) == (0, 1, None, Restart(10.0, 1))
+    state = RestartState(consecutive=4, waits=3, ready_since=0.0)
+    state, wait = on_wait(state, pol, 100.0, MID)
+    assert (state.consecutive, state.waits, wait.attempt) == (4, 4, 8)

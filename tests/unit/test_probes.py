@@ -1,5 +1,5 @@
 """The HTTP probes against real servers on 127.0.0.1 (ephemeral ports): a stub HTTP server in a thread that
-answers what each test scripts, and a bound port nobody listens on. No mocks of httpx."""
+answers what each test scripts, and a bound port nobody listens on. No mocks of the HTTP client."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import anyio
-import httpx
 import pytest
 
 from sparkd import probes
+from sparkd.plainhttp import Client
 from sparkd.probes import ProbeOutcome, VllmMetrics
 
 SLOW_S = 10.0  # how long a "hanging" reply waits (released at teardown)
@@ -194,7 +194,7 @@ def refused_url() -> Iterator[str]:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
+async def client() -> AsyncIterator[Client]:
     async with probes.make_client() as c:
         yield c
 
@@ -208,14 +208,14 @@ HEALTH_CASES = {
     "500 is a probe error": (Reply(500, b"oops"), ProbeOutcome.error, "HTTP 500"),
     "404 is a probe error": (Reply(404), ProbeOutcome.error, "HTTP 404"),
     "no answer in time is a timeout": (Reply(200, delay_s=SLOW_S), ProbeOutcome.timeout, "no answer in 0.3 s"),
-    "a dropped connection is a probe error": (Reply(raw=b""), ProbeOutcome.error, "RemoteProtocolError"),
-    "a malformed answer is a probe error": (Reply(raw=b"garbage\r\n\r\n"), ProbeOutcome.error, "RemoteProtocolError"),
+    "a dropped connection is a probe error": (Reply(raw=b""), ProbeOutcome.error, "ProtocolError"),
+    "a malformed answer is a probe error": (Reply(raw=b"garbage\r\n\r\n"), ProbeOutcome.error, "ProtocolError"),
 }
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", list(HEALTH_CASES))
-async def test_health(case: str, stub: Stub, client: httpx.AsyncClient) -> None:
+async def test_health(case: str, stub: Stub, client: Client) -> None:
     reply, outcome, detail = HEALTH_CASES[case]
     stub.routes["GET", "/health"] = reply
     result = await probes.probe_health(client, stub.url, TIMEOUT_S)
@@ -226,7 +226,7 @@ async def test_health(case: str, stub: Stub, client: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.anyio
-async def test_health_timeout_takes_about_the_timeout(stub: Stub, client: httpx.AsyncClient) -> None:
+async def test_health_timeout_takes_about_the_timeout(stub: Stub, client: Client) -> None:
     """The deadline covers the whole request; the probe does not wait for the slow answer."""
     stub.routes["GET", "/health"] = Reply(200, delay_s=SLOW_S)
     result = await probes.probe_health(client, stub.url, TIMEOUT_S)
@@ -235,7 +235,7 @@ async def test_health_timeout_takes_about_the_timeout(stub: Stub, client: httpx.
 
 
 @pytest.mark.anyio
-async def test_health_refused(refused_url: str, client: httpx.AsyncClient) -> None:
+async def test_health_refused(refused_url: str, client: Client) -> None:
     result = await probes.probe_health(client, refused_url, TIMEOUT_S)
     assert result.outcome is ProbeOutcome.refused
     assert result.detail == "connection refused"
@@ -257,7 +257,7 @@ async def test_health_ignores_proxies_from_the_environment(
 
 
 @pytest.mark.anyio
-async def test_health_over_ipv6_loopback(client: httpx.AsyncClient) -> None:
+async def test_health_over_ipv6_loopback(client: Client) -> None:
     if not socket.has_ipv6:
         pytest.skip("no IPv6 in this Python build")
     try:
@@ -274,7 +274,7 @@ async def test_health_over_ipv6_loopback(client: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_slow_canary_does_not_hold_up_health(stub: Stub, client: httpx.AsyncClient) -> None:
+async def test_a_slow_canary_does_not_hold_up_health(stub: Stub, client: Client) -> None:
     """One shared client: /health answers while a canary is stuck in flight."""
     stub.routes["GET", "/health"] = Reply(200)
     stub.routes["POST", "/v1/completions"] = Reply(200, COMPLETION_JSON, delay_s=SLOW_S)
@@ -326,13 +326,13 @@ CANARY_CASES = {
         ProbeOutcome.timeout,
         "no answer in 0.3 s",
     ),
-    "a dropped connection is a probe error": (Reply(raw=b""), ProbeOutcome.error, "RemoteProtocolError"),
+    "a dropped connection is a probe error": (Reply(raw=b""), ProbeOutcome.error, "ProtocolError"),
 }
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", list(CANARY_CASES))
-async def test_canary(case: str, stub: Stub, client: httpx.AsyncClient) -> None:
+async def test_canary(case: str, stub: Stub, client: Client) -> None:
     reply, outcome, detail = CANARY_CASES[case]
     stub.routes["POST", "/v1/completions"] = reply
     result = await probes.probe_canary(client, stub.url, "my-model", TIMEOUT_S)
@@ -341,7 +341,7 @@ async def test_canary(case: str, stub: Stub, client: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.anyio
-async def test_canary_request(stub: Stub, client: httpx.AsyncClient) -> None:
+async def test_canary_request(stub: Stub, client: Client) -> None:
     """One greedy token of "ping" for the served name, as JSON; a bearer token only when given."""
     stub.routes["POST", "/v1/completions"] = Reply(200, COMPLETION_JSON)
     await probes.probe_canary(client, stub.url, "my-model", TIMEOUT_S)
@@ -355,7 +355,7 @@ async def test_canary_request(stub: Stub, client: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.anyio
-async def test_canary_refused(refused_url: str, client: httpx.AsyncClient) -> None:
+async def test_canary_refused(refused_url: str, client: Client) -> None:
     result = await probes.probe_canary(client, refused_url, "my-model", TIMEOUT_S)
     assert result.outcome is ProbeOutcome.refused
 
@@ -373,7 +373,7 @@ EXPECTED = VllmMetrics(
 
 
 @pytest.mark.anyio
-async def test_scrape_metrics(stub: Stub, client: httpx.AsyncClient) -> None:
+async def test_scrape_metrics(stub: Stub, client: Client) -> None:
     """Summed over engines (label values with spaces, braces and quotes), the KV usage at its highest."""
     stub.routes["GET", "/metrics"] = Reply(200, METRICS_TEXT.encode(), "text/plain; version=0.0.4")
     assert await probes.scrape_vllm_metrics(client, stub.url, TIMEOUT_S) == EXPECTED
@@ -389,13 +389,13 @@ SCRAPE_FAILURES = {
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", list(SCRAPE_FAILURES))
-async def test_scrape_failure_is_none(case: str, stub: Stub, client: httpx.AsyncClient) -> None:
+async def test_scrape_failure_is_none(case: str, stub: Stub, client: Client) -> None:
     stub.routes["GET", "/metrics"] = SCRAPE_FAILURES[case]
     assert await probes.scrape_vllm_metrics(client, stub.url, TIMEOUT_S) is None
 
 
 @pytest.mark.anyio
-async def test_scrape_refused_is_none(refused_url: str, client: httpx.AsyncClient) -> None:
+async def test_scrape_refused_is_none(refused_url: str, client: Client) -> None:
     assert await probes.scrape_vllm_metrics(client, refused_url, TIMEOUT_S) is None
 
 
@@ -449,7 +449,7 @@ def test_probe_base_url(host: str, port: int) -> None:
 
 
 @pytest.mark.anyio
-async def test_scrape_tells_metrics_off_from_a_failure(stub: Stub, client: httpx.AsyncClient) -> None:
+async def test_scrape_tells_metrics_off_from_a_failure(stub: Stub, client: Client) -> None:
     """With --disable-log-stats vLLM's /metrics has only the process and HTTP families: `MetricsOff`, which the
     tracker reports; a failed scrape stays None."""
     stub.routes["GET", "/metrics"] = Reply(200, b"# HELP python_info x\npython_info 1.0\nhttp_requests_total 3\n",

@@ -1,0 +1,155 @@
+"""One plain HTTP/1.1 request on a fresh TCP connection: what the probes need of an HTTP client, and no more.
+
+The probes ask vLLM's API server on this node (or a peer's sparkd) a handful of questions a minute, over plain
+HTTP. A general client costs a daemon at rest more than the questions do (httpx: ~1 ms of CPU a request, a
+failed ``import sniffio`` with its path search on every request, 2-3 MiB imported and a CA bundle loaded per
+client). Rules:
+
+- one connection per request, ``Connection: close``: nothing is kept alive (uvicorn drops idle connections
+  after 5 s, which races a 5 s probe interval);
+- no proxy, no TLS, no redirects, no cookies; the body is read to its ``Content-Length``, its chunked end, or
+  the connection's end, and at most ``max_bytes`` of it (a larger answer is a protocol error);
+- a refused connection, a reset and a malformed answer raise (``OSError``, :class:`ProtocolError`); the caller
+  puts the one deadline around the whole request (connect, send, read).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+
+MAX_BYTES = 16 * 1024 * 1024  # a vLLM /metrics page is ~100 KiB
+
+
+class ProtocolError(Exception):
+    """The server's answer was not HTTP/1.x as expected (or larger than allowed)."""
+
+
+@dataclass(frozen=True)
+class Response:
+    status_code: int
+    content: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class Client:
+    """Requests with the same default headers; ``aclose`` and ``async with`` for symmetry (nothing is pooled)."""
+
+    def __init__(self, *, headers: Mapping[str, str] | None = None, max_bytes: int = MAX_BYTES) -> None:
+        self.headers = dict(headers or {})
+        self.max_bytes = max_bytes
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        return None
+
+    async def request(self, method: str, url: str, *, json: object = None,
+                      headers: Mapping[str, str] | None = None, timeout: float | None = None,
+                      connect_timeout: float | None = None) -> Response:
+        """``connect_timeout``: give up connecting after this long (TimeoutError). The whole request's deadline
+        is the caller's (``anyio.fail_after``); ``timeout`` is accepted for symmetry and not used."""
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ProtocolError(f"only plain http:// URLs are supported, not {url!r}")
+        port = parts.port or 80
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        body = b"" if json is None else _json_bytes(json)
+        lines = [f"{method} {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1",
+                 f"Host: {host}:{port}", "Connection: close", "Accept: */*"]
+        merged = {**self.headers, **(headers or {})}
+        if json is not None:
+            merged.setdefault("Content-Type", "application/json")
+        if body or method not in ("GET", "HEAD"):
+            merged["Content-Length"] = str(len(body))
+        lines += [f"{name}: {value}" for name, value in merged.items()]
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        with anyio.fail_after(connect_timeout):
+            stream = await anyio.connect_tcp(parts.hostname, port)
+        async with stream:
+            await stream.send(request)
+            raw = await _read_all(stream, self.max_bytes)
+        return parse_response(raw)
+
+
+def _json_bytes(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+async def _read_all(stream: Any, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        try:
+            chunk = await stream.receive(65536)
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit + 65536:
+            raise ProtocolError(f"the answer is larger than {limit} bytes")
+    return b"".join(chunks)
+
+
+def parse_response(raw: bytes) -> Response:
+    """A whole HTTP/1.x response (the connection closed after it) → status, headers, decoded body."""
+    head, sep, rest = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise ProtocolError("the server closed the connection before the end of the headers" if raw else
+                            "the server closed the connection without answering")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    version, _, tail = status_line.partition(" ")
+    code = tail.partition(" ")[0]
+    if not version.startswith("HTTP/1.") or not code.isdigit():
+        raise ProtocolError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+    headers = {}
+    for line in header_lines:
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise ProtocolError(f"malformed header line: {line[:80]!r}")
+        headers[name.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = _dechunk(rest)
+    elif headers.get("content-length", "").isdigit():
+        length = int(headers["content-length"])
+        if len(rest) < length:
+            raise ProtocolError(f"the body ended after {len(rest)} of {length} bytes")
+        body = rest[:length]
+    else:
+        body = rest
+    return Response(int(code), body, headers)
+
+
+def _dechunk(data: bytes) -> bytes:
+    out: list[bytes] = []
+    pos = 0
+    while True:
+        end = data.find(b"\r\n", pos)
+        if end == -1:
+            raise ProtocolError("a chunked body ended without its last chunk")
+        try:
+            size = int(data[pos:end].split(b";")[0], 16)
+        except ValueError:
+            raise ProtocolError("malformed chunk size") from None
+        if size == 0:
+            return b"".join(out)
+        start = end + 2
+        if len(data) < start + size:
+            raise ProtocolError("a chunk ended early")
+        out.append(data[start:start + size])
+        pos = start + size + 2
