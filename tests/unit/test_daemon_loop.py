@@ -125,6 +125,26 @@ async def test_a_failed_preflight_backs_off_with_the_same_jitter(tmp_path: Path)
         assert runtime.launches == []
 
 
+async def test_the_daemon_draws_a_fresh_jitter_for_every_backoff(tmp_path: Path) -> None:
+    """The daemon's own draws (nothing injected): were the draw a constant, every node would sit at the same point
+    of its jitter range and two nodes would retry in lockstep — the thing jitter exists to prevent."""
+    runtime, clock = FakeRuntime(), FakeClock()
+    checks = (failing_check("port 8000 held by pid 7", FailureClass.port_in_use),)
+    async with running(config(tmp_path, restart={"budget_failures": 99}), runtime, clock, rand=None,
+                       checks=checks) as node:
+        factors: list[float] = []  # each delay over its un-jittered base (10 s, doubling)
+
+        def note(before: Any, after: Any, obs: Any) -> None:
+            if after.state.value == "backoff":
+                attempt = after.restart_state.consecutive + after.restart_state.waits
+                factors.append((after.deadline - after.since) / (10.0 * 2 ** (attempt - 1)))
+
+        node.daemon.sup.listeners.append(note)
+        await node.until(lambda: len(factors) >= 4)
+        assert all(0.9 <= f <= 1.1 for f in factors), factors
+        assert len({round(f, 9) for f in factors}) == len(factors), f"one draw for every backoff: {factors}"
+
+
 @pytest.mark.parametrize(("action", "grace"), [("stop", 7.0), ("kill", 0.0)])
 async def test_a_guard_stop_or_kill_carries_its_grace_and_records_the_incident_once(tmp_path: Path, action: str,
                                                                                     grace: float) -> None:

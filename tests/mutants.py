@@ -1,0 +1,145 @@
+"""Hand-made mutants of the daemon shell and the tests that must kill them (tests/MUTATION.md has the results).
+
+Usage: ``.venv/bin/python tests/mutants.py [--list] [ID ...]`` (no ID: every mutant, which takes a while).
+
+Each mutant replaces one exact text in one file (it must occur exactly once), runs its tests with ``pytest -q -x``,
+and writes the file back byte for byte, also when interrupted (SIGINT, SIGTERM). A mutant is killed when pytest
+fails; "no tests ran" is an error, never a kill. Run it on a clean tree (``git diff --quiet sparkd/``): it refuses
+to mutate a file with changes of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTEST = [str(ROOT / ".venv" / "bin" / "pytest"), "-q", "-x", "-p", "no:cacheprovider"]
+TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest arguments: files, ``file::test`` or ``-k`` expressions
+    what: str
+
+
+def m(id: str, path: str, old: str, new: str, what: str, *tests: str) -> Mutant:
+    return Mutant(id, path, old, new, tests, what)
+
+
+LOOP = "tests/unit/test_daemon_loop.py"
+LIFECYCLE = "tests/unit/test_lifecycle.py"
+D = "sparkd/daemon/"
+
+MUTANTS = [
+    # ---- the survivors of ../shared/reviews/mutation.md, in today's code --------------------------------------
+    m("M06a", D + "node.py", "self.post(v.StopDone(rand=self.rand()))", "self.post(v.StopDone())",
+      "the stop's backoff gets no draw", LOOP),
+    m("M06b", D + "node.py", "v.PreflightDone(failure, rand=self.rand())", "v.PreflightDone(failure)",
+      "a failed preflight's backoff gets no draw", LOOP),
+    m("M06c", D + "app.py", "rand: Callable[[], float] = random.random,", "rand: Callable[[], float] = lambda: 0.5,",
+      "the daemon's draw is a constant", LOOP),
+    m("M08", D + "watch.py", "if self.state() is State.stopping:",
+      "if self.state() is State.stopping or info.exit_code == 0:", "an exit 0 is taken for a requested end",
+      LOOP),
+    m("M08i", D + "watch.py", "if self.state() is State.stopping:",
+      "if self.state() is State.stopping or info.exit_code == 0:", "the same, against the process-level test",
+      "tests/integration/test_daemon_process.py::test_an_exit_0_is_a_failure_seen_by_the_exit_not_the_health_probe"),
+    m("M12", "sparkd/preflight/shmholders.py",
+      '_fd_inodes(proc / name / "fd", dev) | _mapped_inodes(proc / name / "maps", device)',
+      '_fd_inodes(proc / name / "fd", dev)', "a segment held only by a mapping counts as unheld",
+      "tests/integration/test_shm_sweep.py"),
+    m("M12p", "sparkd/preflight/shmholders.py",
+      '_fd_inodes(proc / name / "fd", dev) | _mapped_inodes(proc / name / "maps", device)',
+      '_fd_inodes(proc / name / "fd", dev)', "the same, against the preflight check's test",
+      "tests/integration/test_preflight_node.py::test_shm_leaks_removed_live_owners_and_decoys_kept"),
+    m("M26", D + "app.py", "self.notifier.pet(self.sup.alive_at, self.clock.now())",
+      "self.notifier.pet(self.clock.now(), self.clock.now())", "the watchdog is petted with the time, not progress",
+      LOOP),
+    m("M30a", "sparkd/supervisor/lifecycle.py",
+      'm = replace(m, intent=Intent.run, restart_state=policy.reset(m.restart_state), restart_reason="operator")',
+      'm = replace(m, intent=Intent.run, restart_reason="operator")', "an operator restart keeps the spent budget",
+      LIFECYCLE, LOOP),
+    m("M30b", "sparkd/supervisor/lifecycle.py", 'changes.setdefault("breaker_reason", None)', "pass",
+      "leaving failed keeps the breaker's reason", LIFECYCLE, LOOP),
+    m("M30c", "sparkd/supervisor/lifecycle.py",
+      "if isinstance(obs, v.ResetRequested) else _restart(m, obs, now, limits)",
+      "if isinstance(obs, v.ResetRequested) else (m, [])", "restart from failed leaves the breaker open",
+      LIFECYCLE, LOOP),
+    m("M32", "sparkd/runtime/proctree.py", "    signal_all(leftover, signal.SIGKILL)\n", "",
+      "no SIGKILL after the stop's grace", "tests/unit/test_proctree.py"),
+]
+
+
+def apply(mutant: Mutant) -> bytes:
+    path = ROOT / mutant.path
+    if subprocess.run(["git", "diff", "--quiet", "--", mutant.path], cwd=ROOT).returncode != 0:
+        raise SystemExit(f"{mutant.path} has uncommitted changes: commit or stash them before mutating it")
+    original = path.read_bytes()
+    text = original.decode()
+    count = text.count(mutant.old)
+    if count != 1:
+        raise SystemExit(f"{mutant.id}: the text to replace occurs {count} times in {mutant.path}, not once")
+    path.write_text(text.replace(mutant.old, mutant.new))
+    return original
+
+
+def run(mutant: Mutant) -> dict[str, Any]:
+    original = apply(mutant)
+    begun = time.monotonic()
+    try:
+        env = {**os.environ, "SPARKD_TESTS_NO_DOCKER": os.environ.get("SPARKD_TESTS_NO_DOCKER", "1")}
+        done = subprocess.run([*PYTEST, *mutant.tests], cwd=ROOT, capture_output=True, text=True, env=env,
+                              timeout=TIMEOUT_S)
+        rc, out = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired:
+        rc, out = -1, f"timed out after {TIMEOUT_S} s"
+    finally:
+        (ROOT / mutant.path).write_bytes(original)
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", out, re.M)
+    verdict = {0: "survived", 5: "error: no tests ran"}.get(rc, "killed" if failed or rc == -1 else f"error rc={rc}")
+    return {"id": mutant.id, "verdict": verdict, "by": failed[:1], "s": round(time.monotonic() - begun),
+            "tail": out[-1500:]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ids", nargs="*")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print pytest's last lines for each mutant")
+    args = parser.parse_args()
+    known = {mu.id: mu for mu in MUTANTS}
+    unknown = [i for i in args.ids if i not in known]
+    if unknown:
+        parser.error(f"unknown mutant(s): {', '.join(unknown)}; --list shows them")
+    chosen = [known[i] for i in args.ids] or MUTANTS
+    if args.list:
+        for mu in chosen:
+            print(f"{mu.id:6} {mu.path}: {mu.what}  [{' '.join(mu.tests)}]")
+        return 0
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # restore the file on SIGTERM too
+    survived = 0
+    for mu in chosen:
+        result = run(mu)
+        survived += result["verdict"] != "killed"
+        print(f"{mu.id:6} {result['verdict']:9} {result['s']:4} s  {' '.join(result['by'])}", flush=True)
+        if args.verbose or result["verdict"] != "killed":
+            print(result["tail"], flush=True)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
