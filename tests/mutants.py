@@ -42,6 +42,7 @@ def m(id: str, path: str, old: str, new: str, what: str, *tests: str) -> Mutant:
 
 LOOP = "tests/unit/test_daemon_loop.py"
 LIFECYCLE = "tests/unit/test_lifecycle.py"
+PROCESS = "tests/integration/test_daemon_process.py"
 D = "sparkd/daemon/"
 
 MUTANTS = [
@@ -81,6 +82,17 @@ MUTANTS = [
       LIFECYCLE, LOOP),
     m("M32", "sparkd/runtime/proctree.py", "    signal_all(leftover, signal.SIGKILL)\n", "",
       "no SIGKILL after the stop's grace", "tests/unit/test_proctree.py"),
+    # ---- the tests mutation.md found unable to fail, each against a mutant it must now kill ------------------
+    m("W1", "sparkd/supervisor/policy.py", "delay *= policy.backoff_factor", "delay *= 1.0",
+      "the backoff never grows", PROCESS + "::test_repeated_crashes_back_off_open_the_breaker_and_reset_closes_it"),
+    m("W3", "sparkd/supervisor/lifecycle.py", "    return replace(m, intent=Intent.stop), []\n",
+      "    return _to(m, State.stopped, now, intent=Intent.stop), []\n", "stop closes the breaker",
+      LIFECYCLE + "::test_every_edge_leads_where_the_table_says_and_keeps_the_invariants"),
+    m("W7", "sparkd/nodelock.py", "fcntl.LOCK_EX | fcntl.LOCK_NB", "fcntl.LOCK_SH | fcntl.LOCK_NB",
+      "a second daemon shares the node lock (its teardown must still end what it started)",
+      PROCESS + "::test_second_daemon_on_the_node_is_refused"),
+    m("W8", "sparkd/supervisor/policy.py", "if not 0.0 <= rand < 1.0:", "if not 0.0 <= rand <= 1.0:",
+      "a draw of 1.0 is accepted", "tests/unit/test_policy.py"),
 ]
 
 

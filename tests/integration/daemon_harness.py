@@ -156,6 +156,16 @@ class Sparkd:
         except OSError:
             return ""
 
+    def log_lines(self) -> list[dict[str, Any]]:
+        """The daemon's log records (JSON lines; anything else in the log is skipped)."""
+        out = []
+        for line in self.log().splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    out.append(record)
+        return out
+
     def incidents(self) -> list[dict[str, Any]]:
         folder = self.state_dir / "incidents"
         if not folder.is_dir():
