@@ -43,6 +43,9 @@ def m(id: str, path: str, old: str, new: str, what: str, *tests: str) -> Mutant:
 LOOP = "tests/unit/test_daemon_loop.py"
 LIFECYCLE = "tests/unit/test_lifecycle.py"
 PROCESS = "tests/integration/test_daemon_process.py"
+MEMORY = "tests/unit/test_daemon_memory.py"
+EFFECTS = "tests/unit/test_daemon_effects.py"
+COORDINATOR = "tests/unit/test_coordinator.py"
 D = "sparkd/daemon/"
 
 MUTANTS = [
@@ -93,6 +96,67 @@ MUTANTS = [
       PROCESS + "::test_second_daemon_on_the_node_is_refused"),
     m("W8", "sparkd/supervisor/policy.py", "if not 0.0 <= rand < 1.0:", "if not 0.0 <= rand <= 1.0:",
       "a draw of 1.0 is accepted", "tests/unit/test_policy.py"),
+    # ---- fresh mutants of the shell: daemon/, commands/, api/, cluster/ ----------------------------------------
+    m("F01", D + "supervisor.py", "            self.remember(memory)\n", "",
+      "what the lifecycle must remember is never written", MEMORY),
+    m("F02", D + "supervisor.py", "        return v.StopDone()\n    return None",
+      "        return None\n    return None",
+      "a stop that raised leaves the lifecycle in stopping", LOOP, MEMORY, EFFECTS),
+    m("F03", D + "supervisor.py", "self._tick_sleep.cancel()  # the ticker", "pass  # the ticker",
+      "a new deadline does not re-arm the ticker's sleep", LOOP, EFFECTS),
+    m("F04", D + "supervisor.py", "            self._preflight.cancel()\n", "            pass\n",
+      "leaving preflight does not cancel the running preflight", LOOP, MEMORY, EFFECTS),
+    m("F05", D + "supervisor.py", "if self.shutting_down and self.idle():", "if self.shutting_down:",
+      "a shutdown exits without waiting for vLLM's stop", LOOP, MEMORY),
+    m("F06", D + "node.py", "grace = self.cfg.supervisor.stop_grace_s if grace_s is None else grace_s",
+      "grace = self.cfg.supervisor.stop_grace_s", "the guard's stop grace is ignored", LOOP),
+    m("F07", D + "node.py", "                self.files.remove(self.record_path)\n            ctx = self._context()",
+      "            ctx = self._context()", "the instance record outlives the stop", LOOP, MEMORY, EFFECTS),
+    m("F08", D + "node.py", "await self.note_shm()  # what it holds now is provably ours once it is gone",
+      "pass", "what vLLM holds in /dev/shm is not noted before the stop",
+      PROCESS + "::test_starts_serves_and_stops_clean"),
+    m("F09", D + "node.py", "exc.exit_code in (126, 127)", "exc.exit_code in (126,)",
+      "a launch that exits 127 (not found) is not a config error", LOOP, EFFECTS),
+    m("F10", D + "node.py", "failure = self.start_gate() or failures[0] or failures[1]",
+      "failure = failures[0] or failures[1]", "the guard's start gate is ignored", LOOP),
+    m("F11", D + "node.py", "if isinstance(obs, v.HealthFailed) and lost and", "if False and lost and",
+      "a wedge while the peer is unreachable is blamed on vLLM, not the peer",
+      "tests/integration/test_pair.py::test_cutting_the_link_stops_both_ranks_and_the_pair_recovers_when_it_returns",
+      EFFECTS),
+    m("F12", D + "node.py", "        line = self.redact(line)\n", "",
+      "vLLM's lines reach the log unredacted", LOOP),
+    m("F13", D + "watch.py", "            await self.logs_drained.wait()\n", "            pass\n",
+      "the exit is classified before vLLM's last lines arrive", LOOP,
+      PROCESS + "::test_fault_is_detected_classified_and_recovered", EFFECTS),
+    m("F14", "sparkd/commands/act.py", "    if why:\n", "    if False:\n",
+      "a command the lifecycle refuses is accepted", LOOP),
+    m("F15", "sparkd/commands/restart.py", "        if problems:\n", "        if False:\n",
+      "restart launches an invalid config on disk", "tests/unit/test_daemon_reload.py"),
+    m("F16", "sparkd/commands/base.py", 'return value in ("1", "true", "yes")', 'return value in ("1",)',
+      "a flag given as true/yes reads as false", "tests/unit/test_control_api.py"),
+    m("F17", "sparkd/api/server.py", "        if self.token is None:\n", "        if False:\n",
+      "no token_file: the TCP API opens to 'Bearer None'", "tests/unit/test_control_api.py"),
+    m("F18", "sparkd/api/bounded.py", "if len(self.connections) > MAX_CONNECTIONS:", "if False:",
+      "no connection cap", "tests/unit/test_bounded_listener.py"),
+    m("F19", "sparkd/api/server.py", "            if not isinstance(body, dict):\n", "            if False:\n",
+      "a JSON body that is not an object reaches the command", "tests/unit/test_control_api.py"),
+    m("F20", "sparkd/cluster/coordinator.py", "lost = not view.reachable and lost_for >= grace",
+      "lost = not view.reachable", "one missed peer poll is a lost peer (no grace)",
+      "tests/integration/test_pair.py::test_killing_the_worker_rank_restarts_the_pair", COORDINATOR),
+    m("F21", "sparkd/cluster/shared.py", '(*RUNNING_STATES, "preflight", "adopting")', "RUNNING_STATES",
+      "a worker in preflight counts as a gone rank", "tests/unit/test_pair_shared.py",
+      "tests/integration/test_pair.py::test_cold_start_starts_the_worker_before_the_head"),
+    m("F22", "sparkd/cluster/coordinator.py", 'if peer == host or peer.startswith(f"{host}:") or', "if peer == host or",
+      "a worker's report is not matched to its host:port peer",
+      "tests/integration/test_pair.py::test_killing_the_worker_rank_restarts_the_pair", COORDINATOR),
+    m("F23", D + "evidence.py", "self.kernel_mark = kernel.kept if kernel is not None else 0", "self.kernel_mark = 0",
+      "kernel lines from earlier launches are blamed on this one", LOOP, "tests/unit/test_classify_this_launch.py",
+      "tests/unit/test_guard_loop.py"),
+    m("F24", D + "watch.py", "        if self.state() not in SERVING:\n            return False\n", "",
+      "a peer-lost line while starting is taken for a lost peer", LOOP),
+    m("F25", D + "app.py", "                    await self.node.hurry()\n", "                    pass\n",
+      "a second SIGTERM does not force the stop",
+      "tests/integration/test_daemon_operator.py::test_a_second_sigterm_ends_vllm_without_waiting_out_the_grace"),
 ]
 
 

@@ -15,6 +15,7 @@ from loop_harness import Node, config, running
 from starlette.applications import Starlette
 
 from sparkd.api.server import build_app, build_tcp_app
+from sparkd.commands.base import BadRequest, flag
 from sparkd.commands.rank import RANK
 from sparkd.testing import FakeClock, FakeRuntime
 
@@ -93,3 +94,30 @@ async def test_without_a_token_file_the_tcp_api_serves_metrics_only(tmp_path: Pa
                 assert answer.status_code == 403 and "token_file" in answer.json()["error"]
                 metrics = await http.get("/metrics")
                 assert metrics.status_code == 200 and metrics.text == "# metrics\n"
+
+
+async def test_a_body_must_be_a_json_object_and_a_bad_one_is_a_400_not_a_crash(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(config(tmp_path), runtime, clock) as node, client(build_app(node.daemon.control)) as http:
+        await node.until_state("ready")
+        for body, words in ((b"[1, 2]", "must be a JSON object"), (b'"local"', "must be a JSON object"),
+                            (b"{not json", "not JSON")):
+            answer = await http.post("/v1/stop", content=body, headers={"content-type": "application/json"})
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["ok"] is False and words in answer.json()["error"]
+        assert node.state == "ready"  # nothing was carried out
+        answer = await http.post("/v1/stop", json={"local": "true"})
+        assert answer.status_code == 200 and answer.json()["ok"] is True
+
+
+@pytest.mark.parametrize(("given", "value"), [
+    ("1", True), ("true", True), ("yes", True), ("0", False), ("false", False), ("no", False), ("", False)])
+def test_a_flag_reads_as_http_clients_write_it(given: str, value: bool) -> None:
+    """sparkctl sends 1; curl users write ?local=true or yes — never silently read as false."""
+    assert flag({"local": given}, "local") is value
+    assert flag({}, "local") is False
+
+
+def test_a_flag_that_is_neither_names_the_parameter() -> None:
+    with pytest.raises(BadRequest, match="local: expected 1 or 0, got 'maybe'"):
+        flag({"local": "maybe"}, "local")
