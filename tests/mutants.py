@@ -151,7 +151,7 @@ MUTANTS = [
       "tests/integration/test_pair.py::test_killing_the_worker_rank_restarts_the_pair", COORDINATOR),
     m("F23", D + "evidence.py", "self.kernel_mark = kernel.kept if kernel is not None else 0", "self.kernel_mark = 0",
       "kernel lines from earlier launches are blamed on this one", LOOP, "tests/unit/test_classify_this_launch.py",
-      "tests/unit/test_guard_loop.py"),
+      "tests/unit/test_guard_loop.py", EFFECTS),
     m("F24", D + "watch.py", "        if self.state() not in SERVING:\n            return False\n", "",
       "a peer-lost line while starting is taken for a lost peer", LOOP),
     m("F25", D + "app.py", "                    await self.node.hurry()\n", "                    pass\n",

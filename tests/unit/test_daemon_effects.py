@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import anyio
 import pytest
 from loop_harness import config, running
 
 from sparkd.commands import stop
+from sparkd.guard.kmsg import KernelLog
 from sparkd.launch import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
 from sparkd.runtime.base import Difference, ExitInfo, Instance, LaunchError
@@ -177,3 +180,42 @@ async def test_a_wedge_while_a_peers_sparkd_is_unreachable_is_the_peers_loss(tmp
         failure = node.status()["last_failure"]
         assert node.state == "backoff" and failure["class"] == "peer_lost", failure
         assert "10.0.0.2:8470" in failure["message"]
+
+
+class KernelOnly:
+    """The guard as the failure evidence reads it: no memory sample yet, and the kernel log."""
+
+    latest = None
+
+    def __init__(self, kernel: KernelLog) -> None:
+        self.sampler = SimpleNamespace(kernel=kernel)
+
+    def evidence(self) -> dict[str, Any]:
+        return {}
+
+
+XID_79 = "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus"
+
+
+async def test_kernel_lines_from_before_a_launch_are_not_its_evidence(tmp_path: Path) -> None:
+    """An Xid of an earlier launch must not make this launch's plain crash a GPU error; one during it does."""
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(f"3,1,100,-;{XID_79}\n")
+    kernel = KernelLog.open(kmsg, from_start=True)
+    assert kernel is not None and kernel.drain() and kernel.kept == 1
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(config(tmp_path, restart={"budget_failures": 99}), runtime, clock) as node:
+        node.daemon.node.evidence.guard = lambda: KernelOnly(kernel)  # type: ignore[assignment,return-value]
+        await node.until_state("ready")
+        runtime.crash(exit_code=1)  # a relaunch: it starts after the Xid
+        await node.until(lambda: node.state == "ready" and node.status()["launches"] == 2)
+        runtime.crash(exit_code=1)
+        await node.until(lambda: node.state == "ready" and node.status()["launches"] == 3)
+        assert node.status()["last_failure"]["class"] == "unknown"
+        with kmsg.open("a") as log:
+            log.write(f"3,2,200,-;{XID_79}\n")
+        kernel.drain()
+        runtime.crash(exit_code=1)
+        await node.until(lambda: node.state == "backoff")
+        assert node.status()["last_failure"]["class"] == "gpu_error"
+    kernel.close()
