@@ -46,6 +46,7 @@ PROCESS = "tests/integration/test_daemon_process.py"
 MEMORY = "tests/unit/test_daemon_memory.py"
 EFFECTS = "tests/unit/test_daemon_effects.py"
 COORDINATOR = "tests/unit/test_coordinator.py"
+SHM_KILLED = PROCESS + "::test_a_launch_killed_while_loading_leaves_no_segment_behind"
 D = "sparkd/daemon/"
 
 MUTANTS = [
@@ -114,7 +115,7 @@ MUTANTS = [
       "            ctx = self._context()", "the instance record outlives the stop", LOOP, MEMORY, EFFECTS),
     m("F08", D + "node.py", "await self.note_shm()  # what it holds now is provably ours once it is gone",
       "pass", "what vLLM holds in /dev/shm is not noted before the stop",
-      PROCESS + "::test_starts_serves_and_stops_clean"),
+      PROCESS + "::test_starts_serves_and_stops_clean", SHM_KILLED),
     m("F09", D + "node.py", "exc.exit_code in (126, 127)", "exc.exit_code in (126,)",
       "a launch that exits 127 (not found) is not a config error", LOOP, EFFECTS),
     m("F10", D + "node.py", "failure = self.start_gate() or failures[0] or failures[1]",
@@ -154,6 +155,8 @@ MUTANTS = [
       "tests/unit/test_guard_loop.py", EFFECTS),
     m("F24", D + "watch.py", "        if self.state() not in SERVING:\n            return False\n", "",
       "a peer-lost line while starting is taken for a lost peer", LOOP),
+    m("F26", D + "node.py", "for check in self.sweep:", "for check in ():",
+      "no sweep after a stop", SHM_KILLED),
     m("F25", D + "app.py", "                    await self.node.hurry()\n", "                    pass\n",
       "a second SIGTERM does not force the stop",
       "tests/integration/test_daemon_operator.py::test_a_second_sigterm_ends_vllm_without_waiting_out_the_grace"),

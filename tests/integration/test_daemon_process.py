@@ -56,6 +56,22 @@ def test_starts_serves_and_stops_clean(sparkd: Fleet) -> None:
     assert daemon.status()["state"] == "stopped"
 
 
+def test_a_launch_killed_while_loading_leaves_no_segment_behind(sparkd: Fleet) -> None:
+    """Never ready (no note at ready), SIGTERM ignored while loading, SIGKILLed after the grace: what it held in
+    /dev/shm was noted just before the stop, so the sweep after it removes what the kill leaked."""
+    before = shm_segments()
+    daemon = sparkd(supervisor={"stop_grace_s": 1},
+                    launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "120",
+                                    "SPARKD_STANDIN_IGNORE_SIGTERM_WHILE_LOADING": "1"}}).start()
+    pid = daemon.wait_for(lambda s: s.get("phase") == "loading_weights", 60, "loading")["pid"]
+    family = tree(pid)
+    assert shm_segments() - before, "the launch made its segments"
+    stopped = daemon.ctl("stop", "--wait")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert alive(family) == []
+    assert unheld(shm_segments() - before) == set()
+
+
 @pytest.mark.parametrize(("knobs", "expected"), [
     ({"SPARKD_STANDIN_DIE_AFTER": "1", "SPARKD_STANDIN_DIE_MODE": "exit", "SPARKD_STANDIN_DIE_EXIT_CODE": "1"},
      {"unknown"}),
