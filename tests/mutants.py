@@ -155,11 +155,19 @@ MUTANTS = [
       "tests/unit/test_guard_loop.py", EFFECTS),
     m("F24", D + "watch.py", "        if self.state() not in SERVING:\n            return False\n", "",
       "a peer-lost line while starting is taken for a lost peer", LOOP),
-    m("F26", D + "node.py", "for check in self.sweep:", "for check in ():",
-      "no sweep after a stop", SHM_KILLED),
     m("F25", D + "app.py", "                    await self.node.hurry()\n", "                    pass\n",
       "a second SIGTERM does not force the stop",
       "tests/integration/test_daemon_operator.py::test_a_second_sigterm_ends_vllm_without_waiting_out_the_grace"),
+    m("F26", D + "node.py", "for check in self.sweep:", "for check in ():",
+      "no sweep after a stop", SHM_KILLED),
+    m("F27", D + "memory.py", "backoff_until=None if backoff is None else float(backoff) - offset,",
+      "backoff_until=None,", "the remaining backoff is forgotten by a daemon restart", MEMORY),
+    m("F28", D + "memory.py", "except (ValueError, RecursionError) as exc:", "except RecursionError as exc:",
+      "a lifecycle file with a bad value crashes the boot", MEMORY, LOOP),
+    m("F29", D + "reload.py", '        "runtime": old.runtime, "paths": old.paths,\n', '        "paths": old.paths,\n',
+      "a reload switches the runtime under a running instance", "tests/unit/test_daemon_reload.py"),
+    m("F30", D + "view.py", '"breaker": {"open": m.breaker_open,', '"breaker": {"open": False,',
+      "status never shows the breaker open", LOOP),
 ]
 
 

@@ -126,11 +126,13 @@ async def test_keys_a_running_daemon_cannot_take_on_wait_for_its_restart(tmp_pat
         tg.start_soon(node.daemon.run)
         await node.until_state("ready")
         text = path.read_text().replace('name = "scripted"', 'name = "renamed"')
+        text = text.replace('runtime = "process"', 'runtime = "docker-run"') + '[container]\nimage = "vllm:x"\n'
         path.write_text(text.replace(f'state_dir = "{tmp_path}/state"', f'state_dir = "{tmp_path}/elsewhere"'))
         reply = await reload_command.execute(node.daemon.control, reload_command.Request())
         assert reply.ok, reply.error
-        assert any(line.startswith("node.name:") for line in reply.result["at_daemon_restart"])
-        assert any(line.startswith("paths.state_dir:") for line in reply.result["at_daemon_restart"])
+        for key in ("node.name:", "paths.state_dir:", "runtime:"):
+            assert any(line.startswith(key) for line in reply.result["at_daemon_restart"]), key
         assert node.daemon.cfg.node.name == "scripted" and node.daemon.cfg.paths.state_dir == tmp_path / "state"
+        assert node.daemon.cfg.runtime == "process"  # the running instance stays under the runtime that made it
         assert node.status()["node"] == "scripted"
         tg.cancel_scope.cancel()
