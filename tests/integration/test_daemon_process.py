@@ -94,7 +94,7 @@ def test_fault_is_detected_classified_and_recovered(sparkd: Fleet, knobs: dict[s
 
 
 def test_an_exit_0_is_a_failure_seen_by_the_exit_not_the_health_probe(sparkd: Fleet) -> None:
-    """vLLM exits 0 while /health is 30 s away (mutation.md M08): the exit itself is the failure, at once."""
+    """vLLM exits 0 while /health is 30 s away (tests/MUTATION.md M08i): the exit itself is the failure, at once."""
     daemon = sparkd(launch={"env": {"SPARKD_STANDIN_DIE_AFTER": "0.5", "SPARKD_STANDIN_DIE_MODE": "exit",
                                     "SPARKD_STANDIN_DIE_EXIT_CODE": "0"}},
                     health={"interval_s": 30, "canary": False}).start()

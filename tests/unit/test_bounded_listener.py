@@ -1,6 +1,6 @@
 """The control listeners' connection cap (sparkd/api/bounded.py), against the real uvicorn server on a loopback
 socket in-process: a connection beyond MAX_CONNECTIONS is closed at once, unanswered; the others are served
-(tests/mutation.md P35). tests/integration/test_daemon_robust.py floods a real daemon under a descriptor limit."""
+(tests/MUTATION.md F18). tests/integration/test_daemon_robust.py floods a real daemon under a descriptor limit."""
 
 from __future__ import annotations
 

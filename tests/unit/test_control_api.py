@@ -1,6 +1,6 @@
 """The control API as HTTP clients see it, over the real daemon loop in-process (httpx's ASGI transport, no
 socket): one envelope ``{ok, result}`` / ``{ok, error, result}`` with a status code that says what happened, and
-the TCP listener's token gate (tests/mutation.md P25, P26, P32–P34). tests/integration/test_observe.py holds the
+the TCP listener's token gate (tests/MUTATION.md M28u, F16, F17, F19). tests/integration/test_observe.py holds the
 same over a real socket and a real process."""
 
 from __future__ import annotations

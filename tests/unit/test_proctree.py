@@ -60,7 +60,7 @@ def terminate(pid: int, grace_s: float, **kw: object) -> list[int]:
 
 
 def test_terminate_tree_sigkills_a_child_that_ignores_sigterm(started: Started) -> None:
-    """mutation.md M32: without the SIGKILL after the grace, a stop would wait forever."""
+    """tests/MUTATION.md M32: without the SIGKILL after the grace, a stop would wait forever."""
     child = started(python("signal.signal(signal.SIGTERM, signal.SIG_IGN)"))
     begun = time.monotonic()
     assert terminate(child.pid, 0.5) == [child.pid]
@@ -75,7 +75,7 @@ def test_terminate_tree_ends_a_tree_that_honours_sigterm_without_sigkill(started
 
 
 def test_create_time_is_part_of_the_identity(started: Started) -> None:
-    """mutation.md M11, as a unit test: a reused PID (same PID, another create time) is not the process."""
+    """tests/MUTATION.md M11, as a unit test: a reused PID (same PID, another create time) is not the process."""
     child = started(python("pass"))
     created = psutil.Process(child.pid).create_time()
     assert same_process(child.pid, created) is not None
