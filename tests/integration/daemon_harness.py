@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,17 @@ class Sparkd:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The daemon's own log events called ``name`` (its JSON lines), each with ``at``: its wall time."""
+        found = []
+        for line in self.log().splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                event = json.loads(line)
+                if event.get("event") == name:
+                    stamp = event["timestamp"].replace("Z", "+00:00")
+                    found.append({**event, "at": datetime.fromisoformat(stamp).timestamp()})
+        return found
 
     def incidents(self) -> list[dict[str, Any]]:
         folder = self.state_dir / "incidents"

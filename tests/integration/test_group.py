@@ -39,6 +39,10 @@ def test_tp4_starts_workers_first_and_recovers_as_one_unit(make_group: Any) -> N
     pids = group.ready()
     head_start = launch_time(group.head.status())
     assert all(launch_time(w.status()) < head_start for w in group.workers), "every worker before the head"
+    # In parallel: the head starts every worker before it sees the first one up (one at a time, each worker
+    # would be started only after the one before it was up).
+    first_up = min(e["at"] for e in group.head.events("worker_rank_up"))
+    assert max(launch_time(w.status()) for w in group.workers) < first_up, "the workers started in parallel"
     group.one_instance_per_node()
     status = group.head.ctl("status")
     for i in range(1, 4):
