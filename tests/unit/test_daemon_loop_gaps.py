@@ -1,0 +1,47 @@
+"""Scripted histories of the real daemon loop (sparkd.testing) for what the audit of issues 12/15 found untested:
+a restart forgets the spent budget at the shell level, ignored observations are logged, a fresh start says why,
+and the image is read again at every preflight.
+
+The harness (``config``, ``running``) is the one test_daemon_loop.py uses; sparkd's own log events are captured
+with structlog's ``capture_logs``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_daemon_loop import config, running
+
+from sparkd.commands import restart
+from sparkd.testing import FakeClock, FakeRuntime
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [entry for entry in logs if entry["event"] == name]
+
+
+async def test_restart_from_failed_forgets_the_spent_budget(tmp_path: Path) -> None:
+    """Mutant M30 at the shell: with a budget of 2, a restart that kept the strikes would leave one spent, and the
+    first crash after it would open the breaker again; forgotten, that crash only backs off."""
+    cfg, runtime, clock = config(tmp_path, restart={"budget_failures": 2}), FakeRuntime(), FakeClock()
+    async with running(cfg, runtime, clock) as node:
+        for _ in range(2):
+            await node.until_state("ready")
+            runtime.crash()
+            await node.until(lambda: node.state in ("backoff", "failed"))
+        await node.until_state("failed")
+        assert (await node.command(restart)).ok
+        await node.until_state("ready")
+        runtime.crash()
+        await node.until(lambda: node.state in ("backoff", "failed"))
+        assert node.state == "backoff", node.status()["breaker"]
+        assert not node.status()["breaker"]["open"]
