@@ -12,10 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 from test_daemon_loop import config, running
 
-from sparkd.commands import restart
-from sparkd.testing import FakeClock, FakeRuntime
+from sparkd.commands import restart, stop
+from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.lifecycle import IGNORED
+from sparkd.supervisor.states import State
+from sparkd.testing import FakeClock, FakeRuntime, all_tasks_blocked
 
 pytestmark = pytest.mark.anyio
 
@@ -45,3 +50,20 @@ async def test_restart_from_failed_forgets_the_spent_budget(tmp_path: Path) -> N
         await node.until(lambda: node.state in ("backoff", "failed"))
         assert node.state == "backoff", node.status()["breaker"]
         assert not node.status()["breaker"]["open"]
+
+
+async def test_an_ignored_observation_is_logged_with_why(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    failure = Failure.of(FailureClass.unknown, "a late health failure")
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until_state("ready")
+        assert (await node.command(stop)).ok
+        await node.until_state("stopped")
+        with capture_logs() as logs:
+            node.daemon.sup.post(v.HealthFailed(failure))
+            await all_tasks_blocked()
+        assert node.state == "stopped"
+    ignored = events(logs, "ignored")
+    assert [(e["observation"], e["why"]) for e in ignored] == [
+        ("HealthFailed", IGNORED[(State.stopped, v.HealthFailed)])]
+    assert ignored[0]["log_level"] == "info"
