@@ -67,3 +67,40 @@ async def test_an_ignored_observation_is_logged_with_why(tmp_path: Path) -> None
     assert [(e["observation"], e["why"]) for e in ignored] == [
         ("HealthFailed", IGNORED[(State.stopped, v.HealthFailed)])]
     assert ignored[0]["log_level"] == "info"
+
+
+async def test_a_missing_lifecycle_file_is_a_fresh_start_and_says_so(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    with capture_logs() as logs:
+        async with running(config(tmp_path), runtime, clock) as node:
+            await node.until_state("ready")
+    fresh = events(logs, "lifecycle_fresh")
+    assert len(fresh) == 1 and fresh[0]["path"] == str(tmp_path / "state" / "lifecycle.json")
+    assert not events(logs, "lifecycle_unusable")
+
+
+BAD_LIFECYCLE = [
+    # the wrong shape: the state file's schema names the field; then the fresh start is logged
+    ('{"version": 1, "intent": "stop", "strikes": [{"at": "x"}]}', "state_file_bad", "strikes: item 0: at",
+     "lifecycle_fresh"),
+    # the right shape, a value the lifecycle does not know: one line says both
+    ('{"version": 1, "intent": "sideways"}', "lifecycle_unusable", "sideways", None),
+]
+
+
+@pytest.mark.parametrize(("content", "event", "named", "then"), BAD_LIFECYCLE)
+async def test_a_bad_lifecycle_file_is_set_aside_and_says_why(tmp_path: Path, content: str, event: str,
+                                                              named: str, then: str | None) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "lifecycle.json").write_text(content)
+    with capture_logs() as logs:
+        async with running(config(tmp_path), runtime, clock) as node:
+            await node.until_state("ready")  # the remembered "stop" was not taken: a fresh start runs vLLM
+    said = events(logs, event)
+    assert len(said) == 1 and said[0]["log_level"] == "warning" and named in said[0]["reason"]
+    assert said[0]["set_aside"] == str(next(state.glob("lifecycle.json.bad-*")))
+    assert not events(logs, "lifecycle_restored")
+    if then is not None:
+        assert len(events(logs, then)) == 1
