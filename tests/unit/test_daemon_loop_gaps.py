@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
-from test_daemon_loop import config, running
+from test_daemon_loop import GuardGate, config, running
 
 from sparkd.commands import restart, stop
+from sparkd.commands.status import render
+from sparkd.guard.policy import Action, Decision, Level
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.lifecycle import IGNORED
@@ -104,3 +106,28 @@ async def test_a_bad_lifecycle_file_is_set_aside_and_says_why(tmp_path: Path, co
     assert not events(logs, "lifecycle_restored")
     if then is not None:
         assert len(events(logs, then)) == 1
+
+
+GUARD_LINES = [
+    # the guard's decision, whether it lets a start through → the line `sparkctl status` shows
+    (Decision(Action.cooldown, Level.stop, False, "cool-down after the guard's stop 1.0 s ago", available=3 << 30,
+              at=0.0), False,
+     "  memory guard: cooldown (stop), refuses starts: cool-down after the guard's stop 1.0 s ago"),
+    (Decision(Action.warn, Level.warn, False, "MemAvailable 9.5 GiB is below the warn floor 10 GiB",
+              available=9 << 30, at=0.0), True,
+     "  memory guard: warn (warn), allows starts: MemAvailable 9.5 GiB is below the warn floor 10 GiB"),
+]
+
+
+@pytest.mark.parametrize(("decision", "start_allowed", "line"), GUARD_LINES)
+async def test_status_shows_the_guards_decision_and_whether_it_refuses_starts(
+        tmp_path: Path, decision: Decision, start_allowed: bool, line: str) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until_state("ready")
+        assert "memory guard:" not in render(node.status())  # the guard is off: nothing to show
+        gate = GuardGate()
+        gate.decision, gate.start_allowed = decision, start_allowed
+        node.daemon.guard = gate  # type: ignore[assignment]
+        shown = render(node.status()).splitlines()
+    assert line in shown
