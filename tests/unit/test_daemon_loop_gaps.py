@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
-from test_daemon_loop import GuardGate, config, running
+from test_daemon_loop import GuardGate, Node, config, running
 
 from sparkd.commands import restart, stop
 from sparkd.commands.status import render
@@ -131,3 +131,33 @@ async def test_status_shows_the_guards_decision_and_whether_it_refuses_starts(
         node.daemon.guard = gate  # type: ignore[assignment]
         shown = render(node.status()).splitlines()
     assert line in shown
+
+
+def group_member(tmp: Path, rank: int) -> dict[str, dict[str, Any]]:
+    """Rank ``rank`` of a TP=2 x PP=2 group whose head is 10.9.0.1 (nothing is contacted: the daemon is not run)."""
+    token = tmp / "token"
+    token.write_text("group-token\n")
+    addresses = [f"10.9.0.{i + 1}" for i in range(4)]
+    return {
+        "node": {"name": f"spark{rank}", "role": "head" if rank == 0 else "worker", "rank": rank,
+                 "address": addresses[rank]},
+        "launch": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2},
+        "cluster": {"master_addr": addresses[0], "master_port": 29501, "nnodes": 4,
+                    "peers": addresses[1:] if rank == 0 else addresses[:1]},
+        "api": {"token_file": str(token)},
+    }
+
+
+@pytest.mark.parametrize(("rank", "identity"), [
+    (None, '{node="scripted"}'),  # a single node: no rank, no group
+    (0, '{group="10.9.0.1:29501",node="spark0",rank="0"}'),
+    (3, '{group="10.9.0.1:29501",node="spark3",rank="3"}'),  # the same group label on every rank
+])
+def test_metrics_carry_node_and_for_a_group_member_rank_and_group(tmp_path: Path, rank: int | None,
+                                                                  identity: str) -> None:
+    sections = {} if rank is None else group_member(tmp_path, rank)
+    node = Node(config(tmp_path, **sections), FakeRuntime(), FakeClock())
+    text = node.daemon.metrics.render().decode()
+    for family in ("sparkd_ready", "sparkd_breaker_open", "sparkd_backoff_seconds"):
+        assert f"{family}{identity} " in text, family
+    assert "sparkd_build_info{" + identity[1:-1] + "," in text
