@@ -1,6 +1,7 @@
-"""Scripted histories of the real daemon loop (sparkd.testing) for what the audit of issues 12/15 found untested:
-a restart forgets the spent budget at the shell level, ignored observations are logged, a fresh start says why,
-and the image is read again at every preflight.
+"""Scripted histories of the real daemon loop (sparkd.testing) for what the audit of issues 12, 15 and 17 found
+untested: a restart forgets the spent budget at the shell level, ignored observations are logged, a fresh start
+says why, status shows the guard's decision, metrics carry a group member's rank and group, and the image is read
+again at every preflight.
 
 The harness (``config``, ``running``) is the one test_daemon_loop.py uses; sparkd's own log events are captured
 with structlog's ``capture_logs``.
@@ -18,6 +19,7 @@ from test_daemon_loop import GuardGate, Node, config, running
 from sparkd.commands import restart, stop
 from sparkd.commands.status import render
 from sparkd.guard.policy import Action, Decision, Level
+from sparkd.runtime.base import ImageIdentity
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.lifecycle import IGNORED
@@ -161,3 +163,28 @@ def test_metrics_carry_node_and_for_a_group_member_rank_and_group(tmp_path: Path
     for family in ("sparkd_ready", "sparkd_breaker_open", "sparkd_backoff_seconds"):
         assert f"{family}{identity} " in text, family
     assert "sparkd_build_info{" + identity[1:-1] + "," in text
+
+
+class MovingTagRuntime(FakeRuntime):
+    """vLLM from an image whose tag the test can move: the engine answers with whatever ``image_id`` is now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.image_id = "sha256:aaaa"
+
+    async def image_identity(self) -> ImageIdentity | None:
+        return ImageIdentity(self.image_id)
+
+
+async def test_the_image_is_read_again_at_every_preflight(tmp_path: Path) -> None:
+    """A tag moved since boot (a `docker pull`): the next start's preflight reads it, and status shows the new
+    image, not the one sparkd saw when it started."""
+    runtime, clock = MovingTagRuntime(), FakeClock()
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until_state("ready")
+        assert node.status()["image_id"] == "sha256:aaaa"
+        runtime.image_id = "sha256:bbbb"
+        assert node.status()["image_id"] == "sha256:aaaa"  # status reports what the last preflight read
+        assert (await node.command(restart)).ok
+        await node.until(lambda: len(runtime.launches) == 2 and node.state == "ready")
+        assert node.status()["image_id"] == "sha256:bbbb"
