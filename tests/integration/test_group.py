@@ -51,13 +51,18 @@ def test_tp4_starts_workers_first_and_recovers_as_one_unit(make_group: Any) -> N
     assert all(f"spark{i}" in seen_by_worker for i in (0, 1, 3)), seen_by_worker
 
     os.kill(pids[2], signal.SIGKILL)  # rank 2
-    again = group.ready(head_launches=2)
-    assert all(new != old for new, old in zip(again, pids, strict=True)), "the whole group restarted"
+    killed = group.ready(head_launches=2)
+    assert all(new != old for new, old in zip(killed, pids, strict=True)), "the whole group restarted"
+
+    result = group.workers[2].ctl("restart")  # asked on rank 3's node: the head restarts the whole group
+    assert result.returncode == 0 and "by the head" in result.stdout, result.stdout + result.stderr
+    again = group.ready(head_launches=3)
+    assert all(new != old for new, old in zip(again, killed, strict=True)), "every rank restarted"
     group.one_instance_per_node()
 
     group.workers[0].kill()  # rank 1's daemon dies; its rank keeps serving and is adopted
     group.workers[0].start()
-    assert group.ready(head_launches=2) == again
+    assert group.ready(head_launches=3) == again
     group.head.kill()
     group.head.start()
     assert group.ready(head_launches=0) == again, "a restarted head adopts its rank; the group keeps serving"
