@@ -34,6 +34,13 @@ def make_group(tmp_path: Path) -> Iterator[Any]:
         group.close()
 
 
+def ran_in_parallel(jobs: list[dict[str, Any]]) -> bool:
+    """The head's log of one job per worker (its end, and how long it took): every worker's job began before
+    the first of them ended. One after the other, each would begin only after the one before it ended."""
+    assert len({job["peer"] for job in jobs}) == 3, jobs
+    return max(job["at"] - job["duration_s"] for job in jobs) < min(job["at"] for job in jobs)
+
+
 def test_tp4_starts_workers_first_and_recovers_as_one_unit(make_group: Any) -> None:
     group = make_group(tp=4).start()
     pids = group.ready()
@@ -43,6 +50,7 @@ def test_tp4_starts_workers_first_and_recovers_as_one_unit(make_group: Any) -> N
     # would be started only after the one before it was up).
     first_up = min(e["at"] for e in group.head.events("worker_rank_up"))
     assert max(launch_time(w.status()) for w in group.workers) < first_up, "the workers started in parallel"
+    assert ran_in_parallel(group.head.events("worker_prepared")[-3:]), "every worker's stop + preflight at once"
     group.one_instance_per_node()
     status = group.head.ctl("status")
     for i in range(1, 4):
@@ -58,6 +66,7 @@ def test_tp4_starts_workers_first_and_recovers_as_one_unit(make_group: Any) -> N
     assert result.returncode == 0 and "by the head" in result.stdout, result.stdout + result.stderr
     again = group.ready(head_launches=3)
     assert all(new != old for new, old in zip(again, killed, strict=True)), "every rank restarted"
+    assert ran_in_parallel(group.head.events("worker_stopped")[-3:]), "the restart stopped the workers at once"
     group.one_instance_per_node()
 
     group.workers[0].kill()  # rank 1's daemon dies; its rank keeps serving and is adopted
