@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import psutil
 import pytest
+from structlog.testing import capture_logs
 
 from sparkd.config import GuardConfig
 from sparkd.guard import Action, Decision, Guard, Level, Sampler, next_interval
@@ -412,3 +413,16 @@ async def test_run_loop_survives_a_bad_sample(node: Node) -> None:
             while "stop" not in hooks.names():
                 await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_each_decision_is_logged_once_however_many_samples_repeat_it(node: Node) -> None:
+    """The guard samples up to 200 times a second: only a change of decision reaches the log (and the daemon)."""
+    hooks, clock = FakeHooks(set()), FakeClock()
+    guard = make_guard(node, hooks, clock, debounce_samples=1)
+    with capture_logs() as logs:
+        decisions = await replay(guard, node, clock, [1.0, 1.0, 1.0, 40.0, 40.0, 40.0])
+    assert [d.action for d in decisions] == [Action.refuse_start] * 3 + [Action.ok] * 3
+    said = [(e["action"], e["start_allowed"], e["log_level"]) for e in logs if e["event"] == "guard_decision"]
+    assert said == [("refuse_start", False, "warning"), ("ok", True, "info")]
+    assert [d.action for d in hooks.decisions] == [Action.refuse_start, Action.ok]
