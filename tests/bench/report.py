@@ -214,11 +214,7 @@ def footprint_rows(fp: dict[str, Any]) -> list[Row]:
     ]
     imports = fp.get("imports")
     if imports:
-        each = ", ".join(f"{name} +{fmt(x['rss_mib'], '.1f')}" for name, x in imports["each"].items())
-        rows.append(row("4", "What each dependency costs: RSS MiB it adds to a fresh interpreter "
-                        f"({fmt(imports['bare_mib'], '.1f')} MiB bare); what the daemon's modules add",
-                        f"{each}; sparkd.daemon.app +{fmt(imports['daemon_mib'], '.1f')} "
-                        f"({imports['daemon_modules']} modules)", verdict="(explains the RSS row)"))
+        rows.append(_dependency_row(imports))
     sc = fp["scrape"]
     s, p = sc["targets"]["sparkd"], sc["targets"]["prometheus_client"]
     rows.append(row("5", f"/metrics at 20/s, connect → last byte: p50 / p99 ms (n = {s['scrapes']}; sparkd's "
@@ -228,6 +224,20 @@ def footprint_rows(fp: dict[str, Any]) -> list[Row]:
                     f"{fmt(ratio(s['p50_ms'], p['p50_ms']))} / {fmt(ratio(s['p99_ms'], p['p99_ms']))}",
                     "p99 ≤ 5 ms", at_most(s["p99_ms"], 5.0, "ms")))
     return rows
+
+
+def _dependency_row(imports: dict[str, Any]) -> Row:
+    each = ", ".join(f"{name} +{fmt(x['rss_mib'], '.1f')}" + ("" if x.get("in_daemon", True) else " (not imported)")
+                     for name, x in imports["each"].items())
+    together = ""
+    if "deps_mib" in imports:
+        floor = imports["bare_mib"] + imports["deps_mib"]
+        together = (f"; all it imports but sparkd's own modules +{fmt(imports['deps_mib'], '.1f')} (a floor of "
+                    f"{fmt(floor, '.1f')} MiB before any sparkd code)")
+    return row("4", "What each dependency costs: RSS MiB it adds to a fresh interpreter "
+               f"({fmt(imports['bare_mib'], '.1f')} MiB bare); what the daemon's imports add",
+               f"{each}{together}; `sparkd run`'s imports +{fmt(imports['daemon_mib'], '.1f')} "
+               f"({imports['daemon_modules']} modules)", verdict="(explains the RSS row)")
 
 
 def group_rows(group: dict[str, Any]) -> list[Row]:
