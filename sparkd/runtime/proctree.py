@@ -171,9 +171,22 @@ def never_signal(pid: int) -> bool:
 
 
 def tree(pid: int) -> list[psutil.Process]:
-    """``pid`` and all its descendants (missing ones skipped)."""
+    """``pid`` first, then all its descendants (missing ones skipped), listed as :func:`tree_pids` does: every
+    stop lists the tree right before its SIGTERM, and psutil's ``children()`` reads every process on the host
+    (1.3 ms idle, 16 ms in a daemon whose guard is stopping a vLLM that allocates)."""
     if pid <= 0:
         return []
+    members = []
+    for member in [pid, *sorted(tree_pids(pid) - {pid})]:
+        try:
+            members.append(psutil.Process(member))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OverflowError):
+            if member == pid:
+                return []
+    return members
+
+
+def _psutil_tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
         return [root, *root.children(recursive=True)]
@@ -203,7 +216,7 @@ def tree_pids(pid: int) -> set[int]:
                 except (FileNotFoundError, ProcessLookupError):
                     continue
     except OSError:  # no children files (CONFIG_PROC_CHILDREN off): the slow way
-        return {p.pid for p in tree(pid)}
+        return {p.pid for p in _psutil_tree(pid)}
     return found
 
 
