@@ -155,14 +155,27 @@ def ancestors(pid: int | None = None) -> set[int]:
     out: set[int] = set()
     current = os.getpid() if pid is None else pid
     while current > 0 and current not in out:
-        try:
-            with open(f"/proc/{current}/stat", "rb") as handle:
-                parent = int(handle.read().rsplit(b")", 1)[1].split()[1])  # the field after the state: ppid
-        except (OSError, ValueError, IndexError):
+        parent = parent_of(current)
+        if parent is None:
             break
         out.add(current)
         current = parent
     return out
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent PID from /proc/PID/stat (the field after the state), or None when ``pid`` is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def roots(pids: set[int]) -> set[int]:
+    """The members of a process tree whose parent is not in it: the tree's root (a process whose parent is
+    gone or unreadable counts as one)."""
+    return {pid for pid in pids if parent_of(pid) not in pids}
 
 
 def never_signal(pid: int) -> bool:
