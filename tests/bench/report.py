@@ -163,11 +163,17 @@ def guard_rows(guard: dict[str, Any] | None) -> list[Row]:
     below = " / ".join(f"{r.get('overshoot_below_runs', 0)}/{r.get('paired_runs', 0)}" for r in summary)
     ok = all(r.get("paired_runs") and r.get("overshoot_below_runs") == r.get("paired_runs") for r in summary)
     runs = guard.get("meta", {}).get("runs")
+    at_signal = ""
+    if all("at_signal_below_runs" in r for r in summary):
+        below_then = " / ".join(f"{r['at_signal_below_runs']}/{r['paired_runs']}" for r in summary)
+        at_signal = (f"; under the floor when the SIGTERM arrived {cells('sparkd', 'at_signal_mib', '.0f')}, "
+                     f"below earlyoom's in {below_then}")
     return [row("3", f"Memory guard at {rates} GiB/s: reaction ms (floor crossed → SIGTERM); overshoot MiB "
                 f"(medians); runs where sparkd's overshoot was below earlyoom's ({runs} runs)",
                 f"{cells('sparkd', 'reaction_ms', '.0f')}; {cells('sparkd', 'overshoot_mib', '.0f')}; below in "
-                f"{below}",
-                f"earlyoom {cells('earlyoom', 'reaction_ms', '.0f')}; {cells('earlyoom', 'overshoot_mib', '.0f')}",
+                f"{below}{at_signal}",
+                f"earlyoom {cells('earlyoom', 'reaction_ms', '.0f')}; {cells('earlyoom', 'overshoot_mib', '.0f')}"
+                + (f"; at the SIGTERM {cells('earlyoom', 'at_signal_mib', '.0f')}" if at_signal else ""),
                 f"{ratios('reaction_ms')}; {ratios('overshoot_mib')}",
                 "overshoot below earlyoom's at every rate, in every one of 5 runs",
                 "met" if ok and runs and runs >= 5 else "**missed**" if not ok else f"met in {runs} runs (need 5)")]
