@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -156,15 +157,16 @@ class Sparkd:
         except OSError:
             return ""
 
-    def log_lines(self) -> list[dict[str, Any]]:
-        """The daemon's log records (JSON lines; anything else in the log is skipped)."""
-        out = []
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The daemon's own log events called ``name`` (its JSON lines), each with ``at``: its wall time."""
+        found = []
         for line in self.log().splitlines():
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict):
-                    out.append(record)
-        return out
+            with contextlib.suppress(ValueError, AttributeError):
+                event = json.loads(line)
+                if event.get("event") == name:
+                    stamp = event["timestamp"].replace("Z", "+00:00")
+                    found.append({**event, "at": datetime.fromisoformat(stamp).timestamp()})
+        return found
 
     def incidents(self) -> list[dict[str, Any]]:
         folder = self.state_dir / "incidents"

@@ -134,8 +134,7 @@ def test_repeated_crashes_back_off_open_the_breaker_and_reset_closes_it(sparkd: 
     status = daemon.wait_state("failed", timeout=120)
     assert status["breaker"]["open"] and "3 failures" in status["breaker"]["reason"]
     assert status["launches"] == 3
-    delays = [line["backoff_s"] for line in daemon.log_lines() if line.get("event") == "transition"
-              and line.get("to") == "backoff"]
+    delays = [event["backoff_s"] for event in daemon.events("transition") if event.get("to") == "backoff"]
     assert delays == [0.5, 1.0], f"the backoff doubles: {delays}"
     spells = backoff_spells(status["history"])
     assert len(spells) == 2 and all(s >= d - 0.05 for s, d in zip(spells, delays, strict=True)), spells  # waited

@@ -105,11 +105,15 @@ def test_socket_mode_and_sparkctl_commands(daemon: Sparkd) -> None:
     assert status.returncode == 0
     assert {"state", "ready", "pid", "restarts", "last_failure"} <= data.keys()
     assert data["memory"]["available_bytes"] > 0
-    assert daemon.ctl("stop").returncode == 0
-    daemon.wait_state("stopped")
+    # --wait returns once the state is reached: the very next status shows it, with no polling in between
+    stopped = daemon.ctl("stop", "--wait")
+    assert stopped.returncode == 0 and "stopped after" in stopped.stdout, stopped.stdout + stopped.stderr
     assert daemon.ctl("status").returncode == 3
-    assert daemon.ctl("start").returncode == 0
-    daemon.wait_state("ready")
+    assert json.loads(daemon.ctl("--json", "status").stdout)["state"] == "stopped"
+    started = daemon.ctl("start", "--wait")
+    assert started.returncode == 0 and "ready after" in started.stdout, started.stdout + started.stderr
+    after = json.loads(daemon.ctl("--json", "status").stdout)
+    assert after["state"] == "ready" and after["pid"] != data["pid"]
     logs = daemon.ctl("logs", "-n", "500")
     assert "Application startup complete." in logs.stdout
     assert daemon.ctl("--json", "incidents").returncode == 0
