@@ -168,7 +168,7 @@ MUTANTS = [
     m("F27", D + "memory.py", "backoff_until=None if backoff is None else float(backoff) - offset,",
       "backoff_until=None,", "the remaining backoff is forgotten by a daemon restart", MEMORY),
     m("F28", D + "memory.py", "except (ValueError, RecursionError) as exc:", "except RecursionError as exc:",
-      "a lifecycle file with a bad value crashes the boot", MEMORY, LOOP),
+      "a lifecycle file with a bad value crashes the boot", "tests/unit/test_daemon_loop_gaps.py"),
     m("F29", D + "reload.py", '        "runtime": old.runtime, "paths": old.paths,\n', '        "paths": old.paths,\n',
       "a reload switches the runtime under a running instance", "tests/unit/test_daemon_reload.py"),
     m("F30", D + "view.py", '"breaker": {"open": m.breaker_open,', '"breaker": {"open": False,',

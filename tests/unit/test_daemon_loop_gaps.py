@@ -89,6 +89,9 @@ BAD_LIFECYCLE = [
      "lifecycle_fresh"),
     # the right shape, a value the lifecycle does not know: one line says both
     ('{"version": 1, "intent": "sideways"}', "lifecycle_unusable", "sideways", None),
+    ('{"version": 1, "intent": "run", "strikes": [{"at": 1, "weight": 1, "class": "gremlins"}]}',
+     "lifecycle_unusable", "gremlins", None),
+    ('{"version": 1, "intent": "run", "last_failure": {"class": "oom"}}', "lifecycle_unusable", "sentence", None),
 ]
 
 

@@ -119,21 +119,3 @@ async def test_after_sparkctl_stop_a_shutdown_and_a_restart_leave_vllm_stopped(t
         await again.settled()
         assert again.state == "stopped" and again.status()["intent"] == "stop" and len(runtime.launches) == 1
 
-
-@pytest.mark.parametrize("content", [
-    '{"version": 1, "intent": "sideways"}',
-    '{"version": 1, "intent": "run", "strikes": [{"at": 1, "weight": 1, "class": "gremlins"}]}',
-    '{"version": 1, "intent": "run", "last_failure": {"class": "oom"}}',
-], ids=["intent", "strike-class", "failure-without-sentence"])
-async def test_a_lifecycle_file_with_a_bad_value_is_set_aside_and_the_daemon_starts_fresh(tmp_path: Path,
-                                                                                        content: str) -> None:
-    """The file passes the schema but a value does not: a fresh start, logged, the file kept aside — never a
-    daemon that cannot boot."""
-    (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "lifecycle.json").write_text(content)
-    runtime, clock = FakeRuntime(), FakeClock()
-    async with running(config(tmp_path), runtime, clock) as node:
-        await node.until_state("ready")
-        assert len(runtime.launches) == 1 and not node.status()["breaker"]["open"]
-    aside = [p for p in (tmp_path / "state").iterdir() if p.name.startswith("lifecycle.json.")]
-    assert [p.read_text() for p in aside] == [content]
