@@ -242,16 +242,6 @@ async def test_a_bad_instance_record_is_set_aside_and_never_crashes_the_daemon(t
     assert list(state.glob("instance.json.bad-*")), "set aside, not deleted"
 
 
-async def test_a_bad_lifecycle_file_is_a_fresh_start(tmp_path: Path) -> None:
-    runtime, clock = FakeRuntime(), FakeClock()
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / "lifecycle.json").write_text('{"version": 1, "intent": "stop", "strikes": [{"at": "x"}]}')
-    async with running(config(tmp_path), runtime, clock) as node:
-        await node.until_state("ready")
-    assert list(state.glob("lifecycle.json.bad-*"))
-
-
 async def test_secrets_never_reach_the_vllm_log_or_an_incident(tmp_path: Path) -> None:
     token = tmp_path / "peer.token"
     token.write_text("peer-token-secret-42\n")
