@@ -4,11 +4,12 @@ lints with an error changes nothing and refuses a restart."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
-import anyio
 import pytest
-from loop_harness import Node
+from loop_harness import Node, running
 
 from sparkd.commands import reload as reload_command
 from sparkd.commands import restart
@@ -53,14 +54,18 @@ def write_config(tmp: Path, *, max_model_len: int = 8192, interval: float = 5.0,
     return path
 
 
-async def test_reload_applies_daemon_settings_now_and_the_launch_at_the_next_start(tmp_path: Path) -> None:
-    path = write_config(tmp_path)
-    runtime, clock = FakeRuntime(), FakeClock()
-    node = Node(load_config(path), runtime, clock)
-    node.daemon.reloader.path = path
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(node.daemon.run)
+@asynccontextmanager
+async def serving(path: Path, runtime: FakeRuntime) -> AsyncIterator[Node]:
+    """The daemon loop over the config at ``path`` (reloads read it again), its vLLM ready."""
+    async with running(load_config(path), runtime, FakeClock()) as node:
+        node.daemon.reloader.path = path
         await node.until_state("ready")
+        yield node
+
+
+async def test_reload_applies_daemon_settings_now_and_the_launch_at_the_next_start(tmp_path: Path) -> None:
+    path, runtime = write_config(tmp_path), FakeRuntime()
+    async with serving(path, runtime) as node:
         write_config(tmp_path, max_model_len=16384, interval=2.0)
         assert node.status()["config"]["reload_needed"] is True
         reply = await reload_command.execute(node.daemon.control, reload_command.Request())
@@ -74,17 +79,11 @@ async def test_reload_applies_daemon_settings_now_and_the_launch_at_the_next_sta
         await node.until(lambda: len(runtime.launches) == 2 and node.state == "ready")
         assert "16384" in " ".join(runtime.launches[1].argv)
         assert node.status()["config"]["restart_needed"] is False
-        tg.cancel_scope.cancel()
 
 
 async def test_an_invalid_config_on_disk_changes_nothing_and_refuses_a_restart(tmp_path: Path) -> None:
-    path = write_config(tmp_path)
-    runtime, clock = FakeRuntime(), FakeClock()
-    node = Node(load_config(path), runtime, clock)
-    node.daemon.reloader.path = path
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(node.daemon.run)
-        await node.until_state("ready")
+    path, runtime = write_config(tmp_path), FakeRuntime()
+    async with serving(path, runtime) as node:
         before = node.daemon.cfg
         path.write_text(path.read_text().replace("max_model_len = 8192", "max_model_len = -3"))
         reply = await reload_command.execute(node.daemon.control, reload_command.Request())
@@ -94,17 +93,11 @@ async def test_an_invalid_config_on_disk_changes_nothing_and_refuses_a_restart(t
         refused = await node.command(restart)
         assert not refused.ok and "launch.max_model_len" in refused.error
         assert node.state == "ready" and len(runtime.launches) == 1
-        tg.cancel_scope.cancel()
 
 
 async def test_a_config_that_lints_with_an_error_changes_nothing_and_refuses_a_restart(tmp_path: Path) -> None:
-    path = write_config(tmp_path)
-    runtime, clock = FakeRuntime(), FakeClock()
-    node = Node(load_config(path), runtime, clock)
-    node.daemon.reloader.path = path
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(node.daemon.run)
-        await node.until_state("ready")
+    path, runtime = write_config(tmp_path), FakeRuntime()
+    async with serving(path, runtime) as node:
         before = node.daemon.cfg
         write_config(tmp_path, interval=2.0, extra='[launch.env]\nVLLM_WORKER_MULTIPROC_METHOD = "fork"\n')
         reply = await reload_command.execute(node.daemon.control, reload_command.Request())
@@ -114,17 +107,11 @@ async def test_a_config_that_lints_with_an_error_changes_nothing_and_refuses_a_r
         refused = await node.command(restart)
         assert not refused.ok and "VLLM_WORKER_MULTIPROC_METHOD" in refused.error
         assert node.state == "ready" and len(runtime.launches) == 1
-        tg.cancel_scope.cancel()
 
 
 async def test_keys_a_running_daemon_cannot_take_on_wait_for_its_restart(tmp_path: Path) -> None:
-    path = write_config(tmp_path)
-    runtime, clock = FakeRuntime(), FakeClock()
-    node = Node(load_config(path), runtime, clock)
-    node.daemon.reloader.path = path
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(node.daemon.run)
-        await node.until_state("ready")
+    path, runtime = write_config(tmp_path), FakeRuntime()
+    async with serving(path, runtime) as node:
         text = path.read_text().replace('name = "scripted"', 'name = "renamed"')
         text = text.replace('runtime = "process"', 'runtime = "docker-run"') + '[container]\nimage = "vllm:x"\n'
         path.write_text(text.replace(f'state_dir = "{tmp_path}/state"', f'state_dir = "{tmp_path}/elsewhere"'))
@@ -135,4 +122,3 @@ async def test_keys_a_running_daemon_cannot_take_on_wait_for_its_restart(tmp_pat
         assert node.daemon.cfg.node.name == "scripted" and node.daemon.cfg.paths.state_dir == tmp_path / "state"
         assert node.daemon.cfg.runtime == "process"  # the running instance stays under the runtime that made it
         assert node.status()["node"] == "scripted"
-        tg.cancel_scope.cancel()
