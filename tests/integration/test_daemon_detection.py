@@ -27,10 +27,10 @@ def test_an_idle_engine_wedge_is_a_hang_long_before_the_busy_grace(sparkd: Fleet
 
 
 def test_a_jit_compile_holds_the_stall_check(sparkd: Fleet) -> None:
-    daemon = sparkd(launch={"env": {"SPARKD_STANDIN_JIT_AFTER": "1", "SPARKD_STANDIN_JIT_SECONDS": "20"}},
+    daemon = sparkd(launch={"env": {"SPARKD_STANDIN_JIT_AFTER": "1", "SPARKD_STANDIN_JIT_SECONDS": "9"}},
                     health={"canary_interval_s": 1, "canary_timeout_s": 2, "stall_after_s": 3}).start()
     ready(daemon)
-    deadline = time.monotonic() + 30  # the compile (20 s) and a canary answered after it
+    deadline = time.monotonic() + 14  # the compile (9 s, three times stall_after_s) and a canary answered after it
     while time.monotonic() < deadline:
         status = daemon.status()
         assert status.get("launches") == 1 and status.get("last_failure") is None, status.get("last_failure")

@@ -80,7 +80,7 @@ def test_global_options_are_taken_after_the_subcommand(sparkd: Fleet) -> None:
 
 def test_a_second_sigterm_ends_vllm_without_waiting_out_the_grace(sparkd: Fleet) -> None:
     daemon = sparkd(supervisor={"stop_grace_s": 300},
-                    launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "120",
+                    launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "60",
                                     "SPARKD_STANDIN_IGNORE_SIGTERM_WHILE_LOADING": "1"}}).start()
     pid = daemon.wait_for(lambda s: s.get("phase") == "loading_weights", 60, "loading")["pid"]
     family = tree(pid)

@@ -61,7 +61,7 @@ def test_a_launch_killed_while_loading_leaves_no_segment_behind(sparkd: Fleet) -
     /dev/shm was noted just before the stop, so the sweep after it removes what the kill leaked."""
     before = shm_segments()
     daemon = sparkd(supervisor={"stop_grace_s": 1},
-                    launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "120",
+                    launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "60",
                                     "SPARKD_STANDIN_IGNORE_SIGTERM_WHILE_LOADING": "1"}}).start()
     pid = daemon.wait_for(lambda s: s.get("phase") == "loading_weights", 60, "loading")["pid"]
     family = tree(pid)

@@ -1,7 +1,7 @@
 """The chaos soak: a pair of daemons under a seeded random schedule of faults, with decoys planted and the
 invariants of issue 16 checked throughout (see runner.py, invariants.py, catalogue.py).
 
-Duration ``SOAK_SECONDS`` (default 180), seed ``SOAK_SEED`` (printed; set it to replay a run), details to
+Duration ``SOAK_SECONDS`` (default 120), seed ``SOAK_SEED`` (printed; set it to replay a run), details to
 ``SOAK_REPORT`` (default: the test's folder). It needs a mount namespace of its own with a fresh /dev/shm, so
 that the decoys it plants there meet only this soak's daemons: ``make soak`` provides one (``SPARKD_SOAK=1``);
 under a plain ``pytest`` the test makes one the same way and runs itself inside it.

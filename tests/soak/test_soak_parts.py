@@ -36,7 +36,7 @@ def test_the_same_seed_gives_the_same_schedule_and_no_fault_twice_in_a_row() -> 
 def test_seed_and_duration_from_the_environment() -> None:
     assert seed_from_env({"SOAK_SEED": "42"}) == 42
     assert 1 <= seed_from_env({}) < 2**31
-    assert seconds_from_env({}) == 180 and seconds_from_env({"SOAK_SECONDS": "1800"}) == 1800
+    assert seconds_from_env({}) == 120 and seconds_from_env({"SOAK_SECONDS": "1800"}) == 1800
     assert first_step_from_env({}) == 0 and first_step_from_env({"SOAK_FROM": "67"}) == 67
     with pytest.raises(ValueError, match="SOAK_FROM must be a step number"):
         first_step_from_env({"SOAK_FROM": "x"})
