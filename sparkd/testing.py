@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,9 @@ from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
 from sparkd.runtime.base import ExecResult, ExitInfo, Instance, LaunchError, Runtime, TargetUnavailable
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.health import ProbeOutcome, ProbeResult, VllmMetrics
+
+IDLE_LIMIT_S = 30.0  # real seconds run_until waits with nothing asleep on the fake clock (a worker thread's file
+# write takes milliseconds)
 
 __all__ = ["FakeClock", "FakeNotifier", "FakeProbes", "FakeRuntime", "failing_check", "passing_check"]
 
@@ -58,15 +62,21 @@ class FakeClock:
 
     async def run_until(self, done: Callable[[], bool], *, limit_s: float = 86_400.0) -> float:
         """Let every task run; whenever all are blocked and ``done()`` is false, jump to the next sleeper.
-        Returns the fake seconds that passed. Raises TimeoutError past ``limit_s`` of fake time."""
+        Returns the fake seconds that passed. Raises TimeoutError past ``limit_s`` of fake time, or when nothing
+        sleeps on the clock for ``IDLE_LIMIT_S`` real seconds (nothing left that could make ``done()`` true)."""
         started = self.t
+        idle_since: float | None = None
         while True:
             await all_tasks_blocked()
             if done():
                 return self.t - started
             if not self._sleepers:
+                idle_since = time.monotonic() if idle_since is None else idle_since
+                if time.monotonic() - idle_since > IDLE_LIMIT_S:
+                    raise TimeoutError(f"not done, and nothing has slept on the fake clock for {IDLE_LIMIT_S:.0f} s")
                 await anyio.sleep(0.001)  # a worker thread (a file write) may still be busy
                 continue
+            idle_since = None
             if self._sleepers[0][0] - started > limit_s:
                 raise TimeoutError(f"not done after {limit_s:.0f} fake seconds")
             self.advance(max(0.0, self._sleepers[0][0] - self.t))

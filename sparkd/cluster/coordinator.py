@@ -131,6 +131,12 @@ class Coordinator:
         return failure
 
     async def _clean(self, peer: str) -> Failure | None:
+        started = self.clock.now()
+        failure = await self._stop_and_preflight(peer)
+        self.log.info("worker_prepared", peer=peer, ok=failure is None, duration_s=self._since(started))
+        return failure
+
+    async def _stop_and_preflight(self, peer: str) -> Failure | None:
         stopped = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout())
         if stopped.get("vllm_left"):
             return Failure.of(FailureClass.gpu_busy, f"VLLM::* processes are left on {peer} after stopping its "
@@ -163,14 +169,20 @@ class Coordinator:
     def _stop_timeout(self) -> float:
         return self.cfg.supervisor.stop_grace_s + 60.0
 
+    def _since(self, started: float) -> float:
+        """Seconds since ``started``, precise enough to tell from the log which workers overlapped."""
+        return round(self.clock.now() - started, 6)
+
     async def stop_workers(self) -> None:
         async def one(peer: str) -> None:
             retries = 0 if not self.views[peer].reachable else 2  # a lost node gets one try, not three
+            started = self.clock.now()
             try:
                 result = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout(),
                                                    retries=retries)
                 if result.get("vllm_left"):
                     self.log.warning("worker_vllm_left", peer=peer, pids=result["vllm_left"])
+                self.log.info("worker_stopped", peer=peer, duration_s=self._since(started))
             except (PeerUnreachable, PeerRefused) as exc:
                 self.log.warning("worker_stop_failed", peer=peer, error=str(exc))
 

@@ -61,10 +61,11 @@ class FailureEvidence:
 
     async def record(self, failure: Failure, *, written: bool, instance: Instance | None,
                      preflight: list[dict[str, Any]]) -> None:
-        """Count the failure; unless ``written`` (the guard's), write its incident with what its class asks for."""
-        at = self._count(failure)
+        """Count the failure and write its incident with what its class asks for — unless ``written``: the guard
+        counted and wrote it (``write_guard_evidence``) before it signalled."""
         if written:
             return
+        at = self._count(failure)
         evidence = failure.treatment.evidence
         container = None
         if Evidence.container in evidence and instance is not None:

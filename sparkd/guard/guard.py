@@ -6,9 +6,12 @@ of sparkd only through :class:`GuardHooks`, which the daemon implements.
 
 Acting, in order:
 
-- **stop**: build the ``killed_by_guard`` failure, ``write_evidence`` (the incident folder exists before
-  anything is signalled), then ``stop_vllm(failure, grace_s)`` in the background, so sampling goes on and
-  can escalate to a kill during the grace.
+- **stop**: pin the tree's root with a pidfd, build the ``killed_by_guard`` failure, ``write_evidence`` (the
+  incident folder exists before anything is signalled), SIGTERM the root through the pidfd, then
+  ``stop_vllm(failure, grace_s)`` in the background, so sampling goes on and can escalate to a kill during the
+  grace. The guard signals itself, as earlyoom does: the daemon's stop path (the lifecycle, the /dev/shm
+  ledger, the runtime) took 20–80 ms more before its SIGTERM, memory the guard lets through. The daemon's
+  stop repeats the SIGTERM, which vLLM's handler takes as the same request (it cancels its server again).
 - **kill**: list the tree (``vllm_pids``), pin every PID with a pidfd, ``write_evidence`` (skipped when
   the kill escalates a stop of the same episode, whose evidence is written), SIGKILL through the pidfds,
   then reap the memory (``process_mrelease``) in a worker thread and tell the daemon (``kill_vllm``).
@@ -38,6 +41,7 @@ from sparkd.guard.sample import Sample
 from sparkd.guard.sampler import Sampler, next_interval
 from sparkd.guard.trend import TrendVerdict, TrendWindow, add_point, assess
 from sparkd.logs import get_logger
+from sparkd.runtime.proctree import roots
 from sparkd.supervisor.classify import ClassifyContext, classify
 from sparkd.supervisor.failures import Failure, FailureClass
 
@@ -72,7 +76,8 @@ class GuardHooks(Protocol):
         """Write the incident folder now, before the guard signals anything. Keep it quick."""
 
     async def stop_vllm(self, failure: Failure, grace_s: float) -> None:
-        """Stop vLLM: SIGTERM the tree, ``grace_s``, then SIGKILL; report ``failure`` (killed_by_guard)."""
+        """Stop vLLM: SIGTERM the tree, ``grace_s``, then SIGKILL; report ``failure`` (killed_by_guard). The
+        guard has sent the root its SIGTERM already."""
 
     async def kill_vllm(self, failure: Failure) -> None:
         """The guard has SIGKILLed every PID ``vllm_pids`` listed; clean up and report ``failure``."""
@@ -249,10 +254,16 @@ class Guard:
             escalation = previous.last_action is not None
             await self._kill(decision, sample, pids, evidence=not escalation)
         else:
+            await self._stop(decision, sample, pids)
+
+    async def _stop(self, decision: Decision, sample: Sample, pids: set[int]) -> None:
+        with Victims(roots(pids)) as root:  # pinned before the evidence is written: no PID reuse in between
             failure = guard_failure(decision, sample, signal.SIGTERM)
             self._write_evidence(failure)
-            self.signals.append(GuardSignal(self.clock(), signal.SIGTERM, tuple(sorted(pids)), decision))
-            await self._spawn(self.hooks.stop_vllm, failure, self.cfg.stop_grace_s)
+            reached = root.signal(signal.SIGTERM)
+        self.signals.append(GuardSignal(self.clock(), signal.SIGTERM, tuple(reached), decision))
+        self.log.warning("guard_signalled", signal="SIGTERM", pids=reached, reason=decision.reason)
+        await self._spawn(self.hooks.stop_vllm, failure, self.cfg.stop_grace_s)
 
     async def _kill(self, decision: Decision, sample: Sample, pids: set[int], *, evidence: bool) -> None:
         victims = Victims(pids)  # pinned before the evidence is written: no PID reuse in between

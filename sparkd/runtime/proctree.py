@@ -155,14 +155,27 @@ def ancestors(pid: int | None = None) -> set[int]:
     out: set[int] = set()
     current = os.getpid() if pid is None else pid
     while current > 0 and current not in out:
-        try:
-            with open(f"/proc/{current}/stat", "rb") as handle:
-                parent = int(handle.read().rsplit(b")", 1)[1].split()[1])  # the field after the state: ppid
-        except (OSError, ValueError, IndexError):
+        parent = parent_of(current)
+        if parent is None:
             break
         out.add(current)
         current = parent
     return out
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent PID from /proc/PID/stat (the field after the state), or None when ``pid`` is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def roots(pids: set[int]) -> set[int]:
+    """The members of a process tree whose parent is not in it: the tree's root (a process whose parent is
+    gone or unreadable counts as one)."""
+    return {pid for pid in pids if parent_of(pid) not in pids}
 
 
 def never_signal(pid: int) -> bool:
@@ -171,9 +184,22 @@ def never_signal(pid: int) -> bool:
 
 
 def tree(pid: int) -> list[psutil.Process]:
-    """``pid`` and all its descendants (missing ones skipped)."""
+    """``pid`` first, then all its descendants (missing ones skipped), listed as :func:`tree_pids` does: every
+    stop lists the tree right before its SIGTERM, and psutil's ``children()`` reads every process on the host
+    (1.3 ms idle, 16 ms in a daemon whose guard is stopping a vLLM that allocates)."""
     if pid <= 0:
         return []
+    members = []
+    for member in [pid, *sorted(tree_pids(pid) - {pid})]:
+        try:
+            members.append(psutil.Process(member))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OverflowError):
+            if member == pid:
+                return []
+    return members
+
+
+def _psutil_tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
         return [root, *root.children(recursive=True)]
@@ -203,7 +229,7 @@ def tree_pids(pid: int) -> set[int]:
                 except (FileNotFoundError, ProcessLookupError):
                     continue
     except OSError:  # no children files (CONFIG_PROC_CHILDREN off): the slow way
-        return {p.pid for p in tree(pid)}
+        return {p.pid for p in _psutil_tree(pid)}
     return found
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import json
 import shutil
 import subprocess
 import sys
@@ -61,33 +62,52 @@ PEER_EXPORTER = ("import time; from prometheus_client import start_http_server; 
                  "start_http_server({port}, addr='127.0.0.1'); time.sleep(1e9)")
 
 
-DEPENDENCIES = ("anyio", "psutil", "pydantic", "structlog", "uvicorn", "starlette.applications", "httpx",
-                "prometheus_client", "docker")
+# What the daemon imports of each dependency (pydantic's BaseModel lives in pydantic.main, loaded on first use;
+# the control API's HTTP protocol is uvicorn's h11 one), then two it does not import: httpx (sparkctl) and the
+# docker SDK (the docker runtimes).
+DEPENDENCIES = ("anyio", "psutil", "pydantic.main", "structlog", "click", "uvicorn.protocols.http.h11_impl",
+                "starlette.applications", "prometheus_client", "httpx", "docker")
+DAEMON_MODULES = ("sparkd.cli.sparkd", "sparkd.daemon.app")  # what `sparkd run` imports before it runs
+# Each probe keeps rich out as `sparkd run` does (structlog would import it: sparkd/cli/sparkd.py).
 IMPORT_PROBE = """
-import importlib, sys
+import importlib, json, sys
+sys.modules.setdefault("rich", None)
 def rss():
     with open('/proc/self/statm') as f:
         return int(f.read().split()[1]) * 4096 / 1048576
 before, count = rss(), len(sys.modules)
-importlib.import_module(sys.argv[1])
-print(before, rss() - before, len(sys.modules) - count)
+for name in sys.argv[1:] or json.load(sys.stdin):  # from stdin: all of them, each one that imports at all
+    try:
+        importlib.import_module(name)
+    except Exception:
+        if sys.argv[1:]:
+            raise
+print(json.dumps([before, rss() - before, len(sys.modules) - count,
+                  sorted(name for name, module in sys.modules.items() if module is not None)]))
 """
 
 
 def import_costs() -> dict[str, Any]:
-    """RSS each dependency adds to a fresh interpreter on its own (shared pieces, asyncio say, count in each),
-    and what importing the daemon (sparkd.daemon.app) adds: what a daemon at rest pays for its imports."""
-    def probe(module: str) -> tuple[float, float, int]:
-        out = subprocess.run([sys.executable, "-c", IMPORT_PROBE, module], capture_output=True, text=True,
-                             check=True, timeout=120).stdout.split()
-        return float(out[0]), float(out[1]), int(out[2])
+    """What a daemon at rest pays for its imports: the RSS each dependency adds to a fresh interpreter on its
+    own (shared pieces, asyncio say, count in each) and whether the daemon imports it at all; everything the
+    daemon imports but its own modules, together (the floor under any daemon built on these pieces); and all
+    the daemon's imports."""
+    def probe(*modules: str, each_of: list[str] | None = None) -> tuple[float, float, int, set[str]]:
+        out = subprocess.run([sys.executable, "-c", IMPORT_PROBE, *modules], capture_output=True, text=True,
+                             input=json.dumps(each_of), check=True, timeout=120).stdout
+        bare, mib, count, names = json.loads(out)
+        return bare, mib, count, set(names)
 
+    bare, daemon, modules, loaded = probe(*DAEMON_MODULES)
     each = {}
     for module in DEPENDENCIES:
-        _, mib, modules = probe(module)
-        each[module.split(".")[0]] = {"rss_mib": round(mib, 2), "modules": modules}
-    bare, daemon, modules = probe("sparkd.daemon.app")
-    return {"bare_mib": round(bare, 2), "each": each, "daemon_mib": round(daemon, 2), "daemon_modules": modules}
+        _, mib, count, _ = probe(module)
+        each[module.split(".")[0]] = {"rss_mib": round(mib, 2), "modules": count, "module": module,
+                                      "in_daemon": module in loaded}
+    # The floor: every module `sparkd run` imports but sparkd's own, in one interpreter.
+    _, deps, deps_modules, _ = probe(each_of=sorted(name for name in loaded if not name.startswith("sparkd")))
+    return {"bare_mib": round(bare, 2), "each": each, "daemon_mib": round(daemon, 2), "daemon_modules": modules,
+            "deps_mib": round(deps, 2), "deps_modules": deps_modules}
 
 
 def sample(procs: dict[str, psutil.Process], seconds: float) -> dict[str, dict[str, Any]]:

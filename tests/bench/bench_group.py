@@ -77,21 +77,24 @@ def bare_start(tmp: Path, fabric: Fabric, launches: list[tuple[list[str], dict[s
     """Every rank by hand, at once (workers first, as a launch script would); seconds until the head answers."""
     poller = subprocess.Popen(["ip", "netns", "exec", fabric.nodes[0], sys.executable, str(HERE), "poll", str(port),
                                "60"], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.3)  # the poller's interpreter is up before the ranks start
-    ranks = []
-    t0 = time.monotonic()
-    for i in [*range(1, len(launches)), 0]:
-        argv, env = launches[i]
-        with open(tmp / f"bare-{i}.log", "ab") as out:
-            ranks.append(subprocess.Popen(["ip", "netns", "exec", fabric.nodes[i], *argv], stdout=out,
-                                          stderr=subprocess.STDOUT, start_new_session=True,
-                                          env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **env}))
-    out, _ = poller.communicate(timeout=90)
-    for rank in ranks:
-        ledger.note(owned.add_tree(rank.pid))
-    for rank in reversed(ranks):  # the head first, then the workers (they would hang without their head)
-        end_process(rank)
-    text = out.strip()
+    ranks: list[subprocess.Popen[bytes]] = []
+    try:  # however it ends (an interrupt included), the ranks and the poller started here end here
+        time.sleep(0.3)  # the poller's interpreter is up before the ranks start
+        t0 = time.monotonic()
+        for i in [*range(1, len(launches)), 0]:
+            argv, env = launches[i]
+            with open(tmp / f"bare-{i}.log", "ab") as out:
+                ranks.append(subprocess.Popen(["ip", "netns", "exec", fabric.nodes[i], *argv], stdout=out,
+                                              stderr=subprocess.STDOUT, start_new_session=True,
+                                              env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **env}))
+        text, _ = poller.communicate(timeout=90)
+    finally:
+        for rank in ranks:
+            ledger.note(owned.add_tree(rank.pid))
+        for rank in reversed(ranks):  # the head first, then the workers (they would hang without their head)
+            end_process(rank)
+        end_process(poller)
+    text = text.strip()
     return None if text in ("", "none") else float(text) - t0
 
 
@@ -181,13 +184,20 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "poll":
-        poll_main(int(sys.argv[2]), float(sys.argv[3]))
+        try:
+            poll_main(int(sys.argv[2]), float(sys.argv[3]))
+        except KeyboardInterrupt:  # Ctrl-C reaches the poller too; the bench reports it
+            return 130
         return 0
     parser = bench_parser(__doc__, "bench-group.json")
     parser.add_argument("--sizes", default="2,3,4")
     parser.add_argument("--restarts", type=int, default=4)
     parser.add_argument("--bare", type=int, default=3)
-    return run_bench(parser, bench)
+    try:
+        return run_bench(parser, bench)
+    except KeyboardInterrupt:  # every process and namespace of the run is gone by now (the finally blocks)
+        log("group: interrupted; nothing of this run is left running")
+        return 130
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ pidfd. Per run:
 
 - reaction: from the observer's first sample under the floor to the moment the allocator's SIGTERM handler
   runs (to its death when it was SIGKILLed);
-- overshoot: how far under the floor MemAvailable went before the allocator's memory came back;
+- overshoot: how far under the floor MemAvailable went before the allocator's memory came back; and how far
+  under it was at the moment of the SIGTERM (what the guard let through: the allocator's memory comes back
+  only as it exits, some 100s of ms later, and the machine's other work moves MemAvailable meanwhile);
 - achieved rate: the observer's slope over the 300 ms before the crossing (a VM may not reach 4 GiB/s).
 
 Medians over the runs and the sparkd/earlyoom ratios are printed as a markdown table; everything goes to
@@ -94,23 +96,25 @@ def watch_main(floor: int, pid: int) -> None:
     poll = select.poll()
     poll.register(pidfd, select.POLLIN)
     history: list[tuple[float, int]] = []
-    cross = dead = lowest = None
+    cross = dead = lowest = lowest_at = None
     print("ready", flush=True)
     while True:
         now, avail = time.monotonic(), reader.read().mem_available
-        if cross is None:
-            history.append((now, avail))
-            if avail < floor:
-                cross = now
-        lowest = avail if lowest is None or avail < lowest else lowest
+        history.append((now, avail))
+        if cross is None and avail < floor:
+            cross = now
+        if lowest is None or avail < lowest:
+            lowest, lowest_at = avail, now
         if dead is None and poll.poll(0):
             dead = now
         if dead is not None and now - dead > 0.3:
             break
         time.sleep(0.0005)
-    window = [(t, a) for t, a in history if cross is None or cross - t <= 0.3]
+    window = [(t, a) for t, a in history if cross is None or 0 <= cross - t <= 0.3]
     rate = (window[0][1] - window[-1][1]) / (window[-1][0] - window[0][0]) if len(window) > 1 else None
-    print(json.dumps({"cross": cross, "dead": dead, "lowest": lowest, "rate": rate}), flush=True)
+    print(json.dumps({"cross": cross, "dead": dead, "lowest": lowest, "lowest_at": lowest_at, "rate": rate,
+                      "trajectory": history if cross is None else [(t, a) for t, a in history if t >= cross]}),
+          flush=True)
 
 
 # ---- one run ----------------------------------------------------------------------------------------
@@ -175,12 +179,17 @@ def one_run(guard: str, rate_gib_s: float, floor: int, cap_mib: int) -> dict[str
         end(alloc)
         end(watcher)
     term = term_time(alloc)
+    trajectory = seen.pop("trajectory")
     result = {"guard": guard, "rate_target": rate_gib_s, "floor": floor, **extra, **seen, "term": term}
     if seen["cross"] is not None:
         signalled = term if term is not None else seen["dead"]
         result["reaction_ms"] = None if signalled is None else (signalled - seen["cross"]) * 1000
         result["exit_ms"] = None if seen["dead"] is None else (seen["dead"] - seen["cross"]) * 1000
         result["overshoot_mib"] = max(0, floor - seen["lowest"]) / MIB
+        if signalled is not None:  # what the guard let through; the rest came while the victim exited
+            at_signal = [a for t, a in trajectory if t <= signalled]
+            result["at_signal_mib"] = max(0, floor - at_signal[-1]) / MIB if at_signal else None
+            result["lowest_after_ms"] = (seen["lowest_at"] - signalled) * 1000
     result["achieved_gib_s"] = None if seen["rate"] is None else seen["rate"] / GIB
     return result
 
@@ -317,7 +326,8 @@ def summarise(runs: list[dict[str, Any]], rates: list[float]) -> list[dict[str, 
         for guard in ("sparkd", "earlyoom"):
             mine = [r for r in runs if r["guard"] == guard and r["rate_target"] == rate]
             row[guard] = {key: median([r.get(key) for r in mine])
-                          for key in ("reaction_ms", "overshoot_mib", "exit_ms", "achieved_gib_s")}
+                          for key in ("reaction_ms", "overshoot_mib", "at_signal_mib", "lowest_after_ms", "exit_ms",
+                                      "achieved_gib_s")}
             row[guard]["runs"] = len(mine)
             row[guard]["missed"] = sum(1 for r in mine if not r.get("killed"))
         for key in ("reaction_ms", "overshoot_mib"):
@@ -326,9 +336,9 @@ def summarise(runs: list[dict[str, Any]], rates: list[float]) -> list[dict[str, 
         # Run by run (the same run index, one after the other): was sparkd's overshoot below earlyoom's?
         pairs = [(a, b) for a in runs for b in runs if a["guard"] == "sparkd" and b["guard"] == "earlyoom"
                  and a["rate_target"] == b["rate_target"] == rate and a.get("run") == b.get("run")]
-        wins = [a.get("overshoot_mib") is not None and b.get("overshoot_mib") is not None
-                and a["overshoot_mib"] < b["overshoot_mib"] for a, b in pairs]
-        row["paired_runs"], row["overshoot_below_runs"] = len(pairs), sum(wins)
+        row["paired_runs"] = len(pairs)
+        for key, below in (("overshoot_mib", "overshoot_below_runs"), ("at_signal_mib", "at_signal_below_runs")):
+            row[below] = sum(a.get(key) is not None and b.get(key) is not None and a[key] < b[key] for a, b in pairs)
         rows.append(row)
     return rows
 
@@ -341,11 +351,15 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         f"Floor: MemAvailable at the start of each run − {meta['distance_gib']:g} GiB (median "
         f"{meta['floor_gib']:.2f} GiB), kill floor 1 GiB under; {meta['runs']} runs per cell, medians. "
-        "Reaction = floor crossed → SIGTERM received; overshoot = how far under the floor MemAvailable went.",
+        "Reaction = floor crossed → SIGTERM received; overshoot = how far under the floor MemAvailable went; "
+        "at the signal = how far under it was when the SIGTERM arrived (what the guard let through; the rest "
+        "came while the victim exited, its memory back only some 100s of ms later, and from the rest of the "
+        "machine).",
         "",
         "| rate target | achieved (GiB/s) | sparkd reaction (ms) | earlyoom reaction (ms) | ratio | "
-        "sparkd overshoot (MiB) | earlyoom overshoot (MiB) | ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "sparkd overshoot (MiB) | earlyoom overshoot (MiB) | ratio | at the signal, sparkd / earlyoom (MiB) | "
+        "sparkd below at the signal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s, e = r["sparkd"], r["earlyoom"]
@@ -354,7 +368,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"| {r['rate_target_gib_s']:g} GiB/s | {fmt(achieved, '.2f')} | {fmt(s['reaction_ms'], '.0f')} | "
             f"{fmt(e['reaction_ms'], '.0f')} | {fmt(r['ratio_reaction_ms'], '.2f')} | "
             f"{fmt(s['overshoot_mib'], '.0f')} | {fmt(e['overshoot_mib'], '.0f')} | "
-            f"{fmt(r['ratio_overshoot_mib'], '.2f')} |")
+            f"{fmt(r['ratio_overshoot_mib'], '.2f')} | {fmt(s['at_signal_mib'], '.0f')} / "
+            f"{fmt(e['at_signal_mib'], '.0f')} | {r['at_signal_below_runs']}/{r['paired_runs']} |")
     lines += ["", f"sparkd sampling cost: {meta['sample_us']:.0f} µs per sample, all sources, wall time under the "
               f"benchmark's load; /proc/meminfo alone, idle: {meta['meminfo_fast_us']:.1f} µs (fd kept open, preadv, "
               f"find) vs {meta['meminfo_naive_us']:.1f} µs (open, read, split); evidence written before the signal "

@@ -17,6 +17,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -278,9 +279,10 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
 
 
 def bench_parser(doc: str | None, default_json: str) -> argparse.ArgumentParser:
-    """The options every bench script has: ``--json PATH`` and ``--keep``."""
+    """The options every bench script has: ``--json PATH`` (default: ``default_json`` in the temporary
+    directory, never the checkout) and ``--keep``."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
-    parser.add_argument("--json", default=default_json)
+    parser.add_argument("--json", default=str(Path(tempfile.gettempdir()) / f"sparkd-{default_json}"))
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, configs)")
     return parser
 

@@ -163,11 +163,17 @@ def guard_rows(guard: dict[str, Any] | None) -> list[Row]:
     below = " / ".join(f"{r.get('overshoot_below_runs', 0)}/{r.get('paired_runs', 0)}" for r in summary)
     ok = all(r.get("paired_runs") and r.get("overshoot_below_runs") == r.get("paired_runs") for r in summary)
     runs = guard.get("meta", {}).get("runs")
+    at_signal = ""
+    if all("at_signal_below_runs" in r for r in summary):
+        below_then = " / ".join(f"{r['at_signal_below_runs']}/{r['paired_runs']}" for r in summary)
+        at_signal = (f"; under the floor when the SIGTERM arrived {cells('sparkd', 'at_signal_mib', '.0f')}, "
+                     f"below earlyoom's in {below_then}")
     return [row("3", f"Memory guard at {rates} GiB/s: reaction ms (floor crossed → SIGTERM); overshoot MiB "
                 f"(medians); runs where sparkd's overshoot was below earlyoom's ({runs} runs)",
                 f"{cells('sparkd', 'reaction_ms', '.0f')}; {cells('sparkd', 'overshoot_mib', '.0f')}; below in "
-                f"{below}",
-                f"earlyoom {cells('earlyoom', 'reaction_ms', '.0f')}; {cells('earlyoom', 'overshoot_mib', '.0f')}",
+                f"{below}{at_signal}",
+                f"earlyoom {cells('earlyoom', 'reaction_ms', '.0f')}; {cells('earlyoom', 'overshoot_mib', '.0f')}"
+                + (f"; at the SIGTERM {cells('earlyoom', 'at_signal_mib', '.0f')}" if at_signal else ""),
                 f"{ratios('reaction_ms')}; {ratios('overshoot_mib')}",
                 "overshoot below earlyoom's at every rate, in every one of 5 runs",
                 "met" if ok and runs and runs >= 5 else "**missed**" if not ok else f"met in {runs} runs (need 5)")]
@@ -214,11 +220,7 @@ def footprint_rows(fp: dict[str, Any]) -> list[Row]:
     ]
     imports = fp.get("imports")
     if imports:
-        each = ", ".join(f"{name} +{fmt(x['rss_mib'], '.1f')}" for name, x in imports["each"].items())
-        rows.append(row("4", "What each dependency costs: RSS MiB it adds to a fresh interpreter "
-                        f"({fmt(imports['bare_mib'], '.1f')} MiB bare); what the daemon's modules add",
-                        f"{each}; sparkd.daemon.app +{fmt(imports['daemon_mib'], '.1f')} "
-                        f"({imports['daemon_modules']} modules)", verdict="(explains the RSS row)"))
+        rows.append(_dependency_row(imports))
     sc = fp["scrape"]
     s, p = sc["targets"]["sparkd"], sc["targets"]["prometheus_client"]
     rows.append(row("5", f"/metrics at 20/s, connect → last byte: p50 / p99 ms (n = {s['scrapes']}; sparkd's "
@@ -228,6 +230,20 @@ def footprint_rows(fp: dict[str, Any]) -> list[Row]:
                     f"{fmt(ratio(s['p50_ms'], p['p50_ms']))} / {fmt(ratio(s['p99_ms'], p['p99_ms']))}",
                     "p99 ≤ 5 ms", at_most(s["p99_ms"], 5.0, "ms")))
     return rows
+
+
+def _dependency_row(imports: dict[str, Any]) -> Row:
+    each = ", ".join(f"{name} +{fmt(x['rss_mib'], '.1f')}" + ("" if x.get("in_daemon", True) else " (not imported)")
+                     for name, x in imports["each"].items())
+    together = ""
+    if "deps_mib" in imports:
+        floor = imports["bare_mib"] + imports["deps_mib"]
+        together = (f"; all it imports but sparkd's own modules +{fmt(imports['deps_mib'], '.1f')} (a floor of "
+                    f"{fmt(floor, '.1f')} MiB before any sparkd code)")
+    return row("4", "What each dependency costs: RSS MiB it adds to a fresh interpreter "
+               f"({fmt(imports['bare_mib'], '.1f')} MiB bare); what the daemon's imports add",
+               f"{each}{together}; `sparkd run`'s imports +{fmt(imports['daemon_mib'], '.1f')} "
+               f"({imports['daemon_modules']} modules)", verdict="(explains the RSS row)")
 
 
 def group_rows(group: dict[str, Any]) -> list[Row]:

@@ -23,9 +23,7 @@ Detection is the journal's ``Main process exited`` line (``short-iso-precise``, 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import shlex
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,20 +31,11 @@ from datetime import datetime
 from typing import Any
 
 from benchkit import REPO, ShmLedger, standin_by_prefix, wait_for
+from systemd_infra import systemd_infra
 
 RESTART_SEC = 30
 DOCKER_CLI = "/usr/local/bin/docker"
 LABELS = {"sparkd.test": "1", "sparkd.bench": "1"}
-
-
-def _infra() -> Any:
-    name = "sparkd_tests_infra_systemd_image"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "infra" / "systemd_image.py")
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
 
 
 @contextlib.contextmanager
@@ -54,7 +43,7 @@ def systemd_host() -> Iterator[Any]:
     """A booted systemd container on the host's network, with the repo's Python and the host's docker CLI."""
     import docker
 
-    infra = _infra()
+    infra = systemd_infra()
     client = docker.from_env(timeout=300)
     infra.ensure_image(client)
     volumes = {**infra.python_mounts(REPO), "/usr/bin/docker": {"bind": DOCKER_CLI, "mode": "ro"},

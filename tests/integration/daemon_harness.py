@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,17 @@ class Sparkd:
         except OSError:
             return ""
 
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The daemon's own log events called ``name`` (its JSON lines), each with ``at``: its wall time."""
+        found = []
+        for line in self.log().splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                event = json.loads(line)
+                if event.get("event") == name:
+                    stamp = event["timestamp"].replace("Z", "+00:00")
+                    found.append({**event, "at": datetime.fromisoformat(stamp).timestamp()})
+        return found
+
     def incidents(self) -> list[dict[str, Any]]:
         folder = self.state_dir / "incidents"
         if not folder.is_dir():
@@ -177,6 +189,19 @@ class Sparkd:
             self.proc.kill()
             self.proc.wait(10)
 
+    def end(self, timeout: float = 60.0) -> None:
+        """For a teardown: stop (SIGTERM); if the daemon does not exit in ``timeout`` (stuck in a stop, as a
+        mutant can be), SIGKILL it, then what it launched: its own process tree and the vLLM tree its status
+        named. Never raises."""
+        pid = self.status().get("pid")
+        family = tree(pid) if pid else []
+        if self.proc is not None and self.proc.poll() is None:
+            family += tree(self.proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.stop(timeout)
+        self.kill()
+        kill_tree(alive(family))
+
 
 class Fleet:
     """The daemons a test made, each in a folder of its own under ``tmp``. ``close`` stops them and ends what
@@ -196,13 +221,8 @@ class Fleet:
         return daemon
 
     def close(self) -> None:
-        seen: list[psutil.Process] = []
         for daemon in self.made:
-            pid = daemon.status().get("pid")
-            if pid:
-                seen.extend(tree(pid))
-            daemon.stop()
-        kill_tree(alive(seen))
+            daemon.end()
 
 
 def kill_tree(procs: list[psutil.Process]) -> None:

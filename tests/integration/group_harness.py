@@ -136,6 +136,6 @@ class Group:
             pid = node.status().get("pid")
             if pid:
                 self.seen.extend(tree(pid))
-            node.stop()
+            node.end()
         kill_tree(alive(self.seen))
         self.fabric.destroy()

@@ -1,7 +1,8 @@
-"""The field's containers on the real engine: configs reproducing report 002's `docker run` line and report 001's
-compose service create containers whose HostConfig carries exactly those settings; an adopted container's drift is
-reported key by key and `recreate` clears it; RDMA preflight in a real container given a device node the test
-creates; vLLM's parse of the argv inside the container; a missing device named before the launch.
+"""The field's containers on the real engine: the shipped configs of report 002's `docker run` line and report
+001's compose service (and 001's compose file converted by import-compose) create containers whose HostConfig
+carries exactly those settings; an adopted container's drift is reported key by key and `recreate` clears it; RDMA
+preflight in a real container given a device node the test creates; vLLM's parse of the argv inside the
+container; a missing device named before the launch.
 
 This host (like CI) may create a container with --privileged or memlock -1 but not start it: such tests read the
 HostConfig of the created container, whether or not its start succeeded.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from docker_runtime_support import DockerPlace, anyio_backend, sh
 from sysfs_tree import SysfsTree, roce_gid
 
 from sparkd.compose import import_compose
-from sparkd.config import RuntimeKind, load_config
+from sparkd.config import Config, RuntimeKind, load_config
 from sparkd.launch import render
 from sparkd.preflight.base import PreflightContext, Verdict
 from sparkd.preflight.drift import check_container
@@ -78,18 +80,33 @@ async def launch_created(runtime: Any) -> None:
         await runtime.launch(sh("true"))
 
 
+def shipped(place: DockerPlace, tmp_path: Path, example: str, toml: str | None = None,
+            paths: dict[str, str] | None = None) -> Config:
+    """``config/examples/<example>`` as shipped (or ``toml``), in this test's place: its container name, node,
+    image and the host paths in ``paths`` swapped for this test's; nothing else changed."""
+    text = toml if toml is not None else (REPO / "config" / "examples" / example).read_text()
+    data = tomllib.loads(text)
+    swaps = {f'name = "{data["container"]["name"]}"': f'name = "{place.name}"',
+             f'name = "{data["node"]["name"]}"': f'name = "{place.node}"',
+             f'image = "{data["container"]["image"]}"': f'image = "{place.image}"', **(paths or {})}
+    for old, new in swaps.items():
+        assert old in text, f"{example} no longer says {old}"
+        text = text.replace(old, new)
+    (tmp_path / example).write_text(text)
+    return load_config(tmp_path / example, env={})
+
+
 async def test_field_002_docker_run_line(exec_place: DockerPlace, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """docker run -d --name vllm_ds4 --gpus all --ipc host --net host --privileged -v MODELS:/models
-    -v ~/.cache/vllm:/root/.cache/vllm -v ~/.cache/flashinfer:/root/.cache/flashinfer IMAGE sleep infinity"""
+    -v ~/.cache/vllm:/root/.cache/vllm -v ~/.cache/flashinfer:/root/.cache/flashinfer IMAGE sleep infinity,
+    from the shipped config/examples/field-002-echo-docker-exec.toml."""
     monkeypatch.setenv("HOME", str(tmp_path))
     models = tmp_path / "models"
     for path in (models, tmp_path / ".cache" / "vllm", tmp_path / ".cache" / "flashinfer"):
         path.mkdir(parents=True)
-    mounts = [{"source": str(models), "target": "/models"},
-              {"source": "~/.cache/vllm", "target": "/root/.cache/vllm"},
-              {"source": "~/.cache/flashinfer", "target": "/root/.cache/flashinfer"}]
-    cfg = exec_place.config(mounts=mounts, gpus="all", privileged=True, host_ipc=True, env={})
+    cfg = shipped(exec_place, tmp_path, "field-002-echo-docker-exec.toml",
+                  paths={'source = "/home/milo/models"': f'source = "{models}"'})
     await launch_created(exec_place.runtime(cfg))
     attrs = exec_place.container().attrs
     host = attrs["HostConfig"]
@@ -102,20 +119,32 @@ async def test_field_002_docker_run_line(exec_place: DockerPlace, tmp_path: Path
     assert await exec_place.runtime(cfg).drift() == []  # the container sparkd made is the config's
 
 
-async def test_field_001_compose_service(run_place: DockerPlace, tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["compose", "shipped"])
+async def test_field_001_compose_service(run_place: DockerPlace, tmp_path: Path, source: str) -> None:
+    """Report 001's compose service, converted by import-compose and as the shipped
+    config/examples/field-001-dsv4-1m-compose.toml (which adds a FlashInfer cache mount)."""
     devices = uverbs_dir(tmp_path / "infiniband")
-    compose = (REPO / "tests" / "data" / "field-001-compose.yaml").read_text()
-    compose = compose.replace("/dev/infiniband:/dev/infiniband", f"{devices}:/dev/infiniband")
-    (tmp_path / "compose.yaml").write_text(compose)
-    (tmp_path / "hf").mkdir()
-    env = {"NODE_RANK": "1", "HEADLESS": "1", "MASTER_ADDR": "192.168.0.8", "HF_CACHE": str(tmp_path / "hf"),
-           "HOME": str(tmp_path)}
-    imported = import_compose(tmp_path / "compose.yaml", environ=env)
-    toml = imported.toml.replace('image = "aidendle94/sparkrun-vllm-ds4-gb10:production-ready"',
-                                 f'image = "{run_place.image}"')
-    toml = toml.replace('name = "vllm"', f'name = "{run_place.name}"')
-    (tmp_path / "sparkd.toml").write_text(toml.replace("\n[node]\n", f'\n[node]\nname = "{run_place.node}"\n', 1))
-    cfg = load_config(tmp_path / "sparkd.toml", env={})
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    mounts = [("/etc/group", "/etc/group", True), ("/etc/passwd", "/etc/passwd", True),
+              (str(hf), "/cache/huggingface", False)]
+    if source == "compose":
+        compose = (REPO / "tests" / "data" / "field-001-compose.yaml").read_text()
+        compose = compose.replace("/dev/infiniband:/dev/infiniband", f"{devices}:/dev/infiniband")
+        (tmp_path / "compose.yaml").write_text(compose)
+        env = {"NODE_RANK": "1", "HEADLESS": "1", "MASTER_ADDR": "192.168.0.8", "HF_CACHE": str(hf),
+               "HOME": str(tmp_path)}
+        toml = import_compose(tmp_path / "compose.yaml", environ=env).toml
+        toml = toml.replace("\n[node]\n", '\n[node]\nname = "spark-head"\n', 1)  # the import names no node
+        cfg = shipped(run_place, tmp_path, "imported.toml", toml)
+    else:
+        flashinfer = tmp_path / "flashinfer"
+        flashinfer.mkdir()
+        mounts.append((str(flashinfer), "/root/.cache/flashinfer", False))
+        cfg = shipped(run_place, tmp_path, "field-001-dsv4-1m-compose.toml", paths={
+            '"/dev/infiniband:/dev/infiniband"': f'"{devices}:/dev/infiniband"',
+            'source = "/home/user/.cache/huggingface"': f'source = "{hf}"',
+            'source = "/var/cache/sparkd/flashinfer"': f'source = "{flashinfer}"'})
     runtime = DockerRunRuntime(cfg, labels=run_place.labels)
     await launch_created(runtime)
     host = run_place.container().attrs["HostConfig"]
@@ -126,9 +155,7 @@ async def test_field_001_compose_service(run_place: DockerPlace, tmp_path: Path)
     assert host["Devices"] == [{"PathOnHost": str(devices), "PathInContainer": "/dev/infiniband",
                                 "CgroupPermissions": "rwm"}]
     assert [(r["Count"], r["Capabilities"]) for r in host["DeviceRequests"]] == [(-1, [["gpu"]])]
-    assert sorted((m["Source"], m["Target"], m.get("ReadOnly", False)) for m in host["Mounts"]) == [
-        ("/etc/group", "/etc/group", True), ("/etc/passwd", "/etc/passwd", True),
-        (str(tmp_path / "hf"), "/cache/huggingface", False)]
+    assert sorted((m["Source"], m["Target"], m.get("ReadOnly", False)) for m in host["Mounts"]) == sorted(mounts)
 
 
 async def test_an_adopted_container_drifts_key_by_key_until_recreated(exec_place: DockerPlace, tmp_path: Path,

@@ -51,7 +51,7 @@ def docker_daemon(tmp_path: Path, test_image: str, python_mounts: dict[str, dict
         pid = daemon.status().get("pid")
         if pid:
             seen.extend(tree(pid))
-        daemon.stop()
+        daemon.end()
     kill_tree(alive(seen))
 
 

@@ -56,6 +56,22 @@ def test_starts_serves_and_stops_clean(sparkd: Fleet) -> None:
     assert daemon.status()["state"] == "stopped"
 
 
+def test_a_launch_killed_while_loading_leaves_no_segment_behind(sparkd: Fleet) -> None:
+    """Never ready (no note at ready), SIGTERM ignored while loading, SIGKILLed after the grace: what it held in
+    /dev/shm was noted just before the stop, so the sweep after it removes what the kill leaked."""
+    before = shm_segments()
+    daemon = sparkd(supervisor={"stop_grace_s": 1},
+                    launch={"env": {"SPARKD_STANDIN_STARTUP_SECONDS": "120",
+                                    "SPARKD_STANDIN_IGNORE_SIGTERM_WHILE_LOADING": "1"}}).start()
+    pid = daemon.wait_for(lambda s: s.get("phase") == "loading_weights", 60, "loading")["pid"]
+    family = tree(pid)
+    assert shm_segments() - before, "the launch made its segments"
+    stopped = daemon.ctl("stop", "--wait")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert alive(family) == []
+    assert unheld(shm_segments() - before) == set()
+
+
 @pytest.mark.parametrize(("knobs", "expected"), [
     ({"SPARKD_STANDIN_DIE_AFTER": "1", "SPARKD_STANDIN_DIE_MODE": "exit", "SPARKD_STANDIN_DIE_EXIT_CODE": "1"},
      {"unknown"}),
@@ -65,7 +81,7 @@ def test_starts_serves_and_stops_clean(sparkd: Fleet) -> None:
     # single in-process rank has no RPC timeout, so sparkd sees a canary that gets no answer while /health says
     # 200: hang once busy_grace_s is spent. (The stall check needs a running count: a wedge mid-generation.)
     ({"SPARKD_STANDIN_STALL_AFTER": "1"}, {"hang"}),
-], ids=["exit-1", "engine-death-exit-0", "hang", "idle-wedge"])
+], ids=["exit-1", "engine-death", "hang", "idle-wedge"])
 def test_fault_is_detected_classified_and_recovered(sparkd: Fleet, knobs: dict[str, str],
                                                     expected: set[str]) -> None:
     daemon = sparkd(launch={"env": knobs}).start()
@@ -75,6 +91,17 @@ def test_fault_is_detected_classified_and_recovered(sparkd: Fleet, knobs: dict[s
     failure = daemon.status()["last_failure"] or daemon.incidents()[0]
     assert failure["class"] in expected, failure
     assert daemon.incidents(), "every failure leaves an incident folder"
+
+
+def test_an_exit_0_is_a_failure_seen_by_the_exit_not_the_health_probe(sparkd: Fleet) -> None:
+    """vLLM exits 0 while /health is 30 s away (tests/MUTATION.md M08i): the exit itself is the failure, at once."""
+    daemon = sparkd(launch={"env": {"SPARKD_STANDIN_DIE_AFTER": "0.5", "SPARKD_STANDIN_DIE_MODE": "exit",
+                                    "SPARKD_STANDIN_DIE_EXIT_CODE": "0"}},
+                    health={"interval_s": 30, "canary": False}).start()
+    ready_pid(daemon)
+    status = daemon.wait_for(lambda s: s.get("launches", 0) >= 2 and s.get("last_failure") is not None, 25,
+                             "a relaunch after the exit, well before the next /health probe")
+    assert status["last_failure"]["class"] == "engine_dead" and status["last_failure"]["exit_code"] == 0
 
 
 def test_sigkill_of_vllm_is_a_crash_and_recovers(sparkd: Fleet) -> None:
@@ -107,8 +134,10 @@ def test_repeated_crashes_back_off_open_the_breaker_and_reset_closes_it(sparkd: 
     status = daemon.wait_state("failed", timeout=120)
     assert status["breaker"]["open"] and "3 failures" in status["breaker"]["reason"]
     assert status["launches"] == 3
-    backoffs = backoff_spells(status["history"])
-    assert len(backoffs) == 2 and backoffs[1] > backoffs[0], f"the second backoff is longer: {backoffs}"
+    delays = [event["backoff_s"] for event in daemon.events("transition") if event.get("to") == "backoff"]
+    assert delays == [0.5, 1.0], f"the backoff doubles: {delays}"
+    spells = backoff_spells(status["history"])
+    assert len(spells) == 2 and all(s >= d - 0.05 for s, d in zip(spells, delays, strict=True)), spells  # waited
     refused = daemon.ctl("start")
     assert refused.returncode == 1 and "breaker" in refused.stderr
     assert daemon.ctl("reset").returncode == 0
@@ -159,12 +188,9 @@ def test_second_daemon_on_the_node_is_refused(sparkd: Fleet) -> None:
     daemon = sparkd().start()
     ready_pid(daemon)
     (daemon.tmp / "again").mkdir()
-    second = Sparkd(daemon.tmp / "again", daemon.config).start()
-    try:
-        assert second.proc is not None and second.proc.wait(30) == exits.ALREADY_RUNNING
-        assert "already_running" in second.log() and "Traceback" not in second.log()
-    finally:
-        second.kill()
+    second = sparkd.add(Sparkd(daemon.tmp / "again", daemon.config)).start()  # ended with the fleet if it ran
+    assert second.proc is not None and second.proc.wait(30) == exits.ALREADY_RUNNING
+    assert "already_running" in second.log() and "Traceback" not in second.log()
 
 
 def test_rehearse_runs_a_real_config_with_the_stand_in(sparkd: Fleet) -> None:

@@ -89,7 +89,7 @@ def test_a_full_state_filesystem_degrades_and_recovers(sparkd: Fleet, tmp_path: 
         assert json.loads((state / "status.json").read_text())["state"] == "ready"
     finally:
         for daemon in sparkd.made:
-            daemon.stop()
+            daemon.end()
         subprocess.run(["umount", str(state)], check=False)
 
 

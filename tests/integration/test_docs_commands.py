@@ -15,18 +15,17 @@ own (a private PID, network and /dev/shm), so the demo daemon sees nothing of th
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from systemd_infra import systemd_infra
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -115,16 +114,6 @@ def test_host_blocks_run_as_written(block: Block, tmp_path: Path) -> None:
 # ---- on a node laid out like the package's, with the unit running: the systemd container
 
 
-def _infra() -> Any:
-    name = "sparkd_tests_infra_systemd_image"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "infra" / "systemd_image.py")
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
 NODE_CONFIG = f"""\
 runtime = "process"
 [node]
@@ -150,7 +139,7 @@ backoff_initial_s = 1
 
 @pytest.fixture(scope="module")
 def node(docker_client: Any, docker_test_labels: dict[str, str]) -> Iterator[Any]:
-    infra = _infra()
+    infra = systemd_infra()
     try:
         infra.ensure_image(docker_client)
     except Exception as exc:

@@ -34,11 +34,37 @@ def make_group(tmp_path: Path) -> Iterator[Any]:
         group.close()
 
 
-def test_tp4_starts_workers_first_and_recovers_as_one_unit(make_group: Any) -> None:
-    group = make_group(tp=4).start()
+def ran_in_parallel(jobs: list[dict[str, Any]]) -> bool:
+    """The head's log of one job per worker (its end, and how long it took): every worker's job began before
+    the first of them ended. One after the other, each would begin only after the one before it ended."""
+    assert len({job["peer"] for job in jobs}) == 3, jobs
+    return max(job["at"] - job["duration_s"] for job in jobs) < min(job["at"] for job in jobs)
+
+
+def flag(cmdline: list[str], name: str, default: str) -> str:
+    return cmdline[cmdline.index(name) + 1] if name in cmdline else default
+
+
+TOPOLOGIES = [pytest.param(4, 1, 2, id="tp4"),  # rank 2: a worker of the one TP group
+              pytest.param(2, 2, 3, id="tp2xpp2")]  # rank 3: a worker of the second pipeline stage
+
+
+@pytest.mark.parametrize(("tp", "pp", "worker_rank"), TOPOLOGIES)
+def test_a_group_starts_workers_first_and_recovers_as_one_unit(make_group: Any, tp: int, pp: int,
+                                                                worker_rank: int) -> None:
+    group = make_group(tp=tp, pp=pp).start()
     pids = group.ready()
+    for pid in pids:
+        cmdline = psutil.Process(pid).cmdline()
+        assert (flag(cmdline, "--tensor-parallel-size", "1"), flag(cmdline, "--pipeline-parallel-size", "1")) == (
+            str(tp), str(pp)), cmdline
     head_start = launch_time(group.head.status())
     assert all(launch_time(w.status()) < head_start for w in group.workers), "every worker before the head"
+    # In parallel: the head starts every worker before it sees the first one up (one at a time, each worker
+    # would be started only after the one before it was up).
+    first_up = min(e["at"] for e in group.head.events("worker_rank_up"))
+    assert max(launch_time(w.status()) for w in group.workers) < first_up, "the workers started in parallel"
+    assert ran_in_parallel(group.head.events("worker_prepared")[-3:]), "every worker's stop + preflight at once"
     group.one_instance_per_node()
     status = group.head.ctl("status")
     for i in range(1, 4):
@@ -46,28 +72,27 @@ def test_tp4_starts_workers_first_and_recovers_as_one_unit(make_group: Any) -> N
     seen_by_worker = group.workers[1].ctl("status").stdout
     assert all(f"spark{i}" in seen_by_worker for i in (0, 1, 3)), seen_by_worker
 
-    os.kill(pids[2], signal.SIGKILL)  # rank 2
-    again = group.ready(head_launches=2)
-    assert all(new != old for new, old in zip(again, pids, strict=True)), "the whole group restarted"
+    launches = 1
+    for rank in (worker_rank, 0):  # a worker's rank, then the head's own
+        os.kill(pids[rank], signal.SIGKILL)
+        launches += 1
+        again = group.ready(head_launches=launches)
+        assert all(new != old for new, old in zip(again, pids, strict=True)), f"rank {rank} killed: all restarted"
+        pids = again
+
+    result = group.workers[2].ctl("restart")  # asked on rank 3's node: the head restarts the whole group
+    assert result.returncode == 0 and "by the head" in result.stdout, result.stdout + result.stderr
+    again = group.ready(head_launches=launches + 1)
+    assert all(new != old for new, old in zip(again, pids, strict=True)), "every rank restarted"
+    assert ran_in_parallel(group.head.events("worker_stopped")[-3:]), "the restart stopped the workers at once"
     group.one_instance_per_node()
 
     group.workers[0].kill()  # rank 1's daemon dies; its rank keeps serving and is adopted
     group.workers[0].start()
-    assert group.ready(head_launches=2) == again
+    assert group.ready(head_launches=launches + 1) == again
     group.head.kill()
     group.head.start()
     assert group.ready(head_launches=0) == again, "a restarted head adopts its rank; the group keeps serving"
-
-
-def test_tp2_pp2_kill_of_the_head_rank_restarts_the_group(make_group: Any) -> None:
-    group = make_group(tp=2, pp=2).start()
-    pids = group.ready()
-    cmdline = psutil.Process(pids[0]).cmdline()
-    assert cmdline[cmdline.index("--pipeline-parallel-size") + 1] == "2"
-    os.kill(pids[0], signal.SIGKILL)
-    again = group.ready(head_launches=2)
-    assert all(new != old for new, old in zip(again, pids, strict=True))
-    group.one_instance_per_node()
 
 
 def test_a_frozen_rank_is_found_and_the_group_restarts(make_group: Any) -> None:

@@ -24,7 +24,7 @@ def daemon(tmp_path: Path) -> Iterator[Sparkd]:
     d = Sparkd(tmp_path, base_config(tmp_path, free_port(),
                                      api={"port": free_port(), "token_file": str(token)}))
     yield d
-    d.stop()
+    d.end()
 
 
 def http(url: str, token: str | None = None) -> tuple[int, str]:
@@ -93,7 +93,7 @@ def test_tcp_control_api_is_closed_without_a_token_file(tmp_path: Path) -> None:
         code, body = http(f"http://127.0.0.1:{d.config['api']['port']}/v1/status", token="anything")
         assert code == 403 and "token_file" in body
     finally:
-        d.stop()
+        d.end()
 
 
 def test_socket_mode_and_sparkctl_commands(daemon: Sparkd) -> None:
@@ -105,11 +105,15 @@ def test_socket_mode_and_sparkctl_commands(daemon: Sparkd) -> None:
     assert status.returncode == 0
     assert {"state", "ready", "pid", "restarts", "last_failure"} <= data.keys()
     assert data["memory"]["available_bytes"] > 0
-    assert daemon.ctl("stop").returncode == 0
-    daemon.wait_state("stopped")
+    # --wait returns once the state is reached: the very next status shows it, with no polling in between
+    stopped = daemon.ctl("stop", "--wait")
+    assert stopped.returncode == 0 and "stopped after" in stopped.stdout, stopped.stdout + stopped.stderr
     assert daemon.ctl("status").returncode == 3
-    assert daemon.ctl("start").returncode == 0
-    daemon.wait_state("ready")
+    assert json.loads(daemon.ctl("--json", "status").stdout)["state"] == "stopped"
+    started = daemon.ctl("start", "--wait")
+    assert started.returncode == 0 and "ready after" in started.stdout, started.stdout + started.stderr
+    after = json.loads(daemon.ctl("--json", "status").stdout)
+    assert after["state"] == "ready" and after["pid"] != data["pid"]
     logs = daemon.ctl("logs", "-n", "500")
     assert "Application startup complete." in logs.stdout
     assert daemon.ctl("--json", "incidents").returncode == 0

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from systemd_infra import systemd_infra
 
 import sparkd
 
@@ -29,17 +30,7 @@ VENV_BIN = Path(sys.executable).parent
 PREFIX = "/opt/sparkd"
 
 
-def _load_infra() -> Any:
-    name = "sparkd_tests_infra_systemd_image"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "infra" / "systemd_image.py")
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-infra = _load_infra()
+infra = systemd_infra()
 
 
 @dataclass

@@ -53,7 +53,7 @@ class Pair:
             pid = daemon.status().get("pid")
             if pid:
                 self.seen.extend(tree(pid))
-            daemon.stop()
+            daemon.end()
         kill_tree(alive(self.seen))
         self.link.destroy()
 

@@ -56,7 +56,7 @@ def daemon(tmp_path: Path) -> Iterator[Sparkd]:
     d.start()
     d.wait_state("ready", timeout=90)
     yield d
-    d.stop()
+    d.end()
 
 
 @pytest.fixture
@@ -150,3 +150,32 @@ def test_rules_and_dashboard_name_only_exported_metrics(daemon: Sparkd, promethe
     assert not unknown, f"named by the rules or the dashboard, exported by no sparkd: {unknown}"
     landed = PENDING & exported
     assert not landed, f"{landed} are exported now: remove them from PENDING"
+
+
+AGGREGATION = re.compile(r"\b(sum|avg|min|max|count|stddev|stdvar|quantile|group)\s+by\s*\(([^)]*)\)")
+
+
+def test_alerts_and_dashboard_work_per_group() -> None:
+    """A rank of a group labels its metrics with ``group`` and ``rank``: no rule aggregates them away, and
+    SparkdDown (``up`` has no sparkd labels) takes them from the rank's last build info — promtool's cases in
+    sparkd-alerts.test.yml (test_observe) show each alert carrying them. The dashboard selects a group, its node
+    selector then lists that group's nodes, every panel follows the node selector, and one panel shows the ranks."""
+    rules = RULES.read_text()
+    clauses = AGGREGATION.findall(rules)
+    assert clauses, "the rules aggregate somewhere"
+    for op, labels in clauses:
+        kept = {label.strip() for label in labels.split(",")}
+        assert {"instance", "group", "rank"} <= kept, f"{op} by ({labels}) drops a group's labels"
+    assert "group_left(group, rank)" in rules.split("- alert: SparkdDown")[1].split("- alert:")[0]
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    group = variables["group"]
+    assert group["query"]["query"] == 'label_values(sparkd_build_info{job="sparkd"}, group)'
+    assert group["includeAll"] and group["allValue"] == ".*"  # All matches lone nodes too (no group label)
+    assert 'group=~"$group"' in variables["instance"]["query"]["query"]
+    names = list(variables)
+    assert names.index("group") < names.index("instance"), "the node selector depends on the group"
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert all('instance=~"$instance"' in e for e in exprs), [e for e in exprs if "$instance" not in e]
+    assert any('group=~"$group"' in e and "by (group, rank" in e for e in exprs), "a panel of the group's ranks"

@@ -1,6 +1,6 @@
 """The /dev/shm sweep against real segments in a /dev/shm of the test's own (a private mount namespace):
 other programs' live multiprocessing locks and SharedMemory are never touched (ecosystem.md §8), a segment held
-only by a mapping is kept (mutation.md M12), and what sparkd's own launch held is removed once it is dead.
+only by a mapping is kept (tests/MUTATION.md M12), and what sparkd's own launch held is removed once it is dead.
 """
 
 from __future__ import annotations

@@ -10,16 +10,15 @@ first brings the unit to "active, vLLM ready".
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from systemd_infra import systemd_infra
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "sparkd.service"
@@ -30,17 +29,7 @@ WATCHDOG_S = 8
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
 
-def _load_infra() -> Any:
-    name = "sparkd_tests_infra_systemd_image"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "infra" / "systemd_image.py")
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-infra = _load_infra()
+infra = systemd_infra()
 
 CONFIG = f"""\
 # A process-runtime node: the vLLM stand-in as sparkd's child, state and socket where the package puts them.

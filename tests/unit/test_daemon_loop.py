@@ -8,29 +8,23 @@ sends. The process-level tests (tests/integration) stay the end-to-end layer.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from loop_harness import Node, config, running
 
 from sparkd.commands import reset, restart, start, stop
-from sparkd.commands.act import Request
-from sparkd.config import Config, config_from_mapping
-from sparkd.daemon.app import Daemon
 from sparkd.daemon.guarding import NodeGuardHooks
 from sparkd.guard.policy import Action, Decision, Level
+from sparkd.runtime.base import LaunchError
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.testing import (
     FakeClock,
-    FakeNotifier,
-    FakeProbes,
     FakeRuntime,
     all_tasks_blocked,
     failing_check,
-    passing_check,
 )
 
 pytestmark = pytest.mark.anyio
@@ -39,61 +33,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def config(tmp: Path, **sections: dict[str, Any]) -> Config:
-    data: dict[str, Any] = {
-        "runtime": "process",
-        "node": {"name": "scripted", "role": "single"},
-        "launch": {"executable": "/usr/bin/true", "model": "/models/m", "port": 18999},
-        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
-        "api": {"socket_group": "", "port": 0},
-        "guard": {"enabled": False},
-        "restart": {"backoff_initial_s": 10, "backoff_max_s": 300, "jitter": 0.1, "budget_failures": 3,
-                    "budget_window_s": 1800, "consecutive_limit": 0},
-        "health": {"interval_s": 5, "canary": False},
-    }
-    for name, values in sections.items():
-        data[name] = {**data.get(name, {}), **values}
-    return config_from_mapping(data, source="test")
-
-
-class Node:
-    """One node's daemon under test: the real loop, fake parts, the same commands sparkctl sends."""
-
-    def __init__(self, cfg: Config, runtime: FakeRuntime, clock: FakeClock, *, rand: float = 0.5,
-                 checks: tuple[Any, ...] | None = None) -> None:
-        self.cfg, self.runtime, self.clock = cfg, runtime, clock
-        self.notifier = FakeNotifier()
-        self.daemon = Daemon(cfg, runtime, clock=clock, notifier=self.notifier,  # type: ignore[arg-type]
-                             probes=lambda: FakeProbes(runtime), rand=lambda: rand,
-                             checks=checks if checks is not None else (passing_check(),), sweep=())
-
-    @property
-    def state(self) -> str:
-        return self.daemon.sup.machine.state.value
-
-    def status(self) -> dict[str, Any]:
-        return self.daemon.view.status()
-
-    async def until(self, done: Callable[[], bool], limit_s: float = 3600) -> float:
-        return await self.clock.run_until(done, limit_s=limit_s)
-
-    async def until_state(self, state: str, limit_s: float = 3600) -> float:
-        return await self.until(lambda: self.state == state, limit_s)
-
-    async def command(self, module: Any) -> Any:
-        return await module.execute(self.daemon.control, Request())
-
-
-@asynccontextmanager
-async def running(cfg: Config, runtime: FakeRuntime, clock: FakeClock, **kw: Any) -> AsyncIterator[Node]:
-    node = Node(cfg, runtime, clock, **kw)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(node.daemon.run)
-        await node.until(lambda: node.daemon.sup.booted.is_set())
-        yield node
-        tg.cancel_scope.cancel()
 
 
 async def test_a_crash_backs_off_with_jitter_then_the_instance_is_ready_again(tmp_path: Path) -> None:
@@ -110,10 +49,10 @@ async def test_a_crash_backs_off_with_jitter_then_the_instance_is_ready_again(tm
         assert waited == pytest.approx(10.8, abs=0.5)
         assert len(runtime.launches) == 2 and status["launches"] == 1
         assert node.status()["restarts"] == 1
-        folder = tmp_path / "state" / "incidents"
-        await node.until(lambda: any(folder.glob("*/incident.json")))  # written in a worker thread
-        incidents = list(folder.iterdir())
+        await node.settled()  # the incident is written in a worker thread
+        incidents = list((tmp_path / "state" / "incidents").iterdir())
         assert len(incidents) == 1 and json.loads((incidents[0] / "incident.json").read_text())["class"] == "unknown"
+        assert node.daemon.node.evidence.counters.failures == {"unknown": 1}
 
 
 async def test_an_exit_0_is_a_failure_even_while_health_still_says_ok(tmp_path: Path) -> None:
@@ -186,20 +125,44 @@ async def test_a_failed_preflight_backs_off_with_the_same_jitter(tmp_path: Path)
         assert runtime.launches == []
 
 
-async def test_a_guard_stop_carries_its_grace_and_records_the_incident_once(tmp_path: Path) -> None:
+async def test_the_daemon_draws_a_fresh_jitter_for_every_backoff(tmp_path: Path) -> None:
+    """The daemon's own draws (nothing injected): were the draw a constant, every node would sit at the same point
+    of its jitter range and two nodes would retry in lockstep — the thing jitter exists to prevent."""
+    runtime, clock = FakeRuntime(), FakeClock()
+    checks = (failing_check("port 8000 held by pid 7", FailureClass.port_in_use),)
+    async with running(config(tmp_path, restart={"budget_failures": 99}), runtime, clock, rand=None,
+                       checks=checks) as node:
+        factors: list[float] = []  # each delay over its un-jittered base (10 s, doubling)
+
+        def note(before: Any, after: Any, obs: Any) -> None:
+            if after.state.value == "backoff":
+                attempt = after.restart_state.consecutive + after.restart_state.waits
+                factors.append((after.deadline - after.since) / (10.0 * 2 ** (attempt - 1)))
+
+        node.daemon.sup.listeners.append(note)
+        await node.until(lambda: len(factors) >= 4)
+        assert all(0.9 <= f <= 1.1 for f in factors), factors
+        assert len({round(f, 9) for f in factors}) == len(factors), f"one draw for every backoff: {factors}"
+
+
+@pytest.mark.parametrize(("action", "grace"), [("stop", 7.0), ("kill", 0.0)])
+async def test_a_guard_stop_or_kill_carries_its_grace_and_records_the_incident_once(tmp_path: Path, action: str,
+                                                                                    grace: float) -> None:
     runtime, clock = FakeRuntime(), FakeClock()
     async with running(config(tmp_path), runtime, clock) as node:
         await node.until_state("ready")
+        pid = runtime.current.instance.pid if runtime.current else 0
         daemon = node.daemon
         hooks = NodeGuardHooks(daemon.node, daemon.sup.post, lambda: daemon.sup.machine.state)
         failure = Failure.of(FailureClass.killed_by_guard, "memory ran low", evidence="MemAvailable 3 GiB")
         hooks.write_evidence(failure)  # the guard writes before it signals
-        await hooks.stop_vllm(failure, 7.0)
+        await (hooks.stop_vllm(failure, grace) if action == "stop" else hooks.kill_vllm(failure))
         await node.until_state("backoff")
-        assert runtime.stops == [(runtime.procs[min(runtime.procs)].instance.pid, 7.0)]
-        await all_tasks_blocked()
+        await node.settled()
+        assert runtime.stops == [(pid, grace)]
         incidents = list((tmp_path / "state" / "incidents").iterdir())
         assert len(incidents) == 1 and "killed_by_guard" in incidents[0].name
+        assert daemon.node.evidence.counters.failures == {"killed_by_guard": 1}  # counted once, too
         assert node.status()["last_failure"]["class"] == "killed_by_guard"
 
 
@@ -243,86 +206,6 @@ async def test_the_watchdog_is_petted_with_the_loops_last_progress_not_the_time(
 
 
 
-CONFIG_TOML = """
-runtime = "process"
-[node]
-name = "scripted"
-role = "single"
-[launch]
-executable = "/usr/bin/true"
-model = "/models/m"
-port = 18999
-max_model_len = {max_model_len}
-[paths]
-state_dir = "{tmp}/state"
-run_dir = "{tmp}/run"
-[api]
-socket_group = ""
-port = 0
-[guard]
-enabled = false
-[health]
-interval_s = {interval}
-canary = false
-"""
-
-
-def write_config(tmp: Path, *, max_model_len: int = 8192, interval: float = 5.0, extra: str = "") -> Path:
-    path = tmp / "sparkd.toml"
-    path.write_text(CONFIG_TOML.format(tmp=tmp, max_model_len=max_model_len, interval=interval) + extra)
-    return path
-
-
-async def test_reload_applies_daemon_settings_now_and_the_launch_at_the_next_start(tmp_path: Path) -> None:
-    from sparkd.commands import reload as reload_command
-    from sparkd.config import load_config
-
-    path = write_config(tmp_path)
-    runtime, clock = FakeRuntime(), FakeClock()
-    node = Node(load_config(path), runtime, clock)
-    node.daemon.reloader.path = path
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(node.daemon.run)
-        await node.until_state("ready")
-        write_config(tmp_path, max_model_len=16384, interval=2.0)
-        assert node.status()["config"]["reload_needed"] is True
-        reply = await reload_command.execute(node.daemon.control, reload_command.Request())
-        assert reply.ok, reply.error
-        assert any("--max-model-len" in line and "16384" in line for line in reply.result["launch"])
-        assert reply.result["settings"] == ["health.interval_s: 5.0 → 2.0"]
-        assert node.daemon.node.watch is not None and node.daemon.node.watch.cfg.interval_s == 2.0
-        assert node.status()["config"]["restart_needed"] is True  # running on the old launch until a restart
-        assert len(runtime.launches) == 1 and "16384" not in " ".join(runtime.launches[0].argv)
-        assert (await node.command(restart)).ok
-        await node.until(lambda: len(runtime.launches) == 2 and node.state == "ready")
-        assert "16384" in " ".join(runtime.launches[1].argv)
-        assert node.status()["config"]["restart_needed"] is False
-        tg.cancel_scope.cancel()
-
-
-async def test_an_invalid_config_on_disk_changes_nothing_and_refuses_a_restart(tmp_path: Path) -> None:
-    from sparkd.commands import reload as reload_command
-    from sparkd.config import load_config
-
-    path = write_config(tmp_path)
-    runtime, clock = FakeRuntime(), FakeClock()
-    node = Node(load_config(path), runtime, clock)
-    node.daemon.reloader.path = path
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(node.daemon.run)
-        await node.until_state("ready")
-        before = node.daemon.cfg
-        path.write_text(path.read_text().replace("max_model_len = 8192", "max_model_len = -3"))
-        reply = await reload_command.execute(node.daemon.control, reload_command.Request())
-        assert not reply.ok and "launch.max_model_len" in reply.error
-        assert node.daemon.cfg is before
-        assert node.status()["config"]["valid"] is False
-        refused = await node.command(restart)
-        assert not refused.ok and "launch.max_model_len" in refused.error
-        assert node.state == "ready" and len(runtime.launches) == 1
-        tg.cancel_scope.cancel()
-
-
 async def test_status_shows_where_a_start_went(tmp_path: Path) -> None:
     runtime, clock = FakeRuntime(auto_ready=False), FakeClock()
     async with running(config(tmp_path), runtime, clock) as node:
@@ -359,16 +242,6 @@ async def test_a_bad_instance_record_is_set_aside_and_never_crashes_the_daemon(t
     assert list(state.glob("instance.json.bad-*")), "set aside, not deleted"
 
 
-async def test_a_bad_lifecycle_file_is_a_fresh_start(tmp_path: Path) -> None:
-    runtime, clock = FakeRuntime(), FakeClock()
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / "lifecycle.json").write_text('{"version": 1, "intent": "stop", "strikes": [{"at": "x"}]}')
-    async with running(config(tmp_path), runtime, clock) as node:
-        await node.until_state("ready")
-    assert list(state.glob("lifecycle.json.bad-*"))
-
-
 async def test_secrets_never_reach_the_vllm_log_or_an_incident(tmp_path: Path) -> None:
     token = tmp_path / "peer.token"
     token.write_text("peer-token-secret-42\n")
@@ -386,6 +259,48 @@ async def test_secrets_never_reach_the_vllm_log_or_an_incident(tmp_path: Path) -
         if path.is_file():
             text = path.read_text(errors="replace")
             assert "sk-never-shown" not in text and "peer-token-secret-42" not in text, path
+
+
+class UnprovingRuntime(FakeRuntime):
+    """A runtime whose instances never carry this node's launch marker (a reused PID, a forged record)."""
+
+    def proven(self, record: dict[str, object], expected: object) -> bool:
+        return False
+
+
+async def test_a_record_the_runtime_cannot_prove_is_neither_adopted_nor_touched(tmp_path: Path) -> None:
+    runtime, clock = UnprovingRuntime(), FakeClock()
+    stranger = runtime.start(serving=True)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "instance.json").write_text(json.dumps(stranger.to_record()))
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until_state("ready")
+        assert len(runtime.launches) == 1 and node.status()["pid"] != stranger.pid
+        assert runtime.procs[stranger.pid].exit is None and runtime.stops == []
+
+
+async def test_an_engine_that_does_not_answer_is_waited_for_with_jitter_spending_no_budget(tmp_path: Path) -> None:
+    """host_unavailable: the waits back off (jittered), never open the breaker, and do not count toward the
+    consecutive limit: the first crash once the engine is back is the first in a row."""
+    cfg = config(tmp_path, restart={"budget_failures": 2, "consecutive_limit": 2})
+    runtime, clock = FakeRuntime(), FakeClock()
+    runtime.launch_error = LaunchError("Error while fetching server API version", unavailable=True)
+    async with running(cfg, runtime, clock, rand=0.0) as node:
+        states: list[str] = []
+        node.daemon.sup.listeners.append(lambda before, after, obs: states.append(after.state.value))
+        await node.until_state("backoff")
+        assert node.status()["backoff_until"] - clock.wall() == pytest.approx(9.0)  # 10 s × (1 − 0.1)
+        assert node.status()["last_failure"]["class"] == "host_unavailable"
+        await node.until(lambda: node.daemon.sup.machine.restart_state.waits == 5 and node.state == "backoff")
+        assert not node.status()["breaker"]["open"] and runtime.launches == []
+        runtime.launch_error = None  # the engine answers again
+        await node.until_state("ready")
+        runtime.crash()
+        await node.until(lambda: node.state in ("backoff", "failed"))
+        assert node.state == "backoff" and "failed" not in states and len(runtime.launches) == 1
+        assert node.daemon.sup.machine.restart_state.consecutive == 1  # the first failure in a row
+        # the run was not stable: the delay still grows from the waits before it (6th try: 300 s cap × 0.9)
+        assert node.status()["backoff_until"] - clock.wall() == pytest.approx(270.0)
 
 
 class GuardGate:

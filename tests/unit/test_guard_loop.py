@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import psutil
 import pytest
+from structlog.testing import capture_logs
 
 from sparkd.config import GuardConfig
 from sparkd.guard import Action, Decision, Guard, Level, Sampler, next_interval
@@ -159,6 +160,16 @@ def victim() -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
+@pytest.fixture
+def deaf_victim() -> Iterator[subprocess.Popen[bytes]]:
+    """The same, deaf to SIGTERM (vLLM stuck in C code while loading); ended by PID if the test did not."""
+    proc = subprocess.Popen(["sleep", "300"], preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
 def make_guard(node: Node, hooks: FakeHooks, clock: FakeClock, **overrides: Any) -> Guard:
     cfg = config(node, **overrides)
     return Guard(cfg, hooks, sampler=Sampler(cfg, clock=clock), clock=clock)
@@ -235,9 +246,10 @@ def test_sampler_without_optional_sources(node: Node, tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_stop_writes_evidence_first(node: Node) -> None:
-    """Falling through the stop floor: warn, then after the debounce evidence, then the stop with its grace."""
-    hooks, clock = FakeHooks({4242}), FakeClock()
+async def test_stop_writes_evidence_first(node: Node, victim: subprocess.Popen[bytes]) -> None:
+    """Falling through the stop floor: warn, then after the debounce evidence, the guard's own SIGTERM to the
+    tree's root (by pidfd), then the daemon's stop with its grace."""
+    hooks, clock = FakeHooks({victim.pid}), FakeClock()
     guard = make_guard(node, hooks, clock)
     decisions = await replay(guard, node, clock, [20, 7, 7, 7, 3.9, 3.9, 3.9, 3.9])
     assert [d.action for d in decisions] == [
@@ -251,6 +263,9 @@ async def test_stop_writes_evidence_first(node: Node) -> None:
         Action.cooldown,
     ]
     assert hooks.names() == ["evidence", "stop"]
+    assert hooks.alive_at_evidence == [True]
+    assert victim.wait(timeout=10) == -signal.SIGTERM
+    assert [(k.signal, k.pids) for k in guard.signals] == [(signal.SIGTERM, (victim.pid,))]
     evidence, stop = hooks.events
     assert stop[1] is evidence[1] and stop[2] == 30.0
     failure: Failure = stop[1]
@@ -284,14 +299,17 @@ async def test_kill_signals_the_tree_after_the_evidence(node: Node, victim: subp
 
 
 @pytest.mark.anyio
-async def test_kill_escalating_a_stop_writes_no_second_evidence(node: Node, victim: subprocess.Popen[bytes]) -> None:
-    """A stop, then memory keeps falling to the kill floor during the grace: one incident, then the kill."""
-    hooks, clock = FakeHooks({victim.pid}), FakeClock()
+async def test_kill_escalating_a_stop_writes_no_second_evidence(node: Node,
+                                                                deaf_victim: subprocess.Popen[bytes]) -> None:
+    """A stop that does not work, and memory keeps falling to the kill floor during the grace: one incident,
+    the guard's SIGTERM, then the kill."""
+    hooks, clock = FakeHooks({deaf_victim.pid}), FakeClock()
     guard = make_guard(node, hooks, clock, debounce_samples=1)
     decisions = await replay(guard, node, clock, [3.9, 3.0, 1.9])
     assert [d.action for d in decisions] == [Action.stop, Action.cooldown, Action.kill]
     assert hooks.names() == ["evidence", "stop", "kill"]
-    assert victim.wait(timeout=10) == -signal.SIGKILL
+    assert [k.signal for k in guard.signals] == [signal.SIGTERM, signal.SIGKILL]
+    assert deaf_victim.wait(timeout=10) == -signal.SIGKILL
 
 
 @pytest.mark.anyio
@@ -329,9 +347,9 @@ async def test_no_vllm_means_refuse_not_kill(node: Node) -> None:
 
 
 @pytest.mark.anyio
-async def test_nvrm_line_in_the_kernel_log_escalates(node: Node) -> None:
+async def test_nvrm_line_in_the_kernel_log_escalates(node: Node, victim: subprocess.Popen[bytes]) -> None:
     """A driver out-of-memory line while MemAvailable is under the warn floor stops vLLM."""
-    hooks, clock = FakeHooks({4242}), FakeClock()
+    hooks, clock = FakeHooks({victim.pid}), FakeClock()
     guard = make_guard(node, hooks, clock, debounce_samples=1)
     assert (await replay(guard, node, clock, [7.0]))[0].action is Action.warn
     node.kernel("NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051)")
@@ -380,9 +398,9 @@ async def test_snapshot_and_evidence_are_json(node: Node) -> None:
 
 
 @pytest.mark.anyio
-async def test_run_loop_samples_until_cancelled(node: Node) -> None:
+async def test_run_loop_samples_until_cancelled(node: Node, victim: subprocess.Popen[bytes]) -> None:
     """The real loop: starts, samples at the adaptive interval, acts, and stops when cancelled."""
-    hooks = FakeHooks({4242})
+    hooks = FakeHooks({victim.pid})
     cfg = config(node, max_interval_s=0.02, debounce_samples=2)
     guard = Guard(cfg, hooks)
     node.set(3.0)
@@ -396,9 +414,9 @@ async def test_run_loop_samples_until_cancelled(node: Node) -> None:
 
 
 @pytest.mark.anyio
-async def test_run_loop_survives_a_bad_sample(node: Node) -> None:
+async def test_run_loop_survives_a_bad_sample(node: Node, victim: subprocess.Popen[bytes]) -> None:
     """A source that stops making sense is logged and counted; the loop keeps guarding."""
-    hooks = FakeHooks({4242})
+    hooks = FakeHooks({victim.pid})
     guard = Guard(config(node, max_interval_s=0.01), hooks)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
@@ -412,3 +430,16 @@ async def test_run_loop_survives_a_bad_sample(node: Node) -> None:
             while "stop" not in hooks.names():
                 await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_each_decision_is_logged_once_however_many_samples_repeat_it(node: Node) -> None:
+    """The guard samples up to 200 times a second: only a change of decision reaches the log (and the daemon)."""
+    hooks, clock = FakeHooks(set()), FakeClock()
+    guard = make_guard(node, hooks, clock, debounce_samples=1)
+    with capture_logs() as logs:
+        decisions = await replay(guard, node, clock, [1.0, 1.0, 1.0, 40.0, 40.0, 40.0])
+    assert [d.action for d in decisions] == [Action.refuse_start] * 3 + [Action.ok] * 3
+    said = [(e["action"], e["start_allowed"], e["log_level"]) for e in logs if e["event"] == "guard_decision"]
+    assert said == [("refuse_start", False, "warning"), ("ok", True, "info")]
+    assert [d.action for d in hooks.decisions] == [Action.refuse_start, Action.ok]

@@ -211,11 +211,29 @@ def test_operator_restart_closes_the_breaker_and_forgets_the_budget() -> None:
     assert not m.breaker_open and m.restart_state.consecutive == 0 and m.restart_reason == "operator"
 
 
-def test_preflight_failure_backoff_is_jittered_by_the_observation() -> None:
-    jittery = replace(LIMITS, restart=replace(LIMITS.restart, jitter=0.5))
-    low = step(at(State.preflight), v.PreflightDone(CRASH, rand=0.0), 0, jittery)
-    high = step(at(State.preflight), v.PreflightDone(CRASH, rand=0.99), 0, jittery)
+JITTERY = replace(LIMITS, restart=replace(LIMITS.restart, jitter=0.5))
+HOST = failure(FailureClass.host_unavailable)
+PEER = failure(FailureClass.peer_lost)
+
+
+@pytest.mark.parametrize(("m", "obs"), [
+    (at(State.preflight), lambda rand: v.PreflightDone(CRASH, rand=rand)),
+    (at(State.preflight), lambda rand: v.PreflightDone(HOST, rand=rand)),  # a wait: the engine does not answer
+    (at(State.stopping, answering=CRASH, after=After.recover), lambda rand: v.StopDone(rand=rand)),
+    (at(State.stopping, answering=PEER, after=After.recover), lambda rand: v.StopDone(rand=rand)),  # a wait
+], ids=["preflight failed", "preflight waits", "stop after a failure", "stop then wait for the peer"])
+def test_every_backoff_is_jittered_by_the_observations_draw(m: Machine, obs) -> None:
+    low, high = step(m, obs(0.0), 0, JITTERY), step(m, obs(0.99), 0, JITTERY)
+    assert low.state is high.state is State.backoff
     assert low.deadline == pytest.approx(5.0) and high.deadline == pytest.approx(14.9)
+
+
+@pytest.mark.parametrize("intent", list(Intent))
+@pytest.mark.parametrize("state", [State.starting, State.ready, State.degraded, State.preflight])
+def test_a_shutdown_stops_vllm_and_leaves_the_operators_intent_as_it_was(state: State, intent: Intent) -> None:
+    m = run(at(state, intent=intent, started_at=0), (v.ShutdownRequested(), 1), (v.StopDone(), 2))
+    assert m.state is State.stopped and m.intent is intent
+    assert remembered(m).intent is intent
 
 
 def test_last_failure_is_kept_for_status() -> None:

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from sparkd.cluster.shared import differences, image_difference, shared_env, shared_settings
+from sparkd.cluster.shared import (
+    differences,
+    image_difference,
+    rank_gone,
+    rank_waiting_or_later,
+    shared_env,
+    shared_settings,
+)
 from sparkd.config import config_from_mapping
 from sparkd.runtime.base import ImageIdentity
 
@@ -81,3 +88,21 @@ LOADED = ImageIdentity("sha256:bbb", (), {"org.opencontainers.image.revision": "
 def test_image_match_modes(mode: str, local: Any, remote: Any, words: str | None) -> None:
     got = image_difference(local, remote, peer="spark2", mode=mode)
     assert got == words if words is None else (got or "").startswith(words), got
+
+
+@pytest.mark.parametrize(("status", "gone", "waiting"), [
+    ({"state": "ready", "pid": 7, "phase": "ready"}, False, True),
+    ({"state": "starting", "pid": 7, "phase": "waiting_for_peer"}, False, True),
+    ({"state": "starting", "pid": 7, "phase": "launching"}, False, False),  # not at the rendezvous yet
+    ({"state": "starting", "pid": None, "phase": None}, False, False),
+    ({"state": "preflight", "pid": None}, False, False),  # the head is preparing it: not a failed rank
+    ({"state": "adopting", "pid": 7}, False, False),  # its sparkd restarted and is finding the rank
+    ({"state": "stopping", "pid": 7}, True, False),
+    ({"state": "backoff"}, True, False),
+    ({"state": "failed"}, True, False),
+    ({"state": "stopped"}, True, False),
+    ({}, True, False),
+], ids=lambda x: str(x) if not isinstance(x, dict) else x.get("state", "empty") + "-" + str(x.get("phase")))
+def test_what_a_workers_status_says_about_its_rank(status: dict[str, Any], gone: bool, waiting: bool) -> None:
+    assert rank_gone(status) is gone
+    assert rank_waiting_or_later(status) is waiting

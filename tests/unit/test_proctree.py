@@ -60,7 +60,7 @@ def terminate(pid: int, grace_s: float, **kw: object) -> list[int]:
 
 
 def test_terminate_tree_sigkills_a_child_that_ignores_sigterm(started: Started) -> None:
-    """mutation.md M32: without the SIGKILL after the grace, a stop would wait forever."""
+    """tests/MUTATION.md M32: without the SIGKILL after the grace, a stop would wait forever."""
     child = started(python("signal.signal(signal.SIGTERM, signal.SIG_IGN)"))
     begun = time.monotonic()
     assert terminate(child.pid, 0.5) == [child.pid]
@@ -74,8 +74,25 @@ def test_terminate_tree_ends_a_tree_that_honours_sigterm_without_sigkill(started
     assert child.wait(10) == -signal.SIGTERM
 
 
+def test_tree_lists_the_root_first_and_roots_finds_it(started: Started) -> None:
+    """A stop lists the tree (the kernel's children lists) right before its SIGTERM to the first member; the
+    guard SIGTERMs the root it finds among the tree's PIDs."""
+    parent = started(python("import subprocess; kid = subprocess.Popen(['sleep', '600'])"))
+    members = proctree.tree(parent.pid)
+    try:
+        assert [p.pid for p in members[:1]] == [parent.pid] and len(members) == 2
+        assert members[1].ppid() == parent.pid
+        pids = {p.pid for p in members}
+        assert proctree.roots(pids) == {parent.pid}
+        assert proctree.roots(pids - {parent.pid}) == {members[1].pid}  # a part cut off is its own root
+        assert proctree.tree_pids(parent.pid) == pids
+    finally:
+        for member in reversed(members):
+            member.kill()
+
+
 def test_create_time_is_part_of_the_identity(started: Started) -> None:
-    """mutation.md M11, as a unit test: a reused PID (same PID, another create time) is not the process."""
+    """tests/MUTATION.md M11, as a unit test: a reused PID (same PID, another create time) is not the process."""
     child = started(python("pass"))
     created = psutil.Process(child.pid).create_time()
     assert same_process(child.pid, created) is not None

@@ -1,0 +1,69 @@
+"""The group bench interrupted as an operator's Ctrl-C interrupts it (SIGINT to its process group) while its
+hand-started ranks load: nothing it started is left running, its namespaces are gone, and it wrote no JSON into
+the directory it ran from (its default goes to the temporary directory)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from daemon_harness import alive, kill_tree
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "tests" / "bench" / "bench_group.py"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+
+def wait_until(done: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"not {what} after {timeout:.0f} s"
+        time.sleep(0.1)
+
+
+def ranks_of(bench: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [p for p in bench.children(recursive=True) if "sparkd-standin" in " ".join(p.cmdline())]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_an_interrupted_group_bench_leaves_nothing_running(tmp_path: Path) -> None:
+    bench = subprocess.Popen([sys.executable, str(BENCH), "--sizes", "2", "--restarts", "0", "--bare", "1"],
+                             cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    seen: list[psutil.Process] = []
+    try:
+        root = psutil.Process(bench.pid)
+        wait_until(lambda: len(ranks_of(root)) == 2, 60, "both ranks started by hand")
+        seen = [q for p in ranks_of(root) for q in (p, *p.children(recursive=True))]
+        os.killpg(bench.pid, signal.SIGINT)  # Ctrl-C: the bench and its poller; the ranks run in their own sessions
+        _, err = bench.communicate(timeout=120)
+        left = alive(seen)
+        assert left == [], f"left running: {[p.pid for p in left]}\n{err}"
+        assert "Traceback" not in err and bench.returncode == 130, err
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert f"{bench.pid % 10000}g" not in namespaces, namespaces
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.communicate()
+        kill_tree(alive(seen))
+
+
+def test_the_group_bench_writes_its_json_to_the_temporary_directory() -> None:
+    sys.path.insert(0, str(REPO / "tests" / "bench"))
+    from benchkit import bench_parser
+
+    path = Path(bench_parser(None, "bench-group.json").parse_args([]).json)
+    assert path == Path(tempfile.gettempdir()) / "sparkd-bench-group.json"

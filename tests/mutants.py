@@ -1,0 +1,237 @@
+"""Hand-made mutants of the daemon shell and the tests that must kill them (tests/MUTATION.md has the results).
+
+Usage: ``.venv/bin/python tests/mutants.py [--list] [ID ...]`` (no ID: every mutant, which takes a while).
+
+Each mutant replaces one exact text in one file (it must occur exactly once), runs its tests with ``pytest -q -x``,
+and writes the file back byte for byte, also when interrupted (SIGINT, SIGTERM). A mutant is killed when pytest
+fails; "no tests ran" is an error, never a kill. Run it on a clean tree (``git diff --quiet sparkd/``): it refuses
+to mutate a file with changes of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTEST = [str(ROOT / ".venv" / "bin" / "pytest"), "-q", "-x", "-p", "no:cacheprovider"]
+TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest arguments: files, ``file::test`` or ``-k`` expressions
+    what: str
+
+
+def m(id: str, path: str, old: str, new: str, what: str, *tests: str) -> Mutant:
+    return Mutant(id, path, old, new, tests, what)
+
+
+LOOP = "tests/unit/test_daemon_loop.py"
+LIFECYCLE = "tests/unit/test_lifecycle.py"
+PROCESS = "tests/integration/test_daemon_process.py"
+MEMORY = "tests/unit/test_daemon_memory.py"
+EFFECTS = "tests/unit/test_daemon_effects.py"
+COORDINATOR = "tests/unit/test_coordinator.py"
+SHM_KILLED = PROCESS + "::test_a_launch_killed_while_loading_leaves_no_segment_behind"
+D = "sparkd/daemon/"
+
+MUTANTS = [
+    # ---- the survivors of ../shared/reviews/mutation.md, in today's code --------------------------------------
+    m("M06a", D + "node.py", "self.post(v.StopDone(rand=self.rand()))", "self.post(v.StopDone())",
+      "the stop's backoff gets no draw", LOOP),
+    m("M06b", D + "node.py", "v.PreflightDone(failure, rand=self.rand())", "v.PreflightDone(failure)",
+      "a failed preflight's backoff gets no draw", LOOP),
+    m("M06c", D + "app.py", "rand: Callable[[], float] = random.random,", "rand: Callable[[], float] = lambda: 0.5,",
+      "the daemon's draw is a constant", LOOP),
+    m("M08", D + "watch.py", "if self.state() is State.stopping:",
+      "if self.state() is State.stopping or info.exit_code == 0:", "an exit 0 is taken for a requested end",
+      LOOP),
+    m("M08i", D + "watch.py", "if self.state() is State.stopping:",
+      "if self.state() is State.stopping or info.exit_code == 0:", "the same, against the process-level test",
+      "tests/integration/test_daemon_process.py::test_an_exit_0_is_a_failure_seen_by_the_exit_not_the_health_probe"),
+    m("M11", "sparkd/runtime/proctree.py", "if abs(proc.create_time() - create_time) > CREATE_TIME_SLACK_S or",
+      "if", "a reused PID (another create time) is taken for the process", "tests/unit/test_proctree.py"),
+    m("M12", "sparkd/preflight/shmholders.py",
+      '_fd_inodes(proc / name / "fd", dev) | _mapped_inodes(proc / name / "maps", device)',
+      '_fd_inodes(proc / name / "fd", dev)', "a segment held only by a mapping counts as unheld",
+      "tests/integration/test_shm_sweep.py"),
+    m("M12p", "sparkd/preflight/shmholders.py",
+      '_fd_inodes(proc / name / "fd", dev) | _mapped_inodes(proc / name / "maps", device)',
+      '_fd_inodes(proc / name / "fd", dev)', "the same, against the preflight check's test",
+      "tests/integration/test_preflight_node.py::test_shm_leaks_removed_live_owners_and_decoys_kept"),
+    m("M26", D + "app.py", "self.notifier.pet(self.sup.alive_at, self.clock.now())",
+      "self.notifier.pet(self.clock.now(), self.clock.now())", "the watchdog is petted with the time, not progress",
+      LOOP),
+    m("M30a", "sparkd/supervisor/lifecycle.py",
+      'm = replace(m, intent=Intent.run, restart_state=policy.reset(m.restart_state), restart_reason="operator")',
+      'm = replace(m, intent=Intent.run, restart_reason="operator")', "an operator restart keeps the spent budget",
+      LIFECYCLE, LOOP),
+    m("M30b", "sparkd/supervisor/lifecycle.py", 'changes.setdefault("breaker_reason", None)', "pass",
+      "leaving failed keeps the breaker's reason", LIFECYCLE, LOOP),
+    m("M30c", "sparkd/supervisor/lifecycle.py",
+      "if isinstance(obs, v.ResetRequested) else _restart(m, obs, now, limits)",
+      "if isinstance(obs, v.ResetRequested) else (m, [])", "restart from failed leaves the breaker open",
+      LIFECYCLE, LOOP),
+    m("M28u", "sparkd/api/server.py", 'elif not hmac.compare_digest(given, f"Bearer {self.token}".encode()):',
+      'elif not given.startswith(b"Bearer "):', "the TCP API takes any bearer token",
+      "tests/unit/test_control_api.py"),
+    m("M32", "sparkd/runtime/proctree.py", "    signal_all(leftover, signal.SIGKILL)\n", "",
+      "no SIGKILL after the stop's grace", "tests/unit/test_proctree.py"),
+    # ---- the tests mutation.md found unable to fail, each against a mutant it must now kill ------------------
+    m("W1", "sparkd/supervisor/policy.py", "delay *= policy.backoff_factor", "delay *= 1.0",
+      "the backoff never grows", PROCESS + "::test_repeated_crashes_back_off_open_the_breaker_and_reset_closes_it"),
+    m("W3", "sparkd/supervisor/lifecycle.py", "    return replace(m, intent=Intent.stop), []\n",
+      "    return _to(m, State.stopped, now, intent=Intent.stop), []\n", "stop closes the breaker",
+      LIFECYCLE + "::test_every_edge_leads_where_the_table_says_and_keeps_the_invariants"),
+    m("W7", "sparkd/nodelock.py", "fcntl.LOCK_EX | fcntl.LOCK_NB", "fcntl.LOCK_SH | fcntl.LOCK_NB",
+      "a second daemon shares the node lock (its teardown must still end what it started)",
+      PROCESS + "::test_second_daemon_on_the_node_is_refused"),
+    m("W8", "sparkd/supervisor/policy.py", "if not 0.0 <= rand < 1.0:", "if not 0.0 <= rand <= 1.0:",
+      "a draw of 1.0 is accepted", "tests/unit/test_policy.py"),
+    # ---- fresh mutants of the shell: daemon/, commands/, api/, cluster/ ----------------------------------------
+    m("F01", D + "supervisor.py", "            self.remember(memory)\n", "",
+      "what the lifecycle must remember is never written", MEMORY),
+    m("F02", D + "supervisor.py", "        return v.StopDone()\n    return None",
+      "        return None\n    return None",
+      "a stop that raised leaves the lifecycle in stopping", LOOP, MEMORY, EFFECTS),
+    m("F03", D + "supervisor.py", "self._tick_sleep.cancel()  # the ticker", "pass  # the ticker",
+      "a new deadline does not re-arm the ticker's sleep", LOOP, EFFECTS),
+    m("F04", D + "supervisor.py", "            self._preflight.cancel()\n", "            pass\n",
+      "leaving preflight does not cancel the running preflight", LOOP, MEMORY, EFFECTS),
+    m("F05", D + "supervisor.py", "if self.shutting_down and self.idle():", "if self.shutting_down:",
+      "a shutdown exits without waiting for vLLM's stop", MEMORY, LOOP),
+    m("F06", D + "node.py", "grace = self.cfg.supervisor.stop_grace_s if grace_s is None else grace_s",
+      "grace = self.cfg.supervisor.stop_grace_s", "the guard's stop grace is ignored", LOOP),
+    m("F07", D + "node.py", "                self.files.remove(self.record_path)\n            ctx = self._context()",
+      "            ctx = self._context()", "the instance record outlives the stop", LOOP, MEMORY, EFFECTS),
+    m("F08", D + "node.py", "await self.note_shm()  # what it holds now is provably ours once it is gone",
+      "pass", "what vLLM holds in /dev/shm is not noted before the stop",
+      PROCESS + "::test_starts_serves_and_stops_clean", SHM_KILLED),
+    m("F09", D + "node.py", "exc.exit_code in (126, 127)", "exc.exit_code in (126,)",
+      "a launch that exits 127 (not found) is not a config error", LOOP, EFFECTS),
+    m("F10", D + "node.py", "failure = self.start_gate() or failures[0] or failures[1]",
+      "failure = failures[0] or failures[1]", "the guard's start gate is ignored", LOOP),
+    m("F11", D + "node.py", "if isinstance(obs, v.HealthFailed) and lost and", "if False and lost and",
+      "a wedge while the peer is unreachable is blamed on vLLM, not the peer",
+      "tests/integration/test_pair.py::test_cutting_the_link_stops_both_ranks_and_the_pair_recovers_when_it_returns",
+      EFFECTS),
+    m("F12", D + "node.py", "        line = self.redact(line)\n", "",
+      "vLLM's lines reach the log unredacted", LOOP),
+    m("F13", D + "watch.py", "            await self.logs_drained.wait()\n", "            pass\n",
+      "the exit is classified before vLLM's last lines arrive", LOOP,
+      PROCESS + "::test_fault_is_detected_classified_and_recovered", EFFECTS),
+    m("F14", "sparkd/commands/act.py", "    if why:\n", "    if False:\n",
+      "a command the lifecycle refuses is accepted", LOOP),
+    m("F15", "sparkd/commands/restart.py", "        if problems:\n", "        if False:\n",
+      "restart launches an invalid config on disk", "tests/unit/test_daemon_reload.py"),
+    m("F16", "sparkd/commands/base.py", 'return value in ("1", "true", "yes")', 'return value in ("1",)',
+      "a flag given as true/yes reads as false", "tests/unit/test_control_api.py"),
+    m("F17", "sparkd/api/server.py", "        if self.token is None:\n", "        if False:\n",
+      "no token_file: the TCP API opens to 'Bearer None'", "tests/unit/test_control_api.py"),
+    m("F18", "sparkd/api/bounded.py", "if len(self.connections) > MAX_CONNECTIONS:", "if False:",
+      "no connection cap", "tests/unit/test_bounded_listener.py"),
+    m("F19", "sparkd/api/server.py", "            if not isinstance(body, dict):\n", "            if False:\n",
+      "a JSON body that is not an object reaches the command", "tests/unit/test_control_api.py"),
+    m("F20", "sparkd/cluster/coordinator.py", "lost = not view.reachable and lost_for >= grace",
+      "lost = not view.reachable", "one missed peer poll is a lost peer (no grace)",
+      "tests/integration/test_pair.py::test_killing_the_worker_rank_restarts_the_pair", COORDINATOR),
+    m("F21", "sparkd/cluster/shared.py", '(*RUNNING_STATES, "preflight", "adopting")', "RUNNING_STATES",
+      "a worker in preflight counts as a gone rank", "tests/unit/test_pair_shared.py",
+      "tests/integration/test_pair.py::test_cold_start_starts_the_worker_before_the_head"),
+    m("F22", "sparkd/cluster/coordinator.py", 'if peer == host or peer.startswith(f"{host}:") or', "if peer == host or",
+      "a worker's report is not matched to its host:port peer",
+      "tests/integration/test_pair.py::test_killing_the_worker_rank_restarts_the_pair", COORDINATOR),
+    m("F23", D + "evidence.py", "self.kernel_mark = kernel.kept if kernel is not None else 0", "self.kernel_mark = 0",
+      "kernel lines from earlier launches are blamed on this one", LOOP, "tests/unit/test_classify_this_launch.py",
+      "tests/unit/test_guard_loop.py", EFFECTS),
+    m("F24", D + "watch.py", "        if self.state() not in SERVING:\n            return False\n", "",
+      "a peer-lost line while starting is taken for a lost peer", LOOP),
+    m("F25", D + "app.py", "                    await self.node.hurry()\n", "                    pass\n",
+      "a second SIGTERM does not force the stop",
+      "tests/integration/test_daemon_operator.py::test_a_second_sigterm_ends_vllm_without_waiting_out_the_grace"),
+    m("F26", D + "node.py", "for check in self.sweep:", "for check in ():",
+      "no sweep after a stop", SHM_KILLED),
+    m("F27", D + "memory.py", "backoff_until=None if backoff is None else float(backoff) - offset,",
+      "backoff_until=None,", "the remaining backoff is forgotten by a daemon restart", MEMORY),
+    m("F28", D + "memory.py", "except (ValueError, RecursionError) as exc:", "except RecursionError as exc:",
+      "a lifecycle file with a bad value crashes the boot", "tests/unit/test_daemon_loop_gaps.py"),
+    m("F29", D + "reload.py", '        "runtime": old.runtime, "paths": old.paths,\n', '        "paths": old.paths,\n',
+      "a reload switches the runtime under a running instance", "tests/unit/test_daemon_reload.py"),
+    m("F30", D + "view.py", '"breaker": {"open": m.breaker_open,', '"breaker": {"open": False,',
+      "status never shows the breaker open", LOOP),
+]
+
+
+def apply(mutant: Mutant) -> bytes:
+    path = ROOT / mutant.path
+    if subprocess.run(["git", "diff", "--quiet", "--", mutant.path], cwd=ROOT).returncode != 0:
+        raise SystemExit(f"{mutant.path} has uncommitted changes: commit or stash them before mutating it")
+    original = path.read_bytes()
+    text = original.decode()
+    count = text.count(mutant.old)
+    if count != 1:
+        raise SystemExit(f"{mutant.id}: the text to replace occurs {count} times in {mutant.path}, not once")
+    path.write_text(text.replace(mutant.old, mutant.new))
+    return original
+
+
+def run(mutant: Mutant) -> dict[str, Any]:
+    original = apply(mutant)
+    begun = time.monotonic()
+    try:
+        env = {**os.environ, "SPARKD_TESTS_NO_DOCKER": os.environ.get("SPARKD_TESTS_NO_DOCKER", "1")}
+        done = subprocess.run([*PYTEST, *mutant.tests], cwd=ROOT, capture_output=True, text=True, env=env,
+                              timeout=TIMEOUT_S)
+        rc, out = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired:
+        rc, out = -1, f"timed out after {TIMEOUT_S} s"
+    finally:
+        (ROOT / mutant.path).write_bytes(original)
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", out, re.M)
+    verdict = {0: "survived", 5: "error: no tests ran"}.get(rc, "killed" if failed or rc == -1 else f"error rc={rc}")
+    return {"id": mutant.id, "verdict": verdict, "by": failed[:1], "s": round(time.monotonic() - begun),
+            "tail": out[-1500:]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ids", nargs="*")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print pytest's last lines for each mutant")
+    args = parser.parse_args()
+    known = {mu.id: mu for mu in MUTANTS}
+    unknown = [i for i in args.ids if i not in known]
+    if unknown:
+        parser.error(f"unknown mutant(s): {', '.join(unknown)}; --list shows them")
+    chosen = [known[i] for i in args.ids] or MUTANTS
+    if args.list:
+        for mu in chosen:
+            print(f"{mu.id:6} {mu.path}: {mu.what}  [{' '.join(mu.tests)}]")
+        return 0
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # restore the file on SIGTERM too
+    survived = 0
+    for mu in chosen:
+        result = run(mu)
+        survived += result["verdict"] != "killed"
+        print(f"{mu.id:6} {result['verdict']:9} {result['s']:4} s  {' '.join(result['by'])}", flush=True)
+        if args.verbose or result["verdict"] != "killed":
+            print(result["tail"], flush=True)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

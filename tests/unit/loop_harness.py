@@ -1,0 +1,90 @@
+"""The real daemon loop in-process over sparkd.testing's fakes, shared by the scripted tests (no tests here).
+
+:func:`running` builds the real :class:`~sparkd.daemon.app.Daemon` over a FakeRuntime and a FakeClock, runs it in
+a task group until its boot is done, and yields a :class:`Node` to drive it through the same control commands
+sparkctl sends. Leaving the block cancels the daemon as a kill would (its state files are flushed, as a
+watchdog kill leaves what was written); running it again over the same state directory is a daemon restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from sparkd.commands.act import Request
+from sparkd.config import Config, config_from_mapping
+from sparkd.daemon.app import Daemon
+from sparkd.testing import FakeClock, FakeNotifier, FakeProbes, FakeRuntime, all_tasks_blocked, passing_check
+
+SETTLE_TIMEOUT_S = 30.0  # real seconds an effect may take in a worker thread (an incident write: milliseconds)
+
+
+def config(tmp: Path, **sections: dict[str, Any]) -> Config:
+    data: dict[str, Any] = {
+        "runtime": "process",
+        "node": {"name": "scripted", "role": "single"},
+        "launch": {"executable": "/usr/bin/true", "model": "/models/m", "port": 18999},
+        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
+        "api": {"socket_group": "", "port": 0},
+        "guard": {"enabled": False},
+        "restart": {"backoff_initial_s": 10, "backoff_max_s": 300, "jitter": 0.1, "budget_failures": 3,
+                    "budget_window_s": 1800, "consecutive_limit": 0},
+        "health": {"interval_s": 5, "canary": False},
+    }
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values}
+    return config_from_mapping(data, source="test")
+
+
+class Node:
+    """One node's daemon under test: the real loop, fake parts, the same commands sparkctl sends."""
+
+    def __init__(self, cfg: Config, runtime: FakeRuntime, clock: FakeClock, *, rand: float | None = 0.5,
+                 checks: tuple[Any, ...] | None = None) -> None:
+        """``rand``: every jitter draw; None leaves the daemon its own random draws."""
+        self.cfg, self.runtime, self.clock = cfg, runtime, clock
+        self.notifier = FakeNotifier()
+        draw: dict[str, Any] = {} if rand is None else {"rand": lambda: rand}
+        self.daemon = Daemon(cfg, runtime, clock=clock, notifier=self.notifier,  # type: ignore[arg-type]
+                             probes=lambda: FakeProbes(runtime), checks=checks if checks is not None
+                             else (passing_check(),), sweep=(), **draw)
+
+    @property
+    def state(self) -> str:
+        return self.daemon.sup.machine.state.value
+
+    def status(self) -> dict[str, Any]:
+        return self.daemon.view.status()
+
+    async def until(self, done: Callable[[], bool], limit_s: float = 3600) -> float:
+        return await self.clock.run_until(done, limit_s=limit_s)
+
+    async def until_state(self, state: str, limit_s: float = 3600) -> float:
+        return await self.until(lambda: self.state == state, limit_s)
+
+    async def settled(self) -> None:
+        """Every effect the loop started has finished: an incident is written in a worker thread, which
+        ``all_tasks_blocked`` alone takes for a blocked task."""
+        with anyio.fail_after(SETTLE_TIMEOUT_S):
+            while True:
+                await all_tasks_blocked()
+                if self.daemon.sup._effects_running == 0:  # none of preflight, launch, stop, record runs
+                    return
+                await anyio.sleep(0.001)
+
+    async def command(self, module: Any) -> Any:
+        return await module.execute(self.daemon.control, Request())
+
+
+@asynccontextmanager
+async def running(cfg: Config, runtime: FakeRuntime, clock: FakeClock, **kw: Any) -> AsyncIterator[Node]:
+    node = Node(cfg, runtime, clock, **kw)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(node.daemon.run)
+        await node.until(lambda: node.daemon.sup.booted.is_set())
+        yield node
+        tg.cancel_scope.cancel()

@@ -1,0 +1,93 @@
+"""The head's judgement of its workers (sparkd/cluster/coordinator.py) over a scripted peer link and a fake clock:
+a worker's sparkd unreachable is lost only after ``peer_grace_s``, and a worker's own report names the configured
+peer it came from. tests/integration/test_pair.py and test_group.py run the same over real network namespaces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sparkd.cluster.coordinator import Coordinator
+from sparkd.cluster.peers import PeerUnreachable
+from sparkd.config import config_from_mapping
+from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.states import State
+from sparkd.testing import FakeClock
+
+pytestmark = pytest.mark.anyio
+WORKER = "10.0.0.2:8470"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Quiet:
+    def __getattr__(self, level: str) -> object:
+        return lambda *a, **kw: None
+
+
+class Link:
+    """The peer link: each peer's sparkd answers its status, or (None) does not answer."""
+
+    def __init__(self, answers: dict[str, dict[str, Any] | None]) -> None:
+        self.answers = answers
+
+    @property
+    def peers(self) -> list[str]:
+        return list(self.answers)
+
+    async def request(self, peer: str, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        status = self.answers[peer]
+        if status is None:
+            raise PeerUnreachable(f"{peer}: connection refused")
+        return status
+
+
+def head(link: Link, clock: FakeClock, posted: list[v.Observation]) -> Coordinator:
+    cfg = config_from_mapping({
+        "runtime": "process", "node": {"name": "head", "role": "head"},
+        "launch": {"executable": "/usr/bin/true", "model": "/models/m"},
+        "cluster": {"master_addr": "10.0.0.1", "nnodes": 2, "peers": [WORKER], "peer_grace_s": 10,
+                    "peer_poll_s": 1}}, source="test")
+    return Coordinator(cfg, link, post=posted.append, state=lambda: State.ready,  # type: ignore[arg-type]
+                       image=lambda: None, clock=clock, log=Quiet())
+
+
+async def poll_and_judge(group: Coordinator, clock: FakeClock) -> None:
+    await group._poll(WORKER)
+    group._judge(clock.now())
+
+
+async def test_a_worker_unreachable_for_less_than_the_grace_is_not_lost() -> None:
+    """A worker's sparkd restarting (or one dropped poll) must not restart the whole group."""
+    clock, posted = FakeClock(), []
+    link = Link({WORKER: {"state": "ready", "pid": 7, "phase": "ready"}})
+    group = head(link, clock, posted)
+    await poll_and_judge(group, clock)
+    link.answers[WORKER] = None
+    for _ in range(9):  # 0 … 8 s unreachable
+        await poll_and_judge(group, clock)
+        clock.advance(1)
+    assert posted == [] and group.unreachable() == [WORKER]
+    link.answers[WORKER] = {"state": "ready", "pid": 7, "phase": "ready"}
+    await poll_and_judge(group, clock)
+    assert posted == [] and group.unreachable() == []
+    link.answers[WORKER] = None
+    for _ in range(12):
+        await poll_and_judge(group, clock)
+        clock.advance(1)
+    assert posted and all(isinstance(o, v.HealthFailed) for o in posted)
+    assert posted[0].failure.cls.value == "peer_lost" and WORKER in posted[0].failure.sentence
+
+
+@pytest.mark.parametrize("host", ["10.0.0.2", WORKER])
+async def test_a_workers_report_names_the_configured_peer_it_came_from(host: str) -> None:
+    clock, posted = FakeClock(), []
+    group = head(Link({WORKER: {"state": "ready"}}), clock, posted)
+    group.on_report(host, {"class": "oom", "message": "CUDA out of memory"})
+    assert len(posted) == 1 and isinstance(posted[0], v.HealthFailed)
+    assert posted[0].failure.cls.value == "oom"
+    assert posted[0].failure.sentence.startswith(f"The worker on {WORKER}: its rank is gone: CUDA out of memory")
