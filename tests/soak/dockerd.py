@@ -95,6 +95,9 @@ class PrivateEngine:
     def close(self, label: str) -> None:
         self.remove_containers(label)
         self.stop()
+        netns = self.run / "netns" / "default"  # dockerd bind-mounts its network namespace here, and leaves it
+        if os.path.ismount(netns):
+            subprocess.run(["umount", "-l", str(netns)], capture_output=True, timeout=30)
         shutil.rmtree(self.run, ignore_errors=True)
 
 

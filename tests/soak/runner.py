@@ -32,9 +32,10 @@ def footprint_lines(report: dict[str, Any]) -> list[str]:
     out = []
     for name, f in report.get("footprint", {}).items():
         if f:
+            processes = f"{f['daemons']} daemon process" + ("es" if f["daemons"] != 1 else "")
             out.append(f"soak: {name} daemon RSS {f['rss_mib'][0]} → {f['rss_mib'][1]} MiB, descriptors "
-                       f"{f['fds'][0]} → {f['fds'][1]} over {f['longest_run_s']} s ({f['daemons']} daemon processes "
-                       f"in all, at most {f['max_rss_mib']} MiB and {f['max_fds']} descriptors)")
+                       f"{f['fds'][0]} → {f['fds'][1]} over {f['longest_run_s']} s ({processes} in all, at most "
+                       f"{f['max_rss_mib']} MiB and {f['max_fds']} descriptors)")
     return out
 
 
