@@ -79,11 +79,12 @@ class FailureEvidence:
         record = self._incident(failure, self._count(failure))
         self.incidents.write_now(record, self.vllm_log.last(LOG_TAIL_LINES), guard=self._guard_evidence())
 
-    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None) -> Failure:
+    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
+                      engine_gone: bool = False) -> Failure:
         return classify(exit_code, sig, this_launch(self.vllm_log.last(LOG_TAIL_LINES)), hint=hint,
-                        context=self.context())
+                        context=self.context(engine_gone))
 
-    def context(self) -> ClassifyContext:
+    def context(self, engine_gone: bool = False) -> ClassifyContext:
         spec = render(self.cfg)
         target = spec.argv[1] if spec.argv[0] == "bash" else spec.argv[0]
         guard = self.guard()
@@ -93,7 +94,8 @@ class FailureEvidence:
                                master_port=self.cfg.master_port if self.cfg.nnodes > 1 else None,
                                was_ready=self.state() in (State.ready, State.degraded),
                                mem_available_bytes=sample.available if sample is not None else None,
-                               kernel_lines=kernel.since(self.kernel_mark) if kernel is not None else ())
+                               kernel_lines=kernel.since(self.kernel_mark) if kernel is not None else (),
+                               engine_gone=engine_gone)
 
     def _kernel(self) -> Any:
         """The guard's kernel-log reader (Xid, AER, NVRM, OOM kills), when the guard runs and can read it."""

@@ -46,7 +46,8 @@ class Probes(Protocol):
     async def aclose(self) -> None: ...
 
 
-ClassifyExit = Callable[[int | None, int | None, FailureClass | None], Failure]
+# (exit code, signal, hint, engine gone): the engine gone means no new connection to it when vLLM ended
+ClassifyExit = Callable[[int | None, int | None, FailureClass | None, bool], Failure]
 LineSink = Callable[[str, bool], None]  # (line, persist): persist False for lines replayed at adoption
 
 
@@ -102,7 +103,7 @@ class InstanceWatch:
             live = consumed > self._replay_bytes
             self.on_line(line, live)
             if self.probes is None and self._peer_lost(line):
-                self.post(v.HealthFailed(self.classify_exit(None, None, FailureClass.peer_lost)))
+                self.post(v.HealthFailed(self.classify_exit(None, None, FailureClass.peer_lost, False)))
             elif self.probes is not None and live:  # vLLM's throughput and JIT lines move the wedge clock
                 self._observe(health.observe_log_line, line)
         self.logs_drained.set()
@@ -121,7 +122,8 @@ class InstanceWatch:
         if self.state() is State.stopping:
             self.log.info("exited", pid=self.instance.pid, exit=info.describe(), requested=True)
             return
-        failure = self.classify_exit(info.exit_code, info.signal, None)
+        engine_gone = not await self.runtime.engine_answers()  # it stopped, taking vLLM's container along
+        failure = self.classify_exit(info.exit_code, info.signal, None, engine_gone)
         self.log.info("exited", pid=self.instance.pid, exit=info.describe(), failure=failure.cls.value)
         self.post(v.Exited(failure))
 

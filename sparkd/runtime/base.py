@@ -250,6 +250,12 @@ class Runtime(abc.ABC):
 
     # ---- what the engine knows
 
+    async def engine_answers(self) -> bool:
+        """Does the engine vLLM runs under take a new connection now? A Docker engine that is stopping closes
+        its socket first, then stops its containers, and meanwhile still answers on connections already open
+        with errors of its own: only a new connection tells that it is going away. The host always answers."""
+        return True
+
     async def inspect(self, instance: Instance) -> dict[str, Any] | None:
         """What the engine (or the kernel) says about the instance, for incident folders; None once gone."""
         return None

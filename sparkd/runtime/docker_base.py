@@ -2,7 +2,8 @@
 ``docker inspect``, host PID waits, and commands run in a short-lived container of the configured image.
 
 A subclass says how a launch starts (``_launch``) and how a command reaches the place vLLM runs (``exec``);
-this base turns engine errors during a launch into one ``LaunchError`` sentence for both.
+this base turns engine errors during a launch into one ``LaunchError`` sentence for both, and makes any engine
+error a wait (``unavailable``) when the engine takes no new connection: it is stopping or restarting.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sparkd.runtime.docker_api import (
     MANAGED_LABEL,
     NODE_LABEL,
     call,
+    close_quietly,
     connect,
     decode,
     explain,
@@ -45,6 +47,7 @@ from sparkd.runtime.docker_api import (
 from sparkd.runtime.drift import env_map
 
 TIMED_OUT = 124  # the exit status of a command that ran out of time, as timeout(1) reports it
+ENGINE_CHECK_S = 10.0  # a ping on a new connection: an engine that takes longer does not answer
 
 
 async def wait_same_exit(pid: int, create_time: float) -> None:
@@ -146,14 +149,33 @@ class DockerRuntime(Runtime):
         try:
             return await self._launch(spec)
         except DOCKER_ERRORS as exc:
-            raise LaunchError(f"{self.name} launch in container {self.container_name} failed: "
-                              f"{explain(exc)}", 125, unavailable=engine_unreachable(exc)) from exc
+            error = LaunchError(f"{self.name} launch in container {self.container_name} failed: {explain(exc)}",
+                                125, unavailable=engine_unreachable(exc))
+            error.__cause__ = exc
+        except LaunchError as exc:
+            error = exc
+        if not error.unavailable and isinstance(error.__cause__, DOCKER_ERRORS) and not await self.engine_answers():
+            error.unavailable = True  # the engine's own error, from an engine on its way down: a wait as well
+        raise error
 
     @abc.abstractmethod
     async def _launch(self, spec: LaunchSpec) -> Instance:
         """Start the launch; engine errors are turned into LaunchError by ``launch``."""
 
     # ---- what the engine knows
+
+    async def engine_answers(self) -> bool:
+        """A ping on a client of its own (a new connection), not on the pooled one ``docker()`` keeps."""
+        try:
+            fresh = await call(docker.from_env, timeout=ENGINE_CHECK_S)
+        except DOCKER_ERRORS:
+            return False
+        try:
+            return bool(await call(fresh.ping))
+        except DOCKER_ERRORS:
+            return False
+        finally:
+            close_quietly(fresh)
 
     async def image_attrs(self) -> dict[str, Any] | None:
         """``docker image inspect`` of the configured image, read now (a tag may have moved); None when the

@@ -6,16 +6,18 @@ vLLM process ended (or was ended). The daemon and `sparkd explain` call it the s
 1. A `hint` wins. The supervisor passes one when it knows the class from elsewhere: the memory guard killed
    the process (`killed_by_guard`), a probe saw 503 (`engine_dead`), the canary or metrics saw a wedge
    (`hang`, `stall`), the peer reported its rank gone (`peer_lost`). The log is still scanned for evidence.
-2. Exit 126/127 is a config error: the launch target is missing or not executable, or a command in it
+2. The container engine vLLM ran under took no new connection when it ended (`engine_gone`): the engine was
+   stopping or restarting and took its containers with it — `host_unavailable`, a wait, whatever the log says.
+3. Exit 126/127 is a config error: the launch target is missing or not executable, or a command in it
    was not found. vLLM never ran, so there is no vLLM log to read.
-3. Otherwise the kernel's evidence and the log tail are matched against the catalogue in `rules.py`: Docker's
+4. Otherwise the kernel's evidence and the log tail are matched against the catalogue in `rules.py`: Docker's
    OOMKilled and the kernel-log lines of `ClassifyContext` count as lines logged before the tail (a kernel OOM
    kill or an Xid is the root of what vLLM logs after it). The lowest tier wins; within a tier the earliest
    line, because the first specific error is the cause and the rest is fallout.
-4. When the winner is a consequence (`Engine core initialization failed`, `EngineDeadError`, ...), the first
+5. When the winner is a consequence (`Engine core initialization failed`, `EngineDeadError`, ...), the first
    Python exception line in the tail that is not itself a consequence (`KeyError: 'model.embed'`) is the
    cause: it becomes the evidence and the sentence names it. "No earlier cause" is said only when there is none.
-5. Nothing matched: exit 0 is still a failure (vLLM exits 0 after engine death) → `engine_dead`; a signal
+6. Nothing matched: exit 0 is still a failure (vLLM exits 0 after engine death) → `engine_dead`; a signal
    or other exit code → `unknown`, with the first exception line named when there is one.
 
 Every sentence is "what happened (how it ended); what to do." Facts from `ClassifyContext` (launch target,
@@ -238,6 +240,10 @@ def classify(
     scan = _scan(log_tail, exit_code, ctx)
     if hint is not None:
         return _from_hint(hint, scan, ctx, make)
+    if ctx.engine_gone:
+        return make(FailureClass.host_unavailable, "vLLM ended while its container engine went away (stopping or "
+                    "restarting)", "sparkd waits for the engine and launches vLLM again when it is back, without "
+                    "spending the restart budget", scan.best.text if scan.best is not None else None)
     if exit_code in (126, 127) and signal is None:
         what, do = _launch_error(exit_code, scan.best, ctx)
         return make(FailureClass.config_error, what, do, scan.best.text if scan.best is not None else None)

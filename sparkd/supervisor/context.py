@@ -21,3 +21,4 @@ class ClassifyContext:
     # Kernel-log lines written since this instance launched: NVRM, Xid, PCIe AER, and OOM kills of its processes.
     kernel_lines: tuple[str, ...] = ()
     oom_killed: bool | None = None  # Docker's State.OOMKilled for the instance's container (docker-run)
+    engine_gone: bool = False  # the container engine vLLM ran under took no new connection when it ended

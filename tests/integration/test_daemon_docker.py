@@ -4,6 +4,7 @@ a daemon SIGKILL, and a clean stop."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -162,6 +163,9 @@ def test_an_engine_that_does_not_answer_is_waited_for_and_sparkd_recovers_when_i
     proxy.up()
     again = ready(daemon, launches=2)
     assert again["pid"] != first["pid"] and not again["breaker"]["open"]
+    # vLLM ended while the engine took no new connection: the engine's going away, not a failure of vLLM's
+    lifecycle = json.loads((daemon.state_dir / "lifecycle.json").read_text())
+    assert lifecycle["strikes"] == [], lifecycle
     proxy.down()
 
 

@@ -115,3 +115,20 @@ async def test_a_rehearsal_refuses_a_container_without_the_host_python(setup: Do
     code, lines = await run_to_end(rehearsal, instance)
     assert code == 0, lines
     assert lines == [str(Path(sys.modules["sparkd"].__file__ or "").resolve())]
+
+
+async def test_an_engine_error_while_the_engine_takes_no_new_connection_is_a_wait(
+        setup: DockerPlace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Docker engine on its way down closes its socket first, then stops its containers, and meanwhile still
+    answers on connections already open with errors of its own (soak, the dockerd restart: "failed to update
+    store for object type *libnetwork.endpoint"). A launch refused then is a wait, not a failure of the launch;
+    the same refusal from an engine that takes new connections is one."""
+    nowhere = [{"source": str(tmp_path / "not-there"), "target": "/mnt/x", "read_only": True}]
+    runtime = setup.runtime(setup.config(mounts=nowhere))
+    with pytest.raises(LaunchError) as err:
+        await runtime.launch(sh("true"))
+    assert "not-there" in str(err.value) and not err.value.unavailable
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'gone.sock'}")  # what a new connection meets now
+    with pytest.raises(LaunchError) as err:
+        await runtime.launch(sh("true"))  # on the connection it holds, to the engine that still answers
+    assert "not-there" in str(err.value) and err.value.unavailable

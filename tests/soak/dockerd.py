@@ -5,7 +5,8 @@ The engine is private — its own data root, exec root, socket, containerd names
 bridge and no iptables rules — so the restart touches nothing of the machine's Docker engine, which other
 programs use. It is still off by default: a second dockerd (with its containerd) on a shared CI machine is
 not free. While the engine is down the daemon must wait (``host_unavailable``: no restart budget spent) and
-recover by itself when it returns (issue 16, item 3).
+recover by itself when it returns (issue 16, item 3), and the engine's going away counts nothing toward the
+restart budget — not the vLLM its stop ended, not a launch it refused while shutting down.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import docker
 from daemon_harness import STANDIN, Sparkd, base_config, free_port, title_prefix
 from faults import Skipped
-from invariants import Ledger, Node
+from invariants import Ledger, Node, read_status
 from soakpair import NOFILE, RECOVERY_S, RESTART, SoakPair
 
 ENABLED = os.environ.get("SOAK_DOCKERD") == "1"
@@ -63,11 +64,12 @@ class PrivateEngine:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.5)
+        self.stop()
         raise Skipped(f"a private dockerd did not come up: {self.log_path.read_text(errors='replace')[-600:]}")
 
     def answers(self) -> bool:
         try:
-            with docker.DockerClient(base_url=self.host, timeout=5) as client:
+            with contextlib.closing(docker.DockerClient(base_url=self.host, timeout=5)) as client:
                 return bool(client.ping())
         except Exception:
             return False
@@ -85,13 +87,17 @@ class PrivateEngine:
             proc.wait(10)
 
     def remove_containers(self, label: str) -> None:
-        with contextlib.suppress(Exception), docker.DockerClient(base_url=self.host, timeout=30) as client:
+        client = docker.DockerClient(base_url=self.host, timeout=30)
+        with contextlib.suppress(Exception), contextlib.closing(client):
             for container in client.containers.list(all=True, filters={"label": label}):
                 container.remove(force=True)
 
     def close(self, label: str) -> None:
         self.remove_containers(label)
         self.stop()
+        netns = self.run / "netns" / "default"  # dockerd bind-mounts its network namespace here, and leaves it
+        if os.path.ismount(netns):
+            subprocess.run(["umount", "-l", str(netns)], capture_output=True, timeout=30)
         shutil.rmtree(self.run, ignore_errors=True)
 
 
@@ -112,7 +118,7 @@ class Solo:
     def _configure(self, folder: Path) -> Sparkd:
         import build_image  # tests/infra: the test image, made here in the private engine
 
-        with docker.DockerClient(base_url=self.engine.host, timeout=120) as client:
+        with contextlib.closing(docker.DockerClient(base_url=self.engine.host, timeout=120)) as client:
             image = build_image.ensure_image(client)
         mounts = [{"source": src, "target": opt["bind"], "read_only": opt.get("mode") == "ro"}
                   for src, opt in build_image.python_mounts().items()]
@@ -160,6 +166,7 @@ def dockerd_restart(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> s
     if solo is None:
         raise Skipped("no docker-exec daemon (SOAK_DOCKERD=1 runs one)")
     before = solo.daemon.status()
+    counted = len(_strikes(solo))
     solo.engine.stop()
     time.sleep(params["down_s"])
     waiting = solo.daemon.status()
@@ -169,9 +176,19 @@ def dockerd_restart(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> s
                    str(failure.get("message")))
     solo.engine.start()
     after = solo.ready(other_than=before.get("pid"))
+    spent = _strikes(solo)[counted:]
+    if spent:  # the vLLM the engine's stop ended included: the engine went away, nothing failed
+        ledger.add("the Docker engine's restart was counted toward the restart budget",
+                   f"failures counted: {[s.get('class') for s in spent]}")
     if after is None:
         ledger.add("the docker-exec daemon was not ready again within the bound after the Docker engine returned",
                    str(solo.daemon.status().get("last_failure")))
         return f"engine down {params['down_s']} s: not ready again"
     return (f"engine down {params['down_s']} s (meanwhile {waiting.get('state')}, {failure.get('class')}); "
-            f"ready again, pid {before.get('pid')} → {after.get('pid')}")
+            f"ready again, pid {before.get('pid')} → {after.get('pid')}, {len(spent)} failures counted")
+
+
+def _strikes(solo: Solo) -> list[dict[str, Any]]:
+    """The failures the docker-exec daemon's restart budget holds now (its lifecycle.json)."""
+    lifecycle, _ = read_status(solo.node().lifecycle_path)
+    return list((lifecycle or {}).get("strikes") or [])

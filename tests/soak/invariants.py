@@ -81,16 +81,29 @@ def mains_of(found: dict[int, int]) -> list[int]:
 def _serve_processes(prefix: str) -> dict[int, int]:
     """PID → parent PID of the processes whose command line is the stand-in's ``serve`` of ``prefix``."""
     out = {}
-    for proc in psutil.process_iter(["cmdline", "ppid"]):
-        cmdline = proc.info["cmdline"] or []
+    for pid, info in processes(["cmdline", "ppid"]):
+        cmdline = info["cmdline"] or []
         if len(cmdline) < 3 or not cmdline[1].endswith("sparkd-standin") or "serve" not in cmdline[2:3]:
             continue
         try:
-            environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
         if f"VLLM_PROCESS_NAME_PREFIX={prefix}".encode() in environ.split(b"\0"):
-            out[proc.pid] = proc.info["ppid"]
+            out[pid] = info["ppid"]
+    return out
+
+
+def processes(attrs: list[str]) -> list[tuple[int, dict[str, Any]]]:
+    """(PID, ``attrs``) of every process alive now. Not ``process_iter(attrs)``: it leaves its answer in the
+    ``info`` of Process objects it shares between threads, so the sampler's scan and the runner's overwrote
+    each other's (seed 160: ``KeyError: 'ppid'`` ended the sampler)."""
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            out.append((proc.pid, proc.as_dict(attrs)))
+        except psutil.Error:
+            continue
     return out
 
 
@@ -108,7 +121,7 @@ def describe(pids: Iterable[int]) -> str:
 
 
 def titled(prefix: str) -> set[int]:
-    return {p.pid for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(prefix)}
+    return {pid for pid, info in processes(["cmdline"]) if (info["cmdline"] or [""])[0].startswith(prefix)}
 
 
 def tree_pids(pid: int | None) -> set[int]:
@@ -167,7 +180,10 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.halt.wait(self.period):
-            self.check_once()
+            try:
+                self.check_once()
+            except Exception as exc:  # the soak's own bug: the invariants went unchecked meanwhile
+                self.ledger.add(f"the soak's sampler failed ({type(exc).__name__}); it samples on", repr(exc))
 
     def check_once(self) -> None:
         self.samples += 1

@@ -27,6 +27,18 @@ def closing_line(report: dict[str, Any]) -> str:
             f"{len(report['violations'])} violations")
 
 
+def footprint_lines(report: dict[str, Any]) -> list[str]:
+    """One line per node: its longest-running daemon's RSS and descriptors past start-up, first → last."""
+    out = []
+    for name, f in report.get("footprint", {}).items():
+        if f:
+            processes = f"{f['daemons']} daemon process" + ("es" if f["daemons"] != 1 else "")
+            out.append(f"soak: {name} daemon RSS {f['rss_mib'][0]} → {f['rss_mib'][1]} MiB, descriptors "
+                       f"{f['fds'][0]} → {f['fds'][1]} over {f['longest_run_s']} s ({processes} in all, at most "
+                       f"{f['max_rss_mib']} MiB and {f['max_fds']} descriptors)")
+    return out
+
+
 def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
     ledger = Ledger()
     kinds = kinds_from_env()

@@ -84,12 +84,17 @@ def seconds_from_env(env: dict[str, str] | None = None) -> float:
 
 
 def steps(seed: int, count: int, faults: tuple[FaultKind, ...] = FAULTS) -> list[Step]:
-    """The first ``count`` steps of the schedule for ``seed``; no fault twice in a row."""
+    """The first ``count`` steps of the schedule for ``seed``: every kind once, in a seeded order (so that a
+    short soak meets each fault), then kinds drawn by weight; no fault twice in a row."""
     rng = random.Random(seed)
+    first = rng.sample(faults, len(faults))
     out: list[Step] = []
     for n in range(count):
-        choices = [f for f in faults if not out or f.name != out[-1].kind] or list(faults)
-        kind = rng.choices(choices, weights=[f.weight for f in choices])[0]
+        if n < len(first):
+            kind = first[n]
+        else:
+            choices = [f for f in faults if f.name != out[-1].kind] or list(faults)
+            kind = rng.choices(choices, weights=[f.weight for f in choices])[0]
         out.append(Step(n, kind.name, _params(kind.name, rng)))
     return out
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runner import closing_line, run_soak, write_report
+from runner import closing_line, footprint_lines, run_soak, write_report
 from schedule import seconds_from_env, seed_from_env
 
 SECONDS = seconds_from_env()
@@ -44,7 +44,8 @@ def test_soak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_report(report, path, tmp_path)
     listing = "\n".join(f"  - {v['what']} (x{v['count']}, first during {v['during']})" for v in report["violations"])
     logs = f"\nsoak: the daemons' logs in {report['logs']}" if report.get("logs") else ""
-    print(f"{closing_line(report)}\nsoak: details in {path}{logs}\n{listing}", flush=True)
+    footprints = "".join(f"\n{line}" for line in footprint_lines(report))
+    print(f"{closing_line(report)}{footprints}\nsoak: details in {path}{logs}\n{listing}", flush=True)
     assert not report["violations"], f"{closing_line(report)}:\n{listing}"
 
 

@@ -5,10 +5,22 @@ counts a violation once per sentence, launches that overlap are caught, an open 
 from __future__ import annotations
 
 import itertools
+import time
+from pathlib import Path
 
 import pytest
 from catalogue import FAULTS as RUNNABLE
-from invariants import TICK_S, Launches, Ledger, breaker_violations, footprint_growth, mains_of, overlaps
+from invariants import (
+    TICK_S,
+    Launches,
+    Ledger,
+    Node,
+    Sampler,
+    breaker_violations,
+    footprint_growth,
+    mains_of,
+    overlaps,
+)
 from reloads import BREAKAGES as BREAKS
 from schedule import (
     BREAKAGES,
@@ -31,6 +43,15 @@ def test_the_same_seed_gives_the_same_schedule_and_no_fault_twice_in_a_row() -> 
     assert first == again and first != other
     assert all(a.kind != b.kind for a, b in itertools.pairwise(first))
     assert {s.kind for s in steps(7, 400)} == {f.name for f in FAULTS}
+
+
+@pytest.mark.parametrize("seed", [1, 7, 160, 1391712872])
+def test_every_kind_comes_once_before_any_comes_twice(seed: int) -> None:
+    """A short soak (the suite's) meets every fault: the first steps are each kind once, in a seeded order."""
+    for kinds in (FAULTS, (*FAULTS, DOCKERD)):
+        opening = [s.kind for s in steps(seed, len(kinds), kinds)]
+        assert sorted(opening) == sorted(f.name for f in kinds)
+    assert [s.kind for s in steps(seed, 12)] != [s.kind for s in steps(seed + 1, 12)]
 
 
 def test_seed_and_duration_from_the_environment() -> None:
@@ -129,3 +150,28 @@ def test_a_child_forked_by_the_main_is_not_a_second_main() -> None:
     line and was counted as a second vLLM racing the first."""
     assert mains_of({11228: 1, 11231: 11228}) == [11228]
     assert mains_of({11228: 1, 11300: 1}) == [11228, 11300]
+
+
+
+def test_the_sampler_outlives_a_check_that_fails(tmp_path: Path) -> None:
+    """Seed 160: a check that raised ended the sampler thread, and the invariants went unchecked from then on
+    without a word. Now the failure is a violation and the sampling goes on."""
+    ledger, calls = Ledger(), []
+
+    def touched() -> list[str]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("ppid")
+        return []
+
+    node = Node("head", "sparkd-soak-none", tmp_path / "status.json", lambda: None)
+    sampler = Sampler([node], ledger, touched, period=0.01)
+    sampler.start()
+    deadline = time.monotonic() + 60
+    while sampler.samples < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sampler.halt.set()
+    sampler.join(10)
+    assert sampler.samples >= 3
+    [violation] = ledger.to_json()
+    assert violation["what"] == "the soak's sampler failed (KeyError); it samples on"

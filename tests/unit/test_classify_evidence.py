@@ -58,6 +58,11 @@ def ec(message: str, level: str = "ERROR") -> str:
                      ("crashed with SIGSEGV", "not a kill from outside"), id="a segfault is a crash, not a kill"),
         pytest.param(134, None, (), ClassifyContext(), F.unknown, None, ("crashed with SIGABRT",),
                      id="exit 134 is an abort"),
+        pytest.param(137, None, (), ClassifyContext(engine_gone=True), F.host_unavailable, None,
+                     ("its container engine went away", "without spending the restart budget"),
+                     id="a SIGKILL while the container engine stops is a wait"),
+        pytest.param(1, None, (NCCL,), ClassifyContext(engine_gone=True), F.host_unavailable, "NCCL error",
+                     ("its container engine went away",), id="whatever vLLM logged as its engine went away"),
     ],
 )
 def test_kernel_and_docker_evidence(exit_code: int | None, sig: int | None, tail: tuple[str, ...],
