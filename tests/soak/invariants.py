@@ -217,9 +217,11 @@ class Sampler(threading.Thread):
             return
         try:
             proc = psutil.Process(pid)
-            self.footprint[node.name].append((time.monotonic(), pid, proc.memory_info().rss, proc.num_fds()))
+            rss, fds = proc.memory_info().rss, proc.num_fds()
         except psutil.Error:
             return
+        if rss:  # 0: the daemon is exiting (its memory already released), no footprint to take
+            self.footprint[node.name].append((time.monotonic(), pid, rss, fds))
 
 
 def breaker_violations(name: str, status: dict[str, Any], lifecycle: dict[str, Any]) -> list[tuple[str, str]]:
