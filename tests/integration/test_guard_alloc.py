@@ -3,8 +3,10 @@ machine's MemAvailable, and the in-process Guard (real /proc, real kernel log, r
 it, writes the incident folder first, and the failure reaches the supervisor as ``killed_by_guard``.
 
 Safety: the floor is computed from MemAvailable at the start (``stop = available - 1.5 GiB``), every child
-is capped at 3 GiB, and a test is skipped unless MemAvailable stays above 6 GiB even with the whole cap
-allocated. Children are ended by PID in teardown.
+is capped at 6 GiB and stops on its own once MemAvailable is under 6.5 GiB, and a test is skipped unless
+MemAvailable stays above 6 GiB even with the whole cap allocated. The cap is well past the kill floor, so other
+work on the host that frees memory during a test (MemAvailable rising by a GiB or two) does not let a child
+stop short of the floors. Children are ended by PID in teardown.
 """
 
 from __future__ import annotations
@@ -42,17 +44,23 @@ MIB = 1024**2
 SAFE_AVAILABLE = 6 * GIB  # never let a test take the machine under this
 STOP_DISTANCE = int(1.5 * GIB)  # the stop floor sits this far under MemAvailable at the start
 KILL_DISTANCE = int(2.25 * GIB)
-CAP_MB = 3072  # no child allocates more than this
+CAP_MB = 6144  # no child allocates more than this
 
 # A leak of real, resident memory at a steady rate (MADV_POPULATE_WRITE, or touching each page).
 ALLOCATOR = r"""
 import mmap, signal, sys, time
 rate, cap, ignore_term = float(sys.argv[1]) * 2**20, int(sys.argv[2]) * 2**20, sys.argv[3] == "1"
+floor = int(sys.argv[4])
+
+def available():
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
 if ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 chunks, total, start = [], 0, time.monotonic()
 print("leaking", flush=True)
-while total < cap:
+while total < cap and available() > floor:
     target = min(cap, int(rate * (time.monotonic() - start)))
     while total < target:
         n = min(64 * 2**20, target - total)
@@ -151,7 +159,8 @@ class Hooks:
 
 def spawn_allocator(children: list[subprocess.Popen[bytes]], rate_mb_s: float, *, ignore_term: bool = False,
                     ) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-c", ALLOCATOR, str(rate_mb_s), str(CAP_MB), "1" if ignore_term else "0"],
+    proc = subprocess.Popen([sys.executable, "-c", ALLOCATOR, str(rate_mb_s), str(CAP_MB), "1" if ignore_term else "0",
+                             str(SAFE_AVAILABLE + GIB // 2)],
                             stdout=subprocess.PIPE)
     children.append(proc)
     assert proc.stdout is not None and proc.stdout.readline() == b"leaking\n"
