@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from structlog.testing import CapturingLogger
 
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.peers import PeerUnreachable
@@ -22,11 +23,6 @@ WORKER = "10.0.0.2:8470"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class Quiet:
-    def __getattr__(self, level: str) -> object:
-        return lambda *a, **kw: None
 
 
 class Link:
@@ -53,7 +49,7 @@ def head(link: Link, clock: FakeClock, posted: list[v.Observation]) -> Coordinat
         "cluster": {"master_addr": "10.0.0.1", "nnodes": 2, "peers": [WORKER], "peer_grace_s": 10,
                     "peer_poll_s": 1}}, source="test")
     return Coordinator(cfg, link, post=posted.append, state=lambda: State.ready,  # type: ignore[arg-type]
-                       image=lambda: None, clock=clock, log=Quiet())
+                       image=lambda: None, clock=clock, log=CapturingLogger())
 
 
 async def poll_and_judge(group: Coordinator, clock: FakeClock) -> None:

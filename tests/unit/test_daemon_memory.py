@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from loop_harness import config, running
+from structlog.testing import CapturingLogger
 
 from sparkd.commands import stop
 from sparkd.daemon import memory
@@ -27,11 +28,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class Quiet:
-    def __getattr__(self, level: str) -> object:
-        return lambda *a, **kw: None
-
-
 EVERY_FIELD = Remembered(
     intent=Intent.stop,
     restart_state=RestartState(consecutive=2, waits=3, strikes=(
@@ -48,8 +44,8 @@ def test_every_remembered_field_round_trips_through_the_file(tmp_path: Path) -> 
     waits, which are not kept (only the next delay depends on them)."""
     writer, reader = FakeClock(start=1000.0), FakeClock(start=5.0, wall_offset=1_800_000_995.0)  # same wall time
     path = tmp_path / "lifecycle.json"
-    json_state(path, LIFECYCLE, log=Quiet(), clock=writer.wall).write(memory.to_json(EVERY_FIELD, writer))
-    back = memory.load(path, reader, Quiet())
+    json_state(path, LIFECYCLE, log=CapturingLogger(), clock=writer.wall).write(memory.to_json(EVERY_FIELD, writer))
+    back = memory.load(path, reader, CapturingLogger())
     shift = reader.now() - writer.now()
     assert back == Remembered(
         intent=EVERY_FIELD.intent,
