@@ -154,8 +154,11 @@ async def follow_file(
                     yield line
                 return
             if handle is not None:
-                for line in _at_end(handle, path, truncate_over, splitter, stats):
+                lines, moved = _at_end(handle, path, truncate_over, splitter, stats)
+                for line in lines:
                     yield line
+                if moved:
+                    continue  # back at the start of the file: what is there now is read at once, not at the next write
             if watch is not None:
                 await watch.wait(done, max(poll_s, WATCHED_POLL_S))
                 continue
@@ -221,17 +224,19 @@ def _outrun(handle: BinaryIO, path: Path, limit: int, splitter: LineSplitter, st
 
 
 def _at_end(handle: BinaryIO, path: Path, limit: int | None, splitter: LineSplitter, stats: FollowStats
-            ) -> list[str]:
+            ) -> tuple[list[str], bool]:
+    """At the end of what was read: the lines to flush, and whether the handle went back to the file's start."""
     size = _size(path)
     if size is None:
-        return []
+        return [], False
     position = handle.tell()
     if size < position:  # truncated or replaced by someone else: start over
         handle.seek(0)
         stats.offset = 0
-        return splitter.reset()
+        return splitter.reset(), True
     if limit is not None and size > limit and size == position and _truncate(path):
         handle.seek(0)
         stats.offset = 0
         stats.truncations += 1
-    return []
+        return [], True
+    return [], False
