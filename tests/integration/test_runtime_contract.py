@@ -254,9 +254,9 @@ async def test_a_command_that_runs_too_long_is_ended_with_124(place: Place) -> N
     await runtime.missing_target(sh("true"))
     marker = place.shared_dir / "still-running"
     with anyio.fail_after(TIMEOUT):
-        result = await runtime.exec(["sh", "-c", f"sleep 3; touch {marker}"], timeout_s=1.0)
+        result = await runtime.exec(["sh", "-c", f"sleep 2; touch {marker}"], timeout_s=0.5)
     assert result.exit_code == 124 and "timed out" in result.stderr
-    await anyio.sleep(4)
+    await anyio.sleep(2.5)
     assert not marker.exists(), "the command was ended, not left running"
 
 
