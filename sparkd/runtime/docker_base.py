@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import anyio
 import docker.errors
 import requests
 
@@ -48,25 +46,6 @@ from sparkd.runtime.drift import env_map
 
 TIMED_OUT = 124  # the exit status of a command that ran out of time, as timeout(1) reports it
 ENGINE_CHECK_S = 10.0  # a ping on a new connection: an engine that takes longer does not answer
-
-
-async def wait_same_exit(pid: int, create_time: float) -> None:
-    """Return once the process ``pid`` created at ``create_time`` has exited (at once if it is gone).
-
-    The pidfd is opened before the identity check, so a PID reused meanwhile cannot be mistaken for it.
-    """
-    if pid <= 0:
-        return
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        if proctree.same_process(pid, create_time) is None:
-            return
-        await anyio.wait_readable(fd)
-    finally:
-        os.close(fd)
 
 
 def create_time_or_zero(pid: int) -> float:

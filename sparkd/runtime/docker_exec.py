@@ -32,7 +32,7 @@ from sparkd.runtime.base import (
 )
 from sparkd.runtime.container_spec import container_options, missing_rehearse_mounts
 from sparkd.runtime.docker_api import DOCKER_ERRORS, call, decode, explain, no_bash, put_file, short_id
-from sparkd.runtime.docker_base import DockerRuntime, create_time_or_zero, timed_out, wait_same_exit
+from sparkd.runtime.docker_base import DockerRuntime, create_time_or_zero, timed_out
 from sparkd.runtime.drift import container_drift
 from sparkd.runtime.launch_target import check_command, target_sentence
 from sparkd.runtime.logfile import follow_file
@@ -330,7 +330,7 @@ class DockerExecRuntime(DockerRuntime):
         key = instance.exec_id or f"pid:{instance.pid}"
         if key in self._exits:
             return self._exits[key]
-        await wait_same_exit(instance.pid, instance.create_time)
+        await proctree.wait_exit(instance.pid, instance.create_time)
         info = await self._exec_exit(instance.exec_id)
         self._exits[key] = info
         return info

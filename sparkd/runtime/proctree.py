@@ -233,8 +233,11 @@ def tree_pids(pid: int) -> set[int]:
     return found
 
 
-async def wait_exit(pid: int) -> None:
-    """Return once ``pid`` has exited (it may be a zombie awaiting its parent's reap). Event-driven: pidfd."""
+async def wait_exit(pid: int, create_time: float | None = None) -> None:
+    """Return once ``pid`` has exited (it may be a zombie awaiting its parent's reap). Event-driven: pidfd.
+
+    With ``create_time``, a process of that PID created at another time counts as exited: the pidfd is opened
+    before the identity check, so a PID reused meanwhile cannot be mistaken for it."""
     if pid <= 0:
         return
     try:
@@ -242,6 +245,8 @@ async def wait_exit(pid: int) -> None:
     except ProcessLookupError:
         return
     try:
+        if create_time is not None and same_process(pid, create_time) is None:
+            return
         await anyio.wait_readable(fd)
     finally:
         os.close(fd)
