@@ -71,8 +71,9 @@ class HealthConfig(_Section):
         "A test generation with no answer after this long is busy; on an idle engine that completed no step "
         "meanwhile it is a hang."))
     busy_grace_s: float = Field(default=600.0, ge=0, description=(
-        "Only when no engine step is observable (vLLM runs with --disable-log-stats): how long canary timeouts while "
-        "/health is 200 count as busy before they are a hang."))
+        "Only when no engine step is observable (vLLM runs with --disable-log-stats, and on one GPU, where no executor "
+        "wait line is logged either): how long canary timeouts while /health is 200 count as busy before they are "
+        "a hang."))
     stall_after_s: float = Field(default=45.0, gt=0, description=(
         "Requests running, a canary unanswered and no engine step completed for this long is a stall (raised to "
         "twice the longest step seen while busy, e.g. during a 1M-token prefill)."))

@@ -175,8 +175,9 @@ def _flag_rules(cfg: Config) -> Iterator[Finding]:
         elif name == "--disable-log-stats":
             yield Finding("disable-log-stats", Level.warning, f"launch.extra_args[{i}]",
                           "--disable-log-stats removes every vllm:* metric and vLLM's throughput log line, so "
-                          "sparkd cannot see engine steps: a wedge is only caught by the canary after "
-                          "health.busy_grace_s")
+                          "sparkd sees engine steps only in the executor's wait lines (with tensor or pipeline "
+                          "parallelism: a wedge is caught after 60 s of one step); on one GPU a wedge is only "
+                          "caught by the canary after health.busy_grace_s")
         elif arg.lstrip().startswith(("{", "[")):
             yield Finding("json-in-extra-args", Level.warning, f"launch.extra_args[{i}]",
                           "a JSON value in extra_args; prefer a typed TOML table where one exists")

@@ -80,6 +80,35 @@ def _docker_marker_requires_engine(request: pytest.FixtureRequest) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The soak, beside the other tests
+
+
+def _load_soak_private() -> ModuleType:
+    soak = REPO_ROOT / "tests" / "soak"
+    if str(soak) not in sys.path:
+        sys.path.insert(0, str(soak))
+    import private
+
+    return private
+
+
+@pytest.fixture(scope="session", autouse=True)
+def soak_in_background(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """When ``tests/soak/test_soak.py::test_soak`` is selected (and runs as root, outside its own namespace), the
+    soak starts with the session's first test and runs beside the others; ``test_soak`` collects its outcome. It
+    mostly waits on its faults' recoveries, so this saves its minutes, not its CPU."""
+    selected = any(item.nodeid.endswith("soak/test_soak.py::test_soak") for item in request.session.items)
+    if not selected or os.geteuid() != 0 or os.environ.get("SPARKD_SOAK") == "1":
+        yield None
+        return
+    soak = _load_soak_private().start(tmp_path_factory.mktemp("soak"))
+    try:
+        yield soak
+    finally:
+        soak.end()
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Engine
 
 

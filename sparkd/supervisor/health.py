@@ -19,15 +19,16 @@ Rules:
    `HealthRecovered`.
 5. Canary: a timeout while the latest `/health` is 200 means busy: degraded. A canary 200 clears busy.
    `engine_dead` fails at once. Canary refusals and timeouts while `/health` is not 200 are left to the `/health`
-   layer. Whether a busy engine is wedged is the wedge clock's question (rule 6); only when no engine step is
-   observable at all (no `vllm:*` metrics, no throughput lines) does busy become a `hang` after `busy_grace_s`.
+   layer. Whether a busy engine is wedged is the wedge clock's question (rule 6); when no engine step is
+   observable (no `vllm:*` metrics, no throughput lines) and the executor logs no wait either (TP = 1), busy
+   becomes a `hang` after `busy_grace_s`.
 6. Wedges: every metrics scrape, canary result, serving log line (`observe_log_line`) and compile seen in
    vLLM's tree (`observe_jit`) feeds the wedge clock (:mod:`sparkd.supervisor.stall`), which calls a `stall`
    (requests running, no engine step for the busy limit, a canary unanswered) or a `hang` (an idle engine that
    completes no step for a canary), and holds both while a JIT compile may still run within vLLM's execute
    timeout.
 7. A `/metrics` page without any `vllm:*` family (vLLM runs with `--disable-log-stats`) sets `watch_note`; it
-   does not degrade the instance (vLLM serves fine), it says the wedge clock is blind.
+   does not degrade the instance (vLLM serves fine), it says the wedge clock sees only the executor's wait lines.
 8. After `HealthFailed` the tracker is on hold: it only counts. Start a fresh tracker for the next instance.
 
 A degraded reason that changes (2 of 3 failures instead of 1 of 3, busy instead of an error) is emitted again
@@ -221,7 +222,8 @@ def observe_canary(t: HealthTracker, result: ProbeResult, now: float, cfg: Healt
     if step[1] is not None:
         return step
     after = ("a wedge if no engine step completes meanwhile" if t.clock.observable
-             else f"a hang if still busy after {cfg.busy_grace_s:g} s (no engine step is observable)")
+             else f"a hang if vLLM's executor waits {cfg.stall_after_s:g} s on one step, or if still busy after "
+                  f"{cfg.busy_grace_s:g} s")
     note = (f"busy: the generation canary got no answer within {cfg.canary_timeout_s:g} s while /health is "
             f"200; {after}")
     return _settle(replace(t, canary_note=note))
@@ -240,9 +242,10 @@ def observe_metrics(t: HealthTracker, metrics: VllmMetrics | MetricsOff | None, 
 
 
 def observe_log_line(t: HealthTracker, line: str, now: float, cfg: HealthConfig) -> Step:
-    """Fold one raw vLLM log line read at monotonic `now`: throughput lines and JIT lines feed the wedge clock;
-    every other line changes nothing (the same tracker comes back)."""
-    seen = read_serve_line(line)
+    """Fold one raw vLLM log line read at monotonic `now`: throughput, wait and JIT lines feed the wedge clock once
+    vLLM serves (a startup's compiles are the startup's); every other line changes nothing (the same tracker comes
+    back)."""
+    seen = read_serve_line(line) if t.watching else None
     if seen is None:
         return t, None
     return _judge(replace(t, clock=stall.on_line(t.clock, seen, now)), now, cfg)
@@ -250,14 +253,15 @@ def observe_log_line(t: HealthTracker, line: str, now: float, cfg: HealthConfig)
 
 def observe_jit(t: HealthTracker, what: str, now: float, cfg: HealthConfig) -> Step:
     """A compile seen outside the log (an `nvcc`/`ptxas`/`ninja` process in vLLM's tree): hold the wedge verdicts
-    as a JIT line does."""
-    if t.verdict is Verdict.failed:
+    as a JIT line does (once vLLM serves)."""
+    if not t.watching:
         return t, None
     return replace(t, clock=stall.on_jit(t.clock, what, now)), None
 
 
 _METRICS_OFF = ("vLLM serves no vllm:* metrics (it runs with --disable-log-stats, which also silences its throughput "
-                "log): sparkd cannot see engine steps, so a wedge is only caught by the canary after busy_grace_s")
+                "log): sparkd sees engine steps only in the executor's wait lines (TP >= 2, every 60 s of one step), "
+                "else a wedge is only caught by the canary after busy_grace_s")
 
 
 def _judge(t: HealthTracker, now: float, cfg: HealthConfig) -> Step:

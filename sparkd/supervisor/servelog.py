@@ -1,4 +1,5 @@
-"""What vLLM's log says while it serves: its periodic throughput line and the JIT-compile lines. Pure.
+"""What vLLM's log says while it serves: its periodic throughput line, the executor's wait line and the JIT-compile
+lines. Pure.
 
 The throughput line (``v1/metrics/loggers.py`` ``LoggingStatLogger.log``, every ``VLLM_LOG_STATS_INTERVAL`` =
 10 s, 0.11–0.24)::
@@ -17,6 +18,15 @@ Rules that matter to a stall check (checked against vLLM 0.13 and 0.24 source):
   0 prompt throughput until it is done; only the KV cache usage moves.
 - ``--disable-log-stats`` turns these lines off together with every ``vllm:*`` metric (both are the stat
   logger manager ``AsyncLLM`` only builds with log stats on).
+
+The executor's wait line (``shm_broadcast.py``, 0.11–0.24), written by the EngineCore of a multiprocess executor
+(TP ≥ 2) every ``VLLM_RINGBUFFER_WARNING_INTERVAL`` (60) seconds while it waits for a worker's answer to one
+engine step (``collective_rpc`` → ``MessageQueue.dequeue``; the workers' own idle wait is ``indefinite`` and
+silent). It does not depend on ``--disable-log-stats``::
+
+    (EngineCore pid=222) INFO 08-15 11:16:19 [shm_broadcast.py:705] No available shared memory broadcast block
+        found in 60 seconds. This typically happens when some processes are hanging or doing some
+        time-consuming work (e.g. compilation, weight/kv cache quantization).
 
 JIT lines (real ones, from vLLM's ``jit_monitor.py`` ≥0.21 and FlashInfer's ``flashinfer.jit`` logger)::
 
@@ -40,7 +50,7 @@ from dataclasses import dataclass
 
 from sparkd.supervisor.logline import clean
 
-__all__ = ["COMPILER_PROCESSES", "JitCompile", "Throughput", "read_serve_line"]
+__all__ = ["COMPILER_PROCESSES", "JitCompile", "ShmWait", "Throughput", "read_serve_line"]
 
 # Process names of the compilers a runtime JIT runs (FlashInfer: ninja → nvcc → cicc/ptxas; DeepGEMM with
 # DG_JIT_USE_NVRTC=0: nvcc; Triton: ptxas). Seen in vLLM's process tree, they mean "compiling", like a JIT line.
@@ -69,6 +79,13 @@ class JitCompile:
     what: str  # "Triton kernel _causal_conv1d_update_kernel", "flashinfer.jit: ..."
 
 
+@dataclass(frozen=True)
+class ShmWait:
+    """The executor has waited ``interval_s`` more for a worker's answer to one engine step."""
+
+    interval_s: int  # VLLM_RINGBUFFER_WARNING_INTERVAL, as the line states it
+
+
 _THROUGHPUT = re.compile(
     r"(?:Engine (?P<engine>\d+): )?Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, "
     r"Avg generation throughput: (?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, "
@@ -83,7 +100,10 @@ _OTHER_JIT = re.compile(
 )
 
 
-def read_serve_line(raw: str) -> Throughput | JitCompile | None:
+_SHM_WAIT = re.compile(r"No available shared memory broadcast block found in (?P<seconds>\d+) seconds")
+
+
+def read_serve_line(raw: str) -> Throughput | JitCompile | ShmWait | None:
     """What one raw log line says about serving progress, if anything."""
     text = clean(raw)
     if "throughput" in text:
@@ -100,4 +120,8 @@ def read_serve_line(raw: str) -> Throughput | JitCompile | None:
         m = _FLASHINFER_JIT.search(text) or _OTHER_JIT.search(text)
         if m is not None:
             return JitCompile(m.group(0).strip()[:120])
+    if "shared memory broadcast" in text:
+        m = _SHM_WAIT.search(text)
+        if m is not None and int(m.group("seconds")) > 0:
+            return ShmWait(int(m.group("seconds")))
     return None

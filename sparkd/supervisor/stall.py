@@ -24,8 +24,14 @@ lets only a request it knows is waiting prove a wedge. Rules:
 5. A JIT compile holds both verdicts until the next progress or until vLLM's own execute timeout
    (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``) has passed since it: vLLM would let that step run that long, so a pair
    it would survive is not restarted (and restarted again into the same cold compile).
-6. Blind: with no ``vllm:*`` metrics and no throughput line ever seen (``--disable-log-stats``) no step is
-   observable; only a canary that stays unanswered for ``busy_grace_s`` makes a ``hang``.
+6. Blind: with no ``vllm:*`` metrics and no throughput line ever seen (``--disable-log-stats``) the executor's
+   wait line is the one step signal left. With TP ≥ 2 vLLM's EngineCore logs "No available shared memory
+   broadcast block found in N seconds" every N s (``VLLM_RINGBUFFER_WARNING_INTERVAL``, 60) while it waits for a
+   worker to finish one step; lines at most 1.5 N apart are one wait. Once a wait reaches ``stall_after_s``
+   (one line, at vLLM's default) while a canary is unanswered, it is a ``hang``; a canary answered since ends the
+   wait. Without those lines (TP = 1: no executor queue) only a canary that stays unanswered for ``busy_grace_s``
+   makes a ``hang`` (the tracker's rule). A 1M-token prefill in chunks of up to ~32K tokens takes steps under
+   60 s, so it writes no such line; a JIT compile does, and rule 5 holds it.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
-from sparkd.supervisor.servelog import JitCompile, Throughput
+from sparkd.supervisor.servelog import JitCompile, ShmWait, Throughput
 
 if TYPE_CHECKING:
     from sparkd.config import HealthConfig
@@ -45,6 +51,7 @@ __all__ = ["VLLM_DEFAULT_EXECUTE_TIMEOUT_S", "StallClock", "Wedge", "execute_tim
 VLLM_DEFAULT_EXECUTE_TIMEOUT_S = 300.0
 STEP_MARGIN = 2.0  # the busy limit is at least this many times the longest step seen in the busy spell
 LOG_STATS_INTERVAL_S = 10.0  # VLLM_LOG_STATS_INTERVAL: the throughput line's tokens moved during the last 10 s
+WAIT_RUN_SLACK = 1.5  # executor wait lines at most this many intervals apart belong to one wait (rule 6)
 
 _Marks = tuple[float, float | None, float | None, float, float | None]
 
@@ -64,6 +71,9 @@ class StallClock:
     canary_sent_at: float | None = None  # a canary that timed out, unanswered since: when it was sent
     jit_at: float | None = None  # a JIT compile seen since the last progress
     jit_what: str | None = None
+    wait_lines: int = 0  # the executor's wait lines of the current wait (rule 6)
+    wait_interval_s: int = 0  # the interval they state
+    wait_last_at: float | None = None  # when the latest one was read
 
     @property
     def observable(self) -> bool:
@@ -101,6 +111,8 @@ def _progress(c: StallClock, now: float, since: float | None = None) -> StallClo
                 canary_sent_at=None if answered else c.canary_sent_at)
     if c.jit_at is not None and after > c.jit_at:
         c = replace(c, jit_at=None, jit_what=None)
+    if c.wait_last_at is not None and after > c.wait_last_at:
+        c = replace(c, wait_lines=0, wait_last_at=None)
     return c
 
 
@@ -134,9 +146,11 @@ def on_metrics_off(c: StallClock) -> StallClock:
     return replace(c, metrics_off=True, metrics_at=None, marks=None)
 
 
-def on_line(c: StallClock, seen: Throughput | JitCompile, now: float) -> StallClock:
+def on_line(c: StallClock, seen: Throughput | JitCompile | ShmWait, now: float) -> StallClock:
     if isinstance(seen, JitCompile):
         return replace(c, jit_at=now, jit_what=seen.what)
+    if isinstance(seen, ShmWait):
+        return _waited(c, seen.interval_s, now)
     lines = {**c.lines, seen.engine: seen}
     c = replace(c, lines=lines)
     if c.metrics_at is not None:
@@ -144,6 +158,12 @@ def on_line(c: StallClock, seen: Throughput | JitCompile, now: float) -> StallCl
     if seen.moving:
         c = _progress(c, now, now - LOG_STATS_INTERVAL_S)
     return _work(c, sum(t.running for t in lines.values()), sum(t.waiting for t in lines.values()), now)
+
+
+def _waited(c: StallClock, interval_s: int, now: float) -> StallClock:
+    same_wait = (c.wait_last_at is not None and interval_s == c.wait_interval_s
+                 and now - c.wait_last_at <= WAIT_RUN_SLACK * interval_s)
+    return replace(c, wait_lines=c.wait_lines + 1 if same_wait else 1, wait_interval_s=interval_s, wait_last_at=now)
 
 
 def on_jit(c: StallClock, what: str, now: float) -> StallClock:
@@ -165,9 +185,11 @@ def busy_limit(c: StallClock, cfg: HealthConfig) -> float:
 
 
 def judge(c: StallClock, now: float, cfg: HealthConfig) -> Wedge | None:
-    """The wedge the evidence proves at `now`, if any (rules 3–5); the blind rule 6 is the tracker's."""
-    if not c.observable or held(c, now, cfg):
+    """The wedge the evidence proves at `now`, if any (rules 3–6; rule 6's busy grace is the tracker's)."""
+    if held(c, now, cfg):
         return None
+    if not c.observable:
+        return _blind(c, now, cfg)
     canary_out = c.canary_sent_at is not None
     if c.gauges_busy and c.busy_since is not None and (canary_out or not cfg.canary):
         since = max(c.busy_since, c.progress_at if c.progress_at is not None else c.busy_since)
@@ -181,6 +203,24 @@ def judge(c: StallClock, now: float, cfg: HealthConfig) -> Wedge | None:
         if no_step_since and _watched_since(c, sent) and now - sent >= cfg.canary_timeout_s:
             return _idle_hang(c, now - sent)
     return None
+
+
+def _blind(c: StallClock, now: float, cfg: HealthConfig) -> Wedge | None:
+    """Rule 6: only the executor's wait lines show a step that does not complete."""
+    if c.wait_last_at is None or (cfg.canary and c.canary_sent_at is None):
+        return None
+    if now - c.wait_last_at > WAIT_RUN_SLACK * c.wait_interval_s:
+        return None  # no line since: that step completed
+    waited = c.wait_lines * c.wait_interval_s
+    if waited < cfg.stall_after_s:
+        return None
+    lines = f"{c.wait_lines} line{'s' if c.wait_lines != 1 else ''}"
+    return Wedge("hang",
+                 f"vLLM's executor has waited {waited} s for a worker to finish one engine step (\"No available "
+                 f"shared memory broadcast block found in {c.wait_interval_s} seconds\", {lines}), a test generation "
+                 f"got no answer and no JIT compile was seen",
+                 f"{lines} of the executor's wait, {c.wait_interval_s} s each (limit {cfg.stall_after_s:g} s); "
+                 f"canary unanswered; vLLM's metrics and throughput log are off (--disable-log-stats)")
 
 
 def _watched_since(c: StallClock, sent: float) -> bool:

@@ -13,8 +13,10 @@ hang after 600 s of canary timeouts, canary every 60 s), replayed on the same wo
 
 Wedge kinds (target: called within 60 s of the wedge's start): mid-generation stall; idle-engine wedge; a stall
 with /metrics off but vLLM's throughput log still written; a lost peer on GB10 (the collective hangs: mid-generation
-and idle). False positives (target: none): a 240 s and a 900 s mid-serve JIT pause announced by a jit_monitor line,
-and a 1M-token prefill in 16384- and 32768-token chunks.
+and idle); with --disable-log-stats, a stall and an idle-engine wedge at TP 2 (only the EngineCore's wait line shows
+them) and a stall on one GPU (no wait line). False positives (target: none): a 240 s and a 900 s mid-serve JIT pause
+announced by a jit_monitor line, a 1M-token prefill in 16384- and 32768-token chunks, and the 16384-token one with
+--disable-log-stats.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchkit import bench_parser, fmt, median, percentile, run_bench
-from wedge_worlds import JIT_LINE, SHM_LINE, World, decoding, idle, prefill
+from wedge_worlds import JIT_LINE, World, decoding, idle, prefill
 
 from sparkd.config import HealthConfig
 from sparkd.supervisor import health as h
@@ -83,7 +85,8 @@ def replay(world: World, until: float, rng: random.Random, *, new: bool) -> floa
     probe_phase, canary_phase = rng.uniform(0, cfg.interval_s), rng.uniform(0, cfg.canary_interval_s)
     events: list[tuple[float, str, Any]] = [(k * cfg.interval_s + probe_phase, "probe", None)
                                             for k in range(int(until / cfg.interval_s) + 1)]
-    events += [(t, "line", line) for t, line in [*world.lines, *world.throughput_lines(until, rng.uniform(0, 10))]]
+    lines = [*world.lines, *world.wait_lines(until), *world.throughput_lines(until, rng.uniform(0, 10))]
+    events += [(t, "line", line) for t, line in lines]
     events.append((canary_phase, "canary_send", None))
     tracker, old = HealthTracker(), OldTracker()
     tracker, _ = h.observe_health(tracker, ProbeResult(ProbeOutcome.ok, 0.01), 0.0, cfg)
@@ -105,7 +108,9 @@ def replay(world: World, until: float, rng: random.Random, *, new: bool) -> floa
             tracker, obs = h.observe_log_line(tracker, value, now, cfg)
             fired = isinstance(obs, HealthFailed)
         elif kind == "canary_send":
+            waits = set(world.wait_lines(until))
             latency = world.canary(now, cfg.canary_timeout_s)
+            events += [(t, "line", line) for t, line in set(world.wait_lines(until)) - waits]  # its step is stuck
             done = now + (latency if latency is not None else cfg.canary_timeout_s)
             events.append((done, "canary_result", latency))
         elif kind == "canary_result":
@@ -145,16 +150,21 @@ def lines_only(rng: random.Random) -> tuple[World, float, float]:
     return world, t0, end
 
 
-def blind(rng: random.Random) -> tuple[World, float, float]:
-    world, t0, end = lines_only(rng)
-    world.log_stats = False
-    return world, t0, end
-
-
 def peer_lost(world_at: Callable[[random.Random], tuple[World, float, float]]) -> Callable[..., Any]:
+    """TP 2 on GB10: the head's EngineCore waits on the collective and says so every 60 s."""
     def build(rng: random.Random) -> tuple[World, float, float]:
         world, t0, end = world_at(rng)
-        world.lines += [(t0 + 60 * k, SHM_LINE) for k in range(1, 15)]  # the head's waits, every 60 s
+        world.waits = True
+        return world, t0, end
+    return build
+
+
+def blind(world_at: Callable[[random.Random], tuple[World, float, float]], *, waits: bool = True) -> Callable[..., Any]:
+    """`--disable-log-stats`: no metrics, no throughput line; `waits=False` is one GPU (no executor wait line)."""
+    def build(rng: random.Random) -> tuple[World, float, float]:
+        world, t0, end = world_at(rng)
+        world.metrics = world.log_stats = False
+        world.waits = waits
         return world, t0, end
     return build
 
@@ -163,7 +173,8 @@ def jit_pause(pause: float) -> Callable[[random.Random], tuple[World, float, flo
     def build(rng: random.Random) -> tuple[World, float, float]:
         t0 = rng.uniform(300, 400)
         world = decoding(t0 + pause + 300, stuck_after=t0, resume_at=t0 + pause)
-        world.lines += [(t0 + 1.0, JIT_LINE)] + [(t0 + 60 * k, SHM_LINE) for k in range(1, int(pause // 60) + 1)]
+        world.lines.append((t0 + 1.0, JIT_LINE))
+        world.waits = True
         return world, math.nan, t0 + pause + 300
     return build
 
@@ -181,11 +192,15 @@ SCENARIOS = (
     Scenario("stall with /metrics off, throughput log on", lines_only, True),
     Scenario("lost peer, requests running (the TP collective hangs)", peer_lost(mid_generation), True),
     Scenario("lost peer, engine idle", peer_lost(idle_wedge), True),
-    Scenario("stall with /metrics and the throughput log off (--disable-log-stats)", blind, True),
+    Scenario("stall with --disable-log-stats, TP 2 (the executor's wait line left)", blind(mid_generation), True),
+    Scenario("idle-engine wedge with --disable-log-stats, TP 2", blind(idle_wedge), True),
+    Scenario("stall with --disable-log-stats on one GPU (no wait line: only the busy grace)",
+             blind(mid_generation, waits=False), True),
     Scenario("JIT pause of 240 s mid-serve (jit_monitor line, then no step)", jit_pause(240), False),
     Scenario("JIT pause of 900 s mid-serve", jit_pause(900), False),
     Scenario("1M-token prefill, 16384-token chunks (~17 min)", long_prefill(16384), False),
     Scenario("1M-token prefill, 32768-token chunks (steps up to ~55 s)", long_prefill(32768), False),
+    Scenario("1M-token prefill, 16384-token chunks, --disable-log-stats, TP 2", blind(long_prefill(16384)), False),
 )
 
 

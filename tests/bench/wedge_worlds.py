@@ -3,8 +3,9 @@
 Each world follows real vLLM's rules (reviews/fidelity.md, vLLM 0.13/0.24 source): the ``vllm:*`` gauges and
 counters change only when an engine step completes; prompt tokens are counted when a prefill finishes; the
 throughput line comes every 10 s and only while tokens moved in this or the last interval; ``--disable-log-stats``
-removes both; a canary is answered when its step completes, and cannot be scheduled while a long prefill holds
-the token budget.
+removes both but not the EngineCore's wait line, which a multiprocess executor (TP >= 2) writes every 60 s of a
+step that does not complete; a canary is answered when its step completes, and cannot be scheduled while a long
+prefill holds the token budget.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ class World:
     resume_at: float = math.inf  # ... until here (a JIT pause ends)
     busy_from: float = math.inf  # a canary sent in [busy_from, busy_until) waits for the token budget
     busy_until: float = -math.inf  # (a long prefill holds it)
-    lines: list[tuple[float, str]] = field(default_factory=list)  # other log lines (JIT, shm waits)
+    lines: list[tuple[float, str]] = field(default_factory=list)  # other log lines (JIT)
+    waits: bool = False  # TP >= 2: the EngineCore logs SHM_LINE every 60 s while one step does not complete
     _times: list[float] = field(default_factory=list)
+    _stuck_canaries: list[float] = field(default_factory=list)  # the sends of canaries whose step never completed
 
     def freeze(self) -> World:
         self.steps.sort(key=lambda s: s[0])
@@ -54,9 +57,24 @@ class World:
         if not (self.completes(start) and self.completes(done)) and done < self.resume_at:
             done = self.resume_at + 0.2 if self.resume_at < math.inf else math.inf
         if done - sent > timeout:
+            if done == math.inf and not self._stuck_canaries and self.marks(start)[3] == 0:
+                self._stuck_canaries.append(start)  # an idle engine's first stuck step: this canary's
             return None
         self.add_step(done, 1, 8)
         return done - sent
+
+    def wait_lines(self, until: float) -> list[tuple[float, str]]:
+        """The executor's wait lines up to `until`: every 60 s of a step that does not complete, from the step's start
+        (the previous completion while requests run, or a canary's arrival on an idle engine)."""
+        if not self.waits:
+            return []
+        ends = [*self._times[1:], math.inf]
+        starts = [(t, end) for (t, marks), end in zip(self.steps, ends, strict=True)
+                  if marks[3] > 0 and end - t > WAIT_INTERVAL_S]
+        starts += [(t, math.inf) for t in self._stuck_canaries]
+        return sorted((t + k * WAIT_INTERVAL_S, SHM_LINE) for t, end in starts
+                      for k in range(1, int((min(end, until) - t) // WAIT_INTERVAL_S) + 1)
+                      if t + k * WAIT_INTERVAL_S < end)
 
     def add_step(self, t: float, gen: int, prompt: int) -> None:
         g, p, kv, r, w = self.marks(t)
@@ -84,6 +102,7 @@ class World:
 JIT_LINE = ("(Worker_TP0 pid=2) WARNING 01-01 00:00:00 [jit_monitor.py:103] Triton kernel JIT compilation during "
             "inference: _causal_conv1d_update_kernel. This causes a latency spike; consider extending warmup to "
             "cover this shape/config.")
+WAIT_INTERVAL_S = 60  # VLLM_RINGBUFFER_WARNING_INTERVAL
 SHM_LINE = ("(EngineCore pid=1) INFO 01-01 00:00:00 [shm_broadcast.py:705] No available shared memory broadcast "
             "block found in 60 seconds. This typically happens when some processes are hanging or doing some "
             "time-consuming work (e.g. compilation, weight/kv cache quantization).")

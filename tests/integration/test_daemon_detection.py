@@ -1,6 +1,7 @@
 """Hang and stall detection against the stand-in in its real-vLLM mode (gauges that move only when an engine
 step completes): an idle engine's wedge is caught by the canary, not by the busy grace; a JIT compile holds
-the stall check; metrics switched off are reported; an incident's log tail explains itself with `sparkd explain`."""
+the stall check; metrics switched off are reported, and a stall is then caught by vLLM's own wait line; an
+incident's log tail explains itself with `sparkd explain`."""
 
 from __future__ import annotations
 
@@ -51,6 +52,19 @@ def test_metrics_switched_off_are_reported(sparkd: Fleet) -> None:
         time.sleep(0.3)
     assert note is not None and "metrics" in note
     assert "note:" in daemon.ctl("status").stdout
+
+
+def test_with_metrics_off_the_executors_wait_line_catches_a_stall(sparkd: Fleet) -> None:
+    """--disable-log-stats at TP 2: no vllm:* metrics, no throughput line; the EngineCore's wait line (every
+    VLLM_RINGBUFFER_WARNING_INTERVAL, 1 s here) makes the hang long before the 600 s busy grace."""
+    daemon = sparkd(launch={"tensor_parallel_size": 2, "extra_args": ["--disable-log-stats"],
+                            "env": {"SPARKD_STANDIN_STALL_AFTER": "1", "VLLM_RINGBUFFER_WARNING_INTERVAL": "1"}},
+                    health={"busy_grace_s": 600, "canary_interval_s": 1, "canary_timeout_s": 2,
+                            "stall_after_s": 3}).start()
+    ready(daemon)
+    failure = daemon.wait_for(lambda s: s.get("last_failure") is not None, 90, "the wedge caught")["last_failure"]
+    assert failure["class"] == "hang" and "executor has waited" in failure["message"], failure
+    assert "No available shared memory broadcast block found in 1 seconds" in failure["message"], failure
 
 
 def test_sparkd_explain_reads_an_incident_as_the_daemon_did(sparkd: Fleet) -> None:

@@ -41,7 +41,7 @@ def footprint_lines(report: dict[str, Any]) -> list[str]:
 
 def another(n: int, kinds: int, now: float, deadline: float) -> bool:
     """Run step ``n``? Until the deadline; and past it while the schedule's opening (each of the ``kinds``
-    once) is not done, so that even a short soak meets every fault (the suite's 120 s ends about there)."""
+    once) is not done, so that even a short soak meets every fault (one of 120 s ends about there)."""
     return now < deadline or n < kinds
 
 

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_SECONDS = 120
+DEFAULT_SECONDS = 180
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def test_every_kind_comes_once_before_any_comes_twice(seed: int) -> None:
 def test_seed_and_duration_from_the_environment() -> None:
     assert seed_from_env({"SOAK_SEED": "42"}) == 42
     assert 1 <= seed_from_env({}) < 2**31
-    assert seconds_from_env({}) == 120 and seconds_from_env({"SOAK_SECONDS": "1800"}) == 1800
+    assert seconds_from_env({}) == 180 and seconds_from_env({"SOAK_SECONDS": "1800"}) == 1800
     assert first_step_from_env({}) == 0 and first_step_from_env({"SOAK_FROM": "67"}) == 67
     with pytest.raises(ValueError, match="SOAK_FROM must be a step number"):
         first_step_from_env({"SOAK_FROM": "x"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkd.supervisor.servelog import JitCompile, Throughput, read_serve_line
+from sparkd.supervisor.servelog import JitCompile, ShmWait, Throughput, read_serve_line
 
 
 @pytest.mark.parametrize(
@@ -57,11 +57,23 @@ def test_jit_line(line: str, what: str) -> None:
     assert read_serve_line(line) == JitCompile(what)
 
 
+@pytest.mark.parametrize(("line", "seconds"), [
+    # eugr/spark-vllm-docker#348 (a 0.23 build)
+    ("(EngineCore pid=222) INFO 08-15 11:16:19 [shm_broadcast.py:705] No available shared memory broadcast block "
+     "found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work "
+     "(e.g. compilation, weight/kv cache quantization).", 60),
+    # VLLM_RINGBUFFER_WARNING_INTERVAL=20, with 0.11's wording (shm_broadcast.py, line 398 of 0.11.0)
+    ("(EngineCore_DP0 pid=88) INFO 01-07 09:00:00 [shm_broadcast.py:398] No available shared memory broadcast block "
+     "found in 20 seconds. This typically happens when some processes are hanging or doing some time-consuming work "
+     "(e.g. compilation)", 20),
+])
+def test_executor_wait_line(line: str, seconds: int) -> None:
+    assert read_serve_line(line) == ShmWait(seconds)
+
+
 @pytest.mark.parametrize("line", [
+    "No available shared memory broadcast block found in 0 seconds.",
     "(APIServer pid=1) INFO:     127.0.0.1:39830 - \"GET /health HTTP/1.1\" 200 OK",
-    "(EngineCore pid=222) INFO 08-15 11:16:19 [shm_broadcast.py:705] No available shared memory broadcast block "
-    "found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work "
-    "(e.g. compilation, weight/kv cache quantization).",
     "(Worker_TP0 pid=129) INFO 07-05 17:28:31 [jit_monitor.py:60] Kernel JIT monitor activated — Triton JIT "
     "compilations during inference will be logged as warnings.",
 ])

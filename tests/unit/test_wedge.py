@@ -30,6 +30,13 @@ JIT_LINE = ("(EngineCore) WARNING 05-18 19:12:27 [jit_monitor.py:103] Triton ker
             "shape/config.")
 
 
+def shm(seconds: int = 60) -> str:
+    """The EngineCore's wait for a worker's answer to one step (vLLM 0.23/0.24, multiprocess executor)."""
+    return (f"(EngineCore pid=222) INFO 08-15 11:16:19 [shm_broadcast.py:705] No available shared memory broadcast "
+            f"block found in {seconds} seconds. This typically happens when some processes are hanging or doing some "
+            f"time-consuming work (e.g. compilation, weight/kv cache quantization).")
+
+
 def stats(prompt: float, gen: float, running: int, waiting: int = 0, kv: float = 0.7) -> str:
     """vLLM's periodic throughput line (0.21+ format, as logged by the API server)."""
     return (f"(APIServer pid=605) INFO 07-15 15:32:47 [loggers.py:273] Engine 000: Avg prompt throughput: {prompt:.1f} "
@@ -193,6 +200,33 @@ HISTORIES: dict[str, list[Step]] = {
     "metrics off: no degradation; canary timeouts are busy until busy_grace_s": [
         *READY, OFF(5), C(TIMEOUT, 40, "degraded"), OFF(45), C(TIMEOUT, 600), C(TIMEOUT, 640, HANG),
     ],
+    # ---- metrics off, TP >= 2: the executor's wait line is the step signal left
+    "metrics off: the executor's wait line while a canary is unanswered is a hang": [
+        *READY, OFF(0), C(TIMEOUT, 40, "degraded"), OFF(45), L(shm(), 58, HANG),
+    ],
+    "metrics off: a wait line first, then the canary's timeout decides": [
+        *READY, OFF(0), L(shm(), 35), C(TIMEOUT, 40, HANG),
+    ],
+    "metrics off: a wait line without an unanswered canary is not a wedge": [
+        *READY, OFF(0), L(shm(), 35), OFF(40), L(shm(), 95),
+    ],
+    "metrics off: a canary answered ends the wait; the next one counts anew": [
+        *READY, OFF(0), L(shm(), 30), C(OK, 40), C(TIMEOUT, 80, "degraded"), OFF(85), L(shm(), 140, HANG),
+    ],
+    "metrics off: a wait long over (no line since) is no evidence": [
+        *READY, OFF(0), L(shm(), 10), C(TIMEOUT, 200, "degraded"), OFF(205), C(TIMEOUT, 230),
+    ],
+    "metrics off: lines of a shorter interval add up to stall_after_s": [
+        *READY, OFF(0), C(TIMEOUT, 40, "degraded"), L(shm(20), 41), L(shm(20), 61), L(shm(20), 81, HANG),
+    ],
+    "metrics off: lines further apart than 1.5 intervals are separate steps (a long prefill)": [
+        *READY, OFF(0), C(TIMEOUT, 40, "degraded"), L(shm(20), 41), L(shm(20), 72), L(shm(20), 103),
+        L(shm(20), 134), C(TIMEOUT, 140),
+    ],
+    "metrics off: a JIT line holds the wait lines until vLLM's execute timeout": [
+        *READY, OFF(0), L(JIT_LINE, 5), C(TIMEOUT, 40, "degraded"),
+        *[L(shm(), 60 * k) for k in range(1, 31)], L(shm(), 1860, HANG),
+    ],
     # ---- metrics off but throughput lines present: the fallback signal
     "throughput lines: tokens moving, then a last zero line and silence, canary unanswered: stall": [
         *READY, OFF(0), L(stats(500, 30, 2), 10), L(stats(0, 31, 2), 20), L(stats(0, 0, 2), 30), OFF(35),
@@ -234,6 +268,21 @@ def test_execute_timeout_unset_means_vllms_default() -> None:
             M(3, 100, 310, STALL)], cfg)
 
 
+def test_canary_off_lets_the_wait_line_alone_decide_when_blind() -> None:
+    replay([*READY, OFF(0), L(shm(), 60, HANG)], CFG.model_copy(update={"canary": False}))
+
+
+def test_blind_hang_sentence_quotes_vllms_wait() -> None:
+    _, emitted = replay([*READY, OFF(0), C(TIMEOUT, 40, "degraded"), L(shm(), 58, HANG)])
+    obs = emitted[-1]
+    assert isinstance(obs, HealthFailed)
+    assert obs.failure.sentence.startswith(
+        "vLLM's executor has waited 60 s for a worker to finish one engine step (\"No available shared memory "
+        "broadcast block found in 60 seconds\", 1 line), a test generation got no answer and no JIT compile was seen "
+        "while /health is 200; ")
+    assert obs.failure.evidence is not None and "--disable-log-stats" in obs.failure.evidence
+
+
 def test_stall_sentence_names_the_numbers() -> None:
     _, emitted = replay([*READY, M(3, 4096, 0, kv=0.25), C(TIMEOUT, 35, "degraded"), M(3, 4096, 45, STALL, kv=0.25)])
     obs = emitted[-1]
@@ -267,7 +316,7 @@ def test_busy_note_names_what_turns_it_into_a_wedge() -> None:
     assert emitted[-1].reason.endswith("a wedge if no engine step completes meanwhile")
     _, emitted = replay([*READY, OFF(0), C(TIMEOUT, 35, "degraded")])
     assert isinstance(emitted[-1], HealthDegraded)
-    assert "a hang if still busy after 600 s (no engine step is observable)" in emitted[-1].reason
+    assert emitted[-1].reason.endswith("a hang if vLLM's executor waits 45 s on one step, or if still busy after 600 s")
 
 
 def test_other_log_lines_change_nothing() -> None:
@@ -275,3 +324,15 @@ def test_other_log_lines_change_nothing() -> None:
     same, obs = h.observe_log_line(t, "(APIServer pid=1) INFO:     127.0.0.1:39830 - \"GET /health HTTP/1.1\" 200 OK",
                                    5, CFG)
     assert same is t and obs is None
+
+
+def test_a_startups_compile_lines_hold_nothing_once_serving() -> None:
+    """vLLM compiles at startup ("Compiling a graph for compile range", "Dynamo bytecode transform time") and
+    may run a compiler then; none of it is a compile during inference. Fed before the first /health 200, it must
+    not hold the wedge verdicts — with metrics off nothing else would clear that hold."""
+    startup = HealthTracker()
+    for step in (L("(Worker_TP0 pid=2642) INFO 11-26 12:26:26 [backends.py:393] Compiling a graph for compile range "
+                   "(1, 8192) takes 0.03 s", 0), Step("jit", "nvcc", 0.5), L(shm(), 0.8)):
+        same, obs = feed(startup, step, CFG)
+        assert same is startup and obs is None
+    replay([*READY, OFF(1), C(TIMEOUT, 40, "degraded"), L(shm(), 60, HANG)])
