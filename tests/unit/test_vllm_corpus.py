@@ -87,9 +87,9 @@ def test_the_corpus_spans_the_versions() -> None:
         assert e.header["source"].startswith(("https://github.com/", "field-reports/")), e.name
 
 
-# Issue 14 asks for at least 40 excerpts and two of every class. No public log was found whose end nothing
-# recognises and whose process's end is known (README, "Coverage"), so `unknown` has no excerpt yet; nothing is made
-# up to fill it. Strict: once the corpus gets there, this xfail turns into a failure and the marker must go.
+# Issue 14 asks for at least 40 excerpts and two of every class. Only one public log was found whose end nothing
+# recognises and whose process's end is known (README, "Coverage"), so `unknown` has one excerpt; nothing is made up
+# to fill it. Strict: once the corpus gets there, this xfail turns into a failure and the marker must go.
 THIN = {"unknown"}
 
 
