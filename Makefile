@@ -44,7 +44,7 @@ unit: setup
 	$(BIN)/pytest -q tests/unit tests/standin
 
 # The chaos soak (tests/soak): a pair of daemons under a seeded random schedule of faults for SOAK_SECONDS
-# (default 120; SOAK_SEED replays a run), decoys planted, invariants checked; ends with
+# (default 180; SOAK_SEED replays a run), decoys planted, invariants checked; ends with
 # "soak: F faults, R recoveries, V violations" and writes the details to SOAK_REPORT (JSON). Needs root.
 # It runs in a mount namespace of its own with a fresh /dev/shm, so that the decoys planted there meet only
 # this soak's daemons (other programs' sweeps on a shared host cannot remove them, and ours cannot reach theirs).
