@@ -17,6 +17,8 @@ vLLM process ended (or was ended). The daemon and `sparkd explain` call it the s
 5. When the winner is a consequence (`Engine core initialization failed`, `EngineDeadError`, ...), the first
    Python exception line in the tail that is not itself a consequence (`KeyError: 'model.embed'`) is the
    cause: it becomes the evidence and the sentence names it. "No earlier cause" is said only when there is none.
+   The one consequence that is its own cause is a stop from outside (the API server's SIGTERM/SIGINT line):
+   `unknown`, resting on that line, unless an engine death was logged before it.
 6. Nothing matched: exit 0 is still a failure (vLLM exits 0 after engine death) → `engine_dead`; a signal
    or other exit code → `unknown`, with the first exception line named when there is one.
 
@@ -35,7 +37,7 @@ from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.logline import segments
 from sparkd.supervisor.rules import ANY, INIT_FAILED, RULES, Rule, Tier
-from sparkd.supervisor.sentences import NO_RETRY, default_do, default_what, mem_note
+from sparkd.supervisor.sentences import NO_RETRY, STOPPED_FROM_OUTSIDE, default_do, default_what, mem_note
 
 __all__ = ["MAX_SCAN_LINES", "ClassifyContext", "classify"]
 
@@ -180,7 +182,9 @@ def _from_rule(scan: _Scan, ctx: ClassifyContext, make: _Sentence) -> Failure:
     rule = hit.rule
     what = rule.what(hit.match, ctx) if rule.what is not None else default_what(rule.cls)
     evidence = hit.text
-    if rule.tier is Tier.CONSEQUENCE:
+    # A stop from outside is its own cause: what vLLM logged before it did not end it (an engine death logged
+    # first wins as the earlier consequence), what it logged after is the stop's fallout.
+    if rule.tier is Tier.CONSEQUENCE and what != STOPPED_FROM_OUTSIDE:
         if scan.first_exception is not None:
             evidence = scan.first_exception[1]
             what += f"; the first error in the log is {_quote(evidence)}"

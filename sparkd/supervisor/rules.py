@@ -33,9 +33,12 @@ from typing import TYPE_CHECKING
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.sentences import (
     APP_XID_DO,
+    MEMLOCK_DO,
     NO_RETRY,
     NO_RETRY_IMAGE,
     REBOOT_DO,
+    STOPPED_FROM_OUTSIDE,
+    STOPPED_FROM_OUTSIDE_DO,
     mem_note,
     port_what,
     what_free_memory,
@@ -71,9 +74,6 @@ class Rule:
     what: What | None = None  # the "what happened" clause; None → the class default
     do: str | None = None  # the "what to do" clause; None → the class default
     when: When | None = None  # an extra condition on the match (exit code, context); None → always
-
-    def sentence_parts(self, m: re.Match[str], ctx: ClassifyContext) -> tuple[str | None, str | None]:
-        return (self.what(m, ctx) if self.what is not None else None), self.do
 
 
 def _const(text: str) -> What:
@@ -161,10 +161,6 @@ def _what_so(m: re.Match[str], ctx: ClassifyContext) -> str:
 _REBUILD = f"fix or rebuild the image — {NO_RETRY_IMAGE}"
 _DEEPGEMM = ("install DeepGEMM into the image (git clone --recursive https://github.com/deepseek-ai/DeepGEMM.git "
              f"&& pip install --no-deps --no-build-isolation .) — {NO_RETRY_IMAGE}")
-_MEMLOCK = ("the locked-memory limit is too low for RDMA: raise memlock to unlimited (ulimit -l unlimited; "
-            "systemd LimitMEMLOCK=infinity; docker --ulimit memlock=-1 or compose ulimits: memlock: -1) or grant "
-            "CAP_IPC_LOCK ([container] cap_add = [\"IPC_LOCK\"]), and give the container a large /dev/shm — sparkd "
-            "restarts with backoff, but this repeats until the limit is raised")
 _FORK = ("if VLLM_WORKER_MULTIPROC_METHOD=fork is set in the config, the container's env or the launch script, "
          "remove it (field report 002); otherwise it is the intermittent cold-boot race of vllm#54259 — sparkd "
          "restarts every rank with backoff")
@@ -329,7 +325,7 @@ RULES: tuple[Rule, ...] = (
     _r(F.peer_lost, G, r"ProcessGroupNCCL.*(?P<why>HeartbeatMonitor)", _what_peer),
     # -- NCCL / RDMA --
     _r(F.nccl, C, r"(?P<msg>ibv_reg_mr\w*.*Cannot allocate memory.*)",
-       _fmt("NCCL could not register memory with the RDMA NIC ({msg})"), _MEMLOCK),
+       _fmt("NCCL could not register memory with the RDMA NIC ({msg})"), MEMLOCK_DO),
     _r(F.nccl, C, r"(?P<msg>NCCL WARN .*unhandled system error.*)", _what_nccl),
     _r(F.nccl, C, r"(?P<msg>NET/IB .* failed.*)", _what_nccl),
     # the verbs call itself: `NCCL WARN Call to ibv_modify_qp failed with 110 Connection timed out, on dev ...`
@@ -386,6 +382,10 @@ RULES: tuple[Rule, ...] = (
        _const("vLLM's engine died (EngineDeadError)")),
     _r(F.engine_dead, Q, r"Parent process exited, terminating worker",
        _const("The worker's parent process (the engine core) went away")),
+    # -- a stop from outside: only the API server's SIGTERM/SIGINT handler logs these (0.11-0.22; 0.23+), never the
+    # engine core's `trigger received signal=`: vLLM's own shutdown SIGTERMs the engine core, after a crash too --
+    _r(F.unknown, Q, r"\[shutdown\] API server: shutdown triggered|[Ss]hutting down FastAPI HTTP server",
+       _const(STOPPED_FROM_OUTSIDE), STOPPED_FROM_OUTSIDE_DO),
 )
 del F
 

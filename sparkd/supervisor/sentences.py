@@ -16,6 +16,11 @@ if TYPE_CHECKING:
 
 NO_RETRY = "sparkd will not retry a config error"
 NO_RETRY_IMAGE = "sparkd will not retry an image error"
+# The API server's SIGTERM/SIGINT line (rules.py); classify.py names no error beside it.
+STOPPED_FROM_OUTSIDE = ("vLLM shut down because its API server received SIGTERM or SIGINT from outside sparkd: `docker "
+                        "stop`, systemd, earlyoom, an orchestrator or a person stopped it, not a failure inside vLLM")
+STOPPED_FROM_OUTSIDE_DO = ("find who sent it (`journalctl`, `docker events`) and stop vLLM with `sparkctl stop` when "
+                           "it is to stay down — sparkd restarts with backoff")
 
 _GIB = 1024**3
 
@@ -85,6 +90,10 @@ REBOOT_DO = ("the GPU needs a reset: check `nvidia-smi` and `journalctl -k`, the
 APP_XID_DO = ("a GPU kernel faulted (an illegal memory access or a killed channel), usually a bug in vLLM or a kernel "
               "for this model and settings — sparkd restarts with backoff; if it repeats, change the kernel backend "
               "or the vLLM build")
+MEMLOCK_DO = ("the locked-memory limit is too low for RDMA: raise memlock to unlimited (ulimit -l unlimited; "
+              "systemd LimitMEMLOCK=infinity; docker --ulimit memlock=-1 or compose ulimits: memlock: -1) or grant "
+              "CAP_IPC_LOCK ([container] cap_add = [\"IPC_LOCK\"]), and give the container a large /dev/shm — sparkd "
+              "restarts with backoff, but this repeats until the limit is raised")
 
 
 def _xid(m: re.Match[str]) -> int:

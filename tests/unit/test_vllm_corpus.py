@@ -87,24 +87,12 @@ def test_the_corpus_spans_the_versions() -> None:
         assert e.header["source"].startswith(("https://github.com/", "field-reports/")), e.name
 
 
-# Issue 14 asks for at least 40 excerpts and two of every class. Only one public log was found whose end nothing
-# recognises and whose process's end is known (README, "Coverage"), so `unknown` has one excerpt; nothing is made up
-# to fill it. Strict: once the corpus gets there, this xfail turns into a failure and the marker must go.
-THIN = {"unknown"}
-
-
-@pytest.mark.xfail(strict=True, reason=f"corpus short of issue 14's target: 40 excerpts, two each of {sorted(THIN)}")
+# Issue 14 asks for at least 40 excerpts and two of every class a vLLM log can show (README, "Coverage").
 def test_the_corpus_is_broad() -> None:
     """At least 40 excerpts, every class a vLLM log can show at least twice."""
     counts = Counter(e.cls for e in EXCERPTS)
     thin = {cls.value: counts[cls] for cls in FailureClass if cls not in NOT_IN_LOGS and counts[cls] < 2}
     assert len(EXCERPTS) >= 40 and not thin, f"{len(EXCERPTS)} excerpts; classes with fewer than two: {thin}"
-
-
-def test_the_thin_classes_are_the_ones_named() -> None:
-    """The xfail above names exactly the classes that are short, so a new excerpt shows up here first."""
-    counts = Counter(e.cls for e in EXCERPTS)
-    assert {cls.value for cls in FailureClass if cls not in NOT_IN_LOGS and counts[cls] < 2} == THIN
 
 
 @pytest.mark.parametrize("excerpt", EXCERPTS, ids=IDS)
