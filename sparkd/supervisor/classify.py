@@ -37,7 +37,7 @@ from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.logline import segments
 from sparkd.supervisor.rules import ANY, INIT_FAILED, RULES, Rule, Tier
-from sparkd.supervisor.sentences import NO_RETRY, STOPPED_FROM_OUTSIDE, default_do, default_what, mem_note
+from sparkd.supervisor.sentences import NO_RETRY, default_do, default_what, mem_note
 
 __all__ = ["MAX_SCAN_LINES", "ClassifyContext", "classify"]
 
@@ -182,9 +182,10 @@ def _from_rule(scan: _Scan, ctx: ClassifyContext, make: _Sentence) -> Failure:
     rule = hit.rule
     what = rule.what(hit.match, ctx) if rule.what is not None else default_what(rule.cls)
     evidence = hit.text
-    # A stop from outside is its own cause: what vLLM logged before it did not end it (an engine death logged
-    # first wins as the earlier consequence), what it logged after is the stop's fallout.
-    if rule.tier is Tier.CONSEQUENCE and what != STOPPED_FROM_OUTSIDE:
+    # A consequence that is no failure of vLLM's (`unknown`: the stop from outside) is its own cause: what vLLM
+    # logged before it did not end it (an engine death logged first wins as the earlier consequence), what it
+    # logged after is the stop's fallout.
+    if rule.tier is Tier.CONSEQUENCE and rule.cls is not FailureClass.unknown:
         if scan.first_exception is not None:
             evidence = scan.first_exception[1]
             what += f"; the first error in the log is {_quote(evidence)}"
