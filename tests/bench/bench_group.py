@@ -51,7 +51,8 @@ from group_harness import Fabric, group_configs
 from pair_harness import NodeDaemon
 
 HERE = Path(__file__).resolve()
-STARTUP_S = "3"
+# The stand-in's startup per rank; SPARKD_BENCH_STARTUP_S lengthens it (test_bench_cleanup.py interrupts a load).
+STARTUP_S = os.environ.get("SPARKD_BENCH_STARTUP_S", "3")
 
 
 def poll_main(port: int, timeout: float) -> None:

@@ -38,9 +38,10 @@ def ranks_of(bench: psutil.Process) -> list[psutil.Process]:
 
 
 def test_an_interrupted_group_bench_leaves_nothing_running(tmp_path: Path) -> None:
+    # ranks that load for 300 s: the interrupt surely comes while they load, however slow this machine is
     bench = subprocess.Popen([sys.executable, str(BENCH), "--sizes", "2", "--restarts", "0", "--bare", "1"],
                              cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, env={**os.environ, "SPARKD_BENCH_STARTUP_S": "300"})
     seen: list[psutil.Process] = []
     try:
         root = psutil.Process(bench.pid)
