@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -28,6 +29,12 @@ from typing import Any
 
 import pytest
 from sysfs_tree import SysfsTree
+
+# A shell that starts the suite in the background (`make test &` in a script) hands it SIGINT ignored, and every
+# program the tests start would inherit that: a Ctrl-C test, or the interrupt that ends a background soak, would
+# reach nothing. The suite takes the default back, so its programs get SIGINT as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INFRA_DIR = REPO_ROOT / "tests" / "infra"
