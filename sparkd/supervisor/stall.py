@@ -218,7 +218,7 @@ def _blind(c: StallClock, now: float, cfg: HealthConfig) -> Wedge | None:
     return Wedge("hang",
                  f"vLLM's executor has waited {waited} s for a worker to finish one engine step (\"No available "
                  f"shared memory broadcast block found in {c.wait_interval_s} seconds\", {lines}), a test generation "
-                 f"got no answer and no JIT compile was seen",
+                 f"got no answer and no JIT compile within vLLM's execute timeout explains it",
                  f"{lines} of the executor's wait, {c.wait_interval_s} s each (limit {cfg.stall_after_s:g} s); "
                  f"canary unanswered; vLLM's metrics and throughput log are off (--disable-log-stats)")
 

@@ -278,8 +278,8 @@ def test_blind_hang_sentence_quotes_vllms_wait() -> None:
     assert isinstance(obs, HealthFailed)
     assert obs.failure.sentence.startswith(
         "vLLM's executor has waited 60 s for a worker to finish one engine step (\"No available shared memory "
-        "broadcast block found in 60 seconds\", 1 line), a test generation got no answer and no JIT compile was seen "
-        "while /health is 200; ")
+        "broadcast block found in 60 seconds\", 1 line), a test generation got no answer and no JIT compile within "
+        "vLLM's execute timeout explains it while /health is 200; ")
     assert obs.failure.evidence is not None and "--disable-log-stats" in obs.failure.evidence
 
 
