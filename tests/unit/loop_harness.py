@@ -66,6 +66,13 @@ class Node:
     async def until_state(self, state: str, limit_s: float = 3600) -> float:
         return await self.until(lambda: self.state == state, limit_s)
 
+    async def crash_into(self, state: str, times: int = 1) -> None:
+        """``times`` times: wait for ready, crash vLLM, wait for ``state`` (backoff, failed)."""
+        for _ in range(times):
+            await self.until_state("ready")
+            self.runtime.crash()
+            await self.until_state(state)
+
     async def settled(self) -> None:
         """Every effect the loop started has finished: an incident is written in a worker thread, which
         ``all_tasks_blocked`` alone takes for a blocked task."""

@@ -80,9 +80,7 @@ async def test_a_backoff_shorter_than_the_loops_tick_ends_on_time(tmp_path: Path
     runtime, clock = FakeRuntime(), FakeClock()
     async with running(cfg, runtime, clock) as node:
         for _ in range(4):
-            await node.until_state("ready")
-            runtime.crash()
-            await node.until_state("backoff")
+            await node.crash_into("backoff")
             waited = await node.until(lambda: node.state != "backoff")
             assert waited == pytest.approx(0.2, abs=1e-6)
 

@@ -106,9 +106,7 @@ async def test_a_stopped_node_stays_stopped_across_a_daemon_restart(tmp_path: Pa
 async def test_the_remaining_backoff_survives_a_daemon_restart(tmp_path: Path) -> None:
     cfg, runtime, clock = config(tmp_path, restart={"jitter": 0}), FakeRuntime(), FakeClock()
     async with running(cfg, runtime, clock) as node:
-        await node.until_state("ready")
-        runtime.crash()
-        await node.until_state("backoff")
+        await node.crash_into("backoff")
     clock.advance(4)
     async with running(cfg, runtime, clock) as again:
         assert again.state == "backoff"
@@ -180,9 +178,7 @@ async def test_a_restarted_daemon_adopts_the_running_instance_without_a_launch(t
 async def test_restart_from_failed_closes_the_breaker_and_launches(tmp_path: Path) -> None:
     cfg, runtime, clock = config(tmp_path, restart={"budget_failures": 1}), FakeRuntime(), FakeClock()
     async with running(cfg, runtime, clock) as node:
-        await node.until_state("ready")
-        runtime.crash()
-        await node.until_state("failed")
+        await node.crash_into("failed")
         assert (await node.command(restart)).ok
         await node.until_state("ready")
         assert not node.status()["breaker"]["open"]

@@ -61,14 +61,9 @@ def test_every_remembered_field_round_trips_through_the_file(tmp_path: Path) -> 
 async def test_the_restart_budget_survives_a_daemon_restart(tmp_path: Path) -> None:
     cfg, runtime, clock = config(tmp_path, restart={"budget_failures": 3, "jitter": 0}), FakeRuntime(), FakeClock()
     async with running(cfg, runtime, clock) as node:
-        for _ in range(2):
-            await node.until_state("ready")
-            runtime.crash()
-            await node.until_state("backoff")
+        await node.crash_into("backoff", times=2)
     async with running(cfg, runtime, clock) as again:
-        await again.until_state("ready")
-        runtime.crash()
-        await again.until_state("failed")  # the third failure in the window, two of them before the restart
+        await again.crash_into("failed")  # the third failure in the window, two of them before the restart
         assert "3 failures" in again.status()["breaker"]["reason"]
 
 
@@ -77,15 +72,10 @@ async def test_the_count_of_failures_in_a_row_survives_a_daemon_restart(tmp_path
                                     "budget_window_s": 60})
     runtime, clock = FakeRuntime(), FakeClock()
     async with running(cfg, runtime, clock) as node:
-        for _ in range(2):
-            await node.until_state("ready")
-            runtime.crash()
-            await node.until_state("backoff")
+        await node.crash_into("backoff", times=2)
     clock.advance(3600)  # the budget window is long past; the failures in a row are not
     async with running(cfg, runtime, clock) as again:
-        await again.until_state("ready")
-        runtime.crash()
-        await again.until_state("failed")
+        await again.crash_into("failed")
         assert "3 failures in a row" in again.status()["breaker"]["reason"]
 
 
