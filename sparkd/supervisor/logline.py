@@ -24,7 +24,7 @@ from dataclasses import dataclass
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 # `(APIServer pid=123) `, `(Worker_TP0 pid=5) `, `(RayWorkerWrapper pid=9, ip=10.0.0.2) `.
-_PREFIX = re.compile(r"^\s*\((?P<process>[A-Za-z_][\w.\-]*) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)[ \t]?")
+_PREFIX = re.compile(r"^\s*\((?P<process>[A-Za-z_][\w.\-]*) pid=(?P<pid>\d{1,18})(?:, ip=[^)]*)?\)[ \t]?")
 
 # vLLM's format: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s", datefmt "%m-%d %H:%M:%S".
 _HEADER = re.compile(

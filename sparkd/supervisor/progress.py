@@ -121,15 +121,15 @@ _RULES: tuple[_Rule, ...] = (
     _rule(r"vLLM (?:API )?server version \S+", P.launching),
     _rule(r"Initializing a V1 LLM engine", P.launching),
     # waiting for the peer (torch.distributed init blocks until every rank joins the TCPStore)
-    _rule(r"world_size=(?P<world>\d+) rank=(?P<rank>\d+) local_rank=\d+ distributed_init_method=",
+    _rule(r"world_size=(?P<world>\d{1,18}) rank=(?P<rank>\d{1,18}) local_rank=\d+ distributed_init_method=",
           P.waiting_for_peer, _world),
     _rule(r"Launching vLLM \(v[^)]*\) headless multiproc executor", P.waiting_for_peer),
     # past distributed init
-    _rule(r"rank (?P<rank>\d+) in world size (?P<world>\d+) is assigned as", P.loading_weights, _world,
+    _rule(r"rank (?P<rank>\d{1,18}) in world size (?P<world>\d{1,18}) is assigned as", P.loading_weights, _world,
           distributed=True),
     _rule(r"vLLM is using nccl==", None),
     _rule(r"Starting to load model ", P.loading_weights, distributed=True),
-    _rule(r"Loading [^:]*:\s*\d+% Completed \| (?P<n>\d+)/(?P<total>\d+)", P.loading_weights, _shards,
+    _rule(r"Loading [^:]*:\s*\d+% Completed \| (?P<n>\d{1,18})/(?P<total>\d{1,18})\b", P.loading_weights, _shards,
           distributed=True),
     _rule(r"Loading weights took [\d.]+ seconds", P.loading_weights, distributed=True),
     _rule(r"Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<secs>[\d.]+) seconds",
@@ -139,8 +139,8 @@ _RULES: tuple[_Rule, ...] = (
     _rule(r"Dynamo bytecode transform time|Compiling a graph for|torch\.compile takes", P.compiling),
     # KV cache
     _rule(r"Available KV cache memory: (?P<gib>[\d.]+) GiB", P.kv_cache, _kv_gib, distributed=True),
-    _rule(r"GPU KV cache size: (?P<tokens>[\d,]+) tokens", P.kv_cache, _kv_tokens),
-    _rule(r"Maximum concurrency for (?P<tokens>[\d,]+) tokens per request: (?P<x>[\d.]+)x", P.kv_cache,
+    _rule(r"GPU KV cache size: (?P<tokens>[\d,]{1,24}) tokens", P.kv_cache, _kv_tokens),
+    _rule(r"Maximum concurrency for (?P<tokens>[\d,]{1,24}) tokens per request: (?P<x>[\d.]+)x", P.kv_cache,
           _concurrency),
     # CUDA graphs
     _rule(r"Capturing CUDA graphs", P.graph_capture, distributed=True),

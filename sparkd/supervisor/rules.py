@@ -187,7 +187,7 @@ def _image(pattern: str, what: What, do: str = _REBUILD) -> Rule:
 C, G, Q, A = Tier.CAUSE, Tier.GENERIC, Tier.CONSEQUENCE, Tier.AMBIGUOUS
 F = FailureClass
 _I = re.IGNORECASE
-_XID = r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)\b"
+_XID = r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d{1,18})\b"
 
 # Order matters only between rules that can match the same line: the first one listed wins for that line.
 RULES: tuple[Rule, ...] = (
@@ -301,7 +301,7 @@ RULES: tuple[Rule, ...] = (
        r"Timed out after (?P<secs>\d+) seconds waiting for clients\. (?P<joined>\d+)/(?P<want>\d+) clients joined",
        _fmt("The head waited {secs} s for the worker to join the rendezvous and only {joined}/{want} ranks arrived")),
     _r(F.rendezvous_timeout, C,
-       r"client socket has timed out after (?P<ms>\d+)ms while trying to connect to \((?P<host>[^,]+), "
+       r"client socket has timed out after (?P<ms>\d{1,18})ms while trying to connect to \((?P<host>[^,]+), "
        r"(?P<port>\d+)\)",
        lambda m, ctx: (f"The worker could not reach the head's rendezvous at {m.group('host')}:{m.group('port')} "
                        f"for {int(m.group('ms')) // 1000} s")),
@@ -353,7 +353,7 @@ RULES: tuple[Rule, ...] = (
        _const("A rank stopped consuming the shared-memory broadcast queue")),
     # -- a silent wedge: vLLM's own throughput line with requests running and no token for a whole interval --
     _r(F.stall, A, r"Avg prompt throughput: 0\.0 tokens/s, Avg generation throughput: 0\.0 tokens/s, "
-       r"Running: (?P<running>[1-9]\d*) reqs",
+       r"Running: (?P<running>[1-9]\d{0,17}) reqs",
        _fmt("vLLM's throughput log shows {running} request(s) running and no token generated")),
     # -- vLLM's own CUDA checks in csrc (CUDACHECK prints this line and exits the worker) --
     _r(F.engine_dead, C, r"Failed: Cuda error (?P<file>\S*custom_all_reduce\S*?):(?P<line>\d+) '(?P<err>[^']+)'",

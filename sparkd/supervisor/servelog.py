@@ -88,8 +88,8 @@ class ShmWait:
 
 _THROUGHPUT = re.compile(
     r"(?:Engine (?P<engine>\d+): )?Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, "
-    r"Avg generation throughput: (?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, "
-    r"(?:Swapped: \d+ reqs, )?(?:Pending|Waiting): (?P<waiting>\d+) reqs"
+    r"Avg generation throughput: (?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d{1,18}) reqs, "
+    r"(?:Swapped: \d+ reqs, )?(?:Pending|Waiting): (?P<waiting>\d{1,18}) reqs"
     r"(?:, Preemptions: \d+)?(?:, GPU KV cache usage: (?P<kv>[\d.]+)%)?"
 )
 _JIT_MONITOR = re.compile(r"(?P<kind>[\w/ -]+?) JIT compilation during inference: (?P<name>[^\s.(]+)")
@@ -100,7 +100,7 @@ _OTHER_JIT = re.compile(
 )
 
 
-_SHM_WAIT = re.compile(r"No available shared memory broadcast block found in (?P<seconds>\d+) seconds")
+_SHM_WAIT = re.compile(r"No available shared memory broadcast block found in (?P<seconds>\d{1,18}) seconds")
 
 
 def read_serve_line(raw: str) -> Throughput | JitCompile | ShmWait | None:
