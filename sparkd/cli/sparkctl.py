@@ -98,7 +98,8 @@ def global_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Machine-readable output."),
         click.option("--config", type=click.Path(path_type=Path), expose_value=False, callback=_set("config"),
                      help="Take the socket from this sparkd config."),
-        click.option("--socket", type=click.Path(path_type=Path), expose_value=False, callback=_set("socket"),
+        click.option("--socket", type=click.Path(path_type=Path, readable=False), expose_value=False,
+                     callback=_set("socket"),
                      help=f"The daemon's control socket (default {DEFAULT_SOCKET})."),
     ):
         fn = option(fn)

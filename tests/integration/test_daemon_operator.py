@@ -125,7 +125,10 @@ def test_a_socket_the_user_may_not_open_says_which_group_to_join(sparkd: Fleet, 
     tmp_path.chmod(0o755)
     for parent in (daemon.tmp, daemon.socket.parent):
         parent.chmod(0o755)
+    # nobody, allowed to read and search any path (the checkout may sit under a 0700 directory, as `mktemp -d`
+    # makes) but not to write what it does not own: connecting to a socket is a write
     result = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                             "--inh-caps", "+dac_read_search", "--ambient-caps", "+dac_read_search",
                              str(BIN / "sparkctl"), "--socket", str(daemon.socket), "status"],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 4, result.stdout + result.stderr
