@@ -299,3 +299,7 @@ class LogConfig(_Section):
     vllm_to_journal: bool = Field(default=False, description=(
         "Also send vLLM's output to the journal under `SYSLOG_IDENTIFIER=vllm` (`journalctl -t vllm`), "
         "when the journal runs."))
+    probe_requests: bool = Field(default=False, description=(
+        "Keep the access-log lines of sparkd's own probes (`/health`, `/metrics` and the canary, marked "
+        "`?probe=sparkd`) in vllm.log, `sparkctl logs`, incidents and the journal. Off: they are left out, so they "
+        "never bury vLLM's own lines; other clients' requests are always kept."))

@@ -13,7 +13,8 @@ happened to a :class:`~sparkd.supervisor.health.ProbeResult`; the verdict is the
 Probes never raise for what the server does; they raise only when cancelled.
 
 Probes go to the loopback address when vLLM listens on all addresses, and never through an HTTP proxy from
-the environment: an `http_proxy` meant for downloads would swallow every probe.
+the environment: an `http_proxy` meant for downloads would swallow every probe. Every probe's path carries the query
+``probe=sparkd`` (`sparkd.supervisor.probelines`): the shell leaves their access-log lines out of vLLM's log.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import anyio
 from sparkd import __version__
 from sparkd.plainhttp import Client, ProtocolError, Response
 from sparkd.supervisor.health import MetricsOff, ProbeOutcome, ProbeResult, VllmMetrics
+from sparkd.supervisor.probelines import probe_url
 
 __all__ = [
     "HttpProbes",
@@ -117,7 +119,7 @@ async def _request(
 
 async def probe_health(client: Client, base_url: str, timeout_s: float) -> ProbeResult:
     """GET /health: 200 → ok, 503 → engine_dead, refused, timeout, else error."""
-    answer = await _request(client, "GET", f"{base_url}/health", timeout_s)
+    answer = await _request(client, "GET", probe_url(base_url, "/health"), timeout_s)
     if isinstance(answer, ProbeResult):
         return answer
     response, latency = answer
@@ -139,7 +141,7 @@ async def probe_canary(
     """
     body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    answer = await _request(client, "POST", f"{base_url}/v1/completions", timeout_s, json_body=body,
+    answer = await _request(client, "POST", probe_url(base_url, "/v1/completions"), timeout_s, json_body=body,
                             headers=headers)
     if isinstance(answer, ProbeResult):
         return answer
@@ -172,7 +174,7 @@ def _error_message(text: str) -> str:
 
 async def scrape_vllm_metrics(client: Client, base_url: str, timeout_s: float) -> VllmMetrics | None:
     """GET /metrics and parse the series the health checks need; None if the scrape failed in any way."""
-    answer = await _request(client, "GET", f"{base_url}/metrics", timeout_s)
+    answer = await _request(client, "GET", probe_url(base_url, "/metrics"), timeout_s)
     if isinstance(answer, ProbeResult) or answer[0].status_code != 200:
         return None
     return parse_vllm_metrics(answer[0].text)
@@ -183,7 +185,7 @@ async def scrape_metrics(
 ) -> VllmMetrics | MetricsOff | None:
     """GET /metrics for the health tracker: the series, `MetricsOff` when the page answered without any `vllm:*`
     family (vLLM runs with --disable-log-stats), or None if the scrape failed in any way."""
-    answer = await _request(client, "GET", f"{base_url}/metrics", timeout_s)
+    answer = await _request(client, "GET", probe_url(base_url, "/metrics"), timeout_s)
     if isinstance(answer, ProbeResult) or answer[0].status_code != 200:
         return None
     return read_metrics_page(answer[0].text)

@@ -48,6 +48,8 @@ from sparkd.statefile import json_state
 from sparkd.stateschema import INSTANCE
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.probelines import is_probe_line
+from sparkd.supervisor.progress import Phase
 from sparkd.supervisor.progress import Progress as Startup
 from sparkd.supervisor.progress import advance, is_progress
 from sparkd.supervisor.states import State
@@ -92,6 +94,7 @@ class Node:
         self.last_preflight: list[dict[str, object]] = []
         self.timing: LaunchTiming | None = None  # the current (or last) launch's, for status and metrics
         self.phase_listeners: list[Callable[[Startup], None]] = []
+        self.probe_lines = 0  # access-log lines of sparkd's own probes left out of vLLM's log
         self._busy = anyio.Lock()  # launch and stop never overlap
 
     @property
@@ -198,6 +201,7 @@ class Node:
             instance = self._with_identity(instance, marker)
             self.evidence.mark_launch()
             timing.exec_at = self.clock.now()
+            timing.phase(Phase.launching, timing.exec_at)  # imports and the engine's spawn: timed like the others
             timing.step("runtime.launch", timing.exec_at - called)
             self.timing = timing
             self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=argv,
@@ -272,6 +276,9 @@ class Node:
 
     # ---- what the watch tells
     def on_line(self, line: str, persist: bool = True) -> None:
+        if is_probe_line(line) and not self.cfg.log.probe_requests:
+            self.probe_lines += 1  # sparkd's own probe in uvicorn's access log: not vLLM's story
+            return
         line = self.redact(line)
         self.vllm_log.append(line, persist=persist)
         if not is_progress(line):

@@ -17,7 +17,10 @@ Rules:
 
 The line formats are vLLM's own (reference/vllm-runtime-surface.md §3.2, community-recipes.md §12 "Boot
 progress"), across 0.11.1–0.33: both the separate and the merged (≥0.28) KV-cache/concurrency lines, both
-"Starting vLLM API server 0 on" (≤0.16) and "Starting vLLM server on" (≥0.18).
+"Starting vLLM API server 0 on" (≤0.16) and "Starting vLLM server on" (≥0.18). vLLM's CPU build (0.32, the real
+vLLM of the test tier, tests/realvllm) logs no "Model loading took": its compile is "Warming up model for the
+compilation...", its KV cache "Explicitly set (X/Y) GiB for KV cache" and "CPU KV cache size". A world of one
+(``world_size=1``) never waits for a peer, so its rank line does not enter `waiting_for_peer`.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class Progress:
     shards_loaded: int | None = None
     shards_total: int | None = None
     kv_cache_gib: float | None = None  # "Available KV cache memory: X GiB"
-    kv_cache_tokens: int | None = None  # "GPU KV cache size: N tokens"
+    kv_cache_tokens: int | None = None  # "GPU KV cache size: N tokens" ("CPU KV cache size" on the CPU build)
     max_concurrency: float | None = None  # "Maximum concurrency for T tokens per request: Xx"
     max_concurrency_tokens: int | None = None  # T in that line
     model_loading_gib: float | None = None  # "Model loading took X GiB memory and Y seconds"
@@ -76,16 +79,23 @@ def _int(s: str) -> int:
 _Facts = Callable[[re.Match[str]], dict[str, Any]]
 
 
+_PhaseOf = Callable[[re.Match[str]], "Phase | None"]
+
+
 @dataclass(frozen=True)
 class _Rule:
     pattern: re.Pattern[str]
-    phase: Phase | None  # the phase this line proves we reached; None: progress within the current phase
+    # the phase this line proves we reached (or a function of the match saying so); None: progress within the phase
+    phase: Phase | _PhaseOf | None
     facts: _Facts | None = None
     distributed: bool = False  # the line proves the rank is past torch.distributed init
 
+    def reached(self, m: re.Match[str]) -> Phase | None:
+        return self.phase(m) if callable(self.phase) else self.phase
+
 
 def _rule(
-    pattern: str, phase: Phase | None, facts: _Facts | None = None, *, distributed: bool = False
+    pattern: str, phase: Phase | _PhaseOf | None, facts: _Facts | None = None, *, distributed: bool = False
 ) -> _Rule:
     return _Rule(re.compile(pattern), phase, facts, distributed)
 
@@ -114,6 +124,11 @@ def _concurrency(m: re.Match[str]) -> dict[str, Any]:
     return {"max_concurrency_tokens": _int(m.group("tokens")), "max_concurrency": float(m.group("x"))}
 
 
+def _peer_wait(m: re.Match[str]) -> Phase | None:
+    """torch.distributed init waits for the other ranks only when there are others: a world of one waits for none."""
+    return Phase.waiting_for_peer if int(m.group("world")) > 1 else None
+
+
 P = Phase
 # Every rule is tried on every line: the ≥0.28 KV line matches both the size and the concurrency rule.
 _RULES: tuple[_Rule, ...] = (
@@ -122,7 +137,7 @@ _RULES: tuple[_Rule, ...] = (
     _rule(r"Initializing a V1 LLM engine", P.launching),
     # waiting for the peer (torch.distributed init blocks until every rank joins the TCPStore)
     _rule(r"world_size=(?P<world>\d{1,18}) rank=(?P<rank>\d{1,18}) local_rank=\d+ distributed_init_method=",
-          P.waiting_for_peer, _world),
+          _peer_wait, _world),
     _rule(r"Launching vLLM \(v[^)]*\) headless multiproc executor", P.waiting_for_peer),
     # past distributed init
     _rule(r"rank (?P<rank>\d{1,18}) in world size (?P<world>\d{1,18}) is assigned as", P.loading_weights, _world,
@@ -135,11 +150,15 @@ _RULES: tuple[_Rule, ...] = (
     _rule(r"Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<secs>[\d.]+) seconds",
           P.compiling, _model_loading, distributed=True),
     _rule(r"Loading drafter model", None),
-    # torch.compile and the memory profile (between the weights and the KV cache)
+    # torch.compile and the memory profile (between the weights and the KV cache); vLLM's CPU build (0.32) warms the
+    # model up for its compile instead, and logs no "Model loading took"
     _rule(r"Dynamo bytecode transform time|Compiling a graph for|torch\.compile takes", P.compiling),
-    # KV cache
+    _rule(r"Warming up model for the compilation|Warming up done\.|saved AOT compiled function|"
+          r"Initial profiling/warmup run took", P.compiling, distributed=True),
+    # KV cache (the device word is the platform's: GPU on CUDA, CPU on vLLM's CPU build)
     _rule(r"Available KV cache memory: (?P<gib>[\d.]+) GiB", P.kv_cache, _kv_gib, distributed=True),
-    _rule(r"GPU KV cache size: (?P<tokens>[\d,]{1,24}) tokens", P.kv_cache, _kv_tokens),
+    _rule(r"Explicitly set \((?P<gib>[\d.]+)/[\d.]+\) GiB for KV cache", P.kv_cache, _kv_gib, distributed=True),
+    _rule(r"\b[A-Z]{2,4} KV cache size: (?P<tokens>[\d,]{1,24}) tokens", P.kv_cache, _kv_tokens),
     _rule(r"Maximum concurrency for (?P<tokens>[\d,]{1,24}) tokens per request: (?P<x>[\d.]+)x", P.kv_cache,
           _concurrency),
     # CUDA graphs
@@ -175,8 +194,9 @@ def advance(progress: Progress, line: str, now: float) -> Progress:
         m = rule.pattern.search(text)
         if m is None:
             continue
-        if rule.phase is not None and rule.phase.order > phase.order:
-            phase = rule.phase
+        reached = rule.reached(m)
+        if reached is not None and reached.order > phase.order:
+            phase = reached
         if rule.facts is not None:
             changes.update(rule.facts(m))
         if rule.distributed:

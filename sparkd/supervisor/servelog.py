@@ -66,7 +66,7 @@ class Throughput:
     generation_tps: float
     running: int
     waiting: int
-    kv_cache_usage_pct: float | None  # "GPU KV cache usage: 58.5%"
+    kv_cache_usage_pct: float | None  # "GPU KV cache usage: 58.5%" ("CPU KV cache usage" on vLLM's CPU build)
 
     @property
     def moving(self) -> bool:
@@ -90,7 +90,10 @@ _THROUGHPUT = re.compile(
     r"(?:Engine (?P<engine>\d+): )?Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, "
     r"Avg generation throughput: (?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d{1,18}) reqs, "
     r"(?:Swapped: \d+ reqs, )?(?:Pending|Waiting): (?P<waiting>\d{1,18}) reqs"
-    r"(?:, Preemptions: \d+)?(?:, GPU KV cache usage: (?P<kv>[\d.]+)%)?"
+    # 0.32: `Deferred: N reqs` and `KV fetch: ...` when non-zero; the device word is the platform's (GPU, CPU, XPU)
+    r"(?:, Deferred: \d+ reqs)?(?:, KV fetch: \d+ waiting to start, \d+ in progress, \d+ completed waiting)?"
+    r"(?:, Preemptions: \d+)?"
+    r"(?:, (?:[A-Z]{2,4} )?KV cache usage: (?P<kv>[\d.]+)%)?"
 )
 _JIT_MONITOR = re.compile(r"(?P<kind>[\w/ -]+?) JIT compilation during inference: (?P<name>[^\s.(]+)")
 _FLASHINFER_JIT = re.compile(r"flashinfer\.jit: (?P<msg>.*)")
