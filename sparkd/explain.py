@@ -3,7 +3,8 @@
 The operator hands over a log (a file, or ``-`` for stdin) and, when known, how the process ended (``--exit-code``,
 ``--signal``); the answer is the failure class, the one sentence (what happened; what to do next) and the line
 it rests on. The classifier is the daemon's own (:func:`sparkd.supervisor.classify.classify`), with no config
-facts: nothing here reads the node.
+facts: nothing here reads the node. A log sparkd wrote (``vllm.log``, an incident's ``log-tail.txt``) is read from
+its last launch line on, and sparkd's own verdict there is said again (:mod:`sparkd.supervisor.marks`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from collections import deque
 from typing import BinaryIO
 
 from sparkd.supervisor.classify import MAX_SCAN_LINES, classify
-from sparkd.supervisor.failures import Failure
+from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.marks import attempt, verdict, vllm_lines
 
 __all__ = ["ExplainError", "explain", "parse_signal", "read_tail", "render"]
 
@@ -56,7 +58,14 @@ def parse_signal(value: str) -> int:
 
 
 def explain(lines: list[str], exit_code: int | None = None, sig: int | None = None) -> Failure:
-    return classify(exit_code, sig, lines)
+    """The last attempt's failure: from the last launch (or failed preflight) line sparkd wrote on; sparkd's own
+    verdict when it logged one there (a wedge seen by the canary leaves nothing in vLLM's log to read), else the
+    classifier on vLLM's lines."""
+    lines = attempt(lines)
+    said = verdict(lines)
+    if said is not None and said.cls in FailureClass.__members__:
+        return Failure(FailureClass(said.cls), said.sentence, exit_code, sig, said.evidence)
+    return classify(exit_code, sig, vllm_lines(lines))
 
 
 def render(failure: Failure, *, as_json: bool) -> str:

@@ -23,10 +23,12 @@ from sparkd.redact import Redactor
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor.classify import ClassifyContext, classify
 from sparkd.supervisor.failures import Evidence, Failure, FailureClass
+from sparkd.supervisor.marks import LAUNCH_LINE, attempt, this_launch, verdict_line, vllm_lines
 from sparkd.supervisor.states import State
 
+__all__ = ["LAUNCH_LINE", "LOG_TAIL_LINES", "Counters", "FailureEvidence", "this_launch"]
+
 LOG_TAIL_LINES = 300  # what an incident and the classifier read of vLLM's output
-LAUNCH_LINE = "---- sparkd: launch "  # written into the vLLM log before every launch
 
 
 @dataclass
@@ -71,17 +73,23 @@ class FailureEvidence:
         if Evidence.container in evidence and instance is not None:
             container = self.redact.mapping(await self.runtime.inspect(instance))
         record = self._incident(failure, at, preflight=preflight)
-        await self.incidents.write(record, self.vllm_log.last(LOG_TAIL_LINES), evidence=evidence,
+        await self.incidents.write(record, self._tail(failure), evidence=evidence,
                                    container=container, guard=self._guard_evidence())
 
     def write_guard_evidence(self, failure: Failure) -> None:
         """The memory guard's evidence, now, before it signals anything (synchronous and quick)."""
         record = self._incident(failure, self._count(failure))
-        self.incidents.write_now(record, self.vllm_log.last(LOG_TAIL_LINES), guard=self._guard_evidence())
+        self.incidents.write_now(record, self._tail(failure), guard=self._guard_evidence())
+
+    def _tail(self, failure: Failure) -> list[str]:
+        """sparkd's verdict goes into vLLM's log (some rest on nothing vLLM logged: a canary unanswered, the guard);
+        the incident keeps this attempt's lines only, from its launch (or failed preflight) line on."""
+        self.vllm_log.append(self.redact(verdict_line(failure.cls.value, failure.sentence, failure.evidence)))
+        return attempt(self.vllm_log.last(LOG_TAIL_LINES))
 
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
                       engine_gone: bool = False) -> Failure:
-        return classify(exit_code, sig, this_launch(self.vllm_log.last(LOG_TAIL_LINES)), hint=hint,
+        return classify(exit_code, sig, vllm_lines(this_launch(self.vllm_log.last(LOG_TAIL_LINES))), hint=hint,
                         context=self.context(engine_gone))
 
     def context(self, engine_gone: bool = False) -> ClassifyContext:
@@ -119,12 +127,3 @@ class FailureEvidence:
                                  state=self.state().value, pid=instance.pid if instance else None, **facts)
         redacted: dict[str, Any] = self.redact.mapping(record)
         return redacted
-
-
-def this_launch(tail: list[str]) -> list[str]:
-    """The lines of ``tail`` since the last launch line: an earlier instance's errors never classify this death
-    (and a short-lived instance is classified from its few lines, not 300)."""
-    for i in range(len(tail) - 1, -1, -1):
-        if tail[i].startswith(LAUNCH_LINE):
-            return tail[i + 1:]
-    return tail

@@ -20,7 +20,7 @@ import psutil
 from sparkd.clock import Clock
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
-from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
+from sparkd.daemon.evidence import FailureEvidence
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
@@ -28,7 +28,7 @@ from sparkd.guard.guard import Guard
 from sparkd.incidents import IncidentWriter
 from sparkd.launch import LaunchSpec, health_settings, render
 from sparkd.logs import VllmLog
-from sparkd.preflight.base import Check
+from sparkd.preflight.base import Check, Verdict
 from sparkd.preflight.processes import expected_launch
 from sparkd.preflight.runner import (
     DEFAULT_CHECKS,
@@ -48,10 +48,10 @@ from sparkd.statefile import json_state
 from sparkd.stateschema import INSTANCE
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.marks import LAUNCH_LINE, preflight_line
 from sparkd.supervisor.probelines import is_probe_line
-from sparkd.supervisor.progress import Phase
+from sparkd.supervisor.progress import Phase, advance, is_progress
 from sparkd.supervisor.progress import Progress as Startup
-from sparkd.supervisor.progress import advance, is_progress
 from sparkd.supervisor.states import State
 
 
@@ -153,6 +153,7 @@ class Node:
                 self.log.info("preflight", check=result.id, verdict=result.verdict.value, found=result.found,
                               did=result.did, duration_s=round(result.duration_s, 3))
             failures[0] = report.failure()
+            self._log_preflight_failure(report)
 
         async def workers() -> None:
             if self.role is Role.head and self.group is not None:
@@ -170,6 +171,17 @@ class Node:
             timing.step("group.start_workers", self.clock.now() - started)
         timing.step("preflight", self.clock.now() - timing.requested_at)
         self.post(v.PreflightDone(failure, rand=self.rand()))
+
+    def _log_preflight_failure(self, report: PreflightReport) -> None:
+        """A preflight that stops the launch starts an attempt of its own in vLLM's log: its line, then what the
+        failing check's program printed (vLLM's parser: its traceback, argparse's complaint), so the incident and
+        `sparkd explain` read this attempt, not the previous launch."""
+        failed = next((r for r in report.results if r.verdict is Verdict.fail), None)
+        if failed is None:
+            return
+        self.vllm_log.append(preflight_line(failed.id))
+        for line in failed.output.splitlines():
+            self.vllm_log.append(self.redact(line))
 
     async def launch(self) -> None:
         async with self._busy:

@@ -41,6 +41,7 @@ class CheckResult:
     did: str = ""  # what it did (or, dry run, would do)
     duration_s: float = 0.0
     failure_class: FailureClass | None = None  # with verdict fail: how the supervisor should treat it
+    output: str = ""  # with verdict fail: what the program the check ran printed (vLLM's own words), if any
 
 
 @dataclass(frozen=True)

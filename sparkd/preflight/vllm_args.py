@@ -3,7 +3,9 @@
 Where vLLM runs (in its container, or on the host), the interpreter of the launch's executable (its ``#!`` line,
 else ``python3``) imports vLLM's own command line and parses ``serve MODEL FLAGS...`` exactly as ``vllm serve``
 does, with the serve command replaced by nothing: no engine starts, no weights load. An unknown flag, a bad
-choice or malformed JSON fails with vLLM's own message (class ``config_error``). Where no GPU is visible (a
+choice or malformed JSON fails with vLLM's own message (class ``config_error``); a vLLM that cannot even start — a
+package that does not import, a shared library or package metadata missing — fails as an ``image_error`` naming the
+module or library (the classifier's image family reads vLLM's traceback). Where no GPU is visible (a
 docker-run check container has none) vLLM's CPU platform stands in for the parse, as ``vllm bench`` does.
 
 Not checked (ok or warn, never a failure): a ``[launch] script`` (sparkd renders no argv there), a launch that is
@@ -24,23 +26,31 @@ from sparkd.launch import LaunchSpec
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
 from sparkd.runtime.base import ExecResult, TargetUnavailable
 from sparkd.statefile import read_json, write_json
+from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import FailureClass
 
 NOT_IMPORTABLE = 90  # the interpreter has no vLLM (or not this command-line layout)
 NOT_ON_PATH = 91
 BROKEN = 92  # vLLM is there but does not import: the launch would die the same way
 CACHE_KEEP = 64
+OUTPUT_KEEP = 16_000  # characters of a failed parse's output kept (the incident's log tail shows them)
 
 # Runs vLLM's CLI main() with the serve subcommand's action replaced; prints vLLM's version on success.
 PARSE_SNIPPET = '''
-import sys
+import sys, traceback
 try:
     import vllm
     from vllm import platforms
     from vllm.entrypoints.cli import main as cli, serve
 except ImportError as exc:
-    print(f"cannot import vLLM's command line with {sys.executable}: {exc}", file=sys.stderr)
-    sys.exit(90 if (getattr(exc, "name", "") or "vllm").startswith("vllm") else 92)
+    if (getattr(exc, "name", "") or "vllm").startswith("vllm"):
+        print(f"cannot import vLLM's command line with {sys.executable}: {exc}", file=sys.stderr)
+        sys.exit(90)
+    traceback.print_exc()
+    sys.exit(92)
+except Exception:
+    traceback.print_exc()
+    sys.exit(92)
 if platforms.current_platform.is_unspecified():
     from vllm.platforms.cpu import CpuPlatform
     platforms.current_platform = CpuPlatform()
@@ -78,7 +88,9 @@ def vllm_message(stderr: str) -> str:
 
 
 def judge(result: ExecResult, where: str) -> tuple[Verdict, str, FailureClass | None]:
-    """Pure: what a parse's exit status and output mean."""
+    """Pure: what a parse's exit status and output mean. A vLLM that cannot even start (a package that does not
+    import, a library or package metadata missing: the classifier's image family) is an image error, not a rejected
+    argv; only argparse's own complaint or vLLM's config check is the argv's fault."""
     if result.exit_code == 0:
         version = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "vLLM"
         return Verdict.ok, f"{version} accepts the rendered argv {where}", None
@@ -86,9 +98,10 @@ def judge(result: ExecResult, where: str) -> tuple[Verdict, str, FailureClass | 
         return Verdict.warn, f"argv not checked {where}: {vllm_message(result.stderr)}", None
     if result.exit_code == 124:
         return Verdict.warn, f"argv not checked {where}: vLLM took too long to parse it", None
-    if result.exit_code == BROKEN:
-        return (Verdict.fail, f"vLLM does not import {where}, so it cannot start: {vllm_message(result.stderr)}",
-                FailureClass.config_error)
+    failure = classify(None, None, result.stderr.splitlines())
+    if failure.cls is FailureClass.image_error or result.exit_code == BROKEN:
+        what = failure.sentence if failure.cls is FailureClass.image_error else vllm_message(result.stderr)
+        return Verdict.fail, f"vLLM cannot start {where}: {what}", FailureClass.image_error
     return (Verdict.fail, f"vLLM rejects the rendered argv {where}: {vllm_message(result.stderr)}",
             FailureClass.config_error)
 
@@ -115,12 +128,23 @@ def _cached(ctx: PreflightContext, key: str) -> dict[str, Any] | None:
     return entry if isinstance(entry, dict) and entry.get("verdict") in ("ok", "fail") else None
 
 
-def _remember(ctx: PreflightContext, key: str, verdict: Verdict, found: str) -> None:
+def _cached_class(hit: dict[str, Any]) -> FailureClass | None:
+    if hit["verdict"] != "fail":
+        return None
+    try:
+        return FailureClass(hit.get("class") or FailureClass.config_error)
+    except ValueError:
+        return FailureClass.config_error
+
+
+def _remember(ctx: PreflightContext, key: str, verdict: Verdict, found: str, cls: FailureClass | None,
+              output: str) -> None:
     path = ctx.cfg.paths.state_dir / "vllm-args.json"
     if ctx.dry_run or not path.parent.is_dir():  # a dry run changes nothing, not even a cache
         return
     entries = {k: v for k, v in (read_json(path) or {}).items() if k != key}
-    entries[key] = {"verdict": verdict.value, "found": found}
+    entries[key] = {"verdict": verdict.value, "found": found, "class": cls.value if cls else None,
+                    "output": output[-OUTPUT_KEEP:]}
     with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next preflight a parse
         write_json(path, dict(list(entries.items())[-CACHE_KEEP:]))
 
@@ -137,14 +161,15 @@ async def check_vllm_args(ctx: PreflightContext) -> CheckResult:
     hit = _cached(ctx, key) if key else None
     if hit is not None:
         verdict = Verdict(hit["verdict"])
-        return CheckResult("vllm_args", verdict, f"{hit['found']} (cached)",
-                           failure_class=FailureClass.config_error if verdict is Verdict.fail else None)
+        return CheckResult("vllm_args", verdict, f"{hit['found']} (cached)", failure_class=_cached_class(hit),
+                           output=str(hit.get("output") or ""))
     try:
         result = await ctx.runtime.exec(parse_command(spec), env={**spec.env, "SPARKD_PARSE_SNIPPET": PARSE_SNIPPET},
                                         timeout_s=ctx.cfg.preflight.vllm_args_timeout_s)
     except TargetUnavailable as exc:
         return CheckResult("vllm_args", Verdict.warn, f"argv not checked: {exc}")
     verdict, found, cls = judge(result, ctx.runtime.where)
+    output = result.stderr if verdict is Verdict.fail else ""
     if key and verdict is not Verdict.warn:
-        _remember(ctx, key, verdict, found)
-    return CheckResult("vllm_args", verdict, found, failure_class=cls)
+        _remember(ctx, key, verdict, found, cls, output)
+    return CheckResult("vllm_args", verdict, found, failure_class=cls, output=output[-OUTPUT_KEEP:])

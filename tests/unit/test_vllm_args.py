@@ -79,13 +79,52 @@ def test_not_checked_without_vllm_or_in_script_mode(tmp_path: Path, fake_vllm: t
         (90, "cannot import vLLM's command line with /usr/bin/python3: No module named 'vllm'\n", Verdict.warn,
          "argv not checked in container c: cannot import"),
         (92, "cannot import vLLM's command line: libcudart.so.13: cannot open shared object file\n", Verdict.fail,
-         "vLLM does not import in container c"),
+         "vLLM cannot start in container c"),
         (124, "timed out after 180 s", Verdict.warn, "took too long"),
     ],
 )
 def test_judge(code: int, stderr: str, verdict: Verdict, words: str) -> None:
     got, found, _ = judge(ExecResult(code, "vllm 0.24.0\n" if code == 0 else "", stderr), "in container c")
     assert got is verdict and words in found, found
+
+
+# vLLM 0.32's own output when its install is broken (the real-vLLM tier's venv, reviews/real-vllm.md §1): the parse
+# fails before any argument is read, so it is the image's fault, named, and never "rejects the rendered argv".
+BROKEN_TORCHVISION = """Traceback (most recent call last):
+  File "<string>", line 5, in <module>
+  File "/venv/lib/python3.11/site-packages/vllm/entrypoints/cli/main.py", line 43, in main
+    import vllm.entrypoints.cli.benchmark.main
+  File "/venv/lib/python3.11/site-packages/transformers/image_utils.py", line 54, in <module>
+    from torchvision.io import ImageReadMode, decode_image
+  File "/venv/broken-image/torchvision/__init__.py", line 8, in <module>
+    from torchvision import (
+  File "/venv/broken-image/torchvision/_meta_registrations.py", line 163, in <module>
+    @torch.library.register_fake("torchvision::nms")
+  File "/venv/lib/python3.11/site-packages/torch/library.py", line 493, in impl
+    if torch._C._dispatch_has_kernel_for_dispatch_key(
+RuntimeError: operator torchvision::nms does not exist
+"""
+NO_METADATA = """Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/vllm/entrypoints/cli/main.py", line 99, in main
+    version=importlib.metadata.version("vllm"),
+  File "/usr/lib/python3.11/importlib/metadata/__init__.py", line 565, in from_name
+    raise PackageNotFoundError(name)
+importlib.metadata.PackageNotFoundError: No package metadata was found for vllm
+"""
+CUDA_LIB = "OSError: libc10_cuda.so: cannot open shared object file: No such file or directory\n"
+
+
+@pytest.mark.parametrize(("code", "stderr", "named"), [
+    (92, BROKEN_TORCHVISION, "importing torchvision._meta_registrations failed with `RuntimeError: operator "
+                             "torchvision::nms does not exist`"),
+    (1, NO_METADATA, "no package metadata for vllm"),
+    (92, CUDA_LIB, "cannot load the shared library libc10_cuda.so"),
+], ids=["import raises", "metadata", "shared library"])
+def test_a_broken_install_is_an_image_error_naming_what_is_missing(code: int, stderr: str, named: str) -> None:
+    verdict, found, cls = judge(ExecResult(code, "", stderr), "on this host")
+    assert verdict is Verdict.fail and cls is FailureClass.image_error, found
+    assert found.startswith("vLLM cannot start on this host: ") and named in found, found
+    assert "rejects the rendered argv" not in found
 
 
 def test_vllm_message_keeps_the_error_line_not_the_usage() -> None:
