@@ -29,6 +29,7 @@ def to_json(r: Remembered, clock: Clock) -> dict[str, Any]:
         "intent": r.intent.value,
         "consecutive": r.restart_state.consecutive,
         "strikes": [{"at": s.at + offset, "weight": s.weight, "class": s.cls.value} for s in r.restart_state.strikes],
+        "repeat": r.restart_state.repeat,
         "breaker_reason": r.breaker_reason,
         "backoff_until": None if r.backoff_until is None else r.backoff_until + offset,
         "last_failure": None if failure is None else {
@@ -66,7 +67,8 @@ def from_json(data: Any, clock: Clock) -> Remembered:
     backoff = _opt(data, "backoff_until", (int, float))
     return Remembered(
         intent=intent,
-        restart_state=RestartState(consecutive=_opt(data, "consecutive", int) or 0, strikes=strikes),
+        restart_state=RestartState(consecutive=_opt(data, "consecutive", int) or 0, strikes=strikes,
+                                   repeat=_opt(data, "repeat", str)),
         breaker_reason=_opt(data, "breaker_reason", str),
         backoff_until=None if backoff is None else float(backoff) - offset,
         last_failure=failure,

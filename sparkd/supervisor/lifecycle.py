@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 from sparkd.supervisor import policy
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Budget, Failure, FailureClass
+from sparkd.supervisor.repeat import comparable
 from sparkd.supervisor.states import RUNNING, After, Intent, Limits, Machine, State
 
 __all__ = ["IGNORED", "TABLE", "Edge", "Step", "startup_hang", "step"]
@@ -91,7 +92,7 @@ def _recover(m: Machine, failure: Failure, now: float, rand: float, limits: Limi
         state, wait = policy.on_wait(m.restart_state, limits.restart, now, rand)
         return _to(m, State.backoff, now, restart_state=state, deadline=now + wait.delay_s,
                    restart_reason=failure.cls.value), []
-    state, decision = policy.on_failure(m.restart_state, limits.restart, failure.cls, now, rand)
+    state, decision = policy.on_failure(m.restart_state, limits.restart, failure.cls, now, rand, comparable(failure))
     m = replace(m, restart_state=state)
     if isinstance(decision, policy.GiveUp):
         return _give_up(m, now, decision.reason)

@@ -16,6 +16,9 @@ Rules, in the order `on_failure` applies them:
    `guard_kill_weight` (memory-guard kills open the breaker faster), `Budget.one` weighs 1. Failures older
    than `budget_window_s` drop out. (`Budget.none` classes never reach `on_failure`: they wait, `on_wait`.)
 3. A class that is not restartable (a config error) gives up at once: the same launch fails the same way.
+3b. The same failure twice in a row before ``ready`` gives up too, whatever its class: the same first evidence line,
+   normalised (:mod:`sparkd.supervisor.repeat`), from two launches that never became ready says retrying will not
+   help — a net under the rules, for what no rule knows. A run that became ready in between starts it over.
 4. Weighted failures in the window reaching `budget_failures` give up.
 5. `consecutive_limit` failures in a row without a stable run give up. This catches the slow crash loop the
    window cannot: an 8–10 minute cold start plus the 300 s cap fits only two failures in 30 minutes, and
@@ -33,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sparkd.supervisor.failures import TREATMENT, Budget, FailureClass
+from sparkd.supervisor.repeat import quote, signature
 
 __all__ = [
     "Decision",
@@ -95,6 +99,8 @@ class RestartState:
     # Waits since the last stable run (or reset): they lengthen the delay, never count toward a limit. Not kept
     # across a daemon restart (only the next delay depends on it).
     waits: int = 0
+    # The normalised evidence of the last failure, while no run since it became ready (rule 3b): None otherwise.
+    repeat: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,10 +158,11 @@ def window_weight(state: RestartState, policy: RestartPolicy, now: float) -> int
 
 
 def on_ready(state: RestartState, now: float) -> RestartState:
-    """The instance became ready. Repeated calls keep the first time."""
+    """The instance became ready. Repeated calls keep the first time. A failure after this is no repeat of one
+    before it (rule 3b)."""
     if state.ready_since is not None:
         return state
-    return replace(state, ready_since=now)
+    return replace(state, ready_since=now, repeat=None)
 
 
 def on_stopped(state: RestartState) -> RestartState:
@@ -167,7 +174,7 @@ def on_stopped(state: RestartState) -> RestartState:
 
 def reset(state: RestartState) -> RestartState:
     """`sparkctl reset`/`restart`: forget all failures (a running instance stays ready since when it was)."""
-    return RestartState(ready_since=state.ready_since)
+    return RestartState(ready_since=state.ready_since)  # the repeat too: the operator says the cause is fixed
 
 
 def weight(policy: RestartPolicy, failure_class: FailureClass) -> int:
@@ -195,20 +202,27 @@ def on_failure(
     failure_class: FailureClass,
     now: float,
     rand: float,
+    evidence: str | None = None,
 ) -> tuple[RestartState, Decision]:
-    """Decide what follows an unrequested end of the instance at `now`. `rand` is uniform in [0, 1)."""
+    """Decide what follows an unrequested end of the instance at `now`. `rand` is uniform in [0, 1); `evidence` is
+    the log line the failure rests on, if any (rule 3b)."""
     if not 0.0 <= rand < 1.0:
         raise ValueError("rand must be in [0, 1)")
     stable = is_stable(state, policy, now)
     consecutive = (0 if stable else state.consecutive) + 1
     waits = 0 if stable else state.waits
     strikes = (*_in_window(state.strikes, policy, now), Strike(now, weight(policy, failure_class), failure_class))
-    after = RestartState(consecutive=consecutive, strikes=strikes, ready_since=None, waits=waits)
+    unready = state.ready_since is None  # this run never became ready
+    seen = signature(evidence) if unready else None
+    after = RestartState(consecutive=consecutive, strikes=strikes, ready_since=None, waits=waits, repeat=seen)
 
     reason: str | None = None
     if not TREATMENT[failure_class].restartable:
         reason = (f"{failure_class.value.replace('_', ' ')} fails the same way every time, so sparkd does not "
                   f"retry it; {_RESET_HINT}")
+    elif seen is not None and evidence is not None and seen == state.repeat:
+        reason = (f"the same failure twice in a row before vLLM was ready ({failure_class.value}): {quote(evidence)} "
+                  f"— retrying will not help; {_RESET_HINT}")
     elif sum(s.weight for s in strikes) >= policy.budget_failures:
         reason = _budget_reason(strikes, policy)
     elif policy.consecutive_limit is not None and consecutive >= policy.consecutive_limit:
@@ -232,5 +246,6 @@ def on_wait(state: RestartState, policy: RestartPolicy, now: float, rand: float)
     consecutive = 0 if stable else state.consecutive
     waits = (0 if stable else state.waits) + 1
     attempt = consecutive + waits
-    after = RestartState(consecutive=consecutive, strikes=state.strikes, ready_since=None, waits=waits)
+    after = RestartState(consecutive=consecutive, strikes=state.strikes, ready_since=None, waits=waits,
+                         repeat=None if stable else state.repeat)
     return after, Restart(_jittered(policy, base_delay(policy, attempt), rand), attempt)
