@@ -48,6 +48,7 @@ from sparkd.statefile import json_state
 from sparkd.stateschema import INSTANCE
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.health import Topology
 from sparkd.supervisor.marks import LAUNCH_LINE, preflight_line
 from sparkd.supervisor.probelines import is_probe_line
 from sparkd.supervisor.progress import Phase, advance, is_progress
@@ -238,8 +239,18 @@ class Node:
         self.watch = InstanceWatch(
             instance, self.runtime, post=self._from_watch, state=self.state, on_line=self.on_line,
             classify_exit=self.evidence.classify_exit, probes=None if self.headless else self.probes(),
-            health_cfg=health_settings(self.cfg), clock=self.clock, log=self.log, replay=adopted)
+            health_cfg=health_settings(self.cfg), clock=self.clock, log=self.log, replay=adopted,
+            topology=self._topology(),
+            clients_port=self.cfg.launch.port if self.runtime.shares_host_network else None)
         self._spawn(self.watch.run)
+
+    def _topology(self) -> Topology:
+        """What a wedge of this instance can be in: a peer node, NCCL between this node's GPUs, or one engine."""
+        if self.cfg.nnodes > 1:
+            return Topology.group
+        launch = self.cfg.launch
+        ranks = (launch.tensor_parallel_size or 1) * (launch.pipeline_parallel_size or 1)
+        return Topology.local if ranks > 1 else Topology.single
 
     async def stop(self, reason: str, grace_s: float | None) -> None:
         async with anyio.create_task_group() as tg:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from sparkd.clientconns import open_clients
 from sparkd.clock import Clock
 from sparkd.config import HealthConfig
 from sparkd.runtime.base import Instance, Runtime
@@ -56,6 +57,7 @@ class InstanceWatch:
         self, instance: Instance, runtime: Runtime, *, post: Callable[[v.Observation], None],
         state: Callable[[], State], on_line: LineSink, classify_exit: ClassifyExit, probes: Probes | None,
         health_cfg: HealthConfig, clock: Clock, log: Any, replay: bool,
+        topology: health.Topology = health.Topology.group, clients_port: int | None = None,
     ) -> None:
         self.instance = instance
         self.runtime = runtime
@@ -67,7 +69,9 @@ class InstanceWatch:
         self.cfg = health_cfg
         self.clock = clock
         self.log = log
-        self.health = HealthTracker()
+        self.health = HealthTracker(topology=topology)
+        self.clients_port = clients_port  # vLLM's API port, where its clients' connections can be counted
+        self._canary_out = False  # a canary of ours is in flight (its connection is no client's)
         self.vllm_metrics: VllmMetrics | None = None
         self.exited = anyio.Event()
         self.logs_drained = anyio.Event()
@@ -161,17 +165,32 @@ class InstanceWatch:
             serving = self.state() in SERVING
             self._observe(health.observe_health, await self.probes.health())
             if serving:
+                if self.clients_port is not None:
+                    await self._count_clients(self.clients_port)
                 metrics = await self.probes.metrics()
                 self.vllm_metrics = metrics if isinstance(metrics, VllmMetrics) else None
                 self._observe(health.observe_metrics, metrics)
             await self.clock.sleep(self.cfg.interval_s if serving else READY_POLL_S)
+
+    async def _count_clients(self, port: int) -> None:
+        """Other clients' requests waiting on vLLM now (a canary of ours in flight is not one of them)."""
+        canary_out = self._canary_out
+        n = await anyio.to_thread.run_sync(open_clients, port)
+        if n is not None and canary_out:
+            n = max(0, n - 1)
+        self.health = health.observe_clients(self.health, n)
 
     async def _probe_canary(self) -> None:
         assert self.probes is not None
         while True:
             await self.clock.sleep(self.cfg.canary_interval_s)
             if self.state() in SERVING:
-                self._observe(health.observe_canary, await self.probes.canary())
+                self._canary_out = True
+                try:
+                    result = await self.probes.canary()
+                finally:
+                    self._canary_out = False
+                self._observe(health.observe_canary, result)
 
     def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
         self.health, obs = observe(self.health, result, self.clock.now(), self.cfg)

@@ -60,7 +60,9 @@ __all__ = [
     "ProbeResult",
     "Verdict",
     "VllmMetrics",
+    "Topology",
     "observe_canary",
+    "observe_clients",
     "observe_health",
     "observe_jit",
     "observe_log_line",
@@ -68,6 +70,14 @@ __all__ = [
 ]
 
 _FAILURES = frozenset({ProbeOutcome.engine_dead, ProbeOutcome.refused, ProbeOutcome.timeout})
+
+
+class Topology(StrEnum):
+    """What a wedge can be in: the hang sentence names the parts this instance has, and only those."""
+
+    single = "single"  # one node, one GPU (or vLLM's CPU build): no NCCL, no peer
+    local = "local"  # one node, several GPUs: NCCL between them, no peer node
+    group = "group"  # ranks on several nodes: NCCL over the interconnect, a peer node
 
 
 class Verdict(StrEnum):
@@ -94,6 +104,8 @@ class HealthTracker:
     watch_note: str | None = None  # what the wedge clock cannot see (vLLM's metrics are off)
     probes_total: Mapping[tuple[ProbeName, str], int] = field(default_factory=dict)  # by (probe, outcome)
     last_latency_s: Mapping[ProbeName, float] = field(default_factory=dict)
+    topology: Topology = Topology.group  # what the instance is made of (the shell knows it from the config)
+    clients: int | None = None  # other clients' connections open on vLLM's API port (None: cannot be seen)
 
     def errors_total(self, probe: ProbeName) -> int:
         """Probe errors (could not probe), counted apart from failures."""
@@ -109,7 +121,12 @@ Step = tuple[HealthTracker, Observation | None]
 
 _RESTART = "sparkd restarts vLLM with backoff"
 _SEE_LOG = f"{_RESTART}; the log tail in the incident folder shows what led to it"
-_WEDGED = f"the tensor-parallel pair is likely wedged (NCCL or the peer) — {_RESTART}"
+_WEDGED = {
+    Topology.group: f"the tensor-parallel pair is likely wedged (NCCL or the peer) — {_RESTART}",
+    Topology.local: f"its tensor-parallel workers are likely wedged (NCCL between this node's GPUs, or one stuck "
+                    f"worker) — {_RESTART}",
+    Topology.single: f"one engine, no peer and no NCCL: its engine core process is stuck or stopped — {_RESTART}",
+}
 
 
 def _count(t: HealthTracker, probe: ProbeName, outcome: str, latency_s: float | None = None) -> HealthTracker:
@@ -192,7 +209,7 @@ def _health_failed(t: HealthTracker, result: ProbeResult, cfg: HealthConfig) -> 
         what = f"/health was refused {n} times in a row: the API server is gone or no longer listening"
         return _fail(t, FailureClass.engine_dead, what, _SEE_LOG, evidence)
     what = f"/health got no answer within {cfg.timeout_s:g} s, {n} times in a row: the API server hangs"
-    return _fail(t, FailureClass.hang, what, _WEDGED, evidence)
+    return _fail(t, FailureClass.hang, what, _WEDGED[t.topology], evidence)
 
 
 def observe_canary(t: HealthTracker, result: ProbeResult, now: float, cfg: HealthConfig) -> Step:
@@ -216,7 +233,7 @@ def observe_canary(t: HealthTracker, result: ProbeResult, now: float, cfg: Healt
     if not t.clock.observable and not stall.held(t.clock, now, cfg) and now - since >= cfg.busy_grace_s:
         return _fail(t, FailureClass.hang,
                      f"the generation canary has had no answer for {now - since:.0f} s while /health is 200 "
-                     f"(busy grace {cfg.busy_grace_s:g} s): the engine is wedged", _WEDGED,
+                     f"(busy grace {cfg.busy_grace_s:g} s): the engine is wedged{_in_flight(t)}", _WEDGED[t.topology],
                      f"canary: {result.detail}; busy since {since:.1f}, now {now:.1f} (monotonic s)")
     step = _judge(t, now, cfg)
     if step[1] is not None:
@@ -268,7 +285,18 @@ def _judge(t: HealthTracker, now: float, cfg: HealthConfig) -> Step:
     if not t.watching:
         return t, None
     health = "200" if t.last_health is ProbeOutcome.ok else f"{t.last_health or 'not probed'}"
-    wedge = stall.judge(t.clock, now, cfg)
+    wedge = stall.judge(t.clock, now, cfg, clients=t.clients)
     if wedge is None:
         return t, None
-    return _fail(t, FailureClass(wedge.cls), f"{wedge.what} while /health is {health}", _WEDGED, wedge.evidence)
+    return _fail(t, FailureClass(wedge.cls), f"{wedge.what} while /health is {health}", _WEDGED[t.topology],
+                 wedge.evidence)
+
+
+def observe_clients(t: HealthTracker, clients: int | None) -> HealthTracker:
+    """Other clients' connections open on vLLM's API port now (None: the shell cannot see them): a wedge with
+    requests in flight is told from an idle one by them, since vLLM's gauges freeze with the engine."""
+    return t if t.clients == clients else replace(t, clients=clients)
+
+
+def _in_flight(t: HealthTracker) -> str:
+    return stall.in_flight(t.clients)

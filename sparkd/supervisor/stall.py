@@ -184,8 +184,10 @@ def busy_limit(c: StallClock, cfg: HealthConfig) -> float:
     return min(max(cfg.stall_after_s, STEP_MARGIN * c.longest_step_s), execute_timeout(cfg))
 
 
-def judge(c: StallClock, now: float, cfg: HealthConfig) -> Wedge | None:
-    """The wedge the evidence proves at `now`, if any (rules 3–6; rule 6's busy grace is the tracker's)."""
+def judge(c: StallClock, now: float, cfg: HealthConfig, *, clients: int | None = None) -> Wedge | None:
+    """The wedge the evidence proves at `now`, if any (rules 3–6; rule 6's busy grace is the tracker's). `clients`:
+    other clients' connections open on vLLM's API port (None: not seen), which tell an idle wedge from one with
+    requests in flight that the frozen gauges do not show."""
     if held(c, now, cfg):
         return None
     if not c.observable:
@@ -201,7 +203,7 @@ def judge(c: StallClock, now: float, cfg: HealthConfig) -> Wedge | None:
         # only a step surely after the canary was sent answers it: a scrape sees a step up to an interval late
         no_step_since = c.progress_from is None or c.progress_from <= sent
         if no_step_since and _watched_since(c, sent) and now - sent >= cfg.canary_timeout_s:
-            return _idle_hang(c, now - sent)
+            return _idle_hang(c, now - sent, clients)
     return None
 
 
@@ -254,9 +256,20 @@ def _stall(c: StallClock, quiet: float, limit: float) -> Wedge:
                  f"{_frozen(c)}")
 
 
-def _idle_hang(c: StallClock, waited: float) -> Wedge:
+def in_flight(clients: int | None) -> str:
+    """How a wedge sentence ends: with the requests that wait on it, idle, or (unseen) neither."""
+    if clients is None:
+        return ""
+    if clients == 0:
+        return " while idle (no client connection open on the API port)"
+    return f" with requests in flight ({clients} client connection{'s' if clients != 1 else ''} waiting on the API port)"
+
+
+def _idle_hang(c: StallClock, waited: float, clients: int | None) -> Wedge:
+    gauges = ("its gauges stayed at 0 running, 0 waiting: they move only when a step completes"
+              if c.metrics_at is not None else "its throughput log stayed silent")
     return Wedge("hang",
                  f"the generation canary has had no answer for {waited:.0f} s and vLLM completed no engine step since "
-                 f"it was sent ({_source(c)} stayed at idle): the engine is wedged with an idle batch",
+                 f"it was sent ({gauges}): the engine is wedged{in_flight(clients)}",
                  f"canary unanswered for {waited:.0f} s; vllm:num_requests_running=0 vllm:num_requests_waiting=0; "
-                 f"{_frozen(c)}")
+                 f"{_frozen(c)}; client connections on the API port: {'not seen' if clients is None else clients}")

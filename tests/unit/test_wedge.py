@@ -97,8 +97,9 @@ def feed(t: HealthTracker, step: Step, cfg: HealthConfig) -> tuple[HealthTracker
     return (h.observe_health if step.kind == "health" else h.observe_canary)(t, result, step.now, cfg)
 
 
-def replay(steps: list[Step], cfg: HealthConfig = CFG) -> tuple[HealthTracker, list[Observation | None]]:
-    t = HealthTracker()
+def replay(steps: list[Step], cfg: HealthConfig = CFG, start: HealthTracker | None = None,
+           ) -> tuple[HealthTracker, list[Observation | None]]:
+    t = start if start is not None else HealthTracker()
     emitted: list[Observation | None] = []
     for i, step in enumerate(steps):
         t, obs = feed(t, step, cfg)
@@ -299,7 +300,34 @@ def test_idle_hang_sentence_says_why_the_gauges_are_zero() -> None:
     assert isinstance(obs, HealthFailed)
     assert obs.failure.sentence.startswith(
         "the generation canary has had no answer for 30 s and vLLM completed no engine step since it was sent (its "
-        "gauges and token counters stayed at idle): the engine is wedged with an idle batch while /health is 200; ")
+        "gauges stayed at 0 running, 0 waiting: they move only when a step completes): the engine is wedged while "
+        "/health is 200; ")
+
+
+@pytest.mark.parametrize(("clients", "words"), [
+    (0, "the engine is wedged while idle (no client connection open on the API port) while /health is 200"),
+    (3, "the engine is wedged with requests in flight (3 client connections waiting on the API port)"),
+])
+def test_idle_hang_sentence_tells_idle_from_requests_in_flight(clients: int, words: str) -> None:
+    """The gauges freeze with the engine, so the requests that wait are counted where they wait: the API port."""
+    start = h.observe_clients(HealthTracker(), clients)
+    _, emitted = replay([*READY, *scrapes(0, 40, 0, 100), C(TIMEOUT, 40, HANG)], start=start)
+    obs = emitted[-1]
+    assert isinstance(obs, HealthFailed) and words in obs.failure.sentence, obs
+    assert "idle batch" not in obs.failure.sentence
+
+
+@pytest.mark.parametrize(("topology", "words", "not_words"), [
+    (h.Topology.single, "one engine, no peer and no NCCL", "tensor-parallel"),
+    (h.Topology.local, "tensor-parallel workers are likely wedged (NCCL between this node's GPUs", "the peer"),
+    (h.Topology.group, "the tensor-parallel pair is likely wedged (NCCL or the peer)", "no peer"),
+])
+def test_hang_sentence_names_only_the_parts_the_instance_has(topology: h.Topology, words: str,
+                                                            not_words: str) -> None:
+    start = HealthTracker(topology=topology)
+    _, emitted = replay([*READY, *scrapes(0, 40, 0, 100), C(TIMEOUT, 40, HANG)], start=start)
+    obs = emitted[-1]
+    assert isinstance(obs, HealthFailed) and words in obs.failure.sentence and not_words not in obs.failure.sentence
 
 
 def test_metrics_off_is_a_watch_note_not_a_degradation() -> None:
