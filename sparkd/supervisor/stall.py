@@ -262,7 +262,8 @@ def in_flight(clients: int | None) -> str:
         return ""
     if clients == 0:
         return " while idle (no client connection open on the API port)"
-    return f" with requests in flight ({clients} client connection{'s' if clients != 1 else ''} waiting on the API port)"
+    plural = "s" if clients != 1 else ""
+    return f" with requests in flight ({clients} client connection{plural} waiting on the API port)"
 
 
 def _idle_hang(c: StallClock, waited: float, clients: int | None) -> Wedge:

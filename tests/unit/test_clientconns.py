@@ -9,7 +9,8 @@ from sparkd.clientconns import open_clients
 
 HEAD = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
 # port 18801 = 0x4971: two clients established, one closing (CLOSE_WAIT 08), the listener (0A), another port
-TCP = HEAD + "".join(f"   {i}: 0100007F:{local} 0100007F:{remote} {state} 00000000:00000000 00:00000000 00000000 0 0 1\n"
+ROW = "   {i}: 0100007F:{local} 0100007F:{remote} {state} 00000000:00000000 00:00000000 00000000 0 0 1\n"
+TCP = HEAD + "".join(ROW.format(i=i, local=local, remote=remote, state=state)
                      for i, (local, remote, state) in enumerate([
                          ("4971", "D4A2", "01"), ("4971", "D4A4", "01"), ("4971", "D4A6", "08"),
                          ("4971", "0000", "0A"), ("D4A2", "4971", "01"), ("1F90", "D4A8", "01")]))
