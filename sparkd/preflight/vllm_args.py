@@ -100,7 +100,8 @@ def judge(result: ExecResult, where: str) -> tuple[Verdict, str, FailureClass | 
         return Verdict.warn, f"argv not checked {where}: vLLM took too long to parse it", None
     failure = classify(None, None, result.stderr.splitlines())
     if failure.cls is FailureClass.image_error or result.exit_code == BROKEN:
-        what = failure.sentence if failure.cls is FailureClass.image_error else vllm_message(result.stderr)
+        what = (failure.sentence.removeprefix("vLLM cannot start: ") if failure.cls is FailureClass.image_error
+                else vllm_message(result.stderr))
         return Verdict.fail, f"vLLM cannot start {where}: {what}", FailureClass.image_error
     return (Verdict.fail, f"vLLM rejects the rendered argv {where}: {vllm_message(result.stderr)}",
             FailureClass.config_error)

@@ -80,11 +80,12 @@ IDS = [e.name for e in EXCERPTS]
 
 def test_the_corpus_spans_the_versions() -> None:
     """Every excerpt names its source and a vLLM version from 0.11 on; together they run from 0.11 to at least 0.24
-    (builds after 0.24 are what the DGX Spark field runs, so they count too)."""
+    (builds after 0.24 are what the DGX Spark field runs, so they count too), and the real vLLM 0.32 of the test tier
+    (tests/realvllm) is among them."""
     minors = {e.minor for e in EXCERPTS}
-    assert min(minors) == 11 and max(minors) >= 24, sorted(minors)
+    assert min(minors) == 11 and max(minors) >= 24 and 32 in minors, sorted(minors)
     for e in EXCERPTS:
-        assert e.header["source"].startswith(("https://github.com/", "field-reports/")), e.name
+        assert e.header["source"].startswith(("https://github.com/", "field-reports/", "tests/realvllm/")), e.name
 
 
 # Issue 14 asks for at least 40 excerpts and two of every class a vLLM log can show (README, "Coverage").
