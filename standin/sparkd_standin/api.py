@@ -271,7 +271,7 @@ def build_app(state: AppState) -> ASGIApp:
 
 async def log_stats_forever(state: AppState) -> None:
     interval = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
-    stats = StatsLogger(state.metrics, state.knobs.dialect.at("stats"))
+    stats = StatsLogger(state.metrics, state.knobs.dialect.at("stats"), state.knobs.dialect.device)
     while True:
         await asyncio.sleep(interval)
         stats.log()

@@ -31,6 +31,8 @@ SUBCOMMANDS = {
     "0.13": ("chat", "complete", "serve", "bench", "collect-env", "run-batch"),
     "0.21": ("chat", "complete", "serve", "launch", "bench", "collect-env", "run-batch"),
     "0.24": ("chat", "complete", "serve", "launch", "bench", "collect-env", "run-batch"),
+    "0.32": ("chat", "complete", "serve", "launch", "bench", "collect-env", "download-kernels", "preload", "run-batch",
+             "snapshot"),
 }
 EPILOG = (
     "For full list:            vllm {subcmd} --help=all\n"

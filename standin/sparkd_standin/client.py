@@ -24,7 +24,7 @@ from sparkd_standin.knobs import Knobs
 from sparkd_standin.procs import Child, start_child
 
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
-_OUTPUT_HANDLER_LINES = {"0.13": (490, 893), "0.21": (660, 998), "0.24": (660, 998)}
+_OUTPUT_HANDLER_LINES = {"0.13": (490, 893), "0.21": (660, 998), "0.24": (660, 998), "0.32": (849, 1235)}
 
 
 def _output_handler_frames(family: str) -> list[tuple[str, int, str, str]]:
@@ -154,6 +154,9 @@ class EngineClient:
         if not by_message and d.logs_engine_proc_death:
             died = f"Engine core proc {d.engine_proc} died unexpectedly, shutting down client."
             logfmt.error(d.at("proc_died"), died)
+        if not by_message and d.family == "0.32":
+            logfmt.warning(d.at("engine_exited"),
+                           "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
         text = logfmt.traceback_text(
             _output_handler_frames(d.family), f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MESSAGE}"
         )

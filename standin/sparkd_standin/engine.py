@@ -16,11 +16,12 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
 import setproctitle
 
-from sparkd_standin import logfmt, procs, sizing
+from sparkd_standin import config032, logfmt, procs, sizing
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.executor import (
     MultiprocExecutor,
@@ -83,7 +84,10 @@ class EngineCore:
         d = self.knobs.dialect
         started = time.monotonic()
         logfmt.info(d.at("init_engine"), self._config_line())
-        if "OMP_NUM_THREADS" not in os.environ and isinstance(self.executor, MultiprocExecutor):
+        if "OMP_NUM_THREADS" not in os.environ and d.cpu_build:
+            logfmt.info(d.at("reduce_threads"), f"Reducing Torch threads from {os.cpu_count() or 1} to 1 for serving. "
+                        "Set OMP_NUM_THREADS in the external environment to override.")
+        elif "OMP_NUM_THREADS" not in os.environ and isinstance(self.executor, MultiprocExecutor):
             logfmt.warning(
                 d.at("reduce_threads"),
                 f"Reducing Torch parallelism from {os.cpu_count() or 1} threads to 1 to avoid unnecessary CPU "
@@ -116,12 +120,13 @@ class EngineCore:
             raise NoKvCacheMemory
         self.kv_tokens = sizing.kv_cache_tokens(self.config, kv_gib)
         max_len = self.config.resolved_max_model_len
-        logfmt.info(d.at("kv_size"), f"GPU KV cache size: {self.kv_tokens:,} tokens")
-        logfmt.info(
-            d.at("kv_conc"),
-            f"Maximum concurrency for {max_len:,} tokens per request: "
-            f"{sizing.max_concurrency(self.kv_tokens, max_len):.2f}x",
-        )
+        concurrency = (f"Maximum concurrency for {max_len:,} tokens per request: "
+                       f"{sizing.max_concurrency(self.kv_tokens, max_len):.2f}x")
+        if d.cpu_build:  # one line since 0.28
+            logfmt.info(d.at("kv_size"), f"{d.device} KV cache size: {self.kv_tokens:,} tokens, {concurrency}")
+        else:
+            logfmt.info(d.at("kv_size"), f"{d.device} KV cache size: {self.kv_tokens:,} tokens")
+            logfmt.info(d.at("kv_conc"), concurrency)
         self.executor.collective("warmup")
 
     def _ready_info(self) -> dict[str, object]:
@@ -129,6 +134,8 @@ class EngineCore:
 
     def _config_line(self) -> str:
         cfg = self.config
+        if self.knobs.dialect.cpu_build:
+            return config032.config_line(self.knobs.vllm_version, cfg)
         compilation = {"level": None, "mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE", **cfg.compilation_config}
         return (
             f"Initializing a V1 LLM engine (v{self.knobs.vllm_version}) with config: model='{cfg.model}', "
@@ -253,6 +260,14 @@ def engine_title() -> str:
     return f"{os.environ.get('VLLM_PROCESS_NAME_PREFIX', 'VLLM')}::EngineCore"
 
 
+def _signal_line(knobs: Knobs) -> Callable[[str], None] | None:
+    """0.32's engine core logs the signal that stops it."""
+    d = knobs.dialect
+    if d.family != "0.32":
+        return None
+    return lambda name: logfmt.info(d.at("engine_signal"), f"[shutdown] EngineCore: trigger received signal={name}")
+
+
 def engine_core_main(config: ServeConfig, knobs: Knobs, conn: Connection, death_r: Connection) -> None:
     """Process target of the EngineCore."""
     logfmt.inherit_parent_prefix()
@@ -266,7 +281,7 @@ def engine_core_main(config: ServeConfig, knobs: Knobs, conn: Connection, death_
     try:
         if not core.start():
             raise SystemExit(1)
-        procs.exit_on_signals()
+        procs.exit_on_signals(_signal_line(knobs))
         core.busy_loop()
     finally:
         core.close()

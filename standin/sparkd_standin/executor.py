@@ -72,9 +72,11 @@ class RpcFailed(Exception):
         self.message = message
 
 
-def init_method(config: ServeConfig) -> str:
+def init_method(config: ServeConfig, knobs: Knobs | None = None) -> str:
     if config.nnodes > 1:
         return f"tcp://{config.master_addr}:{config.master_port}"
+    if knobs is not None and knobs.dialect.cpu_build:  # vLLM's CPU build: gloo over a file store
+        return f"file:///tmp/vllm_dist_{os.urandom(16).hex()}"
     with socket.socket() as sock:  # vLLM: get_loopback_ip() + get_open_port()
         sock.bind(("127.0.0.1", 0))
         return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
@@ -192,7 +194,7 @@ Executor = MultiprocExecutor | UniExecutor
 
 
 def make_executor(config: ServeConfig, knobs: Knobs, node_rank: int, parent_title: str | None = None) -> Executor:
-    specs = local_specs(config, knobs, node_rank, init_method(config), parent_title)
-    if config.world_size == 1 and config.nnodes == 1 and not config.headless:
+    specs = local_specs(config, knobs, node_rank, init_method(config, knobs), parent_title)
+    if config.world_size == 1 and config.nnodes == 1 and not config.headless and not knobs.dialect.cpu_build:
         return UniExecutor(WorkerSpec(config, knobs, 0, 0, specs[0].init_method, in_process=True))
     return MultiprocExecutor(specs)

@@ -22,7 +22,7 @@ PEER_LOSS_MODES = ("hang", "error")
 #   missing_module a module the model needs is not in the image (MISSING_MODULE, default deep_gemm)
 CRASHES = ("fork_shm", "double_patch", "missing_module")
 # The vLLM release whose log lines, titles and flags the stand-in imitates, by minor version (see dialect).
-VLLM_FAMILIES = ("0.13", "0.21", "0.24")
+VLLM_FAMILIES = ("0.13", "0.21", "0.24", "0.32")
 
 
 class KnobError(ValueError):

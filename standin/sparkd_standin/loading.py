@@ -84,13 +84,16 @@ def load_weights(rank: Rank) -> None:
     cfg, knobs, d = rank.config, rank.knobs, rank.knobs.dialect
     started = time.monotonic()
     rank.once("start_load", f"Starting to load model {cfg.model}...", scope="global")
-    rank.once(
-        "attn",
-        "Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', "
-        "'TRITON_ATTN', 'FLEX_ATTENTION']",
-    )
+    if not d.cpu_build:
+        rank.once(
+            "attn",
+            "Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', "
+            "'TRITON_ATTN', 'FLEX_ATTENTION']",
+        )
     _load_shards(rank, started)
     rank.once("weights_took", f"Loading weights took {time.monotonic() - started:.2f} seconds")
+    if d.cpu_build:  # the CPU model runner logs no "Model loading took"
+        return
     if cfg.speculative_config:
         rank.once("drafter", "Loading drafter model...", scope="process")
     time.sleep(phase_seconds(knobs, "model"))
@@ -122,6 +125,12 @@ def _shard_line(done: int, total: int, elapsed: float) -> str:
 
 def compile_model(rank: Rank) -> None:
     compile_s = phase_seconds(rank.knobs, "compile")
+    if rank.knobs.dialect.cpu_build:  # the CPU model runner warms the model up for its compile
+        rank.once("warmup", "Warming up model for the compilation...")
+        time.sleep(compile_s)
+        rank.once("warmup_took", f"[backbone] Initial profiling/warmup run took {compile_s * 0.01:.2f} s")
+        rank.once("warmup_done", "Warming up done.")
+        return
     rank.once(
         "cache_dir",
         f"Using cache directory: /root/.cache/vllm/torch_compile_cache/6f1e0c2a9b/rank_{rank.rank}_0/backbone "

@@ -36,7 +36,8 @@ def _min_level() -> int:
 
 
 FORK_PREFIX_ENV = "_SPARKD_STANDIN_FORK_PREFIX"  # the prefix a forked child would have inherited
-_current = {"prefix": ""}
+FORK_RECORDS_ENV = "_SPARKD_STANDIN_FORK_RECORDS_ONLY"  # "1": that prefix goes on vLLM's own records only (0.32)
+_current = {"prefix": "", "records_only": ""}
 
 
 def forks() -> bool:
@@ -75,10 +76,15 @@ def _prefixed(original: Callable[[str], object]) -> Callable[[str], int]:
     return write_with_prefix
 
 
-def _install(prefix: str) -> None:
-    """Every line this process writes to stdout and stderr starts with ``prefix`` (replacing any earlier one)."""
+def _install(prefix: str, *, streams: bool = True) -> None:
+    """Every line this process writes to stdout and stderr starts with ``prefix`` (replacing any earlier one); with
+    ``streams`` False (0.32) only vLLM's own log records do (``log`` puts it there)."""
     _current["prefix"] = prefix
+    _current["records_only"] = "" if streams else "1"
     os.environ[FORK_PREFIX_ENV] = prefix
+    os.environ[FORK_RECORDS_ENV] = _current["records_only"]
+    if not streams:
+        return
     for stream in (sys.stdout, sys.stderr):
         if not hasattr(stream, "_standin_original_write"):
             original = stream.write
@@ -92,17 +98,18 @@ def decorate_logs(name: str, dialect: Dialect) -> None:
         return
     pid = os.getpid()
     own = f"{CYAN}({name} pid={pid}){RESET} " if _colour(dialect) else f"({name} pid={pid}) "
-    _install(_current["prefix"] + own if dialect.stacks_prefixes else own)
+    _install(_current["prefix"] + own if dialect.stacks_prefixes else own, streams=dialect.decorates_streams)
 
 
 def inherit_parent_prefix() -> None:
     """First thing in a child vLLM would have forked: the parent's prefix until the child decorates its own."""
     inherited = os.environ.get(FORK_PREFIX_ENV, "")
     if forks() and inherited and os.environ.get("VLLM_CONFIGURE_LOGGING", "1") != "0":
-        _install(inherited)
+        _install(inherited, streams=os.environ.get(FORK_RECORDS_ENV, "") != "1")
     else:
-        _current["prefix"] = ""
+        _current["prefix"], _current["records_only"] = "", ""
         os.environ.pop(FORK_PREFIX_ENV, None)
+        os.environ.pop(FORK_RECORDS_ENV, None)
 
 
 def _emit(stream: TextIO, text: str) -> None:
@@ -116,6 +123,8 @@ def log(level: str, where: str, message: str) -> None:
     if _LEVELS[level] < _min_level():
         return
     header = f"{os.environ.get('VLLM_LOGGING_PREFIX', '')}{level} {time.strftime('%m-%d %H:%M:%S')} [{where}] "
+    if _current["records_only"]:
+        header = _current["prefix"] + header
     _emit(sys.stdout, header + message.replace("\n", "\r\n" + header) + "\n")
 
 

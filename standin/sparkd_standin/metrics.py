@@ -296,9 +296,10 @@ class VllmMetrics:
 class StatsLogger:
     """``Engine 000: Avg prompt throughput ...`` every interval; DEBUG (not shown) while the engine is idle."""
 
-    def __init__(self, metrics: VllmMetrics, where: str) -> None:
+    def __init__(self, metrics: VllmMetrics, where: str, device: str = "GPU") -> None:
         self.metrics = metrics
         self.where = where
+        self.device = device  # the platform's word: GPU, or CPU on vLLM's CPU build (0.32)
         self._last_time = time.monotonic()
         self._last_prompt = metrics.prompt_total
         self._last_generation = metrics.generation_total
@@ -318,5 +319,5 @@ class StatsLogger:
             self.where,
             f"Engine 000: Avg prompt throughput: {prompt_tp:.1f} tokens/s, Avg generation throughput: "
             f"{generation_tp:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
-            f"GPU KV cache usage: {100 * usage:.1f}%, Prefix cache hit rate: 0.0%",
+            f"{self.device} KV cache usage: {100 * usage:.1f}%, Prefix cache hit rate: 0.0%",
         )

@@ -79,13 +79,16 @@ def watch_parent(death_r: Connection, on_parent_exit: Callable[[], None]) -> Non
     threading.Thread(target=run, daemon=True, name="DeathPipeMonitor").start()
 
 
-def exit_on_signals() -> None:
-    """SIGTERM/SIGINT raise SystemExit once, as vLLM's engine, worker and headless handlers do."""
+def exit_on_signals(announce: Callable[[str], None] | None = None) -> None:
+    """SIGTERM/SIGINT raise SystemExit once, as vLLM's engine, worker and headless handlers do; ``announce`` is told
+    the signal's name first (0.32's engine core logs it)."""
     requested = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
         if not requested.is_set():
             requested.set()
+            if announce is not None:
+                announce(signal.Signals(signum).name)
             raise SystemExit
 
     signal.signal(signal.SIGTERM, handler)

@@ -127,7 +127,7 @@ def run_api_server(config: ServeConfig, knobs: Knobs) -> int:
 
 
 def _start_engine(config: ServeConfig, knobs: Knobs, engine: EngineClient) -> dict[str, Any]:
-    if config.enable_chunked_prefill:
+    if config.enable_chunked_prefill and not knobs.dialect.cpu_build:
         logfmt.info(
             knobs.dialect.at("chunked"),
             f"Chunked prefill is enabled with max_num_batched_tokens={config.max_num_batched_tokens}.",
@@ -185,12 +185,12 @@ async def serve_http(state: api.AppState, sock: socket.socket, control: ControlF
 async def _shut_down(state: api.AppState, server: uvicorn.Server) -> None:
     """0.13 stops the HTTP server, then (in run_api_server) the engine; 0.21+ the engine first."""
     d = state.knobs.dialect
-    if d.family == "0.24":
+    if d.shutdown_steps:
         logfmt.info(d.at("shutdown_triggered"), "[shutdown] API server: shutdown triggered")
         logfmt.info(d.at("shutdown_engine"), "[shutdown] API server: stopping engine client mode=abort timeout=0s")
     if d.modern:
         await asyncio.get_running_loop().run_in_executor(None, state.engine.shutdown)
-    if d.family == "0.24":
+    if d.shutdown_steps:
         logfmt.info(d.at("shutdown_engine_done"), "[shutdown] API server: engine client stopped")
         logfmt.info(d.at("shutdown_signalling"), "[shutdown] API server: signalling HTTP server shutdown")
         logfmt.info(d.at("shutdown_http"), "[shutdown] API server: shutting down FastAPI HTTP server")

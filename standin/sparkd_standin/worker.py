@@ -117,11 +117,12 @@ class WorkerRuntime:
         logfmt.info(
             d.at("world"),
             f"world_size={cfg.world_size} rank={spec.rank} local_rank={spec.local_rank} "
-            f"distributed_init_method={spec.init_method} backend=nccl",
+            f"distributed_init_method={spec.init_method} backend={'gloo' if d.cpu_build else 'nccl'}",
         )
         self._couple()
         time.sleep(phase_seconds(spec.knobs, "distributed"))
-        spec.ranked.once("nccl", "vLLM is using nccl==2.27.5")
+        if not d.cpu_build:
+            spec.ranked.once("nccl", "vLLM is using nccl==2.27.5")
         ep = spec.rank if cfg.enable_expert_parallel else None
         tp, pp = spec.rank % cfg.tensor_parallel_size, spec.rank // cfg.tensor_parallel_size
         spec.ranked.once("rank", d.rank_line(spec.rank, cfg.world_size, pp, tp, ep), scope="process")
@@ -182,12 +183,17 @@ class WorkerRuntime:
         self._check_peers()
         time.sleep(phase_seconds(self.spec.knobs, "profile"))
         kv_gib = sizing.available_kv_gib(self.spec.config)
-        self.spec.ranked.once("kv_avail", self.spec.knobs.dialect.kv_available(kv_gib))
+        d = self.spec.knobs.dialect
+        if d.cpu_build:  # VLLM_CPU_KVCACHE_SPACE sets it (GiB), of the node's memory
+            kv_gib = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4") or 4)
+            self.spec.ranked.once("kv_set", f"Explicitly set ({kv_gib}/12.34) GiB for KV cache on node 0.")
+        else:
+            self.spec.ranked.once("kv_avail", d.kv_available(kv_gib))
         return kv_gib
 
     def warmup(self) -> None:
         self._check_peers()
-        if not self.spec.config.enforce_eager:
+        if not self.spec.config.enforce_eager and not self.spec.knobs.dialect.cpu_build:
             loading.capture_graphs(self.spec.ranked)
         loading.jit_monitor_activated(self.spec.ranked)
         self.ready_at = time.monotonic()
@@ -297,7 +303,7 @@ def _parent_exited(runtime: WorkerRuntime) -> None:
         return
     d = runtime.spec.knobs.dialect
     runtime.spec.ranked.once("parent_exited", d.parent_exited, scope="process")
-    if d.family != "0.24":  # 0.24 leaves without a word
+    if d.family not in ("0.24", "0.32"):  # 0.24 leaves without a word
         logfmt.info(d.at("worker_shutdown"), "WorkerProc shutting down.")
     runtime.close()
     with contextlib.suppress(Exception):

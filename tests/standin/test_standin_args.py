@@ -110,7 +110,8 @@ def test_each_release_accepts_its_own_flags(
 
 def test_accepted_flags_are_one_table_per_release() -> None:
     """``flags.ACCEPTED`` (what make test-vllm compares with real vLLM) holds each release's option strings."""
-    assert set(ACCEPTED) == {"0.13", "0.21", "0.24"}
+    assert set(ACCEPTED) == {"0.13", "0.21", "0.24", "0.32"}
+    assert "--calculate-kv-scales" in ACCEPTED["0.24"] and "--calculate-kv-scales" not in ACCEPTED["0.32"]
     for flags in ACCEPTED.values():
         assert {"--tensor-parallel-size", "-tp", "--nnodes", "--headless", "--compilation-config", "-cc"} <= flags
         assert "-O" not in flags  # -O3 is rewritten to --optimization-level before parsing
@@ -148,7 +149,8 @@ def test_bad_knob_value_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
     """A knob value that does not parse names the variable and what it takes."""
     with pytest.raises(KnobError, match=r"SPARKD_STANDIN_DIE_MODE: 'explode' \(one of exit, engine, kill, worker\)"):
         load_knobs({"SPARKD_STANDIN_DIE_MODE": "explode"})
-    with pytest.raises(KnobError, match=r"SPARKD_STANDIN_VLLM_VERSION: '0.17.0' \(a 0.13.x, 0.21.x, 0.24.x version\)"):
+    with pytest.raises(KnobError,
+                       match=r"SPARKD_STANDIN_VLLM_VERSION: '0.17.0' \(a 0.13.x, 0.21.x, 0.24.x, 0.32.x version\)"):
         load_knobs({"SPARKD_STANDIN_VLLM_VERSION": "0.17.0"})
     with pytest.raises(KnobError, match="SPARKD_STANDIN_CRASH"):
         load_knobs({"SPARKD_STANDIN_CRASH": "segfault"})
