@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sparkd.config_container import ContainerConfig, Mount
 from sparkd.config_env import ENV_PREFIX, Override, OverrideError, apply_overrides, parse_overrides, variable_for
+from sparkd.config_recorder import RecorderConfig
 from sparkd.config_sections import (
     ApiConfig,
     ClusterConfig,
@@ -50,7 +51,7 @@ __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
     "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig", "LogFormat",
     "LogLevel", "Mount", "NodeConfig",
-    "PathsConfig", "PreflightCheckId", "PreflightConfig", "RestartConfig", "Role", "RuntimeKind",
+    "PathsConfig", "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind",
     "SupervisorConfig", "config_from_mapping", "load_config", "read_toml",
 ]
 
@@ -94,6 +95,8 @@ class Config(BaseModel):
     preflight: PreflightConfig = Field(default_factory=PreflightConfig, description=(
         "Checks and clean-up before every launch."))
     guard: GuardConfig = Field(default_factory=GuardConfig, description="The unified-memory guard.")
+    recorder: RecorderConfig = Field(default_factory=RecorderConfig, description=(
+        "The flight recorder, the memory settle before a start, the restart gate and the hardware watchdog."))
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Config:
