@@ -220,6 +220,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         collector = SparkdCollector(view)
         self.registry.register(collector)
+        self.families = collector.f  # the node's identity labels, for the collectors other parts register
         self.start_duration = Histogram("sparkd_start_duration_seconds", "From launch to ready.",
                                         labelnames=collector.f.keys, buckets=START_BUCKETS, registry=self.registry)
         self._start = self.start_duration.labels(*collector.f.values)

@@ -9,7 +9,7 @@ and stops the workers beside its own rank; on a worker it tells the head at once
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ class Node:
         = lambda: None, guard: Callable[[], Guard | None] = lambda: None,
         rand: Callable[[], float] = random.random, rehearse: bool = False, redact: Redactor | None = None,
         checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
+        before_start: Callable[[], Awaitable[Failure | None]] | None = None,
     ) -> None:
         self.cfg = cfg
         self.runtime = runtime
@@ -81,6 +82,7 @@ class Node:
         self.ledger = ShmLedger(self.cfg.paths.state_dir / LEDGER_NAME, log=log, clock=clock.wall)
         self.checks = checks  # before every launch
         self.sweep = sweep  # after every stop
+        self.before_start = before_start  # the memory settle and the restart gate (sparkd/daemon/settling.py)
         self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
         self.instance: Instance | None = None
         self.watch: InstanceWatch | None = None
@@ -139,6 +141,12 @@ class Node:
         """This node's checks; on a group's head also every worker's (in parallel), then the workers start."""
         timing = self.timing = LaunchTiming(requested_at=self.clock.now())
         failures: list[Failure | None] = [None, None]
+        if self.before_start is not None:
+            refusal = await self.before_start()
+            timing.step("memory_settle", self.clock.now() - timing.requested_at)
+            if refusal is not None:
+                self.post(v.PreflightDone(refusal, rand=self.rand()))
+                return
 
         async def local() -> None:
             report = await run_preflight(self._context(), self.checks)

@@ -38,12 +38,16 @@ class Verdict:
 
 def settled(samples: Sequence[tuple[float, int]], now: float, settle_s: float, band: int) -> int | None:
     """The settled MemAvailable (the median of the window) when the samples of the last ``settle_s`` seconds
-    (``(monotonic time, bytes)``, oldest first) cover that whole window and stay within ``band``; else None."""
+    (``(monotonic time, bytes)``, oldest first; the last one taken before the window counts as its start) stay
+    within ``band``; else None."""
     if settle_s <= 0:
         return samples[-1][1] if samples else None
-    window = [value for at, value in samples if at >= now - settle_s]
-    covered = any(at <= now - settle_s for at, _ in samples)
-    if not covered or len(window) < 2 or max(window) - min(window) > band:
+    start = now - settle_s
+    before = [value for at, value in samples if at <= start]
+    if not before:
+        return None  # the samples do not reach back to the window's start yet
+    window = [before[-1], *(value for at, value in samples if at > start)]
+    if len(window) < 2 or max(window) - min(window) > band:
         return None
     return int(statistics.median(window))
 

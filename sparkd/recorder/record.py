@@ -194,7 +194,8 @@ def decode(data: bytes, seq: int = 0) -> Record:
         name = reader.take(reader.take(1)[0]).decode("utf-8", "replace")
         age, offset, up = _PEER.unpack(reader.take(_PEER.size))
         peers.append(PeerMark(name, _opt(age), _opt(offset), bool(up)))
-    kernel, events = [], []
+    kernel: list[str] = []
+    events: list[str] = []
     for _ in range(reader.take(1)[0]):
         tag, size = _LINE.unpack(reader.take(_LINE.size))
         text = reader.take(size).decode("utf-8", "replace")

@@ -133,7 +133,7 @@ def read_ring(path: Path) -> list[Record]:
 
 
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, 1 << 20)
         if not chunk:
@@ -185,6 +185,7 @@ class RingFile:
 
     def open(self) -> list[Record]:
         """Open (or make) the ring and find where to go on; the records it already held, oldest first."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             fd = _safe_open(self.path)
         except NotARing:
