@@ -19,6 +19,7 @@ import click
 from sparkd import __version__
 from sparkd.api.client import ActionRefused, ControlClient, DaemonUnreachable
 from sparkd.cli.common import config_or_exit
+from sparkd.cli.postmortem import postmortem_cmd
 from sparkd.cli.progress import wait_for
 from sparkd.commands import (
     handover,
@@ -228,6 +229,9 @@ def preflight_cmd(obj: Ctx, dry_run: bool) -> None:
     result = obj.call(preflight, preflight.Request(dry_run=dry_run), timeout_s=600)
     obj.emit(result, preflight.render)
     sys.exit(preflight.exit_code(result))
+
+
+main.add_command(global_options(postmortem_cmd))  # type: ignore[arg-type]  # the same command, optioned
 
 
 __all__ = ["EXIT_NOT_SERVING", "EXIT_READY", "EXIT_UNHEALTHY", "EXIT_UNREACHABLE", "Ctx", "main"]

@@ -11,6 +11,7 @@ from sparkd.commands import (
     incidents,
     logs,
     preflight,
+    recorder,
     recreate,
     reload,
     reset,
@@ -20,4 +21,4 @@ from sparkd.commands import (
     stop,
 )
 
-OPERATOR = (status, start, stop, restart, reset, reload, recreate, handover, logs, incidents, preflight)
+OPERATOR = (status, start, stop, restart, reset, reload, recreate, handover, logs, incidents, preflight, recorder)

@@ -14,6 +14,7 @@ import anyio
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Role
 from sparkd.daemon.node import Node
+from sparkd.daemon.recording import flight_records
 from sparkd.daemon.reload import ReloadReport
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
@@ -113,3 +114,6 @@ class DaemonControl:
 
     def last_preflight(self) -> list[dict[str, Any]]:
         return self.node.last_preflight
+
+    async def flight_records(self, *, since: float | None, until: float | None, local: bool) -> dict[str, Any]:
+        return await flight_records(self.node.cfg, None if local else self.group, since=since, until=until)

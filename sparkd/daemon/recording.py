@@ -15,31 +15,36 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import anyio
 
 from sparkd import __version__
 from sparkd.clock import Clock
 from sparkd.cluster.coordinator import Coordinator
-from sparkd.config import Config
+from sparkd.cluster.peers import PeerRefused, PeerUnreachable
+from sparkd.config import Config, Role
 from sparkd.daemon.node import Node
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MeminfoReader
 from sparkd.guard.psi import PressureReader
+from sparkd.recorder.excerpt import records_between, summaries
 from sparkd.recorder.record import Floors, PeerMark, Record, encode
 from sparkd.recorder.watchdog import Watchdog, WatchdogError
 from sparkd.recorder.writer import RingWriter
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import Machine, State
 
-__all__ = ["DaemonRecorder", "GpuReading", "read_boot_id", "ring_path"]
+__all__ = ["DaemonRecorder", "GpuReading", "flight_records", "own_records", "read_boot_id", "ring_path"]
 
 MAX_EVENTS = 64  # events waiting for the next record (a storm of transitions keeps the newest)
+PEER_RECORDS_TIMEOUT_S = 30.0
 PROMPT_RATE_STALE_S = 15.0  # a prompt-token counter that has not moved for this long: 0 tokens/s
 GpuReading = Callable[[], tuple[float | None, float | None]]  # (power W, utilization %); issue 27's NVML view
 
@@ -115,6 +120,7 @@ class DaemonRecorder:
         self._prompt: tuple[float, float, float] | None = None  # (counter, monotonic time it moved, rate)
         self._closed = False
         sup.listeners.append(self._on_change)
+        self.note(f"sparkd {__version__} started (pid {os.getpid()}, boot {self.boot[:8]})")
 
     # ---- events
     def note(self, text: str) -> None:
@@ -223,7 +229,6 @@ class DaemonRecorder:
     async def run(self) -> None:
         """Record every interval until cancelled; the clean exit's record is written by :meth:`close`."""
         self.writer.start()
-        self.note(f"sparkd {__version__} started (pid {os.getpid()}, boot {self.boot[:8]})")
         while True:
             self.tick()
             await self.clock.sleep(self.cfg.recorder.interval_s)
@@ -282,3 +287,47 @@ class DaemonRecorder:
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
+
+
+# ---- what `sparkctl postmortem` reads (sparkd.commands.recorder)
+
+
+def own_records(cfg: Config, since: float | None, until: float | None) -> dict[str, Any]:
+    """This node's runs (and records in ``[since, until]`` when ``until`` is given), for the recorder command."""
+    out: dict[str, Any] = {"node": cfg.node.name, "rank": cfg.node_rank if cfg.node.role is not Role.single else None,
+                           "role": cfg.node.role.value, "now": time.time(), "interval_s": cfg.recorder.interval_s,
+                           "boot": read_boot_id(cfg.recorder.boot_id_path), "runs": [], "records": []}
+    path = ring_path(cfg)
+    try:
+        out["runs"] = [r.to_json() for r in summaries(path, since)]
+        if until is not None:
+            out["records"] = records_between(path, since if since is not None else 0.0, until)
+    except OSError as exc:
+        out["error"] = f"cannot read the ring {path}: {exc.strerror or exc}"
+    return out
+
+
+async def flight_records(cfg: Config, group: Coordinator | None, *, since: float | None,
+                         until: float | None) -> dict[str, Any]:
+    """This node's answer and, with ``group``, every peer's (asked in parallel through the peer API)."""
+    own = await anyio.to_thread.run_sync(own_records, cfg, since, until)
+    nodes: list[dict[str, Any]] = [own]
+    if group is not None:
+        query = urlencode({k: repr(v) for k, v in (("since", since), ("until", until)) if v is not None}
+                          | {"local": "1"})
+
+        async def one(peer: str) -> None:
+            known = (group.views[peer].status or {}).get("node") if peer in group.views else None
+            try:
+                answer = await group.client.request(peer, "GET", f"/v1/recorder?{query}", retries=1,
+                                                    timeout_s=PEER_RECORDS_TIMEOUT_S)
+                theirs = answer.get("nodes")
+                nodes.extend({**n, "peer": peer} for n in (theirs if isinstance(theirs, list) else [])
+                             if isinstance(n, dict))
+            except (PeerUnreachable, PeerRefused) as exc:
+                nodes.append({"node": known or peer, "peer": peer, "error": str(exc), "runs": [], "records": []})
+
+        async with anyio.create_task_group() as tg:
+            for peer in group.client.peers:
+                tg.start_soon(one, peer)
+    return {"reference": own["node"], "nodes": nodes}

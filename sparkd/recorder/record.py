@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["FORMAT_VERSION", "Floors", "PeerMark", "Record", "decode", "encode", "from_json", "to_json"]
+__all__ = ["FORMAT_VERSION", "Floors", "PeerMark", "Record", "decode", "encode", "from_json", "peek", "to_json"]
 
 FORMAT_VERSION = 1
 KIB = 1024
@@ -210,6 +210,17 @@ def decode(data: bytes, seq: int = 0) -> Record:
         prompt_tps=_opt(prompt_tps), kv_usage=_opt(kv), gpu_power_w=_opt(gpu_w), gpu_util=_opt(gpu_util),
         pid=None if pid == _U32 else pid, restarts=restarts, floors=floors, clean_exit=bool(flags & _CLEAN),
         peers=tuple(peers), kernel=tuple(kernel), events=tuple(events))
+
+
+_PEEK = struct.Struct("<Bdd16sI")
+
+
+def peek(data: bytes) -> tuple[float, str, int, bool]:
+    """(wall, boot, run, clean exit) without decoding the rest: for listing a whole ring cheaply."""
+    if len(data) < _FIXED.size or data[0] != FORMAT_VERSION:
+        raise ValueError("not a version-1 record")
+    _, wall, _, boot, run = _PEEK.unpack_from(data)
+    return wall, _boot_text(boot), run, bool(data[_FIXED.size - 1] & _CLEAN)
 
 
 # ---- JSON, for the control API and `sparkctl postmortem --json`

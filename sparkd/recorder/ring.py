@@ -30,7 +30,7 @@ from pathlib import Path
 
 from sparkd.recorder.record import Record, decode
 
-__all__ = ["HEADER_SIZE", "Frame", "NotARing", "RingFile", "frame", "read_ring", "scan", "scan_frames"]
+__all__ = ["HEADER_SIZE", "Frame", "NotARing", "RingFile", "frame", "read_frames", "read_ring", "scan", "scan_frames"]
 
 MAGIC = b"SPRc"
 FILE_MAGIC = b"SPARKD-RING\0"
@@ -120,8 +120,9 @@ def _data_area(raw: bytes) -> bytes:
     return raw[HEADER_SIZE:HEADER_SIZE + size]
 
 
-def read_ring(path: Path) -> list[Record]:
-    """Every record a ring file holds, oldest first. Raises OSError (missing, unreadable, not a regular file)."""
+def read_frames(path: Path) -> list[Frame]:
+    """Every whole frame a ring file holds, in file order. Raises OSError (missing, unreadable, not a regular
+    file)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -129,7 +130,12 @@ def read_ring(path: Path) -> list[Record]:
         raw = _read_all(fd)
     finally:
         os.close(fd)
-    return scan(_data_area(raw))
+    return list(scan_frames(_data_area(raw)))
+
+
+def read_ring(path: Path) -> list[Record]:
+    """Every record a ring file holds, oldest first. Raises OSError (missing, unreadable, not a regular file)."""
+    return records_of(read_frames(path))
 
 
 def _read_all(fd: int) -> bytes:
