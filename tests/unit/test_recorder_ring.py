@@ -107,7 +107,7 @@ def test_the_reader_takes_any_bytes_at_all() -> None:
 
 
 def test_a_writer_goes_on_after_the_newest_record(tmp_path: Path) -> None:
-    raw, _ = ring_bytes(tmp_path, 50)
+    ring_bytes(tmp_path, 50)
     ring = RingFile(tmp_path / "r.ring", 64 * 1024)
     assert len(ring.open()) == 50 and ring.seq == 50
     ring.append(encode(record(50)))
