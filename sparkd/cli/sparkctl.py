@@ -18,6 +18,7 @@ import click
 
 from sparkd import __version__
 from sparkd.api.client import ActionRefused, ControlClient, DaemonUnreachable
+from sparkd.cli.bundle import bundle_cmd
 from sparkd.cli.common import config_or_exit
 from sparkd.cli.postmortem import postmortem_cmd
 from sparkd.cli.progress import wait_for
@@ -232,6 +233,7 @@ def preflight_cmd(obj: Ctx, dry_run: bool) -> None:
 
 
 main.add_command(global_options(postmortem_cmd))  # type: ignore[arg-type]  # the same command, optioned
+main.add_command(global_options(bundle_cmd))  # type: ignore[arg-type]
 
 
 __all__ = ["EXIT_NOT_SERVING", "EXIT_READY", "EXIT_UNHEALTHY", "EXIT_UNREACHABLE", "Ctx", "main"]

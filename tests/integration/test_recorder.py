@@ -16,7 +16,9 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +27,7 @@ from typing import Any
 
 import psutil
 import pytest
-from daemon_harness import STANDIN, Sparkd
+from daemon_harness import BIN, STANDIN, Sparkd
 
 from sparkd.recorder.ring import read_ring
 
@@ -199,3 +201,39 @@ def test_the_hardware_watchdog_is_armed_after_the_ring_syncs_petted_and_disarmed
     assert written.count(b"\0") >= 5 and written.endswith(b"V"), written  # petted, then the magic close
     armed = [r for r in read_ring(daemon.state_dir / "recorder.ring") if any("watchdog" in e for e in r.events)]
     assert armed and armed[0].seq > 1  # armed only once a record had been synced
+
+
+SECRETS = {"api_key": "sk-planted-API-KEY-1234567", "hf": "hf_planted_TOKEN_abcdef123", "peer": "planted-peer-token-XYZ9"}
+
+
+def test_the_bundle_holds_what_a_bug_report_needs_and_no_secret(sparkd: Any, tmp_path: Path) -> None:
+    token = tmp_path / "peer.token"
+    token.write_text(SECRETS["peer"] + "\n")
+    token.chmod(0o600)
+    daemon: Sparkd = sparkd(launch={"api_key": SECRETS["api_key"], "env": {"HF_TOKEN": SECRETS["hf"]}},
+                            api={"token_file": str(token)})
+    daemon.start()
+    daemon.wait_state("ready", 60)
+    # What sparkd did not write itself: vLLM echoing its environment into a file the bundle reads.
+    logs = daemon.state_dir / "logs" / "vllm.log"
+    with open(logs, "a") as f:
+        f.write(f"environment: HF_TOKEN={SECRETS['hf']} token {SECRETS['peer']} --api-key {SECRETS['api_key']}\n")
+    out = tmp_path / "report.tar.gz"
+    done = subprocess.run([str(BIN / "sparkctl"), "--config", str(daemon.config_path), "bundle", "-o", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{out} (")
+    with tarfile.open(out) as tar:
+        members = {m.name.removeprefix("sparkd-bundle/"): tar.extractfile(m).read()  # type: ignore[union-attr]
+                   for m in tar.getmembers()}
+    for name in ("MANIFEST.txt", "config.json", "sparkd.toml", "status.json", "recorder.json", "versions.json",
+                 "vllm.log"):
+        assert name in members, sorted(members)
+    for name, data in members.items():
+        for secret in SECRETS.values():
+            assert secret.encode() not in data, f"{secret} in {name}"
+    assert b"<redacted>" in members["vllm.log"] and b"<redacted>" in members["config.json"]
+    assert json.loads(members["status.json"])["state"] == "ready"
+    assert json.loads(members["recorder.json"])["records"], "the recorder's last hour"
+    assert json.loads(members["versions.json"])["vllm"] == "0.21.0"  # from the stand-in's startup line
+    assert (out.stat().st_mode & 0o777) == 0o600
