@@ -203,7 +203,8 @@ def test_the_hardware_watchdog_is_armed_after_the_ring_syncs_petted_and_disarmed
     assert armed and armed[0].seq > 1  # armed only once a record had been synced
 
 
-SECRETS = {"api_key": "sk-planted-API-KEY-1234567", "hf": "hf_planted_TOKEN_abcdef123", "peer": "planted-peer-token-XYZ9"}
+SECRETS = {"api_key": "sk-planted-API-KEY-1234567", "hf": "hf_planted_TOKEN_abcdef123",
+           "peer": "planted-peer-token-XYZ9"}
 
 
 def test_the_bundle_holds_what_a_bug_report_needs_and_no_secret(sparkd: Any, tmp_path: Path) -> None:

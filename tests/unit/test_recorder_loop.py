@@ -99,7 +99,7 @@ async def test_a_start_waits_for_memory_to_settle_and_shows_it_as_a_phase(tmp_pa
         await node.until(lambda: node.status().get("phase") == "memory_settle")
         started = clock.now()
         for step in range(10):  # ... and gives it back over 5 s
-            await node.until(lambda: clock.now() >= started + 0.5 * (step + 1))
+            await node.until(lambda step=step: clock.now() >= started + 0.5 * (step + 1))
             meminfo.set(20 * GIB + 2 * GIB * (step + 1))
         await node.until(lambda: node.daemon.sup.machine.launches == 2)
         waited = clock.now() - started
