@@ -111,6 +111,7 @@ class DaemonRecorder:
         self.phase: str | None = None  # memory_settle while the settle waits
         self.events: deque[str] = deque(maxlen=MAX_EVENTS)
         self.records = 0
+        self.cpu_s = 0.0  # CPU time its ticks took on the loop (the writer thread counts its own)
         self.watchdog = Watchdog(cfg.recorder.watchdog_device, cfg.recorder.watchdog_timeout_s) \
             if cfg.recorder.hardware_watchdog else None
         self.watchdog_problem: str | None = None
@@ -234,6 +235,7 @@ class DaemonRecorder:
             await self.clock.sleep(self.cfg.recorder.interval_s)
 
     def tick(self) -> None:
+        started = time.thread_time()
         try:
             payload = encode(self.record())
         except Exception as exc:  # a record that cannot be made is logged, never the end of the daemon
@@ -242,6 +244,7 @@ class DaemonRecorder:
         if self.writer.put(payload):
             self.records += 1
         self._watchdog()
+        self.cpu_s += time.thread_time() - started
 
     def _watchdog(self) -> None:
         dog = self.watchdog
@@ -280,6 +283,7 @@ class DaemonRecorder:
 
     def status(self) -> dict[str, Any]:
         return {"path": str(self.writer.path), "records": self.records, "written": self.writer.written,
+                "cpu_s": round(self.cpu_s + self.writer.cpu_s, 6),
                 "dropped": self.writer.dropped, "syncs": self.writer.syncs, "problem": self.writer.problem,
                 "watchdog": None if self.watchdog is None else {"armed": self.watchdog.armed,
                                                                "pets": self.watchdog.pets}}

@@ -39,6 +39,7 @@ class RingWriter:
         self.written = 0
         self.dropped = 0
         self.syncs = 0
+        self.cpu_s = 0.0  # CPU time the thread spent writing and syncing (its own clock)
         self.found: list[Record] = []  # what the ring held when it was opened
         self.opened = threading.Event()
         self._ring: RingFile | None = None
@@ -80,19 +81,27 @@ class RingWriter:
                 timeout = REOPEN_S
             self._wake.wait(timeout)
             self._wake.clear()
-            if self._ring is None and not self._ensure_open():
-                self.dropped += len(self._queue)
-                self._queue.clear()
-                if self._stopping:
+            started = time.thread_time()
+            try:
+                if self._step():
                     return
-                continue
-            self._drain()
-            if self._stopping or self.clock() - self._last_sync >= self.sync_interval_s:
-                self._sync()
-            if self._stopping and not self._queue:
-                assert self._ring is not None
-                self._ring.close()
-                return
+            finally:
+                self.cpu_s += time.thread_time() - started
+
+    def _step(self) -> bool:
+        """Write what is queued, sync when due; True once the writer is done (closed)."""
+        if self._ring is None and not self._ensure_open():
+            self.dropped += len(self._queue)
+            self._queue.clear()
+            return self._stopping
+        self._drain()
+        if self._stopping or self.clock() - self._last_sync >= self.sync_interval_s:
+            self._sync()
+        if self._stopping and not self._queue:
+            assert self._ring is not None
+            self._ring.close()
+            return True
+        return False
 
     def _ensure_open(self) -> bool:
         now = self.clock()
