@@ -132,6 +132,7 @@ class VllmLog:
         self.log = log if log is not None else get_logger(component="vllm_log")
         self.tail: deque[str] = deque(maxlen=ring)
         self._sizes: deque[int] = deque(maxlen=ring)  # bytes of each line in `tail`
+        self._times: deque[float] = deque(maxlen=ring)  # when each line in `tail` came (wall clock)
         self._tail_bytes = 0
         self._handle: TextIO | None = None
         self._size = 0
@@ -182,12 +183,14 @@ class VllmLog:
 
     def _remember(self, line: str, size: int) -> None:
         if len(self.tail) == self.tail.maxlen:
-            self._tail_bytes -= self._sizes[0]  # both deques drop their oldest on append
+            self._tail_bytes -= self._sizes[0]  # the deques drop their oldest on append
         self.tail.append(line)
         self._sizes.append(size)
+        self._times.append(time.time())
         self._tail_bytes += size
         while self._tail_bytes > self.ring_bytes and len(self.tail) > 1:
             self.tail.popleft()
+            self._times.popleft()
             self._tail_bytes -= self._sizes.popleft()
 
     def _to_journal(self, line: str) -> None:
@@ -247,6 +250,11 @@ class VllmLog:
     def last(self, n: int) -> list[str]:
         """The last ``n`` lines (none for ``n <= 0``)."""
         return list(self.tail)[-n:] if n > 0 else []
+
+    def entries(self, n: int, since: float | None = None) -> list[tuple[float, str]]:
+        """The last ``n`` lines with the wall time each came, only those since ``since`` when given."""
+        pairs = [(t, line) for t, line in zip(self._times, self.tail, strict=True) if since is None or t >= since]
+        return pairs[-n:] if n > 0 else []
 
     def close(self) -> None:
         handle, self._handle = self._handle, None
