@@ -59,6 +59,18 @@ class _Render:
         return "\n".join(f"<{priority}>{line}" for line in text.split("\n"))
 
 
+RESERVED = ("level", "timestamp")  # written by the pipeline itself (add_log_level, TimeStamper)
+
+
+def keep_fields(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """An event's own ``level`` or ``timestamp`` (the guard's level, a sample's time) is kept as
+    ``<key>_field`` instead of being overwritten by the log line's level and time."""
+    for key in RESERVED:
+        if key in event:
+            event[f"{key}_field"] = event.pop(key)
+    return event
+
+
 def configure_logging(cfg: LogConfig | None = None, *, json_lines: bool | None = None, level: int | str | None = None,
                       stream: TextIO | None = None, environ: Mapping[str, str] | None = None) -> None:
     """Set up sparkd's logging from ``[log]`` (format, level); ``json_lines``/``level`` override it. Safe to
@@ -77,7 +89,7 @@ def configure_logging(cfg: LogConfig | None = None, *, json_lines: bool | None =
     shared: list[Any] = [structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True)]
     exc: list[Any] = [structlog.processors.format_exc_info] if json_lines else []
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, *shared, *exc, final],
+        processors=[structlog.contextvars.merge_contextvars, keep_fields, *shared, *exc, final],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
