@@ -92,12 +92,13 @@ def _timing(timing: Mapping[str, Any]) -> list[str]:
 
 
 def _config(config: Mapping[str, Any]) -> list[str]:
+    breaker = [f"  {config['breaker']}"] if config.get("breaker") else []
     if not config.get("path"):
-        return []
+        return breaker
     if not config.get("valid", True):
         return [f"  the config on disk is invalid ({'; '.join(config.get('problems') or [])}): "
-                "sparkd keeps the one it loaded"]
-    lines = []
+                "sparkd keeps the one it loaded", *breaker]
+    lines = breaker
     if config.get("reload_needed"):
         lines.append(f"  {config['path']} changed since sparkd loaded it: `sparkctl reload` takes it on")
     if config.get("restart_needed"):
