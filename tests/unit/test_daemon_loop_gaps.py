@@ -209,3 +209,12 @@ async def test_preflight_verdicts_are_logged_at_the_level_they_mean(tmp_path: Pa
             await node.until(lambda: node.state in ("backoff", "failed"))
     levels = {e["check"]: e["log_level"] for e in events(logs, "preflight")}
     assert levels == {"fine": "info", "warns": "warning", "scripted": "error"}
+
+
+def test_metrics_start_every_restart_reason_at_zero_and_export_the_process(tmp_path: Path) -> None:
+    """Issue 28: increase() sees the first restart of any reason; process_* describe the daemon itself."""
+    node = Node(config(tmp_path), FakeRuntime(), FakeClock())
+    text = node.daemon.metrics.render().decode()
+    for reason in ("config_error", "oom", "operator", "reset"):
+        assert f'sparkd_restarts_total{{node="scripted",reason="{reason}"}} 0.0' in text, reason
+    assert "process_resident_memory_bytes " in text and "process_open_fds " in text
