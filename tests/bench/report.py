@@ -268,7 +268,7 @@ def cli_rows(cli: dict[str, Any]) -> list[Row]:
     for key, figure in (("sparkctl_status", "`sparkctl status` (a ready daemon), spawn → exit: median / p90 ms"),
                         ("sparkctl_complete", "TAB completion `sparkctl re<TAB>`, spawn → exit: median / p90 ms")):
         x = cli[key]
-        rows.append(row("7", f"{figure} (n = {cli['runs']}; `python -c pass` {fmt(start['median_ms'], '.0f')} ms)",
+        rows.append(row("9", f"{figure} (n = {cli['runs']}; `python -c pass` {fmt(start['median_ms'], '.0f')} ms)",
                         f"{fmt(x['median_ms'], '.0f')} / {fmt(x['p90_ms'], '.0f')}",
                         f"`supervisorctl status` {fmt(peer['median_ms'], '.0f')} / {fmt(peer['p90_ms'], '.0f')}",
                         fmt(ratio(x["median_ms"], peer["median_ms"])), f"≤ {cli['target_ms']:.0f} ms",
