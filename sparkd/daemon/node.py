@@ -147,8 +147,9 @@ class Node:
             self.drift = [d.to_json() for d in await self.runtime.drift()]
             for result in report.results:
                 timing.step(f"preflight.{result.id}", result.duration_s)
-                self.log.info("preflight", check=result.id, verdict=result.verdict.value, found=result.found,
-                              did=result.did, duration_s=round(result.duration_s, 3))
+                log = {"warn": self.log.warning, "fail": self.log.error}.get(result.verdict.value, self.log.info)
+                log("preflight", check=result.id, verdict=result.verdict.value, found=result.found, did=result.did,
+                    duration_s=round(result.duration_s, 3))
             failures[0] = report.failure()
 
         async def workers() -> None:
@@ -248,7 +249,8 @@ class Node:
             for check in self.sweep:
                 result = await check(ctx)
                 if result.verdict.value != "ok":
-                    self.log.info("sweep", check=result.id, found=result.found, did=result.did)
+                    log = {"warn": self.log.warning, "fail": self.log.error}.get(result.verdict.value, self.log.info)
+                    log("sweep", check=result.id, verdict=result.verdict.value, found=result.found, did=result.did)
 
     async def hurry(self) -> None:
         """A second SIGTERM: end the instance now, without waiting out the grace."""
