@@ -19,7 +19,7 @@ from sparkd.commands import recorder, status
 from sparkd.config import DEFAULT_CONFIG_PATH
 from sparkd.recorder.bundle import collect, write_bundle
 
-__all__ = ["bundle_cmd"]
+__all__ = ["bundle"]
 
 HOUR_S = 3600.0
 
@@ -34,13 +34,8 @@ def _ask(obj: Any, now: float) -> tuple[dict[str, Any] | None, dict[str, Any] | 
         return None, None
 
 
-@click.command("bundle")
-@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
-              help="Where to write it (default: ./sparkd-bundle-NODE-TIME.tar.gz); never over an existing file.")
-@click.pass_obj
-def bundle_cmd(obj: Any, output: Path | None) -> None:
-    """One tar.gz for a bug report: config (secrets masked), status, incidents, the flight recorder's last hour,
-    versions, nvidia-smi, the kernel log and the unit's journal."""
+def bundle(obj: Any, output: Path | None) -> None:
+    """``sparkctl bundle`` (its options: :mod:`sparkd.cli.sparkctl`)."""
     from sparkd.cli.common import config_or_exit
     from sparkd.daemon.recording import own_records
 

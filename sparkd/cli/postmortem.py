@@ -24,7 +24,7 @@ from sparkd.guard.sample import gib
 from sparkd.recorder.postmortem import AFTER_S, WINDOW_S, NodeRing, Report, analyse, node_from_json, silences
 from sparkd.recorder.record import Record
 
-__all__ = ["parse_since", "postmortem_cmd"]
+__all__ = ["parse_since", "postmortem", "render"]
 
 MAX_SILENCES = 5  # the newest silences whose minutes are fetched
 HEARD_S = 3600.0  # for a node that cannot be read: the last hour of the others' records
@@ -140,13 +140,8 @@ def render(report: Report, nodes: list[NodeRing], notes: list[str]) -> str:
     return "\n".join(line for line in out).rstrip()
 
 
-@click.command("postmortem")
-@click.option("--since", "since_text", help="Only silences after this: 30m, 2h, 1d, an ISO time (UTC) or epoch s.")
-@click.option("--local", is_flag=True, help="This node's ring only; do not ask the peers.")
-@click.pass_obj
-def postmortem_cmd(obj: Any, since_text: str | None, local: bool) -> None:
-    """What happened before each node went silent (a frozen host, a power cut, a killed sparkd), from every
-    node's flight recorder, on one clock, in one sentence each."""
+def postmortem(obj: Any, since_text: str | None, local: bool) -> None:
+    """``sparkctl postmortem`` (its options: :mod:`sparkd.cli.sparkctl`)."""
     try:
         since = parse_since(since_text, time.time())
     except ValueError as exc:
