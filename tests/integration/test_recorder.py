@@ -28,8 +28,10 @@ from typing import Any
 import psutil
 import pytest
 from daemon_harness import BIN, STANDIN, Sparkd
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sparkd.recorder.ring import read_ring
+from sparkd.recorder.ring import HEADER_SIZE, read_ring, scan_frames
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -70,6 +72,31 @@ def test_a_daemon_killed_at_random_moments_leaves_a_ring_that_reads_whole(sparkd
         assert "the host did not reboot: sparkd itself ended (killed or crashed)" in finding["sentence"]
     text = daemon.ctl("postmortem").stdout
     assert text.startswith("test went silent with nothing in its last records to explain it"), text
+    torn_and_corrupted(ring.read_bytes())
+
+
+def torn_and_corrupted(raw: bytes) -> None:
+    """The power cut on the real daemon's ring: junk at random offsets and a cut at a random length (hypothesis);
+    every record nothing touched comes back, nothing else, and the reader never fails."""
+    frames = [(HEADER_SIZE + f.offset, HEADER_SIZE + f.end, f.payload) for f in scan_frames(raw[HEADER_SIZE:])]
+    assert len(frames) > 50
+
+    @settings(max_examples=80, deadline=None)
+    @given(damage=st.lists(st.tuples(st.integers(0, len(raw)), st.binary(min_size=1, max_size=200)), max_size=3),
+           cut=st.one_of(st.none(), st.integers(0, len(raw))))
+    def damaged(damage: list[tuple[int, bytes]], cut: int | None) -> None:
+        data, touched = bytearray(raw), []
+        for at, junk in damage:
+            data[at:at + len(junk)] = junk[:max(0, len(data) - at)]
+            touched.append((at, at + len(junk)))
+        if cut is not None:
+            del data[cut:]
+            touched.append((cut, len(raw)))
+        found = {f.payload for f in scan_frames(bytes(data[HEADER_SIZE:]))}
+        whole = {p for start, end, p in frames if all(end <= a or start >= b for a, b in touched)}
+        assert whole <= found <= {p for _, _, p in frames}
+
+    damaged()
 
 
 # ---- the restart gate
