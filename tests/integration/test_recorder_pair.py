@@ -116,6 +116,7 @@ def test_postmortem_names_the_frozen_head_its_memory_and_the_worker_that_lost_it
     report = json.loads(answer.stdout)
     finding = next(f for f in report["findings"] if f["node"] == "head")
     sentence = finding["sentence"]
+    print(sentence)
     assert finding["class"] == "host_froze", sentence
     assert report["headline"] == sentence
     assert sentence.startswith("rank 0 (head) froze "), sentence
