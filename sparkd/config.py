@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sparkd.config_container import ContainerConfig, Mount
 from sparkd.config_env import ENV_PREFIX, Override, OverrideError, apply_overrides, parse_overrides, variable_for
+from sparkd.config_fabric import FabricConfig, WeightsConfig
 from sparkd.config_sections import (
     ApiConfig,
     ClusterConfig,
@@ -48,10 +49,10 @@ from sparkd.profiles import load_profile
 
 __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
-    "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig", "LogFormat",
-    "LogLevel", "Mount", "NodeConfig",
+    "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig",
+    "LogFormat", "LogLevel", "Mount", "NodeConfig",
     "PathsConfig", "PreflightCheckId", "PreflightConfig", "RestartConfig", "Role", "RuntimeKind",
-    "SupervisorConfig", "config_from_mapping", "load_config", "read_toml",
+    "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
 ]
 
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
@@ -94,6 +95,10 @@ class Config(BaseModel):
     preflight: PreflightConfig = Field(default_factory=PreflightConfig, description=(
         "Checks and clean-up before every launch."))
     guard: GuardConfig = Field(default_factory=GuardConfig, description="The unified-memory guard.")
+    fabric: FabricConfig = Field(default_factory=FabricConfig, description=(
+        "The group's fabric, measured by the head before every start."))
+    weights: WeightsConfig = Field(default_factory=WeightsConfig, description=(
+        "The model directory's manifest, compared across the group's nodes before every start."))
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Config:
