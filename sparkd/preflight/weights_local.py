@@ -1,0 +1,104 @@
+"""This node's weights manifest, kept: where the model directory is on the host, the hash cache, one build at a
+time, and the shards a start had no time for hashed afterwards in the background.
+
+A start never waits for background hashing: it interrupts it (between two chunks), builds with the cache — an
+unchanged directory costs a ``stat`` per file and the small always-hashed files — and the background resumes
+where it stopped. The budget of a start (``[weights] hash_budget_s``) bounds the shards it hashes itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from sparkd.config import Config
+from sparkd.preflight.manifest import HashCache, Manifest, Stop, build, deadline
+from sparkd.preflight.target import local_model
+
+
+def model_dir(cfg: Config) -> tuple[Path | None, str]:
+    """(the model directory on the host, or None; how it was found, or why not)."""
+    if cfg.weights.path:
+        return Path(cfg.weights.path), "[weights] path"
+    model = local_model(cfg.launch.model)
+    if model is None:
+        return None, f"the model {cfg.launch.model} is a hub id (set [weights] path to compare a local copy)"
+    if not cfg.runtime.in_container:
+        return Path(model), "[launch] model"
+    best = None
+    for mount in cfg.container.mounts:
+        target = mount.target.rstrip("/") or "/"
+        if (model == target or model.startswith(target + "/")) and (best is None or len(target) > len(best[0])):
+            best = (target, mount.source)
+    if best is None:
+        return None, f"no [container] mounts entry holds {model} (set [weights] path)"
+    target, source = best
+    source = str(Path(source).expanduser())
+    if not source.startswith("/"):
+        return None, f"{model} is in the named volume {source!r} (set [weights] path)"
+    return Path(source + model[len(target):]), f"[launch] model through the mount {source}:{target}"
+
+
+class LocalWeights:
+    def __init__(self, cfg: Config, *, log: Any, spawn: Callable[..., Any] | None = None) -> None:
+        self.cfg = cfg
+        self.log = log
+        self.spawn = spawn  # runs the background hashing beside the daemon; None: no background (one-shot)
+        self.cache = HashCache(cfg.paths.state_dir, log=log)
+        self.last: Manifest | None = None
+        self._lock = anyio.Lock()
+        self._interrupt = threading.Event()
+        self._background = False
+
+    async def manifest(self, *, full: bool = False, budget_s: float | None = None) -> Manifest:
+        """The manifest now: changed shards hashed within ``budget_s`` (default ``[weights] hash_budget_s``;
+        ``full``: every shard, no bound); what is left is hashed in the background."""
+        root, how = model_dir(self.cfg)
+        if root is None:
+            return Manifest("", skipped=how)
+        self._interrupt.set()  # a start does not wait for the background
+        async with self._lock:
+            self._interrupt.clear()
+            stop = deadline(None if full else self.cfg.weights.hash_budget_s if budget_s is None else budget_s)
+            manifest = await self._build(root, stop, full)
+        if manifest.pending:
+            self.log.warning("weights_hash_deferred", root=str(root), pending=len(manifest.pending),
+                             compared="by size until hashed")
+            self._later()
+        return manifest
+
+    async def _build(self, root: Path, stop: Stop, full: bool) -> Manifest:
+        known = {} if full else await anyio.to_thread.run_sync(self.cache.load, root)
+        w = self.cfg.weights
+        manifest = await anyio.to_thread.run_sync(
+            lambda: build(root, always=w.always_hash, ignore=w.ignore, known=known, stop=stop, full=full))
+        if manifest.problem is None:
+            await anyio.to_thread.run_sync(self.cache.save, manifest)
+        self.last = manifest
+        self.log.info("weights_manifest", root=str(root), files=len(manifest.files), hashed=len(manifest.hashed),
+                      pending=len(manifest.pending), duration_s=round(manifest.duration_s, 3),
+                      low_priority=manifest.low_priority, problem=manifest.problem)
+        return manifest
+
+    def _later(self) -> None:
+        if self.spawn is None or self._background:
+            return
+        self._background = True
+        self.spawn(self._finish)
+
+    async def _finish(self) -> None:
+        """Hash what the last start left, at the idle I/O class, yielding to any start that asks meanwhile."""
+        try:
+            root, _ = model_dir(self.cfg)
+            while root is not None:
+                async with self._lock:
+                    done = await self._build(root, self._interrupt.is_set, False)
+                if not done.pending or done.problem:
+                    return
+                await anyio.sleep(1.0)
+        finally:
+            self._background = False
