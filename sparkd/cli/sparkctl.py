@@ -32,6 +32,7 @@ from sparkd.commands import (
     start,
     status,
     stop,
+    weights,
 )
 from sparkd.commands.act import LOCAL_RISK
 from sparkd.commands.act import Request as ActRequest
@@ -228,6 +229,17 @@ def preflight_cmd(obj: Ctx, dry_run: bool) -> None:
     result = obj.call(preflight, preflight.Request(dry_run=dry_run), timeout_s=600)
     obj.emit(result, preflight.render)
     sys.exit(preflight.exit_code(result))
+
+
+@main.command("weights")
+@global_options
+@click.option("--full", is_flag=True, help="Hash every shard again on every node (reads the whole directory).")
+@click.pass_obj
+def weights_cmd(obj: Ctx, full: bool) -> None:
+    """The model directory on every node compared (on a group's head), or this node's. Exit 0 same, 1 differ."""
+    result = obj.call(weights, weights.Request(full=full), timeout_s=weights.TIMEOUT_S if full else 600)
+    obj.emit(result, weights.render)
+    sys.exit(weights.exit_code(result))
 
 
 __all__ = ["EXIT_NOT_SERVING", "EXIT_READY", "EXIT_UNHEALTHY", "EXIT_UNREACHABLE", "Ctx", "main"]

@@ -18,6 +18,7 @@ from sparkd.commands import (
     start,
     status,
     stop,
+    weights,
 )
 
-OPERATOR = (status, start, stop, restart, reset, reload, recreate, handover, logs, incidents, preflight)
+OPERATOR = (status, start, stop, restart, reset, reload, recreate, handover, logs, incidents, preflight, weights)

@@ -54,16 +54,16 @@ class LocalWeights:
         self._interrupt = threading.Event()
         self._background = False
 
-    async def manifest(self, *, full: bool = False, budget_s: float | None = None) -> Manifest:
-        """The manifest now: changed shards hashed within ``budget_s`` (default ``[weights] hash_budget_s``;
-        ``full``: every shard, no bound); what is left is hashed in the background."""
+    async def manifest(self, *, full: bool = False, bounded: bool = True) -> Manifest:
+        """The manifest now: changed shards hashed within ``[weights] hash_budget_s`` (``full`` or not ``bounded``:
+        no bound; ``full``: every shard again); what is left is hashed in the background."""
         root, how = model_dir(self.cfg)
         if root is None:
             return Manifest("", skipped=how)
         self._interrupt.set()  # a start does not wait for the background
         async with self._lock:
             self._interrupt.clear()
-            stop = deadline(None if full else self.cfg.weights.hash_budget_s if budget_s is None else budget_s)
+            stop = deadline(self.cfg.weights.hash_budget_s if bounded and not full else None)
             manifest = await self._build(root, stop, full)
         if manifest.pending:
             self.log.warning("weights_hash_deferred", root=str(root), pending=len(manifest.pending),
