@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import anyio
 import click
 
 from sparkd.config import Config
-from sparkd.logs import get_logger
 from sparkd.preflight.weights_local import LocalWeights, model_dir
 from sparkd.preflight.weights_verify import changed_in_place, index_problems, read_indexes
+
+
+class _Quiet:
+    """The manifest's log events: what this command prints says it all (stdout stays the report's)."""
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **fields: None
 
 
 def verify(cfg: Config, *, full: bool, as_json: bool) -> int:
@@ -19,7 +26,7 @@ def verify(cfg: Config, *, full: bool, as_json: bool) -> int:
     if root is None:
         click.echo(json.dumps({"ok": None, "skipped": how}) if as_json else f"weights: not checked: {how}")
         return 0
-    keeper = LocalWeights(cfg, log=get_logger(component="weights"))
+    keeper = LocalWeights(cfg, log=_Quiet())
     before = keeper.cache.load(root)
     manifest = anyio.run(lambda: keeper.manifest(full=full, bounded=False))
     problems = [manifest.problem] if manifest.problem else []
