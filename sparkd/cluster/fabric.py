@@ -102,12 +102,14 @@ def _links(ends: Sequence[End], found: Findings) -> None:
 
 
 def _mtu(head: Link, worker: Link, ends: Sequence[End], expect: Expect, found: Findings) -> None:
+    want = expect.mtu or max(head.mtu or 0, worker.mtu or 0)
+    fix = f" (set both to {want}, persistently in netplan or NetworkManager: a firmware reset or a reboot sets 1500)"
     if head.mtu != worker.mtu:
         found.add(Cause.mtu, f"the fabric MTU differs: {head.mtu} on {ends[0].where} but {worker.mtu} on "
-                  f"{ends[1].where}" + (f" ([fabric] mtu is {expect.mtu})" if expect.mtu else ""))
+                  f"{ends[1].where}" + (f" ([fabric] mtu is {expect.mtu})" if expect.mtu else "") + fix)
     elif expect.mtu is not None and head.mtu != expect.mtu:
         found.add(Cause.mtu, f"the fabric MTU is {head.mtu} on {ends[0].where} and {ends[1].where}, not "
-                  f"[fabric] mtu = {expect.mtu} (a firmware reset or a reboot sets 1500)")
+                  f"[fabric] mtu = {expect.mtu}" + fix)
 
 
 def _speed(ends: Sequence[End], expect: Expect, found: Findings) -> None:
