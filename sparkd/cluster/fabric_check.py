@@ -20,11 +20,16 @@ import anyio
 from sparkd.cluster import fabric
 from sparkd.cluster.bandwidth import Bandwidth
 from sparkd.cluster.fabric import End, Expect, Finding, Probes, ping_size
-from sparkd.cluster.fabric_probe import echoes, fabric_address, local_end
+from sparkd.cluster.fabric_probe import PING_TIMEOUT_S, echoes, fabric_address, local_end
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
 from sparkd.config import Config
 from sparkd.preflight.dfping import Ping, listen_once
 from sparkd.supervisor.failures import Failure, FailureClass
+
+
+def _lost(peer: str, why: str) -> Failure:
+    return Failure.of(FailureClass.peer_lost, f"The worker's sparkd at {peer} cannot be reached ({why}); the head "
+                      "waits for it with backoff instead of starting alone.")
 
 
 def link_json(end: End) -> dict[str, Any]:
@@ -69,12 +74,9 @@ class FabricCheck:
         finally:
             if listener is not None:
                 listener.close()
-        if scope.cancelled_caught:
-            bound = self.cfg.fabric.timeout_s
+        if scope.cancelled_caught:  # a worker's sparkd that does not answer in time: the peer is lost
             for peer in (p for p in self.client.peers if p not in self.report):
-                failures[peer] = Failure.of(FailureClass.host_unavailable, f"The fabric check of the worker on "
-                                            f"{peer} did not finish within [fabric] timeout_s = {bound:g} s; sparkd "
-                                            "waits and checks again.")
+                failures[peer] = _lost(peer, f"no answer to the fabric check within {self.cfg.fabric.timeout_s:g} s")
         for peer in self.client.peers:
             if peer in failures:
                 return failures[peer]
@@ -85,12 +87,13 @@ class FabricCheck:
         started = time.monotonic()
         request = {"address": head.link.address if head.link else None, "size": size, "timeout_s": 1.0,
                    "master": list(master) if master else None}
+        # The worker's answer must leave time for the head's own echoes within the bound.
+        asking = max(self.cfg.fabric.timeout_s - PING_TIMEOUT_S - 0.5, 1.0)
         try:
-            reply = await self.client.request(peer, "POST", "/v1/rank/fabric", json=request,
-                                              timeout_s=self.cfg.fabric.timeout_s, retries=0)
+            reply = await self.client.request(peer, "POST", "/v1/rank/fabric", json=request, timeout_s=asking,
+                                              retries=0)
         except PeerUnreachable as exc:
-            failures[peer] = Failure.of(FailureClass.peer_lost, f"The worker's sparkd at {peer} cannot be reached "
-                                        f"({exc}); the head waits for it with backoff instead of starting alone.")
+            failures[peer] = _lost(peer, str(exc))
             self.report[peer] = {"peer": peer, "ok": False, "error": str(exc)}
             return
         except PeerRefused as exc:  # a worker's sparkd without the check (an older version): say so, go on
