@@ -2,7 +2,9 @@
 
 The echo is sent from a raw ICMP socket with ``IP_MTU_DISCOVER = IP_PMTUDISC_DO`` (the kernel sets DF and never
 fragments: a packet over the local MTU fails with EMSGSIZE, one over a hop's MTU is dropped or answered with
-"fragmentation needed"), so a reply proves the path carries packets of that size. ``size`` is the whole IP
+"fragmentation needed"), so a reply proves the path carries packets of that size. Linux's default
+(``IP_PMTUDISC_WANT``) sets DF too, but once a hop has said "fragmentation needed" it fragments locally for ten
+minutes, and the next start's echo would pass in pieces. ``size`` is the whole IP
 packet (the MTU under test): 20 bytes of IP header, 8 of ICMP, the rest payload — what ``ping -M do -s
 <size-28>`` sends. Without the privilege for a raw socket, ``ping -M do`` is used when installed; the result
 says which. IPv4 only (an IPv6 path never fragments in transit; its MTU is the interfaces' and is compared).
@@ -23,6 +25,7 @@ from typing import Any
 
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
+IP_MTU = getattr(socket, "IP_MTU", 14)
 ECHO_REQUEST, ECHO_REPLY, UNREACHABLE, FRAG_NEEDED = 8, 0, 3, 4
 RAW = "raw ICMP socket with IP_PMTUDISC_DO"
 PING = "ping -M do"
@@ -81,6 +84,15 @@ def read_reply(packet: bytes, source: str, address: str, ident: int) -> tuple[st
     return None
 
 
+def _known_mtu(sock: socket.socket, address: str) -> str:
+    """``: 1500``, the path MTU the kernel holds for ``address`` (its interface's, or one a hop reported)."""
+    try:
+        sock.connect((address, 0))
+        return f": {sock.getsockopt(socket.IPPROTO_IP, IP_MTU)}"
+    except OSError:
+        return ""
+
+
 def _raw_ping(address: str, size: int, timeout_s: float, tries: int) -> Ping:
     sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
     try:
@@ -94,8 +106,8 @@ def _raw_ping(address: str, size: int, timeout_s: float, tries: int) -> Ping:
                 sock.sendto(echo_packet(ident, seq, payload[: max(size - 28, 0)]), (address, 0))
             except OSError as exc:
                 if exc.errno == errno.EMSGSIZE:
-                    return Ping(address, size, False, error=f"a {size}-byte packet is over this node's own MTU "
-                                "(EMSGSIZE)")
+                    return Ping(address, size, False, error=f"{size} bytes is over the path MTU this node knows "
+                                f"to {address}{_known_mtu(sock, address)} (EMSGSIZE)")
                 return Ping(address, size, False, error=f"cannot send: {exc.strerror or exc}")
             deadline = sent + per_try
             while (left := deadline - time.monotonic()) > 0:

@@ -76,8 +76,9 @@ class LocalWeights:
         w = self.cfg.weights
         manifest = await anyio.to_thread.run_sync(
             lambda: build(root, always=w.always_hash, ignore=w.ignore, known=known, stop=stop, full=full))
-        if manifest.problem is None:
-            await anyio.to_thread.run_sync(self.cache.save, manifest)
+        hashes = {rel: (e.size, e.mtime_ns, e.sha256) for rel, e in manifest.files.items() if e.sha256}
+        if manifest.problem is None and hashes != {rel: (e.size, e.mtime_ns, e.sha256) for rel, e in known.items()}:
+            await anyio.to_thread.run_sync(self.cache.save, manifest)  # an unchanged directory writes nothing
         self.last = manifest
         self.log.info("weights_manifest", root=str(root), files=len(manifest.files), hashed=len(manifest.hashed),
                       pending=len(manifest.pending), duration_s=round(manifest.duration_s, 3),

@@ -108,3 +108,43 @@ class FabricPair:
         for daemon in self.daemons.values():
             daemon.end()
         self.wires.destroy()
+
+
+@dataclass
+class Routed:
+    """A path with a hop of a smaller MTU: ``a`` (MTU 9000) — ``router`` — ``b`` on a 1500 link. Without
+    don't-fragment the router fragments a 9000-byte echo and the echo passes; with it the router answers
+    "fragmentation needed" (MTU 1500)."""
+
+    ns: dict[str, str]
+    b_addr: str
+
+    @classmethod
+    def create(cls) -> Routed:
+        tag = f"{os.getpid() % 10000}x{next(_WIRES)}"
+        net = (os.getpid() + 7) % 250
+        routed = cls({k: f"n30-{k}{tag}" for k in ("a", "r", "b")}, f"10.239.{net}.2")
+        try:
+            for ns in routed.ns.values():
+                ip("netns", "add", ns)
+                ip("link", "set", "lo", "up", ns=ns)
+            for (left, right), (subnet, mtu) in zip((("a", "r"), ("r", "b")), ((f"10.238.{net}", "9000"),
+                                                                            (f"10.239.{net}", "1500")), strict=True):
+                names = {left: f"n30{left}{tag}{right}", right: f"n30{right}{tag}{left}"}
+                ip("link", "add", names[left], "type", "veth", "peer", "name", names[right])
+                for host, octet in ((left, "1" if left == "r" else "2"), (right, "1" if right == "r" else "2")):
+                    ip("link", "set", names[host], "netns", routed.ns[host])
+                    ip("addr", "add", f"{subnet}.{octet}/24", "dev", names[host], ns=routed.ns[host])
+                    ip("link", "set", names[host], "mtu", mtu, "up", ns=routed.ns[host])
+            subprocess.run(["ip", "netns", "exec", routed.ns["r"], "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+                           check=True, capture_output=True, timeout=30)
+            ip("route", "add", "default", "via", f"10.238.{net}.1", ns=routed.ns["a"])
+            ip("route", "add", "default", "via", f"10.239.{net}.1", ns=routed.ns["b"])
+        except subprocess.CalledProcessError:
+            routed.destroy()
+            raise
+        return routed
+
+    def destroy(self) -> None:
+        for ns in self.ns.values():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)

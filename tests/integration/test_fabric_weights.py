@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fabric_harness import FabricPair, Wires
+from fabric_harness import FabricPair, Routed, Wires
 
 SHARDS = 3
 
@@ -114,3 +116,25 @@ def test_a_corrupted_shard_on_the_worker_is_refused_and_an_unchanged_restart_has
     assert view.returncode == 0 and "weights: the same on every node" in view.stdout, view.stdout + view.stderr
     fabric = pair.head.status()["fabric"][0]
     assert fabric["ok"] and fabric["echoes"]["out"][1]["size"] == 1500 and fabric["master"] == "open"
+
+
+ECHO = ("import json, sys; from sparkd.preflight.dfping import df_ping; "
+        "print(json.dumps(df_ping(sys.argv[1], int(sys.argv[2])).to_json()))")
+
+
+def test_a_hop_with_a_smaller_mtu_fails_the_dont_fragment_echo_every_time() -> None:
+    routed = Routed.create()
+    try:
+        def echo(size: int) -> dict[str, Any]:
+            done = subprocess.run(["ip", "netns", "exec", routed.ns["a"], sys.executable, "-c", ECHO, routed.b_addr,
+                                   str(size)], capture_output=True, text=True, timeout=30, check=True)
+            return dict(json.loads(done.stdout))
+
+        assert echo(1500)["ok"]
+        big = echo(9000)
+        assert (big["ok"], big["error"]) == (False, "a hop needs fragmentation: its MTU is 1500")
+        again = echo(9000)  # the kernel knows the path MTU now: only don't-fragment keeps it from fragmenting
+        assert (again["ok"], again["error"]) == (False, f"9000 bytes is over the path MTU this node knows to "
+                                                        f"{routed.b_addr}: 1500 (EMSGSIZE)")
+    finally:
+        routed.destroy()

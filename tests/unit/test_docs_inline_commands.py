@@ -41,7 +41,7 @@ def options_of(command: click.Command) -> set[str]:
 def problems(text: str) -> list[str]:
     """What in one inline command the CLI does not have."""
     words = shlex.split(re.split(r"\s[>|]\s", text)[0].replace("[", " ").replace("]", " "))
-    command, wrong, chosen = PROGRAMS[words[0]], [], False
+    command, wrong = PROGRAMS[words[0]], []
     allowed = options_of(command) | {"-h", "--help"}
     for word in words[1:]:
         if word.startswith("-"):
@@ -51,7 +51,7 @@ def problems(text: str) -> list[str]:
             sub = command.get_command(click.Context(command), word)
             if sub is None:
                 return [*wrong, f"{word!r} is no subcommand of {command.name}"]
-            command, chosen = sub, True
+            command = sub
             allowed |= options_of(sub)
     if isinstance(command, click.Group):
         wrong.append("no subcommand named")
