@@ -93,11 +93,14 @@ class LocalWeights:
 
     async def _finish(self) -> None:
         """Hash what the last start left, at the idle I/O class, yielding to any start that asks meanwhile."""
+        await self._finish_with(self._interrupt.is_set)
+
+    async def _finish_with(self, stop: Stop) -> None:
         try:
             root, _ = model_dir(self.cfg)
             while root is not None:
                 async with self._lock:
-                    done = await self._build(root, self._interrupt.is_set, False)
+                    done = await self._build(root, stop, False)
                 if not done.pending or done.problem:
                     return
                 await anyio.sleep(1.0)
