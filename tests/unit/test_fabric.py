@@ -163,3 +163,90 @@ def test_the_rdma_preflight_refuses_a_link_local_gid_index_naming_the_one_that_w
 def test_a_bad_fabric_request_is_refused_naming_the_parameter(params: dict[str, object]) -> None:
     with pytest.raises(BadRequest):
         FabricRequest.from_params(params)
+
+
+PERFTEST = """\
+---------------------------------------------------------------------------------------
+                    RDMA_Write BW Test
+ Dual-port       : OFF          Device         : rocep1s0f0
+ Link type       : Ethernet
+ GID index       : 3
+---------------------------------------------------------------------------------------
+ #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
+ 65536      424000           0.00               111.13             0.211970
+---------------------------------------------------------------------------------------
+"""
+
+
+def test_the_bandwidth_figure_is_perftests_average() -> None:
+    from sparkd.cluster.bandwidth import argv, parse_gbps
+
+    assert parse_gbps(PERFTEST) == 111.13
+    assert parse_gbps("Couldn't connect to 10.0.0.2:18515") is None
+    assert argv(2, 18515, "rocep1s0f0 port 1", 3, "10.0.0.2") == [
+        "ib_write_bw", "-D", "2", "-p", "18515", "--report_gbits", "-F", "-d", "rocep1s0f0", "-i", "1", "-x", "3",
+        "10.0.0.2"]
+
+
+class FakePeers:
+    def __init__(self, answer: dict[str, object]) -> None:
+        self.answer = answer
+        self.asked: list[tuple[str, object]] = []
+
+    async def request(self, peer: str, method: str, path: str, **kw: object) -> dict[str, object]:
+        self.asked.append((path, kw.get("json")))
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("here", "there", "gbps", "note"),
+    [
+        ((0, PERFTEST), {"exit_code": 0, "gbps": 111.13}, 111.13, "111.1 Gb/s over 2 s (ib_write_bw)"),
+        ((127, ""), {"exit_code": 127}, None, "ib_write_bw is not installed where vLLM runs on the head"),
+        ((1, ""), {"exit_code": 127}, None, "ib_write_bw is not installed where vLLM runs on w"),
+    ],
+)
+def test_a_bandwidth_run_is_the_client_here_against_the_server_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, here: tuple[int, str], there: dict[str, object],
+        gbps: float | None, note: str) -> None:
+    from sparkd.cluster import bandwidth
+    from sparkd.runtime.base import ExecResult
+
+    ran: list[list[str]] = []
+
+    async def run(argv: list[str], timeout_s: float) -> ExecResult:
+        ran.append(list(argv))
+        return ExecResult(here[0], here[1])
+
+    cfg = config_from_mapping({"runtime": "process", "launch": {"model": "m"}, "paths": {"state_dir": str(tmp_path)},
+                               "fabric": {"bandwidth": True}}, env={})
+    peers = FakePeers(there)
+    monkeypatch.setattr(bandwidth, "CLIENT_DELAY_S", 0.0)
+    bw = bandwidth.Bandwidth(cfg, peers, run, log=type("L", (), {"info": lambda *a, **k: None})())  # type: ignore[arg-type]
+    assert anyio.run(bw.measure, "w", "10.0.0.2") == (gbps, note)
+    assert peers.asked == [("/v1/rank/bandwidth", {"seconds": 2, "port": 18515})]
+    assert ran[0][-1] == "10.0.0.2" and ran[0][:3] == ["ib_write_bw", "-D", "2"]
+
+
+def test_the_fabric_and_weights_metrics_come_from_status() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sparkd.daemon.checkmetrics import families
+
+    status = {"fabric": [{"peer": "10.9.0.2", "ok": False, "bandwidth_gbps": 96.5,
+                          "head": {"interface": "a", "mtu": 9000, "speed_mbps": 200000},
+                          "worker": {"interface": "b", "mtu": 1500, "speed_mbps": 200000}}],
+              "weights": {"group": {"ok": True}, "local": {"pending": 4}}}
+
+    class Collector:
+        def collect(self) -> object:
+            return families(["node"], ["spark0"], status)
+
+    registry = CollectorRegistry()
+    registry.register(Collector())  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    for line in ('sparkd_fabric_ok{node="spark0",peer="10.9.0.2"} 0.0',
+                 'sparkd_fabric_mtu_bytes{end="worker",interface="b",node="spark0",peer="10.9.0.2"} 1500.0',
+                 'sparkd_fabric_bandwidth_gbps{node="spark0",peer="10.9.0.2"} 96.5',
+                 'sparkd_weights_same{node="spark0"} 1.0', 'sparkd_weights_hash_pending_files{node="spark0"} 4.0'):
+        assert line in text, text
