@@ -99,9 +99,9 @@ class FabricPair:
     def worker(self) -> NodeDaemon:
         return self.daemons["worker"]
 
-    def start(self) -> FabricPair:
-        self.worker.start()
-        self.head.start()
+    def start(self, env: dict[str, str] | None = None) -> FabricPair:
+        self.worker.start(env=env)
+        self.head.start(env=env)
         return self
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ weights has a corrupted shard; an unchanged group restarting without hashing its
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -90,15 +91,48 @@ def model(root: Path) -> Path:
     return root
 
 
+# perftest's ib_write_bw as the bandwidth run calls it: the server (no address) takes one connection on -p, the
+# client (the server's address last) makes it; each prints perftest's result table.
+FAKE_PERFTEST = """#!/usr/bin/env python3
+import socket, sys, time
+args = sys.argv[1:]
+port = int(args[args.index("-p") + 1])
+if args[-1][0].isdigit():
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            socket.create_connection((args[-1], port), timeout=1).recv(3)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                sys.exit("Couldn't connect to " + args[-1])
+            time.sleep(0.1)
+else:
+    listener = socket.create_server(("0.0.0.0", port))
+    listener.accept()[0].sendall(b"ok\\n")
+print(" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]")
+print(" 65536      424000           0.00               111.13             0.211970")
+"""
+
+
+def fake_perftest(folder: Path) -> dict[str, str]:
+    folder.mkdir()
+    script = folder / "ib_write_bw"
+    script.write_text(FAKE_PERFTEST.replace("/usr/bin/env python3", sys.executable))
+    script.chmod(0o755)
+    return {"PATH": f"{folder}:{os.environ['PATH']}"}
+
+
 def test_a_corrupted_shard_on_the_worker_is_refused_and_an_unchanged_restart_hashes_no_shard(
         make_pair: Any, tmp_path: Path) -> None:
     models = {side: model(tmp_path / f"models-{side}") for side in ("head", "worker")}
-    pair = make_pair({side: {"weights": {"path": str(models[side])}} for side in models})
+    pair = make_pair({side: {"weights": {"path": str(models[side])}} for side in models},
+                     fabric={"bandwidth": True, "bandwidth_port": 18515})
     shard = models["worker"] / f"model-00002-of-{SHARDS:05d}.safetensors"
     with shard.open("r+b") as f:
         f.seek(1000)
         f.write(b"\xff")
-    pair.start()
+    pair.start(env=fake_perftest(tmp_path / "perftest"))
     head = pair.head.wait_for(lambda s: s.get("state") == "failed", 60, "the start refused")
     assert head["last_failure"]["class"] == "config_error"
     assert (f"1 file(s) differ on worker: {shard.name} has sha256 ") in head["last_failure"]["message"]
@@ -116,6 +150,7 @@ def test_a_corrupted_shard_on_the_worker_is_refused_and_an_unchanged_restart_has
     assert view.returncode == 0 and "weights: the same on every node" in view.stdout, view.stdout + view.stderr
     fabric = pair.head.status()["fabric"][0]
     assert fabric["ok"] and fabric["echoes"]["out"][1]["size"] == 1500 and fabric["master"] == "open"
+    assert (fabric["bandwidth_gbps"], fabric["bandwidth_note"]) == (111.13, "111.1 Gb/s over 2 s (ib_write_bw)")
 
 
 ECHO = ("import json, sys; from sparkd.preflight.dfping import df_ping; "
