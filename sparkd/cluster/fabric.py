@@ -6,6 +6,8 @@ Rules, in the order a finding is reported (the first one decides the class, ``CA
 :mod:`sparkd.supervisor.failures`):
 
 1. ``link_down``: either end's fabric interface is missing, down or without carrier (it can come back: wait).
+   An end whose config names no fabric interface and no address is not checked (:func:`unchecked`): a warning,
+   not a refusal.
 2. ``peer_unreachable``: no small echo passes either way between the fabric addresses (wait).
 3. ``mtu``: the ends' MTUs differ, or one differs from ``[fabric] mtu``.
 4. ``path_mtu``: a don't-fragment echo at the MTU is lost (or over a hop's MTU) while a small one passed —
@@ -23,7 +25,7 @@ from typing import Any
 
 from sparkd.preflight.dfping import Ping
 from sparkd.preflight.gid import GidView
-from sparkd.preflight.netdev import Link
+from sparkd.preflight.netdev import UNNAMED, Link
 from sparkd.supervisor.failures import CAUSES, Cause, Failure, FailureClass
 
 SMALL = 84  # the IP packet of a plain `ping`: 20 + 8 + 56
@@ -144,6 +146,14 @@ def _probes(ends: Sequence[End], probes: Probes, found: Findings) -> None:
             found.add(Cause.path_mtu, _echo(pings[1], sender, target) + f" while a {pings[0].size}-byte one "
                       f"passed: the path does not carry {pings[1].size}-byte packets (a switch port or a hop at a "
                       "lower MTU, or a firewall dropping them)")
+
+
+def unchecked(ends: Sequence[End]) -> str | None:
+    """Why the link cannot be checked at all (a config that names no fabric interface on an end), or None."""
+    for end in ends:
+        if end.link is None and end.problem == UNNAMED:
+            return f"{end.node}: {UNNAMED}"
+    return None
 
 
 def findings(ends: Sequence[End], probes: Probes, expect: Expect) -> list[Finding]:

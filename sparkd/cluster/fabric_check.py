@@ -101,6 +101,11 @@ class FabricCheck:
             self.report[peer] = {"peer": peer, "ok": None, "error": f"not checked: {exc}"}
             return
         worker = End.from_json(reply.get("end"), peer)
+        why = fabric.unchecked([head, worker])
+        if why is not None:
+            self.log.warning("fabric_not_checked", peer=peer, why=why)
+            self.report[peer] = {"peer": peer, "ok": None, "error": f"not checked: {why}"}
+            return
         back = [p for p in map(Ping.from_json, reply.get("pings") or []) if p is not None]
         address = worker.link.address if worker.link else None
         out = await echoes(address, size) if address and head.link and head.link.up else []

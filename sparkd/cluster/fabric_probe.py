@@ -39,7 +39,10 @@ def local_end(cfg: Config, sys_root: Path, env: Mapping[str, str]) -> End:
 
 
 async def echoes(address: str, size: int, timeout_s: float = PING_TIMEOUT_S) -> list[Ping]:
-    """A small don't-fragment echo and one of ``size`` bytes to ``address``, side by side."""
+    """A small don't-fragment echo and one of ``size`` bytes to ``address``, side by side; none to an IPv6 address
+    (its path never fragments in transit: the interfaces' MTUs are what counts, and they are compared)."""
+    if ":" in address:
+        return []
     results: dict[int, Ping] = {}
 
     async def one(n: int) -> None:

@@ -85,11 +85,15 @@ def interface_of(address: str) -> str | None:
     return None
 
 
+UNNAMED = "no fabric interface named: set [fabric] interface or [node] address"
+
+
 def fabric_link(sys_root: Path, interface: str | None, address: str | None) -> tuple[Link | None, str | None]:
-    """(this node's fabric link, or None with the sentence saying why it cannot be named)."""
+    """(this node's fabric link, or None with the sentence saying why it cannot be named: ``UNNAMED`` when the
+    config names neither an interface nor an address)."""
     if interface is None:
         if address is None:
-            return None, "no fabric interface: set [fabric] interface or [node] address"
+            return None, UNNAMED
         interface = interface_of(address)
         if interface is None:
             return None, f"no interface holds the fabric address {address} ([node] address) on this node"

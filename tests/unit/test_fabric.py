@@ -250,3 +250,20 @@ def test_the_fabric_and_weights_metrics_come_from_status() -> None:
                  'sparkd_fabric_bandwidth_gbps{node="spark0",peer="10.9.0.2"} 96.5',
                  'sparkd_weights_same{node="spark0"} 1.0', 'sparkd_weights_hash_pending_files{node="spark0"} 4.0'):
         assert line in text, text
+
+
+def test_an_end_whose_config_names_no_fabric_interface_is_not_checked_nor_refused() -> None:
+    from sparkd.cluster.fabric import unchecked
+    from sparkd.preflight.netdev import UNNAMED
+
+    assert unchecked((HEAD, End("spark1", None, UNNAMED))) == f"spark1: {UNNAMED}"
+    assert unchecked((HEAD, End("spark1", None, "no interface holds the fabric address 10.0.0.2"))) is None
+    assert unchecked((HEAD, WORKER)) is None
+
+
+def test_an_ipv6_fabric_gets_no_echo_and_no_echo_finding() -> None:
+    from sparkd.cluster.fabric_probe import echoes
+
+    assert anyio.run(echoes, "fd00::2", 9000) == []
+    six = (end("spark0", "a", address="fd00::1"), end("spark1", "b", address="fd00::2"))
+    assert findings(six, Probes([], [], "open"), Expect(9000)) == []
