@@ -26,6 +26,7 @@ from sparkd.preflight.manifest import Manifest
 from sparkd.supervisor.failures import CAUSES, Cause, Failure, FailureClass
 
 SHOWN = 5
+FULL_TIMEOUT_S = 24 * 3600.0  # a worker re-reading every shard (sparkctl weights --full)
 
 
 @dataclass
@@ -101,7 +102,7 @@ class Parity:
         async def theirs(peer: str) -> None:
             try:
                 reply = await self.client.request(peer, "POST", "/v1/rank/weights", json={"full": full},
-                                                  timeout_s=None if full else self._timeout(), retries=0)
+                                                  timeout_s=FULL_TIMEOUT_S if full else self._timeout(), retries=0)
             except PeerUnreachable as exc:
                 failures.append(Failure.of(FailureClass.peer_lost, f"The worker's sparkd at {peer} cannot be "
                                            f"reached ({exc}); the head waits for it with backoff."))

@@ -1,9 +1,10 @@
 """This node's weights manifest, kept: where the model directory is on the host, the hash cache, one build at a
 time, and the shards a start had no time for hashed afterwards in the background.
 
-A start never waits for background hashing: it interrupts it (between two chunks), builds with the cache — an
-unchanged directory costs a ``stat`` per file and the small always-hashed files — and the background resumes
-where it stopped. The budget of a start (``[weights] hash_budget_s``) bounds the shards it hashes itself.
+A start never waits for background hashing (nor for an operator's ``--full`` run): it interrupts it (between two
+chunks), builds with the cache — an unchanged directory costs a ``stat`` per file and the small always-hashed
+files — and the background resumes where it stopped. The budget of a start (``[weights] hash_budget_s``)
+bounds the shards it hashes itself.
 """
 
 from __future__ import annotations
@@ -60,11 +61,11 @@ class LocalWeights:
         root, how = model_dir(self.cfg)
         if root is None:
             return Manifest("", skipped=how)
-        self._interrupt.set()  # a start does not wait for the background
+        self._interrupt.set()  # a start does not wait for the background (nor for an operator's --full)
         async with self._lock:
             self._interrupt.clear()
-            stop = deadline(self.cfg.weights.hash_budget_s if bounded and not full else None)
-            manifest = await self._build(root, stop, full)
+            late = deadline(self.cfg.weights.hash_budget_s if bounded and not full else None)
+            manifest = await self._build(root, lambda: self._interrupt.is_set() or late(), full)
         if manifest.pending:
             self.log.warning("weights_hash_deferred", root=str(root), pending=len(manifest.pending),
                              compared="by size until hashed")
