@@ -43,6 +43,7 @@ EXIT_STATUS = {
     "preflight": "0 ready to launch; 1 a check failed; 4 unreachable.",
     "postmortem": "0 the report is printed (a silence found is not an error); 2 --since cannot be read.",
     "bundle": "0 the bundle is written; 1 it cannot be written; 2 the config is invalid.",
+    "weights": "0 the same on every node (alone: readable); 1 a file differs or cannot be read; 4 unreachable.",
     "*": "0 done; 1 refused by the daemon (the reason is printed); 4 the daemon is unreachable.",
 }
 EXIT_STATUS["stop"] = EXIT_STATUS["restart"] = EXIT_STATUS["start"].replace("ready", "done")
@@ -295,6 +296,15 @@ def bundle_cmd(obj: Ctx, output: Path | None) -> None:
     from sparkd.cli.bundle import bundle
 
     bundle(obj, output)
+@subcommand("weights")
+@click.option("--full", is_flag=True, help="Hash every shard again on every node (reads the whole directory).")
+@click.pass_obj
+def weights_cmd(obj: Ctx, full: bool) -> None:
+    """The model directory on every node compared (on a group's head), or this node's. Exit 0 same, 1 differ."""
+    weights = command("weights")
+    result = obj.call(weights, weights.Request(full=full), timeout_s=weights.TIMEOUT_S if full else 600)
+    obj.emit(result, weights.render)
+    sys.exit(weights.exit_code(result))
 
 
 __all__ = ["EXIT_NOT_SERVING", "EXIT_READY", "EXIT_TIMEOUT", "EXIT_UNHEALTHY", "EXIT_UNREACHABLE", "Ctx", "main"]

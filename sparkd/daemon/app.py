@@ -33,6 +33,7 @@ from sparkd.daemon import memory
 from sparkd.daemon.breaker import ConfigBreaker
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
@@ -125,6 +126,8 @@ class Daemon:
         self.sup = Supervisor(machine=machine, limits=limits_from(cfg), effects=_Deferred(), clock=self.clock,
                               log=self.log, remember=self._remember)
         self.group = self._group()
+        self.checks = GroupChecks(cfg, runtime, self.group.client if self.group is not None else None, log=self.log,
+                                  image=lambda: self.node.image, spawn=lambda fn: self.node._spawn(fn))
         self.node = Node(
             cfg, runtime, post=self.sup.post, state=lambda: self.sup.machine.state, clock=self.clock,
             log=self.log, vllm_log=self.vllm_log,
@@ -132,18 +135,20 @@ class Daemon:
             files=self.files, probes=probes or self._probes, group=self.group,
             start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
             redact=redactor_for(cfg, token=self.token),
-            guard=lambda: self.guard, before_start=lambda: self.start_guard.before_start(), **node_options)
+            guard=lambda: self.guard, group_checks=self.checks,
+            before_start=lambda: self.start_guard.before_start(), **node_options)
         self.sup.effects = self.node
         self.recorder = DaemonRecorder(cfg, self.sup, self.node, self.clock, self.log, guard=lambda: self.guard,
                                        group=self.group)
         self.start_guard = StartGuard(cfg, self.recorder, self.files, self.clock, self.log, on_phase=self._on_settle)
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
-                               problems=self.problems, config_state=self.config_state, more=self._recorder_status)
+                               problems=self.problems, config_state=self.config_state, checks=self.checks.status,
+                               more=self._recorder_status)
         self.metrics = Metrics(self.view)
         self.metrics.registry.register(RecorderCollector(self.metrics.families, self.recorder, self.start_guard))
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
-                                     handover=self.handover)
+                                     handover=self.handover, checks=self.checks)
         self._scope: anyio.CancelScope | None = None
         self.breaker = ConfigBreaker(cfg.paths.state_dir / "breaker-config.json", lambda: self.cfg.launch_hash(),
                                      self.sup.post, self.files, self.log)
@@ -212,6 +217,7 @@ class Daemon:
         self.view.cfg = cfg
         if self.group is not None:
             self.group.cfg = cfg
+        self.checks.configure(cfg)
         if self.guard is not None:
             self.guard.cfg = cfg.guard
         if hasattr(self.runtime, "cfg"):

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from sparkd import __version__
+from sparkd.daemon import checkmetrics
 from sparkd.daemon.view import StatusView
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
@@ -90,6 +91,7 @@ class SparkdCollector(Collector):
         yield from self._preflight()
         yield from self._memory(view.guard())
         yield from self._peers()
+        yield from checkmetrics.families(f.keys, f.values, view.checks())
 
     def _counters(self) -> Iterator[Any]:
         f, counters = self.f, self.view.node.evidence.counters

@@ -22,6 +22,7 @@ from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
 from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
 from sparkd.guard.guard import Guard
@@ -62,6 +63,7 @@ class Node:
         rand: Callable[[], float] = random.random, rehearse: bool = False, redact: Redactor | None = None,
         checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
         before_start: Callable[[], Awaitable[Failure | None]] | None = None,
+        group_checks: GroupChecks | None = None,
     ) -> None:
         self.cfg = cfg
         self.runtime = runtime
@@ -83,6 +85,7 @@ class Node:
         self.checks = checks  # before every launch
         self.sweep = sweep  # after every stop
         self.before_start = before_start  # the memory settle and the restart gate (sparkd/daemon/settling.py)
+        self.group_checks = group_checks  # a head's fabric and weights proofs before a start
         self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
         self.instance: Instance | None = None
         self.watch: InstanceWatch | None = None
@@ -140,12 +143,20 @@ class Node:
     async def preflight(self) -> None:
         """This node's checks; on a group's head also every worker's (in parallel), then the workers start."""
         timing = self.timing = LaunchTiming(requested_at=self.clock.now())
-        failures: list[Failure | None] = [None, None]
-        if self.before_start is not None:
+        failures: list[Failure | None] = [None, None, None]
+        if self.before_start is not None:  # the memory settle and the restart gate, before anything else
             refusal = await self.before_start()
             timing.step("memory_settle", self.clock.now() - timing.requested_at)
             if refusal is not None:
                 self.post(v.PreflightDone(refusal, rand=self.rand()))
+                return
+        lead = self.group_checks if self.role is Role.head else None
+        if lead is not None:  # the fabric first: a few seconds, and a bad link fails the start at once
+            started = self.clock.now()
+            failures[2] = await lead.fabric()
+            timing.step("group.fabric", self.clock.now() - started)
+            if failures[2] is not None:
+                self.post(v.PreflightDone(failures[2], rand=self.rand()))
                 return
 
         async def local() -> None:
@@ -166,10 +177,17 @@ class Node:
                 failures[1] = await self.group.prepare_workers()
                 timing.step("group.prepare_workers", self.clock.now() - started)
 
+        async def weights() -> None:
+            if lead is not None:
+                started = self.clock.now()
+                failures[2] = await lead.weights()
+                timing.step("group.weights", self.clock.now() - started)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(local)
             tg.start_soon(workers)
-        failure = self.start_gate() or failures[0] or failures[1]
+            tg.start_soon(weights)
+        failure = self.start_gate() or failures[0] or failures[1] or failures[2]
         if failure is None and self.role is Role.head and self.group is not None:
             started = self.clock.now()
             failure = await self.group.start_workers()

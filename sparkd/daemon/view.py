@@ -32,7 +32,8 @@ class StatusView:
                  guard: Callable[[], Guard | None] = lambda: None, group: Coordinator | None = None,
                  problems: Callable[[], list[str]] = list,
                  config_state: Callable[[], dict[str, Any]] = dict,
-                 more: Callable[[], dict[str, Any]] = dict) -> None:
+                 more: Callable[[], dict[str, Any]] = dict,
+                 checks: Callable[[], dict[str, Any]] = dict) -> None:
         self.cfg = cfg
         self.sup = sup
         self.node = node
@@ -42,6 +43,7 @@ class StatusView:
         self.problems = problems
         self.config_state = config_state
         self.more = more  # what other parts add (the flight recorder, the memory settle)
+        self.checks = checks  # the group's fabric and weights proofs: {"fabric": ..., "weights": ...}
         # Recent states and phases with wall times, so `sparkctl restart --wait` shows every step.
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.restarts: Counter[str] = Counter()  # by what caused them: a failure class, operator, reset
@@ -117,6 +119,7 @@ class StatusView:
             "peers": self.group.peers_json() if self.group is not None else [],
             "memory": self._memory(),
             **self.more(),
+            **self.checks(),
         }
 
     def _memory(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
      "sparkd.profiles", "sparkd.config_sections", "sparkd.config_supervision", "sparkd.config_env",
      "sparkd.config_layers",
      "sparkd.timefmt",
-     "sparkd.config_container", "sparkd.config_recorder"),
+     "sparkd.config_container", "sparkd.config_fabric", "sparkd.config_recorder"),
     ("sparkd.config",),
     ("sparkd.supervisor", "sparkd.launch", "sparkd.launch_script", "sparkd.lint", "sparkd.rehearsal", "sparkd.compose",
      "sparkd.explain",
