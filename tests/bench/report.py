@@ -221,6 +221,19 @@ def footprint_rows(fp: dict[str, Any]) -> list[Row]:
     imports = fp.get("imports")
     if imports:
         rows.append(_dependency_row(imports))
+    rec = fp.get("recorder")
+    if rec:
+        rows.append(row("29", f"The flight recorder's cost over {rec['on']['window_s']:.0f} s ({rec['records']} "
+                        "records): CPU % of one core as it counts itself (with − without, schedstat) / RSS MiB, "
+                        "with − without it",
+                        f"{fmt(rec['own_cpu_pct'], '.3f')} ({fmt(rec['cpu_pct_cost'], '+.3f')}) / "
+                        f"{fmt(rec['rss_mib_cost'], '+.2f')}",
+                        f"without it {fmt(rec['off']['cpu_pct'], '.3f')} / {fmt(rec['off']['rss_mib_median'], '.1f')}",
+                        f"{fmt(ratio(rec['on']['cpu_pct'], rec['off']['cpu_pct']), '.2f')} / "
+                        f"{fmt(ratio(rec['on']['rss_mib_median'], rec['off']['rss_mib_median']), '.3f')}",
+                        "≤ 0.05 % and ≤ 1 MiB",
+                        f"{at_most(rec['own_cpu_pct'], 0.05, '% of a core')}; "
+                        f"{at_most(rec['rss_mib_cost'], 1.0, 'MiB')}"))
     sc = fp["scrape"]
     s, p = sc["targets"]["sparkd"], sc["targets"]["prometheus_client"]
     rows.append(row("5", f"/metrics at 20/s, connect → last byte: p50 / p99 ms (n = {s['scrapes']}; sparkd's "
@@ -261,10 +274,25 @@ def group_rows(group: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def cli_rows(cli: dict[str, Any]) -> list[Row]:
+    """Issue 28's row: sparkctl status and a TAB completion, spawn to exit, beside supervisorctl status."""
+    peer, start = cli["supervisorctl_status"], cli["python_start"]
+    rows = []
+    for key, figure in (("sparkctl_status", "`sparkctl status` (a ready daemon), spawn → exit: median / p90 ms"),
+                        ("sparkctl_complete", "TAB completion `sparkctl re<TAB>`, spawn → exit: median / p90 ms")):
+        x = cli[key]
+        rows.append(row("9", f"{figure} (n = {cli['runs']}; `python -c pass` {fmt(start['median_ms'], '.0f')} ms)",
+                        f"{fmt(x['median_ms'], '.0f')} / {fmt(x['p90_ms'], '.0f')}",
+                        f"`supervisorctl status` {fmt(peer['median_ms'], '.0f')} / {fmt(peer['p90_ms'], '.0f')}",
+                        fmt(ratio(x["median_ms"], peer["median_ms"])), f"≤ {cli['target_ms']:.0f} ms",
+                        at_most(x["median_ms"], cli["target_ms"], "ms")))
+    return rows
+
+
 def summary_rows(r: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     for name, build in (("recovery", recovery_rows), ("docker", docker_rows), ("footprint", footprint_rows),
-                        ("group", group_rows)):
+                        ("group", group_rows), ("cli", cli_rows)):
         part = r.get(name)
         if part is None:
             rows.append(row("–", f"{name}: not run (--skip)", "–"))
