@@ -122,8 +122,8 @@ def test_a_peer_loss_before_the_watchdog_timeout_is_the_cause() -> None:
 
 def test_a_watchdog_timeout_with_no_peer_loss_before_it_stays_nccl() -> None:
     """gpu-truth.md B2: the peer died silently (NVLink never notices); the lines after the timeout do not change it."""
-    dump = "[rank1]:[W1126 01:25:15.000000 811 ProcessGroupNCCL.cpp:1826] Failed to check the \"should dump\" flag on " \
-           "TCPStore, (maybe TCPStore server has shut down too early), with error: Connection reset by peer"
+    dump = ("[rank1]:[W1126 01:25:15.000000 811 ProcessGroupNCCL.cpp:1826] Failed to check the \"should dump\" flag "
+            "on TCPStore, (maybe TCPStore server has shut down too early), with error: Connection reset by peer")
     assert classify(None, int(signal.SIGABRT), [WATCHDOG, dump]).cls is F.nccl
 
 
