@@ -21,22 +21,22 @@ pytestmark = pytest.mark.timeout(900)
 EXPECTED_PHASES = {"launching", "loading_weights", "compiling", "kv_cache", "api_starting"}
 
 
-def fault(tier: Tier, name: str, act: Callable[[], None], cls: str, *words: str,
+def fault(tier: Tier, name: str, act: Callable[[], None], cls: str | tuple[str, ...], *words: str,
           absent: tuple[str, ...] = ()) -> dict[str, Any]:
-    """From ready: do ``act``; the new incident has class ``cls`` and a sentence with ``words``; explain agrees;
-    ready again."""
+    """From ready: do ``act``; the new incident has class ``cls`` (or one of them) and a sentence with ``words``;
+    explain agrees; ready again."""
     tier.wait_ready()
     seen = len(tier.incidents())
     began = time.monotonic()
     act()
     incident = tier.new_incident(seen)
     tier.timed(f"{name}: detected", began)
-    assert incident["class"] == cls, incident
+    assert incident["class"] in ((cls,) if isinstance(cls, str) else cls), incident
     for word in words:
         assert word in incident["message"], (word, incident["message"])
     for word in absent:
         assert word not in incident["message"], (word, incident["message"])
-    assert tier.explain(incident)["class"] == cls
+    assert tier.explain(incident)["class"] == incident["class"]
     tier.wait_ready()
     tier.timed(f"{name}: ready again", began)
     return incident
@@ -89,6 +89,9 @@ def test_engine_core_sigstop_idle_is_a_hang_of_one_engine(tier: Tier) -> None:
 
 
 def test_engine_core_sigstop_with_requests_in_flight(tier: Tier) -> None:
+    """Which wedge it is depends on what vLLM's gauges held when the engine stopped: requests running (their last
+    completed step counted them) is a `stall`; gauges at idle while clients wait is a `hang` with requests in flight.
+    Either way the sentence says requests were waiting, and never the single node's missing peer."""
     tier.wait_ready()
 
     def stop_mid_generation() -> None:
@@ -96,8 +99,10 @@ def test_engine_core_sigstop_with_requests_in_flight(tier: Tier) -> None:
         time.sleep(3)  # the clients' generations are running
         tier.child("EngineCore").suspend()
 
-    fault(tier, "EngineCore SIGSTOP in flight", stop_mid_generation, "hang", "with requests in flight",
-          absent=("tensor-parallel", "idle batch", "while idle"))
+    incident = fault(tier, "EngineCore SIGSTOP in flight", stop_mid_generation, ("stall", "hang"),
+                     absent=("tensor-parallel", "idle batch", "while idle"))
+    said = {"stall": "running and no engine step completed", "hang": "with requests in flight"}[incident["class"]]
+    assert said in incident["message"], incident["message"]
 
 
 def test_api_server_sigkill_leaves_no_orphans(tier: Tier) -> None:
@@ -181,7 +186,9 @@ def test_fixed_then_restart_wait_follows_the_phases_to_ready(tier: Tier) -> None
 
 def test_explain_gives_every_incidents_own_class(tier: Tier) -> None:
     incidents = tier.incidents()
-    assert [i["class"] for i in incidents] == ["engine_dead", "hang", "hang", "unknown", "engine_dead", "config_error",
-                                               "image_error", "image_error"]
+    classes = [i["class"] for i in incidents]
+    assert classes[2] in ("stall", "hang"), classes
+    assert classes[:2] + classes[3:] == ["engine_dead", "hang", "unknown", "engine_dead", "config_error",
+                                         "image_error", "image_error"], classes
     for incident in incidents:
         assert tier.explain(incident)["class"] == incident["class"], incident["path"]
