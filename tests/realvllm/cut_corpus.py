@@ -34,6 +34,11 @@ SCENARIOS: dict[tuple[str, int], tuple[str, dict[str, str]]] = {
         "class": "unknown", "exit": "0", "cause": "received SIGTERM or SIGINT", "next": "restarts with backoff",
         "note": "as engine-core-sigstop-idle, with three clients' 480-token generations running when the engine core "
                 "was stopped: their requests hang and vLLM logs nothing of them until sparkd stops it"}),
+    ("stall", 0): ("engine-core-sigstop-in-flight", {
+        "class": "unknown", "exit": "0", "cause": "received SIGTERM or SIGINT", "next": "restarts with backoff",
+        "note": "as engine-core-sigstop-idle, with three clients' 480-token generations running when the engine core "
+                "was stopped (vLLM's gauges counted them, so sparkd called it a stall): vLLM logs nothing of them "
+                "until sparkd stops it"}),
     ("unknown", 0): ("api-server-sigkill", {
         "class": "unknown", "signal": "SIGKILL", "cause": "killed by SIGKILL from outside sparkd",
         "next": "restarts with backoff",
