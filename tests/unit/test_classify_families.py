@@ -153,3 +153,21 @@ def test_a_startup_warning_is_never_the_evidence_of_a_kill() -> None:
                   "WARNING", "system_utils.py:255")
     failure = classify(None, int(signal.SIGKILL), [warning, api("Starting vLLM server on http://x", "INFO")])
     assert failure.cls is F.unknown and failure.evidence is None, failure.evidence
+
+
+@pytest.mark.parametrize(("line", "named"), [
+    ("torch.AcceleratorError: CUDA error: no kernel image is available for execution on the device",
+     "not built for this GPU's architecture"),
+    ("RuntimeError: The NVIDIA driver on your system is too old (found version 12020). Please update your GPU "
+     "driver", "does not match the host's NVIDIA driver"),
+    ("RuntimeError: CUDA driver version is insufficient for CUDA runtime version",
+     "does not match the host's NVIDIA driver"),
+    ("OSError: /usr/local/lib/python3.12/dist-packages/vllm/_C.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEa",
+     "_C.abi3.so in the image was built against another torch or CUDA"),
+    ("ImportError: libcudart.so.13: cannot open shared object file: No such file or directory",
+     "cannot load the shared library libcudart.so.13"),
+], ids=["no kernel image", "driver too old", "driver insufficient", "undefined symbol", "missing library"])
+def test_image_errors_fail_fast_naming_what_is_missing(line: str, named: str) -> None:
+    failure = classify(1, None, [api(line)])
+    assert failure.cls is F.image_error and named in failure.sentence, failure.sentence
+    assert not failure.restartable and "unknown" not in failure.sentence
