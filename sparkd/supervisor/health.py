@@ -241,6 +241,9 @@ def observe_canary(t: HealthTracker, result: ProbeResult, now: float, cfg: Healt
     after = ("a wedge if no engine step completes meanwhile" if t.clock.observable
              else f"a hang if vLLM's executor waits {cfg.stall_after_s:g} s on one step, or if still busy after "
                   f"{cfg.busy_grace_s:g} s")
+    if stall.held(t.clock, now, cfg):  # say why no verdict comes: the compile vLLM itself would wait out
+        after = (f"a JIT compile is running ({t.clock.jit_what}): no wedge is called before vLLM's execute timeout "
+                 f"({stall.execute_timeout(cfg):g} s) unless an engine step completes first")
     note = (f"busy: the generation canary got no answer within {cfg.canary_timeout_s:g} s while /health is "
             f"200; {after}")
     return _settle(replace(t, canary_note=note))

@@ -82,7 +82,17 @@ def test_engine_core_sigkill_is_engine_dead(tier: Tier) -> None:
           "engine core process exited unexpectedly")
 
 
+def warmed(tier: Tier) -> None:
+    """Ready, and past the first requests' compile: vLLM's CPU build compiles (g++) for the first shapes it serves,
+    and sparkd rightly holds every wedge verdict while a compile runs in vLLM's tree (up to vLLM's execute timeout),
+    so a stop during that compile would be a different scenario."""
+    tier.wait_ready()
+    assert tier.complete("warm up", max_tokens=4) == 200
+    time.sleep(5)  # a canary answered and a scrape saw the step: the compile hold is over
+
+
 def test_engine_core_sigstop_idle_is_a_hang_of_one_engine(tier: Tier) -> None:
+    warmed(tier)
     fault(tier, "EngineCore SIGSTOP idle", lambda: tier.child("EngineCore").suspend(), "hang",
           "the engine is wedged while idle", "one engine, no peer and no NCCL",
           absent=("tensor-parallel", "idle batch"))
@@ -92,7 +102,7 @@ def test_engine_core_sigstop_with_requests_in_flight(tier: Tier) -> None:
     """Which wedge it is depends on what vLLM's gauges held when the engine stopped: requests running (their last
     completed step counted them) is a `stall`; gauges at idle while clients wait is a `hang` with requests in flight.
     Either way the sentence says requests were waiting, and never the single node's missing peer."""
-    tier.wait_ready()
+    warmed(tier)
 
     def stop_mid_generation() -> None:
         tier.clients_in_flight(3)
