@@ -57,7 +57,7 @@ class Tier:
                                "VLLM_PROCESS_NAME_PREFIX": self.prefix, **(env or {})}},
             "paths": {"state_dir": str(folder / "state"), "run_dir": str(folder / "run")},
             "api": {"socket_group": "", "port": 0},
-            "supervisor": {"stop_grace_s": 20},
+            "supervisor": {"stop_grace_s": 10},
             "restart": {"backoff_initial_s": 1, "backoff_max_s": 5, "jitter": 0, "budget_failures": 50,
                         "budget_window_s": 3600, "consecutive_limit": 0, "stable_after_s": 5},
             "guard": {"warn_below": "2 GiB", "refuse_start_below": "1 GiB", "stop_below": "768 MiB",
