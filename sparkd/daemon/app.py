@@ -32,6 +32,7 @@ from sparkd.config import Config, Role
 from sparkd.daemon import memory
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.gpuwatch import GpuSampler
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
@@ -131,9 +132,11 @@ class Daemon:
             redact=redactor_for(cfg, token=self.token),
             guard=lambda: self.guard, **node_options)
         self.sup.effects = self.node
+        self.gpu = GpuSampler(self.node.gpus, self.clock, self.log, self.node.launch_scope)
+        self.node.evidence.gpu = lambda: None if self.gpu.latest is None or self.gpu.absent else self.gpu.evidence()
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
-                               problems=self.problems, config_state=self.config_state)
+                               problems=self.problems, config_state=self.config_state, gpu=self.gpu)
         self.metrics = Metrics(self.view)
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
                                      handover=self.handover)
@@ -237,6 +240,7 @@ class Daemon:
                     tg.start_soon(self.group.watch)
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._watchdog)
+                tg.start_soon(self.gpu.run)
                 tg.start_soon(self._note_shm)
                 self.publish()
                 await self.sup.run(boot=self._boot)

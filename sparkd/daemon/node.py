@@ -9,7 +9,7 @@ and stops the workers beside its own rank; on a worker it tells the head at once
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,13 @@ from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
 from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.stopreport import StopReport, grace_for
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
+from sparkd.gpu.model import GpuView
+from sparkd.gpu.reading import read_gpus, scope_of
+from sparkd.gpu.release import wait_released
+from sparkd.gpu.scope import Scope
 from sparkd.guard.guard import Guard
 from sparkd.incidents import IncidentWriter
 from sparkd.launch import LaunchSpec, health_settings, render
@@ -61,6 +66,7 @@ class Node:
         = lambda: None, guard: Callable[[], Guard | None] = lambda: None,
         rand: Callable[[], float] = random.random, rehearse: bool = False, redact: Redactor | None = None,
         checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
+        gpus: Callable[[], Awaitable[GpuView]] = read_gpus,
     ) -> None:
         self.cfg = cfg
         self.runtime = runtime
@@ -81,6 +87,10 @@ class Node:
         self.ledger = ShmLedger(self.cfg.paths.state_dir / LEDGER_NAME, log=log, clock=clock.wall)
         self.checks = checks  # before every launch
         self.sweep = sweep  # after every stop
+        self.gpus = gpus  # the node's GPUs now (NVML): the release after a stop is verified against them
+        self.last_stop: StopReport | None = None
+        self.unreleased: tuple[frozenset[int], float] | None = None  # a stop's PIDs whose GPU memory stayed held,
+        # and when that stop ended (monotonic)
         self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
         self.instance: Instance | None = None
         self.watch: InstanceWatch | None = None
@@ -138,6 +148,10 @@ class Node:
     async def preflight(self) -> None:
         """This node's checks; on a group's head also every worker's (in parallel), then the workers start."""
         timing = self.timing = LaunchTiming(requested_at=self.clock.now())
+        stuck = await self._still_unreleased()
+        if stuck is not None:
+            self.post(v.PreflightDone(stuck, rand=self.rand()))
+            return
         failures: list[Failure | None] = [None, None]
 
         async def local() -> None:
@@ -225,21 +239,29 @@ class Node:
             health_cfg=health_settings(self.cfg), clock=self.clock, log=self.log, replay=adopted)
         self._spawn(self.watch.run)
 
-    async def stop(self, reason: str, grace_s: float | None) -> None:
+    async def stop(self, reason: str, grace_s: float | None, failure: Failure | None = None) -> None:
         async with anyio.create_task_group() as tg:
             if self.role is Role.head and self.group is not None:
                 tg.start_soon(self.group.stop_workers)
-            tg.start_soon(self._stop_local, reason, grace_s)
+            tg.start_soon(self._stop_local, reason, grace_s, failure)
         self.post(v.StopDone(rand=self.rand()))
 
-    async def _stop_local(self, reason: str, grace_s: float | None) -> None:
+    async def _stop_local(self, reason: str, grace_s: float | None, failure: Failure | None = None) -> None:
         async with self._busy:
             instance, watch = self.instance, self.watch
+            report: StopReport | None = None
+            pids: set[int] = set()
             if instance is not None:
                 await self.note_shm()  # what it holds now is provably ours once it is gone
-                grace = self.cfg.supervisor.stop_grace_s if grace_s is None else grace_s
+                sup = self.cfg.supervisor
+                grace, grace_from = grace_for(grace_s, failure, drain_s=sup.stop_grace_s, hung_s=sup.hung_stop_grace_s)
+                pids, started = self.pids() | {instance.pid}, self.clock.now()
                 info = await self.runtime.stop(instance, grace)
-                self.log.info("stopped", pid=instance.pid, reason=reason, exit=info.describe())
+                report = StopReport(reason, grace, grace_from, self.clock.now() - started, info.describe(),
+                                    info.killed, self.clock.wall())
+                self.vllm_log.append(report.log_line())
+                self.log.info("stopped", pid=instance.pid, reason=reason, exit=info.describe(), grace_s=grace,
+                              grace_from=grace_from, sigkilled=list(info.killed), seconds=round(report.seconds, 3))
                 if watch is not None:
                     await watch.close()
                 self.instance, self.watch = None, None
@@ -249,6 +271,21 @@ class Node:
                 result = await check(ctx)
                 if result.verdict.value != "ok":
                     self.log.info("sweep", check=result.id, found=result.found, did=result.did)
+            if report is not None:
+                await self._after_stop(report, pids, failure)
+
+    async def _after_stop(self, report: StopReport, pids: set[int], failure: Failure | None) -> None:
+        """Verify that the stopped processes' GPU memory is back, keep the report, attach it to the incident."""
+        release = await wait_released(self.gpus, pids, self.cfg.supervisor.gpu_release_timeout_s,
+                                      now=self.clock.now, sleep=self.clock.sleep)
+        sentence = release.sentence(_states(h.pid for h in release.held))
+        self.unreleased = None if release.released else (frozenset(pids), self.clock.now() - report.seconds)
+        self.last_stop = report = replace(report, release=sentence, released=release.released if release.checked
+                                          else None)
+        (self.log.info if release.released else self.log.error)("gpu_release", released=release.released,
+                                                                 seconds=round(release.seconds, 3), detail=sentence)
+        if failure is not None:
+            await self.evidence.note_stop(failure, report.to_json())
 
     async def hurry(self) -> None:
         """A second SIGTERM: end the instance now, without waiting out the grace."""
@@ -301,6 +338,19 @@ class Node:
                 "waits for the peer.", evidence=obs.failure.sentence), obs.grace_s, obs.recorded)
         self.post(obs)
 
+    async def _still_unreleased(self) -> Failure | None:
+        """A stop whose GPU memory did not come back: is it back now? If not, the node is not launched into."""
+        if self.unreleased is None:
+            return None
+        pids, stopped_at = self.unreleased
+        release = await wait_released(self.gpus, pids, 0.0, now=self.clock.now, sleep=self.clock.sleep)
+        if release.released:
+            self.unreleased = None
+            return None
+        release = replace(release, seconds=self.clock.now() - stopped_at)
+        return Failure.of(FailureClass.gpu_error, release.sentence(_states(h.pid for h in release.held)) + ".",
+                          evidence=f"GPU memory still held by PID {', '.join(str(h.pid) for h in release.held)}")
+
     # ---- for the operator, the guard and the group
     def _context(self, *, dry_run: bool = False, protect: bool = False) -> PreflightContext:
         pids = frozenset(self.pids()) if protect else frozenset()
@@ -314,6 +364,10 @@ class Node:
             self.last_preflight = report.to_json()
         return report
 
+    def launch_scope(self) -> Scope:
+        """The GPUs this node's launch uses."""
+        return scope_of(self.cfg, self.runtime.name, self.spec().env, self.image.env if self.image else None)
+
     def pids(self) -> set[int]:
         return self.runtime.pids(self.instance) if self.instance is not None else set()
 
@@ -324,3 +378,14 @@ class Node:
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self.task_group is not None, "the node acts only while the daemon runs"
         self.task_group.start_soon(fn, *args)
+
+
+def _states(pids: Any) -> dict[int, str]:
+    """The kernel's state letter of each PID that still exists (D: stuck in the driver)."""
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = psutil.Process(pid).status()
+        except psutil.Error:
+            continue
+    return out

@@ -1,24 +1,25 @@
-"""Check: no leftover compute process holds the GPU.
+"""Check: no leftover compute process holds a GPU of this launch.
 
-``nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader`` lists them (host PIDs). A listed
-process that is a stale vLLM process (see :mod:`sparkd.preflight.processes`) is ended; any other one fails
-the check (``gpu_busy``: "CUDA-capable device(s) is/are busy or unavailable") naming its PID and command line.
-The watched instance's processes are not leftovers. Without ``nvidia-smi`` the check is skipped with a note.
+The node's GPUs are read through NVML (``nvidia-smi`` when NVML cannot be had: ``sparkd.gpu.reading``) and only
+the launch's devices are looked at (``CUDA_VISIBLE_DEVICES``, the container's device request:
+:mod:`sparkd.gpu.scope`); a process on another GPU belongs to someone else's launch. A listed process that is a
+stale vLLM process (see :mod:`sparkd.preflight.processes`) is ended; any other one fails the check
+(``gpu_busy``: "CUDA-capable device(s) is/are busy or unavailable") naming its PID and command line. The watched
+instance's processes are not leftovers. Without a driver the check is skipped with a note.
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 
 import anyio
 
+from sparkd.gpu.model import GpuView
+from sparkd.gpu.reading import scope_of
+from sparkd.gpu.scope import Scope
 from sparkd.preflight import processes
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check, describe_cmdline, read_cmdline
 from sparkd.supervisor.failures import FailureClass
-
-QUERY = ("--query-compute-apps=pid,process_name", "--format=csv,noheader")
-TIMEOUT_S = 30.0  # nvidia-smi can hang on a wedged GPU
 
 
 @dataclass(frozen=True)
@@ -59,28 +60,32 @@ def decide(apps: list[App], stale_pids: set[int], protect: frozenset[int], cmdli
     return Verdict.fixed, text, [a.pid for a in leftovers]
 
 
+def launch_scope(ctx: PreflightContext) -> Scope:
+    return scope_of(ctx.cfg, ctx.runtime.name, ctx.spec.env, ctx.image.env if ctx.image is not None else None)
+
+
+def scoped_apps(view: GpuView, scope: Scope) -> list[App]:
+    """The compute processes on the launch's devices, each once."""
+    seen: dict[int, App] = {}
+    for device in scope.pick(view.devices):
+        for p in device.processes:
+            seen.setdefault(p.pid, App(p.pid, f"on {device.label}"))
+    return list(seen.values())
+
+
 @check("gpu")
 async def check_gpu(ctx: PreflightContext) -> CheckResult:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return CheckResult("gpu", Verdict.ok, "skipped: nvidia-smi is not on PATH (no NVIDIA driver here)")
-    try:
-        with anyio.fail_after(TIMEOUT_S):
-            result = await anyio.run_process([smi, *QUERY], check=False)
-    except TimeoutError:
-        return CheckResult("gpu", Verdict.fail, f"nvidia-smi did not answer within {TIMEOUT_S:.0f} s: the GPU or "
-                           "its driver is wedged (a reboot is likely needed)", failure_class=FailureClass.gpu_busy)
-    except OSError as exc:
-        return CheckResult("gpu", Verdict.warn, f"cannot run nvidia-smi: {exc}")
-    if result.returncode != 0:
-        detail = (result.stderr or result.stdout).decode(errors="replace").strip().splitlines()
-        return CheckResult("gpu", Verdict.warn, f"nvidia-smi exited with {result.returncode}: "
-                           f"{detail[-1] if detail else 'no output'}")
-    apps = parse_compute_apps(result.stdout.decode(errors="replace"))
+    view = await ctx.gpus()
+    if not view.available:
+        return CheckResult("gpu", Verdict.ok, f"skipped: {view.skipped}")
+    scope = launch_scope(ctx)
+    apps = scoped_apps(view, scope)
+    where = f" on {scope.describe()}" if scope.ids is not None else ""
     candidates = await anyio.to_thread.run_sync(processes.stale_candidates, ctx) if apps else []
     cmdlines = {a.pid: describe_cmdline(read_cmdline(ctx.proc_root, a.pid)) for a in apps}
     cmdlines = {pid: text for pid, text in cmdlines.items() if text != "?"}
     verdict, found, end = decide(apps, {c.pid for c in candidates}, ctx.protect, cmdlines, dry_run=ctx.dry_run)
+    found += where
     if verdict is Verdict.fail:
         return CheckResult("gpu", verdict, found, failure_class=FailureClass.gpu_busy)
     if verdict is Verdict.warn:

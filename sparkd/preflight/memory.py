@@ -6,7 +6,9 @@ against *free* memory (``cudaMemGetInfo``), and page cache is not free. The fiel
 
 - ``page_cache``: ``sync``, then write ``3`` to ``<proc>/sys/vm/drop_caches`` (``[preflight] drop_caches``);
   reports the bytes reclaimed from meminfo's ``Cached`` before and after.
-- ``memory``: ``MemFree`` must cover ``gpu_memory_utilization x MemTotal + [preflight] memory_margin_gib``.
+- ``memory``: on discrete GPUs, vLLM's own rule on each device of the launch and the host for what it holds
+  itself (:mod:`sparkd.preflight.gpumemory`). On GB10 (unified memory: NVML reports no device memory) or with
+  no GPU reading, ``MemFree`` must cover ``gpu_memory_utilization x MemTotal + [preflight] memory_margin_gib``.
   When it does not, the check fails (``free_memory_refusal``) naming the top memory holders by RSS, and when
   nothing the kernel can account for explains the gap (even freeing every process and cache would not
   reach the need: the rest is held by the driver), says a reboot is likely needed. A launch into vLLM's own
@@ -27,6 +29,7 @@ import anyio
 
 from sparkd.guard.meminfo import MemInfo, MeminfoError, parse_meminfo
 from sparkd.launch_script import script_facts
+from sparkd.preflight import gpumemory
 from sparkd.preflight.base import (
     GIB,
     CheckResult,
@@ -212,6 +215,9 @@ async def check_memory(ctx: PreflightContext) -> CheckResult:
         return CheckResult("memory", Verdict.warn, f"cannot read {ctx.proc_root}/meminfo")
     pf = ctx.cfg.preflight
     utilization = await _utilization(ctx)
+    devices = gpumemory.launch_devices(ctx, await ctx.gpus())
+    if devices:
+        return gpumemory.check_discrete(ctx, devices, info, utilization)
     margin = int(pf.memory_margin_gib * GIB)
     pending = pf.drop_caches and ctx.dry_run and "page_cache" not in pf.skip and "page_cache" not in ctx.skip
     first = assess(info, utilization, margin, may_drop=droppable(info) if pending else 0,

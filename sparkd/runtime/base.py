@@ -94,8 +94,14 @@ class ExitInfo:
 
     exit_code: int | None
     signal: int | None = None
+    killed: tuple[int, ...] = ()  # the PIDs sparkd's own stop had to SIGKILL after the grace
 
     def describe(self) -> str:
+        how = self._how()
+        return how + (f" (sparkd SIGKILLed PID {', '.join(map(str, self.killed))} after the grace)"
+                      if self.killed else "")
+
+    def _how(self) -> str:
         if self.signal is not None:
             try:
                 return f"killed by {signals.Signals(self.signal).name}"

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["TREATMENT", "Budget", "Evidence", "Failure", "FailureClass", "Scope", "Treatment", "treatment"]
+__all__ = ["TREATMENT", "WEDGED", "Budget", "Evidence", "Failure", "FailureClass", "Scope", "Treatment", "treatment",
+           "wedged"]
 
 
 class FailureClass(StrEnum):
@@ -145,9 +146,17 @@ TREATMENT: dict[FailureClass, Treatment] = {
 }
 del F, B, S
 
+# The verdicts that say vLLM is wedged, not draining: a stop that answers one gets `hung_stop_grace_s`, not the drain
+# grace (a rank spinning in a collective whose peer died ignores SIGTERM: tests/gpu/README.md).
+WEDGED = frozenset({FailureClass.hang, FailureClass.stall, FailureClass.peer_lost})
+
 
 def treatment(cls: FailureClass) -> Treatment:
     return TREATMENT[cls]
+
+
+def wedged(failure: Failure | None) -> bool:
+    return failure is not None and failure.cls in WEDGED
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def _stop(m: Machine, now: float, after: After, reason: str, *, failure: Failure
     if failure is not None:
         actions.append(v.RecordIncident(failure, written=recorded))
         changes["last_failure"] = failure
-    actions.append(v.Stop(reason, grace_s))
+    actions.append(v.Stop(reason, grace_s, failure))
     return _to(m, State.stopping, now, **changes), actions
 
 

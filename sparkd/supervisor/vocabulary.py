@@ -146,7 +146,8 @@ class Launch:
 @dataclass(frozen=True)
 class Stop:
     reason: str
-    grace_s: float | None = None  # None: the configured [supervisor] stop_grace_s
+    grace_s: float | None = None  # None: the configured grace (hung_stop_grace_s for a wedged vLLM, else stop_grace_s)
+    failure: Failure | None = None  # the failure the stop answers (a wedge verdict: the short grace)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
      "sparkd.config_diff", "sparkd.config_reference", "sparkd.logs", "sparkd.statefile", "sparkd.stateschema",
      "sparkd.redact"),
     ("sparkd.runtime", "sparkd.plainhttp", "sparkd.probes", "sparkd.incidents", "sparkd.guard", "sparkd.preflight",
-     "sparkd.cluster"),
+     "sparkd.cluster", "sparkd.gpu"),
     ("sparkd.commands",),
     ("sparkd.api",),
     ("sparkd.daemon",),
