@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sparkd.explain import STOP_LINE
 from sparkd.supervisor.failures import Failure, wedged
-
-STOP_LINE = "---- sparkd: stop "  # written into the vLLM log after every stop, beside the launch line
 
 
 def grace_for(grace_s: float | None, failure: Failure | None, *, drain_s: float, hung_s: float) -> tuple[float, str]:

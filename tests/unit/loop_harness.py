@@ -44,14 +44,15 @@ class Node:
     """One node's daemon under test: the real loop, fake parts, the same commands sparkctl sends."""
 
     def __init__(self, cfg: Config, runtime: FakeRuntime, clock: FakeClock, *, rand: float | None = 0.5,
-                 checks: tuple[Any, ...] | None = None) -> None:
-        """``rand``: every jitter draw; None leaves the daemon its own random draws."""
+                 checks: tuple[Any, ...] | None = None, **options: Any) -> None:
+        """``rand``: every jitter draw; None leaves the daemon its own random draws. ``options``: the Node's own
+        (``gpus``: the GPU reader)."""
         self.cfg, self.runtime, self.clock = cfg, runtime, clock
         self.notifier = FakeNotifier()
         draw: dict[str, Any] = {} if rand is None else {"rand": lambda: rand}
         self.daemon = Daemon(cfg, runtime, clock=clock, notifier=self.notifier,  # type: ignore[arg-type]
                              probes=lambda: FakeProbes(runtime), checks=checks if checks is not None
-                             else (passing_check(),), sweep=(), **draw)
+                             else (passing_check(),), sweep=(), **draw, **options)
 
     @property
     def state(self) -> str:
