@@ -59,6 +59,7 @@ class FailureEvidence:
         self.kernel_mark = 0  # the guard's kernel-log lines kept before the current launch
         self.gpu: Callable[[], dict[str, Any] | None] = lambda: None  # the GPU sampler's evidence (the daemon's)
         self.folders: dict[Failure, Path | None] = {}  # the incident folder of each recent failure, once written
+        self._written: dict[Failure, anyio.Event] = {}  # set once that failure's folder is written (or failed)
 
     def mark_launch(self) -> None:
         """A launch begins: kernel lines from now on belong to it."""
@@ -71,6 +72,7 @@ class FailureEvidence:
         counted and wrote it (``write_guard_evidence``) before it signalled."""
         if written:
             return
+        self._done(failure)  # the stop that answers it waits for this
         at = self._count(failure)
         evidence = failure.treatment.evidence
         container = None
@@ -84,17 +86,22 @@ class FailureEvidence:
                                             gpu=None if gpu is None else GpuEvidence(gpu, smi_q))
         self._keep(failure, folder)
 
+    def _done(self, failure: Failure) -> anyio.Event:
+        return self._written.setdefault(failure, anyio.Event())
+
     def _keep(self, failure: Failure, folder: Path | None) -> None:
         self.folders[failure] = folder
+        self._done(failure).set()
         while len(self.folders) > 8:
-            del self.folders[next(iter(self.folders))]
+            oldest = next(iter(self.folders))
+            del self.folders[oldest]
+            self._written.pop(oldest, None)
 
     async def note_stop(self, failure: Failure, stop: dict[str, Any], wait_s: float = 30.0) -> None:
-        """The stop that answered ``failure``, into its incident folder (written beside the stop: waited for)."""
-        waited = 0.0
-        while failure not in self.folders and waited < wait_s:
-            await self.clock.sleep(0.1)
-            waited += 0.1
+        """The stop that answered ``failure``, into its incident folder (written beside the stop: waited for, in
+        real seconds: the write runs in a worker thread)."""
+        with anyio.move_on_after(wait_s):
+            await self._done(failure).wait()
         folder = self.folders.get(failure)
         if folder is None:
             return
