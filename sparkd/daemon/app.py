@@ -134,6 +134,7 @@ class Daemon:
         self.sup.effects = self.node
         self.gpu = GpuSampler(self.node.gpus, self.clock, self.log, self.node.launch_scope)
         self.node.evidence.gpu = lambda: None if self.gpu.latest is None or self.gpu.absent else self.gpu.evidence()
+        self.node.annotate = lambda failure: self.gpu.annotate(failure, self.cfg.health.stall_after_s)
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
                                problems=self.problems, config_state=self.config_state, gpu=self.gpu)

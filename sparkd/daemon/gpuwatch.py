@@ -11,12 +11,14 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from sparkd.clock import Clock
 from sparkd.gpu.model import GpuDevice, GpuView
 from sparkd.gpu.power import PowerDrop, PowerSample, drop
 from sparkd.gpu.scope import Scope
+from sparkd.supervisor.failures import Failure
 
 INTERVAL_S = 5.0
 KEEP_S = 600.0
@@ -67,6 +69,16 @@ class GpuSampler:
 
     def power_drop(self, since: float) -> PowerDrop | None:
         return drop(list(self.history), since)
+
+    def annotate(self, failure: Failure, wedged_for_s: float) -> Failure:
+        """A hang or stall verdict with the launch's power as evidence: "GPU power fell from 243 W to 121 W,
+        utilization still 100 %" when the draw since the wedge began is at most 0.6 of the busy draw before it.
+        Evidence, not a verdict of its own (tests/gpu/README.md: an idle H100 at full clock draws what a stuck
+        one does)."""
+        fell = self.power_drop(self.clock.now() - wedged_for_s)
+        if fell is None:
+            return failure
+        return replace(failure, sentence=failure.sentence.rstrip(".") + f" ({fell.text()}).")
 
     def evidence(self) -> dict[str, Any]:
         """For an incident: the latest reading and the power history (monotonic seconds relative to now)."""

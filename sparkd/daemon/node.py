@@ -89,6 +89,7 @@ class Node:
         self.sweep = sweep  # after every stop
         self.gpus = gpus  # the node's GPUs now (NVML): the release after a stop is verified against them
         self.last_stop: StopReport | None = None
+        self.annotate: Callable[[Failure], Failure] = lambda f: f  # a wedge verdict's GPU power (the daemon's)
         self.unreleased: tuple[frozenset[int], float] | None = None  # a stop's PIDs whose GPU memory stayed held,
         # and when that stop ended (monotonic)
         self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
@@ -331,6 +332,8 @@ class Node:
         """The watch's observations; a wedge seen while a peer's sparkd is unreachable is the peer's loss (the
         canary's timeout and the peer's grace race: the cause decides whether the group waits or counts)."""
         lost = self.group.unreachable() if self.group is not None else []
+        if isinstance(obs, v.HealthFailed) and obs.failure.cls in (FailureClass.hang, FailureClass.stall):
+            obs = replace(obs, failure=self.annotate(obs.failure))
         if isinstance(obs, v.HealthFailed) and lost and obs.failure.cls in (FailureClass.hang, FailureClass.stall):
             obs = v.HealthFailed(Failure.of(
                 FailureClass.peer_lost, f"vLLM stopped answering while the sparkd of {', '.join(lost)} is "

@@ -245,3 +245,23 @@ def test_the_report_of_the_real_hung_stop() -> None:
     clean = replace(report, killed=())
     assert "ended on SIGTERM within the 5 s grace" in clean.sentence() and not clean.sigkilled
     assert GpuProcess(1).used_bytes is None
+
+
+def test_a_hang_verdict_carries_the_measured_power_fall() -> None:
+    """The daemon's sampler, holding the H100 survivor's power history: a hang declared 40 s into the wedge says the
+    draw fell; one declared over a steady draw says nothing more."""
+    from sparkd.daemon.gpuwatch import GpuSampler
+    from sparkd.gpu.scope import Scope
+    from sparkd.testing import FakeClock
+
+    clock = FakeClock(start=1041.0)
+    sampler = GpuSampler(Reads(IDLE), clock, None, lambda: Scope(None, "all"))
+    sampler.history.extend(power.PowerSample(1000 + s.at, s.watts, s.utilization_pct) for s in survivor_power())
+    hang = Failure.of(FailureClass.hang, "vLLM stopped answering: the engine is wedged; sparkd restarts every rank.")
+    said = sampler.annotate(hang, wedged_for_s=40).sentence
+    assert said.endswith("(GPU power fell from 243 W to 121 W, utilization still 100 %).")
+    steady = [s for s in sampler.history if s.at < 1000]
+    sampler.history.clear()
+    sampler.history.extend(steady)
+    clock.t = 1000.0
+    assert sampler.annotate(hang, wedged_for_s=4).sentence == hang.sentence
