@@ -255,7 +255,7 @@ def test_a_hang_verdict_carries_the_measured_power_fall() -> None:
     from sparkd.testing import FakeClock
 
     clock = FakeClock(start=1041.0)
-    sampler = GpuSampler(Reads(IDLE), clock, None, lambda: Scope(None, "all"))
+    sampler = GpuSampler(Reads(IDLE), clock, None, lambda: Scope(None, "all"), interval_s=0.25)  # as measured
     sampler.history.extend(power.PowerSample(1000 + s.at, s.watts, s.utilization_pct) for s in survivor_power())
     hang = Failure.of(FailureClass.hang, "vLLM stopped answering: the engine is wedged; sparkd restarts every rank.")
     said = sampler.annotate(hang, wedged_for_s=40).sentence
