@@ -259,7 +259,7 @@ def test_a_hang_verdict_carries_the_measured_power_fall() -> None:
     sampler.history.extend(power.PowerSample(1000 + s.at, s.watts, s.utilization_pct) for s in survivor_power())
     hang = Failure.of(FailureClass.hang, "vLLM stopped answering: the engine is wedged; sparkd restarts every rank.")
     said = sampler.annotate(hang, wedged_for_s=40).sentence
-    assert said.endswith("(GPU power fell from 243 W to 121 W, utilization still 100 %).")
+    assert said.endswith("sparkd restarts every rank (GPU power fell from 244 W to 121 W, utilization still 100 %).")
     steady = [s for s in sampler.history if s.at < 1000]
     sampler.history.clear()
     sampler.history.extend(steady)
