@@ -55,6 +55,14 @@ soak: setup
 		'mount -t tmpfs -o size=1g,mode=1777 tmpfs /dev/shm && exec $(BIN)/pytest -q -s tests/soak'
 
 
+# sparkd beside real GPUs (tests/gpu/README.md): NVML, the memory check per device, a real NCCL pair's peer kill and
+# the hang-aware stop, measured. Needs a host with 2 NVIDIA GPUs, the driver, and torch with NCCL importable from the
+# venv (e.g. `$(BIN)/pip install torch`); as root. Elsewhere its one test is skipped with the reason.
+.PHONY: test-gpu
+
+test-gpu: setup
+	$(BIN)/pytest -q -rs tests/gpu
+
 clean:
 	rm -rf $(VENV) .sparkd-demo .pytest_cache .ruff_cache .mypy_cache
 
