@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sparkd.supervisor import vocabulary as v
+if TYPE_CHECKING:  # annotations only: sparkctl imports this module and must start fast
+    from sparkd.supervisor import vocabulary as v
 
 
 class BadRequest(ValueError):
@@ -107,6 +108,9 @@ class Control(Protocol):
     def vllm_left(self) -> list[int]: ...
 
     def log_tail(self, lines: int) -> list[str]: ...
+
+    def log_entries(self, lines: int, since: float | None) -> list[tuple[float, str]]:
+        """The last lines with the wall time each came (only those since ``since``)."""
 
     def follow_log(self, backlog: list[str]) -> AsyncIterator[str]: ...
 

@@ -30,6 +30,7 @@ from sparkd.cluster.peers import PeerClient
 from sparkd.commands.rank import RANK
 from sparkd.config import Config, Role
 from sparkd.daemon import memory
+from sparkd.daemon.breaker import ConfigBreaker
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.gpuwatch import GpuSampler
@@ -142,6 +143,9 @@ class Daemon:
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
                                      handover=self.handover)
         self._scope: anyio.CancelScope | None = None
+        self.breaker = ConfigBreaker(cfg.paths.state_dir / "breaker-config.json", lambda: self.cfg.launch_hash(),
+                                     self.sup.post, self.files, self.log)
+        self.sup.listeners.append(self.breaker.on_transition)
         self.sup.listeners.append(lambda before, after, obs: self.publish())
         self.node.phase_listeners.append(lambda startup: self.publish())
         self._signals_seen = 0
@@ -196,21 +200,23 @@ class Daemon:
             self.guard.cfg = cfg.guard
         if hasattr(self.runtime, "cfg"):
             self.runtime.cfg = cfg
+        self.breaker.check(self.sup.machine)
         self.publish()
 
     def config_state(self) -> dict[str, Any]:
         """The config on disk against the one loaded and the one the running vLLM was launched from."""
         disk = self.reloader.on_disk()
+        breaker = {"breaker": self.breaker.note} if self.breaker.note else {}
         if disk is None:
-            return {"path": None}
+            return {"path": None, **breaker}
         path = str(self.reloader.path)
         if isinstance(disk, list):
-            return {"path": path, "valid": False, "problems": disk}
+            return {"path": path, "valid": False, "problems": disk, **breaker}
         loaded, on_disk = self.cfg.launch_hash(), disk.launch_hash()
         running = self.node.instance.config_hash if self.node.instance is not None else None
         return {"path": path, "valid": True, "hash_on_disk": on_disk, "hash_loaded": loaded, "hash_running": running,
                 "reload_needed": disk != keep_fixed(self.cfg, disk) or on_disk != loaded,
-                "restart_needed": running is not None and running != on_disk}
+                "restart_needed": running is not None and running != on_disk, **breaker}
 
     def handover(self) -> None:
         """Exit now and leave vLLM running, for the next sparkd to adopt (a package upgrade)."""

@@ -91,6 +91,9 @@ class DaemonControl:
     def log_tail(self, lines: int) -> list[str]:
         return self.node.vllm_log.last(lines)
 
+    def log_entries(self, lines: int, since: float | None) -> list[tuple[float, str]]:
+        return self.node.vllm_log.entries(lines, since)
+
     async def follow_log(self, backlog: list[str]) -> AsyncIterator[str]:
         send, receive = anyio.create_memory_object_stream[str](FOLLOW_BUFFER)
 

@@ -34,7 +34,7 @@ from sparkd.incidents import IncidentWriter
 from sparkd.launch import LaunchSpec, health_settings, render
 from sparkd.logs import VllmLog
 from sparkd.preflight.base import Check
-from sparkd.preflight.processes import expected_launch
+from sparkd.preflight.processes import expected_launch, stale_candidates
 from sparkd.preflight.runner import (
     DEFAULT_CHECKS,
     PreflightContext,
@@ -44,7 +44,7 @@ from sparkd.preflight.runner import (
     run_preflight,
 )
 from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
-from sparkd.preflight.stale import find_stale, title_prefix
+from sparkd.preflight.stale import title_prefix
 from sparkd.redact import Redactor
 from sparkd.rehearsal import rehearsal, rehearsal_skips
 from sparkd.runtime.base import ImageIdentity, Instance, LaunchError, Runtime
@@ -162,8 +162,9 @@ class Node:
             self.drift = [d.to_json() for d in await self.runtime.drift()]
             for result in report.results:
                 timing.step(f"preflight.{result.id}", result.duration_s)
-                self.log.info("preflight", check=result.id, verdict=result.verdict.value, found=result.found,
-                              did=result.did, duration_s=round(result.duration_s, 3))
+                log = {"warn": self.log.warning, "fail": self.log.error}.get(result.verdict.value, self.log.info)
+                log("preflight", check=result.id, verdict=result.verdict.value, found=result.found, did=result.did,
+                    duration_s=round(result.duration_s, 3))
             failures[0] = report.failure()
 
         async def workers() -> None:
@@ -271,7 +272,8 @@ class Node:
             for check in self.sweep:
                 result = await check(ctx)
                 if result.verdict.value != "ok":
-                    self.log.info("sweep", check=result.id, found=result.found, did=result.did)
+                    log = {"warn": self.log.warning, "fail": self.log.error}.get(result.verdict.value, self.log.info)
+                    log("sweep", check=result.id, verdict=result.verdict.value, found=result.found, did=result.did)
             if report is not None:
                 await self._after_stop(report, pids, failure)
 
@@ -375,8 +377,9 @@ class Node:
         return self.runtime.pids(self.instance) if self.instance is not None else set()
 
     def vllm_left(self) -> list[int]:
-        """PIDs of vLLM processes still on this node (titled with this launch's prefix)."""
-        return [p.pid for p in find_stale(prefix=title_prefix(self.spec().env))]
+        """PIDs of this node's vLLM processes still here after a stop: the stale ones (orphaned, or of its
+        previous launch), by the one definition; a neighbour's vLLM is not this node's."""
+        return [c.pid for c in stale_candidates(self._context(protect=True))]
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self.task_group is not None, "the node acts only while the daemon runs"
