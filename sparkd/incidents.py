@@ -84,14 +84,14 @@ def write_gpu(folder: Path, gpu: GpuEvidence) -> None:
 
 
 def attach_stop(folder: Path, stop: dict[str, Any]) -> None:
-    """The stop that answered the incident's failure: ``stop.json`` and the record's ``stop``."""
-    write_json(folder / "stop.json", stop)
+    """The stop that answered the incident's failure: the record's ``stop``, then ``stop.json``."""
     try:
         record = json.loads((folder / "incident.json").read_text())
     except (OSError, ValueError):
-        return
+        record = None
     if isinstance(record, dict):
         write_json(folder / "incident.json", {**record, "stop": stop})
+    write_json(folder / "stop.json", stop)
 
 
 def write_incident(

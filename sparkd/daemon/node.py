@@ -287,8 +287,8 @@ class Node:
                                           else None)
         (self.log.info if release.released else self.log.error)("gpu_release", released=release.released,
                                                                  seconds=round(release.seconds, 3), detail=sentence)
-        if failure is not None:
-            await self.evidence.note_stop(failure, report.to_json())
+        if failure is not None:  # beside the loop: the stop is done, the incident may still be being written
+            self._spawn(self.evidence.note_stop, failure, report.to_json())
 
     async def hurry(self) -> None:
         """A second SIGTERM: end the instance now, without waiting out the grace."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
 import pytest
 from loop_harness import config, running
 
@@ -47,6 +48,9 @@ async def test_a_wedged_vllm_is_stopped_with_the_hung_grace(tmp_path: Path, cls:
         assert stop["grace_from"] == f"hung_stop_grace_s: vLLM was wedged ({cls.value})"
         assert "SIGKILL to PID" in stop["sentence"]
         (incident,) = (tmp_path / "state" / "incidents").iterdir()
+        with anyio.fail_after(10):  # attached beside the loop once the incident is written (a worker thread)
+            while not (incident / "stop.json").exists():
+                await anyio.sleep(0.01)
         assert json.loads((incident / "stop.json").read_text())["killed"] == [proc.instance.pid]
         assert json.loads((incident / "incident.json").read_text())["stop"]["grace_s"] == 4.0
         assert node.daemon.vllm_log.last(1)[0].startswith("---- sparkd: stop (health failed): SIGTERM, SIGKILL to")
