@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,12 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=f"needs a host with 2
 
 
 def test_the_gpu_runs_hold_what_the_readme_says(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, str(HERE / "run_all.py"), "--out", str(tmp_path)], check=True, timeout=900)
-    s = json.loads((tmp_path / "summary.json").read_text())
+    """SPARKD_GPU_OUT keeps the run's files; SPARKD_GPU_MAIN_SRC adds the old memory rule's case."""
+    out = Path(os.environ.get("SPARKD_GPU_OUT") or tmp_path)
+    old = os.environ.get("SPARKD_GPU_MAIN_SRC")
+    subprocess.run([sys.executable, str(HERE / "run_all.py"), "--out", str(out),
+                    *(["--main-src", old] if old else [])], check=True, timeout=900)
+    s = json.loads((out / "summary.json").read_text())
     assert not [k for k in s if k.endswith(".error")], s
     for case in ("foreign_on_gpu1", "stale_on_gpu1_dry"):  # a holder on the launch's GPU is refused, named
         assert s[f"preflight.{case}"]["memory"][0] == "fail" and s[f"preflight.{case}"]["memory_names_holder"]
