@@ -10,12 +10,15 @@ instance's processes are not leftovers. Without a driver the check is skipped wi
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import anyio
+import psutil
 
 from sparkd.gpu.model import GpuView
 from sparkd.gpu.reading import scope_of
+from sparkd.gpu.release import wait_released
 from sparkd.gpu.scope import Scope
 from sparkd.preflight import processes
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check, describe_cmdline, read_cmdline
@@ -60,6 +63,31 @@ def decide(apps: list[App], stale_pids: set[int], protect: frozenset[int], cmdli
     return Verdict.fixed, text, [a.pid for a in leftovers]
 
 
+SETTLE_S = 5.0  # how long a listed process that has ended may take to leave NVML's list (measured: 0.07-0.2 s)
+
+
+def ended(pid: int) -> bool:
+    """Gone, or a zombie: its GPU context is being torn down (or will be at its reap)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+async def settled_gpus(ctx: PreflightContext) -> GpuView:
+    """The GPUs once the processes that just ended (the stale sweep's) are off NVML's list: the driver lists a
+    process until it has torn its context down, 0.07-0.2 s after it exits, and a check reading in between saw
+    its memory held (tests/gpu/README.md). Waited for at most SETTLE_S."""
+    view = await ctx.gpus()
+    gone = {p.pid for d in view.devices for p in d.processes if ended(p.pid)}
+    if not view.available or not gone:
+        return view
+    await wait_released(ctx.gpus, gone, SETTLE_S, now=time.monotonic)
+    return await ctx.gpus()
+
+
 def launch_scope(ctx: PreflightContext) -> Scope:
     return scope_of(ctx.cfg, ctx.runtime.name, ctx.spec.env, ctx.image.env if ctx.image is not None else None)
 
@@ -75,7 +103,7 @@ def scoped_apps(view: GpuView, scope: Scope) -> list[App]:
 
 @check("gpu")
 async def check_gpu(ctx: PreflightContext) -> CheckResult:
-    view = await ctx.gpus()
+    view = await settled_gpus(ctx)
     if not view.available:
         return CheckResult("gpu", Verdict.ok, f"skipped: {view.skipped}")
     scope = launch_scope(ctx)

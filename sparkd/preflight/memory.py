@@ -42,6 +42,7 @@ from sparkd.preflight.base import (
     read_text,
     visible_pids,
 )
+from sparkd.preflight.gpu import settled_gpus
 from sparkd.runtime.base import TargetUnavailable
 from sparkd.supervisor.failures import FailureClass
 
@@ -215,7 +216,7 @@ async def check_memory(ctx: PreflightContext) -> CheckResult:
         return CheckResult("memory", Verdict.warn, f"cannot read {ctx.proc_root}/meminfo")
     pf = ctx.cfg.preflight
     utilization = await _utilization(ctx)
-    devices = gpumemory.launch_devices(ctx, await ctx.gpus())
+    devices = gpumemory.launch_devices(ctx, await settled_gpus(ctx))
     if devices:
         return gpumemory.check_discrete(ctx, devices, info, utilization)
     margin = int(pf.memory_margin_gib * GIB)

@@ -55,6 +55,7 @@ class Run:
         self.summary: dict[str, Any] = {}
         self.events: list[tuple[float, str]] = []
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.holders: list[int] = []  # PIDs of holders (an orphaned one is no child of ours)
         import pynvml
 
         self.nvml = pynvml
@@ -121,12 +122,15 @@ class Run:
             if time.time() > deadline:
                 raise RuntimeError(f"holder {title} never got its memory")
             time.sleep(0.2)
-        return int(ready.read_text())
+        self.holders.append(int(ready.read_text()))
+        return self.holders[-1]
 
     def cleanup(self) -> None:
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
+        for pid in self.holders:  # an orphan left by a failed phase must not spoil the next run's preflight
+            kill_pid(pid)
         self._stop_sampling.set()
 
 

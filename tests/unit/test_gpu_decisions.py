@@ -265,3 +265,25 @@ def test_a_hang_verdict_carries_the_measured_power_fall() -> None:
     sampler.history.extend(steady)
     clock.t = 1000.0
     assert sampler.annotate(hang, wedged_for_s=4).sentence == hang.sentence
+
+
+def test_preflight_waits_for_a_just_ended_process_to_leave_nvml() -> None:
+    """Seen on H200: the stale sweep ended PID 767 and the memory check, reading NVML at once, still found its
+    20.6 GiB held ('held by PID 767 (?, 20.6 GiB)'); the driver lets go 0.07-0.2 s after the exit. A listed PID
+    that has ended is waited for; a live one is not."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from sparkd.preflight.gpu import settled_gpus
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    held = GpuView.from_json({**SURVIVOR.to_json(), "devices": [
+        {**SURVIVOR.devices[0].to_json(), "processes": [{"pid": dead.pid, "used_bytes": 20 * GIB}]}]})
+    reads = Reads(held, held, IDLE)
+    got = anyio.run(settled_gpus, SimpleNamespace(gpus=reads))
+    assert got == IDLE
+    alive = GpuView.from_json({**held.to_json(), "devices": [
+        {**held.devices[0].to_json(), "processes": [{"pid": 1, "used_bytes": 1}]}]})
+    assert anyio.run(settled_gpus, SimpleNamespace(gpus=Reads(alive, IDLE))) == alive  # read once, not waited
