@@ -21,14 +21,15 @@ def recorded(name: str) -> dict:
     return data.get("view", data)
 
 
-@pytest.mark.parametrize("name", ["h100x2-nvml-idle.json", "h100x2-incident-gpu.json"])
+@pytest.mark.parametrize("name", ["h100x2-nvml-idle.json", "h100x2-incident-gpu.json", "h200x2-nvml-idle.json"])
 def test_a_real_reading_reads_back_the_same_through_the_fake(name: str) -> None:
     """The reader, asked through a fake that answers what the H100s answered, makes the same view: every field
     the real NVML gave, in the same units."""
     view = GpuView.from_json(recorded(name))
     again = nvml.NvmlReader(FakeNvml.from_view(recorded(name)), wall=lambda: view.at).read()
     assert again == view
-    assert view.devices[0].total_bytes == 85_520_809_984 and view.driver == "580.159.04"
+    assert view.devices[0].total_bytes == (150_754_820_096 if "h200" in name else 85_520_809_984)
+    assert view.driver == "580.159.04" and not view.devices[0].unified
 
 
 def test_the_survivor_reading_shows_who_holds_gpu_0() -> None:
