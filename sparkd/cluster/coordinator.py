@@ -232,7 +232,8 @@ class Coordinator:
                 self._worker_rank_failed(peer, view.status.get("last_failure"))
 
     def _worker_rank_failed(self, peer: str, failure: dict[str, Any] | None) -> None:
-        self.post(v.HealthFailed(self._remote_failure(peer, failure, "its rank is gone")))
+        # this rank's peer is gone: it spins in its next collective and ignores SIGTERM (tests/gpu/README.md)
+        self.post(v.HealthFailed(self._remote_failure(peer, failure, "its rank is gone"), hung=True))
 
     def on_report(self, peer: str, failure: dict[str, Any] | None) -> None:
         """A worker reported its rank's failure at once (POST /v1/rank/failed)."""

@@ -241,14 +241,16 @@ class Node:
             health_cfg=health_settings(self.cfg), clock=self.clock, log=self.log, replay=adopted)
         self._spawn(self.watch.run)
 
-    async def stop(self, reason: str, grace_s: float | None, failure: Failure | None = None) -> None:
+    async def stop(self, reason: str, grace_s: float | None, failure: Failure | None = None,
+                   hung: bool = False) -> None:
         async with anyio.create_task_group() as tg:
             if self.role is Role.head and self.group is not None:
                 tg.start_soon(self.group.stop_workers)
-            tg.start_soon(self._stop_local, reason, grace_s, failure)
+            tg.start_soon(self._stop_local, reason, grace_s, failure, hung)
         self.post(v.StopDone(rand=self.rand()))
 
-    async def _stop_local(self, reason: str, grace_s: float | None, failure: Failure | None = None) -> None:
+    async def _stop_local(self, reason: str, grace_s: float | None, failure: Failure | None = None,
+                          hung: bool = False) -> None:
         async with self._busy:
             instance, watch = self.instance, self.watch
             report: StopReport | None = None
@@ -256,7 +258,8 @@ class Node:
             if instance is not None:
                 await self.note_shm()  # what it holds now is provably ours once it is gone
                 sup = self.cfg.supervisor
-                grace, grace_from = grace_for(grace_s, failure, drain_s=sup.stop_grace_s, hung_s=sup.hung_stop_grace_s)
+                grace, grace_from = grace_for(grace_s, failure, drain_s=sup.stop_grace_s, hung_s=sup.hung_stop_grace_s,
+                                              hung=hung)
                 pids, started = self.pids() | {instance.pid}, self.clock.now()
                 info = await self.runtime.stop(instance, grace)
                 report = StopReport(reason, grace, grace_from, self.clock.now() - started, info.describe(),

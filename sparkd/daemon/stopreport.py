@@ -11,14 +11,17 @@ from sparkd.explain import STOP_LINE
 from sparkd.supervisor.failures import Failure, wedged
 
 
-def grace_for(grace_s: float | None, failure: Failure | None, *, drain_s: float, hung_s: float) -> tuple[float, str]:
-    """(the grace, where it comes from): the caller's own (the guard's), else the short one for a wedged vLLM,
-    else the drain grace."""
+def grace_for(grace_s: float | None, failure: Failure | None, *, drain_s: float, hung_s: float,
+              hung: bool = False) -> tuple[float, str]:
+    """(the grace, where it comes from): the caller's own (the guard's), else the short one for a wedged vLLM (a
+    wedge verdict, or ``hung``: its peer rank died under it), else the drain grace."""
     if grace_s is not None:
         return grace_s, "the stop's own grace"
     if wedged(failure):
         assert failure is not None
         return hung_s, f"hung_stop_grace_s: vLLM was wedged ({failure.cls.value})"
+    if hung:
+        return hung_s, "hung_stop_grace_s: its peer rank is gone"
     return drain_s, "stop_grace_s"
 
 

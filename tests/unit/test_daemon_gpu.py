@@ -56,6 +56,22 @@ async def test_a_wedged_vllm_is_stopped_with_the_hung_grace(tmp_path: Path, cls:
         assert node.daemon.vllm_log.last(1)[0].startswith("---- sparkd: stop (health failed): SIGTERM, SIGKILL to")
 
 
+async def test_a_rank_whose_peer_died_is_stopped_with_the_hung_grace(tmp_path: Path) -> None:
+    """The head hears that the worker's rank is gone (an oom there, say): its own rank spins in the next collective
+    (the H100 runs), whatever class the worker's failure has."""
+    runtime, clock = FakeRuntime(), FakeClock()
+    cfg = config(tmp_path, supervisor={"stop_grace_s": 90, "hung_stop_grace_s": 4})
+    async with running(cfg, runtime, clock) as node:
+        await node.until_state("ready")
+        pid = runtime.current.instance.pid if runtime.current else 0
+        worker = Failure.of(FailureClass.oom, "The worker on 10.0.0.2: its rank is gone: CUDA out of memory")
+        node.daemon.sup.post(v.HealthFailed(worker, hung=True))
+        await node.until_state("backoff")
+        await node.settled()
+        assert runtime.stops == [(pid, 4.0)]
+        assert node.status()["last_stop"]["grace_from"] == "hung_stop_grace_s: its peer rank is gone"
+
+
 async def test_an_operator_stop_keeps_the_drain_grace(tmp_path: Path) -> None:
     runtime, clock = FakeRuntime(), FakeClock()
     cfg = config(tmp_path, supervisor={"stop_grace_s": 90, "hung_stop_grace_s": 4})
