@@ -23,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sparkd.config_container import ContainerConfig, Mount
 from sparkd.config_env import ENV_PREFIX, Override, OverrideError, variable_for
+from sparkd.config_fabric import FabricConfig, WeightsConfig
 from sparkd.config_layers import ProfileError, layered
+from sparkd.config_recorder import RecorderConfig
 from sparkd.config_sections import (
     ApiConfig,
     ClusterConfig,
@@ -49,10 +51,10 @@ from sparkd.config_supervision import (
 
 __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
-    "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig", "LogFormat",
-    "LogLevel", "Mount", "NodeConfig",
-    "PathsConfig", "PreflightCheckId", "PreflightConfig", "RestartConfig", "Role", "RuntimeKind",
-    "SupervisorConfig", "config_from_mapping", "load_config", "read_toml",
+    "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig",
+    "LogFormat", "LogLevel", "Mount", "NodeConfig",
+    "PathsConfig", "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind",
+    "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
 ]
 
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
@@ -95,6 +97,12 @@ class Config(BaseModel):
     preflight: PreflightConfig = Field(default_factory=PreflightConfig, description=(
         "Checks and clean-up before every launch."))
     guard: GuardConfig = Field(default_factory=GuardConfig, description="The unified-memory guard.")
+    recorder: RecorderConfig = Field(default_factory=RecorderConfig, description=(
+        "The flight recorder, the memory settle before a start, the restart gate and the hardware watchdog."))
+    fabric: FabricConfig = Field(default_factory=FabricConfig, description=(
+        "The group's fabric, measured by the head before every start."))
+    weights: WeightsConfig = Field(default_factory=WeightsConfig, description=(
+        "The model directory's manifest, compared across the group's nodes before every start."))
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Config:

@@ -41,6 +41,9 @@ EXIT_STATUS = {
     "reload": "0 the config on disk is valid and taken on; 1 it is invalid (nothing changed, the problems are "
               "printed); 4 unreachable.",
     "preflight": "0 ready to launch; 1 a check failed; 4 unreachable.",
+    "postmortem": "0 the report is printed (a silence found is not an error); 2 --since cannot be read.",
+    "bundle": "0 the bundle is written; 1 it cannot be written; 2 the config is invalid.",
+    "weights": "0 the same on every node (alone: readable); 1 a file differs or cannot be read; 4 unreachable.",
     "*": "0 done; 1 refused by the daemon (the reason is printed); 4 the daemon is unreachable.",
 }
 EXIT_STATUS["stop"] = EXIT_STATUS["restart"] = EXIT_STATUS["start"].replace("ready", "done")
@@ -266,6 +269,42 @@ def preflight_cmd(obj: Ctx, dry_run: bool) -> None:
     result = obj.call(preflight, preflight.Request(dry_run=dry_run), timeout_s=600)
     obj.emit(result, preflight.render)
     sys.exit(preflight.exit_code(result))
+
+
+@subcommand("postmortem")
+@click.option("--since", "since_text", default=None, metavar="WHEN",
+              help="Only silences after WHEN: a duration ago (30m, 2h, 1d), an ISO time (UTC unless it says) or "
+                   "epoch seconds.")
+@click.option("--local", is_flag=True, help="This node's ring only; do not ask the peers.")
+@click.pass_obj
+def postmortem_cmd(obj: Ctx, since_text: str | None, local: bool) -> None:
+    """What happened before each node went silent (a frozen host, a power cut, a killed sparkd), from every
+    node's flight recorder, on one clock, in one sentence each with the records that show it."""
+    from sparkd.cli.postmortem import postmortem
+
+    postmortem(obj, since_text, local)
+
+
+@subcommand("bundle")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+              help="Where to write it (default: ./sparkd-bundle-NODE-TIME.tar.gz); never over an existing file.")
+@click.pass_obj
+def bundle_cmd(obj: Ctx, output: Path | None) -> None:
+    """One tar.gz for a bug report: the config (secrets masked), status, incidents, the flight recorder's last
+    hour, versions, nvidia-smi, the kernel log and the unit's journal. Reads the config (--config, default
+    /etc/sparkd/sparkd.toml)."""
+    from sparkd.cli.bundle import bundle
+
+    bundle(obj, output)
+@subcommand("weights")
+@click.option("--full", is_flag=True, help="Hash every shard again on every node (reads the whole directory).")
+@click.pass_obj
+def weights_cmd(obj: Ctx, full: bool) -> None:
+    """The model directory on every node compared (on a group's head), or this node's. Exit 0 same, 1 differ."""
+    weights = command("weights")
+    result = obj.call(weights, weights.Request(full=full), timeout_s=weights.TIMEOUT_S if full else 600)
+    obj.emit(result, weights.render)
+    sys.exit(weights.exit_code(result))
 
 
 __all__ = ["EXIT_NOT_SERVING", "EXIT_READY", "EXIT_TIMEOUT", "EXIT_UNHEALTHY", "EXIT_UNREACHABLE", "Ctx", "main"]

@@ -125,6 +125,24 @@ def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool) -> None:
     raise SystemExit(0 if report.ok else 1)
 
 
+@main.group("weights", epilog="Exit status: that of its subcommand (verify: 0 sound; 1 a problem; 2 an invalid "
+                                "config).")
+def weights_group() -> None:
+    """The model directory's manifest (sizes, mtimes, sha256) on this node."""
+
+
+@weights_group.command("verify", epilog="Exit status: 0 sound; 1 a problem; 2 an invalid config.")
+@config_option
+@click.option("--full", is_flag=True, help="Hash every shard again, whatever its size and mtime (reads it all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest and the problems as JSON.")
+def weights_verify_cmd(config_path: Path, full: bool, as_json: bool) -> None:
+    """Build this node's manifest (new or changed shards hashed, at the idle I/O class), check every index against
+    it and, with --full, that no shard changed in place. Exit 0 sound, 1 a problem, 2 invalid config."""
+    from sparkd.cli.weights import verify
+
+    raise SystemExit(verify(config_or_exit(config_path), full=full, as_json=as_json))
+
+
 @main.command("import-compose", epilog=(
     "Exit status: "
     "0 the config printed (or written), what was not carried on stderr; 2 the file cannot be "

@@ -73,6 +73,21 @@ class Group(Protocol):
         """Every worker reloads its config on disk; the problems of those that refused (none: all took it)."""
 
 
+class Checks(Protocol):
+    """The daemon's side of the group's checks (``sparkd.daemon.groupchecks.GroupChecks``)."""
+
+    async def fabric_answer(self, address: str | None, size: int, master: tuple[str, int] | None,
+                            timeout_s: float) -> dict[str, Any]: ...
+
+    async def bandwidth_server(self, seconds: int, port: int) -> dict[str, Any]: ...
+
+    async def manifest(self, *, full: bool) -> dict[str, Any]:
+        """This node's manifest (``{"node", "manifest"}``)."""
+
+    async def weights_view(self, *, full: bool) -> dict[str, Any]:
+        """What ``sparkctl weights`` shows: the group's comparison on a head, this node's manifest elsewhere."""
+
+
 class Control(Protocol):
     """The daemon's surface for commands (``sparkd.daemon.control.DaemonControl``)."""
 
@@ -82,6 +97,9 @@ class Control(Protocol):
 
     @property
     def group(self) -> Group | None: ...
+
+    @property
+    def checks(self) -> Checks: ...
 
     @property
     def incidents_root(self) -> Path: ...
@@ -126,6 +144,10 @@ class Control(Protocol):
 
     async def recreate(self) -> tuple[bool, str]:
         """Replace vLLM's container from the config: (done, the sentence that says what happened)."""
+
+    async def flight_records(self, *, since: float | None, until: float | None, local: bool) -> dict[str, Any]:
+        """This node's flight-recorder runs (and, with ``until``, its records in the range) and, unless ``local``,
+        every peer's (``sparkd.commands.recorder``)."""
 
 
 def flag(params: Mapping[str, str], name: str) -> bool:

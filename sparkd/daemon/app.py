@@ -34,10 +34,13 @@ from sparkd.daemon.breaker import ConfigBreaker
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.gpuwatch import GpuSampler
+from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
+from sparkd.daemon.recording import DaemonRecorder
 from sparkd.daemon.reload import Reloader, keep_fixed
+from sparkd.daemon.settling import RecorderCollector, StartGuard
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
@@ -124,6 +127,8 @@ class Daemon:
         self.sup = Supervisor(machine=machine, limits=limits_from(cfg), effects=_Deferred(), clock=self.clock,
                               log=self.log, remember=self._remember)
         self.group = self._group()
+        self.checks = GroupChecks(cfg, runtime, self.group.client if self.group is not None else None, log=self.log,
+                                  image=lambda: self.node.image, spawn=lambda fn: self.node._spawn(fn))
         self.node = Node(
             cfg, runtime, post=self.sup.post, state=lambda: self.sup.machine.state, clock=self.clock,
             log=self.log, vllm_log=self.vllm_log,
@@ -131,17 +136,23 @@ class Daemon:
             files=self.files, probes=probes or self._probes, group=self.group,
             start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
             redact=redactor_for(cfg, token=self.token),
-            guard=lambda: self.guard, **node_options)
+            guard=lambda: self.guard, group_checks=self.checks,
+            before_start=lambda: self.start_guard.before_start(), **node_options)
         self.sup.effects = self.node
         self.gpu = GpuSampler(self.node.gpus, self.clock, self.log, self.node.launch_scope)
         self.node.evidence.gpu = lambda: None if self.gpu.latest is None or self.gpu.absent else self.gpu.evidence()
         self.node.annotate = lambda failure: self.gpu.annotate(failure, self.cfg.health.stall_after_s)
+        self.recorder = DaemonRecorder(cfg, self.sup, self.node, self.clock, self.log, guard=lambda: self.guard,
+                                       group=self.group)
+        self.start_guard = StartGuard(cfg, self.recorder, self.files, self.clock, self.log, on_phase=self._on_settle)
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
-                               problems=self.problems, config_state=self.config_state, gpu=self.gpu)
+                               problems=self.problems, config_state=self.config_state, checks=self.checks.status,
+                               more=self._recorder_status, gpu=self.gpu)
         self.metrics = Metrics(self.view)
+        self.metrics.registry.register(RecorderCollector(self.metrics.families, self.recorder, self.start_guard))
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
-                                     handover=self.handover)
+                                     handover=self.handover, checks=self.checks)
         self._scope: anyio.CancelScope | None = None
         self.breaker = ConfigBreaker(cfg.paths.state_dir / "breaker-config.json", lambda: self.cfg.launch_hash(),
                                      self.sup.post, self.files, self.log)
@@ -177,11 +188,24 @@ class Daemon:
 
     def problems(self) -> list[str]:
         """What sparkd itself cannot do right now (it reports itself degraded until they clear)."""
-        problems = sorted(self.files.problems.values())
+        problems = sorted(self.files.problems.values()) + self.recorder.problems()
         if self.vllm_log.write_error:
             problems.append(f"vLLM's output is not being kept on disk: {self.vllm_log.write_error} "
                             f"({self.vllm_log.lost_lines} line(s) lost)")
         return problems
+
+    def _recorder_status(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"recorder": {**self.recorder.status(), **self.start_guard.status()}}
+        if self.recorder.phase is not None:
+            extra["phase"] = self.recorder.phase
+        return extra
+
+    def _on_settle(self, phase: str | None) -> None:
+        """The memory settle is a phase of the preflight: in status, its history and `restart --wait`."""
+        if phase is not None:
+            self.view.history.append({"at": self.clock.wall(), "state": self.sup.machine.state.value,
+                                      "phase": phase})
+        self.publish()
 
     def apply_config(self, cfg: Config) -> None:
         """Take on a reloaded config: daemon settings at once, launch settings at the next start."""
@@ -191,11 +215,13 @@ class Daemon:
         if self.node.watch is not None:
             self.node.watch.cfg = health_settings(cfg)
         self.node.evidence.incidents.keep = cfg.supervisor.incidents_keep
+        self.recorder.cfg = self.start_guard.cfg = cfg  # the ring's path and size apply at the next daemon start
         self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
         configure_logging(cfg.log)
         self.view.cfg = cfg
         if self.group is not None:
             self.group.cfg = cfg
+        self.checks.configure(cfg)
         if self.guard is not None:
             self.guard.cfg = cfg.guard
         if hasattr(self.runtime, "cfg"):
@@ -245,6 +271,8 @@ class Daemon:
                     await tg.start(self.guard.run)
                 if self.group is not None:
                     tg.start_soon(self.group.watch)
+                if self.cfg.recorder.enabled:
+                    tg.start_soon(self.recorder.run)
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._watchdog)
                 tg.start_soon(self.gpu.run)
@@ -256,6 +284,8 @@ class Daemon:
             with anyio.CancelScope(shield=True):
                 self.files.put(self.status_path, self.view.status())
                 await self.files.flush()
+                if self.cfg.recorder.enabled:
+                    await self.recorder.close()
             if sockets is not None:
                 self.cfg.paths.socket.unlink(missing_ok=True)
             self.vllm_log.close()

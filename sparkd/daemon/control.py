@@ -12,8 +12,11 @@ from typing import Any
 import anyio
 
 from sparkd.cluster.coordinator import Coordinator
+from sparkd.commands.base import Checks
 from sparkd.config import Role
+from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.node import Node
+from sparkd.daemon.recording import flight_records
 from sparkd.daemon.reload import ReloadReport
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
@@ -27,8 +30,11 @@ FOLLOW_BUFFER = 10_000  # lines a slow `sparkctl logs -f` may fall behind before
 
 class DaemonControl:
     def __init__(self, sup: Supervisor, node: Node, view: StatusView, group: Coordinator | None, *,
-                 reload: Callable[[], Awaitable[ReloadReport]], handover: Callable[[], None]) -> None:
+                 reload: Callable[[], Awaitable[ReloadReport]], handover: Callable[[], None],
+                 checks: Checks | None = None) -> None:
         self.sup = sup
+        self.checks: Checks = checks or GroupChecks(node.cfg, node.runtime, None, log=node.log,
+                                                    image=lambda: node.image)
         self.node = node
         self.view = view
         self.group = group
@@ -116,3 +122,6 @@ class DaemonControl:
 
     def last_preflight(self) -> list[dict[str, Any]]:
         return self.node.last_preflight
+
+    async def flight_records(self, *, since: float | None, until: float | None, local: bool) -> dict[str, Any]:
+        return await flight_records(self.node.cfg, None if local else self.group, since=since, until=until)

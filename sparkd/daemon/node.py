@@ -22,12 +22,13 @@ from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
 from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.gpurelease import GpuRelease
+from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.stopreport import StopReport, grace_for
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
 from sparkd.gpu.model import GpuView
 from sparkd.gpu.reading import read_gpus, scope_of
-from sparkd.gpu.release import wait_released
 from sparkd.gpu.scope import Scope
 from sparkd.guard.guard import Guard
 from sparkd.incidents import IncidentWriter
@@ -66,7 +67,8 @@ class Node:
         = lambda: None, guard: Callable[[], Guard | None] = lambda: None,
         rand: Callable[[], float] = random.random, rehearse: bool = False, redact: Redactor | None = None,
         checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
-        gpus: Callable[[], Awaitable[GpuView]] = read_gpus,
+        before_start: Callable[[], Awaitable[Failure | None]] | None = None,
+        group_checks: GroupChecks | None = None, gpus: Callable[[], Awaitable[GpuView]] = read_gpus,
     ) -> None:
         self.cfg = cfg
         self.runtime = runtime
@@ -87,11 +89,12 @@ class Node:
         self.ledger = ShmLedger(self.cfg.paths.state_dir / LEDGER_NAME, log=log, clock=clock.wall)
         self.checks = checks  # before every launch
         self.sweep = sweep  # after every stop
+        self.before_start = before_start  # the memory settle and the restart gate (sparkd/daemon/settling.py)
+        self.group_checks = group_checks  # a head's fabric and weights proofs before a start
         self.gpus = gpus  # the node's GPUs now (NVML): the release after a stop is verified against them
         self.last_stop: StopReport | None = None
         self.annotate: Callable[[Failure], Failure] = lambda f: f  # a wedge verdict's GPU power (the daemon's)
-        self.unreleased: tuple[frozenset[int], float] | None = None  # a stop's PIDs whose GPU memory stayed held,
-        # and when that stop ended (monotonic)
+        self.release = GpuRelease(gpus, clock, log)  # after every stop, and before a launch while it is not back
         self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
         self.instance: Instance | None = None
         self.watch: InstanceWatch | None = None
@@ -149,11 +152,25 @@ class Node:
     async def preflight(self) -> None:
         """This node's checks; on a group's head also every worker's (in parallel), then the workers start."""
         timing = self.timing = LaunchTiming(requested_at=self.clock.now())
-        stuck = await self._still_unreleased()
+        stuck = await self.release.gate()
         if stuck is not None:
             self.post(v.PreflightDone(stuck, rand=self.rand()))
             return
-        failures: list[Failure | None] = [None, None]
+        failures: list[Failure | None] = [None, None, None]
+        if self.before_start is not None:  # the memory settle and the restart gate, before anything else
+            refusal = await self.before_start()
+            timing.step("memory_settle", self.clock.now() - timing.requested_at)
+            if refusal is not None:
+                self.post(v.PreflightDone(refusal, rand=self.rand()))
+                return
+        lead = self.group_checks if self.role is Role.head else None
+        if lead is not None:  # the fabric first: a few seconds, and a bad link fails the start at once
+            started = self.clock.now()
+            failures[2] = await lead.fabric()
+            timing.step("group.fabric", self.clock.now() - started)
+            if failures[2] is not None:
+                self.post(v.PreflightDone(failures[2], rand=self.rand()))
+                return
 
         async def local() -> None:
             report = await run_preflight(self._context(), self.checks)
@@ -173,10 +190,17 @@ class Node:
                 failures[1] = await self.group.prepare_workers()
                 timing.step("group.prepare_workers", self.clock.now() - started)
 
+        async def weights() -> None:
+            if lead is not None:
+                started = self.clock.now()
+                failures[2] = await lead.weights()
+                timing.step("group.weights", self.clock.now() - started)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(local)
             tg.start_soon(workers)
-        failure = self.start_gate() or failures[0] or failures[1]
+            tg.start_soon(weights)
+        failure = self.start_gate() or failures[0] or failures[1] or failures[2]
         if failure is None and self.role is Role.head and self.group is not None:
             started = self.clock.now()
             failure = await self.group.start_workers()
@@ -282,14 +306,9 @@ class Node:
 
     async def _after_stop(self, report: StopReport, pids: set[int], failure: Failure | None) -> None:
         """Verify that the stopped processes' GPU memory is back, keep the report, attach it to the incident."""
-        release = await wait_released(self.gpus, pids, self.cfg.supervisor.gpu_release_timeout_s,
-                                      now=self.clock.now, sleep=self.clock.sleep)
-        sentence = release.sentence(_states(h.pid for h in release.held))
-        self.unreleased = None if release.released else (frozenset(pids), self.clock.now() - report.seconds)
-        self.last_stop = report = replace(report, release=sentence, released=release.released if release.checked
-                                          else None)
-        (self.log.info if release.released else self.log.error)("gpu_release", released=release.released,
-                                                                 seconds=round(release.seconds, 3), detail=sentence)
+        release = await self.release.verify(pids, self.cfg.supervisor.gpu_release_timeout_s, report.seconds)
+        self.last_stop = report = replace(report, release=self.release.sentence(release),
+                                          released=release.released if release.checked else None)
         if failure is not None:  # beside the loop: the stop is done, the incident may still be being written
             self._spawn(self.evidence.note_stop, failure, report.to_json())
 
@@ -346,19 +365,6 @@ class Node:
                 "waits for the peer.", evidence=obs.failure.sentence), obs.grace_s, obs.recorded)
         self.post(obs)
 
-    async def _still_unreleased(self) -> Failure | None:
-        """A stop whose GPU memory did not come back: is it back now? If not, the node is not launched into."""
-        if self.unreleased is None:
-            return None
-        pids, stopped_at = self.unreleased
-        release = await wait_released(self.gpus, pids, 0.0, now=self.clock.now, sleep=self.clock.sleep)
-        if release.released:
-            self.unreleased = None
-            return None
-        release = replace(release, seconds=self.clock.now() - stopped_at)
-        return Failure.of(FailureClass.gpu_error, release.sentence(_states(h.pid for h in release.held)) + ".",
-                          evidence=f"GPU memory still held by PID {', '.join(str(h.pid) for h in release.held)}")
-
     # ---- for the operator, the guard and the group
     def _context(self, *, dry_run: bool = False, protect: bool = False) -> PreflightContext:
         pids = frozenset(self.pids()) if protect else frozenset()
@@ -388,13 +394,3 @@ class Node:
         assert self.task_group is not None, "the node acts only while the daemon runs"
         self.task_group.start_soon(fn, *args)
 
-
-def _states(pids: Any) -> dict[int, str]:
-    """The kernel's state letter of each PID that still exists (D: stuck in the driver)."""
-    out = {}
-    for pid in pids:
-        try:
-            out[pid] = psutil.Process(pid).status()
-        except psutil.Error:
-            continue
-    return out

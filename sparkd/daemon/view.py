@@ -32,7 +32,9 @@ class StatusView:
     def __init__(self, cfg: Config, sup: Supervisor, node: Node, clock: Clock, *,
                  guard: Callable[[], Guard | None] = lambda: None, group: Coordinator | None = None,
                  problems: Callable[[], list[str]] = list,
-                 config_state: Callable[[], dict[str, Any]] = dict, gpu: GpuSampler | None = None) -> None:
+                 config_state: Callable[[], dict[str, Any]] = dict,
+                 more: Callable[[], dict[str, Any]] = dict,
+                 checks: Callable[[], dict[str, Any]] = dict, gpu: GpuSampler | None = None) -> None:
         self.cfg = cfg
         self.sup = sup
         self.node = node
@@ -41,6 +43,8 @@ class StatusView:
         self.group = group
         self.problems = problems
         self.config_state = config_state
+        self.more = more  # what other parts add (the flight recorder, the memory settle)
+        self.checks = checks  # the group's fabric and weights proofs: {"fabric": ..., "weights": ...}
         self.gpu = gpu
         # Recent states and phases with wall times, so `sparkctl restart --wait` shows every step.
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
@@ -118,6 +122,8 @@ class StatusView:
             "memory": self._memory(),
             "gpu": self.gpu.status() if self.gpu is not None else None,
             "last_stop": node.last_stop.to_json() if node.last_stop is not None else None,
+            **self.more(),
+            **self.checks(),
         }
 
     def _memory(self) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["TREATMENT", "WEDGED", "Budget", "Evidence", "Failure", "FailureClass", "Scope", "Treatment", "treatment",
-           "wedged"]
+__all__ = ["CAUSES", "TREATMENT", "WEDGED", "Budget", "Cause", "Evidence", "Failure", "FailureClass", "Scope",
+           "Treatment", "treatment", "wedged"]
 
 
 class FailureClass(StrEnum):
@@ -43,6 +43,7 @@ class FailureClass(StrEnum):
     gpu_busy = "gpu_busy"  # CUDA device busy: a stale process holds the GPU
     gpu_error = "gpu_error"  # the GPU or its PCIe link faulted: an Xid, a fatal AER, an uncorrectable ECC error
     host_unavailable = "host_unavailable"  # what a launch needs from the host is missing (engine, disk): wait
+    reboot_needed = "reboot_needed"  # restarts keep losing memory the driver never returns: only a reboot helps
     unknown = "unknown"  # nothing recognised
 
 
@@ -141,6 +142,10 @@ TREATMENT: dict[FailureClass, Treatment] = {
         True, B.none, S.node, _ALWAYS, "sparkd cannot launch vLLM on this node right now",
         "sparkd waits for it (the Docker engine to answer, the state directory to take writes) and tries again "
         "with backoff, without spending the restart budget"),
+    F.reboot_needed: _t(
+        False, B.one, S.node, _MEMORY, "Restarts of vLLM kept losing memory that was never returned",
+        "reboot the node (the driver keeps memory a killed vLLM held), then `sparkctl reset` — sparkd stops "
+        "restarting before the host freezes"),
     F.unknown: _t(True, B.one, S.node, _MEMORY, "vLLM stopped without a recognised error",
                   "the log tail is in the incident folder — sparkd restarts with backoff"),
 }
@@ -149,6 +154,37 @@ del F, B, S
 # The verdicts that say vLLM is wedged, not draining: a stop that answers one gets `hung_stop_grace_s`, not the drain
 # grace (a rank spinning in a collective whose peer died ignores SIGTERM: tests/gpu/README.md).
 WEDGED = frozenset({FailureClass.hang, FailureClass.stall, FailureClass.peer_lost})
+
+
+class Cause(StrEnum):
+    """What the head's group checks (fabric, weights) refuse a start for."""
+
+    link_down = "link_down"
+    peer_unreachable = "peer_unreachable"
+    mtu = "mtu"
+    path_mtu = "path_mtu"
+    speed = "speed"
+    gid_index = "gid_index"
+    master_port = "master_port"
+    bandwidth = "bandwidth"
+    weights = "weights"
+
+
+C, F = Cause, FailureClass
+# Each cause's class by its nature: config_error when only a person can fix it (no retry loop), host_unavailable
+# when it may come back by itself (wait, without spending the budget).
+CAUSES: dict[Cause, tuple[FailureClass, str]] = {
+    C.link_down: (F.host_unavailable, "a fabric interface is down, missing or without carrier"),
+    C.peer_unreachable: (F.host_unavailable, "a peer's fabric address answers no echo at all"),
+    C.mtu: (F.config_error, "the MTUs of the two ends differ, or differ from [fabric] mtu"),
+    C.path_mtu: (F.config_error, "a don't-fragment echo at the MTU is lost while a small one passes"),
+    C.speed: (F.config_error, "the link speeds differ, or are below [fabric] min_speed_mbps"),
+    C.gid_index: (F.config_error, "NCCL_IB_GID_INDEX is not the RoCE v2 GID of the fabric address"),
+    C.master_port: (F.config_error, "a worker cannot connect to the master port over the fabric"),
+    C.bandwidth: (F.config_error, "the measured bandwidth is below [fabric] min_bandwidth_gbps"),
+    C.weights: (F.config_error, "a file of the model directory differs between nodes"),
+}
+del C, F
 
 
 def treatment(cls: FailureClass) -> Treatment:
