@@ -35,6 +35,7 @@ from sparkd.daemon.files import StateWriter
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
+from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.reload import Reloader, keep_fixed
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
@@ -131,6 +132,8 @@ class Daemon:
             redact=redactor_for(cfg, token=self.token),
             guard=lambda: self.guard, **node_options)
         self.sup.effects = self.node
+        self.registry = InstanceRegistry(cfg, config_path, self.log)
+        self.node.registry = self.registry
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
                                problems=self.problems, config_state=self.config_state)
@@ -178,6 +181,7 @@ class Daemon:
     def apply_config(self, cfg: Config) -> None:
         """Take on a reloaded config: daemon settings at once, launch settings at the next start."""
         self.cfg = cfg
+        self.registry.cfg = cfg
         self.sup.limits = limits_from(cfg)
         self.node.cfg = cfg
         if self.node.watch is not None:
@@ -238,6 +242,7 @@ class Daemon:
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._watchdog)
                 tg.start_soon(self._note_shm)
+                self.registry.write()
                 self.publish()
                 await self.sup.run(boot=self._boot)
                 tg.cancel_scope.cancel()
@@ -247,6 +252,7 @@ class Daemon:
                 await self.files.flush()
             if sockets is not None:
                 self.cfg.paths.socket.unlink(missing_ok=True)
+            self.registry.remove()
             self.vllm_log.close()
         self.log.info("daemon_exit", state=self.sup.machine.state.value)
         return exits.OK
@@ -293,6 +299,7 @@ class Daemon:
                 await ready.wait()
             ready = anyio.Event()
             await self.node.note_shm()
+            self.registry.write()  # another instance's unit may have cleared /run/sparkd meanwhile
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval_s

@@ -22,6 +22,7 @@ from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
 from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
 from sparkd.guard.guard import Guard
@@ -29,7 +30,7 @@ from sparkd.incidents import IncidentWriter
 from sparkd.launch import LaunchSpec, health_settings, render
 from sparkd.logs import VllmLog
 from sparkd.preflight.base import Check
-from sparkd.preflight.processes import expected_launch, stale_candidates
+from sparkd.preflight.processes import expected_launch, launch_places, stale_candidates
 from sparkd.preflight.runner import (
     DEFAULT_CHECKS,
     PreflightContext,
@@ -92,6 +93,7 @@ class Node:
         self.last_preflight: list[dict[str, object]] = []
         self.timing: LaunchTiming | None = None  # the current (or last) launch's, for status and metrics
         self.phase_listeners: list[Callable[[Startup], None]] = []
+        self.registry: InstanceRegistry | None = None  # the host's instance registry (the daemon sets it)
         self._busy = anyio.Lock()  # launch and stop never overlap
 
     @property
@@ -219,6 +221,8 @@ class Node:
     def _attach(self, instance: Instance, *, adopted: bool) -> None:
         self.instance = instance
         self.files.write_now(self.record_path, instance.to_record())
+        if self.registry is not None:
+            self.registry.update(instance)
         self.watch = InstanceWatch(
             instance, self.runtime, post=self._from_watch, state=self.state, on_line=self.on_line,
             classify_exit=self.evidence.classify_exit, probes=None if self.headless else self.probes(),
@@ -244,11 +248,13 @@ class Node:
                     await watch.close()
                 self.instance, self.watch = None, None
                 self.files.remove(self.record_path)
-            ctx = self._context()
+            ctx = await launch_places(self._context())
             for check in self.sweep:
                 result = await check(ctx)
                 if result.verdict.value != "ok":
                     self.log.info("sweep", check=result.id, found=result.found, did=result.did)
+            if self.registry is not None and self.instance is None:
+                self.registry.update(None)  # after the sweep: until then its orphans are still this instance's
 
     async def hurry(self) -> None:
         """A second SIGTERM: end the instance now, without waiting out the grace."""

@@ -219,7 +219,8 @@ def sparkd_config(tmp: Path, port: int, env: dict[str, str], *, master_port: int
         launch |= {"nnodes": 2, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": master_port}
     cfg: dict[str, Any] = {
         "runtime": "process", "node": node, "launch": launch,
-        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
+        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run"),
+                  "instances_dir": str(tmp / "instances")},
         "api": {"socket_group": "", "listen": "127.0.0.1", "port": api_port},
         "guard": dict(GUARD_FLOORS),
         "preflight": {"skip": STANDIN_SKIPS},  # the stand-in loads no weights (sparkd.rehearsal.REHEARSAL_SKIPS)

@@ -231,6 +231,30 @@ def test_shm_a_stale_vllm_processs_semaphore_is_noted_before_the_kill_and_remove
     assert not (shm_dir / "sem.mp-st4le001").exists() and unowned.exists()
 
 
+def test_shm_another_users_segments_are_never_the_launchs(
+        tmp_path: Path, children: Children, view: ProcView, shm_dir: Path) -> None:
+    """security.md §7: another user's unheld psm_* is not removed by its naming; a stale process holding another
+    user's file (through an O_PATH descriptor, or even open for real) does not make it the launch's; its own
+    file, held for real, is noted and removed once it is gone."""
+    theirs = leak(shm_dir / "psm_user1res")
+    path_only, opened = leak(shm_dir / "sem.mp-user1a", 4096), leak(shm_dir / "sem.mp-user1b", 4096)
+    for path in (theirs, path_only, opened):
+        os.chown(path, 1, 1)
+        path.chmod(0o600)
+    mine = shm_dir / "sem.mp-m1ne0001"
+    engine = children(f"a = os.open({str(path_only)!r}, os.O_PATH)\nb = os.open({str(opened)!r}, os.O_RDWR)\n"
+                      f"fd = os.open({str(mine)!r}, os.O_CREAT | os.O_RDWR, 0o600)\nos.ftruncate(fd, 4096)\n",
+                      title=f"{P}::Worker_TP1", orphan=True)
+    ctx = context(tmp_path, view.add(engine.pid), shm_dir=shm_dir)
+    assert run(check_stale_processes, ctx).verdict is Verdict.fixed and not engine.alive()
+    ledger = (ctx.cfg.paths.state_dir / "shm-ledger.json").read_text()
+    assert mine.name in ledger and "user1" not in ledger
+    result = run(check_shm, ctx)
+    assert result.verdict is Verdict.fixed and result.found.endswith(f"1 leaked segment(s) no live process holds: "
+                                                                     f"{mine.name}"), result
+    assert not mine.exists() and theirs.exists() and path_only.exists() and opened.exists()
+
+
 def test_shm_dry_run_and_too_little_room(tmp_path: Path, shm_dir: Path) -> None:
     segment = leak(shm_dir / "psm_deadbeef")
     result = run(check_shm, context(tmp_path, shm_dir=shm_dir, dry_run=True))
@@ -384,12 +408,15 @@ def test_host_apply_that_does_not_stick_fails(tmp_path: Path, view: ProcView) ->
 # ---- GPU compute processes (a fake nvidia-smi on PATH) ---------------------------------------------------------
 
 
-def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str) -> None:
+def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str,
+             gpus: str = "0, GPU-0000\n1, GPU-1111\n") -> None:
+    """An nvidia-smi answering the check's two queries: the compute apps (with their GPU) and the GPUs."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     smi = bindir / "nvidia-smi"
     smi.write_text("#!/bin/sh\n"
-                   '[ "$1" = "--query-compute-apps=pid,process_name" ] || exit 9\n'
+                   f'[ "$1" = "--query-gpu=index,uuid" ] && exec cat <<\'EOF\'\n{gpus}EOF\n'
+                   '[ "$1" = "--query-compute-apps=pid,process_name,gpu_uuid" ] || exit 9\n'
                    f"cat <<'EOF'\n{output}EOF\n")
     smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
@@ -409,7 +436,7 @@ def test_gpu_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: ProcVie
 def test_gpu_leftover_stale_vllm_is_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children,
                                          view: ProcView) -> None:
     worker = children(title=f"{P}::Worker_TP0", orphan=True)
-    fake_smi(tmp_path, monkeypatch, f"{worker.pid}, /usr/bin/python3\n")
+    fake_smi(tmp_path, monkeypatch, f"{worker.pid}, /usr/bin/python3, GPU-0000\n")
     result = run(check_gpu, context(tmp_path, view.add(worker.pid)))
     assert result.verdict is Verdict.fixed and f"PID {worker.pid} ({P}::Worker_TP0)" in result.found
     assert not worker.alive()
@@ -418,11 +445,26 @@ def test_gpu_leftover_stale_vllm_is_ended(tmp_path: Path, monkeypatch: pytest.Mo
 def test_gpu_leftover_other_process_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children,
                                           view: ProcView) -> None:
     decoy = children(args=DECOY_ARGS)
-    fake_smi(tmp_path, monkeypatch, f"{decoy.pid}, /usr/bin/python3\n")
+    fake_smi(tmp_path, monkeypatch, f"{decoy.pid}, /usr/bin/python3, GPU-1111\n")
     result = run(check_gpu, context(tmp_path, view.add(decoy.pid)))
     assert result.verdict is Verdict.fail and result.failure_class is FailureClass.gpu_busy
     assert f"PID {decoy.pid} ({decoy.cmdline()[0]} -c import mmap" in result.found
     assert decoy.alive()
+
+
+def test_gpu_a_compute_process_on_another_gpu_is_not_a_leftover(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children, view: ProcView) -> None:
+    """A neighbour's vLLM on GPU 1 of a two-GPU box: a launch on GPU 0 (CUDA_VISIBLE_DEVICES) leaves it alone and
+    launches; a launch that names no GPU (so uses both) fails naming it."""
+    neighbour = children(title=f"{P}::Worker_TP0")  # a live tree's: a neighbour
+    fake_smi(tmp_path, monkeypatch, f"{neighbour.pid}, /usr/bin/python3, GPU-1111\n")
+    env = {"VLLM_PROCESS_NAME_PREFIX": PREFIX, "CUDA_VISIBLE_DEVICES": "0"}
+    result = run(check_gpu, context(tmp_path, view.add(neighbour.pid), launch={"env": env}))
+    assert result.verdict is Verdict.ok, result
+    assert result.found == "no leftover GPU compute process; 1 on GPUs this launch does not use, left alone"
+    result = run(check_gpu, context(tmp_path, view, launch={"env": {"VLLM_PROCESS_NAME_PREFIX": PREFIX}}))
+    assert result.verdict is Verdict.fail and f"PID {neighbour.pid} ({P}::Worker_TP0)" in result.found
+    assert neighbour.alive()
 
 
 # ---- launch target (process runtime; the Docker side is in test_preflight_docker.py) ---------------------------
