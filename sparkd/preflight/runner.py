@@ -143,7 +143,9 @@ def watched_pids(cfg: Config) -> frozenset[int]:
     return frozenset(proctree.tree_pids(pid))
 
 
-async def run_standalone(cfg: Config, spec: LaunchSpec, runtime: Runtime, *, dry_run: bool) -> PreflightReport:
-    """``sparkd preflight``: every check, reported in full (after a failure the rest run report-only)."""
+async def run_standalone(cfg: Config, spec: LaunchSpec, runtime: Runtime, *, dry_run: bool,
+                         checks: tuple[CheckCallable, ...] = DEFAULT_CHECKS) -> PreflightReport:
+    """``sparkd preflight``: every check (or ``checks``), reported in full (after a failure the rest run
+    report-only)."""
     ctx = PreflightContext(cfg=cfg, spec=spec, runtime=runtime, protect=watched_pids(cfg), dry_run=dry_run)
-    return await run_preflight(ctx, report_rest=True)
+    return await run_preflight(ctx, checks, report_rest=True)

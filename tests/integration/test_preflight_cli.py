@@ -122,3 +122,27 @@ def test_daemon_never_launches_into_a_failed_preflight_and_retries_on_backoff(
         daemon.wait_for(lambda s: s.get("state") == "ready" and s.get("launches") == 1, 60, "ready")
     finally:
         assert daemon.stop() == 0
+
+
+def test_only_the_named_checks_run_and_quiet_says_one_line(tmp_path: Path, children: Children) -> None:
+    decoy, port = listener(children, args=DECOY_ARGS)
+    config = write_config(tmp_path, port)
+    result = preflight(config, "--check", "ports", "--check", "stale_processes", "--dry-run")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert [line.split()[1] for line in result.stdout.splitlines()[:-1]] == ["stale_processes", "ports"]
+    quiet = preflight(config, "--check", "ports", "--quiet")
+    assert quiet.returncode == 1 and quiet.stdout == ""
+    assert quiet.stderr.startswith(f"not ready: Preflight ports failed: API port (launch.port) {port} is held by "
+                                   f"PID {decoy.pid} (") and quiet.stderr.count("\n") == 1, quiet.stderr
+    (tmp_path / "free").mkdir()
+    free = preflight(write_config(tmp_path / "free", free_port_number()), "--check", "ports", "--quiet")
+    assert (free.returncode, free.stdout, free.stderr) == (0, "", "")
+    unknown = preflight(config, "--check", "nope")
+    assert unknown.returncode == 2 and "--check nope: no such check (the checks: container, " in unknown.stderr
+    assert decoy.alive()
+
+
+def free_port_number() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
