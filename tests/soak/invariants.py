@@ -11,6 +11,8 @@ Each broken invariant is a :class:`Violation` with a sentence; the same sentence
   (peer lost, host unavailable), failures in a row, the budget — with the failures the lifecycle counted;
   and ``failed`` always carries a sentence;
 - no decoy process or /dev/shm segment touched (see :mod:`decoys`);
+- no neighbour PID changed: the neighbour instance and the hand-started vLLM beside the pair, titled with the
+  head's prefix, keep every process, and the instance never restarts (see :mod:`neighbour`);
 - once a fault is recovered: no process titled with the node's prefix outside the watched instance's tree;
 - the daemons' RSS and descriptor count flat from the first recovery to the end.
 """
@@ -165,11 +167,12 @@ class Sampler(threading.Thread):
     """Every ``period`` seconds: one vLLM per node, status files parse, decoys untouched, daemon footprint."""
 
     def __init__(self, nodes: list[Node], ledger: Ledger, touched: Callable[[], Iterable[str]],
-                 period: float = 0.5) -> None:
+                 period: float = 0.5, neighbours: Callable[[], Iterable[tuple[str, str]]] = lambda: []) -> None:
         super().__init__(daemon=True, name="soak-sampler")
         self.nodes = nodes
         self.ledger = ledger
         self.touched = touched
+        self.neighbours = neighbours  # what changed about the neighbours (neighbour.py): (sentence, detail)
         self.period = period
         self.halt = threading.Event()
         # node → (time, daemon pid, RSS, descriptors)
@@ -204,6 +207,8 @@ class Sampler(threading.Thread):
             self._footprint(node)
         for sentence in self.touched():
             self.ledger.add(sentence)
+        for sentence, detail in self.neighbours():
+            self.ledger.add(sentence, detail)
 
     def _budget(self, name: str, lifecycle: dict[str, Any]) -> None:
         seen = self.budget[name]

@@ -1,4 +1,4 @@
-"""The soak itself: plant the decoys, start the pair, then fault → recovery until the time is up.
+"""The soak itself: plant the decoys, start the neighbour and the pair, then fault → recovery until the time is up.
 
 Closing line: ``soak: F faults, R recoveries, V violations``; the details go to a JSON file.
 """
@@ -18,6 +18,7 @@ from catalogue import AFTER, FAULTS, crashes_a_rank
 from decoys import Decoys
 from faults import Skipped
 from invariants import Ledger, Sampler, footprint_growth, orphans, read_status
+from neighbour import Neighbour
 from schedule import first_step_from_env, kinds_from_env, steps
 from soakpair import RECOVERY_S, RESTART, SoakPair
 
@@ -59,13 +60,15 @@ def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
         raise
     decoys = Decoys(tmp)
     nodes = pair.nodes()
-    sampler = Sampler(nodes, ledger, decoys.touched)
+    neighbour = Neighbour(tmp, nodes[0].prefix, Path(pair.head.config["paths"]["instances_dir"]))
+    sampler = Sampler(nodes, ledger, decoys.touched, neighbours=neighbour.changed)
     try:
         decoys.plant(mention=f"{nodes[0].prefix}::Worker_TP0 VLLM::Worker_TP0 vllm serve /models/test")
+        neighbour.start()  # first: the pair's first preflights run beside it
         first = start_all(pair)
         if first != "ready":
             ledger.add(f"the daemons never became ready: {first}")
-            return finish(report, ledger, pair, sampler, decoys, None)
+            return finish(report, ledger, pair, sampler, decoys, None, neighbour)
         sampler.start()
         since = time.monotonic()
         deadline = since + seconds
@@ -76,9 +79,10 @@ def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
                 report["faults"].append(one_fault(pair, ledger, report, step.n, step.kind, step.params))
             except Skipped as skip:
                 report["skipped"].append({"n": step.n, "kind": step.kind, "why": str(skip)})
-        return finish(report, ledger, pair, sampler, decoys, since)
+        return finish(report, ledger, pair, sampler, decoys, since, neighbour)
     finally:
         sampler.halt.set()
+        neighbour.close()
         decoys.close()
         pair.close()
         if pair.solo is not None:
@@ -139,11 +143,13 @@ def recover_from_crashes(pair: SoakPair, ledger: Ledger, report: dict[str, Any],
 
 
 def finish(report: dict[str, Any], ledger: Ledger, pair: SoakPair, sampler: Sampler, decoys: Decoys,
-           since: float | None) -> dict[str, Any]:
+           since: float | None, neighbour: Neighbour) -> dict[str, Any]:
     sampler.halt.set()
     if sampler.is_alive():
         sampler.join(10)
     ledger.during = "the end"
+    for sentence, detail in neighbour.changed():
+        ledger.add(sentence, detail)
     if not decoys.lock_still_opens_by_name():
         ledger.add("the decoy's multiprocessing lock no longer opens by its name")
     for sentence in decoys.touched():
