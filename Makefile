@@ -24,6 +24,8 @@ $(STAMP): pyproject.toml standin/pyproject.toml $(CONSTRAINTS)
 # to start, naming the holder, when something else holds its port.
 run: setup
 	@$(BIN)/sparkd preflight --config config/examples/demo.toml --check ports --dry-run --quiet
+	@echo "sparkd: the demo's control socket is .sparkd-demo/run/sparkd.sock; from this directory, in another" \
+		"terminal: $(BIN)/sparkctl status (it finds the socket here; elsewhere add --socket $(CURDIR)/.sparkd-demo/run/sparkd.sock)"
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sparkd run --config config/examples/demo.toml
 
 docker-up:

@@ -31,7 +31,8 @@ class StatusView:
     def __init__(self, cfg: Config, sup: Supervisor, node: Node, clock: Clock, *,
                  guard: Callable[[], Guard | None] = lambda: None, group: Coordinator | None = None,
                  problems: Callable[[], list[str]] = list,
-                 config_state: Callable[[], dict[str, Any]] = dict) -> None:
+                 config_state: Callable[[], dict[str, Any]] = dict,
+                 checks: Callable[[], dict[str, Any]] = dict) -> None:
         self.cfg = cfg
         self.sup = sup
         self.node = node
@@ -40,6 +41,7 @@ class StatusView:
         self.group = group
         self.problems = problems
         self.config_state = config_state
+        self.checks = checks  # the group's fabric and weights proofs: {"fabric": ..., "weights": ...}
         # Recent states and phases with wall times, so `sparkctl restart --wait` shows every step.
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.restarts: Counter[str] = Counter()  # by what caused them: a failure class, operator, reset
@@ -114,6 +116,7 @@ class StatusView:
             "image_id": node.image.id if node.image else None, "drift": node.drift,
             "peers": self.group.peers_json() if self.group is not None else [],
             "memory": self._memory(),
+            **self.checks(),
         }
 
     def _memory(self) -> dict[str, Any]:
