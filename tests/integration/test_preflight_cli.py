@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from daemon_harness import MODEL, STANDIN_SKIPS, Sparkd, base_config, render_toml
-from test_preflight_support import DECOY_ARGS, PREFIX, Children, leak, listener
+from test_preflight_support import DECOY_ARGS, Children, leak, listener
 
 pytest_plugins = ["test_preflight_support"]  # fixtures: children
 
 BIN = Path(sys.executable).parent
+# These preflights look at the whole host: a prefix of this session's own, so that an orphan planted here is
+# never another session's litter (nor theirs ours) when several run this file at once.
+PREFIX = f"VLLMPFCLI{os.getpid()}"
 STANDIN = str(BIN / "sparkd-standin")
 
 
