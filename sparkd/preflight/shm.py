@@ -29,6 +29,7 @@ from pathlib import Path
 import anyio
 
 from sparkd.config import Config
+from sparkd.preflight import holders, processes
 from sparkd.preflight.base import MIB, CheckResult, PreflightContext, Verdict, check, human_bytes
 from sparkd.preflight.processes import container_uid
 from sparkd.preflight.shmholders import LEDGER_NAME, Entry, ShmLedger, device_of, entries, scan
@@ -181,4 +182,27 @@ async def check_shm(ctx: PreflightContext) -> CheckResult:
         return CheckResult("dev_shm", Verdict.warn, str(exc))
     v, found, did = verdict(removed, free_bytes(ctx.shm_dir), cfg.preflight.shm_min_free_mib * MIB,
                             dry_run=ctx.dry_run, where=ctx.shm_dir)
+    if v is Verdict.fail:
+        found += await largest(ctx)
     return CheckResult("dev_shm", v, found, did, failure_class=FailureClass.unknown if v is Verdict.fail else None)
+
+
+async def largest(ctx: PreflightContext, n: int = 3) -> str:
+    """When /dev/shm is too full: its largest files and who holds them (PID, command line, container, owning
+    sparkd instance), so that the operator knows whose they are; sparkd removes none of a neighbour's."""
+    def scan_largest() -> tuple[list[Entry], dict[int, set[int]]]:
+        dev = device_of(ctx.shm_dir)
+        biggest = sorted(entries(ctx.shm_dir, ("",)), key=lambda e: -e.size)[:n]
+        return biggest, (scan(dev, ctx.proc_root).pids_by_inode if dev is not None and biggest else {})
+
+    biggest, by_inode = await anyio.to_thread.run_sync(scan_largest)
+    pids = sorted({pid for e in biggest for pid in by_inode.get(e.inode, set())})
+    judged = await anyio.to_thread.run_sync(processes.judge, ctx, pids) if pids else {}
+    containers = {pid: holders.container_of(ctx.proc_root, pid) for pid in pids}
+    names = await holders.container_names(c for c in containers.values() if c)
+    parts = []
+    for e in biggest:
+        held = [holders.describe(pid, holders.cmdline_of(ctx.proc_root, pid), containers[pid], judged[pid].owner,
+                                 names) for pid in sorted(by_inode.get(e.inode, set()))[:2]]
+        parts.append(f"{e.name} ({human_bytes(e.size)}" + (f", held by {'; '.join(held)})" if held else ", unheld)"))
+    return f"; the largest: {', '.join(parts)}" if parts else ""

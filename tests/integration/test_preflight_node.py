@@ -255,7 +255,8 @@ def test_shm_another_users_segments_are_never_the_launchs(
     assert not mine.exists() and theirs.exists() and path_only.exists() and opened.exists()
 
 
-def test_shm_dry_run_and_too_little_room(tmp_path: Path, shm_dir: Path) -> None:
+def test_shm_dry_run_and_too_little_room(tmp_path: Path, children: Children, shm_dir: Path) -> None:
+    held = shm_owner(children, shm_dir / "psm_ne1ghb0r", how="open")  # a neighbour's: named, never removed
     segment = leak(shm_dir / "psm_deadbeef")
     result = run(check_shm, context(tmp_path, shm_dir=shm_dir, dry_run=True))
     assert result.verdict is Verdict.warn and f"would remove them, freeing {1 << 20} bytes" in result.did
@@ -263,7 +264,10 @@ def test_shm_dry_run_and_too_little_room(tmp_path: Path, shm_dir: Path) -> None:
     huge = os.statvfs(shm_dir).f_blocks * os.statvfs(shm_dir).f_frsize // (1 << 20) + 1
     result = run(check_shm, context(tmp_path, shm_dir=shm_dir, preflight={"shm_min_free_mib": huge}))
     assert result.verdict is Verdict.fail and "free, less than the" in result.found
+    assert "; the largest: psm_ne1ghb0r (0 B, held by PID " in result.found  # sparse: nothing allocated
+    assert f"held by PID {held.pid} ({held.cmdline()[0]} -c import mmap" in result.found
     assert not segment.exists()  # the sweep still ran
+    assert (shm_dir / "psm_ne1ghb0r").exists() and held.alive()
 
 
 # ---- page cache and memory ------------------------------------------------------------------------------------
