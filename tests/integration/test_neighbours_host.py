@@ -265,4 +265,7 @@ def test_a_neighbour_holding_the_port_is_named_and_left_alone(neighbours: Neighb
             assert all(w in ports[0] for w in words), (words, ports[0])
             assert "not a stale vLLM process" in ports[0], ports[0]
     assert nb.a.status()["pid"] == a_status["pid"]
-    nb.check("three preflights onto the neighbours' ports")
+    # sparkctl asks A's daemon for the same checks: the neighbours (and B's instances) are nothing stale to A
+    dry = nb.a.ctl("preflight", "--dry-run")
+    assert dry.returncode == 0 and "no stale vLLM process" in dry.stdout, dry.stdout + dry.stderr
+    nb.check("three preflights onto the neighbours' ports, and sparkctl preflight --dry-run")
