@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from sparkd.preflight import holders, processes
 from sparkd.preflight import neighbours as nb
-from sparkd.preflight import processes
 from sparkd.preflight.neighbours import Launch, Place, Proc, Scope, Stale
 
 HOST_NS = 4026531836
@@ -157,3 +157,30 @@ def test_reverting_to_any_title_would_end_live_neighbours() -> None:
     titled = [pid for pid, x in table.items() if nb.is_titled(x.argv)]
     assert sorted(titled) == [10, 21, 22]
     assert [j.pid for j in nb.stale(titled, table, SCOPE)] == [10]
+
+
+CID = "3f" * 32
+
+
+@pytest.mark.parametrize(("cgroup", "expected"), [
+    (f"4:memory:/docker/{CID}\n0::/\n", CID),  # cgroup v1
+    (f"0::/system.slice/docker-{CID}.scope\n", CID),  # v2, systemd driver
+    (f"0::/kubepods/burstable/pod1/cri-containerd-{CID}.scope\n", CID),
+    (f"0::/docker/{CID}/init.scope\n", CID),  # a container running systemd
+    ("0::/user.slice/user-0.slice/session-3.scope\n", None),
+    ("4:memory:/process_api/ef3aaccf235d2d64484ba1e15f195bb0\n", None),  # 32 hex digits: not a container id
+    ("", None),
+])
+def test_the_container_a_process_runs_in(cgroup: str, expected: str | None) -> None:
+    assert holders.container_id(cgroup) == expected
+
+
+@pytest.mark.parametrize(("container", "owner", "text"), [
+    (None, "", "PID 7 (vllm serve m)"),
+    (CID, "", f"PID 7 (vllm serve m) in container {CID[:12]}"),
+    (CID, "", "PID 7 (vllm serve m) in container vllm_b"),
+    (None, "sparkd instance b (state /s/b)", "PID 7 (vllm serve m), of sparkd instance b (state /s/b)"),
+])
+def test_a_holder_is_named(container: str | None, owner: str, text: str) -> None:
+    names = {CID: "vllm_b"} if text.endswith("vllm_b") else {}
+    assert holders.describe(7, "vllm serve m", container, owner, names) == text
