@@ -242,17 +242,20 @@ def test_shm_another_users_segments_are_never_the_launchs(
         os.chown(path, 1, 1)
         path.chmod(0o600)
     mine = shm_dir / "sem.mp-m1ne0001"
+    root_path_only = leak(shm_dir / "sem.mp-r00tpath", 4096)  # the holder's own uid, but only an O_PATH to it
     engine = children(f"a = os.open({str(path_only)!r}, os.O_PATH)\nb = os.open({str(opened)!r}, os.O_RDWR)\n"
+                      f"c = os.open({str(root_path_only)!r}, os.O_PATH)\n"
                       f"fd = os.open({str(mine)!r}, os.O_CREAT | os.O_RDWR, 0o600)\nos.ftruncate(fd, 4096)\n",
                       title=f"{P}::Worker_TP1", orphan=True)
     ctx = context(tmp_path, view.add(engine.pid), shm_dir=shm_dir)
     assert run(check_stale_processes, ctx).verdict is Verdict.fixed and not engine.alive()
     ledger = (ctx.cfg.paths.state_dir / "shm-ledger.json").read_text()
-    assert mine.name in ledger and "user1" not in ledger
+    assert mine.name in ledger and "user1" not in ledger and root_path_only.name not in ledger
     result = run(check_shm, ctx)
     assert result.verdict is Verdict.fixed and result.found.endswith(f"1 leaked segment(s) no live process holds: "
                                                                      f"{mine.name}"), result
     assert not mine.exists() and theirs.exists() and path_only.exists() and opened.exists()
+    assert root_path_only.exists()
 
 
 def test_shm_dry_run_and_too_little_room(tmp_path: Path, children: Children, shm_dir: Path) -> None:
