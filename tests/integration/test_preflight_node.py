@@ -75,8 +75,10 @@ def test_stale_orphans_are_ended_neighbours_decoys_and_the_watched_instance_surv
     watched = children(title=f"{P}::Worker_TP0", orphan=True)
     # Titled by a vLLM with the default prefix: not our launch's.
     other = children(title="VLLM::Worker_TP0", orphan=True)
+    # Our prefix, orphaned, but another user's (security.md §7: a user titles their own processes as they like)
+    nobody = children("os.setgid(65534)\nos.setuid(65534)", title=f"{P}::Worker_TP1", orphan=True)
     ctx = context(tmp_path, view.add(engine.pid, worker.pid, live.pid, decoy.pid, decoy_code.pid, watched.pid,
-                                     other.pid, os.getpid()),
+                                     other.pid, nobody.pid, os.getpid()),
                   protect=frozenset({watched.pid}), preflight={"kill_grace_s": 0.5})
     result = run(check_stale_processes, ctx)
     assert result.verdict is Verdict.fixed, result
@@ -85,8 +87,8 @@ def test_stale_orphans_are_ended_neighbours_decoys_and_the_watched_instance_surv
     assert "ended 2 process(es)" in result.did
     assert not engine.alive() and not worker.alive()
     # (other sparkd instances on this host may end `other` meanwhile: with the default prefix it is their litter)
-    assert live.alive() and decoy.alive() and decoy_code.alive() and watched.alive()
-    for spared in (live, other, watched):
+    assert live.alive() and decoy.alive() and decoy_code.alive() and watched.alive() and nobody.alive()
+    for spared in (live, other, watched, nobody):
         assert f"{spared.pid} " not in result.found
     assert f"{P}::Worker_TP0" in " ".join(decoy.cmdline())  # the decoy really mentions it
 
