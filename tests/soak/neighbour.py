@@ -49,7 +49,9 @@ class Neighbour:
     def __init__(self, tmp: Path, prefix: str, instances_dir: Path) -> None:
         folder = tmp / "neighbour"
         folder.mkdir(parents=True, exist_ok=True)
-        cfg = base_config(folder, free_port(), paths={"instances_dir": str(instances_dir)})
+        # Its own guard off: the soak's leak fault lowers the machine's headroom on purpose, and what is under
+        # test is that the pair never touches the neighbour, not how the neighbour guards itself.
+        cfg = base_config(folder, free_port(), paths={"instances_dir": str(instances_dir)}, guard={"enabled": False})
         cfg["launch"]["env"]["VLLM_PROCESS_NAME_PREFIX"] = prefix
         self.daemon = Sparkd(folder, cfg)
         self.prefix = prefix
