@@ -18,7 +18,7 @@ host               host            unknown: [preflight] apply_host set and the s
 image              image           config_error: a [[preflight.assert]] does not hold where vLLM runs
 rdma               rdma            nccl: a named HCA missing or down; config_error: no /dev/infiniband, memlock,
                                    NCCL_IB_GID_INDEX not the RoCE v2 GID of the fabric address
-gpu                gpu             gpu_busy: a compute process that is not a stale vLLM holds the GPU
+gpu                gpu             gpu_busy: a compute process that is not a stale vLLM holds a launch's GPU
 =================  ==============  =============================================================================
 
 Before a group's start the head also proves the fabric and the weights on every node (not checks of this
