@@ -30,7 +30,7 @@ TITLE_PREFIX = "VLLM::"
 SLACK_S = 0.05  # create times read twice differ by rounding; as proctree.CREATE_TIME_SLACK_S
 # A container's init that is one of these has launched nothing itself: a process it adopted lost its launcher.
 INIT_PROGRAMS = frozenset({"init", "systemd", "tini", "docker-init", "dumb-init", "catatonit", "s6-svscan",
-                           "runsvdir", "sleep", "sh", "bash", "dash", "busybox"})
+                           "runsvdir", "sleep", "tail", "pause", "sh", "bash", "dash", "busybox"})
 # Programs that set PR_SET_CHILD_SUBREAPER and adopt orphans on the host (besides PID 1).
 SUBREAPERS = ("containerd-shim",)
 MAX_DEPTH = 64  # a parent chain longer than this is a table that loops: nothing is proven

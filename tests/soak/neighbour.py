@@ -84,6 +84,11 @@ class Neighbour:
         return {"the neighbour instance's vLLM": members(self.daemon.status().get("pid")),
                 "the hand-started vLLM": members(self.hand.pid if self.hand else None)}
 
+    def pids(self) -> set[int]:
+        """The neighbours' processes now (the soak's own invariants leave them out of the nodes' counts)."""
+        roots = [self.daemon.status().get("pid"), self.hand.pid if self.hand else None]
+        return {p.pid for root in roots if root for p in tree(int(root))}
+
     def changed(self) -> list[tuple[str, str]]:
         if not self.before:
             return []

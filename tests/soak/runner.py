@@ -10,6 +10,7 @@ import json
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
     decoys = Decoys(tmp)
     nodes = pair.nodes()
     neighbour = Neighbour(tmp, nodes[0].prefix, Path(pair.head.config["paths"]["instances_dir"]))
-    sampler = Sampler(nodes, ledger, decoys.touched, neighbours=neighbour.changed)
+    sampler = Sampler(nodes, ledger, decoys.touched, neighbours=neighbour.changed, foreign=neighbour.pids)
     try:
         decoys.plant(mention=f"{nodes[0].prefix}::Worker_TP0 VLLM::Worker_TP0 vllm serve /models/test")
         neighbour.start()  # first: the pair's first preflights run beside it
@@ -76,7 +77,8 @@ def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
             if not another(step.n, len(kinds), time.monotonic(), deadline):
                 break
             try:
-                report["faults"].append(one_fault(pair, ledger, report, step.n, step.kind, step.params))
+                report["faults"].append(one_fault(pair, ledger, report, step.n, step.kind, step.params,
+                                                  foreign=neighbour.pids))
             except Skipped as skip:
                 report["skipped"].append({"n": step.n, "kind": step.kind, "why": str(skip)})
         return finish(report, ledger, pair, sampler, decoys, since, neighbour)
@@ -99,7 +101,7 @@ def start_all(pair: SoakPair) -> str:
 
 
 def one_fault(pair: SoakPair, ledger: Ledger, report: dict[str, Any], n: int, kind: str,
-              params: dict[str, Any]) -> dict[str, Any]:
+              params: dict[str, Any], foreign: Callable[[], set[int]] = set) -> dict[str, Any]:
     ledger.during = f"#{n} {kind}"
     if not pair.stable():  # every fault starts from a stable run (soakpair's docstring)
         ledger.add("the pair did not stay ready past stable_after_s after a recovery")
@@ -124,7 +126,7 @@ def one_fault(pair: SoakPair, ledger: Ledger, report: dict[str, Any], n: int, ki
     if outcome == "ready":
         report["recoveries"] += 1
         for node in pair.nodes():
-            for sentence, detail in orphans(node, read_status(node.status_path)[0] or {}):
+            for sentence, detail in orphans(node, read_status(node.status_path)[0] or {}, foreign()):
                 ledger.add(sentence, detail)
     return {"n": n, "kind": kind, "params": params, "note": note, "outcome": outcome,
             "seconds": round(time.monotonic() - begun, 1)}
