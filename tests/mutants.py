@@ -174,6 +174,29 @@ MUTANTS = [
       "a reload switches the runtime under a running instance", "tests/unit/test_daemon_reload.py"),
     m("F30", D + "view.py", '"breaker": {"open": m.breaker_open,', '"breaker": {"open": False,',
       "status never shows the breaker open", LOOP),
+    # Issue 23: the one definition of stale (sparkd/preflight/neighbours.py) and what hangs on it.
+    m("N23a", "sparkd/preflight/neighbours.py",
+      '    if proc.zombie:\n        return Judgement(pid, None, "a zombie (already dead; its parent reaps it)")\n',
+      '    if proc.zombie:\n        return Judgement(pid, None, "a zombie (already dead; its parent reaps it)")\n'
+      '    if is_titled(proc.argv, scope.prefix):\n        return Judgement(pid, Stale.orphaned, "title")\n',
+      "any process titled with the prefix is stale (the rule before issue 23)",
+      "tests/integration/test_preflight_node.py::test_stale_a_live_trees_titled_processes_are_neighbours",
+      "tests/integration/test_neighbours_host.py"),
+    m("N23b", "sparkd/preflight/neighbours.py", "    if scope.places is not None and not in_place(proc, scope.places):",
+      "    if False:", "another user's or another container's orphan is the launch's",
+      "tests/integration/test_preflight_node.py::test_stale_orphans_are_ended_neighbours_decoys_and_the_watched_instance_survive"),
+    m("N23c", "sparkd/preflight/processes.py", "others=other_launches(ctx),", "others=(),",
+      "the instance registry is not read: another sparkd's launch is not known as its",
+      "tests/integration/test_neighbours_host.py::test_a_neighbour_holding_the_port_is_named_and_left_alone"),
+    m("N23d", "sparkd/preflight/shmholders.py", "if usable and opened_as_path(", "if False and opened_as_path(",
+      "an O_PATH descriptor makes a file the launch's in the ledger",
+      "tests/integration/test_preflight_node.py::test_shm_another_users_segments_are_never_the_launchs"),
+    m("N23e", "sparkd/preflight/shm.py", "and (uids is None or entry.uid in uids)):", "):",
+      "another user's psm_* is removed by its naming",
+      "tests/integration/test_preflight_node.py::test_shm_another_users_segments_are_never_the_launchs"),
+    m("N23f", "sparkd/preflight/gpu.py", "    if devices.every or not gpus:\n        return apps, 0",
+      "    if True:\n        return apps, 0", "a compute process on another GPU counts as the launch's leftover",
+      "tests/integration/test_preflight_node.py::test_gpu_a_compute_process_on_another_gpu_is_not_a_leftover"),
 ]
 
 
