@@ -36,6 +36,14 @@ def group_role(cfg: Config) -> Role | None:
     return cfg.node.role
 
 
+def clock_offset(peer_wall: Any, sent: float, answered: float) -> float | None:
+    """The peer's wall clock minus ours, from one exchange: its status was rendered about halfway between our
+    request and its answer (error: half the round trip)."""
+    if isinstance(peer_wall, bool) or not isinstance(peer_wall, int | float):
+        return None
+    return float(peer_wall) - (sent + answered) / 2
+
+
 class PeerView:
     """What this daemon last saw of one peer."""
 
@@ -44,6 +52,7 @@ class PeerView:
         self.reachable = False
         self.last_seen: float | None = None
         self.since_unreachable: float | None = None
+        self.offset_s: float | None = None  # its wall clock minus ours, from the last answer (the flight recorder's)
 
 
 def _peer_entry(peer: str, reachable: bool, status: dict[str, Any] | None) -> dict[str, Any]:
@@ -200,10 +209,11 @@ class Coordinator:
             await self.clock.sleep(self.cfg.cluster.peer_poll_s)
 
     async def _poll(self, peer: str) -> None:
-        view, now = self.views[peer], self.clock.now()
+        view, now, sent = self.views[peer], self.clock.now(), self.clock.wall()
         try:
             view.status = await self.client.request(peer, "GET", "/v1/status", retries=0)
             view.reachable, view.last_seen, view.since_unreachable = True, now, None
+            view.offset_s = clock_offset(view.status.get("updated_at"), sent, self.clock.wall())
         except (PeerUnreachable, PeerRefused):
             if view.reachable or view.since_unreachable is None:
                 view.since_unreachable = now

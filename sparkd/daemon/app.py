@@ -37,8 +37,10 @@ from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
+from sparkd.daemon.recording import DaemonRecorder
 from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.reload import Reloader, keep_fixed
+from sparkd.daemon.settling import RecorderCollector, StartGuard
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
@@ -134,14 +136,20 @@ class Daemon:
             files=self.files, probes=probes or self._probes, group=self.group,
             start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
             redact=redactor_for(cfg, token=self.token),
-            guard=lambda: self.guard, group_checks=self.checks, **node_options)
+            guard=lambda: self.guard, group_checks=self.checks,
+            before_start=lambda: self.start_guard.before_start(), **node_options)
         self.sup.effects = self.node
         self.registry = InstanceRegistry(cfg, config_path, self.log)
         self.node.registry = self.registry
+        self.recorder = DaemonRecorder(cfg, self.sup, self.node, self.clock, self.log, guard=lambda: self.guard,
+                                       group=self.group)
+        self.start_guard = StartGuard(cfg, self.recorder, self.files, self.clock, self.log, on_phase=self._on_settle)
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
-                               problems=self.problems, config_state=self.config_state, checks=self.checks.status)
+                               problems=self.problems, config_state=self.config_state, checks=self.checks.status,
+                               more=self._recorder_status)
         self.metrics = Metrics(self.view)
+        self.metrics.registry.register(RecorderCollector(self.metrics.families, self.recorder, self.start_guard))
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
                                      handover=self.handover, checks=self.checks)
         self._scope: anyio.CancelScope | None = None
@@ -179,11 +187,24 @@ class Daemon:
 
     def problems(self) -> list[str]:
         """What sparkd itself cannot do right now (it reports itself degraded until they clear)."""
-        problems = sorted(self.files.problems.values())
+        problems = sorted(self.files.problems.values()) + self.recorder.problems()
         if self.vllm_log.write_error:
             problems.append(f"vLLM's output is not being kept on disk: {self.vllm_log.write_error} "
                             f"({self.vllm_log.lost_lines} line(s) lost)")
         return problems
+
+    def _recorder_status(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"recorder": {**self.recorder.status(), **self.start_guard.status()}}
+        if self.recorder.phase is not None:
+            extra["phase"] = self.recorder.phase
+        return extra
+
+    def _on_settle(self, phase: str | None) -> None:
+        """The memory settle is a phase of the preflight: in status, its history and `restart --wait`."""
+        if phase is not None:
+            self.view.history.append({"at": self.clock.wall(), "state": self.sup.machine.state.value,
+                                      "phase": phase})
+        self.publish()
 
     def apply_config(self, cfg: Config) -> None:
         """Take on a reloaded config: daemon settings at once, launch settings at the next start."""
@@ -194,6 +215,7 @@ class Daemon:
         if self.node.watch is not None:
             self.node.watch.cfg = health_settings(cfg)
         self.node.evidence.incidents.keep = cfg.supervisor.incidents_keep
+        self.recorder.cfg = self.start_guard.cfg = cfg  # the ring's path and size apply at the next daemon start
         self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
         configure_logging(cfg.log)
         self.view.cfg = cfg
@@ -249,6 +271,8 @@ class Daemon:
                     await tg.start(self.guard.run)
                 if self.group is not None:
                     tg.start_soon(self.group.watch)
+                if self.cfg.recorder.enabled:
+                    tg.start_soon(self.recorder.run)
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._watchdog)
                 tg.start_soon(self._note_shm)
@@ -260,6 +284,8 @@ class Daemon:
             with anyio.CancelScope(shield=True):
                 self.files.put(self.status_path, self.view.status())
                 await self.files.flush()
+                if self.cfg.recorder.enabled:
+                    await self.recorder.close()
             if sockets is not None:
                 self.cfg.paths.socket.unlink(missing_ok=True)
             self.registry.remove()

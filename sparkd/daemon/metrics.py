@@ -229,6 +229,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         collector = SparkdCollector(view)
         self.registry.register(collector)
+        self.families = collector.f  # the node's identity labels, for the collectors other parts register
         # The daemon's own process_* (CPU, RSS, descriptors, start time), as every Prometheus client exports them.
         ProcessCollector(registry=self.registry)
         self.start_duration = Histogram("sparkd_start_duration_seconds", "From launch to ready.",

@@ -9,7 +9,7 @@ and stops the workers beside its own rank; on a worker it tells the head at once
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ class Node:
         = lambda: None, guard: Callable[[], Guard | None] = lambda: None,
         rand: Callable[[], float] = random.random, rehearse: bool = False, redact: Redactor | None = None,
         checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
+        before_start: Callable[[], Awaitable[Failure | None]] | None = None,
         group_checks: GroupChecks | None = None,
     ) -> None:
         self.cfg = cfg
@@ -84,6 +85,7 @@ class Node:
         self.ledger = ShmLedger(self.cfg.paths.state_dir / LEDGER_NAME, log=log, clock=clock.wall)
         self.checks = checks  # before every launch
         self.sweep = sweep  # after every stop
+        self.before_start = before_start  # the memory settle and the restart gate (sparkd/daemon/settling.py)
         self.group_checks = group_checks  # a head's fabric and weights proofs before a start
         self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
         self.instance: Instance | None = None
@@ -144,6 +146,12 @@ class Node:
         """This node's checks; on a group's head also every worker's (in parallel), then the workers start."""
         timing = self.timing = LaunchTiming(requested_at=self.clock.now())
         failures: list[Failure | None] = [None, None, None]
+        if self.before_start is not None:  # the memory settle and the restart gate, before anything else
+            refusal = await self.before_start()
+            timing.step("memory_settle", self.clock.now() - timing.requested_at)
+            if refusal is not None:
+                self.post(v.PreflightDone(refusal, rand=self.rand()))
+                return
         lead = self.group_checks if self.role is Role.head else None
         if lead is not None:  # the fabric first: a few seconds, and a bad link fails the start at once
             started = self.clock.now()

@@ -32,6 +32,7 @@ class StatusView:
                  guard: Callable[[], Guard | None] = lambda: None, group: Coordinator | None = None,
                  problems: Callable[[], list[str]] = list,
                  config_state: Callable[[], dict[str, Any]] = dict,
+                 more: Callable[[], dict[str, Any]] = dict,
                  checks: Callable[[], dict[str, Any]] = dict) -> None:
         self.cfg = cfg
         self.sup = sup
@@ -41,6 +42,7 @@ class StatusView:
         self.group = group
         self.problems = problems
         self.config_state = config_state
+        self.more = more  # what other parts add (the flight recorder, the memory settle)
         self.checks = checks  # the group's fabric and weights proofs: {"fabric": ..., "weights": ...}
         # Recent states and phases with wall times, so `sparkctl restart --wait` shows every step.
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
@@ -116,6 +118,7 @@ class StatusView:
             "image_id": node.image.id if node.image else None, "drift": node.drift,
             "peers": self.group.peers_json() if self.group is not None else [],
             "memory": self._memory(),
+            **self.more(),
             **self.checks(),
         }
 

@@ -43,6 +43,7 @@ class FailureClass(StrEnum):
     gpu_busy = "gpu_busy"  # CUDA device busy: a stale process holds the GPU
     gpu_error = "gpu_error"  # the GPU or its PCIe link faulted: an Xid, a fatal AER, an uncorrectable ECC error
     host_unavailable = "host_unavailable"  # what a launch needs from the host is missing (engine, disk): wait
+    reboot_needed = "reboot_needed"  # restarts keep losing memory the driver never returns: only a reboot helps
     unknown = "unknown"  # nothing recognised
 
 
@@ -142,6 +143,10 @@ TREATMENT: dict[FailureClass, Treatment] = {
         True, B.none, S.node, _ALWAYS, "sparkd cannot launch vLLM on this node right now",
         "sparkd waits for it (the Docker engine to answer, the state directory to take writes) and tries again "
         "with backoff, without spending the restart budget"),
+    F.reboot_needed: _t(
+        False, B.one, S.node, _MEMORY, "Restarts of vLLM kept losing memory that was never returned",
+        "reboot the node (the driver keeps memory a killed vLLM held), then `sparkctl reset` — sparkd stops "
+        "restarting before the host freezes"),
     F.unknown: _t(True, B.one, S.node, _MEMORY, "vLLM stopped without a recognised error",
                   "the log tail is in the incident folder — sparkd restarts with backoff"),
 }

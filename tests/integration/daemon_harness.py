@@ -83,6 +83,8 @@ def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, A
                   "kill_below": "512 MiB"},
         "health": {"interval_s": 0.5, "timeout_s": 2, "failure_threshold": 2, "canary_interval_s": 1,
                    "canary_timeout_s": 2, "busy_grace_s": 60, "stall_after_s": 3},
+        # A short memory settle: on a shared test machine MemAvailable moves with the neighbours.
+        "recorder": {"settle_s": 0.2, "settle_timeout_s": 10},
     }
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}

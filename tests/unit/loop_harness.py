@@ -32,6 +32,8 @@ def config(tmp: Path, **sections: dict[str, Any]) -> Config:
                   "instances_dir": str(tmp / "instances")},
         "api": {"socket_group": "", "port": 0},
         "guard": {"enabled": False},
+        # The flight recorder, the memory settle and the restart gate have tests of their own (test_recorder_loop).
+        "recorder": {"enabled": False, "settle_s": 0, "reboot_after_falls": 0},
         "restart": {"backoff_initial_s": 10, "backoff_max_s": 300, "jitter": 0.1, "budget_failures": 3,
                     "budget_window_s": 1800, "consecutive_limit": 0},
         "health": {"interval_s": 5, "canary": False},
