@@ -107,14 +107,17 @@ def test_daemon_never_launches_into_a_failed_preflight_and_retries_on_backoff(
     config["launch"]["env"]["VLLM_PROCESS_NAME_PREFIX"] = PREFIX
     daemon = Sparkd(tmp_path, config).start()
     try:
-        status = daemon.wait_for(lambda s: len([h for h in s.get("history", []) if h.get("state") == "preflight"])
+        def entered_preflight(s: dict) -> list[float]:  # transitions only: a phase entry (memory_settle) is not one
+            return [h["at"] for h in s.get("history", []) if h.get("state") == "preflight" and "phase" not in h]
+
+        status = daemon.wait_for(lambda s: len(entered_preflight(s))
                                  >= 3, 30, "three preflights")
         assert status["launches"] == 0 and status["pid"] is None
         failure = status["last_failure"]
         assert failure["class"] == "port_in_use"
         assert failure["message"].startswith(f"Preflight ports failed: API port (launch.port) {port} is held by "
                                              f"PID {decoy.pid} (")
-        times = [h["at"] for h in status["history"] if h.get("state") == "preflight"]
+        times = entered_preflight(status)
         assert all(b - a >= 0.45 for a, b in itertools.pairwise(times)), times  # the backoff
         incident = daemon.incidents()[0]
         assert incident["class"] == "port_in_use"
