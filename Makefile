@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml standin/pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python packaging/venv_check.py --prune $(CONSTRAINTS)
 	rm -f $(VENV)/.installed-* && touch $@
 
-# sparkd supervising the vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both).
+# sparkd supervising the vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both). A good neighbour on a box that runs
+# vLLM already: its processes are titled SPARKDEMO::*, so it never takes another vLLM for its own, and it refuses
+# to start, naming the holder, when something else holds its port.
 run: setup
+	@$(BIN)/sparkd preflight --config config/examples/demo.toml --check ports --dry-run --quiet
 	@echo "sparkd: the demo's control socket is .sparkd-demo/run/sparkd.sock; from this directory, in another" \
 		"terminal: $(BIN)/sparkctl status (it finds the socket here; elsewhere add --socket $(CURDIR)/.sparkd-demo/run/sparkd.sock)"
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sparkd run --config config/examples/demo.toml

@@ -133,7 +133,7 @@ class PreflightConfig(_Section):
         "Check ids not to run (reported as skipped): container, launch_target, vllm_args, stale_processes, "
         "ports, dev_shm, page_cache, memory, host, image, rdma, gpu."))
     kill_grace_s: float = Field(default=5.0, ge=0, description=(
-        "Stale `VLLM::*` processes: SIGTERM, this grace, SIGKILL."))
+        "Stale vLLM processes (orphaned, or of the previous launch): SIGTERM, this grace, SIGKILL."))
     shm_min_free_mib: int = Field(default=256, ge=0, description=(
         "/dev/shm must have this much free space (MiB) after the sweep (vLLM's rings need ~200 MiB)."))
     drop_caches: bool = Field(default=True, description=(

@@ -148,8 +148,8 @@ class Coordinator:
     async def _stop_and_preflight(self, peer: str) -> Failure | None:
         stopped = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout())
         if stopped.get("vllm_left"):
-            return Failure.of(FailureClass.gpu_busy, f"VLLM::* processes are left on {peer} after stopping its "
-                              f"rank: {stopped['vllm_left']}")
+            return Failure.of(FailureClass.gpu_busy, f"vLLM processes of its rank are left on {peer} after "
+                              f"stopping it: {stopped['vllm_left']}")
         report = await self.client.request(peer, "POST", "/v1/rank/preflight", timeout_s=600)
         if not report.get("ok", False):
             return self._remote_failure(peer, report.get("failure"), "its preflight failed")

@@ -11,6 +11,7 @@ from typing import Any
 import psutil
 
 from sparkd.clock import Clock
+from sparkd.daemon.stopreport import StopReport
 from sparkd.gpu.model import GpuView
 from sparkd.gpu.release import Release, wait_released
 from sparkd.supervisor.failures import Failure, FailureClass
@@ -30,6 +31,11 @@ class GpuRelease:
         (self.log.info if release.released else self.log.error)(
             "gpu_release", released=release.released, seconds=round(release.seconds, 3), detail=self.sentence(release))
         return release
+
+    async def report(self, report: StopReport, pids: set[int], timeout_s: float) -> StopReport:
+        """``report`` with the release of the stopped processes' GPU memory, verified."""
+        release = await self.verify(pids, timeout_s, report.seconds)
+        return replace(report, release=self.sentence(release), released=release.released if release.checked else None)
 
     def sentence(self, release: Release) -> str:
         return release.sentence(states(h.pid for h in release.held))

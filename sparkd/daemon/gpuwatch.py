@@ -17,7 +17,8 @@ from typing import Any
 from sparkd.clock import Clock
 from sparkd.gpu.model import GpuDevice, GpuView
 from sparkd.gpu.power import PowerDrop, PowerSample, drop
-from sparkd.gpu.scope import Scope
+from sparkd.gpu.reading import pick
+from sparkd.launch_devices import Devices
 from sparkd.supervisor.failures import Failure
 
 INTERVAL_S = 5.0
@@ -26,7 +27,7 @@ NO_DRIVER = ("no NVIDIA driver", "not installed", "not loaded", "not on PATH")
 
 
 class GpuSampler:
-    def __init__(self, read: Callable[[], Awaitable[GpuView]], clock: Clock, log: Any, scope: Callable[[], Scope],
+    def __init__(self, read: Callable[[], Awaitable[GpuView]], clock: Clock, log: Any, scope: Callable[[], Devices],
                  *, interval_s: float = INTERVAL_S) -> None:
         self.read = read
         self.clock = clock
@@ -39,13 +40,13 @@ class GpuSampler:
 
     def launch_devices(self) -> list[GpuDevice]:
         view = self.latest
-        return self.scope().pick(view.devices) if view is not None and view.available else []
+        return pick(self.scope(), view.devices) if view is not None and view.available else []
 
     async def sample(self) -> GpuView:
         view = self.latest = await self.read()
         if not view.available:
             return view
-        devices = self.scope().pick(view.devices)
+        devices = pick(self.scope(), view.devices)
         watts = [d.power_w for d in devices if d.power_w is not None]
         utils = [d.utilization_pct for d in devices if d.utilization_pct is not None]
         if watts:

@@ -24,18 +24,19 @@ from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.gpurelease import GpuRelease
 from sparkd.daemon.groupchecks import GroupChecks
+from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.stopreport import StopReport, grace_for
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
 from sparkd.gpu.model import GpuView
-from sparkd.gpu.reading import read_gpus, scope_of
-from sparkd.gpu.scope import Scope
+from sparkd.gpu.reading import devices_of_launch, read_gpus
 from sparkd.guard.guard import Guard
 from sparkd.incidents import IncidentWriter
 from sparkd.launch import LaunchSpec, health_settings, render
+from sparkd.launch_devices import Devices
 from sparkd.logs import VllmLog
 from sparkd.preflight.base import Check
-from sparkd.preflight.processes import expected_launch, stale_candidates
+from sparkd.preflight.processes import expected_launch, launch_places, stale_candidates
 from sparkd.preflight.runner import (
     DEFAULT_CHECKS,
     PreflightContext,
@@ -106,6 +107,7 @@ class Node:
         self.last_preflight: list[dict[str, object]] = []
         self.timing: LaunchTiming | None = None  # the current (or last) launch's, for status and metrics
         self.phase_listeners: list[Callable[[Startup], None]] = []
+        self.registry: InstanceRegistry | None = None  # the host's instance registry (the daemon sets it)
         self._busy = anyio.Lock()  # launch and stop never overlap
 
     @property
@@ -259,6 +261,8 @@ class Node:
     def _attach(self, instance: Instance, *, adopted: bool) -> None:
         self.instance = instance
         self.files.write_now(self.record_path, instance.to_record())
+        if self.registry is not None:
+            self.registry.update(instance)
         self.watch = InstanceWatch(
             instance, self.runtime, post=self._from_watch, state=self.state, on_line=self.on_line,
             classify_exit=self.evidence.classify_exit, probes=None if self.headless else self.probes(),
@@ -295,22 +299,18 @@ class Node:
                     await watch.close()
                 self.instance, self.watch = None, None
                 self.files.remove(self.record_path)
-            ctx = self._context()
+            ctx = await launch_places(self._context())
             for check in self.sweep:
                 result = await check(ctx)
                 if result.verdict.value != "ok":
                     log = {"warn": self.log.warning, "fail": self.log.error}.get(result.verdict.value, self.log.info)
                     log("sweep", check=result.id, verdict=result.verdict.value, found=result.found, did=result.did)
-            if report is not None:
-                await self._after_stop(report, pids, failure)
-
-    async def _after_stop(self, report: StopReport, pids: set[int], failure: Failure | None) -> None:
-        """Verify that the stopped processes' GPU memory is back, keep the report, attach it to the incident."""
-        release = await self.release.verify(pids, self.cfg.supervisor.gpu_release_timeout_s, report.seconds)
-        self.last_stop = report = replace(report, release=self.release.sentence(release),
-                                          released=release.released if release.checked else None)
-        if failure is not None:  # beside the loop: the stop is done, the incident may still be being written
-            self._spawn(self.evidence.note_stop, failure, report.to_json())
+            if self.registry is not None and self.instance is None:
+                self.registry.update(None)  # after the sweep: until then its orphans are still this instance's
+            if report is not None:  # the GPU memory's release verified, the report kept and put with its incident
+                self.last_stop = await self.release.report(report, pids, self.cfg.supervisor.gpu_release_timeout_s)
+                if failure is not None:  # beside the loop: the incident may still be being written
+                    self._spawn(self.evidence.note_stop, failure, self.last_stop.to_json())
 
     async def hurry(self) -> None:
         """A second SIGTERM: end the instance now, without waiting out the grace."""
@@ -378,9 +378,9 @@ class Node:
             self.last_preflight = report.to_json()
         return report
 
-    def launch_scope(self) -> Scope:
+    def launch_gpus(self) -> Devices:
         """The GPUs this node's launch uses."""
-        return scope_of(self.cfg, self.runtime.name, self.spec().env, self.image.env if self.image else None)
+        return devices_of_launch(self.cfg, self.runtime.name, self.spec().env)
 
     def pids(self) -> set[int]:
         return self.runtime.pids(self.instance) if self.instance is not None else set()

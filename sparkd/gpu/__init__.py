@@ -6,8 +6,8 @@
   expose left out, never an error; no library or driver: a reading that says why it was skipped.
 - :mod:`sparkd.gpu.smi`: ``nvidia-smi``'s CSV queries (the fallback) and ``nvidia-smi -q`` (incidents).
 - :mod:`sparkd.gpu.fake`: an NVML stand-in for tests, fed with real readings (tests/data/gpu/).
-- :mod:`sparkd.gpu.scope`: which devices a launch uses (``CUDA_VISIBLE_DEVICES``, ``NVIDIA_VISIBLE_DEVICES``,
-  the container's device request).
+- :mod:`sparkd.gpu.reading`: one reading for whoever asks, and the launch's devices among it (which GPUs a
+  launch uses is :mod:`sparkd.launch_devices`' decision).
 - :mod:`sparkd.gpu.memcheck`: vLLM's free-memory rule per device, and what the host itself needs. Pure.
 - :mod:`sparkd.gpu.release`: after a stop, until when the stopped processes' GPU memory is back. Pure decision.
 - :mod:`sparkd.gpu.power`: "power fell while requests run", from a history of readings. Pure.

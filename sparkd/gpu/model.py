@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 GIB = 1 << 30
+WEDGED = "the GPU did not answer"  # how a reading that timed out begins (a wedged GPU or driver)
 
 
 def gib(n: float | None) -> str:

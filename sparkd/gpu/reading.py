@@ -1,32 +1,46 @@
 """One reading of the node's GPUs for whoever asks (preflight, the daemon's sampler, incidents): NVML in a
-worker thread, ``nvidia-smi`` when NVML cannot be had from Python; and the launch's devices among them."""
+worker thread, ``nvidia-smi`` when NVML cannot be had from Python; and the launch's devices among them, by the
+one decision of which GPUs a launch uses (:mod:`sparkd.launch_devices`)."""
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import anyio
 
 from sparkd.config import Config
 from sparkd.gpu import nvml, smi
-from sparkd.gpu.model import GpuView
-from sparkd.gpu.scope import Scope, launch_scope
+from sparkd.gpu.model import WEDGED, GpuDevice, GpuView, skipped
+from sparkd.launch_devices import Devices, Gpu, launch_devices
+
+TIMEOUT_S = 30.0  # NVML and nvidia-smi can hang on a wedged GPU
+__all__ = ["TIMEOUT_S", "WEDGED", "devices_of_launch", "pick", "read_gpus"]
 
 
 async def read_gpus(reader: nvml.NvmlReader | None = None) -> GpuView:
     """NVML's reading; where NVML cannot start from here but ``nvidia-smi`` answers, nvidia-smi's."""
-    view = await anyio.to_thread.run_sync(reader.read if reader is not None else nvml.read_view)
+    read = reader.read if reader is not None else nvml.read_view
+    try:
+        with anyio.fail_after(TIMEOUT_S):
+            view = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+    except TimeoutError:
+        return skipped(f"{WEDGED} within {TIMEOUT_S:.0f} s (NVML): the GPU or its driver is wedged (a reboot is "
+                       "likely needed)", time.time())
     if view.available or view.source == "nvml":
         return view
     fallback = await smi.read_view_smi(time.time())
     return fallback if fallback.available else view
 
 
-def scope_of(cfg: Config, runtime: str, env: Mapping[str, str], image_env: Mapping[str, str] | None = None) -> Scope:
-    """The devices of this node's launch: the launch's environment over the daemon's own (process runtime) or
-    over the image's, with the container's device request (docker runtimes)."""
-    if runtime == "process" or runtime == "fake":
-        return launch_scope({**os.environ, **env})
-    return launch_scope({**(image_env or {}), **env}, container=True, gpus=cfg.container.gpus)
+def devices_of_launch(cfg: Config, runtime: str, env: Mapping[str, str]) -> Devices:
+    """Which GPUs this node's launch uses (``sparkd.launch_devices``: its environment, its container's request)."""
+    container = runtime != "process"
+    return launch_devices({**cfg.container.env, **env}, container=container,
+                          gpus=cfg.container.gpus if container else None)
+
+
+def pick(devices: Devices, gpus: Sequence[GpuDevice]) -> list[GpuDevice]:
+    """The launch's devices among a reading's."""
+    chosen = {g.uuid for g in devices.select([Gpu(d.index, d.uuid) for d in gpus])}
+    return [d for d in gpus if d.uuid in chosen]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from sparkd.gpu.model import GpuDevice, GpuProcess, GpuView, skipped
+from sparkd.gpu.model import WEDGED, GpuDevice, GpuProcess, GpuView, skipped
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used", "memory.free", "utilization.gpu",
               "utilization.memory", "power.draw", "power.limit", "temperature.gpu", "clocks.sm", "clocks.mem",
@@ -91,7 +91,7 @@ async def run_smi(args: Sequence[str], timeout_s: float = TIMEOUT_S) -> tuple[in
         with anyio.fail_after(timeout_s):
             result = await anyio.run_process([smi, *args], check=False)
     except TimeoutError:
-        return f"nvidia-smi did not answer within {timeout_s:.0f} s: the GPU or its driver is wedged"
+        return f"{WEDGED} within {timeout_s:.0f} s (nvidia-smi): the GPU or its driver is wedged"
     except OSError as exc:
         return f"cannot run nvidia-smi: {exc}"
     return result.returncode, result.stdout.decode(errors="replace")

@@ -13,15 +13,16 @@ from dataclasses import replace
 
 from sparkd.gpu.memcheck import check_device, check_host, discrete, host_need
 from sparkd.gpu.model import GpuDevice, GpuView
+from sparkd.gpu.reading import pick
 from sparkd.guard.meminfo import MemInfo
 from sparkd.preflight.base import GIB, CheckResult, PreflightContext, Verdict, describe_cmdline, read_cmdline
-from sparkd.preflight.gpu import launch_scope
+from sparkd.preflight.gpu import devices_of
 from sparkd.supervisor.failures import FailureClass
 
 
 def launch_devices(ctx: PreflightContext, view: GpuView) -> list[GpuDevice]:
     """The launch's devices whose memory NVML reports (none on GB10, none without a reading)."""
-    return discrete(launch_scope(ctx).pick(view.devices)) if view.available else []
+    return discrete(pick(devices_of(ctx), view.devices)) if view.available else []
 
 
 def without(device: GpuDevice, pids: frozenset[int]) -> GpuDevice:

@@ -29,7 +29,7 @@ import anyio
 
 from sparkd.guard.meminfo import MemInfo, MeminfoError, parse_meminfo
 from sparkd.launch_script import script_facts
-from sparkd.preflight import gpumemory
+from sparkd.preflight import gpumemory, holders, processes
 from sparkd.preflight.base import (
     GIB,
     CheckResult,
@@ -163,6 +163,19 @@ def memory_holders(proc_root: Path, n: int = TOP_HOLDERS) -> list[Holder]:
     return [Holder(h.pid, h.rss, describe_cmdline(read_cmdline(proc_root, h.pid), 80)) for h in top_holders(rows, n)]
 
 
+async def placed(ctx: PreflightContext, found: list[Holder]) -> list[Holder]:
+    """The holders with the container each runs in and the sparkd instance whose launch it is, when it is
+    another's (a neighbour: sparkd never frees its memory, the operator asks its owner)."""
+    judged = await anyio.to_thread.run_sync(processes.judge, ctx, [h.pid for h in found])
+    containers = {h.pid: holders.container_of(ctx.proc_root, h.pid) for h in found}
+    names = await holders.container_names(c for c in containers.values() if c)
+    out = []
+    for h in found:
+        where = holders.describe(h.pid, h.cmdline, containers[h.pid], judged[h.pid].owner, names)
+        out.append(Holder(h.pid, h.rss, where.removeprefix(f"PID {h.pid} ")))
+    return out
+
+
 def drop_caches(proc_root: Path) -> None:
     """``sync`` then ``echo 3 > <proc>/sys/vm/drop_caches``. Raises OSError when not permitted."""
     os.sync()
@@ -225,7 +238,7 @@ async def check_memory(ctx: PreflightContext) -> CheckResult:
                    cache_dropped=pf.drop_caches)
     if first.verdict is not Verdict.fail:
         return CheckResult("memory", first.verdict, first.found)
-    holders = await anyio.to_thread.run_sync(memory_holders, ctx.proc_root)
+    holders = await placed(ctx, await anyio.to_thread.run_sync(memory_holders, ctx.proc_root))
     full = assess(info, utilization, margin, holders=holders, may_drop=droppable(info) if pending else 0,
                   cache_dropped=pf.drop_caches)
     return CheckResult("memory", Verdict.fail, full.found, failure_class=FailureClass.free_memory_refusal)

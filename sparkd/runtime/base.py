@@ -203,6 +203,10 @@ class Runtime(abc.ABC):
             pid=pid, create_time=float(record.get("create_time") or 0.0))
         return same_identity(known, expected) is not None
 
+    async def container_pid(self) -> int:
+        """The host PID of the launch's container's init while it runs, else 0 (no container: 0)."""
+        return 0
+
     def pids(self, instance: Instance) -> set[int]:
         """Host PIDs of the instance's process tree (the memory guard and stale sweep must spare them)."""
         from sparkd.runtime.proctree import tree_pids

@@ -104,8 +104,9 @@ TREATMENT: dict[FailureClass, Treatment] = {
         "backoff once there is memory headroom again"),
     F.port_in_use: _t(
         True, B.one, S.node, _ALWAYS, "A port vLLM needs was already in use",
-        "a stale VLLM::* process or an old container usually holds it — sparkd sweeps stale processes before "
-        "the next start; if another program owns the port, change the port in the config"),
+        "an orphaned VLLM::* process or an old container usually holds it — sparkd sweeps stale processes "
+        "before the next start; if another program (or another vLLM) owns the port, change the port in the "
+        "config"),
     F.rendezvous_timeout: _t(
         True, B.one, S.pair, _ALWAYS, "The ranks never met at the torch.distributed rendezvous",
         "check that every node's rank is up and that the head address and master port are reachable over the "

@@ -75,8 +75,10 @@ def test_stale_orphans_are_ended_neighbours_decoys_and_the_watched_instance_surv
     watched = children(title=f"{P}::Worker_TP0", orphan=True)
     # Titled by a vLLM with the default prefix: not our launch's.
     other = children(title="VLLM::Worker_TP0", orphan=True)
+    # Our prefix, orphaned, but another user's (security.md §7: a user titles their own processes as they like)
+    nobody = children("os.setgid(65534)\nos.setuid(65534)", title=f"{P}::Worker_TP1", orphan=True)
     ctx = context(tmp_path, view.add(engine.pid, worker.pid, live.pid, decoy.pid, decoy_code.pid, watched.pid,
-                                     other.pid, os.getpid()),
+                                     other.pid, nobody.pid, os.getpid()),
                   protect=frozenset({watched.pid}), preflight={"kill_grace_s": 0.5})
     result = run(check_stale_processes, ctx)
     assert result.verdict is Verdict.fixed, result
@@ -85,8 +87,8 @@ def test_stale_orphans_are_ended_neighbours_decoys_and_the_watched_instance_surv
     assert "ended 2 process(es)" in result.did
     assert not engine.alive() and not worker.alive()
     # (other sparkd instances on this host may end `other` meanwhile: with the default prefix it is their litter)
-    assert live.alive() and decoy.alive() and decoy_code.alive() and watched.alive()
-    for spared in (live, other, watched):
+    assert live.alive() and decoy.alive() and decoy_code.alive() and watched.alive() and nobody.alive()
+    for spared in (live, other, watched, nobody):
         assert f"{spared.pid} " not in result.found
     assert f"{P}::Worker_TP0" in " ".join(decoy.cmdline())  # the decoy really mentions it
 
@@ -231,7 +233,35 @@ def test_shm_a_stale_vllm_processs_semaphore_is_noted_before_the_kill_and_remove
     assert not (shm_dir / "sem.mp-st4le001").exists() and unowned.exists()
 
 
-def test_shm_dry_run_and_too_little_room(tmp_path: Path, shm_dir: Path) -> None:
+def test_shm_another_users_segments_are_never_the_launchs(
+        tmp_path: Path, children: Children, view: ProcView, shm_dir: Path) -> None:
+    """security.md §7: another user's unheld psm_* is not removed by its naming; a stale process holding another
+    user's file (through an O_PATH descriptor, or even open for real) does not make it the launch's; its own
+    file, held for real, is noted and removed once it is gone."""
+    theirs = leak(shm_dir / "psm_user1res")
+    path_only, opened = leak(shm_dir / "sem.mp-user1a", 4096), leak(shm_dir / "sem.mp-user1b", 4096)
+    for path in (theirs, path_only, opened):
+        os.chown(path, 1, 1)
+        path.chmod(0o600)
+    mine = shm_dir / "sem.mp-m1ne0001"
+    root_path_only = leak(shm_dir / "sem.mp-r00tpath", 4096)  # the holder's own uid, but only an O_PATH to it
+    engine = children(f"a = os.open({str(path_only)!r}, os.O_PATH)\nb = os.open({str(opened)!r}, os.O_RDWR)\n"
+                      f"c = os.open({str(root_path_only)!r}, os.O_PATH)\n"
+                      f"fd = os.open({str(mine)!r}, os.O_CREAT | os.O_RDWR, 0o600)\nos.ftruncate(fd, 4096)\n",
+                      title=f"{P}::Worker_TP1", orphan=True)
+    ctx = context(tmp_path, view.add(engine.pid), shm_dir=shm_dir)
+    assert run(check_stale_processes, ctx).verdict is Verdict.fixed and not engine.alive()
+    ledger = (ctx.cfg.paths.state_dir / "shm-ledger.json").read_text()
+    assert mine.name in ledger and "user1" not in ledger and root_path_only.name not in ledger
+    result = run(check_shm, ctx)
+    assert result.verdict is Verdict.fixed and result.found.endswith(f"1 leaked segment(s) no live process holds: "
+                                                                     f"{mine.name}"), result
+    assert not mine.exists() and theirs.exists() and path_only.exists() and opened.exists()
+    assert root_path_only.exists()
+
+
+def test_shm_dry_run_and_too_little_room(tmp_path: Path, children: Children, shm_dir: Path) -> None:
+    held = shm_owner(children, shm_dir / "psm_ne1ghb0r", how="open")  # a neighbour's: named, never removed
     segment = leak(shm_dir / "psm_deadbeef")
     result = run(check_shm, context(tmp_path, shm_dir=shm_dir, dry_run=True))
     assert result.verdict is Verdict.warn and f"would remove them, freeing {1 << 20} bytes" in result.did
@@ -239,7 +269,10 @@ def test_shm_dry_run_and_too_little_room(tmp_path: Path, shm_dir: Path) -> None:
     huge = os.statvfs(shm_dir).f_blocks * os.statvfs(shm_dir).f_frsize // (1 << 20) + 1
     result = run(check_shm, context(tmp_path, shm_dir=shm_dir, preflight={"shm_min_free_mib": huge}))
     assert result.verdict is Verdict.fail and "free, less than the" in result.found
+    assert "; the largest: psm_ne1ghb0r (0 B, held by PID " in result.found  # sparse: nothing allocated
+    assert f"held by PID {held.pid} ({held.cmdline()[0]} -c import mmap" in result.found
     assert not segment.exists()  # the sweep still ran
+    assert (shm_dir / "psm_ne1ghb0r").exists() and held.alive()
 
 
 # ---- page cache and memory ------------------------------------------------------------------------------------
@@ -383,19 +416,23 @@ def test_host_apply_that_does_not_stick_fails(tmp_path: Path, view: ProcView) ->
 
 # ---- GPU compute processes (no NVML here: a fake nvidia-smi on PATH, the fallback) ----------------------------
 
-# The H100 host's real `nvidia-smi --query-gpu` line for GPU 0 (tests/data/gpu/h100x2-nvidia-smi-query-gpu.csv).
-GPU0 = "GPU-3ac5e21a-4914-422b-8ff7-2a21823187de"
-QUERY_GPU_LINE = (f"0, {GPU0}, NVIDIA H100 80GB HBM3, 81559, 0, 81079, 0, 0, 76.61, 700.00, 57, 345, 2619, 0, 0\n")
+# The H100 host's real `nvidia-smi --query-gpu` line (tests/data/gpu/h100x2-nvidia-smi-query-gpu.csv), by index.
+QUERY_GPU_LINE = "{index}, {uuid}, NVIDIA H100 80GB HBM3, 81559, 0, 81079, 0, 0, 76.61, 700.00, 57, 345, 2619, 0, 0\n"
 
 
-def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pids: str) -> None:
-    """nvidia-smi answering sparkd's two queries: one GPU, and ``pids`` (space-separated) as its compute apps."""
+def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str,
+             gpus: str = "0, GPU-0000\n1, GPU-1111\n") -> None:
+    """An nvidia-smi answering the fallback's two queries (sparkd.gpu.smi): the GPUs (``gpus``: index, UUID) and
+    the compute apps (``output``: pid, name, GPU UUID)."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     smi = bindir / "nvidia-smi"
-    apps = "".join(f"{pid}, {GPU0}, 1024\n" for pid in pids.split())
+    listed = "".join(QUERY_GPU_LINE.format(index=i.strip(), uuid=u.strip())
+                     for i, u in (line.split(",") for line in gpus.splitlines() if line))
+    apps = "".join(f"{p.strip()}, {u.strip()}, 1024\n" for p, _, u in (line.split(",") for line in
+                                                                     output.splitlines() if line))
     smi.write_text("#!/bin/sh\n"
-                   'case "$1" in --query-gpu=*) cat <<\'EOF\'\n' + QUERY_GPU_LINE + "EOF\n;;\n"
+                   'case "$1" in --query-gpu=*) cat <<\'EOF\'\n' + listed + "EOF\n;;\n"
                    "--query-compute-apps=*) cat <<'EOF'\n" + apps + "EOF\n;;\n*) exit 9;;\nesac\n")
     smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
@@ -419,7 +456,7 @@ def test_gpu_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: ProcVie
 def test_gpu_leftover_stale_vllm_is_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children,
                                          view: ProcView) -> None:
     worker = children(title=f"{P}::Worker_TP0", orphan=True)
-    fake_smi(tmp_path, monkeypatch, str(worker.pid))
+    fake_smi(tmp_path, monkeypatch, f"{worker.pid}, /usr/bin/python3, GPU-0000\n")
     result = run(check_gpu, context(tmp_path, view.add(worker.pid)))
     assert result.verdict is Verdict.fixed and f"PID {worker.pid} ({P}::Worker_TP0)" in result.found
     assert not worker.alive()
@@ -428,11 +465,26 @@ def test_gpu_leftover_stale_vllm_is_ended(tmp_path: Path, monkeypatch: pytest.Mo
 def test_gpu_leftover_other_process_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children,
                                           view: ProcView) -> None:
     decoy = children(args=DECOY_ARGS)
-    fake_smi(tmp_path, monkeypatch, str(decoy.pid))
+    fake_smi(tmp_path, monkeypatch, f"{decoy.pid}, /usr/bin/python3, GPU-1111\n")
     result = run(check_gpu, context(tmp_path, view.add(decoy.pid)))
     assert result.verdict is Verdict.fail and result.failure_class is FailureClass.gpu_busy
     assert f"PID {decoy.pid} ({decoy.cmdline()[0]} -c import mmap" in result.found
     assert decoy.alive()
+
+
+def test_gpu_a_compute_process_on_another_gpu_is_not_a_leftover(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children, view: ProcView) -> None:
+    """A neighbour's vLLM on GPU 1 of a two-GPU box: a launch on GPU 0 (CUDA_VISIBLE_DEVICES) leaves it alone and
+    launches; a launch that names no GPU (so uses both) fails naming it."""
+    neighbour = children(title=f"{P}::Worker_TP0")  # a live tree's: a neighbour
+    fake_smi(tmp_path, monkeypatch, f"{neighbour.pid}, /usr/bin/python3, GPU-1111\n")
+    env = {"VLLM_PROCESS_NAME_PREFIX": PREFIX, "CUDA_VISIBLE_DEVICES": "0"}
+    result = run(check_gpu, context(tmp_path, view.add(neighbour.pid), launch={"env": env}))
+    assert result.verdict is Verdict.ok, result
+    assert result.found == "no leftover GPU compute process; 1 on GPUs this launch does not use, left alone"
+    result = run(check_gpu, context(tmp_path, view, launch={"env": {"VLLM_PROCESS_NAME_PREFIX": PREFIX}}))
+    assert result.verdict is Verdict.fail and f"PID {neighbour.pid} ({P}::Worker_TP0)" in result.found
+    assert neighbour.alive()
 
 
 # ---- launch target (process runtime; the Docker side is in test_preflight_docker.py) ---------------------------

@@ -28,7 +28,8 @@ def config(tmp: Path, **sections: dict[str, Any]) -> Config:
         "runtime": "process",
         "node": {"name": "scripted", "role": "single"},
         "launch": {"executable": "/usr/bin/true", "model": "/models/m", "port": 18999},
-        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
+        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run"),
+                  "instances_dir": str(tmp / "instances")},
         "api": {"socket_group": "", "port": 0},
         "guard": {"enabled": False},
         # The flight recorder, the memory settle and the restart gate have tests of their own (test_recorder_loop).

@@ -14,9 +14,11 @@ import pytest
 
 from sparkd.daemon.gpumetrics import gpu_families
 from sparkd.daemon.stopreport import StopReport, grace_for
-from sparkd.gpu import memcheck, power, release, scope
+from sparkd.gpu import memcheck, power, release
 from sparkd.gpu.model import GpuDevice, GpuProcess, GpuView
+from sparkd.gpu.reading import pick
 from sparkd.guard.meminfo import MemInfo, parse_meminfo
+from sparkd.launch_devices import Devices, launch_devices
 from sparkd.preflight import gpumemory
 from sparkd.preflight.base import Verdict
 from sparkd.supervisor.failures import Failure, FailureClass
@@ -33,35 +35,18 @@ def view(name: str) -> GpuView:
 IDLE, SURVIVOR = view("h100x2-nvml-idle.json"), view("h100x2-incident-gpu.json")
 
 
-# ---- scope ------------------------------------------------------------------------------------------------------
+# ---- the launch's devices among a reading (which GPUs a launch uses: sparkd.launch_devices) ---------------------
 
 
-@pytest.mark.parametrize(("value", "ids"), [
-    (None, None), ("", ()), ("1", ("1",)), ("0,1", ("0", "1")), (" 1 , 0", ("1", "0")), ("-1", ()),
-    ("1,-1,0", ("1",)), ("GPU-17fcf1a3", ("GPU-17fcf1a3",)), ("MIG-abc/1/0", ("MIG-abc/1/0",)), ("all", ()),
-])
-def test_cuda_visible_devices_as_cuda_reads_it(value: str | None, ids: tuple[str, ...] | None) -> None:
-    assert scope.visible(value) == ids
-
-
-@pytest.mark.parametrize(("gpus", "nvidia", "ids"), [
-    ("all", None, None), ("2", None, ("0", "1")), ("device=1", None, ("1",)), ('"device=0,1"', None, ("0", "1")),
-    (None, "all", None), (None, "none", ()), (None, "void", ()), (None, "1", ("1",)), (None, None, ()),
-])
-def test_container_devices(gpus: str | None, nvidia: str | None, ids: tuple[str, ...] | None) -> None:
-    assert scope.container_devices(gpus, nvidia) == ids
-
-
-def test_the_launch_scope_picks_the_devices() -> None:
-    on_1 = scope.launch_scope({"CUDA_VISIBLE_DEVICES": "1"})
-    assert [d.index for d in on_1.pick(IDLE.devices)] == [1] and "CUDA_VISIBLE_DEVICES=1" in on_1.describe()
-    assert [d.index for d in scope.launch_scope({}).pick(IDLE.devices)] == [0, 1]
-    by_uuid = scope.launch_scope({"CUDA_VISIBLE_DEVICES": "GPU-17fcf1a3"})
-    assert [d.index for d in by_uuid.pick(IDLE.devices)] == [1]
+def test_the_launchs_devices_among_a_real_reading() -> None:
+    on_1 = launch_devices({"CUDA_VISIBLE_DEVICES": "1"}, container=False)
+    assert [d.index for d in pick(on_1, IDLE.devices)] == [1]
+    assert [d.index for d in pick(launch_devices({}, container=False), IDLE.devices)] == [0, 1]
+    by_uuid = launch_devices({"CUDA_VISIBLE_DEVICES": "GPU-17fcf1a3"}, container=False)
+    assert [d.index for d in pick(by_uuid, IDLE.devices)] == [1]
     # in a container of host GPU 1, CUDA's device 0 is host GPU 1
-    inner = scope.launch_scope({"CUDA_VISIBLE_DEVICES": "0"}, container=True, gpus="device=1")
-    assert inner.ids == ("1",) and [d.index for d in inner.pick(IDLE.devices)] == [1]
-    assert scope.launch_scope({"CUDA_VISIBLE_DEVICES": "3"}, container=True, gpus="device=1").ids == ()
+    inner = launch_devices({"CUDA_VISIBLE_DEVICES": "0"}, container=True, gpus="device=1")
+    assert [d.index for d in pick(inner, IDLE.devices)] == [1]
 
 
 # ---- vLLM's rule per device, and the host's own need ------------------------------------------------------------
@@ -97,7 +82,7 @@ def test_a_held_device_fails_naming_its_holder() -> None:
 
 def test_the_other_gpu_is_not_the_launchs() -> None:
     """The holder is on GPU 0; a launch on GPU 1 passes (the scope decides which devices count)."""
-    devices = scope.launch_scope({"CUDA_VISIBLE_DEVICES": "1"}).pick(SURVIVOR.devices)
+    devices = pick(launch_devices({"CUDA_VISIBLE_DEVICES": "1"}, container=False), SURVIVOR.devices)
     assert gpumemory.assess(devices, 0.9, {}, meminfo(251.8, 250), [], 2 * GIB)[0] is Verdict.ok
 
 
@@ -251,11 +236,10 @@ def test_a_hang_verdict_carries_the_measured_power_fall() -> None:
     """The daemon's sampler, holding the H100 survivor's power history: a hang declared 40 s into the wedge says the
     draw fell; one declared over a steady draw says nothing more."""
     from sparkd.daemon.gpuwatch import GpuSampler
-    from sparkd.gpu.scope import Scope
     from sparkd.testing import FakeClock
 
     clock = FakeClock(start=1041.0)
-    sampler = GpuSampler(Reads(IDLE), clock, None, lambda: Scope(None, "all"), interval_s=0.25)  # as measured
+    sampler = GpuSampler(Reads(IDLE), clock, None, lambda: Devices(), interval_s=0.25)  # as measured
     sampler.history.extend(power.PowerSample(1000 + s.at, s.watts, s.utilization_pct) for s in survivor_power())
     hang = Failure.of(FailureClass.hang, "vLLM stopped answering: the engine is wedged; sparkd restarts every rank.")
     said = sampler.annotate(hang, wedged_for_s=40).sentence
