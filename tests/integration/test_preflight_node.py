@@ -4,11 +4,13 @@ and (stale processes, ports, /dev/shm) decoys it must not touch."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
@@ -28,6 +30,7 @@ from test_preflight_support import (
     write_record,
 )
 
+from sparkd.gpu.model import GpuView
 from sparkd.nodelock import NodeLock
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict
 from sparkd.preflight.gpu import check_gpu
@@ -339,6 +342,31 @@ def test_memory_short_names_the_top_holders(tmp_path: Path, children: Children, 
     assert first.startswith(f"PID {hog.pid} ") and first.endswith(" MiB)"), top
     assert float(first.rsplit("(", 1)[1].split()[0]) >= 96
     assert "reboot" not in result.found
+
+
+def h100(name: str) -> Any:
+    """A real NVML reading of the H100 host (tests/data/gpu) as the check's GPU port."""
+    data = json.loads((Path(__file__).resolve().parents[1] / "data" / "gpu" / name).read_text())
+    view = GpuView.from_json(data.get("view", data))
+
+    async def read() -> GpuView:
+        return view
+
+    return read
+
+
+def test_memory_on_discrete_gpus_is_vllms_rule_per_device(tmp_path: Path, view: ProcView) -> None:
+    """A host whose MemFree could never cover 0.9 x its MemTotal: with the H100s' reading the check is vLLM's rule
+    on each GPU of the launch, and the real survivor (PID 946, 9.5 GiB on GPU 0) is named; GPU 1 alone passes."""
+    view.write("meminfo", meminfo(119.7, 40, 0))
+    on_both = replace(context(tmp_path, view), gpus=h100("h100x2-incident-gpu.json"))
+    result = run(check_memory, on_both)
+    assert result.verdict is Verdict.fail and result.failure_class is FailureClass.free_memory_refusal
+    assert "GPU 0 (NVIDIA H100 80GB HBM3) [GPU-3ac5e21a" in result.found and "held by PID 946" in result.found
+    on_1 = replace(context(tmp_path, view, launch={"env": {"CUDA_VISIBLE_DEVICES": "1"}}),
+                   gpus=h100("h100x2-incident-gpu.json"))
+    result = run(check_memory, on_1)
+    assert result.verdict is Verdict.ok and result.found.startswith("GPU 1 (NVIDIA H100 80GB HBM3): free 78.9 GiB")
 
 
 def test_memory_short_with_nothing_to_explain_it_says_reboot(tmp_path: Path, view: ProcView) -> None:
