@@ -15,18 +15,26 @@ from sparkd.gpu.model import WEDGED, GpuDevice, GpuView, skipped
 from sparkd.launch_devices import Devices, Gpu, launch_devices
 
 TIMEOUT_S = 30.0  # NVML and nvidia-smi can hang on a wedged GPU
+NO_DRIVER_RECHECK_S = 60.0  # a node without the NVIDIA library is asked again this often (a driver may be installed)
+_no_driver: tuple[float, GpuView] | None = None  # (until, the reading) for the process-wide reader
 __all__ = ["TIMEOUT_S", "WEDGED", "devices_of_launch", "pick", "read_gpus"]
 
 
 async def read_gpus(reader: nvml.NvmlReader | None = None) -> GpuView:
     """NVML's reading; where NVML cannot start from here but ``nvidia-smi`` answers, nvidia-smi's."""
+    global _no_driver
     read = reader.read if reader is not None else nvml.read_view
-    try:
-        with anyio.fail_after(TIMEOUT_S):
-            view = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
-    except TimeoutError:
-        return skipped(f"{WEDGED} within {TIMEOUT_S:.0f} s (NVML): the GPU or its driver is wedged (a reboot is "
-                       "likely needed)", time.time())
+    if reader is None and _no_driver is not None and time.monotonic() < _no_driver[0]:
+        view = _no_driver[1]  # no library here: no worker thread on every stop of a GPU-less node
+    else:
+        try:
+            with anyio.fail_after(TIMEOUT_S):
+                view = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+        except TimeoutError:
+            return skipped(f"{WEDGED} within {TIMEOUT_S:.0f} s (NVML): the GPU or its driver is wedged (a reboot "
+                           "is likely needed)", time.time())
+        if reader is None and not view.available and view.source != "nvml":
+            _no_driver = (time.monotonic() + NO_DRIVER_RECHECK_S, view)
     if view.available or view.source == "nvml":
         return view
     fallback = await smi.read_view_smi(time.time())
