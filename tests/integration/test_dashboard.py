@@ -27,8 +27,6 @@ GPU_PAGE = REPO / "tests" / "data" / "gpu" / "h100x2-metrics-ready.txt"
 ABSENT_HERE = {
     "sparkd_peer_up": "a node with [cluster] peers exports it",
     "sparkd_guard_seconds_to_floor": "the guard's trend needs minutes of samples",
-    "sparkd_reboot_needed": "the restart gate exports it once it has judged a restart",
-    "sparkd_memory_unreturned_bytes": "the restart gate exports it once it has judged a restart",
 }
 PROMETHEUS_OWN = {"up"}  # Prometheus's own series about each target
 

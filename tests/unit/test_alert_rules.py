@@ -9,10 +9,9 @@ the operator's own copy, and a runbook_file, the packaged copy on the node.
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 import pytest
 import yaml
