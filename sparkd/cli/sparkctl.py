@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from sparkd import __version__
+from sparkd.cli.complete import incident_ids
 
 if TYPE_CHECKING:  # imported on first use: a TAB completion needs none of them
     from sparkd.api.client import ActionRefused, ControlClient, DaemonUnreachable
@@ -252,7 +253,7 @@ def logs_cmd(obj: Ctx, lines: int, follow: bool, since: str | None) -> None:
 
 
 @subcommand("incidents")
-@click.argument("incident_id", required=False)
+@click.argument("incident_id", required=False, shell_complete=incident_ids)
 @click.pass_obj
 def incidents_cmd(obj: Ctx, incident_id: str | None) -> None:
     """Failures with their class, sentence and evidence folder, newest first; or one with its log tail."""

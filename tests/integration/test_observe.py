@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import Sparkd, base_config, free_port
+from daemon_harness import BIN, Sparkd, base_config, free_port
 
 
 @pytest.fixture
@@ -155,3 +155,18 @@ def test_sparkctl_preflight_and_incident_detail(daemon: Sparkd) -> None:
     detail = daemon.ctl("incidents", listing[0])
     assert detail.returncode == 0 and "SIGKILL" in detail.stdout
     assert daemon.ctl("incidents", "no-such-incident").returncode == 1
+    # TAB completes the daemon's incident ids (from the --socket typed before or after the subcommand)
+    incident = listing[0]
+    assert complete(f"sparkctl --socket {daemon.socket} incidents ") == [f"plain,{incident}"]
+    assert complete(f"sparkctl incidents --socket {daemon.socket} {incident[:9]}") == [f"plain,{incident}"]
+    assert complete(f"sparkctl --socket {daemon.socket} incidents 1999") == []
+    assert complete(f"sparkctl --socket {daemon.socket.parent / 'none.sock'} incidents ") == []  # silent
+
+
+def complete(line: str) -> list[str]:
+    """What bash completion gets for ``line`` (click's protocol; the last word is the one being completed)."""
+    words = line.split(" ")
+    env = {**os.environ, "_SPARKCTL_COMPLETE": "bash_complete", "COMP_WORDS": line, "COMP_CWORD": str(len(words) - 1)}
+    done = subprocess.run([str(BIN / "sparkctl")], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return done.stdout.split()

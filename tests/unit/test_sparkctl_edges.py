@@ -5,6 +5,7 @@ control client's own HTTP/1.1 over a real unix socket, ``logs --since``, ``check
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -146,3 +147,44 @@ def test_check_config_json_for_ci(tmp_path: Path) -> None:
 def test_times_carry_their_zone() -> None:
     shown = status.when(1795755600.0)
     assert shown[:10] == "2026-11-27" and "T" in shown and shown[-6] in "+-"
+
+
+def bash_complete(program: str, line: str) -> list[str]:
+    """What bash completion gets from ``program`` for ``line`` (click's protocol: the last word is completed)."""
+    env = {**os.environ, f"_{program.upper()}_COMPLETE": "bash_complete", "COMP_WORDS": line,
+           "COMP_CWORD": str(len(line.split(" ")) - 1)}
+    done = subprocess.run([str(Path(sys.executable).parent / program)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return done.stdout.split()
+
+
+def test_tab_completes_profile_names() -> None:
+    assert bash_complete("sparkd", "sparkd check-config --profile ") == \
+        [f"plain,{name}" for name in ("1m-context", "balanced", "latency", "throughput")]
+    assert bash_complete("sparkd", "sparkd check-config --profile th") == ["plain,throughput"]
+    assert bash_complete("sparkd", "sparkd check-config --profile nothing") == []
+
+
+def test_incident_ids_complete_to_nothing_without_a_daemon(tmp_path: Path) -> None:
+    assert bash_complete("sparkctl", f"sparkctl --socket {tmp_path / 'none.sock'} incidents ") == []
+    config = tmp_path / "c.toml"
+    config.write_text("[paths\n")  # mid-edit: not even TOML; a TAB still says nothing
+    assert bash_complete("sparkctl", f"sparkctl --config {config} incidents ") == []
+
+
+@pytest.mark.parametrize("program", ["sparkd.cli.sparkd", "sparkd.cli.sparkctl"])
+def test_help_and_completion_import_no_config_models(program: str) -> None:
+    """The ~0.3 s of pydantic and the config's models are paid by the commands that load a config, not by a TAB
+    or --help (the 150 ms of tests/bench/bench_cli.py)."""
+    heavy = ("sparkd.config", "pydantic", "anyio", "sparkd.lint", "sparkd.launch")
+    code = f"import sys, {program}; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
+
+
+def test_the_cli_default_config_is_the_configs() -> None:
+    from sparkd.cli.locate import DEFAULT_CONFIG_PATH
+    from sparkd.config import DEFAULT_CONFIG_PATH as CONFIGS
+
+    assert DEFAULT_CONFIG_PATH == CONFIGS
