@@ -58,14 +58,20 @@ def exit_status(name: str) -> str:
 class Ctx:
     def __init__(self, socket: Path | None = None, config: Path | None = None, as_json: bool = False) -> None:
         self.socket, self.config, self.as_json = socket, config, as_json
+        self._located: Path | None = None
 
     def socket_path(self) -> Path:
-        from sparkd.cli.locate import locate
+        """The daemon's socket, found once a call; what the operator should know about --config said once."""
+        if self._located is None:
+            from sparkd.cli.confignote import config_note
+            from sparkd.cli.locate import locate
 
-        located = locate(self.socket, self.config)
-        if located.note:
-            click.echo(f"sparkctl: {located.note}", err=True)
-        return located.socket
+            located = locate(self.socket, self.config)
+            for note in (located.note, config_note(self.config, located.note)):
+                if note:
+                    click.echo(f"sparkctl: {note}", err=True)
+            self._located = located.socket
+        return self._located
 
     def client(self, timeout_s: float = 10.0) -> ControlClient:
         from sparkd.api.client import ControlClient

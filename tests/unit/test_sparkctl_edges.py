@@ -188,3 +188,33 @@ def test_the_cli_default_config_is_the_configs() -> None:
     from sparkd.config import DEFAULT_CONFIG_PATH as CONFIGS
 
     assert DEFAULT_CONFIG_PATH == CONFIGS
+
+
+def test_config_note_names_what_is_wrong_beyond_the_socket(tmp_path: Path) -> None:
+    from sparkd.cli.confignote import config_note
+
+    good = REPO / "config/examples/demo.toml"
+    assert config_note(good, None) is None
+    typo = tmp_path / "typo.toml"
+    typo.write_text(good.read_text().replace("[launch]\n", "[launch]\nmax_num_seq = 3\n", 1))
+    note = config_note(typo, None)
+    assert note is not None and note.startswith(f"{typo} is invalid (launch.max_num_seq: unknown key")
+    assert "sparkctl read only its [paths] run_dir" in note and f"sparkd check-config --config {typo}" in note
+    assert config_note(typo, "it is not valid TOML") is None  # locate said so already
+    assert config_note(None, None) is None
+    # The daemon's status judged this very file: it says so itself; another file, or a relative path, is checked here
+    assert config_note(typo, None, {"path": str(typo), "valid": True}) is None
+    assert config_note(typo, None, {"path": str(good.resolve()), "valid": True}) == note
+    assert config_note(typo, None, {"path": "typo.toml", "valid": False}) == note
+    assert config_note(typo, None, {"path": None}) == note
+
+
+def test_when_the_daemon_speaks_for_the_file_nothing_is_imported(tmp_path: Path) -> None:
+    """The status fast path with --config naming the daemon's own file stays fast: no config models loaded."""
+    typo = tmp_path / "typo.toml"
+    typo.write_text("[launch]\nmax_num_seq = 3\n")
+    code = ("import sys; from pathlib import Path; from sparkd.cli.confignote import config_note; "
+            f"note = config_note(Path({str(typo)!r}), None, {{'path': {str(typo)!r}, 'valid': False}}); "
+            "print(note, 'sparkd.config' in sys.modules, 'pydantic' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["None", "False", "False"], done.stdout + done.stderr
