@@ -173,7 +173,7 @@ def test_incident_ids_complete_to_nothing_without_a_daemon(tmp_path: Path) -> No
     assert bash_complete("sparkctl", f"sparkctl --config {config} incidents ") == []
 
 
-@pytest.mark.parametrize("program", ["sparkd.cli.sparkd", "sparkd.cli.sparkctl"])
+@pytest.mark.parametrize("program", ["sparkd.cli.sparkd", "sparkd.cli.sparkctl", "sparkd.commands.incidents"])
 def test_help_and_completion_import_no_config_models(program: str) -> None:
     """The ~0.3 s of pydantic and the config's models are paid by the commands that load a config, not by a TAB
     or --help (the 150 ms of tests/bench/bench_cli.py)."""
