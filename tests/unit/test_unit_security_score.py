@@ -16,10 +16,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
 def test_the_readmes_security_score_is_what_systemd_analyze_says() -> None:
-    claimed = re.search(r"`systemd-analyze security\s+--offline=true` on the unit file alone rates it \*\*([\d.]+) ([A-Z]+)\*\* "
-                        r"\(systemd (\d+)",
+    claimed = re.search(r"`systemd-analyze security\s+--offline=true` on the unit file alone rates it "
+                        r"\*\*([\d.]+) ([A-Z]+)\*\* \(systemd (\d+)",
                         (REPO / "README.md").read_text())
-    assert claimed, "the README names the unit file's offline score as `systemd-analyze security --offline=true` rates it"
+    assert claimed, ("the README names the unit file's offline score as `systemd-analyze security --offline=true` "
+                     "rates it")
     result = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager",
                              str(REPO / "systemd" / "sparkd.service")], capture_output=True, text=True, timeout=120)
     measured = re.search(r"Overall exposure level for sparkd\.service: ([\d.]+) ([A-Z]+)", result.stdout)
