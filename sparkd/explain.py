@@ -4,7 +4,11 @@ The operator hands over a log (a file, or ``-`` for stdin) and, when known, how 
 ``--signal``); the answer is the failure class, the one sentence (what happened; what to do next) and the line
 it rests on. The classifier is the daemon's own (:func:`sparkd.supervisor.classify.classify`), with no config
 facts: nothing here reads the node. A log sparkd wrote (``vllm.log``, an incident's ``log-tail.txt``) is read from
-its last launch line on, and sparkd's own verdict there is said again (:mod:`sparkd.supervisor.marks`).
+its last launch (or failed preflight) line on, and sparkd's own verdict there is said again
+(:mod:`sparkd.supervisor.marks`).
+
+sparkd writes a line into vLLM's log after every stop (``---- sparkd: stop (REASON): SIGTERM, SIGKILL to PID …``).
+A SIGKILL that such a line after the last launch says sparkd sent is sparkd's own, never one "from outside sparkd".
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import BinaryIO
 
 from sparkd.supervisor.classify import MAX_SCAN_LINES, classify
 from sparkd.supervisor.failures import Failure, FailureClass
-from sparkd.supervisor.marks import attempt, verdict, vllm_lines
+from sparkd.supervisor.marks import LAUNCH_LINE, STOP_LINE, attempt, verdict, vllm_lines
 
 __all__ = ["ExplainError", "explain", "parse_signal", "read_tail", "render"]
 
@@ -57,15 +61,34 @@ def parse_signal(value: str) -> int:
         raise ExplainError(f"--signal {value!r} is not a signal name or number (e.g. SIGKILL, TERM, 9)") from None
 
 
+def sparkd_kill(lines: list[str]) -> str | None:
+    """sparkd's own stop line after the last launch, when that stop ended in sparkd's SIGKILL; else None."""
+    for line in reversed(lines):
+        text = line.rstrip("\r\n")
+        if text.startswith(LAUNCH_LINE):
+            return None
+        if text.startswith(STOP_LINE):
+            return text if "SIGKILL to PID" in text else None
+    return None
+
+
 def explain(lines: list[str], exit_code: int | None = None, sig: int | None = None) -> Failure:
     """The last attempt's failure: from the last launch (or failed preflight) line sparkd wrote on; sparkd's own
     verdict when it logged one there (a wedge seen by the canary leaves nothing in vLLM's log to read), else the
-    classifier on vLLM's lines."""
+    classifier on vLLM's lines, where a SIGKILL sparkd's own stop sent is no kill from outside."""
     lines = attempt(lines)
     said = verdict(lines)
     if said is not None and said.cls in FailureClass.__members__:
         return Failure(FailureClass(said.cls), said.sentence, exit_code, sig, said.evidence)
-    return classify(exit_code, sig, vllm_lines(lines))
+    failure = classify(exit_code, sig, vllm_lines(lines))
+    sigkill = sig == _signal.SIGKILL or (sig is None and exit_code == 128 + _signal.SIGKILL)
+    killed = sparkd_kill(lines) if sigkill else None
+    if killed is None or failure.cls is not FailureClass.unknown:
+        return failure  # a cause the log names wins; sparkd's stop only answered it
+    stopped = killed[len(STOP_LINE):].split(";")[0]
+    return Failure.of(FailureClass.unknown, f"vLLM was killed by sparkd's own stop {stopped}, not from outside sparkd; "
+                      "the incident of the failure that stop answered holds the cause (`sparkctl incidents`).",
+                      evidence=killed, exit_code=exit_code, signal=sig)
 
 
 def render(failure: Failure, *, as_json: bool) -> str:

@@ -148,8 +148,8 @@ class Coordinator:
     async def _stop_and_preflight(self, peer: str) -> Failure | None:
         stopped = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout())
         if stopped.get("vllm_left"):
-            return Failure.of(FailureClass.gpu_busy, f"VLLM::* processes are left on {peer} after stopping its "
-                              f"rank: {stopped['vllm_left']}")
+            return Failure.of(FailureClass.gpu_busy, f"vLLM processes of its rank are left on {peer} after "
+                              f"stopping it: {stopped['vllm_left']}")
         report = await self.client.request(peer, "POST", "/v1/rank/preflight", timeout_s=600)
         if not report.get("ok", False):
             return self._remote_failure(peer, report.get("failure"), "its preflight failed")
@@ -242,7 +242,8 @@ class Coordinator:
                 self._worker_rank_failed(peer, view.status.get("last_failure"))
 
     def _worker_rank_failed(self, peer: str, failure: dict[str, Any] | None) -> None:
-        self.post(v.HealthFailed(self._remote_failure(peer, failure, "its rank is gone")))
+        # this rank's peer is gone: it spins in its next collective and ignores SIGTERM (tests/gpu/README.md)
+        self.post(v.HealthFailed(self._remote_failure(peer, failure, "its rank is gone"), hung=True))
 
     def on_report(self, peer: str, failure: dict[str, Any] | None) -> None:
         """A worker reported its rank's failure at once (POST /v1/rank/failed)."""

@@ -33,11 +33,13 @@ from sparkd.daemon import memory
 from sparkd.daemon.breaker import ConfigBreaker
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.gpuwatch import GpuSampler
 from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
 from sparkd.daemon.recording import DaemonRecorder
+from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.reload import Reloader, keep_fixed
 from sparkd.daemon.settling import RecorderCollector, StartGuard
 from sparkd.daemon.supervisor import Supervisor
@@ -138,13 +140,18 @@ class Daemon:
             guard=lambda: self.guard, group_checks=self.checks,
             before_start=lambda: self.start_guard.before_start(), **node_options)
         self.sup.effects = self.node
+        self.gpu = GpuSampler(self.node.gpus, self.clock, self.log, self.node.launch_gpus)
+        self.node.evidence.gpu = lambda: None if self.gpu.latest is None or self.gpu.absent else self.gpu.evidence()
+        self.node.annotate = lambda failure: self.gpu.annotate(failure, self.cfg.health.stall_after_s)
+        self.registry = InstanceRegistry(cfg, config_path, self.log)
+        self.node.registry = self.registry
         self.recorder = DaemonRecorder(cfg, self.sup, self.node, self.clock, self.log, guard=lambda: self.guard,
                                        group=self.group)
         self.start_guard = StartGuard(cfg, self.recorder, self.files, self.clock, self.log, on_phase=self._on_settle)
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
                                problems=self.problems, config_state=self.config_state, checks=self.checks.status,
-                               more=self._recorder_status)
+                               more=self._recorder_status, gpu=self.gpu)
         self.metrics = Metrics(self.view)
         self.metrics.registry.register(RecorderCollector(self.metrics.families, self.recorder, self.start_guard))
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
@@ -206,6 +213,7 @@ class Daemon:
     def apply_config(self, cfg: Config) -> None:
         """Take on a reloaded config: daemon settings at once, launch settings at the next start."""
         self.cfg = cfg
+        self.registry.cfg = cfg
         self.sup.limits = limits_from(cfg)
         self.node.cfg = cfg
         if self.node.watch is not None:
@@ -271,7 +279,9 @@ class Daemon:
                     tg.start_soon(self.recorder.run)
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._watchdog)
+                tg.start_soon(self.gpu.run)
                 tg.start_soon(self._note_shm)
+                self.registry.write()
                 self.publish()
                 await self.sup.run(boot=self._boot)
                 tg.cancel_scope.cancel()
@@ -283,6 +293,7 @@ class Daemon:
                     await self.recorder.close()
             if sockets is not None:
                 self.cfg.paths.socket.unlink(missing_ok=True)
+            self.registry.remove()
             self.vllm_log.close()
         self.log.info("daemon_exit", state=self.sup.machine.state.value)
         return exits.OK
@@ -329,6 +340,7 @@ class Daemon:
                 await ready.wait()
             ready = anyio.Event()
             await self.node.note_shm()
+            self.registry.write()  # another instance's unit may have cleared /run/sparkd meanwhile
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval_s

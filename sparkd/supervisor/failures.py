@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["CAUSES", "TREATMENT", "Budget", "Cause", "Evidence", "Failure", "FailureClass", "Scope", "Treatment",
-           "treatment"]
+__all__ = ["CAUSES", "TREATMENT", "WEDGED", "Budget", "Cause", "Evidence", "Failure", "FailureClass", "Scope",
+           "Treatment", "treatment", "wedged"]
 
 
 class FailureClass(StrEnum):
@@ -104,8 +104,9 @@ TREATMENT: dict[FailureClass, Treatment] = {
         "backoff once there is memory headroom again"),
     F.port_in_use: _t(
         True, B.one, S.node, _ALWAYS, "A port vLLM needs was already in use",
-        "a stale VLLM::* process or an old container usually holds it — sparkd sweeps stale processes before "
-        "the next start; if another program owns the port, change the port in the config"),
+        "an orphaned VLLM::* process or an old container usually holds it — sparkd sweeps stale processes "
+        "before the next start; if another program (or another vLLM) owns the port, change the port in the "
+        "config"),
     F.rendezvous_timeout: _t(
         True, B.one, S.pair, _ALWAYS, "The ranks never met at the torch.distributed rendezvous",
         "check that every node's rank is up and that the head address and master port are reachable over the "
@@ -151,6 +152,10 @@ TREATMENT: dict[FailureClass, Treatment] = {
 }
 del F, B, S
 
+# The verdicts that say vLLM is wedged, not draining: a stop that answers one gets `hung_stop_grace_s`, not the drain
+# grace (a rank spinning in a collective whose peer died ignores SIGTERM: tests/gpu/README.md).
+WEDGED = frozenset({FailureClass.hang, FailureClass.stall, FailureClass.peer_lost})
+
 
 class Cause(StrEnum):
     """What the head's group checks (fabric, weights) refuse a start for."""
@@ -185,6 +190,10 @@ del C, F
 
 def treatment(cls: FailureClass) -> Treatment:
     return TREATMENT[cls]
+
+
+def wedged(failure: Failure | None) -> bool:
+    return failure is not None and failure.cls in WEDGED
 
 
 @dataclass(frozen=True)

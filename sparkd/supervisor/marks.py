@@ -22,13 +22,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["LAUNCH_LINE", "MARK", "PREFLIGHT_LINE", "VERDICT_LINE", "Verdict", "attempt", "preflight_line",
+__all__ = ["LAUNCH_LINE", "MARK", "PREFLIGHT_LINE", "STOP_LINE", "VERDICT_LINE", "Verdict", "attempt", "preflight_line",
            "this_launch", "verdict", "verdict_line", "vllm_lines"]
 
 MARK = "---- sparkd: "
 LAUNCH_LINE = MARK + "launch "  # written into the vLLM log before every launch
 PREFLIGHT_LINE = MARK + "preflight "
 VERDICT_LINE = MARK + "failure "
+STOP_LINE = MARK + "stop "  # after every stop: what sparkd sent (sparkd.daemon.stopreport)
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,12 +31,12 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 sys.path.insert(0, str(REPO))
 
 from daemon_harness import BIN, STANDIN, STANDIN_SKIPS, free_port, render_toml, unique_prefix  # noqa: E402
+from healthpoll import POLL_S, health_ok, wait_healthy  # noqa: E402, F401 (re-exported)
 
 __all__ = ["BIN", "REPO", "STANDIN", "Owned", "ShmLedger", "free_port", "render_toml", "unique_prefix"]
 
 SHM = Path("/dev/shm")
 SHM_PATTERNS = ("psm_", "sem.mp-")
-POLL_S = 0.01  # the bench's own /health poller
 STANDIN_STARTUP_S = "3"  # the stand-in's fixed simulated load time (issue 9)
 # The memory guard's floors for a 24 GiB machine shared with other work, as in config/examples/demo.toml:
 # the shipped floors are for a 128 GB GB10 (refuse a start under 16 GiB, stop vLLM under 4 GiB) and would
@@ -122,53 +122,31 @@ def held_by(procs: Iterable[psutil.Process]) -> set[str]:
 
 
 class ShmLedger:
-    """The /dev/shm names our processes were seen holding; at the end, those still there and unheld go."""
+    """The /dev/shm segments our processes were seen holding, in sparkd's own ledger (name and inode, files of
+    the holder's uid, O_PATH descriptors not counted: sparkd.preflight.shmholders), so that the bench's cleanup
+    follows sparkd's one definition of stale: at the end those still there that no live process holds go, and
+    nothing else (not by naming: another program's psm_* is not the bench's)."""
 
     def __init__(self) -> None:
-        self.ours: set[str] = set()
+        self.folder = Path(tempfile.mkdtemp(prefix="sparkd-bench-ledger-"))
+        self.path = self.folder / "shm-ledger.json"
 
     def note(self, procs: Iterable[psutil.Process]) -> None:
-        self.ours |= held_by(procs)
+        from sparkd.preflight.shmholders import ShmLedger as Book
 
-    def present(self) -> set[str]:
-        return {n for n in self.ours if (SHM / n).exists()}
-
-    def remove(self, names: Iterable[str]) -> None:
-        for name in names:
-            with contextlib.suppress(FileNotFoundError):
-                (SHM / name).unlink()
+        Book(self.path).note([p.pid for p in procs if running(p)], SHM)
 
     def cleanup(self) -> int:
-        """Remove our names that no live process holds any more; returns how many."""
-        from sparkd.preflight.shm import held_names
+        """Remove the noted segments that no live process holds any more; returns how many."""
+        from sparkd.preflight.shm import sweep
 
-        gone = self.present() - held_names(SHM)
-        self.remove(gone)
-        return len(gone)
+        try:
+            return len(sweep(SHM, ledger=self.path, uids=frozenset(), complete_view=False))
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 # ---- the bench's own readiness poller ----------------------------------------------------------------------------
-
-
-def health_ok(port: int, host: str = "127.0.0.1", timeout: float = 0.25) -> bool:
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
-def wait_healthy(port: int, timeout: float, host: str = "127.0.0.1") -> float | None:
-    """Poll /health every ~10 ms; the monotonic time of the first 200, or None at the timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if health_ok(port, host):
-            return time.monotonic()
-        time.sleep(POLL_S)
-    return None
 
 
 def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
@@ -219,7 +197,8 @@ def sparkd_config(tmp: Path, port: int, env: dict[str, str], *, master_port: int
         launch |= {"nnodes": 2, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": master_port}
     cfg: dict[str, Any] = {
         "runtime": "process", "node": node, "launch": launch,
-        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
+        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run"),
+                  "instances_dir": str(tmp / "instances")},
         "api": {"socket_group": "", "listen": "127.0.0.1", "port": api_port},
         "guard": dict(GUARD_FLOORS),
         "preflight": {"skip": STANDIN_SKIPS},  # the stand-in loads no weights (sparkd.rehearsal.REHEARSAL_SKIPS)

@@ -87,3 +87,4 @@ async def test_a_workers_report_names_the_configured_peer_it_came_from(host: str
     assert len(posted) == 1 and isinstance(posted[0], v.HealthFailed)
     assert posted[0].failure.cls.value == "oom"
     assert posted[0].failure.sentence.startswith(f"The worker on {WORKER}: its rank is gone: CUDA out of memory")
+    assert posted[0].hung  # the head's rank lost its peer: it spins in a collective, so its stop is the short one
