@@ -16,6 +16,8 @@ the classifier, and optionally the journal under its own identifier (``[log] vll
    a note of how much was cut): one 64 MB line neither stays resident nor blows the rotation size.
 3. The ring keeps at most ``ring`` lines and ``ring_bytes`` bytes.
 4. A listener that raises is dropped (and logged), not propagated.
+5. The access-log lines of sparkd's own probes (``?probe=sparkd``, :mod:`sparkd.supervisor.probelines`) are left
+   out — of the file, the ring, the listeners and the journal — unless ``[log] probe_requests``; they are counted.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import structlog
 
 from sparkd.journal import JOURNAL_SOCKET, PRIORITY, JournalSink, stderr_is_journal
+from sparkd.supervisor.probelines import is_probe_line
 
 if TYPE_CHECKING:
     from sparkd.config import Config, LogConfig
@@ -132,6 +135,7 @@ class VllmLog:
 
     def __init__(self, path: Path, *, max_bytes: int, backups: int, ring: int = 2000, ring_bytes: int = 4 * KIB**2,
                  max_line: int = 64 * KIB, journal: JournalSink | None = None, retry_s: float = 5.0,
+                 probe_requests: bool = False,
                  clock: Callable[[], float] = time.monotonic, log: Any = None) -> None:
         self.path = path
         self.max_bytes = max_bytes
@@ -140,6 +144,8 @@ class VllmLog:
         self.max_line = max_line
         self.journal = journal
         self.retry_s = retry_s
+        self.probe_requests = probe_requests
+        self.probe_lines = 0  # access-log lines of sparkd's own probes left out
         self.clock = clock
         self.log = log if log is not None else get_logger(component="vllm_log")
         self.tail: deque[str] = deque(maxlen=ring)
@@ -162,7 +168,7 @@ class VllmLog:
         if cfg.log.vllm_to_journal and JOURNAL_SOCKET.exists():
             journal = JournalSink("vllm", extra={"SPARKD_NODE": cfg.node.name})
         return cls(cfg.paths.logs / "vllm.log", max_bytes=cfg.supervisor.log_max_bytes,
-                   backups=cfg.supervisor.log_backups, journal=journal)
+                   backups=cfg.supervisor.log_backups, journal=journal, probe_requests=cfg.log.probe_requests)
 
     def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
         self._listeners.append(listener)
@@ -173,6 +179,9 @@ class VllmLog:
             self._listeners.remove(listener)
 
     def append(self, line: str, *, persist: bool = True) -> None:
+        if not self.probe_requests and is_probe_line(line):
+            self.probe_lines += 1  # sparkd's own probe in uvicorn's access log: not vLLM's story (rule 5)
+            return
         line = self._cut(line)
         data = line + "\n"
         size = len(data.encode("utf-8", "replace"))

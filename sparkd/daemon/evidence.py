@@ -23,11 +23,13 @@ from sparkd.guard.guard import Guard
 from sparkd.incidents import GpuEvidence, IncidentWriter, attach_stop, incident_record
 from sparkd.launch import render
 from sparkd.logs import VllmLog
+from sparkd.preflight.base import Verdict
+from sparkd.preflight.runner import PreflightReport
 from sparkd.redact import Redactor
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor.classify import ClassifyContext, classify
 from sparkd.supervisor.failures import Evidence, Failure, FailureClass
-from sparkd.supervisor.marks import LAUNCH_LINE, attempt, this_launch, verdict_line, vllm_lines
+from sparkd.supervisor.marks import LAUNCH_LINE, attempt, preflight_line, this_launch, verdict_line, vllm_lines
 from sparkd.supervisor.states import State
 
 __all__ = ["LAUNCH_LINE", "LOG_TAIL_LINES", "Counters", "FailureEvidence", "this_launch"]
@@ -111,6 +113,17 @@ class FailureEvidence:
             await anyio.to_thread.run_sync(attach_stop, folder, self.redact.mapping(stop))
         except OSError as exc:
             self.incidents.log.error("incident_write_failed", failure=failure.cls.value, error=str(exc))
+
+    def log_preflight_failure(self, report: PreflightReport) -> None:
+        """A preflight that stops the launch starts an attempt of its own in vLLM's log: its line, then what the
+        failing check's program printed (vLLM's parser: its traceback, argparse's complaint), so the incident and
+        `sparkd explain` read this attempt, not the previous launch."""
+        failed = next((r for r in report.results if r.verdict is Verdict.fail), None)
+        if failed is None:
+            return
+        self.vllm_log.append(preflight_line(failed.id))
+        for line in failed.output.splitlines():
+            self.vllm_log.append(self.redact(line))
 
     def write_guard_evidence(self, failure: Failure) -> None:
         """The memory guard's evidence, now, before it signals anything (synchronous and quick)."""

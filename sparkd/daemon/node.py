@@ -20,7 +20,7 @@ import psutil
 from sparkd.clock import Clock
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
-from sparkd.daemon.evidence import FailureEvidence
+from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.gpurelease import GpuRelease
 from sparkd.daemon.groupchecks import GroupChecks
@@ -35,7 +35,7 @@ from sparkd.incidents import IncidentWriter
 from sparkd.launch import LaunchSpec, health_settings, render
 from sparkd.launch_devices import Devices
 from sparkd.logs import VllmLog
-from sparkd.preflight.base import Check, Verdict
+from sparkd.preflight.base import Check
 from sparkd.preflight.processes import expected_launch, launch_places, stale_candidates
 from sparkd.preflight.runner import (
     DEFAULT_CHECKS,
@@ -55,11 +55,9 @@ from sparkd.statefile import json_state
 from sparkd.stateschema import INSTANCE
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
-from sparkd.supervisor.health import Topology
-from sparkd.supervisor.marks import LAUNCH_LINE, preflight_line
-from sparkd.supervisor.probelines import is_probe_line
-from sparkd.supervisor.progress import Phase, advance, is_progress
+from sparkd.supervisor.health import topology_of
 from sparkd.supervisor.progress import Progress as Startup
+from sparkd.supervisor.progress import advance, is_progress
 from sparkd.supervisor.states import State
 
 
@@ -110,7 +108,6 @@ class Node:
         self.last_preflight: list[dict[str, object]] = []
         self.timing: LaunchTiming | None = None  # the current (or last) launch's, for status and metrics
         self.phase_listeners: list[Callable[[Startup], None]] = []
-        self.probe_lines = 0  # access-log lines of sparkd's own probes left out of vLLM's log
         self.registry: InstanceRegistry | None = None  # the host's instance registry (the daemon sets it)
         self._busy = anyio.Lock()  # launch and stop never overlap
 
@@ -189,7 +186,7 @@ class Node:
                 log("preflight", check=result.id, verdict=result.verdict.value, found=result.found, did=result.did,
                     duration_s=round(result.duration_s, 3))
             failures[0] = report.failure()
-            self._log_preflight_failure(report)
+            self.evidence.log_preflight_failure(report)
 
         async def workers() -> None:
             if self.role is Role.head and self.group is not None:
@@ -214,17 +211,6 @@ class Node:
             timing.step("group.start_workers", self.clock.now() - started)
         timing.step("preflight", self.clock.now() - timing.requested_at)
         self.post(v.PreflightDone(failure, rand=self.rand()))
-
-    def _log_preflight_failure(self, report: PreflightReport) -> None:
-        """A preflight that stops the launch starts an attempt of its own in vLLM's log: its line, then what the
-        failing check's program printed (vLLM's parser: its traceback, argparse's complaint), so the incident and
-        `sparkd explain` read this attempt, not the previous launch."""
-        failed = next((r for r in report.results if r.verdict is Verdict.fail), None)
-        if failed is None:
-            return
-        self.vllm_log.append(preflight_line(failed.id))
-        for line in failed.output.splitlines():
-            self.vllm_log.append(self.redact(line))
 
     async def launch(self) -> None:
         async with self._busy:
@@ -255,12 +241,11 @@ class Node:
                 return
             instance = self._with_identity(instance, marker)
             self.evidence.mark_launch()
-            timing.exec_at = self.clock.now()
-            timing.phase(Phase.launching, timing.exec_at)  # imports and the engine's spawn: timed like the others
-            timing.step("runtime.launch", timing.exec_at - called)
+            timing.executed(exec_at := self.clock.now())
+            timing.step("runtime.launch", exec_at - called)
             self.timing = timing
             self.log.info("launched", pid=instance.pid, container=instance.container_id, argv=argv,
-                          sparkd_s=round(timing.exec_at - timing.requested_at, 4))
+                          sparkd_s=round(exec_at - timing.requested_at, 4))
             self._attach(instance, adopted=False)
             self.post(v.Launched())
 
@@ -276,7 +261,7 @@ class Node:
         return self.runtime.proven(record, expected_launch(self.cfg, spec, title_prefix(spec.env)))
 
     def _attach(self, instance: Instance, *, adopted: bool) -> None:
-        self.instance = instance
+        self.instance, cfg = instance, self.cfg
         self.files.write_now(self.record_path, instance.to_record())
         if self.registry is not None:
             self.registry.update(instance)
@@ -284,17 +269,9 @@ class Node:
             instance, self.runtime, post=self._from_watch, state=self.state, on_line=self.on_line,
             classify_exit=self.evidence.classify_exit, probes=None if self.headless else self.probes(),
             health_cfg=health_settings(self.cfg), clock=self.clock, log=self.log, replay=adopted,
-            topology=self._topology(),
-            clients_port=self.cfg.launch.port if self.runtime.shares_host_network else None)
+            topology=topology_of(cfg.nnodes, cfg.launch.tensor_parallel_size, cfg.launch.pipeline_parallel_size),
+            clients_port=cfg.launch.port if self.runtime.shares_host_network else None)
         self._spawn(self.watch.run)
-
-    def _topology(self) -> Topology:
-        """What a wedge of this instance can be in: a peer node, NCCL between this node's GPUs, or one engine."""
-        if self.cfg.nnodes > 1:
-            return Topology.group
-        launch = self.cfg.launch
-        ranks = (launch.tensor_parallel_size or 1) * (launch.pipeline_parallel_size or 1)
-        return Topology.local if ranks > 1 else Topology.single
 
     async def stop(self, reason: str, grace_s: float | None, failure: Failure | None = None,
                    hung: bool = False) -> None:
@@ -361,9 +338,6 @@ class Node:
 
     # ---- what the watch tells
     def on_line(self, line: str, persist: bool = True) -> None:
-        if is_probe_line(line) and not self.cfg.log.probe_requests:
-            self.probe_lines += 1  # sparkd's own probe in uvicorn's access log: not vLLM's story
-            return
         line = self.redact(line)
         self.vllm_log.append(line, persist=persist)
         if not is_progress(line):

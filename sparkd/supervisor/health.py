@@ -67,6 +67,7 @@ __all__ = [
     "observe_jit",
     "observe_log_line",
     "observe_metrics",
+    "topology_of",
 ]
 
 _FAILURES = frozenset({ProbeOutcome.engine_dead, ProbeOutcome.refused, ProbeOutcome.timeout})
@@ -78,6 +79,13 @@ class Topology(StrEnum):
     single = "single"  # one node, one GPU (or vLLM's CPU build): no NCCL, no peer
     local = "local"  # one node, several GPUs: NCCL between them, no peer node
     group = "group"  # ranks on several nodes: NCCL over the interconnect, a peer node
+
+
+def topology_of(nnodes: int, tensor_parallel: int | None, pipeline_parallel: int | None) -> Topology:
+    """What a wedge of an instance can be in: a peer node, NCCL between this node's GPUs, or one engine."""
+    if nnodes > 1:
+        return Topology.group
+    return Topology.local if (tensor_parallel or 1) * (pipeline_parallel or 1) > 1 else Topology.single
 
 
 class Verdict(StrEnum):

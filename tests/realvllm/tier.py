@@ -6,9 +6,12 @@ runtime, the virtualenv's ``vllm``, ``--dtype bfloat16``, ``VLLM_CPU_KVCACHE_SPA
 short so a wedge shows in seconds, and the restart budget is wide: the scenarios fault the same instance again and
 again on purpose.
 
-vLLM's processes carry a title prefix of this run's own (``VLLM_PROCESS_NAME_PREFIX``): until issue 23's fix is on
-main, a sparkd preflight ends every ``VLLM::*`` process on the host, which would end other test runs' vLLMs and let
-theirs end this one (the launch's own prefix is what sparkd sweeps, so the tier exercises the same code).
+vLLM's processes keep vLLM's own titles (``VLLM::EngineCore``, ``VLLM::Worker``), as an operator's do: since issue 23
+sparkd's stale sweep ends only what is provably its own (the launch marker, the instance registry), never a
+neighbour's ``VLLM::*``, and the API-server SIGKILL scenario proves it finds its own orphans that way.
+``SPARKD_REALVLLM_TITLE_PREFIX`` gives them a prefix of their own instead (``VLLM_PROCESS_NAME_PREFIX``), for a run
+on a host whose other sparkd builds still sweep by title. Every process of this tier's vLLM carries
+``SPARKD_REALVLLM_TIER`` in its environment; that is how the teardown finds what is left of it, and nothing else.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from daemon_harness import BIN, Sparkd, free_port, render_toml, unique_prefix
+from daemon_harness import BIN, Sparkd, free_port, render_toml
 
 SERVED = "tinyllm"
 START_S = 420.0  # one cold start on 2 shared cores: ~45 s warm, ~65 s with the first compile, slower under load
@@ -36,7 +39,8 @@ class Tier:
     def __init__(self, tmp: Path, venv: Path, model: Path) -> None:
         self.tmp, self.venv, self.model = tmp, venv, model
         self.port = free_port()
-        self.prefix = unique_prefix()
+        self.prefix = os.environ.get("SPARKD_REALVLLM_TITLE_PREFIX", "VLLM")
+        self.mark = f"{tmp}"  # SPARKD_REALVLLM_TIER: in the environment of every process of this tier's vLLM
         self.timings: dict[str, float] = {}
         self.began = time.monotonic()
         (tmp / "d").mkdir()
@@ -53,8 +57,9 @@ class Tier:
             "launch": {"executable": str(self.venv / "bin" / "vllm"), "model": str(self.model),
                        "served_model_name": SERVED, "host": "127.0.0.1", "port": self.port, "max_model_len": 512,
                        "extra_args": ["--dtype", "bfloat16", *extra_args],
-                       "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1",
-                               "VLLM_PROCESS_NAME_PREFIX": self.prefix, **(env or {})}},
+                       "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "SPARKD_REALVLLM_TIER": self.mark,
+                               **({"VLLM_PROCESS_NAME_PREFIX": self.prefix} if self.prefix != "VLLM" else {}),
+                               **(env or {})}},
             "paths": {"state_dir": str(folder / "state"), "run_dir": str(folder / "run")},
             "api": {"socket_group": "", "port": 0},
             "supervisor": {"stop_grace_s": 10},
@@ -137,15 +142,12 @@ class Tier:
                     return proc
         raise AssertionError(f"no {self.prefix}::{title} under vLLM {self.main().pid}")
 
-    def titled(self) -> list[psutil.Process]:
-        """Every live process on the host titled with this run's prefix."""
+    def ours(self) -> list[psutil.Process]:
+        """Every live process of this tier's vLLM (its environment carries this tier's mark), and nothing else."""
         out = []
-        for proc in psutil.process_iter(["name", "cmdline"]):
+        for proc in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
-                text = proc.info["name"] or ""
-                cmd = " ".join(proc.info["cmdline"] or [])
-                if (text.startswith(self.prefix) or cmd.startswith(self.prefix)) and \
-                        proc.status() != psutil.STATUS_ZOMBIE:
+                if proc.environ().get("SPARKD_REALVLLM_TIER") == self.mark and proc.status() != psutil.STATUS_ZOMBIE:
                     out.append(proc)
         return out
 
@@ -181,7 +183,7 @@ class Tier:
         print(f"\nreal-vLLM tier timings (s): {self.timings}")
         keep = os.environ.get("SPARKD_REALVLLM_KEEP")
         self.daemon.end(timeout=60)
-        for proc in self.titled():  # what this run's vLLM left (a stopped EngineCore the daemon never saw)
+        for proc in self.ours():  # what this run's vLLM left (a stopped EngineCore the daemon never saw)
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(signal.SIGCONT)
                 proc.kill()

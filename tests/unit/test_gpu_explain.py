@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from sparkd.explain import explain, sparkd_kill
 from sparkd.supervisor.failures import FailureClass
 
@@ -58,12 +56,6 @@ def test_the_survivor_log_has_the_store_closing_before_the_watchdog() -> None:
     assert closed < timeout
 
 
-ISSUE_25 = ("the classifier's first-cause ordering (a peer-loss line before a watchdog timeout makes peer_lost) is "
-            "issue 25's change to sparkd/supervisor/classify.py and rules.py, not on main yet: today the watchdog "
-            "rule (tier 0) outranks the TCPStore rules and this reads as nccl")
-
-
-@pytest.mark.xfail(strict=True, reason=ISSUE_25)
 def test_sparkd_explain_on_the_survivor_says_peer_lost(tmp_path: Path) -> None:
     header, lines = survivor_log()
     log = tmp_path / "rank1.log"
