@@ -59,6 +59,7 @@ class Launch:
     start: float
     owner: str = ""  # "sparkd instance /etc/sparkd/a.toml (state /var/lib/sparkd-a)"
     marker: str | None = None  # its SPARKD_LAUNCH_ID: every process of the launch inherits it
+    uid: int | None = None  # it speaks only for processes of this uid (a user's registration); None: any
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,8 @@ def launch_of(pid: int, table: Mapping[int, Proc], launches: tuple[Launch, ...],
     ``by_marker``, whose marker ``pid``'s environment carries (an orphan of it still does)."""
     members = chain(pid, table)
     for launch in launches:
+        if launch.uid is not None and (not members or members[0].uid != launch.uid):
+            continue
         if by_marker and launch.marker and members and members[0].marker == launch.marker:
             return launch
         if any(launch.pid == m.pid and same_start(m, launch.start) for m in members):

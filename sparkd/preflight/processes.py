@@ -117,7 +117,7 @@ async def launch_places(ctx: PreflightContext) -> PreflightContext:
 
 def other_launches(ctx: PreflightContext) -> tuple[neighbours.Launch, ...]:
     """The launches of the other live sparkd instances on this host (:mod:`sparkd.instances`)."""
-    return instances.launches(instances.live(ctx.cfg.paths.instances_dir, besides=ctx.cfg.paths.state_dir))
+    return instances.launches(instances.live_everywhere(ctx.cfg.paths.instances_dir, besides=ctx.cfg.paths.state_dir))
 
 
 def title_prefix(ctx: PreflightContext) -> str:

@@ -12,11 +12,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from sparkd.config import config_from_mapping
 from sparkd.daemon.gpumetrics import gpu_families
 from sparkd.daemon.stopreport import StopReport, grace_for
 from sparkd.gpu import memcheck, power, release
 from sparkd.gpu.model import GpuDevice, GpuProcess, GpuView
-from sparkd.config import config_from_mapping
 from sparkd.gpu.reading import devices_of_launch, pick
 from sparkd.guard.meminfo import MemInfo, parse_meminfo
 from sparkd.launch import render
