@@ -1,15 +1,17 @@
 """Instances know each other: every sparkd on a host registers its live launch where the others read it.
 
 One JSON file per instance in ``[paths] instances_dir`` (default ``/run/sparkd/instances``, a tmpfs: a reboot
-clears it), named after the instance's state directory. A daemon that may not write there (a user's ``make run``
-beside root's ``/run/sparkd``) registers in its user's runtime folder, ``$XDG_RUNTIME_DIR/sparkd/instances``
-(``/run/user/<uid>/…``), where the user's other instances and root's read it: every instance reads the configured
-folder, its own user's and each ``/run/user/*/sparkd/instances`` it may read. A registration in a folder that a
-user other than root owns speaks only for that user's processes (a user cannot protect root's litter by
-registering it). It names the daemon (PID and create time), its config
-and state directory, and its launch: the root process (PID and create time), the launch marker every process
-of the launch inherits (``SPARKD_LAUNCH_ID``), the container. The stale/neighbour decision
-(:mod:`sparkd.preflight.neighbours`) never counts a process of a registered launch as stale.
+clears it), named after the instance's state directory. It names the daemon (PID and create time), its config
+and state directory, and its launch: the root process (PID and create time; the process runtime's root leads a
+session every process of the launch stays in), the launch marker every process of the launch inherits
+(``SPARKD_LAUNCH_ID``), the container. The stale/neighbour decision (:mod:`sparkd.preflight.neighbours`) never
+counts a process of a registered launch as stale.
+
+A daemon that may not write there (a user's ``make run`` beside root's ``/run/sparkd``) registers in its user's
+runtime folder, ``$XDG_RUNTIME_DIR/sparkd/instances`` (``/run/user/<uid>/…``). Every instance reads the
+configured folder, its own user's and each ``/run/user/*/sparkd/instances`` it may read (root: all of them). A
+registration in a folder that a user other than root owns speaks only for that user's processes: a user cannot
+protect root's litter by registering it.
 
 A registration whose daemon is gone (no process with that PID and create time) protects nothing: it is read as
 absent and left for its owner to rewrite. Reading is defensive (regular files only, not through a symlink, at

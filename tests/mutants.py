@@ -197,6 +197,20 @@ MUTANTS = [
     m("N23f", "sparkd/preflight/gpu.py", "    if devices.every or not gpus:\n        return apps, 0",
       "    if True:\n        return apps, 0", "a compute process on another GPU counts as the launch's leftover",
       "tests/integration/test_preflight_node.py::test_gpu_a_compute_process_on_another_gpu_is_not_a_leftover"),
+    m("N23g", "sparkd/preflight/neighbours.py",
+      "        if by_marker and launch.pid > 1 and members and members[0].sid == launch.pid:", "        if False:",
+      "a live instance's titled orphan (its marker overwritten by the title) is known only by its marker",
+      "tests/integration/test_neighbours_host.py::test_a_live_instances_orphans_are_left_to_it_until_its_sparkd_is_gone"),
+    m("N23h", "sparkd/daemon/registry.py",
+      "        return [self.folder, *([user] if user is not None and user != self.folder else [])]",
+      "        return [self.folder]", "a daemon that may not write [paths] instances_dir registers nowhere",
+      "tests/integration/test_instances_user.py"),
+    m("N23i", "sparkd/instances.py", "    speaks_for = None if st.st_uid == 0 else st.st_uid",
+      "    speaks_for = None", "a user's registration speaks for any uid's processes (root's litter too)",
+      "tests/unit/test_instances.py"),
+    m("N23j", "sparkd/launch_devices.py", '    base = host_env if runtime == "process" else container_env',
+      "    base = container_env", "the process runtime's GPUs and title prefix ignore sparkd's own environment",
+      "tests/unit/test_gpu_decisions.py"),
 ]
 
 
