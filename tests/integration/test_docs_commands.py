@@ -190,7 +190,12 @@ for i in $(seq 180); do
     fi
     sleep 0.5
 done
-.venv/bin/sparkctl status > {status} 2>&1; echo "exit $?" >> {status}
+for i in $(seq 40); do  # /v1/models answers a moment before sparkd's own probe has made it ready
+    .venv/bin/sparkctl status > {status} 2>&1; rc=$?
+    if grep -q ": ready since " {status}; then break; fi
+    sleep 0.25
+done
+echo "exit $rc" >> {status}
 kill -INT -- -$!
 wait $!
 """
