@@ -6,13 +6,16 @@ from __future__ import annotations
 import stat
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from sparkd import exits
-from sparkd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
-from sparkd.lint import Finding, Level
+from sparkd.cli.locate import DEFAULT_CONFIG_PATH
+
+if TYPE_CHECKING:  # imported when a command loads a config: --help and TAB completion need neither
+    from sparkd.config import Config
+    from sparkd.lint import Finding
 
 EXIT_INVALID_CONFIG = exits.INVALID_CONFIG
 
@@ -29,6 +32,8 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 def config_or_exit(path: Path, *, profile: str | None = None, prog: str = "sparkd") -> Config:
     """Load the config or exit 2 with one line per problem, each naming its key (never a traceback)."""
+    from sparkd.config import ConfigError, load_config
+
     try:
         return load_config(path, profile=profile)
     except ConfigError as exc:
@@ -39,6 +44,8 @@ def config_or_exit(path: Path, *, profile: str | None = None, prog: str = "spark
 def token_file_findings(cfg: Config) -> list[Finding]:
     """Warnings about ``[api] token_file``: missing (the peer API then refuses every request), not a file, or
     readable by anyone but its owner (it is the pair's shared secret)."""
+    from sparkd.lint import Finding, Level
+
     path = cfg.api.token_file
     if path is None:
         return []

@@ -190,10 +190,11 @@ for i in $(seq 180); do
     fi
     sleep 0.5
 done
-for i in $(seq 40); do  # /v1/models answers a moment before sparkd's own probe has made it ready
+# vLLM answers a moment before sparkd's next /health probe calls it ready: ask until it says so (30 s at most).
+for i in $(seq 60); do
     .venv/bin/sparkctl status > {status} 2>&1; rc=$?
-    if grep -q ": ready since " {status}; then break; fi
-    sleep 0.25
+    test $rc -eq 0 && break
+    sleep 0.5
 done
 echo "exit $rc" >> {status}
 kill -INT -- -$!
