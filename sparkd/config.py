@@ -123,6 +123,11 @@ class Config(BaseModel):
         return self.launch.master_port or self.cluster.master_port
 
     @property
+    def listen(self) -> str:
+        """The TCP port's address: ``[api] listen``, else this node's fabric address, else loopback."""
+        return self.api.listen or self.node.address or "127.0.0.1"
+
+    @property
     def served_name(self) -> str:
         return self.launch.served_model_name or self.launch.model
 

@@ -14,7 +14,7 @@ from sparkd.config import Config
 from sparkd.launch import render
 
 NEEDS_RESTART = ("node.name", "node.role", "runtime", "paths.", "api.port", "api.listen", "api.socket_group",
-                 "api.token_file", "cluster.peers")
+                 "api.token_file", "api.tls_cert", "api.tls_key", "api.tls_ca", "cluster.peers")
 _SECRET_MARKS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import anyio
 
 from sparkd.clock import Clock
-from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
+from sparkd.cluster.addresses import PeerAddresses
+from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable, claim
 from sparkd.cluster.ranks import Member, group_problems
 from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
 from sparkd.config import Config, Role
@@ -56,7 +57,7 @@ def _peer_entry(peer: str, reachable: bool, status: dict[str, Any] | None) -> di
 class Coordinator:
     def __init__(self, cfg: Config, client: PeerClient, *, post: Callable[[v.Observation], None],
                  state: Callable[[], State], image: Callable[[], dict[str, Any] | None], clock: Clock,
-                 log: Any) -> None:
+                 log: Any, addresses: PeerAddresses | None = None) -> None:
         self.cfg = cfg
         self.role = group_role(cfg)
         self.client = client
@@ -66,6 +67,7 @@ class Coordinator:
         self.clock = clock
         self.log = log
         self.views = {peer: PeerView() for peer in client.peers}
+        self.addresses = addresses
 
     # ---- head: prepare, start and stop the workers
     async def _each(self, job: Callable[[str], Awaitable[Failure | None]]) -> Failure | None:
@@ -161,10 +163,13 @@ class Coordinator:
         return Failure.of(FailureClass.hang, f"The worker rank on {peer} was not up after {timeout:.0f} s.")
 
     def _remote_failure(self, peer: str, failure: dict[str, Any] | None, what: str) -> Failure:
-        failure = failure or {}
+        """The worker's report as a failure of the group: the class if it is one sparkd knows, and its sentence
+        quoted as the worker's claim (one line, bounded: it came over the network)."""
+        failure = failure if isinstance(failure, dict) else {}
         name = str(failure.get("class"))
         cls = FailureClass(name) if name in FailureClass.__members__ else FailureClass.unknown
-        return Failure.of(cls, f"The worker on {peer}: {what}: {failure.get('message', 'no reason given')}")
+        said = claim(failure.get("message") or "no reason given")
+        return Failure.of(cls, f"The worker on {peer}: {what}; its sparkd reports: \u201c{said}\u201d")
 
     def _stop_timeout(self) -> float:
         return self.cfg.supervisor.stop_grace_s + 60.0
@@ -234,21 +239,29 @@ class Coordinator:
     def _worker_rank_failed(self, peer: str, failure: dict[str, Any] | None) -> None:
         self.post(v.HealthFailed(self._remote_failure(peer, failure, "its rank is gone")))
 
-    def on_report(self, peer: str, failure: dict[str, Any] | None) -> None:
-        """A worker reported its rank's failure at once (POST /v1/rank/failed)."""
+    def on_report(self, peer: str, failure: dict[str, Any] | None) -> bool:
+        """A worker reported its rank's failure at once (POST /v1/rank/failed from ``peer``, its address); False
+        when the address is not a configured peer's (the report is then ignored)."""
+        named = self.peer_named(peer)
+        if named is None:
+            self.log.warning("report_refused", source=peer, reason="not a configured peer")
+            return False
         if self.state() in RUNNING:
-            self._worker_rank_failed(self.peer_named(peer), failure)
+            self._worker_rank_failed(named, failure)
+        return True
 
     def unreachable(self) -> list[str]:
         """The peers whose sparkd does not answer now."""
         return [peer for peer, view in self.views.items() if view.since_unreachable is not None]
 
-    def peer_named(self, host: str) -> str:
-        """The configured peer a request from ``host`` came from (or ``host`` itself)."""
+    def peer_named(self, host: str) -> str | None:
+        """The configured peer a request from address ``host`` came from; None for any other address."""
+        if self.addresses is not None:
+            return self.addresses.peer_of(host)
         for peer in self.client.peers:
             if peer == host or peer.startswith(f"{host}:") or peer.startswith(f"[{host}]"):
                 return peer
-        return host
+        return None
 
     def peers_json(self) -> list[dict[str, Any]]:
         """Every other rank of the group: the head knows them all; a worker shows the head's view of the rest."""

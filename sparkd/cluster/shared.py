@@ -104,14 +104,14 @@ def rank_gone(status: dict[str, Any]) -> bool:
     return status.get("state") not in (*RUNNING_STATES, "preflight", "adopting")
 
 
-def peer_base_url(peer: str, default_port: int) -> str:
+def peer_base_url(peer: str, default_port: int, scheme: str = "http") -> str:
     """``host``, ``host:port``, ``[v6]:port`` or a bare IPv6 address → the peer's base URL."""
     if peer.startswith("["):
         host, _, rest = peer[1:].partition("]")
-        return f"http://[{host}]:{rest.lstrip(':') or default_port}"
+        return f"{scheme}://[{host}]:{rest.lstrip(':') or default_port}"
     if peer.count(":") == 1:
         host, port = peer.split(":")
-        return f"http://{host}:{port}"
+        return f"{scheme}://{host}:{port}"
     if ":" in peer:
-        return f"http://[{peer}]:{default_port}"
-    return f"http://{peer}:{default_port}"
+        return f"{scheme}://[{peer}]:{default_port}"
+    return f"{scheme}://{peer}:{default_port}"

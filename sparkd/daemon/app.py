@@ -15,6 +15,7 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,11 @@ import anyio
 from anyio.abc import TaskGroup
 
 from sparkd import exits
-from sparkd.api.bounded import harden_process
-from sparkd.api.server import bind_tcp_socket, bind_unix_socket, build_app, build_tcp_app, read_token, serve
+from sparkd.api.admission import Limits as ConnectionLimits
+from sparkd.api.bounded import Listener, harden_process, tcp_caller, unix_caller
+from sparkd.api.server import bind_tcp_socket, bind_unix_socket, build_app, build_tcp_app, serve
 from sparkd.clock import Clock, SystemClock
+from sparkd.cluster.addresses import REFRESH_S, PeerAddresses
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
 from sparkd.commands.rank import RANK
@@ -36,6 +39,7 @@ from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
 from sparkd.daemon.reload import Reloader, keep_fixed
+from sparkd.daemon.startup import StartupProblem, Trusted, prepare
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
@@ -46,7 +50,7 @@ from sparkd.logs import VllmLog, configure_logging, get_logger
 from sparkd.nodelock import AlreadyRunning, NodeLock
 from sparkd.notify import Notifier
 from sparkd.probes import HttpProbes
-from sparkd.redact import redactor_for
+from sparkd.redact import read_secret, redactor_for
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Runtime
 from sparkd.supervisor.policy import RestartPolicy
@@ -93,11 +97,11 @@ def open_sockets(cfg: Config) -> Sockets:
     tcp = None
     if cfg.api.port:
         try:
-            tcp = bind_tcp_socket(cfg.api.listen, cfg.api.port)
+            tcp = bind_tcp_socket(cfg.listen, cfg.api.port)
         except OSError as exc:
             unix.close()
             why = "is in use by another program" if exc.errno == 98 else f"cannot be bound: {exc.strerror or exc}"
-            raise StartupError(f"[api] port {cfg.api.port} on {cfg.api.listen} {why}; free it or change "
+            raise StartupError(f"[api] port {cfg.api.port} on {cfg.listen} {why}; free it or change "
                                "[api] port / listen", exits.HOST_PROBLEM) from None
     return Sockets(unix, tcp)
 
@@ -108,7 +112,7 @@ class Daemon:
     def __init__(self, cfg: Config, runtime: Runtime, *, rehearse: bool = False, clock: Clock | None = None,
                  notifier: Notifier | None = None, probes: Callable[[], Probes] | None = None,
                  rand: Callable[[], float] = random.random, config_path: Path | None = None,
-                 **node_options: Any) -> None:
+                 trusted: Trusted | None = None, **node_options: Any) -> None:
         self.cfg = cfg
         self.runtime = runtime
         self.clock = clock or SystemClock()
@@ -116,7 +120,10 @@ class Daemon:
         self.log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
         self.files = StateWriter(self.log)
         self.vllm_log = VllmLog.from_config(cfg)
-        self.token = read_token(cfg.api.token_file)
+        # `sparkd run` checked the token file (owner, mode, length); an in-process daemon reads it as it is.
+        self.trusted = trusted or Trusted(read_secret(cfg.api.token_file), None)
+        self.token = self.trusted.token
+        self.peer_addresses = PeerAddresses(cfg.cluster.peers) if cfg.cluster.peers else None
         self.guard: Guard | None = None
         machine = restore(memory.load(self.lifecycle_path, self.clock, self.log), self.clock.now())
         self.sup = Supervisor(machine=machine, limits=limits_from(cfg), effects=_Deferred(), clock=self.clock,
@@ -156,7 +163,7 @@ class Daemon:
         return Coordinator(self.cfg, PeerClient(self.cfg, self.token), post=self.sup.post,
                            state=lambda: self.sup.machine.state,
                            image=lambda: self.node.image.to_json() if self.node.image else None,
-                           clock=self.clock, log=self.log)
+                           clock=self.clock, log=self.log, addresses=self.peer_addresses)
 
     def _probes(self) -> HttpProbes:
         launch, health = self.cfg.launch, self.cfg.health
@@ -252,11 +259,27 @@ class Daemon:
         return exits.OK
 
     def _serve(self, tg: TaskGroup, sockets: Sockets) -> None:
-        tg.start_soon(serve, build_app(self.control), sockets.unix)
+        tg.start_soon(serve, build_app(self.control), sockets.unix, Listener(unix_caller, UNIX_LIMITS))
         if sockets.tcp is not None:
             if self.cfg.api.token_file is not None and self.token is None:
                 self.log.error("token_unreadable", path=str(self.cfg.api.token_file))
-            tg.start_soon(serve, build_tcp_app(self.control, self.token, self.metrics.render, RANK), sockets.tcp)
+            app = build_tcp_app(self.control, self.token, self.metrics.render, RANK, tls=self.cfg.api.tls,
+                                log=self.log)
+            listener = Listener(tcp_caller(self.peer_addresses), trusted_sources=len(self.cfg.cluster.peers))
+            tg.start_soon(partial(serve, app, sockets.tcp, listener, ssl_context=self.trusted.tls))
+        if self.peer_addresses is not None:
+            tg.start_soon(self._resolve_peers)
+
+    async def _resolve_peers(self) -> None:
+        """Peers named by host name: resolved again every REFRESH_S, off the loop; what fails is logged."""
+        assert self.peer_addresses is not None
+        addresses, unresolved = self.peer_addresses, self.peer_addresses.unresolved
+        while True:
+            if unresolved:
+                self.log.warning("peer_unresolved", peers=unresolved,
+                                 note="their connections get no reserved room and no /v1/* until they resolve")
+            await anyio.sleep(REFRESH_S)
+            unresolved = await anyio.to_thread.run_sync(addresses.refresh)
 
     async def _boot(self) -> bool:
         found = await self.node.adopt()
@@ -303,6 +326,9 @@ class Daemon:
             await self.clock.sleep(interval)
 
 
+UNIX_LIMITS = ConnectionLimits(general=48, per_source=16, per_trusted=16)  # per uid; root keeps 16 of its own
+
+
 class _Deferred:
     """The supervisor's effects until the node exists (it is built right after)."""
 
@@ -314,6 +340,11 @@ def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int
     configure_logging(cfg.log)
     log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
     harden_process()
+    try:
+        trusted = prepare(cfg)
+    except StartupProblem as exc:
+        log.error("startup_failed", detail=str(exc))
+        return exc.status
     lock = NodeLock(cfg.paths.state_dir / "sparkd.lock")
     try:
         for folder in (cfg.paths.state_dir, cfg.paths.run_dir, cfg.paths.logs):
@@ -334,7 +365,8 @@ def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int
     log.info("starting", config=str(config_path), runtime=cfg.runtime.value, rehearse=rehearse,
              launch_hash=cfg.launch_hash(), pid=os.getpid())
     try:
-        daemon = Daemon(cfg, make_runtime(cfg, rehearse=rehearse), rehearse=rehearse, config_path=config_path)
+        daemon = Daemon(cfg, make_runtime(cfg, rehearse=rehearse), rehearse=rehearse, config_path=config_path,
+                        trusted=trusted)
         # What the imports and the config made lives as long as the daemon: out of the collector's way, so a full
         # collection (~10 ms over 55k objects) walks only what the daemon allocates from now on.
         gc.freeze()

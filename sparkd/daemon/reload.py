@@ -51,7 +51,9 @@ def keep_fixed(old: Config, new: Config) -> Config:
         "node": new.node.model_copy(update={"name": old.node.name, "role": old.node.role}),
         "runtime": old.runtime, "paths": old.paths,
         "api": new.api.model_copy(update={"port": old.api.port, "listen": old.api.listen,
-                                          "socket_group": old.api.socket_group, "token_file": old.api.token_file}),
+                                          "socket_group": old.api.socket_group, "token_file": old.api.token_file,
+                                          "tls_cert": old.api.tls_cert, "tls_key": old.api.tls_key,
+                                          "tls_ca": old.api.tls_ca}),
         "cluster": new.cluster.model_copy(update={"peers": old.cluster.peers}),
     })
 

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon_harness import BIN, Sparkd, base_config, unique_prefix
+from daemon_harness import BIN, Sparkd, base_config, peer_token, unique_prefix
 
 _NETS = itertools.count(1)
+# Namespaces are named after this prefix (a session sharing the host with others may set its own).
+NETNS_PREFIX = os.environ.get("SPARKD_TEST_NETNS_PREFIX", "sparkd-")
 
 
 def ip(*args: str, ns: str | None = None) -> None:
@@ -36,7 +38,7 @@ class Link:
     def create(cls) -> Link:
         n = next(_NETS)
         tag = f"{os.getpid() % 10000}x{n}"
-        head_ns, worker_ns = f"sparkd-h{tag}", f"sparkd-w{tag}"
+        head_ns, worker_ns = f"{NETNS_PREFIX}h{tag}", f"{NETNS_PREFIX}w{tag}"
         head_veth, worker_veth = f"sph{tag}", f"spw{tag}"
         subnet = f"10.231.{(os.getpid() + n) % 250}"
         ip("netns", "add", head_ns)
@@ -79,8 +81,7 @@ class NodeDaemon(Sparkd):
 
 def pair_configs(tmp: Path, link: Link, *, worker_launch: dict[str, Any] | None = None,
                  **sections: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    token = tmp / "token"
-    token.write_text("pair-token\n")
+    token = peer_token(tmp / "token")
     common_launch = {"tensor_parallel_size": 2, "host": "0.0.0.0", "port": 8000, "max_model_len": 8192}
     cluster = {"master_addr": link.head_addr, "master_port": 29501, "nnodes": 2, "peer_poll_s": 0.5,
                "peer_grace_s": 3, "worker_start_timeout_s": 60}
