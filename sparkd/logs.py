@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import structlog
 
 from sparkd.journal import JOURNAL_SOCKET, PRIORITY, JournalSink, stderr_is_journal
+from sparkd.safefile import open_append
 
 if TYPE_CHECKING:
     from sparkd.config import Config, LogConfig
@@ -216,7 +217,8 @@ class VllmLog:
     def _write(self, data: str, size: int) -> None:
         if self._handle is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle = open(self.path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed in close()
+            # Never through a link or into a FIFO planted as vllm.log (security review §3): O_NOFOLLOW, regular only.
+            self._handle = os.fdopen(open_append(self.path), "a", encoding="utf-8", errors="replace")
             self._size = self._handle.tell()
         self._handle.write(data)
         self._handle.flush()

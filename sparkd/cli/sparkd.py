@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from sparkd import __version__
-from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail, token_file_findings
+from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail, host_file_findings
 from sparkd.config import Config
 from sparkd.launch import render, render_script
 from sparkd.lint import errors, lint
@@ -26,7 +26,7 @@ def main() -> None:
 def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> Config:
     """The config, its lint findings printed; exit 2 when it is invalid or has a lint error."""
     cfg = config_or_exit(config_path, profile=profile)
-    findings = [*lint(cfg), *token_file_findings(cfg)]
+    findings = [*lint(cfg), *host_file_findings(cfg)]
     for finding in findings:
         click.echo(f"{config_path}: {finding}", err=True)
     if errors(findings):

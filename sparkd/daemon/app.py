@@ -345,6 +345,8 @@ def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int
     except StartupProblem as exc:
         log.error("startup_failed", detail=str(exc))
         return exc.status
+    for warning in trusted.warnings:
+        log.warning("launch_program_writable", detail=warning)
     lock = NodeLock(cfg.paths.state_dir / "sparkd.lock")
     try:
         for folder in (cfg.paths.state_dir, cfg.paths.run_dir, cfg.paths.logs):

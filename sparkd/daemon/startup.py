@@ -1,7 +1,11 @@
 """What ``sparkd run`` checks before it builds the daemon: the files it trusts with root's power.
 
 - The umask is 027: nothing sparkd creates is writable by its group or readable by others.
+- The state, run and log directories, and every directory above them, can be changed by root (or the user sparkd
+  runs as) only (:mod:`sparkd.trustedpaths`, sshd's StrictModes); else root could be made to write through a
+  link or a FIFO someone planted there.
 - ``[api] token_file`` is root's alone and long enough (:mod:`sparkd.secretfile`); the TLS files load.
+- A launch script or program on the host that someone else may change is a warning (root runs it).
 
 Each problem is one sentence and an exit status the unit does not restart on (``sparkd.exits``).
 """
@@ -9,13 +13,16 @@ Each problem is one sentence and an exit status the unit does not restart on (``
 from __future__ import annotations
 
 import os
+import shutil
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from sparkd import exits
 from sparkd.cluster.tls import TlsProblem, server_context
 from sparkd.config import Config
 from sparkd.secretfile import SecretFileProblem, read_token
+from sparkd.trustedpaths import first_unsafe, unsafe
 
 UMASK = 0o027
 
@@ -32,11 +39,40 @@ class Trusted:
 
     token: str | None
     tls: ssl.SSLContext | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def directories(cfg: Config) -> list[tuple[str, Path]]:
+    """The directories sparkd writes in, each with the key that names it."""
+    paths = cfg.paths
+    logs = "[paths] log_dir" if paths.log_dir is not None else "[paths] log_dir (by default <state_dir>/logs)"
+    return [("[paths] state_dir", paths.state_dir), ("[paths] run_dir", paths.run_dir), (logs, paths.logs),
+            ("the incidents folder", paths.incidents), ("the process runtime's folder", paths.state_dir / "run")]
+
+
+def launch_program_problem(cfg: Config) -> str | None:
+    """Why the program root runs on the host (``[launch] script``, else ``executable``) could be changed by
+    someone else, or None (docker runtimes run it in the container; a program not found is preflight's to say)."""
+    if cfg.runtime.in_container:
+        return None
+    key, name = ("[launch] script", cfg.launch.script) if cfg.launch.script else \
+        ("[launch] executable", cfg.launch.executable)
+    found = name if "/" in name else shutil.which(name)
+    if found is None:
+        return None
+    why = unsafe(found)
+    if why is None:
+        return None
+    return (f"{key} {found} is run by sparkd as {'root' if os.geteuid() == 0 else 'this user'}, but {why}: "
+            "whoever can change it runs code as sparkd; make it and its directories writable by root only")
 
 
 def prepare(cfg: Config) -> Trusted:
-    """Set the umask and check the secret and TLS files. Raises :class:`StartupProblem`."""
+    """Set the umask and check the directories, the secret and TLS files. Raises :class:`StartupProblem`."""
     os.umask(UMASK)
+    why = first_unsafe(directories(cfg))
+    if why is not None:
+        raise StartupProblem(why, exits.HOST_PROBLEM)
     try:
         token = read_token(cfg.api.token_file)
     except SecretFileProblem as exc:
@@ -45,4 +81,5 @@ def prepare(cfg: Config) -> Trusted:
         tls = server_context(cfg.api)
     except TlsProblem as exc:
         raise StartupProblem(str(exc), exits.INVALID_CONFIG) from None
-    return Trusted(token, tls)
+    program = launch_program_problem(cfg)
+    return Trusted(token, tls, [program] if program else [])
