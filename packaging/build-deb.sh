@@ -150,7 +150,7 @@ PY
 
 # ---- 3. the package tree
 install -D -m 0644 "$REPO/systemd/sparkd.service" "$ROOT/lib/systemd/system/sparkd.service"
-install -D -m 0644 "$REPO/config/sparkd.toml" "$ROOT/etc/sparkd/sparkd.toml"
+install -D -m 0640 "$REPO/config/sparkd.toml" "$ROOT/etc/sparkd/sparkd.toml"
 mkdir -p "$ROOT/usr/bin"
 ln -s "$PREFIX/venv/bin/sparkd" "$ROOT/usr/bin/sparkd"
 ln -s "$PREFIX/venv/bin/sparkctl" "$ROOT/usr/bin/sparkctl"

@@ -159,7 +159,15 @@ class LaunchConfig(_Section):
     tool_call_parser: str | None = Field(default=None, description=_flag("`--tool-call-parser`."))
     enable_auto_tool_choice: bool = Field(default=False, description="`--enable-auto-tool-choice`.")
     reasoning_parser: str | None = Field(default=None, description=_flag("`--reasoning-parser`."))
-    api_key: str | None = Field(default=None, description="`--api-key`: clients must send it; sparkd's probes do.")
+    api_key: str | None = Field(default=None, description=(
+        "The key clients must send (vLLM reads it from `VLLM_API_KEY`; sparkd's probes send it). A secret: prefer "
+        "`api_key_file` and keep the config free of it."))
+    api_key_file: Path | None = Field(default=None, description=(
+        "A file holding the API key (root's, mode 0600), instead of `api_key` in the config."))
+    secret_env: list[str] = Field(default_factory=list, description=(
+        "More environment variables whose values are secrets, besides those whose name has KEY, TOKEN, SECRET, "
+        "PASSWORD or CREDENTIAL at the end of a word: passed to vLLM only through its environment, shown as "
+        "`(secret)` everywhere else."))
     nnodes: int | None = Field(default=None, ge=1, description=(
         "`--nnodes`; default: `[cluster] nnodes`, else from the role."))
     node_rank: int | None = Field(default=None, ge=0, description="`--node-rank`; default: `[node] rank`.")
@@ -196,6 +204,18 @@ class LaunchConfig(_Section):
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         return env_names(value)
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, value: list[str]) -> list[str]:
+        env_names(dict.fromkeys(value, ""))
+        return value
+
+    @model_validator(mode="after")
+    def _one_api_key(self) -> LaunchConfig:
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ValueError("launch.api_key_file: set either api_key or api_key_file, not both")
+        return self
 
 
 class ClusterConfig(_Section):

@@ -13,7 +13,7 @@ from sparkd import exits
 from sparkd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 from sparkd.daemon.startup import launch_program_problem
 from sparkd.lint import Finding, Level
-from sparkd.secretfile import SecretFileProblem, read_token
+from sparkd.secretfile import SecretFileProblem, read_secret_file, read_token
 
 EXIT_INVALID_CONFIG = exits.INVALID_CONFIG
 
@@ -60,6 +60,13 @@ def host_file_findings(cfg: Config) -> list[Finding]:
     """What only the host can say about the files the config names: the token file, and a launch program that
     someone other than root may change (sparkd runs it as root)."""
     findings = token_file_findings(cfg)
+    if cfg.launch.api_key_file is not None:
+        try:
+            read_secret_file(cfg.launch.api_key_file, "[launch] api_key_file")
+        except SecretFileProblem as exc:
+            text = str(exc).removeprefix("[launch] api_key_file ")
+            findings.append(Finding("api-key-file-unsafe", Level.warning, "launch.api_key_file",
+                                    f"{text}; sparkd run refuses to start with it"))
     program = launch_program_problem(cfg)
     if program is not None:
         key = "launch.script" if cfg.launch.script else "launch.executable"

@@ -120,7 +120,8 @@ class Coordinator:
                       gpus_per_node=self.cfg.cluster.gpus_per_node, head=True)
 
     def _differences(self, peer: str, status: dict[str, Any]) -> list[str]:
-        mismatch = differences(shared_settings(self.cfg), status.get("shared", {}), peer=peer)
+        mine = shared_settings(self.cfg, getattr(self.client, "token", None))
+        mismatch = differences(mine, status.get("shared", {}), peer=peer)
         image = image_difference(self.image(), status.get("image") or status.get("image_id"), peer=peer,
                                  mode=self.cfg.cluster.image_match, label=self.cfg.cluster.image_label)
         return [image, *mismatch] if image else mismatch

@@ -45,12 +45,12 @@ from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
 from sparkd.guard.guard import Guard
 from sparkd.incidents import IncidentWriter
-from sparkd.launch import health_settings
+from sparkd.launch import api_key, health_settings
 from sparkd.logs import VllmLog, configure_logging, get_logger
 from sparkd.nodelock import AlreadyRunning, NodeLock
 from sparkd.notify import Notifier
 from sparkd.probes import HttpProbes
-from sparkd.redact import read_secret, redactor_for
+from sparkd.redact import Redactor, read_secret, redactor_for, use_for_logs
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Runtime
 from sparkd.supervisor.policy import RestartPolicy
@@ -135,12 +135,12 @@ class Daemon:
             incidents=IncidentWriter(cfg.paths.incidents, keep=cfg.supervisor.incidents_keep, log=self.log),
             files=self.files, probes=probes or self._probes, group=self.group,
             start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
-            redact=redactor_for(cfg, token=self.token),
+            redact=self._redactor(cfg),
             guard=lambda: self.guard, **node_options)
         self.sup.effects = self.node
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
-                               problems=self.problems, config_state=self.config_state)
+                               problems=self.problems, config_state=self.config_state, secret_key=self.token)
         self.metrics = Metrics(self.view)
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
                                      handover=self.handover)
@@ -169,7 +169,13 @@ class Daemon:
         launch, health = self.cfg.launch, self.cfg.health
         return HttpProbes(host=launch.host, port=launch.port, timeout_s=health.timeout_s,
                           canary_timeout_s=health.canary_timeout_s, model=self.cfg.served_name,
-                          api_key=launch.api_key)
+                          api_key=api_key(self.cfg))
+
+    def _redactor(self, cfg: Config) -> Redactor:
+        """The redactor of ``cfg``'s secrets, made the one every log event passes through too."""
+        redactor = redactor_for(cfg, token=self.token)
+        use_for_logs(redactor)
+        return redactor
 
     def _remember(self, remembered: Any) -> None:
         self.files.put(self.lifecycle_path, memory.to_json(remembered, self.clock))
@@ -190,6 +196,7 @@ class Daemon:
         if self.node.watch is not None:
             self.node.watch.cfg = health_settings(cfg)
         self.node.evidence.incidents.keep = cfg.supervisor.incidents_keep
+        self.node.redact = self.node.evidence.redact = self._redactor(cfg)  # the secrets may have changed
         self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
         configure_logging(cfg.log)
         self.view.cfg = cfg

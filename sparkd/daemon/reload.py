@@ -19,7 +19,9 @@ import anyio
 
 from sparkd.config import Config, ConfigError, load_config
 from sparkd.config_diff import launch_changes, needs_restart, setting_changes
+from sparkd.launch import secret_values
 from sparkd.lint import errors, lint
+from sparkd.redact import Redactor
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,13 @@ class Reloader:
             return ReloadReport(False, read)
         old = self.current()
         changes = setting_changes(old, read)
-        fixed = [f"{key}: {a!r} → {b!r}" for key, a, b in changes if needs_restart(key)]
-        now = [f"{key}: {a!r} → {b!r}" for key, a, b in changes if not needs_restart(key)]
-        report = ReloadReport(True, launch=launch_changes(old, read), settings=now, at_daemon_restart=fixed)
+        # Secrets of either config never reach the report (an api key inside extra_args, say).
+        redact = Redactor([*secret_values(old), *secret_values(read)],
+                          names={*old.launch.secret_env, *read.launch.secret_env})
+        fixed = [redact(f"{key}: {a!r} → {b!r}") for key, a, b in changes if needs_restart(key)]
+        now = [redact(f"{key}: {a!r} → {b!r}") for key, a, b in changes if not needs_restart(key)]
+        launch = [redact(line) for line in launch_changes(old, read)]
+        report = ReloadReport(True, launch=launch, settings=now, at_daemon_restart=fixed)
         self.apply(keep_fixed(old, read))
         self.log.info("config_reloaded", path=str(self.path), launch=report.launch, settings=report.settings,
                       at_daemon_restart=report.at_daemon_restart)

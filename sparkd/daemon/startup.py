@@ -4,7 +4,8 @@
 - The state, run and log directories, and every directory above them, can be changed by root (or the user sparkd
   runs as) only (:mod:`sparkd.trustedpaths`, sshd's StrictModes); else root could be made to write through a
   link or a FIFO someone planted there.
-- ``[api] token_file`` is root's alone and long enough (:mod:`sparkd.secretfile`); the TLS files load.
+- ``[api] token_file`` is root's alone and long enough, ``[launch] api_key_file`` root's alone
+  (:mod:`sparkd.secretfile`); the TLS files load.
 - A launch script or program on the host that someone else may change is a warning (root runs it).
 
 Each problem is one sentence and an exit status the unit does not restart on (``sparkd.exits``).
@@ -21,7 +22,7 @@ from pathlib import Path
 from sparkd import exits
 from sparkd.cluster.tls import TlsProblem, server_context
 from sparkd.config import Config
-from sparkd.secretfile import SecretFileProblem, read_token
+from sparkd.secretfile import SecretFileProblem, read_secret_file, read_token
 from sparkd.trustedpaths import first_unsafe, unsafe
 
 UMASK = 0o027
@@ -75,6 +76,8 @@ def prepare(cfg: Config) -> Trusted:
         raise StartupProblem(why, exits.HOST_PROBLEM)
     try:
         token = read_token(cfg.api.token_file)
+        if cfg.launch.api_key_file is not None:
+            read_secret_file(cfg.launch.api_key_file, "[launch] api_key_file")
     except SecretFileProblem as exc:
         raise StartupProblem(f"{exc}; sparkd does not start with it", exits.INVALID_CONFIG) from None
     try:
