@@ -19,10 +19,6 @@ class Limits:
     per_source: int = 8  # one source that is not trusted
     per_trusted: int = 16  # one trusted source (a peer's daemon, root), outside the general pool
 
-    def most(self, trusted_sources: int) -> int:
-        """The most connections the listener can hold with ``trusted_sources`` trusted sources."""
-        return self.general + self.per_trusted * max(trusted_sources, 1)
-
 
 def admit(held: int, general_held: int, *, trusted: bool, limits: Limits) -> bool:
     """May one more connection come from a source that holds ``held`` (``general_held`` in the shared pool)?"""

@@ -74,11 +74,10 @@ class Listener:
     """One server's connection policy: how callers are identified and how many each may hold."""
 
     def __init__(self, identify: Callable[[asyncio.Transport], Caller], limits: Limits | None = None, *,
-                 first_request_s: float = FIRST_REQUEST_S, trusted_sources: int = 1) -> None:
+                 first_request_s: float = FIRST_REQUEST_S) -> None:
         self.identify = identify
         self.slots = Slots(limits or Limits())
         self.first_request_s = first_request_s
-        self.most = self.slots.limits.most(trusted_sources)
 
     def protocol(self) -> type[H11Protocol]:
         return type("ListenerH11", (BoundedH11,), {"listener": self})
@@ -92,6 +91,7 @@ class BoundedH11(H11Protocol):
         super().connection_made(transport)
         caller = self.listener.identify(transport)
         if not self.listener.slots.take(caller.source, trusted=caller.trusted):
+            self.connections.discard(self)  # never counted: uvicorn's own cap would answer the peers 503
             transport.close()
             return
         self._caller = caller

@@ -179,7 +179,9 @@ async def serve(app: ASGIApp, sock: socket.socket, listener: Listener, *,
                 ssl_context: ssl.SSLContext | None = None) -> None:
     config = uvicorn.Config(
         app, http=listener.protocol(), lifespan="off", log_level="warning", access_log=False, log_config=None,
-        limit_concurrency=listener.most + 1, timeout_keep_alive=IDLE_TIMEOUT_S, backlog=BACKLOG,
+        # The listener's slots bound the connections (and so the requests: one at a time on each); uvicorn's own
+        # cap counts every connection, refused ones too, and would answer a peer 503 during a flood.
+        limit_concurrency=None, timeout_keep_alive=IDLE_TIMEOUT_S, backlog=BACKLOG,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         ssl_context_factory=None if ssl_context is None else (lambda config, default: ssl_context),
     )

@@ -272,7 +272,7 @@ class Daemon:
                 self.log.error("token_unreadable", path=str(self.cfg.api.token_file))
             app = build_tcp_app(self.control, self.token, self.metrics.render, RANK, tls=self.cfg.api.tls,
                                 log=self.log)
-            listener = Listener(tcp_caller(self.peer_addresses), trusted_sources=len(self.cfg.cluster.peers))
+            listener = Listener(tcp_caller(self.peer_addresses))
             tg.start_soon(partial(serve, app, sockets.tcp, listener, ssl_context=self.trusted.tls))
         if self.peer_addresses is not None:
             tg.start_soon(self._resolve_peers)
