@@ -48,6 +48,10 @@ EFFECTS = "tests/unit/test_daemon_effects.py"
 COORDINATOR = "tests/unit/test_coordinator.py"
 SHM_KILLED = PROCESS + "::test_a_launch_killed_while_loading_leaves_no_segment_behind"
 D = "sparkd/daemon/"
+API = "tests/unit/test_control_api.py"
+FILES = "tests/unit/test_file_safety.py"
+STARTUP = "tests/unit/test_startup_checks.py"
+SECRETS = "tests/unit/test_redact.py"
 
 MUTANTS = [
     # ---- the survivors of ../shared/reviews/mutation.md, in today's code --------------------------------------
@@ -151,9 +155,9 @@ MUTANTS = [
     m("F21", "sparkd/cluster/shared.py", '(*RUNNING_STATES, "preflight", "adopting")', "RUNNING_STATES",
       "a worker in preflight counts as a gone rank", "tests/unit/test_pair_shared.py",
       "tests/integration/test_pair.py::test_cold_start_starts_the_worker_before_the_head"),
-    m("F22", "sparkd/cluster/coordinator.py", 'if peer == host or peer.startswith(f"{host}:") or', "if peer == host or",
-      "a worker's report is not matched to its host:port peer",
-      "tests/integration/test_pair.py::test_killing_the_worker_rank_restarts_the_pair", COORDINATOR),
+    m("F22", "sparkd/cluster/addresses.py", "found.setdefault(normalise(address), peer)",
+      "found.setdefault(normalise(address), address)", "a worker's report is not matched to its host:port peer",
+      "tests/unit/test_coordinator.py"),
     m("F23", D + "evidence.py", "self.kernel_mark = kernel.kept if kernel is not None else 0", "self.kernel_mark = 0",
       "kernel lines from earlier launches are blamed on this one", LOOP, "tests/unit/test_classify_this_launch.py",
       "tests/unit/test_guard_loop.py", EFFECTS),
@@ -172,6 +176,57 @@ MUTANTS = [
       "a reload switches the runtime under a running instance", "tests/unit/test_daemon_reload.py"),
     m("F30", D + "view.py", '"breaker": {"open": m.breaker_open,', '"breaker": {"open": False,',
       "status never shows the breaker open", LOOP),
+    # Issue 24 (security review): each protection, removed, and the test that notices.
+    m("S01", "sparkd/api/gates.py", "if caller is None or not caller.trusted:", "if caller is None:",
+      "/v1/* over TCP from any address", API),
+    m("S02", "sparkd/peersign.py", "        if nonce in self._seen:\n", "        if False:\n",
+      "a signed request may be replayed", API),
+    m("S03", "sparkd/peersign.py", "    if abs(off) > window_s:\n", "    if False:\n",
+      "a signed request never expires", API),
+    m("S04", "sparkd/api/server.py", "if caller is None or caller.uid != 0:", "if caller is None:",
+      "a group member may hand over or recreate", API),
+    m("S05", "sparkd/api/gates.py", "        if size > limit:\n            raise _TooLarge\n", "",
+      "a body without Content-Length is read whole, however large", API),
+    m("S06", "sparkd/api/admission.py", "    if trusted:\n        return held < limits.per_trusted\n", "",
+      "no slots kept for the peers", "tests/unit/test_bounded_listener.py"),
+    m("S07", "sparkd/api/bounded.py", "self._arm(self.listener.first_request_s)", "self._arm(3600.0)",
+      "a connection may wait an hour before its first request", "tests/unit/test_bounded_listener.py"),
+    m("S08", "sparkd/cluster/coordinator.py", 'said = claim(failure.get("message") or "no reason given")',
+      'said = str(failure.get("message") or "no reason given")', "a worker's words reach the sentence unbounded",
+      "tests/unit/test_coordinator.py"),
+    m("S09", "sparkd/cluster/coordinator.py", "        if named is None:\n", "        if False:\n",
+      "a report from an address that is no peer is taken", "tests/unit/test_coordinator.py"),
+    m("S10", "sparkd/safefile.py", "os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK",
+      "os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK", "vllm.log is appended through a link",
+      FILES),
+    m("S11", "sparkd/safefile.py", "    tmp = temp_name(path)\n", '    tmp = path.with_name(f".{path.name}.tmp")\n',
+      "the launch script's temp file has a name anyone can plant", FILES),
+    m("S12", "sparkd/incidents.py", "    if not stat.S_ISDIR(st.st_mode):\n", "    if False:\n",
+      "incidents are written under a link", FILES),
+    m("S13", "sparkd/incidents.py", "if FOLDER.match(entry.name) and entry.is_dir(follow_symlinks=False):",
+      "if entry.is_dir(follow_symlinks=False):", "the pruner removes folders that are not its own", FILES),
+    m("S14", "sparkd/runtime/inroot.py", "                           RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)",
+      "                           0)", "a container's log link is followed out of the container", FILES),
+    m("S15", "sparkd/trustedpaths.py", "    if st.st_uid not in owners:\n", "    if False:\n",
+      "a directory another user owns is trusted", STARTUP),
+    m("S16", "sparkd/daemon/startup.py", "    why = first_unsafe(directories(cfg))\n", "    why = None\n",
+      "sparkd run checks no directory", STARTUP),
+    m("S17", "sparkd/secretfile.py", "        if st.st_mode & 0o077:\n", "        if False:\n",
+      "a token file others may read is used", STARTUP, "tests/unit/test_check_config_files.py"),
+    m("S18", "sparkd/secretfile.py", 'read_secret_file(path, "[api] token_file", min_bytes=MIN_TOKEN_BYTES)',
+      'read_secret_file(path, "[api] token_file")', "a short token is used", STARTUP),
+    m("S19", "sparkd/launch.py", "if is_secret_name(name, launch.secret_env)}", 'if name == "VLLM_API_KEY"}',
+      "only VLLM_API_KEY counts as a secret", SECRETS),
+    m("S20", "sparkd/secretrule.py", "    return _NAMED.sub(named, _SHAPES.sub(", "    return (_SHAPES.sub(",
+      "HF_TOKEN=… in a container inspect is not masked", SECRETS),
+    m("S21", "sparkd/redact.py", "    _for_logs = redactor\n", "    _for_logs = Redactor()\n",
+      "the log redactor never learns the secrets (nor a reload's)", SECRETS),
+    m("S22", "sparkd/config_diff.py", 'if ".env." in key and is_secret_name(', 'if False and is_secret_name(',
+      "a reload shows a secret's old and new values", "tests/unit/test_config_diff.py"),
+    m("S23", "sparkd/config.py", ' and not _secret_key(loc):\n', ":\n",
+      "an invalid secret is echoed in the error", SECRETS),
+    m("S24", "sparkd/cluster/shared.py", "(digest(value, key) if key else MASK) if secret else value", "value",
+      "status and the peers see a shared secret itself", SECRETS),
 ]
 
 

@@ -210,10 +210,10 @@ class Coordinator:
         try:
             view.status = await self.client.request(peer, "GET", "/v1/status", retries=0)
             view.reachable, view.last_seen, view.since_unreachable = True, now, None
-        except (PeerUnreachable, PeerRefused):
+        except (PeerUnreachable, PeerRefused) as exc:
             if view.reachable or view.since_unreachable is None:
                 view.since_unreachable = now
-                self.log.warning("peer_unreachable", peer=peer)
+                self.log.warning("peer_unreachable", peer=peer, error=str(exc))
             view.reachable = False
 
     def _judge(self, now: float) -> None:
@@ -257,12 +257,9 @@ class Coordinator:
 
     def peer_named(self, host: str) -> str | None:
         """The configured peer a request from address ``host`` came from; None for any other address."""
-        if self.addresses is not None:
-            return self.addresses.peer_of(host)
-        for peer in self.client.peers:
-            if peer == host or peer.startswith(f"{host}:") or peer.startswith(f"[{host}]"):
-                return peer
-        return None
+        if self.addresses is None:
+            self.addresses = PeerAddresses(self.client.peers)
+        return self.addresses.peer_of(host)
 
     def peers_json(self) -> list[dict[str, Any]]:
         """Every other rank of the group: the head knows them all; a worker shows the head's view of the rest."""
