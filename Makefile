@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml standin/pyproject.toml $(CONSTRAINTS)
 
 # sparkd supervising the vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both).
 run: setup
+	@echo "sparkd: the demo's control socket is .sparkd-demo/run/sparkd.sock; from this directory, in another" \
+		"terminal: $(BIN)/sparkctl status (it finds the socket here; elsewhere add --socket $(CURDIR)/.sparkd-demo/run/sparkd.sock)"
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sparkd run --config config/examples/demo.toml
 
 docker-up:

@@ -175,24 +175,12 @@ printf 'sparkd (%s) unstable; urgency=medium\n\n  * Built from the sparkd source
     "$VERSION" "$(git -C "$REPO" describe --always --dirty 2>/dev/null || echo unknown)" "$MAINTAINER" "$CHANGED" \
     | gzip -9n >"$DOC/changelog.gz"
 
-# Manual pages from the commands' own --help.
-manpage() {  # name section summary
-    local name="$1" section="$2" summary="$3" help
-    # The relocated scripts point at /opt/sparkd, which does not exist here: call the entry point directly.
-    help="$("$VENV/bin/python" -c 'import sys, importlib; m = importlib.import_module("sparkd.cli." + sys.argv[1])
-m.main(prog_name=sys.argv[1], args=["--help"])' "$name")" || die "$name --help failed in the packaged venv"
-    {
-        printf '.TH %s %s "%s" "sparkd %s" "sparkd"\n' "${name^^}" "$section" "$(date -u -d "@$SOURCE_DATE_EPOCH" +%F)" "$PEP440"
-        printf '.SH NAME\n%s \\- %s\n' "$name" "$summary"
-        printf '.SH DESCRIPTION\n.nf\n'
-        sed 's/\\/\\e/g; s/^\./\\\&./; s/^'"'"'/\\\&'"'"'/' <<<"$help"
-        printf '.fi\n.SH FILES\n/etc/sparkd/sparkd.toml, /var/lib/sparkd/, /run/sparkd/sparkd.sock\n'
-        printf '.SH SEE ALSO\n/usr/share/doc/sparkd/migration.md, /usr/share/doc/sparkd/examples/\n'
-    } | gzip -9n >"$ROOT/usr/share/man/man$section/$name.$section.gz"
-}
+# Manual pages generated from the click commands (sparkd/cli/manpages.py): sparkd(8), sparkctl(8) and one page per
+# subcommand, each with its EXIT STATUS. The relocated scripts point at /opt/sparkd, which does not exist here:
+# run the module with the venv's python.
 install -d "$ROOT/usr/share/man/man8"
-manpage sparkd 8 "supervisor for vLLM on one node"
-manpage sparkctl 8 "control a running sparkd"
+"$VENV/bin/python" -m sparkd.cli.manpages "$ROOT/usr/share/man/man8" \
+    --date "$(date -u -d "@$SOURCE_DATE_EPOCH" +%F)" --version "$PEP440" || die "the manual pages failed to build"
 
 # Shell completion, click's own scripts (they call the command back for the candidates).
 completion() {  # name shell destination

@@ -1,4 +1,5 @@
-"""Typed configuration: one TOML file plus ``SPARKD_*`` environment overrides (:mod:`sparkd.config_env`).
+"""Typed configuration: one TOML file plus ``SPARKD_*`` environment overrides (:mod:`sparkd.config_env`) and a
+launch profile, layered by pydantic-settings (:mod:`sparkd.config_layers`).
 
 The config is the known-good launch. argv, environment and the launch script are rendered from it
 (:mod:`sparkd.launch`); nothing about a launch depends on a file someone edited inside a container.
@@ -21,7 +22,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sparkd.config_container import ContainerConfig, Mount
-from sparkd.config_env import ENV_PREFIX, Override, OverrideError, apply_overrides, parse_overrides, variable_for
+from sparkd.config_env import ENV_PREFIX, Override, OverrideError, variable_for
+from sparkd.config_fabric import FabricConfig, WeightsConfig
+from sparkd.config_layers import ProfileError, layered
 from sparkd.config_sections import (
     ApiConfig,
     ClusterConfig,
@@ -44,15 +47,14 @@ from sparkd.config_supervision import (
     RestartConfig,
     SupervisorConfig,
 )
-from sparkd.profiles import load_profile
 from sparkd.secretrule import MASK, is_secret_name, mask_shapes
 
 __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
-    "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig", "LogFormat",
-    "LogLevel", "Mount", "NodeConfig",
+    "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig",
+    "LogFormat", "LogLevel", "Mount", "NodeConfig",
     "PathsConfig", "PreflightCheckId", "PreflightConfig", "RestartConfig", "Role", "RuntimeKind",
-    "SupervisorConfig", "config_from_mapping", "load_config", "read_toml",
+    "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
 ]
 
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
@@ -95,6 +97,10 @@ class Config(BaseModel):
     preflight: PreflightConfig = Field(default_factory=PreflightConfig, description=(
         "Checks and clean-up before every launch."))
     guard: GuardConfig = Field(default_factory=GuardConfig, description="The unified-memory guard.")
+    fabric: FabricConfig = Field(default_factory=FabricConfig, description=(
+        "The group's fabric, measured by the head before every start."))
+    weights: WeightsConfig = Field(default_factory=WeightsConfig, description=(
+        "The model directory's manifest, compared across the group's nodes before every start."))
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Config:
@@ -183,10 +189,13 @@ def config_from_mapping(
     if too_deep is not None:
         raise ConfigError(source, [f"{too_deep}: nested deeper than {MAX_DEPTH} levels"])
     try:
-        overrides = parse_overrides(env, Config)
+        data, overrides = layered(data, env, Config, profile)
     except OverrideError as exc:
         raise ConfigError("from the environment", exc.problems) from None
-    data = _with_profile(apply_overrides(data, overrides), source, profile)
+    except ProfileError as exc:
+        raise ConfigError(source, [str(exc)]) from None
+    except RecursionError:
+        raise ConfigError(source, [f"nested deeper than {MAX_DEPTH} levels"]) from None
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -209,27 +218,6 @@ def _too_deep(data: Any) -> str | None:
         elif isinstance(value, list):
             stack.extend((v, (*path, str(i))) for i, v in enumerate(value))
     return None
-
-
-def _with_profile(data: dict[str, Any], source: str, profile: str | None) -> dict[str, Any]:
-    """``data`` with the launch profile's values under its own ``[launch]`` keys (the config wins)."""
-    launch = data.get("launch")
-    profile_name = profile or (launch.get("profile") if isinstance(launch, dict) else None)
-    if profile_name is None:
-        return data
-    if not isinstance(profile_name, str):
-        raise ConfigError(source, ["launch.profile: must be a string"])
-    try:
-        defaults = load_profile(profile_name)
-    except LookupError as exc:
-        raise ConfigError(source, [f"launch.profile: {exc}"]) from None
-    if not isinstance(launch, dict):
-        return data  # `launch = 5`: the model says what is wrong with it
-    merged = {**defaults, **launch, "profile": profile_name}
-    own_env = launch.get("env", {})
-    if isinstance(own_env, dict):
-        merged["env"] = {**defaults.get("env", {}), **own_env}
-    return {**data, "launch": merged}
 
 
 def _describe(exc: ValidationError, overrides: list[Override]) -> list[str]:

@@ -62,6 +62,18 @@ class _Render:
         return "\n".join(f"<{priority}>{line}" for line in text.split("\n"))
 
 
+RESERVED = ("level", "timestamp")  # written by the pipeline itself (add_log_level, TimeStamper)
+
+
+def keep_fields(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """An event's own ``level`` or ``timestamp`` (the guard's level, a sample's time) is kept as
+    ``<key>_field`` instead of being overwritten by the log line's level and time."""
+    for key in RESERVED:
+        if key in event:
+            event[f"{key}_field"] = event.pop(key)
+    return event
+
+
 def configure_logging(cfg: LogConfig | None = None, *, json_lines: bool | None = None, level: int | str | None = None,
                       stream: TextIO | None = None, environ: Mapping[str, str] | None = None) -> None:
     """Set up sparkd's logging from ``[log]`` (format, level); ``json_lines``/``level`` override it. Safe to
@@ -80,7 +92,7 @@ def configure_logging(cfg: LogConfig | None = None, *, json_lines: bool | None =
     shared: list[Any] = [structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True)]
     exc: list[Any] = [structlog.processors.format_exc_info] if json_lines else []
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, *shared, *exc, log_processor, final],
+        processors=[structlog.contextvars.merge_contextvars, keep_fields, *shared, *exc, log_processor, final],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
@@ -135,6 +147,7 @@ class VllmLog:
         self.log = log if log is not None else get_logger(component="vllm_log")
         self.tail: deque[str] = deque(maxlen=ring)
         self._sizes: deque[int] = deque(maxlen=ring)  # bytes of each line in `tail`
+        self._times: deque[float] = deque(maxlen=ring)  # when each line in `tail` came (wall clock)
         self._tail_bytes = 0
         self._handle: TextIO | None = None
         self._size = 0
@@ -185,12 +198,14 @@ class VllmLog:
 
     def _remember(self, line: str, size: int) -> None:
         if len(self.tail) == self.tail.maxlen:
-            self._tail_bytes -= self._sizes[0]  # both deques drop their oldest on append
+            self._tail_bytes -= self._sizes[0]  # the deques drop their oldest on append
         self.tail.append(line)
         self._sizes.append(size)
+        self._times.append(time.time())
         self._tail_bytes += size
         while self._tail_bytes > self.ring_bytes and len(self.tail) > 1:
             self.tail.popleft()
+            self._times.popleft()
             self._tail_bytes -= self._sizes.popleft()
 
     def _to_journal(self, line: str) -> None:
@@ -251,6 +266,11 @@ class VllmLog:
     def last(self, n: int) -> list[str]:
         """The last ``n`` lines (none for ``n <= 0``)."""
         return list(self.tail)[-n:] if n > 0 else []
+
+    def entries(self, n: int, since: float | None = None) -> list[tuple[float, str]]:
+        """The last ``n`` lines with the wall time each came, only those since ``since`` when given."""
+        pairs = [(t, line) for t, line in zip(self._times, self.tail, strict=True) if since is None or t >= since]
+        return pairs[-n:] if n > 0 else []
 
     def close(self) -> None:
         handle, self._handle = self._handle, None

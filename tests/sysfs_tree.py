@@ -14,7 +14,8 @@ class SysfsTree:
         self.root = root
 
     def port(self, hca: str, number: int = 1, *, state: str = "4: ACTIVE", link_layer: str = "Ethernet",
-             gids: Mapping[int, tuple[str, str]] | None = None) -> Path:
+             gids: Mapping[int, tuple[str, str]] | None = None, ndev: str | None = None) -> Path:
+        """``ndev``: the network interface every GID in use belongs to (``gid_attrs/ndevs/<i>``)."""
         base = self.root / "class" / "infiniband" / hca / "ports" / str(number)
         for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
             (base / sub).mkdir(parents=True, exist_ok=True)
@@ -24,6 +25,8 @@ class SysfsTree:
             gid, kind = (gids or {}).get(index, ("0000:0000:0000:0000:0000:0000:0000:0000", ""))
             (base / "gids" / str(index)).write_text(gid + "\n")
             (base / "gid_attrs" / "types" / str(index)).write_text(kind + "\n" if kind else "")
+            if ndev and kind:
+                (base / "gid_attrs" / "ndevs" / str(index)).write_text(ndev + "\n")
         return base
 
 
@@ -33,3 +36,13 @@ def roce_gid(ipv4: str) -> str:
     return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
 
 
+
+
+def netdev(root: Path, interface: str, *, operstate: str = "up", carrier: int = 1, speed: int = 200000,
+           mtu: int = 9000) -> Path:
+    """``<root>/class/net/<interface>`` as the kernel shows a link (a down link reads speed -1)."""
+    base = root / "class" / "net" / interface
+    base.mkdir(parents=True, exist_ok=True)
+    for name, value in (("operstate", operstate), ("carrier", carrier), ("speed", speed), ("mtu", mtu)):
+        (base / name).write_text(f"{value}\n")
+    return base

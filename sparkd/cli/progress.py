@@ -2,7 +2,8 @@
 
 On a terminal a live line (rich) shows the state, the startup phase with shard i/N while weights load, the
 elapsed time and an ETA from the last cold start; piped, every recorded state and phase is one plain line, so
-logs and scripts read it. Exit 0 when done (ready, or stopped), 1 when the start failed or timed out.
+logs and scripts read it. Exit 0 when done (ready, or stopped), 1 when the start failed, 124 when ``--timeout``
+ran out first (the daemon goes on with it).
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ def live_text(target: str, s: dict[str, Any], elapsed: float) -> str:
     text += f"   {_clock(elapsed)} elapsed"
     last = s.get("last_start_s")
     if target == "ready" and last and s.get("state") in ("preflight", "starting"):
-        text += f", ETA ~{_clock(last - elapsed)} (last cold start took {_clock(last)})"
+        if elapsed <= last:
+            text += f", ETA ~{_clock(last - elapsed)} (last cold start took {_clock(last)})"
+        else:
+            text += f", past the last cold start's {_clock(last)}"
     return text
 
 
@@ -101,8 +105,9 @@ def wait_for(obj: Caller, target: str, before: dict[str, Any], timeout_s: float)
     finally:
         if display is not None:
             display.close()
-    click.echo(f"sparkctl: not {target} after {timeout_s:.0f} s", err=True)
-    return status_command.EXIT_UNHEALTHY
+    click.echo(f"sparkctl: not {target} after {timeout_s:.0f} s (timed out, exit {status_command.EXIT_TIMEOUT}; "
+               "the daemon goes on)", err=True)
+    return status_command.EXIT_TIMEOUT
 
 
 def _status(obj: Caller) -> dict[str, Any]:

@@ -34,17 +34,27 @@ def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> C
     return cfg
 
 
-@main.command("check-config")
+@main.command("check-config", epilog=(
+    "Exit status: "
+    "0 valid (warnings printed); 2 invalid (each problem names its key or variable)."))
 @config_option
 @click.option("--profile", default=None, help="Apply this launch profile instead of the config's own.")
-def check_config(config_path: Path, profile: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help='Print {"valid": ..., "problems": [...], "findings": [...]} '
+              "on stdout (for CI), with the same exit status.")
+def check_config(config_path: Path, profile: str | None, as_json: bool) -> None:
     """Validate the config and lint it against known-bad settings. Exit 0 valid, 2 invalid."""
+    if as_json:
+        from sparkd.cli.checkjson import check_config_json
+
+        report = check_config_json(config_path, profile)
+        click.echo(json.dumps(report, indent=2))
+        sys.exit(0 if report["valid"] else EXIT_INVALID_CONFIG)
     cfg = linted_config_or_exit(config_path, profile=profile)
     click.echo(f"{config_path}: ok (node {cfg.node.name}, role {cfg.node.role.value}, runtime "
                f"{cfg.runtime.value}, launch hash {cfg.launch_hash()})")
 
 
-@main.command("render")
+@main.command("render", epilog="Exit status: 0 rendered; 2 a config check-config refuses (nothing printed on stdout).")
 @config_option
 @click.option("--json", "as_json", is_flag=True, help='Print {"argv": [...], "env": {...}} instead.')
 def render_cmd(config_path: Path, as_json: bool) -> None:
@@ -58,7 +68,7 @@ def render_cmd(config_path: Path, as_json: bool) -> None:
         click.echo(render_script(spec, source=str(config_path)), nl=False)
 
 
-@main.command("config-reference")
+@main.command("config-reference", epilog="Exit status: 0.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per key instead of markdown.")
 def config_reference_cmd(as_json: bool) -> None:
     """Every config key: type, default, environment variable, description (docs/config.md is this output)."""
@@ -72,7 +82,10 @@ def config_reference_cmd(as_json: bool) -> None:
         click.echo(reference_markdown(), nl=False)
 
 
-@main.command("run")
+@main.command("run", epilog=(
+    "Exit status: "
+    "0 stopped cleanly (or handed over); 1 a failure systemd may restart; 2 an invalid config; 3 a "
+    "host problem (a port taken, a directory not writable); 4 another sparkd runs on this node."))
 @config_option
 @click.option("--rehearse", is_flag=True, help="Run the config with the vLLM stand-in in place of vLLM.")
 def run_cmd(config_path: Path, rehearse: bool) -> None:
@@ -86,7 +99,7 @@ def run_cmd(config_path: Path, rehearse: bool) -> None:
     raise SystemExit(run_daemon(cfg, config_path=config_path, rehearse=rehearse))
 
 
-@main.command("preflight")
+@main.command("preflight", epilog="Exit status: 0 ready to launch; 1 a check failed; 2 an invalid config.")
 @config_option
 @click.option("--dry-run", is_flag=True, help="Report what would be fixed; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -112,7 +125,28 @@ def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool) -> None:
     raise SystemExit(0 if report.ok else 1)
 
 
-@main.command("import-compose")
+@main.group("weights", epilog="Exit status: that of its subcommand (verify: 0 sound; 1 a problem; 2 an invalid "
+                                "config).")
+def weights_group() -> None:
+    """The model directory's manifest (sizes, mtimes, sha256) on this node."""
+
+
+@weights_group.command("verify", epilog="Exit status: 0 sound; 1 a problem; 2 an invalid config.")
+@config_option
+@click.option("--full", is_flag=True, help="Hash every shard again, whatever its size and mtime (reads it all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest and the problems as JSON.")
+def weights_verify_cmd(config_path: Path, full: bool, as_json: bool) -> None:
+    """Build this node's manifest (new or changed shards hashed, at the idle I/O class), check every index against
+    it and, with --full, that no shard changed in place. Exit 0 sound, 1 a problem, 2 invalid config."""
+    from sparkd.cli.weights import verify
+
+    raise SystemExit(verify(config_or_exit(config_path), full=full, as_json=as_json))
+
+
+@main.command("import-compose", epilog=(
+    "Exit status: "
+    "0 the config printed (or written), what was not carried on stderr; 2 the file cannot be "
+    "converted (the problem named)."))
 @click.argument("compose_file", type=click.Path(path_type=Path))
 @click.option("--service", default=None, help="The service to import (needed when the file has several).")
 @click.option("--env-file", type=click.Path(path_type=Path), default=None,
@@ -145,7 +179,7 @@ def import_compose_cmd(compose_file: Path, service: str | None, env_file: Path |
     click.echo(f"wrote {output}", err=True)
 
 
-@main.command("explain")
+@main.command("explain", epilog="Exit status: 0 explained; 2 the log cannot be read or an option is wrong.")
 @click.argument("logfile")
 @click.option("--exit-code", type=click.IntRange(0, 255), default=None,
               help="How the process exited (a shell's 128+N is read as signal N).")

@@ -6,18 +6,17 @@ group talk to each other through their own commands, ``sparkd.commands.rank``.
 
 from __future__ import annotations
 
-from sparkd.commands import (
-    handover,
-    incidents,
-    logs,
-    preflight,
-    recreate,
-    reload,
-    reset,
-    restart,
-    start,
-    status,
-    stop,
-)
+from typing import Any
 
-OPERATOR = (status, start, stop, restart, reset, reload, recreate, handover, logs, incidents, preflight)
+OPERATOR_NAMES = ("status", "start", "stop", "restart", "reset", "reload", "recreate", "handover", "logs", "incidents",
+                  "preflight", "weights")
+
+
+def __getattr__(name: str) -> Any:
+    """``OPERATOR`` is imported on first use: sparkctl imports one command module, not all of them (and not
+    what the daemon side of each needs), to answer in well under 150 ms."""
+    if name == "OPERATOR":
+        import importlib
+
+        return tuple(importlib.import_module(f"sparkd.commands.{n}") for n in OPERATOR_NAMES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

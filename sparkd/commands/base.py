@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sparkd.supervisor import vocabulary as v
+if TYPE_CHECKING:  # annotations only: sparkctl imports this module and must start fast
+    from sparkd.supervisor import vocabulary as v
 
 
 class BadRequest(ValueError):
@@ -72,6 +73,21 @@ class Group(Protocol):
         """Every worker reloads its config on disk; the problems of those that refused (none: all took it)."""
 
 
+class Checks(Protocol):
+    """The daemon's side of the group's checks (``sparkd.daemon.groupchecks.GroupChecks``)."""
+
+    async def fabric_answer(self, address: str | None, size: int, master: tuple[str, int] | None,
+                            timeout_s: float) -> dict[str, Any]: ...
+
+    async def bandwidth_server(self, seconds: int, port: int) -> dict[str, Any]: ...
+
+    async def manifest(self, *, full: bool) -> dict[str, Any]:
+        """This node's manifest (``{"node", "manifest"}``)."""
+
+    async def weights_view(self, *, full: bool) -> dict[str, Any]:
+        """What ``sparkctl weights`` shows: the group's comparison on a head, this node's manifest elsewhere."""
+
+
 class Control(Protocol):
     """The daemon's surface for commands (``sparkd.daemon.control.DaemonControl``)."""
 
@@ -81,6 +97,9 @@ class Control(Protocol):
 
     @property
     def group(self) -> Group | None: ...
+
+    @property
+    def checks(self) -> Checks: ...
 
     @property
     def incidents_root(self) -> Path: ...
@@ -107,6 +126,9 @@ class Control(Protocol):
     def vllm_left(self) -> list[int]: ...
 
     def log_tail(self, lines: int) -> list[str]: ...
+
+    def log_entries(self, lines: int, since: float | None) -> list[tuple[float, str]]:
+        """The last lines with the wall time each came (only those since ``since``)."""
 
     def follow_log(self, backlog: list[str]) -> AsyncIterator[str]: ...
 

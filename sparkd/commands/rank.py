@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkd.commands.base import BadRequest, Control, Reply, ok, refused
+from sparkd.commands.groupcheck import GROUP_CHECKS
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State
 
@@ -94,4 +95,4 @@ class RankFailed:
         return ok()
 
 
-RANK = (RankStop, RankPreflight, RankStart, RankFailed)
+RANK = (RankStop, RankPreflight, RankStart, RankFailed, *GROUP_CHECKS)

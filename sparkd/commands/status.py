@@ -1,20 +1,22 @@
 """``GET /v1/status`` — ``sparkctl status``: node, role, rank, state, phase, uptime, PID, restarts, last failure,
 the breaker, the guard's decision and every peer. Exit codes follow LSB: 0 ready, 1 degraded or failed,
-3 not serving (stopped, starting, backoff, …), 4 the daemon is unreachable (sparkctl's own).
+3 not serving (stopped, starting, backoff, …), 4 the daemon is unreachable (sparkctl's own); and sparkctl's
+``--wait`` that runs out of time exits 124 (``EXIT_TIMEOUT``, as ``timeout(1)`` does), apart from a failure.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from sparkd.commands.base import Control, NoParams, Reply, ok
+from sparkd.timefmt import iso
 
 NAME = "status"
 METHOD = "GET"
 
 EXIT_READY, EXIT_UNHEALTHY, EXIT_NOT_SERVING, EXIT_UNREACHABLE = 0, 1, 3, 4
+EXIT_TIMEOUT = 124
 
 
 Request = NoParams
@@ -34,9 +36,8 @@ def exit_code(status: Mapping[str, Any]) -> int:
 
 
 def when(ts: float | None) -> str:
-    if not ts:
-        return "?"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    """ISO 8601 with the zone (``2026-11-27T05:36:36+01:00``): a pasted status says which moment it was."""
+    return iso(ts)
 
 
 def render(s: Mapping[str, Any]) -> str:
@@ -91,12 +92,13 @@ def _timing(timing: Mapping[str, Any]) -> list[str]:
 
 
 def _config(config: Mapping[str, Any]) -> list[str]:
+    breaker = [f"  {config['breaker']}"] if config.get("breaker") else []
     if not config.get("path"):
-        return []
+        return breaker
     if not config.get("valid", True):
         return [f"  the config on disk is invalid ({'; '.join(config.get('problems') or [])}): "
-                "sparkd keeps the one it loaded"]
-    lines = []
+                "sparkd keeps the one it loaded", *breaker]
+    lines = breaker
     if config.get("reload_needed"):
         lines.append(f"  {config['path']} changed since sparkd loaded it: `sparkctl reload` takes it on")
     if config.get("restart_needed"):

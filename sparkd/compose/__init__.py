@@ -19,7 +19,6 @@ from sparkd.compose.command import launch_keys, words_of
 from sparkd.compose.container import container_section
 from sparkd.compose.interpolate import ComposeError, interpolate, read_env_file
 from sparkd.config import ConfigError, config_from_mapping
-from sparkd.tomlwrite import dumps
 
 __all__ = ["ComposeError", "Imported", "import_compose"]
 
@@ -77,8 +76,8 @@ def import_compose(path: Path, *, service: str | None = None, env_file: Path | N
     where = f"services.{name}"
     spec = interpolate(raw, variables, where)
     notes: list[str] = []
-    container, supervisor = container_section(spec, name, path.parent, notes)
-    words, command_env = words_of(spec.get("command"), spec.get("entrypoint"), where, notes)
+    container, supervisor = container_section(spec, name, path.parent, notes, variables)
+    words, command_env = words_of(spec.get("command"), spec.get("entrypoint"), where, notes, container["image"])
     keys = launch_keys(words, where, notes)
     if command_env:
         keys["launch"]["env"] = command_env
@@ -92,4 +91,14 @@ def import_compose(path: Path, *, service: str | None = None, env_file: Path | N
     header = [f"# sparkd config imported from {path} (service {name}) by `sparkd import-compose`.",
               "# Check it with `sparkd check-config --config FILE`; set [node] name and address per node."]
     header += [f"# not carried: {note}" for note in notes]
-    return Imported(dumps(data, header="\n".join(header)), notes)
+    return Imported("\n".join(header) + "\n\n" + _toml(data), notes)
+
+
+def _toml(data: dict[str, Any]) -> str:
+    """The config as TOML (tomli-w), nothing left out: TOML has no null, and no key here is ``None``."""
+    import tomli_w
+
+    try:
+        return tomli_w.dumps(data)
+    except TypeError as exc:  # a value from the file that validated but has no TOML form
+        raise ComposeError(f"a value cannot be written as TOML: {exc}") from None

@@ -3,7 +3,14 @@
 The command (after the entrypoint, if any) may be the words themselves or ``bash -c "..."`` / ``bash -lc``: the
 shell string is split as the shell would (after compose's interpolation), a leading ``exec`` and ``NAME=value``
 prefixes are dropped (the latter become environment). ``EXECUTABLE serve MODEL`` becomes ``executable``,
-``subcommand`` and ``model``. Flags sparkd types become typed keys (JSON flags become TOML tables, dotted
+``subcommand`` and ``model``. The shapes vLLM's docs and the field use:
+
+- no ``entrypoint:`` and a ``command`` of flags (or a model and flags): the image's ENTRYPOINT runs it; for
+  ``vllm/vllm-openai`` that is ``vllm serve``, and any other image is taken to do the same (named in a note);
+- ``python3 -m vllm.entrypoints.openai.api_server --model M`` (the older images' ENTRYPOINT, or written out):
+  the same server as ``vllm serve M`` with the same flags, carried as that (named in a note);
+- ``entrypoint:`` overrides: their words come first, as docker runs them.
+ Flags sparkd types become typed keys (JSON flags become TOML tables, dotted
 ``--flag.key value`` merged in); the rendezvous flags become ``[node]`` rank and role and ``[cluster]`` keys;
 every other flag goes to ``extra_args`` verbatim. What cannot be carried (a login shell, several commands in
 one shell string) is named.
@@ -19,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Union, get_args, get_origin
 
 from sparkd.compose.interpolate import ComposeError
+from sparkd.compose.shapes import words as words_in
 from sparkd.config_sections import LaunchConfig
 from sparkd.launch import JSON_FLAGS, SWITCH_FLAGS, TRISTATE_FLAGS, VALUE_FLAGS, flag
 
@@ -35,12 +43,22 @@ def _field_type(name: str) -> type:
     return annotation if isinstance(annotation, type) else str
 
 
-def words_of(command: Any, entrypoint: Any, where: str, notes: list[str]) -> tuple[list[str], dict[str, str]]:
+_PYTHON = re.compile(r"^(/\S*/)?python(3(\.\d+)?)?$")
+_API_SERVER = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
+_EXECUTABLES = re.compile(r"^(/\S*/)?(vllm|python(3(\.\d+)?)?|bash|sh|env|exec|\S*entrypoint\S*)$")
+
+
+def words_of(command: Any, entrypoint: Any, where: str, notes: list[str],
+             image: str = "") -> tuple[list[str], dict[str, str]]:
     """(the launch's words, environment set on its command line)."""
-    words = (shlex.split(entrypoint) if isinstance(entrypoint, str) else list(entrypoint or []))
-    words += shlex.split(command) if isinstance(command, str) else [str(w) for w in command or []]
+    words = words_in(entrypoint, f"{where}.entrypoint") + words_in(command, f"{where}.command")
     if not words:
         raise ComposeError(f"{where}.command: none; sparkd needs the `vllm serve` command")
+    if entrypoint is None and _image_runs_serve(words, image):
+        which = "vllm/vllm-openai's ENTRYPOINT" if "vllm/vllm-openai" in image else (
+            "taken to be `vllm serve`; set [launch] executable if the image's ENTRYPOINT is another program")
+        notes.append(f"{where}.command: the image's ENTRYPOINT runs it: `vllm serve` ({which})")
+        words = ["vllm", "serve", *words]
     if words[0] in _SHELLS and len(words) >= 3 and words[1].startswith("-") and "c" in words[1]:
         if "l" in words[1]:
             notes.append(f"{where}.command: `{words[0]} {words[1]}` runs a login shell; sparkd runs the launch "
@@ -56,11 +74,33 @@ def words_of(command: Any, entrypoint: Any, where: str, notes: list[str]) -> tup
     while words and _ASSIGNMENT.match(words[0]):
         name, _, value = words.pop(0).partition("=")
         env[name] = value
-    return words, env
+    if not words:
+        raise ComposeError(f"{where}.command: only variable assignments; sparkd needs the `vllm serve` command")
+    return _api_server_as_serve(words, where, notes), env
+
+
+def _image_runs_serve(words: list[str], image: str) -> bool:
+    """Whether the command is arguments to the image's ENTRYPOINT rather than a program: it starts with a flag,
+    or (vllm/vllm-openai) with a model name."""
+    if words[0].startswith("-"):
+        return True
+    return "vllm/vllm-openai" in image and not _EXECUTABLES.match(words[0]) and words[1:2] != ["serve"]
+
+
+def _api_server_as_serve(words: list[str], where: str, notes: list[str]) -> list[str]:
+    if len(words) >= 3 and _PYTHON.match(words[0]) and words[1] == "-m" and words[2] in _API_SERVER:
+        notes.append(f"{where}.command: `{' '.join(words[:3])}` is carried as `vllm serve` (the same OpenAI "
+                     "server, the same flags)")
+        return ["vllm", "serve", *words[3:]]
+    return words
 
 
 def _last_serve(text: str, where: str) -> list[str]:
-    parts = [shlex.split(p) for p in re.split(r";|&&|\|\|", text.replace("\\\n", " ")) if p.strip()]
+    try:
+        parts = [shlex.split(p) for p in re.split(r";|&&|\|\|", text.replace("\\\n", " ")) if p.strip()]
+    except ValueError as exc:
+        raise ComposeError(f"{where}.command: cannot split the shell string: {exc}") from None
+    parts = [p for p in parts if p]
     serving = [p for p in parts if "serve" in p] or parts[-1:]
     if not serving:
         raise ComposeError(f"{where}.command: the shell string is empty")
@@ -93,6 +133,16 @@ class _Flags:
             raise ComposeError(f"{self.where}.command: {self.words[i]} has no value")
         return self.words[i + 1], i + 2
 
+    def typed(self, name: str, value: str, kind: type) -> Any:
+        """``value`` as the key's type (a number, ...); one clear line naming the flag when it is not one."""
+        if kind not in (int, float):
+            return value
+        try:
+            return kind(value)
+        except ValueError:
+            noun = "a whole number" if kind is int else "a number"
+            raise ComposeError(f"{self.where}.command: {name} takes {noun} (got {value!r})") from None
+
     def run(self) -> None:
         i = 0
         while i < len(self.words):
@@ -115,12 +165,15 @@ class _Flags:
             *parents, leaf = path.split(".")
             for part in parents:
                 node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise ComposeError(f"{self.where}.command: {name}: {part!r} is set both as a value and as a "
+                                       "table")
             node[leaf] = _json_value(value)
             return i
         if name in _RENDEZVOUS:
             section, key, kind = _RENDEZVOUS[name]
             value, i = self.take(i, inline)
-            getattr(self, section)[key] = kind(value)
+            getattr(self, section)[key] = self.typed(name, value, kind)
             return i
         if name == "--headless":
             self.headless = True
@@ -143,7 +196,7 @@ class _Flags:
             return i
         if field in VALUE_FLAGS:
             value, i = self.take(i, inline)
-            self.launch[field] = _field_type(field)(value)
+            self.launch[field] = self.typed(name, value, _field_type(field))
             return i
         self.extra.append(name if inline is None else f"{name}={inline}")
         if inline is None and i + 1 < len(self.words) and not self.words[i + 1].startswith("--"):
@@ -160,7 +213,7 @@ def launch_keys(words: Sequence[str], where: str, notes: list[str]) -> dict[str,
         launch["subcommand"] = "serve"
         rest = rest[1:]
     else:
-        launch["subcommand"] = None
+        launch["subcommand"] = False  # TOML has no null: false turns the key off
         notes.append(f"{where}.command: {words[0]} is not run as `{words[0]} serve`; its arguments are kept "
                      "as they are in extra_args")
     if rest and not rest[0].startswith("-"):

@@ -33,8 +33,10 @@ from sparkd.cluster.peers import PeerClient
 from sparkd.commands.rank import RANK
 from sparkd.config import Config, Role
 from sparkd.daemon import memory
+from sparkd.daemon.breaker import ConfigBreaker
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
@@ -129,6 +131,8 @@ class Daemon:
         self.sup = Supervisor(machine=machine, limits=limits_from(cfg), effects=_Deferred(), clock=self.clock,
                               log=self.log, remember=self._remember)
         self.group = self._group()
+        self.checks = GroupChecks(cfg, runtime, self.group.client if self.group is not None else None, log=self.log,
+                                  image=lambda: self.node.image, spawn=lambda fn: self.node._spawn(fn))
         self.node = Node(
             cfg, runtime, post=self.sup.post, state=lambda: self.sup.machine.state, clock=self.clock,
             log=self.log, vllm_log=self.vllm_log,
@@ -136,15 +140,19 @@ class Daemon:
             files=self.files, probes=probes or self._probes, group=self.group,
             start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
             redact=self._redactor(cfg),
-            guard=lambda: self.guard, **node_options)
+            guard=lambda: self.guard, group_checks=self.checks, **node_options)
         self.sup.effects = self.node
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
-                               problems=self.problems, config_state=self.config_state, secret_key=self.token)
+                               problems=self.problems, config_state=self.config_state, checks=self.checks.status,
+                               secret_key=self.token)
         self.metrics = Metrics(self.view)
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
-                                     handover=self.handover)
+                                     handover=self.handover, checks=self.checks)
         self._scope: anyio.CancelScope | None = None
+        self.breaker = ConfigBreaker(cfg.paths.state_dir / "breaker-config.json", lambda: self.cfg.launch_hash(),
+                                     self.sup.post, self.files, self.log)
+        self.sup.listeners.append(self.breaker.on_transition)
         self.sup.listeners.append(lambda before, after, obs: self.publish())
         self.node.phase_listeners.append(lambda startup: self.publish())
         self._signals_seen = 0
@@ -202,25 +210,28 @@ class Daemon:
         self.view.cfg = cfg
         if self.group is not None:
             self.group.cfg = cfg
+        self.checks.configure(cfg)
         if self.guard is not None:
             self.guard.cfg = cfg.guard
         if hasattr(self.runtime, "cfg"):
             self.runtime.cfg = cfg
+        self.breaker.check(self.sup.machine)
         self.publish()
 
     def config_state(self) -> dict[str, Any]:
         """The config on disk against the one loaded and the one the running vLLM was launched from."""
         disk = self.reloader.on_disk()
+        breaker = {"breaker": self.breaker.note} if self.breaker.note else {}
         if disk is None:
-            return {"path": None}
+            return {"path": None, **breaker}
         path = str(self.reloader.path)
         if isinstance(disk, list):
-            return {"path": path, "valid": False, "problems": disk}
+            return {"path": path, "valid": False, "problems": disk, **breaker}
         loaded, on_disk = self.cfg.launch_hash(), disk.launch_hash()
         running = self.node.instance.config_hash if self.node.instance is not None else None
         return {"path": path, "valid": True, "hash_on_disk": on_disk, "hash_loaded": loaded, "hash_running": running,
                 "reload_needed": disk != keep_fixed(self.cfg, disk) or on_disk != loaded,
-                "restart_needed": running is not None and running != on_disk}
+                "restart_needed": running is not None and running != on_disk, **breaker}
 
     def handover(self) -> None:
         """Exit now and leave vLLM running, for the next sparkd to adopt (a package upgrade)."""

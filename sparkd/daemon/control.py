@@ -12,7 +12,9 @@ from typing import Any
 import anyio
 
 from sparkd.cluster.coordinator import Coordinator
+from sparkd.commands.base import Checks
 from sparkd.config import Role
+from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.node import Node
 from sparkd.daemon.reload import ReloadReport
 from sparkd.daemon.supervisor import Supervisor
@@ -27,8 +29,11 @@ FOLLOW_BUFFER = 10_000  # lines a slow `sparkctl logs -f` may fall behind before
 
 class DaemonControl:
     def __init__(self, sup: Supervisor, node: Node, view: StatusView, group: Coordinator | None, *,
-                 reload: Callable[[], Awaitable[ReloadReport]], handover: Callable[[], None]) -> None:
+                 reload: Callable[[], Awaitable[ReloadReport]], handover: Callable[[], None],
+                 checks: Checks | None = None) -> None:
         self.sup = sup
+        self.checks: Checks = checks or GroupChecks(node.cfg, node.runtime, None, log=node.log,
+                                                    image=lambda: node.image)
         self.node = node
         self.view = view
         self.group = group
@@ -90,6 +95,9 @@ class DaemonControl:
 
     def log_tail(self, lines: int) -> list[str]:
         return self.node.vllm_log.last(lines)
+
+    def log_entries(self, lines: int, since: float | None) -> list[tuple[float, str]]:
+        return self.node.vllm_log.entries(lines, since)
 
     async def follow_log(self, backlog: list[str]) -> AsyncIterator[str]:
         send, receive = anyio.create_memory_object_stream[str](FOLLOW_BUFFER)

@@ -14,12 +14,13 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from sparkd import __version__
+from sparkd.daemon import checkmetrics
 from sparkd.daemon.view import StatusView
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
@@ -90,11 +91,14 @@ class SparkdCollector(Collector):
         yield from self._preflight()
         yield from self._memory(view.guard())
         yield from self._peers()
+        yield from checkmetrics.families(f.keys, f.values, view.checks())
 
     def _counters(self) -> Iterator[Any]:
         f, counters = self.f, self.view.node.evidence.counters
         restarts = f.counter("sparkd_restarts", "Restarts of vLLM by what caused them.", ["reason"])
-        for reason, n in sorted(self.view.restarts.items()):
+        # Every reason from 0 (each failure class, the operator): increase() sees the first restart too.
+        seen = {**dict.fromkeys([*(cls.value for cls in FailureClass), "operator", "reset"], 0), **self.view.restarts}
+        for reason, n in sorted(seen.items()):
             f.add(restarts, n, reason)
         yield restarts
         failures = f.counter("sparkd_failures", "Failures of vLLM by class.", ["class"])
@@ -195,6 +199,11 @@ class SparkdCollector(Collector):
         yield actions
         yield f.gauge("sparkd_guard_start_allowed", "1 when the guard allows vLLM to start.",
                       1.0 if guard.start_allowed else 0.0)
+        floors = GaugeMetricFamily("sparkd_guard_floor_bytes", "The guard's MemAvailable floors ([guard] *_below): "
+                                   "SparkdMemoryLow fires under warn.", labels=[*f.keys, "floor"])
+        for floor in ("warn", "refuse_start", "stop", "kill"):
+            f.add(floors, float(getattr(guard.cfg, f"{floor}_below")), floor)
+        yield floors
         trend = guard.trend
         if trend is not None:
             yield f.gauge("sparkd_guard_leak_slope_bytes_per_second",
@@ -220,6 +229,8 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         collector = SparkdCollector(view)
         self.registry.register(collector)
+        # The daemon's own process_* (CPU, RSS, descriptors, start time), as every Prometheus client exports them.
+        ProcessCollector(registry=self.registry)
         self.start_duration = Histogram("sparkd_start_duration_seconds", "From launch to ready.",
                                         labelnames=collector.f.keys, buckets=START_BUCKETS, registry=self.registry)
         self._start = self.start_duration.labels(*collector.f.values)

@@ -22,6 +22,7 @@ from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
 from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
 from sparkd.guard.guard import Guard
@@ -29,7 +30,7 @@ from sparkd.incidents import IncidentWriter
 from sparkd.launch import LaunchSpec, health_settings, render
 from sparkd.logs import VllmLog
 from sparkd.preflight.base import Check
-from sparkd.preflight.processes import expected_launch
+from sparkd.preflight.processes import expected_launch, stale_candidates
 from sparkd.preflight.runner import (
     DEFAULT_CHECKS,
     PreflightContext,
@@ -39,7 +40,7 @@ from sparkd.preflight.runner import (
     run_preflight,
 )
 from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
-from sparkd.preflight.stale import find_stale, title_prefix
+from sparkd.preflight.stale import title_prefix
 from sparkd.redact import Redactor
 from sparkd.rehearsal import rehearsal, rehearsal_skips
 from sparkd.runtime.base import ImageIdentity, Instance, LaunchError, Runtime
@@ -61,6 +62,7 @@ class Node:
         = lambda: None, guard: Callable[[], Guard | None] = lambda: None,
         rand: Callable[[], float] = random.random, rehearse: bool = False, redact: Redactor | None = None,
         checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
+        group_checks: GroupChecks | None = None,
     ) -> None:
         self.cfg = cfg
         self.runtime = runtime
@@ -81,6 +83,7 @@ class Node:
         self.ledger = ShmLedger(self.cfg.paths.state_dir / LEDGER_NAME, log=log, clock=clock.wall)
         self.checks = checks  # before every launch
         self.sweep = sweep  # after every stop
+        self.group_checks = group_checks  # a head's fabric and weights proofs before a start
         self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
         self.instance: Instance | None = None
         self.watch: InstanceWatch | None = None
@@ -138,7 +141,15 @@ class Node:
     async def preflight(self) -> None:
         """This node's checks; on a group's head also every worker's (in parallel), then the workers start."""
         timing = self.timing = LaunchTiming(requested_at=self.clock.now())
-        failures: list[Failure | None] = [None, None]
+        failures: list[Failure | None] = [None, None, None]
+        lead = self.group_checks if self.role is Role.head else None
+        if lead is not None:  # the fabric first: a few seconds, and a bad link fails the start at once
+            started = self.clock.now()
+            failures[2] = await lead.fabric()
+            timing.step("group.fabric", self.clock.now() - started)
+            if failures[2] is not None:
+                self.post(v.PreflightDone(failures[2], rand=self.rand()))
+                return
 
         async def local() -> None:
             report = await run_preflight(self._context(), self.checks)
@@ -147,8 +158,9 @@ class Node:
             self.drift = [d.to_json() for d in await self.runtime.drift()]
             for result in report.results:
                 timing.step(f"preflight.{result.id}", result.duration_s)
-                self.log.info("preflight", check=result.id, verdict=result.verdict.value, found=result.found,
-                              did=result.did, duration_s=round(result.duration_s, 3))
+                log = {"warn": self.log.warning, "fail": self.log.error}.get(result.verdict.value, self.log.info)
+                log("preflight", check=result.id, verdict=result.verdict.value, found=result.found, did=result.did,
+                    duration_s=round(result.duration_s, 3))
             failures[0] = report.failure()
 
         async def workers() -> None:
@@ -157,10 +169,17 @@ class Node:
                 failures[1] = await self.group.prepare_workers()
                 timing.step("group.prepare_workers", self.clock.now() - started)
 
+        async def weights() -> None:
+            if lead is not None:
+                started = self.clock.now()
+                failures[2] = await lead.weights()
+                timing.step("group.weights", self.clock.now() - started)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(local)
             tg.start_soon(workers)
-        failure = self.start_gate() or failures[0] or failures[1]
+            tg.start_soon(weights)
+        failure = self.start_gate() or failures[0] or failures[1] or failures[2]
         if failure is None and self.role is Role.head and self.group is not None:
             started = self.clock.now()
             failure = await self.group.start_workers()
@@ -248,7 +267,8 @@ class Node:
             for check in self.sweep:
                 result = await check(ctx)
                 if result.verdict.value != "ok":
-                    self.log.info("sweep", check=result.id, found=result.found, did=result.did)
+                    log = {"warn": self.log.warning, "fail": self.log.error}.get(result.verdict.value, self.log.info)
+                    log("sweep", check=result.id, verdict=result.verdict.value, found=result.found, did=result.did)
 
     async def hurry(self) -> None:
         """A second SIGTERM: end the instance now, without waiting out the grace."""
@@ -318,8 +338,9 @@ class Node:
         return self.runtime.pids(self.instance) if self.instance is not None else set()
 
     def vllm_left(self) -> list[int]:
-        """PIDs of vLLM processes still on this node (titled with this launch's prefix)."""
-        return [p.pid for p in find_stale(prefix=title_prefix(self.spec().env))]
+        """PIDs of this node's vLLM processes still here after a stop: the stale ones (orphaned, or of its
+        previous launch), by the one definition; a neighbour's vLLM is not this node's."""
+        return [c.pid for c in stale_candidates(self._context(protect=True))]
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self.task_group is not None, "the node acts only while the daemon runs"

@@ -124,7 +124,7 @@ class InstanceWatch:
             return
         engine_gone = not await self.runtime.engine_answers()  # it stopped, taking vLLM's container along
         failure = self.classify_exit(info.exit_code, info.signal, None, engine_gone)
-        self.log.info("exited", pid=self.instance.pid, exit=info.describe(), failure=failure.cls.value)
+        self.log.warning("exited", pid=self.instance.pid, exit=info.describe(), failure=failure.cls.value)
         self.post(v.Exited(failure))
 
     async def _see_exit(self) -> None:

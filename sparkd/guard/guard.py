@@ -235,8 +235,10 @@ class Guard:
             counts = (self.counters.dry_run_actions if decision.dry_run and decision.action in ACTING
                       else self.counters.actions)
             counts[decision.action.value] = counts.get(decision.action.value, 0) + 1
-        log = self.log.warning if decision.action in (*ACTING, Action.refuse_start) else self.log.info
-        log("guard_decision", action=decision.action.value, level=decision.level.name,
+        # By meaning (journalctl -p warning): any decision that is not "ok", or a level above ok, is a warning.
+        warn = decision.action is not Action.ok or decision.level > Level.ok
+        log = self.log.warning if warn else self.log.info
+        log("guard_decision", action=decision.action.value, guard_level=decision.level.name,
             start_allowed=decision.start_allowed, dry_run=decision.dry_run, reason=decision.reason,
             available=decision.available, free=self.latest.free if self.latest else None)
         self._call(lambda: self.hooks.on_decision(decision), None)

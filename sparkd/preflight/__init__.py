@@ -21,6 +21,10 @@ rdma               rdma            nccl: a named HCA missing or down; config_err
 gpu                gpu             gpu_busy: a compute process that is not a stale vLLM holds the GPU
 =================  ==============  =============================================================================
 
+Before a group's start the head also proves the fabric and the weights on every node (not checks of this
+runner: ``sparkd/cluster/fabric_check.py``, ``sparkd/cluster/weights.py``); their parts that read this node live
+here: ``netdev``, ``dfping``, ``gid``, ``manifest``, ``ioprio``, ``weights_local``, ``weights_verify``.
+
 Checks that look where vLLM runs (in its container, or on the host) ask the runtime: ``ctx.runtime.where``,
 ``exec``, ``read_file``, ``missing_target`` (sparkd/runtime/base.py).
 """

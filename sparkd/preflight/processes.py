@@ -1,34 +1,36 @@
 """Check: no stale vLLM process is left on the node.
 
-Stale means titled ``VLLM::*`` (EngineCore, Worker_TP*; the prefix is the launch's VLLM_PROCESS_NAME_PREFIX when
-it sets one), or part of the process tree of our own previous
-launch as the daemon's ``instance.json`` records it, when the process is provably that launch (its launch
-marker, or else it runs what the config launches: a reused PID or a forged record is not it), and never
-part of the watched instance (``ctx.protect``). Stale processes get SIGTERM, a grace, then SIGKILL; each is
-reported with its PID and command line. Nothing else is ever touched.
+Stale is what :mod:`sparkd.preflight.neighbours` says it is, the one definition: a process of our own previous
+launch (the daemon's ``instance.json``, the process proven by its launch marker, or else running what the
+config launches: a reused PID or a forged record is not it), or a process titled with the launch's prefix
+(``VLLM::`` unless the launch sets VLLM_PROCESS_NAME_PREFIX) that is orphaned — the tree that launched it is
+gone — run by the launch's uid in its PID namespace; never part of another live sparkd instance's launch, never
+the watched instance (``ctx.protect``). A live vLLM of someone else's, under its API server or launcher, is a
+neighbour and is left alone. Stale processes get SIGTERM, a grace, then SIGKILL; each is reported with its PID
+and command line.
 
 The ports and GPU checks ask the same question ("is this holder stale?") through :func:`stale_candidates`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 
 from sparkd.config import Config
 from sparkd.launch import LaunchSpec
-from sparkd.preflight import stale
+from sparkd.preflight import neighbours, proctable, stale
 from sparkd.preflight.base import (
     CheckResult,
     PreflightContext,
     Verdict,
     check,
     describe_cmdline,
-    read_cmdline,
     visible_pids,
 )
 from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
@@ -42,23 +44,16 @@ from sparkd.supervisor.failures import FailureClass
 class Candidate:
     pid: int
     argv: list[str]
-    why: str  # "title" or "previous launch"
+    why: str  # "orphaned" or "previous launch" (neighbours.Stale)
 
     def describe(self) -> str:
         return f"{self.pid} {describe_cmdline(self.argv)}"
 
 
-def select(titled: Mapping[int, list[str]], recorded: Mapping[int, list[str]],
-           never_touch: frozenset[int], prefix: str = stale.TITLE_PREFIX) -> list[Candidate]:
-    """Pure: the stale processes among those titled VLLM::* and those of our previous launch's tree."""
-    out: dict[int, Candidate] = {}
-    for pid, argv in recorded.items():
-        if pid not in never_touch:
-            out[pid] = Candidate(pid, argv, "previous launch")
-    for pid, argv in titled.items():
-        if pid not in never_touch and stale.is_vllm_title(argv, prefix):
-            out.setdefault(pid, Candidate(pid, argv, "title"))
-    return [out[pid] for pid in sorted(out)]
+def select(table: Mapping[int, neighbours.Proc], pids: Iterable[int], scope: neighbours.Scope) -> list[Candidate]:
+    """Pure: the stale processes among ``pids`` (the titled ones and our previous launch's tree)."""
+    return [Candidate(j.pid, list(table[j.pid].argv), j.stale.value)
+            for j in neighbours.stale(list(pids), table, scope) if j.stale is not None]
 
 
 def record_identity(record: Mapping[str, Any]) -> proctree.ProcessIdentity:
@@ -74,22 +69,33 @@ def expected_launch(cfg: Config, spec: LaunchSpec, prefix: str) -> proctree.Expe
     return proctree.Expected(executable=spec.argv[0] if spec.argv else "", script=script, title_prefix=prefix)
 
 
-def recorded_tree(record: Mapping[str, Any] | None, proc_root: Path,
-                  expected: proctree.Expected | None = None) -> dict[int, list[str]]:
-    """The live process tree of the launch in the daemon's record, if the process is provably that launch
+def recorded_root(record: Mapping[str, Any] | None, expected: proctree.Expected | None = None
+                  ) -> neighbours.Launch | None:
+    """The root of the launch in the daemon's record, if the live process is provably that launch
     (:func:`proctree.same_identity`: its launch marker, or else it runs what the config launches)."""
     if not record:
-        return {}
+        return None
     root = proctree.same_identity(record_identity(record), expected)
     if root is None:
-        return {}
-    visible = set(visible_pids(proc_root))
-    out = {}
-    for member in proctree.tree(root.pid):
-        argv = read_cmdline(proc_root, member.pid) if member.pid in visible else None
-        if argv:
-            out[member.pid] = argv
-    return out
+        return None
+    try:
+        return neighbours.Launch(root.pid, root.create_time(), "this node's previous launch")
+    except psutil.Error:
+        return None
+
+
+def launch_uid(ctx: PreflightContext) -> int | None:
+    """The uid the launch's processes run as, where sparkd can tell: its own for a host process; a container's
+    numeric ``[container] user``; else unknown (the PID namespace still bounds the sweep)."""
+    if ctx.runtime.name == "process":
+        return os.geteuid()
+    user = (ctx.cfg.container.user or "").split(":", 1)[0]
+    return int(user) if user.isdigit() else None
+
+
+def launch_pid_ns(ctx: PreflightContext) -> int | None:
+    """The PID namespace the launch's processes run in, where sparkd can tell: its own for a host process."""
+    return proctable.own_pid_namespace() if ctx.runtime.name == "process" else None
 
 
 def title_prefix(ctx: PreflightContext) -> str:
@@ -97,12 +103,19 @@ def title_prefix(ctx: PreflightContext) -> str:
     return stale.title_prefix(ctx.spec.env, ctx.cfg.container.env)
 
 
+def scope(ctx: PreflightContext, ours: neighbours.Launch | None = None) -> neighbours.Scope:
+    return neighbours.Scope(prefix=title_prefix(ctx), uid=launch_uid(ctx), pid_ns=launch_pid_ns(ctx), ours=ours,
+                            never_touch=ctx.never_touch)
+
+
 def stale_candidates(ctx: PreflightContext) -> list[Candidate]:
     record = json_state(ctx.record_path, INSTANCE).peek()  # a bad record is the daemon's to set aside
     prefix = title_prefix(ctx)
-    expected = expected_launch(ctx.cfg, ctx.spec, prefix)
-    return select(stale.titled(ctx.proc_root, prefix), recorded_tree(record, ctx.proc_root, expected),
-                  ctx.never_touch, prefix)
+    ours = recorded_root(record, expected_launch(ctx.cfg, ctx.spec, prefix))
+    visible = set(visible_pids(ctx.proc_root))
+    members = {p.pid for p in proctree.tree(ours.pid)} & visible if ours is not None else set()
+    pids = set(stale.titled(ctx.proc_root, prefix)) | members
+    return select(proctable.table(pids, ctx.proc_root), pids, scope(ctx, ours))
 
 
 async def end_candidates(ctx: PreflightContext, candidates: list[Candidate]

@@ -45,6 +45,7 @@ class Gid:
     index: int
     gid: str
     type: str
+    ndev: str = ""  # the network interface the GID belongs to (gid_attrs/ndevs), where the kernel says
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,32 @@ def roce_v2_index(port: Port, address: str | None) -> int | None:
     return v4[0].index if v4 else None
 
 
+def slot(port: Port, index: int) -> str:
+    """What GID table slot ``index`` of ``port`` holds, in words."""
+    for gid in port.gids:
+        if gid.index == index:
+            try:
+                link_local = ipaddress.IPv6Address(gid.gid).is_link_local
+            except ValueError:
+                link_local = False
+            what = "the link-local GID" if link_local else "the GID"
+            mapped = ipv4_of(gid.gid)
+            return f"{what} {gid.gid}" + (f" ({mapped})" if mapped else "") + f", {gid.type}"
+    return "an empty slot"
+
+
+def index_problem(port: Port, configured: str, address: str | None) -> str | None:
+    """Why ``NCCL_IB_GID_INDEX = configured`` is wrong on ``port``, naming the index that works; or None."""
+    index = roce_v2_index(port, address)
+    if index is None or configured.strip() == str(index):
+        return None
+    what = f"of {address}" if address else "(IPv4)"
+    held = slot(port, int(configured)) if configured.strip().isdigit() else "no index at all"
+    return (f"NCCL_IB_GID_INDEX is {configured}, but the RoCE v2 GID {what} on {port.name} is index {index} "
+            f"(index {configured} holds {held}; the index moves after a reboot: set it to {index}, or leave it "
+            "unset)")
+
+
 def memlock_of(limits: str) -> int | None:
     """The soft ``Max locked memory`` of a ``/proc/<pid>/limits`` text, in bytes; -1 unlimited."""
     for line in limits.splitlines():
@@ -178,11 +205,9 @@ def _gid_problems(facts: Facts, chosen: Sequence[Port]) -> tuple[list[str], list
                             "addressed?)")
             continue
         seen.append(f"RoCE v2 GID index {index} on {port.name}")
-        if facts.gid_index is not None and facts.gid_index.strip() != str(index):
-            what = f"of {facts.address}" if facts.address else "(IPv4)"
-            problems.append(f"NCCL_IB_GID_INDEX is {facts.gid_index}, but the RoCE v2 GID {what} on {port.name} "
-                            f"is index {index} (the index moves after a reboot: set it to {index}, or leave "
-                            "it unset)")
+        problem = index_problem(port, facts.gid_index, facts.address) if facts.gid_index is not None else None
+        if problem:
+            problems.append(problem)
     return problems, seen
 
 
@@ -252,7 +277,8 @@ def read_ports(infiniband: Path) -> list[Port]:
             for index in _int_names(base / "gids"):
                 gid, kind = read_text(base / "gids" / str(index)), read_text(base / "gid_attrs" / "types" / str(index))
                 if gid and kind and _in_use(gid):
-                    gids.append(Gid(index, gid.strip(), kind.strip()))
+                    ndev = read_text(base / "gid_attrs" / "ndevs" / str(index)) or ""
+                    gids.append(Gid(index, gid.strip(), kind.strip(), ndev.strip()))
             ports.append(Port(hca.name, number, (read_text(base / "state") or "").strip(),
                               (read_text(base / "link_layer") or "Ethernet").strip(), tuple(gids)))
     return ports

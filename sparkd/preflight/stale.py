@@ -1,11 +1,10 @@
-"""Stale vLLM processes: what counts as one, and how one is ended.
+"""Titled vLLM processes: how they are found, and how a stale one is ended.
 
-Only a process whose *title* (argv[0] after setproctitle) starts with ``VLLM::`` counts by its name. A command
-line that merely mentions vllm is never touched: ``python -c "...VLLM::Worker..."`` has argv[0] ``python``.
-vLLM takes the prefix from ``VLLM_PROCESS_NAME_PREFIX``; when the launch sets it, that prefix is the one
-that marks our processes (:func:`title_prefix`).
-(The other kind of stale process, one left from our own previous launch, is found from the daemon's record:
-see :mod:`sparkd.preflight.processes`.)
+A process counts by its name only through its *title* (argv[0] after setproctitle) starting with ``VLLM::``: a
+command line that merely mentions vllm is never touched: ``python -c "...VLLM::Worker..."`` has argv[0]
+``python``. vLLM takes the prefix from ``VLLM_PROCESS_NAME_PREFIX``; when the launch sets it, that prefix is the
+one that marks our processes (:func:`title_prefix`). A title alone makes nothing stale: which titled processes
+are stale and which are neighbours is :mod:`sparkd.preflight.neighbours`' one definition.
 
 A process is signalled only through a ``psutil.Process`` bound when it was found, whose identity (PID and
 create time) psutil checks before every signal, so a PID reused meanwhile is never hit.
@@ -14,16 +13,16 @@ create time) psutil checks before every signal, so a PID reused meanwhile is nev
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from sparkd.preflight.base import read_cmdline, visible_pids
+from sparkd.preflight.neighbours import TITLE_PREFIX, is_titled
 from sparkd.runtime.proctree import running, signal_all, wait_gone
 
-TITLE_PREFIX = "VLLM::"
 PREFIX_ENV = "VLLM_PROCESS_NAME_PREFIX"
 
 
@@ -36,7 +35,7 @@ def title_prefix(*envs: Mapping[str, str]) -> str:
 
 
 def is_vllm_title(cmdline: list[str], prefix: str = TITLE_PREFIX) -> bool:
-    return bool(cmdline) and cmdline[0].startswith(prefix)
+    return is_titled(cmdline, prefix)
 
 
 @dataclass(frozen=True)
@@ -66,14 +65,6 @@ def titled(proc_root: Path = Path("/proc"), prefix: str = TITLE_PREFIX) -> dict[
         if argv and is_vllm_title(argv, prefix):
             found[pid] = argv
     return found
-
-
-def find_stale(protect: Iterable[int] = (), proc_root: Path = Path("/proc"),
-               prefix: str = TITLE_PREFIX) -> list[psutil.Process]:
-    """Processes titled ``VLLM::*`` outside ``protect`` (the watched instance's tree)."""
-    protected = set(protect)
-    procs = (bind(pid, argv) for pid, argv in titled(proc_root, prefix).items() if pid not in protected)
-    return [p for p in procs if p is not None]
 
 
 def describe(proc: psutil.Process) -> StaleProcess:

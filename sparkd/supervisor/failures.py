@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["TREATMENT", "Budget", "Evidence", "Failure", "FailureClass", "Scope", "Treatment", "treatment"]
+__all__ = ["CAUSES", "TREATMENT", "Budget", "Cause", "Evidence", "Failure", "FailureClass", "Scope", "Treatment",
+           "treatment"]
 
 
 class FailureClass(StrEnum):
@@ -144,6 +145,37 @@ TREATMENT: dict[FailureClass, Treatment] = {
                   "the log tail is in the incident folder — sparkd restarts with backoff"),
 }
 del F, B, S
+
+
+class Cause(StrEnum):
+    """What the head's group checks (fabric, weights) refuse a start for."""
+
+    link_down = "link_down"
+    peer_unreachable = "peer_unreachable"
+    mtu = "mtu"
+    path_mtu = "path_mtu"
+    speed = "speed"
+    gid_index = "gid_index"
+    master_port = "master_port"
+    bandwidth = "bandwidth"
+    weights = "weights"
+
+
+C, F = Cause, FailureClass
+# Each cause's class by its nature: config_error when only a person can fix it (no retry loop), host_unavailable
+# when it may come back by itself (wait, without spending the budget).
+CAUSES: dict[Cause, tuple[FailureClass, str]] = {
+    C.link_down: (F.host_unavailable, "a fabric interface is down, missing or without carrier"),
+    C.peer_unreachable: (F.host_unavailable, "a peer's fabric address answers no echo at all"),
+    C.mtu: (F.config_error, "the MTUs of the two ends differ, or differ from [fabric] mtu"),
+    C.path_mtu: (F.config_error, "a don't-fragment echo at the MTU is lost while a small one passes"),
+    C.speed: (F.config_error, "the link speeds differ, or are below [fabric] min_speed_mbps"),
+    C.gid_index: (F.config_error, "NCCL_IB_GID_INDEX is not the RoCE v2 GID of the fabric address"),
+    C.master_port: (F.config_error, "a worker cannot connect to the master port over the fabric"),
+    C.bandwidth: (F.config_error, "the measured bandwidth is below [fabric] min_bandwidth_gbps"),
+    C.weights: (F.config_error, "a file of the model directory differs between nodes"),
+}
+del C, F
 
 
 def treatment(cls: FailureClass) -> Treatment:

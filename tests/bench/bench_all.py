@@ -5,7 +5,8 @@
 Runs, each as its own process (progress on stderr): bench_recovery.py (recovery, litter, detection),
 bench_docker.py (the same on the docker-exec runtime), bench_footprint.py (idle footprint, what each
 dependency costs, /metrics latency), bench_group.py (group restart overhead for 2, 3 and 4 nodes), the
-memory guard's bench_guard.py and bench_wedge.py (wedge detection time, false positives), then prints one table:
+memory guard's bench_guard.py, bench_wedge.py (wedge detection time, false positives) and bench_cli.py
+(``sparkctl status`` and TAB completion against ``supervisorctl status``), then prints one table:
 every figure beside its peer from the same run, the ratio, the issue's target and whether sparkd meets it (and
 by how much it misses). tests/bench/README.md explains
 each figure. ``--quick`` runs a few trials of each, to check the benchmarks themselves (its figures are
@@ -37,6 +38,7 @@ QUICK = {
     "bench_group.py": ["--sizes", "2,4", "--restarts", "2", "--bare", "2"],
     "bench_guard.py": ["--runs", "1", "--rates", "2"],
     "bench_wedge.py": ["--trials", "5"],
+    "bench_cli.py": ["--runs", "5"],
 }
 
 
@@ -61,7 +63,7 @@ def main() -> int:
     parser.add_argument("--json", default=str(HERE / "results.json"))
     parser.add_argument("--quick", action="store_true", help="a few trials of each (checks the benchmarks)")
     parser.add_argument("--guard-runs", default="5", help="bench_guard.py --runs (issue 18: every one of 5 runs)")
-    parser.add_argument("--skip", default="", help="comma-separated: recovery,docker,footprint,group,guard,wedge")
+    parser.add_argument("--skip", default="", help="comma-separated: recovery,docker,footprint,group,guard,wedge,cli")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     started = time.monotonic()
@@ -75,7 +77,7 @@ def main() -> int:
         for name, script, extra in (("recovery", "bench_recovery.py", []), ("docker", "bench_docker.py", []),
                                     ("footprint", "bench_footprint.py", []), ("group", "bench_group.py", []),
                                     ("guard", "bench_guard.py", ["--runs", args.guard_runs]),
-                                    ("wedge", "bench_wedge.py", [])):
+                                    ("wedge", "bench_wedge.py", []), ("cli", "bench_cli.py", [])):
             if name in skip:
                 continue
             if not (HERE / script).exists():

@@ -261,10 +261,25 @@ def group_rows(group: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def cli_rows(cli: dict[str, Any]) -> list[Row]:
+    """Issue 28's row: sparkctl status and a TAB completion, spawn to exit, beside supervisorctl status."""
+    peer, start = cli["supervisorctl_status"], cli["python_start"]
+    rows = []
+    for key, figure in (("sparkctl_status", "`sparkctl status` (a ready daemon), spawn → exit: median / p90 ms"),
+                        ("sparkctl_complete", "TAB completion `sparkctl re<TAB>`, spawn → exit: median / p90 ms")):
+        x = cli[key]
+        rows.append(row("9", f"{figure} (n = {cli['runs']}; `python -c pass` {fmt(start['median_ms'], '.0f')} ms)",
+                        f"{fmt(x['median_ms'], '.0f')} / {fmt(x['p90_ms'], '.0f')}",
+                        f"`supervisorctl status` {fmt(peer['median_ms'], '.0f')} / {fmt(peer['p90_ms'], '.0f')}",
+                        fmt(ratio(x["median_ms"], peer["median_ms"])), f"≤ {cli['target_ms']:.0f} ms",
+                        at_most(x["median_ms"], cli["target_ms"], "ms")))
+    return rows
+
+
 def summary_rows(r: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     for name, build in (("recovery", recovery_rows), ("docker", docker_rows), ("footprint", footprint_rows),
-                        ("group", group_rows)):
+                        ("group", group_rows), ("cli", cli_rows)):
         part = r.get(name)
         if part is None:
             rows.append(row("–", f"{name}: not run (--skip)", "–"))

@@ -178,7 +178,7 @@ def test_node_blocks_run_as_written(block: Block, node: Any) -> None:
 def test_make_run_serves_the_standin_as_the_readme_says(tmp_path: Path) -> None:
     readme = (REPO / "README.md").read_text()
     assert "make run    #" in readme and "try `curl -s http://127.0.0.1:8000/v1/models`" in readme
-    answer, log = tmp_path / "models.json", tmp_path / "run.log"
+    answer, log, status = tmp_path / "models.json", tmp_path / "run.log", tmp_path / "status.txt"
     # set -m: `make run` gets a process group of its own, where Ctrl-C (SIGINT) reaches make and sparkd.
     script = f"""set -m
 mount -t tmpfs -o size=512m tmpfs /dev/shm
@@ -190,6 +190,7 @@ for i in $(seq 180); do
     fi
     sleep 0.5
 done
+.venv/bin/sparkctl status > {status} 2>&1; echo "exit $?" >> {status}
 kill -INT -- -$!
 wait $!
 """
@@ -204,6 +205,10 @@ wait $!
         assert answer.exists(), f"`make run` never served /v1/models:\n{shown[-3000:]}"
         assert '"id":"deepseek-v4-flash"' in answer.read_text().replace(" ", ""), answer.read_text()
         assert '"event": "stopped"' in shown, shown[-3000:]  # Ctrl-C stopped vLLM and sparkd
+        # Plain `sparkctl status` in the checkout finds the demo's socket (issue 28), and `make run` says how.
+        said = status.read_text()
+        assert " on demo (single, process): ready since " in said and said.endswith("exit 0\n"), said
+        assert "sparkctl status" in shown, shown[:3000]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -65,7 +65,7 @@ def test_wheel_holds_the_code_the_profiles_and_the_commands(built: Built) -> Non
     profiles = {Path(n).stem for n in names if n.startswith("sparkd/profiles/") and n.endswith(".toml")}
     assert {"latency", "throughput", "balanced", "1m-context"} <= profiles, sorted(names)
     entry_points = zipfile.ZipFile(built.wheel).read(f"sparkd-{sparkd.__version__}.dist-info/entry_points.txt")
-    for command in (b"sparkd = sparkd.cli.sparkd:main", b"sparkctl = sparkd.cli.sparkctl:main"):
+    for command in (b"sparkd = sparkd.cli.sparkd:main", b"sparkctl = sparkd.cli.ctl:main"):
         assert command in entry_points
     assert b"sparkd-standin" not in entry_points
 

@@ -47,7 +47,7 @@ def by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_dry_run_changes_nothing(tmp_path: Path, children: Children) -> None:
     """A stale vLLM process holding the API port and a leaked /dev/shm segment all survive a dry run."""
-    holder, port = listener(children, title=f"{PREFIX}::Worker_TP0")
+    holder, port = listener(children, title=f"{PREFIX}::Worker_TP0", orphan=True)
     segment = leak(Path("/dev/shm") / f"psm_{os.urandom(4).hex()}")
     try:
         result = preflight(write_config(tmp_path, port), "--dry-run", "--json")
@@ -56,7 +56,7 @@ def test_dry_run_changes_nothing(tmp_path: Path, children: Children) -> None:
         checks = by_id(report)
         assert report["dry_run"] is True and report["ok"] is True and report["failure"] is None
         assert checks["stale_processes"]["verdict"] == "warn"
-        assert f"{holder.pid} {PREFIX}::Worker_TP0 (title)" in checks["stale_processes"]["found"]
+        assert f"{holder.pid} {PREFIX}::Worker_TP0 (orphaned)" in checks["stale_processes"]["found"]
         assert checks["ports"]["verdict"] == "warn"
         assert f"{port} is held by stale vLLM PID {holder.pid}" in checks["ports"]["found"]
         assert checks["dev_shm"]["verdict"] == "warn" and segment.name in checks["dev_shm"]["found"]

@@ -63,27 +63,47 @@ def test_stale_none(tmp_path: Path, children: Children, view: ProcView) -> None:
     assert decoy.alive()
 
 
-def test_stale_titled_are_ended_decoys_and_the_watched_instance_survive(
+def test_stale_orphans_are_ended_neighbours_decoys_and_the_watched_instance_survive(
         tmp_path: Path, children: Children, view: ProcView) -> None:
-    engine = children(title=f"{P}::EngineCore")
-    worker = children("signal.signal(signal.SIGTERM, signal.SIG_IGN)", title=f"{P}::Worker_TP0")  # needs SIGKILL
+    engine = children(title=f"{P}::EngineCore", orphan=True)  # their launcher is gone: the field's litter
+    worker = children("signal.signal(signal.SIGTERM, signal.SIG_IGN)", title=f"{P}::Worker_TP0",
+                      orphan=True)  # needs SIGKILL
+    # Titled with our own prefix, but its launcher (this test) lives: a neighbour's live vLLM, never stale.
+    live = children(title=f"{P}::Worker_TP0")
     decoy = children(args=DECOY_ARGS)  # its command line mentions VLLM::Worker_TP0 and vllm serve
-    decoy_code = children(f"# {P}::Worker_TP1 vllm")  # and one whose code does
-    watched = children(title=f"{P}::Worker_TP0")
-    # Titled by a vLLM with the default prefix: not our launch's (other sessions' sweeps may end it meanwhile,
-    # so only what this check did is asserted).
-    other = children(title="VLLM::Worker_TP0")
-    ctx = context(tmp_path, view.add(engine.pid, worker.pid, decoy.pid, decoy_code.pid, watched.pid, other.pid),
+    decoy_code = children(f"# {P}::Worker_TP1 vllm", orphan=True)  # and one whose code does
+    watched = children(title=f"{P}::Worker_TP0", orphan=True)
+    # Titled by a vLLM with the default prefix: not our launch's.
+    other = children(title="VLLM::Worker_TP0", orphan=True)
+    ctx = context(tmp_path, view.add(engine.pid, worker.pid, live.pid, decoy.pid, decoy_code.pid, watched.pid,
+                                     other.pid, os.getpid()),
                   protect=frozenset({watched.pid}), preflight={"kill_grace_s": 0.5})
     result = run(check_stale_processes, ctx)
     assert result.verdict is Verdict.fixed, result
-    assert f"{engine.pid} {P}::EngineCore (title)" in result.found
-    assert f"{worker.pid} {P}::Worker_TP0 (title)" in result.found
+    assert f"{engine.pid} {P}::EngineCore (orphaned)" in result.found
+    assert f"{worker.pid} {P}::Worker_TP0 (orphaned)" in result.found
     assert "ended 2 process(es)" in result.did
     assert not engine.alive() and not worker.alive()
-    assert decoy.alive() and decoy_code.alive() and watched.alive()
-    assert f"{other.pid} " not in result.found and f"{watched.pid} " not in result.found
+    # (other sparkd instances on this host may end `other` meanwhile: with the default prefix it is their litter)
+    assert live.alive() and decoy.alive() and decoy_code.alive() and watched.alive()
+    for spared in (live, other, watched):
+        assert f"{spared.pid} " not in result.found
     assert f"{P}::Worker_TP0" in " ".join(decoy.cmdline())  # the decoy really mentions it
+
+
+def test_stale_a_live_trees_titled_processes_are_neighbours(tmp_path: Path, children: Children,
+                                                            view: ProcView) -> None:
+    """A titled process whose parent (this test, standing in for an API server or a person's shell) lives is a
+    neighbour even when the view cannot show that parent: its launcher may be alive, so nothing is proven."""
+    shown = children(title=f"{P}::EngineCore")
+    unseen = children(title=f"{P}::Worker_TP0")
+    ctx = context(tmp_path, view.add(shown.pid, unseen.pid, os.getpid()), preflight={"kill_grace_s": 0.5})
+    result = run(check_stale_processes, ctx)  # their parent shown: alive, and no reaper
+    assert result.verdict is Verdict.ok and result.found == "no stale vLLM process", result
+    os.unlink(view.root / str(os.getpid()))  # the parent not shown: still not proven gone
+    result = run(check_stale_processes, ctx)
+    assert result.verdict is Verdict.ok, result
+    assert shown.alive() and unseen.alive()
 
 
 def test_stale_previous_launch_from_the_record(tmp_path: Path, children: Children, view: ProcView) -> None:
@@ -115,7 +135,7 @@ def test_stale_a_forged_record_ends_nothing(tmp_path: Path, children: Children, 
 
 
 def test_stale_dry_run_touches_nothing(tmp_path: Path, children: Children, view: ProcView) -> None:
-    worker = children(title=f"{P}::Worker_TP1")
+    worker = children(title=f"{P}::Worker_TP1", orphan=True)
     result = run(check_stale_processes, context(tmp_path, view.add(worker.pid), dry_run=True))
     assert result.verdict is Verdict.warn and "would SIGTERM" in result.did
     assert worker.alive()
@@ -137,8 +157,8 @@ def test_ports_free(tmp_path: Path, view: ProcView) -> None:
 
 
 def test_ports_held_by_stale_vllm_are_freed(tmp_path: Path, children: Children, view: ProcView) -> None:
-    holder, port = listener(children, title=f"{P}::Worker_TP0")
-    master, master_port = listener(children, title=f"{P}::Worker_TP0")
+    holder, port = listener(children, title=f"{P}::Worker_TP0", orphan=True)
+    master, master_port = listener(children, title=f"{P}::Worker_TP0", orphan=True)
     ctx = context(tmp_path, view.add(holder.pid, master.pid), launch={"port": port},
                   node={"role": "head"}, cluster={"master_port": master_port})
     result = run(check_ports, ctx)
@@ -163,7 +183,7 @@ def test_ports_held_by_anything_else_fail_naming_it(tmp_path: Path, children: Ch
 
 
 def test_ports_dry_run_frees_nothing(tmp_path: Path, children: Children, view: ProcView) -> None:
-    holder, port = listener(children, title=f"{P}::Worker_TP0")
+    holder, port = listener(children, title=f"{P}::Worker_TP0", orphan=True)
     result = run(check_ports, context(tmp_path, view.add(holder.pid), launch={"port": port}, dry_run=True))
     assert result.verdict is Verdict.warn and "would end" in result.did
     assert holder.alive()
@@ -200,7 +220,7 @@ def test_shm_leaks_removed_live_owners_and_decoys_kept(tmp_path: Path, children:
 def test_shm_a_stale_vllm_processs_semaphore_is_noted_before_the_kill_and_removed_after(
         tmp_path: Path, children: Children, view: ProcView, shm_dir: Path) -> None:
     stale_engine = children(f"fd = os.open({str(shm_dir / 'sem.mp-st4le001')!r}, os.O_CREAT | os.O_RDWR, 0o600)\n"
-                            "os.ftruncate(fd, 1 << 20)\n" + MAP_ONLY, title=f"{P}::EngineCore")
+                            "os.ftruncate(fd, 1 << 20)\n" + MAP_ONLY, title=f"{P}::EngineCore", orphan=True)
     unowned = leak(shm_dir / "sem.mp-n0tours1", 4096)
     ctx = context(tmp_path, view.add(stale_engine.pid), shm_dir=shm_dir)
     assert run(check_stale_processes, ctx).verdict is Verdict.fixed and not stale_engine.alive()
@@ -388,7 +408,7 @@ def test_gpu_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: ProcVie
 
 def test_gpu_leftover_stale_vllm_is_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children,
                                          view: ProcView) -> None:
-    worker = children(title=f"{P}::Worker_TP0")
+    worker = children(title=f"{P}::Worker_TP0", orphan=True)
     fake_smi(tmp_path, monkeypatch, f"{worker.pid}, /usr/bin/python3\n")
     result = run(check_gpu, context(tmp_path, view.add(worker.pid)))
     assert result.verdict is Verdict.fixed and f"PID {worker.pid} ({P}::Worker_TP0)" in result.found

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,20 +42,35 @@ import setproctitle
 class Child:
     popen: subprocess.Popen[str]
     info: str  # what the child printed after "ready"
+    pid: int = 0  # the child's PID (an orphan's is not its Popen's, which has exited)
+    created: float = 0.0
 
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
+    def process(self) -> psutil.Process | None:
+        """The child, if it still runs (a PID reused since is not it)."""
         try:
             proc = psutil.Process(self.pid)
-            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            if abs(proc.create_time() - self.created) > 0.05 or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc
         except psutil.NoSuchProcess:
-            return False
+            return None
+
+    def alive(self) -> bool:
+        return self.process() is not None
 
     def cmdline(self) -> list[str]:
         return [p for p in psutil.Process(self.pid).cmdline() if p]
+
+
+# An orphan's launcher forks it and exits at once; it says "ready" once it has been re-parented (to PID 1, or the
+# subreaper above the test), as the engine of a vLLM whose API server was SIGKILLed is.
+ORPHAN = """\
+launcher = os.getpid()
+if os.fork():
+    os._exit(0)
+while os.getppid() == launcher:
+    time.sleep(0.005)
+"""
 
 
 class Children:
@@ -64,22 +80,34 @@ class Children:
         self.started: list[Child] = []
 
     def __call__(self, body: str = "", *, title: str | None = None, args: tuple[str, ...] = (),
-                 info: str = "''", env: dict[str, str] | None = None) -> Child:
+                 info: str = "''", env: dict[str, str] | None = None, orphan: bool = False) -> Child:
         """Run ``body``; with ``title`` setproctitle it first (the way vLLM titles its processes); print
-        ``ready <info>`` and sleep. ``args`` end up on the child's command line (decoys mention vllm there)."""
-        code = PRELUDE
+        ``ready <info>`` and sleep. ``args`` end up on the child's command line (decoys mention vllm there).
+        ``orphan``: the child's launcher is gone before it is ready (its parent is PID 1 or a subreaper)."""
+        code = PRELUDE + (ORPHAN if orphan else "")
         if title:
             code += f"setproctitle.setproctitle({title!r})\n"
-        code += textwrap.dedent(body) + f"\nprint('ready', {info}, flush=True)\ntime.sleep(600)\n"
+        code += textwrap.dedent(body) + f"\nprint('ready', os.getpid(), {info}, flush=True)\ntime.sleep(600)\n"
         popen = subprocess.Popen([PY, "-c", code, *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                  text=True, env={**os.environ, **env} if env else None)
         line = popen.stdout.readline() if popen.stdout else ""
-        child = Child(popen, line.removeprefix("ready").strip())
+        _, pid, info_text = (line.rstrip("\n") + " ").split(" ", 2) if line.startswith("ready") else ("", "0", "")
+        child = Child(popen, info_text.strip(), int(pid))
+        if child.pid:
+            child.created = psutil.Process(child.pid).create_time()
         self.started.append(child)
         assert line.startswith("ready"), f"child did not start: {line!r}"
+        if orphan:
+            popen.wait(10)
         return child
 
     def end_all(self) -> None:
+        orphans = [proc for proc in (c.process() for c in self.started if c.pid != c.popen.pid) if proc is not None]
+        for proc in orphans:
+            proc.kill()
+        deadline = time.monotonic() + 10  # a zombie is gone for us: init reaps it (here, in its own time)
+        while any(c.alive() for c in self.started if c.pid != c.popen.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
         for child in self.started:
             if child.popen.poll() is None:
                 child.popen.kill()
@@ -95,13 +123,14 @@ def children() -> Iterator[Children]:
     made.end_all()
 
 
-def listener(children: Children, *, title: str | None = None, args: tuple[str, ...] = ()) -> tuple[Child, int]:
+def listener(children: Children, *, title: str | None = None, args: tuple[str, ...] = (),
+             orphan: bool = False) -> tuple[Child, int]:
     """A child listening on a port it got by binding port 0 on 127.0.0.1."""
     child = children("""
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen()
-    """, title=title, args=args, info="sock.getsockname()[1]")
+    """, title=title, args=args, info="sock.getsockname()[1]", orphan=orphan)
     return child, int(child.info)
 
 

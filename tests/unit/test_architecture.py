@@ -16,7 +16,9 @@ MAX_FUNCTION_LINES = 60
 LAYERS: list[tuple[str, ...]] = [
     ("sparkd", "sparkd.exits", "sparkd.clock", "sparkd.nodelock", "sparkd.notify", "sparkd.journal",
      "sparkd.profiles", "sparkd.config_sections", "sparkd.config_supervision", "sparkd.config_env",
-     "sparkd.config_container", "sparkd.tomlwrite", "sparkd.safefile", "sparkd.trustedpaths",
+     "sparkd.config_layers",
+     "sparkd.timefmt",
+     "sparkd.config_container", "sparkd.config_fabric", "sparkd.safefile", "sparkd.trustedpaths",
      "sparkd.secretrule"),
     ("sparkd.config",),
     ("sparkd.supervisor", "sparkd.launch", "sparkd.launch_script", "sparkd.lint", "sparkd.rehearsal", "sparkd.compose",

@@ -89,14 +89,15 @@ def test_constructs_that_cannot_be_carried_are_named(tmp_path: Path) -> None:
     compose = tmp_path / "compose.yaml"
     compose.write_text(
         "services:\n  vllm:\n    image: img\n    restart: unless-stopped\n    healthcheck: {test: [CMD, true]}\n"
-        "    networks: [fabric]\n    x-note: 1\n    volumes: [/scratch]\n"
+        "    networks: [fabric]\n    x-note: 1\n    colour: blue\n    volumes: [/scratch]\n"
         "    stop_grace_period: 1m30s\n    command: [vllm, serve, m, --max-num-seqs, '4']\n")
     result = import_compose(compose, environ={})
     joined = "\n".join(result.not_carried)
     assert "services.vllm.restart: not carried: sparkd decides restarts" in joined
     assert "services.vllm.healthcheck: not carried" in joined
     assert "services.vllm.networks: not carried" in joined
-    assert "services.vllm.x-note: not carried: sparkd has no such setting" in joined
+    assert "services.vllm.colour: not carried: sparkd has no such setting" in joined
+    assert "x-note" not in joined  # an extension: the author's own key, passed over
     assert "services.vllm.volumes[0]: the anonymous volume /scratch is not carried" in joined
     data = tomllib.loads(result.toml)
     assert data["supervisor"] == {"stop_grace_s": 90.0} and data["launch"]["max_num_seqs"] == 4

@@ -191,3 +191,30 @@ async def test_the_image_is_read_again_at_every_preflight(tmp_path: Path) -> Non
         assert (await node.command(restart)).ok
         await node.until(lambda: len(runtime.launches) == 2 and node.state == "ready")
         assert node.status()["image_id"] == "sha256:bbbb"
+
+
+async def test_preflight_verdicts_are_logged_at_the_level_they_mean(tmp_path: Path) -> None:
+    """journalctl -p warning (the runbook's advice) shows a failing or warning check (issue 28): ok and fixed
+    at info, warn at warning, fail at error."""
+    from sparkd.preflight.base import Check, CheckResult, Verdict
+    from sparkd.testing import failing_check, passing_check
+
+    async def warns(ctx: Any) -> CheckResult:
+        return CheckResult("warns", Verdict.warn, "worth knowing")
+
+    checks = (passing_check("fine"), Check("warns", warns), failing_check("port held", FailureClass.port_in_use))
+    runtime, clock = FakeRuntime(), FakeClock()
+    with capture_logs() as logs:
+        async with running(config(tmp_path), runtime, clock, rand=0.0, checks=checks) as node:
+            await node.until(lambda: node.state in ("backoff", "failed"))
+    levels = {e["check"]: e["log_level"] for e in events(logs, "preflight")}
+    assert levels == {"fine": "info", "warns": "warning", "scripted": "error"}
+
+
+def test_metrics_start_every_restart_reason_at_zero_and_export_the_process(tmp_path: Path) -> None:
+    """Issue 28: increase() sees the first restart of any reason; process_* describe the daemon itself."""
+    node = Node(config(tmp_path), FakeRuntime(), FakeClock())
+    text = node.daemon.metrics.render().decode()
+    for reason in ("config_error", "oom", "operator", "reset"):
+        assert f'sparkd_restarts_total{{node="scripted",reason="{reason}"}} 0.0' in text, reason
+    assert "process_resident_memory_bytes " in text and "process_open_fds " in text

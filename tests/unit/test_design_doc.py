@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from sparkd.supervisor import lifecycle
-from sparkd.supervisor.failures import TREATMENT
+from sparkd.supervisor.failures import CAUSES, TREATMENT
 from sparkd.supervisor.states import State
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,14 @@ def failure_table() -> str:
     return "\n".join(rows)
 
 
-SECTIONS = {"lifecycle": lifecycle_table, "ignored": ignored_table, "failures": failure_table}
+def causes_table() -> str:
+    rows = ["| the group's check finds | class |", "|---|---|"]
+    rows += [f"| {what} | {cls.value} |" for cls, what in CAUSES.values()]
+    return "\n".join(rows)
+
+
+SECTIONS = {"lifecycle": lifecycle_table, "ignored": ignored_table, "failures": failure_table,
+            "causes": causes_table}
 
 
 def render(text: str) -> str:

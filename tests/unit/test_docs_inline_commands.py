@@ -41,19 +41,19 @@ def options_of(command: click.Command) -> set[str]:
 def problems(text: str) -> list[str]:
     """What in one inline command the CLI does not have."""
     words = shlex.split(re.split(r"\s[>|]\s", text)[0].replace("[", " ").replace("]", " "))
-    command, wrong, chosen = PROGRAMS[words[0]], [], False
+    command, wrong = PROGRAMS[words[0]], []
     allowed = options_of(command) | {"-h", "--help"}
     for word in words[1:]:
         if word.startswith("-"):
             if word.split("=", 1)[0] not in allowed:
                 wrong.append(f"{word} is no option of {command.name}")
-        elif isinstance(command, click.Group) and not chosen:
+        elif isinstance(command, click.Group):  # a group's word is its subcommand (`sparkd weights verify`)
             sub = command.get_command(click.Context(command), word)
             if sub is None:
                 return [*wrong, f"{word!r} is no subcommand of {command.name}"]
-            command, chosen = sub, True
+            command = sub
             allowed |= options_of(sub)
-    if isinstance(command, click.Group) and not chosen:
+    if isinstance(command, click.Group):
         wrong.append("no subcommand named")
     return wrong
 
@@ -77,3 +77,6 @@ def test_the_check_sees_the_commands_and_catches_drift() -> None:
     assert problems("sparkd check --config FILE") == ["'check' is no subcommand of main"]
     assert problems("sparkd --config FILE") == ["--config is no option of main", "'FILE' is no subcommand of main"]
     assert problems("sparkctl --json") == ["no subcommand named"]
+    assert problems("sparkd weights verify --config FILE [--full]") == []
+    assert problems("sparkd weights --config FILE") == ["--config is no option of weights", "'FILE' is no subcommand "
+                                                        "of weights"]

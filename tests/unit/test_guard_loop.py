@@ -443,3 +443,16 @@ async def test_each_decision_is_logged_once_however_many_samples_repeat_it(node:
     said = [(e["action"], e["start_allowed"], e["log_level"]) for e in logs if e["event"] == "guard_decision"]
     assert said == [("refuse_start", False, "warning"), ("ok", True, "info")]
     assert [d.action for d in hooks.decisions] == [Action.refuse_start, Action.ok]
+
+
+@pytest.mark.anyio
+async def test_a_warning_decision_is_logged_as_a_warning_with_its_own_level_kept(node: Node) -> None:
+    """journalctl -p warning shows the guard's warnings (issue 28): a decision above ok is a warning line, and the
+    guard's level travels as guard_level (structlog's own `level` would overwrite a field called level)."""
+    hooks, clock = FakeHooks(set()), FakeClock()
+    guard = make_guard(node, hooks, clock, debounce_samples=1, refuse_start_below=7 * GIB)
+    with capture_logs() as logs:
+        decisions = await replay(guard, node, clock, [6.0])
+    assert decisions[0].level is Level.warn
+    (said,) = [e for e in logs if e["event"] == "guard_decision"]
+    assert (said["log_level"], said["guard_level"]) == ("warning", "warn") and "level" not in said

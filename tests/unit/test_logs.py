@@ -71,6 +71,18 @@ def test_priority_prefix_only_when_stderr_is_the_journal_stream(tmp_path: Path) 
     assert all(line.startswith("{") for line in emit(path=path, environ=journal_env(other)))
 
 
+def test_an_events_own_level_and_timestamp_are_kept_not_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    path.touch()
+    with open(path, "w") as stream:
+        configure_logging(stream=stream, environ=journal_env(path))
+        get_logger().warning("checked", level="fail", timestamp=12.5)
+    (line,) = path.read_text().splitlines()
+    event = json.loads(line[3:])
+    assert line.startswith("<4>") and event["level"] == "warning"
+    assert (event["level_field"], event["timestamp_field"]) == ("fail", 12.5) and event["timestamp"] != 12.5
+
+
 def test_level_filters_own_and_foreign_lines(tmp_path: Path) -> None:
     lines = emit(path=tmp_path / "log", environ={}, cfg=LogConfig(level="warning"))
     assert [json.loads(line)["event"] for line in lines] == ["a_warning", "an_error", "foreign line"]

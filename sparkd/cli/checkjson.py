@@ -1,0 +1,31 @@
+"""``sparkd check-config --json``: the verdict CI reads, one JSON object on stdout.
+
+``{"valid": bool, "config": path, "source": where the problems are ("from the environment" or the path),
+"problems": ["key: message", ...], "findings": [{"rule", "level", "key", "message"}, ...], "node", "role",
+"runtime", "launch_hash"}``: ``problems`` are what makes the file unloadable (each names its key or variable),
+``findings`` the lint's errors and warnings of a loadable one; ``valid`` is false when either stops it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sparkd.cli.common import token_file_findings
+from sparkd.config import ConfigError, load_config
+from sparkd.lint import Level, lint
+
+
+def check_config_json(path: Path, profile: str | None) -> dict[str, Any]:
+    report: dict[str, Any] = {"valid": False, "config": str(path), "source": None, "problems": [], "findings": []}
+    try:
+        cfg = load_config(path, profile=profile)
+    except ConfigError as exc:
+        report.update(source=exc.source, problems=exc.problems)
+        return report
+    findings = [*lint(cfg), *token_file_findings(cfg)]
+    report["findings"] = [{"rule": f.rule, "level": f.level.value, "key": f.key, "message": f.message}
+                          for f in findings]
+    report.update(valid=not any(f.level is Level.error for f in findings), node=cfg.node.name,
+                  role=cfg.node.role.value, runtime=cfg.runtime.value, launch_hash=cfg.launch_hash())
+    return report
