@@ -28,8 +28,9 @@ AS_NOBODY = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear
 
 
 def demo_config(checkout: Path) -> Path:
-    """config/examples/demo.toml on a port of this test's own, in ``checkout`` (its state: ./.sparkd-demo/)."""
+    """config/examples/demo.toml on ports of this test's own, in ``checkout`` (its state: ./.sparkd-demo/)."""
     text = (REPO / "config" / "examples" / "demo.toml").read_text().replace("port = 8000", f"port = {free_port()}")
+    text += f"\n[api]\nport = {free_port()}\n"
     path = checkout / "demo.toml"
     path.write_text(text)
     return path

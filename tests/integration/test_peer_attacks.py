@@ -97,6 +97,10 @@ def test_a_third_hosts_flood_never_costs_the_pair_its_peer(make_pair: Any) -> No
     intruder = Intruder.create(pair.link.worker_ns)
     try:
         pair.worker.start()
+        # The worker's listener is up (its daemon has booted) before the flood and the head begin: a head that
+        # asks before that waits (peer_lost, budget none) whatever the flood, as in any pair's first seconds.
+        pair.worker.wait_for(lambda s: s.get("daemon_pid") == pair.worker.proc.pid and s.get("state") == "stopped",
+                             30, "the worker's daemon up")
         port = int(pair.worker.config["api"]["port"])
         holder = intruder.run(PY, "-c", FLOOD_HOLDER, pair.link.worker_addr, str(port), "100", "30",
                               stdout=subprocess.PIPE)
