@@ -149,6 +149,10 @@ def test_an_invalid_secret_is_never_echoed_in_the_error() -> None:
         with pytest.raises(ConfigError) as refused:
             config_from_mapping({"runtime": "process", "launch": {"model": "/m", **launch}}, env={})
         assert "sk-LEAKED" not in str(refused.value), refused.value
+    with pytest.raises(ConfigError) as refused:  # the same through a SPARKD_* override
+        config_from_mapping({"runtime": "process", "launch": {"model": "/m"}},
+                            env={"SPARKD_LAUNCH__ENV": '"HF_TOKEN=sk-LEAKED-IN-ERROR"'})
+    assert "sk-LEAKED" not in str(refused.value) and "SPARKD_LAUNCH__ENV" in str(refused.value)
 
 
 def test_every_log_event_is_redacted_and_the_redactor_follows_a_reload(tmp_path: Path) -> None:
