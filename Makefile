@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml standin/pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python packaging/venv_check.py --prune $(CONSTRAINTS)
 	rm -f $(VENV)/.installed-* && touch $@
 
-# sparkd supervising the vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both).
+# sparkd supervising the vLLM stand-in on 127.0.0.1:8000 (Ctrl-C stops both). A good neighbour on a box that runs
+# vLLM already: its processes are titled SPARKDEMO::*, so it never takes another vLLM for its own, and it refuses
+# to start, naming the holder, when something else holds its port.
 run: setup
+	@$(BIN)/sparkd preflight --config config/examples/demo.toml --check ports --dry-run --quiet
 	@echo "sparkd: the demo's control socket is .sparkd-demo/run/sparkd.sock; from this directory, in another" \
 		"terminal: $(BIN)/sparkctl status (it finds the socket here; elsewhere add --socket $(CURDIR)/.sparkd-demo/run/sparkd.sock)"
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sparkd run --config config/examples/demo.toml
@@ -56,6 +59,14 @@ soak: setup
 	SPARKD_SOAK=1 unshare --mount --propagation private sh -c \
 		'mount -t tmpfs -o size=1g,mode=1777 tmpfs /dev/shm && exec $(BIN)/pytest -q -s tests/soak'
 
+
+# sparkd beside real GPUs (tests/gpu/README.md): NVML, the memory check per device, a real NCCL pair's peer kill and
+# the hang-aware stop, measured. Needs a host with 2 NVIDIA GPUs, the driver, and torch with NCCL importable from the
+# venv (e.g. `$(BIN)/pip install torch`); as root. Elsewhere its one test is skipped with the reason.
+.PHONY: test-gpu
+
+test-gpu: setup
+	$(BIN)/pytest -q -rs tests/gpu
 
 clean:
 	rm -rf $(VENV) .sparkd-demo .pytest_cache .ruff_cache .mypy_cache

@@ -25,6 +25,7 @@ from sparkd.config_container import ContainerConfig, Mount
 from sparkd.config_env import ENV_PREFIX, Override, OverrideError, variable_for
 from sparkd.config_fabric import FabricConfig, WeightsConfig
 from sparkd.config_layers import ProfileError, layered
+from sparkd.config_recorder import RecorderConfig
 from sparkd.config_sections import (
     ApiConfig,
     ClusterConfig,
@@ -53,7 +54,7 @@ __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
     "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig",
     "LogFormat", "LogLevel", "Mount", "NodeConfig",
-    "PathsConfig", "PreflightCheckId", "PreflightConfig", "RestartConfig", "Role", "RuntimeKind",
+    "PathsConfig", "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind",
     "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
 ]
 
@@ -97,6 +98,8 @@ class Config(BaseModel):
     preflight: PreflightConfig = Field(default_factory=PreflightConfig, description=(
         "Checks and clean-up before every launch."))
     guard: GuardConfig = Field(default_factory=GuardConfig, description="The unified-memory guard.")
+    recorder: RecorderConfig = Field(default_factory=RecorderConfig, description=(
+        "The flight recorder, the memory settle before a start, the restart gate and the hardware watchdog."))
     fabric: FabricConfig = Field(default_factory=FabricConfig, description=(
         "The group's fabric, measured by the head before every start."))
     weights: WeightsConfig = Field(default_factory=WeightsConfig, description=(

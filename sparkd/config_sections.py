@@ -257,6 +257,9 @@ class PathsConfig(_Section):
     state_dir: Path = Field(default=Path("/var/lib/sparkd"), description=(
         "status.json, the instance record, incidents/ and (by default) logs/."))
     run_dir: Path = Field(default=Path("/run/sparkd"), description="The control socket `sparkd.sock`.")
+    instances_dir: Path = Field(default=Path("/run/sparkd/instances"), description=(
+        "Where every sparkd on this host registers its live launch, shared by all of them: a process of another "
+        "live instance's launch is never stale (docs/design.md §7)."))
     log_dir: Path | None = Field(default=None, description=(
         "vLLM's output (`vllm.log`, rotated); default `<state_dir>/logs`. The package's unit sets up "
         "/var/log/sparkd (`LogsDirectory=`)."))

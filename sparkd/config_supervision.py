@@ -27,6 +27,13 @@ class SupervisorConfig(_Section):
     stop_grace_s: float = Field(default=90.0, ge=0, description=(
         "On stop: SIGTERM, this grace, then SIGKILL (vLLM ignores SIGTERM while loading). Keep the unit's "
         "TimeoutStopSec above it."))
+    hung_stop_grace_s: float = Field(default=5.0, ge=0, description=(
+        "The stop of a vLLM known to be wedged (a hang or stall verdict, a lost peer): SIGTERM, this grace, then "
+        "SIGKILL. A rank spinning in a collective whose peer died ignores SIGTERM, so the drain grace "
+        "`stop_grace_s` would only delay the restart."))
+    gpu_release_timeout_s: float = Field(default=30.0, ge=0, description=(
+        "After a stop, how long sparkd waits for the GPU memory of the stopped processes to come back (NVML) "
+        "before the next preflight; past it the node is not launched into (`gpu_error`, a reboot frees it)."))
     leave_running: bool = Field(default=False, description=(
         "On SIGTERM leave vLLM running, so a daemon restart adopts it instead of a cold start. False: "
         "`systemctl stop sparkd` stops vLLM."))
@@ -126,7 +133,7 @@ class PreflightConfig(_Section):
         "Check ids not to run (reported as skipped): container, launch_target, vllm_args, stale_processes, "
         "ports, dev_shm, page_cache, memory, host, image, rdma, gpu."))
     kill_grace_s: float = Field(default=5.0, ge=0, description=(
-        "Stale `VLLM::*` processes: SIGTERM, this grace, SIGKILL."))
+        "Stale vLLM processes (orphaned, or of the previous launch): SIGTERM, this grace, SIGKILL."))
     shm_min_free_mib: int = Field(default=256, ge=0, description=(
         "/dev/shm must have this much free space (MiB) after the sweep (vLLM's rings need ~200 MiB)."))
     drop_caches: bool = Field(default=True, description=(

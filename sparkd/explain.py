@@ -4,6 +4,9 @@ The operator hands over a log (a file, or ``-`` for stdin) and, when known, how 
 ``--signal``); the answer is the failure class, the one sentence (what happened; what to do next) and the line
 it rests on. The classifier is the daemon's own (:func:`sparkd.supervisor.classify.classify`), with no config
 facts: nothing here reads the node.
+
+sparkd writes a line into vLLM's log after every stop (``---- sparkd: stop (REASON): SIGTERM, SIGKILL to PID …``).
+A SIGKILL that such a line after the last launch says sparkd sent is sparkd's own, never one "from outside sparkd".
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from collections import deque
 from typing import BinaryIO
 
 from sparkd.supervisor.classify import MAX_SCAN_LINES, classify
-from sparkd.supervisor.failures import Failure
+from sparkd.supervisor.failures import Failure, FailureClass
+
+LAUNCH_LINE = "---- sparkd: launch "  # as sparkd.daemon.evidence writes them into vLLM's log
+STOP_LINE = "---- sparkd: stop "
 
 __all__ = ["ExplainError", "explain", "parse_signal", "read_tail", "render"]
 
@@ -55,8 +61,27 @@ def parse_signal(value: str) -> int:
         raise ExplainError(f"--signal {value!r} is not a signal name or number (e.g. SIGKILL, TERM, 9)") from None
 
 
+def sparkd_kill(lines: list[str]) -> str | None:
+    """sparkd's own stop line after the last launch, when that stop ended in sparkd's SIGKILL; else None."""
+    for line in reversed(lines):
+        text = line.rstrip("\r\n")
+        if text.startswith(LAUNCH_LINE):
+            return None
+        if text.startswith(STOP_LINE):
+            return text if "SIGKILL to PID" in text else None
+    return None
+
+
 def explain(lines: list[str], exit_code: int | None = None, sig: int | None = None) -> Failure:
-    return classify(exit_code, sig, lines)
+    failure = classify(exit_code, sig, lines)
+    sigkill = sig == _signal.SIGKILL or (sig is None and exit_code == 128 + _signal.SIGKILL)
+    killed = sparkd_kill(lines) if sigkill else None
+    if killed is None or failure.cls is not FailureClass.unknown:
+        return failure  # a cause the log names wins; sparkd's stop only answered it
+    said = killed[len(STOP_LINE):].split(";")[0]
+    return Failure.of(FailureClass.unknown, f"vLLM was killed by sparkd's own stop {said}, not from outside sparkd; "
+                      "the incident of the failure that stop answered holds the cause (`sparkctl incidents`).",
+                      evidence=killed, exit_code=exit_code, signal=sig)
 
 
 def render(failure: Failure, *, as_json: bool) -> str:

@@ -3,7 +3,10 @@
 ``<state_dir>/incidents/<UTC time>-<class>/`` holds ``incident.json`` (class, sentence, exit, config hash),
 ``log-tail.txt``, and what the failure table (``failures.TREATMENT[cls].evidence``) asks for: ``meminfo.txt``,
 ``kernel-log.txt`` (when the kernel log is readable), ``container.json`` (docker inspect, when a container is
-involved) and ``guard.json`` (the memory guard's samples and trend). Old folders are pruned by count.
+involved) and ``guard.json`` (the memory guard's samples and trend). On a node with NVIDIA GPUs every folder also
+gets ``gpu.json`` (the NVML reading and the launch's power history) and ``nvidia-smi-q.txt``; the stop that answered
+the failure adds ``stop.json`` (its grace, whether sparkd had to SIGKILL, the GPU memory's release) and the record's
+``stop``. Old folders are pruned by count.
 
 Root writes and deletes here, so nothing is taken on trust (security review §3: with ``incidents`` a symlink to
 another directory, the pruner removed five folders that were not its own): the root must be a real directory
@@ -25,13 +28,14 @@ import stat
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from sparkd.safefile import create_new
-from sparkd.statefile import read_regular, to_json
+from sparkd.statefile import read_regular, to_json, write_json
 from sparkd.supervisor.failures import Evidence, Failure
 
 KERNEL_LOG_LINES = 200
@@ -63,19 +67,46 @@ class IncidentWriter:
         return self._write(record, log_tail, frozenset({Evidence.meminfo, Evidence.guard}), None, guard)
 
     async def write(self, record: dict[str, Any], log_tail: Sequence[str], *, evidence: frozenset[Evidence],
-                    container: dict[str, Any] | None = None, guard: dict[str, Any] | None = None) -> Path | None:
-        return await anyio.to_thread.run_sync(self._write, record, list(log_tail), evidence, container, guard)
+                    container: dict[str, Any] | None = None, guard: dict[str, Any] | None = None,
+                    gpu: GpuEvidence | None = None) -> Path | None:
+        return await anyio.to_thread.run_sync(self._write, record, list(log_tail), evidence, container, guard, gpu)
 
     def _write(self, record: dict[str, Any], log_tail: Sequence[str], evidence: frozenset[Evidence],
-               container: dict[str, Any] | None, guard: dict[str, Any] | None) -> Path | None:
+               container: dict[str, Any] | None, guard: dict[str, Any] | None,
+               gpu: GpuEvidence | None = None) -> Path | None:
         try:
             folder = write_incident(self.root, record, log_tail=log_tail, evidence=evidence, container=container,
                                     guard=guard, meminfo=self.meminfo, keep=self.keep)
+            if gpu is not None:
+                write_gpu(folder, gpu)
         except OSError as exc:
             self.log.error("incident_write_failed", failure=record["class"], error=str(exc))
             return None
         self.log.warning("incident", failure=record["class"], reason=record["message"], folder=str(folder))
         return folder
+
+
+@dataclass(frozen=True)
+class GpuEvidence:
+    reading: dict[str, Any]  # the NVML reading and the launch's power history (sparkd.daemon.gpuwatch)
+    smi_q: str | None = None  # `nvidia-smi -q`
+
+
+def write_gpu(folder: Path, gpu: GpuEvidence) -> None:
+    create_new(folder / "gpu.json", (json.dumps(gpu.reading, indent=2, default=str) + "\n").encode())
+    if gpu.smi_q is not None:
+        create_new(folder / "nvidia-smi-q.txt", gpu.smi_q.encode("utf-8", errors="replace"))
+
+
+def attach_stop(folder: Path, stop: dict[str, Any]) -> None:
+    """The stop that answered the incident's failure: the record's ``stop``, then ``stop.json``."""
+    try:
+        record = json.loads((folder / "incident.json").read_text())
+    except (OSError, ValueError):
+        record = None
+    if isinstance(record, dict):
+        write_json(folder / "incident.json", {**record, "stop": stop})
+    write_json(folder / "stop.json", stop)
 
 
 def write_incident(

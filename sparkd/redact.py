@@ -84,10 +84,11 @@ def redactor_for(cfg: Config, *, token: str | None = None) -> Redactor:
 _for_logs = Redactor()
 
 
-def use_for_logs(redactor: Redactor) -> None:
+def use_for_logs(redactor: Redactor) -> Redactor:
     """Make ``redactor`` the one every log event passes through (the daemon calls it at start and on reload)."""
     global _for_logs
     _for_logs = redactor
+    return redactor
 
 
 def log_processor(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:

@@ -18,7 +18,7 @@ import heapq
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -155,6 +155,8 @@ class FakeRuntime(Runtime):
         proc = self.procs[instance.pid]
         if proc.exit is None:
             self.end(instance.pid, ExitInfo(exit_code=None, signal=9 if proc.ignores_sigterm else 15))
+            if proc.ignores_sigterm:
+                return replace(proc.exit or ExitInfo(exit_code=None), killed=(instance.pid,))
         return proc.exit or ExitInfo(exit_code=None)
 
     async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:

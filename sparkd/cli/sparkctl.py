@@ -41,6 +41,8 @@ EXIT_STATUS = {
     "reload": "0 the config on disk is valid and taken on; 1 it is invalid (nothing changed, the problems are "
               "printed); 4 unreachable.",
     "preflight": "0 ready to launch; 1 a check failed; 4 unreachable.",
+    "postmortem": "0 the report is printed (a silence found is not an error); 2 --since cannot be read.",
+    "bundle": "0 the bundle is written; 1 it cannot be written; 2 the config is invalid.",
     "weights": "0 the same on every node (alone: readable); 1 a file differs or cannot be read; 4 unreachable.",
     "*": "0 done; 1 refused by the daemon (the reason is printed); 4 the daemon is unreachable.",
 }
@@ -269,6 +271,31 @@ def preflight_cmd(obj: Ctx, dry_run: bool) -> None:
     sys.exit(preflight.exit_code(result))
 
 
+@subcommand("postmortem")
+@click.option("--since", "since_text", default=None, metavar="WHEN",
+              help="Only silences after WHEN: a duration ago (30m, 2h, 1d), an ISO time (UTC unless it says) or "
+                   "epoch seconds.")
+@click.option("--local", is_flag=True, help="This node's ring only; do not ask the peers.")
+@click.pass_obj
+def postmortem_cmd(obj: Ctx, since_text: str | None, local: bool) -> None:
+    """What happened before each node went silent (a frozen host, a power cut, a killed sparkd), from every
+    node's flight recorder, on one clock, in one sentence each with the records that show it."""
+    from sparkd.cli.postmortem import postmortem
+
+    postmortem(obj, since_text, local)
+
+
+@subcommand("bundle")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+              help="Where to write it (default: ./sparkd-bundle-NODE-TIME.tar.gz); never over an existing file.")
+@click.pass_obj
+def bundle_cmd(obj: Ctx, output: Path | None) -> None:
+    """One tar.gz for a bug report: the config (secrets masked), status, incidents, the flight recorder's last
+    hour, versions, nvidia-smi, the kernel log and the unit's journal. Reads the config (--config, default
+    /etc/sparkd/sparkd.toml)."""
+    from sparkd.cli.bundle import bundle
+
+    bundle(obj, output)
 @subcommand("weights")
 @click.option("--full", is_flag=True, help="Hash every shard again on every node (reads the whole directory).")
 @click.pass_obj

@@ -103,17 +103,28 @@ def run_cmd(config_path: Path, rehearse: bool) -> None:
 @config_option
 @click.option("--dry-run", is_flag=True, help="Report what would be fixed; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool) -> None:
+@click.option("--check", "only", multiple=True, metavar="ID",
+              help="Run only this check (repeatable), e.g. --check ports.")
+@click.option("--quiet", is_flag=True, help="Print nothing when ready; when not, only the one line saying why.")
+def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool, only: tuple[str, ...], quiet: bool) -> None:
     """Check (and clean) the node before a launch. Exit 0 ready to launch, 1 a check failed, 2 invalid config."""
     import anyio
 
-    from sparkd.preflight.runner import run_standalone
+    from sparkd.preflight.runner import CHECK_IDS, DEFAULT_CHECKS, run_standalone
     from sparkd.runtime import make_runtime
 
+    unknown = [c for c in only if c not in CHECK_IDS]
+    if unknown:
+        fail(f"--check {unknown[0]}: no such check (the checks: {', '.join(CHECK_IDS)})", 2)
     cfg = linted_config_or_exit(config_path)
-    report = anyio.run(lambda: run_standalone(cfg, render(cfg), make_runtime(cfg), dry_run=dry_run))
+    checks = tuple(c for c in DEFAULT_CHECKS if c.id in only) if only else DEFAULT_CHECKS
+    report = anyio.run(lambda: run_standalone(cfg, render(cfg), make_runtime(cfg), dry_run=dry_run, checks=checks))
     if as_json:
         click.echo(json.dumps(report.summary(), indent=2))
+    elif quiet:
+        failure = report.failure()
+        if failure is not None:
+            click.echo(f"not ready: {failure.sentence} [{failure.cls.value}]", err=True)
     else:
         for r in report.results:
             line = f"{r.verdict.value:<5}  {r.id:<15} {r.found}"

@@ -37,6 +37,14 @@ def group_role(cfg: Config) -> Role | None:
     return cfg.node.role
 
 
+def clock_offset(peer_wall: Any, sent: float, answered: float) -> float | None:
+    """The peer's wall clock minus ours, from one exchange: its status was rendered about halfway between our
+    request and its answer (error: half the round trip)."""
+    if isinstance(peer_wall, bool) or not isinstance(peer_wall, int | float):
+        return None
+    return float(peer_wall) - (sent + answered) / 2
+
+
 class PeerView:
     """What this daemon last saw of one peer."""
 
@@ -45,6 +53,7 @@ class PeerView:
         self.reachable = False
         self.last_seen: float | None = None
         self.since_unreachable: float | None = None
+        self.offset_s: float | None = None  # its wall clock minus ours, from the last answer (the flight recorder's)
 
 
 def _peer_entry(peer: str, reachable: bool, status: dict[str, Any] | None) -> dict[str, Any]:
@@ -142,8 +151,8 @@ class Coordinator:
     async def _stop_and_preflight(self, peer: str) -> Failure | None:
         stopped = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout())
         if stopped.get("vllm_left"):
-            return Failure.of(FailureClass.gpu_busy, f"VLLM::* processes are left on {peer} after stopping its "
-                              f"rank: {stopped['vllm_left']}")
+            return Failure.of(FailureClass.gpu_busy, f"vLLM processes of its rank are left on {peer} after "
+                              f"stopping it: {stopped['vllm_left']}")
         report = await self.client.request(peer, "POST", "/v1/rank/preflight", timeout_s=600)
         if not report.get("ok", False):
             return self._remote_failure(peer, report.get("failure"), "its preflight failed")
@@ -206,10 +215,11 @@ class Coordinator:
             await self.clock.sleep(self.cfg.cluster.peer_poll_s)
 
     async def _poll(self, peer: str) -> None:
-        view, now = self.views[peer], self.clock.now()
+        view, now, sent = self.views[peer], self.clock.now(), self.clock.wall()
         try:
             view.status = await self.client.request(peer, "GET", "/v1/status", retries=0)
             view.reachable, view.last_seen, view.since_unreachable = True, now, None
+            view.offset_s = clock_offset(view.status.get("updated_at"), sent, self.clock.wall())
         except (PeerUnreachable, PeerRefused) as exc:
             if view.reachable or view.since_unreachable is None:
                 view.since_unreachable = now
@@ -238,7 +248,8 @@ class Coordinator:
                 self._worker_rank_failed(peer, view.status.get("last_failure"))
 
     def _worker_rank_failed(self, peer: str, failure: dict[str, Any] | None) -> None:
-        self.post(v.HealthFailed(self._remote_failure(peer, failure, "its rank is gone")))
+        # this rank's peer is gone: it spins in its next collective and ignores SIGTERM (tests/gpu/README.md)
+        self.post(v.HealthFailed(self._remote_failure(peer, failure, "its rank is gone"), hung=True))
 
     def on_report(self, peer: str, failure: dict[str, Any] | None) -> bool:
         """A worker reported its rank's failure at once (POST /v1/rank/failed from ``peer``, its address); False

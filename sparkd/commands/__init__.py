@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 OPERATOR_NAMES = ("status", "start", "stop", "restart", "reset", "reload", "recreate", "handover", "logs", "incidents",
-                  "preflight", "weights")
+                  "preflight", "weights", "recorder")
 
 
 def __getattr__(name: str) -> Any:

@@ -145,6 +145,10 @@ class Control(Protocol):
     async def recreate(self) -> tuple[bool, str]:
         """Replace vLLM's container from the config: (done, the sentence that says what happened)."""
 
+    async def flight_records(self, *, since: float | None, until: float | None, local: bool) -> dict[str, Any]:
+        """This node's flight-recorder runs (and, with ``until``, its records in the range) and, unless ``local``,
+        every peer's (``sparkd.commands.recorder``)."""
+
 
 def flag(params: Mapping[str, str], name: str) -> bool:
     value = params.get(name, "")

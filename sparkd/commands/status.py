@@ -72,6 +72,10 @@ def render(s: Mapping[str, Any]) -> str:
     for problem in (s.get("daemon") or {}).get("problems") or []:
         lines.append(f"  sparkd degraded: {problem}")
     lines.extend(_memory(s.get("memory") or {}))
+    lines.extend(_gpu(s.get("gpu") or {}))
+    stop = s.get("last_stop")
+    if stop:
+        lines.append(f"  last stop: {stop['sentence']}")
     for peer in s.get("peers") or []:
         where = f"{peer.get('node') or peer['peer']} (rank {peer.get('rank', '?')})"
         state = peer.get("state") if peer.get("reachable") else "unreachable"
@@ -115,4 +119,23 @@ def _memory(memory: Mapping[str, Any]) -> list[str]:
     if guard:
         gate = "allows starts" if guard.get("start_allowed") else "refuses starts"
         lines.append(f"  memory guard: {guard['action']} ({guard['level']}), {gate}: {guard['reason']}")
+    return lines
+
+
+def _gpu(gpu: Mapping[str, Any]) -> list[str]:
+    if not gpu.get("devices"):
+        return []
+    lines = []
+    for d in gpu["devices"]:
+        if not d.get("in_launch"):
+            continue
+        if d.get("unified"):
+            memory = "unified memory (the host's)"
+        elif d.get("total_bytes") is not None and d.get("free_bytes") is not None:
+            memory = f"{d['free_bytes'] / 2**30:.1f} of {d['total_bytes'] / 2**30:.1f} GiB free"
+        else:
+            memory = "memory not readable"
+        facts = [memory] + [f"{d[k]:.0f} {unit}" for k, unit in (("power_w", "W"), ("utilization_pct", "%"),
+                                                               ("temperature_c", "°C")) if d.get(k) is not None]
+        lines.append(f"  GPU {d['index']} ({d.get('name') or '?'}): " + ", ".join(facts))
     return lines

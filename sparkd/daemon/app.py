@@ -15,7 +15,6 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +22,28 @@ import anyio
 from anyio.abc import TaskGroup
 
 from sparkd import exits
-from sparkd.api.admission import Limits as ConnectionLimits
-from sparkd.api.bounded import Listener, harden_process, tcp_caller, unix_caller
-from sparkd.api.server import bind_tcp_socket, bind_unix_socket, build_app, build_tcp_app, serve
+from sparkd.api.bounded import harden_process
+from sparkd.api.server import bind_tcp_socket, bind_unix_socket
 from sparkd.clock import Clock, SystemClock
-from sparkd.cluster.addresses import REFRESH_S, PeerAddresses
+from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
-from sparkd.commands.rank import RANK
 from sparkd.config import Config, Role
 from sparkd.daemon import memory
 from sparkd.daemon.breaker import ConfigBreaker
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.gpuwatch import GpuSampler
 from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
+from sparkd.daemon.recording import DaemonRecorder
+from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.reload import Reloader, keep_fixed
-from sparkd.daemon.startup import StartupProblem, Trusted, prepare
+from sparkd.daemon.serving import start_servers
+from sparkd.daemon.settling import RecorderCollector, StartGuard
+from sparkd.daemon.startup import Trusted, prepare_or_status
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
@@ -52,7 +54,7 @@ from sparkd.logs import VllmLog, configure_logging, get_logger
 from sparkd.nodelock import AlreadyRunning, NodeLock
 from sparkd.notify import Notifier
 from sparkd.probes import HttpProbes
-from sparkd.redact import Redactor, read_secret, redactor_for, use_for_logs
+from sparkd.redact import redactor_for, use_for_logs
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Runtime
 from sparkd.supervisor.policy import RestartPolicy
@@ -122,8 +124,7 @@ class Daemon:
         self.log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
         self.files = StateWriter(self.log)
         self.vllm_log = VllmLog.from_config(cfg)
-        # `sparkd run` checked the token file (owner, mode, length); an in-process daemon reads it as it is.
-        self.trusted = trusted or Trusted(read_secret(cfg.api.token_file), None)
+        self.trusted = trusted or Trusted.unchecked(cfg)  # `sparkd run` checked the token file (owner, mode, length)
         self.token = self.trusted.token
         self.peer_addresses = PeerAddresses(cfg.cluster.peers) if cfg.cluster.peers else None
         self.guard: Guard | None = None
@@ -139,14 +140,24 @@ class Daemon:
             incidents=IncidentWriter(cfg.paths.incidents, keep=cfg.supervisor.incidents_keep, log=self.log),
             files=self.files, probes=probes or self._probes, group=self.group,
             start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
-            redact=self._redactor(cfg),
-            guard=lambda: self.guard, group_checks=self.checks, **node_options)
+            redact=use_for_logs(redactor_for(cfg, token=self.token)),
+            guard=lambda: self.guard, group_checks=self.checks,
+            before_start=lambda: self.start_guard.before_start(), **node_options)
         self.sup.effects = self.node
+        self.gpu = GpuSampler(self.node.gpus, self.clock, self.log, self.node.launch_gpus)
+        self.node.evidence.gpu = lambda: None if self.gpu.latest is None or self.gpu.absent else self.gpu.evidence()
+        self.node.annotate = lambda failure: self.gpu.annotate(failure, self.cfg.health.stall_after_s)
+        self.registry = InstanceRegistry(cfg, config_path, self.log)
+        self.node.registry = self.registry
+        self.recorder = DaemonRecorder(cfg, self.sup, self.node, self.clock, self.log, guard=lambda: self.guard,
+                                       group=self.group)
+        self.start_guard = StartGuard(cfg, self.recorder, self.files, self.clock, self.log, on_phase=self._on_settle)
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
                                problems=self.problems, config_state=self.config_state, checks=self.checks.status,
-                               secret_key=self.token)
+                               more=self._recorder_status, gpu=self.gpu, secret_key=self.token)
         self.metrics = Metrics(self.view)
+        self.metrics.registry.register(RecorderCollector(self.metrics.families, self.recorder, self.start_guard))
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
                                      handover=self.handover, checks=self.checks)
         self._scope: anyio.CancelScope | None = None
@@ -179,32 +190,41 @@ class Daemon:
                           canary_timeout_s=health.canary_timeout_s, model=self.cfg.served_name,
                           api_key=api_key(self.cfg))
 
-    def _redactor(self, cfg: Config) -> Redactor:
-        """The redactor of ``cfg``'s secrets, made the one every log event passes through too."""
-        redactor = redactor_for(cfg, token=self.token)
-        use_for_logs(redactor)
-        return redactor
-
     def _remember(self, remembered: Any) -> None:
         self.files.put(self.lifecycle_path, memory.to_json(remembered, self.clock))
 
     def problems(self) -> list[str]:
         """What sparkd itself cannot do right now (it reports itself degraded until they clear)."""
-        problems = sorted(self.files.problems.values())
+        problems = sorted(self.files.problems.values()) + self.recorder.problems()
         if self.vllm_log.write_error:
             problems.append(f"vLLM's output is not being kept on disk: {self.vllm_log.write_error} "
                             f"({self.vllm_log.lost_lines} line(s) lost)")
         return problems
 
+    def _recorder_status(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"recorder": {**self.recorder.status(), **self.start_guard.status()}}
+        if self.recorder.phase is not None:
+            extra["phase"] = self.recorder.phase
+        return extra
+
+    def _on_settle(self, phase: str | None) -> None:
+        """The memory settle is a phase of the preflight: in status, its history and `restart --wait`."""
+        if phase is not None:
+            self.view.history.append({"at": self.clock.wall(), "state": self.sup.machine.state.value,
+                                      "phase": phase})
+        self.publish()
+
     def apply_config(self, cfg: Config) -> None:
         """Take on a reloaded config: daemon settings at once, launch settings at the next start."""
         self.cfg = cfg
+        self.registry.cfg = cfg
         self.sup.limits = limits_from(cfg)
         self.node.cfg = cfg
         if self.node.watch is not None:
             self.node.watch.cfg = health_settings(cfg)
         self.node.evidence.incidents.keep = cfg.supervisor.incidents_keep
-        self.node.redact = self.node.evidence.redact = self._redactor(cfg)  # the secrets may have changed
+        self.node.redact = self.node.evidence.redact = use_for_logs(redactor_for(cfg, token=self.token))  # new secrets
+        self.recorder.cfg = self.start_guard.cfg = cfg  # the ring's path and size apply at the next daemon start
         self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
         configure_logging(cfg.log)
         self.view.cfg = cfg
@@ -260,9 +280,13 @@ class Daemon:
                     await tg.start(self.guard.run)
                 if self.group is not None:
                     tg.start_soon(self.group.watch)
+                if self.cfg.recorder.enabled:
+                    tg.start_soon(self.recorder.run)
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._watchdog)
+                tg.start_soon(self.gpu.run)
                 tg.start_soon(self._note_shm)
+                self.registry.write()
                 self.publish()
                 await self.sup.run(boot=self._boot)
                 tg.cancel_scope.cancel()
@@ -270,34 +294,18 @@ class Daemon:
             with anyio.CancelScope(shield=True):
                 self.files.put(self.status_path, self.view.status())
                 await self.files.flush()
+                if self.cfg.recorder.enabled:
+                    await self.recorder.close()
             if sockets is not None:
                 self.cfg.paths.socket.unlink(missing_ok=True)
+            self.registry.remove()
             self.vllm_log.close()
         self.log.info("daemon_exit", state=self.sup.machine.state.value)
         return exits.OK
 
     def _serve(self, tg: TaskGroup, sockets: Sockets) -> None:
-        tg.start_soon(serve, build_app(self.control), sockets.unix, Listener(unix_caller, UNIX_LIMITS))
-        if sockets.tcp is not None:
-            if self.cfg.api.token_file is not None and self.token is None:
-                self.log.error("token_unreadable", path=str(self.cfg.api.token_file))
-            app = build_tcp_app(self.control, self.token, self.metrics.render, RANK, tls=self.cfg.api.tls,
-                                log=self.log)
-            listener = Listener(tcp_caller(self.peer_addresses))
-            tg.start_soon(partial(serve, app, sockets.tcp, listener, ssl_context=self.trusted.tls))
-        if self.peer_addresses is not None:
-            tg.start_soon(self._resolve_peers)
-
-    async def _resolve_peers(self) -> None:
-        """Peers named by host name: resolved again every REFRESH_S, off the loop; what fails is logged."""
-        assert self.peer_addresses is not None
-        addresses, unresolved = self.peer_addresses, self.peer_addresses.unresolved
-        while True:
-            if unresolved:
-                self.log.warning("peer_unresolved", peers=unresolved,
-                                 note="their connections get no reserved room and no /v1/* until they resolve")
-            await anyio.sleep(REFRESH_S)
-            unresolved = await anyio.to_thread.run_sync(addresses.refresh)
+        start_servers(tg, sockets.unix, sockets.tcp, self.control, self.metrics.render, cfg=self.cfg, token=self.token,
+                      peers=self.peer_addresses, tls=self.trusted.tls, log=self.log)
 
     async def _boot(self) -> bool:
         found = await self.node.adopt()
@@ -334,6 +342,7 @@ class Daemon:
                 await ready.wait()
             ready = anyio.Event()
             await self.node.note_shm()
+            self.registry.write()  # another instance's unit may have cleared /run/sparkd meanwhile
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval_s
@@ -342,9 +351,6 @@ class Daemon:
         while True:
             self.notifier.pet(self.sup.alive_at, self.clock.now())
             await self.clock.sleep(interval)
-
-
-UNIX_LIMITS = ConnectionLimits(general=48, per_source=16, per_trusted=16)  # per uid; root keeps 16 of its own
 
 
 class _Deferred:
@@ -358,13 +364,9 @@ def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int
     configure_logging(cfg.log)
     log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
     harden_process()
-    try:
-        trusted = prepare(cfg)
-    except StartupProblem as exc:
-        log.error("startup_failed", detail=str(exc))
-        return exc.status
-    for warning in trusted.warnings:
-        log.warning("launch_program_writable", detail=warning)
+    trusted = prepare_or_status(cfg, log)
+    if isinstance(trusted, int):
+        return trusted
     lock = NodeLock(cfg.paths.state_dir / "sparkd.lock")
     try:
         for folder in (cfg.paths.state_dir, cfg.paths.run_dir, cfg.paths.logs):

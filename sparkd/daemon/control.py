@@ -16,6 +16,7 @@ from sparkd.commands.base import Checks
 from sparkd.config import Role
 from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.node import Node
+from sparkd.daemon.recording import flight_records
 from sparkd.daemon.reload import ReloadReport
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
@@ -121,3 +122,6 @@ class DaemonControl:
 
     def last_preflight(self) -> list[dict[str, Any]]:
         return self.node.last_preflight
+
+    async def flight_records(self, *, since: float | None, until: float | None, local: bool) -> dict[str, Any]:
+        return await flight_records(self.node.cfg, None if local else self.group, since=since, until=until)

@@ -11,12 +11,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import anyio
 
 from sparkd.clock import Clock
 from sparkd.config import Config
+from sparkd.gpu.smi import query_text
 from sparkd.guard.guard import Guard
-from sparkd.incidents import IncidentWriter, incident_record
+from sparkd.incidents import GpuEvidence, IncidentWriter, attach_stop, incident_record
 from sparkd.launch import render
 from sparkd.logs import VllmLog
 from sparkd.redact import Redactor
@@ -53,6 +57,9 @@ class FailureEvidence:
         self.guard = guard
         self.counters = Counters()
         self.kernel_mark = 0  # the guard's kernel-log lines kept before the current launch
+        self.gpu: Callable[[], dict[str, Any] | None] = lambda: None  # the GPU sampler's evidence (the daemon's)
+        self.folders: dict[Failure, Path | None] = {}  # the incident folder of each recent failure, once written
+        self._written: dict[Failure, anyio.Event] = {}  # set once that failure's folder is written (or failed)
 
     def mark_launch(self) -> None:
         """A launch begins: kernel lines from now on belong to it."""
@@ -65,19 +72,49 @@ class FailureEvidence:
         counted and wrote it (``write_guard_evidence``) before it signalled."""
         if written:
             return
+        self._done(failure)  # the stop that answers it waits for this
         at = self._count(failure)
         evidence = failure.treatment.evidence
         container = None
         if Evidence.container in evidence and instance is not None:
             container = self.redact.mapping(await self.runtime.inspect(instance))
         record = self._incident(failure, at, preflight=preflight)
-        await self.incidents.write(record, self.vllm_log.last(LOG_TAIL_LINES), evidence=evidence,
-                                   container=container, guard=self._guard_evidence())
+        gpu = self.gpu()
+        smi_q = await query_text() if gpu is not None and (gpu.get("view") or {}).get("skipped") is None else None
+        folder = await self.incidents.write(record, self.vllm_log.last(LOG_TAIL_LINES), evidence=evidence,
+                                            container=container, guard=self._guard_evidence(),
+                                            gpu=None if gpu is None else GpuEvidence(gpu, smi_q))
+        self._keep(failure, folder)
+
+    def _done(self, failure: Failure) -> anyio.Event:
+        return self._written.setdefault(failure, anyio.Event())
+
+    def _keep(self, failure: Failure, folder: Path | None) -> None:
+        self.folders[failure] = folder
+        self._done(failure).set()
+        while len(self.folders) > 8:
+            oldest = next(iter(self.folders))
+            del self.folders[oldest]
+            self._written.pop(oldest, None)
+
+    async def note_stop(self, failure: Failure, stop: dict[str, Any], wait_s: float = 30.0) -> None:
+        """The stop that answered ``failure``, into its incident folder (written beside the stop: waited for, in
+        real seconds: the write runs in a worker thread)."""
+        with anyio.move_on_after(wait_s):
+            await self._done(failure).wait()
+        folder = self.folders.get(failure)
+        if folder is None:
+            return
+        try:
+            await anyio.to_thread.run_sync(attach_stop, folder, self.redact.mapping(stop))
+        except OSError as exc:
+            self.incidents.log.error("incident_write_failed", failure=failure.cls.value, error=str(exc))
 
     def write_guard_evidence(self, failure: Failure) -> None:
         """The memory guard's evidence, now, before it signals anything (synchronous and quick)."""
         record = self._incident(failure, self._count(failure))
-        self.incidents.write_now(record, self.vllm_log.last(LOG_TAIL_LINES), guard=self._guard_evidence())
+        self._keep(failure, self.incidents.write_now(record, self.vllm_log.last(LOG_TAIL_LINES),
+                                                     guard=self._guard_evidence()))
 
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
                       engine_gone: bool = False) -> Failure:

@@ -21,6 +21,7 @@ from prometheus_client.utils import floatToGoString
 
 from sparkd import __version__
 from sparkd.daemon import checkmetrics
+from sparkd.daemon.gpumetrics import gpu_families
 from sparkd.daemon.view import StatusView
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
@@ -90,6 +91,7 @@ class SparkdCollector(Collector):
         yield from self._health()
         yield from self._preflight()
         yield from self._memory(view.guard())
+        yield from gpu_families(self.f.keys, self.f.values, view.gpu.launch_devices() if view.gpu else [])
         yield from self._peers()
         yield from checkmetrics.families(f.keys, f.values, view.checks())
 
@@ -229,6 +231,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         collector = SparkdCollector(view)
         self.registry.register(collector)
+        self.families = collector.f  # the node's identity labels, for the collectors other parts register
         # The daemon's own process_* (CPU, RSS, descriptors, start time), as every Prometheus client exports them.
         ProcessCollector(registry=self.registry)
         self.start_duration = Histogram("sparkd_start_duration_seconds", "From launch to ready.",

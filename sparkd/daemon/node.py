@@ -9,7 +9,7 @@ and stops the workers beside its own rank; on a worker it tells the head at once
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,15 +22,21 @@ from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
 from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
 from sparkd.daemon.files import StateWriter
+from sparkd.daemon.gpurelease import GpuRelease
 from sparkd.daemon.groupchecks import GroupChecks
+from sparkd.daemon.registry import InstanceRegistry
+from sparkd.daemon.stopreport import StopReport, grace_for
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
+from sparkd.gpu.model import GpuView
+from sparkd.gpu.reading import devices_of_launch, read_gpus
 from sparkd.guard.guard import Guard
 from sparkd.incidents import IncidentWriter
 from sparkd.launch import LaunchSpec, health_settings, render
+from sparkd.launch_devices import Devices
 from sparkd.logs import VllmLog
 from sparkd.preflight.base import Check
-from sparkd.preflight.processes import expected_launch, stale_candidates
+from sparkd.preflight.processes import expected_launch, launch_places, stale_candidates
 from sparkd.preflight.runner import (
     DEFAULT_CHECKS,
     PreflightContext,
@@ -62,7 +68,8 @@ class Node:
         = lambda: None, guard: Callable[[], Guard | None] = lambda: None,
         rand: Callable[[], float] = random.random, rehearse: bool = False, redact: Redactor | None = None,
         checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
-        group_checks: GroupChecks | None = None,
+        before_start: Callable[[], Awaitable[Failure | None]] | None = None,
+        group_checks: GroupChecks | None = None, gpus: Callable[[], Awaitable[GpuView]] = read_gpus,
     ) -> None:
         self.cfg = cfg
         self.runtime = runtime
@@ -83,7 +90,12 @@ class Node:
         self.ledger = ShmLedger(self.cfg.paths.state_dir / LEDGER_NAME, log=log, clock=clock.wall)
         self.checks = checks  # before every launch
         self.sweep = sweep  # after every stop
+        self.before_start = before_start  # the memory settle and the restart gate (sparkd/daemon/settling.py)
         self.group_checks = group_checks  # a head's fabric and weights proofs before a start
+        self.gpus = gpus  # the node's GPUs now (NVML): the release after a stop is verified against them
+        self.last_stop: StopReport | None = None
+        self.annotate: Callable[[Failure], Failure] = lambda f: f  # a wedge verdict's GPU power (the daemon's)
+        self.release = GpuRelease(gpus, clock, log)  # after every stop, and before a launch while it is not back
         self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
         self.instance: Instance | None = None
         self.watch: InstanceWatch | None = None
@@ -95,6 +107,7 @@ class Node:
         self.last_preflight: list[dict[str, object]] = []
         self.timing: LaunchTiming | None = None  # the current (or last) launch's, for status and metrics
         self.phase_listeners: list[Callable[[Startup], None]] = []
+        self.registry: InstanceRegistry | None = None  # the host's instance registry (the daemon sets it)
         self._busy = anyio.Lock()  # launch and stop never overlap
 
     @property
@@ -141,7 +154,17 @@ class Node:
     async def preflight(self) -> None:
         """This node's checks; on a group's head also every worker's (in parallel), then the workers start."""
         timing = self.timing = LaunchTiming(requested_at=self.clock.now())
+        stuck = await self.release.gate()
+        if stuck is not None:
+            self.post(v.PreflightDone(stuck, rand=self.rand()))
+            return
         failures: list[Failure | None] = [None, None, None]
+        if self.before_start is not None:  # the memory settle and the restart gate, before anything else
+            refusal = await self.before_start()
+            timing.step("memory_settle", self.clock.now() - timing.requested_at)
+            if refusal is not None:
+                self.post(v.PreflightDone(refusal, rand=self.rand()))
+                return
         lead = self.group_checks if self.role is Role.head else None
         if lead is not None:  # the fabric first: a few seconds, and a bad link fails the start at once
             started = self.clock.now()
@@ -238,37 +261,56 @@ class Node:
     def _attach(self, instance: Instance, *, adopted: bool) -> None:
         self.instance = instance
         self.files.write_now(self.record_path, instance.to_record())
+        if self.registry is not None:
+            self.registry.update(instance)
         self.watch = InstanceWatch(
             instance, self.runtime, post=self._from_watch, state=self.state, on_line=self.on_line,
             classify_exit=self.evidence.classify_exit, probes=None if self.headless else self.probes(),
             health_cfg=health_settings(self.cfg), clock=self.clock, log=self.log, replay=adopted)
         self._spawn(self.watch.run)
 
-    async def stop(self, reason: str, grace_s: float | None) -> None:
+    async def stop(self, reason: str, grace_s: float | None, failure: Failure | None = None,
+                   hung: bool = False) -> None:
         async with anyio.create_task_group() as tg:
             if self.role is Role.head and self.group is not None:
                 tg.start_soon(self.group.stop_workers)
-            tg.start_soon(self._stop_local, reason, grace_s)
+            tg.start_soon(self._stop_local, reason, grace_s, failure, hung)
         self.post(v.StopDone(rand=self.rand()))
 
-    async def _stop_local(self, reason: str, grace_s: float | None) -> None:
+    async def _stop_local(self, reason: str, grace_s: float | None, failure: Failure | None = None,
+                          hung: bool = False) -> None:
         async with self._busy:
             instance, watch = self.instance, self.watch
+            report: StopReport | None = None
+            pids: set[int] = set()
             if instance is not None:
                 await self.note_shm()  # what it holds now is provably ours once it is gone
-                grace = self.cfg.supervisor.stop_grace_s if grace_s is None else grace_s
+                sup = self.cfg.supervisor
+                grace, grace_from = grace_for(grace_s, failure, drain_s=sup.stop_grace_s, hung_s=sup.hung_stop_grace_s,
+                                              hung=hung)
+                pids, started = self.pids() | {instance.pid}, self.clock.now()
                 info = await self.runtime.stop(instance, grace)
-                self.log.info("stopped", pid=instance.pid, reason=reason, exit=info.describe())
+                report = StopReport(reason, grace, grace_from, self.clock.now() - started, info.describe(),
+                                    info.killed, self.clock.wall())
+                self.vllm_log.append(report.log_line())
+                self.log.info("stopped", pid=instance.pid, reason=reason, exit=info.describe(), grace_s=grace,
+                              grace_from=grace_from, sigkilled=list(info.killed), seconds=round(report.seconds, 3))
                 if watch is not None:
                     await watch.close()
                 self.instance, self.watch = None, None
                 self.files.remove(self.record_path)
-            ctx = self._context()
+            ctx = await launch_places(self._context())
             for check in self.sweep:
                 result = await check(ctx)
                 if result.verdict.value != "ok":
                     log = {"warn": self.log.warning, "fail": self.log.error}.get(result.verdict.value, self.log.info)
                     log("sweep", check=result.id, verdict=result.verdict.value, found=result.found, did=result.did)
+            if self.registry is not None and self.instance is None:
+                self.registry.update(None)  # after the sweep: until then its orphans are still this instance's
+            if report is not None:  # the GPU memory's release verified, the report kept and put with its incident
+                self.last_stop = await self.release.report(report, pids, self.cfg.supervisor.gpu_release_timeout_s)
+                if failure is not None:  # beside the loop: the incident may still be being written
+                    self._spawn(self.evidence.note_stop, failure, self.last_stop.to_json())
 
     async def hurry(self) -> None:
         """A second SIGTERM: end the instance now, without waiting out the grace."""
@@ -314,6 +356,8 @@ class Node:
         """The watch's observations; a wedge seen while a peer's sparkd is unreachable is the peer's loss (the
         canary's timeout and the peer's grace race: the cause decides whether the group waits or counts)."""
         lost = self.group.unreachable() if self.group is not None else []
+        if isinstance(obs, v.HealthFailed) and obs.failure.cls in (FailureClass.hang, FailureClass.stall):
+            obs = replace(obs, failure=self.annotate(obs.failure))
         if isinstance(obs, v.HealthFailed) and lost and obs.failure.cls in (FailureClass.hang, FailureClass.stall):
             obs = v.HealthFailed(Failure.of(
                 FailureClass.peer_lost, f"vLLM stopped answering while the sparkd of {', '.join(lost)} is "
@@ -334,6 +378,10 @@ class Node:
             self.last_preflight = report.to_json()
         return report
 
+    def launch_gpus(self) -> Devices:
+        """The GPUs this node's launch uses."""
+        return devices_of_launch(self.cfg, self.runtime.name, self.spec().env)
+
     def pids(self) -> set[int]:
         return self.runtime.pids(self.instance) if self.instance is not None else set()
 
@@ -345,3 +393,4 @@ class Node:
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self.task_group is not None, "the node acts only while the daemon runs"
         self.task_group.start_soon(fn, *args)
+

@@ -18,10 +18,12 @@ import shutil
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sparkd import exits
 from sparkd.cluster.tls import TlsProblem, server_context
 from sparkd.config import Config
+from sparkd.redact import read_secret
 from sparkd.secretfile import SecretFileProblem, read_secret_file, read_token
 from sparkd.trustedpaths import first_unsafe, unsafe
 
@@ -41,6 +43,11 @@ class Trusted:
     token: str | None
     tls: ssl.SSLContext | None
     warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def unchecked(cls, cfg: Config) -> Trusted:
+        """For a daemon built in-process (tests): the token file read as it is, no TLS."""
+        return cls(read_secret(cfg.api.token_file), None)
 
 
 def directories(cfg: Config) -> list[tuple[str, Path]]:
@@ -66,6 +73,18 @@ def launch_program_problem(cfg: Config) -> str | None:
         return None
     return (f"{key} {found} is run by sparkd as {'root' if os.geteuid() == 0 else 'this user'}, but {why}: "
             "whoever can change it runs code as sparkd; make it and its directories writable by root only")
+
+
+def prepare_or_status(cfg: Config, log: Any) -> Trusted | int:
+    """:func:`prepare`, its warnings logged; a problem is logged and its exit status returned instead."""
+    try:
+        trusted = prepare(cfg)
+    except StartupProblem as exc:
+        log.error("startup_failed", detail=str(exc))
+        return exc.status
+    for warning in trusted.warnings:
+        log.warning("launch_program_writable", detail=warning)
+    return trusted
 
 
 def prepare(cfg: Config) -> Trusted:

@@ -36,8 +36,10 @@ class Effects(Protocol):
     async def launch(self) -> None:
         """Launch vLLM; post Launched or LaunchFailed."""
 
-    async def stop(self, reason: str, grace_s: float | None) -> None:
-        """Stop the instance (SIGTERM, grace, SIGKILL) and sweep the node; post StopDone."""
+    async def stop(self, reason: str, grace_s: float | None, failure: Failure | None = None,
+                   hung: bool = False) -> None:
+        """Stop the instance (SIGTERM, grace, SIGKILL) and sweep the node; post StopDone. ``failure``: what the
+        stop answers; a wedge verdict, or ``hung``, shortens the grace."""
 
     async def record(self, failure: Failure, written: bool) -> None:
         """Count the failure, keep its evidence (unless ``written``), tell the group's head."""
@@ -161,7 +163,7 @@ class Supervisor:
         elif isinstance(action, v.Launch):
             self._spawn(action, self.effects.launch)
         elif isinstance(action, v.Stop):
-            self._spawn(action, self.effects.stop, action.reason, action.grace_s)
+            self._spawn(action, self.effects.stop, action.reason, action.grace_s, action.failure, action.hung)
         elif isinstance(action, v.RecordIncident):
             self._spawn(action, self.effects.record, action.failure, action.written)
 

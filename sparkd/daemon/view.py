@@ -15,6 +15,7 @@ from sparkd.clock import Clock, wall_of
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.shared import shared_settings
 from sparkd.config import Config
+from sparkd.daemon.gpuwatch import GpuSampler
 from sparkd.daemon.node import Node
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.guard.guard import Guard
@@ -32,7 +33,9 @@ class StatusView:
                  guard: Callable[[], Guard | None] = lambda: None, group: Coordinator | None = None,
                  problems: Callable[[], list[str]] = list,
                  config_state: Callable[[], dict[str, Any]] = dict,
-                 checks: Callable[[], dict[str, Any]] = dict, secret_key: str | None = None) -> None:
+                 more: Callable[[], dict[str, Any]] = dict,
+                 checks: Callable[[], dict[str, Any]] = dict, gpu: GpuSampler | None = None,
+                 secret_key: str | None = None) -> None:
         self.cfg = cfg
         self.secret_key = secret_key  # the peers' shared secret: secrets in "shared" are digests under it
         self.sup = sup
@@ -42,7 +45,9 @@ class StatusView:
         self.group = group
         self.problems = problems
         self.config_state = config_state
+        self.more = more  # what other parts add (the flight recorder, the memory settle)
         self.checks = checks  # the group's fabric and weights proofs: {"fabric": ..., "weights": ...}
+        self.gpu = gpu
         # Recent states and phases with wall times, so `sparkctl restart --wait` shows every step.
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.restarts: Counter[str] = Counter()  # by what caused them: a failure class, operator, reset
@@ -117,6 +122,9 @@ class StatusView:
             "image_id": node.image.id if node.image else None, "drift": node.drift,
             "peers": self.group.peers_json() if self.group is not None else [],
             "memory": self._memory(),
+            "gpu": self.gpu.status() if self.gpu is not None else None,
+            "last_stop": node.last_stop.to_json() if node.last_stop is not None else None,
+            **self.more(),
             **self.checks(),
         }
 

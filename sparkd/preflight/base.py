@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.config import Config
+from sparkd.gpu.model import GpuView
+from sparkd.gpu.reading import read_gpus
 from sparkd.launch import LaunchSpec
 from sparkd.runtime.base import ImageIdentity, Runtime, engine_unreachable
 from sparkd.supervisor.failures import FailureClass
@@ -63,6 +65,11 @@ class PreflightContext:
     swapoff: tuple[str, ...] = ("swapoff", "-a")
     # Checks this run skips besides ``[preflight] skip``: check id -> why (a rehearsal's, sparkd.rehearsal).
     skip: Mapping[str, str] = field(default_factory=dict)
+    # A host PID in the launch's container (its init) when one runs, 0 when none does, None not asked yet: the
+    # sweeps may act in that container's PID namespace besides sparkd's own (processes.launch_places).
+    container_pid: int | None = None
+    # The node's GPUs now (NVML, else nvidia-smi; tests give a fake NVML's): the gpu and memory checks read them.
+    gpus: Callable[[], Awaitable[GpuView]] = read_gpus
 
     @property
     def record_path(self) -> Path:

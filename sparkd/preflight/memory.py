@@ -6,7 +6,9 @@ against *free* memory (``cudaMemGetInfo``), and page cache is not free. The fiel
 
 - ``page_cache``: ``sync``, then write ``3`` to ``<proc>/sys/vm/drop_caches`` (``[preflight] drop_caches``);
   reports the bytes reclaimed from meminfo's ``Cached`` before and after.
-- ``memory``: ``MemFree`` must cover ``gpu_memory_utilization x MemTotal + [preflight] memory_margin_gib``.
+- ``memory``: on discrete GPUs, vLLM's own rule on each device of the launch and the host for what it holds
+  itself (:mod:`sparkd.preflight.gpumemory`). On GB10 (unified memory: NVML reports no device memory) or with
+  no GPU reading, ``MemFree`` must cover ``gpu_memory_utilization x MemTotal + [preflight] memory_margin_gib``.
   When it does not, the check fails (``free_memory_refusal``) naming the top memory holders by RSS, and when
   nothing the kernel can account for explains the gap (even freeing every process and cache would not
   reach the need: the rest is held by the driver), says a reboot is likely needed. A launch into vLLM's own
@@ -27,6 +29,7 @@ import anyio
 
 from sparkd.guard.meminfo import MemInfo, MeminfoError, parse_meminfo
 from sparkd.launch_script import script_facts
+from sparkd.preflight import gpumemory, holders, processes
 from sparkd.preflight.base import (
     GIB,
     CheckResult,
@@ -39,6 +42,7 @@ from sparkd.preflight.base import (
     read_text,
     visible_pids,
 )
+from sparkd.preflight.gpu import settled_gpus
 from sparkd.runtime.base import TargetUnavailable
 from sparkd.supervisor.failures import FailureClass
 
@@ -159,6 +163,19 @@ def memory_holders(proc_root: Path, n: int = TOP_HOLDERS) -> list[Holder]:
     return [Holder(h.pid, h.rss, describe_cmdline(read_cmdline(proc_root, h.pid), 80)) for h in top_holders(rows, n)]
 
 
+async def placed(ctx: PreflightContext, found: list[Holder]) -> list[Holder]:
+    """The holders with the container each runs in and the sparkd instance whose launch it is, when it is
+    another's (a neighbour: sparkd never frees its memory, the operator asks its owner)."""
+    judged = await anyio.to_thread.run_sync(processes.judge, ctx, [h.pid for h in found])
+    containers = {h.pid: holders.container_of(ctx.proc_root, h.pid) for h in found}
+    names = await holders.container_names(c for c in containers.values() if c)
+    out = []
+    for h in found:
+        where = holders.describe(h.pid, h.cmdline, containers[h.pid], judged[h.pid].owner, names)
+        out.append(Holder(h.pid, h.rss, where.removeprefix(f"PID {h.pid} ")))
+    return out
+
+
 def drop_caches(proc_root: Path) -> None:
     """``sync`` then ``echo 3 > <proc>/sys/vm/drop_caches``. Raises OSError when not permitted."""
     os.sync()
@@ -212,13 +229,16 @@ async def check_memory(ctx: PreflightContext) -> CheckResult:
         return CheckResult("memory", Verdict.warn, f"cannot read {ctx.proc_root}/meminfo")
     pf = ctx.cfg.preflight
     utilization = await _utilization(ctx)
+    devices = gpumemory.launch_devices(ctx, await settled_gpus(ctx))
+    if devices:
+        return gpumemory.check_discrete(ctx, devices, info, utilization)
     margin = int(pf.memory_margin_gib * GIB)
     pending = pf.drop_caches and ctx.dry_run and "page_cache" not in pf.skip and "page_cache" not in ctx.skip
     first = assess(info, utilization, margin, may_drop=droppable(info) if pending else 0,
                    cache_dropped=pf.drop_caches)
     if first.verdict is not Verdict.fail:
         return CheckResult("memory", first.verdict, first.found)
-    holders = await anyio.to_thread.run_sync(memory_holders, ctx.proc_root)
+    holders = await placed(ctx, await anyio.to_thread.run_sync(memory_holders, ctx.proc_root))
     full = assess(info, utilization, margin, holders=holders, may_drop=droppable(info) if pending else 0,
                   cache_dropped=pf.drop_caches)
     return CheckResult("memory", Verdict.fail, full.found, failure_class=FailureClass.free_memory_refusal)

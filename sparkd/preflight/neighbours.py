@@ -30,7 +30,7 @@ TITLE_PREFIX = "VLLM::"
 SLACK_S = 0.05  # create times read twice differ by rounding; as proctree.CREATE_TIME_SLACK_S
 # A container's init that is one of these has launched nothing itself: a process it adopted lost its launcher.
 INIT_PROGRAMS = frozenset({"init", "systemd", "tini", "docker-init", "dumb-init", "catatonit", "s6-svscan",
-                           "runsvdir", "sleep", "sh", "bash", "dash", "busybox"})
+                           "runsvdir", "sleep", "tail", "pause", "sh", "bash", "dash", "busybox"})
 # Programs that set PR_SET_CHILD_SUBREAPER and adopt orphans on the host (besides PID 1).
 SUBREAPERS = ("containerd-shim",)
 MAX_DEPTH = 64  # a parent chain longer than this is a table that loops: nothing is proven
@@ -48,6 +48,7 @@ class Proc:
     zombie: bool = False
     pid_ns: int | None = None  # inode of its PID namespace; None when unreadable
     ns_init: bool = False  # PID 1 of its own (innermost) PID namespace: a container's init
+    marker: str | None = None  # the SPARKD_LAUNCH_ID in its environment (None: none, or unreadable)
 
 
 @dataclass(frozen=True)
@@ -57,16 +58,24 @@ class Launch:
     pid: int
     start: float
     owner: str = ""  # "sparkd instance /etc/sparkd/a.toml (state /var/lib/sparkd-a)"
+    marker: str | None = None  # its SPARKD_LAUNCH_ID: every process of the launch inherits it
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a launch's processes run: a PID namespace and the uid they run as (None: any uid there)."""
+
+    pid_ns: int | None
+    uid: int | None = None
 
 
 @dataclass(frozen=True)
 class Scope:
-    """What this launch may end: its title prefix, uid and PID namespace (None: not restricted), its own
-    previous launch (proven), the launches other live sparkd instances registered, PIDs never touched."""
+    """What this launch may end: its title prefix, the places its processes run (None: not restricted), its
+    own previous launch (proven), the launches other live sparkd instances registered, PIDs never touched."""
 
     prefix: str = TITLE_PREFIX
-    uid: int | None = None
-    pid_ns: int | None = None
+    places: tuple[Place, ...] | None = None
     ours: Launch | None = None
     others: tuple[Launch, ...] = ()
     never_touch: frozenset[int] = field(default_factory=frozenset)
@@ -137,13 +146,22 @@ def chain(pid: int, table: Mapping[int, Proc]) -> list[Proc]:
     return out
 
 
-def launch_of(pid: int, table: Mapping[int, Proc], launches: tuple[Launch, ...]) -> Launch | None:
-    """The launch among ``launches`` whose root is ``pid`` or one of its ancestors (same create time)."""
-    for member in chain(pid, table):
-        for launch in launches:
-            if launch.pid == member.pid and same_start(member, launch.start):
-                return launch
+def launch_of(pid: int, table: Mapping[int, Proc], launches: tuple[Launch, ...], *, by_marker: bool = True
+              ) -> Launch | None:
+    """The launch among ``launches`` whose root is ``pid`` or one of its ancestors (same create time), or,
+    ``by_marker``, whose marker ``pid``'s environment carries (an orphan of it still does)."""
+    members = chain(pid, table)
+    for launch in launches:
+        if by_marker and launch.marker and members and members[0].marker == launch.marker:
+            return launch
+        if any(launch.pid == m.pid and same_start(m, launch.start) for m in members):
+            return launch
     return None
+
+
+def in_place(proc: Proc, places: tuple[Place, ...]) -> bool:
+    return any(proc.pid_ns is not None and proc.pid_ns == place.pid_ns and place.uid in (None, proc.uid)
+               for place in places)
 
 
 def judge(pid: int, table: Mapping[int, Proc], scope: Scope) -> Judgement:
@@ -159,16 +177,12 @@ def judge(pid: int, table: Mapping[int, Proc], scope: Scope) -> Judgement:
     if other is not None:
         return Judgement(pid, None, f"part of the launch of {other.owner or 'another sparkd instance'}",
                          owner=other.owner)
-    if scope.ours is not None and launch_of(pid, table, (scope.ours,)) is not None:
+    if scope.ours is not None and launch_of(pid, table, (scope.ours,), by_marker=False) is not None:
         return Judgement(pid, Stale.previous_launch, "part of this node's previous launch (its launch record)")
     if not is_titled(proc.argv, scope.prefix):
         return Judgement(pid, None, f"not a {scope.prefix}* process of a launch of this node")
-    if scope.uid is not None and proc.uid != scope.uid:
-        return Judgement(pid, None, f"run by uid {proc.uid if proc.uid is not None else '?'}, not the launch's "
-                         f"uid {scope.uid}")
-    if scope.pid_ns is not None and proc.pid_ns != scope.pid_ns:
-        return Judgement(pid, None, "in another PID namespace than the launch's (another container), or in one "
-                         "sparkd cannot read")
+    if scope.places is not None and not in_place(proc, scope.places):
+        return Judgement(pid, None, _elsewhere(proc, scope.places))
     return _orphaned(proc, table, scope.prefix)
 
 
@@ -192,6 +206,14 @@ def _orphaned(proc: Proc, table: Mapping[int, Proc], prefix: str) -> Judgement:
                              f"{parent.pid} {_show(parent)})")
         return Judgement(proc.pid, None, f"its launcher PID {parent.pid} ({_show(parent)}) is alive")
     return Judgement(proc.pid, None, "its parent chain loops")
+
+
+def _elsewhere(proc: Proc, places: tuple[Place, ...]) -> str:
+    uids = sorted({str(p.uid) for p in places if p.pid_ns is not None and p.pid_ns == proc.pid_ns})
+    if not uids:
+        return ("in another PID namespace than the launch's (another container's), or in one sparkd cannot "
+                "read")
+    return f"run by uid {proc.uid if proc.uid is not None else '?'}, not the launch's uid {' or '.join(uids)}"
 
 
 def _show(proc: Proc, limit: int = 80) -> str:

@@ -4,8 +4,8 @@ The API port (``[launch] port`` on ``[launch] host``; not on a headless worker) 
 multi-node launch, the torch.distributed master port (TCPStore binds it on 0.0.0.0 inside Worker_TP0).
 A port is free when a probe socket can bind it with SO_REUSEADDR, as vLLM does. When it is not, the holders are
 found from ``<proc_root>/net/tcp{,6}`` (listening sockets on that port) and ``<proc_root>/<pid>/fd`` (socket
-inode → PID). A holder that is a stale vLLM process is ended; anything else fails the check naming the holder's
-PID and command line, and is left alone.
+inode → PID). A holder that is stale (:mod:`sparkd.preflight.neighbours`) is ended; anything else is a neighbour:
+the check fails naming its PID, command line, container and owning sparkd instance, and leaves it alone.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio
 
 from sparkd.config import Config
-from sparkd.preflight import processes
+from sparkd.preflight import holders, processes
 from sparkd.preflight.base import (
     CheckResult,
     PreflightContext,
@@ -56,6 +56,13 @@ class Holder:
     cmdline: str
     stale: bool  # a stale vLLM process: may be ended
     protected: bool = False  # the watched instance
+    container: str | None = None  # the id of the container it runs in
+    owner: str = ""  # the sparkd instance whose launch it is
+    why: str = ""  # why it is not stale (neighbours.Judgement.why)
+    names: Mapping[str, str] = field(default_factory=dict)  # container id -> name, from the engine
+
+    def named(self) -> str:
+        return holders.describe(self.pid, self.cmdline, self.container, self.owner, self.names)
 
 
 @dataclass(frozen=True)
@@ -130,10 +137,12 @@ def decide(want: Wanted, bind_error: int | None, holders: list[Holder], *, dry_r
                         f"{', '.join(str(h.pid) for h in holders)})")
     others = [h for h in holders if not h.stale and not h.protected]
     if others:
-        held = "; ".join(f"PID {h.pid} ({h.cmdline})" for h in others)
-        return Decision(Verdict.fail, f"{name} is held by {held}: not a stale vLLM process, so sparkd leaves "
-                        "it alone; stop it or choose another port", failure_class=FailureClass.port_in_use)
-    held = "; ".join(f"PID {h.pid} ({h.cmdline})" for h in holders)
+        held = "; ".join(h.named() for h in others)
+        whys = "; ".join(dict.fromkeys(h.why for h in others if h.why))
+        return Decision(Verdict.fail, f"{name} is held by {held}: not a stale vLLM process"
+                        + (f" ({whys})" if whys else "") + ", so sparkd leaves it alone; stop it or choose another "
+                        "port", failure_class=FailureClass.port_in_use)
+    held = "; ".join(h.named() for h in holders)
     if dry_run:
         return Decision(Verdict.warn, f"{name} is held by stale vLLM {held}")
     return Decision(Verdict.fixed, f"{name} was held by stale vLLM {held}", end=tuple(h.pid for h in holders))
@@ -191,19 +200,25 @@ def listening_sockets(proc_root: Path) -> list[SocketEntry]:
 
 
 def find_holders(ctx: PreflightContext, port: int) -> list[Holder]:
+    """The processes listening on ``port``, each judged (stale, or a neighbour and why) and placed: the
+    container it runs in (its id, named later) and the sparkd instance whose launch it is."""
     inodes = holder_inodes(listening_sockets(ctx.proc_root), port)
     pids = sorted(set(socket_owners(ctx.proc_root, inodes).values()))
     if not pids:
         return []
-    stale_pids = {c.pid for c in processes.stale_candidates(ctx)}
-    return [Holder(pid, describe_cmdline(read_cmdline(ctx.proc_root, pid)), stale=pid in stale_pids,
-                   protected=pid in ctx.protect) for pid in pids]
+    judged = processes.judge(ctx, pids)
+    return [Holder(pid, describe_cmdline(read_cmdline(ctx.proc_root, pid)), stale=not judged[pid].neighbour,
+                   protected=pid in ctx.protect, container=holders.container_of(ctx.proc_root, pid),
+                   owner=judged[pid].owner, why=judged[pid].why if judged[pid].neighbour else "")
+            for pid in pids]
 
 
 async def _one(ctx: PreflightContext, want: Wanted) -> Decision:
     error = probe(want.host, want.port)
-    holders = [] if error is None else await anyio.to_thread.run_sync(find_holders, ctx, want.port)
-    decision = decide(want, error, holders, dry_run=ctx.dry_run)
+    found = [] if error is None else await anyio.to_thread.run_sync(find_holders, ctx, want.port)
+    names = await holders.container_names(h.container for h in found if h.container)
+    found = [replace(h, names=names) for h in found]
+    decision = decide(want, error, found, dry_run=ctx.dry_run)
     if not decision.end:
         return decision
     ended_ok = [c for c in processes.stale_candidates(ctx) if c.pid in decision.end]
@@ -216,6 +231,7 @@ async def _one(ctx: PreflightContext, want: Wanted) -> Decision:
 
 @check("ports")
 async def check_ports(ctx: PreflightContext) -> CheckResult:
+    ctx = await processes.launch_places(ctx)
     wanted = wanted_ports(ctx.cfg, on_host_network=ctx.runtime.shares_host_network)
     if not wanted:
         return CheckResult("ports", Verdict.ok, "no port to check (headless, or the container has its own "

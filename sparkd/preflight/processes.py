@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 import psutil
 
+from sparkd import instances
 from sparkd.config import Config
 from sparkd.launch import LaunchSpec
 from sparkd.preflight import neighbours, proctable, stale
@@ -84,18 +85,38 @@ def recorded_root(record: Mapping[str, Any] | None, expected: proctree.Expected 
         return None
 
 
-def launch_uid(ctx: PreflightContext) -> int | None:
-    """The uid the launch's processes run as, where sparkd can tell: its own for a host process; a container's
-    numeric ``[container] user``; else unknown (the PID namespace still bounds the sweep)."""
-    if ctx.runtime.name == "process":
-        return os.geteuid()
-    user = (ctx.cfg.container.user or "").split(":", 1)[0]
+def container_uid(cfg: Config) -> int | None:
+    """The uid a container's processes run as, where the config says it in numbers; else any uid there (the
+    container's PID namespace bounds the sweep)."""
+    user = (cfg.container.user or "").split(":", 1)[0]
     return int(user) if user.isdigit() else None
 
 
-def launch_pid_ns(ctx: PreflightContext) -> int | None:
-    """The PID namespace the launch's processes run in, where sparkd can tell: its own for a host process."""
-    return proctable.own_pid_namespace() if ctx.runtime.name == "process" else None
+def places(ctx: PreflightContext) -> tuple[neighbours.Place, ...]:
+    """Where this launch's processes (and so its leftovers) can run: on the host, in sparkd's PID namespace as
+    sparkd's uid; and, while the launch's container runs, in that container's namespace."""
+    out = [neighbours.Place(proctable.own_pid_namespace(), os.geteuid())]
+    if ctx.container_pid:
+        ns = proctable.pid_namespace(ctx.container_pid)
+        if ns is not None:
+            out.append(neighbours.Place(ns, container_uid(ctx.cfg)))
+    return tuple(p for p in out if p.pid_ns is not None)
+
+
+async def launch_places(ctx: PreflightContext) -> PreflightContext:
+    """``ctx`` with the launch's container (if one runs) asked of the runtime, once."""
+    if ctx.container_pid is not None:
+        return ctx
+    try:
+        pid = await ctx.runtime.container_pid()
+    except Exception:  # the engine does not answer: the host place alone
+        pid = 0
+    return replace(ctx, container_pid=pid)
+
+
+def other_launches(ctx: PreflightContext) -> tuple[neighbours.Launch, ...]:
+    """The launches of the other live sparkd instances on this host (:mod:`sparkd.instances`)."""
+    return instances.launches(instances.live(ctx.cfg.paths.instances_dir, besides=ctx.cfg.paths.state_dir))
 
 
 def title_prefix(ctx: PreflightContext) -> str:
@@ -104,18 +125,29 @@ def title_prefix(ctx: PreflightContext) -> str:
 
 
 def scope(ctx: PreflightContext, ours: neighbours.Launch | None = None) -> neighbours.Scope:
-    return neighbours.Scope(prefix=title_prefix(ctx), uid=launch_uid(ctx), pid_ns=launch_pid_ns(ctx), ours=ours,
+    return neighbours.Scope(prefix=title_prefix(ctx), places=places(ctx), ours=ours, others=other_launches(ctx),
                             never_touch=ctx.never_touch)
 
 
-def stale_candidates(ctx: PreflightContext) -> list[Candidate]:
+def _ours(ctx: PreflightContext) -> neighbours.Launch | None:
     record = json_state(ctx.record_path, INSTANCE).peek()  # a bad record is the daemon's to set aside
-    prefix = title_prefix(ctx)
-    ours = recorded_root(record, expected_launch(ctx.cfg, ctx.spec, prefix))
+    return recorded_root(record, expected_launch(ctx.cfg, ctx.spec, title_prefix(ctx)))
+
+
+def stale_candidates(ctx: PreflightContext) -> list[Candidate]:
+    ours = _ours(ctx)
     visible = set(visible_pids(ctx.proc_root))
     members = {p.pid for p in proctree.tree(ours.pid)} & visible if ours is not None else set()
-    pids = set(stale.titled(ctx.proc_root, prefix)) | members
+    pids = set(stale.titled(ctx.proc_root, title_prefix(ctx))) | members
     return select(proctable.table(pids, ctx.proc_root), pids, scope(ctx, ours))
+
+
+def judge(ctx: PreflightContext, pids: Iterable[int]) -> dict[int, neighbours.Judgement]:
+    """Each of ``pids`` judged by the one definition: stale (and why) or a neighbour (and whose)."""
+    wanted = sorted(set(pids))
+    table = proctable.table(wanted, ctx.proc_root)
+    found = scope(ctx, _ours(ctx))
+    return {pid: neighbours.judge(pid, table, found) for pid in wanted}
 
 
 async def end_candidates(ctx: PreflightContext, candidates: list[Candidate]
@@ -149,6 +181,7 @@ def verdict(found: list[Candidate], survivors: list[stale.StaleProcess], *, dry_
 
 @check("stale_processes")
 async def check_stale_processes(ctx: PreflightContext) -> CheckResult:
+    ctx = await launch_places(ctx)
     found = await anyio.to_thread.run_sync(stale_candidates, ctx)
     survivors: list[stale.StaleProcess] = []
     if found and not ctx.dry_run:

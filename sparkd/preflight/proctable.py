@@ -1,7 +1,8 @@
 """The process table the stale/neighbour decision judges (:mod:`sparkd.preflight.neighbours`), read from /proc.
 
 For each PID asked and every ancestor of it: the parent, argv (a setproctitle title is argv[0]), the real uid,
-whether it is a zombie, its create time, its PID namespace and whether it is the init of its own namespace.
+whether it is a zombie, its create time, its PID namespace, whether it is the init of its own namespace, and the
+launch marker its environment carries.
 Everything is read through ``proc_root``, so a test's view of /proc holding only its own processes (and the
 parents it chose to show) is all a check can judge.
 """
@@ -16,6 +17,7 @@ import psutil
 
 from sparkd.preflight.base import read_cmdline
 from sparkd.preflight.neighbours import Proc
+from sparkd.runtime.proctree import MARKER_ENV
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -46,16 +48,26 @@ def read_proc(proc_root: Path, pid: int, boot_time: float | None = None) -> Proc
         return None
     uids = status.get("Uid", "").split()
     nspids = status.get("NSpid", "").split()
-    try:
-        ns = os.readlink(base / "ns" / "pid")
-        pid_ns: int | None = int(ns[ns.index("[") + 1:ns.index("]")])
-    except (OSError, ValueError):
-        pid_ns = None
+    pid_ns = pid_namespace(pid, proc_root)
     boot = psutil.boot_time() if boot_time is None else boot_time
     return Proc(pid=pid, ppid=ppid, argv=tuple(argv), start=boot + ticks / CLOCK_TICKS,
                 uid=int(uids[0]) if uids and uids[0].isdigit() else None,
                 zombie=status.get("State", "").startswith(("Z", "X")), pid_ns=pid_ns,
-                ns_init=len(nspids) > 1 and nspids[-1] == "1")
+                ns_init=len(nspids) > 1 and nspids[-1] == "1", marker=read_marker(base / "environ"))
+
+
+def read_marker(environ: Path) -> str | None:
+    """The launch marker (SPARKD_LAUNCH_ID) in a process's environment; None when it has none or it cannot be
+    read (not root, or the memory overwritten by a long process title)."""
+    try:
+        raw = environ.read_bytes()
+    except OSError:
+        return None
+    prefix = MARKER_ENV.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix):].decode("utf-8", "replace") or None
+    return None
 
 
 def table(pids: Iterable[int], proc_root: Path = Path("/proc")) -> dict[int, Proc]:
@@ -76,10 +88,15 @@ def table(pids: Iterable[int], proc_root: Path = Path("/proc")) -> dict[int, Pro
     return out
 
 
-def own_pid_namespace() -> int | None:
-    """The inode of the PID namespace sparkd runs in."""
+def pid_namespace(pid: int | str, proc_root: Path = Path("/proc")) -> int | None:
+    """The inode of ``pid``'s PID namespace (``/proc/PID/ns/pid``), None when it cannot be read."""
     try:
-        ns = os.readlink("/proc/self/ns/pid")
+        ns = os.readlink(proc_root / str(pid) / "ns" / "pid")
         return int(ns[ns.index("[") + 1:ns.index("]")])
     except (OSError, ValueError):
         return None
+
+
+def own_pid_namespace() -> int | None:
+    """The inode of the PID namespace sparkd runs in."""
+    return pid_namespace("self")

@@ -33,7 +33,7 @@ from sparkd.preflight.host import check_host
 from sparkd.preflight.image import check_image
 from sparkd.preflight.memory import check_memory, check_page_cache
 from sparkd.preflight.ports import check_ports
-from sparkd.preflight.processes import check_stale_processes
+from sparkd.preflight.processes import check_stale_processes, launch_places
 from sparkd.preflight.rdma import check_rdma
 from sparkd.preflight.shm import check_shm
 from sparkd.preflight.target import check_launch_target
@@ -95,6 +95,7 @@ async def run_preflight(ctx: PreflightContext, checks: tuple[CheckCallable, ...]
     once the node will not launch, nothing more is changed on it. The image is read first, every time."""
     if ctx.image is None:
         ctx = replace(ctx, image=await ctx.runtime.image_identity())
+    ctx = await launch_places(ctx)
     results: list[CheckResult] = []
     failed = False
     for run in checks:
@@ -142,7 +143,9 @@ def watched_pids(cfg: Config) -> frozenset[int]:
     return frozenset(proctree.tree_pids(pid))
 
 
-async def run_standalone(cfg: Config, spec: LaunchSpec, runtime: Runtime, *, dry_run: bool) -> PreflightReport:
-    """``sparkd preflight``: every check, reported in full (after a failure the rest run report-only)."""
+async def run_standalone(cfg: Config, spec: LaunchSpec, runtime: Runtime, *, dry_run: bool,
+                         checks: tuple[CheckCallable, ...] = DEFAULT_CHECKS) -> PreflightReport:
+    """``sparkd preflight``: every check (or ``checks``), reported in full (after a failure the rest run
+    report-only)."""
     ctx = PreflightContext(cfg=cfg, spec=spec, runtime=runtime, protect=watched_pids(cfg), dry_run=dry_run)
-    return await run_preflight(ctx, report_rest=True)
+    return await run_preflight(ctx, checks, report_rest=True)

@@ -3,9 +3,10 @@
 Only what is provably vLLM's and dead is removed (issue 16, ecosystem.md §8):
 - a segment nothing holds: no process has a descriptor to it or maps it, counted by inode, so glibc's
   temporary-name mapping of a semaphore counts (see :mod:`sparkd.preflight.shmholders`);
-- and either sparkd's ledger shows that our launch (or a stale ``VLLM::*`` process) held it — by name and
-  inode, noted while they ran or found at the sweep — or it has vLLM's, NCCL's or torch's naming
-  (``psm_*``, ``nccl-*``, ``torch_<pid>_*`` whose creator PID no longer runs).
+- and either sparkd's ledger shows that our launch (or a stale process, :mod:`sparkd.preflight.neighbours`)
+  held it — by name and inode, noted while they ran or found at the sweep — or it has vLLM's, NCCL's or torch's
+  naming (``psm_*``, ``nccl-*``, ``torch_<pid>_*`` whose creator PID no longer runs) and belongs to a uid the
+  launch runs as (another user's ``psm_*`` is theirs: security.md §7).
 - A ``sem.mp-*`` is Python multiprocessing's naming, used by every Python program on the host: it is removed
   only with the ledger's proof, never by its name.
 If some process's descriptors or mappings cannot be read (not root), nothing is removed.
@@ -27,7 +28,10 @@ from pathlib import Path
 
 import anyio
 
+from sparkd.config import Config
+from sparkd.preflight import holders, processes
 from sparkd.preflight.base import MIB, CheckResult, PreflightContext, Verdict, check, human_bytes
+from sparkd.preflight.processes import container_uid
 from sparkd.preflight.shmholders import LEDGER_NAME, Entry, ShmLedger, device_of, entries, scan
 from sparkd.supervisor.failures import FailureClass
 
@@ -46,15 +50,18 @@ class Segment:
 
 
 def decide(found: list[Entry], held: set[int], owned: Mapping[tuple[str, int], object],
-           live_pids: set[int]) -> list[Segment]:
-    """Pure: the segments to remove among ``found``, given the held inodes, the ledger and the live PIDs."""
+           live_pids: set[int], uids: frozenset[int] | None = None) -> list[Segment]:
+    """Pure: the segments to remove among ``found``, given the held inodes, the ledger and the live PIDs.
+    ``uids``: the uids the launch runs as; a segment of another user's is removed only with the ledger's proof
+    (None: any uid, for a view sparkd cannot tell)."""
     out = []
     for entry in found:
         if entry.inode in held:
             continue
         if (entry.name, entry.inode) in owned:
             out.append(Segment(entry.name, entry.size, entry.inode, "ours"))
-        elif entry.name.startswith(BY_NAMING) and not _creator_alive(entry.name, live_pids):
+        elif (entry.name.startswith(BY_NAMING) and not _creator_alive(entry.name, live_pids)
+              and (uids is None or entry.uid in uids)):
             out.append(Segment(entry.name, entry.size, entry.inode, "naming"))
     return out
 
@@ -86,7 +93,8 @@ def held_names(shm_dir: Path, proc: Path = Path("/proc")) -> set[str]:
 
 
 def sweep(shm_dir: Path = Path("/dev/shm"), *, dry_run: bool = False, proc: Path = Path("/proc"),
-          complete_view: bool | None = None, ledger: Path | None = None) -> list[Segment]:
+          complete_view: bool | None = None, ledger: Path | None = None,
+          uids: frozenset[int] | None = None) -> list[Segment]:
     """Remove leaked segments; returns what was (or, dry-run, would be) removed.
 
     ``ledger``: sparkd's record of the segments its launches held (see module doc). ``complete_view``
@@ -106,7 +114,7 @@ def sweep(shm_dir: Path = Path("/dev/shm"), *, dry_run: bool = False, proc: Path
     book = ShmLedger(ledger) if ledger is not None else None
     owned = book.owned() if book is not None else {}
     live = live_pids(proc)
-    chosen = decide(found, holders.inodes, owned, live)
+    chosen = decide(found, holders.inodes, owned, live, uids)
     if dry_run:
         return chosen
     removed = []
@@ -122,6 +130,13 @@ def sweep(shm_dir: Path = Path("/dev/shm"), *, dry_run: bool = False, proc: Path
         present = {(e.name, e.inode) for e in entries(shm_dir, ("",))}
         book.forget([key for key in owned if key not in present])
     return removed
+
+
+def launch_uids(cfg: Config) -> frozenset[int]:
+    """The uids whose segments may be removed by their naming: sparkd's own (a host launch, or a container's
+    root without user namespaces) and the container's numeric ``[container] user``."""
+    uid = container_uid(cfg)
+    return frozenset({os.geteuid(), *([] if uid is None else [uid])})
 
 
 def free_bytes(shm_dir: Path) -> int | None:
@@ -159,11 +174,35 @@ async def check_shm(ctx: PreflightContext) -> CheckResult:
     ledger = cfg.paths.state_dir / LEDGER_NAME
     if ctx.protect and not ctx.dry_run:  # the watched instance's segments: ours, once it is gone
         await anyio.to_thread.run_sync(lambda: ShmLedger(ledger).note(ctx.protect, ctx.shm_dir, ctx.proc_root))
+    uids = launch_uids(cfg)
     try:
         removed = await anyio.to_thread.run_sync(
-            lambda: sweep(ctx.shm_dir, dry_run=ctx.dry_run, proc=ctx.proc_root, ledger=ledger))
+            lambda: sweep(ctx.shm_dir, dry_run=ctx.dry_run, proc=ctx.proc_root, ledger=ledger, uids=uids))
     except IncompleteView as exc:
         return CheckResult("dev_shm", Verdict.warn, str(exc))
     v, found, did = verdict(removed, free_bytes(ctx.shm_dir), cfg.preflight.shm_min_free_mib * MIB,
                             dry_run=ctx.dry_run, where=ctx.shm_dir)
+    if v is Verdict.fail:
+        found += await largest(ctx)
     return CheckResult("dev_shm", v, found, did, failure_class=FailureClass.unknown if v is Verdict.fail else None)
+
+
+async def largest(ctx: PreflightContext, n: int = 3) -> str:
+    """When /dev/shm is too full: its largest files and who holds them (PID, command line, container, owning
+    sparkd instance), so that the operator knows whose they are; sparkd removes none of a neighbour's."""
+    def scan_largest() -> tuple[list[Entry], dict[int, set[int]]]:
+        dev = device_of(ctx.shm_dir)
+        biggest = sorted(entries(ctx.shm_dir, ("",)), key=lambda e: -e.size)[:n]
+        return biggest, (scan(dev, ctx.proc_root).pids_by_inode if dev is not None and biggest else {})
+
+    biggest, by_inode = await anyio.to_thread.run_sync(scan_largest)
+    pids = sorted({pid for e in biggest for pid in by_inode.get(e.inode, set())})
+    judged = await anyio.to_thread.run_sync(processes.judge, ctx, pids) if pids else {}
+    containers = {pid: holders.container_of(ctx.proc_root, pid) for pid in pids}
+    names = await holders.container_names(c for c in containers.values() if c)
+    parts = []
+    for e in biggest:
+        held = [holders.describe(pid, holders.cmdline_of(ctx.proc_root, pid), containers[pid], judged[pid].owner,
+                                 names) for pid in sorted(by_inode.get(e.inode, set()))[:2]]
+        parts.append(f"{e.name} ({human_bytes(e.size)}" + (f", held by {'; '.join(held)})" if held else ", unheld)"))
+    return f"; the largest: {', '.join(parts)}" if parts else ""

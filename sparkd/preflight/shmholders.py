@@ -7,8 +7,10 @@ the real file's. A process in another mount namespace shows its own paths. So a 
 process has a descriptor to its inode (``/proc/PID/fd``, stat'ed through the link) or maps its inode
 (``/proc/PID/maps``: ``address perms offset major:minor inode path``) on the tmpfs's device.
 
-The ledger remembers the segments sparkd's own launch (or a stale ``VLLM::*`` process) held, by name and inode,
-so that once their holders are dead the sweep may remove them whatever their naming (a ``sem.mp-*`` only so).
+The ledger remembers the segments sparkd's own launch (or a stale process, :mod:`sparkd.preflight.neighbours`)
+held, by name and inode, so that once their holders are dead the sweep may remove them whatever their naming (a
+``sem.mp-*`` only so). It notes only what such a process could use (an ``O_PATH`` descriptor, which anyone may
+open on a file they cannot read, does not count) and only files of the holder's own uid (security.md §7).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from sparkd.statefile import StateFile
 from sparkd.stateschema import SHM_LEDGER
 
 LEDGER_NAME = "shm-ledger.json"
-LEDGER_MAX = 4096  # segments remembered; the oldest notes go first
+LEDGER_MAX = 4096
+O_PATH = 0o10000000  # segments remembered; the oldest notes go first
 _NOT_FILES = ("socket:", "pipe:", "anon_inode:", "[")
 
 
@@ -48,8 +51,11 @@ def maps_device(dev: int) -> str:
     return f"{os.major(dev):02x}:{os.minor(dev):02x}"
 
 
-def scan(dev: int, proc: Path = Path("/proc"), pids: Iterable[int] | None = None) -> Holders:
-    """The inodes on device ``dev`` that the processes under ``proc`` (or only ``pids``) hold."""
+def scan(dev: int, proc: Path = Path("/proc"), pids: Iterable[int] | None = None, *, usable: bool = False
+         ) -> Holders:
+    """The inodes on device ``dev`` that the processes under ``proc`` (or only ``pids``) hold. ``usable``: only
+    descriptors that can read or write the file (an ``O_PATH`` one, which anyone may open on a file they cannot
+    read, is no sign the process used it)."""
     held: dict[int, set[int]] = {}
     unreadable = 0
     if pids is None:
@@ -62,7 +68,7 @@ def scan(dev: int, proc: Path = Path("/proc"), pids: Iterable[int] | None = None
     device = maps_device(dev)
     for name in pid_names:
         try:
-            inodes = _fd_inodes(proc / name / "fd", dev) | _mapped_inodes(proc / name / "maps", device)
+            inodes = _fd_inodes(proc / name / "fd", dev, usable) | _mapped_inodes(proc / name / "maps", device)
         except (FileNotFoundError, ProcessLookupError):
             continue  # ended meanwhile: it holds nothing
         except OSError:
@@ -73,12 +79,14 @@ def scan(dev: int, proc: Path = Path("/proc"), pids: Iterable[int] | None = None
     return Holders(set(held), unreadable, held)
 
 
-def _fd_inodes(fd_dir: Path, dev: int) -> set[int]:
+def _fd_inodes(fd_dir: Path, dev: int, usable: bool = False) -> set[int]:
     out = set()
     with os.scandir(fd_dir) as fds:
         for fd in fds:
             try:
                 if os.readlink(fd.path).startswith(_NOT_FILES):
+                    continue
+                if usable and opened_as_path(fd_dir.parent / "fdinfo" / fd.name):
                     continue
                 st = os.stat(fd.path)  # follows the magic link: the open file itself, even if deleted
             except (FileNotFoundError, ProcessLookupError):
@@ -90,6 +98,29 @@ def _fd_inodes(fd_dir: Path, dev: int) -> set[int]:
             if st.st_dev == dev and stat.S_ISREG(st.st_mode):
                 out.add(st.st_ino)
     return out
+
+
+def opened_as_path(fdinfo: Path) -> bool:
+    """Was this descriptor opened with ``O_PATH`` (``flags:`` in ``/proc/PID/fdinfo/FD``, octal)? Unreadable:
+    taken as such (it proves nothing)."""
+    try:
+        for line in fdinfo.read_text().splitlines():
+            if line.startswith("flags:"):
+                return bool(int(line.split()[1], 8) & O_PATH)
+    except (OSError, ValueError, IndexError):
+        return True
+    return True
+
+
+def uid_of(proc: Path, pid: int) -> int | None:
+    """The real uid of ``pid`` (``Uid:`` in its status), None when it cannot be read."""
+    try:
+        for line in (proc / str(pid) / "status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _mapped_inodes(maps: Path, device: str) -> set[int]:
@@ -114,6 +145,7 @@ class Entry:
     dev: int
     size: int  # bytes really allocated
     mtime: float
+    uid: int | None = None  # the file's owner
 
 
 def entries(shm_dir: Path, prefixes: tuple[str, ...]) -> list[Entry]:
@@ -131,7 +163,7 @@ def entries(shm_dir: Path, prefixes: tuple[str, ...]) -> list[Entry]:
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode):
-            out.append(Entry(item.name, st.st_ino, st.st_dev, st.st_blocks * 512, st.st_mtime))
+            out.append(Entry(item.name, st.st_ino, st.st_dev, st.st_blocks * 512, st.st_mtime, st.st_uid))
     return out
 
 
@@ -147,13 +179,17 @@ class ShmLedger:
 
     def note(self, pids: Iterable[int], shm_dir: Path, proc: Path = Path("/proc"),
              prefixes: tuple[str, ...] = ("",)) -> list[str]:
-        """Remember the segments in ``shm_dir`` that ``pids`` hold now; returns their names. Never raises."""
+        """Remember the segments in ``shm_dir`` that ``pids`` (processes proven to be a launch's) hold now,
+        through a descriptor that can use the file or a mapping, and that belong to the uid of a process
+        holding them (a process cannot make another user's file its launch's); returns their names."""
         pids = [p for p in pids if p > 1]
         dev = device_of(shm_dir)
         if dev is None or not pids:
             return []
-        held = scan(dev, proc, pids).inodes
-        found = [e for e in entries(shm_dir, prefixes) if e.inode in held]
+        holders = scan(dev, proc, pids, usable=True).pids_by_inode
+        uids = {pid: uid_of(proc, pid) for pid in {p for held in holders.values() for p in held}}
+        found = [e for e in entries(shm_dir, prefixes)
+                 if e.uid is not None and e.uid in {uids[p] for p in holders.get(e.inode, ())}]
         if not found:
             return []
         known = self.owned()

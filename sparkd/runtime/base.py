@@ -94,8 +94,14 @@ class ExitInfo:
 
     exit_code: int | None
     signal: int | None = None
+    killed: tuple[int, ...] = ()  # the PIDs sparkd's own stop had to SIGKILL after the grace
 
     def describe(self) -> str:
+        how = self._how()
+        return how + (f" (sparkd SIGKILLed PID {', '.join(map(str, self.killed))} after the grace)"
+                      if self.killed else "")
+
+    def _how(self) -> str:
         if self.signal is not None:
             try:
                 return f"killed by {signals.Signals(self.signal).name}"
@@ -196,6 +202,10 @@ class Runtime(abc.ABC):
         known = ProcessIdentity.from_record(identity) if identity else ProcessIdentity(
             pid=pid, create_time=float(record.get("create_time") or 0.0))
         return same_identity(known, expected) is not None
+
+    async def container_pid(self) -> int:
+        """The host PID of the launch's container's init while it runs, else 0 (no container: 0)."""
+        return 0
 
     def pids(self, instance: Instance) -> set[int]:
         """Host PIDs of the instance's process tree (the memory guard and stale sweep must spare them)."""

@@ -193,6 +193,15 @@ class DockerRuntime(Runtime):
             return None
         return data
 
+    async def container_pid(self) -> int:
+        try:
+            container = await self.container(self.container_name)
+        except DOCKER_ERRORS:
+            return 0
+        if container is None or container.status != "running":
+            return 0
+        return int(container.attrs.get("State", {}).get("Pid") or 0)
+
     def pids(self, instance: Instance) -> set[int]:
         if instance.pid <= 0 or proctree.same_process(instance.pid, instance.create_time) is None:
             return set()

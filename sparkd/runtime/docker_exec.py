@@ -354,9 +354,10 @@ class DockerExecRuntime(DockerRuntime):
 
     async def stop(self, instance: Instance, grace_s: float) -> ExitInfo:
         """SIGTERM the exec's host process tree, SIGKILL what outlives ``grace_s``; the container stays."""
+        killed: list[int] = []
         if proctree.same_process(instance.pid, instance.create_time) is not None:
-            await proctree.terminate_tree(instance.pid, grace_s)
-        return await self.wait(instance)
+            killed = await proctree.terminate_tree(instance.pid, grace_s)
+        return replace(await self.wait(instance), killed=tuple(killed))
 
     async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
         if not instance.log_path:

@@ -17,6 +17,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -298,7 +299,7 @@ class DockerRunRuntime(DockerRuntime):
         with anyio.move_on_after(grace_s):
             return await self.wait(instance)
         await self._kill(instance, signal.SIGKILL)
-        return await self.wait(instance)
+        return replace(await self.wait(instance), killed=(instance.pid,))
 
     async def _kill(self, instance: Instance, sig: int) -> None:
         with contextlib.suppress(docker.errors.APIError):  # not running any more, or gone

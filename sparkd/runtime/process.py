@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -143,8 +144,8 @@ class ProcessRuntime(Runtime):
         return info
 
     async def stop(self, instance: Instance, grace_s: float) -> ExitInfo:
-        await proctree.terminate_tree(instance.pid, grace_s)
-        return await self.wait(instance)
+        killed = await proctree.terminate_tree(instance.pid, grace_s)
+        return replace(await self.wait(instance), killed=tuple(killed))
 
     async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
         path = Path(instance.log_path or self.raw_log)

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["CAUSES", "TREATMENT", "Budget", "Cause", "Evidence", "Failure", "FailureClass", "Scope", "Treatment",
-           "treatment"]
+__all__ = ["CAUSES", "TREATMENT", "WEDGED", "Budget", "Cause", "Evidence", "Failure", "FailureClass", "Scope",
+           "Treatment", "treatment", "wedged"]
 
 
 class FailureClass(StrEnum):
@@ -43,6 +43,7 @@ class FailureClass(StrEnum):
     gpu_busy = "gpu_busy"  # CUDA device busy: a stale process holds the GPU
     gpu_error = "gpu_error"  # the GPU or its PCIe link faulted: an Xid, a fatal AER, an uncorrectable ECC error
     host_unavailable = "host_unavailable"  # what a launch needs from the host is missing (engine, disk): wait
+    reboot_needed = "reboot_needed"  # restarts keep losing memory the driver never returns: only a reboot helps
     unknown = "unknown"  # nothing recognised
 
 
@@ -103,8 +104,9 @@ TREATMENT: dict[FailureClass, Treatment] = {
         "backoff once there is memory headroom again"),
     F.port_in_use: _t(
         True, B.one, S.node, _ALWAYS, "A port vLLM needs was already in use",
-        "a stale VLLM::* process or an old container usually holds it — sparkd sweeps stale processes before "
-        "the next start; if another program owns the port, change the port in the config"),
+        "an orphaned VLLM::* process or an old container usually holds it — sparkd sweeps stale processes "
+        "before the next start; if another program (or another vLLM) owns the port, change the port in the "
+        "config"),
     F.rendezvous_timeout: _t(
         True, B.one, S.pair, _ALWAYS, "The ranks never met at the torch.distributed rendezvous",
         "check that every node's rank is up and that the head address and master port are reachable over the "
@@ -141,10 +143,18 @@ TREATMENT: dict[FailureClass, Treatment] = {
         True, B.none, S.node, _ALWAYS, "sparkd cannot launch vLLM on this node right now",
         "sparkd waits for it (the Docker engine to answer, the state directory to take writes) and tries again "
         "with backoff, without spending the restart budget"),
+    F.reboot_needed: _t(
+        False, B.one, S.node, _MEMORY, "Restarts of vLLM kept losing memory that was never returned",
+        "reboot the node (the driver keeps memory a killed vLLM held), then `sparkctl reset` — sparkd stops "
+        "restarting before the host freezes"),
     F.unknown: _t(True, B.one, S.node, _MEMORY, "vLLM stopped without a recognised error",
                   "the log tail is in the incident folder — sparkd restarts with backoff"),
 }
 del F, B, S
+
+# The verdicts that say vLLM is wedged, not draining: a stop that answers one gets `hung_stop_grace_s`, not the drain
+# grace (a rank spinning in a collective whose peer died ignores SIGTERM: tests/gpu/README.md).
+WEDGED = frozenset({FailureClass.hang, FailureClass.stall, FailureClass.peer_lost})
 
 
 class Cause(StrEnum):
@@ -180,6 +190,10 @@ del C, F
 
 def treatment(cls: FailureClass) -> Treatment:
     return TREATMENT[cls]
+
+
+def wedged(failure: Failure | None) -> bool:
+    return failure is not None and failure.cls in WEDGED
 
 
 @dataclass(frozen=True)

@@ -71,13 +71,13 @@ def _preflight(m: Machine, now: float, **changes: Any) -> Result:
 
 
 def _stop(m: Machine, now: float, after: After, reason: str, *, failure: Failure | None = None,
-          grace_s: float | None = None, recorded: bool = False) -> Result:
+          grace_s: float | None = None, recorded: bool = False, hung: bool = False) -> Result:
     actions: list[v.Action] = []
     changes: dict[str, Any] = {"after": after, "answering": failure, "health_note": None}
     if failure is not None:
         actions.append(v.RecordIncident(failure, written=recorded))
         changes["last_failure"] = failure
-    actions.append(v.Stop(reason, grace_s))
+    actions.append(v.Stop(reason, grace_s, failure, hung))
     return _to(m, State.stopping, now, **changes), actions
 
 
@@ -201,7 +201,8 @@ def _failed_while_running(m: Machine, obs: v.Exited | v.HealthFailed | v.LaunchF
         reason = "exited during startup"
     grace = obs.grace_s if isinstance(obs, v.HealthFailed) else None
     recorded = obs.recorded if isinstance(obs, v.HealthFailed) else False
-    return _stop(m, now, After.recover, reason, failure=obs.failure, grace_s=grace, recorded=recorded)
+    hung = obs.hung if isinstance(obs, v.HealthFailed) else False
+    return _stop(m, now, After.recover, reason, failure=obs.failure, grace_s=grace, recorded=recorded, hung=hung)
 
 
 def _startup_deadline(m: Machine, obs: v.Tick, now: float, limits: Limits) -> Result:

@@ -94,11 +94,14 @@ class HealthFailed:
 
     ``grace_s``: how long the stop may wait before SIGKILL (the guard's own; None: the configured grace).
     ``recorded``: the incident folder is written already (the guard writes it before it signals anything).
+    ``hung``: the instance is known wedged whatever the failure's class: its peer rank died under it (the head's
+    word that a worker's rank is gone), so it spins in a collective and ignores SIGTERM.
     """
 
     failure: Failure
     grace_s: float | None = None
     recorded: bool = False
+    hung: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,9 @@ class Launch:
 @dataclass(frozen=True)
 class Stop:
     reason: str
-    grace_s: float | None = None  # None: the configured [supervisor] stop_grace_s
+    grace_s: float | None = None  # None: the configured grace (hung_stop_grace_s for a wedged vLLM, else stop_grace_s)
+    failure: Failure | None = None  # the failure the stop answers (a wedge verdict: the short grace)
+    hung: bool = False  # known wedged whatever the failure's class (a peer rank died under it): the short grace
 
 
 @dataclass(frozen=True)

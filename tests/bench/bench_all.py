@@ -33,7 +33,7 @@ from report import guard_rows, render, summary_rows, wedge_rows
 QUICK = {
     "bench_recovery.py": ["--kills", "3", "--unit-kills", "2", "--default-kills", "1", "--litter", "2",
                           "--startup-runs", "2", "--detect-extra", "3"],
-    "bench_footprint.py": ["--seconds", "10", "--scrape-seconds", "5"],
+    "bench_footprint.py": ["--seconds", "10", "--scrape-seconds", "5", "--recorder-seconds", "10"],
     "bench_docker.py": ["--kills", "3", "--unit-kills", "1", "--startup-runs", "2"],
     "bench_group.py": ["--sizes", "2,4", "--restarts", "2", "--bare", "2"],
     "bench_guard.py": ["--runs", "1", "--rates", "2"],

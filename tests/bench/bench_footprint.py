@@ -1,6 +1,7 @@
 """Benchmark: what an idle sparkd costs, beside supervisord and earlyoom; and its /metrics latency.
 
-    .venv/bin/python tests/bench/bench_footprint.py [--seconds 60] [--scrape-seconds 30] [--json out.json]
+    .venv/bin/python tests/bench/bench_footprint.py [--seconds 60] [--scrape-seconds 30] [--recorder-seconds 120]
+        [--json out.json]
 
 Footprint: sparkd with its shipped defaults (health probe every 5 s with a vLLM metrics scrape, generation
 canary every 60 s, the 1 s ticker, /metrics served, the memory guard sampling every second when far from its
@@ -15,11 +16,17 @@ default ``min_interval_s``, 5 ms), gets ``GET /metrics`` 20 times a second for t
 fresh loopback connection, beside the same on prometheus_client's own ``start_http_server`` (the reference
 Python exporter: process, platform and GC collectors) in its own process, interleaved 25 ms apart.
 Latency = connect to the last byte of the body.
+
+Recorder (issue 29): two more sparkd side by side, one with the flight recorder (the shipped default) and one
+without (``[recorder] enabled = false``); its cost is the difference in CPU (% of one core) and median RSS over the
+same window (from each process's threads' ``schedstat``), and what the recorder counts of itself (the CPU time of
+its ticks on the loop and of its writer thread, ``time.thread_time``), which two daemons' noise cannot blur.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import shutil
@@ -30,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 from benchkit import (
     Owned,
@@ -50,6 +58,8 @@ from benchkit import (
     wait_healthy,
 )
 from peers import SparkdPeer, SupervisordPeer
+
+from sparkd.recorder.ring import read_ring
 
 MIB = 1024 * 1024
 SETTLE_S = 5.0  # after everything is ready, before the window opens
@@ -228,6 +238,51 @@ def scrape_phase(tmp: Path, seconds: float, owned: Owned, ledger: ShmLedger) -> 
             end_process(exporter)
 
 
+def run_ns(pid: int) -> int:
+    """Nanoseconds the process's threads have run (``/proc/PID/task/*/schedstat``), live threads only."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+def _recorder_cpu_s(peer: SparkdPeer) -> float:
+    """The recorder's own count of its CPU: its ticks on the loop and its writer thread (thread_time)."""
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(peer.daemon.socket)), timeout=10) as client:
+        return float(client.get("http://sparkd/v1/status").json()["result"]["recorder"]["cpu_s"])
+
+
+def recorder_phase(tmp: Path, seconds: float, owned: Owned, ledger: ShmLedger) -> dict[str, Any]:
+    """Issue 29's row: two sparkd side by side, the same shipped defaults, one with the flight recorder (a record
+    a second, fdatasync at most once a second) and one without; the cost is the difference, same window."""
+    daemons: dict[str, SparkdPeer] = {}
+    try:
+        for name, recorder in (("on", {}), ("off", {"enabled": False})):
+            daemons[name], port, _ = start_sparkd(tmp / f"recorder-{name}", recorder=recorder)
+            if wait_healthy(port, 120) is None:
+                raise RuntimeError(f"the stand-in of the recorder-{name} daemon never became ready")
+        for peer in daemons.values():
+            peer.daemon.wait_state("ready", timeout=60)
+            ledger.note(owned.add_tree(peer.main_pid()))
+        time.sleep(SETTLE_S)
+        log(f"recorder: sampling sparkd with and without the flight recorder for {seconds:.0f} s")
+        ring = daemons["on"].daemon.state_dir / "recorder.ring"
+        before = {name: run_ns(peer.pid) for name, peer in daemons.items()}
+        records, own = len(read_ring(ring)), _recorder_cpu_s(daemons["on"])
+        both = sample({name: psutil.Process(peer.pid) for name, peer in daemons.items()}, seconds)
+        for name, peer in daemons.items():  # the scheduler's own count, in ns (cpu_times ticks at 10 ms)
+            both[name]["cpu_pct"] = 100.0 * (run_ns(peer.pid) - before[name]) / 1e9 / both[name]["window_s"]
+        window = both["on"]["window_s"]
+        return {**both, "cpu_pct_cost": both["on"]["cpu_pct"] - both["off"]["cpu_pct"],
+                "own_cpu_pct": 100.0 * (_recorder_cpu_s(daemons["on"]) - own) / window,
+                "rss_mib_cost": both["on"]["rss_mib_median"] - both["off"]["rss_mib_median"],
+                "records": len(read_ring(ring)) - records}
+    finally:
+        for peer in daemons.values():
+            peer.close()
+
+
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="sparkd-bench-footprint-"))
     owned, ledger = Owned(), ShmLedger()
@@ -236,6 +291,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         imports = import_costs()
         footprint = footprint_phase(tmp, args.seconds, owned, ledger)
         scrapes = scrape_phase(tmp, args.scrape_seconds, owned, ledger)
+        recorder = recorder_phase(tmp, args.recorder_seconds, owned, ledger)
     finally:
         left = owned.kill_all()
         ledger.cleanup()
@@ -243,7 +299,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             log(f"footprint: ended {left} leftover process(es) of ours")
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    return {"footprint": footprint, "scrape": scrapes, "imports": imports,
+    return {"footprint": footprint, "scrape": scrapes, "imports": imports, "recorder": recorder,
             "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -268,6 +324,7 @@ def main() -> int:
     parser = bench_parser(__doc__, "bench-footprint.json")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--scrape-seconds", type=float, default=30.0)
+    parser.add_argument("--recorder-seconds", type=float, default=120.0)
     return run_bench(parser, bench)
 
 

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -122,29 +123,28 @@ def held_by(procs: Iterable[psutil.Process]) -> set[str]:
 
 
 class ShmLedger:
-    """The /dev/shm names our processes were seen holding; at the end, those still there and unheld go."""
+    """The /dev/shm segments our processes were seen holding, in sparkd's own ledger (name and inode, files of
+    the holder's uid, O_PATH descriptors not counted: sparkd.preflight.shmholders), so that the bench's cleanup
+    follows sparkd's one definition of stale: at the end those still there that no live process holds go, and
+    nothing else (not by naming: another program's psm_* is not the bench's)."""
 
     def __init__(self) -> None:
-        self.ours: set[str] = set()
+        self.folder = Path(tempfile.mkdtemp(prefix="sparkd-bench-ledger-"))
+        self.path = self.folder / "shm-ledger.json"
 
     def note(self, procs: Iterable[psutil.Process]) -> None:
-        self.ours |= held_by(procs)
+        from sparkd.preflight.shmholders import ShmLedger as Book
 
-    def present(self) -> set[str]:
-        return {n for n in self.ours if (SHM / n).exists()}
-
-    def remove(self, names: Iterable[str]) -> None:
-        for name in names:
-            with contextlib.suppress(FileNotFoundError):
-                (SHM / name).unlink()
+        Book(self.path).note([p.pid for p in procs if running(p)], SHM)
 
     def cleanup(self) -> int:
-        """Remove our names that no live process holds any more; returns how many."""
-        from sparkd.preflight.shm import held_names
+        """Remove the noted segments that no live process holds any more; returns how many."""
+        from sparkd.preflight.shm import sweep
 
-        gone = self.present() - held_names(SHM)
-        self.remove(gone)
-        return len(gone)
+        try:
+            return len(sweep(SHM, ledger=self.path, uids=frozenset(), complete_view=False))
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 # ---- the bench's own readiness poller ----------------------------------------------------------------------------
@@ -219,7 +219,8 @@ def sparkd_config(tmp: Path, port: int, env: dict[str, str], *, master_port: int
         launch |= {"nnodes": 2, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": master_port}
     cfg: dict[str, Any] = {
         "runtime": "process", "node": node, "launch": launch,
-        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
+        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run"),
+                  "instances_dir": str(tmp / "instances")},
         "api": {"socket_group": "", "listen": "127.0.0.1", "port": api_port},
         "guard": dict(GUARD_FLOORS),
         "preflight": {"skip": STANDIN_SKIPS},  # the stand-in loads no weights (sparkd.rehearsal.REHEARSAL_SKIPS)

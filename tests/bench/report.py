@@ -221,6 +221,19 @@ def footprint_rows(fp: dict[str, Any]) -> list[Row]:
     imports = fp.get("imports")
     if imports:
         rows.append(_dependency_row(imports))
+    rec = fp.get("recorder")
+    if rec:
+        rows.append(row("29", f"The flight recorder's cost over {rec['on']['window_s']:.0f} s ({rec['records']} "
+                        "records): CPU % of one core as it counts itself (with − without, schedstat) / RSS MiB, "
+                        "with − without it",
+                        f"{fmt(rec['own_cpu_pct'], '.3f')} ({fmt(rec['cpu_pct_cost'], '+.3f')}) / "
+                        f"{fmt(rec['rss_mib_cost'], '+.2f')}",
+                        f"without it {fmt(rec['off']['cpu_pct'], '.3f')} / {fmt(rec['off']['rss_mib_median'], '.1f')}",
+                        f"{fmt(ratio(rec['on']['cpu_pct'], rec['off']['cpu_pct']), '.2f')} / "
+                        f"{fmt(ratio(rec['on']['rss_mib_median'], rec['off']['rss_mib_median']), '.3f')}",
+                        "≤ 0.05 % and ≤ 1 MiB",
+                        f"{at_most(rec['own_cpu_pct'], 0.05, '% of a core')}; "
+                        f"{at_most(rec['rss_mib_cost'], 1.0, 'MiB')}"))
     sc = fp["scrape"]
     s, p = sc["targets"]["sparkd"], sc["targets"]["prometheus_client"]
     rows.append(row("5", f"/metrics at 20/s, connect → last byte: p50 / p99 ms (n = {s['scrapes']}; sparkd's "

@@ -80,7 +80,8 @@ def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, A
         "node": {"name": "test", "role": "single"},
         "launch": {"executable": str(STANDIN), "model": MODEL, "served_model_name": "test-model",
                    "host": "127.0.0.1", "port": port},
-        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
+        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run"),
+                  "instances_dir": str(tmp / "instances")},
         "api": {"socket_group": "", "port": 0},
         "supervisor": {"stop_grace_s": 5, "startup_silence_s": 60},
         "restart": {"backoff_initial_s": 0.2, "backoff_max_s": 1, "jitter": 0, "budget_failures": 50,
@@ -90,6 +91,8 @@ def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, A
                   "kill_below": "512 MiB"},
         "health": {"interval_s": 0.5, "timeout_s": 2, "failure_threshold": 2, "canary_interval_s": 1,
                    "canary_timeout_s": 2, "busy_grace_s": 60, "stall_after_s": 3},
+        # A short memory settle: on a shared test machine MemAvailable moves with the neighbours.
+        "recorder": {"settle_s": 0.2, "settle_timeout_s": 10},
     }
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}

@@ -6,6 +6,8 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ from daemon_harness import (
     Fleet,
     Sparkd,
     alive,
+    free_port,
+    kill_tree,
     render_toml,
     shm_segments,
     title_prefix,
@@ -30,6 +34,13 @@ from sparkd import exits
 def get(url: str, timeout: float = 5) -> tuple[int, bytes]:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.status, response.read()
+
+
+def serves(port: int) -> bool:
+    try:
+        return get(f"http://127.0.0.1:{port}/health", timeout=1)[0] == 200
+    except OSError:
+        return False
 
 
 def ready_pid(daemon: Sparkd, launches: int = 1, timeout: float = 60) -> int:
@@ -222,9 +233,28 @@ def test_memory_guard_stops_a_leaking_vllm_and_reports_killed_by_guard(sparkd: F
         guard={"warn_below": stop + GIB // 2, "refuse_start_below": stop, "stop_below": stop,
                "kill_below": stop - GIB // 2, "stop_grace_s": 5},
         restart={"backoff_initial_s": 30})
-    daemon.start()
-    status = daemon.wait_for(lambda s: (s.get("last_failure") or {}).get("class") == "killed_by_guard", 120,
-                             "a guard stop")
+    # A neighbour's vLLM with the same titles (the same prefix), started by hand: the guard's victims and the
+    # sweep after its stop are only this instance's tree (issue 23).
+    env = {**os.environ, "SPARKD_STANDIN_STARTUP_SECONDS": "0.5",
+           "VLLM_PROCESS_NAME_PREFIX": daemon.config["launch"]["env"]["VLLM_PROCESS_NAME_PREFIX"]}
+    port = free_port()
+    neighbour = subprocess.Popen([str(STANDIN), "serve", "/models/neighbour", "--port", str(port)], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not serves(port):
+            assert time.monotonic() < deadline, "the neighbour never served"
+            time.sleep(0.1)
+        before = {(p.pid, p.create_time()) for p in tree(neighbour.pid)}
+        daemon.start()
+        status = daemon.wait_for(lambda s: (s.get("last_failure") or {}).get("class") == "killed_by_guard", 120,
+                                 "a guard stop")
+        daemon.wait_for(lambda s: s.get("state") == "backoff", 60, "the stop and its sweep done")
+        assert any(p.cmdline()[0].startswith(title_prefix(daemon.config)) for p in alive(tree(neighbour.pid)))
+        assert {(p.pid, p.create_time()) for p in alive(tree(neighbour.pid))} == before, "the neighbour was hit"
+    finally:
+        kill_tree(alive(tree(neighbour.pid)))
+        neighbour.wait(10)
     assert "memory guard" in status["last_failure"]["message"]
     incidents = [i for i in daemon.incidents() if i["class"] == "killed_by_guard"]
     assert len(incidents) == 1, "evidence written once"

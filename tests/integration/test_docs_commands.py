@@ -213,3 +213,37 @@ wait $!
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+@pytest.mark.timeout(300)
+def test_make_run_refuses_a_taken_port_naming_the_holder(tmp_path: Path) -> None:
+    """`make run` on a box where another vLLM holds port 8000 (default titles, its launcher alive) refuses to
+    start with one line naming the holder, and touches nothing (issue 23): the holder lives on."""
+    readme = (REPO / "README.md").read_text()
+    assert "when port 8000 is taken it refuses to start with\none line naming the holder" in readme
+    log = tmp_path / "run.log"
+    holder = (f"{VENV_BIN / 'python'} -c 'import setproctitle, socket, time; "
+              "setproctitle.setproctitle(\"VLLM::Worker_TP0\"); s = socket.socket(); "
+              "s.bind((\"127.0.0.1\", 8000)); s.listen(); print(\"ready\", flush=True); time.sleep(600)'")
+    script = f"""ip link set lo up
+coproc HOLDER {{ exec {holder}; }}
+read -r line <&"${{HOLDER[0]}}"
+make run > {log}.out 2> {log}.err
+echo "exit $? holder $HOLDER_PID" > {log}
+kill -0 $HOLDER_PID && echo "holder alive" >> {log}
+kill $HOLDER_PID
+"""
+    # A private PID namespace (the holder's PID is the one make run names), network (port 8000 is its own) and
+    # mount namespace (its own /dev/shm).
+    proc = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--mount",
+                           "--propagation", "private", "bash", "-c", script], cwd=REPO, start_new_session=True,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240)
+    shown = log.read_text() if log.exists() else proc.stderr
+    words = shown.split()
+    assert words[:2] == ["exit", "2"] and "holder alive" in shown, shown  # make's status for a failed recipe
+    err = Path(f"{log}.err").read_text()
+    ours = [line for line in err.splitlines() if not line.startswith("make")]
+    assert ours == [f"not ready: Preflight ports failed: API port (launch.port) 8000 is held by PID {words[3]} "
+                    "(VLLM::Worker_TP0): not a stale vLLM process (not a SPARKDEMO::* process of a launch of this "
+                    "node), so sparkd leaves it alone; stop it or choose another port [port_in_use]"], err
+    assert "sparkd run" not in Path(f"{log}.out").read_text()  # the daemon never started

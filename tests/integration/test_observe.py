@@ -150,6 +150,7 @@ def test_sparkctl_without_a_daemon_says_so(tmp_path: Path) -> None:
 
 
 PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
+REPO_DATA = Path(__file__).resolve().parents[2] / "tests" / "data" / "gpu"
 
 
 def test_alert_rules_pass_promtool_unit_tests() -> None:
@@ -173,7 +174,10 @@ def test_dashboard_queries_only_metrics_sparkd_exports(daemon: Sparkd) -> None:
     dashboard = json.loads((PACKAGING / "grafana" / "sparkd-dashboard.json").read_text())
     used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"sparkd_\w+", t["expr"])}
     pair_only = {"sparkd_peer_up"}  # exported by a node with [cluster] peers (reporting.py), not by this one
-    assert used and used <= exported | pair_only, used - exported
+    # exported by a node with NVIDIA GPUs: the families a real H100 node's daemon exported (tests/data/gpu)
+    gpu_only = set(re.findall(r"^(sparkd_gpu_\w+)\{", (REPO_DATA / "h100x2-metrics-ready.txt").read_text(), re.M))
+    assert {m for m in used if m.startswith("sparkd_gpu_")} <= gpu_only
+    assert used and used <= exported | pair_only | gpu_only, used - exported
 
 
 def test_sparkctl_preflight_and_incident_detail(daemon: Sparkd) -> None:

@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from daemon_harness import MODEL, STANDIN_SKIPS, Sparkd, base_config, render_toml
-from test_preflight_support import DECOY_ARGS, PREFIX, Children, leak, listener
+from test_preflight_support import DECOY_ARGS, Children, leak, listener
 
 pytest_plugins = ["test_preflight_support"]  # fixtures: children
 
 BIN = Path(sys.executable).parent
+# These preflights look at the whole host: a prefix of this session's own, so that an orphan planted here is
+# never another session's litter (nor theirs ours) when several run this file at once.
+PREFIX = f"VLLMPFCLI{os.getpid()}"
 STANDIN = str(BIN / "sparkd-standin")
 
 
@@ -104,14 +107,17 @@ def test_daemon_never_launches_into_a_failed_preflight_and_retries_on_backoff(
     config["launch"]["env"]["VLLM_PROCESS_NAME_PREFIX"] = PREFIX
     daemon = Sparkd(tmp_path, config).start()
     try:
-        status = daemon.wait_for(lambda s: len([h for h in s.get("history", []) if h.get("state") == "preflight"])
+        def entered_preflight(s: dict) -> list[float]:  # transitions only: a phase entry (memory_settle) is not one
+            return [h["at"] for h in s.get("history", []) if h.get("state") == "preflight" and "phase" not in h]
+
+        status = daemon.wait_for(lambda s: len(entered_preflight(s))
                                  >= 3, 30, "three preflights")
         assert status["launches"] == 0 and status["pid"] is None
         failure = status["last_failure"]
         assert failure["class"] == "port_in_use"
         assert failure["message"].startswith(f"Preflight ports failed: API port (launch.port) {port} is held by "
                                              f"PID {decoy.pid} (")
-        times = [h["at"] for h in status["history"] if h.get("state") == "preflight"]
+        times = entered_preflight(status)
         assert all(b - a >= 0.45 for a, b in itertools.pairwise(times)), times  # the backoff
         incident = daemon.incidents()[0]
         assert incident["class"] == "port_in_use"
@@ -122,3 +128,27 @@ def test_daemon_never_launches_into_a_failed_preflight_and_retries_on_backoff(
         daemon.wait_for(lambda s: s.get("state") == "ready" and s.get("launches") == 1, 60, "ready")
     finally:
         assert daemon.stop() == 0
+
+
+def test_only_the_named_checks_run_and_quiet_says_one_line(tmp_path: Path, children: Children) -> None:
+    decoy, port = listener(children, args=DECOY_ARGS)
+    config = write_config(tmp_path, port)
+    result = preflight(config, "--check", "ports", "--check", "stale_processes", "--dry-run")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert [line.split()[1] for line in result.stdout.splitlines()[:-1]] == ["stale_processes", "ports"]
+    quiet = preflight(config, "--check", "ports", "--quiet")
+    assert quiet.returncode == 1 and quiet.stdout == ""
+    assert quiet.stderr.startswith(f"not ready: Preflight ports failed: API port (launch.port) {port} is held by "
+                                   f"PID {decoy.pid} (") and quiet.stderr.count("\n") == 1, quiet.stderr
+    (tmp_path / "free").mkdir()
+    free = preflight(write_config(tmp_path / "free", free_port_number()), "--check", "ports", "--quiet")
+    assert (free.returncode, free.stdout, free.stderr) == (0, "", "")
+    unknown = preflight(config, "--check", "nope")
+    assert unknown.returncode == 2 and "--check nope: no such check (the checks: container, " in unknown.stderr
+    assert decoy.alive()
+
+
+def free_port_number() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

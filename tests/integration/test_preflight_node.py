@@ -4,11 +4,13 @@ and (stale processes, ports, /dev/shm) decoys it must not touch."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
@@ -28,6 +30,7 @@ from test_preflight_support import (
     write_record,
 )
 
+from sparkd.gpu.model import GpuView
 from sparkd.nodelock import NodeLock
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict
 from sparkd.preflight.gpu import check_gpu
@@ -75,8 +78,10 @@ def test_stale_orphans_are_ended_neighbours_decoys_and_the_watched_instance_surv
     watched = children(title=f"{P}::Worker_TP0", orphan=True)
     # Titled by a vLLM with the default prefix: not our launch's.
     other = children(title="VLLM::Worker_TP0", orphan=True)
+    # Our prefix, orphaned, but another user's (security.md §7: a user titles their own processes as they like)
+    nobody = children("os.setgid(65534)\nos.setuid(65534)", title=f"{P}::Worker_TP1", orphan=True)
     ctx = context(tmp_path, view.add(engine.pid, worker.pid, live.pid, decoy.pid, decoy_code.pid, watched.pid,
-                                     other.pid, os.getpid()),
+                                     other.pid, nobody.pid, os.getpid()),
                   protect=frozenset({watched.pid}), preflight={"kill_grace_s": 0.5})
     result = run(check_stale_processes, ctx)
     assert result.verdict is Verdict.fixed, result
@@ -85,8 +90,8 @@ def test_stale_orphans_are_ended_neighbours_decoys_and_the_watched_instance_surv
     assert "ended 2 process(es)" in result.did
     assert not engine.alive() and not worker.alive()
     # (other sparkd instances on this host may end `other` meanwhile: with the default prefix it is their litter)
-    assert live.alive() and decoy.alive() and decoy_code.alive() and watched.alive()
-    for spared in (live, other, watched):
+    assert live.alive() and decoy.alive() and decoy_code.alive() and watched.alive() and nobody.alive()
+    for spared in (live, other, watched, nobody):
         assert f"{spared.pid} " not in result.found
     assert f"{P}::Worker_TP0" in " ".join(decoy.cmdline())  # the decoy really mentions it
 
@@ -231,7 +236,35 @@ def test_shm_a_stale_vllm_processs_semaphore_is_noted_before_the_kill_and_remove
     assert not (shm_dir / "sem.mp-st4le001").exists() and unowned.exists()
 
 
-def test_shm_dry_run_and_too_little_room(tmp_path: Path, shm_dir: Path) -> None:
+def test_shm_another_users_segments_are_never_the_launchs(
+        tmp_path: Path, children: Children, view: ProcView, shm_dir: Path) -> None:
+    """security.md §7: another user's unheld psm_* is not removed by its naming; a stale process holding another
+    user's file (through an O_PATH descriptor, or even open for real) does not make it the launch's; its own
+    file, held for real, is noted and removed once it is gone."""
+    theirs = leak(shm_dir / "psm_user1res")
+    path_only, opened = leak(shm_dir / "sem.mp-user1a", 4096), leak(shm_dir / "sem.mp-user1b", 4096)
+    for path in (theirs, path_only, opened):
+        os.chown(path, 1, 1)
+        path.chmod(0o600)
+    mine = shm_dir / "sem.mp-m1ne0001"
+    root_path_only = leak(shm_dir / "sem.mp-r00tpath", 4096)  # the holder's own uid, but only an O_PATH to it
+    engine = children(f"a = os.open({str(path_only)!r}, os.O_PATH)\nb = os.open({str(opened)!r}, os.O_RDWR)\n"
+                      f"c = os.open({str(root_path_only)!r}, os.O_PATH)\n"
+                      f"fd = os.open({str(mine)!r}, os.O_CREAT | os.O_RDWR, 0o600)\nos.ftruncate(fd, 4096)\n",
+                      title=f"{P}::Worker_TP1", orphan=True)
+    ctx = context(tmp_path, view.add(engine.pid), shm_dir=shm_dir)
+    assert run(check_stale_processes, ctx).verdict is Verdict.fixed and not engine.alive()
+    ledger = (ctx.cfg.paths.state_dir / "shm-ledger.json").read_text()
+    assert mine.name in ledger and "user1" not in ledger and root_path_only.name not in ledger
+    result = run(check_shm, ctx)
+    assert result.verdict is Verdict.fixed and result.found.endswith(f"1 leaked segment(s) no live process holds: "
+                                                                     f"{mine.name}"), result
+    assert not mine.exists() and theirs.exists() and path_only.exists() and opened.exists()
+    assert root_path_only.exists()
+
+
+def test_shm_dry_run_and_too_little_room(tmp_path: Path, children: Children, shm_dir: Path) -> None:
+    held = shm_owner(children, shm_dir / "psm_ne1ghb0r", how="open")  # a neighbour's: named, never removed
     segment = leak(shm_dir / "psm_deadbeef")
     result = run(check_shm, context(tmp_path, shm_dir=shm_dir, dry_run=True))
     assert result.verdict is Verdict.warn and f"would remove them, freeing {1 << 20} bytes" in result.did
@@ -239,7 +272,10 @@ def test_shm_dry_run_and_too_little_room(tmp_path: Path, shm_dir: Path) -> None:
     huge = os.statvfs(shm_dir).f_blocks * os.statvfs(shm_dir).f_frsize // (1 << 20) + 1
     result = run(check_shm, context(tmp_path, shm_dir=shm_dir, preflight={"shm_min_free_mib": huge}))
     assert result.verdict is Verdict.fail and "free, less than the" in result.found
+    assert "; the largest: psm_ne1ghb0r (0 B, held by PID " in result.found  # sparse: nothing allocated
+    assert f"held by PID {held.pid} ({held.cmdline()[0]} -c import mmap" in result.found
     assert not segment.exists()  # the sweep still ran
+    assert (shm_dir / "psm_ne1ghb0r").exists() and held.alive()
 
 
 # ---- page cache and memory ------------------------------------------------------------------------------------
@@ -306,6 +342,31 @@ def test_memory_short_names_the_top_holders(tmp_path: Path, children: Children, 
     assert first.startswith(f"PID {hog.pid} ") and first.endswith(" MiB)"), top
     assert float(first.rsplit("(", 1)[1].split()[0]) >= 96
     assert "reboot" not in result.found
+
+
+def h100(name: str) -> Any:
+    """A real NVML reading of the H100 host (tests/data/gpu) as the check's GPU port."""
+    data = json.loads((Path(__file__).resolve().parents[1] / "data" / "gpu" / name).read_text())
+    view = GpuView.from_json(data.get("view", data))
+
+    async def read() -> GpuView:
+        return view
+
+    return read
+
+
+def test_memory_on_discrete_gpus_is_vllms_rule_per_device(tmp_path: Path, view: ProcView) -> None:
+    """A host whose MemFree could never cover 0.9 x its MemTotal: with the H100s' reading the check is vLLM's rule
+    on each GPU of the launch, and the real survivor (PID 946, 9.5 GiB on GPU 0) is named; GPU 1 alone passes."""
+    view.write("meminfo", meminfo(119.7, 40, 0))
+    on_both = replace(context(tmp_path, view), gpus=h100("h100x2-incident-gpu.json"))
+    result = run(check_memory, on_both)
+    assert result.verdict is Verdict.fail and result.failure_class is FailureClass.free_memory_refusal
+    assert "GPU 0 (NVIDIA H100 80GB HBM3) [GPU-3ac5e21a" in result.found and "held by PID 946" in result.found
+    on_1 = replace(context(tmp_path, view, launch={"env": {"CUDA_VISIBLE_DEVICES": "1"}}),
+                   gpus=h100("h100x2-incident-gpu.json"))
+    result = run(check_memory, on_1)
+    assert result.verdict is Verdict.ok and result.found.startswith("GPU 1 (NVIDIA H100 80GB HBM3): free 78.9 GiB")
 
 
 def test_memory_short_with_nothing_to_explain_it_says_reboot(tmp_path: Path, view: ProcView) -> None:
@@ -381,24 +442,38 @@ def test_host_apply_that_does_not_stick_fails(tmp_path: Path, view: ProcView) ->
     assert result.verdict is Verdict.fail and "swapoff: /swap.img: busy" in result.found
 
 
-# ---- GPU compute processes (a fake nvidia-smi on PATH) ---------------------------------------------------------
+# ---- GPU compute processes (no NVML here: a fake nvidia-smi on PATH, the fallback) ----------------------------
+
+# The H100 host's real `nvidia-smi --query-gpu` line (tests/data/gpu/h100x2-nvidia-smi-query-gpu.csv), by index.
+QUERY_GPU_LINE = "{index}, {uuid}, NVIDIA H100 80GB HBM3, 81559, 0, 81079, 0, 0, 76.61, 700.00, 57, 345, 2619, 0, 0\n"
 
 
-def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str) -> None:
+def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str,
+             gpus: str = "0, GPU-0000\n1, GPU-1111\n") -> None:
+    """An nvidia-smi answering the fallback's two queries (sparkd.gpu.smi): the GPUs (``gpus``: index, UUID) and
+    the compute apps (``output``: pid, name, GPU UUID)."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     smi = bindir / "nvidia-smi"
+    listed = "".join(QUERY_GPU_LINE.format(index=i.strip(), uuid=u.strip())
+                     for i, u in (line.split(",") for line in gpus.splitlines() if line))
+    apps = "".join(f"{p.strip()}, {u.strip()}, 1024\n" for p, _, u in (line.split(",") for line in
+                                                                     output.splitlines() if line))
     smi.write_text("#!/bin/sh\n"
-                   '[ "$1" = "--query-compute-apps=pid,process_name" ] || exit 9\n'
-                   f"cat <<'EOF'\n{output}EOF\n")
+                   'case "$1" in --query-gpu=*) cat <<\'EOF\'\n' + listed + "EOF\n;;\n"
+                   "--query-compute-apps=*) cat <<'EOF'\n" + apps + "EOF\n;;\n*) exit 9;;\nesac\n")
     smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
 
 
-def test_gpu_without_nvidia_smi_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_without_a_driver_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     result = run(check_gpu, context(tmp_path))
-    assert result.verdict is Verdict.ok and "skipped: nvidia-smi is not on PATH" in result.found
+    if "skipped" not in result.found:
+        pytest.skip("this machine has an NVIDIA driver")
+    assert result.verdict is Verdict.ok and result.found in (
+        "skipped: no NVIDIA driver here (libnvidia-ml.so cannot be loaded)",
+        "skipped: the NVML bindings are not installed (Python package nvidia-ml-py)")
 
 
 def test_gpu_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: ProcView) -> None:
@@ -409,7 +484,7 @@ def test_gpu_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: ProcVie
 def test_gpu_leftover_stale_vllm_is_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children,
                                          view: ProcView) -> None:
     worker = children(title=f"{P}::Worker_TP0", orphan=True)
-    fake_smi(tmp_path, monkeypatch, f"{worker.pid}, /usr/bin/python3\n")
+    fake_smi(tmp_path, monkeypatch, f"{worker.pid}, /usr/bin/python3, GPU-0000\n")
     result = run(check_gpu, context(tmp_path, view.add(worker.pid)))
     assert result.verdict is Verdict.fixed and f"PID {worker.pid} ({P}::Worker_TP0)" in result.found
     assert not worker.alive()
@@ -418,11 +493,26 @@ def test_gpu_leftover_stale_vllm_is_ended(tmp_path: Path, monkeypatch: pytest.Mo
 def test_gpu_leftover_other_process_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children,
                                           view: ProcView) -> None:
     decoy = children(args=DECOY_ARGS)
-    fake_smi(tmp_path, monkeypatch, f"{decoy.pid}, /usr/bin/python3\n")
+    fake_smi(tmp_path, monkeypatch, f"{decoy.pid}, /usr/bin/python3, GPU-1111\n")
     result = run(check_gpu, context(tmp_path, view.add(decoy.pid)))
     assert result.verdict is Verdict.fail and result.failure_class is FailureClass.gpu_busy
     assert f"PID {decoy.pid} ({decoy.cmdline()[0]} -c import mmap" in result.found
     assert decoy.alive()
+
+
+def test_gpu_a_compute_process_on_another_gpu_is_not_a_leftover(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children: Children, view: ProcView) -> None:
+    """A neighbour's vLLM on GPU 1 of a two-GPU box: a launch on GPU 0 (CUDA_VISIBLE_DEVICES) leaves it alone and
+    launches; a launch that names no GPU (so uses both) fails naming it."""
+    neighbour = children(title=f"{P}::Worker_TP0")  # a live tree's: a neighbour
+    fake_smi(tmp_path, monkeypatch, f"{neighbour.pid}, /usr/bin/python3, GPU-1111\n")
+    env = {"VLLM_PROCESS_NAME_PREFIX": PREFIX, "CUDA_VISIBLE_DEVICES": "0"}
+    result = run(check_gpu, context(tmp_path, view.add(neighbour.pid), launch={"env": env}))
+    assert result.verdict is Verdict.ok, result
+    assert result.found == "no leftover GPU compute process; 1 on GPUs this launch does not use, left alone"
+    result = run(check_gpu, context(tmp_path, view, launch={"env": {"VLLM_PROCESS_NAME_PREFIX": PREFIX}}))
+    assert result.verdict is Verdict.fail and f"PID {neighbour.pid} ({P}::Worker_TP0)" in result.found
+    assert neighbour.alive()
 
 
 # ---- launch target (process runtime; the Docker side is in test_preflight_docker.py) ---------------------------

@@ -28,6 +28,10 @@ ABSENT_HERE = {
     "sparkd_peer_up": "a node with [cluster] peers exports it",
     "sparkd_guard_seconds_to_floor": "the guard's trend needs minutes of samples",
 }
+# The GPU families: exported by a node with NVIDIA GPUs, as a real H100 node's daemon did (tests/data/gpu).
+ABSENT_HERE |= {name: "a node with NVIDIA GPUs exports it (tests/data/gpu/h100x2-metrics-ready.txt)" for name in
+                re.findall(r"^(sparkd_gpu_\w+)\{", (REPO / "tests" / "data" / "gpu" / "h100x2-metrics-ready.txt")
+                           .read_text(), re.M)}
 # The rules use these before the daemon exports them (SparkdStartStuck); the daemon shell adds them.
 PENDING: set[str] = set()
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from dockerd import dockerd_restart
 from faults import (
+    after_daemon_sigkill,
     after_sigstop,
     ctl_storm,
     daemon_sigkill,
@@ -33,7 +34,8 @@ FAULTS: dict[str, Fault] = {
 }
 # A real failure of a rank: after it both ranks must be new processes (the pair restarts as one unit).
 REPLACES_THE_PAIR = frozenset({"vllm_sigkill", "rank_sigstop", "stall", "hang", "leak"})
-AFTER: dict[str, Callable[[SoakPair, Ledger], None]] = {"rank_sigstop": after_sigstop}
+AFTER: dict[str, Callable[[SoakPair, Ledger], None]] = {"rank_sigstop": after_sigstop,
+                                                        "daemon_sigkill": after_daemon_sigkill}
 
 
 def crashes_a_rank(kind: str, params: dict[str, Any]) -> bool:

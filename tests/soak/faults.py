@@ -9,6 +9,7 @@ faults are in :mod:`wedges`, the broken config in :mod:`reloads`; :mod:`catalogu
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -114,9 +115,23 @@ def daemon_sigkill(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> st
     name = params["node"]
     pair.expected_exit.add(name)
     pair.daemons[name].kill()
+    pair.killed_daemon = (name, time.time())
     time.sleep(0.5)
     pair.start(name)
     return f"SIGKILL {name} daemon, started a new one"
+
+
+def after_daemon_sigkill(pair: SoakPair, ledger: Ledger) -> None:
+    """After the recovery: the ring the kill left reads, and `sparkctl postmortem` finds the silence at the kill."""
+    name, killed_at = pair.killed_daemon
+    done = ctl(pair, name, "--json", "postmortem", "--local", "--since", "15m", timeout=60)
+    try:
+        report = json.loads(done.stdout)
+    except ValueError:
+        ledger.add("sparkctl postmortem did not answer after a daemon kill", f"{name}: {done.stderr[-300:]}")
+        return
+    if not any(abs(f["at"] - killed_at) < 3.0 for f in report.get("findings", [])):
+        ledger.add("sparkctl postmortem found no silence at a daemon kill", f"{name}: {report.get('headline')}")
 
 
 STORM_ORDERS = [("restart",), ("stop", "start"), ("restart", "restart"), ("start",), ("stop", "restart"),

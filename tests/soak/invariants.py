@@ -11,6 +11,8 @@ Each broken invariant is a :class:`Violation` with a sentence; the same sentence
   (peer lost, host unavailable), failures in a row, the budget — with the failures the lifecycle counted;
   and ``failed`` always carries a sentence;
 - no decoy process or /dev/shm segment touched (see :mod:`decoys`);
+- no neighbour PID changed: the neighbour instance and the hand-started vLLM beside the pair, titled with the
+  head's prefix, keep every process, and the instance never restarts (see :mod:`neighbour`);
 - once a fault is recovered: no process titled with the node's prefix outside the watched instance's tree;
 - the daemons' RSS and descriptor count flat from the first recovery to the end.
 """
@@ -165,11 +167,14 @@ class Sampler(threading.Thread):
     """Every ``period`` seconds: one vLLM per node, status files parse, decoys untouched, daemon footprint."""
 
     def __init__(self, nodes: list[Node], ledger: Ledger, touched: Callable[[], Iterable[str]],
-                 period: float = 0.5) -> None:
+                 period: float = 0.5, neighbours: Callable[[], Iterable[tuple[str, str]]] = lambda: [],
+                 foreign: Callable[[], set[int]] = set) -> None:
         super().__init__(daemon=True, name="soak-sampler")
         self.nodes = nodes
         self.ledger = ledger
         self.touched = touched
+        self.neighbours = neighbours  # what changed about the neighbours (neighbour.py): (sentence, detail)
+        self.foreign = foreign  # the neighbours' PIDs now: titled like a node's, never one of its vLLMs
         self.period = period
         self.halt = threading.Event()
         # node → (time, daemon pid, RSS, descriptors)
@@ -187,12 +192,13 @@ class Sampler(threading.Thread):
 
     def check_once(self) -> None:
         self.samples += 1
+        foreign = self.foreign()
         for node in self.nodes:
             status, problem = read_status(node.status_path)
             if problem:
                 self.ledger.add(f"{node.name}: status.json {problem}")
             scanned = time.clock_gettime(time.CLOCK_BOOTTIME)  # each one found was alive then
-            mains = vllm_mains(node.prefix)
+            mains = [pid for pid in vllm_mains(node.prefix) if pid not in foreign]
             if len(mains) > 1:
                 self.ledger.add(f"{node.name}: {len(mains)} vLLM instances at once", describe(mains))
             for sentence, detail in self.launches[node.name].observe(mains, scanned):
@@ -204,6 +210,8 @@ class Sampler(threading.Thread):
             self._footprint(node)
         for sentence in self.touched():
             self.ledger.add(sentence)
+        for sentence, detail in self.neighbours():
+            self.ledger.add(sentence, detail)
 
     def _budget(self, name: str, lifecycle: dict[str, Any]) -> None:
         seen = self.budget[name]
@@ -295,9 +303,11 @@ def start_since_boot(pid: int) -> float | None:
     return int(stat.rsplit(")", 1)[1].split()[19]) * TICK_S
 
 
-def orphans(node: Node, status: dict[str, Any]) -> list[tuple[str, str]]:
-    """After a recovery: processes of the node's launch outside the watched instance's tree."""
-    ours = tree_pids(status.get("pid"))
+def orphans(node: Node, status: dict[str, Any], foreign: set[int] | frozenset[int] = frozenset()
+            ) -> list[tuple[str, str]]:
+    """After a recovery: processes of the node's launch outside the watched instance's tree (``foreign``: the
+    neighbours', titled like the node's on purpose, are not the node's)."""
+    ours = tree_pids(status.get("pid")) | set(foreign)
     stray = sorted(titled(node.prefix + "::") - ours)
     mains = [pid for pid in vllm_mains(node.prefix) if pid not in ours]
     out = []

@@ -1,4 +1,4 @@
-"""The soak itself: plant the decoys, start the pair, then fault → recovery until the time is up.
+"""The soak itself: plant the decoys, start the neighbour and the pair, then fault → recovery until the time is up.
 
 Closing line: ``soak: F faults, R recoveries, V violations``; the details go to a JSON file.
 """
@@ -10,6 +10,7 @@ import json
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from catalogue import AFTER, FAULTS, crashes_a_rank
 from decoys import Decoys
 from faults import Skipped
 from invariants import Ledger, Sampler, footprint_growth, orphans, read_status
+from neighbour import Neighbour
 from schedule import first_step_from_env, kinds_from_env, steps
 from soakpair import RECOVERY_S, RESTART, SoakPair
 
@@ -59,13 +61,15 @@ def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
         raise
     decoys = Decoys(tmp)
     nodes = pair.nodes()
-    sampler = Sampler(nodes, ledger, decoys.touched)
+    neighbour = Neighbour(tmp, nodes[0].prefix, Path(pair.head.config["paths"]["instances_dir"]))
+    sampler = Sampler(nodes, ledger, decoys.touched, neighbours=neighbour.changed, foreign=neighbour.pids)
     try:
         decoys.plant(mention=f"{nodes[0].prefix}::Worker_TP0 VLLM::Worker_TP0 vllm serve /models/test")
+        neighbour.start()  # first: the pair's first preflights run beside it
         first = start_all(pair)
         if first != "ready":
             ledger.add(f"the daemons never became ready: {first}")
-            return finish(report, ledger, pair, sampler, decoys, None)
+            return finish(report, ledger, pair, sampler, decoys, None, neighbour)
         sampler.start()
         since = time.monotonic()
         deadline = since + seconds
@@ -73,12 +77,14 @@ def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
             if not another(step.n, len(kinds), time.monotonic(), deadline):
                 break
             try:
-                report["faults"].append(one_fault(pair, ledger, report, step.n, step.kind, step.params))
+                report["faults"].append(one_fault(pair, ledger, report, step.n, step.kind, step.params,
+                                                  foreign=neighbour.pids))
             except Skipped as skip:
                 report["skipped"].append({"n": step.n, "kind": step.kind, "why": str(skip)})
-        return finish(report, ledger, pair, sampler, decoys, since)
+        return finish(report, ledger, pair, sampler, decoys, since, neighbour)
     finally:
         sampler.halt.set()
+        neighbour.close()
         decoys.close()
         pair.close()
         if pair.solo is not None:
@@ -95,7 +101,7 @@ def start_all(pair: SoakPair) -> str:
 
 
 def one_fault(pair: SoakPair, ledger: Ledger, report: dict[str, Any], n: int, kind: str,
-              params: dict[str, Any]) -> dict[str, Any]:
+              params: dict[str, Any], foreign: Callable[[], set[int]] = set) -> dict[str, Any]:
     ledger.during = f"#{n} {kind}"
     if not pair.stable():  # every fault starts from a stable run (soakpair's docstring)
         ledger.add("the pair did not stay ready past stable_after_s after a recovery")
@@ -120,7 +126,7 @@ def one_fault(pair: SoakPair, ledger: Ledger, report: dict[str, Any], n: int, ki
     if outcome == "ready":
         report["recoveries"] += 1
         for node in pair.nodes():
-            for sentence, detail in orphans(node, read_status(node.status_path)[0] or {}):
+            for sentence, detail in orphans(node, read_status(node.status_path)[0] or {}, foreign()):
                 ledger.add(sentence, detail)
     return {"n": n, "kind": kind, "params": params, "note": note, "outcome": outcome,
             "seconds": round(time.monotonic() - begun, 1)}
@@ -139,11 +145,13 @@ def recover_from_crashes(pair: SoakPair, ledger: Ledger, report: dict[str, Any],
 
 
 def finish(report: dict[str, Any], ledger: Ledger, pair: SoakPair, sampler: Sampler, decoys: Decoys,
-           since: float | None) -> dict[str, Any]:
+           since: float | None, neighbour: Neighbour) -> dict[str, Any]:
     sampler.halt.set()
     if sampler.is_alive():
         sampler.join(10)
     ledger.during = "the end"
+    for sentence, detail in neighbour.changed():
+        ledger.add(sentence, detail)
     if not decoys.lock_still_opens_by_name():
         ledger.add("the decoy's multiprocessing lock no longer opens by its name")
     for sentence in decoys.touched():

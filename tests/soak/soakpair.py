@@ -50,6 +50,7 @@ class SoakPair:
         self.frozen: list[psutil.Process] = []  # a SIGSTOPped rank, until the recovery ended it
         self.solo: Any = None  # the docker-exec daemon of the opt-in dockerd restart (dockerd.Solo)
         self.before_crash: dict[str, int | None] | None = None  # both ranks' PIDs when a fault killed one
+        self.killed_daemon: tuple[str, float] = ("", 0.0)  # the node whose daemon a fault killed, and when
         self._commands = 0
 
     def _configure(self, tmp: Path) -> None:

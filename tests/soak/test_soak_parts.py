@@ -21,6 +21,7 @@ from invariants import (
     mains_of,
     overlaps,
 )
+from neighbour import changes
 from reloads import BREAKAGES as BREAKS
 from runner import another
 from schedule import (
@@ -184,3 +185,38 @@ def test_the_sampler_outlives_a_check_that_fails(tmp_path: Path) -> None:
 ])
 def test_the_opening_finishes_whatever_the_time(n: int, now: float, runs: bool) -> None:
     assert another(n, len(FAULTS), now, deadline=120.0) is runs
+
+
+READY = {"state": "ready", "launches": 1, "restarts": 0}
+
+
+@pytest.mark.parametrize(("now", "status", "sentences"), [
+    ({"a": {(1, 1.0), (2, 2.0)}}, READY, []),
+    ({"a": {(1, 1.0), (2, 2.0), (3, 3.0)}}, READY, []),  # a new process (a forked helper) is no change
+    ({"a": {(1, 1.0)}}, READY, ["a neighbour's process changed: a lost 1 of its 2 processes"]),
+    ({"a": {(1, 1.0), (2, 9.0)}}, READY, ["a neighbour's process changed: a lost 1 of its 2 processes"]),  # reused
+    ({}, READY, ["a neighbour's process changed: a lost 2 of its 2 processes"]),
+    ({"a": {(1, 1.0), (2, 2.0)}}, {**READY, "restarts": 1},
+     ["the neighbour instance did not stay ready with one launch and no restart"]),
+    ({"a": {(1, 1.0), (2, 2.0)}}, {**READY, "state": "backoff"},
+     ["the neighbour instance did not stay ready with one launch and no restart"]),
+])
+def test_no_neighbour_pid_changes(now: dict[str, set[tuple[int, float]]], status: dict[str, object],
+                                  sentences: list[str]) -> None:
+    before = {"a": {(1, 1.0), (2, 2.0)}}
+    assert [sentence for sentence, _ in changes(before, now, status)] == sentences
+
+
+def test_the_sampler_counts_a_neighbour_change_at_every_sample(tmp_path: Path) -> None:
+    ledger = Ledger()
+    node = Node("head", "sparkd-soak-none", tmp_path / "status.json", lambda: None)
+    sampler = Sampler([node], ledger, list, period=0.01,
+                      neighbours=lambda: [("a neighbour's process changed: a lost 1 of its 2 processes", "gone: [2]")])
+    sampler.start()
+    deadline = time.monotonic() + 60
+    while sampler.samples < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sampler.halt.set()
+    sampler.join(10)
+    [violation] = ledger.to_json()
+    assert violation["what"].startswith("a neighbour's process changed") and violation["count"] >= 3

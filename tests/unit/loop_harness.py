@@ -28,9 +28,12 @@ def config(tmp: Path, **sections: dict[str, Any]) -> Config:
         "runtime": "process",
         "node": {"name": "scripted", "role": "single"},
         "launch": {"executable": "/usr/bin/true", "model": "/models/m", "port": 18999},
-        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run")},
+        "paths": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run"),
+                  "instances_dir": str(tmp / "instances")},
         "api": {"socket_group": "", "port": 0},
         "guard": {"enabled": False},
+        # The flight recorder, the memory settle and the restart gate have tests of their own (test_recorder_loop).
+        "recorder": {"enabled": False, "settle_s": 0, "reboot_after_falls": 0},
         "restart": {"backoff_initial_s": 10, "backoff_max_s": 300, "jitter": 0.1, "budget_failures": 3,
                     "budget_window_s": 1800, "consecutive_limit": 0},
         "health": {"interval_s": 5, "canary": False},
@@ -44,14 +47,15 @@ class Node:
     """One node's daemon under test: the real loop, fake parts, the same commands sparkctl sends."""
 
     def __init__(self, cfg: Config, runtime: FakeRuntime, clock: FakeClock, *, rand: float | None = 0.5,
-                 checks: tuple[Any, ...] | None = None) -> None:
-        """``rand``: every jitter draw; None leaves the daemon its own random draws."""
+                 checks: tuple[Any, ...] | None = None, **options: Any) -> None:
+        """``rand``: every jitter draw; None leaves the daemon its own random draws. ``options``: the Node's own
+        (``gpus``: the GPU reader)."""
         self.cfg, self.runtime, self.clock = cfg, runtime, clock
         self.notifier = FakeNotifier()
         draw: dict[str, Any] = {} if rand is None else {"rand": lambda: rand}
         self.daemon = Daemon(cfg, runtime, clock=clock, notifier=self.notifier,  # type: ignore[arg-type]
                              probes=lambda: FakeProbes(runtime), checks=checks if checks is not None
-                             else (passing_check(),), sweep=(), **draw)
+                             else (passing_check(),), sweep=(), **draw, **options)
 
     @property
     def state(self) -> str:

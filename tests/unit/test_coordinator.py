@@ -90,6 +90,7 @@ async def test_a_workers_report_names_the_configured_peer_it_came_from(host: str
     assert posted[0].failure.cls.value == "oom"
     assert posted[0].failure.sentence == (f"The worker on {WORKER}: its rank is gone; its sparkd reports: "
                                           "\u201cCUDA out of memory\u201d")
+    assert posted[0].hung  # the head's rank lost its peer: it spins in a collective, so its stop is the short one
 
 
 async def test_a_report_from_an_address_that_is_no_peer_is_ignored() -> None:

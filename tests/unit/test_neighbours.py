@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from sparkd.preflight import holders, processes
 from sparkd.preflight import neighbours as nb
-from sparkd.preflight import processes
-from sparkd.preflight.neighbours import Launch, Proc, Scope, Stale
+from sparkd.preflight.neighbours import Launch, Place, Proc, Scope, Stale
 
 HOST_NS = 4026531836
 BOX_NS = 4026532999  # a container's PID namespace
@@ -21,13 +21,15 @@ SHIM = Proc(70, 1, ("/usr/bin/containerd-shim-runc-v2", "-namespace", "moby"), u
 
 
 def p(pid: int, ppid: int, *argv: str, start: float = 100.0, uid: int | None = 0, ns: int | None = HOST_NS,
-      zombie: bool = False, ns_init: bool = False) -> Proc:
-    return Proc(pid, ppid, argv, start, uid, zombie, ns, ns_init)
+      zombie: bool = False, ns_init: bool = False, marker: str | None = None) -> Proc:
+    return Proc(pid, ppid, argv, start, uid, zombie, ns, ns_init, marker)
 
 
 # Processes under each scenario's root; every table also has init, a shell, systemd --user, a shim, sparkd B.
 BASE = {x.pid: x for x in (INIT, SYSTEMD_USER, SHELL, SPARKD_B, SHIM)}
-SCOPE = Scope(prefix="VLLM::", uid=0, pid_ns=HOST_NS, never_touch=frozenset({1, 4242}))
+HOST = (Place(HOST_NS, 0),)
+BOX = (Place(BOX_NS),)
+SCOPE = Scope(prefix="VLLM::", places=HOST, never_touch=frozenset({1, 4242}))
 
 CASES: list[tuple[str, list[Proc], int, Scope, Stale | None, str]] = [
     ("engine re-parented to init after its API server was SIGKILLed",
@@ -48,13 +50,16 @@ CASES: list[tuple[str, list[Proc], int, Scope, Stale | None, str]] = [
      [p(12, 900, "VLLM::Worker_TP1")], 12, SCOPE, Stale.orphaned, "systemd --user"),
     ("orphan in this launch's container, adopted by its init (sleep infinity)",
      [p(30, 70, "sleep", "infinity", ns=BOX_NS, ns_init=True), p(31, 30, "VLLM::EngineCore", ns=BOX_NS)],
-     31, Scope(prefix="VLLM::", pid_ns=BOX_NS), Stale.orphaned, "sleep infinity"),
+     31, Scope(prefix="VLLM::", places=BOX), Stale.orphaned, "sleep infinity"),
+    ("orphan in a docker-exec container kept alive by `tail -f /dev/null`",
+     [p(30, 70, "tail", "-f", "/dev/null", ns=BOX_NS, ns_init=True), p(31, 30, "VLLM::EngineCore", ns=BOX_NS)],
+     31, Scope(prefix="VLLM::", places=BOX), Stale.orphaned, "tail -f"),
     ("container whose init is vLLM's API server: alive",
      [p(30, 70, "vllm", "serve", "m", ns=BOX_NS, ns_init=True), p(31, 30, "VLLM::EngineCore", ns=BOX_NS)],
-     31, Scope(prefix="VLLM::", pid_ns=BOX_NS), None, "launcher PID 30"),
+     31, Scope(prefix="VLLM::", places=BOX), None, "launcher PID 30"),
     ("container whose init is an unknown program (it may be the launcher)",
      [p(30, 70, "python3", "app.py", ns=BOX_NS, ns_init=True), p(31, 30, "VLLM::EngineCore", ns=BOX_NS)],
-     31, Scope(prefix="VLLM::", pid_ns=BOX_NS), None, "launcher PID 30"),
+     31, Scope(prefix="VLLM::", places=BOX), None, "launcher PID 30"),
     ("orphan in another PID namespace (someone's container)",
      [p(30, 70, "tini", "--", "x", ns=BOX_NS, ns_init=True), p(31, 30, "VLLM::EngineCore", ns=BOX_NS)],
      31, SCOPE, None, "another PID namespace"),
@@ -78,24 +83,38 @@ CASES: list[tuple[str, list[Proc], int, Scope, Stale | None, str]] = [
      [], 19, SCOPE, None, "gone"),
     ("our previous launch, proven by its record (root untitled)",
      [p(40, 1, "vllm", "serve", start=7.0), p(41, 40, "VLLM::EngineCore")], 41,
-     Scope(prefix="VLLM::", uid=0, pid_ns=HOST_NS, ours=Launch(40, 7.0)), Stale.previous_launch, "previous launch"),
+     Scope(prefix="VLLM::", places=HOST, ours=Launch(40, 7.0)), Stale.previous_launch, "previous launch"),
     ("our previous launch's root itself",
      [p(40, 1, "vllm", "serve", start=7.0)], 40,
-     Scope(prefix="VLLM::", uid=0, pid_ns=HOST_NS, ours=Launch(40, 7.0)), Stale.previous_launch, "previous launch"),
+     Scope(prefix="VLLM::", places=HOST, ours=Launch(40, 7.0)), Stale.previous_launch, "previous launch"),
     ("a reused PID: the record's PID now belongs to a live neighbour's API server",
      [p(40, 50, "vllm", "serve", start=900.0), p(41, 40, "VLLM::EngineCore")], 41,
-     Scope(prefix="VLLM::", uid=0, pid_ns=HOST_NS, ours=Launch(40, 7.0)), None, "launcher PID 40"),
+     Scope(prefix="VLLM::", places=HOST, ours=Launch(40, 7.0)), None, "launcher PID 40"),
     ("another live sparkd's launch, even orphaned-looking (its API server re-parented to init)",
      [p(20, 1, "VLLM::EngineCore", start=3.0), p(21, 20, "VLLM::Worker_TP0")], 21,
-     Scope(prefix="VLLM::", uid=0, pid_ns=HOST_NS, others=(Launch(20, 3.0, "sparkd instance b.toml"),)), None,
+     Scope(prefix="VLLM::", places=HOST, others=(Launch(20, 3.0, "sparkd instance b.toml"),)), None,
      "sparkd instance b.toml"),
     ("another sparkd's registration whose PID was reused protects nothing",
      [p(20, 1, "VLLM::EngineCore", start=3.0)], 20,
-     Scope(prefix="VLLM::", uid=0, pid_ns=HOST_NS, others=(Launch(20, 99.0, "sparkd instance b.toml"),)),
+     Scope(prefix="VLLM::", places=HOST, others=(Launch(20, 99.0, "sparkd instance b.toml"),)),
      Stale.orphaned, "orphaned"),
     ("a live launch of another sparkd (its daemon the parent)",
      [p(25, 60, "bash", "/var/lib/b/run/launch.sh"), p(26, 25, "vllm", "serve"), p(27, 26, "VLLM::EngineCore")],
      27, SCOPE, None, "launcher PID 26"),
+    ("another live sparkd's orphan (its root gone): its launch marker names the owner",
+     [p(28, 1, "VLLM::Worker_TP0", marker="m-b")], 28,
+     Scope(prefix="VLLM::", places=HOST, others=(Launch(25, 3.0, "sparkd instance b.toml", "m-b"),)), None,
+     "sparkd instance b.toml"),
+    ("a marker of a registration that is not live is no protection (not in the scope's others)",
+     [p(28, 1, "VLLM::Worker_TP0", marker="m-gone")], 28,
+     Scope(prefix="VLLM::", places=HOST, others=(Launch(25, 3.0, "sparkd instance b.toml", "m-b"),)),
+     Stale.orphaned, "orphaned"),
+    ("the launch's host and container places: an orphan in the container, any uid there",
+     [p(30, 70, "sleep", "infinity", ns=BOX_NS, ns_init=True), p(31, 30, "VLLM::EngineCore", uid=1000, ns=BOX_NS)],
+     31, Scope(prefix="VLLM::", places=(*HOST, *BOX)), Stale.orphaned, "sleep infinity"),
+    ("the launch's host place, another uid: named by uid",
+     [p(32, 1, "VLLM::EngineCore", uid=1000)], 32, Scope(prefix="VLLM::", places=(*HOST, *BOX)), None,
+     "uid 1000, not the launch's uid 0"),
     ("parent chain that loops",
      [p(80, 81, "VLLM::EngineCore"), p(81, 80, "VLLM::Worker_TP0")], 80, SCOPE, None, "loops"),
 ]
@@ -126,10 +145,10 @@ def test_select_lists_the_stale_with_their_reason() -> None:
         p(10, 1, "VLLM::EngineCore"), p(11, 10, "VLLM::Worker_TP0"), p(12, 50, "VLLM::Worker_TP1"),
         p(13, 1, "python", "-c", "VLLM::Worker"), p(20, 1, "vllm", "serve", start=7.0), p(21, 20, "VLLM::EngineCore"),
         p(22, 1, "SPARK::Worker_TP0"))}}
-    scope = Scope(uid=0, pid_ns=HOST_NS, ours=Launch(20, 7.0), never_touch=frozenset({11}))
+    scope = Scope(places=HOST, ours=Launch(20, 7.0), never_touch=frozenset({11}))
     found = processes.select(table, [10, 11, 12, 13, 20, 21, 22], scope)
     assert [(c.pid, c.why) for c in found] == [(10, "orphaned"), (20, "previous launch"), (21, "previous launch")]
-    spark = Scope(prefix="SPARK::", uid=0, pid_ns=HOST_NS)
+    spark = Scope(prefix="SPARK::", places=HOST)
     assert [c.pid for c in processes.select(table, [10, 22], spark)] == [22]
 
 
@@ -141,3 +160,30 @@ def test_reverting_to_any_title_would_end_live_neighbours() -> None:
     titled = [pid for pid, x in table.items() if nb.is_titled(x.argv)]
     assert sorted(titled) == [10, 21, 22]
     assert [j.pid for j in nb.stale(titled, table, SCOPE)] == [10]
+
+
+CID = "3f" * 32
+
+
+@pytest.mark.parametrize(("cgroup", "expected"), [
+    (f"4:memory:/docker/{CID}\n0::/\n", CID),  # cgroup v1
+    (f"0::/system.slice/docker-{CID}.scope\n", CID),  # v2, systemd driver
+    (f"0::/kubepods/burstable/pod1/cri-containerd-{CID}.scope\n", CID),
+    (f"0::/docker/{CID}/init.scope\n", CID),  # a container running systemd
+    ("0::/user.slice/user-0.slice/session-3.scope\n", None),
+    ("4:memory:/process_api/ef3aaccf235d2d64484ba1e15f195bb0\n", None),  # 32 hex digits: not a container id
+    ("", None),
+])
+def test_the_container_a_process_runs_in(cgroup: str, expected: str | None) -> None:
+    assert holders.container_id(cgroup) == expected
+
+
+@pytest.mark.parametrize(("container", "owner", "text"), [
+    (None, "", "PID 7 (vllm serve m)"),
+    (CID, "", f"PID 7 (vllm serve m) in container {CID[:12]}"),
+    (CID, "", "PID 7 (vllm serve m) in container vllm_b"),
+    (None, "sparkd instance b (state /s/b)", "PID 7 (vllm serve m), of sparkd instance b (state /s/b)"),
+])
+def test_a_holder_is_named(container: str | None, owner: str, text: str) -> None:
+    names = {CID: "vllm_b"} if text.endswith("vllm_b") else {}
+    assert holders.describe(7, "vllm serve m", container, owner, names) == text

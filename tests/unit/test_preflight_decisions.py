@@ -11,6 +11,7 @@ import pytest
 
 from sparkd.config import Config, PreflightConfig, config_from_mapping
 from sparkd.guard.meminfo import MemInfo, parse_meminfo
+from sparkd.launch_devices import Devices, Gpu, launch_devices
 from sparkd.preflight import gpu, host, image, memory, ports, processes, shm, shmholders, stale, target
 from sparkd.preflight.base import GIB, MIB, Verdict
 from sparkd.preflight.stale import StaleProcess
@@ -456,8 +457,64 @@ def test_gpu_decision(
     end: list[int],
     text: str,
 ) -> None:
-    v, found, to_end = gpu.decide(apps, stale_pids, protect, {7: "VLLM::Worker_TP0"}, dry_run=dry_run)
+    v, found, to_end = gpu.decide(apps, stale_pids, protect, {7: "PID 7 (VLLM::Worker_TP0)"}, dry_run=dry_run)
     assert (v, to_end) == (verdict, end) and text in found
+
+
+def test_parse_compute_apps_with_their_gpu_and_the_gpu_list() -> None:
+    out = "1234, /usr/bin/python3, GPU-aaaa\n77, VLLM::Worker_TP0, GPU-bbbb\n"
+    assert gpu.parse_compute_apps(out) == [gpu.App(1234, "/usr/bin/python3", "GPU-aaaa"),
+                                           gpu.App(77, "VLLM::Worker_TP0", "GPU-bbbb")]
+    assert gpu.parse_gpus("0, GPU-aaaa\n1, GPU-bbbb\n") == [Gpu(0, "GPU-aaaa"), Gpu(1, "GPU-bbbb")]
+
+
+EIGHT = [Gpu(i, f"GPU-{i}{i}{i}{i}-uuid") for i in range(8)]
+
+
+@pytest.mark.parametrize(("apps", "devices", "kept", "elsewhere"), [
+    # a neighbour's vLLM on GPU 5 is not a leftover for a launch on GPUs 0 and 1
+    ([gpu.App(10, "python", "GPU-5555-uuid"), gpu.App(11, "python", "GPU-1111-uuid")],
+     launch_devices({"CUDA_VISIBLE_DEVICES": "0,1"}, container=False), [11], 1),
+    # a launch naming no GPU uses them all: every compute process counts
+    ([gpu.App(10, "python", "GPU-5555-uuid")], launch_devices({}, container=False), [10], 0),
+    # an app whose GPU nvidia-smi does not know counts (nothing proves it elsewhere)
+    ([gpu.App(10, "python", "GPU-unknown")], launch_devices({"CUDA_VISIBLE_DEVICES": "0"}, container=False), [10], 0),
+    # a container given GPUs 4-7, its vLLM told CUDA_VISIBLE_DEVICES=1 (the container's second: host GPU 5)
+    ([gpu.App(10, "python", "GPU-5555-uuid"), gpu.App(11, "python", "GPU-4444-uuid")],
+     launch_devices({"CUDA_VISIBLE_DEVICES": "1"}, container=True, gpus="device=4,5,6,7"), [10], 1),
+])
+def test_gpu_only_the_launchs_devices(apps: list[gpu.App], devices: Devices, kept: list[int], elsewhere: int) -> None:
+    mine, other = gpu.on_launch_gpus(apps, EIGHT, devices)
+    assert ([a.pid for a in mine], other) == (kept, elsewhere)
+
+
+def test_gpu_a_neighbour_on_another_gpu_is_said_to_be_left_alone() -> None:
+    v, found, _ = gpu.decide([], set(), frozenset(), {}, dry_run=False, elsewhere=2)
+    assert v is V.ok and found == "no leftover GPU compute process; 2 on GPUs this launch does not use, left alone"
+
+
+@pytest.mark.parametrize(("env", "container", "gpus", "selected", "words"), [
+    ({}, False, None, list(range(8)), "every GPU (the launch names none)"),
+    ({"CUDA_VISIBLE_DEVICES": "2,0"}, False, None, [2, 0], "CUDA_VISIBLE_DEVICES=2,0"),
+    ({"CUDA_VISIBLE_DEVICES": ""}, False, None, [], "CUDA_VISIBLE_DEVICES="),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, False, None, [], "CUDA_VISIBLE_DEVICES=-1"),
+    ({"CUDA_VISIBLE_DEVICES": "1,9,2"}, False, None, [1], "CUDA_VISIBLE_DEVICES=1,9,2"),  # CUDA stops at 9
+    ({"CUDA_VISIBLE_DEVICES": "GPU-3333"}, False, None, [3], "GPU-3333"),  # a unique UUID prefix
+    ({"CUDA_VISIBLE_DEVICES": "GPU-"}, False, None, [], "GPU-"),  # ambiguous: CUDA finds nothing
+    ({"NVIDIA_VISIBLE_DEVICES": "3"}, False, None, list(range(8)), "every GPU"),  # the runtime's, not a host's
+    ({}, True, "all", list(range(8)), "every GPU"),
+    ({}, True, "2", [0, 1], "[container] gpus = 2 (the first 2)"),
+    ({}, True, "device=6,7", [6, 7], "[container] gpus = device=6,7"),
+    ({"CUDA_VISIBLE_DEVICES": "0"}, True, "device=6,7", [6], "then CUDA_VISIBLE_DEVICES=0"),
+    ({"NVIDIA_VISIBLE_DEVICES": "4,5"}, True, None, [4, 5], "NVIDIA_VISIBLE_DEVICES=4,5"),
+    ({"NVIDIA_VISIBLE_DEVICES": "void"}, True, None, [], "NVIDIA_VISIBLE_DEVICES=void"),
+    ({"NVIDIA_VISIBLE_DEVICES": "4,5"}, True, "device=1", [1], "[container] gpus = device=1"),  # the request wins
+])
+def test_launch_devices(env: dict[str, str], container: bool, gpus: str | None, selected: list[int],
+                        words: str) -> None:
+    devices = launch_devices(env, container=container, gpus=gpus)
+    assert [g.index for g in devices.select(EIGHT)] == selected
+    assert words in devices.describe()
 
 
 def entry(name: str, inode: int) -> shmholders.Entry:
@@ -479,6 +536,20 @@ def entry(name: str, inode: int) -> shmholders.Entry:
 def test_shm_decide(name: str, held: bool, owned: bool, live: set[int], expected: str | None) -> None:
     found = [entry(name, 11)]
     chosen = shm.decide(found, {11} if held else set(), {(name, 11): {}} if owned else {}, live)
+    assert [s.why for s in chosen] == ([expected] if expected else [])
+
+
+@pytest.mark.parametrize(("name", "uid", "owned", "expected"), [
+    ("psm_0badf00d", 0, False, "naming"),  # the launch's uid
+    ("psm_0badf00d", 1000, False, "naming"),  # the container's numeric user
+    ("psm_user1res", 1, False, None),  # another user's SharedMemory: theirs (security.md §7)
+    ("nccl-x1", 1, False, None),
+    ("psm_user1res", None, False, None),  # owner unknown
+    ("psm_user1res", 1, True, "ours"),  # the ledger noted it held by our launch, of its own uid
+])
+def test_shm_naming_only_for_the_launch_uids(name: str, uid: int | None, owned: bool, expected: str | None) -> None:
+    found = [shmholders.Entry(name, 11, dev=27, size=4096, mtime=0.0, uid=uid)]
+    chosen = shm.decide(found, set(), {(name, 11): {}} if owned else {}, set(), frozenset({0, 1000}))
     assert [s.why for s in chosen] == ([expected] if expected else [])
 
 

@@ -26,7 +26,8 @@ SPARKD = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "sparkd"
 REQUIRED = ("source", "vllm", "class", "cause", "next")
 KNOWN = (*REQUIRED, "exit", "signal", "phase", "note")
 # sparkd's own verdict: its memory guard killed vLLM. No vLLM log says so (test_classify.py covers it).
-NOT_IN_LOGS = {FailureClass.killed_by_guard, FailureClass.host_unavailable}  # sparkd's own, not vLLM's
+NOT_IN_LOGS = {FailureClass.killed_by_guard, FailureClass.host_unavailable,  # sparkd's own, not vLLM's
+               FailureClass.reboot_needed}
 _VERSION = re.compile(r"^0\.(?P<minor>\d+)(?:\.\d+)*(?:rc\d+)?(?:\.dev\d+)?\b")
 
 

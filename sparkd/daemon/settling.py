@@ -1,0 +1,156 @@
+"""Before every start: the memory settle wait and the restart gate (the rules: :mod:`sparkd.recorder.baseline`).
+
+:meth:`StartGuard.before_start` runs first in the node's preflight. It samples MemAvailable every
+:data:`SAMPLE_S` until it has stayed within ``[recorder] settle_band`` for ``settle_s`` (at most
+``settle_timeout_s``), shown as the phase ``memory_settle`` in status and ``sparkctl restart --wait``. The settled
+value is this start's baseline, kept with the boot id in ``memory-baselines.json`` (a reboot starts the list over;
+so does an operator closing the breaker). When the baselines say memory is not coming back, it returns the
+``reboot_needed`` failure: the breaker opens with "reboot needed: N restarts lost X GiB that was never
+returned", before the host is at risk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from sparkd.clock import Clock
+from sparkd.config import Config
+from sparkd.daemon.files import StateWriter
+from sparkd.daemon.recording import DaemonRecorder
+from sparkd.guard.sample import gib
+from sparkd.recorder.baseline import Baseline, Verdict, reboot_verdict, settled
+from sparkd.statefile import read_json
+from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.states import Machine, State
+
+__all__ = ["RecorderCollector", "StartGuard"]
+
+SAMPLE_S = 0.25
+KEEP = 32  # baselines kept
+
+
+class StartGuard:
+    def __init__(self, cfg: Config, recorder: DaemonRecorder, files: StateWriter, clock: Clock, log: Any,
+                 on_phase: Callable[[str | None], None] = lambda phase: None) -> None:
+        self.cfg = cfg
+        self.recorder = recorder
+        self.files = files
+        self.clock = clock
+        self.log = log
+        self.on_phase = on_phase
+        self.baselines: list[Baseline] = self._load()
+        self.verdict: Verdict | None = None
+        self.last_settle: dict[str, Any] | None = None
+        recorder.sup.listeners.append(self._on_change)
+
+    @property
+    def path(self) -> Path:
+        return self.cfg.paths.state_dir / "memory-baselines.json"
+
+    def _load(self) -> list[Baseline]:
+        data = read_json(self.path) or {}
+        if data.get("boot") != self.recorder.boot or not isinstance(data.get("baselines"), list):
+            return []
+        out = []
+        for item in data["baselines"]:
+            at, available = (item.get("at"), item.get("available")) if isinstance(item, dict) else (None, None)
+            if isinstance(at, int | float) and isinstance(available, int) and not isinstance(available, bool):
+                out.append(Baseline(float(at), available))
+        return out[-KEEP:]
+
+    def _save(self) -> None:
+        self.files.put(self.path, {"boot": self.recorder.boot, "baselines": [
+            {"at": b.at, "available": b.available} for b in self.baselines]})
+
+    def _on_change(self, before: Machine, after: Machine, obs: v.Observation) -> None:
+        """An operator closed the breaker (reset or restart): the gate counts afresh from the next baseline."""
+        if before.state is State.failed and after.state is not State.failed and self.baselines:
+            self.baselines, self.verdict = [], None
+            self._save()
+            self.recorder.note("memory baselines cleared: the breaker was closed")
+
+    async def before_start(self) -> Failure | None:
+        """Wait for MemAvailable to settle, keep the baseline, and say whether a start is safe."""
+        rc = self.cfg.recorder
+        if rc.settle_s <= 0 and rc.reboot_after_falls <= 0:
+            return None
+        value, waited = await self._settle()
+        self.last_settle = {"at": self.clock.wall(), "settled": value is not None, "waited_s": round(waited, 2),
+                            "available": value}
+        if value is None:
+            self.log.warning("memory_not_settled", waited_s=round(waited, 1), band=rc.settle_band)
+            self.recorder.note(f"memory did not settle within {gib(rc.settle_band)} in {waited:.0f} s; starting "
+                               "anyway (no baseline kept)")
+            return None
+        self.baselines = [*self.baselines, Baseline(self.clock.wall(), value)][-KEEP:]
+        self._save()
+        self.log.info("memory_settled", available=value, waited_s=round(waited, 2), baselines=len(self.baselines))
+        self.recorder.note(f"memory settled at {gib(value)} after {waited:.1f} s")
+        self.verdict = reboot_verdict(self.baselines, falls=rc.reboot_after_falls, min_fall=rc.reboot_min_fall,
+                                      floor=self.cfg.guard.refuse_start_below)
+        if self.verdict is None:
+            return None
+        self.log.error("reboot_needed", falls=self.verdict.falls, lost=self.verdict.lost,
+                       reason=self.verdict.sentence)
+        self.recorder.note(self.verdict.sentence)
+        return Failure.of(FailureClass.reboot_needed, self.verdict.sentence[0].upper() + self.verdict.sentence[1:]
+                          + ".", evidence="; ".join(f"{gib(b.available)}" for b in self.baselines[-6:]))
+
+    async def _settle(self) -> tuple[int | None, float]:
+        rc = self.cfg.recorder
+        started = self.clock.now()
+        self.recorder.phase = "memory_settle"
+        self.on_phase("memory_settle")
+        try:
+            while True:
+                now = self.clock.now()
+                self.recorder.sample_memory()
+                value = settled(list(self.recorder.samples), now, rc.settle_s, rc.settle_band)
+                if value is not None or now - started >= rc.settle_timeout_s:
+                    return value, now - started
+                await self.clock.sleep(SAMPLE_S)
+        finally:
+            self.recorder.phase = None
+            self.on_phase(None)
+
+    # ---- for status and metrics
+    def status(self) -> dict[str, Any]:
+        return {"baselines": [{"at": b.at, "available": b.available} for b in self.baselines[-8:]],
+                "last_settle": self.last_settle,
+                "reboot_needed": None if self.verdict is None else self.verdict.sentence}
+
+    @property
+    def unreturned(self) -> int:
+        """Bytes lost across the current run of falling baselines (0 when the gate is not open)."""
+        return self.verdict.lost if self.verdict is not None else 0
+
+
+class RecorderCollector:
+    """The flight recorder's and the restart gate's metrics, with the node's identity labels."""
+
+    def __init__(self, families: Any, recorder: DaemonRecorder, gate: StartGuard) -> None:
+        self.f = families
+        self.recorder = recorder
+        self.gate = gate
+
+    def collect(self) -> Iterator[Any]:
+        f, writer = self.f, self.recorder.writer
+        for name, doc, value in (
+            ("sparkd_recorder_records", "Flight-recorder records written to the ring.", writer.written),
+            ("sparkd_recorder_dropped", "Flight-recorder records lost: the ring could not be written.",
+             writer.dropped),
+            ("sparkd_recorder_syncs", "fdatasync calls on the flight recorder's ring.", writer.syncs),
+        ):
+            family = f.counter(name, doc, [])
+            f.add(family, value)
+            yield family
+        yield f.gauge("sparkd_reboot_needed", "1 when restarts kept losing memory that was never returned and "
+                      "sparkd stopped restarting (reboot the node).", 1.0 if self.gate.verdict else 0.0)
+        yield f.gauge("sparkd_memory_unreturned_bytes", "MemAvailable lost across the restarts the gate counted.",
+                      self.gate.unreturned)
+        if self.gate.baselines:
+            yield f.gauge("sparkd_memory_baseline_bytes", "Settled MemAvailable before the last start, with "
+                          "nothing of vLLM's running.", self.gate.baselines[-1].available)

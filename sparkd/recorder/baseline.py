@@ -1,0 +1,85 @@
+"""Memory that does not come back: the settle wait before a start, and the restart gate. Pure.
+
+**Settle.** After vLLM is killed, the reaper of its process can hold tens of GiB for a while; a start in that
+window finds too little memory, or takes what the host needs. Before every start sparkd waits until MemAvailable
+has stayed within ``band`` for ``settle_s`` (:func:`settled`), at most ``settle_timeout_s``. The settled value,
+taken with nothing of vLLM's running, is the node's **baseline** for that start.
+
+**The gate.** On GB10 a killed vLLM can leave memory the driver never gives back (UVM): every restart then starts
+from a lower baseline, until the host freezes. :func:`reboot_verdict` reads the baselines of this boot: when the
+last ``falls`` of them each fell by at least ``min_fall`` (or, after at least two falls, the next would bring
+the baseline under ``floor``, the guard's refuse-start floor), sparkd stops restarting and says "reboot needed:
+N restarts lost X GiB that was never returned". An operator's reset starts the count over.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sparkd.guard.sample import gib
+
+__all__ = ["Baseline", "Verdict", "reboot_verdict", "settled"]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    at: float  # wall time of the settle
+    available: int  # settled MemAvailable, bytes
+
+
+@dataclass(frozen=True)
+class Verdict:
+    falls: int
+    lost: int  # bytes between the first and the last baseline of the run of falls
+    sentence: str
+
+
+def settled(samples: Sequence[tuple[float, int]], now: float, settle_s: float, band: int) -> int | None:
+    """The settled MemAvailable (the median of the window) when the samples of the last ``settle_s`` seconds
+    (``(monotonic time, bytes)``, oldest first; the last one taken before the window counts as its start) stay
+    within ``band``; else None."""
+    if settle_s <= 0:
+        return samples[-1][1] if samples else None
+    start = now - settle_s
+    before = [value for at, value in samples if at <= start]
+    if not before:
+        return None  # the samples do not reach back to the window's start yet
+    window = [before[-1], *(value for at, value in samples if at > start)]
+    if len(window) < 2 or max(window) - min(window) > band:
+        return None
+    return int(statistics.median(window))
+
+
+def _falls(values: Sequence[int], min_fall: int) -> int:
+    """How many of the newest steps were each a fall of at least ``min_fall``."""
+    count = 0
+    for newer, older in zip(reversed(values[1:]), reversed(values[:-1]), strict=True):
+        if older - newer < max(min_fall, 1):
+            break
+        count += 1
+    return count
+
+
+def reboot_verdict(baselines: Sequence[Baseline], *, falls: int, min_fall: int, floor: int) -> Verdict | None:
+    """Whether to stop restarting, from this boot's baselines (oldest first); None: restarting is safe."""
+    if falls <= 0 or len(baselines) < 2:
+        return None
+    values = [b.available for b in baselines]
+    count = _falls(values, min_fall)
+    if count == 0:
+        return None
+    lost = values[-1 - count] - values[-1]
+    trail = " → ".join(gib(v) for v in values[-1 - count:])
+    restarts = "restart" if count == 1 else "restarts"
+    if count >= falls:
+        why = f"MemAvailable after each stop: {trail}"
+    elif count >= 2 and values[-1] - lost / count < floor:
+        why = (f"MemAvailable after each stop: {trail}; one more would leave under {gib(floor)}, the floor under "
+               "which the guard refuses a start")
+    else:
+        return None
+    return Verdict(count, lost, f"reboot needed: {count} {restarts} lost {gib(lost)} that was never returned "
+                                f"({why}); the driver keeps memory a killed vLLM held, so sparkd stops restarting "
+                                "before the host freezes — reboot the node, then `sparkctl reset`")

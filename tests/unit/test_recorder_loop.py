@@ -1,0 +1,147 @@
+"""The memory settle, the restart gate and the records, in the real daemon loop with fake parts and a meminfo
+file the test writes (scripted histories, no sleep)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loop_harness import config, running
+
+from sparkd.commands import reset
+from sparkd.recorder.record import decode, encode
+from sparkd.testing import FakeClock, FakeRuntime
+
+GIB, MIB = 1 << 30, 1 << 20
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Meminfo:
+    def __init__(self, path: Path, available: int) -> None:
+        self.path, self.lines = path, Path("/proc/meminfo").read_text().splitlines()
+        self.set(available)
+
+    def set(self, available: int) -> None:
+        self.available = available
+        text = "\n".join(f"{line.split(':')[0]}:{available // 1024:>16} kB"
+                         if line.split(":")[0] in ("MemAvailable", "MemFree") else line for line in self.lines) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, text.encode(), 0)
+            os.ftruncate(fd, len(text.encode()))
+        finally:
+            os.close(fd)
+
+
+def gated(tmp: Path, meminfo: Meminfo, **recorder: Any) -> Any:
+    return config(tmp, guard={"enabled": False, "meminfo_path": str(meminfo.path)},
+                  recorder={"enabled": False, "settle_s": 2, "settle_band": "128 MiB", "settle_timeout_s": 30,
+                            "reboot_after_falls": 3, "reboot_min_fall": "256 MiB", **recorder},
+                  restart={"backoff_initial_s": 1, "budget_failures": 50, "consecutive_limit": 0})
+
+
+@pytest.mark.anyio
+async def test_restarts_that_keep_losing_memory_open_the_breaker_with_reboot_needed(tmp_path: Path) -> None:
+    meminfo = Meminfo(tmp_path / "meminfo", 100 * GIB)
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(gated(tmp_path, meminfo), runtime, clock) as node:
+        for _ in range(3):
+            await node.until_state("ready")
+            runtime.crash()
+            meminfo.set(meminfo.available - GIB)  # what the killed vLLM held, never returned
+            await node.until_state("backoff")
+        await node.until_state("failed")
+        status = node.status()
+        assert status["last_failure"]["class"] == "reboot_needed"
+        assert status["last_failure"]["message"].startswith(
+            "Reboot needed: 3 restarts lost 3.0 GiB that was never returned (MemAvailable after each stop: "
+            "100.0 GiB → 99.0 GiB → 98.0 GiB → 97.0 GiB)")
+        assert status["launches"] == 3 and status["breaker"]["open"]
+        assert node.daemon.start_guard.unreturned == 3 * GIB
+        metrics = node.daemon.metrics.render().decode()
+        assert 'sparkd_reboot_needed{node="scripted"} 1.0' in metrics
+        assert 'sparkd_memory_unreturned_bytes{node="scripted"} 3.221225472e+09' in metrics
+        # The operator reboots (here: the memory comes back) and resets: the count starts over and vLLM runs.
+        meminfo.set(100 * GIB)
+        await node.command(reset)
+        await node.until_state("ready")
+        assert node.daemon.start_guard.verdict is None
+        assert [b["available"] for b in node.status()["recorder"]["baselines"]] == [100 * GIB]
+
+
+@pytest.mark.anyio
+async def test_memory_that_comes_back_keeps_the_restarts_going(tmp_path: Path) -> None:
+    meminfo = Meminfo(tmp_path / "meminfo", 100 * GIB)
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(gated(tmp_path, meminfo), runtime, clock) as node:
+        for _ in range(5):
+            await node.until_state("ready")
+            runtime.crash()
+            await node.until_state("backoff")
+        await node.until_state("ready")
+        assert node.daemon.start_guard.verdict is None and node.status()["launches"] == 6
+
+
+@pytest.mark.anyio
+async def test_a_start_waits_for_memory_to_settle_and_shows_it_as_a_phase(tmp_path: Path) -> None:
+    meminfo = Meminfo(tmp_path / "meminfo", 40 * GIB)
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(gated(tmp_path, meminfo), runtime, clock) as node:
+        await node.until_state("ready")
+        runtime.crash()
+        meminfo.set(20 * GIB)  # the reaper of the killed vLLM still holds 20 GiB
+        await node.until(lambda: node.status().get("phase") == "memory_settle")
+        started = clock.now()
+        for step in range(10):  # ... and gives it back over 5 s
+            await node.until(lambda step=step: clock.now() >= started + 0.5 * (step + 1))
+            meminfo.set(20 * GIB + 2 * GIB * (step + 1))
+        await node.until(lambda: node.daemon.sup.machine.launches == 2)
+        waited = clock.now() - started
+        assert 7.0 <= waited <= 8.5, waited  # 5 s of return, then 2 s stable
+        history = [h.get("phase") for h in node.status()["history"] if h.get("state") == "preflight"]
+        assert history[-1] == "memory_settle"
+        assert node.status()["recorder"]["last_settle"]["available"] == 40 * GIB
+
+
+@pytest.mark.anyio
+async def test_the_settle_gives_up_at_its_timeout_and_keeps_no_baseline(tmp_path: Path) -> None:
+    meminfo = Meminfo(tmp_path / "meminfo", 40 * GIB)
+    runtime, clock = FakeRuntime(), FakeClock()
+    cfg = gated(tmp_path, meminfo, settle_timeout_s=5)
+    async with running(cfg, runtime, clock) as node:
+        await node.until_state("ready")
+        runtime.crash()
+        flip = [0]
+
+        def noisy() -> bool:
+            flip[0] += 1
+            meminfo.set(40 * GIB + (GIB if flip[0] % 2 else 0))
+            return node.daemon.sup.machine.launches == 2
+
+        await node.until(noisy)
+        assert node.status()["recorder"]["last_settle"]["settled"] is False
+        assert len(node.status()["recorder"]["baselines"]) == 1  # only the first start's
+
+
+@pytest.mark.anyio
+async def test_a_record_tells_the_state_the_memory_and_what_happened(tmp_path: Path) -> None:
+    meminfo = Meminfo(tmp_path / "meminfo", 40 * GIB)
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(gated(tmp_path, meminfo), runtime, clock) as node:
+        await node.until_state("ready")
+        recorder = node.daemon.recorder
+        record = decode(encode(recorder.record()))
+        assert record.state == "ready" and record.available == 40 * GIB and record.pid is not None
+        assert any(e.startswith("sparkd ") and "started" in e for e in record.events)
+        assert "preflight → starting" in record.events and "starting → ready" in record.events
+        runtime.crash()
+        await node.until_state("backoff")
+        record = recorder.record()
+        assert any(e.startswith("ready → stopping: ") for e in record.events), record.events
+        assert recorder.record().events == ()  # each event once
