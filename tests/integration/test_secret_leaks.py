@@ -3,8 +3,8 @@
 Secrets are planted where an operator puts them — `[launch.env]` (VLLM_API_KEY, HF_TOKEN, a `secret_env` name),
 `[container.env]`, `api_key_file` — and vLLM (a wrapper around the stand-in) prints them to its output. Then each is
 looked for, byte for byte, in status (sparkctl and status.json), the reload reports (a valid change and an invalid
-config), render (script and JSON), the launch script, vllm.log, the daemon's own log (the journal under systemd)
-and every incident file. Only vLLM's environment holds them."""
+config), render (script and JSON), the launch script, vllm.log, the daemon's own log (the journal under systemd),
+every incident file and every file of `sparkctl bundle`. Only vLLM's environment holds them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,16 @@ def test_no_planted_secret_reaches_status_reload_render_logs_or_incidents(sparkd
     os.kill(int(daemon.status()["pid"]), signal.SIGKILL)
     daemon.wait_for(lambda s: s.get("pid") not in (None, pid) and s.get("state") == "ready", 60, "restarted")
     ctl("incidents")
+    planted(daemon, {**launch_env, "HF_TOKEN": RELOADED["HF_TOKEN"]},  # back to a valid config for the bundle
+            {"HUGGING_FACE_HUB_TOKEN": RELOADED["HUGGING_FACE_HUB_TOKEN"], "NGC_API_KEY": SECRETS["NGC_API_KEY"]})
+    bundle = tmp_path / "bundle.tar.gz"
+    made = ctl("bundle", "--config", str(daemon.config_path), "--output", str(bundle))
+    assert made.returncode == 0, made.stderr
+    with tarfile.open(bundle) as tar:
+        for member in tar.getmembers():
+            data = tar.extractfile(member)
+            if data is not None:
+                outputs.append(data.read().decode(errors="replace"))
     texts = everything_shown(daemon, outputs)
     assert "env: HF_TOKEN=(secret) pat (secret) key (secret)" in texts["vllm.log"]  # vLLM's line, redacted
     assert any("config_reloaded" in t for t in texts.values()) and daemon.incidents()
