@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from sparkd import exits
-from sparkd.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
-from sparkd.daemon.startup import launch_program_problem
-from sparkd.lint import Finding, Level
-from sparkd.secretfile import SecretFileProblem, read_secret_file, read_token
+from sparkd.cli.locate import DEFAULT_CONFIG_PATH
+
+if TYPE_CHECKING:  # imported when a command loads a config: --help and TAB completion need neither
+    from sparkd.config import Config
+    from sparkd.lint import Finding
 
 EXIT_INVALID_CONFIG = exits.INVALID_CONFIG
 
@@ -30,6 +31,8 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 def config_or_exit(path: Path, *, profile: str | None = None, prog: str = "sparkd") -> Config:
     """Load the config or exit 2 with one line per problem, each naming its key (never a traceback)."""
+    from sparkd.config import ConfigError, load_config
+
     try:
         return load_config(path, profile=profile)
     except ConfigError as exc:
@@ -41,6 +44,9 @@ def token_file_findings(cfg: Config) -> list[Finding]:
     """Warnings about ``[api] token_file``, the same checks ``sparkd run`` refuses to start on: missing (the peer
     API then refuses every request), a symlink or not a file, owned by someone else, open to group or others (it
     is the pair's shared secret), or shorter than 32 bytes."""
+    from sparkd.lint import Finding, Level
+    from sparkd.secretfile import SecretFileProblem, read_token
+
     path = cfg.api.token_file
     if path is None:
         return []
@@ -59,6 +65,10 @@ def token_file_findings(cfg: Config) -> list[Finding]:
 def host_file_findings(cfg: Config) -> list[Finding]:
     """What only the host can say about the files the config names: the token file, and a launch program that
     someone other than root may change (sparkd runs it as root)."""
+    from sparkd.daemon.startup import launch_program_problem
+    from sparkd.lint import Finding, Level
+    from sparkd.secretfile import SecretFileProblem, read_secret_file
+
     findings = token_file_findings(cfg)
     if cfg.launch.api_key_file is not None:
         try:

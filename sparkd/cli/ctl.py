@@ -52,6 +52,7 @@ def _status(socket: Path | None, config: Path | None, as_json: bool) -> int:
     import json
 
     from sparkd.api.client import ActionRefused, ControlClient, DaemonUnreachable
+    from sparkd.cli.confignote import config_note
     from sparkd.cli.locate import locate
     from sparkd.commands import status
 
@@ -65,6 +66,7 @@ def _status(socket: Path | None, config: Path | None, as_json: bool) -> int:
             print(json.dumps({"state": "unreachable", "ready": False, "error": str(exc)}))
         else:
             print(f"sparkctl: {exc}", file=sys.stderr)
+        _say(config_note(config, located.note))
         return status.EXIT_UNREACHABLE
     except ActionRefused as exc:
         if as_json:
@@ -73,7 +75,15 @@ def _status(socket: Path | None, config: Path | None, as_json: bool) -> int:
             print(f"sparkctl status: refused: {exc}", file=sys.stderr)
         return status.EXIT_UNHEALTHY
     print(json.dumps(result, indent=2) if as_json else status.render(result))
+    # The daemon's status speaks for the config file it runs from; another FILE is validated here.
+    _say(config_note(config, located.note, result.get("config") if isinstance(result, dict) else None))
     return status.exit_code(result)
+
+
+def _say(note: str | None) -> None:
+    if note:
+        sys.stdout.flush()
+        print(f"sparkctl: {note}", file=sys.stderr)
 
 
 def main() -> None:

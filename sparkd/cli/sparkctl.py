@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from sparkd import __version__
+from sparkd.cli.complete import incident_ids
 
 if TYPE_CHECKING:  # imported on first use: a TAB completion needs none of them
     from sparkd.api.client import ActionRefused, ControlClient, DaemonUnreachable
@@ -57,14 +58,20 @@ def exit_status(name: str) -> str:
 class Ctx:
     def __init__(self, socket: Path | None = None, config: Path | None = None, as_json: bool = False) -> None:
         self.socket, self.config, self.as_json = socket, config, as_json
+        self._located: Path | None = None
 
     def socket_path(self) -> Path:
-        from sparkd.cli.locate import locate
+        """The daemon's socket, found once a call; what the operator should know about --config said once."""
+        if self._located is None:
+            from sparkd.cli.confignote import config_note
+            from sparkd.cli.locate import locate
 
-        located = locate(self.socket, self.config)
-        if located.note:
-            click.echo(f"sparkctl: {located.note}", err=True)
-        return located.socket
+            located = locate(self.socket, self.config)
+            for note in (located.note, config_note(self.config, located.note)):
+                if note:
+                    click.echo(f"sparkctl: {note}", err=True)
+            self._located = located.socket
+        return self._located
 
     def client(self, timeout_s: float = 10.0) -> ControlClient:
         from sparkd.api.client import ControlClient
@@ -252,7 +259,7 @@ def logs_cmd(obj: Ctx, lines: int, follow: bool, since: str | None) -> None:
 
 
 @subcommand("incidents")
-@click.argument("incident_id", required=False)
+@click.argument("incident_id", required=False, shell_complete=incident_ids)
 @click.pass_obj
 def incidents_cmd(obj: Ctx, incident_id: str | None) -> None:
     """Failures with their class, sentence and evidence folder, newest first; or one with its log tail."""

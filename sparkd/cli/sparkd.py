@@ -1,4 +1,9 @@
-"""``sparkd``: the daemon and its one-shot commands."""
+"""``sparkd``: the daemon and its one-shot commands.
+
+The config, the launch renderer, the linter and the rest are imported by the command that uses them: ``--help``
+and a TAB completion (``sparkd check-config --profile <TAB>``) need click alone, and answer in a fraction of the
+~0.3 s that importing the config's models costs (issue 28; tests/bench/bench_cli.py).
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,16 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from sparkd import __version__
 from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail, host_file_findings
-from sparkd.config import Config
-from sparkd.launch import render, render_script
-from sparkd.lint import errors, lint
-from sparkd.rehearsal import STANDIN, standin_executable
+from sparkd.cli.complete import profile_names
+
+if TYPE_CHECKING:
+    from sparkd.config import Config
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,6 +31,8 @@ def main() -> None:
 
 def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> Config:
     """The config, its lint findings printed; exit 2 when it is invalid or has a lint error."""
+    from sparkd.lint import errors, lint
+
     cfg = config_or_exit(config_path, profile=profile)
     findings = [*lint(cfg), *host_file_findings(cfg)]
     for finding in findings:
@@ -38,7 +46,8 @@ def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> C
     "Exit status: "
     "0 valid (warnings printed); 2 invalid (each problem names its key or variable)."))
 @config_option
-@click.option("--profile", default=None, help="Apply this launch profile instead of the config's own.")
+@click.option("--profile", default=None, shell_complete=profile_names,
+              help="Apply this launch profile instead of the config's own.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"valid": ..., "problems": [...], "findings": [...]} '
               "on stdout (for CI), with the same exit status.")
 def check_config(config_path: Path, profile: str | None, as_json: bool) -> None:
@@ -60,6 +69,8 @@ def check_config(config_path: Path, profile: str | None, as_json: bool) -> None:
 def render_cmd(config_path: Path, as_json: bool) -> None:
     """Print the launch script (or argv and env) rendered from the config; exit 2, printing nothing, for a config
     check-config refuses."""
+    from sparkd.launch import render, render_script
+
     cfg = linted_config_or_exit(config_path)
     spec = render(cfg)
     if as_json:
@@ -110,6 +121,7 @@ def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool, only: tuple[s
     """Check (and clean) the node before a launch. Exit 0 ready to launch, 1 a check failed, 2 invalid config."""
     import anyio
 
+    from sparkd.launch import render
     from sparkd.preflight.runner import CHECK_IDS, DEFAULT_CHECKS, run_standalone
     from sparkd.runtime import make_runtime
 
@@ -215,6 +227,8 @@ def explain_cmd(logfile: str, exit_code: int | None, sig: str | None, as_json: b
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def standin_cmd(args: tuple[str, ...]) -> None:
     """The vLLM stand-in (the sparkd-standin distribution): `sparkd standin serve MODEL [vllm flags]`."""
+    from sparkd.rehearsal import STANDIN, standin_executable
+
     program = standin_executable()
     if not os.path.isabs(program):
         fail(f"sparkd: the vLLM stand-in is not installed: no `{STANDIN}` next to {sys.executable} or on PATH "

@@ -9,10 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from sparkd.commands.base import Control, Reply, ok, refused
-from sparkd.incidents import list_incidents, log_tail_of
 
 NAME = "incidents"
 METHOD = "GET"
@@ -31,6 +28,11 @@ class Request:
 
 
 async def execute(control: Control, request: Request) -> Reply:
+    # The daemon's side only: sparkctl imports this module for a TAB on an incident id, within its 150 ms.
+    import anyio
+
+    from sparkd.incidents import list_incidents, log_tail_of
+
     items = await anyio.to_thread.run_sync(list_incidents, control.incidents_root)
     if request.id is None:
         return ok(items)

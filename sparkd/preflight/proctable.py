@@ -49,6 +49,8 @@ def read_proc(proc_root: Path, pid: int, boot_time: float | None = None) -> Proc
     uids = status.get("Uid", "").split()
     nspids = status.get("NSpid", "").split()
     pid_ns = pid_namespace(pid, proc_root)
+    if pid_ns is None and len(nspids) == 1:
+        pid_ns = _root_namespace(proc_root)
     boot = psutil.boot_time() if boot_time is None else boot_time
     return Proc(pid=pid, ppid=ppid, argv=tuple(argv), start=boot + ticks / CLOCK_TICKS,
                 uid=int(uids[0]) if uids and uids[0].isdigit() else None,
@@ -95,6 +97,21 @@ def pid_namespace(pid: int | str, proc_root: Path = Path("/proc")) -> int | None
         return int(ns[ns.index("[") + 1:ns.index("]")])
     except (OSError, ValueError):
         return None
+
+
+def _root_namespace(proc_root: Path) -> int | None:
+    """The PID namespace of ``proc_root``'s own processes, when sparkd is one of them.
+
+    Reading another process's ``ns/pid`` link needs ptrace access: a sparkd whose capabilities are fewer than the
+    process's (a unit's CapabilityBoundingSet) and that lacks CAP_SYS_PTRACE (a container's default set) cannot.
+    Its ``status`` is readable by all, though, and ``NSpid`` lists one PID per namespace from the one ``proc_root``
+    was mounted in down to its own: a single one means it runs in that namespace, as does sparkd when its own
+    ``NSpid`` has a single one too."""
+    try:
+        own = _status((proc_root / "self" / "status").read_text(errors="replace")).get("NSpid", "").split()
+    except OSError:
+        return None
+    return pid_namespace("self", proc_root) if len(own) == 1 else None
 
 
 def own_pid_namespace() -> int | None:

@@ -7,13 +7,17 @@ with its control socket (``[unix_http_server]``). Then, interleaved, each comman
 operator runs it, a fresh process each time, timed from spawn to exit (wall clock): ``sparkctl --socket S
 status`` (exit 0, ready), ``supervisorctl -c CONF status`` (exit 0, RUNNING), a TAB completion of ``sparkctl
 re<TAB>`` (click's ``_SPARKCTL_COMPLETE=bash_complete``), and ``python3 -c pass`` from the same venv (the
-interpreter's own start, the floor of any Python CLI). Target (issue 28): status and completion ≤ 150 ms median.
+interpreter's own start, the floor of any Python CLI); then ``sparkctl --config FILE status`` with the daemon's
+own config file (its status speaks for the file: nothing validated), and the completions of values: ``sparkctl
+incidents <TAB>`` (the daemon's incident ids, over the socket) and ``sparkd check-config --profile <TAB>``.
+Target (issue 28): status and every completion ≤ 150 ms median.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -93,13 +97,26 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         wait_healthy(sd_port, 120)
         socket = Path(cfg["paths"]["run_dir"]) / "sparkd.sock"
         wait_for(lambda: timed([str(BIN / "sparkctl"), "--socket", str(socket), "status"])[1] == 0, 60, "ready")
-        complete_env = {**os.environ, "_SPARKCTL_COMPLETE": "bash_complete", "COMP_WORDS": "sparkctl re",
-                        "COMP_CWORD": "1"}
+        def completing(program: str, line: str) -> dict[str, str]:
+            return {**os.environ, f"_{program.upper()}_COMPLETE": "bash_complete", "COMP_WORDS": line,
+                    "COMP_CWORD": str(len(line.split(" ")) - 1)}
+
+        # one incident to complete: vLLM killed once, and ready again
+        first = peer.main_pid(timeout=60)
+        os.kill(first, signal.SIGKILL)
+        peer.main_pid(old=first, timeout=120)
+        wait_for(lambda: timed([str(BIN / "sparkctl"), "--socket", str(socket), "status"])[1] == 0, 60, "ready")
+        incidents_line = f"sparkctl --socket {socket} incidents "
         commands = {
             "sparkctl_status": ([str(BIN / "sparkctl"), "--socket", str(socket), "status"], None, "ready"),
             "supervisorctl_status": (["supervisorctl", "-c", str(conf), "status"], None, "RUNNING"),
-            "sparkctl_complete": ([str(BIN / "sparkctl")], complete_env, "restart"),
+            "sparkctl_complete": ([str(BIN / "sparkctl")], completing("sparkctl", "sparkctl re"), "restart"),
             "python_start": ([sys.executable, "-c", "pass"], None, ""),
+            "sparkctl_status_config": ([str(BIN / "sparkctl"), "--config", str(peer.daemon.config_path), "status"],
+                                       None, "ready"),
+            "sparkctl_complete_incident": ([str(BIN / "sparkctl")], completing("sparkctl", incidents_line), "plain,"),
+            "sparkd_complete_profile": ([str(BIN / "sparkd")],
+                                        completing("sparkd", "sparkd check-config --profile "), "throughput"),
         }
         times: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(args.runs):
@@ -109,14 +126,18 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                     raise RuntimeError(f"{name}: exit {code}, output {out[:200]!r}")
                 times[name].append(ms)
         result = {name: summary(values) for name, values in times.items()}
-        for name in ("sparkctl_status", "sparkctl_complete"):
+        for name in ("sparkctl_status", "sparkctl_complete", "sparkctl_status_config", "sparkctl_complete_incident",
+                     "sparkd_complete_profile"):
             value = result[name]["median_ms"]
             result[name]["ratio_to_supervisorctl"] = round(value / result["supervisorctl_status"]["median_ms"], 2)
             result[name]["meets_target"] = value <= TARGET_MS
         log(f"sparkctl status {result['sparkctl_status']['median_ms']:.0f} ms, supervisorctl status "
             f"{result['supervisorctl_status']['median_ms']:.0f} ms, completion "
             f"{result['sparkctl_complete']['median_ms']:.0f} ms, python -c pass "
-            f"{result['python_start']['median_ms']:.0f} ms (medians of {args.runs})")
+            f"{result['python_start']['median_ms']:.0f} ms; --config status "
+            f"{result['sparkctl_status_config']['median_ms']:.0f} ms, incident ids "
+            f"{result['sparkctl_complete_incident']['median_ms']:.0f} ms, profile names "
+            f"{result['sparkd_complete_profile']['median_ms']:.0f} ms (medians of {args.runs})")
         return {"runs": args.runs, "target_ms": TARGET_MS, "load_avg": os.getloadavg(), **result,
                 "seconds": round(time.monotonic() - started, 1)}
     finally:

@@ -17,8 +17,6 @@ and N − 1 headless workers, coupled through the master port as NCCL couples th
 
 Overhead = median restart − median own startup. The daemons run their shipped defaults (the guard's floors
 for this machine aside, benchkit.GUARD_FLOORS) and the group settings the group tests use.
-
-Internal mode: ``bench_group.py poll PORT TIMEOUT`` prints the monotonic time /health first answered 200.
 """
 
 from __future__ import annotations
@@ -45,19 +43,14 @@ from benchkit import (
     render_toml,
     rendered_launch,
     run_bench,
-    wait_healthy,
 )
 from group_harness import Fabric, group_configs
 from pair_harness import NodeDaemon
 
 HERE = Path(__file__).resolve()
+HEALTHPOLL = HERE.parent / "healthpoll.py"
 # The stand-in's startup per rank; SPARKD_BENCH_STARTUP_S lengthens it (test_bench_cleanup.py interrupts a load).
 STARTUP_S = os.environ.get("SPARKD_BENCH_STARTUP_S", "3")
-
-
-def poll_main(port: int, timeout: float) -> None:
-    ready = wait_healthy(port, timeout)
-    print("none" if ready is None else f"{ready:.6f}", flush=True)
 
 
 def configs(tmp: Path, fabric: Fabric) -> list[dict[str, Any]]:
@@ -76,8 +69,10 @@ def configs(tmp: Path, fabric: Fabric) -> list[dict[str, Any]]:
 def bare_start(tmp: Path, fabric: Fabric, launches: list[tuple[list[str], dict[str, str]]], owned: Owned,
                ledger: ShmLedger, port: int) -> float | None:
     """Every rank by hand, at once (workers first, as a launch script would); seconds until the head answers."""
-    poller = subprocess.Popen(["ip", "netns", "exec", fabric.nodes[0], sys.executable, str(HERE), "poll", str(port),
-                               "60"], stdout=subprocess.PIPE, text=True)
+    # The poller runs in a session of its own, as the ranks do: an operator's Ctrl-C reaches the bench, whose
+    # finally ends it (one reached while its interpreter started printed a traceback).
+    poller = subprocess.Popen(["ip", "netns", "exec", fabric.nodes[0], sys.executable, str(HEALTHPOLL), str(port),
+                               "60"], stdout=subprocess.PIPE, text=True, start_new_session=True)
     ranks: list[subprocess.Popen[bytes]] = []
     try:  # however it ends (an interrupt included), the ranks and the poller started here end here
         time.sleep(0.3)  # the poller's interpreter is up before the ranks start
@@ -184,12 +179,6 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "poll":
-        try:
-            poll_main(int(sys.argv[2]), float(sys.argv[3]))
-        except KeyboardInterrupt:  # Ctrl-C reaches the poller too; the bench reports it
-            return 130
-        return 0
     parser = bench_parser(__doc__, "bench-group.json")
     parser.add_argument("--sizes", default="2,3,4")
     parser.add_argument("--restarts", type=int, default=4)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import math
 import os
@@ -32,12 +31,12 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 sys.path.insert(0, str(REPO))
 
 from daemon_harness import BIN, STANDIN, STANDIN_SKIPS, free_port, render_toml, unique_prefix  # noqa: E402
+from healthpoll import POLL_S, health_ok, wait_healthy  # noqa: E402, F401 (re-exported)
 
 __all__ = ["BIN", "REPO", "STANDIN", "Owned", "ShmLedger", "free_port", "render_toml", "unique_prefix"]
 
 SHM = Path("/dev/shm")
 SHM_PATTERNS = ("psm_", "sem.mp-")
-POLL_S = 0.01  # the bench's own /health poller
 STANDIN_STARTUP_S = "3"  # the stand-in's fixed simulated load time (issue 9)
 # The memory guard's floors for a 24 GiB machine shared with other work, as in config/examples/demo.toml:
 # the shipped floors are for a 128 GB GB10 (refuse a start under 16 GiB, stop vLLM under 4 GiB) and would
@@ -148,27 +147,6 @@ class ShmLedger:
 
 
 # ---- the bench's own readiness poller ----------------------------------------------------------------------------
-
-
-def health_ok(port: int, host: str = "127.0.0.1", timeout: float = 0.25) -> bool:
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
-def wait_healthy(port: int, timeout: float, host: str = "127.0.0.1") -> float | None:
-    """Poll /health every ~10 ms; the monotonic time of the first 200, or None at the timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if health_ok(port, host):
-            return time.monotonic()
-        time.sleep(POLL_S)
-    return None
 
 
 def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:

@@ -279,8 +279,16 @@ def cli_rows(cli: dict[str, Any]) -> list[Row]:
     peer, start = cli["supervisorctl_status"], cli["python_start"]
     rows = []
     for key, figure in (("sparkctl_status", "`sparkctl status` (a ready daemon), spawn → exit: median / p90 ms"),
-                        ("sparkctl_complete", "TAB completion `sparkctl re<TAB>`, spawn → exit: median / p90 ms")):
-        x = cli[key]
+                        ("sparkctl_complete", "TAB completion `sparkctl re<TAB>`, spawn → exit: median / p90 ms"),
+                        ("sparkctl_status_config", "`sparkctl --config FILE status` (the daemon's own file): "
+                                                   "median / p90 ms"),
+                        ("sparkctl_complete_incident", "TAB completion `sparkctl incidents <TAB>` (ids from the "
+                                                       "daemon): median / p90 ms"),
+                        ("sparkd_complete_profile", "TAB completion `sparkd check-config --profile <TAB>`: "
+                                                    "median / p90 ms")):
+        x = cli.get(key)
+        if x is None:  # a run from before these rows
+            continue
         rows.append(row("9", f"{figure} (n = {cli['runs']}; `python -c pass` {fmt(start['median_ms'], '.0f')} ms)",
                         f"{fmt(x['median_ms'], '.0f')} / {fmt(x['p90_ms'], '.0f')}",
                         f"`supervisorctl status` {fmt(peer['median_ms'], '.0f')} / {fmt(peer['p90_ms'], '.0f')}",

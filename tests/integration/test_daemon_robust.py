@@ -70,7 +70,9 @@ def test_a_full_state_filesystem_degrades_and_recovers(sparkd: Fleet, tmp_path: 
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0750", "tmpfs", str(state)], check=True)
     filler = state / "filler"
     try:
-        daemon = Sparkd(tmp_path, base_config(tmp_path, free_port()))
+        config = base_config(tmp_path, free_port())
+        config["recorder"] = {"ring_size": 256 * 1024}  # the flight recorder's ring fits the 1 MiB state disk
+        daemon = Sparkd(tmp_path, config)
         sparkd.add(daemon)
         daemon.start()
         pid = daemon.wait_state("ready")["pid"]

@@ -190,7 +190,13 @@ for i in $(seq 180); do
     fi
     sleep 0.5
 done
-.venv/bin/sparkctl status > {status} 2>&1; echo "exit $?" >> {status}
+# vLLM answers a moment before sparkd's next /health probe calls it ready: ask until it says so (30 s at most).
+for i in $(seq 60); do
+    .venv/bin/sparkctl status > {status} 2>&1; rc=$?
+    test $rc -eq 0 && break
+    sleep 0.5
+done
+echo "exit $rc" >> {status}
 kill -INT -- -$!
 wait $!
 """

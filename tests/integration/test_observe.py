@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import Sparkd, base_config, free_port, peer_token
+from daemon_harness import BIN, Sparkd, base_config, free_port, peer_token
 
 from sparkd.peersign import sign
 
@@ -141,6 +141,39 @@ def test_socket_mode_and_sparkctl_commands(daemon: Sparkd) -> None:
     assert daemon.ctl("--json", "incidents").returncode == 0
 
 
+def test_config_with_a_typo_still_finds_the_daemon_and_says_what_is_wrong(daemon: Sparkd, tmp_path: Path) -> None:
+    """sparkctl --config reads only [paths] run_dir to find the daemon, and says when the rest is invalid."""
+    daemon.start()
+    daemon.wait_state("ready")
+
+    def ctl(config: Path, *args: str) -> subprocess.CompletedProcess[str]:  # the socket from --config alone
+        return subprocess.run([str(BIN / "sparkctl"), "--config", str(config), *args], capture_output=True,
+                              text=True, timeout=60)
+
+    good = daemon.config_path.read_text()
+    other = tmp_path / "edited.toml"  # a copy being edited, with a typo
+    other.write_text(good.replace("[launch]\n", "[launch]\nmax_num_seq = 3\n", 1))
+    for args in (("status",), ("logs", "-n", "1")):  # the fast path and click's
+        result = ctl(other, *args)
+        assert result.returncode == 0, result.stderr
+        notes = [line for line in result.stderr.splitlines() if "is invalid" in line]
+        assert notes == [f"sparkctl: {other} is invalid (launch.max_num_seq: unknown key (did you mean "
+                         f"'max_num_seqs'?)); sparkctl read only its [paths] run_dir. `sparkd check-config "
+                         f"--config {other}` lists every problem"], result.stderr
+    assert "ready since" in ctl(other, "status").stdout
+    # the daemon's own file: its status says so, and sparkctl adds nothing (nor validates: the daemon's word)
+    daemon.config_path.write_text(other.read_text())
+    own = ctl(daemon.config_path, "status")
+    assert own.returncode == 0 and "the config on disk is invalid" in own.stdout, own.stdout
+    assert "launch.max_num_seq: unknown key" in own.stdout and own.stderr == "", own.stderr
+    daemon.config_path.write_text(good)
+    assert ctl(daemon.config_path, "status").stderr == ""
+    # nobody answers where the file points: the note comes with the unreachable line
+    other.write_text(other.read_text().replace(str(daemon.config["paths"]["run_dir"]), str(tmp_path / "nowhere")))
+    lost = ctl(other, "status")
+    assert lost.returncode == 4 and "does not answer" in lost.stderr and "max_num_seq" in lost.stderr, lost.stderr
+
+
 def test_sparkctl_without_a_daemon_says_so(tmp_path: Path) -> None:
     d = Sparkd(tmp_path, base_config(tmp_path, free_port()))
     result = d.ctl("status")
@@ -150,7 +183,6 @@ def test_sparkctl_without_a_daemon_says_so(tmp_path: Path) -> None:
 
 
 PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
-REPO_DATA = Path(__file__).resolve().parents[2] / "tests" / "data" / "gpu"
 
 
 def test_alert_rules_pass_promtool_unit_tests() -> None:
@@ -161,23 +193,6 @@ def test_alert_rules_pass_promtool_unit_tests() -> None:
     tests = subprocess.run(["promtool", "test", "rules", "sparkd-alerts.test.yml"], cwd=folder,
                            capture_output=True, text=True, timeout=60)
     assert tests.returncode == 0, tests.stdout + tests.stderr
-
-
-def test_dashboard_queries_only_metrics_sparkd_exports(daemon: Sparkd) -> None:
-    import re
-
-    daemon.start()
-    daemon.wait_state("ready")
-    _, text = http(f"http://127.0.0.1:{daemon.config['api']['port']}/metrics")
-    exported = set(re.findall(r"^# TYPE (\w+)", text, re.M))
-    exported |= {f"{name}_{suffix}" for name in exported for suffix in ("total", "bucket", "count", "sum")}
-    dashboard = json.loads((PACKAGING / "grafana" / "sparkd-dashboard.json").read_text())
-    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"sparkd_\w+", t["expr"])}
-    pair_only = {"sparkd_peer_up"}  # exported by a node with [cluster] peers (reporting.py), not by this one
-    # exported by a node with NVIDIA GPUs: the families a real H100 node's daemon exported (tests/data/gpu)
-    gpu_only = set(re.findall(r"^(sparkd_gpu_\w+)\{", (REPO_DATA / "h100x2-metrics-ready.txt").read_text(), re.M))
-    assert {m for m in used if m.startswith("sparkd_gpu_")} <= gpu_only
-    assert used and used <= exported | pair_only | gpu_only, used - exported
 
 
 def test_sparkctl_preflight_and_incident_detail(daemon: Sparkd) -> None:
@@ -195,3 +210,18 @@ def test_sparkctl_preflight_and_incident_detail(daemon: Sparkd) -> None:
     detail = daemon.ctl("incidents", listing[0])
     assert detail.returncode == 0 and "SIGKILL" in detail.stdout
     assert daemon.ctl("incidents", "no-such-incident").returncode == 1
+    # TAB completes the daemon's incident ids (from the --socket typed before or after the subcommand)
+    incident = listing[0]
+    assert complete(f"sparkctl --socket {daemon.socket} incidents ") == [f"plain,{incident}"]
+    assert complete(f"sparkctl incidents --socket {daemon.socket} {incident[:9]}") == [f"plain,{incident}"]
+    assert complete(f"sparkctl --socket {daemon.socket} incidents 1999") == []
+    assert complete(f"sparkctl --socket {daemon.socket.parent / 'none.sock'} incidents ") == []  # silent
+
+
+def complete(line: str) -> list[str]:
+    """What bash completion gets for ``line`` (click's protocol; the last word is the one being completed)."""
+    words = line.split(" ")
+    env = {**os.environ, "_SPARKCTL_COMPLETE": "bash_complete", "COMP_WORDS": line, "COMP_CWORD": str(len(words) - 1)}
+    done = subprocess.run([str(BIN / "sparkctl")], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return done.stdout.split()

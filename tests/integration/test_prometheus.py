@@ -32,6 +32,7 @@ ABSENT_HERE = {
 ABSENT_HERE |= {name: "a node with NVIDIA GPUs exports it (tests/data/gpu/h100x2-metrics-ready.txt)" for name in
                 re.findall(r"^(sparkd_gpu_\w+)\{", (REPO / "tests" / "data" / "gpu" / "h100x2-metrics-ready.txt")
                            .read_text(), re.M)}
+OWN_RUNBOOK = "https://wiki.example/ops/sparkd-runbook"
 # The rules use these before the daemon exports them (SparkdStartStuck); the daemon shell adds them.
 PENDING: set[str] = set()
 
@@ -70,7 +71,9 @@ def prometheus(tmp_path: Path, daemon: Sparkd) -> Iterator[str]:
     folder.mkdir()
     shutil.copy(RULES, folder / RULES.name)  # the shipped rules, unchanged
     config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        # The operator's own runbook (the rules' header says how): every alert's runbook_url follows it.
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
+                   "external_labels": {"sparkd_runbook_base": OWN_RUNBOOK}},
         "rule_files": [RULES.name],
         "scrape_configs": [{"job_name": "sparkd",
                             "static_configs": [{"targets": [f"127.0.0.1:{daemon.config['api']['port']}"]}]}],
@@ -137,7 +140,8 @@ def test_restart_alert_fires_in_prometheus_after_repeated_vllm_kills(daemon: Spa
     alerts = wait_for(lambda: firing(prometheus, "SparkdRestartingOften"), "SparkdRestartingOften firing", 120)
     (alert,) = alerts
     assert alert["labels"]["instance"] == target and alert["labels"]["severity"] == "warning"
-    assert alert["annotations"]["runbook_url"].endswith("runbook.md#sparkdrestartingoften")
+    assert alert["annotations"]["runbook_url"] == f"{OWN_RUNBOOK}#sparkdrestartingoften"
+    assert alert["annotations"]["runbook_file"] == "file:///usr/share/doc/sparkd/runbook.md#sparkdrestartingoften"
     assert float(alert["value"]) > 3
     assert firing(prometheus, "SparkdBreakerOpen") == []  # the budget in this config is 50
 
@@ -181,5 +185,8 @@ def test_alerts_and_dashboard_work_per_group() -> None:
     names = list(variables)
     assert names.index("group") < names.index("instance"), "the node selector depends on the group"
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    assert all('instance=~"$instance"' in e for e in exprs), [e for e in exprs if "$instance" not in e]
+    # vLLM's own metrics (job="vllm") follow the node selector through its hosts (test_dashboard)
+    follows = ('instance=~"$instance"', 'instance=~"${host:regex}:[0-9]+"')
+    assert all(any(f in e for f in follows) for e in exprs), [e for e in exprs if not any(f in e for f in follows)]
+    assert 'instance=~"$instance"' in variables["host"]["query"]["query"]
     assert any('group=~"$group"' in e and "by (group, rank" in e for e in exprs), "a panel of the group's ranks"

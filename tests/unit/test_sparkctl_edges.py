@@ -5,6 +5,7 @@ control client's own HTTP/1.1 over a real unix socket, ``logs --since``, ``check
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -146,3 +147,74 @@ def test_check_config_json_for_ci(tmp_path: Path) -> None:
 def test_times_carry_their_zone() -> None:
     shown = status.when(1795755600.0)
     assert shown[:10] == "2026-11-27" and "T" in shown and shown[-6] in "+-"
+
+
+def bash_complete(program: str, line: str) -> list[str]:
+    """What bash completion gets from ``program`` for ``line`` (click's protocol: the last word is completed)."""
+    env = {**os.environ, f"_{program.upper()}_COMPLETE": "bash_complete", "COMP_WORDS": line,
+           "COMP_CWORD": str(len(line.split(" ")) - 1)}
+    done = subprocess.run([str(Path(sys.executable).parent / program)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return done.stdout.split()
+
+
+def test_tab_completes_profile_names() -> None:
+    assert bash_complete("sparkd", "sparkd check-config --profile ") == \
+        [f"plain,{name}" for name in ("1m-context", "balanced", "latency", "throughput")]
+    assert bash_complete("sparkd", "sparkd check-config --profile th") == ["plain,throughput"]
+    assert bash_complete("sparkd", "sparkd check-config --profile nothing") == []
+
+
+def test_incident_ids_complete_to_nothing_without_a_daemon(tmp_path: Path) -> None:
+    assert bash_complete("sparkctl", f"sparkctl --socket {tmp_path / 'none.sock'} incidents ") == []
+    config = tmp_path / "c.toml"
+    config.write_text("[paths\n")  # mid-edit: not even TOML; a TAB still says nothing
+    assert bash_complete("sparkctl", f"sparkctl --config {config} incidents ") == []
+
+
+@pytest.mark.parametrize("program", ["sparkd.cli.sparkd", "sparkd.cli.sparkctl", "sparkd.commands.incidents"])
+def test_help_and_completion_import_no_config_models(program: str) -> None:
+    """The ~0.3 s of pydantic and the config's models are paid by the commands that load a config, not by a TAB
+    or --help (the 150 ms of tests/bench/bench_cli.py)."""
+    heavy = ("sparkd.config", "pydantic", "anyio", "sparkd.lint", "sparkd.launch")
+    code = f"import sys, {program}; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
+
+
+def test_the_cli_default_config_is_the_configs() -> None:
+    from sparkd.cli.locate import DEFAULT_CONFIG_PATH
+    from sparkd.config import DEFAULT_CONFIG_PATH as CONFIGS
+
+    assert DEFAULT_CONFIG_PATH == CONFIGS
+
+
+def test_config_note_names_what_is_wrong_beyond_the_socket(tmp_path: Path) -> None:
+    from sparkd.cli.confignote import config_note
+
+    good = REPO / "config/examples/demo.toml"
+    assert config_note(good, None) is None
+    typo = tmp_path / "typo.toml"
+    typo.write_text(good.read_text().replace("[launch]\n", "[launch]\nmax_num_seq = 3\n", 1))
+    note = config_note(typo, None)
+    assert note is not None and note.startswith(f"{typo} is invalid (launch.max_num_seq: unknown key")
+    assert "sparkctl read only its [paths] run_dir" in note and f"sparkd check-config --config {typo}" in note
+    assert config_note(typo, "it is not valid TOML") is None  # locate said so already
+    assert config_note(None, None) is None
+    # The daemon's status judged this very file: it says so itself; another file, or a relative path, is checked here
+    assert config_note(typo, None, {"path": str(typo), "valid": True}) is None
+    assert config_note(typo, None, {"path": str(good.resolve()), "valid": True}) == note
+    assert config_note(typo, None, {"path": "typo.toml", "valid": False}) == note
+    assert config_note(typo, None, {"path": None}) == note
+
+
+def test_when_the_daemon_speaks_for_the_file_nothing_is_imported(tmp_path: Path) -> None:
+    """The status fast path with --config naming the daemon's own file stays fast: no config models loaded."""
+    typo = tmp_path / "typo.toml"
+    typo.write_text("[launch]\nmax_num_seq = 3\n")
+    code = ("import sys; from pathlib import Path; from sparkd.cli.confignote import config_note; "
+            f"note = config_note(Path({str(typo)!r}), None, {{'path': {str(typo)!r}, 'valid': False}}); "
+            "print(note, 'sparkd.config' in sys.modules, 'pydantic' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["None", "False", "False"], done.stdout + done.stderr
