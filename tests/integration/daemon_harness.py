@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import resource
+import secrets
 import signal
 import socket
 import subprocess
@@ -22,7 +23,7 @@ from sparkd.rehearsal import REHEARSAL_SKIPS
 from sparkd.runtime.proctree import tree
 
 __all__ = ["BIN", "MODEL", "STANDIN", "STANDIN_SKIPS", "Sparkd", "alive", "as_user", "base_config", "free_port",
-           "kill_tree", "shm_segments", "title_prefix", "tree", "unheld", "unique_prefix"]
+           "kill_tree", "peer_token", "shm_segments", "title_prefix", "tree", "unheld", "unique_prefix"]
 
 BIN = Path(sys.executable).parent
 STANDIN = BIN / "sparkd-standin"  # the sparkd-standin distribution, installed next to sparkd by `make setup`
@@ -30,6 +31,13 @@ STANDIN = BIN / "sparkd-standin"  # the sparkd-standin distribution, installed n
 MODEL = "sparkd-tests/standin"
 # What a config running the stand-in lists in `[preflight] skip`, for the reason a rehearsal skips them.
 STANDIN_SKIPS = sorted(REHEARSAL_SKIPS)
+
+
+def peer_token(path: Path) -> Path:
+    """The peers' shared secret as the package makes one (``[api] token_file``): 64 hex characters, mode 0600."""
+    path.write_text(secrets.token_hex(32) + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def free_port() -> int:
