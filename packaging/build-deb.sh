@@ -150,7 +150,7 @@ PY
 
 # ---- 3. the package tree
 install -D -m 0644 "$REPO/systemd/sparkd.service" "$ROOT/lib/systemd/system/sparkd.service"
-install -D -m 0644 "$REPO/config/sparkd.toml" "$ROOT/etc/sparkd/sparkd.toml"
+install -D -m 0640 "$REPO/config/sparkd.toml" "$ROOT/etc/sparkd/sparkd.toml"
 mkdir -p "$ROOT/usr/bin"
 ln -s "$PREFIX/venv/bin/sparkd" "$ROOT/usr/bin/sparkd"
 ln -s "$PREFIX/venv/bin/sparkctl" "$ROOT/usr/bin/sparkctl"
@@ -202,6 +202,8 @@ install -D -m 0644 "$REPO/packaging/debian/lintian-overrides" "$ROOT/usr/share/l
 find "$ROOT" -type d -exec chmod 0755 {} +
 find "$ROOT" -type f -exec chmod 0644 {} +
 find "$VENV/bin" -type f -exec chmod 0755 {} +
+# The config may hold [launch] api_key: root's, not every local user's (security review §4).
+chmod 0640 "$ROOT/etc/sparkd/sparkd.toml"
 
 install -d "$ROOT/DEBIAN"
 for script in postinst prerm postrm; do

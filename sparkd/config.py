@@ -48,6 +48,7 @@ from sparkd.config_supervision import (
     RestartConfig,
     SupervisorConfig,
 )
+from sparkd.secretrule import MASK, is_secret_name, mask_shapes
 
 __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
@@ -130,6 +131,11 @@ class Config(BaseModel):
     @property
     def master_port(self) -> int:
         return self.launch.master_port or self.cluster.master_port
+
+    @property
+    def listen(self) -> str:
+        """The TCP port's address: ``[api] listen``, else this node's fabric address, else loopback."""
+        return self.api.listen or self.node.address or "127.0.0.1"
 
     @property
     def served_name(self) -> str:
@@ -232,7 +238,7 @@ def _describe(exc: ValidationError, overrides: list[Override]) -> list[str]:
         elif not loc:
             problems.append((1, message))  # model-level checks name their own key
             continue
-        if "input" in err and err["type"] not in ("missing", "extra_forbidden"):
+        if "input" in err and err["type"] not in ("missing", "extra_forbidden") and not _secret_key(loc):
             shown = _short_repr(err["input"])
             if shown not in message:
                 message += f" (got {shown})"
@@ -242,12 +248,29 @@ def _describe(exc: ValidationError, overrides: list[Override]) -> list[str]:
     return [line for _, line in sorted(problems, key=lambda p: p[0])]
 
 
+def _secret_key(loc: list[str]) -> bool:
+    """The key holds a secret (an invalid value is then not echoed: a reload refusal and status show it)."""
+    return any(part in ("api_key", "secret_env") or is_secret_name(part) for part in loc)
+
+
 def _short_repr(value: Any) -> str:
+    """The invalid value as the message shows it, with anything shaped like a secret masked."""
     try:
-        text = repr(value)
+        text = mask_shapes(repr(_masked(value)))
     except RecursionError:
         text = f"<a deeply nested {type(value).__name__}>"
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _masked(value: Any, depth: int = 0) -> Any:
+    if depth > MAX_DEPTH:
+        return value
+    if isinstance(value, dict):
+        return {k: MASK if isinstance(k, str) and (k == "api_key" or is_secret_name(k)) else _masked(v, depth + 1)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v, depth + 1) for v in value]
+    return value
 
 
 def _suggest(loc: list[str]) -> str:

@@ -3,7 +3,8 @@
 ``launch_changes`` compares the rendered launches (argv and environment — what vLLM would actually get);
 ``setting_changes`` compares every other key. ``NEEDS_RESTART`` are the keys a running daemon cannot take on
 (where it keeps state, how it is reached, who it is): a reload reports them and they apply when sparkd
-restarts. Values of secret-looking environment keys are never shown.
+restarts. A secret (``sparkd.secretrule``: ``launch.api_key``, secret-named environment values) is never shown:
+a change of one reads ``(secret …) → (secret …)``, digests under a key of this process's own.
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ from typing import Any
 
 from sparkd.config import Config
 from sparkd.launch import render
+from sparkd.secretrule import digest, is_secret_name
 
 NEEDS_RESTART = ("node.name", "node.role", "runtime", "paths.", "api.port", "api.listen", "api.socket_group",
-                 "api.token_file", "cluster.peers")
-_SECRET_MARKS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+                 "api.token_file", "api.tls_cert", "api.tls_key", "api.tls_ca", "cluster.peers")
 
 
-def _shown(name: str, value: str | None) -> str:
+def _shown(value: str | None, secret: bool) -> str:
     if value is None:
         return "(unset)"
-    return "(secret)" if any(mark in name.upper() for mark in _SECRET_MARKS) else repr(value)
+    return digest(value) if secret else repr(value)
 
 
 def launch_changes(old: Config, new: Config) -> list[str]:
@@ -35,7 +36,11 @@ def launch_changes(old: Config, new: Config) -> list[str]:
     for name in sorted(before.env.keys() | after.env.keys()):
         a, b = before.env.get(name), after.env.get(name)
         if a != b:
-            lines.append(f"env {name}: {_shown(name, a)} → {_shown(name, b)}")
+            lines.append(f"env {name}: {_shown(a, False)} → {_shown(b, False)}")
+    for name in sorted(before.secret_env.keys() | after.secret_env.keys()):
+        a, b = before.secret_env.get(name), after.secret_env.get(name)
+        if a != b:
+            lines.append(f"env {name}: {_shown(a, True)} → {_shown(b, True)}")
     return lines
 
 
@@ -60,10 +65,30 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def setting_changes(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
-    """(key, old value, new value) for every key outside [launch] that differs."""
+    """(key, old value, new value) for every key outside [launch] that differs; a secret's values as digests."""
     a = _flat({k: v for k, v in old.model_dump(mode="json").items() if k != "launch"})
     b = _flat({k: v for k, v in new.model_dump(mode="json").items() if k != "launch"})
-    return [(key, a.get(key), b.get(key)) for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)]
+    names = {*old.launch.secret_env, *new.launch.secret_env}
+    out = []
+    for key in sorted(a.keys() | b.keys()):
+        if a.get(key) == b.get(key):
+            continue
+        if ".env." in key and is_secret_name(key.rsplit(".", 1)[-1], names):
+            out.append((key, _masked(a.get(key)), _masked(b.get(key))))
+        else:
+            out.append((key, a.get(key), b.get(key)))
+    return out
+
+
+def _masked(value: Any) -> Any:
+    return value if value is None else _Shown(digest(str(value)))
+
+
+class _Shown(str):
+    """A value already made safe to show: its repr is itself (no quotes around a digest)."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def needs_restart(key: str) -> bool:

@@ -38,6 +38,8 @@ from typing import Any, Union, cast, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings, EnvSettingsSource
 
+from sparkd.secretrule import mask_shapes
+
 __all__ = ["ENV_PREFIX", "Override", "OverrideError", "SparkdEnvSource", "apply_overrides", "parse_overrides",
            "variable_for"]
 
@@ -143,7 +145,8 @@ def _value(variable: str, text: str, kind: str, where: str) -> Any:
     wanted = list if kind == _LIST else dict
     if not isinstance(value, wanted):
         noun = "a JSON list" if kind == _LIST else "a JSON object"
-        raise OverrideError([f"{variable}: {where} takes {noun}, e.g. {_EXAMPLE[kind]} (got {text[:60]!r})"])
+        shown = mask_shapes(repr(text[:60]))  # a secret's value is never echoed (sparkd.secretrule)
+        raise OverrideError([f"{variable}: {where} takes {noun}, e.g. {_EXAMPLE[kind]} (got {shown})"])
     return value
 
 

@@ -159,7 +159,15 @@ class LaunchConfig(_Section):
     tool_call_parser: str | None = Field(default=None, description=_flag("`--tool-call-parser`."))
     enable_auto_tool_choice: bool = Field(default=False, description="`--enable-auto-tool-choice`.")
     reasoning_parser: str | None = Field(default=None, description=_flag("`--reasoning-parser`."))
-    api_key: str | None = Field(default=None, description="`--api-key`: clients must send it; sparkd's probes do.")
+    api_key: str | None = Field(default=None, description=(
+        "The key clients must send (vLLM reads it from `VLLM_API_KEY`; sparkd's probes send it). A secret: prefer "
+        "`api_key_file` and keep the config free of it."))
+    api_key_file: Path | None = Field(default=None, description=(
+        "A file holding the API key (root's, mode 0600), instead of `api_key` in the config."))
+    secret_env: list[str] = Field(default_factory=list, description=(
+        "More environment variables whose values are secrets, besides those whose name has KEY, TOKEN, SECRET, "
+        "PASSWORD or CREDENTIAL at the end of a word: passed to vLLM only through its environment, shown as "
+        "`(secret)` everywhere else."))
     nnodes: int | None = Field(default=None, ge=1, description=(
         "`--nnodes`; default: `[cluster] nnodes`, else from the role."))
     node_rank: int | None = Field(default=None, ge=0, description="`--node-rank`; default: `[node] rank`.")
@@ -196,6 +204,18 @@ class LaunchConfig(_Section):
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         return env_names(value)
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, value: list[str]) -> list[str]:
+        env_names(dict.fromkeys(value, ""))
+        return value
+
+    @model_validator(mode="after")
+    def _one_api_key(self) -> LaunchConfig:
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ValueError("launch.api_key_file: set either api_key or api_key_file, not both")
+        return self
 
 
 class ClusterConfig(_Section):
@@ -239,7 +259,8 @@ class PathsConfig(_Section):
     run_dir: Path = Field(default=Path("/run/sparkd"), description="The control socket `sparkd.sock`.")
     instances_dir: Path = Field(default=Path("/run/sparkd/instances"), description=(
         "Where every sparkd on this host registers its live launch, shared by all of them: a process of another "
-        "live instance's launch is never stale (docs/design.md §7)."))
+        "live instance's launch is never stale (docs/design.md §7). A daemon that may not write it registers in "
+        "`$XDG_RUNTIME_DIR/sparkd/instances`, which every instance reads too."))
     log_dir: Path | None = Field(default=None, description=(
         "vLLM's output (`vllm.log`, rotated); default `<state_dir>/logs`. The package's unit sets up "
         "/var/log/sparkd (`LogsDirectory=`)."))
@@ -260,18 +281,38 @@ class PathsConfig(_Section):
 class ApiConfig(_Section):
     socket_group: str | None = Field(default="sparkd", description=(
         "Group that may use the control socket (`<run_dir>/sparkd.sock`, mode 0660), i.e. `sparkctl`."))
-    listen: str = Field(default="127.0.0.1", description=(
-        "IP address of the TCP port: Prometheus `/metrics` (open) and the peer API `/v1/*` (bearer token). "
-        "A pair needs the fabric address or 0.0.0.0."))
+    listen: str | None = Field(default=None, description=(
+        "IP address of the TCP port: Prometheus `/metrics` (open) and the peer API `/v1/*` (signed requests "
+        "from `[cluster] peers` only). Default: `[node] address` (the fabric), else 127.0.0.1. A wildcard "
+        "(0.0.0.0, ::) also opens the port on every other network the node is on."))
     port: int = Field(default=9479, ge=0, le=65535, description="The TCP port; 0: no TCP listener.")
     token_file: Path | None = Field(default=None, description=(
-        "File holding the peer API's shared secret (the same on every node, mode 0600); without it `/v1/*` "
+        "File holding the peers' shared secret (the same on every node; root's, mode 0600, at least 32 bytes: "
+        "`openssl rand -hex 32`); requests between the peers are signed with it (HMAC). Without it `/v1/*` "
         "over TCP is closed."))
+    tls_cert: Path | None = Field(default=None, description=(
+        "This node's TLS certificate (PEM; its subjectAltName holds the address the peers use): with `tls_key` "
+        "and `tls_ca`, the TCP port speaks TLS and the peers prove themselves with certificates (mutual TLS)."))
+    tls_key: Path | None = Field(default=None, description="The private key of `tls_cert` (PEM, root's, mode 0600).")
+    tls_ca: Path | None = Field(default=None, description=(
+        "The CA (PEM) that signed every node's certificate: a peer's certificate must chain to it."))
 
     @field_validator("listen")
     @classmethod
-    def _listen(cls, value: str) -> str:
-        return _ip_address(value)
+    def _listen(cls, value: str | None) -> str | None:
+        return None if value is None else _ip_address(value)
+
+    @model_validator(mode="after")
+    def _tls_all_or_nothing(self) -> ApiConfig:
+        given = {"tls_cert": self.tls_cert, "tls_key": self.tls_key, "tls_ca": self.tls_ca}
+        if any(given.values()) and not all(given.values()):
+            missing = ", ".join(f"api.{k}" for k, v in given.items() if v is None)
+            raise ValueError(f"{missing}: required with the other TLS keys (mutual TLS needs all three)")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
 
 class LintConfig(_Section):

@@ -8,6 +8,12 @@ gets ``gpu.json`` (the NVML reading and the launch's power history) and ``nvidia
 the failure adds ``stop.json`` (its grace, whether sparkd had to SIGKILL, the GPU memory's release) and the record's
 ``stop``. Old folders are pruned by count.
 
+Root writes and deletes here, so nothing is taken on trust (security review §3: with ``incidents`` a symlink to
+another directory, the pruner removed five folders that were not its own): the root must be a real directory
+(``lstat``, never a link), every file is created ``O_EXCL|O_NOFOLLOW`` in a folder made for it, and the
+pruner and the listing consider only real directories whose names are the writer's own pattern
+(:data:`FOLDER`).
+
 :class:`IncidentWriter` writes in a worker thread (the kernel-log read and the disk never block the event
 loop), except :meth:`IncidentWriter.write_now`, the memory guard's quick synchronous write before a signal.
 """
@@ -15,7 +21,10 @@ loop), except :meth:`IncidentWriter.write_now`, the memory guard's quick synchro
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Sequence
@@ -25,10 +34,16 @@ from typing import Any
 
 import anyio
 
-from sparkd.statefile import write_json
+from sparkd.safefile import create_new
+from sparkd.statefile import read_regular, to_json, write_json
 from sparkd.supervisor.failures import Evidence, Failure
 
 KERNEL_LOG_LINES = 200
+FOLDER = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(-\d+)?$")  # <UTC stamp>-<class>[-N]: what write_incident names
+
+
+class UnsafeRoot(OSError):
+    """The incidents root is not a real directory (a symlink, a file): sparkd writes and prunes nothing there."""
 
 
 def incident_record(failure: Failure, *, at: float, config_hash: str, **facts: Any) -> dict[str, Any]:
@@ -78,9 +93,9 @@ class GpuEvidence:
 
 
 def write_gpu(folder: Path, gpu: GpuEvidence) -> None:
-    (folder / "gpu.json").write_text(json.dumps(gpu.reading, indent=2, default=str) + "\n")
+    create_new(folder / "gpu.json", (json.dumps(gpu.reading, indent=2, default=str) + "\n").encode())
     if gpu.smi_q is not None:
-        (folder / "nvidia-smi-q.txt").write_text(gpu.smi_q)
+        create_new(folder / "nvidia-smi-q.txt", gpu.smi_q.encode("utf-8", errors="replace"))
 
 
 def attach_stop(folder: Path, stop: dict[str, Any]) -> None:
@@ -101,29 +116,58 @@ def write_incident(
 ) -> Path:
     """Write one incident folder and prune the oldest beyond ``keep``. Returns the folder."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(record["at"]))
+    checked_root(root, create=True)
     folder = _unique(root / f"{stamp}-{record['class']}")
-    folder.mkdir(parents=True)
-    write_json(folder / "incident.json", record)
-    (folder / "log-tail.txt").write_text("\n".join(log_tail) + ("\n" if log_tail else ""), encoding="utf-8")
+    folder.mkdir(mode=0o750)
+    files = {"incident.json": to_json(record), "log-tail.txt": "\n".join(log_tail) + ("\n" if log_tail else "")}
     if Evidence.meminfo in evidence:
         try:
-            shutil.copyfile(meminfo, folder / "meminfo.txt")
+            files["meminfo.txt"] = meminfo.read_text(errors="replace")
         except OSError as exc:
-            (folder / "meminfo.txt").write_text(f"unreadable: {exc}\n")
+            files["meminfo.txt"] = f"unreadable: {exc}\n"
     if Evidence.container in evidence and container is not None:
-        (folder / "container.json").write_text(json.dumps(container, indent=2, default=str) + "\n")
+        files["container.json"] = json.dumps(container, indent=2, default=str) + "\n"
     if Evidence.guard in evidence and guard is not None:
-        (folder / "guard.json").write_text(json.dumps(guard, indent=2, default=str) + "\n")
+        files["guard.json"] = json.dumps(guard, indent=2, default=str) + "\n"
     kernel = _kernel_log_tail() if Evidence.kernel_log in evidence else None
     if kernel is not None:
-        (folder / "kernel-log.txt").write_text(kernel)
+        files["kernel-log.txt"] = kernel
+    for name, text in files.items():
+        create_new(folder / name, text.encode("utf-8", errors="replace"))
     prune(root, keep)
     return folder
 
 
+def checked_root(root: Path, *, create: bool = False) -> bool:
+    """Whether ``root`` is a real directory (made when missing and ``create``); UnsafeRoot when something else
+    (a symlink, a file) has its name."""
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        if not create:
+            return False
+        root.mkdir(parents=True, mode=0o750, exist_ok=True)
+        st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise UnsafeRoot(f"{root} is {kind}; sparkd keeps incidents only in a real directory of its own")
+    return True
+
+
+def _own_folders(root: Path) -> list[Path]:
+    """The incident folders under ``root``: real directories named as the writer names them, oldest first."""
+    if not checked_root(root):
+        return []
+    out = []
+    for entry in os.scandir(root):
+        if FOLDER.match(entry.name) and entry.is_dir(follow_symlinks=False):
+            out.append(Path(entry.path))
+    return sorted(out)
+
+
 def _unique(path: Path) -> Path:
     candidate, n = path, 1
-    while candidate.exists():
+    while os.path.lexists(candidate):
         n += 1
         candidate = path.with_name(f"{path.name}-{n}")
     return candidate
@@ -140,19 +184,26 @@ def _kernel_log_tail(lines: int = KERNEL_LOG_LINES) -> str | None:
 
 
 def prune(root: Path, keep: int) -> None:
-    folders = sorted(p for p in root.iterdir() if p.is_dir())
+    """Remove the oldest incident folders beyond ``keep`` — only folders of the writer's own pattern, never through
+    a link (``shutil.rmtree`` walks by descriptor); under a root that is not a real directory, nothing."""
+    try:
+        folders = _own_folders(root)
+    except OSError:
+        return
     for old in folders[: max(0, len(folders) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
 
 
 def list_incidents(root: Path) -> list[dict[str, Any]]:
     """Incident records, newest first (a folder without a readable record is left out)."""
-    if not root.is_dir():
+    try:
+        folders = _own_folders(root)
+    except OSError:
         return []
     out = []
-    for folder in sorted((p for p in root.iterdir() if p.is_dir()), reverse=True):
+    for folder in reversed(folders):
         try:
-            record = json.loads((folder / "incident.json").read_text())
+            record = json.loads(read_regular(folder / "incident.json"))
         except (OSError, ValueError):
             continue
         if isinstance(record, dict):

@@ -2,9 +2,16 @@
 
 One JSON file per instance in ``[paths] instances_dir`` (default ``/run/sparkd/instances``, a tmpfs: a reboot
 clears it), named after the instance's state directory. It names the daemon (PID and create time), its config
-and state directory, and its launch: the root process (PID and create time), the launch marker every process
-of the launch inherits (``SPARKD_LAUNCH_ID``), the container. The stale/neighbour decision
-(:mod:`sparkd.preflight.neighbours`) never counts a process of a registered launch as stale.
+and state directory, and its launch: the root process (PID and create time; the process runtime's root leads a
+session every process of the launch stays in), the launch marker every process of the launch inherits
+(``SPARKD_LAUNCH_ID``), the container. The stale/neighbour decision (:mod:`sparkd.preflight.neighbours`) never
+counts a process of a registered launch as stale.
+
+A daemon that may not write there (a user's ``make run`` beside root's ``/run/sparkd``) registers in its user's
+runtime folder, ``$XDG_RUNTIME_DIR/sparkd/instances`` (``/run/user/<uid>/…``). Every instance reads the
+configured folder, its own user's and each ``/run/user/*/sparkd/instances`` it may read (root: all of them). A
+registration in a folder that a user other than root owns speaks only for that user's processes: a user cannot
+protect root's litter by registering it.
 
 A registration whose daemon is gone (no process with that PID and create time) protects nothing: it is read as
 absent and left for its owner to rewrite. Reading is defensive (regular files only, not through a symlink, at
@@ -19,8 +26,8 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +38,8 @@ from sparkd.runtime import proctree
 from sparkd.statefile import to_json
 
 MAX_BYTES = 64 << 10
+USER_RUNTIME_ROOT = Path("/run/user")  # where pam_systemd makes each logged-in user's XDG_RUNTIME_DIR
+USER_SUBFOLDER = Path("sparkd", "instances")
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,9 @@ class Registration:
     launch_start: float = 0.0
     marker: str | None = None
     container: str | None = None
+    # Read, never written: the uid whose processes this registration may speak for (None: any — a folder of
+    # root's); the owner of the folder it was read from.
+    speaks_for: int | None = field(default=None, compare=False)
 
     @property
     def owner(self) -> str:
@@ -54,7 +66,7 @@ class Registration:
     def launch(self) -> Launch | None:
         if self.launch_pid <= 1 and not self.marker:
             return None
-        return Launch(self.launch_pid, self.launch_start, self.owner, self.marker)
+        return Launch(self.launch_pid, self.launch_start, self.owner, self.marker, uid=self.speaks_for)
 
     @classmethod
     def from_json(cls, data: Any) -> Registration | None:
@@ -106,7 +118,7 @@ def write(instances_dir: Path, reg: Registration) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(to_json(asdict(reg)))
+            handle.write(to_json({k: v for k, v in asdict(reg).items() if k != "speaks_for"}))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -149,12 +161,38 @@ def daemon_alive(reg: Registration) -> bool:
     return proc is not None
 
 
+def user_folder(env: Mapping[str, str]) -> Path | None:
+    """This user's registration folder, ``$XDG_RUNTIME_DIR/sparkd/instances``; None without an absolute
+    XDG_RUNTIME_DIR."""
+    runtime_dir = env.get("XDG_RUNTIME_DIR", "")
+    return Path(runtime_dir) / USER_SUBFOLDER if runtime_dir.startswith("/") else None
+
+
+def folders(configured: Path, env: Mapping[str, str], runtime_root: Path = USER_RUNTIME_ROOT) -> list[Path]:
+    """Every folder registrations are read from, each once: the configured one, this user's, and every user's
+    under ``runtime_root`` (root reads them all; a user only their own, the others' are 0700)."""
+    found = [configured, *filter(None, [user_folder(env)])]
+    with contextlib.suppress(OSError), os.scandir(runtime_root) as entries:
+        found += sorted(Path(entry.path) / USER_SUBFOLDER for entry in entries)
+    out: list[Path] = []
+    for folder in found:
+        if folder.absolute() not in out:
+            out.append(folder.absolute())
+    return out
+
+
 def live(instances_dir: Path, *, besides: Path | None = None) -> list[Registration]:
-    """The registrations in ``instances_dir`` whose daemon runs, except the one for state dir ``besides``."""
+    """The registrations in ``instances_dir`` whose daemon runs, except the one for state dir ``besides``; each
+    speaks for the folder owner's processes only, unless root owns the folder. None from a folder that is a
+    symlink or not a folder."""
     try:
+        st = os.lstat(instances_dir)
+        if not stat.S_ISDIR(st.st_mode):
+            return []
         names = sorted(entry.name for entry in os.scandir(instances_dir) if entry.name.endswith(".json"))
     except OSError:
         return []
+    speaks_for = None if st.st_uid == 0 else st.st_uid
     skip = file_for(instances_dir, besides).name if besides is not None else None
     found = []
     for name in names:
@@ -162,7 +200,16 @@ def live(instances_dir: Path, *, besides: Path | None = None) -> list[Registrati
             continue
         reg = read(instances_dir / name)
         if reg is not None and reg.daemon_pid != os.getpid() and daemon_alive(reg):
-            found.append(reg)
+            found.append(replace(reg, speaks_for=speaks_for))
+    return found
+
+
+def live_everywhere(configured: Path, *, besides: Path | None = None,
+                    env: Mapping[str, str] | None = None) -> list[Registration]:
+    """:func:`live` over every folder of :func:`folders`."""
+    found: list[Registration] = []
+    for folder in folders(configured, os.environ if env is None else env):
+        found += live(folder, besides=besides)
     return found
 
 

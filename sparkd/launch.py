@@ -14,6 +14,8 @@ from typing import Any
 
 from sparkd import __version__
 from sparkd.config import Config, HealthConfig, LaunchConfig
+from sparkd.secretfile import SecretFileProblem, read_secret_file
+from sparkd.secretrule import is_secret_name
 
 # The field's known-good environment (DESIGN.md §5). `[launch] env` overrides; `default_env = false` drops it.
 RECOMMENDED_ENV: dict[str, str] = {
@@ -50,8 +52,9 @@ def flag(name: str) -> str:
 
 
 # Secrets reach vLLM through its environment only: never argv (any user can read it), the script or its JSON.
-# vLLM reads its API key from VLLM_API_KEY (vllm/envs.py; the API server takes args.api_key or that).
-SECRET_ENV = ("VLLM_API_KEY",)
+# vLLM reads its API key from VLLM_API_KEY (vllm/envs.py; the API server takes args.api_key or that). Which
+# variables are secrets is sparkd.secretrule's one rule.
+API_KEY_ENV = "VLLM_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ class LaunchSpec:
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"argv": list(self.argv), "env": dict(self.env)}
+        """argv and environment as shown to anyone: the secrets by name only."""
+        return {"argv": list(self.argv), "env": dict(self.env), "secret_env": sorted(self.secret_env)}
 
     def environment(self) -> dict[str, str]:
         """The launch's whole environment, secrets included: for the runtime's exec, nothing else."""
@@ -175,10 +179,37 @@ def render(cfg: Config) -> LaunchSpec:
         argv.append(launch.model)
         argv += render_flags(cfg)
     env = render_env(cfg)
-    secret_env = {name: env.pop(name) for name in SECRET_ENV if name in env}
-    if launch.api_key:
-        secret_env["VLLM_API_KEY"] = launch.api_key
+    secret_env = {name: env.pop(name) for name in list(env) if is_secret_name(name, launch.secret_env)}
+    key = configured_api_key(cfg)
+    if key is not None:
+        secret_env[API_KEY_ENV] = key
     return LaunchSpec(argv=tuple(argv), env=env, config_hash=cfg.launch_hash(), secret_env=secret_env)
+
+
+def configured_api_key(cfg: Config) -> str | None:
+    """``[launch] api_key``, or the content of ``api_key_file`` — "" when that cannot be read (or is not root's
+    alone), so the launch script refuses to start vLLM rather than serve it without its key."""
+    launch = cfg.launch
+    if launch.api_key_file is None:
+        return launch.api_key
+    try:
+        return read_secret_file(launch.api_key_file, "[launch] api_key_file")
+    except SecretFileProblem:
+        return ""
+
+
+def api_key(cfg: Config) -> str | None:
+    """The key vLLM's clients must send (sparkd's probes do): the configured one, else ``VLLM_API_KEY`` from the
+    launch's or the container's environment."""
+    return configured_api_key(cfg) or render_env(cfg).get(API_KEY_ENV) or (
+        cfg.container.env.get(API_KEY_ENV) if cfg.runtime.in_container else None)
+
+
+def secret_values(cfg: Config) -> list[str]:
+    """Every secret value the config holds or names (the API key, secret-named environment values)."""
+    names = cfg.launch.secret_env
+    env = {**cfg.container.env, **render_env(cfg)}
+    return [v for k, v in env.items() if is_secret_name(k, names)] + [k for k in (api_key(cfg),) if k]
 
 
 def render_script(spec: LaunchSpec, *, source: str = "the sparkd config") -> str:

@@ -3,7 +3,8 @@
 sparkd's events go to stderr, one JSON object per line, or readable console lines (``[log] format``: ``auto``
 picks console on a terminal). Under systemd, stderr is the journal (:mod:`sparkd.journal`): each line then
 carries a ``<N>`` syslog priority, so ``journalctl -p warning -u sparkd`` shows warnings and errors only.
-Foreign loggers (uvicorn, docker, httpx) are rendered the same way. ``[log] level`` filters both.
+Foreign loggers (uvicorn, docker, httpx) are rendered the same way. ``[log] level`` filters both. Every event and
+every rendered line passes the daemon's redactor (:mod:`sparkd.redact`): no secret reaches the journal.
 
 vLLM's lines go to ``<logs>/vllm.log`` (rotated by size), a ring buffer for incidents, ``sparkctl logs`` and
 the classifier, and optionally the journal under its own identifier (``[log] vllm_to_journal``). Rules of
@@ -35,6 +36,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 import structlog
 
 from sparkd.journal import JOURNAL_SOCKET, PRIORITY, JournalSink, stderr_is_journal
+from sparkd.redact import log_processor, redact_line
+from sparkd.safefile import open_append
 from sparkd.supervisor.probelines import is_probe_line
 
 if TYPE_CHECKING:
@@ -55,7 +58,7 @@ class _Render:
 
     def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
         level = str(event.get("level", method)).lower()
-        text = str(self.renderer(logger, method, event))
+        text = redact_line(str(self.renderer(logger, method, event)))
         if not self.journal:
             return text
         priority = PRIORITY.get(level, PRIORITY["info"])
@@ -92,7 +95,7 @@ def configure_logging(cfg: LogConfig | None = None, *, json_lines: bool | None =
     shared: list[Any] = [structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True)]
     exc: list[Any] = [structlog.processors.format_exc_info] if json_lines else []
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, keep_fields, *shared, *exc, final],
+        processors=[structlog.contextvars.merge_contextvars, keep_fields, *shared, *exc, log_processor, final],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
@@ -240,7 +243,8 @@ class VllmLog:
     def _write(self, data: str, size: int) -> None:
         if self._handle is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle = open(self.path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed in close()
+            # Never through a link or into a FIFO planted as vllm.log (security review §3): O_NOFOLLOW, regular only.
+            self._handle = os.fdopen(open_append(self.path), "a", encoding="utf-8", errors="replace")
             self._size = self._handle.tell()
         self._handle.write(data)
         self._handle.flush()

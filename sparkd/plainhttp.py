@@ -112,17 +112,7 @@ def parse_response(raw: bytes) -> Response:
     if not sep:
         raise ProtocolError("the server closed the connection before the end of the headers" if raw else
                             "the server closed the connection without answering")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    version, _, tail = status_line.partition(" ")
-    code = tail.partition(" ")[0]
-    if not version.startswith("HTTP/1.") or not code.isdigit():
-        raise ProtocolError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
-    headers = {}
-    for line in header_lines:
-        name, colon, value = line.partition(":")
-        if not colon:
-            raise ProtocolError(f"malformed header line: {line[:80]!r}")
-        headers[name.strip().lower()] = value.strip()
+    code, headers = parse_head(head)
     if "chunked" in headers.get("transfer-encoding", "").lower():
         body = _dechunk(rest)
     elif headers.get("content-length", "").isdigit():
@@ -132,7 +122,23 @@ def parse_response(raw: bytes) -> Response:
         body = rest[:length]
     else:
         body = rest
-    return Response(int(code), body, headers)
+    return Response(code, body, headers)
+
+
+def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """An answer's status line and headers (without the empty line that ends them) → status, lower-case headers."""
+    status_line, *header_lines = head.decode("latin-1").removesuffix("\r\n\r\n").split("\r\n")
+    version, _, tail = status_line.partition(" ")
+    code = tail.partition(" ")[0]
+    if not version.startswith("HTTP/1.") or not code.isdigit() or len(code) != 3:
+        raise ProtocolError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+    headers = {}
+    for line in header_lines:
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise ProtocolError(f"malformed header line: {line[:80]!r}")
+        headers[name.strip().lower()] = value.strip()
+    return int(code), headers
 
 
 def _dechunk(data: bytes) -> bytes:

@@ -1,47 +1,47 @@
-"""Secrets stay secret: the text sparkd logs, keeps or shows never holds the API key or the peer token.
+"""Secrets stay secret: the text sparkd logs, keeps or shows never holds a secret (:mod:`sparkd.secretrule`).
 
-A :class:`Redactor` knows the secret values (``[launch] api_key``, ``VLLM_API_KEY`` in the launch's
-environment, the peer token from ``[api] token_file``) and also recognises secrets by their shape, for one it
-was not told about (a key in ``extra_args``, a bearer header in a traceback): the value after ``--api-key``,
-``VLLM_API_KEY=``, ``api_key=``/``"api_key": `` and ``Bearer``. Each becomes :data:`MASK`.
+A :class:`Redactor` knows the secret values (the API key, every secret-named value of ``[launch.env]`` and
+``[container.env]``, the peers' shared secret) and also recognises secrets by their shape, for one it was not
+told about (a key in ``extra_args``, a bearer header in a traceback, another container's ``HF_TOKEN``): the value
+after ``--api-key``, ``api_key=``/``"api_key": ``, ``Bearer``, and ``NAME=`` or ``"NAME": `` for a secret
+``NAME``. Each becomes :data:`MASK`.
 
-The shell applies it where text leaves sparkd's hands: every vLLM log line before the host log and the ring
-(so incidents and ``sparkctl logs`` read redacted text), the launch log line, and the daemon's own events.
+The shell applies it where text leaves sparkd's hands: every vLLM log line before the host log and the ring (so
+incidents and ``sparkctl logs`` read redacted text), incident records and the container's inspect, reload
+reports, and every event sparkd logs (:func:`log_processor`, a structlog processor, and the final rendered
+line); the daemon rebuilds it when a reload changes the secrets (:func:`use_for_logs`).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from sparkd.launch import secret_values
+from sparkd.secretrule import MASK, is_secret_name, mask_shapes
 
 if TYPE_CHECKING:
     from sparkd.config import Config
 
-MASK = "<redacted>"
+__all__ = ["MASK", "Redactor", "log_processor", "read_secret", "redactor_for", "use_for_logs"]
+
 MIN_SECRET = 4  # shorter values would mask ordinary words; they are still masked by shape
-_SHAPES = re.compile(
-    r"""(?P<lead>--api-key(?:=|['"]?,?\s+['"]?)|VLLM_API_KEY=|\bapi_key(?:=|['"]?\s*:\s*\[?\s*)['"]?|\b(?-i:Bearer)\s+)"""
-    r"""(?P<value>[^\s'",\]}]+)""",
-    re.IGNORECASE,
-)
 
 
 class Redactor:
     """Masks known secret values and secret-shaped values in text. Cheap when there is nothing to mask."""
 
-    def __init__(self, secrets: Iterable[str | None] = ()) -> None:
+    def __init__(self, secrets: Iterable[str | None] = (), names: Iterable[str] = ()) -> None:
         values = {s.strip() for s in secrets if s and len(s.strip()) >= MIN_SECRET}
         self.values = sorted(values, key=len, reverse=True)  # longest first: one secret inside another
+        self.names = frozenset(names)  # [launch] secret_env: secret names beyond the rule
 
     def __call__(self, text: str) -> str:
         for value in self.values:
             if value in text:
                 text = text.replace(value, MASK)
-        if _might_hold_a_shape(text):
-            text = _SHAPES.sub(lambda m: m.group("lead") + MASK, text)
-        return text
+        return mask_shapes(text, self.names)
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         """An argv safe to log: the word after ``--api-key`` and every known value masked."""
@@ -53,19 +53,16 @@ class Redactor:
         return out
 
     def mapping(self, data: Any) -> Any:
-        """``data`` (JSON-like) with every string redacted: for incident records and status extras."""
+        """``data`` (JSON-like) with every string redacted and the value of every secret-named key masked: for
+        incident records, a container's inspect, status extras."""
         if isinstance(data, str):
             return self(data)
         if isinstance(data, dict):
-            return {k: self.mapping(v) for k, v in data.items()}
+            return {k: MASK if isinstance(k, str) and is_secret_name(k, self.names) and isinstance(v, str) and v
+                    else self.mapping(v) for k, v in data.items()}
         if isinstance(data, list | tuple):
             return [self.mapping(v) for v in data]
         return data
-
-
-def _might_hold_a_shape(text: str) -> bool:
-    lowered = text.lower()
-    return "api-key" in lowered or "api_key" in lowered or "bearer" in lowered
 
 
 def read_secret(path: Path | None) -> str | None:
@@ -79,7 +76,32 @@ def read_secret(path: Path | None) -> str | None:
 
 
 def redactor_for(cfg: Config, *, token: str | None = None) -> Redactor:
-    """The daemon's redactor: the API key (from the config and the launch's env) and the peer token."""
-    launch = cfg.launch
+    """The daemon's redactor: every secret the config holds or names, and the peers' shared secret."""
     token = token if token is not None else read_secret(cfg.api.token_file)
-    return Redactor([launch.api_key, launch.env.get("VLLM_API_KEY"), cfg.container.env.get("VLLM_API_KEY"), token])
+    return Redactor([*secret_values(cfg), token], names=cfg.launch.secret_env)
+
+
+_for_logs = Redactor()
+
+
+def use_for_logs(redactor: Redactor) -> Redactor:
+    """Make ``redactor`` the one every log event passes through (the daemon calls it at start and on reload)."""
+    global _for_logs
+    _for_logs = redactor
+    return redactor
+
+
+def log_processor(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: every value of the event redacted (a secret-named key's value masked)."""
+    for key, value in list(event.items()):
+        if isinstance(value, str):
+            if key not in ("event", "timestamp", "level"):
+                event[key] = MASK if value and is_secret_name(key, _for_logs.names) else _for_logs(value)
+        elif isinstance(value, dict | list | tuple):
+            event[key] = _for_logs.mapping(value)
+    return event
+
+
+def redact_line(text: str) -> str:
+    """The rendered log line through the same redactor (what a renderer made of an exception, for one)."""
+    return _for_logs(text)

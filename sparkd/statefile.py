@@ -1,15 +1,17 @@
 """Small JSON files the daemon keeps current, crash-only: validated on read, never fatal on write.
 
 Rules (issue 16):
-- A write goes to ``.<name>.<pid>.tmp`` in the same folder, is fsynced, then renamed over the file, so a reader
-  never sees a torn file. A write that fails (disk full, read-only, a directory in the way that cannot be set
-  aside) never raises: it returns a :class:`WriteResult` naming the path and the reason, removes its temp file,
-  and is logged once per episode (the first failure, then the recovery), not once per attempt.
+- A write goes to ``.<name>.<pid>.<random>.tmp`` in the same folder (created ``O_EXCL|O_NOFOLLOW``, its mode set
+  on the descriptor: :mod:`sparkd.safefile`), is fsynced, then renamed over the file, so a reader never sees a
+  torn file and no link or FIFO put in its way is written through. A write that fails (disk full, read-only, a
+  directory in the way that cannot be set aside) never raises: it returns a :class:`WriteResult` naming the path
+  and the reason, removes its temp file, and is logged once per episode (the first failure, then the recovery),
+  not once per attempt.
 - A read validates the file against its :class:`~sparkd.stateschema.Schema`. A bad one (not JSON, not UTF-8,
   the wrong shape, a directory, unreadable) is logged by name, set aside as ``<name>.bad-<UTC stamp>`` (never
   deleted: it is evidence) and treated as absent. A missing file is simply absent.
-- Temp files left by a process that died mid-write (``.<name>.<pid>.tmp`` of a PID that no longer runs, or
-  of our own PID) are removed by the next write.
+- Temp files left by a process that died mid-write (``.<name>.<pid>[.<random>].tmp`` of a PID that no longer
+  runs, or of our own PID) are removed by the next write.
 - Floats that JSON cannot hold (NaN, ±inf) are written as null, so the file always parses.
 """
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from sparkd.safefile import replace_file
 from sparkd.stateschema import BadShape, Schema
 
 T = TypeVar("T")
@@ -243,26 +246,16 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def replace_atomically(path: Path, text: str) -> None:
-    """Temp file beside ``path``, fsync, rename. The temp file never outlives a failure."""
+def replace_atomically(path: Path, text: str, mode: int = 0o640) -> None:
+    """Temp file of a random name beside ``path``, fsync, rename. The temp file never outlives a failure."""
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_temps(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    replace_file(path, text.encode("utf-8"), mode)
 
 
 def remove_dead_temps(path: Path) -> list[Path]:
-    """Remove ``.<name>.<pid>.tmp`` beside ``path`` left by a writer that no longer runs."""
-    pattern = re.compile(re.escape(f".{path.name}.") + r"(\d+)\.tmp")
+    """Remove ``.<name>.<pid>[.<random>].tmp`` beside ``path`` left by a writer that no longer runs."""
+    pattern = re.compile(re.escape(f".{path.name}.") + r"(\d+)(?:\.[0-9a-f]+)?\.tmp")
     removed = []
     try:
         entries = list(os.scandir(path.parent))

@@ -2,19 +2,22 @@
 
 Routes are built from the command modules: ``/v1/<NAME>`` runs ``execute(control, Request.from_params(…))`` and
 answers with the command's envelope. The unix socket is created by sparkd itself (mode 0660, the configured
-group) before uvicorn serves it, so there is never a moment when it is open to everyone. The TCP port serves
-``/metrics`` to anyone and everything else only with the bearer token; it also carries the ranks' own
-commands. Both listeners bound what a client may cost: a connection limit, header and idle timeouts, and a
-header size cap. uvicorn's own signal handling is switched off: the daemon owns the signals.
+group) before uvicorn serves it, so there is never a moment when it is open to everyone; a command marked
+``ROOT_ONLY`` (handover, recreate) runs only for a caller whose uid is 0 (``SO_PEERCRED``) and is not served over
+TCP. The TCP port serves ``/metrics`` to anyone and everything else only to the configured peers' signed
+requests (``sparkd.api.gates``); it also carries the ranks' own commands. Both listeners bound what a client may
+cost: connections per source with room kept for the trusted ones, a first-request deadline, header and idle
+timeouts, a header size cap and a 64 KiB body cap. uvicorn's own signal handling is switched off: the daemon
+owns the signals.
 """
 
 from __future__ import annotations
 
 import contextlib
 import grp
-import hmac
 import os
 import socket
+import ssl
 from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from pathlib import Path
 from types import ModuleType
@@ -25,18 +28,19 @@ import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
-from sparkd.api.bounded import MAX_CONNECTIONS, BoundedH11
+from sparkd.api.bounded import Listener, caller_of
+from sparkd.api.gates import BodyLimit, PeerGate
 from sparkd.commands import OPERATOR
 from sparkd.commands.base import BadRequest, Control, Reply, Stream
 
 IDLE_TIMEOUT_S = 5  # keep-alive connections with no request are closed after this
 MAX_HEADER_BYTES = 64 * 1024
+BACKLOG = 128
 
 
 class _QuietServer(uvicorn.Server):
@@ -52,7 +56,8 @@ class _QuietServer(uvicorn.Server):
 
 
 def bind_unix_socket(path: Path, *, mode: int = 0o660, group: str | None = None) -> socket.socket:
-    """Bind ``path`` with ``mode`` and ``group`` set before anyone can connect."""
+    """Bind ``path`` with ``mode`` (the umask at bind time) and ``group`` set before anyone can connect. The
+    group is set without following a symlink (``lchown``): a link put in its place is never followed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -62,10 +67,9 @@ def bind_unix_socket(path: Path, *, mode: int = 0o660, group: str | None = None)
         sock.bind(str(path))
     finally:
         os.umask(old_umask)
-    os.chmod(path, mode)
     if group:
         with contextlib.suppress(KeyError, PermissionError):
-            os.chown(path, -1, grp.getgrnam(group).gr_gid)
+            os.chown(path, -1, grp.getgrnam(group).gr_gid, follow_symlinks=False)
     sock.listen(64)
     return sock
 
@@ -76,35 +80,44 @@ def bind_tcp_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(BACKLOG)
     except OSError:
         sock.close()
         raise
     return sock
 
 
-def read_token(path: Path | None) -> str | None:
-    if path is None:
+def command_routes(control: Control, commands: Iterable[Any], *, tcp: bool = False) -> list[Route]:
+    return [Route(f"/v1/{cmd.NAME}", _handler(control, cmd, tcp=tcp), methods=[cmd.METHOD]) for cmd in commands]
+
+
+def _root_refusal(request: Request, cmd: ModuleType | Any, tcp: bool) -> Reply | None:
+    """Why a ``ROOT_ONLY`` command is refused to this caller, or None (root on the control socket)."""
+    if not getattr(cmd, "ROOT_ONLY", False):
         return None
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return token or None
+    if tcp:
+        return Reply(False, error=f"{cmd.NAME} is not served over TCP: run it as root on the node", code=403)
+    caller = caller_of(request.scope)
+    if caller is None or caller.uid != 0:
+        who = f"uid {caller.uid}" if caller is not None and caller.uid is not None else "an unknown caller"
+        return Reply(False, error=f"{cmd.NAME} needs root (the caller is {who}): it leaves vLLM without a "
+                     "supervisor or replaces its container; run it with sudo", code=403)
+    return None
 
 
-def command_routes(control: Control, commands: Iterable[Any]) -> list[Route]:
-    return [Route(f"/v1/{cmd.NAME}", _handler(control, cmd), methods=[cmd.METHOD]) for cmd in commands]
-
-
-def _handler(control: Control, cmd: ModuleType | Any) -> Callable[[Request], Any]:
+def _handler(control: Control, cmd: ModuleType | Any, *, tcp: bool = False) -> Callable[[Request], Any]:
     async def handle(request: Request) -> Response:
+        denied = _root_refusal(request, cmd, tcp)
+        if denied is not None:
+            return _json(denied)
         params: dict[str, Any] = dict(request.query_params)
         if request.method == "POST" and request.headers.get("content-type", "").startswith("application/json"):
             try:
                 body = await request.json()
             except ValueError:
                 return _json(Reply(False, error="the body is not JSON", code=400))
+            except RecursionError:
+                return _json(Reply(False, error="the body is nested too deeply", code=400))
             if not isinstance(body, dict):
                 return _json(Reply(False, error="the body must be a JSON object", code=400))
             params.update(body)
@@ -141,52 +154,35 @@ async def _not_found(request: Request, exc: Exception) -> Response:
     return _json(Reply(False, error=f"no such command: {request.method} {request.url.path}", code=404))
 
 
-def build_app(control: Control) -> Starlette:
-    """The unix-socket app: who may connect is decided by the socket's mode and group."""
-    return Starlette(routes=command_routes(control, OPERATOR),
-                     exception_handlers={404: _not_found, 405: _not_found})
+def build_app(control: Control) -> ASGIApp:
+    """The unix-socket app: who may connect is decided by the socket's mode and group, who may hand over or
+    recreate by the caller's uid."""
+    return BodyLimit(Starlette(routes=command_routes(control, OPERATOR),
+                               exception_handlers={404: _not_found, 405: _not_found}))
 
 
 def build_tcp_app(control: Control, token: str | None, metrics: Callable[[], bytes],
-                  rank_commands: Iterable[Any] = ()) -> Starlette:
-    """The TCP app: /metrics for Prometheus; the control API and the ranks' commands only with the token."""
+                  rank_commands: Iterable[Any] = (), *, tls: bool = False, log: Any = None) -> ASGIApp:
+    """The TCP app: /metrics for Prometheus; the control API and the ranks' commands for the peers' signed
+    requests only."""
 
     async def scrape(request: Request) -> Response:
         return Response(metrics(), media_type=CONTENT_TYPE_LATEST)
 
-    return Starlette(routes=[Route("/metrics", scrape), *command_routes(control, (*OPERATOR, *rank_commands))],
-                     middleware=[Middleware(TokenGate, token=token)],
-                     exception_handlers={404: _not_found, 405: _not_found})
+    app = Starlette(routes=[Route("/metrics", scrape),
+                            *command_routes(control, (*OPERATOR, *rank_commands), tcp=True)],
+                    exception_handlers={404: _not_found, 405: _not_found})
+    return PeerGate(BodyLimit(app), token, tls=tls, log=log)
 
 
-class TokenGate:
-    """ASGI middleware: everything but /metrics needs ``Authorization: Bearer <token>``."""
-
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
-        self.app = app
-        self.token = token
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] == "/metrics":
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if self.token is None:
-            refusal = _json(Reply(False, error="the control API is not open over TCP: no [api] token_file",
-                                  code=403))
-        elif not hmac.compare_digest(given, f"Bearer {self.token}".encode()):
-            refusal = _json(Reply(False, error="missing or wrong bearer token", code=401))
-            refusal.headers["WWW-Authenticate"] = "Bearer"
-        else:
-            await self.app(scope, receive, send)
-            return
-        await refusal(scope, receive, send)
-
-
-async def serve(app: Starlette, sock: socket.socket) -> None:
+async def serve(app: ASGIApp, sock: socket.socket, listener: Listener, *,
+                ssl_context: ssl.SSLContext | None = None) -> None:
     config = uvicorn.Config(
-        app, http=BoundedH11, lifespan="off", log_level="warning", access_log=False, log_config=None,
-        limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=IDLE_TIMEOUT_S, backlog=MAX_CONNECTIONS,
+        app, http=listener.protocol(), lifespan="off", log_level="warning", access_log=False, log_config=None,
+        # The listener's slots bound the connections (and so the requests: one at a time on each); uvicorn's own
+        # cap counts every connection, refused ones too, and would answer a peer 503 during a flood.
+        limit_concurrency=None, timeout_keep_alive=IDLE_TIMEOUT_S, backlog=BACKLOG,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        ssl_context_factory=None if ssl_context is None else (lambda config, default: ssl_context),
     )
     await _QuietServer(config).serve(sockets=[sock])

@@ -3,7 +3,6 @@ checks of the files it names that only the host can answer."""
 
 from __future__ import annotations
 
-import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -42,25 +41,44 @@ def config_or_exit(path: Path, *, profile: str | None = None, prog: str = "spark
 
 
 def token_file_findings(cfg: Config) -> list[Finding]:
-    """Warnings about ``[api] token_file``: missing (the peer API then refuses every request), not a file, or
-    readable by anyone but its owner (it is the pair's shared secret)."""
+    """Warnings about ``[api] token_file``, the same checks ``sparkd run`` refuses to start on: missing (the peer
+    API then refuses every request), a symlink or not a file, owned by someone else, open to group or others (it
+    is the pair's shared secret), or shorter than 32 bytes."""
     from sparkd.lint import Finding, Level
+    from sparkd.secretfile import SecretFileProblem, read_token
 
     path = cfg.api.token_file
     if path is None:
         return []
-    make = f"create it with the same secret on every node: (umask 077; openssl rand -hex 32 > {path})"
     try:
-        st = path.stat()
-    except FileNotFoundError:
-        return [Finding("token-file-missing", Level.warning, "api.token_file",
-                        f"{path} does not exist, so the peer API refuses every request; {make}")]
-    except OSError as exc:
-        return [Finding("token-file-unreadable", Level.warning, "api.token_file",
-                        f"{path}: {exc.strerror or exc}")]
-    if not stat.S_ISREG(st.st_mode):
-        return [Finding("token-file-missing", Level.warning, "api.token_file", f"{path} is not a file; {make}")]
-    if st.st_mode & 0o077:
-        return [Finding("token-file-mode", Level.warning, "api.token_file",
-                        f"{path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod 600 {path}")]
+        read_token(path)
+    except SecretFileProblem as exc:
+        text = str(exc).removeprefix(f"[api] token_file {path} ")
+        if "does not exist" in text:
+            text = text.replace("does not exist;", "does not exist, so the peer API refuses every request;")
+            return [Finding("token-file-missing", Level.warning, "api.token_file", f"{path} {text}")]
+        return [Finding("token-file-unsafe", Level.warning, "api.token_file",
+                        f"{path} {text}; sparkd run refuses to start with it")]
     return []
+
+
+def host_file_findings(cfg: Config) -> list[Finding]:
+    """What only the host can say about the files the config names: the token file, and a launch program that
+    someone other than root may change (sparkd runs it as root)."""
+    from sparkd.daemon.startup import launch_program_problem
+    from sparkd.lint import Finding, Level
+    from sparkd.secretfile import SecretFileProblem, read_secret_file
+
+    findings = token_file_findings(cfg)
+    if cfg.launch.api_key_file is not None:
+        try:
+            read_secret_file(cfg.launch.api_key_file, "[launch] api_key_file")
+        except SecretFileProblem as exc:
+            text = str(exc).removeprefix("[launch] api_key_file ")
+            findings.append(Finding("api-key-file-unsafe", Level.warning, "launch.api_key_file",
+                                    f"{text}; sparkd run refuses to start with it"))
+    program = launch_program_problem(cfg)
+    if program is not None:
+        key = "launch.script" if cfg.launch.script else "launch.executable"
+        findings.append(Finding("launch-program-writable", Level.warning, key, program.split(" ", 2)[2]))
+    return findings

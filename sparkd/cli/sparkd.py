@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from sparkd import __version__
-from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail, token_file_findings
+from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail, host_file_findings
 from sparkd.cli.complete import profile_names
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> C
     from sparkd.lint import errors, lint
 
     cfg = config_or_exit(config_path, profile=profile)
-    findings = [*lint(cfg), *token_file_findings(cfg)]
+    findings = [*lint(cfg), *host_file_findings(cfg)]
     for finding in findings:
         click.echo(f"{config_path}: {finding}", err=True)
     if errors(findings):

@@ -18,7 +18,8 @@ from typing import Any
 import anyio
 
 from sparkd.clock import Clock
-from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
+from sparkd.cluster.addresses import PeerAddresses
+from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable, claim
 from sparkd.cluster.ranks import Member, group_problems
 from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
 from sparkd.config import Config, Role
@@ -65,7 +66,7 @@ def _peer_entry(peer: str, reachable: bool, status: dict[str, Any] | None) -> di
 class Coordinator:
     def __init__(self, cfg: Config, client: PeerClient, *, post: Callable[[v.Observation], None],
                  state: Callable[[], State], image: Callable[[], dict[str, Any] | None], clock: Clock,
-                 log: Any) -> None:
+                 log: Any, addresses: PeerAddresses | None = None) -> None:
         self.cfg = cfg
         self.role = group_role(cfg)
         self.client = client
@@ -75,6 +76,7 @@ class Coordinator:
         self.clock = clock
         self.log = log
         self.views = {peer: PeerView() for peer in client.peers}
+        self.addresses = addresses
 
     # ---- head: prepare, start and stop the workers
     async def _each(self, job: Callable[[str], Awaitable[Failure | None]]) -> Failure | None:
@@ -127,7 +129,8 @@ class Coordinator:
                       gpus_per_node=self.cfg.cluster.gpus_per_node, head=True)
 
     def _differences(self, peer: str, status: dict[str, Any]) -> list[str]:
-        mismatch = differences(shared_settings(self.cfg), status.get("shared", {}), peer=peer)
+        mine = shared_settings(self.cfg, getattr(self.client, "token", None))
+        mismatch = differences(mine, status.get("shared", {}), peer=peer)
         image = image_difference(self.image(), status.get("image") or status.get("image_id"), peer=peer,
                                  mode=self.cfg.cluster.image_match, label=self.cfg.cluster.image_label)
         return [image, *mismatch] if image else mismatch
@@ -170,10 +173,13 @@ class Coordinator:
         return Failure.of(FailureClass.hang, f"The worker rank on {peer} was not up after {timeout:.0f} s.")
 
     def _remote_failure(self, peer: str, failure: dict[str, Any] | None, what: str) -> Failure:
-        failure = failure or {}
+        """The worker's report as a failure of the group: the class if it is one sparkd knows, and its sentence
+        quoted as the worker's claim (one line, bounded: it came over the network)."""
+        failure = failure if isinstance(failure, dict) else {}
         name = str(failure.get("class"))
         cls = FailureClass(name) if name in FailureClass.__members__ else FailureClass.unknown
-        return Failure.of(cls, f"The worker on {peer}: {what}: {failure.get('message', 'no reason given')}")
+        said = claim(failure.get("message") or "no reason given")
+        return Failure.of(cls, f"The worker on {peer}: {what}; its sparkd reports: \u201c{said}\u201d")
 
     def _stop_timeout(self) -> float:
         return self.cfg.supervisor.stop_grace_s + 60.0
@@ -214,10 +220,10 @@ class Coordinator:
             view.status = await self.client.request(peer, "GET", "/v1/status", retries=0)
             view.reachable, view.last_seen, view.since_unreachable = True, now, None
             view.offset_s = clock_offset(view.status.get("updated_at"), sent, self.clock.wall())
-        except (PeerUnreachable, PeerRefused):
+        except (PeerUnreachable, PeerRefused) as exc:
             if view.reachable or view.since_unreachable is None:
                 view.since_unreachable = now
-                self.log.warning("peer_unreachable", peer=peer)
+                self.log.warning("peer_unreachable", peer=peer, error=str(exc))
             view.reachable = False
 
     def _judge(self, now: float) -> None:
@@ -245,21 +251,26 @@ class Coordinator:
         # this rank's peer is gone: it spins in its next collective and ignores SIGTERM (tests/gpu/README.md)
         self.post(v.HealthFailed(self._remote_failure(peer, failure, "its rank is gone"), hung=True))
 
-    def on_report(self, peer: str, failure: dict[str, Any] | None) -> None:
-        """A worker reported its rank's failure at once (POST /v1/rank/failed)."""
+    def on_report(self, peer: str, failure: dict[str, Any] | None) -> bool:
+        """A worker reported its rank's failure at once (POST /v1/rank/failed from ``peer``, its address); False
+        when the address is not a configured peer's (the report is then ignored)."""
+        named = self.peer_named(peer)
+        if named is None:
+            self.log.warning("report_refused", source=peer, reason="not a configured peer")
+            return False
         if self.state() in RUNNING:
-            self._worker_rank_failed(self.peer_named(peer), failure)
+            self._worker_rank_failed(named, failure)
+        return True
 
     def unreachable(self) -> list[str]:
         """The peers whose sparkd does not answer now."""
         return [peer for peer, view in self.views.items() if view.since_unreachable is not None]
 
-    def peer_named(self, host: str) -> str:
-        """The configured peer a request from ``host`` came from (or ``host`` itself)."""
-        for peer in self.client.peers:
-            if peer == host or peer.startswith(f"{host}:") or peer.startswith(f"[{host}]"):
-                return peer
-        return host
+    def peer_named(self, host: str) -> str | None:
+        """The configured peer a request from address ``host`` came from; None for any other address."""
+        if self.addresses is None:
+            self.addresses = PeerAddresses(self.client.peers)
+        return self.addresses.peer_of(host)
 
     def peers_json(self) -> list[dict[str, Any]]:
         """Every other rank of the group: the head knows them all; a worker shows the head's view of the rest."""

@@ -1,14 +1,24 @@
-"""The peer link: the two daemons talk HTTP over the fabric with the bearer token, with timeouts and retries."""
+"""The peer link: the daemons of a group talk HTTP/1.1 over the fabric, each request signed with the shared
+secret (:mod:`sparkd.peersign`), over one kept-alive connection per peer (:mod:`sparkd.keepalive`), optionally
+in mutual TLS (:mod:`sparkd.cluster.tls`), with timeouts and retries."""
 
 from __future__ import annotations
 
+import json as jsonlib
+import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 
 from sparkd.cluster.shared import peer_base_url
+from sparkd.cluster.tls import client_context
 from sparkd.config import Config
-from sparkd.plainhttp import Client, ProtocolError
+from sparkd.keepalive import KeepAliveClient
+from sparkd.peersign import sign
+from sparkd.plainhttp import ProtocolError
+
+MAX_ERROR = 300  # characters of a peer's refusal that reach a sentence
 
 
 class PeerUnreachable(Exception):
@@ -19,16 +29,29 @@ class PeerRefused(Exception):
     """The peer's sparkd answered, and refused (``ok: false``)."""
 
 
+def claim(text: object, limit: int = MAX_ERROR) -> str:
+    """A peer's words, made safe to quote: one line of printable characters, at most ``limit`` of them."""
+    flat = " ".join("".join(ch if ch.isprintable() else " " for ch in str(text)).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 class PeerClient:
-    def __init__(self, cfg: Config, token: str | None) -> None:
+    def __init__(self, cfg: Config, token: str | None, *, wall: Callable[[], float] = time.time) -> None:
         self.timeout_s = cfg.cluster.peer_timeout_s
-        self.urls = {peer: peer_base_url(peer, cfg.api.port) for peer in cfg.cluster.peers}
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = Client(headers=headers)  # plain HTTP between the nodes' sparkd, one connection a request
+        context = client_context(cfg.api)
+        scheme = "https" if context is not None else "http"
+        self.urls = {peer: peer_base_url(peer, cfg.api.port, scheme) for peer in cfg.cluster.peers}
+        self.token = token
+        self.wall = wall
+        self._client = KeepAliveClient(ssl_context=context)
 
     @property
     def peers(self) -> list[str]:
         return list(self.urls)
+
+    @property
+    def connections_opened(self) -> int:
+        return self._client.opened
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -39,36 +62,48 @@ class PeerClient:
         answer after ``retries`` more tries with a short pause."""
         envelope = await self.envelope(peer, method, path, retries=retries, timeout_s=timeout_s, **kw)
         if not envelope.get("ok"):
-            raise PeerRefused(f"{peer} refused: {envelope.get('error') or 'no reason given'}")
+            raise PeerRefused(f"{peer} refused: {claim(envelope.get('error') or 'no reason given')}")
         result = envelope.get("result")
         return result if isinstance(result, dict) else {}
 
+    def _headers(self, method: str, path: str, body: bytes) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"} if body else {}
+        if self.token:
+            headers["Authorization"] = sign(self.token, method, path, body, now=self.wall())
+        return headers
+
     async def envelope(self, peer: str, method: str, path: str, *, retries: int = 2,
-                       timeout_s: float | None = None, **kw: Any) -> dict[str, Any]:
+                       timeout_s: float | None = None, json: object = None) -> dict[str, Any]:
         """The peer's whole answer (``{"ok": …, "result": …, "error": …}``)."""
+        body = b"" if json is None else jsonlib.dumps(json, separators=(",", ":")).encode()
         url = self.urls[peer] + path
         last: Exception | None = None
         for attempt in range(retries + 1):
             try:
                 # A long request (a rank's stop, its preflight) still gives up connecting after peer_timeout_s:
-                # a node cut off the fabric swallows SYNs.
+                # a node cut off the fabric swallows SYNs. Each try is signed afresh (a new nonce).
                 with anyio.fail_after(timeout_s or self.timeout_s):
-                    response = await self._client.request(method, url, connect_timeout=self.timeout_s, **kw)
-            except (OSError, TimeoutError, ProtocolError) as exc:
+                    response = await self._client.request(method, url, content=body,
+                                                          headers=self._headers(method, path, body),
+                                                          connect_timeout=self.timeout_s)
+            except (OSError, TimeoutError, ProtocolError, anyio.EndOfStream, anyio.IncompleteRead,
+                    anyio.BrokenResourceError) as exc:
                 last = exc
                 if attempt < retries:
                     await anyio.sleep(0.2 * (attempt + 1))
                 continue
-            if response.status_code in (401, 403):
-                raise PeerUnreachable(f"{peer} refused the peer token ({response.status_code})")
             try:
                 data = response.json()
             except ValueError:
                 data = None
+            if response.status_code in (401, 403):
+                why = data.get("error") if isinstance(data, dict) else None
+                raise PeerUnreachable(f"{peer} refused this node's request ({response.status_code}: "
+                                      f"{claim(why or 'no reason given')})")
             if not isinstance(data, dict):
                 return {"ok": False, "error": f"HTTP {response.status_code} without a JSON envelope"}
             return data
-        raise PeerUnreachable(f"sparkd on {peer} does not answer: {last}")
+        raise PeerUnreachable(f"sparkd on {peer} does not answer: {claim(last)}")
 
     async def status(self, peer: str) -> dict[str, Any]:
         return await self.request(peer, "GET", "/v1/status")

@@ -6,7 +6,8 @@ Rules:
 1. Every rank of one instance shares the model, the parallel layout (tensor, pipeline, expert), the speculative
    and compilation config, block size, batch limits, KV-cache dtype, max_model_len, eager mode, custom
    all-reduce, ``extra_args``, the rendezvous (master address and port, nnodes) and the environment variables
-   named by ``[cluster] shared_env`` (fnmatch patterns; ``!`` excludes: node addresses differ by design).
+   named by ``[cluster] shared_env`` (fnmatch patterns; ``!`` excludes: node addresses differ by design). A
+   secret among them (``VLLM_API_KEY``) is compared by its keyed digest (``sparkd.secretrule``).
 2. The image is compared by ``[cluster] image_match``: ``id`` (the same local image id), ``repo-digest`` (a repo
    digest in common: pulled from one registry manifest), ``label`` (the same value of ``[cluster] image_label``:
    images built on each node from one revision, field report 004) or ``off``. What cannot be compared (a
@@ -21,6 +22,7 @@ from typing import Any
 
 from sparkd.config import Config
 from sparkd.launch import render_env
+from sparkd.secretrule import MASK, digest, is_secret_name
 
 RUNNING_STATES = ("starting", "ready", "degraded")
 
@@ -37,13 +39,17 @@ def shared_env(env: Mapping[str, str], patterns: Sequence[str]) -> dict[str, str
             if any(fnmatchcase(k, p) for p in include) and not any(fnmatchcase(k, p) for p in exclude)}
 
 
-def shared_settings(cfg: Config) -> dict[str, Any]:
-    """Launch settings every rank of one instance must share."""
+def shared_settings(cfg: Config, key: str | None = None) -> dict[str, Any]:
+    """Launch settings every rank of one instance must share. A secret is given as its digest under ``key`` (the
+    peers' shared secret: equal on every rank exactly when the values are), never as itself; without a key, as
+    ``(secret)``."""
     launch = cfg.launch
     settings: dict[str, Any] = {name: getattr(launch, name) for name in _SHARED_LAUNCH}
     settings.update({"master_addr": cfg.master_addr, "master_port": cfg.master_port, "nnodes": cfg.nnodes})
     env = {**(cfg.container.env if cfg.runtime.in_container else {}), **render_env(cfg)}
-    settings.update({f"env.{k}": v for k, v in shared_env(env, cfg.cluster.shared_env).items()})
+    for name, value in shared_env(env, cfg.cluster.shared_env).items():
+        secret = is_secret_name(name, launch.secret_env)
+        settings[f"env.{name}"] = (digest(value, key) if key else MASK) if secret else value
     return settings
 
 
@@ -104,14 +110,14 @@ def rank_gone(status: dict[str, Any]) -> bool:
     return status.get("state") not in (*RUNNING_STATES, "preflight", "adopting")
 
 
-def peer_base_url(peer: str, default_port: int) -> str:
+def peer_base_url(peer: str, default_port: int, scheme: str = "http") -> str:
     """``host``, ``host:port``, ``[v6]:port`` or a bare IPv6 address → the peer's base URL."""
     if peer.startswith("["):
         host, _, rest = peer[1:].partition("]")
-        return f"http://[{host}]:{rest.lstrip(':') or default_port}"
+        return f"{scheme}://[{host}]:{rest.lstrip(':') or default_port}"
     if peer.count(":") == 1:
         host, port = peer.split(":")
-        return f"http://{host}:{port}"
+        return f"{scheme}://{host}:{port}"
     if ":" in peer:
-        return f"http://[{peer}]:{default_port}"
-    return f"http://{peer}:{default_port}"
+        return f"{scheme}://[{peer}]:{default_port}"
+    return f"{scheme}://{peer}:{default_port}"

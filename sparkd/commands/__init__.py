@@ -1,6 +1,6 @@
 """Control commands, one module each, shared by the daemon (``execute``) and sparkctl (``render``).
 
-``OPERATOR`` are the operator's commands (the unix socket; over TCP with the bearer token). The ranks of a
+``OPERATOR`` are the operator's commands (the unix socket; over TCP, a peer's signed requests). The ranks of a
 group talk to each other through their own commands, ``sparkd.commands.rank``.
 """
 

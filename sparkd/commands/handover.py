@@ -11,6 +11,7 @@ from sparkd.commands.base import Control, NoParams, Reply, refused
 
 NAME = "handover"
 METHOD = "POST"
+ROOT_ONLY = True  # the control socket, uid 0 (a group member must not leave vLLM unsupervised)
 
 
 Request = NoParams

@@ -1,9 +1,9 @@
-"""What the ranks of a group ask of each other (``/v1/rank/<name>``, over TCP with the peer token only).
+"""What the ranks of a group ask of each other (``/v1/rank/<name>``, over TCP, signed, from the peers only).
 
 The head asks each worker's daemon to stop its rank (and report any ``VLLM::*`` left), to preflight, and to
 start its rank (closing its breaker: the head decides about the group's restarts); a worker tells its head at
 once that its rank failed. These are peer commands, kept apart from the operator's (``sparkd.commands.OPERATOR``):
-only the TCP listener, behind the peer token, serves them.
+only the TCP listener serves them, to the configured peers' addresses, signed with the shared secret.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ class RankFailed:
     async def execute(control: Control, request: Failed) -> Reply:
         if control.group is None:
             return refused("this node is not the head of a group", code=400)
-        control.group.on_report(request.peer, request.failure)
+        if not control.group.on_report(request.peer, request.failure):
+            return refused(f"{request.peer} is not one of this node's [cluster] peers", code=403)
         return ok()
 
 

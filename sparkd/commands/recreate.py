@@ -13,6 +13,7 @@ from sparkd.commands.base import Control, NoParams, Reply, ok, refused
 
 NAME = "recreate"
 METHOD = "POST"
+ROOT_ONLY = True  # the control socket, uid 0: a group member must not replace the container vLLM runs in
 
 
 Request = NoParams

@@ -23,11 +23,11 @@ from anyio.abc import TaskGroup
 
 from sparkd import exits
 from sparkd.api.bounded import harden_process
-from sparkd.api.server import bind_tcp_socket, bind_unix_socket, build_app, build_tcp_app, read_token, serve
+from sparkd.api.server import bind_tcp_socket, bind_unix_socket
 from sparkd.clock import Clock, SystemClock
+from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
-from sparkd.commands.rank import RANK
 from sparkd.config import Config, Role
 from sparkd.daemon import memory
 from sparkd.daemon.breaker import ConfigBreaker
@@ -41,18 +41,20 @@ from sparkd.daemon.node import Node
 from sparkd.daemon.recording import DaemonRecorder
 from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.reload import Reloader, keep_fixed
+from sparkd.daemon.serving import start_servers
 from sparkd.daemon.settling import RecorderCollector, StartGuard
+from sparkd.daemon.startup import Trusted, prepare_or_status
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
 from sparkd.guard.guard import Guard
 from sparkd.incidents import IncidentWriter
-from sparkd.launch import health_settings
+from sparkd.launch import api_key, health_settings
 from sparkd.logs import VllmLog, configure_logging, get_logger
 from sparkd.nodelock import AlreadyRunning, NodeLock
 from sparkd.notify import Notifier
 from sparkd.probes import HttpProbes
-from sparkd.redact import redactor_for
+from sparkd.redact import redactor_for, use_for_logs
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Runtime
 from sparkd.supervisor.policy import RestartPolicy
@@ -99,11 +101,11 @@ def open_sockets(cfg: Config) -> Sockets:
     tcp = None
     if cfg.api.port:
         try:
-            tcp = bind_tcp_socket(cfg.api.listen, cfg.api.port)
+            tcp = bind_tcp_socket(cfg.listen, cfg.api.port)
         except OSError as exc:
             unix.close()
             why = "is in use by another program" if exc.errno == 98 else f"cannot be bound: {exc.strerror or exc}"
-            raise StartupError(f"[api] port {cfg.api.port} on {cfg.api.listen} {why}; free it or change "
+            raise StartupError(f"[api] port {cfg.api.port} on {cfg.listen} {why}; free it or change "
                                "[api] port / listen", exits.HOST_PROBLEM) from None
     return Sockets(unix, tcp)
 
@@ -114,7 +116,7 @@ class Daemon:
     def __init__(self, cfg: Config, runtime: Runtime, *, rehearse: bool = False, clock: Clock | None = None,
                  notifier: Notifier | None = None, probes: Callable[[], Probes] | None = None,
                  rand: Callable[[], float] = random.random, config_path: Path | None = None,
-                 **node_options: Any) -> None:
+                 trusted: Trusted | None = None, **node_options: Any) -> None:
         self.cfg = cfg
         self.runtime = runtime
         self.clock = clock or SystemClock()
@@ -122,7 +124,9 @@ class Daemon:
         self.log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
         self.files = StateWriter(self.log)
         self.vllm_log = VllmLog.from_config(cfg)
-        self.token = read_token(cfg.api.token_file)
+        self.trusted = trusted or Trusted.unchecked(cfg)  # `sparkd run` checked the token file (owner, mode, length)
+        self.token = self.trusted.token
+        self.peer_addresses = PeerAddresses(cfg.cluster.peers) if cfg.cluster.peers else None
         self.guard: Guard | None = None
         machine = restore(memory.load(self.lifecycle_path, self.clock, self.log), self.clock.now())
         self.sup = Supervisor(machine=machine, limits=limits_from(cfg), effects=_Deferred(), clock=self.clock,
@@ -136,7 +140,7 @@ class Daemon:
             incidents=IncidentWriter(cfg.paths.incidents, keep=cfg.supervisor.incidents_keep, log=self.log),
             files=self.files, probes=probes or self._probes, group=self.group,
             start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
-            redact=redactor_for(cfg, token=self.token),
+            redact=use_for_logs(redactor_for(cfg, token=self.token)),
             guard=lambda: self.guard, group_checks=self.checks,
             before_start=lambda: self.start_guard.before_start(), **node_options)
         self.sup.effects = self.node
@@ -151,7 +155,7 @@ class Daemon:
         self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
         self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
                                problems=self.problems, config_state=self.config_state, checks=self.checks.status,
-                               more=self._recorder_status, gpu=self.gpu)
+                               more=self._recorder_status, gpu=self.gpu, secret_key=self.token)
         self.metrics = Metrics(self.view)
         self.metrics.registry.register(RecorderCollector(self.metrics.families, self.recorder, self.start_guard))
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
@@ -178,13 +182,13 @@ class Daemon:
         return Coordinator(self.cfg, PeerClient(self.cfg, self.token), post=self.sup.post,
                            state=lambda: self.sup.machine.state,
                            image=lambda: self.node.image.to_json() if self.node.image else None,
-                           clock=self.clock, log=self.log)
+                           clock=self.clock, log=self.log, addresses=self.peer_addresses)
 
     def _probes(self) -> HttpProbes:
         launch, health = self.cfg.launch, self.cfg.health
         return HttpProbes(host=launch.host, port=launch.port, timeout_s=health.timeout_s,
                           canary_timeout_s=health.canary_timeout_s, model=self.cfg.served_name,
-                          api_key=launch.api_key)
+                          api_key=api_key(self.cfg))
 
     def _remember(self, remembered: Any) -> None:
         self.files.put(self.lifecycle_path, memory.to_json(remembered, self.clock))
@@ -219,6 +223,7 @@ class Daemon:
         if self.node.watch is not None:
             self.node.watch.cfg = health_settings(cfg)
         self.node.evidence.incidents.keep = cfg.supervisor.incidents_keep
+        self.node.redact = self.node.evidence.redact = use_for_logs(redactor_for(cfg, token=self.token))  # new secrets
         self.recorder.cfg = self.start_guard.cfg = cfg  # the ring's path and size apply at the next daemon start
         self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
         configure_logging(cfg.log)
@@ -299,11 +304,8 @@ class Daemon:
         return exits.OK
 
     def _serve(self, tg: TaskGroup, sockets: Sockets) -> None:
-        tg.start_soon(serve, build_app(self.control), sockets.unix)
-        if sockets.tcp is not None:
-            if self.cfg.api.token_file is not None and self.token is None:
-                self.log.error("token_unreadable", path=str(self.cfg.api.token_file))
-            tg.start_soon(serve, build_tcp_app(self.control, self.token, self.metrics.render, RANK), sockets.tcp)
+        start_servers(tg, sockets.unix, sockets.tcp, self.control, self.metrics.render, cfg=self.cfg, token=self.token,
+                      peers=self.peer_addresses, tls=self.trusted.tls, log=self.log)
 
     async def _boot(self) -> bool:
         found = await self.node.adopt()
@@ -362,6 +364,9 @@ def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int
     configure_logging(cfg.log)
     log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
     harden_process()
+    trusted = prepare_or_status(cfg, log)
+    if isinstance(trusted, int):
+        return trusted
     lock = NodeLock(cfg.paths.state_dir / "sparkd.lock")
     try:
         for folder in (cfg.paths.state_dir, cfg.paths.run_dir, cfg.paths.logs):
@@ -382,7 +387,8 @@ def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int
     log.info("starting", config=str(config_path), runtime=cfg.runtime.value, rehearse=rehearse,
              launch_hash=cfg.launch_hash(), pid=os.getpid())
     try:
-        daemon = Daemon(cfg, make_runtime(cfg, rehearse=rehearse), rehearse=rehearse, config_path=config_path)
+        daemon = Daemon(cfg, make_runtime(cfg, rehearse=rehearse), rehearse=rehearse, config_path=config_path,
+                        trusted=trusted)
         # What the imports and the config made lives as long as the daemon: out of the collector's way, so a full
         # collection (~10 ms over 55k objects) walks only what the daemon allocates from now on.
         gc.freeze()

@@ -36,7 +36,7 @@ from sparkd.launch import LaunchSpec, health_settings, render
 from sparkd.launch_devices import Devices
 from sparkd.logs import VllmLog
 from sparkd.preflight.base import Check
-from sparkd.preflight.processes import expected_launch, launch_places, stale_candidates
+from sparkd.preflight.processes import expected_launch, launch_places, launch_title_prefix, stale_candidates
 from sparkd.preflight.runner import (
     DEFAULT_CHECKS,
     PreflightContext,
@@ -46,7 +46,6 @@ from sparkd.preflight.runner import (
     run_preflight,
 )
 from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
-from sparkd.preflight.stale import title_prefix
 from sparkd.redact import Redactor
 from sparkd.rehearsal import rehearsal, rehearsal_skips
 from sparkd.runtime.base import ImageIdentity, Instance, LaunchError, Runtime
@@ -258,7 +257,8 @@ class Node:
 
     def _proven(self, record: dict[str, Any]) -> bool:
         spec = self.spec()
-        return self.runtime.proven(record, expected_launch(self.cfg, spec, title_prefix(spec.env)))
+        prefix = launch_title_prefix(self.cfg, self.runtime.name, spec.env)
+        return self.runtime.proven(record, expected_launch(self.cfg, spec, prefix))
 
     def _attach(self, instance: Instance, *, adopted: bool) -> None:
         self.instance, cfg = instance, self.cfg

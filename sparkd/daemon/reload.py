@@ -19,7 +19,9 @@ import anyio
 
 from sparkd.config import Config, ConfigError, load_config
 from sparkd.config_diff import launch_changes, needs_restart, setting_changes
+from sparkd.launch import secret_values
 from sparkd.lint import errors, lint
+from sparkd.redact import Redactor
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,9 @@ def keep_fixed(old: Config, new: Config) -> Config:
         "node": new.node.model_copy(update={"name": old.node.name, "role": old.node.role}),
         "runtime": old.runtime, "paths": old.paths,
         "api": new.api.model_copy(update={"port": old.api.port, "listen": old.api.listen,
-                                          "socket_group": old.api.socket_group, "token_file": old.api.token_file}),
+                                          "socket_group": old.api.socket_group, "token_file": old.api.token_file,
+                                          "tls_cert": old.api.tls_cert, "tls_key": old.api.tls_key,
+                                          "tls_ca": old.api.tls_ca}),
         "cluster": new.cluster.model_copy(update={"peers": old.cluster.peers}),
     })
 
@@ -74,9 +78,13 @@ class Reloader:
             return ReloadReport(False, read)
         old = self.current()
         changes = setting_changes(old, read)
-        fixed = [f"{key}: {a!r} → {b!r}" for key, a, b in changes if needs_restart(key)]
-        now = [f"{key}: {a!r} → {b!r}" for key, a, b in changes if not needs_restart(key)]
-        report = ReloadReport(True, launch=launch_changes(old, read), settings=now, at_daemon_restart=fixed)
+        # Secrets of either config never reach the report (an api key inside extra_args, say).
+        redact = Redactor([*secret_values(old), *secret_values(read)],
+                          names={*old.launch.secret_env, *read.launch.secret_env})
+        fixed = [redact(f"{key}: {a!r} → {b!r}") for key, a, b in changes if needs_restart(key)]
+        now = [redact(f"{key}: {a!r} → {b!r}") for key, a, b in changes if not needs_restart(key)]
+        launch = [redact(line) for line in launch_changes(old, read)]
+        report = ReloadReport(True, launch=launch, settings=now, at_daemon_restart=fixed)
         self.apply(keep_fixed(old, read))
         self.log.info("config_reloaded", path=str(self.path), launch=report.launch, settings=report.settings,
                       at_daemon_restart=report.at_daemon_restart)

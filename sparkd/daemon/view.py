@@ -34,8 +34,10 @@ class StatusView:
                  problems: Callable[[], list[str]] = list,
                  config_state: Callable[[], dict[str, Any]] = dict,
                  more: Callable[[], dict[str, Any]] = dict,
-                 checks: Callable[[], dict[str, Any]] = dict, gpu: GpuSampler | None = None) -> None:
+                 checks: Callable[[], dict[str, Any]] = dict, gpu: GpuSampler | None = None,
+                 secret_key: str | None = None) -> None:
         self.cfg = cfg
+        self.secret_key = secret_key  # the peers' shared secret: secrets in "shared" are digests under it
         self.sup = sup
         self.node = node
         self.clock = clock
@@ -116,7 +118,7 @@ class StatusView:
             "config": self.config_state(),
             "history": list(self.history),
             "pair": self.group.role.value if self.group is not None and self.group.role else None,
-            "shared": shared_settings(self.cfg), "image": node.image.to_json() if node.image else None,
+            "shared": shared_settings(self.cfg, self.secret_key), "image": node.image.to_json() if node.image else None,
             "image_id": node.image.id if node.image else None, "drift": node.drift,
             "peers": self.group.peers_json() if self.group is not None else [],
             "memory": self._memory(),

@@ -4,6 +4,7 @@ one decision of which GPUs a launch uses (:mod:`sparkd.launch_devices`)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 
@@ -12,7 +13,7 @@ import anyio
 from sparkd.config import Config
 from sparkd.gpu import nvml, smi
 from sparkd.gpu.model import WEDGED, GpuDevice, GpuView, skipped
-from sparkd.launch_devices import Devices, Gpu, launch_devices
+from sparkd.launch_devices import Devices, Gpu, launch_devices, launch_environment
 
 TIMEOUT_S = 30.0  # NVML and nvidia-smi can hang on a wedged GPU
 NO_DRIVER_RECHECK_S = 60.0  # a node without the NVIDIA library is asked again this often (a driver may be installed)
@@ -41,11 +42,14 @@ async def read_gpus(reader: nvml.NvmlReader | None = None) -> GpuView:
     return fallback if fallback.available else view
 
 
-def devices_of_launch(cfg: Config, runtime: str, env: Mapping[str, str]) -> Devices:
-    """Which GPUs this node's launch uses (``sparkd.launch_devices``: its environment, its container's request)."""
+def devices_of_launch(cfg: Config, runtime: str, env: Mapping[str, str],
+                      host_env: Mapping[str, str] | None = None) -> Devices:
+    """Which GPUs this node's launch uses (``sparkd.launch_devices``: the environment vLLM starts with — on the
+    host sparkd's own, ``host_env`` (default ``os.environ``), under the launch's ``env`` —, its container's
+    request)."""
     container = runtime != "process"
-    return launch_devices({**cfg.container.env, **env}, container=container,
-                          gpus=cfg.container.gpus if container else None)
+    whole = launch_environment(runtime, env, cfg.container.env, os.environ if host_env is None else host_env)
+    return launch_devices(whole, container=container, gpus=cfg.container.gpus if container else None)
 
 
 def pick(devices: Devices, gpus: Sequence[GpuDevice]) -> list[GpuDevice]:

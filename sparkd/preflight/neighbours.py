@@ -49,6 +49,7 @@ class Proc:
     pid_ns: int | None = None  # inode of its PID namespace; None when unreadable
     ns_init: bool = False  # PID 1 of its own (innermost) PID namespace: a container's init
     marker: str | None = None  # the SPARKD_LAUNCH_ID in its environment (None: none, or unreadable)
+    sid: int | None = None  # its session: the PID of the session's leader, also once that leader is gone
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Launch:
     start: float
     owner: str = ""  # "sparkd instance /etc/sparkd/a.toml (state /var/lib/sparkd-a)"
     marker: str | None = None  # its SPARKD_LAUNCH_ID: every process of the launch inherits it
+    uid: int | None = None  # it speaks only for processes of this uid (a user's registration); None: any
 
 
 @dataclass(frozen=True)
@@ -149,10 +151,17 @@ def chain(pid: int, table: Mapping[int, Proc]) -> list[Proc]:
 def launch_of(pid: int, table: Mapping[int, Proc], launches: tuple[Launch, ...], *, by_marker: bool = True
               ) -> Launch | None:
     """The launch among ``launches`` whose root is ``pid`` or one of its ancestors (same create time), or,
-    ``by_marker``, whose marker ``pid``'s environment carries (an orphan of it still does)."""
+    ``by_marker``, one that ``pid`` inherited from although its root is gone: the marker in its environment, or
+    its session, led by the launch's root (the process runtime starts every launch in a session of its own; the
+    kernel does not reuse a PID while a session still bears it). vLLM's titles overwrite the environment that
+    /proc shows, so a titled orphan's marker is often unreadable: its session still tells."""
     members = chain(pid, table)
     for launch in launches:
+        if launch.uid is not None and (not members or members[0].uid != launch.uid):
+            continue
         if by_marker and launch.marker and members and members[0].marker == launch.marker:
+            return launch
+        if by_marker and launch.pid > 1 and members and members[0].sid == launch.pid:
             return launch
         if any(launch.pid == m.pid and same_start(m, launch.start) for m in members):
             return launch

@@ -25,6 +25,7 @@ import psutil
 from sparkd import instances
 from sparkd.config import Config
 from sparkd.launch import LaunchSpec
+from sparkd.launch_devices import launch_environment
 from sparkd.preflight import neighbours, proctable, stale
 from sparkd.preflight.base import (
     CheckResult,
@@ -116,12 +117,18 @@ async def launch_places(ctx: PreflightContext) -> PreflightContext:
 
 def other_launches(ctx: PreflightContext) -> tuple[neighbours.Launch, ...]:
     """The launches of the other live sparkd instances on this host (:mod:`sparkd.instances`)."""
-    return instances.launches(instances.live(ctx.cfg.paths.instances_dir, besides=ctx.cfg.paths.state_dir))
+    return instances.launches(instances.live_everywhere(ctx.cfg.paths.instances_dir, besides=ctx.cfg.paths.state_dir))
 
 
 def title_prefix(ctx: PreflightContext) -> str:
     """The title prefix of our launch's processes (``VLLM::`` unless the launch sets VLLM_PROCESS_NAME_PREFIX)."""
-    return stale.title_prefix(ctx.spec.env, ctx.cfg.container.env)
+    return launch_title_prefix(ctx.cfg, ctx.runtime.name, ctx.spec.env)
+
+
+def launch_title_prefix(cfg: Config, runtime: str, env: Mapping[str, str]) -> str:
+    """The title prefix vLLM takes from the environment it starts with (:func:`launch_environment`: on the host,
+    sparkd's own under the launch's exports; in a container, ``[container] env`` under them)."""
+    return stale.title_prefix(launch_environment(runtime, env, cfg.container.env, os.environ))
 
 
 def scope(ctx: PreflightContext, ours: neighbours.Launch | None = None) -> neighbours.Scope:

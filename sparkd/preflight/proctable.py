@@ -1,8 +1,8 @@
 """The process table the stale/neighbour decision judges (:mod:`sparkd.preflight.neighbours`), read from /proc.
 
 For each PID asked and every ancestor of it: the parent, argv (a setproctitle title is argv[0]), the real uid,
-whether it is a zombie, its create time, its PID namespace, whether it is the init of its own namespace, and the
-launch marker its environment carries.
+whether it is a zombie, its create time, its PID namespace, whether it is the init of its own namespace, the
+launch marker its environment carries, and its session.
 Everything is read through ``proc_root``, so a test's view of /proc holding only its own processes (and the
 parents it chose to show) is all a check can judge.
 """
@@ -44,6 +44,7 @@ def read_proc(proc_root: Path, pid: int, boot_time: float | None = None) -> Proc
         ppid = int(status.get("PPid", "0"))
         fields = stat.rsplit(b")", 1)[1].split()
         ticks = int(fields[19])  # field 22, counted after the ")" that ends the command name
+        sid = int(fields[3])  # field 6: the session
     except (ValueError, IndexError):
         return None
     uids = status.get("Uid", "").split()
@@ -55,7 +56,8 @@ def read_proc(proc_root: Path, pid: int, boot_time: float | None = None) -> Proc
     return Proc(pid=pid, ppid=ppid, argv=tuple(argv), start=boot + ticks / CLOCK_TICKS,
                 uid=int(uids[0]) if uids and uids[0].isdigit() else None,
                 zombie=status.get("State", "").startswith(("Z", "X")), pid_ns=pid_ns,
-                ns_init=len(nspids) > 1 and nspids[-1] == "1", marker=read_marker(base / "environ"))
+                ns_init=len(nspids) > 1 and nspids[-1] == "1", marker=read_marker(base / "environ"),
+                sid=sid or None)
 
 
 def read_marker(environ: Path) -> str | None:

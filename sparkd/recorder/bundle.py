@@ -29,7 +29,9 @@ from typing import Any
 
 from sparkd import __version__
 from sparkd.config import Config
+from sparkd.launch import secret_values
 from sparkd.redact import MASK, Redactor, read_secret
+from sparkd.secretrule import is_secret_name
 
 __all__ = ["Bundle", "bundle_redactor", "collect", "write_bundle"]
 
@@ -41,10 +43,15 @@ _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", r
 
 
 def bundle_redactor(cfg: Config) -> Redactor:
-    """The daemon's secrets, and every environment value of the launch or the container whose name says secret."""
+    """The daemon's secrets (sparkd.secretrule: the API key, api_key_file's too, secret_env), and every environment
+    value of the launch or the container whose name says secret (a wider net than the rule: a bug report travels)."""
     envs = {**cfg.container.env, **cfg.launch.env}
-    named = [value for name, value in envs.items() if _SECRET_NAME.search(name)]
-    return Redactor([cfg.launch.api_key, read_secret(cfg.api.token_file), *named])
+    named = [value for name, value in envs.items() if _secret_name(name, cfg)]
+    return Redactor([*secret_values(cfg), read_secret(cfg.api.token_file), *named], names=cfg.launch.secret_env)
+
+
+def _secret_name(name: str, cfg: Config) -> bool:
+    return bool(_SECRET_NAME.search(name)) or is_secret_name(name, cfg.launch.secret_env)
 
 
 def _masked_config(cfg: Config, redact: Redactor) -> dict[str, Any]:
@@ -52,7 +59,7 @@ def _masked_config(cfg: Config, redact: Redactor) -> dict[str, Any]:
     for section in ("launch", "container"):
         env = data.get(section, {}).get("env") or {}
         for name in env:
-            if _SECRET_NAME.search(name):
+            if _secret_name(name, cfg):
                 env[name] = MASK
     if data["launch"].get("api_key"):
         data["launch"]["api_key"] = MASK

@@ -5,7 +5,8 @@ The container (``[container] name``) is created when missing and started when st
 ``bash -c ": > LOG; exec bash SCRIPT >> LOG 2>&1"``: bash execs the script, which execs vLLM, so the exec's
 host PID (from ``exec_inspect``) is vLLM's. Docker cannot signal an exec, so stop works on that host PID
 tree; exits are seen through a pidfd and the exit status comes from ``exec_inspect``. The output file is
-read from the host through ``/proc/<container init PID>/root``, so an instance outlives a daemon restart.
+read from the host through ``/proc/<container init PID>/root``, resolved inside the container
+(:mod:`sparkd.runtime.inroot`: a link there never leads out of it), so an instance outlives a daemon restart.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from sparkd.runtime.container_spec import container_options, missing_rehearse_mo
 from sparkd.runtime.docker_api import DOCKER_ERRORS, call, decode, explain, no_bash, put_file, short_id
 from sparkd.runtime.docker_base import DockerRuntime, create_time_or_zero, timed_out
 from sparkd.runtime.drift import container_drift
+from sparkd.runtime.inroot import open_log
 from sparkd.runtime.launch_target import check_command, target_sentence
 from sparkd.runtime.logfile import follow_file
 
@@ -360,5 +362,7 @@ class DockerExecRuntime(DockerRuntime):
     async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
         if not instance.log_path:
             return
-        async for line in follow_file(Path(instance.log_path), done, truncate_over=RAW_LOG_LIMIT):
+        host_path = instance.log_path
+        async for line in follow_file(Path(host_path), done, truncate_over=RAW_LOG_LIMIT,
+                                      opener=lambda: open_log(host_path)):
             yield line

@@ -26,6 +26,7 @@ from sparkd.config import Config
 from sparkd.config_container import DOCKER_DEFAULT_SHM, UNLIMITED
 from sparkd.runtime.base import Difference
 from sparkd.runtime.container_spec import device_requests, rehearse_paths
+from sparkd.secretrule import digest, is_secret_name
 
 
 def short(image_id: str) -> str:
@@ -100,7 +101,12 @@ def _env(cfg: Config, attrs: Mapping[str, Any], image: Mapping[str, Any] | None)
         image_env = env_map((image.get("Config") or {}).get("Env"))
         have = {k: v for k, v in have.items() if image_env.get(k) != v}
         want = {k: v for k, v in want.items() if image_env.get(k) != v}
-    yield from _listed("container.env", (f"{k}={v}" for k, v in want.items()), (f"{k}={v}" for k, v in have.items()))
+    names = cfg.launch.secret_env
+
+    def item(name: str, value: str) -> str:  # a secret is compared by its digest, never shown
+        return f"{name}={digest(value) if is_secret_name(name, names) else value}"
+
+    yield from _listed("container.env", (item(k, v) for k, v in want.items()), (item(k, v) for k, v in have.items()))
 
 
 def _gpus(cfg: Config, host: Mapping[str, Any]) -> Iterator[Difference]:

@@ -15,7 +15,8 @@ from pathlib import Path
 import anyio
 
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE, IN_DELETE_SELF, IN_MOVE_SELF = 0x2, 0x4, 0x8, 0x400, 0x800
-_MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_DELETE_SELF | IN_MOVE_SELF
+IN_DONT_FOLLOW = 0x02000000  # a symlink in the file's place is watched itself, never its target
+_MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_DELETE_SELF | IN_MOVE_SELF | IN_DONT_FOLLOW
 _libc: ctypes.CDLL | None = None
 
 

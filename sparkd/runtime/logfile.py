@@ -14,6 +14,10 @@ Bounds (issue 16, reliability.md 6b/6c), whatever vLLM writes:
   :data:`NOTE` line says how many bytes).
 - Replay: a file found larger than ``replay_max`` when it is first opened (an adopted instance's) is read
   from its last ``replay_max`` bytes, from a line start; a :data:`NOTE` line says what was skipped.
+- Root reads where vLLM writes: the file is opened without following a symlink (``O_NOFOLLOW``; a container's
+  file through :mod:`sparkd.runtime.inroot`, never out of the container), kept only when it is a regular file,
+  and measured and truncated through its descriptor, never by name (a name can be swapped for a link to a host
+  file between two calls; security review §5).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from __future__ import annotations
 import codecs
 import os
 import re
-from collections.abc import AsyncIterator
+import stat
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -117,14 +122,14 @@ WATCHED_POLL_S = 5.0  # with an inotify watch, a look at the file anyway this of
 async def follow_file(
     path: Path, done: anyio.Event, *, poll_s: float = 0.2, truncate_over: int | None = None,
     max_line: int = MAX_LINE, max_pieces: int = MAX_PIECES, replay_max: int | None = None,
-    chunk: int = CHUNK, stats: FollowStats | None = None,
+    chunk: int = CHUNK, stats: FollowStats | None = None, opener: Callable[[], BinaryIO | None] | None = None,
 ) -> AsyncIterator[str]:
     """Yield the lines appended to ``path`` from its start; after ``done`` is set, drain and stop.
 
     ``truncate_over``: keep the raw file under this size (see the module doc). ``replay_max`` (default:
     ``truncate_over``): where a large file is first opened, read only its last this-many bytes. Between reads
     the follower waits for a write to the file (inotify, ``filewatch``), for ``done``, or WATCHED_POLL_S; without
-    a watch it polls every ``poll_s``."""
+    a watch it polls every ``poll_s``. ``opener``: how the file is opened (default :func:`open_regular`)."""
     stats = stats if stats is not None else FollowStats()
     replay_max = truncate_over if replay_max is None else replay_max
     handle: BinaryIO | None = None
@@ -133,7 +138,7 @@ async def follow_file(
     try:
         while True:
             if handle is None:
-                handle = _open(path)
+                handle = opener() if opener is not None else open_regular(path)
                 if handle is not None:
                     watch = FileWatch.open(path)
                     for line in _skip_replay(handle, path, replay_max, stats):
@@ -171,30 +176,47 @@ async def follow_file(
             handle.close()
 
 
-def _open(path: Path) -> BinaryIO | None:
-    try:
-        return open(path, "rb")
-    except (FileNotFoundError, IsADirectoryError, PermissionError):
-        return None
+def open_regular(path: Path) -> BinaryIO | None:
+    """``path`` for reading (and truncating, where allowed), or None: missing, a symlink, not a regular file."""
+    for flags in (os.O_RDWR, os.O_RDONLY):
+        try:
+            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        except PermissionError:
+            continue
+        except OSError:
+            return None
+        return regular(fd)
+    return None
 
 
-def _size(path: Path) -> int | None:
+def regular(fd: int) -> BinaryIO | None:
+    """``fd`` as a binary file when it is a regular file; else it is closed and None returned."""
     try:
-        return os.stat(path).st_size
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return os.fdopen(fd, "rb")
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _size(handle: BinaryIO) -> int | None:
+    try:
+        return os.fstat(handle.fileno()).st_size
     except OSError:
         return None
 
 
-def _truncate(path: Path) -> bool:
+def _truncate(handle: BinaryIO) -> bool:
     try:
-        os.truncate(path, 0)
+        os.ftruncate(handle.fileno(), 0)
     except OSError:
-        return False  # gone, or not ours to shorten: keep reading it as it is
+        return False  # opened read-only, or not ours to shorten: keep reading it as it is
     return True
 
 
 def _skip_replay(handle: BinaryIO, path: Path, replay_max: int | None, stats: FollowStats) -> list[str]:
-    size = _size(path)
+    size = _size(handle)
     if replay_max is None or size is None or size <= replay_max:
         return []
     handle.seek(size - replay_max)
@@ -211,7 +233,7 @@ def _outrun(handle: BinaryIO, path: Path, limit: int, splitter: LineSplitter, st
     unread = size - handle.tell()
     if size <= limit or unread <= 0:
         return []  # at its end, _at_end truncates it with nothing lost
-    if not _truncate(path):
+    if not _truncate(handle):
         return []
     out = splitter.reset()
     handle.seek(0)
@@ -226,7 +248,7 @@ def _outrun(handle: BinaryIO, path: Path, limit: int, splitter: LineSplitter, st
 def _at_end(handle: BinaryIO, path: Path, limit: int | None, splitter: LineSplitter, stats: FollowStats
             ) -> tuple[list[str], bool]:
     """At the end of what was read: the lines to flush, and whether the handle went back to the file's start."""
-    size = _size(path)
+    size = _size(handle)
     if size is None:
         return [], False
     position = handle.tell()
@@ -234,7 +256,7 @@ def _at_end(handle: BinaryIO, path: Path, limit: int | None, splitter: LineSplit
         handle.seek(0)
         stats.offset = 0
         return splitter.reset(), True
-    if limit is not None and size > limit and size == position and _truncate(path):
+    if limit is not None and size > limit and size == position and _truncate(handle):
         handle.seek(0)
         stats.offset = 0
         stats.truncations += 1

@@ -22,15 +22,15 @@ from sparkd.runtime import proctree
 from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, Runtime
 from sparkd.runtime.launch_target import missing_host_target
 from sparkd.runtime.logfile import follow_file
+from sparkd.safefile import fresh_file, replace_file
+from sparkd.statefile import read_regular
 
 VLLM_OOM_SCORE_ADJ = 500
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+def write_atomic(path: Path, text: str, mode: int = 0o640) -> None:
+    """``path`` replaced through a temp file of a random name, never through a link or a FIFO (sparkd.safefile)."""
+    replace_file(path, text.encode("utf-8"), mode)
 
 
 class ProcessRuntime(Runtime):
@@ -50,9 +50,8 @@ class ProcessRuntime(Runtime):
 
     async def launch(self, spec: LaunchSpec) -> Instance:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.script_path, render_script(spec), 0o755)
-        self.raw_log.unlink(missing_ok=True)
-        with open(self.raw_log, "ab") as out:
+        write_atomic(self.script_path, render_script(spec), 0o750)
+        with os.fdopen(fresh_file(self.raw_log), "ab") as out:
             try:
                 # vLLM, not sparkd, must be the kernel's first choice under memory pressure: raise its
                 # oom_score_adj above sparkd's (the unit sets -900); raising needs no privilege.
@@ -99,7 +98,11 @@ class ProcessRuntime(Runtime):
         target = Path(path)
         if not target.is_file():
             return None
-        return await anyio.to_thread.run_sync(lambda: target.read_text(encoding="utf-8", errors="replace"))
+        try:
+            data = await anyio.to_thread.run_sync(read_regular, target)
+        except OSError:
+            return None
+        return data.decode("utf-8", errors="replace")
 
     async def missing_target(self, spec: LaunchSpec) -> str | None:
         return missing_host_target(spec.argv, spec.env)

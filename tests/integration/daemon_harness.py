@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import resource
+import secrets
 import signal
 import socket
 import subprocess
@@ -21,8 +22,8 @@ import psutil
 from sparkd.rehearsal import REHEARSAL_SKIPS
 from sparkd.runtime.proctree import tree
 
-__all__ = ["BIN", "MODEL", "STANDIN", "STANDIN_SKIPS", "Sparkd", "alive", "base_config", "free_port", "kill_tree",
-           "shm_segments", "title_prefix", "tree", "unheld", "unique_prefix"]
+__all__ = ["BIN", "MODEL", "STANDIN", "STANDIN_SKIPS", "Sparkd", "alive", "as_user", "base_config", "free_port",
+           "kill_tree", "peer_token", "shm_segments", "title_prefix", "tree", "unheld", "unique_prefix"]
 
 BIN = Path(sys.executable).parent
 STANDIN = BIN / "sparkd-standin"  # the sparkd-standin distribution, installed next to sparkd by `make setup`
@@ -30,6 +31,13 @@ STANDIN = BIN / "sparkd-standin"  # the sparkd-standin distribution, installed n
 MODEL = "sparkd-tests/standin"
 # What a config running the stand-in lists in `[preflight] skip`, for the reason a rehearsal skips them.
 STANDIN_SKIPS = sorted(REHEARSAL_SKIPS)
+
+
+def peer_token(path: Path) -> Path:
+    """The peers' shared secret as the package makes one (``[api] token_file``): 64 hex characters, mode 0600."""
+    path.write_text(secrets.token_hex(32) + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def free_port() -> int:
@@ -96,6 +104,16 @@ def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, A
     return cfg
 
 
+def as_user(uid: int | None) -> list[str]:
+    """The command prefix that runs a child as ``uid`` (its group the same number, no other groups). It keeps one
+    capability, CAP_DAC_READ_SEARCH, so that it can still read the tests' Python (the venv's interpreter may live
+    under root's 0700 home); it writes, signals and reads other users' /proc as that user does."""
+    if uid is None:
+        return []
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=+dac_read_search",
+            "--ambient-caps=+dac_read_search"]
+
+
 def title_prefix(cfg: dict[str, Any]) -> str:
     return str(cfg["launch"]["env"]["VLLM_PROCESS_NAME_PREFIX"]) + "::"
 
@@ -113,8 +131,10 @@ class Sparkd:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = tmp / "sparkd.log"
 
-    def start(self, *extra: str, env: dict[str, str] | None = None, limit_fds: int | None = None) -> Sparkd:
-        """``limit_fds``: the daemon's RLIMIT_NOFILE, soft and hard (it cannot raise it)."""
+    def start(self, *extra: str, env: dict[str, str] | None = None, limit_fds: int | None = None,
+              uid: int | None = None) -> Sparkd:
+        """``limit_fds``: the daemon's RLIMIT_NOFILE, soft and hard (it cannot raise it). ``uid``: run it as this
+        user (and group of the same number, no other groups) instead of the test's."""
         env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", **(env or {})}
 
         def limit() -> None:
@@ -122,7 +142,8 @@ class Sparkd:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (limit_fds, limit_fds))
 
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([str(BIN / "sparkd"), "run", "--config", str(self.config_path), *extra],
+            self.proc = subprocess.Popen([*as_user(uid), str(BIN / "sparkd"), "run", "--config",
+                                          str(self.config_path), *extra],
                                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                          preexec_fn=limit)
         return self

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from daemon_harness import alive, base_config, kill_tree, title_prefix, tree, unique_prefix
-from pair_harness import NodeDaemon, ip
+from daemon_harness import alive, base_config, kill_tree, peer_token, title_prefix, tree, unique_prefix
+from pair_harness import NETNS_PREFIX, NodeDaemon, ip
 
 _FABRICS = itertools.count(1)
 
@@ -32,7 +32,7 @@ class Fabric:
     def create(cls, n: int) -> Fabric:
         tag = f"{os.getpid() % 10000}g{next(_FABRICS)}"
         subnet = f"10.232.{(os.getpid() + n * 7 + int(tag.split('g')[1])) % 250}"
-        fabric = cls(f"sparkd-b{tag}", [f"sparkd-n{tag}x{i}" for i in range(n)],
+        fabric = cls(f"{NETNS_PREFIX}b{tag}", [f"{NETNS_PREFIX}n{tag}x{i}" for i in range(n)],
                      [f"spn{tag}x{i}" for i in range(n)], [f"{subnet}.{i + 1}" for i in range(n)])
         ip("netns", "add", fabric.bridge_ns)
         ip("link", "add", "br0", "type", "bridge", ns=fabric.bridge_ns)
@@ -65,8 +65,7 @@ def group_configs(tmp: Path, fabric: Fabric, *, tp: int, pp: int = 1, ranks: lis
                   **sections: dict[str, Any]) -> list[dict[str, Any]]:
     """One config per node: rank 0 is the head and lists every worker; each worker lists the head."""
     n = len(fabric.nodes)
-    token = tmp / "token"
-    token.write_text("group-token\n")
+    token = peer_token(tmp / "token")
     head = fabric.addresses[0]
     configs = []
     for i, addr in enumerate(fabric.addresses):

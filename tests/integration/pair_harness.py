@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon_harness import BIN, Sparkd, base_config, unique_prefix
+from daemon_harness import BIN, Sparkd, base_config, peer_token, unique_prefix
 
 _NETS = itertools.count(1)
+# Namespaces are named after this prefix (a session sharing the host with others may set its own).
+NETNS_PREFIX = os.environ.get("SPARKD_TEST_NETNS_PREFIX", "sparkd-")
 
 
 def ip(*args: str, ns: str | None = None) -> None:
@@ -36,7 +38,7 @@ class Link:
     def create(cls) -> Link:
         n = next(_NETS)
         tag = f"{os.getpid() % 10000}x{n}"
-        head_ns, worker_ns = f"sparkd-h{tag}", f"sparkd-w{tag}"
+        head_ns, worker_ns = f"{NETNS_PREFIX}h{tag}", f"{NETNS_PREFIX}w{tag}"
         head_veth, worker_veth = f"sph{tag}", f"spw{tag}"
         subnet = f"10.231.{(os.getpid() + n) % 250}"
         ip("netns", "add", head_ns)
@@ -61,6 +63,82 @@ class Link:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
 
+@dataclass
+class Intruder:
+    """A third host on the fabric, not a peer: a namespace of its own joined by a veth to one node's namespace
+    (10.233.N.2, routed through that node), so it reaches that node's sparkd as the review's attacker did."""
+
+    ns: str
+    addr: str
+
+    @classmethod
+    def create(cls, into_ns: str, *, routed_to: tuple[str, str] | None = None) -> Intruder:
+        """``routed_to``: (namespace, gateway address) of another node the intruder may reach through ``into_ns``
+        (which then forwards, and that node routes its answers back through the gateway)."""
+        n = next(_NETS)
+        tag = f"{os.getpid() % 10000}x{n}"
+        ns, outer, inner = f"{NETNS_PREFIX}i{tag}", f"spi{tag}", f"spj{tag}"
+        subnet = f"10.233.{(os.getpid() + n) % 250}"
+        ip("netns", "add", ns)
+        try:
+            ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+            ip("link", "set", outer, "netns", ns)
+            ip("link", "set", inner, "netns", into_ns)
+            ip("addr", "add", f"{subnet}.2/24", "dev", outer, ns=ns)
+            ip("addr", "add", f"{subnet}.1/24", "dev", inner, ns=into_ns)
+            for where, dev in ((ns, outer), (into_ns, inner), (ns, "lo")):
+                ip("link", "set", dev, "up", ns=where)
+            ip("route", "add", "default", "via", f"{subnet}.1", ns=ns)
+            if routed_to is not None:
+                subprocess.run(["ip", "netns", "exec", into_ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+                               check=True, capture_output=True, timeout=30)
+                ip("route", "add", f"{subnet}.0/24", "via", routed_to[1], ns=routed_to[0])
+        except BaseException:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            raise
+        return cls(ns, f"{subnet}.2")
+
+    def run(self, *argv: str, **kw: Any) -> subprocess.Popen[str]:
+        return subprocess.Popen(["ip", "netns", "exec", self.ns, *argv], text=True, **kw)
+
+    def destroy(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, timeout=30)
+
+
+# Holds COUNT connections to HOST:PORT for SECONDS, sending nothing, opening a new one for each the server closes
+# (the review's hold.py); prints how many it held at the end and how many it had to reopen.
+FLOOD_HOLDER = """\
+import selectors, socket, sys, time
+host, port, count, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+sel, reopened, end = selectors.DefaultSelector(), 0, time.monotonic() + seconds
+def one():
+    try:
+        sock = socket.create_connection((host, port), timeout=2)
+    except OSError:
+        return False
+    sock.setblocking(False)
+    sel.register(sock, selectors.EVENT_READ)
+    return True
+for _ in range(count):
+    one()
+print("opened", len(sel.get_map()), flush=True)
+while time.monotonic() < end:
+    for key, _ in sel.select(timeout=0.2):
+        try:
+            data = key.fileobj.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
+    while len(sel.get_map()) < count and time.monotonic() < end:
+        if not one():
+            break
+        reopened += 1
+print("held", len(sel.get_map()), "reopened", reopened, flush=True)
+"""
+
+
 class NodeDaemon(Sparkd):
     """A sparkd whose process runs inside a network namespace."""
 
@@ -79,8 +157,7 @@ class NodeDaemon(Sparkd):
 
 def pair_configs(tmp: Path, link: Link, *, worker_launch: dict[str, Any] | None = None,
                  **sections: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    token = tmp / "token"
-    token.write_text("pair-token\n")
+    token = peer_token(tmp / "token")
     common_launch = {"tensor_parallel_size": 2, "host": "0.0.0.0", "port": 8000, "max_model_len": 8192}
     cluster = {"master_addr": link.head_addr, "master_port": 29501, "nnodes": 2, "peer_poll_s": 0.5,
                "peer_grace_s": 3, "worker_start_timeout_s": 60}

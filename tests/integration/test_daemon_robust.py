@@ -67,7 +67,7 @@ def test_an_idle_connection_flood_never_takes_the_daemon_down(sparkd: Fleet, tmp
 def test_a_full_state_filesystem_degrades_and_recovers(sparkd: Fleet, tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(state)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0750", "tmpfs", str(state)], check=True)
     filler = state / "filler"
     try:
         config = base_config(tmp_path, free_port())

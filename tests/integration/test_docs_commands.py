@@ -149,7 +149,7 @@ def node(docker_client: Any, docker_test_labels: dict[str, str]) -> Iterator[Any
              f" && ln -s {VENV_BIN / 'sparkctl'} /usr/bin/sparkctl")
         n.write("/lib/systemd/system/sparkd.service", (REPO / "systemd" / "sparkd.service").read_text())
         n.write("/etc/sparkd/sparkd.toml", NODE_CONFIG)
-        n.write("/etc/sparkd/peer.token", "0123456789abcdef\n", mode=0o600)
+        n.write("/etc/sparkd/peer.token", "0123456789abcdef" * 4 + "\n", mode=0o600)
         n.sh("systemctl daemon-reload && systemctl start sparkd")
         yield n
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -23,7 +24,9 @@ from typing import Any
 
 import psutil
 import pytest
-from daemon_harness import BIN, MODEL, STANDIN, Sparkd, alive, base_config, free_port, kill_tree, tree
+from daemon_harness import BIN, MODEL, STANDIN, Sparkd, alive, base_config, free_port, kill_tree, tree, unique_prefix
+
+from sparkd import instances
 
 pytestmark = pytest.mark.docker
 
@@ -35,11 +38,11 @@ def identities(pid: int) -> set[tuple[int, float]]:
     return {(p.pid, p.create_time()) for p in alive(tree(pid))}
 
 
-def titled_members(pid: int) -> list[str]:
+def titled_members(pid: int, prefix: str = "VLLM::") -> list[str]:
     titles = []
     for p in alive(tree(pid)):
         with contextlib.suppress(psutil.Error):
-            if p.cmdline() and p.cmdline()[0].startswith("VLLM::"):
+            if p.cmdline() and p.cmdline()[0].startswith(prefix):
                 titles.append(p.cmdline()[0])
     return titles
 
@@ -195,14 +198,22 @@ def instance_b(nb: Neighbours, runtime: str, master_port: int) -> Sparkd:
     cfg = default_titles(base_config(folder, free_port(), paths={"instances_dir": str(nb.instances)},
                                      node={"role": "head"}))
     cfg["launch"] |= {"nnodes": 2, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": master_port}
-    if runtime == "docker-run":
+    if runtime != "process":  # docker-exec: its long-lived container runs `sleep infinity`, an init that adopts
         cfg["runtime"] = runtime
         cfg["container"] = {"name": f"n23-b-{uuid.uuid4().hex[:8]}", "image": nb.test_image, "mounts": nb.mounts,
                             "gpus": "", "host_ipc": True, "labels": nb.labels}
     return Sparkd(folder, cfg)
 
 
-@pytest.mark.parametrize("runtime", ["process", "docker-run"])
+def remove_container(nb: Neighbours, daemon: Sparkd) -> None:
+    """B's container, if it has one left (docker-exec's outlives its daemon)."""
+    name = daemon.config.get("container", {}).get("name")
+    if name:
+        with contextlib.suppress(Exception):
+            nb.docker_client.containers.get(name).remove(force=True)
+
+
+@pytest.mark.parametrize("runtime", ["process", "docker-run", "docker-exec"])
 def test_instance_b_lives_beside_its_neighbours_and_clears_only_the_litter(neighbours: Neighbours,
                                                                           runtime: str) -> None:
     nb = neighbours
@@ -240,6 +251,56 @@ def test_instance_b_lives_beside_its_neighbours_and_clears_only_the_litter(neigh
     finally:
         b.end()
         kill_tree(alive(seen + orphans))
+        remove_container(nb, b)
+
+
+def stale_line(daemon: Sparkd) -> str:
+    """``sparkd preflight --check stale_processes`` for ``daemon``'s config (the sweep is real, not a dry run)."""
+    result = subprocess.run([str(BIN / "sparkd"), "preflight", "--config", str(daemon.config_path), "--check",
+                             "stale_processes"], capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stdout.splitlines() if "stale_processes" in line]
+    assert result.returncode == 0 and lines, result.stdout + result.stderr
+    return lines[0]
+
+
+def test_a_live_instances_orphans_are_left_to_it_until_its_sparkd_is_gone(neighbours: Neighbours) -> None:
+    """Instance C serves; its daemon is frozen (SIGSTOP: alive and registered, but it cannot react) and its vLLM's
+    API server SIGKILLed: the engine and worker are orphans under init, stale by the orphan rule alone. B's
+    preflight leaves them, for they carry the launch marker of C's live registration. Once C's daemon is
+    SIGKILLed too its registration (the file stays) protects nothing, and B's next preflight ends them."""
+    nb = neighbours
+    prefix = unique_prefix()  # C's and B's: no other session's sweep reaches C's orphans meanwhile
+    made = []
+    for name, env in (("c", {"SPARKD_STANDIN_ORPHAN_ON_KILL": "1"}), ("b-sweeps", {})):
+        (nb.tmp / name).mkdir()
+        made.append(Sparkd(nb.tmp / name, base_config(nb.tmp / name, free_port(), paths={
+            "instances_dir": str(nb.instances)}, launch={"env": {**env, "VLLM_PROCESS_NAME_PREFIX": prefix}})))
+    c, b = made
+    family: list[psutil.Process] = []
+    try:
+        server = psutil.Process(c.start().wait_state("ready", timeout=120)["pid"])
+        wait_until(lambda: titled_members(server.pid, f"{prefix}::"), 60, "C's engine titled")
+        family = alive(tree(server.pid))
+        orphans = [p for p in family if p.pid != server.pid and p.status() != psutil.STATUS_ZOMBIE]
+        direct = [p for p in orphans if p.ppid() == server.pid]
+        c.signal(signal.SIGSTOP)
+        server.kill()
+        wait_until(lambda: all(p.ppid() == 1 for p in alive(direct)), 10, "C's orphans re-parented to init")
+        titled = [p for p in orphans if p.cmdline()[0].startswith(f"{prefix}::")]  # (the rest is vLLM's helpers)
+        assert f"{prefix}::EngineCore" in {p.cmdline()[0] for p in titled}
+        kept = stale_line(b)
+        assert alive(orphans) == orphans and "ended" not in kept, kept
+        c.kill()  # a stopped daemon takes SIGKILL: gone now, its registration left behind
+        assert instances.file_for(nb.instances, c.state_dir).exists()
+        swept = stale_line(b)
+        assert f"ended {len(titled)} process(es)" in swept, swept
+        assert alive(titled) == []
+        nb.check("C's orphans, left while C lived, ended once it was gone")
+    finally:
+        with contextlib.suppress(Exception):
+            c.signal(signal.SIGCONT)  # a frozen daemon would not take the SIGTERM of its end
+        c.end()
+        kill_tree(alive(family))
 
 
 def test_a_neighbour_holding_the_port_is_named_and_left_alone(neighbours: Neighbours) -> None:

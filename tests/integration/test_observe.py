@@ -8,27 +8,30 @@ import os
 import socket
 import stat
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import BIN, Sparkd, base_config, free_port
+from daemon_harness import BIN, Sparkd, base_config, free_port, peer_token
+
+from sparkd.peersign import sign
 
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Sparkd]:
-    token = tmp_path / "token"
-    token.write_text("s3cret-token\n")
+    token = peer_token(tmp_path / "token")
     d = Sparkd(tmp_path, base_config(tmp_path, free_port(),
                                      api={"port": free_port(), "token_file": str(token)}))
     yield d
     d.end()
 
 
-def http(url: str, token: str | None = None) -> tuple[int, str]:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+def http(url: str, token: str | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    headers = {**({"Authorization": f"Bearer {token}"} if token else {}), **(headers or {})}
+    request = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read().decode()
@@ -75,14 +78,33 @@ def test_metrics_pass_promtool_and_show_the_state(daemon: Sparkd) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_tcp_control_api_needs_the_bearer_token(daemon: Sparkd) -> None:
-    daemon.start()
-    daemon.wait_state("ready")
-    base = f"http://127.0.0.1:{daemon.config['api']['port']}"
-    assert http(f"{base}/v1/status")[0] == 401
-    assert http(f"{base}/v1/status", token="wrong")[0] == 401
-    code, body = http(f"{base}/v1/status", token="s3cret-token")
-    assert code == 200 and json.loads(body)["result"]["state"] == "ready"
+def test_tcp_control_api_serves_the_configured_peers_signed_requests_only(tmp_path: Path) -> None:
+    """From 127.0.0.1 (a peer here) a signed request is served once; a bearer token, a replay or an address that
+    is no peer (127.0.0.2) is refused. tests/integration/test_peer_attacks.py does the same across namespaces."""
+    token = peer_token(tmp_path / "token")
+    secret = token.read_text().strip()
+    port = free_port()
+    d = Sparkd(tmp_path, base_config(tmp_path, free_port(), api={"port": port, "token_file": str(token)},
+                                     cluster={"peers": [f"127.0.0.1:{port}"]}))
+    try:
+        d.start()
+        d.wait_state("ready")
+        url = f"http://127.0.0.1:{port}/v1/status"
+        assert http(url)[0] == 401
+        assert http(url, token=secret)[0] == 401  # the secret itself, sent as a bearer token: no longer a key
+        good = {"Authorization": sign(secret, "GET", "/v1/status", b"", now=time.time())}
+        code, body = http(url, headers=good)
+        assert code == 200 and json.loads(body)["result"]["state"] == "ready"
+        code, body = http(url, headers=good)
+        assert code == 401 and "replayed" in body
+        with socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)) as stranger:
+            fresh = sign(secret, "GET", "/v1/status", b"", now=time.time())
+            stranger.sendall(f"GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                             f"Authorization: {fresh}\r\n\r\n".encode())
+            answer = b"".join(iter(lambda: stranger.recv(65536), b"")).decode()
+        assert answer.startswith("HTTP/1.1 403") and "127.0.0.2 is not one" in answer
+    finally:
+        d.end()
 
 
 def test_tcp_control_api_is_closed_without_a_token_file(tmp_path: Path) -> None:

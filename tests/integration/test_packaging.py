@@ -173,6 +173,8 @@ def test_package_installs_and_runs_in_a_clean_container(debian: Any, built: Buil
     # The shipped config (the field's head node, docker-exec) is valid as installed.
     assert "ok (node spark1, role head" in debian.out("sparkd check-config --config /etc/sparkd/sparkd.toml")
     assert debian.out("dpkg-query -W -f '${Conffiles}' sparkd").split()[0] == "/etc/sparkd/sparkd.toml"
+    # The config may hold [launch] api_key: root's, not every local user's (security review §4).
+    assert debian.out("stat -c '%a %U' /etc/sparkd/sparkd.toml") == "640 root"
     assert debian.out("getent group sparkd").startswith("sparkd:x:")
     assert debian.out("stat -c %a /var/lib/sparkd") == "750"
     assert debian.sh("test -d /var/cache/sparkd/vllm && test -d /var/cache/sparkd/flashinfer", check=False)[0] == 0
@@ -182,7 +184,7 @@ def test_package_installs_and_runs_in_a_clean_container(debian: Any, built: Buil
     assert debian.out("stat -c '%a %U %s' /etc/sparkd/peer.token") == "600 root 65"
     assert "api.token_file" not in debian.out("sparkd check-config --config /etc/sparkd/sparkd.toml 2>&1")
     debian.sh("chmod 644 /etc/sparkd/peer.token")
-    assert "[token-file-mode]" in debian.out("sparkd check-config --config /etc/sparkd/sparkd.toml 2>&1")
+    assert "[token-file-unsafe]" in debian.out("sparkd check-config --config /etc/sparkd/sparkd.toml 2>&1")
     debian.sh("chmod 600 /etc/sparkd/peer.token")
     # Completion through the installed scripts, the way bash calls them.
     for name, word, expected in (("sparkctl", "re", {"reset", "restart"}), ("sparkd", "check", {"check-config"})):

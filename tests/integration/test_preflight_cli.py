@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon_harness import MODEL, STANDIN_SKIPS, Sparkd, base_config, render_toml
-from test_preflight_support import DECOY_ARGS, Children, leak, listener
+from test_preflight_support import DECOY_ARGS, Children, listener
 
 pytest_plugins = ["test_preflight_support"]  # fixtures: children
 
@@ -48,27 +48,34 @@ def by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in report["results"]}
 
 
+# A leaked psm_* of root's is litter to every sparkd on the host: another session's preflight (its tests start
+# daemons all the time) may remove a segment planted on the shared /dev/shm before this dry run looks. Planted in a
+# mount namespace of this preflight's own, on a fresh /dev/shm, it meets only this preflight; the shell exits 99
+# if it is gone afterwards.
+PRIVATE_SHM = ('mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm && head -c 1048576 /dev/zero > "/dev/shm/$0" '
+               '&& "$@"; rc=$?; test -e "/dev/shm/$0" || exit 99; exit $rc')
+
+
 def test_dry_run_changes_nothing(tmp_path: Path, children: Children) -> None:
     """A stale vLLM process holding the API port and a leaked /dev/shm segment all survive a dry run."""
     holder, port = listener(children, title=f"{PREFIX}::Worker_TP0", orphan=True)
-    segment = leak(Path("/dev/shm") / f"psm_{os.urandom(4).hex()}")
-    try:
-        result = preflight(write_config(tmp_path, port), "--dry-run", "--json")
-        assert result.returncode == 0, result.stderr + result.stdout
-        report = json.loads(result.stdout)
-        checks = by_id(report)
-        assert report["dry_run"] is True and report["ok"] is True and report["failure"] is None
-        assert checks["stale_processes"]["verdict"] == "warn"
-        assert f"{holder.pid} {PREFIX}::Worker_TP0 (orphaned)" in checks["stale_processes"]["found"]
-        assert checks["ports"]["verdict"] == "warn"
-        assert f"{port} is held by stale vLLM PID {holder.pid}" in checks["ports"]["found"]
-        assert checks["dev_shm"]["verdict"] == "warn" and segment.name in checks["dev_shm"]["found"]
-        assert list(checks) == ["container", "launch_target", "vllm_args", "stale_processes", "ports", "dev_shm",
-                                "page_cache", "memory", "host", "image", "rdma", "gpu"]
-        assert holder.alive() and segment.exists()
-        assert not (tmp_path / "state").exists()  # not even the state folder
-    finally:
-        segment.unlink(missing_ok=True)
+    segment = f"psm_{os.urandom(4).hex()}"
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", PRIVATE_SHM, segment,
+                             str(BIN / "sparkd"), "preflight", "--config", str(write_config(tmp_path, port)),
+                             "--dry-run", "--json"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr + result.stdout  # (99: the segment was removed)
+    report = json.loads(result.stdout)
+    checks = by_id(report)
+    assert report["dry_run"] is True and report["ok"] is True and report["failure"] is None
+    assert checks["stale_processes"]["verdict"] == "warn"
+    assert f"{holder.pid} {PREFIX}::Worker_TP0 (orphaned)" in checks["stale_processes"]["found"]
+    assert checks["ports"]["verdict"] == "warn"
+    assert f"{port} is held by stale vLLM PID {holder.pid}" in checks["ports"]["found"]
+    assert checks["dev_shm"]["verdict"] == "warn" and segment in checks["dev_shm"]["found"]
+    assert list(checks) == ["container", "launch_target", "vllm_args", "stale_processes", "ports", "dev_shm",
+                            "page_cache", "memory", "host", "image", "rdma", "gpu"]
+    assert holder.alive()
+    assert not (tmp_path / "state").exists()  # not even the state folder
 
 
 def test_a_failed_check_exits_1_naming_the_holder(tmp_path: Path, children: Children) -> None:

@@ -29,7 +29,9 @@ from sparkd.runtime.process import ProcessRuntime
 
 PY = sys.executable
 # vLLM titles its processes <VLLM_PROCESS_NAME_PREFIX>::...; the tests' launches set this prefix, so sweeps that
-# other sessions run on this machine at the same time (for VLLM::*) leave the tests' titled processes alone.
+# other sessions run on this machine at the same time (for VLLM::*) leave the tests' titled processes alone. It is
+# the same in every session, and may be: each check that judges processes with it runs against a view of /proc
+# holding only its own test's processes (the checks given the real /proc, shm and page_cache, signal nothing).
 PREFIX = "VLLMPFTEST"
 
 PRELUDE = """\

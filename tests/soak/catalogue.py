@@ -14,6 +14,7 @@ from faults import (
     idle_connections,
     link_cut,
     log_flood,
+    peer_flood,
     rank_sigstop,
     state_full,
     vllm_sigkill,
@@ -29,7 +30,7 @@ FAULTS: dict[str, Fault] = {
     "vllm_sigkill": vllm_sigkill, "rank_sigstop": rank_sigstop, "link_cut": link_cut,
     "daemon_sigkill": daemon_sigkill, "ctl_storm": ctl_storm, "idle_connections": idle_connections,
     "log_flood": log_flood, "state_full": state_full, "stall": stall, "hang": hang, "leak": leak,
-    "broken_config": broken_config, "dockerd_restart": dockerd_restart,
+    "broken_config": broken_config, "dockerd_restart": dockerd_restart, "peer_flood": peer_flood,
 }
 # A real failure of a rank: after it both ranks must be new processes (the pair restarts as one unit).
 REPLACES_THE_PAIR = frozenset({"vllm_sigkill", "rank_sigstop", "stall", "hang", "leak"})

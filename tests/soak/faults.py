@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import psutil
 from invariants import Ledger
+from pair_harness import FLOOD_HOLDER, Intruder
 from soakpair import SoakPair, stop_tree
 from test_logfile import FLOOD  # as vLLM floods: one flushed write per line
 
@@ -199,6 +200,23 @@ def idle_connections(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> 
         if holder.stdout:
             holder.stdout.close()
     return f"{opened} of {params['count']} idle connections held {params['hold_s']} s"
+
+
+def peer_flood(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
+    """A third host (no peer) holds ``count`` connections to the worker's sparkd, reopening each one it loses, for
+    ``hold_s`` (beyond the peer grace): both ranks must be the same processes afterwards (no peer_lost)."""
+    before = {node: pair.rank_pid(node) for node in ("head", "worker")}
+    intruder = Intruder.create(pair.link.worker_ns)
+    try:
+        holder = intruder.run(PY, "-c", FLOOD_HOLDER, pair.link.worker_addr, str(pair.worker.config["api"]["port"]),
+                              str(params["count"]), str(params["hold_s"]), stdout=subprocess.PIPE)
+        out, _ = holder.communicate(timeout=params["hold_s"] + 60)
+    finally:
+        intruder.destroy()
+    after = {node: pair.rank_pid(node) for node in ("head", "worker")}
+    if before != after:
+        ledger.add(f"a third host's flood of the worker's port replaced a rank: {before} → {after} (peer_lost)")
+    return f"a third host held {params['count']} connections for {params['hold_s']} s ({' '.join(out.split())})"
 
 
 def log_flood(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:

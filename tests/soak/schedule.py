@@ -33,6 +33,7 @@ FAULTS: tuple[FaultKind, ...] = (
     FaultKind("ctl_storm", 2, "restart/stop/start/reset from several clients at once, on one node or both"),
     FaultKind("broken_config", 2, "a broken config on disk, then reload, SIGHUP or restart; then restored"),
     FaultKind("idle_connections", 1, "hundreds of idle TCP connections to the head's control port"),
+    FaultKind("peer_flood", 1, "a third host holds 100 connections to the worker's port past the peer grace"),
     FaultKind("log_flood", 2, "an unthrottled flood of output in the head's raw vLLM log"),
     FaultKind("state_full", 1, "the head's state filesystem filled to the last byte for a while"),
 )
@@ -118,6 +119,8 @@ def _params(kind: str, rng: random.Random) -> dict[str, Any]:
     if kind == "idle_connections":
         count = rng.choice([200, 400, 1100])
         return {"count": count, "hold_s": round(rng.uniform(5, 10), 1), "kill_rank": count > 1000}
+    if kind == "peer_flood":  # security review §1: it must never cost the pair its peer (peer_lost)
+        return {"count": 100, "hold_s": round(rng.uniform(8, 14), 1)}
     if kind == "log_flood":
         return {"seconds": round(rng.uniform(2, 5), 1)}
     if kind == "state_full":

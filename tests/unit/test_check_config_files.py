@@ -20,15 +20,18 @@ def check(tmp_path: Path, token: Path | None) -> subprocess.CompletedProcess[str
 
 
 @pytest.mark.parametrize(
-    ("mode", "expected"),
-    [(None, "does not exist, so the peer API refuses every request"), (0o644, "is readable by others (mode 0644)"),
-     (0o640, "is readable by others (mode 0640)"), (0o600, None)],
-    ids=["missing", "world-readable", "group-readable", "private"],
+    ("mode", "secret", "expected"),
+    [(None, "", "does not exist, so the peer API refuses every request"),
+     (0o644, "s" * 64, "is open to group or others (mode 0644): chmod 600"),
+     (0o640, "s" * 64, "is open to group or others (mode 0640): chmod 600"),
+     (0o600, "s3cret", "holds 6 bytes; at least 32 are needed"), (0o600, "s" * 64, None)],
+    ids=["missing", "world-readable", "group-readable", "short", "private"],
 )
-def test_token_file_warnings(tmp_path: Path, mode: int | None, expected: str | None) -> None:
+def test_token_file_warnings(tmp_path: Path, mode: int | None, secret: str, expected: str | None) -> None:
+    """The checks `sparkd run` refuses to start on (tests/unit/test_startup_checks.py), said by check-config."""
     token = tmp_path / "peer.token"
     if mode is not None:
-        token.write_text("s3cret\n")
+        token.write_text(secret + "\n")
         token.chmod(mode)
     result = check(tmp_path, token)
     assert result.returncode == 0, result.stderr  # warnings, not errors

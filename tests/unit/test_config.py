@@ -179,3 +179,12 @@ def test_derived_multinode_facts_follow_node_and_cluster() -> None:
     )
     other = config_from_mapping({**MINIMAL, "launch": {"model": "m", "port": 9}}, env={})
     assert other.launch_hash() != config_from_mapping(MINIMAL, env={}).launch_hash()
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_no_shipped_config_opens_the_tcp_port_on_every_network(path: Path) -> None:
+    """Security review §2: the packaged config listened on 0.0.0.0; the port belongs on the fabric address."""
+    cfg = load_config(path, env={})
+    assert cfg.listen not in ("0.0.0.0", "::"), f"{path.name}: [api] listen {cfg.listen}"
+    if cfg.cluster.peers:
+        assert cfg.listen == cfg.node.address

@@ -5,6 +5,7 @@ same over a real socket and a real process."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,15 +13,18 @@ from pathlib import Path
 import httpx
 import pytest
 from loop_harness import Node, config, running
-from starlette.applications import Starlette
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sparkd.api.bounded import SCOPE_KEY, Caller
+from sparkd.api.gates import MAX_BODY
 from sparkd.api.server import build_app, build_tcp_app
 from sparkd.commands.base import BadRequest, flag
 from sparkd.commands.rank import RANK
+from sparkd.peersign import SCHEME, sign
 from sparkd.testing import FakeClock, FakeRuntime
 
 pytestmark = pytest.mark.anyio
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-of-at-least-32-bytes-0123456789"
 
 
 @pytest.fixture
@@ -29,14 +33,12 @@ def anyio_backend() -> str:
 
 
 @asynccontextmanager
-async def client(app: Starlette, token: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
-    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sparkd",
-                                 headers=headers) as http:
+async def client(app: ASGIApp) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sparkd") as http:
         yield http
 
 
-def tcp_app(node: Node, token: str | None) -> Starlette:
+def tcp_app(node: Node, token: str | None) -> ASGIApp:
     return build_tcp_app(node.daemon.control, token, lambda: b"# metrics\n", RANK)
 
 
@@ -67,33 +69,104 @@ async def test_every_answer_is_one_envelope_with_a_status_code_that_says_what_ha
         assert len(runtime.launches) == 1  # nothing refused was carried out
 
 
+PEER = Caller("10.0.0.2", True, peer="10.0.0.2")
+STRANGER = Caller("10.0.0.3", False)
+
+
+def as_caller(app: ASGIApp, caller: Caller) -> ASGIApp:
+    """``app`` as the listener serves it to ``caller`` (sparkd/api/bounded.py tags each connection)."""
+    async def tagged(scope: Scope, receive: Receive, send: Send) -> None:
+        scope[SCOPE_KEY] = caller
+        await app(scope, receive, send)
+    return tagged
+
+
+def signed(method: str, path: str, body: bytes = b"", *, secret: str = TOKEN,
+           at: float | None = None) -> dict[str, str]:
+    return {"Authorization": sign(secret, method, path, body, now=time.time() if at is None else at)}
+
+
 @pytest.mark.parametrize(("path", "method"), [("/v1/status", "GET"), ("/v1/stop", "POST"), ("/v1/logs", "GET")])
-async def test_the_tcp_api_needs_the_exact_bearer_token(tmp_path: Path, path: str, method: str) -> None:
+async def test_the_tcp_api_serves_a_peers_signed_fresh_requests_only(tmp_path: Path, path: str, method: str) -> None:
+    """Security review §2: a bearer token seen on the wire opened everything, from any host, forever."""
     runtime, clock = FakeRuntime(), FakeClock()
     async with running(config(tmp_path), runtime, clock) as node:
         await node.until_state("ready")
-        for given in (None, "wrong", f"{TOKEN}x", TOKEN[:-1], ""):
-            async with client(tcp_app(node, TOKEN), given) as http:
-                answer = await http.request(method, path)
-            assert answer.status_code == 401, given
-            assert answer.headers["www-authenticate"] == "Bearer"
-            assert answer.json() == {"ok": False, "error": "missing or wrong bearer token", "result": None}
-        assert node.state == "ready"  # the refused stop did nothing
-        async with client(tcp_app(node, TOKEN), TOKEN) as http:
-            answer = await http.request(method, path)
-        assert answer.status_code == 200 and answer.json()["ok"] is True
+        refusals = {
+            "no signature": {}, "the old bearer token": {"Authorization": f"Bearer {TOKEN}"},
+            "another secret": signed(method, path, secret="another-secret-of-32-bytes-or-more"),
+            "signed for another path": signed(method, "/v1/restart"),
+            "too old": signed(method, path, at=time.time() - 45),
+        }
+        async with client(as_caller(tcp_app(node, TOKEN), PEER)) as http:
+            for what, headers in refusals.items():
+                answer = await http.request(method, path, headers=headers)
+                assert answer.status_code == 401, what
+                assert answer.headers["www-authenticate"] == SCHEME and answer.json()["ok"] is False, what
+            assert "45 s behind this node's clock" in answer.json()["error"]
+            assert node.state == "ready"  # the refused stops did nothing
+            good = signed(method, path)
+            answer = await http.request(method, path, headers=good)
+            assert answer.status_code == 200 and answer.json()["ok"] is True
+            replay = await http.request(method, path, headers=good)
+            assert replay.status_code == 401 and "replayed" in replay.json()["error"]
+        async with client(as_caller(tcp_app(node, TOKEN), STRANGER)) as http:
+            answer = await http.request(method, path, headers=signed(method, path))
+            assert answer.status_code == 403
+            assert answer.json()["error"] == ("only this node's peers ([cluster] peers) may use /v1/* over TCP; "
+                                              "10.0.0.3 is not one")
 
 
 async def test_without_a_token_file_the_tcp_api_serves_metrics_only(tmp_path: Path) -> None:
     runtime, clock = FakeRuntime(), FakeClock()
     async with running(config(tmp_path), runtime, clock) as node:
         await node.until_state("ready")
-        for token in (None, "None", ""):
-            async with client(tcp_app(node, None), token) as http:
-                answer = await http.get("/v1/status")
+        for caller in (PEER, STRANGER):
+            async with client(as_caller(tcp_app(node, None), caller)) as http:
+                answer = await http.get("/v1/status", headers=signed("GET", "/v1/status"))
                 assert answer.status_code == 403 and "token_file" in answer.json()["error"]
                 metrics = await http.get("/metrics")
                 assert metrics.status_code == 200 and metrics.text == "# metrics\n"
+
+
+async def test_handover_and_recreate_need_root_on_the_control_socket(tmp_path: Path) -> None:
+    """Security review §6: a group member's `sparkctl handover` left vLLM running with no supervisor."""
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until_state("ready")
+        member = Caller("uid:1000", False, uid=1000)
+        async with client(as_caller(build_app(node.daemon.control), member)) as http:
+            for command in ("handover", "recreate"):
+                answer = await http.post(f"/v1/{command}")
+                assert answer.status_code == 403, command
+                assert answer.json()["error"].startswith(f"{command} needs root (the caller is uid 1000)")
+        async with client(as_caller(build_app(node.daemon.control), Caller("uid:0", True, uid=0))) as http:
+            answer = await http.post("/v1/recreate")  # past the gate: refused for what it is
+            assert answer.status_code == 409 and "stop it first" in answer.json()["error"]
+        async with client(as_caller(tcp_app(node, TOKEN), PEER)) as http:
+            answer = await http.post("/v1/handover", headers=signed("POST", "/v1/handover"))
+            assert answer.status_code == 403 and "not served over TCP" in answer.json()["error"]
+        assert node.state == "ready"
+
+
+async def test_a_body_over_64_kib_is_refused_before_it_is_read_whole(tmp_path: Path) -> None:
+    """Security review §6: a 300 MB body took the daemon from 53 MB to 812 MB."""
+    runtime, clock = FakeRuntime(), FakeClock()
+    big = b'{"local": "' + b"x" * MAX_BODY + b'"}'
+
+    async def trickle() -> AsyncIterator[bytes]:
+        for start in range(0, len(big), 4096):
+            yield big[start:start + 4096]
+
+    async with running(config(tmp_path), runtime, clock) as node, client(build_app(node.daemon.control)) as http:
+        await node.until_state("ready")
+        by_length = await http.post("/v1/stop", content=big, headers={"content-type": "application/json"})
+        assert by_length.status_code == 413 and "64 KiB" in by_length.json()["error"]
+        streamed = await http.post("/v1/stop", content=trickle(), headers={"content-type": "application/json"})
+        assert streamed.status_code == 413
+        deep = await http.post("/v1/stop", content=b"[" * 50000, headers={"content-type": "application/json"})
+        assert deep.status_code == 400 and deep.json()["error"] == "the body is nested too deeply"
+        assert node.state == "ready"
 
 
 async def test_a_body_must_be_a_json_object_and_a_bad_one_is_a_400_not_a_crash(tmp_path: Path) -> None:

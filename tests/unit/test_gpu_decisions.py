@@ -12,15 +12,18 @@ from pathlib import Path
 import anyio
 import pytest
 
+from sparkd.config import config_from_mapping
 from sparkd.daemon.gpumetrics import gpu_families
 from sparkd.daemon.stopreport import StopReport, grace_for
 from sparkd.gpu import memcheck, power, release
 from sparkd.gpu.model import GpuDevice, GpuProcess, GpuView
-from sparkd.gpu.reading import pick
+from sparkd.gpu.reading import devices_of_launch, pick
 from sparkd.guard.meminfo import MemInfo, parse_meminfo
+from sparkd.launch import render
 from sparkd.launch_devices import Devices, launch_devices
 from sparkd.preflight import gpumemory
 from sparkd.preflight.base import Verdict
+from sparkd.preflight.processes import launch_title_prefix
 from sparkd.supervisor.failures import Failure, FailureClass
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
@@ -47,6 +50,28 @@ def test_the_launchs_devices_among_a_real_reading() -> None:
     # in a container of host GPU 1, CUDA's device 0 is host GPU 1
     inner = launch_devices({"CUDA_VISIBLE_DEVICES": "0"}, container=True, gpus="device=1")
     assert [d.index for d in pick(inner, IDLE.devices)] == [1]
+
+
+@pytest.mark.parametrize(("runtime", "host_env", "launch_env", "container_env", "selected", "prefix"), [
+    # the process runtime's vLLM inherits sparkd's own environment (a systemd unit's Environment=)
+    ("process", {"CUDA_VISIBLE_DEVICES": "1", "VLLM_PROCESS_NAME_PREFIX": "UNIT"}, {}, {}, [1], "UNIT::"),
+    ("process", {"CUDA_VISIBLE_DEVICES": "1"}, {"CUDA_VISIBLE_DEVICES": "0"}, {}, [0], "VLLM::"),  # the script wins
+    ("process", {}, {}, {"CUDA_VISIBLE_DEVICES": "1", "VLLM_PROCESS_NAME_PREFIX": "BOX"}, [0, 1], "VLLM::"),
+    # a container's vLLM gets [container] env, never sparkd's own
+    ("docker-run", {"CUDA_VISIBLE_DEVICES": "1", "VLLM_PROCESS_NAME_PREFIX": "UNIT"}, {}, {}, [0, 1], "VLLM::"),
+    ("docker-exec", {}, {}, {"CUDA_VISIBLE_DEVICES": "1", "VLLM_PROCESS_NAME_PREFIX": "BOX"}, [1], "BOX::"),
+])
+def test_the_launchs_environment_is_the_one_vllm_starts_with(runtime: str, host_env: dict[str, str],
+                                                             launch_env: dict[str, str],
+                                                             container_env: dict[str, str], selected: list[int],
+                                                             prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = config_from_mapping({"runtime": runtime, "node": {"name": "n", "role": "single"},
+                               "launch": {"model": "m", "env": launch_env, "default_env": False},
+                               "container": {"image": "i", "env": container_env}}, env={})
+    env = render(cfg).env
+    assert [d.index for d in pick(devices_of_launch(cfg, runtime, env, host_env), IDLE.devices)] == selected
+    monkeypatch.setattr("os.environ", host_env)
+    assert launch_title_prefix(cfg, runtime, env) == prefix
 
 
 # ---- vLLM's rule per device, and the host's own need ------------------------------------------------------------

@@ -178,11 +178,12 @@ def test_a_path_that_is_a_directory_is_logged_once_and_retried(tmp_path: Path) -
     assert rec.named("vllm_log_write_recovered") == [{"path": str(path), "lost_lines": 11}]
 
 
-def test_a_full_disk_never_raises(tmp_path: Path) -> None:
+def test_a_full_disk_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full (ENOSPC on every write) on this system")
     path = tmp_path / "vllm.log"
-    path.symlink_to("/dev/full")
+    # The file opens, and every write fails with ENOSPC: /dev/full in its place (a link to it is refused).
+    monkeypatch.setattr("sparkd.logs.open_append", lambda _path: os.open("/dev/full", os.O_WRONLY | os.O_CLOEXEC))
     rec = Recorder()
     log = VllmLog(path, max_bytes=1 << 20, backups=2, retry_s=0, clock=Clock(), log=rec)
     for n in range(5):

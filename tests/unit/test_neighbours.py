@@ -21,8 +21,8 @@ SHIM = Proc(70, 1, ("/usr/bin/containerd-shim-runc-v2", "-namespace", "moby"), u
 
 
 def p(pid: int, ppid: int, *argv: str, start: float = 100.0, uid: int | None = 0, ns: int | None = HOST_NS,
-      zombie: bool = False, ns_init: bool = False, marker: str | None = None) -> Proc:
-    return Proc(pid, ppid, argv, start, uid, zombie, ns, ns_init, marker)
+      zombie: bool = False, ns_init: bool = False, marker: str | None = None, sid: int | None = None) -> Proc:
+    return Proc(pid, ppid, argv, start, uid, zombie, ns, ns_init, marker, sid)
 
 
 # Processes under each scenario's root; every table also has init, a shell, systemd --user, a shim, sparkd B.
@@ -105,9 +105,28 @@ CASES: list[tuple[str, list[Proc], int, Scope, Stale | None, str]] = [
      [p(28, 1, "VLLM::Worker_TP0", marker="m-b")], 28,
      Scope(prefix="VLLM::", places=HOST, others=(Launch(25, 3.0, "sparkd instance b.toml", "m-b"),)), None,
      "sparkd instance b.toml"),
+    ("another live sparkd's orphan whose title overwrote its environment (no marker): its session tells",
+     [p(28, 1, "VLLM::EngineCore", sid=25)], 28,
+     Scope(prefix="VLLM::", places=HOST, others=(Launch(25, 3.0, "sparkd instance b.toml", "m-b"),)), None,
+     "sparkd instance b.toml"),
+    ("an orphan of another session than the registered launch's is not that launch's",
+     [p(28, 1, "VLLM::EngineCore", sid=26)], 28,
+     Scope(prefix="VLLM::", places=HOST, others=(Launch(25, 3.0, "sparkd instance b.toml", "m-b"),)),
+     Stale.orphaned, "orphaned"),
+    ("our own previous launch's session proves nothing more than the orphan rule does",
+     [p(28, 1, "python3", "helper.py", sid=40)], 28, Scope(prefix="VLLM::", places=HOST, ours=Launch(40, 7.0)),
+     None, "not a VLLM::* process"),
     ("a marker of a registration that is not live is no protection (not in the scope's others)",
      [p(28, 1, "VLLM::Worker_TP0", marker="m-gone")], 28,
      Scope(prefix="VLLM::", places=HOST, others=(Launch(25, 3.0, "sparkd instance b.toml", "m-b"),)),
+     Stale.orphaned, "orphaned"),
+    ("a user's registration speaks for that user's orphan (a user's launch, a user's sparkd)",
+     [p(28, 1, "VLLM::Worker_TP0", uid=1000, marker="m-u")], 28,
+     Scope(prefix="VLLM::", places=(Place(HOST_NS, 1000),),
+           others=(Launch(25, 3.0, "sparkd instance u.toml", "m-u", uid=1000),)), None, "sparkd instance u.toml"),
+    ("a user's registration never speaks for root's orphan, even naming its marker or its root",
+     [p(28, 1, "VLLM::Worker_TP0", start=3.0, marker="m-root")], 28,
+     Scope(prefix="VLLM::", places=HOST, others=(Launch(28, 3.0, "sparkd instance u.toml", "m-root", uid=1000),)),
      Stale.orphaned, "orphaned"),
     ("the launch's host and container places: an orphan in the container, any uid there",
      [p(30, 70, "sleep", "infinity", ns=BOX_NS, ns_init=True), p(31, 30, "VLLM::EngineCore", uid=1000, ns=BOX_NS)],

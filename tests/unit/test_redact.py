@@ -3,6 +3,7 @@ redactor masks the key and the peer token in every text sparkd logs, keeps or sh
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -10,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.config import config_from_mapping
+from sparkd.cluster.shared import shared_settings
+from sparkd.config import ConfigError, config_from_mapping
 from sparkd.launch import render, render_script
-from sparkd.redact import MASK, Redactor, redactor_for
+from sparkd.logs import configure_logging, get_logger
+from sparkd.redact import MASK, Redactor, redactor_for, use_for_logs
+from sparkd.secretrule import is_secret_name
 
 KEY = "sk-SECRET-rel5"
 TOKEN = "peer-token-0123456789"
@@ -88,3 +92,93 @@ def test_argv_and_records_are_redacted() -> None:
 def test_the_daemons_redactor_knows_the_key_and_the_peer_token(tmp_path: Path) -> None:
     redact = redactor_for(config(tmp_path))  # type: ignore[arg-type]
     assert redact(f"{KEY} and {TOKEN}") == f"{MASK} and {MASK}"
+
+
+# ---- one rule for every secret (security review §4)
+
+@pytest.mark.parametrize(("name", "secret"), [
+    ("HF_TOKEN", True), ("HUGGING_FACE_HUB_TOKEN", True), ("NGC_API_KEY", True), ("AWS_SECRET_ACCESS_KEY", True),
+    ("OPENAI_APIKEY", True), ("DB_PASSWORD", True), ("GOOGLE_APPLICATION_CREDENTIALS", True), ("VLLM_API_KEY", True),
+    ("TOKENIZERS_PARALLELISM", False), ("NCCL_SOCKET_IFNAME", False), ("max_num_batched_tokens", False),
+    ("MY_PAT", False),
+])
+def test_the_secret_rule(name: str, secret: bool) -> None:
+    assert is_secret_name(name) is secret
+    assert is_secret_name("MY_PAT", ["MY_PAT"])  # [launch] secret_env adds names
+
+
+def test_every_secret_named_variable_reaches_vllm_through_its_environment_only(tmp_path: Path) -> None:
+    env = {"HF_TOKEN": "hf_LAUNCHENVSECRET123", "NGC_API_KEY": "nvapi-SECRET", "MY_PAT": "ghp_SECRET",
+           "TOKENIZERS_PARALLELISM": "false"}
+    spec = render(config(tmp_path, env=env, secret_env=["MY_PAT"]))  # type: ignore[arg-type]
+    assert set(spec.secret_env) == {"HF_TOKEN", "NGC_API_KEY", "MY_PAT", "VLLM_API_KEY"}
+    assert spec.env["TOKENIZERS_PARALLELISM"] == "false"
+    shown = render_script(spec) + json.dumps(spec.to_json())
+    for value in (*list(env.values())[:3], KEY):
+        assert value not in shown
+    assert ': "${HF_TOKEN:?is not set' in render_script(spec)
+    assert spec.to_json()["secret_env"] == ["HF_TOKEN", "MY_PAT", "NGC_API_KEY", "VLLM_API_KEY"]
+
+
+def test_a_container_inspect_is_redacted_by_shape_without_being_told_the_values() -> None:
+    """The review found HF_TOKEN=, NGC_API_KEY= and AWS_SECRET_ACCESS_KEY= in an incident's container.json."""
+    inspect = {"Config": {"Env": ["HF_TOKEN=hf_x1", "NGC_API_KEY=nv_x2", "AWS_SECRET_ACCESS_KEY=aws_x3", "A=1"],
+                          "Labels": {"MY_TOKEN": "t_x4"}}, "Args": ["--api-key", "sk_x5"]}
+    shown = json.dumps(Redactor().mapping(inspect))
+    assert not any(f"_x{i}" in shown for i in range(1, 5)), shown
+    assert "A=1" in shown and f"HF_TOKEN={MASK}" in shown
+
+
+def test_the_api_key_can_live_in_a_file_and_an_unreadable_one_refuses_the_launch(tmp_path: Path) -> None:
+    key_file = tmp_path / "api.key"
+    key_file.write_text("sk-FROM-FILE-0123\n")
+    key_file.chmod(0o600)
+    cfg = config(tmp_path, api_key=None, api_key_file=str(key_file))
+    assert render(cfg).secret_env == {"VLLM_API_KEY": "sk-FROM-FILE-0123"}  # type: ignore[arg-type]
+    assert redactor_for(cfg)("sk-FROM-FILE-0123") == MASK  # type: ignore[arg-type]
+    key_file.chmod(0o644)  # open to others: not used, and the launch script refuses to start vLLM without it
+    assert render(cfg).secret_env == {"VLLM_API_KEY": ""}  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="set either api_key or api_key_file"):
+        config(tmp_path, api_key_file=str(key_file))
+
+
+def test_an_invalid_secret_is_never_echoed_in_the_error() -> None:
+    """The review: `launch.api_key: Input should be a valid string (got ['sk-LEAKED-IN-ERROR'])`."""
+    for launch in ({"api_key": ["sk-LEAKED-IN-ERROR"]}, {"env": {"HF_TOKEN": ["sk-LEAKED-IN-ERROR"]}},
+                   {"env": "HF_TOKEN=sk-LEAKED-IN-ERROR"}, {"api_key": 5, "x": {"api_key": "sk-LEAKED-IN-ERROR"}}):
+        with pytest.raises(ConfigError) as refused:
+            config_from_mapping({"runtime": "process", "launch": {"model": "/m", **launch}}, env={})
+        assert "sk-LEAKED" not in str(refused.value), refused.value
+    with pytest.raises(ConfigError) as refused:  # the same through a SPARKD_* override
+        config_from_mapping({"runtime": "process", "launch": {"model": "/m"}},
+                            env={"SPARKD_LAUNCH__ENV": '"HF_TOKEN=sk-LEAKED-IN-ERROR"'})
+    assert "sk-LEAKED" not in str(refused.value) and "SPARKD_LAUNCH__ENV" in str(refused.value)
+
+
+def test_every_log_event_is_redacted_and_the_redactor_follows_a_reload(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    configure_logging(json_lines=True, stream=stream, environ={})
+    use_for_logs(Redactor(["sk-OLD-0123"]))
+    log = get_logger()
+    log.info("config_reloaded", settings=["container.env.FOO: None → 'sk-OLD-0123'"], HF_TOKEN="hf_raw",
+             detail={"NGC_API_KEY": "nv-raw"}, note="VLLM_API_KEY=sk-shape")
+    use_for_logs(Redactor(["sk-NEW-4567"]))  # what the daemon does when a reload changes the secrets
+    log.warning("event", said="sk-NEW-4567 and sk-OLD-0123")
+    text = stream.getvalue()
+    for value in ("sk-OLD-0123", "hf_raw", "nv-raw", "sk-shape", "sk-NEW-4567"):
+        assert value not in text.split('"said"')[0 if value != "sk-NEW-4567" else 1], (value, text)
+    assert "sk-OLD-0123" in text.split('"said"')[1]  # forgotten once the reload replaced it
+    use_for_logs(Redactor())
+
+
+def test_ranks_compare_a_shared_secret_by_a_digest_under_the_peers_key(tmp_path: Path) -> None:
+    def settings(key_value: str, token: str | None) -> dict[str, object]:
+        cfg = config_from_mapping({"runtime": "process", "node": {"role": "head"},
+                                   "cluster": {"peers": ["10.0.0.2"], "master_addr": "10.0.0.1"},
+                                   "launch": {"model": "/m", "env": {"VLLM_API_KEY": key_value}}}, env={})
+        return shared_settings(cfg, token)
+
+    same, other = settings("sk-a", "t" * 40), settings("sk-b", "t" * 40)
+    assert same == settings("sk-a", "t" * 40) and same["env.VLLM_API_KEY"] != other["env.VLLM_API_KEY"]
+    assert str(same["env.VLLM_API_KEY"]).startswith("(secret ") and "sk-a" not in json.dumps(same)
+    assert settings("sk-a", None)["env.VLLM_API_KEY"] == MASK  # no key (a status without peers): the mask

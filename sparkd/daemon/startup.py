@@ -1,0 +1,107 @@
+"""What ``sparkd run`` checks before it builds the daemon: the files it trusts with root's power.
+
+- The umask is 027: nothing sparkd creates is writable by its group or readable by others.
+- The state, run and log directories, and every directory above them, can be changed by root (or the user sparkd
+  runs as) only (:mod:`sparkd.trustedpaths`, sshd's StrictModes); else root could be made to write through a
+  link or a FIFO someone planted there.
+- ``[api] token_file`` is root's alone and long enough, ``[launch] api_key_file`` root's alone
+  (:mod:`sparkd.secretfile`); the TLS files load.
+- A launch script or program on the host that someone else may change is a warning (root runs it).
+
+Each problem is one sentence and an exit status the unit does not restart on (``sparkd.exits``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkd import exits
+from sparkd.cluster.tls import TlsProblem, server_context
+from sparkd.config import Config
+from sparkd.redact import read_secret
+from sparkd.secretfile import SecretFileProblem, read_secret_file, read_token
+from sparkd.trustedpaths import first_unsafe, unsafe
+
+UMASK = 0o027
+
+
+class StartupProblem(Exception):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Trusted:
+    """What the checks produced: the peers' secret and the TCP port's TLS context."""
+
+    token: str | None
+    tls: ssl.SSLContext | None
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def unchecked(cls, cfg: Config) -> Trusted:
+        """For a daemon built in-process (tests): the token file read as it is, no TLS."""
+        return cls(read_secret(cfg.api.token_file), None)
+
+
+def directories(cfg: Config) -> list[tuple[str, Path]]:
+    """The directories sparkd writes in, each with the key that names it."""
+    paths = cfg.paths
+    logs = "[paths] log_dir" if paths.log_dir is not None else "[paths] log_dir (by default <state_dir>/logs)"
+    return [("[paths] state_dir", paths.state_dir), ("[paths] run_dir", paths.run_dir), (logs, paths.logs),
+            ("the incidents folder", paths.incidents), ("the process runtime's folder", paths.state_dir / "run")]
+
+
+def launch_program_problem(cfg: Config) -> str | None:
+    """Why the program root runs on the host (``[launch] script``, else ``executable``) could be changed by
+    someone else, or None (docker runtimes run it in the container; a program not found is preflight's to say)."""
+    if cfg.runtime.in_container:
+        return None
+    key, name = ("[launch] script", cfg.launch.script) if cfg.launch.script else \
+        ("[launch] executable", cfg.launch.executable)
+    found = name if "/" in name else shutil.which(name)
+    if found is None:
+        return None
+    why = unsafe(found)
+    if why is None:
+        return None
+    return (f"{key} {found} is run by sparkd as {'root' if os.geteuid() == 0 else 'this user'}, but {why}: "
+            "whoever can change it runs code as sparkd; make it and its directories writable by root only")
+
+
+def prepare_or_status(cfg: Config, log: Any) -> Trusted | int:
+    """:func:`prepare`, its warnings logged; a problem is logged and its exit status returned instead."""
+    try:
+        trusted = prepare(cfg)
+    except StartupProblem as exc:
+        log.error("startup_failed", detail=str(exc))
+        return exc.status
+    for warning in trusted.warnings:
+        log.warning("launch_program_writable", detail=warning)
+    return trusted
+
+
+def prepare(cfg: Config) -> Trusted:
+    """Set the umask and check the directories, the secret and TLS files. Raises :class:`StartupProblem`."""
+    os.umask(UMASK)
+    why = first_unsafe(directories(cfg))
+    if why is not None:
+        raise StartupProblem(why, exits.HOST_PROBLEM)
+    try:
+        token = read_token(cfg.api.token_file)
+        if cfg.launch.api_key_file is not None:
+            read_secret_file(cfg.launch.api_key_file, "[launch] api_key_file")
+    except SecretFileProblem as exc:
+        raise StartupProblem(f"{exc}; sparkd does not start with it", exits.INVALID_CONFIG) from None
+    try:
+        tls = server_context(cfg.api)
+    except TlsProblem as exc:
+        raise StartupProblem(str(exc), exits.INVALID_CONFIG) from None
+    program = launch_program_problem(cfg)
+    return Trusted(token, tls, [program] if program else [])
