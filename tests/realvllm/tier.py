@@ -42,6 +42,7 @@ class Tier:
         self.prefix = os.environ.get("SPARKD_REALVLLM_TITLE_PREFIX", "VLLM")
         self.mark = f"{tmp}"  # SPARKD_REALVLLM_TIER: in the environment of every process of this tier's vLLM
         self.timings: dict[str, float] = {}
+        self.sessions: set[int] = set()  # the sessions of the launches seen ready (the teardown's proof of ours)
         self.began = time.monotonic()
         (tmp / "d").mkdir()
         self.daemon = Sparkd(tmp / "d", self.config())
@@ -88,7 +89,10 @@ class Tier:
         return self.daemon.status()
 
     def wait_ready(self, timeout: float = START_S) -> dict[str, Any]:
-        return self.daemon.wait_state("ready", timeout)
+        status = self.daemon.wait_state("ready", timeout)
+        if status.get("pid"):
+            self.sessions.add(int(status["pid"]))  # every launch is a session of its own, led by vLLM's main PID
+        return status
 
     def wait_state(self, state: str, timeout: float = DETECT_S) -> dict[str, Any]:
         return self.daemon.wait_state(state, timeout)
@@ -143,11 +147,14 @@ class Tier:
         raise AssertionError(f"no {self.prefix}::{title} under vLLM {self.main().pid}")
 
     def ours(self) -> list[psutil.Process]:
-        """Every live process of this tier's vLLM (its environment carries this tier's mark), and nothing else."""
+        """Every live process of this tier's vLLM, and nothing else: in the session of a launch the tier saw ready,
+        or with this tier's mark in its environment (a title set by setproctitle can hide the environment)."""
         out = []
         for proc in psutil.process_iter():
-            with contextlib.suppress(psutil.Error):
-                if proc.environ().get("SPARKD_REALVLLM_TIER") == self.mark and proc.status() != psutil.STATUS_ZOMBIE:
+            with contextlib.suppress(psutil.Error, OSError):
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if os.getsid(proc.pid) in self.sessions or proc.environ().get("SPARKD_REALVLLM_TIER") == self.mark:
                     out.append(proc)
         return out
 
