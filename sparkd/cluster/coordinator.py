@@ -159,13 +159,15 @@ class Coordinator:
         return None
 
     async def _start_one(self, peer: str) -> Failure | None:
+        started = self.clock.now()
         await self.client.request(peer, "POST", "/v1/rank/start")
         timeout = self.cfg.cluster.worker_start_timeout_s
         deadline = self.clock.now() + timeout
         while self.clock.now() < deadline:
             status = await self.client.status(peer)
             if rank_waiting_or_later(status):
-                self.log.info("worker_rank_up", peer=peer, pid=status.get("pid"), phase=status.get("phase"))
+                self.log.info("worker_rank_up", peer=peer, pid=status.get("pid"), phase=status.get("phase"),
+                              duration_s=self._since(started))
                 return None
             if status.get("state") in ("stopped", "failed") and status.get("last_failure"):
                 return self._remote_failure(peer, status.get("last_failure"), "its rank did not start")

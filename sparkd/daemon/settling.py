@@ -108,13 +108,19 @@ class StartGuard:
             while True:
                 now = self.clock.now()
                 self.recorder.sample_memory()
-                value = settled(list(self.recorder.samples), now, rc.settle_s, rc.settle_band)
+                value = settled(list(self.recorder.samples), now, rc.settle_s, rc.settle_band, self._cadence())
                 if value is not None or now - started >= rc.settle_timeout_s:
                     return value, now - started
                 await self.clock.sleep(SAMPLE_S)
         finally:
             self.recorder.phase = None
             self.on_phase(None)
+
+    def _cadence(self) -> float:
+        """The longest gap between two samples that still counts as watched: the records' interval while the
+        recorder runs, else this wait's own (with slack for a loaded loop)."""
+        rc = self.cfg.recorder
+        return 1.5 * max(SAMPLE_S, rc.interval_s if rc.enabled else SAMPLE_S)
 
     # ---- for status and metrics
     def status(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ N restarts lost X GiB that was never returned". An operator's reset starts the c
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,20 +37,26 @@ class Verdict:
     sentence: str
 
 
-def settled(samples: Sequence[tuple[float, int]], now: float, settle_s: float, band: int) -> int | None:
+def settled(samples: Sequence[tuple[float, int]], now: float, settle_s: float, band: int,
+            max_gap_s: float | None = None) -> int | None:
     """The settled MemAvailable (the median of the window) when the samples of the last ``settle_s`` seconds
     (``(monotonic time, bytes)``, oldest first; the last one taken before the window counts as its start) stay
-    within ``band``; else None."""
+    within ``band``; else None. ``max_gap_s``: the longest time between two samples of the window that still
+    counts as watched — a gap longer than the sampling cadence (no samples while vLLM ran, then one now) says
+    nothing about what the memory did in it."""
     if settle_s <= 0:
         return samples[-1][1] if samples else None
     start = now - settle_s
-    before = [value for at, value in samples if at <= start]
+    before = [(at, value) for at, value in samples if at <= start]
     if not before:
         return None  # the samples do not reach back to the window's start yet
-    window = [before[-1], *(value for at, value in samples if at > start)]
-    if len(window) < 2 or max(window) - min(window) > band:
+    window = [before[-1], *((at, value) for at, value in samples if at > start)]
+    values = [value for _, value in window]
+    if len(window) < 2 or max(values) - min(values) > band:
         return None
-    return int(statistics.median(window))
+    if max_gap_s is not None and any(b[0] - a[0] > max_gap_s for a, b in itertools.pairwise(window)):
+        return None
+    return int(statistics.median(values))
 
 
 def _falls(values: Sequence[int], min_fall: int) -> int:

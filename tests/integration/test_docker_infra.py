@@ -120,7 +120,8 @@ def test_exec_output_and_host_pid(docker_client: Any, make_container: Callable[.
     pid = info["Pid"]
     assert os.path.isdir(f"/proc/{pid}")
     proc = psutil.Process(pid)
-    assert proc.cmdline() == ["sleep", "1000"]
+    # The PID is reported while it is still `runc init` (before its execve): the same process, a moment later.
+    wait_for(lambda: proc.cmdline() == ["sleep", "1000"], "the exec's process to become `sleep 1000`")
     # It lives in the container's cgroup, not ours.
     cgroup = Path(f"/proc/{pid}/cgroup").read_text()
     assert container.id in cgroup

@@ -60,10 +60,10 @@ def test_a_group_starts_workers_first_and_recovers_as_one_unit(make_group: Any, 
             str(tp), str(pp)), cmdline
     head_start = launch_time(group.head.status())
     assert all(launch_time(w.status()) < head_start for w in group.workers), "every worker before the head"
-    # In parallel: the head starts every worker before it sees the first one up (one at a time, each worker
-    # would be started only after the one before it was up).
-    first_up = min(e["at"] for e in group.head.events("worker_rank_up"))
-    assert max(launch_time(w.status()) for w in group.workers) < first_up, "the workers started in parallel"
+    # In parallel: the head asks every worker to start before it sees the first one up (one at a time, each
+    # worker would be asked only after the one before it was up). The head's own clock on both ends: a worker's
+    # launch time also holds its own scheduling, which a loaded host stretches.
+    assert ran_in_parallel(group.head.events("worker_rank_up")[-3:]), "the workers started in parallel"
     assert ran_in_parallel(group.head.events("worker_prepared")[-3:]), "every worker's stop + preflight at once"
     group.one_instance_per_node()
     status = group.head.ctl("status")

@@ -3,10 +3,12 @@ file the test writes (scripted histories, no sleep)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from loop_harness import config, running
 
@@ -117,14 +119,16 @@ async def test_the_settle_gives_up_at_its_timeout_and_keeps_no_baseline(tmp_path
     async with running(cfg, runtime, clock) as node:
         await node.until_state("ready")
         runtime.crash()
-        flip = [0]
 
-        def noisy() -> bool:
-            flip[0] += 1
-            meminfo.set(40 * GIB + (GIB if flip[0] % 2 else 0))
-            return node.daemon.sup.machine.launches == 2
+        async def flicker() -> None:  # 1 GiB up and down every 0.1 s on the clock: never within the band
+            for step in itertools.count():
+                meminfo.set(40 * GIB + (GIB if step % 2 else 0))
+                await clock.sleep(0.1)
 
-        await node.until(noisy)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flicker)
+            await node.until(lambda: node.daemon.sup.machine.launches == 2)
+            tg.cancel_scope.cancel()
         assert node.status()["recorder"]["last_settle"]["settled"] is False
         assert len(node.status()["recorder"]["baselines"]) == 1  # only the first start's
 

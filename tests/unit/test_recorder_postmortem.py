@@ -163,6 +163,16 @@ def test_memory_settles_when_it_stays_within_the_band(samples: list[tuple[float,
     assert settled(samples, now, 3.0, GIB) == value
 
 
+def test_a_gap_in_the_samples_is_not_a_settled_window() -> None:
+    # Stable samples until vLLM was started, none while it ran, then one equal sample after it died: the memory
+    # in between was not watched, so the window is not settled until the samples cover it at their cadence.
+    samples = [(t / 4, 10 * GIB) for t in range(9)] + [(3.0, 10 * GIB)]
+    assert settled(samples, 3.0, 2.0, GIB) == 10 * GIB
+    assert settled(samples, 3.0, 2.0, GIB, max_gap_s=0.5) is None
+    covered = samples + [(3.0 + t / 4, 10 * GIB) for t in range(1, 9)]
+    assert settled(covered, 5.0, 2.0, GIB, max_gap_s=0.5) == 10 * GIB
+
+
 def base(*gib: float) -> list[Baseline]:
     return [Baseline(float(i), int(g * GIB)) for i, g in enumerate(gib)]
 
