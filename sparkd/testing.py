@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 
 from sparkd.config import Config
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
 from sparkd.runtime.base import ExecResult, ExitInfo, Instance, LaunchError, Runtime, TargetUnavailable
 from sparkd.supervisor.failures import FailureClass

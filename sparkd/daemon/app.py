@@ -1,6 +1,6 @@
 """``sparkd run``: build the daemon for this node from its config, and run it until it is told to stop.
 
-Startup problems are sentences and exit statuses (``sparkd.exits``), never tracebacks: another sparkd holding
+Startup problems are sentences and exit statuses (``sparkd.host.exits``), never tracebacks: another sparkd holding
 the node's lock, a control port taken, a directory that cannot be written. Signals: SIGTERM/SIGINT stop vLLM
 and exit (a second one ends vLLM at once instead of waiting out the grace; with ``leave_running`` sparkd exits
 and leaves vLLM to the next daemon); SIGHUP reloads the config.
@@ -21,10 +21,8 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from sparkd import exits
 from sparkd.api.bounded import harden_process
 from sparkd.api.server import bind_tcp_socket, bind_unix_socket
-from sparkd.clock import Clock, SystemClock
 from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
@@ -38,6 +36,7 @@ from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
+from sparkd.daemon.probes import HttpProbes
 from sparkd.daemon.recording import DaemonRecorder
 from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.reload import Reloader, keep_fixed
@@ -48,15 +47,16 @@ from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
 from sparkd.guard.guard import Guard
-from sparkd.incidents import IncidentWriter
-from sparkd.launch import api_key, health_settings
-from sparkd.logs import VllmLog, configure_logging, get_logger
-from sparkd.nodelock import AlreadyRunning, NodeLock
-from sparkd.notify import Notifier
-from sparkd.probes import HttpProbes
-from sparkd.redact import redactor_for, use_for_logs
+from sparkd.host import exits
+from sparkd.host.clock import Clock, SystemClock
+from sparkd.host.logs import VllmLog, configure_logging, get_logger
+from sparkd.host.notify import Notifier
+from sparkd.launch.redact import redactor_for, use_for_logs
+from sparkd.launch.render import api_key, health_settings
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Runtime
+from sparkd.state.incidents import IncidentWriter
+from sparkd.state.lock import AlreadyRunning, NodeLock
 from sparkd.supervisor.policy import RestartPolicy
 from sparkd.supervisor.states import Limits, State, restore
 

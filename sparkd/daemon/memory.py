@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparkd.clock import Clock
-from sparkd.statefile import json_state, set_aside
-from sparkd.stateschema import LIFECYCLE
+from sparkd.host.clock import Clock
+from sparkd.state.files import json_state, set_aside
+from sparkd.state.schema import LIFECYCLE
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.policy import RestartState, Strike
 from sparkd.supervisor.states import Intent, Remembered

@@ -18,10 +18,10 @@ from typing import Any
 import anyio
 
 from sparkd.config import Config, ConfigError, load_config
-from sparkd.config_diff import launch_changes, needs_restart, setting_changes
-from sparkd.launch import secret_values
-from sparkd.lint import errors, lint
-from sparkd.redact import Redactor
+from sparkd.launch.diff import launch_changes, needs_restart, setting_changes
+from sparkd.launch.lint import errors, lint
+from sparkd.launch.redact import Redactor
+from sparkd.launch.render import secret_values
 
 
 @dataclass(frozen=True)

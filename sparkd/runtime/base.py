@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 
 from sparkd.config import Config
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.runtime.proctree import Expected, ProcessIdentity, same_identity
 
 EXEC_TIMEOUT_S = 60.0

@@ -201,7 +201,7 @@ def sparkd_config(tmp: Path, port: int, env: dict[str, str], *, master_port: int
                   "instances_dir": str(tmp / "instances")},
         "api": {"socket_group": "", "listen": "127.0.0.1", "port": api_port},
         "guard": dict(GUARD_FLOORS),
-        "preflight": {"skip": STANDIN_SKIPS},  # the stand-in loads no weights (sparkd.rehearsal.REHEARSAL_SKIPS)
+        "preflight": {"skip": STANDIN_SKIPS},  # the stand-in loads no weights (sparkd.launch.rehearsal.REHEARSAL_SKIPS)
     }
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}

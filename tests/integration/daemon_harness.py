@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from sparkd.rehearsal import REHEARSAL_SKIPS
+from sparkd.launch.rehearsal import REHEARSAL_SKIPS
 from sparkd.runtime.proctree import tree
 
 __all__ = ["BIN", "MODEL", "STANDIN", "STANDIN_SKIPS", "Sparkd", "alive", "as_user", "base_config", "free_port",

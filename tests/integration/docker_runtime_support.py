@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from sparkd.config import Config, config_from_mapping
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.runtime import RuntimeKind, runtime_class
 from sparkd.runtime.base import Instance, Runtime
 

@@ -23,9 +23,9 @@ import pytest
 from docker_runtime_support import DockerPlace, anyio_backend, sh
 from sysfs_tree import SysfsTree, roce_gid
 
-from sparkd.compose import import_compose
+from sparkd.cli.compose import import_compose
 from sparkd.config import Config, RuntimeKind, load_config
-from sparkd.launch import render
+from sparkd.launch.render import render
 from sparkd.preflight.base import PreflightContext, Verdict
 from sparkd.preflight.drift import check_container
 from sparkd.preflight.rdma import check_rdma

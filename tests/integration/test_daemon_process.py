@@ -28,7 +28,7 @@ from daemon_harness import (
     unheld,
 )
 
-from sparkd import exits
+from sparkd.host import exits
 
 
 def get(url: str, timeout: float = 5) -> tuple[int, bytes]:

@@ -32,8 +32,8 @@ from sparkd.guard import Guard
 from sparkd.guard.meminfo import MeminfoReader
 from sparkd.guard.policy import Decision
 from sparkd.guard.sample import GIB
-from sparkd.incidents import incident_record, write_incident
 from sparkd.runtime import proctree
+from sparkd.state.incidents import incident_record, write_incident
 from sparkd.supervisor import lifecycle, policy
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.classify import classify

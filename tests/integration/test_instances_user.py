@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from daemon_harness import BIN, Sparkd, as_user, base_config, free_port, kill_tree, tree
 
-from sparkd import instances
+from sparkd.state import instances
 
 UID = 65534  # nobody: any uid but the test's will do
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a daemon as another user: needs root")

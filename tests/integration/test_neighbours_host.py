@@ -26,7 +26,7 @@ import psutil
 import pytest
 from daemon_harness import BIN, MODEL, STANDIN, Sparkd, alive, base_config, free_port, kill_tree, tree, unique_prefix
 
-from sparkd import instances
+from sparkd.state import instances
 
 pytestmark = pytest.mark.docker
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from daemon_harness import BIN, Sparkd, base_config, free_port, peer_token
 
-from sparkd.peersign import sign
+from sparkd.cluster.peersign import sign
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from docker_runtime_support import (
 )
 
 from sparkd.config import RuntimeKind
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.runtime.base import Runtime
 from sparkd.runtime.process import ProcessRuntime
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from standin_helpers import Standin, Standins, free_port, standins
 
-from sparkd.probes import read_metrics_page
+from sparkd.daemon.probes import read_metrics_page
 from sparkd.supervisor.logline import parse
 from sparkd.supervisor.progress import is_progress
 from sparkd.supervisor.rules import ANY

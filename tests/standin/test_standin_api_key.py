@@ -9,7 +9,7 @@ import psutil
 from standin_helpers import Standins, free_port, http, standins
 
 from sparkd.config import config_from_mapping
-from sparkd.launch import render
+from sparkd.launch.render import render
 
 KEY = "sk-SECRET-rel5"
 

@@ -15,7 +15,7 @@ from loop_harness import config, running
 
 from sparkd.commands import stop
 from sparkd.guard.kmsg import KernelLog
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
 from sparkd.runtime.base import Difference, ExitInfo, Instance, LaunchError
 from sparkd.supervisor import vocabulary as v

@@ -13,8 +13,8 @@ from structlog.testing import CapturingLogger
 
 from sparkd.commands import stop
 from sparkd.daemon import memory
-from sparkd.statefile import json_state
-from sparkd.stateschema import LIFECYCLE
+from sparkd.state.files import json_state
+from sparkd.state.schema import LIFECYCLE
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.policy import RestartState, Strike
 from sparkd.supervisor.states import Intent, Remembered

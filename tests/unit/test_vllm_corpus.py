@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.explain import parse_signal
+from sparkd.cli.explain import parse_signal
 from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.logline import clean, parse
