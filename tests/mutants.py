@@ -43,7 +43,7 @@ def m(id: str, path: str, old: str, new: str, what: str, *tests: str) -> Mutant:
 LOOP = "tests/unit/test_daemon_loop.py"
 LIFECYCLE = "tests/unit/test_lifecycle.py"
 PROCESS = "tests/integration/test_daemon_process.py"
-MEMORY = "tests/unit/test_daemon_memory.py"
+REMEMBERED = "tests/unit/test_daemon_remembered.py"
 EFFECTS = "tests/unit/test_daemon_effects.py"
 COORDINATOR = "tests/unit/test_coordinator.py"
 SHM_KILLED = PROCESS + "::test_a_launch_killed_while_loading_leaves_no_segment_behind"
@@ -107,21 +107,21 @@ MUTANTS = [
       "a draw of 1.0 is accepted", "tests/unit/test_policy.py"),
     # ---- fresh mutants of the shell: daemon/, commands/, api/, cluster/ ----------------------------------------
     m("F01", D + "supervisor.py", "            self.remember(memory)\n", "",
-      "what the lifecycle must remember is never written", MEMORY),
+      "what the lifecycle must remember is never written", REMEMBERED),
     m("F02", D + "supervisor.py", "        return v.StopDone()\n    return None",
       "        return None\n    return None",
-      "a stop that raised leaves the lifecycle in stopping", LOOP, MEMORY, EFFECTS),
+      "a stop that raised leaves the lifecycle in stopping", LOOP, REMEMBERED, EFFECTS),
     m("F03", D + "supervisor.py", "self._tick_sleep.cancel()  # the ticker", "pass  # the ticker",
       "a new deadline does not re-arm the ticker's sleep", LOOP, EFFECTS),
     m("F04", D + "supervisor.py", "            self._preflight.cancel()\n", "            pass\n",
-      "leaving preflight does not cancel the running preflight", LOOP, MEMORY, EFFECTS),
+      "leaving preflight does not cancel the running preflight", LOOP, REMEMBERED, EFFECTS),
     m("F05", D + "supervisor.py", "if self.shutting_down and self.idle():", "if self.shutting_down:",
-      "a shutdown exits without waiting for vLLM's stop", MEMORY, LOOP),
+      "a shutdown exits without waiting for vLLM's stop", REMEMBERED, LOOP),
     m("F06", D + "stopreport.py", "    if grace_s is not None:\n", "    if False:\n",
       "the guard's stop grace is ignored", LOOP),
     m("F07", D + "node.py",
       "                self.files.remove(self.record_path)\n            ctx = await launch_places(",
-      "            ctx = await launch_places(", "the instance record outlives the stop", LOOP, MEMORY, EFFECTS),
+      "            ctx = await launch_places(", "the instance record outlives the stop", LOOP, REMEMBERED, EFFECTS),
     m("F08", D + "node.py", "await self.note_shm()  # what it holds now is provably ours once it is gone",
       "pass", "what vLLM holds in /dev/shm is not noted before the stop",
       PROCESS + "::test_starts_serves_and_stops_clean", SHM_KILLED),
@@ -169,9 +169,9 @@ MUTANTS = [
       "tests/integration/test_daemon_operator.py::test_a_second_sigterm_ends_vllm_without_waiting_out_the_grace"),
     m("F26", D + "node.py", "for check in self.sweep:", "for check in ():",
       "no sweep after a stop", SHM_KILLED),
-    m("F27", D + "memory.py", "backoff_until=None if backoff is None else float(backoff) - offset,",
-      "backoff_until=None,", "the remaining backoff is forgotten by a daemon restart", MEMORY),
-    m("F28", D + "memory.py", "except (ValueError, RecursionError) as exc:", "except RecursionError as exc:",
+    m("F27", D + "remembered.py", "backoff_until=None if backoff is None else float(backoff) - offset,",
+      "backoff_until=None,", "the remaining backoff is forgotten by a daemon restart", REMEMBERED),
+    m("F28", D + "remembered.py", "except (ValueError, RecursionError) as exc:", "except RecursionError as exc:",
       "a lifecycle file with a bad value crashes the boot", "tests/unit/test_daemon_loop_gaps.py"),
     m("F29", D + "reload.py", '        "runtime": old.runtime, "paths": old.paths,\n', '        "paths": old.paths,\n',
       "a reload switches the runtime under a running instance", "tests/unit/test_daemon_reload.py"),

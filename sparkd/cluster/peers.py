@@ -49,10 +49,6 @@ class PeerClient:
     def peers(self) -> list[str]:
         return list(self.urls)
 
-    @property
-    def connections_opened(self) -> int:
-        return self._client.opened
-
     async def aclose(self) -> None:
         await self._client.aclose()
 

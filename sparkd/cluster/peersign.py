@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 SCHEME = "Sparkd-HMAC-SHA256"
 WINDOW_S = 30.0
-MIN_SECRET_BYTES = 32
 MAX_NONCES = 100_000  # far above what peers send in a window (a poll every 2 s); full: refuse, never forget early
 _HEADER = re.compile(rf"^{SCHEME} t=(\d{{1,12}}(?:\.\d{{1,6}})?),n=([0-9a-f]{{32}}),s=([0-9a-f]{{64}})$")
 

@@ -27,7 +27,7 @@ from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
 from sparkd.config import Config, Role
-from sparkd.daemon import memory
+from sparkd.daemon import remembered
 from sparkd.daemon.breaker import ConfigBreaker
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.files import StateWriter
@@ -128,7 +128,7 @@ class Daemon:
         self.token = self.trusted.token
         self.peer_addresses = PeerAddresses(cfg.cluster.peers) if cfg.cluster.peers else None
         self.guard: Guard | None = None
-        machine = restore(memory.load(self.lifecycle_path, self.clock, self.log), self.clock.now())
+        machine = restore(remembered.load(self.lifecycle_path, self.clock, self.log), self.clock.now())
         self.sup = Supervisor(machine=machine, limits=limits_from(cfg), effects=_Deferred(), clock=self.clock,
                               log=self.log, remember=self._remember)
         self.group = self._group()
@@ -190,8 +190,8 @@ class Daemon:
                           canary_timeout_s=health.canary_timeout_s, model=self.cfg.served_name,
                           api_key=api_key(self.cfg))
 
-    def _remember(self, remembered: Any) -> None:
-        self.files.put(self.lifecycle_path, memory.to_json(remembered, self.clock))
+    def _remember(self, kept: Any) -> None:
+        self.files.put(self.lifecycle_path, remembered.to_json(kept, self.clock))
 
     def problems(self) -> list[str]:
         """What sparkd itself cannot do right now (it reports itself degraded until they clear)."""

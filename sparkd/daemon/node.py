@@ -55,8 +55,7 @@ from sparkd.state.schema import INSTANCE
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.health import topology_of
-from sparkd.supervisor.progress import Progress as Startup
-from sparkd.supervisor.progress import advance, is_progress
+from sparkd.supervisor.progress import Startup, advance, is_progress
 from sparkd.supervisor.states import State
 
 

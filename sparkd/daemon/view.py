@@ -21,8 +21,7 @@ from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
 from sparkd.host.clock import Clock, wall_of
 from sparkd.supervisor import vocabulary as v
-from sparkd.supervisor.progress import Phase
-from sparkd.supervisor.progress import Progress as Startup
+from sparkd.supervisor.progress import Phase, Startup
 from sparkd.supervisor.states import SERVING, Machine, State
 
 HISTORY = 50

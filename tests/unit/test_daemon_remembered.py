@@ -12,7 +12,7 @@ from loop_harness import config, running
 from structlog.testing import CapturingLogger
 
 from sparkd.commands import stop
-from sparkd.daemon import memory
+from sparkd.daemon import remembered
 from sparkd.state.files import json_state
 from sparkd.state.schema import LIFECYCLE
 from sparkd.supervisor.failures import Failure, FailureClass
@@ -44,8 +44,8 @@ def test_every_remembered_field_round_trips_through_the_file(tmp_path: Path) -> 
     waits, which are not kept (only the next delay depends on them)."""
     writer, reader = FakeClock(start=1000.0), FakeClock(start=5.0, wall_offset=1_800_000_995.0)  # same wall time
     path = tmp_path / "lifecycle.json"
-    json_state(path, LIFECYCLE, log=CapturingLogger(), clock=writer.wall).write(memory.to_json(EVERY_FIELD, writer))
-    back = memory.load(path, reader, CapturingLogger())
+    json_state(path, LIFECYCLE, log=CapturingLogger(), clock=writer.wall).write(remembered.to_json(EVERY_FIELD, writer))
+    back = remembered.load(path, reader, CapturingLogger())
     shift = reader.now() - writer.now()
     assert back == Remembered(
         intent=EVERY_FIELD.intent,
@@ -55,7 +55,7 @@ def test_every_remembered_field_round_trips_through_the_file(tmp_path: Path) -> 
         backoff_until=1010.0 + shift,
         last_failure=EVERY_FIELD.last_failure,
     )
-    assert json.loads(path.read_text())["version"] == memory.VERSION
+    assert json.loads(path.read_text())["version"] == remembered.VERSION
 
 
 async def test_the_restart_budget_survives_a_daemon_restart(tmp_path: Path) -> None:
