@@ -27,10 +27,12 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 sys.path.insert(0, str(REPO))
 
-from daemon_harness import BIN, STANDIN, STANDIN_SKIPS, free_port, render_toml, unique_prefix  # noqa: E402
+from daemon_harness import BIN, STANDIN, STANDIN_SKIPS, render_toml, unique_prefix  # noqa: E402
+from freeport import free_port  # noqa: E402
 from healthpoll import POLL_S, health_ok, wait_healthy  # noqa: E402, F401 (re-exported)
 
 __all__ = ["BIN", "REPO", "STANDIN", "Owned", "ShmLedger", "free_port", "render_toml", "unique_prefix"]

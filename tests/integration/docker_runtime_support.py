@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 
 from sparkd.config import Config, config_from_mapping
 from sparkd.launch.render import LaunchSpec
@@ -43,11 +42,6 @@ IGNORES_TERM_TREE = (
     "while True:\n"
     "    time.sleep(0.1)\n"
 )
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def py(python: str, program: str, config_hash: str = "h-py") -> LaunchSpec:

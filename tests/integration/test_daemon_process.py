@@ -19,7 +19,6 @@ from daemon_harness import (
     Fleet,
     Sparkd,
     alive,
-    free_port,
     kill_tree,
     render_toml,
     shm_segments,
@@ -27,6 +26,7 @@ from daemon_harness import (
     tree,
     unheld,
 )
+from freeport import free_port
 
 from sparkd.host import exits
 

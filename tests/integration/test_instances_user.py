@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import BIN, Sparkd, as_user, base_config, free_port, kill_tree, tree
+from daemon_harness import BIN, Sparkd, as_user, base_config, kill_tree, tree
+from freeport import free_port
 
 from sparkd.state import instances
 

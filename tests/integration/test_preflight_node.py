@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import psutil
 import pytest
+from freeport import free_port
 from test_preflight_support import (
     DECOY_ARGS,
     MAP_ONLY,
@@ -147,12 +148,6 @@ def test_stale_dry_run_touches_nothing(tmp_path: Path, children: Children, view:
 
 
 # ---- ports ------------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_ports_free(tmp_path: Path, view: ProcView) -> None:

@@ -27,11 +27,6 @@ pytestmark = pytest.mark.anyio
 TOKEN = "s3cret-token-of-at-least-32-bytes-0123456789"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @asynccontextmanager
 async def client(app: ASGIApp) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sparkd") as http:

@@ -28,11 +28,6 @@ TORCH_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00
              "of 119.70 GiB of which 512.00 MiB is free.")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class RaisesOnce(FakeRuntime):
     """A runtime whose first launch, stop or drift check (preflight) raises what no runtime should (a bug)."""
 

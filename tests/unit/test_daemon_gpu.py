@@ -21,11 +21,6 @@ from sparkd.testing import FakeClock, FakeRuntime
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def wedge(cls: FailureClass) -> v.HealthFailed:
     return v.HealthFailed(Failure.of(cls, f"vLLM is wedged ({cls.value})"))
 

@@ -23,11 +23,6 @@ from sparkd.testing import FakeClock, FakeRuntime
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 EVERY_FIELD = Remembered(
     intent=Intent.stop,
     restart_state=RestartState(consecutive=2, waits=3, strikes=(

@@ -89,11 +89,6 @@ vllm:time_to_first_token_seconds_sum{engine="0",model_name="my model {v2}"} 0.00
 """
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # ---------------------------------------------------------------------------------------------------------
 # A stub HTTP server
 

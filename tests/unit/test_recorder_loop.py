@@ -17,11 +17,6 @@ from sparkd.testing import FakeClock, FakeRuntime
 GIB, MIB = 1 << 30, 1 << 20
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Meminfo:
     def __init__(self, path: Path, available: int) -> None:
         self.path, self.lines = path, Path("/proc/meminfo").read_text().splitlines()
@@ -37,6 +32,20 @@ class Meminfo:
             os.ftruncate(fd, len(text.encode()))
         finally:
             os.close(fd)
+
+
+class NoisyClock(FakeClock):
+    """Once ``noisy``, every move of the clock sets MemAvailable to 41 or 42 GiB by the quarter second: memory that
+    never settles, whatever the settle samples."""
+
+    def __init__(self, meminfo: Meminfo) -> None:
+        super().__init__()
+        self.meminfo, self.noisy = meminfo, False
+
+    def advance(self, seconds: float) -> None:
+        if self.noisy:
+            self.meminfo.set((41 + int((self.t + seconds) * 4) % 2) * GIB)
+        super().advance(seconds)
 
 
 def gated(tmp: Path, meminfo: Meminfo, **recorder: Any) -> Any:
@@ -112,19 +121,13 @@ async def test_a_start_waits_for_memory_to_settle_and_shows_it_as_a_phase(tmp_pa
 @pytest.mark.anyio
 async def test_the_settle_gives_up_at_its_timeout_and_keeps_no_baseline(tmp_path: Path) -> None:
     meminfo = Meminfo(tmp_path / "meminfo", 40 * GIB)
-    runtime, clock = FakeRuntime(), FakeClock()
+    runtime, clock = FakeRuntime(), NoisyClock(meminfo)
     cfg = gated(tmp_path, meminfo, settle_timeout_s=5)
     async with running(cfg, runtime, clock) as node:
         await node.until_state("ready")
         runtime.crash()
-        flip = [0]
-
-        def noisy() -> bool:
-            flip[0] += 1
-            meminfo.set(40 * GIB + (GIB if flip[0] % 2 else 0))
-            return node.daemon.sup.machine.launches == 2
-
-        await node.until(noisy)
+        clock.noisy = True  # from now on MemAvailable moves by 1 GiB every quarter second
+        await node.until(lambda: node.daemon.sup.machine.launches == 2)
         assert node.status()["recorder"]["last_settle"]["settled"] is False
         assert len(node.status()["recorder"]["baselines"]) == 1  # only the first start's
 
