@@ -74,12 +74,59 @@ _NO_DOCKER_REASON = f"{NO_DOCKER_ENV}=1: docker-marked tests skipped on request 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _tier_beside_or_in_line(config, items)
     if not _no_docker():
         return
     skip = pytest.mark.skip(reason=_NO_DOCKER_REASON)
     for item in items:
         if item.get_closest_marker("docker") is not None:
             item.add_marker(skip)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The real-vLLM tier, beside the other tests
+
+
+def _load_realvllm_beside() -> ModuleType:
+    folder = REPO_ROOT / "tests" / "realvllm"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    import beside
+
+    return beside
+
+
+TIER_NODEIDS = pytest.StashKey[list[str]]()
+
+
+def _tier_beside_or_in_line(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With other tests selected too, the tier's tests leave this session for a child started beside it (their
+    nodeids stashed for it) and its collector stays; alone (or inside that child), the tier runs in line and the
+    collector goes."""
+    beside = _load_realvllm_beside()
+    tier = [item for item in items if beside.is_tier_item(item.nodeid)]
+    collector = [item for item in items if beside.COLLECTOR in item.nodeid]
+    others = [item for item in items if "realvllm/" not in item.nodeid]
+    moved = tier if tier and others and not beside.INSIDE else collector
+    if tier and moved is tier:
+        config.stash[TIER_NODEIDS] = [item.nodeid for item in tier]
+    if moved:
+        config.hook.pytest_deselected(items=moved)
+        items[:] = [item for item in items if item not in moved]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def realvllm_beside(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The real-vLLM tier started with the session's first test, when its tests left the session for it."""
+    nodeids = request.config.stash.get(TIER_NODEIDS, None)
+    if not nodeids:
+        yield None
+        return
+    tier = _load_realvllm_beside().start(tmp_path_factory.mktemp("realvllm-beside"), nodeids)
+    try:
+        yield tier
+    finally:
+        tier.end()
 
 
 @pytest.fixture(autouse=True)

@@ -179,7 +179,7 @@ def assert_supervisor_reports_guard(failure: Failure) -> None:
     m = Machine(state=State.ready, since=0.0)
     m, actions, _ = lifecycle.step(m, v.HealthFailed(failure, grace_s=10.0, recorded=True), 10.0)
     assert m.state is State.stopping and m.answering is failure
-    assert actions == [v.RecordIncident(failure, written=True), v.Stop("health failed", 10.0)]
+    assert actions == [v.RecordIncident(failure, written=True), v.Stop("health failed", 10.0, failure)]
     m, _, _ = lifecycle.step(m, v.StopDone(rand=0.5), 11.0)
     assert m.state is State.backoff and m.last_failure is not None
     assert m.last_failure.cls is FailureClass.killed_by_guard
