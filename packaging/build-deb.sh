@@ -73,15 +73,15 @@ if [[ -z "$WHEEL" ]]; then
     WHEEL="$(ls "$WORK"/dist/sparkd-*.whl)"
 fi
 [[ -f "$WHEEL" ]] || die "no wheel at $WHEEL"
-# The wheel must carry the launch profiles (sparkd/profiles/*.toml): without them every config with
+# The wheel must carry the launch profiles (sparkd/config/profiles/*.toml): without them every config with
 # `profile = ...` fails on an installed sparkd.
 "$BUILD_PY" - "$WHEEL" <<'PY' || die "the wheel is incomplete (see above)"
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-profiles = [n for n in names if n.startswith("sparkd/profiles/") and n.endswith(".toml")]
+profiles = [n for n in names if n.startswith("sparkd/config/profiles/") and n.endswith(".toml")]
 if not profiles:
-    sys.exit(f"{sys.argv[1]} has no sparkd/profiles/*.toml: add them to the package data in pyproject.toml "
-             '([tool.setuptools.package-data] sparkd = ["profiles/*.toml"])')
+    sys.exit(f"{sys.argv[1]} has no sparkd/config/profiles/*.toml: add them to the package data in pyproject.toml "
+             '([tool.setuptools.package-data] sparkd = ["config/profiles/*.toml"])')
 PY
 if [[ "$WHEEL" == "$WORK"/dist/* ]]; then
     cp "$WORK"/dist/* "$OUT"/  # the wheel and the sdist are artefacts too

@@ -1,7 +1,10 @@
 """Fakes for running sparkd's real daemon loop in-process, in milliseconds (honcho's way).
 
 - :class:`FakeClock`: monotonic and wall time that move only when told, or jump to the next sleeper once every
-  task is blocked (:meth:`FakeClock.run_until`), so a 300 s backoff passes in microseconds.
+  task is blocked (:meth:`FakeClock.run_until`), so a 300 s backoff passes in microseconds. "Every task is
+  blocked" is the event loop's own word, as trio's autojump clock hears it from trio's run loop: the loop of
+  :func:`new_event_loop` says so when it would wait for I/O or a timer with nothing ready to run. Run the tests on
+  it (``anyio_backend = ("asyncio", {"loop_factory": new_event_loop})``, as tests/conftest.py does).
 - :class:`FakeRuntime`: instances that live in memory; the script makes them print lines, become ready,
   crash or ignore SIGTERM; it records every launch and stop (with its grace).
 - :class:`FakeProbes`: /health answers 200 once the instance is serving, refused before.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import selectors
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
@@ -24,7 +28,7 @@ from typing import Any
 import anyio
 
 from sparkd.config import Config
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
 from sparkd.runtime.base import ExecResult, ExitInfo, Instance, LaunchError, Runtime, TargetUnavailable
 from sparkd.supervisor.failures import FailureClass
@@ -33,7 +37,8 @@ from sparkd.supervisor.health import ProbeOutcome, ProbeResult, VllmMetrics
 IDLE_LIMIT_S = 30.0  # real seconds run_until waits with nothing asleep on the fake clock (a worker thread's file
 # write takes milliseconds)
 
-__all__ = ["FakeClock", "FakeNotifier", "FakeProbes", "FakeRuntime", "failing_check", "passing_check"]
+__all__ = ["FakeClock", "FakeNotifier", "FakeProbes", "FakeRuntime", "all_tasks_blocked", "failing_check",
+           "new_event_loop", "passing_check"]
 
 
 class FakeClock:
@@ -82,17 +87,48 @@ class FakeClock:
             self.advance(max(0.0, self._sleepers[0][0] - self.t))
 
 
+class _IdleSelector(selectors.DefaultSelector):
+    """The loop's selector, which also tells who asked when the loop is idle: asked to wait (for I/O, a timer or
+    for ever) while nothing is ready, because every task awaits something that has not happened yet."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: list[asyncio.Future[None]] = []
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if not self.waiting or timeout == 0:  # work is ready: the loop runs it before it waits
+            return super().select(timeout)
+        ready = super().select(0)
+        if ready:  # I/O came in (a socket, a worker thread's result): not idle yet
+            return ready
+        waiting, self.waiting = self.waiting, []
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)  # its task is ready now: the loop runs it next, without waiting
+        return []
+
+
+class _IdleLoop(asyncio.SelectorEventLoop):
+    def __init__(self) -> None:
+        self.idle = _IdleSelector()
+        super().__init__(self.idle)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """An asyncio loop that says when every task is blocked (:func:`all_tasks_blocked`); otherwise the stock
+    selector loop."""
+    return _IdleLoop()
+
+
 async def all_tasks_blocked() -> None:
-    """Return once every other task waits on something (asyncio; anyio's own polls every 0.1 s)."""
-    this = asyncio.current_task()
-    while True:
-        await asyncio.sleep(0)
-        for task in asyncio.all_tasks():
-            waiter = getattr(task, "_fut_waiter", None)
-            if task is not this and (waiter is None or waiter.done()):
-                break
-        else:
-            return
+    """Return once every other task waits on something: the loop of :func:`new_event_loop` had nothing ready."""
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, _IdleLoop):
+        raise RuntimeError("all_tasks_blocked needs the loop of sparkd.testing.new_event_loop: run the test with "
+                           "anyio_backend = ('asyncio', {'loop_factory': sparkd.testing.new_event_loop})")
+    future: asyncio.Future[None] = loop.create_future()
+    loop.idle.waiting.append(future)
+    await future
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real Docker engine and the sparkd test image (docs/design.md §8).
+"""Shared fixtures: the real Docker engine and the sparkd test image (docs/design.md §8), the event loop of every
+async test (``anyio_backend``), fake sysfs trees and a fake vLLM.
 
 Tests marked ``@pytest.mark.docker`` get a working engine or fail loudly with the reason: a missing engine is
 never a silent skip. Locally, ``SPARKD_TESTS_NO_DOCKER=1`` skips them with an explicit reason.
@@ -29,6 +30,8 @@ from typing import Any
 
 import pytest
 from sysfs_tree import SysfsTree
+
+from sparkd.testing import new_event_loop
 
 # A shell that starts the suite in the background (`make test &` in a script) hands it SIGINT ignored, and every
 # program the tests start would inherit that: a Ctrl-C test, or the interrupt that ends a background soak, would
@@ -407,6 +410,13 @@ def make_session_container(
 
 # ---------------------------------------------------------------------------------------------------------
 # RDMA devices in sysfs
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    """Every async test runs on asyncio, on the loop that tells sparkd.testing's fake clock when every task is
+    blocked (trio's autojump, on asyncio's public selector API)."""
+    return "asyncio", {"loop_factory": new_event_loop}
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@
   A 300 MB body once took the daemon from 53 MB to 812 MB (security review §6).
 - :class:`PeerGate` (the TCP port): ``/metrics`` is open; ``/v1/*`` is served only to a connection from a
   configured peer's address (and, with mutual TLS, one that presented a certificate chaining to ``tls_ca``), and
-  only for a request signed with the shared secret, fresh and never seen before (:mod:`sparkd.peersign`). The
+  only for a request signed with the shared secret, fresh and never seen before (:mod:`sparkd.cluster.peersign`). The
   address and certificate are checked before any of the body is read.
 """
 
@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sparkd.api.bounded import caller_of
-from sparkd.peersign import SCHEME, Refused, ReplayCache, verify
+from sparkd.cluster.peersign import SCHEME, Refused, ReplayCache, verify
 
 MAX_BODY = 64 * 1024
 LOG_EVERY_S = 60.0

@@ -13,7 +13,7 @@ from typing import Any
 
 from sparkd.cli.common import host_file_findings
 from sparkd.config import ConfigError, load_config
-from sparkd.lint import Level, lint
+from sparkd.launch.lint import Level, lint
 
 
 def check_config_json(path: Path, profile: str | None) -> dict[str, Any]:

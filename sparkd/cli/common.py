@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from sparkd import exits
 from sparkd.cli.locate import DEFAULT_CONFIG_PATH
+from sparkd.host import exits
 
 if TYPE_CHECKING:  # imported when a command loads a config: --help and TAB completion need neither
     from sparkd.config import Config
-    from sparkd.lint import Finding
+    from sparkd.launch.lint import Finding
 
 EXIT_INVALID_CONFIG = exits.INVALID_CONFIG
 
@@ -44,8 +44,8 @@ def token_file_findings(cfg: Config) -> list[Finding]:
     """Warnings about ``[api] token_file``, the same checks ``sparkd run`` refuses to start on: missing (the peer
     API then refuses every request), a symlink or not a file, owned by someone else, open to group or others (it
     is the pair's shared secret), or shorter than 32 bytes."""
-    from sparkd.lint import Finding, Level
-    from sparkd.secretfile import SecretFileProblem, read_token
+    from sparkd.config.secretfile import SecretFileProblem, read_token
+    from sparkd.launch.lint import Finding, Level
 
     path = cfg.api.token_file
     if path is None:
@@ -65,9 +65,9 @@ def token_file_findings(cfg: Config) -> list[Finding]:
 def host_file_findings(cfg: Config) -> list[Finding]:
     """What only the host can say about the files the config names: the token file, and a launch program that
     someone other than root may change (sparkd runs it as root)."""
+    from sparkd.config.secretfile import SecretFileProblem, read_secret_file
     from sparkd.daemon.startup import launch_program_problem
-    from sparkd.lint import Finding, Level
-    from sparkd.secretfile import SecretFileProblem, read_secret_file
+    from sparkd.launch.lint import Finding, Level
 
     findings = token_file_findings(cfg)
     if cfg.launch.api_key_file is not None:

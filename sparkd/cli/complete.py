@@ -2,7 +2,7 @@
 --profile <TAB>``) and incident ids (``sparkctl incidents <TAB>``).
 
 A completion runs on every TAB, so it answers within the CLI's 150 ms (tests/bench/bench_cli.py): the profile
-names are the files beside :mod:`sparkd.profiles`; the incident ids come from the daemon (found as every sparkctl
+names are the files beside :mod:`sparkd.config.profiles`; the incident ids come from the daemon (found as every sparkctl
 call finds it, from the ``--socket``/``--config`` already typed) with a short timeout. A daemon that does not
 answer, or anything else that goes wrong, completes nothing: a TAB never prints an error or a traceback.
 """
@@ -20,7 +20,7 @@ HELP_CHARS = 70  # zsh and fish show each id's class and sentence beside it
 
 
 def profile_names(ctx: Any, param: Any, incomplete: str) -> list[CompletionItem]:
-    from sparkd.profiles import profile_names as names
+    from sparkd.config.profiles import profile_names as names
 
     return [CompletionItem(name) for name in names() if name.startswith(incomplete)]
 

@@ -18,7 +18,6 @@ __all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_SOCKET", "DEMO_SOCKET", "Located", "l
 
 DEFAULT_SOCKET = Path("/run/sparkd/sparkd.sock")
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")  # sparkd.config.DEFAULT_CONFIG_PATH, without importing it
-DEFAULT_RUN_DIR = Path("/run/sparkd")
 DEMO_SOCKET = Path(".sparkd-demo/run/sparkd.sock")  # config/examples/demo.toml's [paths] run_dir, from the repo
 SOCKET_NAME = "sparkd.sock"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from sparkd.timefmt import iso
+from sparkd.host.timefmt import iso
 
 __all__ = ["parse_since", "show_logs"]
 

@@ -31,7 +31,7 @@ def main() -> None:
 
 def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> Config:
     """The config, its lint findings printed; exit 2 when it is invalid or has a lint error."""
-    from sparkd.lint import errors, lint
+    from sparkd.launch.lint import errors, lint
 
     cfg = config_or_exit(config_path, profile=profile)
     findings = [*lint(cfg), *host_file_findings(cfg)]
@@ -69,7 +69,7 @@ def check_config(config_path: Path, profile: str | None, as_json: bool) -> None:
 def render_cmd(config_path: Path, as_json: bool) -> None:
     """Print the launch script (or argv and env) rendered from the config; exit 2, printing nothing, for a config
     check-config refuses."""
-    from sparkd.launch import render, render_script
+    from sparkd.launch.render import render, render_script
 
     cfg = linted_config_or_exit(config_path)
     spec = render(cfg)
@@ -85,7 +85,7 @@ def config_reference_cmd(as_json: bool) -> None:
     """Every config key: type, default, environment variable, description (docs/config.md is this output)."""
     from dataclasses import asdict
 
-    from sparkd.config_reference import reference_markdown, rows
+    from sparkd.config.reference import reference_markdown, rows
 
     if as_json:
         click.echo(json.dumps([asdict(row) for row in rows()], indent=2))
@@ -121,7 +121,7 @@ def preflight_cmd(config_path: Path, dry_run: bool, as_json: bool, only: tuple[s
     """Check (and clean) the node before a launch. Exit 0 ready to launch, 1 a check failed, 2 invalid config."""
     import anyio
 
-    from sparkd.launch import render
+    from sparkd.launch.render import render
     from sparkd.preflight.runner import CHECK_IDS, DEFAULT_CHECKS, run_standalone
     from sparkd.runtime import make_runtime
 
@@ -184,7 +184,7 @@ def import_compose_cmd(compose_file: Path, service: str | None, env_file: Path |
     """Turn a docker-compose service into a sparkd config (TOML), naming what it could not carry.
 
     Exit 0 with the config; 2 when the file cannot be converted (the problem named)."""
-    from sparkd.compose import ComposeError, import_compose
+    from sparkd.cli.compose import ComposeError, import_compose
 
     try:
         imported = import_compose(compose_file, service=service, env_file=env_file, runtime=runtime)
@@ -210,7 +210,7 @@ def import_compose_cmd(compose_file: Path, service: str | None, env_file: Path |
 @click.option("--json", "as_json", is_flag=True, help='Print {"class": ..., "sentence": ..., "evidence": ...}.')
 def explain_cmd(logfile: str, exit_code: int | None, sig: str | None, as_json: bool) -> None:
     """Explain why vLLM stopped, from its log (LOGFILE, or - for stdin): class, sentence, evidence."""
-    from sparkd.explain import ExplainError, explain, parse_signal, read_tail, render
+    from sparkd.cli.explain import ExplainError, explain, parse_signal, read_tail, render
 
     try:
         number = parse_signal(sig) if sig is not None else None
@@ -227,7 +227,7 @@ def explain_cmd(logfile: str, exit_code: int | None, sig: str | None, as_json: b
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def standin_cmd(args: tuple[str, ...]) -> None:
     """The vLLM stand-in (the sparkd-standin distribution): `sparkd standin serve MODEL [vllm flags]`."""
-    from sparkd.rehearsal import STANDIN, standin_executable
+    from sparkd.launch.rehearsal import STANDIN, standin_executable
 
     program = standin_executable()
     if not os.path.isabs(program):

@@ -17,12 +17,12 @@ from typing import Any
 
 import anyio
 
-from sparkd.clock import Clock
 from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable, claim
 from sparkd.cluster.ranks import Member, group_problems
 from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
 from sparkd.config import Config, Role
+from sparkd.host.clock import Clock
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.states import RUNNING, State

@@ -12,7 +12,7 @@ import anyio
 
 from sparkd.cluster.fabric import SMALL, End
 from sparkd.config import Config, Role
-from sparkd.launch import nccl_ib_in_play
+from sparkd.launch.render import nccl_ib_in_play
 from sparkd.preflight.dfping import Ping, df_ping, tcp_reach
 from sparkd.preflight.gid import gid_view
 from sparkd.preflight.netdev import fabric_link

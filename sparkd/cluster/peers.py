@@ -1,6 +1,6 @@
 """The peer link: the daemons of a group talk HTTP/1.1 over the fabric, each request signed with the shared
-secret (:mod:`sparkd.peersign`), over one kept-alive connection per peer (:mod:`sparkd.keepalive`), optionally
-in mutual TLS (:mod:`sparkd.cluster.tls`), with timeouts and retries."""
+secret (:mod:`sparkd.cluster.peersign`), over one kept-alive connection per peer
+(:mod:`sparkd.host.keepalive`), optionally in mutual TLS (:mod:`sparkd.cluster.tls`), with timeouts and retries."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 
 import anyio
 
+from sparkd.cluster.peersign import sign
 from sparkd.cluster.shared import peer_base_url
 from sparkd.cluster.tls import client_context
 from sparkd.config import Config
-from sparkd.keepalive import KeepAliveClient
-from sparkd.peersign import sign
-from sparkd.plainhttp import ProtocolError
+from sparkd.host.keepalive import KeepAliveClient
+from sparkd.host.plainhttp import ProtocolError
 
 MAX_ERROR = 300  # characters of a peer's refusal that reach a sentence
 
@@ -48,10 +48,6 @@ class PeerClient:
     @property
     def peers(self) -> list[str]:
         return list(self.urls)
-
-    @property
-    def connections_opened(self) -> int:
-        return self._client.opened
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -7,7 +7,7 @@ Rules:
    and compilation config, block size, batch limits, KV-cache dtype, max_model_len, eager mode, custom
    all-reduce, ``extra_args``, the rendezvous (master address and port, nnodes) and the environment variables
    named by ``[cluster] shared_env`` (fnmatch patterns; ``!`` excludes: node addresses differ by design). A
-   secret among them (``VLLM_API_KEY``) is compared by its keyed digest (``sparkd.secretrule``).
+   secret among them (``VLLM_API_KEY``) is compared by its keyed digest (``sparkd.config.secretrule``).
 2. The image is compared by ``[cluster] image_match``: ``id`` (the same local image id), ``repo-digest`` (a repo
    digest in common: pulled from one registry manifest), ``label`` (the same value of ``[cluster] image_label``:
    images built on each node from one revision, field report 004) or ``off``. What cannot be compared (a
@@ -21,8 +21,8 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from sparkd.config import Config
-from sparkd.launch import render_env
-from sparkd.secretrule import MASK, digest, is_secret_name
+from sparkd.config.secretrule import MASK, digest, is_secret_name
+from sparkd.launch.render import render_env
 
 RUNNING_STATES = ("starting", "ready", "degraded")
 

@@ -31,7 +31,7 @@ async def execute(control: Control, request: Request) -> Reply:
     # The daemon's side only: sparkctl imports this module for a TAB on an incident id, within its 150 ms.
     import anyio
 
-    from sparkd.incidents import list_incidents, log_tail_of
+    from sparkd.state.incidents import list_incidents, log_tail_of
 
     items = await anyio.to_thread.run_sync(list_incidents, control.incidents_root)
     if request.id is None:

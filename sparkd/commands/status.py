@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkd.commands.base import Control, NoParams, Reply, ok
-from sparkd.timefmt import iso
+from sparkd.host.timefmt import iso
 
 NAME = "status"
 METHOD = "GET"

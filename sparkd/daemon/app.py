@@ -1,6 +1,6 @@
 """``sparkd run``: build the daemon for this node from its config, and run it until it is told to stop.
 
-Startup problems are sentences and exit statuses (``sparkd.exits``), never tracebacks: another sparkd holding
+Startup problems are sentences and exit statuses (``sparkd.host.exits``), never tracebacks: another sparkd holding
 the node's lock, a control port taken, a directory that cannot be written. Signals: SIGTERM/SIGINT stop vLLM
 and exit (a second one ends vLLM at once instead of waiting out the grace; with ``leave_running`` sparkd exits
 and leaves vLLM to the next daemon); SIGHUP reloads the config.
@@ -21,15 +21,13 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from sparkd import exits
 from sparkd.api.bounded import harden_process
 from sparkd.api.server import bind_tcp_socket, bind_unix_socket
-from sparkd.clock import Clock, SystemClock
 from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
 from sparkd.config import Config, Role
-from sparkd.daemon import memory
+from sparkd.daemon import remembered
 from sparkd.daemon.breaker import ConfigBreaker
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.files import StateWriter
@@ -38,6 +36,7 @@ from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
+from sparkd.daemon.probes import HttpProbes
 from sparkd.daemon.recording import DaemonRecorder
 from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.reload import Reloader, keep_fixed
@@ -48,15 +47,16 @@ from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
 from sparkd.guard.guard import Guard
-from sparkd.incidents import IncidentWriter
-from sparkd.launch import api_key, health_settings
-from sparkd.logs import VllmLog, configure_logging, get_logger
-from sparkd.nodelock import AlreadyRunning, NodeLock
-from sparkd.notify import Notifier
-from sparkd.probes import HttpProbes
-from sparkd.redact import redactor_for, use_for_logs
+from sparkd.host import exits
+from sparkd.host.clock import Clock, SystemClock
+from sparkd.host.logs import VllmLog, configure_logging, get_logger
+from sparkd.host.notify import Notifier
+from sparkd.launch.redact import redactor_for, use_for_logs
+from sparkd.launch.render import api_key, health_settings
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Runtime
+from sparkd.state.incidents import IncidentWriter
+from sparkd.state.lock import AlreadyRunning, NodeLock
 from sparkd.supervisor.policy import RestartPolicy
 from sparkd.supervisor.states import Limits, State, restore
 
@@ -128,7 +128,7 @@ class Daemon:
         self.token = self.trusted.token
         self.peer_addresses = PeerAddresses(cfg.cluster.peers) if cfg.cluster.peers else None
         self.guard: Guard | None = None
-        machine = restore(memory.load(self.lifecycle_path, self.clock, self.log), self.clock.now())
+        machine = restore(remembered.load(self.lifecycle_path, self.clock, self.log), self.clock.now())
         self.sup = Supervisor(machine=machine, limits=limits_from(cfg), effects=_Deferred(), clock=self.clock,
                               log=self.log, remember=self._remember)
         self.group = self._group()
@@ -190,8 +190,8 @@ class Daemon:
                           canary_timeout_s=health.canary_timeout_s, model=self.cfg.served_name,
                           api_key=api_key(self.cfg))
 
-    def _remember(self, remembered: Any) -> None:
-        self.files.put(self.lifecycle_path, memory.to_json(remembered, self.clock))
+    def _remember(self, kept: Any) -> None:
+        self.files.put(self.lifecycle_path, remembered.to_json(kept, self.clock))
 
     def problems(self) -> list[str]:
         """What sparkd itself cannot do right now (it reports itself degraded until they clear)."""

@@ -16,17 +16,17 @@ from typing import Any
 
 import anyio
 
-from sparkd.clock import Clock
 from sparkd.config import Config
-from sparkd.gpu.smi import query_text
 from sparkd.guard.guard import Guard
-from sparkd.incidents import GpuEvidence, IncidentWriter, attach_stop, incident_record
-from sparkd.launch import render
-from sparkd.logs import VllmLog
+from sparkd.host.clock import Clock
+from sparkd.host.gpu.smi import query_text
+from sparkd.host.logs import VllmLog
+from sparkd.launch.redact import Redactor
+from sparkd.launch.render import render
 from sparkd.preflight.base import Verdict
 from sparkd.preflight.runner import PreflightReport
-from sparkd.redact import Redactor
 from sparkd.runtime.base import Instance, Runtime
+from sparkd.state.incidents import GpuEvidence, IncidentWriter, attach_stop, incident_record
 from sparkd.supervisor.classify import ClassifyContext, classify
 from sparkd.supervisor.failures import Evidence, Failure, FailureClass
 from sparkd.supervisor.marks import LAUNCH_LINE, attempt, preflight_line, this_launch, verdict_line, vllm_lines

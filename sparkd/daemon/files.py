@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from sparkd.statefile import write_json
+from sparkd.state.files import write_json
 
 RETRY_S = 5.0
 

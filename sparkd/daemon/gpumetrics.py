@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from sparkd.gpu.model import GpuDevice
+from sparkd.host.gpu.model import GpuDevice
 
 # (name, help, how to read it from a device)
 FAMILIES: tuple[tuple[str, str, Any], ...] = (

@@ -10,10 +10,10 @@ from typing import Any
 
 import psutil
 
-from sparkd.clock import Clock
 from sparkd.daemon.stopreport import StopReport
-from sparkd.gpu.model import GpuView
-from sparkd.gpu.release import Release, wait_released
+from sparkd.host.clock import Clock
+from sparkd.host.gpu.model import GpuView
+from sparkd.host.gpu.release import Release, wait_released
 from sparkd.supervisor.failures import Failure, FailureClass
 
 

@@ -1,7 +1,7 @@
 """The launch's GPUs, read every few seconds for the status, the metrics and the evidence of a wedge.
 
 One reading every :data:`INTERVAL_S` (NVML: about a millisecond a device, in a worker thread), the latest kept,
-and the launch's summed power draw and mean utilization kept for :data:`KEEP_S` (what ``sparkd.gpu.power``
+and the launch's summed power draw and mean utilization kept for :data:`KEEP_S` (what ``sparkd.host.gpu.power``
 reads when a stall or hang is declared). A node with no driver is read once, said once in the log, and then
 left alone; a GB10's "not supported" memory is no problem, only a device without memory figures.
 """
@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from sparkd.clock import Clock
-from sparkd.gpu.model import GpuDevice, GpuView
-from sparkd.gpu.power import PowerDrop, PowerSample, drop
-from sparkd.gpu.reading import pick
-from sparkd.launch_devices import Devices
+from sparkd.host.clock import Clock
+from sparkd.host.gpu.model import GpuDevice, GpuView
+from sparkd.host.gpu.power import PowerDrop, PowerSample, drop
+from sparkd.host.gpu.reading import pick
+from sparkd.launch.devices import Devices
 from sparkd.supervisor.failures import Failure
 
 INTERVAL_S = 5.0

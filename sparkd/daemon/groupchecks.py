@@ -18,7 +18,7 @@ from sparkd.cluster.fabric_probe import answer, local_end
 from sparkd.cluster.peers import PeerClient
 from sparkd.cluster.weights import Parity
 from sparkd.config import Config, Role
-from sparkd.launch import effective_env
+from sparkd.launch.render import effective_env
 from sparkd.preflight.weights_local import LocalWeights
 from sparkd.runtime.base import ExecResult, ImageIdentity, Runtime
 from sparkd.supervisor.failures import Failure

@@ -17,7 +17,6 @@ from typing import Any
 import anyio
 import psutil
 
-from sparkd.clock import Clock
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
 from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
@@ -28,13 +27,15 @@ from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.stopreport import StopReport, grace_for
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
-from sparkd.gpu.model import GpuView
-from sparkd.gpu.reading import devices_of_launch, read_gpus
 from sparkd.guard.guard import Guard
-from sparkd.incidents import IncidentWriter
-from sparkd.launch import LaunchSpec, health_settings, render
-from sparkd.launch_devices import Devices
-from sparkd.logs import VllmLog
+from sparkd.host.clock import Clock
+from sparkd.host.gpu.model import GpuView
+from sparkd.host.gpu.reading import devices_of_launch, read_gpus
+from sparkd.host.logs import VllmLog
+from sparkd.launch.devices import Devices
+from sparkd.launch.redact import Redactor
+from sparkd.launch.rehearsal import rehearsal, rehearsal_skips
+from sparkd.launch.render import LaunchSpec, health_settings, render
 from sparkd.preflight.base import Check
 from sparkd.preflight.processes import expected_launch, launch_places, launch_title_prefix, stale_candidates
 from sparkd.preflight.runner import (
@@ -46,17 +47,15 @@ from sparkd.preflight.runner import (
     run_preflight,
 )
 from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
-from sparkd.redact import Redactor
-from sparkd.rehearsal import rehearsal, rehearsal_skips
 from sparkd.runtime.base import ImageIdentity, Instance, LaunchError, Runtime
 from sparkd.runtime.proctree import MARKER_ENV, ProcessIdentity, launch_marker
-from sparkd.statefile import json_state
-from sparkd.stateschema import INSTANCE
+from sparkd.state.files import json_state
+from sparkd.state.incidents import IncidentWriter
+from sparkd.state.schema import INSTANCE
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.health import topology_of
-from sparkd.supervisor.progress import Progress as Startup
-from sparkd.supervisor.progress import advance, is_progress
+from sparkd.supervisor.progress import Startup, advance, is_progress
 from sparkd.supervisor.states import State
 
 

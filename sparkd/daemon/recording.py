@@ -25,7 +25,6 @@ from urllib.parse import urlencode
 import anyio
 
 from sparkd import __version__
-from sparkd.clock import Clock
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.peers import PeerRefused, PeerUnreachable
 from sparkd.config import Config, Role
@@ -34,6 +33,7 @@ from sparkd.daemon.supervisor import Supervisor
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MeminfoReader
 from sparkd.guard.psi import PressureReader
+from sparkd.host.clock import Clock
 from sparkd.recorder.excerpt import records_between, summaries
 from sparkd.recorder.record import Floors, PeerMark, Record, encode
 from sparkd.recorder.watchdog import Watchdog, WatchdogError

@@ -4,7 +4,7 @@ Invalid: nothing changes; the problems are reported (and logged), the running vL
 changed is reported — the rendered argv and environment, and every other key — and the daemon takes it on at
 once (health, guard floors, restart policy, timeouts); launch settings apply at the next start, so ``sparkctl
 restart`` launches exactly the validated config on disk (restart reloads first). Keys a running daemon cannot
-take on (``config_diff.NEEDS_RESTART``) keep their old value until sparkd restarts, and the report says so.
+take on (``sparkd.launch.diff.NEEDS_RESTART``) keep their old value until sparkd restarts, and the report says so.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 import anyio
 
 from sparkd.config import Config, ConfigError, load_config
-from sparkd.config_diff import launch_changes, needs_restart, setting_changes
-from sparkd.launch import secret_values
-from sparkd.lint import errors, lint
-from sparkd.redact import Redactor
+from sparkd.launch.diff import launch_changes, needs_restart, setting_changes
+from sparkd.launch.lint import errors, lint
+from sparkd.launch.redact import Redactor
+from sparkd.launch.render import secret_values
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sparkd.clock import Clock
 from sparkd.config import Config
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.recording import DaemonRecorder
 from sparkd.guard.sample import gib
+from sparkd.host.clock import Clock
 from sparkd.recorder.baseline import Baseline, Verdict, reboot_verdict, settled
-from sparkd.statefile import read_json
+from sparkd.state.files import read_json
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.states import Machine, State

@@ -2,13 +2,13 @@
 
 - The umask is 027: nothing sparkd creates is writable by its group or readable by others.
 - The state, run and log directories, and every directory above them, can be changed by root (or the user sparkd
-  runs as) only (:mod:`sparkd.trustedpaths`, sshd's StrictModes); else root could be made to write through a
+  runs as) only (:mod:`sparkd.host.trustedpaths`, sshd's StrictModes); else root could be made to write through a
   link or a FIFO someone planted there.
 - ``[api] token_file`` is root's alone and long enough, ``[launch] api_key_file`` root's alone
-  (:mod:`sparkd.secretfile`); the TLS files load.
+  (:mod:`sparkd.config.secretfile`); the TLS files load.
 - A launch script or program on the host that someone else may change is a warning (root runs it).
 
-Each problem is one sentence and an exit status the unit does not restart on (``sparkd.exits``).
+Each problem is one sentence and an exit status the unit does not restart on (``sparkd.host.exits``).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkd import exits
 from sparkd.cluster.tls import TlsProblem, server_context
 from sparkd.config import Config
-from sparkd.redact import read_secret
-from sparkd.secretfile import SecretFileProblem, read_secret_file, read_token
-from sparkd.trustedpaths import first_unsafe, unsafe
+from sparkd.config.secretfile import SecretFileProblem, read_secret_file, read_token
+from sparkd.host import exits
+from sparkd.host.trustedpaths import first_unsafe, unsafe
+from sparkd.launch.redact import read_secret
 
 UMASK = 0o027
 

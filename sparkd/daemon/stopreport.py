@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sparkd.explain import STOP_LINE
 from sparkd.supervisor.failures import Failure, wedged
+from sparkd.supervisor.marks import STOP_LINE
 
 
 def grace_for(grace_s: float | None, failure: Failure | None, *, drain_s: float, hung_s: float,

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskGroup
 
-from sparkd.clock import Clock
+from sparkd.host.clock import Clock
 from sparkd.supervisor import lifecycle
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkd import __version__
-from sparkd.clock import Clock, wall_of
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.shared import shared_settings
 from sparkd.config import Config
@@ -20,9 +19,9 @@ from sparkd.daemon.node import Node
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
+from sparkd.host.clock import Clock, wall_of
 from sparkd.supervisor import vocabulary as v
-from sparkd.supervisor.progress import Phase
-from sparkd.supervisor.progress import Progress as Startup
+from sparkd.supervisor.progress import Phase, Startup
 from sparkd.supervisor.states import SERVING, Machine, State
 
 HISTORY = 50

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import anyio
 
-from sparkd.clientconns import open_clients
-from sparkd.clock import Clock
 from sparkd.config import HealthConfig
+from sparkd.daemon.clientconns import open_clients
+from sparkd.host.clock import Clock
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor import health
 from sparkd.supervisor import vocabulary as v
@@ -36,7 +36,7 @@ PEER_LOST_MARKERS = ("Connection was likely closed. Did the remote server shutdo
 
 
 class Probes(Protocol):
-    """vLLM's HTTP surface as the health layers see it (sparkd.probes.HttpProbes, or a fake)."""
+    """vLLM's HTTP surface as the health layers see it (sparkd.daemon.probes.HttpProbes, or a fake)."""
 
     async def health(self) -> ProbeResult: ...
 

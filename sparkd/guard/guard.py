@@ -40,7 +40,7 @@ from sparkd.guard.policy import ACTING, Action, Decision, GuardState, Level, dec
 from sparkd.guard.sample import Sample
 from sparkd.guard.sampler import Sampler, next_interval
 from sparkd.guard.trend import TrendVerdict, TrendWindow, add_point, assess
-from sparkd.logs import get_logger
+from sparkd.host.logs import get_logger
 from sparkd.runtime.proctree import roots
 from sparkd.supervisor.classify import ClassifyContext, classify
 from sparkd.supervisor.failures import Failure, FailureClass

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.config import Config
-from sparkd.gpu.model import GpuView
-from sparkd.gpu.reading import read_gpus
-from sparkd.launch import LaunchSpec
+from sparkd.host.gpu.model import GpuView
+from sparkd.host.gpu.reading import read_gpus
+from sparkd.launch.render import LaunchSpec
 from sparkd.runtime.base import ImageIdentity, Runtime, engine_unreachable
 from sparkd.supervisor.failures import FailureClass
 
@@ -64,7 +64,7 @@ class PreflightContext:
     image: ImageIdentity | None = None
     # The command that turns swap off when ``[preflight] apply_host`` is set.
     swapoff: tuple[str, ...] = ("swapoff", "-a")
-    # Checks this run skips besides ``[preflight] skip``: check id -> why (a rehearsal's, sparkd.rehearsal).
+    # Checks this run skips besides ``[preflight] skip``: check id -> why (a rehearsal's, sparkd.launch.rehearsal).
     skip: Mapping[str, str] = field(default_factory=dict)
     # A host PID in the launch's container (its init) when one runs, 0 when none does, None not asked yet: the
     # sweeps may act in that container's PID namespace besides sparkd's own (processes.launch_places).

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from sparkd.lint import Level, lint
+from sparkd.launch.lint import Level, lint
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
 from sparkd.runtime.base import Difference
 from sparkd.supervisor.failures import FailureClass

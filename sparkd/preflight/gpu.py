@@ -1,10 +1,10 @@
 """Check: no leftover compute process holds the GPUs this launch will use.
 
-NVML lists them (host PIDs) and the GPUs (:mod:`sparkd.gpu.reading`; ``nvidia-smi``'s CSV queries where NVML
+NVML lists them (host PIDs) and the GPUs (:mod:`sparkd.host.gpu.reading`; ``nvidia-smi``'s CSV queries where NVML
 cannot be had; ``parse_compute_apps`` / ``parse_gpus`` read nvidia-smi's older one-line forms). A process that has
 just ended (the stale sweep's) stays listed until the driver lets its memory go, 0.07-0.2 s after its exit
 (``tests/gpu/README.md``): it is waited for, at most ``SETTLE_S``, before anything is judged. Only the launch's GPUs
-count (:mod:`sparkd.launch_devices`: its
+count (:mod:`sparkd.launch.devices`: its
 CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES or container request; all when it names none): a compute process
 on another GPU is a neighbour's, not a leftover. A listed process that is stale (:mod:`sparkd.preflight.neighbours`)
 is ended; any other one fails the check (``gpu_busy``: "CUDA-capable device(s) is/are busy or unavailable")
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import anyio
 import psutil
 
-from sparkd.gpu.model import GpuView
-from sparkd.gpu.reading import WEDGED, devices_of_launch
-from sparkd.gpu.release import wait_released
-from sparkd.launch_devices import Devices, Gpu
+from sparkd.host.gpu.model import GpuView
+from sparkd.host.gpu.reading import WEDGED, devices_of_launch
+from sparkd.host.gpu.release import wait_released
+from sparkd.launch.devices import Devices, Gpu
 from sparkd.preflight import holders, processes
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
 from sparkd.supervisor.failures import FailureClass

@@ -1,5 +1,5 @@
 """The memory check on a node of discrete GPUs: vLLM's own rule on each device of the launch, and the host for
-what it holds itself (:mod:`sparkd.gpu.memcheck` decides; this module reads). GB10's unified memory, or no GPU
+what it holds itself (:mod:`sparkd.host.gpu.memcheck` decides; this module reads). GB10's unified memory, or no GPU
 reading, stays with the host check of :mod:`sparkd.preflight.memory`.
 
 The watched instance's own GPU memory counts as free to an operator's preflight: it is released by the stop
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from sparkd.gpu.memcheck import check_device, check_host, discrete, host_need
-from sparkd.gpu.model import GpuDevice, GpuView
-from sparkd.gpu.reading import pick
 from sparkd.guard.meminfo import MemInfo
+from sparkd.host.gpu.memcheck import check_device, check_host, discrete, host_need
+from sparkd.host.gpu.model import GpuDevice, GpuView
+from sparkd.host.gpu.reading import pick
 from sparkd.preflight.base import GIB, CheckResult, PreflightContext, Verdict, describe_cmdline, read_cmdline
 from sparkd.preflight.gpu import devices_of
 from sparkd.supervisor.failures import FailureClass

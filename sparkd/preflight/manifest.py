@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.preflight import ioprio
-from sparkd.statefile import StateFile
-from sparkd.stateschema import Field, Schema
+from sparkd.state.files import StateFile
+from sparkd.state.schema import Field, Schema
 
 CHUNK = 8 << 20
 CACHE_NAME = "weights-hashes.json"

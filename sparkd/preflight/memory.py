@@ -28,7 +28,7 @@ from pathlib import Path
 import anyio
 
 from sparkd.guard.meminfo import MemInfo, MeminfoError, parse_meminfo
-from sparkd.launch_script import script_facts
+from sparkd.launch.script import script_facts
 from sparkd.preflight import gpumemory, holders, processes
 from sparkd.preflight.base import (
     GIB,

@@ -22,10 +22,9 @@ from typing import Any
 import anyio
 import psutil
 
-from sparkd import instances
 from sparkd.config import Config
-from sparkd.launch import LaunchSpec
-from sparkd.launch_devices import launch_environment
+from sparkd.launch.devices import launch_environment
+from sparkd.launch.render import LaunchSpec
 from sparkd.preflight import neighbours, proctable, stale
 from sparkd.preflight.base import (
     CheckResult,
@@ -37,8 +36,9 @@ from sparkd.preflight.base import (
 )
 from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
 from sparkd.runtime import proctree
-from sparkd.statefile import json_state
-from sparkd.stateschema import INSTANCE
+from sparkd.state import instances
+from sparkd.state.files import json_state
+from sparkd.state.schema import INSTANCE
 from sparkd.supervisor.failures import FailureClass
 
 
@@ -116,7 +116,7 @@ async def launch_places(ctx: PreflightContext) -> PreflightContext:
 
 
 def other_launches(ctx: PreflightContext) -> tuple[neighbours.Launch, ...]:
-    """The launches of the other live sparkd instances on this host (:mod:`sparkd.instances`)."""
+    """The launches of the other live sparkd instances on this host (:mod:`sparkd.state.instances`)."""
     return instances.launches(instances.live_everywhere(ctx.cfg.paths.instances_dir, besides=ctx.cfg.paths.state_dir))
 
 

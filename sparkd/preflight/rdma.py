@@ -29,7 +29,7 @@ from pathlib import Path
 
 import anyio
 
-from sparkd.launch import effective_env, nccl_ib_in_play
+from sparkd.launch.render import effective_env, nccl_ib_in_play
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check, human_bytes, read_text
 from sparkd.runtime.base import TargetUnavailable
 from sparkd.supervisor.failures import FailureClass

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.config import Config
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import (
     Check,
     CheckResult,
@@ -40,7 +40,7 @@ from sparkd.preflight.target import check_launch_target
 from sparkd.preflight.vllm_args import check_vllm_args
 from sparkd.runtime import proctree
 from sparkd.runtime.base import ImageIdentity, Runtime
-from sparkd.statefile import read_json
+from sparkd.state.files import read_json
 from sparkd.supervisor.failures import Failure, FailureClass
 
 __all__ = [

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkd.statefile import StateFile
-from sparkd.stateschema import SHM_LEDGER
+from sparkd.state.files import StateFile
+from sparkd.state.schema import SHM_LEDGER
 
 LEDGER_NAME = "shm-ledger.json"
 LEDGER_MAX = 4096

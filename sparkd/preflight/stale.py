@@ -75,12 +75,6 @@ def describe(proc: psutil.Process) -> StaleProcess:
     return StaleProcess(pid=proc.pid, cmdline=cmdline)
 
 
-async def kill_stale(procs: list[psutil.Process], grace_s: float = 5.0) -> list[StaleProcess]:
-    """SIGTERM, grace, SIGKILL. Returns what was ended, each with its PID and command line."""
-    ended, _ = await end(procs, grace_s)
-    return ended
-
-
 async def end(procs: list[psutil.Process], grace_s: float = 5.0,
               kill_wait_s: float = 5.0) -> tuple[list[StaleProcess], list[StaleProcess]]:
     """SIGTERM, ``grace_s``, SIGKILL, ``kill_wait_s``: (what ended, what still runs)."""

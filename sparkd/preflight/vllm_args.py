@@ -22,10 +22,10 @@ import json
 import re
 from typing import Any
 
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
 from sparkd.runtime.base import ExecResult, TargetUnavailable
-from sparkd.statefile import read_json, write_json
+from sparkd.state.files import read_json, write_json
 from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import FailureClass
 

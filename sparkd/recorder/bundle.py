@@ -29,9 +29,9 @@ from typing import Any
 
 from sparkd import __version__
 from sparkd.config import Config
-from sparkd.launch import secret_values
-from sparkd.redact import MASK, Redactor, read_secret
-from sparkd.secretrule import is_secret_name
+from sparkd.config.secretrule import is_secret_name
+from sparkd.launch.redact import MASK, Redactor, read_secret
+from sparkd.launch.render import secret_values
 
 __all__ = ["Bundle", "bundle_redactor", "collect", "write_bundle"]
 
@@ -43,8 +43,9 @@ _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", r
 
 
 def bundle_redactor(cfg: Config) -> Redactor:
-    """The daemon's secrets (sparkd.secretrule: the API key, api_key_file's too, secret_env), and every environment
-    value of the launch or the container whose name says secret (a wider net than the rule: a bug report travels)."""
+    """The daemon's secrets (sparkd.config.secretrule: the API key, api_key_file's too, secret_env), and every
+    environment value of the launch or the container whose name says secret (a wider net than the rule: a bug
+    report travels)."""
     envs = {**cfg.container.env, **cfg.launch.env}
     named = [value for name, value in envs.items() if _secret_name(name, cfg)]
     return Redactor([*secret_values(cfg), read_secret(cfg.api.token_file), *named], names=cfg.launch.secret_env)

@@ -11,7 +11,7 @@ which runtime is configured:
 - ``missing_target(spec)``: why the launch target cannot run there; ``pending_preparation()``: what a launch
   would first create or start (a dry run reports it instead of doing it);
 - ``shares_host_network`` / ``shares_host_ipc``: whether vLLM's ports and /dev/shm are the host's;
-- ``inspect``, ``configured_image_id``, ``image_identity``, ``drift``, ``recreate``: what the engine knows.
+- ``inspect``, ``image_identity``, ``drift``, ``recreate``: what the engine knows.
 
 The supervisor decides; runtimes only act.
 """
@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 
 from sparkd.config import Config
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.runtime.proctree import Expected, ProcessIdentity, same_identity
 
 EXEC_TIMEOUT_S = 60.0
@@ -270,14 +270,9 @@ class Runtime(abc.ABC):
         """What the engine (or the kernel) says about the instance, for incident folders; None once gone."""
         return None
 
-    async def configured_image_id(self) -> str | None:
-        """The id of the image vLLM runs from, read now; None when vLLM runs from no image (on the host) or
-        the image is not there (the launch reports that)."""
-        identity = await self.image_identity()
-        return identity.id if identity else None
-
     async def image_identity(self) -> ImageIdentity | None:
-        """Id, repo digests and labels of the image vLLM runs from; None as for ``configured_image_id``."""
+        """Id, repo digests and labels of the image vLLM runs from, read now; None when vLLM runs from no image
+        (on the host) or the image is not there (the launch reports that)."""
         return None
 
     async def drift(self) -> list[Difference]:

@@ -18,7 +18,7 @@ from docker.types import Mount as DockerMount
 
 import sparkd
 from sparkd.config import Config
-from sparkd.rehearsal import standin_source_root
+from sparkd.launch.rehearsal import standin_source_root
 
 _SYSTEM_DIRS = frozenset({"/", "/usr", "/usr/local", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/opt", "/var"})
 

@@ -17,7 +17,7 @@ import docker.errors
 import requests
 
 from sparkd.config import Config
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.runtime import proctree
 from sparkd.runtime.base import (
     EXEC_TIMEOUT_S,

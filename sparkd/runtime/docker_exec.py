@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import docker.errors
 
-from sparkd.launch import LaunchSpec, render_script
+from sparkd.launch.render import LaunchSpec, render_script
 from sparkd.runtime import proctree
 from sparkd.runtime.base import (
     EXEC_TIMEOUT_S,

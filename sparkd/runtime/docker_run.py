@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import docker.errors
 
-from sparkd.launch import LaunchSpec, render_script
+from sparkd.launch.render import LaunchSpec, render_script
 from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, TargetUnavailable
 from sparkd.runtime.container_spec import container_options
 from sparkd.runtime.docker_api import (

@@ -23,10 +23,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from sparkd.config import Config
-from sparkd.config_container import DOCKER_DEFAULT_SHM, UNLIMITED
+from sparkd.config.container import DOCKER_DEFAULT_SHM, UNLIMITED
+from sparkd.config.secretrule import digest, is_secret_name
 from sparkd.runtime.base import Difference
 from sparkd.runtime.container_spec import device_requests, rehearse_paths
-from sparkd.secretrule import digest, is_secret_name
 
 
 def short(image_id: str) -> str:

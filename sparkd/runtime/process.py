@@ -17,19 +17,19 @@ import anyio
 import psutil
 
 from sparkd.config import Config
-from sparkd.launch import LaunchSpec, render_script
+from sparkd.host.safefile import fresh_file, replace_file
+from sparkd.launch.render import LaunchSpec, render_script
 from sparkd.runtime import proctree
 from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, Runtime
 from sparkd.runtime.launch_target import missing_host_target
 from sparkd.runtime.logfile import follow_file
-from sparkd.safefile import fresh_file, replace_file
-from sparkd.statefile import read_regular
+from sparkd.state.files import read_regular
 
 VLLM_OOM_SCORE_ADJ = 500
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o640) -> None:
-    """``path`` replaced through a temp file of a random name, never through a link or a FIFO (sparkd.safefile)."""
+    """``path`` replaced through a temp file of a random name, never through a link or a FIFO (sparkd.host.safefile)."""
     replace_file(path, text.encode("utf-8"), mode)
 
 

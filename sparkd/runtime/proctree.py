@@ -106,7 +106,7 @@ class ProcessIdentity:
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> ProcessIdentity:
-        """From a record validated by ``stateschema.IDENTITY``."""
+        """From a record validated by ``sparkd.state.schema.IDENTITY``."""
         return cls(pid=int(data["pid"]), create_time=float(data["create_time"]), marker=data.get("marker"),
                    exe=data.get("exe"), cmdline=list(data.get("cmdline") or []), title=data.get("title"))
 

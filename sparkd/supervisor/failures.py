@@ -65,7 +65,7 @@ class Evidence(StrEnum):
     guard = "guard"  # the memory guard's latest samples and trend
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Treatment:
     restartable: bool
     budget: Budget
@@ -77,80 +77,93 @@ class Treatment:
 
 _NO_RETRY = "sparkd will not retry a config error"
 _NO_RETRY_IMAGE = "sparkd will not retry an image error"
-_ALWAYS = frozenset({Evidence.meminfo, Evidence.container})
-_MEMORY = _ALWAYS | {Evidence.kernel_log, Evidence.guard}
-
-
-def _t(restartable: bool, budget: Budget, scope: Scope, evidence: frozenset[Evidence], what: str,
-       do: str) -> Treatment:
-    return Treatment(restartable, budget, scope, evidence, what, do)
-
-
-F, B, S = FailureClass, Budget, Scope
+BASIC = frozenset({Evidence.meminfo, Evidence.container})  # every incident's
+FULL = BASIC | {Evidence.kernel_log, Evidence.guard}  # where memory, the driver or the kernel may be the cause
 
 TREATMENT: dict[FailureClass, Treatment] = {
-    F.config_error: _t(False, B.one, S.node, _ALWAYS, "vLLM's configuration was rejected",
-                       f"fix the config — {_NO_RETRY}"),
-    F.image_error: _t(False, B.one, S.node, _ALWAYS,
-                      "vLLM's image lacks a module, library or symbol it needs",
-                      f"fix or rebuild the image — {_NO_RETRY_IMAGE}"),
-    F.free_memory_refusal: _t(
-        True, B.one, S.node, _MEMORY, "vLLM refused to start because too little memory was free",
-        "page cache or a stale process holds memory — sparkd drops caches, sweeps stale vLLM processes and waits "
-        "for headroom before the next start; if it repeats, lower gpu_memory_utilization or reboot the node"),
-    F.oom: _t(
-        True, B.one, S.node, _MEMORY, "vLLM ran out of memory",
-        "if it repeats, lower gpu_memory_utilization, max_model_len or max_num_seqs — sparkd restarts with "
-        "backoff once there is memory headroom again"),
-    F.port_in_use: _t(
-        True, B.one, S.node, _ALWAYS, "A port vLLM needs was already in use",
-        "an orphaned VLLM::* process or an old container usually holds it — sparkd sweeps stale processes "
-        "before the next start; if another program (or another vLLM) owns the port, change the port in the "
-        "config"),
-    F.rendezvous_timeout: _t(
-        True, B.one, S.pair, _ALWAYS, "The ranks never met at the torch.distributed rendezvous",
-        "check that every node's rank is up and that the head address and master port are reachable over the "
-        "interconnect (after a reboot, re-check the RoCE GID index) — sparkd restarts every rank, workers first"),
-    F.peer_lost: _t(
-        True, B.none, S.pair, _MEMORY, "The peer rank went away",
-        "if the peer host no longer answers ssh it may be frozen by memory exhaustion and need a power cycle — "
-        "sparkd restarts the group once the peer is back"),
-    F.nccl: _t(
-        True, B.one, S.pair, _MEMORY, "NCCL failed",
-        "check the interconnect (link state, RoCE GID index), /dev/shm space and CmaFree — sparkd restarts every "
-        "rank with backoff"),
-    F.engine_dead: _t(
-        True, B.one, S.node, _MEMORY, "The vLLM engine died",
-        "sparkd restarts every rank with backoff; the log tail in the incident folder shows what led to it"),
-    F.stall: _t(True, B.one, S.pair, _ALWAYS, "vLLM stopped producing tokens while requests were running",
-                "the tensor-parallel group is likely wedged — sparkd restarts every rank"),
-    F.hang: _t(True, B.one, S.pair, _MEMORY, "vLLM stopped answering",
-               "the tensor-parallel group is likely wedged (NCCL or the peer) — sparkd restarts every rank"),
-    F.killed_by_guard: _t(
-        True, B.guard_kill, S.node, _MEMORY,
-        "sparkd's memory guard killed vLLM because the node was running out of memory",
-        "guard kills weigh extra toward the restart budget; find what grows (the UCX cache leak: "
-        "UCX_MEM_MMAP_HOOK_MODE=none) or lower gpu_memory_utilization"),
-    F.gpu_busy: _t(
-        True, B.one, S.node, _ALWAYS, "CUDA reported the GPU busy or unavailable",
-        "a stale vLLM process from an earlier run still holds the GPU — sparkd sweeps stale processes and waits "
-        "for the GPU to be free before the next start"),
-    F.gpu_error: _t(
-        True, B.one, S.node, _MEMORY, "The GPU or its PCIe link reported a fault",
-        "check `nvidia-smi` and `journalctl -k`; after Xid 79, a GSP error or a fatal PCIe AER the node needs a reboot "
-        "or a power cycle — sparkd restarts with backoff and stops at the restart breaker"),
-    F.host_unavailable: _t(
-        True, B.none, S.node, _ALWAYS, "sparkd cannot launch vLLM on this node right now",
-        "sparkd waits for it (the Docker engine to answer, the state directory to take writes) and tries again "
-        "with backoff, without spending the restart budget"),
-    F.reboot_needed: _t(
-        False, B.one, S.node, _MEMORY, "Restarts of vLLM kept losing memory that was never returned",
-        "reboot the node (the driver keeps memory a killed vLLM held), then `sparkctl reset` — sparkd stops "
-        "restarting before the host freezes"),
-    F.unknown: _t(True, B.one, S.node, _MEMORY, "vLLM stopped without a recognised error",
-                  "the log tail is in the incident folder — sparkd restarts with backoff"),
+    FailureClass.config_error: Treatment(
+        restartable=False, budget=Budget.one, scope=Scope.node, evidence=BASIC,
+        what="vLLM's configuration was rejected",
+        do=f"fix the config — {_NO_RETRY}"),
+    FailureClass.image_error: Treatment(
+        restartable=False, budget=Budget.one, scope=Scope.node, evidence=BASIC,
+        what="vLLM's image lacks a module, library or symbol it needs",
+        do=f"fix or rebuild the image — {_NO_RETRY_IMAGE}"),
+    FailureClass.free_memory_refusal: Treatment(
+        restartable=True, budget=Budget.one, scope=Scope.node, evidence=FULL,
+        what="vLLM refused to start because too little memory was free",
+        do="page cache or a stale process holds memory — sparkd drops caches, sweeps stale vLLM processes and "
+           "waits for headroom before the next start; if it repeats, lower gpu_memory_utilization or reboot the "
+           "node"),
+    FailureClass.oom: Treatment(
+        restartable=True, budget=Budget.one, scope=Scope.node, evidence=FULL,
+        what="vLLM ran out of memory",
+        do="if it repeats, lower gpu_memory_utilization, max_model_len or max_num_seqs — sparkd restarts with "
+           "backoff once there is memory headroom again"),
+    FailureClass.port_in_use: Treatment(
+        restartable=True, budget=Budget.one, scope=Scope.node, evidence=BASIC,
+        what="A port vLLM needs was already in use",
+        do="an orphaned VLLM::* process or an old container usually holds it — sparkd sweeps stale processes "
+           "before the next start; if another program (or another vLLM) owns the port, change the port in the "
+           "config"),
+    FailureClass.rendezvous_timeout: Treatment(
+        restartable=True, budget=Budget.one, scope=Scope.pair, evidence=BASIC,
+        what="The ranks never met at the torch.distributed rendezvous",
+        do="check that every node's rank is up and that the head address and master port are reachable over "
+           "the interconnect (after a reboot, re-check the RoCE GID index) — sparkd restarts every rank, "
+           "workers first"),
+    FailureClass.peer_lost: Treatment(
+        restartable=True, budget=Budget.none, scope=Scope.pair, evidence=FULL,
+        what="The peer rank went away",
+        do="if the peer host no longer answers ssh it may be frozen by memory exhaustion and need a power cycle "
+           "— sparkd restarts the group once the peer is back"),
+    FailureClass.nccl: Treatment(
+        restartable=True, budget=Budget.one, scope=Scope.pair, evidence=FULL,
+        what="NCCL failed",
+        do="check the interconnect (link state, RoCE GID index), /dev/shm space and CmaFree — sparkd restarts "
+           "every rank with backoff"),
+    FailureClass.engine_dead: Treatment(
+        restartable=True, budget=Budget.one, scope=Scope.node, evidence=FULL,
+        what="The vLLM engine died",
+        do="sparkd restarts every rank with backoff; the log tail in the incident folder shows what led to it"),
+    FailureClass.stall: Treatment(
+        restartable=True, budget=Budget.one, scope=Scope.pair, evidence=BASIC,
+        what="vLLM stopped producing tokens while requests were running",
+        do="the tensor-parallel group is likely wedged — sparkd restarts every rank"),
+    FailureClass.hang: Treatment(
+        restartable=True, budget=Budget.one, scope=Scope.pair, evidence=FULL,
+        what="vLLM stopped answering",
+        do="the tensor-parallel group is likely wedged (NCCL or the peer) — sparkd restarts every rank"),
+    FailureClass.killed_by_guard: Treatment(
+        restartable=True, budget=Budget.guard_kill, scope=Scope.node, evidence=FULL,
+        what="sparkd's memory guard killed vLLM because the node was running out of memory",
+        do="guard kills weigh extra toward the restart budget; find what grows (the UCX cache leak: "
+           "UCX_MEM_MMAP_HOOK_MODE=none) or lower gpu_memory_utilization"),
+    FailureClass.gpu_busy: Treatment(
+        restartable=True, budget=Budget.one, scope=Scope.node, evidence=BASIC,
+        what="CUDA reported the GPU busy or unavailable",
+        do="a stale vLLM process from an earlier run still holds the GPU — sparkd sweeps stale processes and "
+           "waits for the GPU to be free before the next start"),
+    FailureClass.gpu_error: Treatment(
+        restartable=True, budget=Budget.one, scope=Scope.node, evidence=FULL,
+        what="The GPU or its PCIe link reported a fault",
+        do="check `nvidia-smi` and `journalctl -k`; after Xid 79, a GSP error or a fatal PCIe AER the node needs a "
+           "reboot or a power cycle — sparkd restarts with backoff and stops at the restart breaker"),
+    FailureClass.host_unavailable: Treatment(
+        restartable=True, budget=Budget.none, scope=Scope.node, evidence=BASIC,
+        what="sparkd cannot launch vLLM on this node right now",
+        do="sparkd waits for it (the Docker engine to answer, the state directory to take writes) and tries "
+           "again with backoff, without spending the restart budget"),
+    FailureClass.reboot_needed: Treatment(
+        restartable=False, budget=Budget.one, scope=Scope.node, evidence=FULL,
+        what="Restarts of vLLM kept losing memory that was never returned",
+        do="reboot the node (the driver keeps memory a killed vLLM held), then `sparkctl reset` — sparkd stops "
+           "restarting before the host freezes"),
+    FailureClass.unknown: Treatment(
+        restartable=True, budget=Budget.one, scope=Scope.node, evidence=FULL,
+        what="vLLM stopped without a recognised error",
+        do="the log tail is in the incident folder — sparkd restarts with backoff"),
 }
-del F, B, S
 
 # The verdicts that say vLLM is wedged, not draining: a stop that answers one gets `hung_stop_grace_s`, not the drain
 # grace (a rank spinning in a collective whose peer died ignores SIGTERM: tests/gpu/README.md).

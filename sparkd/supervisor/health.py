@@ -1,6 +1,6 @@
 """Health verdicts from probe results: when vLLM counts as ready, degraded, recovered or failed. Pure.
 
-The I/O side (:mod:`sparkd.probes`) turns one HTTP request into a `ProbeResult` or `VllmMetrics`; the
+The I/O side (:mod:`sparkd.daemon.probes`) turns one HTTP request into a `ProbeResult` or `VllmMetrics`; the
 `observe_*` functions fold one of them, with the monotonic `now` it arrived at, into a `HealthTracker` and
 return at most one machine observation, only when the verdict changes (kubelet's prober results + thresholds).
 
@@ -22,8 +22,8 @@ Rules:
    layer. Whether a busy engine is wedged is the wedge clock's question (rule 6); when no engine step is
    observable (no `vllm:*` metrics, no throughput lines) and the executor logs no wait either (TP = 1), busy
    becomes a `hang` after `busy_grace_s`.
-6. Wedges: every metrics scrape, canary result, serving log line (`observe_log_line`) and compile seen in
-   vLLM's tree (`observe_jit`) feeds the wedge clock (:mod:`sparkd.supervisor.stall`), which calls a `stall`
+6. Wedges: every metrics scrape, canary result and serving log line (`observe_log_line`: throughput, the
+   executor's wait, a JIT compile) feeds the wedge clock (:mod:`sparkd.supervisor.stall`), which calls a `stall`
    (requests running, no engine step for the busy limit, a canary unanswered) or a `hang` (an idle engine that
    completes no step for a canary), and holds both while a JIT compile may still run within vLLM's execute
    timeout.
@@ -64,14 +64,10 @@ __all__ = [
     "observe_canary",
     "observe_clients",
     "observe_health",
-    "observe_jit",
     "observe_log_line",
     "observe_metrics",
     "topology_of",
 ]
-
-_FAILURES = frozenset({ProbeOutcome.engine_dead, ProbeOutcome.refused, ProbeOutcome.timeout})
-
 
 class Topology(StrEnum):
     """What a wedge can be in: the hang sentence names the parts this instance has, and only those."""
@@ -277,14 +273,6 @@ def observe_log_line(t: HealthTracker, line: str, now: float, cfg: HealthConfig)
     if seen is None:
         return t, None
     return _judge(replace(t, clock=stall.on_line(t.clock, seen, now)), now, cfg)
-
-
-def observe_jit(t: HealthTracker, what: str, now: float, cfg: HealthConfig) -> Step:
-    """A compile seen outside the log (an `nvcc`/`ptxas`/`ninja` process in vLLM's tree): hold the wedge verdicts
-    as a JIT line does (once vLLM serves)."""
-    if not t.watching:
-        return t, None
-    return replace(t, clock=stall.on_jit(t.clock, what, now)), None
 
 
 _METRICS_OFF = ("vLLM serves no vllm:* metrics (it runs with --disable-log-stats, which also silences its throughput "

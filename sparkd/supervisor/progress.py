@@ -2,7 +2,7 @@
 
 vLLM has no loading state on the wire (its port does not listen until "Application startup complete."), so
 the log is the only view into a cold start of 8–10 minutes. `advance(progress, line, now)` folds one raw log
-line (head or worker; colour, process prefix and tqdm `\\r` frames are handled) into a `Progress`.
+line (head or worker; colour, process prefix and tqdm `\\r` frames are handled) into a `Startup`.
 
 Rules:
 
@@ -33,7 +33,7 @@ from typing import Any
 
 from sparkd.supervisor.logline import clean
 
-__all__ = ["PHASE_ORDER", "Phase", "Progress", "advance", "is_progress"]
+__all__ = ["PHASE_ORDER", "Phase", "Startup", "advance", "is_progress"]
 
 
 class Phase(StrEnum):
@@ -56,7 +56,7 @@ PHASE_ORDER: tuple[Phase, ...] = tuple(Phase)
 
 
 @dataclass(frozen=True)
-class Progress:
+class Startup:
     phase: Phase = Phase.launching
     shards_loaded: int | None = None
     shards_total: int | None = None
@@ -183,7 +183,7 @@ def is_progress(line: str) -> bool:
     return _ANY.search(clean(line)) is not None
 
 
-def advance(progress: Progress, line: str, now: float) -> Progress:
+def advance(progress: Startup, line: str, now: float) -> Startup:
     """Fold one raw log line into `progress`; the same object when the line changes nothing."""
     text = clean(line)
     if not text or _ANY.search(text) is None:

@@ -39,8 +39,8 @@ JIT lines (real ones, from vLLM's ``jit_monitor.py`` ≥0.21 and FlashInfer's ``
 
 The jit_monitor lines are written *after* each compile (a Triton post-compile hook), so a burst of compiles
 shows as a line per kernel; DeepGEMM's and FlashInfer's runtime compiles log nothing by default (vllm#49905,
-vllm#56684; the FlashInfer logging PRs #38462/#54529 are not merged) — the shell can report those as compiler
-processes (``nvcc``, ``ptxas``, ``cicc``, ``ninja``) in vLLM's process tree instead.
+vllm#56684; the FlashInfer logging PRs #38462/#54529 are not merged), so sparkd does not see them: such a compile
+longer than the busy limit reads as a wedge.
 """
 
 from __future__ import annotations
@@ -50,12 +50,7 @@ from dataclasses import dataclass
 
 from sparkd.supervisor.logline import clean
 
-__all__ = ["COMPILER_PROCESSES", "JitCompile", "ShmWait", "Throughput", "read_serve_line"]
-
-# Process names of the compilers a runtime JIT runs (FlashInfer: ninja → nvcc → cicc/ptxas; DeepGEMM with
-# DG_JIT_USE_NVRTC=0: nvcc; Triton: ptxas). Seen in vLLM's process tree, they mean "compiling", like a JIT line.
-COMPILER_PROCESSES = frozenset({"nvcc", "cicc", "ptxas", "ninja", "cc1plus", "nvlink", "fatbinary", "cudafe++"})
-
+__all__ = ["JitCompile", "ShmWait", "Throughput", "read_serve_line"]
 
 @dataclass(frozen=True)
 class Throughput:

@@ -8,7 +8,7 @@ lets only a request it knows is waiting prove a wedge. Rules:
 
 1. Progress is any of: generated tokens counted, the prompt-token counter or KV cache usage moving while the
    number of requests stays the same (a prefill chunk), a throughput line with tokens moving, a canary answer, a
-   JIT-compile line or compiler process (the worker is alive, compiling). Each sets ``progress_at``. A move that
+   JIT-compile line (the worker is alive, compiling). Each sets ``progress_at``. A move that
    only shows requests arriving or leaving — more or fewer of them, their prompt and KV counted or released, no
    token — proves no step: a server that publishes admissions and aborts at once shows exactly that while wedged.
 2. Work is pending when the gauges (or the latest throughput line) count requests running or waiting, or a
@@ -166,10 +166,6 @@ def _waited(c: StallClock, interval_s: int, now: float) -> StallClock:
     return replace(c, wait_lines=c.wait_lines + 1 if same_wait else 1, wait_interval_s=interval_s, wait_last_at=now)
 
 
-def on_jit(c: StallClock, what: str, now: float) -> StallClock:
-    return replace(c, jit_at=now, jit_what=what)
-
-
 def on_canary(c: StallClock, answered: bool, sent_at: float, now: float) -> StallClock:
     if answered:
         return _progress(c, now)
@@ -231,10 +227,6 @@ def _watched_since(c: StallClock, sent: float) -> bool:
     if c.metrics_at is not None:
         return c.metrics_at > sent
     return bool(c.lines)
-
-
-def _source(c: StallClock) -> str:
-    return "its gauges and token counters" if c.metrics_at is not None else "its throughput log lines"
 
 
 def _frozen(c: StallClock) -> str:

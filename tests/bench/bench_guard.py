@@ -272,7 +272,7 @@ class BenchHooks:
 
     def write_evidence(self, failure: Any) -> None:
         """Quick, as the guard's README asks: small files, no fsync, no subprocess (dmesg can come after)."""
-        from sparkd.incidents import incident_record
+        from sparkd.state.incidents import incident_record
 
         started = time.perf_counter()
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -27,10 +27,12 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 sys.path.insert(0, str(REPO))
 
-from daemon_harness import BIN, STANDIN, STANDIN_SKIPS, free_port, render_toml, unique_prefix  # noqa: E402
+from daemon_harness import BIN, STANDIN, STANDIN_SKIPS, render_toml, unique_prefix  # noqa: E402
+from freeport import free_port  # noqa: E402
 from healthpoll import POLL_S, health_ok, wait_healthy  # noqa: E402, F401 (re-exported)
 
 __all__ = ["BIN", "REPO", "STANDIN", "Owned", "ShmLedger", "free_port", "render_toml", "unique_prefix"]
@@ -201,7 +203,7 @@ def sparkd_config(tmp: Path, port: int, env: dict[str, str], *, master_port: int
                   "instances_dir": str(tmp / "instances")},
         "api": {"socket_group": "", "listen": "127.0.0.1", "port": api_port},
         "guard": dict(GUARD_FLOORS),
-        "preflight": {"skip": STANDIN_SKIPS},  # the stand-in loads no weights (sparkd.rehearsal.REHEARSAL_SKIPS)
+        "preflight": {"skip": STANDIN_SKIPS},  # the stand-in loads no weights (sparkd.launch.rehearsal.REHEARSAL_SKIPS)
     }
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}

@@ -64,8 +64,8 @@ def sparkd_env(src: Path | None = None) -> dict[str, str]:
 def info(run: Run) -> None:
     import torch
 
-    from sparkd.gpu.nvml import NvmlReader
-    from sparkd.gpu.smi import QUERY_APPS, QUERY_GPU
+    from sparkd.host.gpu.nvml import NvmlReader
+    from sparkd.host.gpu.smi import QUERY_APPS, QUERY_GPU
 
     smi = shutil.which("nvidia-smi") or "nvidia-smi"
     for name, args in (("nvidia-smi-query-gpu.csv", QUERY_GPU), ("nvidia-smi-query-apps.csv", QUERY_APPS),
@@ -181,8 +181,8 @@ def start_pair(run: Run, d: Path, port: str, timeout: int, handler: str = "vllm"
 def survivor(run: Run) -> None:
     import anyio
 
-    from sparkd.gpu.reading import read_gpus
-    from sparkd.gpu.release import wait_released
+    from sparkd.host.gpu.reading import read_gpus
+    from sparkd.host.gpu.release import wait_released
     from sparkd.runtime import proctree
 
     d = run.out / "survivor"

@@ -192,7 +192,7 @@ def main(argv: list[str]) -> int:
 def no_gpu_reason() -> str | None:
     """Why this host cannot run these (None: it can): sparkd's own NVML reader, and torch with 2 GPUs."""
     sys.path.insert(0, str(HERE.parents[1]))
-    from sparkd.gpu.nvml import NvmlReader
+    from sparkd.host.gpu.nvml import NvmlReader
 
     view = NvmlReader().read()
     if not view.available:

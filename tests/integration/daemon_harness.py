@@ -8,7 +8,6 @@ import os
 import resource
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from freeport import free_port
 
-from sparkd.rehearsal import REHEARSAL_SKIPS
+from sparkd.launch.rehearsal import REHEARSAL_SKIPS
 from sparkd.runtime.proctree import tree
 
 __all__ = ["BIN", "MODEL", "STANDIN", "STANDIN_SKIPS", "Sparkd", "alive", "as_user", "base_config", "free_port",
@@ -38,12 +38,6 @@ def peer_token(path: Path) -> Path:
     path.write_text(secrets.token_hex(32) + "\n")
     path.chmod(0o600)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def toml_value(value: Any) -> str:

@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 
 from sparkd.config import Config, config_from_mapping
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.runtime import RuntimeKind, runtime_class
 from sparkd.runtime.base import Instance, Runtime
 
@@ -43,11 +42,6 @@ IGNORES_TERM_TREE = (
     "while True:\n"
     "    time.sleep(0.1)\n"
 )
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def py(python: str, program: str, config_hash: str = "h-py") -> LaunchSpec:

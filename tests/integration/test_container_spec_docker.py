@@ -20,12 +20,12 @@ from typing import Any
 
 import anyio
 import pytest
-from docker_runtime_support import DockerPlace, anyio_backend, sh
+from docker_runtime_support import DockerPlace, sh
 from sysfs_tree import SysfsTree, roce_gid
 
-from sparkd.compose import import_compose
+from sparkd.cli.compose import import_compose
 from sparkd.config import Config, RuntimeKind, load_config
-from sparkd.launch import render
+from sparkd.launch.render import render
 from sparkd.preflight.base import PreflightContext, Verdict
 from sparkd.preflight.drift import check_container
 from sparkd.preflight.rdma import check_rdma
@@ -34,8 +34,6 @@ from sparkd.preflight.vllm_args import check_vllm_args
 from sparkd.runtime.base import LaunchError
 from sparkd.runtime.docker_run import DockerRunRuntime
 from sparkd.supervisor.failures import FailureClass
-
-__all__ = ["anyio_backend"]  # the fixture, used by pytest.mark.anyio
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import psutil
 import pytest
-from daemon_harness import STANDIN, Sparkd, alive, base_config, free_port, kill_tree, render_toml, tree
+from daemon_harness import STANDIN, Sparkd, alive, base_config, kill_tree, render_toml, tree
+from freeport import free_port
 
 pytestmark = pytest.mark.docker
 

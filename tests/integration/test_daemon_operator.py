@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 from daemon_harness import BIN, Fleet, Sparkd, alive, render_toml, tree
 
-from sparkd import exits
+from sparkd.host import exits
 
 
 def rewrite(daemon: Sparkd, **sections: dict[str, Any]) -> None:

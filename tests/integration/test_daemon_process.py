@@ -19,7 +19,6 @@ from daemon_harness import (
     Fleet,
     Sparkd,
     alive,
-    free_port,
     kill_tree,
     render_toml,
     shm_segments,
@@ -27,8 +26,9 @@ from daemon_harness import (
     tree,
     unheld,
 )
+from freeport import free_port
 
-from sparkd import exits
+from sparkd.host import exits
 
 
 def get(url: str, timeout: float = 5) -> tuple[int, bytes]:

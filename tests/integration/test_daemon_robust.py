@@ -11,7 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from daemon_harness import Fleet, Sparkd, base_config, free_port
+from daemon_harness import Fleet, Sparkd, base_config
+from freeport import free_port
 
 FD_LIMIT = 1024  # the daemon's descriptor limit, soft and hard (systemd's default soft limit): a flood stays under
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from daemon_harness import Sparkd, base_config, free_port
+from daemon_harness import Sparkd, base_config
+from freeport import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "packaging" / "grafana" / "sparkd-dashboard.json"

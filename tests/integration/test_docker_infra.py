@@ -12,6 +12,7 @@ from typing import Any
 
 import psutil
 import pytest
+from freeport import free_port
 
 import sparkd
 
@@ -29,12 +30,6 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT, 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_image_exists_with_recipe_label(docker_client: Any, test_image: str) -> None:

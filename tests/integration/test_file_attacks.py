@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import BIN, Fleet, alive, free_port, kill_tree, tree
+from daemon_harness import BIN, Fleet, alive, kill_tree, tree
+from freeport import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534

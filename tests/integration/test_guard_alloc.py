@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,14 +25,15 @@ from typing import Any
 import anyio
 import psutil
 import pytest
+from freeport import free_port
 
 from sparkd.config import GuardConfig
 from sparkd.guard import Guard
 from sparkd.guard.meminfo import MeminfoReader
 from sparkd.guard.policy import Decision
 from sparkd.guard.sample import GIB
-from sparkd.incidents import incident_record, write_incident
 from sparkd.runtime import proctree
+from sparkd.state.incidents import incident_record, write_incident
 from sparkd.supervisor import lifecycle, policy
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.classify import classify
@@ -108,11 +108,6 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(pid).kill()
         proc.wait(timeout=30)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @dataclass
@@ -244,7 +239,7 @@ async def test_guard_stops_the_leaking_standin(tmp_path: Path, start_available: 
                                                children: list[subprocess.Popen[bytes]]) -> None:
     """The vLLM stand-in with its worker leaking 500 MB/s: the guard stops the whole tree gracefully, and the
     supervisor's classifier, given the guard's hint and the stand-in's own log, says killed_by_guard."""
-    port = _free_port()
+    port = free_port()
     # Own title prefix: stale-process sweeps that other tests run on this host look for VLLM::* only.
     env = {"SPARKD_STANDIN_LEAK_MB_PER_S": "500", "SPARKD_STANDIN_LEAK_MAX_MB": str(CAP_MB),
            "SPARKD_STANDIN_STARTUP_SECONDS": "0.5", "PYTHONUNBUFFERED": "1",
@@ -271,12 +266,6 @@ async def test_guard_stops_the_leaking_standin(tmp_path: Path, start_available: 
     assert not any(proctree.running(psutil.Process(pid)) for pid in guard.signals[0].pids if psutil.pid_exists(pid))
     assert min_available(guard) > SAFE_AVAILABLE
     assert_supervisor_reports_guard(failure)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _base_env() -> dict[str, str]:

@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import BIN, Sparkd, as_user, base_config, free_port, kill_tree, tree
+from daemon_harness import BIN, Sparkd, as_user, base_config, kill_tree, tree
+from freeport import free_port
 
-from sparkd import instances
+from sparkd.state import instances
 
 UID = 65534  # nobody: any uid but the test's will do
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a daemon as another user: needs root")

@@ -24,9 +24,10 @@ from typing import Any
 
 import psutil
 import pytest
-from daemon_harness import BIN, MODEL, STANDIN, Sparkd, alive, base_config, free_port, kill_tree, tree, unique_prefix
+from daemon_harness import BIN, MODEL, STANDIN, Sparkd, alive, base_config, kill_tree, tree, unique_prefix
+from freeport import free_port
 
-from sparkd import instances
+from sparkd.state import instances
 
 pytestmark = pytest.mark.docker
 

@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import BIN, Sparkd, base_config, free_port, peer_token
+from daemon_harness import BIN, Sparkd, base_config, peer_token
+from freeport import free_port
 
-from sparkd.peersign import sign
+from sparkd.cluster.peersign import sign
 
 
 @pytest.fixture

@@ -60,9 +60,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 def test_wheel_holds_the_code_the_profiles_and_the_commands(built: Built) -> None:
     names = zipfile.ZipFile(built.wheel).namelist()
     assert built.wheel.name == f"sparkd-{sparkd.__version__}-py3-none-any.whl"
-    assert "sparkd/daemon/app.py" in names and "sparkd/rehearsal.py" in names
+    assert "sparkd/daemon/app.py" in names and "sparkd/launch/rehearsal.py" in names
     assert not any(n.startswith(("sparkd/standin/", "sparkd_standin/")) for n in names)  # its own distribution
-    profiles = {Path(n).stem for n in names if n.startswith("sparkd/profiles/") and n.endswith(".toml")}
+    profiles = {Path(n).stem for n in names if n.startswith("sparkd/config/profiles/") and n.endswith(".toml")}
     assert {"latency", "throughput", "balanced", "1m-context"} <= profiles, sorted(names)
     entry_points = zipfile.ZipFile(built.wheel).read(f"sparkd-{sparkd.__version__}.dist-info/entry_points.txt")
     for command in (b"sparkd = sparkd.cli.sparkd:main", b"sparkctl = sparkd.cli.ctl:main"):

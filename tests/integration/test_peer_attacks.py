@@ -26,7 +26,7 @@ PY = sys.executable
 # line per answer: {"status": N, "body": {...}}.
 REQUEST = textwrap.dedent("""\
     import json, socket, sys, time
-    from sparkd.peersign import sign
+    from sparkd.cluster.peersign import sign
     host, port, method, path, secret, skew, times, body = sys.argv[1:9]
     data = body.encode()
     if secret.startswith("bearer:"):

@@ -25,7 +25,7 @@ PY = sys.executable
 # unless they are "-". Prints {"status": N, "body": "..."} or {"error": "..."}.
 TLS_GET = textwrap.dedent("""\
     import json, socket, ssl, sys, time
-    from sparkd.peersign import sign
+    from sparkd.cluster.peersign import sign
     host, port, path, ca, cert, key, secret = sys.argv[1:8]
     context = ssl.create_default_context(cafile=ca)
     if cert != "-":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon_harness import MODEL, STANDIN_SKIPS, Sparkd, base_config, render_toml
+from freeport import free_port
 from test_preflight_support import DECOY_ARGS, Children, listener
 
 pytest_plugins = ["test_preflight_support"]  # fixtures: children
@@ -148,14 +149,9 @@ def test_only_the_named_checks_run_and_quiet_says_one_line(tmp_path: Path, child
     assert quiet.stderr.startswith(f"not ready: Preflight ports failed: API port (launch.port) {port} is held by "
                                    f"PID {decoy.pid} (") and quiet.stderr.count("\n") == 1, quiet.stderr
     (tmp_path / "free").mkdir()
-    free = preflight(write_config(tmp_path / "free", free_port_number()), "--check", "ports", "--quiet")
+    free = preflight(write_config(tmp_path / "free", free_port()), "--check", "ports", "--quiet")
     assert (free.returncode, free.stdout, free.stderr) == (0, "", "")
     unknown = preflight(config, "--check", "nope")
     assert unknown.returncode == 2 and "--check nope: no such check (the checks: container, " in unknown.stderr
     assert decoy.alive()
 
-
-def free_port_number() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -16,7 +16,7 @@ import docker.errors
 import pytest
 
 from sparkd.config import Config, config_from_mapping
-from sparkd.launch import render
+from sparkd.launch.render import render
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict
 from sparkd.preflight.drift import check_container
 from sparkd.preflight.image import check_image

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import psutil
 import pytest
+from freeport import free_port
 from test_preflight_support import (
     DECOY_ARGS,
     MAP_ONLY,
@@ -30,8 +31,8 @@ from test_preflight_support import (
     write_record,
 )
 
-from sparkd.gpu.model import GpuView
-from sparkd.nodelock import NodeLock
+from sparkd.host.gpu.model import GpuView
+from sparkd.launch.rehearsal import SKIP_REASON, rehearsal_skips
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict
 from sparkd.preflight.gpu import check_gpu
 from sparkd.preflight.host import check_host
@@ -41,8 +42,8 @@ from sparkd.preflight.processes import check_stale_processes
 from sparkd.preflight.runner import watched_pids
 from sparkd.preflight.shm import check_shm
 from sparkd.preflight.target import check_launch_target
-from sparkd.rehearsal import SKIP_REASON, rehearsal_skips
 from sparkd.runtime.proctree import MARKER_ENV, launch_marker
+from sparkd.state.lock import NodeLock
 from sparkd.supervisor.failures import FailureClass
 
 pytest_plugins = ["test_preflight_support"]  # fixtures: children, view, shm_dir
@@ -147,12 +148,6 @@ def test_stale_dry_run_touches_nothing(tmp_path: Path, children: Children, view:
 
 
 # ---- ports ------------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_ports_free(tmp_path: Path, view: ProcView) -> None:
@@ -385,7 +380,8 @@ def test_memory_dry_run_counts_the_cache_it_would_drop(tmp_path: Path, view: Pro
 
 
 def test_memory_and_page_cache_skip_only_when_told(tmp_path: Path, view: ProcView) -> None:
-    """A rehearsal's skips come through the context (sparkd.rehearsal); the stand-in's argv alone skips nothing."""
+    """A rehearsal's skips come through the context (sparkd.launch.rehearsal); the stand-in's argv alone skips
+    nothing."""
     view.write("meminfo", meminfo(119.7, 1, 100))
     standin = {"executable": str(Path(os.__file__).parent / "sparkd-standin")}
     told = replace(context(tmp_path, view, launch=standin), skip=rehearsal_skips())
@@ -450,7 +446,7 @@ QUERY_GPU_LINE = "{index}, {uuid}, NVIDIA H100 80GB HBM3, 81559, 0, 81079, 0, 0,
 
 def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str,
              gpus: str = "0, GPU-0000\n1, GPU-1111\n") -> None:
-    """An nvidia-smi answering the fallback's two queries (sparkd.gpu.smi): the GPUs (``gpus``: index, UUID) and
+    """An nvidia-smi answering the fallback's two queries (sparkd.host.gpu.smi): the GPUs (``gpus``: index, UUID) and
     the compute apps (``output``: pid, name, GPU UUID)."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from sparkd.config import Config, config_from_mapping
-from sparkd.launch import render
+from sparkd.launch.render import render
 from sparkd.preflight.base import PreflightContext
 from sparkd.runtime.process import ProcessRuntime
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import Sparkd, base_config, free_port
+from daemon_harness import Sparkd, base_config
+from freeport import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "packaging" / "prometheus" / "sparkd-alerts.yml"

@@ -16,7 +16,6 @@ Every test here then runs against it. Behaviour only one runtime has stays in it
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -33,18 +32,16 @@ from docker_runtime_support import (
     TIMEOUT,
     DockerPlace,
     Follower,
-    anyio_backend,
     py,
     run_to_end,
     sh,
 )
+from freeport import free_port
 
 from sparkd.config import RuntimeKind
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.runtime.base import Runtime
 from sparkd.runtime.process import ProcessRuntime
-
-__all__ = ["anyio_backend"]  # the fixture, used by pytest.mark.anyio
 
 pytestmark = pytest.mark.anyio
 
@@ -261,12 +258,6 @@ async def test_a_command_that_runs_too_long_is_ended_with_124(place: Place) -> N
 
 
 # ---- the stand-in -------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_healthy(port: int, follower: Follower) -> None:

@@ -11,14 +11,12 @@ from typing import Any
 
 import anyio
 import pytest
-from docker_runtime_support import HANDLES_TERM, TIMEOUT, DockerPlace, Follower, anyio_backend, py, run_to_end, sh
+from docker_runtime_support import HANDLES_TERM, TIMEOUT, DockerPlace, Follower, py, run_to_end, sh
 
 from sparkd.config import RuntimeKind
 from sparkd.runtime.base import LaunchError, TargetUnavailable
 from sparkd.runtime.container_spec import rehearse_paths
 from sparkd.runtime.docker_exec import LOG_IN_CONTAINER
-
-__all__ = ["anyio_backend"]  # the fixture, used by pytest.mark.anyio
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 

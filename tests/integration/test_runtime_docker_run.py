@@ -13,14 +13,12 @@ from typing import Any
 import anyio
 import docker.errors
 import pytest
-from docker_runtime_support import HANDLES_TERM, TIMEOUT, DockerPlace, anyio_backend, py, run_to_end, sh
+from docker_runtime_support import HANDLES_TERM, TIMEOUT, DockerPlace, py, run_to_end, sh
 
 from sparkd.config import RuntimeKind
 from sparkd.runtime.base import LaunchError
 from sparkd.runtime.container_spec import rehearse_paths
 from sparkd.runtime.docker_run import _Lines, split_stamp
-
-__all__ = ["anyio_backend"]  # the fixture, used by pytest.mark.anyio
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from sparkd.statefile import json_state
-from sparkd.stateschema import INSTANCE, STATUS
+from sparkd.state.files import json_state
+from sparkd.state.schema import INSTANCE, STATUS
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
 

@@ -138,8 +138,8 @@ def show(node: Any, *names: str) -> dict[str, str]:
 
 
 def test_unit_settings_as_loaded_by_systemd(node: Any) -> None:
-    from sparkd import exits
     from sparkd.config import SupervisorConfig
+    from sparkd.host import exits
 
     props = show(node, "Type", "NotifyAccess", "Restart", "RestartUSec", "KillMode", "OOMScoreAdjust",
                  "TimeoutStopUSec", "StartLimitIntervalUSec", "RestartPreventExitStatus", "MemoryMin", "MemoryLow",
@@ -149,7 +149,7 @@ def test_unit_settings_as_loaded_by_systemd(node: Any) -> None:
     assert props["Restart"] == "on-failure" and props["RestartUSec"] == "5s", props
     assert props["KillMode"] == "process" and props["OOMScoreAdjust"] == "-900", props
     assert props["StartLimitIntervalUSec"] == "0", props  # never "start-limit-hit" for good
-    # A config or host problem, or another sparkd, is not retried: the statuses sparkd.exits says so for.
+    # A config or host problem, or another sparkd, is not retried: the statuses sparkd.host.exits says so for.
     assert props["RestartPreventExitStatus"] == " ".join(map(str, sorted(exits.NOT_RESTARTABLE))), props
     assert int(props["MemoryMin"]) > 0 and int(props["MemoryLow"]) > int(props["MemoryMin"]), props
     assert {"docker.service", "network-online.target"} <= set(props["After"].split()), props
@@ -288,7 +288,7 @@ def test_journal_priorities_let_journalctl_filter_warnings(node: Any) -> None:
 
 
 def test_journal_native_protocol_reaches_journald(node: Any) -> None:
-    node.sh(f"{VENV_BIN / 'python'} -c 'from sparkd.journal import JournalSink; s = JournalSink(\"vllm-probe\");"
+    node.sh(f"{VENV_BIN / 'python'} -c 'from sparkd.host.journal import JournalSink; s = JournalSink(\"vllm-probe\");"
             " s.send(\"INFO 01-02 10:00:00 [a.py:1] an info line\");"
             " s.send(\"(EngineCore_DP0 pid=7) WARNING 01-02 10:00:01 [b.py:2] a warning line\")'")
     shown = node.wait("both lines in the journal", lambda: (o := node.out(

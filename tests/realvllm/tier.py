@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from daemon_harness import BIN, Sparkd, free_port, render_toml
+from daemon_harness import BIN, Sparkd, render_toml
+from freeport import free_port
 
 SERVED = "tinyllm"
 START_S = 420.0  # one cold start on 2 shared cores: ~45 s warm, ~65 s with the first compile, slower under load

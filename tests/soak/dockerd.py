@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import docker
-from daemon_harness import STANDIN, Sparkd, base_config, free_port, title_prefix
+from daemon_harness import STANDIN, Sparkd, base_config, title_prefix
 from faults import Skipped
+from freeport import free_port
 from invariants import Ledger, Node, read_status
 from soakpair import NOFILE, RECOVERY_S, RESTART, SoakPair
 

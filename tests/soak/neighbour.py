@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from daemon_harness import STANDIN, Sparkd, alive, base_config, free_port, kill_tree, tree
+from daemon_harness import STANDIN, Sparkd, alive, base_config, kill_tree, tree
+from freeport import free_port
 
 Members = set[tuple[int, float]]  # (PID, create time)
 

@@ -67,7 +67,7 @@ class SoakPair:
         self.head = NodeDaemon(tmp / "head", head_cfg, self.link.head_ns)
         self.worker = NodeDaemon(tmp / "worker", worker_cfg, self.link.worker_ns)
         self.head.state_dir.mkdir(parents=True, exist_ok=True)
-        # mode 0750: a state directory others may write is one sparkd refuses (sparkd/trustedpaths.py)
+        # mode 0750: a state directory others may write is one sparkd refuses (sparkd/host/trustedpaths.py)
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={STATE_TMPFS},mode=0750", "tmpfs",
                         str(self.head.state_dir)], check=True, timeout=30)
         self.mounted = True

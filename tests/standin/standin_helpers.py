@@ -29,12 +29,6 @@ READY_LINE = "Application startup complete."
 TEST_TITLE_PREFIX = "VLLMTEST"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:

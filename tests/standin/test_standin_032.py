@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
-from standin_helpers import Standin, Standins, free_port, standins
+from freeport import free_port
+from standin_helpers import Standin, Standins
 
-from sparkd.probes import read_metrics_page
+from sparkd.daemon.probes import read_metrics_page
 from sparkd.supervisor.logline import parse
 from sparkd.supervisor.progress import is_progress
 from sparkd.supervisor.rules import ANY
@@ -61,12 +60,6 @@ def real_shapes() -> set[str]:
             if read_by_sparkd(raw):
                 shapes.add(shape(raw, model.group(1) if model else MODEL))
     return shapes
-
-
-@pytest.fixture
-def launch() -> Iterator[Standins]:
-    with standins() as group:
-        yield group
 
 
 def run_032(launch: Standins) -> tuple[Standin, int]:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import psutil
-from standin_helpers import Standins, free_port, http, standins
+from freeport import free_port
+from standin_helpers import Standins, http, standins
 
 from sparkd.config import config_from_mapping
-from sparkd.launch import render
+from sparkd.launch.render import render
 
 KEY = "sk-SECRET-rel5"
 

@@ -7,20 +7,14 @@ import re
 import signal
 import socket
 import time
-from collections.abc import Iterator
 
 import psutil
 import pytest
-from standin_helpers import Standin, Standins, chat_body, free_port, http, standins, wait_until
+from freeport import free_port
+from standin_helpers import Standin, Standins, chat_body, http, wait_until
 
 HEAD = "127.0.0.2"
 WORKER = "127.0.0.3"
-
-
-@pytest.fixture
-def launch() -> Iterator[Standins]:
-    with standins() as group:
-        yield group
 
 
 def _ranks(master_port: int) -> tuple[str, ...]:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from standin_helpers import Standin, Standins, free_port, http, serving, standins, wait_until
+from freeport import free_port
+from standin_helpers import Standin, Standins, http, serving, wait_until
 
 from sparkd_standin.control import Command, ControlFile, parse
 
@@ -53,12 +53,6 @@ def test_a_process_acts_on_each_new_command_once_and_never_on_what_was_there_at_
     write(path, "3 stall\n")
     assert control.poll() == Command("3", "stall")
     assert ControlFile(str(tmp_path / "absent")).poll() is None
-
-
-@pytest.fixture
-def launch() -> Iterator[Standins]:
-    with standins() as group:
-        yield group
 
 
 def _head(launch: Standins, port: int, control: Path) -> Standin:

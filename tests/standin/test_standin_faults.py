@@ -7,22 +7,16 @@ import re
 import signal
 import socket
 import time
-from collections.abc import Iterator
 
 import httpx
 import psutil
 import pytest
-from standin_helpers import Standin, Standins, free_port, http, standins, wait_until
+from freeport import free_port
+from standin_helpers import Standin, Standins, http, wait_until
 
 INIT_FAILED = (
     "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}"
 )
-
-
-@pytest.fixture
-def launch() -> Iterator[Standins]:
-    with standins() as group:
-        yield group
 
 
 def _head(launch: Standins, port: int, *extra: str, **env: str) -> Standin:

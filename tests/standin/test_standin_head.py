@@ -14,25 +14,11 @@ from collections.abc import Iterator
 import httpx
 import psutil
 import pytest
-from standin_helpers import (
-    Standin,
-    Standins,
-    chat_body,
-    free_port,
-    http,
-    metric_value,
-    standins,
-    wait_until,
-)
+from freeport import free_port
+from standin_helpers import Standin, Standins, chat_body, http, metric_value, standins, wait_until
 
 MODEL = "/models/Qwen3-30B"
 NAME = "test-model"
-
-
-@pytest.fixture
-def launch() -> Iterator[Standins]:
-    with standins() as group:
-        yield group
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ as read from the 0.13.0, 0.21.0 and 0.24.0 sources. Real processes; each test cl
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import httpx
 import pytest
-from standin_helpers import Standin, Standins, free_port, http, standins, wait_until
+from freeport import free_port
+from standin_helpers import Standin, Standins, http, wait_until
 
 MODEL = "/models/Qwen3-30B"
 A, E, W = r"\(APIServer pid=\d+\) ", r"\(EngineCore_DP0 pid=\d+\) ", r"\(Worker_TP0 pid=\d+\) "
@@ -75,12 +75,6 @@ STARTUP = {
         rf"^{A}{HEAD}\[api_server\.py:581\] Starting vLLM server on http://127\.0\.0\.1:\d+$",
     ],
 }
-
-
-@pytest.fixture
-def launch() -> Iterator[Standins]:
-    with standins() as group:
-        yield group
 
 
 STATS_AT = {"0.13.0": "loggers.py:248", "0.21.0": "loggers.py:271", "0.24.0": "loggers.py:273"}

@@ -15,17 +15,12 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from standin_helpers import Standin, Standins, free_port, http, metric_value, serving, standins, wait_until
+from freeport import free_port
+from standin_helpers import Standin, Standins, http, metric_value, serving, wait_until
 
 LABELS = {"engine": "0", "model_name": "m"}
 NO_BLOCK = "No available shared memory broadcast block found in "
 TIMED_OUT = "TimeoutError: RPC call to sample_tokens timed out."
-
-
-@pytest.fixture
-def launch() -> Iterator[Standins]:
-    with standins() as group:
-        yield group
 
 
 def _head(launch: Standins, port: int, *extra: str, **knobs: str) -> Standin:

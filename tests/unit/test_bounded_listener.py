@@ -34,11 +34,6 @@ LIMITS = Limits(general=12, per_source=4, per_trusted=5)
 PEER = "127.0.0.9"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def app() -> Starlette:
     def who(request: Request) -> PlainTextResponse:
         caller = caller_of(request.scope)

@@ -16,11 +16,6 @@ from sparkd.testing import FakeClock, FakeRuntime
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def open_on_config_error(node, runtime: FakeRuntime) -> None:  # type: ignore[no-untyped-def]
     runtime.say("vllm: error: unrecognized arguments: --max-num-seq 4")
     runtime.crash(2)

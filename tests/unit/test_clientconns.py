@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from sparkd.clientconns import open_clients
+from sparkd.daemon.clientconns import open_clients
 
 HEAD = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
 # port 18801 = 0x4971: two clients established, one closing (CLOSE_WAIT 08), the listener (0A), another port

@@ -1,4 +1,4 @@
-"""``sparkd import-compose`` (sparkd/compose): compose's interpolation, the 001 service as a config that passes
+"""``sparkd import-compose`` (sparkd/cli/compose): compose's interpolation, the 001 service as a config that passes
 check-config, what cannot be carried named, and errors that name the variable or key."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from sparkd.compose import ComposeError, import_compose
-from sparkd.compose.interpolate import interpolate
+from sparkd.cli.compose import ComposeError, import_compose
+from sparkd.cli.compose.interpolate import interpolate
 from sparkd.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkd.compose import ComposeError, import_compose
+from sparkd.cli.compose import ComposeError, import_compose
 from sparkd.config import config_from_mapping
 
 MISTRAL = "mistralai/Mistral-7B-v0.1"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparkd.config import ConfigError, Role, RuntimeKind, config_from_mapping, load_config
-from sparkd.profiles import load_profile, profile_names
+from sparkd.config.profiles import load_profile, profile_names
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = [REPO / "config/sparkd.toml", *sorted((REPO / "config/examples").glob("*.toml"))]

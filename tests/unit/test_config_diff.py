@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from sparkd.config import config_from_mapping
-from sparkd.config_diff import launch_changes, needs_restart, setting_changes
 from sparkd.daemon.reload import keep_fixed
+from sparkd.launch.diff import launch_changes, needs_restart, setting_changes
 
 BASE: dict[str, Any] = {
     "runtime": "process", "node": {"name": "a", "role": "single"},

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkd.config import Config, ConfigError, config_from_mapping, load_config
-from sparkd.config_env import OverrideError, apply_overrides, parse_overrides, variable_for
+from sparkd.config.env import OverrideError, apply_overrides, parse_overrides, variable_for
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"runtime": "process", "launch": {"model": "/m", "env": {"NCCL_SOCKET_IFNAME": "bond0"}}}

@@ -12,8 +12,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from sparkd.config import Config, config_from_mapping
-from sparkd.config_env import parse_overrides
-from sparkd.config_reference import UndocumentedKey, reference_markdown, rows
+from sparkd.config.env import parse_overrides
+from sparkd.config.reference import UndocumentedKey, reference_markdown, rows
 
 REPO = Path(__file__).resolve().parents[2]
 

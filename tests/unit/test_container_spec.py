@@ -1,4 +1,4 @@
-"""The container sparkd creates, from ``[container]`` (sparkd/config_container.py, sparkd/runtime/container_spec.py):
+"""The container sparkd creates, from ``[container]`` (sparkd/config/container.py, sparkd/runtime/container_spec.py):
 every new key validated at load naming the key, size spellings normalised, and the engine's create keywords."""
 
 from __future__ import annotations

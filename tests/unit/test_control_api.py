@@ -18,18 +18,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sparkd.api.bounded import SCOPE_KEY, Caller
 from sparkd.api.gates import MAX_BODY
 from sparkd.api.server import build_app, build_tcp_app
+from sparkd.cluster.peersign import SCHEME, sign
 from sparkd.commands.base import BadRequest, flag
 from sparkd.commands.rank import RANK
-from sparkd.peersign import SCHEME, sign
 from sparkd.testing import FakeClock, FakeRuntime
 
 pytestmark = pytest.mark.anyio
 TOKEN = "s3cret-token-of-at-least-32-bytes-0123456789"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @asynccontextmanager

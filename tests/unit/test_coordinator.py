@@ -21,11 +21,6 @@ pytestmark = pytest.mark.anyio
 WORKER = "10.0.0.2:8470"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Link:
     """The peer link: each peer's sparkd answers its status, or (None) does not answer."""
 

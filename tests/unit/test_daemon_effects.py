@@ -15,7 +15,7 @@ from loop_harness import config, running
 
 from sparkd.commands import stop
 from sparkd.guard.kmsg import KernelLog
-from sparkd.launch import LaunchSpec
+from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
 from sparkd.runtime.base import Difference, ExitInfo, Instance, LaunchError
 from sparkd.supervisor import vocabulary as v
@@ -26,11 +26,6 @@ pytestmark = pytest.mark.anyio
 
 TORCH_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity "
              "of 119.70 GiB of which 512.00 MiB is free.")
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 class RaisesOnce(FakeRuntime):

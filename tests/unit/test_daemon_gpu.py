@@ -11,19 +11,14 @@ import anyio
 import pytest
 from loop_harness import config, running
 
-from sparkd.gpu import nvml
-from sparkd.gpu.fake import FakeDevice, FakeNvml
-from sparkd.gpu.model import GpuView
+from sparkd.host.gpu import nvml
+from sparkd.host.gpu.fake import FakeDevice, FakeNvml
+from sparkd.host.gpu.model import GpuView
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.testing import FakeClock, FakeRuntime
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def wedge(cls: FailureClass) -> v.HealthFailed:

@@ -30,11 +30,6 @@ from sparkd.testing import (
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_a_crash_backs_off_with_jitter_then_the_instance_is_ready_again(tmp_path: Path) -> None:
     runtime, clock = FakeRuntime(), FakeClock()
     async with running(config(tmp_path), runtime, clock, rand=0.9) as node:
@@ -199,7 +194,6 @@ async def test_the_watchdog_is_petted_with_the_loops_last_progress_not_the_time(
             await all_tasks_blocked()
             tg.cancel_scope.cancel()
         assert node.notifier.pets == [wedged_at]
-
 
 
 async def test_status_shows_where_a_start_went(tmp_path: Path) -> None:

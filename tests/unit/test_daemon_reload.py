@@ -19,11 +19,6 @@ from sparkd.testing import FakeClock, FakeRuntime
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 CONFIG_TOML = """
 runtime = "process"
 [node]

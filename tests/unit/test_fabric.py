@@ -14,7 +14,7 @@ from sparkd.cluster.fabric import SMALL, End, Expect, Probes, failure, findings,
 from sparkd.commands.base import BadRequest
 from sparkd.commands.groupcheck import FabricRequest
 from sparkd.config import config_from_mapping
-from sparkd.launch import render
+from sparkd.launch.render import render
 from sparkd.preflight.base import PreflightContext, Verdict
 from sparkd.preflight.dfping import Ping, checksum, echo_packet
 from sparkd.preflight.gid import gid_view

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.incidents import UnsafeRoot, incident_record, list_incidents, prune, write_incident
-from sparkd.logs import VllmLog
+from sparkd.host.logs import VllmLog
+from sparkd.host.safefile import create_new, fresh_file, open_append
 from sparkd.runtime import inroot
 from sparkd.runtime.inroot import open_in_root, open_log
 from sparkd.runtime.process import write_atomic
-from sparkd.safefile import create_new, fresh_file, open_append
-from sparkd.statefile import write_json
+from sparkd.state.files import write_json
+from sparkd.state.incidents import UnsafeRoot, incident_record, list_incidents, prune, write_incident
 from sparkd.supervisor.failures import Evidence, Failure, FailureClass
 
 

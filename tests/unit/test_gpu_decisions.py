@@ -15,12 +15,12 @@ import pytest
 from sparkd.config import config_from_mapping
 from sparkd.daemon.gpumetrics import gpu_families
 from sparkd.daemon.stopreport import StopReport, grace_for
-from sparkd.gpu import memcheck, power, release
-from sparkd.gpu.model import GpuDevice, GpuProcess, GpuView
-from sparkd.gpu.reading import devices_of_launch, pick
 from sparkd.guard.meminfo import MemInfo, parse_meminfo
-from sparkd.launch import render
-from sparkd.launch_devices import Devices, launch_devices
+from sparkd.host.gpu import memcheck, power, release
+from sparkd.host.gpu.model import GpuDevice, GpuProcess, GpuView
+from sparkd.host.gpu.reading import devices_of_launch, pick
+from sparkd.launch.devices import Devices, launch_devices
+from sparkd.launch.render import render
 from sparkd.preflight import gpumemory
 from sparkd.preflight.base import Verdict
 from sparkd.preflight.processes import launch_title_prefix
@@ -38,7 +38,7 @@ def view(name: str) -> GpuView:
 IDLE, SURVIVOR = view("h100x2-nvml-idle.json"), view("h100x2-incident-gpu.json")
 
 
-# ---- the launch's devices among a reading (which GPUs a launch uses: sparkd.launch_devices) ---------------------
+# ---- the launch's devices among a reading (which GPUs a launch uses: sparkd.launch.devices) ---------------------
 
 
 def test_the_launchs_devices_among_a_real_reading() -> None:

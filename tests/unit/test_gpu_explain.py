@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sparkd.explain import explain, sparkd_kill
+from sparkd.cli.explain import explain, sparkd_kill
 from sparkd.supervisor.failures import FailureClass
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"

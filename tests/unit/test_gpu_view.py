@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.gpu import fake, nvml, smi
-from sparkd.gpu.fake import FakeDevice, FakeNvml, gb10
-from sparkd.gpu.model import GpuView
+from sparkd.host.gpu import fake, nvml, smi
+from sparkd.host.gpu.fake import FakeDevice, FakeNvml, gb10
+from sparkd.host.gpu.model import GpuView
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 
@@ -125,7 +125,7 @@ def test_not_available_memory_is_unified_and_apps_join_by_uuid() -> None:
 
 def test_an_incident_keeps_the_reading_and_nvidia_smi_q(tmp_path: Path) -> None:
     """A failure on a GPU node: gpu.json (the reading and the power history) and nvidia-smi -q beside the record."""
-    from sparkd.incidents import GpuEvidence, write_gpu
+    from sparkd.state.incidents import GpuEvidence, write_gpu
 
     text = (DATA / "h100x2-nvidia-smi-q.txt").read_text()
     reading = json.loads((DATA / "h100x2-incident-gpu.json").read_text())

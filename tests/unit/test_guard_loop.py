@@ -146,11 +146,6 @@ def node(tmp_path: Path) -> Node:
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def victim() -> Iterator[subprocess.Popen[bytes]]:
     """A real process standing in for the vLLM tree; ended by PID if the test did not kill it."""
     proc = subprocess.Popen(["sleep", "300"])

@@ -240,11 +240,6 @@ def test_trigger_on_a_plain_file_is_refused(tmp_path: Path) -> None:
     assert PsiTrigger.register(tmp_path / "missing", "some 150000 1000000") is None
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_trigger_wakes_on_pollpri() -> None:
     """The wait ends at POLLPRI (here TCP urgent data, as PSI reports a trigger), and times out without it."""

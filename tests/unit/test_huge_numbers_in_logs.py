@@ -8,7 +8,7 @@ import pytest
 
 from sparkd.supervisor.classify import classify
 from sparkd.supervisor.logline import parse
-from sparkd.supervisor.progress import Progress, advance
+from sparkd.supervisor.progress import Startup, advance
 from sparkd.supervisor.servelog import read_serve_line
 
 BIG = "9" * 5000
@@ -33,6 +33,6 @@ LINES = [
 @pytest.mark.parametrize("line", LINES)
 def test_a_huge_number_is_no_error(line: str) -> None:
     parse(line)
-    advance(Progress(), line, 0.0)
+    advance(Startup(), line, 0.0)
     read_serve_line(line)
     assert classify(1, None, [line]).sentence

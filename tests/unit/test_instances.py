@@ -1,4 +1,4 @@
-"""The host's instance registry (sparkd.instances): what one sparkd writes, what another reads, and that a
+"""The host's instance registry (sparkd.state.instances): what one sparkd writes, what another reads, and that a
 registration whose daemon is gone, or a file that is not one, protects nothing."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sparkd import instances
 from sparkd.config import config_from_mapping
 from sparkd.daemon.registry import InstanceRegistry
-from sparkd.instances import Registration
+from sparkd.state import instances
+from sparkd.state.instances import Registration
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sparkd.config import config_from_mapping
-from sparkd.launch import RECOMMENDED_ENV, health_settings, render, render_script
+from sparkd.launch.render import RECOMMENDED_ENV, health_settings, render, render_script
 
 TABLES = {
     "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE", "custom_ops": ["all"]},

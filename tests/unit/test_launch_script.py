@@ -1,8 +1,8 @@
-"""Reading a user's launch script (sparkd/launch_script.py): the serve line, its flags and the exports. Pure."""
+"""Reading a user's launch script (sparkd/launch/script.py): the serve line, its flags and the exports. Pure."""
 
 from __future__ import annotations
 
-from sparkd.launch_script import script_facts
+from sparkd.launch.script import script_facts
 
 SCRIPT = """#!/bin/bash
 export VLLM_HOST_IP=192.168.1.11

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sparkd.config import config_from_mapping
-from sparkd.lint import Level, lint
+from sparkd.launch.lint import Level, lint
 
 GOOD_ENV = {"UCX_MEM_MMAP_HOOK_MODE": "none", "UCX_RCACHE_MAX_UNRELEASED": "1024", "OMP_NUM_THREADS": "8",
             "VLLM_ENGINE_READY_TIMEOUT_S": "3600"}

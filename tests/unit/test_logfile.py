@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sparkd.logs import VllmLog
+from sparkd.host.logs import VllmLog
 from sparkd.runtime.logfile import CUT_MARK, NOTE, FollowStats, LineSplitter, follow_file
 from sparkd.supervisor.progress import is_progress
 

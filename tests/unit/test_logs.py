@@ -17,8 +17,8 @@ import pytest
 import structlog
 
 from sparkd.config import LogConfig
-from sparkd.journal import JournalSink, encode_entry, stderr_is_journal, vllm_priority
-from sparkd.logs import VllmLog, configure_logging, get_logger
+from sparkd.host.journal import JournalSink, encode_entry, stderr_is_journal, vllm_priority
+from sparkd.host.logs import VllmLog, configure_logging, get_logger
 
 
 @pytest.fixture(autouse=True)
@@ -183,7 +183,7 @@ def test_a_full_disk_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         pytest.skip("no /dev/full (ENOSPC on every write) on this system")
     path = tmp_path / "vllm.log"
     # The file opens, and every write fails with ENOSPC: /dev/full in its place (a link to it is refused).
-    monkeypatch.setattr("sparkd.logs.open_append", lambda _path: os.open("/dev/full", os.O_WRONLY | os.O_CLOEXEC))
+    monkeypatch.setattr("sparkd.host.logs.open_append", lambda _path: os.open("/dev/full", os.O_WRONLY | os.O_CLOEXEC))
     rec = Recorder()
     log = VllmLog(path, max_bytes=1 << 20, backups=2, retry_s=0, clock=Clock(), log=rec)
     for n in range(5):

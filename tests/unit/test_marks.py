@@ -3,7 +3,7 @@ preflight line, and says sparkd's own verdict again when it logged one (a wedge 
 
 from __future__ import annotations
 
-from sparkd.explain import explain
+from sparkd.cli.explain import explain
 from sparkd.supervisor.marks import attempt, preflight_line, this_launch, verdict, verdict_line
 
 LAUNCH = "---- sparkd: launch vllm serve /m"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.notify import Notifier
+from sparkd.host.notify import Notifier
 
 
 def listener(address: str) -> socket.socket:

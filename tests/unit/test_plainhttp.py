@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkd.plainhttp import ProtocolError, parse_response
+from sparkd.host.plainhttp import ProtocolError, parse_response
 
 OK = [
     ("content-length", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA", 200, b"ok"),

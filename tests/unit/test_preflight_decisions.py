@@ -11,7 +11,7 @@ import pytest
 
 from sparkd.config import Config, PreflightConfig, config_from_mapping
 from sparkd.guard.meminfo import MemInfo, parse_meminfo
-from sparkd.launch_devices import Devices, Gpu, launch_devices
+from sparkd.launch.devices import Devices, Gpu, launch_devices
 from sparkd.preflight import gpu, host, image, memory, ports, processes, shm, shmholders, stale, target
 from sparkd.preflight.base import GIB, MIB, Verdict
 from sparkd.preflight.stale import StaleProcess
@@ -343,7 +343,7 @@ def test_need_matches_vllm_request() -> None:
     ({"launch": {"model": "m", "script": "/w/head.sh"}}, 0.9),
 ])
 def test_utilization_is_what_vllm_receives(sections: dict[str, Any], expected: float) -> None:
-    from sparkd.launch import render
+    from sparkd.launch.render import render
 
     assert memory.utilization_of(render(cfg(**sections)).argv) == expected
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 
 from sparkd.config import PreflightCheckId, config_from_mapping
-from sparkd.launch import render
+from sparkd.launch.render import render
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict, check
 from sparkd.preflight.runner import CHECK_IDS, DEFAULT_CHECKS, PreflightReport, run_preflight
 from sparkd.runtime.process import ProcessRuntime

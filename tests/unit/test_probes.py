@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import anyio
 import pytest
 
-from sparkd import probes
-from sparkd.plainhttp import Client
-from sparkd.probes import ProbeOutcome, VllmMetrics
+from sparkd.daemon import probes
+from sparkd.daemon.probes import ProbeOutcome, VllmMetrics
+from sparkd.host.plainhttp import Client
 
 SLOW_S = 10.0  # how long a "hanging" reply waits (released at teardown)
 TIMEOUT_S = 0.3  # probe timeout against a hanging reply
@@ -87,11 +87,6 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="my mode
 vllm:time_to_first_token_seconds_count{engine="0",model_name="my model {v2}"} 1.0
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="my model {v2}"} 0.002
 """
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkd.supervisor.progress import PHASE_ORDER, Phase, Progress, advance, is_progress
+from sparkd.supervisor.progress import PHASE_ORDER, Phase, Startup, advance, is_progress
 
 CYAN, RESET = "\x1b[0;36m", "\x1b[0;0m"
 
@@ -75,9 +75,9 @@ INFO 11-26 01:20:03 [parallel_state.py:1204] world_size=2 rank=1 local_rank=0 di
 """
 
 
-def replay(log: str, start: Progress | None = None) -> list[Progress]:
+def replay(log: str, start: Startup | None = None) -> list[Startup]:
     """Feed each line at t = its line number; return the progress after every line."""
-    progress = start or Progress()
+    progress = start or Startup()
     out = []
     for t, line in enumerate(log.split("\n")):
         progress = advance(progress, line, float(t))
@@ -85,7 +85,7 @@ def replay(log: str, start: Progress | None = None) -> list[Progress]:
     return out
 
 
-def phases(states: list[Progress]) -> list[Phase]:
+def phases(states: list[Startup]) -> list[Phase]:
     seen: list[Phase] = []
     for p in states:
         if not seen or seen[-1] is not p.phase:
@@ -162,7 +162,7 @@ def test_worker_retries_are_not_progress() -> None:
 )
 def test_distributed_ready_on_a_headless_node(line: str) -> None:
     """Any of these lines proves the rank got past torch.distributed init."""
-    waiting = Progress(phase=Phase.waiting_for_peer)
+    waiting = Startup(phase=Phase.waiting_for_peer)
     assert advance(waiting, line, 1.0).distributed_ready
 
 
@@ -194,7 +194,7 @@ def test_distributed_ready_on_a_headless_node(line: str) -> None:
 )
 def test_kv_cache_lines(line: str, tokens: int | None, concurrency: float | None, per_request: int | None) -> None:
     """Separate and merged KV-cache/concurrency lines, commas in the numbers."""
-    p = advance(Progress(), line, 1.0)
+    p = advance(Startup(), line, 1.0)
     assert p.phase is Phase.kv_cache
     assert (p.kv_cache_tokens, p.max_concurrency, p.max_concurrency_tokens) == (tokens, concurrency, per_request)
 
@@ -232,7 +232,7 @@ def test_kv_cache_lines(line: str, tokens: int | None, concurrency: float | None
 def test_each_phase_line(line: str, phase: Phase) -> None:
     """Each landmark line lands in its phase, from the start, with or without decoration."""
     for decorated in (line, f"{CYAN}(APIServer pid=1){RESET} {line}", f"(Worker_TP1 pid=7) {line}"):
-        p = advance(Progress(), decorated, 5.0)
+        p = advance(Startup(), decorated, 5.0)
         assert p.phase is phase, decorated
         assert p.last_progress_at == 5.0
         assert is_progress(decorated)
@@ -240,7 +240,7 @@ def test_each_phase_line(line: str, phase: Phase) -> None:
 
 def test_phases_only_move_forward() -> None:
     """A late shard line is progress, but the phase stays where it was."""
-    at_kv = Progress(phase=Phase.kv_cache, kv_cache_tokens=10)
+    at_kv = Startup(phase=Phase.kv_cache, kv_cache_tokens=10)
     p = advance(at_kv, "Loading safetensors checkpoint shards: 100% Completed | 4/4 [02:40<00:00]", 7.0)
     assert p.phase is Phase.kv_cache
     assert (p.shards_loaded, p.last_progress_at) == (4, 7.0)
@@ -252,7 +252,7 @@ def test_tqdm_carriage_returns_take_the_last_frame() -> None:
         "(Worker_TP0 pid=2390) \rLoading safetensors checkpoint shards:   0% Completed | 0/8 [00:00<?, ?it/s]"
         "\rLoading safetensors checkpoint shards:  38% Completed | 3/8 [01:00<01:40, 20.0s/it]\r"
     )
-    p = advance(Progress(), line, 3.0)
+    p = advance(Startup(), line, 3.0)
     assert (p.phase, p.shards_loaded, p.shards_total) == (Phase.loading_weights, 3, 8)
 
 
@@ -271,7 +271,7 @@ def test_tqdm_carriage_returns_take_the_last_frame() -> None:
 )
 def test_lines_that_are_not_progress_return_the_same_object(line: str) -> None:
     """Unrecognised lines change nothing, not even last_progress_at."""
-    p = Progress(phase=Phase.loading_weights, last_progress_at=1.0)
+    p = Startup(phase=Phase.loading_weights, last_progress_at=1.0)
     assert advance(p, line, 50.0) is p
     assert not is_progress(line)
 
@@ -279,7 +279,7 @@ def test_lines_that_are_not_progress_return_the_same_object(line: str) -> None:
 def test_identical_progress_at_the_same_time_returns_the_same_object() -> None:
     """A repeated line at the same instant changes nothing."""
     line = "Loading safetensors checkpoint shards: 100% Completed | 4/4 [02:40<00:00, 40.00s/it]"
-    p = advance(Progress(), line, 3.0)
+    p = advance(Startup(), line, 3.0)
     assert advance(p, line, 3.0) is p
     assert advance(p, line, 4.0).last_progress_at == 4.0
 

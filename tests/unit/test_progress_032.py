@@ -11,7 +11,7 @@ import pytest
 from loop_harness import config, running
 
 from sparkd.daemon.timing import LaunchTiming
-from sparkd.supervisor.progress import Phase, Progress, advance
+from sparkd.supervisor.progress import Phase, Startup, advance
 from sparkd.supervisor.servelog import Throughput, read_serve_line
 from sparkd.testing import FakeClock, FakeRuntime
 
@@ -22,13 +22,13 @@ START = (Path(__file__).resolve().parents[1] / "data" / "vllm-logs" / "realvllm-
 def phases(lines: list[str]) -> list[Phase]:
     seen: list[Phase] = []
 
-    def step(p: Progress, line: str) -> Progress:
+    def step(p: Startup, line: str) -> Startup:
         q = advance(p, line, 0.0)
         if q.phase is not p.phase:
             seen.append(q.phase)
         return q
 
-    reduce(step, lines, Progress())
+    reduce(step, lines, Startup())
     return seen
 
 
@@ -37,7 +37,7 @@ def test_a_real_032_cpu_start_goes_through_every_phase_but_the_peer_wait() -> No
 
 
 def test_the_cpu_builds_kv_lines_are_read() -> None:
-    progress = reduce(lambda p, line: advance(p, line, 0.0), START, Progress())
+    progress = reduce(lambda p, line: advance(p, line, 0.0), START, Startup())
     assert progress.kv_cache_gib == 1.0 and progress.kv_cache_tokens == 2_097_152
     assert progress.max_concurrency == 4096.0 and progress.world_size == 1 and progress.shards_total == 1
 
@@ -45,7 +45,7 @@ def test_the_cpu_builds_kv_lines_are_read() -> None:
 def test_a_world_of_two_still_waits_for_its_peer() -> None:
     line = ("(Worker pid=9) INFO 11-27 08:38:50 [parallel_state.py:1906] world_size=2 rank=0 local_rank=0 "
             "distributed_init_method=tcp://10.0.0.1:29501 backend=nccl")
-    assert advance(Progress(), line, 0.0).phase is Phase.waiting_for_peer
+    assert advance(Startup(), line, 0.0).phase is Phase.waiting_for_peer
 
 
 def test_the_throughput_line_with_0_32s_segments() -> None:

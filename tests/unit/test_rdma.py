@@ -12,7 +12,7 @@ import pytest
 from sysfs_tree import SysfsTree, roce_gid
 
 from sparkd.config import config_from_mapping
-from sparkd.launch import render
+from sparkd.launch.render import render
 from sparkd.preflight.base import PreflightContext, Verdict
 from sparkd.preflight.rdma import (
     Facts,

@@ -19,11 +19,6 @@ from sparkd.testing import FakeClock, FakeRuntime
 GIB, MIB = 1 << 30, 1 << 20
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Meminfo:
     def __init__(self, path: Path, available: int) -> None:
         self.path, self.lines = path, Path("/proc/meminfo").read_text().splitlines()

@@ -13,10 +13,10 @@ import pytest
 
 from sparkd.cluster.shared import shared_settings
 from sparkd.config import ConfigError, config_from_mapping
-from sparkd.launch import render, render_script
-from sparkd.logs import configure_logging, get_logger
-from sparkd.redact import MASK, Redactor, redactor_for, use_for_logs
-from sparkd.secretrule import is_secret_name
+from sparkd.config.secretrule import is_secret_name
+from sparkd.host.logs import configure_logging, get_logger
+from sparkd.launch.redact import MASK, Redactor, redactor_for, use_for_logs
+from sparkd.launch.render import render, render_script
 
 KEY = "sk-SECRET-rel5"
 TOKEN = "peer-token-0123456789"

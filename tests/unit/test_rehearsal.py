@@ -1,4 +1,4 @@
-"""What a rehearsal is (sparkd.rehearsal): the configured launch with the installed stand-in as the program, and
+"""What a rehearsal is (sparkd.launch.rehearsal): the configured launch with the installed stand-in as the program, and
 the preflight checks it skips, passed through the context."""
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ import anyio
 import pytest
 
 from sparkd.config import config_from_mapping
-from sparkd.launch import LaunchSpec, render
-from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
-from sparkd.preflight.runner import CHECK_IDS, run_preflight
-from sparkd.rehearsal import (
+from sparkd.launch.rehearsal import (
     REHEARSAL_SKIPS,
     SKIP_REASON,
     STANDIN,
@@ -25,6 +22,9 @@ from sparkd.rehearsal import (
     standin_executable,
     standin_source_root,
 )
+from sparkd.launch.render import LaunchSpec, render
+from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
+from sparkd.preflight.runner import CHECK_IDS, run_preflight
 from sparkd.runtime.process import ProcessRuntime
 
 

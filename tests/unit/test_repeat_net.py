@@ -12,7 +12,7 @@ import anyio
 import pytest
 from loop_harness import config, running
 
-from sparkd.explain import explain
+from sparkd.cli.explain import explain
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.policy import GiveUp, Restart, RestartPolicy, RestartState, on_failure, on_ready
 from sparkd.supervisor.repeat import comparable, signature

@@ -1,6 +1,6 @@
 """What `sparkd run` refuses before it builds anything (sparkd/daemon/startup.py): directories another user could
-change (sshd's StrictModes, sparkd/trustedpaths.py), and a token file that is not root's alone or is short (security
-review §3 and §8). Each is one sentence naming the key and an exit status the unit does not restart on."""
+change (sshd's StrictModes, sparkd/host/trustedpaths.py), and a token file that is not root's alone or is short
+(security review §3 and §8). Each is one sentence naming the key and an exit status the unit does not restart on."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.trustedpaths import unsafe
+from sparkd.host.trustedpaths import unsafe
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534

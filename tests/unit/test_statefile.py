@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from sparkd.statefile import StateFile, json_state, read_json, remove_dead_temps, set_aside, to_json, write_json
-from sparkd.stateschema import INSTANCE, LIFECYCLE, SHM_LEDGER, STATUS, BadShape
+from sparkd.state.files import StateFile, json_state, read_json, remove_dead_temps, set_aside, to_json, write_json
+from sparkd.state.schema import INSTANCE, LIFECYCLE, SHM_LEDGER, STATUS, BadShape
 
 GOOD_INSTANCE = {"runtime": "process", "pid": 4242, "create_time": 1700000000.5, "config_hash": "abc",
                  "container_id": None, "exec_id": None, "log_path": "/x/vllm.out", "extra": {}}
@@ -104,8 +104,8 @@ def test_an_unreadable_record_is_set_aside(tmp_path: Path) -> None:
     state = tmp_path / "instance.json"
     state.write_text(json.dumps(GOOD_INSTANCE))
     os.chmod(state, 0o000)
-    code = ("import sys; from pathlib import Path; from sparkd.statefile import json_state; "
-            "from sparkd.stateschema import INSTANCE; "
+    code = ("import sys; from pathlib import Path; from sparkd.state.files import json_state; "
+            "from sparkd.state.schema import INSTANCE; "
             "log = type('L', (), {'warning': lambda self, e, **kw: print(e, kw)})(); "
             "s = json_state(Path(sys.argv[1]), INSTANCE, log=log); "
             "print('READ', s.read(), s.set_aside)")

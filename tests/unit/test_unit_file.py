@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sparkd import exits
+from sparkd.host import exits
 
 UNIT = (Path(__file__).resolve().parents[2] / "systemd" / "sparkd.service").read_text()
 

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from sparkd.config import config_from_mapping
-from sparkd.launch import render
+from sparkd.launch.render import render
 from sparkd.preflight.base import PreflightContext, Verdict
 from sparkd.preflight.vllm_args import check_vllm_args, judge, vllm_message
 from sparkd.runtime.base import ExecResult

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.explain import parse_signal
+from sparkd.cli.explain import parse_signal
 from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.logline import clean, parse
-from sparkd.supervisor.progress import Phase, Progress, advance
+from sparkd.supervisor.progress import Phase, Startup, advance
 from sparkd.supervisor.servelog import read_serve_line
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "vllm-logs"
@@ -104,7 +104,7 @@ def test_every_line_parses(excerpt: Excerpt) -> None:
         line = parse(raw)
         assert "\x1b" not in line.text and not re.match(r"\s*\([A-Za-z_][\w.\-]* pid=\d+", line.text), raw
         read_serve_line(raw)
-    progress = reduce(lambda p, item: advance(p, item[1], float(item[0])), enumerate(excerpt.lines), Progress())
+    progress = reduce(lambda p, item: advance(p, item[1], float(item[0])), enumerate(excerpt.lines), Startup())
     if "phase" in excerpt.header:
         assert progress.phase is Phase(excerpt.header["phase"])
 

@@ -18,7 +18,7 @@ import pytest
 
 from sparkd.cluster.weights import compare, refusal
 from sparkd.config import config_from_mapping
-from sparkd.config_fabric import ALWAYS_HASHED
+from sparkd.config.fabric import ALWAYS_HASHED
 from sparkd.preflight import ioprio
 from sparkd.preflight.manifest import HashCache, Manifest, build, deadline, sha256_of
 from sparkd.preflight.weights_local import LocalWeights, model_dir

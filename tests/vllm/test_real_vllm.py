@@ -18,10 +18,10 @@ from pathlib import Path
 import anyio
 
 from sparkd.config import load_config
-from sparkd.launch import LaunchSpec, render
+from sparkd.config.profiles import profile_names
+from sparkd.launch.render import LaunchSpec, render
 from sparkd.preflight.base import PreflightContext, Verdict
 from sparkd.preflight.vllm_args import check_vllm_args
-from sparkd.profiles import profile_names
 from sparkd.runtime.process import ProcessRuntime
 from sparkd_standin.flags import ACCEPTED
 
