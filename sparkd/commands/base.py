@@ -1,9 +1,10 @@
 """What every control command shares: the daemon surface it runs against, its reply, its request parsing.
 
-A command is one module (circus's way): ``NAME`` and ``METHOD`` (its route is ``/v1/<NAME>``), a ``Request``
-with ``from_params``/``to_params`` (the query string both sides agree on), ``execute(control, request)`` on the
-daemon's side, and ``render``/``exit_code`` on sparkctl's side. Its docstring is its protocol. Every answer is
-one envelope: ``{"ok": true, "result": …}`` or ``{"ok": false, "error": "…", "result": <status or null>}``.
+A command is a :class:`~sparkd.commands.command.Command` (its shape: :mod:`sparkd.commands.command`); an
+operator's is one module (circus's way) whose ``COMMAND`` names its route (``/v1/<name>``), its ``Request`` (with
+``from_params``/``to_params``: the parameters both sides agree on), its ``execute(control, request)`` on the
+daemon's side and its ``render``/``exit_code`` on sparkctl's. Its docstring is its protocol. Every answer is one
+envelope: ``{"ok": true, "result": …}`` or ``{"ok": false, "error": "…", "result": <status or null>}``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # annotations only: sparkctl imports this module and must start fast
+    from sparkd.commands.command import Route
+    from sparkd.commands.statusdoc import Status
     from sparkd.supervisor import vocabulary as v
 
 
@@ -26,7 +29,7 @@ class NoParams:
     """The request of a command that takes no parameters."""
 
     @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> NoParams:
+    def from_params(cls, params: Mapping[str, Any]) -> NoParams:
         return cls()
 
     def to_params(self) -> dict[str, str]:
@@ -65,7 +68,9 @@ def refused(error: str, result: Any = None, code: int = 409) -> Reply:
 class Group(Protocol):
     """The group a node belongs to, as commands see it."""
 
-    async def forward(self, name: str) -> tuple[bool, dict[str, Any]]: ...
+    async def forward(self, command: Route) -> tuple[bool, dict[str, Any]]:
+        """A worker's operator command, carried out by its head for the whole group: (done, the head's envelope
+        with ``forwarded_to``)."""
 
     def on_report(self, peer: str, failure: dict[str, Any] | None) -> bool: ...
 
@@ -107,7 +112,7 @@ class Control(Protocol):
     @property
     def stop_timeout_s(self) -> float: ...
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> Status: ...
 
     def refusal(self, command: str) -> str | None: ...
 
@@ -169,5 +174,3 @@ def number(params: Mapping[str, str], name: str, default: int, *, minimum: int =
         raise BadRequest(f"{name}: must be at least {minimum}, got {value}")
     return value
 
-
-Execute = Callable[[Control, Any], Any]

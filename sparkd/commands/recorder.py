@@ -12,12 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkd.commands.base import BadRequest, Control, Reply, flag, ok
-
-NAME = "recorder"
-METHOD = "GET"
+from sparkd.commands.command import Command
 
 
-def _time(params: Mapping[str, str], name: str) -> float | None:
+def _time(params: Mapping[str, Any], name: str) -> float | None:
     raw = params.get(name)
     if raw is None or raw == "":
         return None
@@ -37,7 +35,7 @@ class Request:
     local: bool = False
 
     @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> Request:
+    def from_params(cls, params: Mapping[str, Any]) -> Request:
         return cls(since=_time(params, "since"), until=_time(params, "until"), local=flag(params, "local"))
 
     def to_params(self) -> dict[str, str]:
@@ -53,3 +51,7 @@ async def execute(control: Control, request: Request) -> Reply:
 def render(result: Any) -> str:
     return "\n".join(f"{n.get('node')}: {len(n.get('runs') or [])} runs, {len(n.get('records') or [])} records"
                      + (f" ({n['error']})" if n.get("error") else "") for n in result.get("nodes", []))
+
+
+# Not a sparkctl subcommand of its own: ``sparkctl postmortem`` and ``sparkctl bundle`` read it.
+COMMAND: Command[Request, dict[str, Any]] = Command("recorder", "GET", Request, execute, render)

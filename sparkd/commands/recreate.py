@@ -10,11 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkd.commands.base import Control, NoParams, Reply, ok, refused
-
-NAME = "recreate"
-METHOD = "POST"
-ROOT_ONLY = True  # the control socket, uid 0: a group member must not replace the container vLLM runs in
-
+from sparkd.commands.command import Cli, Command
 
 Request = NoParams
 
@@ -28,3 +24,8 @@ async def execute(control: Control, request: Request) -> Reply:
 
 def render(result: Mapping[str, Any]) -> str:
     return f"recreate: {result['recreated']}"
+
+
+COMMAND = Command("recreate", "POST", Request, execute, render, cli=Cli(
+    help="Replace vLLM's container with one made from the config (while vLLM is stopped).", timeout_s=300),
+    root_only=True)  # the control socket, uid 0: a group member must not replace the container vLLM runs in

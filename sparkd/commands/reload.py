@@ -10,10 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkd.commands.base import Control, NoParams, Reply, ok, refused
-
-NAME = "reload"
-METHOD = "POST"
-
+from sparkd.commands.command import Cli, Command
 
 Request = NoParams
 
@@ -37,3 +34,8 @@ def render(result: Mapping[str, Any]) -> str:
     for change in result["at_daemon_restart"]:
         lines.append(f"  when sparkd restarts: {change}")
     return "\n".join(lines)
+
+
+COMMAND = Command("reload", "POST", Request, execute, render, cli=Cli(
+    help="Read and validate the config on disk; show what changed. Exit 1 (nothing changed) when it is invalid.",
+    timeout_s=60))
