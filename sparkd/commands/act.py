@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, Reply, flag, ok, refused
-from sparkd.commands.command import Flag, Route
+from sparkd.commands.base import Control, Reply, Route, flag, ok, refused
+from sparkd.commands.command import Flag
 
 if TYPE_CHECKING:  # the observations are the daemon's side: sparkctl imports this module for a TAB
     from sparkd.supervisor import vocabulary as v

@@ -12,12 +12,27 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:  # annotations only: sparkctl imports this module and must start fast
-    from sparkd.commands.command import Route
     from sparkd.commands.statusdoc import Status
     from sparkd.supervisor import vocabulary as v
+
+
+Method = Literal["GET", "POST"]
+
+
+class Route(Protocol):
+    """Where a command is served (``/v1/<name>``): what a caller needs to reach it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def method(self) -> Method: ...
+
+    @property
+    def path(self) -> str: ...
 
 
 class BadRequest(ValueError):

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
+
+from sparkd.commands.base import Method, Route
 
 if TYPE_CHECKING:
     from sparkd.commands.base import Control, Reply, Stream
-
-Method = Literal["GET", "POST"]
 
 
 class Params(Protocol):
@@ -34,19 +34,6 @@ class Params(Protocol):
 
 R = TypeVar("R", bound=Params)
 T = TypeVar("T")
-
-
-class Route(Protocol):
-    """Where a command is served: what a caller needs to reach it (``forward`` takes one)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def method(self) -> Method: ...
-
-    @property
-    def path(self) -> str: ...
 
 
 class Served(Route, Protocol):

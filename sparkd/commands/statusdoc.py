@@ -46,7 +46,7 @@ class Extras(TypedDict, total=False):
     phase: str | None
 
 
-class Checks(TypedDict):
+class Checks(TypedDict, total=False):
     """The group's proofs before a start (``sparkd.daemon.groupchecks``)."""
 
     fabric: list[dict[str, Any]] | None

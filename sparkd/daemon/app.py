@@ -44,7 +44,7 @@ from sparkd.daemon.serving import start_servers
 from sparkd.daemon.settling import RecorderCollector, StartGuard
 from sparkd.daemon.startup import Trusted, prepare_or_status
 from sparkd.daemon.supervisor import Supervisor
-from sparkd.daemon.view import StatusView
+from sparkd.daemon.view import Extras, StatusView
 from sparkd.daemon.watch import Probes
 from sparkd.guard.guard import Guard
 from sparkd.host import exits
@@ -201,8 +201,8 @@ class Daemon:
                             f"({self.vllm_log.lost_lines} line(s) lost)")
         return problems
 
-    def _recorder_status(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"recorder": {**self.recorder.status(), **self.start_guard.status()}}
+    def _recorder_status(self) -> Extras:
+        extra: Extras = {"recorder": {**self.recorder.status(), **self.start_guard.status()}}
         if self.recorder.phase is not None:
             extra["phase"] = self.recorder.phase
         return extra

@@ -13,6 +13,7 @@ import anyio
 
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.commands.base import Checks
+from sparkd.commands.statusdoc import Status
 from sparkd.config import Role
 from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.node import Node
@@ -53,7 +54,7 @@ class DaemonControl:
     def stop_timeout_s(self) -> float:
         return self.node.cfg.supervisor.stop_grace_s + 30.0
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         return self.view.status()
 
     async def reload(self) -> ReloadReport:

@@ -13,6 +13,7 @@ from typing import Any
 from sparkd import __version__
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.shared import shared_settings
+from sparkd.commands.statusdoc import Checks, Extras, Status
 from sparkd.config import Config
 from sparkd.daemon.gpuwatch import GpuSampler
 from sparkd.daemon.node import Node
@@ -32,8 +33,8 @@ class StatusView:
                  guard: Callable[[], Guard | None] = lambda: None, group: Coordinator | None = None,
                  problems: Callable[[], list[str]] = list,
                  config_state: Callable[[], dict[str, Any]] = dict,
-                 more: Callable[[], dict[str, Any]] = dict,
-                 checks: Callable[[], dict[str, Any]] = dict, gpu: GpuSampler | None = None,
+                 more: Callable[[], Extras] = Extras,
+                 checks: Callable[[], Checks] = Checks, gpu: GpuSampler | None = None,
                  secret_key: str | None = None) -> None:
         self.cfg = cfg
         self.secret_key = secret_key  # the peers' shared secret: secrets in "shared" are digests under it
@@ -86,7 +87,7 @@ class StatusView:
             text += f", last failure {m.last_failure.cls.value}"
         return text
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         m, node, clock, now = self.sup.machine, self.node, self.clock, self.clock.now()
         instance, startup, last = node.instance, node.startup, m.last_failure
         ready_since = m.restart_state.ready_since
