@@ -46,6 +46,16 @@ def claim(text: object, limit: int = MAX_ERROR) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def wire(command: Command[R, T], request: R) -> tuple[str, str, dict[str, object] | None]:
+    """(method, path, JSON body) of ``command`` with ``request`` on the peer link: a GET's parameters in the query
+    string, a POST's as the body (none when it has none)."""
+    params, path = request.to_params(), command.path
+    if command.method == "GET":
+        encoded = urlencode(query(params))
+        return command.method, path + (f"?{encoded}" if encoded else ""), None
+    return command.method, path, dict(params) or None
+
+
 class PeerClient:
     def __init__(self, cfg: Config, token: str | None, *, wall: Callable[[], float] = time.time) -> None:
         self.timeout_s = cfg.cluster.peer_timeout_s
@@ -116,13 +126,8 @@ class PeerClient:
                    timeout_s: float | None = None) -> T:
         """``command`` on the peer, its path and method the command's own: a GET's request in the query string, a
         POST's as the JSON body (none when it has no parameters). Its result, as :meth:`request` returns it."""
-        params, path, body = request.to_params(), command.path, None
-        if command.method == "GET":
-            encoded = urlencode(query(params))
-            path += f"?{encoded}" if encoded else ""
-        elif params:
-            body = dict(params)
-        result = await self.request(peer, command.method, path, retries=retries, timeout_s=timeout_s, json=body)
+        method, path, body = wire(command, request)
+        result = await self.request(peer, method, path, retries=retries, timeout_s=timeout_s, json=body)
         return cast("T", result)  # the JSON the peer's sparkd sent for this command
 
     async def status(self, peer: str, *, retries: int = 2) -> Status:
