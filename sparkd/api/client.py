@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 from urllib.parse import urlencode
 
-from sparkd.commands.command import Params, query
+from sparkd.commands.command import query
 
 if TYPE_CHECKING:
-    from sparkd.commands.command import Command
+    from sparkd.commands.command import Command, Params
 
-R = TypeVar("R", bound=Params)
+R = TypeVar("R", bound="Params")
 T = TypeVar("T")
 
 

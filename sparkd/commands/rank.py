@@ -2,7 +2,7 @@
 
 The head asks each worker's daemon to stop its rank (and report any ``VLLM::*`` left), to preflight, and to
 start its rank (closing its breaker: the head decides about the group's restarts); a worker tells its head at
-once that its rank failed. These are peer commands, kept apart from the operator's (``sparkd.commands.OPERATOR``):
+once that its rank failed. These are peer commands, kept apart from the operator's (``sparkd.commands.OPERATOR_NAMES``):
 only the TCP listener serves them, to the configured peers' addresses, signed with the shared secret.
 """
 

@@ -7,12 +7,14 @@ the breaker, the guard's decision and every peer. Exit codes follow LSB: 0 ready
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkd.commands.base import Control, NoParams, Reply, ok
 from sparkd.commands.command import Cli, Command
-from sparkd.commands.statusdoc import Status
 from sparkd.host.timefmt import iso
+
+if TYPE_CHECKING:  # the fast path of `sparkctl status` imports this module
+    from sparkd.commands.statusdoc import Status
 
 EXIT_READY, EXIT_UNHEALTHY, EXIT_NOT_SERVING, EXIT_UNREACHABLE = 0, 1, 3, 4
 EXIT_TIMEOUT = 124
