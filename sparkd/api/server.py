@@ -35,8 +35,8 @@ from starlette.types import ASGIApp
 from sparkd.api.bounded import Listener, caller_of
 from sparkd.api.gates import BodyLimit, PeerGate
 from sparkd.commands import operator
-from sparkd.commands.base import BadRequest, Control, Reply, Stream
-from sparkd.commands.command import Served
+from sparkd.commands.base import BadRequest, Reply, Stream
+from sparkd.commands.port import Control, Served
 
 IDLE_TIMEOUT_S = 5  # keep-alive connections with no request are closed after this
 MAX_HEADER_BYTES = 64 * 1024

@@ -22,7 +22,8 @@ from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable, claim
 from sparkd.cluster.ranks import Member, group_problems
 from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
 from sparkd.commands import reload as reload_command
-from sparkd.commands.base import NoParams, Route
+from sparkd.commands.base import NoParams
+from sparkd.commands.port import Route
 from sparkd.commands.rank import RANK_FAILED, RANK_PREFLIGHT, RANK_START, RANK_STOP, Failed
 from sparkd.commands.statusdoc import PeerEntry, Status
 from sparkd.config import Config, Role

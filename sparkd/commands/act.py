@@ -7,13 +7,13 @@ this rank alone, for maintenance); ``reset`` always acts locally (it only closes
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, Reply, Route, flag, ok, refused
+from sparkd.commands.base import Reply, Value, flag, ok, refused
 from sparkd.commands.command import Flag
 
-if TYPE_CHECKING:  # the observations are the daemon's side: sparkctl imports this module for a TAB
+if TYPE_CHECKING:  # the daemon's side: sparkctl imports this module for a TAB
+    from sparkd.commands.port import Control, Route
     from sparkd.supervisor import vocabulary as v
 
 LOCAL_RISK = ("--local acts on this node's rank alone: the other ranks lose their peer (a headless worker hangs, "
@@ -21,9 +21,11 @@ LOCAL_RISK = ("--local acts on this node's rank alone: the other ranks lose thei
 LOCAL = Flag("local", "Act on this node's rank only (maintenance).", warning=LOCAL_RISK)
 
 
-@dataclass(frozen=True)
-class Request:
-    local: bool = False
+class Request(Value):
+    __slots__ = ("local",)
+
+    def __init__(self, local: bool = False) -> None:
+        self.local = local
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Request:

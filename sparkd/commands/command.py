@@ -12,13 +12,11 @@ its typed result. Light on purpose: sparkctl imports it on every call.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar
 
-from sparkd.commands.base import Method, Route
-
 if TYPE_CHECKING:
-    from sparkd.commands.base import Control, Reply, Stream
+    from sparkd.commands.base import Method, Reply, Stream
+    from sparkd.commands.port import Control
 
 
 class Params(Protocol):
@@ -36,37 +34,29 @@ R = TypeVar("R", bound=Params)
 T = TypeVar("T")
 
 
-class Served(Route, Protocol):
-    """What the server needs of a command, whatever its request and result types."""
-
-    @property
-    def root_only(self) -> bool: ...
-
-    def answer(self, control: Control, params: Mapping[str, Any]) -> Awaitable[Reply | Stream]: ...
-
-
-@dataclass(frozen=True)
+# Plain classes, not dataclasses: sparkctl imports this module on every TAB, and a dataclass costs ~1 ms to make.
 class Flag:
-    """A sparkctl ``--flag`` that sets the boolean field ``field`` of the request (``--dry-run``: ``dry_run``)."""
+    """A sparkctl ``--flag`` that sets the boolean field ``field`` of the request (``--dry-run``: ``dry_run``);
+    ``warning`` is said on stderr when it is given."""
 
-    field: str
-    help: str
-    warning: str | None = None  # said on stderr when the flag is given
+    __slots__ = ("field", "help", "warning")
+
+    def __init__(self, field: str, help: str, warning: str | None = None) -> None:
+        self.field, self.help, self.warning = field, help, warning
 
 
-@dataclass(frozen=True)
 class Cli:
     """How sparkctl offers an operator's command (:mod:`sparkd.cli.sparkctl` builds the subcommand from it): its
     one-paragraph help, its boolean flags, how long sparkctl waits for the answer (``timeout_s``, or
     ``long_timeout_s`` when ``long_flag`` is given) and, for a lifecycle command, the state ``--wait`` follows it
     to (``waits_for``)."""
 
-    help: str
-    flags: tuple[Flag, ...] = ()
-    waits_for: str | None = None
-    timeout_s: float = 10.0
-    long_flag: str | None = None
-    long_timeout_s: float | None = None
+    __slots__ = ("flags", "help", "long_flag", "long_timeout_s", "timeout_s", "waits_for")
+
+    def __init__(self, help: str, flags: tuple[Flag, ...] = (), waits_for: str | None = None,
+                 timeout_s: float = 10.0, long_flag: str | None = None, long_timeout_s: float | None = None) -> None:
+        self.help, self.flags, self.waits_for = help, flags, waits_for
+        self.timeout_s, self.long_flag, self.long_timeout_s = timeout_s, long_flag, long_timeout_s
 
     def timeout_for(self, flags: Mapping[str, bool]) -> float:
         if self.long_flag is not None and self.long_timeout_s is not None and flags.get(self.long_flag):
@@ -74,18 +64,22 @@ class Cli:
         return self.timeout_s
 
 
-@dataclass(frozen=True)
 class Command(Generic[R, T]):
-    """One control command; ``T`` is its result (the envelope's ``result`` when it is ``ok``)."""
+    """One control command; ``T`` is its result (the envelope's ``result`` when it is ``ok``). ``cli`` None: not a
+    sparkctl subcommand of its own (a rank's, or one another tool reads); ``root_only``: the control socket, uid 0
+    only, never over TCP."""
 
-    name: str
-    method: Method
-    request: type[R]
-    execute: Callable[[Control, R], Awaitable[Reply | Stream]]
-    render: Callable[[T], str] | None = None
-    exit_code: Callable[[T], int] | None = None
-    cli: Cli | None = None  # None: not a sparkctl subcommand of its own (a rank's, or read by another tool)
-    root_only: bool = False  # the control socket, uid 0 only, never over TCP
+    __slots__ = ("cli", "execute", "exit_code", "method", "name", "render", "request", "root_only")
+
+    def __init__(self, name: str, method: Method, request: type[R],
+                 execute: Callable[[Control, R], Awaitable[Reply | Stream]], render: Callable[[T], str] | None = None,
+                 exit_code: Callable[[T], int] | None = None, cli: Cli | None = None, *,
+                 root_only: bool = False) -> None:
+        self.name, self.method, self.request, self.execute = name, method, request, execute
+        self.render, self.exit_code, self.cli, self.root_only = render, exit_code, cli, root_only
+
+    def __repr__(self) -> str:
+        return f"Command({self.method} {self.path})"
 
     @property
     def path(self) -> str:

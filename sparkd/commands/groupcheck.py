@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import BadRequest, Control, Reply, ok, refused
+from sparkd.commands.base import BadRequest, Reply, ok, refused
 from sparkd.commands.command import Command
+
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 
 def _int(params: Mapping[str, Any], name: str, low: int, high: int, default: int | None = None) -> int:

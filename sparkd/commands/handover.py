@@ -5,10 +5,13 @@ to adopt without a cold start (the package's upgrade uses it; ``systemctl stop s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, NoParams, Reply, refused
+from sparkd.commands.base import NoParams, Reply, refused
 from sparkd.commands.command import Cli, Command
+
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 Request = NoParams
 

@@ -11,10 +11,13 @@ import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import BadRequest, Control, Reply, Stream, flag, number, ok
+from sparkd.commands.base import BadRequest, Reply, Stream, flag, number, ok
 from sparkd.commands.command import Cli, Command
+
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 DEFAULT_LINES = 200
 

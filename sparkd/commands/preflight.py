@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, Reply, flag, ok, refused
+from sparkd.commands.base import Reply, flag, ok, refused
 from sparkd.commands.command import Cli, Command, Flag
+
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 
 @dataclass(frozen=True)

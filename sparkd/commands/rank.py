@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import BadRequest, Control, NoParams, Reply, ok, refused
+from sparkd.commands.base import BadRequest, NoParams, Reply, ok, refused
 from sparkd.commands.command import Command
 from sparkd.commands.groupcheck import GROUP_CHECKS
 from sparkd.commands.statusdoc import Status
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State
+
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 START_SETTLE_S = 5.0
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import BadRequest, Control, Reply, flag, ok
+from sparkd.commands.base import BadRequest, Reply, Value, flag, ok
 from sparkd.commands.command import Command
+
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 
 def _time(params: Mapping[str, Any], name: str) -> float | None:
@@ -28,11 +30,11 @@ def _time(params: Mapping[str, Any], name: str) -> float | None:
     return value
 
 
-@dataclass(frozen=True)
-class Request:
-    since: float | None = None
-    until: float | None = None
-    local: bool = False
+class Request(Value):
+    __slots__ = ("local", "since", "until")
+
+    def __init__(self, since: float | None = None, until: float | None = None, local: bool = False) -> None:
+        self.since, self.until, self.local = since, until, local
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Request:

@@ -7,10 +7,13 @@ the new container.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, NoParams, Reply, ok, refused
+from sparkd.commands.base import NoParams, Reply, ok, refused
 from sparkd.commands.command import Cli, Command
+
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 Request = NoParams
 

@@ -5,11 +5,14 @@ if it should run. Always this node alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkd.commands.act import Request, accepted, act
-from sparkd.commands.base import Control, Reply
+from sparkd.commands.base import Reply
 from sparkd.commands.command import Cli, Command
+
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 __all__ = ["COMMAND", "Request", "execute", "render"]
 

@@ -6,11 +6,14 @@ validated config (an invalid one refuses the restart). On a group's worker the h
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkd.commands.act import LOCAL, Request, accepted, act
-from sparkd.commands.base import Control, Reply, refused
+from sparkd.commands.base import Reply, refused
 from sparkd.commands.command import Cli, Command
+
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 __all__ = ["COMMAND", "Request", "execute", "render"]
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, NoParams, Reply, ok
+from sparkd.commands.base import NoParams, Reply, ok
 from sparkd.commands.command import Cli, Command
 from sparkd.host.timefmt import iso
 
 if TYPE_CHECKING:  # the fast path of `sparkctl status` imports this module
+    from sparkd.commands.port import Control
     from sparkd.commands.statusdoc import Status
 
 EXIT_READY, EXIT_UNHEALTHY, EXIT_NOT_SERVING, EXIT_UNREACHABLE = 0, 1, 3, 4

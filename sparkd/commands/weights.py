@@ -7,11 +7,14 @@ weights are the same everywhere (or, alone, readable), 1 when not.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, Reply, ok
+from sparkd.commands.base import Reply, ok
 from sparkd.commands.command import Cli, Command, Flag
 from sparkd.commands.groupcheck import WeightsRequest
+
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 FULL_TIMEOUT_S = 24 * 3600.0  # a --full run reads every shard
 

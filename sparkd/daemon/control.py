@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 
 from sparkd.cluster.coordinator import Coordinator
-from sparkd.commands.base import Checks
+from sparkd.commands.port import Checks
 from sparkd.commands.statusdoc import Status
 from sparkd.config import Role
 from sparkd.daemon.groupchecks import GroupChecks

@@ -24,7 +24,7 @@ import sparkd.commands as registry
 from sparkd.api.server import command_routes
 from sparkd.cluster.peers import wire
 from sparkd.commands import recorder, status
-from sparkd.commands.base import Control, NoParams, Reply, flag, ok
+from sparkd.commands.base import NoParams, Reply, flag, ok
 from sparkd.commands.command import Cli, Command, Flag
 from sparkd.commands.groupcheck import (
     RANK_BANDWIDTH,
@@ -34,6 +34,7 @@ from sparkd.commands.groupcheck import (
     FabricRequest,
     WeightsRequest,
 )
+from sparkd.commands.port import Control
 from sparkd.commands.rank import RANK, RANK_FAILED, RANK_START, RANK_STOP, Failed
 from sparkd.commands.statusdoc import Status
 from sparkd.testing import FakeClock, FakeRuntime
