@@ -53,8 +53,10 @@ from sparkd.state.files import json_state
 from sparkd.state.incidents import IncidentWriter
 from sparkd.state.schema import INSTANCE
 from sparkd.supervisor import vocabulary as v
-from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.failures import Failure
 from sparkd.supervisor.health import topology_of
+from sparkd.supervisor.launchfailure import host_refused, launch_refused
+from sparkd.supervisor.peerloss import WEDGES, wedge_or_peer_lost
 from sparkd.supervisor.progress import Startup, advance, is_progress
 from sparkd.supervisor.states import State
 
@@ -223,19 +225,11 @@ class Node:
             try:
                 instance = await self.runtime.launch(replace(spec, env={**spec.env, MARKER_ENV: marker}))
             except LaunchError as exc:
-                if exc.unavailable:
-                    cls, text = FailureClass.host_unavailable, (f"The container engine does not answer ({exc}); "
-                                                                "sparkd waits for it and launches when it is back")
-                else:
-                    cls = FailureClass.config_error if exc.exit_code in (126, 127) else FailureClass.unknown
-                    text = f"The launch failed: {exc}"
-                self.post(v.LaunchFailed(Failure.of(cls, text, evidence=str(exc), exit_code=exc.exit_code)))
+                self.post(v.LaunchFailed(launch_refused(str(exc), unavailable=exc.unavailable,
+                                                        exit_code=exc.exit_code)))
                 return
             except OSError as exc:  # the host refuses what the launch writes: wait for it, spend no budget
-                self.post(v.LaunchFailed(Failure.of(
-                    FailureClass.host_unavailable, f"sparkd cannot launch vLLM: {exc.strerror or exc} "
-                    f"({exc.filename or 'the state directory'}); it waits and tries again without spending the "
-                    "restart budget.", evidence=repr(exc))))
+                self.post(v.LaunchFailed(host_refused(str(exc.strerror or exc), exc.filename, repr(exc))))
                 return
             instance = self._with_identity(instance, marker)
             self.evidence.mark_launch()
@@ -356,16 +350,13 @@ class Node:
                 listener(self.startup)
 
     def _from_watch(self, obs: v.Observation) -> None:
-        """The watch's observations; a wedge seen while a peer's sparkd is unreachable is the peer's loss (the
-        canary's timeout and the peer's grace race: the cause decides whether the group waits or counts)."""
-        lost = self.group.unreachable() if self.group is not None else []
-        if isinstance(obs, v.HealthFailed) and obs.failure.cls in (FailureClass.hang, FailureClass.stall):
-            obs = replace(obs, failure=self.annotate(obs.failure))
-        if isinstance(obs, v.HealthFailed) and lost and obs.failure.cls in (FailureClass.hang, FailureClass.stall):
-            obs = v.HealthFailed(Failure.of(
-                FailureClass.peer_lost, f"vLLM stopped answering while the sparkd of {', '.join(lost)} is "
-                "unreachable: the peer is gone (node down, frozen, or the link is cut); sparkd stops this rank and "
-                "waits for the peer.", evidence=obs.failure.sentence), obs.grace_s, obs.recorded)
+        """The watch's observations; a wedge carries the GPUs' power, and seen while a peer's sparkd is unreachable
+        it is the peer's loss (:func:`sparkd.supervisor.peerloss.wedge_or_peer_lost`)."""
+        if isinstance(obs, v.HealthFailed) and obs.failure.cls in WEDGES:
+            lost = self.group.unreachable() if self.group is not None else []
+            failure = wedge_or_peer_lost(self.annotate(obs.failure), lost)
+            obs = replace(obs, failure=failure) if failure.cls in WEDGES else v.HealthFailed(
+                failure, obs.grace_s, obs.recorded)
         self.post(obs)
 
     # ---- for the operator, the guard and the group
