@@ -75,6 +75,10 @@ class InstanceWatch:
         self.scope = anyio.CancelScope()
         self._replay_bytes = _size(instance.log_path) if replay else 0
 
+    def configure(self, health_cfg: HealthConfig) -> None:
+        """A reloaded config's health settings: from the next probe on."""
+        self.cfg = health_cfg
+
     async def run(self) -> None:
         try:
             with self.scope:
