@@ -12,9 +12,7 @@ import gc
 import os
 import random
 import signal
-import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ import anyio
 from anyio.abc import TaskGroup
 
 from sparkd.api.bounded import harden_process
-from sparkd.api.server import bind_tcp_socket, bind_unix_socket
 from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
@@ -46,6 +43,7 @@ from sparkd.daemon.reload import Reloader, keep_fixed
 from sparkd.daemon.serving import start_servers
 from sparkd.daemon.settling import RecorderCollector, StartGuard
 from sparkd.daemon.slot import InstanceSlot
+from sparkd.daemon.sockets import Sockets, StartupError, open_sockets
 from sparkd.daemon.startup import Trusted, prepare_or_status
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.tasks import Tasks
@@ -69,12 +67,6 @@ from sparkd.supervisor.states import Limits, Machine, State, restore
 SHM_NOTE_S = 60.0
 
 
-class StartupError(Exception):
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def limits_from(cfg: Config) -> Limits:
     r = cfg.restart
     return Limits(
@@ -90,30 +82,6 @@ def limits_from(cfg: Config) -> Limits:
         ),
         led=group_role(cfg) is Role.worker,
     )
-
-
-@dataclass
-class Sockets:
-    unix: socket.socket
-    tcp: socket.socket | None
-
-
-def open_sockets(cfg: Config) -> Sockets:
-    try:
-        unix = bind_unix_socket(cfg.paths.socket, group=cfg.api.socket_group)
-    except OSError as exc:
-        raise StartupError(f"cannot create the control socket {cfg.paths.socket}: {exc.strerror or exc}",
-                           exits.HOST_PROBLEM) from None
-    tcp = None
-    if cfg.api.port:
-        try:
-            tcp = bind_tcp_socket(cfg.listen, cfg.api.port)
-        except OSError as exc:
-            unix.close()
-            why = "is in use by another program" if exc.errno == 98 else f"cannot be bound: {exc.strerror or exc}"
-            raise StartupError(f"[api] port {cfg.api.port} on {cfg.listen} {why}; free it or change "
-                               "[api] port / listen", exits.HOST_PROBLEM) from None
-    return Sockets(unix, tcp)
 
 
 class Daemon:

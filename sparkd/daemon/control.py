@@ -86,7 +86,7 @@ class DaemonControl:
         return self.node.instance is None and self.sup.machine.state in (State.stopped, State.failed)
 
     def vllm_left(self) -> list[int]:
-        return self.node.vllm_left()
+        return self.node.plan.vllm_left()
 
     def log_tail(self, lines: int) -> list[str]:
         return self.node.vllm_log.last(lines)

@@ -1,9 +1,10 @@
-"""This node's vLLM: the lifecycle's effects (preflight, launch, stop, incidents) and the instance they act on.
+"""This node's vLLM: the lifecycle's effects (preflight, launch, stop, incidents), carried out on the parts the
+daemon built before it: the instance slot (the instance, its watch, its startup progress), the container's facts
+(image, drift), the failure evidence and the launch plan (:mod:`sparkd.daemon.plan`).
 
-The :class:`Node` carries out what the supervising loop hands it and posts the outcome back as an observation;
-it decides nothing about the lifecycle. It owns the instance record (``instance.json``), the instance's watch,
-the host copy of vLLM's output and the startup progress read from it. On a group's head it prepares, starts
-and stops the workers beside its own rank; on a worker it tells the head at once when its rank fails.
+The :class:`Node` posts each outcome back as an observation and decides nothing about the lifecycle. It keeps the
+instance record (``instance.json``) and the host copy of vLLM's output. On a group's head it prepares, starts and
+stops the workers beside its own rank; on a worker it tells the head at once when its rank fails.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sparkd.daemon.gpurelease import GpuRelease
 from sparkd.daemon.gpuwatch import GpuSampler
 from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.guarding import start_refusal
+from sparkd.daemon.plan import LaunchPlan
 from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.slot import InstanceSlot
 from sparkd.daemon.stopreport import StopReport, grace_for
@@ -38,20 +40,18 @@ from sparkd.host.gpu.model import GpuView
 from sparkd.host.gpu.reading import read_gpus
 from sparkd.host.logs import VllmLog
 from sparkd.launch.redact import Redactor
-from sparkd.launch.rehearsal import rehearsal, rehearsal_skips
-from sparkd.launch.render import LaunchSpec, health_settings, render
+from sparkd.launch.render import health_settings
 from sparkd.preflight.base import Check
-from sparkd.preflight.processes import expected_launch, launch_places, launch_title_prefix, stale_candidates
+from sparkd.preflight.processes import launch_places
 from sparkd.preflight.runner import (
     DEFAULT_CHECKS,
-    PreflightContext,
     PreflightReport,
     check_shm,
     check_stale_processes,
     run_preflight,
 )
 from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
-from sparkd.runtime.base import ImageIdentity, Instance, LaunchError, Runtime
+from sparkd.runtime.base import Instance, LaunchError, Runtime
 from sparkd.runtime.proctree import MARKER_ENV, ProcessIdentity, launch_marker
 from sparkd.state.files import json_state
 from sparkd.state.schema import INSTANCE
@@ -93,7 +93,7 @@ class Node:
         self.group = group
         self.guard = guard
         self.rand = rand
-        self.rehearse = rehearse
+        self.plan = LaunchPlan(config, runtime, slot, rehearse=rehearse)  # what it launches, read afresh
         self.instance_file = json_state(self.cfg.paths.state_dir / "instance.json", INSTANCE, log=log,
                                         clock=clock.wall)
         self.ledger = ShmLedger(self.cfg.paths.state_dir / LEDGER_NAME, log=log, clock=clock.wall)
@@ -135,10 +135,6 @@ class Node:
         if self.watch is not None:
             self.watch.configure(health_settings(cfg))
 
-    @property
-    def image(self) -> ImageIdentity | None:
-        return self.facts.image
-
     def on_transition(self, before: Machine, after: Machine, obs: v.Observation) -> None:
         """Ready: the launch's timing is complete, logged once (``start_timing``)."""
         if after.state is State.ready and before.state is State.starting:
@@ -152,16 +148,8 @@ class Node:
         return self.cfg.paths.state_dir / "instance.json"
 
     @property
-    def headless(self) -> bool:
-        return self.cfg.node.role is Role.worker or self.cfg.headless
-
-    @property
     def role(self) -> Role | None:
         return self.group.role if self.group is not None else None
-
-    def spec(self) -> LaunchSpec:
-        spec = render(self.cfg)
-        return rehearsal(spec) if self.rehearse else spec
 
     # ---- boot
     async def adopt(self) -> bool:
@@ -173,7 +161,7 @@ class Node:
         except Exception as exc:  # the engine is down at boot: nothing to adopt now; the record stays
             self.log.warning("adoption_impossible", error=str(exc), record=str(self.record_path))
             return False
-        if instance is not None and record is not None and not self._proven(record):
+        if instance is not None and record is not None and not self.plan.proven(record):
             self.log.warning("record_not_proven", pid=instance.pid, record=str(self.record_path),
                              why="the process the record names does not carry this node's launch marker and does "
                                  "not run what the config launches; not adopted, not touched")
@@ -212,7 +200,7 @@ class Node:
                 return
 
         async def local() -> None:
-            report = await run_preflight(self._context(), self.checks)
+            report = await run_preflight(self.plan.context(), self.checks)
             self.last_preflight = report.to_json()
             self.facts.saw_image(report.image)
             await self.facts.read_drift()
@@ -250,7 +238,7 @@ class Node:
 
     async def launch(self) -> None:
         async with self._busy:
-            spec = self.spec()
+            spec = self.plan.spec()
             self.slot.progressed(Startup())
             timing = self.timing or LaunchTiming(requested_at=self.clock.now())
             called = self.clock.now()
@@ -284,17 +272,12 @@ class Node:
             return instance
         return replace(instance, identity=identity.to_record())
 
-    def _proven(self, record: dict[str, Any]) -> bool:
-        spec = self.spec()
-        prefix = launch_title_prefix(self.cfg, self.runtime.name, spec.env)
-        return self.runtime.proven(record, expected_launch(self.cfg, spec, prefix))
-
     def _attach(self, instance: Instance, *, adopted: bool) -> None:
         cfg = self.cfg
         self.files.write_now(self.record_path, instance.to_record())
         watch = InstanceWatch(
             instance, self.runtime, post=self._from_watch, state=self.state, on_line=self.on_line,
-            classify_exit=self.classify_exit, probes=None if self.headless else self.probes(),
+            classify_exit=self.classify_exit, probes=None if self.plan.headless else self.probes(),
             health_cfg=health_settings(self.cfg), clock=self.clock, log=self.log, replay=adopted,
             topology=topology_of(cfg.nnodes, cfg.launch.tensor_parallel_size, cfg.launch.pipeline_parallel_size),
             clients_port=cfg.launch.port if self.runtime.shares_host_network else None)
@@ -338,7 +321,7 @@ class Node:
                     await watch.close()
                 self.slot.clear()
                 self.files.remove(self.record_path)
-            ctx = await launch_places(self._context())
+            ctx = await launch_places(self.plan.context())
             for check in self.sweep:
                 result = await check(ctx)
                 if result.verdict.value != "ok":
@@ -383,7 +366,7 @@ class Node:
         if self.startup is before:
             return
         self.post(v.Progress())
-        if self.headless and self.startup.distributed_ready and not before.distributed_ready:
+        if self.plan.headless and self.startup.distributed_ready and not before.distributed_ready:
             self.post(v.BecameReady())
         if self.startup.phase is not before.phase:
             if self.timing is not None:
@@ -404,23 +387,12 @@ class Node:
         self.post(obs)
 
     # ---- for the operator, the guard and the group
-    def _context(self, *, dry_run: bool = False, protect: bool = False) -> PreflightContext:
-        pids = frozenset(self.pids()) if protect else frozenset()
-        return PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime, protect=pids, dry_run=dry_run,
-                                skip=rehearsal_skips() if self.rehearse else {})
-
     async def operator_preflight(self, *, dry_run: bool) -> PreflightReport:
         """An operator's (or the head's) preflight: never touches the watched instance."""
-        report = await run_preflight(self._context(dry_run=dry_run, protect=True), self.checks)
+        report = await run_preflight(self.plan.context(dry_run=dry_run, protect=True), self.checks)
         if not dry_run:
             self.last_preflight = report.to_json()
         return report
 
     def pids(self) -> set[int]:
         return self.slot.pids()
-
-    def vllm_left(self) -> list[int]:
-        """PIDs of this node's vLLM processes still here after a stop: the stale ones (orphaned, or of its
-        previous launch), by the one definition; a neighbour's vLLM is not this node's."""
-        return [c.pid for c in stale_candidates(self._context(protect=True))]
-

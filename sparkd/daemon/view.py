@@ -126,7 +126,7 @@ class StatusView:
             "history": list(self.history),
             "pair": self.group.role.value if self.group is not None and self.group.role else None,
             "shared": shared_settings(self.cfg, self.secret_key), "image": node.facts.image_json(),
-            "image_id": node.image.id if node.image else None, "drift": node.facts.drift,
+            "image_id": node.facts.image.id if node.facts.image else None, "drift": node.facts.drift,
             "peers": self.group.peers_json() if self.group is not None else [],
             "memory": self._memory(),
             "gpu": self.gpu.status() if self.gpu is not None else None,
