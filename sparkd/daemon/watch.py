@@ -24,16 +24,12 @@ from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.health import HealthTracker
 from sparkd.supervisor.logline import clean
+from sparkd.supervisor.peerloss import names_peer_loss
 from sparkd.supervisor.readings import MetricsOff, ProbeResult, VllmMetrics
 from sparkd.supervisor.states import SERVING, State
 
 READY_POLL_S = 0.5  # /health while starting: the port refuses until vLLM is ready, so this is cheap
 DRAIN_S = 5.0  # after an exit, how long the log may take to deliver its last lines before classifying
-
-# A headless rank whose head went away hangs forever printing these (reference §5.3).
-PEER_LOST_MARKERS = ("Connection was likely closed. Did the remote server shutdown or crash?",
-                     "TCPStore server has shut down")
-
 
 class Probes(Protocol):
     """vLLM's HTTP surface as the health layers see it (sparkd.daemon.probes.HttpProbes, or a fake)."""
@@ -79,6 +75,10 @@ class InstanceWatch:
         self.scope = anyio.CancelScope()
         self._replay_bytes = _size(instance.log_path) if replay else 0
 
+    def configure(self, health_cfg: HealthConfig) -> None:
+        """A reloaded config's health settings: from the next probe on."""
+        self.cfg = health_cfg
+
     async def run(self) -> None:
         try:
             with self.scope:
@@ -115,8 +115,7 @@ class InstanceWatch:
     def _peer_lost(self, line: str) -> bool:
         if self.state() not in SERVING:
             return False
-        text = clean(line)
-        return any(marker in text for marker in PEER_LOST_MARKERS)
+        return names_peer_loss(clean(line))  # a headless rank whose head went away hangs printing these
 
     async def _watch_exit(self) -> None:
         info = await self.runtime.wait(self.instance)
