@@ -156,3 +156,20 @@ async def test_the_status_document_types_every_key_the_daemon_sends(tmp_path: Pa
         await node.until_state("ready")
         sent = set(node.status())
     assert sent == Status.__required_keys__ | Status.__optional_keys__
+
+
+@pytest.mark.parametrize(("args", "body", "sent", "printed"), [
+    (["logs", "-n", "2"], b'{"ok": true, "result": ["one", "two"]}', "GET /v1/logs?lines=2&follow=0 HTTP/1.1",
+     "one\ntwo\n"),
+    (["incidents"], b'{"ok": true, "result": []}', "GET /v1/incidents HTTP/1.1", "\n"),
+    (["preflight", "--dry-run"], b'{"ok": true, "result": {"ok": true, "results": []}}',
+     "POST /v1/preflight?dry_run=1 HTTP/1.1", "\n"),
+])
+def test_the_subcommands_with_their_own_options_send_their_command(tmp_path: Path, args: list[str], body: bytes,
+                                                                   sent: str, printed: str) -> None:
+    daemon = OneAnswer(tmp_path / "d.sock", body)
+    try:
+        result = CliRunner().invoke(sparkctl.main, ["--socket", str(daemon.path), *args])
+    finally:
+        daemon.listener.close()
+    assert (result.exit_code, result.output, daemon.requests) == (0, printed, [sent])
