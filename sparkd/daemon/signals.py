@@ -1,12 +1,9 @@
-"""Health signals: what the watch of a serving vLLM asks it now and then, each with the pure rule that judges it.
+"""The health signals of a serving vLLM: what its watch asks it now and then, each judged by a pure rule.
 
-A :class:`Signal` is a probe (one reading through the instance's :class:`Probes`), the rule that folds the reading
-into the instance's :class:`~sparkd.supervisor.health.HealthTracker` (pure: ``(tracker, reading, now, cfg) ->
-(tracker, observation or None)``, the shape of ``health.observe_*``), and its cadence. :class:`~sparkd.daemon.watch.
-InstanceWatch` runs every signal of :data:`SIGNALS` through one loop: sleep ``every_s``, and while vLLM serves,
-probe, then fold. A rule that keeps state of its own keeps it in ``HealthTracker.signals[name]``.
-
-A new signal is one module (its probe and its rule, and its ``Signal``) and one line in :data:`SIGNALS`.
+:class:`~sparkd.daemon.watch.InstanceWatch` runs every signal of :data:`SIGNALS` through one loop: sleep
+``every_s``, and while vLLM serves, probe, then fold the reading into the health tracker (what a signal is:
+:mod:`sparkd.daemon.healthsignal`). A new signal is one module (its probe, its rule and its ``Signal``) and one
+line in :data:`SIGNALS`.
 
 ``/health`` and vLLM's ``/metrics`` are not signals of this list: they are the readiness loop, which also runs
 before vLLM serves (every 0.5 s until the first 200) and counts the clients connected before each scrape.
@@ -14,40 +11,11 @@ before vLLM serves (every 0.5 s until the first 200) and counts the clients conn
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any
 
-from sparkd.config import HealthConfig
+from sparkd.daemon.healthsignal import Probes, Signal
 from sparkd.supervisor import health
-from sparkd.supervisor.readings import MetricsOff, ProbeResult, VllmMetrics
-
-R = TypeVar("R")
-
-
-class Probes(Protocol):
-    """vLLM's HTTP surface as the health layers see it (sparkd.daemon.probes.HttpProbes, or a fake)."""
-
-    async def health(self) -> ProbeResult: ...
-
-    async def metrics(self) -> VllmMetrics | MetricsOff | None: ...
-
-    async def canary(self) -> ProbeResult: ...
-
-    async def aclose(self) -> None: ...
-
-
-Rule = Callable[[health.HealthTracker, Any, float, HealthConfig], health.Step]
-
-
-@dataclass(frozen=True)
-class Signal(Generic[R]):
-    name: str
-    probe: Callable[[Probes], Awaitable[R]]
-    rule: Callable[[health.HealthTracker, R, float, HealthConfig], health.Step]
-    every_s: Callable[[HealthConfig], float | None]  # seconds between readings; None: the signal is off
-    # Its probe opens a connection on vLLM's API port while it waits: not one of vLLM's clients.
-    own_connection: bool = False
+from sparkd.supervisor.readings import ProbeResult
 
 
 async def _canary(probes: Probes) -> ProbeResult:

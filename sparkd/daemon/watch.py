@@ -17,7 +17,8 @@ import anyio
 
 from sparkd.config import HealthConfig
 from sparkd.daemon.clientconns import open_clients
-from sparkd.daemon.signals import SIGNALS, Probes, Signal
+from sparkd.daemon.healthsignal import Probes, Signal
+from sparkd.daemon.signals import SIGNALS
 from sparkd.host.clock import Clock
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor import health
