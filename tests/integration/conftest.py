@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_harness import Fleet
+from pair_harness import Link, Pair
 
 
 @pytest.fixture
@@ -15,3 +17,20 @@ def sparkd(tmp_path: Path) -> Iterator[Fleet]:
     fleet = Fleet(tmp_path)
     yield fleet
     fleet.close()
+
+
+@pytest.fixture
+def make_pair(tmp_path: Path) -> Iterator[Any]:
+    """``make_pair(**sections)`` makes a head and a worker in two namespaces of their own; all closed after."""
+    pairs: list[Pair] = []
+
+    def make(**kw: Any) -> Pair:
+        folder = tmp_path / f"p{len(pairs)}"
+        folder.mkdir()
+        pair = Pair(folder, Link.create(), **kw)
+        pairs.append(pair)
+        return pair
+
+    yield make
+    for pair in pairs:
+        pair.close()

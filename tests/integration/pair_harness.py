@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon_harness import BIN, Sparkd, base_config, peer_token, unique_prefix
+import psutil
+from daemon_harness import BIN, Sparkd, alive, base_config, kill_tree, peer_token, title_prefix, tree, unique_prefix
 
 _NETS = itertools.count(1)
 # Namespaces are named after this prefix (a session sharing the host with others may set its own).
@@ -180,3 +181,46 @@ def launch_time(status: dict[str, Any], launches: int = 1) -> float:
     """Wall time the n-th launch of this run entered `starting` (from the daemon's history)."""
     starts = [h["at"] for h in status.get("history", []) if h.get("state") == "starting" and "phase" not in h]
     return starts[launches - 1] if len(starts) >= launches else float("inf")
+
+
+class Pair:
+    def __init__(self, tmp: Path, link: Link, **kw: Any) -> None:
+        self.link = link
+        head_cfg, worker_cfg = pair_configs(tmp, link, **kw)
+        self.head = NodeDaemon(tmp / "head", head_cfg, link.head_ns)
+        self.worker = NodeDaemon(tmp / "worker", worker_cfg, link.worker_ns)
+        self.seen: list[psutil.Process] = []
+
+    def start(self) -> Pair:
+        self.worker.start()
+        self.head.start()
+        return self
+
+    def ready(self, head_launches: int = 1, timeout: float = 90) -> tuple[int, int]:
+        def current(daemon: NodeDaemon, s: dict[str, Any]) -> bool:
+            return daemon.proc is not None and s.get("daemon_pid") == daemon.proc.pid and s.get("state") == "ready"
+
+        head = self.head.wait_for(lambda s: current(self.head, s) and s.get("launches", 0) >= head_launches,
+                                  timeout, f"head ready (launch {head_launches})")
+        worker = self.worker.wait_for(lambda s: current(self.worker, s), timeout, "worker ready")
+        for pid in (head["pid"], worker["pid"]):
+            self.seen.extend(tree(pid))
+        return int(head["pid"]), int(worker["pid"])
+
+    def one_instance_per_node(self) -> None:
+        for daemon in (self.head, self.worker):
+            pid = daemon.status()["pid"]
+            prefix = title_prefix(daemon.config)
+            ours = {p.pid for p in tree(pid)}
+            titled = {p.pid for p in psutil.process_iter(["cmdline"])
+                      if (p.info["cmdline"] or [""])[0].startswith(prefix)}
+            assert titled and titled <= ours, f"{daemon.ns}: {titled - ours} outside the instance {pid}"
+
+    def close(self) -> None:
+        for daemon in (self.head, self.worker):
+            pid = daemon.status().get("pid")
+            if pid:
+                self.seen.extend(tree(pid))
+            daemon.end()
+        kill_tree(alive(self.seen))
+        self.link.destroy()

@@ -5,73 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import psutil
-import pytest
-from daemon_harness import alive, kill_tree, title_prefix, tree
-from pair_harness import Link, NodeDaemon, launch_time, pair_configs
-
-
-class Pair:
-    def __init__(self, tmp: Path, link: Link, **kw: Any) -> None:
-        self.link = link
-        head_cfg, worker_cfg = pair_configs(tmp, link, **kw)
-        self.head = NodeDaemon(tmp / "head", head_cfg, link.head_ns)
-        self.worker = NodeDaemon(tmp / "worker", worker_cfg, link.worker_ns)
-        self.seen: list[psutil.Process] = []
-
-    def start(self) -> Pair:
-        self.worker.start()
-        self.head.start()
-        return self
-
-    def ready(self, head_launches: int = 1, timeout: float = 90) -> tuple[int, int]:
-        def current(daemon: NodeDaemon, s: dict[str, Any]) -> bool:
-            return daemon.proc is not None and s.get("daemon_pid") == daemon.proc.pid and s.get("state") == "ready"
-
-        head = self.head.wait_for(lambda s: current(self.head, s) and s.get("launches", 0) >= head_launches,
-                                  timeout, f"head ready (launch {head_launches})")
-        worker = self.worker.wait_for(lambda s: current(self.worker, s), timeout, "worker ready")
-        for pid in (head["pid"], worker["pid"]):
-            self.seen.extend(tree(pid))
-        return int(head["pid"]), int(worker["pid"])
-
-    def one_instance_per_node(self) -> None:
-        for daemon in (self.head, self.worker):
-            pid = daemon.status()["pid"]
-            prefix = title_prefix(daemon.config)
-            ours = {p.pid for p in tree(pid)}
-            titled = {p.pid for p in psutil.process_iter(["cmdline"])
-                      if (p.info["cmdline"] or [""])[0].startswith(prefix)}
-            assert titled and titled <= ours, f"{daemon.ns}: {titled - ours} outside the instance {pid}"
-
-    def close(self) -> None:
-        for daemon in (self.head, self.worker):
-            pid = daemon.status().get("pid")
-            if pid:
-                self.seen.extend(tree(pid))
-            daemon.end()
-        kill_tree(alive(self.seen))
-        self.link.destroy()
-
-
-@pytest.fixture
-def make_pair(tmp_path: Path) -> Iterator[Any]:
-    pairs: list[Pair] = []
-
-    def make(**kw: Any) -> Pair:
-        folder = tmp_path / f"p{len(pairs)}"
-        folder.mkdir()
-        pair = Pair(folder, Link.create(), **kw)
-        pairs.append(pair)
-        return pair
-
-    yield make
-    for pair in pairs:
-        pair.close()
+from daemon_harness import alive, kill_tree, tree
+from pair_harness import launch_time
 
 
 def test_cold_start_starts_the_worker_before_the_head(make_pair: Any) -> None:

@@ -11,13 +11,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-from pair_harness import FLOOD_HOLDER, Intruder, Link
-from test_pair import Pair
+from pair_harness import FLOOD_HOLDER, Intruder, Pair
 
 PY = sys.executable
 
@@ -61,22 +58,6 @@ SNIFFER = textwrap.dedent("""\
             pass
     open(out, "wb").write(b"".join(frames))
     """)
-
-
-@pytest.fixture
-def make_pair(tmp_path: Path) -> Iterator[Any]:
-    made: list[Pair] = []
-
-    def make(**kw: Any) -> Pair:
-        folder = tmp_path / f"p{len(made)}"
-        folder.mkdir()
-        pair = Pair(folder, Link.create(), **kw)
-        made.append(pair)
-        return pair
-
-    yield make
-    for pair in made:
-        pair.close()
 
 
 def request(ns: str, host: str, port: int, method: str, path: str, secret: str, *, skew: float = 0, times: int = 1,

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 from daemon_harness import render_toml
-from pair_harness import Link
-from test_pair import Pair
+from pair_harness import Link, Pair
 from test_peer_attacks import SNIFFER
 
 PY = sys.executable

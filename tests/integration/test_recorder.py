@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 import pytest
 from daemon_harness import BIN, STANDIN, Sparkd
+from fakememinfo import Meminfo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -130,8 +131,8 @@ class MemoryView:
     hold, rewritten in place every 50 ms (the daemon keeps the file open)."""
 
     def __init__(self, path: Path, holders: Path) -> None:
-        self.path, self.holders = path, holders
-        self.lines = Path("/proc/meminfo").read_text().splitlines()
+        self.holders = holders
+        self.meminfo = Meminfo(path, 20 * GIB)
         self.stop = threading.Event()
         self.write()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -145,20 +146,7 @@ class MemoryView:
         return total
 
     def write(self) -> None:
-        available = 20 * GIB - self.held()
-        out = []
-        for line in self.lines:
-            key = line.split(":")[0]
-            if key in ("MemAvailable", "MemFree"):
-                line = f"{key}:{available // 1024:>16} kB"
-            out.append(line)
-        data = ("\n".join(out) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
-        finally:
-            os.close(fd)
+        self.meminfo.set(20 * GIB - self.held())
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
@@ -192,7 +180,7 @@ def test_restarts_that_keep_losing_memory_stop_with_reboot_needed(sparkd: Any,
     wrapper, view = leaky_standin
     daemon: Sparkd = sparkd(
         launch={"executable": str(wrapper), "env": {"SPARKD_STANDIN_DIE_AFTER": "0.5"}},
-        guard={"meminfo_path": str(view.path)},
+        guard={"meminfo_path": str(view.meminfo.path)},
         recorder={"settle_s": 1.0, "settle_band": "128 MiB", "reboot_after_falls": 3, "reboot_min_fall": "256 MiB"})
     daemon.start()
     status = daemon.wait_state("failed", 120)

@@ -12,7 +12,6 @@ a leak drives it: taking this shared machine's real memory that low would take t
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 import time
@@ -21,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fakememinfo
 import pytest
 from daemon_harness import alive, kill_tree, tree
 from pair_harness import Link, NodeDaemon, pair_configs
@@ -28,26 +28,8 @@ from pair_harness import Link, NodeDaemon, pair_configs
 GIB = 1 << 30
 
 
-class Meminfo:
-    """The head's /proc/meminfo: the host's lines with MemAvailable and MemFree set by the test, in place."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.lines = Path("/proc/meminfo").read_text().splitlines()
-        self.available = 12 * GIB
-        self.set(self.available)
-
-    def set(self, available: int) -> None:
-        self.available = available
-        out = [f"{line.split(':')[0]}:{available // 1024:>16} kB" if line.split(":")[0] in ("MemAvailable", "MemFree")
-               else line for line in self.lines]
-        data = ("\n".join(out) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
-        finally:
-            os.close(fd)
+class Meminfo(fakememinfo.Meminfo):
+    """The head's /proc/meminfo, set by the test."""
 
     def leak(self, per_s: int, floor: int, stop: threading.Event) -> None:
         while not stop.wait(0.1) and self.available > floor:
@@ -58,7 +40,7 @@ class Meminfo:
 def pair(tmp_path: Path) -> Iterator[dict[str, Any]]:
     link = Link.create()
     head_cfg, worker_cfg = pair_configs(tmp_path, link, recorder={"interval_s": 0.5})
-    meminfo = Meminfo(tmp_path / "head-meminfo")
+    meminfo = Meminfo(tmp_path / "head-meminfo", 12 * GIB)
     boot = tmp_path / "head-boot-id"
     boot.write_text(f"{uuid.uuid4()}\n")
     head_cfg["guard"].update(meminfo_path=str(meminfo.path), dry_run=True)

@@ -10,7 +10,6 @@ corpus in tests/data/vllm-logs/ was cut from such a copy).
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,16 +23,12 @@ for harness in ("integration", "realvllm"):
     if path not in sys.path:
         sys.path.insert(0, path)
 
+from modload import load  # noqa: E402
 from tier import Tier  # noqa: E402
 
 
 def _ensure() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sparkd_tests_realvllm_ensure", HERE / "ensure.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load(HERE / "ensure.py", "sparkd_tests_realvllm_ensure")
 
 
 @pytest.fixture(scope="session")

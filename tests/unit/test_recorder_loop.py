@@ -4,12 +4,12 @@ file the test writes (scripted histories, no sleep)."""
 from __future__ import annotations
 
 import itertools
-import os
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from fakememinfo import Meminfo
 from loop_harness import config, running
 
 from sparkd.commands import reset
@@ -17,23 +17,6 @@ from sparkd.recorder.record import decode, encode
 from sparkd.testing import FakeClock, FakeRuntime
 
 GIB, MIB = 1 << 30, 1 << 20
-
-
-class Meminfo:
-    def __init__(self, path: Path, available: int) -> None:
-        self.path, self.lines = path, Path("/proc/meminfo").read_text().splitlines()
-        self.set(available)
-
-    def set(self, available: int) -> None:
-        self.available = available
-        text = "\n".join(f"{line.split(':')[0]}:{available // 1024:>16} kB"
-                         if line.split(":")[0] in ("MemAvailable", "MemFree") else line for line in self.lines) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, text.encode(), 0)
-            os.ftruncate(fd, len(text.encode()))
-        finally:
-            os.close(fd)
 
 
 def gated(tmp: Path, meminfo: Meminfo, **recorder: Any) -> Any:

@@ -5,13 +5,12 @@ Collected only with ``SPARKD_TEST_VLLM=1`` (the Makefile target sets it): the de
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from modload import load
 
 HERE = Path(__file__).resolve().parent
 
@@ -20,12 +19,7 @@ if os.environ.get("SPARKD_TEST_VLLM", "").strip() not in ("1", "true", "yes"):
 
 
 def _ensure_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sparkd_tests_ensure_vllm", HERE / "ensure_vllm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load(HERE / "ensure_vllm.py", "sparkd_tests_ensure_vllm")
 
 
 @pytest.fixture(scope="session")
