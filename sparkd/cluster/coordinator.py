@@ -264,6 +264,10 @@ class Coordinator:
             self._worker_rank_failed(named, failure)
         return True
 
+    def configure(self, cfg: Config) -> None:
+        """A reloaded config: the next start, stop and poll read it."""
+        self.cfg = cfg
+
     def unreachable(self) -> list[str]:
         """The peers whose sparkd does not answer now."""
         return [peer for peer, view in self.views.items() if view.since_unreachable is not None]

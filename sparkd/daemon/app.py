@@ -12,9 +12,7 @@ import gc
 import os
 import random
 import signal
-import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ import anyio
 from anyio.abc import TaskGroup
 
 from sparkd.api.bounded import harden_process
-from sparkd.api.server import bind_tcp_socket, bind_unix_socket
 from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
@@ -30,10 +27,13 @@ from sparkd.config import Config, Role
 from sparkd.daemon import remembered
 from sparkd.daemon.breaker import ConfigBreaker
 from sparkd.daemon.control import DaemonControl
+from sparkd.daemon.current import CurrentConfig
+from sparkd.daemon.evidence import FailureEvidence
+from sparkd.daemon.facts import ContainerFacts
 from sparkd.daemon.files import StateWriter
-from sparkd.daemon.gpuwatch import GpuSampler
+from sparkd.daemon.gpuwatch import GpuSampler, LaunchDevices
 from sparkd.daemon.groupchecks import GroupChecks
-from sparkd.daemon.guarding import NodeGuardHooks, start_refusal
+from sparkd.daemon.guarding import NodeGuardHooks
 from sparkd.daemon.metrics import Metrics
 from sparkd.daemon.node import Node
 from sparkd.daemon.probes import HttpProbes
@@ -42,31 +42,29 @@ from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.reload import Reloader, keep_fixed
 from sparkd.daemon.serving import start_servers
 from sparkd.daemon.settling import RecorderCollector, StartGuard
+from sparkd.daemon.slot import InstanceSlot
+from sparkd.daemon.sockets import Sockets, StartupError, open_sockets
 from sparkd.daemon.startup import Trusted, prepare_or_status
 from sparkd.daemon.supervisor import Supervisor
+from sparkd.daemon.tasks import Tasks
 from sparkd.daemon.view import StatusView
 from sparkd.daemon.watch import Probes
 from sparkd.guard.guard import Guard
 from sparkd.host import exits
 from sparkd.host.clock import Clock, SystemClock
+from sparkd.host.gpu.reading import read_gpus
 from sparkd.host.logs import VllmLog, configure_logging, get_logger
 from sparkd.host.notify import Notifier
-from sparkd.launch.redact import redactor_for, use_for_logs
-from sparkd.launch.render import api_key, health_settings
+from sparkd.launch.render import api_key
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Runtime
-from sparkd.state.incidents import IncidentWriter
 from sparkd.state.lock import AlreadyRunning, NodeLock
+from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.policy import RestartPolicy
-from sparkd.supervisor.states import Limits, State, restore
+from sparkd.supervisor.progress import Startup
+from sparkd.supervisor.states import Limits, Machine, State, restore
 
 SHM_NOTE_S = 60.0
-
-
-class StartupError(Exception):
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def limits_from(cfg: Config) -> Limits:
@@ -86,74 +84,62 @@ def limits_from(cfg: Config) -> Limits:
     )
 
 
-@dataclass
-class Sockets:
-    unix: socket.socket
-    tcp: socket.socket | None
-
-
-def open_sockets(cfg: Config) -> Sockets:
-    try:
-        unix = bind_unix_socket(cfg.paths.socket, group=cfg.api.socket_group)
-    except OSError as exc:
-        raise StartupError(f"cannot create the control socket {cfg.paths.socket}: {exc.strerror or exc}",
-                           exits.HOST_PROBLEM) from None
-    tcp = None
-    if cfg.api.port:
-        try:
-            tcp = bind_tcp_socket(cfg.listen, cfg.api.port)
-        except OSError as exc:
-            unix.close()
-            why = "is in use by another program" if exc.errno == 98 else f"cannot be bound: {exc.strerror or exc}"
-            raise StartupError(f"[api] port {cfg.api.port} on {cfg.listen} {why}; free it or change "
-                               "[api] port / listen", exits.HOST_PROBLEM) from None
-    return Sockets(unix, tcp)
-
-
 class Daemon:
-    """Everything one node's sparkd runs, built from the config and wired through narrow ports."""
+    """Everything one node's sparkd runs, built from the config and wired through narrow ports: the mailbox first
+    (the supervisor), then every part that posts to it, each complete when its constructor returns."""
 
     def __init__(self, cfg: Config, runtime: Runtime, *, rehearse: bool = False, clock: Clock | None = None,
                  notifier: Notifier | None = None, probes: Callable[[], Probes] | None = None,
                  rand: Callable[[], float] = random.random, config_path: Path | None = None,
-                 trusted: Trusted | None = None, **node_options: Any) -> None:
-        self.cfg = cfg
+                 trusted: Trusted | None = None, guard: Guard | None = None, **node_options: Any) -> None:
+        """``guard``: a stand-in for the memory guard (a test's; the daemon does not run it). ``node_options``: the
+        Node's own (``gpus``: the GPU reader, ``checks``, ``sweep``)."""
         self.runtime = runtime
         self.clock = clock or SystemClock()
         self.notifier = notifier or Notifier()
         self.log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
-        self.files = StateWriter(self.log)
-        self.vllm_log = VllmLog.from_config(cfg)
         self.trusted = trusted or Trusted.unchecked(cfg)  # `sparkd run` checked the token file (owner, mode, length)
         self.token = self.trusted.token
+        self.config = CurrentConfig(cfg, token=self.token)
+        self.files = StateWriter(self.log)
+        self.vllm_log = VllmLog.from_config(cfg)
+        self.tasks = Tasks()
         self.peer_addresses = PeerAddresses(cfg.cluster.peers) if cfg.cluster.peers else None
-        self.guard: Guard | None = None
         machine = restore(remembered.load(self.lifecycle_path, self.clock, self.log), self.clock.now())
-        self.sup = Supervisor(machine=machine, limits=limits_from(cfg), effects=_Deferred(), clock=self.clock,
-                              log=self.log, remember=self._remember)
+        self.sup = Supervisor(machine=machine, limits=limits_from(cfg), clock=self.clock, log=self.log,
+                              remember=self._remember)
+        self.slot, self.facts = InstanceSlot(runtime), ContainerFacts(runtime)
         self.group = self._group()
         self.checks = GroupChecks(cfg, runtime, self.group.client if self.group is not None else None, log=self.log,
-                                  image=lambda: self.node.image, spawn=lambda fn: self.node._spawn(fn))
-        self.node = Node(
-            cfg, runtime, post=self.sup.post, state=lambda: self.sup.machine.state, clock=self.clock,
-            log=self.log, vllm_log=self.vllm_log,
-            incidents=IncidentWriter(cfg.paths.incidents, keep=cfg.supervisor.incidents_keep, log=self.log),
-            files=self.files, probes=probes or self._probes, group=self.group,
-            start_gate=lambda: start_refusal(self.guard), rand=rand, rehearse=rehearse,
-            redact=use_for_logs(redactor_for(cfg, token=self.token)),
-            guard=lambda: self.guard, group_checks=self.checks,
-            before_start=lambda: self.start_guard.before_start(), **node_options)
-        self.sup.effects = self.node
-        self.gpu = GpuSampler(self.node.gpus, self.clock, self.log, self.node.launch_gpus)
-        self.node.evidence.gpu = lambda: None if self.gpu.latest is None or self.gpu.absent else self.gpu.evidence()
-        self.node.annotate = lambda failure: self.gpu.annotate(failure, self.cfg.health.stall_after_s)
-        self.registry = InstanceRegistry(cfg, config_path, self.log)
-        self.node.registry = self.registry
-        self.recorder = DaemonRecorder(cfg, self.sup, self.node, self.clock, self.log, guard=lambda: self.guard,
+                                  image=self.facts.identity, spawn=self.tasks.spawn)
+        gpus = node_options.pop("gpus", read_gpus)
+        self.gpu = GpuSampler(gpus, self.clock, self.log, LaunchDevices(self.config, runtime.name, rehearse=rehearse))
+        self.evidence = FailureEvidence(self.config, runtime, vllm_log=self.vllm_log, clock=self.clock, log=self.log,
+                                        state=self.sup.state, instance=self.slot.current,
+                                        gpu=self.gpu.incident_evidence)
+        self.guard_hooks = NodeGuardHooks(self.slot, self.evidence.write_guard_evidence, self.sup.post,
+                                          self.sup.state, self.log)
+        self.own_guard = guard is None and cfg.guard.enabled  # a stand-in's is not run
+        self.guard = Guard(cfg.guard, self.guard_hooks) if self.own_guard else guard
+        self.registry = InstanceRegistry(self.config, config_path, self.log)
+        self.recorder = DaemonRecorder(self.config, self.sup, self.slot, self.clock, self.log, guard=self.guard,
                                        group=self.group)
-        self.start_guard = StartGuard(cfg, self.recorder, self.files, self.clock, self.log, on_phase=self._on_settle)
-        self.reloader = Reloader(config_path, lambda: self.cfg, self.apply_config, self.log)
-        self.view = StatusView(cfg, self.sup, self.node, self.clock, guard=lambda: self.guard, group=self.group,
+        self.start_guard = StartGuard(self.config, self.recorder, self.files, self.clock, self.log,
+                                      on_phase=self._on_settle)
+        self.node = Node(
+            self.config, runtime, post=self.sup.post, state=self.sup.state, clock=self.clock, log=self.log,
+            spawn=self.tasks.spawn, vllm_log=self.vllm_log, files=self.files, probes=probes or self._probes,
+            slot=self.slot, facts=self.facts, evidence=self.evidence, registry=self.registry, group=self.group,
+            guard=self.guard, rand=rand, rehearse=rehearse, before_start=self.start_guard.before_start,
+            group_checks=self.checks, gpus=gpus, gpu=self.gpu, **node_options)
+        self._wire_the_rest(config_path)
+
+    def _wire_the_rest(self, config_path: Path | None) -> None:
+        """The views and the operator's surface, over the parts built above."""
+        self.reloader = Reloader(config_path, self.config, self.config.replace, self.log)
+        self.breaker = ConfigBreaker(self.config().paths.state_dir / "breaker-config.json", self.config.launch_hash,
+                                     self.sup.post, self.files, self.log)
+        self.view = StatusView(self.config, self.sup, self.node, self.clock, guard=self.guard, group=self.group,
                                problems=self.problems, config_state=self.config_state, checks=self.checks.status,
                                more=self._recorder_status, gpu=self.gpu, secret_key=self.token)
         self.metrics = Metrics(self.view)
@@ -161,12 +147,14 @@ class Daemon:
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
                                      handover=self.handover, checks=self.checks)
         self._scope: anyio.CancelScope | None = None
-        self.breaker = ConfigBreaker(cfg.paths.state_dir / "breaker-config.json", lambda: self.cfg.launch_hash(),
-                                     self.sup.post, self.files, self.log)
-        self.sup.listeners.append(self.breaker.on_transition)
-        self.sup.listeners.append(lambda before, after, obs: self.publish())
-        self.node.phase_listeners.append(lambda startup: self.publish())
         self._signals_seen = 0
+        self.shm_due = anyio.Event()  # vLLM became ready: note what it holds in /dev/shm now
+        for listener in (self.breaker.on_transition, self.node.on_transition, self._on_transition):
+            self.sup.listen(listener)
+        self.node.phase_listeners.append(self._on_phase)
+        adapters = (self.runtime.configure, self.checks.configure, *((self.group.configure,) if self.group else ()))
+        for follower in (*adapters, self.evidence.configure, self.node.configure, self._configure):
+            self.config.follow(follower)
 
     @property
     def lifecycle_path(self) -> Path:
@@ -179,10 +167,8 @@ class Daemon:
     def _group(self) -> Coordinator | None:
         if group_role(self.cfg) is None:
             return None
-        return Coordinator(self.cfg, PeerClient(self.cfg, self.token), post=self.sup.post,
-                           state=lambda: self.sup.machine.state,
-                           image=lambda: self.node.image.to_json() if self.node.image else None,
-                           clock=self.clock, log=self.log, addresses=self.peer_addresses)
+        return Coordinator(self.cfg, PeerClient(self.cfg, self.token), post=self.sup.post, state=self.sup.state,
+                           image=self.facts.image_json, clock=self.clock, log=self.log, addresses=self.peer_addresses)
 
     def _probes(self) -> HttpProbes:
         launch, health = self.cfg.launch, self.cfg.health
@@ -210,32 +196,29 @@ class Daemon:
     def _on_settle(self, phase: str | None) -> None:
         """The memory settle is a phase of the preflight: in status, its history and `restart --wait`."""
         if phase is not None:
-            self.view.history.append({"at": self.clock.wall(), "state": self.sup.machine.state.value,
-                                      "phase": phase})
+            self.view.note_phase(phase)
         self.publish()
 
-    def apply_config(self, cfg: Config) -> None:
-        """Take on a reloaded config: daemon settings at once, launch settings at the next start."""
-        self.cfg = cfg
-        self.registry.cfg = cfg
-        self.sup.limits = limits_from(cfg)
-        self.node.cfg = cfg
-        if self.node.watch is not None:
-            self.node.watch.cfg = health_settings(cfg)
-        self.node.evidence.incidents.keep = cfg.supervisor.incidents_keep
-        self.node.redact = self.node.evidence.redact = use_for_logs(redactor_for(cfg, token=self.token))  # new secrets
-        self.recorder.cfg = self.start_guard.cfg = cfg  # the ring's path and size apply at the next daemon start
-        self.vllm_log.max_bytes, self.vllm_log.backups = cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups
+    @property
+    def cfg(self) -> Config:
+        return self.config()
+
+    def _configure(self, cfg: Config) -> None:
+        """A reloaded config (``CurrentConfig.replace``): what the daemon derives from it, then the breaker."""
+        self.sup.configure(limits_from(cfg))
+        self.vllm_log.configure(cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups)
         configure_logging(cfg.log)
-        self.view.cfg = cfg
-        if self.group is not None:
-            self.group.cfg = cfg
-        self.checks.configure(cfg)
         if self.guard is not None:
-            self.guard.cfg = cfg.guard
-        if hasattr(self.runtime, "cfg"):
-            self.runtime.cfg = cfg
+            self.guard.configure(cfg.guard)
         self.breaker.check(self.sup.machine)
+        self.publish()
+
+    def _on_transition(self, before: Machine, after: Machine, obs: v.Observation) -> None:
+        if after.state is State.ready and before.state is not State.ready:
+            self.shm_due.set()
+        self.publish()
+
+    def _on_phase(self, startup: Startup) -> None:
         self.publish()
 
     def config_state(self) -> dict[str, Any]:
@@ -270,13 +253,11 @@ class Daemon:
         try:
             async with anyio.create_task_group() as tg:
                 self._scope = tg.cancel_scope
-                self.node.task_group = tg
+                await tg.start(self.tasks.run)
                 tg.start_soon(self.files.run)
                 if sockets is not None:
                     self._serve(tg, sockets)
-                if self.cfg.guard.enabled:
-                    self.guard = Guard(self.cfg.guard, NodeGuardHooks(self.node, self.sup.post,
-                                                                       lambda: self.sup.machine.state))
+                if self.own_guard and self.guard is not None:
                     await tg.start(self.guard.run)
                 if self.group is not None:
                     tg.start_soon(self.group.watch)
@@ -288,7 +269,7 @@ class Daemon:
                 tg.start_soon(self._note_shm)
                 self.registry.write()
                 self.publish()
-                await self.sup.run(boot=self._boot)
+                await self.sup.run(self.node, boot=self._boot)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -334,13 +315,10 @@ class Daemon:
 
     async def _note_shm(self) -> None:
         """What the instance holds in /dev/shm, noted every SHM_NOTE_S and right after it becomes ready."""
-        ready = anyio.Event()
-        self.sup.listeners.append(lambda before, after, obs: ready.set() if after.state is State.ready
-                                  and before.state is not State.ready else None)
         while True:
             with anyio.move_on_after(SHM_NOTE_S):
-                await ready.wait()
-            ready = anyio.Event()
+                await self.shm_due.wait()
+            self.shm_due = anyio.Event()
             await self.node.note_shm()
             self.registry.write()  # another instance's unit may have cleared /run/sparkd meanwhile
 
@@ -351,13 +329,6 @@ class Daemon:
         while True:
             self.notifier.pet(self.sup.alive_at, self.clock.now())
             await self.clock.sleep(interval)
-
-
-class _Deferred:
-    """The supervisor's effects until the node exists (it is built right after)."""
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        raise RuntimeError("the daemon's node is not wired yet")
 
 
 def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int:

@@ -21,7 +21,6 @@ from sparkd.daemon.reload import ReloadReport
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.view import StatusView
 from sparkd.preflight.runner import PreflightReport
-from sparkd.runtime.base import LaunchError
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State, refusal
 
@@ -34,7 +33,7 @@ class DaemonControl:
                  checks: Checks | None = None) -> None:
         self.sup = sup
         self.checks: Checks = checks or GroupChecks(node.cfg, node.runtime, None, log=node.log,
-                                                    image=lambda: node.image)
+                                                    image=node.facts.identity)
         self.node = node
         self.view = view
         self.group = group
@@ -43,7 +42,7 @@ class DaemonControl:
         self._reload = reload
         self._handover = handover
         self._changed = anyio.Event()
-        sup.listeners.append(lambda before, after, obs: self._signal())
+        sup.listen(lambda before, after, obs: self._signal())
 
     def _signal(self) -> None:
         self._changed.set()
@@ -63,12 +62,7 @@ class DaemonControl:
         self._handover()
 
     async def recreate(self) -> tuple[bool, str]:
-        try:
-            sentence = await self.node.runtime.recreate()
-        except LaunchError as exc:
-            return False, str(exc)
-        self.node.drift = []
-        return True, sentence
+        return await self.node.facts.recreate()
 
     def refusal(self, command: str) -> str | None:
         if self.sup.shutting_down:
@@ -92,7 +86,7 @@ class DaemonControl:
         return self.node.instance is None and self.sup.machine.state in (State.stopped, State.failed)
 
     def vllm_left(self) -> list[int]:
-        return self.node.vllm_left()
+        return self.node.plan.vllm_left()
 
     def log_tail(self, lines: int) -> list[str]:
         return self.node.vllm_log.last(lines)

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from sparkd.config import Config
+from sparkd.daemon.current import CurrentConfig
 from sparkd.guard.guard import Guard
 from sparkd.host.clock import Clock
 from sparkd.host.gpu.smi import query_text
@@ -47,31 +48,44 @@ class Counters:
 
 
 class FailureEvidence:
-    def __init__(self, cfg: Config, runtime: Runtime, *, incidents: IncidentWriter, vllm_log: VllmLog,
-                 redact: Redactor, clock: Clock, state: Callable[[], State],
-                 instance: Callable[[], Instance | None], guard: Callable[[], Guard | None]) -> None:
-        self.cfg = cfg
+    """Built before the memory guard (whose hooks write through it): what it reads of the guard is handed to the
+    call that needs it (``guard``), and the guard hands over its own evidence when it writes."""
+
+    def __init__(self, config: CurrentConfig, runtime: Runtime, *, vllm_log: VllmLog, clock: Clock, log: Any,
+                 state: Callable[[], State], instance: Callable[[], Instance | None],
+                 gpu: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
+        self.config = config
         self.runtime = runtime
-        self.incidents = incidents
+        self.incidents = IncidentWriter(config().paths.incidents, keep=config().supervisor.incidents_keep, log=log)
         self.vllm_log = vllm_log
-        self.redact = redact
         self.clock = clock
         self.state = state
         self.instance = instance
-        self.guard = guard
+        self.gpu = gpu  # the GPU sampler's evidence
         self.counters = Counters()
         self.kernel_mark = 0  # the guard's kernel-log lines kept before the current launch
-        self.gpu: Callable[[], dict[str, Any] | None] = lambda: None  # the GPU sampler's evidence (the daemon's)
         self.folders: dict[Failure, Path | None] = {}  # the incident folder of each recent failure, once written
         self._written: dict[Failure, anyio.Event] = {}  # set once that failure's folder is written (or failed)
 
-    def mark_launch(self) -> None:
+    @property
+    def cfg(self) -> Config:
+        return self.config()
+
+    @property
+    def redact(self) -> Redactor:
+        return self.config.redact
+
+    def configure(self, cfg: Config) -> None:
+        """A reloaded config: how many incident folders are kept."""
+        self.incidents.keep = cfg.supervisor.incidents_keep
+
+    def mark_launch(self, guard: Guard | None) -> None:
         """A launch begins: kernel lines from now on belong to it."""
-        kernel = self._kernel()
+        kernel = _kernel(guard)
         self.kernel_mark = kernel.kept if kernel is not None else 0
 
     async def record(self, failure: Failure, *, written: bool, instance: Instance | None,
-                     preflight: list[dict[str, Any]]) -> None:
+                     preflight: list[dict[str, Any]], guard: Guard | None) -> None:
         """Count the failure and write its incident with what its class asks for — unless ``written``: the guard
         counted and wrote it (``write_guard_evidence``) before it signalled."""
         if written:
@@ -86,7 +100,7 @@ class FailureEvidence:
         gpu = self.gpu()
         smi_q = await query_text() if gpu is not None and (gpu.get("view") or {}).get("skipped") is None else None
         folder = await self.incidents.write(record, self._tail(failure), evidence=evidence,
-                                            container=container, guard=self._guard_evidence(),
+                                            container=container, guard=guard.evidence() if guard else None,
                                             gpu=None if gpu is None else GpuEvidence(gpu, smi_q))
         self._keep(failure, folder)
 
@@ -125,10 +139,10 @@ class FailureEvidence:
         for line in failed.output.splitlines():
             self.vllm_log.append(self.redact(line))
 
-    def write_guard_evidence(self, failure: Failure) -> None:
+    def write_guard_evidence(self, failure: Failure, guard: dict[str, Any]) -> None:
         """The memory guard's evidence, now, before it signals anything (synchronous and quick)."""
         record = self._incident(failure, self._count(failure))
-        self._keep(failure, self.incidents.write_now(record, self._tail(failure), guard=self._guard_evidence()))
+        self._keep(failure, self.incidents.write_now(record, self._tail(failure), guard=guard))
 
     def _tail(self, failure: Failure) -> list[str]:
         """sparkd's verdict goes into vLLM's log (some rest on nothing vLLM logged: a canary unanswered, the guard);
@@ -137,31 +151,21 @@ class FailureEvidence:
         return attempt(self.vllm_log.last(LOG_TAIL_LINES))
 
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
-                      engine_gone: bool = False) -> Failure:
+                      engine_gone: bool = False, *, guard: Guard | None) -> Failure:
         return classify(exit_code, sig, vllm_lines(this_launch(self.vllm_log.last(LOG_TAIL_LINES))), hint=hint,
-                        context=self.context(engine_gone))
+                        context=self.context(guard, engine_gone))
 
-    def context(self, engine_gone: bool = False) -> ClassifyContext:
+    def context(self, guard: Guard | None, engine_gone: bool = False) -> ClassifyContext:
         spec = render(self.cfg)
         target = spec.argv[1] if spec.argv[0] == "bash" else spec.argv[0]
-        guard = self.guard()
         sample = guard.latest if guard is not None else None
-        kernel = self._kernel()
+        kernel = _kernel(guard)
         return ClassifyContext(launch_target=target, api_port=self.cfg.launch.port,
                                master_port=self.cfg.master_port if self.cfg.nnodes > 1 else None,
                                was_ready=self.state() in (State.ready, State.degraded),
                                mem_available_bytes=sample.available if sample is not None else None,
                                kernel_lines=kernel.since(self.kernel_mark) if kernel is not None else (),
                                engine_gone=engine_gone)
-
-    def _kernel(self) -> Any:
-        """The guard's kernel-log reader (Xid, AER, NVRM, OOM kills), when the guard runs and can read it."""
-        guard = self.guard()
-        return guard.sampler.kernel if guard is not None else None
-
-    def _guard_evidence(self) -> dict[str, Any] | None:
-        guard = self.guard()
-        return guard.evidence() if guard is not None else None
 
     def _count(self, failure: Failure) -> float:
         self.counters.failure_at = at = self.clock.wall()
@@ -176,3 +180,8 @@ class FailureEvidence:
                                  state=self.state().value, pid=instance.pid if instance else None, **facts)
         redacted: dict[str, Any] = self.redact.mapping(record)
         return redacted
+
+
+def _kernel(guard: Guard | None) -> Any:
+    """The guard's kernel-log reader (Xid, AER, NVRM, OOM kills), when the guard runs and can read it."""
+    return guard.sampler.kernel if guard is not None else None

@@ -14,16 +14,33 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
+from sparkd.config import Config
 from sparkd.host.clock import Clock
 from sparkd.host.gpu.model import GpuDevice, GpuView
 from sparkd.host.gpu.power import PowerDrop, PowerSample, drop
-from sparkd.host.gpu.reading import pick
+from sparkd.host.gpu.reading import devices_of_launch, pick
 from sparkd.launch.devices import Devices
+from sparkd.launch.rehearsal import rehearsal
+from sparkd.launch.render import render
 from sparkd.supervisor.failures import Failure
 
 INTERVAL_S = 5.0
 KEEP_S = 600.0
 NO_DRIVER = ("no NVIDIA driver", "not installed", "not loaded", "not on PATH")
+
+
+class LaunchDevices:
+    """The GPUs this node's launch uses, from the config now (``sparkd.launch.devices`` decides which)."""
+
+    def __init__(self, config: Callable[[], Config], runtime: str, *, rehearse: bool) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.rehearse = rehearse
+
+    def __call__(self) -> Devices:
+        cfg = self.config()
+        spec = render(cfg)
+        return devices_of_launch(cfg, self.runtime, (rehearsal(spec) if self.rehearse else spec).env)
 
 
 class GpuSampler:
@@ -80,6 +97,10 @@ class GpuSampler:
         if fell is None:
             return failure
         return replace(failure, sentence=failure.sentence.rstrip(".") + f" ({fell.text()}).")
+
+    def incident_evidence(self) -> dict[str, Any] | None:
+        """For an incident, once a reading exists on a node that has GPUs."""
+        return None if self.latest is None or self.absent else self.evidence()
 
     def evidence(self) -> dict[str, Any]:
         """For an incident: the latest reading and the power history (monotonic seconds relative to now)."""

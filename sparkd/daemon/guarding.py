@@ -9,37 +9,44 @@ stop, and the incident is recorded once by construction.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from sparkd.daemon.node import Node
+from sparkd.daemon.slot import InstanceSlot
 from sparkd.guard.guard import Guard
 from sparkd.guard.policy import Decision
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.states import State
 
+WriteEvidence = Callable[[Failure, dict[str, Any]], None]  # (the guard's failure, the guard's own evidence)
+
 
 class NodeGuardHooks:
-    def __init__(self, node: Node, post: Callable[[v.Observation], None], state: Callable[[], State]) -> None:
-        self.node = node
+    """Built before the guard, from what exists before it: the instance slot, the evidence writer, the mailbox."""
+
+    def __init__(self, slot: InstanceSlot, write: WriteEvidence, post: Callable[[v.Observation], None],
+                 state: Callable[[], State], log: Any) -> None:
+        self.slot = slot
+        self.write = write
         self.post = post
         self.state = state
+        self.log = log
 
     def vllm_pids(self) -> set[int]:
-        return self.node.pids()
+        return self.slot.pids()
 
     def starting(self) -> bool:
         return self.state() in (State.preflight, State.starting)
 
     def idle(self) -> bool | None:
-        watch = self.node.watch
-        metrics = watch.vllm_metrics if watch is not None else None
+        metrics = self.slot.metrics()
         return None if metrics is None else metrics.num_requests_running <= 0
 
     def on_decision(self, decision: Decision) -> None:
         """The guard logs its own decisions (once each); status and metrics read them from the guard."""
 
-    def write_evidence(self, failure: Failure) -> None:
-        self.node.evidence.write_guard_evidence(failure)
+    def write_evidence(self, failure: Failure, evidence: dict[str, Any]) -> None:
+        self.write(failure, evidence)
 
     async def stop_vllm(self, failure: Failure, grace_s: float) -> None:
         self.post(v.HealthFailed(failure, grace_s=grace_s, recorded=True))
@@ -48,7 +55,7 @@ class NodeGuardHooks:
         self.post(v.HealthFailed(failure, grace_s=0.0, recorded=True))
 
     async def planned_restart(self, reason: str) -> None:
-        self.node.log.warning("guard_planned_restart", reason=reason)
+        self.log.warning("guard_planned_restart", reason=reason)
         self.post(v.RestartRequested())
 
 

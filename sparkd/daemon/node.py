@@ -1,9 +1,10 @@
-"""This node's vLLM: the lifecycle's effects (preflight, launch, stop, incidents) and the instance they act on.
+"""This node's vLLM: the lifecycle's effects (preflight, launch, stop, incidents), carried out on the parts the
+daemon built before it: the instance slot (the instance, its watch, its startup progress), the container's facts
+(image, drift), the failure evidence and the launch plan (:mod:`sparkd.daemon.plan`).
 
-The :class:`Node` carries out what the supervising loop hands it and posts the outcome back as an observation;
-it decides nothing about the lifecycle. It owns the instance record (``instance.json``), the instance's watch,
-the host copy of vLLM's output and the startup progress read from it. On a group's head it prepares, starts
-and stops the workers beside its own rank; on a worker it tells the head at once when its rank fails.
+The :class:`Node` posts each outcome back as an observation and decides nothing about the lifecycle. It keeps the
+instance record (``instance.json``) and the host copy of vLLM's output. On a group's head it prepares, starts and
+stops the workers beside its own rank; on a worker it tells the head at once when its rank fails.
 """
 
 from __future__ import annotations
@@ -19,71 +20,80 @@ import psutil
 
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
+from sparkd.daemon.current import CurrentConfig
 from sparkd.daemon.evidence import LAUNCH_LINE, FailureEvidence
+from sparkd.daemon.facts import ContainerFacts
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.gpurelease import GpuRelease
+from sparkd.daemon.gpuwatch import GpuSampler
 from sparkd.daemon.groupchecks import GroupChecks
+from sparkd.daemon.guarding import start_refusal
+from sparkd.daemon.plan import LaunchPlan
 from sparkd.daemon.registry import InstanceRegistry
+from sparkd.daemon.slot import InstanceSlot
 from sparkd.daemon.stopreport import StopReport, grace_for
 from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch, Probes
 from sparkd.guard.guard import Guard
 from sparkd.host.clock import Clock
 from sparkd.host.gpu.model import GpuView
-from sparkd.host.gpu.reading import devices_of_launch, read_gpus
+from sparkd.host.gpu.reading import read_gpus
 from sparkd.host.logs import VllmLog
-from sparkd.launch.devices import Devices
 from sparkd.launch.redact import Redactor
-from sparkd.launch.rehearsal import rehearsal, rehearsal_skips
-from sparkd.launch.render import LaunchSpec, health_settings, render
+from sparkd.launch.render import health_settings
 from sparkd.preflight.base import Check
-from sparkd.preflight.processes import expected_launch, launch_places, launch_title_prefix, stale_candidates
+from sparkd.preflight.processes import launch_places
 from sparkd.preflight.runner import (
     DEFAULT_CHECKS,
-    PreflightContext,
     PreflightReport,
     check_shm,
     check_stale_processes,
     run_preflight,
 )
 from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
-from sparkd.runtime.base import ImageIdentity, Instance, LaunchError, Runtime
+from sparkd.runtime.base import Instance, LaunchError, Runtime
 from sparkd.runtime.proctree import MARKER_ENV, ProcessIdentity, launch_marker
 from sparkd.state.files import json_state
-from sparkd.state.incidents import IncidentWriter
 from sparkd.state.schema import INSTANCE
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.health import topology_of
+from sparkd.supervisor.launchfailure import host_refused, launch_refused
+from sparkd.supervisor.peerloss import WEDGES, wedge_or_peer_lost
 from sparkd.supervisor.progress import Startup, advance, is_progress
-from sparkd.supervisor.states import State
+from sparkd.supervisor.states import Machine, State
 
 
 class Node:
     def __init__(
-        self, cfg: Config, runtime: Runtime, *, post: Callable[[v.Observation], None], state: Callable[[], State],
-        clock: Clock, log: Any, vllm_log: VllmLog, incidents: IncidentWriter, files: StateWriter,
-        probes: Callable[[], Probes], group: Coordinator | None = None, start_gate: Callable[[], Failure | None]
-        = lambda: None, guard: Callable[[], Guard | None] = lambda: None,
-        rand: Callable[[], float] = random.random, rehearse: bool = False, redact: Redactor | None = None,
+        self, config: CurrentConfig, runtime: Runtime, *, post: Callable[[v.Observation], None],
+        state: Callable[[], State], clock: Clock, log: Any, spawn: Callable[..., None], vllm_log: VllmLog,
+        files: StateWriter, probes: Callable[[], Probes], slot: InstanceSlot, facts: ContainerFacts,
+        evidence: FailureEvidence, registry: InstanceRegistry | None = None, group: Coordinator | None = None,
+        guard: Guard | None = None, rand: Callable[[], float] = random.random, rehearse: bool = False,
         checks: tuple[Check, ...] = DEFAULT_CHECKS, sweep: tuple[Check, ...] = (check_stale_processes, check_shm),
         before_start: Callable[[], Awaitable[Failure | None]] | None = None,
         group_checks: GroupChecks | None = None, gpus: Callable[[], Awaitable[GpuView]] = read_gpus,
+        gpu: GpuSampler | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.config = config  # current_config(): a reload changes what the next action reads
         self.runtime = runtime
         self.post = post
         self.state = state
         self.clock = clock
         self.log = log
+        self._spawn = spawn
         self.vllm_log = vllm_log
         self.files = files
         self.probes = probes
+        self.slot = slot  # the instance and its watch
+        self.facts = facts  # the image and the container's drift
+        self.evidence = evidence
+        self.registry = registry  # the host's instance registry
         self.group = group
-        self.start_gate = start_gate
+        self.guard = guard
         self.rand = rand
-        self.rehearse = rehearse
-        self.redact = redact or Redactor()  # secrets never reach a log, an incident or `sparkctl logs`
+        self.plan = LaunchPlan(config, runtime, slot, rehearse=rehearse)  # what it launches, read afresh
         self.instance_file = json_state(self.cfg.paths.state_dir / "instance.json", INSTANCE, log=log,
                                         clock=clock.wall)
         self.ledger = ShmLedger(self.cfg.paths.state_dir / LEDGER_NAME, log=log, clock=clock.wall)
@@ -92,50 +102,66 @@ class Node:
         self.before_start = before_start  # the memory settle and the restart gate (sparkd/daemon/settling.py)
         self.group_checks = group_checks  # a head's fabric and weights proofs before a start
         self.gpus = gpus  # the node's GPUs now (NVML): the release after a stop is verified against them
+        self.gpu = gpu  # the launch's GPUs: a wedge verdict carries their power
         self.last_stop: StopReport | None = None
-        self.annotate: Callable[[Failure], Failure] = lambda f: f  # a wedge verdict's GPU power (the daemon's)
         self.release = GpuRelease(gpus, clock, log)  # after every stop, and before a launch while it is not back
-        self.task_group: anyio.abc.TaskGroup | None = None  # the daemon's, set while it runs
-        self.instance: Instance | None = None
-        self.watch: InstanceWatch | None = None
-        self.startup = Startup()
-        self.evidence = FailureEvidence(cfg, runtime, incidents=incidents, vllm_log=vllm_log, redact=self.redact,
-                                        clock=clock, state=state, instance=lambda: self.instance, guard=guard)
-        self.image: ImageIdentity | None = None  # the image vLLM runs from, read at boot and every preflight
-        self.drift: list[dict[str, Any]] = []  # how the container differs from the config (the last preflight)
         self.last_preflight: list[dict[str, object]] = []
         self.timing: LaunchTiming | None = None  # the current (or last) launch's, for status and metrics
         self.phase_listeners: list[Callable[[Startup], None]] = []
-        self.registry: InstanceRegistry | None = None  # the host's instance registry (the daemon sets it)
         self._busy = anyio.Lock()  # launch and stop never overlap
+
+    @property
+    def cfg(self) -> Config:
+        return self.config()
+
+    @property
+    def redact(self) -> Redactor:
+        return self.config.redact  # secrets never reach a log, an incident or `sparkctl logs`
+
+    @property
+    def instance(self) -> Instance | None:
+        return self.slot.instance
+
+    @property
+    def watch(self) -> InstanceWatch | None:
+        return self.slot.watch
+
+    @property
+    def startup(self) -> Startup:
+        return self.slot.startup
+
+    def configure(self, cfg: Config) -> None:
+        """A reloaded config: the watch's health settings apply at once."""
+        if self.watch is not None:
+            self.watch.configure(health_settings(cfg))
+
+    def on_transition(self, before: Machine, after: Machine, obs: v.Observation) -> None:
+        """Ready: the launch's timing is complete, logged once (``start_timing``)."""
+        if after.state is State.ready and before.state is State.starting:
+            timing = self.timing
+            if timing is not None and timing.ready_at is None:
+                timing.ready_at = after.since
+                self.log.info("start_timing", **timing.to_json())
 
     @property
     def record_path(self) -> Path:
         return self.cfg.paths.state_dir / "instance.json"
 
     @property
-    def headless(self) -> bool:
-        return self.cfg.node.role is Role.worker or self.cfg.headless
-
-    @property
     def role(self) -> Role | None:
         return self.group.role if self.group is not None else None
-
-    def spec(self) -> LaunchSpec:
-        spec = render(self.cfg)
-        return rehearsal(spec) if self.rehearse else spec
 
     # ---- boot
     async def adopt(self) -> bool:
         """Find the instance this node launched before sparkd (re)started and watch it again."""
-        self.image = await self.runtime.image_identity()
+        await self.facts.read_image()
         record = self.instance_file.read()  # a bad record is set aside, logged, and treated as absent
         try:
             instance = await self.runtime.find(record)
         except Exception as exc:  # the engine is down at boot: nothing to adopt now; the record stays
             self.log.warning("adoption_impossible", error=str(exc), record=str(self.record_path))
             return False
-        if instance is not None and record is not None and not self._proven(record):
+        if instance is not None and record is not None and not self.plan.proven(record):
             self.log.warning("record_not_proven", pid=instance.pid, record=str(self.record_path),
                              why="the process the record names does not carry this node's launch marker and does "
                                  "not run what the config launches; not adopted, not touched")
@@ -174,10 +200,10 @@ class Node:
                 return
 
         async def local() -> None:
-            report = await run_preflight(self._context(), self.checks)
+            report = await run_preflight(self.plan.context(), self.checks)
             self.last_preflight = report.to_json()
-            self.image = report.image or self.image
-            self.drift = [d.to_json() for d in await self.runtime.drift()]
+            self.facts.saw_image(report.image)
+            await self.facts.read_drift()
             for result in report.results:
                 timing.step(f"preflight.{result.id}", result.duration_s)
                 log = {"warn": self.log.warning, "fail": self.log.error}.get(result.verdict.value, self.log.info)
@@ -202,7 +228,7 @@ class Node:
             tg.start_soon(local)
             tg.start_soon(workers)
             tg.start_soon(weights)
-        failure = self.start_gate() or failures[0] or failures[1] or failures[2]
+        failure = start_refusal(self.guard) or failures[0] or failures[1] or failures[2]
         if failure is None and self.role is Role.head and self.group is not None:
             started = self.clock.now()
             failure = await self.group.start_workers()
@@ -212,8 +238,8 @@ class Node:
 
     async def launch(self) -> None:
         async with self._busy:
-            spec = self.spec()
-            self.startup = Startup()
+            spec = self.plan.spec()
+            self.slot.progressed(Startup())
             timing = self.timing or LaunchTiming(requested_at=self.clock.now())
             called = self.clock.now()
             timing.step("queue", called - timing.requested_at - timing.steps.get("preflight", 0.0))
@@ -223,22 +249,14 @@ class Node:
             try:
                 instance = await self.runtime.launch(replace(spec, env={**spec.env, MARKER_ENV: marker}))
             except LaunchError as exc:
-                if exc.unavailable:
-                    cls, text = FailureClass.host_unavailable, (f"The container engine does not answer ({exc}); "
-                                                                "sparkd waits for it and launches when it is back")
-                else:
-                    cls = FailureClass.config_error if exc.exit_code in (126, 127) else FailureClass.unknown
-                    text = f"The launch failed: {exc}"
-                self.post(v.LaunchFailed(Failure.of(cls, text, evidence=str(exc), exit_code=exc.exit_code)))
+                self.post(v.LaunchFailed(launch_refused(str(exc), unavailable=exc.unavailable,
+                                                        exit_code=exc.exit_code)))
                 return
             except OSError as exc:  # the host refuses what the launch writes: wait for it, spend no budget
-                self.post(v.LaunchFailed(Failure.of(
-                    FailureClass.host_unavailable, f"sparkd cannot launch vLLM: {exc.strerror or exc} "
-                    f"({exc.filename or 'the state directory'}); it waits and tries again without spending the "
-                    "restart budget.", evidence=repr(exc))))
+                self.post(v.LaunchFailed(host_refused(str(exc.strerror or exc), exc.filename, repr(exc))))
                 return
             instance = self._with_identity(instance, marker)
-            self.evidence.mark_launch()
+            self.evidence.mark_launch(self.guard)
             timing.executed(exec_at := self.clock.now())
             timing.step("runtime.launch", exec_at - called)
             self.timing = timing
@@ -254,23 +272,24 @@ class Node:
             return instance
         return replace(instance, identity=identity.to_record())
 
-    def _proven(self, record: dict[str, Any]) -> bool:
-        spec = self.spec()
-        prefix = launch_title_prefix(self.cfg, self.runtime.name, spec.env)
-        return self.runtime.proven(record, expected_launch(self.cfg, spec, prefix))
-
     def _attach(self, instance: Instance, *, adopted: bool) -> None:
-        self.instance, cfg = instance, self.cfg
+        cfg = self.cfg
         self.files.write_now(self.record_path, instance.to_record())
-        if self.registry is not None:
-            self.registry.update(instance)
-        self.watch = InstanceWatch(
+        watch = InstanceWatch(
             instance, self.runtime, post=self._from_watch, state=self.state, on_line=self.on_line,
-            classify_exit=self.evidence.classify_exit, probes=None if self.headless else self.probes(),
+            classify_exit=self.classify_exit, probes=None if self.plan.headless else self.probes(),
             health_cfg=health_settings(self.cfg), clock=self.clock, log=self.log, replay=adopted,
             topology=topology_of(cfg.nnodes, cfg.launch.tensor_parallel_size, cfg.launch.pipeline_parallel_size),
             clients_port=cfg.launch.port if self.runtime.shares_host_network else None)
-        self._spawn(self.watch.run)
+        self.slot.hold(instance, watch)
+        if self.registry is not None:
+            self.registry.update(instance)
+        self._spawn(watch.run)
+
+    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
+                      engine_gone: bool = False) -> Failure:
+        """The watch's death, classified with every fact sparkd has (the guard's memory and kernel lines)."""
+        return self.evidence.classify_exit(exit_code, sig, hint, engine_gone, guard=self.guard)
 
     async def stop(self, reason: str, grace_s: float | None, failure: Failure | None = None,
                    hung: bool = False) -> None:
@@ -300,9 +319,9 @@ class Node:
                               grace_from=grace_from, sigkilled=list(info.killed), seconds=round(report.seconds, 3))
                 if watch is not None:
                     await watch.close()
-                self.instance, self.watch = None, None
+                self.slot.clear()
                 self.files.remove(self.record_path)
-            ctx = await launch_places(self._context())
+            ctx = await launch_places(self.plan.context())
             for check in self.sweep:
                 result = await check(ctx)
                 if result.verdict.value != "ok":
@@ -326,7 +345,8 @@ class Node:
         """Count the failure and keep its evidence (the guard wrote its own already); tell the group's head."""
         if self.role is Role.worker and self.group is not None:
             self._spawn(self.group.report_failure, failure)
-        await self.evidence.record(failure, written=written, instance=self.instance, preflight=self.last_preflight)
+        await self.evidence.record(failure, written=written, instance=self.instance, preflight=self.last_preflight,
+                                   guard=self.guard)
 
     async def note_shm(self) -> None:
         """Record the /dev/shm segments the instance holds (the sweep removes them only with that proof)."""
@@ -342,11 +362,11 @@ class Node:
         if not is_progress(line):
             return
         before = self.startup
-        self.startup = advance(before, line, self.clock.now())
+        self.slot.progressed(advance(before, line, self.clock.now()))
         if self.startup is before:
             return
         self.post(v.Progress())
-        if self.headless and self.startup.distributed_ready and not before.distributed_ready:
+        if self.plan.headless and self.startup.distributed_ready and not before.distributed_ready:
             self.post(v.BecameReady())
         if self.startup.phase is not before.phase:
             if self.timing is not None:
@@ -356,44 +376,23 @@ class Node:
                 listener(self.startup)
 
     def _from_watch(self, obs: v.Observation) -> None:
-        """The watch's observations; a wedge seen while a peer's sparkd is unreachable is the peer's loss (the
-        canary's timeout and the peer's grace race: the cause decides whether the group waits or counts)."""
-        lost = self.group.unreachable() if self.group is not None else []
-        if isinstance(obs, v.HealthFailed) and obs.failure.cls in (FailureClass.hang, FailureClass.stall):
-            obs = replace(obs, failure=self.annotate(obs.failure))
-        if isinstance(obs, v.HealthFailed) and lost and obs.failure.cls in (FailureClass.hang, FailureClass.stall):
-            obs = v.HealthFailed(Failure.of(
-                FailureClass.peer_lost, f"vLLM stopped answering while the sparkd of {', '.join(lost)} is "
-                "unreachable: the peer is gone (node down, frozen, or the link is cut); sparkd stops this rank and "
-                "waits for the peer.", evidence=obs.failure.sentence), obs.grace_s, obs.recorded)
+        """The watch's observations; a wedge carries the GPUs' power, and seen while a peer's sparkd is unreachable
+        it is the peer's loss (:func:`sparkd.supervisor.peerloss.wedge_or_peer_lost`)."""
+        if isinstance(obs, v.HealthFailed) and obs.failure.cls in WEDGES:
+            lost = self.group.unreachable() if self.group is not None else []
+            seen = self.gpu.annotate(obs.failure, self.cfg.health.stall_after_s) if self.gpu else obs.failure
+            failure = wedge_or_peer_lost(seen, lost)
+            obs = replace(obs, failure=failure) if failure.cls in WEDGES else v.HealthFailed(
+                failure, obs.grace_s, obs.recorded)
         self.post(obs)
 
     # ---- for the operator, the guard and the group
-    def _context(self, *, dry_run: bool = False, protect: bool = False) -> PreflightContext:
-        pids = frozenset(self.pids()) if protect else frozenset()
-        return PreflightContext(cfg=self.cfg, spec=self.spec(), runtime=self.runtime, protect=pids, dry_run=dry_run,
-                                skip=rehearsal_skips() if self.rehearse else {})
-
     async def operator_preflight(self, *, dry_run: bool) -> PreflightReport:
         """An operator's (or the head's) preflight: never touches the watched instance."""
-        report = await run_preflight(self._context(dry_run=dry_run, protect=True), self.checks)
+        report = await run_preflight(self.plan.context(dry_run=dry_run, protect=True), self.checks)
         if not dry_run:
             self.last_preflight = report.to_json()
         return report
 
-    def launch_gpus(self) -> Devices:
-        """The GPUs this node's launch uses."""
-        return devices_of_launch(self.cfg, self.runtime.name, self.spec().env)
-
     def pids(self) -> set[int]:
-        return self.runtime.pids(self.instance) if self.instance is not None else set()
-
-    def vllm_left(self) -> list[int]:
-        """PIDs of this node's vLLM processes still here after a stop: the stale ones (orphaned, or of its
-        previous launch), by the one definition; a neighbour's vLLM is not this node's."""
-        return [c.pid for c in stale_candidates(self._context(protect=True))]
-
-    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
-        assert self.task_group is not None, "the node acts only while the daemon runs"
-        self.task_group.start_soon(fn, *args)
-
+        return self.slot.pids()

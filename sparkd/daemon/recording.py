@@ -28,7 +28,8 @@ from sparkd import __version__
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.peers import PeerRefused, PeerUnreachable
 from sparkd.config import Config, Role
-from sparkd.daemon.node import Node
+from sparkd.daemon.current import CurrentConfig
+from sparkd.daemon.slot import InstanceSlot
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MeminfoReader
@@ -91,10 +92,11 @@ class _Memory:
 
 
 class DaemonRecorder:
-    def __init__(self, cfg: Config, sup: Supervisor, node: Node, clock: Clock, log: Any, *,
-                 guard: Callable[[], Guard | None], group: Coordinator | None,
+    def __init__(self, config: CurrentConfig, sup: Supervisor, node: InstanceSlot, clock: Clock, log: Any, *,
+                 guard: Guard | None, group: Coordinator | None,
                  gpu: GpuReading = lambda: (None, None)) -> None:
-        self.cfg = cfg
+        self.config = config  # the ring's path and size apply at the next daemon start
+        cfg = config()
         self.sup = sup
         self.node = node
         self.clock = clock
@@ -124,6 +126,11 @@ class DaemonRecorder:
         self.note(f"sparkd {__version__} started (pid {os.getpid()}, boot {self.boot[:8]})")
 
     # ---- events
+
+    @property
+    def cfg(self) -> Config:
+        return self.config()
+
     def note(self, text: str) -> None:
         self.events.append(text)
 
@@ -149,7 +156,7 @@ class DaemonRecorder:
         memory = self.memory.read()
         if "available" in memory:
             self.samples.append((now, memory["available"]))
-        guard = self.guard()
+        guard = self.guard
         machine, node = self.sup.machine, self.node
         metrics = node.watch.vllm_metrics if node.watch is not None else None
         power, util = self._gpu()

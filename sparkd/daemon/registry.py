@@ -11,7 +11,7 @@ then only lack the protection by marker (a live tree is a neighbour by the orpha
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,15 +22,20 @@ from sparkd.state import instances
 
 
 class InstanceRegistry:
-    def __init__(self, cfg: Config, config_path: Path | None, log: Any,
+    def __init__(self, config: Callable[[], Config], config_path: Path | None, log: Any,
                  env: Mapping[str, str] | None = None) -> None:
-        self.cfg = cfg
+        self.config = config  # current_config(): the folder a reload names is used from the next write
+        cfg = config()
         self.log = log
         self.env = os.environ if env is None else env
         self.base = instances.this_daemon(cfg.paths.state_dir, config_path, cfg.node.name)
         self.current = self.base
         self.problem: str | None = None
         self.where: Path | None = None  # the folder the registration is in now
+
+    @property
+    def cfg(self) -> Config:
+        return self.config()
 
     @property
     def folder(self) -> Path:

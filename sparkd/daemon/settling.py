@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.config import Config
+from sparkd.daemon.current import CurrentConfig
 from sparkd.daemon.files import StateWriter
 from sparkd.daemon.recording import DaemonRecorder
 from sparkd.guard.sample import gib
@@ -33,9 +34,9 @@ KEEP = 32  # baselines kept
 
 
 class StartGuard:
-    def __init__(self, cfg: Config, recorder: DaemonRecorder, files: StateWriter, clock: Clock, log: Any,
+    def __init__(self, config: CurrentConfig, recorder: DaemonRecorder, files: StateWriter, clock: Clock, log: Any,
                  on_phase: Callable[[str | None], None] = lambda phase: None) -> None:
-        self.cfg = cfg
+        self.config = config
         self.recorder = recorder
         self.files = files
         self.clock = clock
@@ -44,7 +45,11 @@ class StartGuard:
         self.baselines: list[Baseline] = self._load()
         self.verdict: Verdict | None = None
         self.last_settle: dict[str, Any] | None = None
-        recorder.sup.listeners.append(self._on_change)
+        recorder.sup.listen(self._on_change)
+
+    @property
+    def cfg(self) -> Config:
+        return self.config()
 
     @property
     def path(self) -> Path:

@@ -49,13 +49,16 @@ Listener = Callable[[Machine, Machine, v.Observation], None]
 
 
 class Supervisor:
+    """The mailbox (:meth:`post`, :meth:`submit`) and the machine's one writer (:meth:`apply`). It is built first, so
+    every part that posts to it is built complete; the effects it hands actions to arrive with :meth:`run`."""
+
     def __init__(
-        self, *, machine: Machine, limits: Limits, effects: Effects, clock: Clock, log: Any,
+        self, *, machine: Machine, limits: Limits, clock: Clock, log: Any,
         remember: Callable[[Remembered], None] = lambda r: None,
     ) -> None:
         self.machine = machine
         self.limits = limits
-        self.effects = effects
+        self.effects: Effects | None = None  # the node's, while the loop runs (actions arrive only then)
         self.clock = clock
         self._log = log
         self.remember = remember
@@ -70,6 +73,18 @@ class Supervisor:
         self._preflight: anyio.CancelScope | None = None
         self._tick_sleep: anyio.CancelScope | None = None  # the ticker's sleep, cut short by a new deadline
         self._effects_running = 0
+
+    def state(self) -> State:
+        """The lifecycle state now (the parts that must know it read it here; only :meth:`apply` changes it)."""
+        return self.machine.state
+
+    def listen(self, listener: Listener) -> None:
+        """Call ``listener(before, after, observation)`` after every change of the machine."""
+        self.listeners.append(listener)
+
+    def configure(self, limits: Limits) -> None:
+        """A reloaded config's limits: the next observation is stepped with them."""
+        self.limits = limits
 
     @property
     def log(self) -> Any:
@@ -88,10 +103,11 @@ class Supervisor:
         with anyio.move_on_after(SUBMIT_TIMEOUT_S):
             await applied.wait()
 
-    async def run(self, boot: Callable[[], Awaitable[bool]]) -> None:
-        """Boot (adopt what runs), then apply observations until a shutdown finds nothing running."""
+    async def run(self, effects: Effects, boot: Callable[[], Awaitable[bool]]) -> None:
+        """Boot (adopt what runs), then apply observations until a shutdown finds nothing running; each action is
+        handed to ``effects``."""
         async with anyio.create_task_group() as tg:
-            self._tg = tg
+            self._tg, self.effects = tg, effects
             tg.start_soon(self._ticker)
             found = await boot()
             self.apply(v.Adopted(found))
@@ -158,6 +174,7 @@ class Supervisor:
         self._log.info("transition", state=after.state.value, **fields)
 
     def _act(self, action: v.Action) -> None:
+        assert self.effects is not None, "actions arrive only while the loop runs"
         if isinstance(action, v.RunPreflight):
             self._spawn(action, self._run_preflight)
         elif isinstance(action, v.Launch):
@@ -189,6 +206,7 @@ class Supervisor:
         self._tg.start_soon(effect)
 
     async def _run_preflight(self) -> None:
+        assert self.effects is not None
         with anyio.CancelScope() as scope:
             self._preflight = scope
             await self.effects.preflight()

@@ -14,6 +14,7 @@ from sparkd import __version__
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.shared import shared_settings
 from sparkd.config import Config
+from sparkd.daemon.current import CurrentConfig
 from sparkd.daemon.gpuwatch import GpuSampler
 from sparkd.daemon.node import Node
 from sparkd.daemon.supervisor import Supervisor
@@ -28,19 +29,19 @@ HISTORY = 50
 
 
 class StatusView:
-    def __init__(self, cfg: Config, sup: Supervisor, node: Node, clock: Clock, *,
-                 guard: Callable[[], Guard | None] = lambda: None, group: Coordinator | None = None,
+    def __init__(self, config: CurrentConfig, sup: Supervisor, node: Node, clock: Clock, *,
+                 guard: Guard | None = None, group: Coordinator | None = None,
                  problems: Callable[[], list[str]] = list,
                  config_state: Callable[[], dict[str, Any]] = dict,
                  more: Callable[[], dict[str, Any]] = dict,
                  checks: Callable[[], dict[str, Any]] = dict, gpu: GpuSampler | None = None,
                  secret_key: str | None = None) -> None:
-        self.cfg = cfg
+        self.config = config
         self.secret_key = secret_key  # the peers' shared secret: secrets in "shared" are digests under it
         self.sup = sup
         self.node = node
         self.clock = clock
-        self.guard = guard
+        self._guard = guard
         self.group = group
         self.problems = problems
         self.config_state = config_state
@@ -51,8 +52,15 @@ class StatusView:
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.restarts: Counter[str] = Counter()  # by what caused them: a failure class, operator, reset
         self.last_start_s: float | None = None  # launch to ready, the last time (the ETA of the next)
-        sup.listeners.append(self.on_change)
+        sup.listen(self.on_change)
         node.phase_listeners.append(self.on_phase)
+
+    @property
+    def cfg(self) -> Config:
+        return self.config()
+
+    def guard(self) -> Guard | None:
+        return self._guard
 
     def on_change(self, before: Machine, after: Machine, obs: v.Observation) -> None:
         if after.state is not before.state:
@@ -61,10 +69,10 @@ class StatusView:
             self.restarts[after.restart_reason or "unknown"] += 1
         if after.state is State.ready and before.state is State.starting and after.started_at is not None:
             self.last_start_s = round(after.since - after.started_at, 1)
-            timing = self.node.timing
-            if timing is not None and timing.ready_at is None:
-                timing.ready_at = after.since
-                self.node.log.info("start_timing", **timing.to_json())
+
+    def note_phase(self, phase: str) -> None:
+        """A phase another part runs (the memory settle) into the history."""
+        self.history.append({"at": self.clock.wall(), "state": self.sup.machine.state.value, "phase": phase})
 
     def on_phase(self, startup: Startup) -> None:
         entry: dict[str, Any] = {"at": self.clock.wall(), "state": self.sup.machine.state.value,
@@ -117,8 +125,8 @@ class StatusView:
             "config": self.config_state(),
             "history": list(self.history),
             "pair": self.group.role.value if self.group is not None and self.group.role else None,
-            "shared": shared_settings(self.cfg, self.secret_key), "image": node.image.to_json() if node.image else None,
-            "image_id": node.image.id if node.image else None, "drift": node.drift,
+            "shared": shared_settings(self.cfg, self.secret_key), "image": node.facts.image_json(),
+            "image_id": node.facts.image.id if node.facts.image else None, "drift": node.facts.drift,
             "peers": self.group.peers_json() if self.group is not None else [],
             "memory": self._memory(),
             "gpu": self.gpu.status() if self.gpu is not None else None,

@@ -26,15 +26,12 @@ from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.health import HealthTracker
 from sparkd.supervisor.logline import clean
+from sparkd.supervisor.peerloss import names_peer_loss
 from sparkd.supervisor.readings import VllmMetrics
 from sparkd.supervisor.states import SERVING, State
 
 READY_POLL_S = 0.5  # /health while starting: the port refuses until vLLM is ready, so this is cheap
 DRAIN_S = 5.0  # after an exit, how long the log may take to deliver its last lines before classifying
-
-# A headless rank whose head went away hangs forever printing these (reference §5.3).
-PEER_LOST_MARKERS = ("Connection was likely closed. Did the remote server shutdown or crash?",
-                     "TCPStore server has shut down")
 
 
 # (exit code, signal, hint, engine gone): the engine gone means no new connection to it when vLLM ended
@@ -70,6 +67,10 @@ class InstanceWatch:
         self.closed = anyio.Event()
         self.scope = anyio.CancelScope()
         self._replay_bytes = _size(instance.log_path) if replay else 0
+
+    def configure(self, health_cfg: HealthConfig) -> None:
+        """A reloaded config's health settings: from the next probe on."""
+        self.cfg = health_cfg
 
     async def run(self) -> None:
         try:
@@ -107,8 +108,7 @@ class InstanceWatch:
     def _peer_lost(self, line: str) -> bool:
         if self.state() not in SERVING:
             return False
-        text = clean(line)
-        return any(marker in text for marker in PEER_LOST_MARKERS)
+        return names_peer_loss(clean(line))  # a headless rank whose head went away hangs printing these
 
     async def _watch_exit(self) -> None:
         info = await self.runtime.wait(self.instance)
@@ -173,13 +173,13 @@ class InstanceWatch:
         self.health = health.observe_clients(self.health, n)
 
     async def _run_signal(self, signal: Signal[Any]) -> None:
-        """One signal's loop: every ``every_s``, while vLLM serves, its probe, then its rule."""
+        """One signal's loop: every ``every_s``, while vLLM serves, its probe, then its rule; a signal off when the
+        instance's watch starts stays off for it."""
         assert self.probes is not None
-        every = signal.every_s(self.cfg)
-        if every is None:
+        if not signal.on(self.cfg):
             return
         while True:
-            await self.clock.sleep(every)
+            await self.clock.sleep(signal.every_s(self.cfg))
             if self.state() in SERVING:
                 self._own_out += signal.own_connection
                 try:

@@ -72,8 +72,9 @@ class GuardHooks(Protocol):
         """A decision whose action, level or start gate differs from the last one: status, metrics,
         and the launch gate (``decision.start_allowed``)."""
 
-    def write_evidence(self, failure: Failure) -> None:
-        """Write the incident folder now, before the guard signals anything. Keep it quick."""
+    def write_evidence(self, failure: Failure, evidence: dict[str, Any]) -> None:
+        """Write the incident folder now, before the guard signals anything (``evidence``: the guard's own,
+        :meth:`Guard.evidence`). Keep it quick."""
 
     async def stop_vllm(self, failure: Failure, grace_s: float) -> None:
         """Stop vLLM: SIGTERM the tree, ``grace_s``, then SIGKILL; report ``failure`` (killed_by_guard). The
@@ -192,6 +193,10 @@ class Guard:
         """May vLLM start now? True until the first sample says otherwise."""
         return self.decision is None or self.decision.start_allowed
 
+    def configure(self, cfg: GuardConfig) -> None:
+        """A reloaded config: floors, intervals and grace apply from the next sample (the sources stay open)."""
+        self.cfg = cfg
+
     # ---- facts from the daemon
     def _running_pids(self) -> set[int]:
         now = self.clock()
@@ -286,7 +291,7 @@ class Guard:
             victims.close()
 
     def _write_evidence(self, failure: Failure) -> None:
-        self._call(lambda: self.hooks.write_evidence(failure), None)
+        self._call(lambda: self.hooks.write_evidence(failure, self.evidence()), None)
 
     async def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run a hook in the background (inline when no loop runs), logging its failure."""

@@ -141,8 +141,7 @@ class VllmLog:
                  probe_requests: bool = False,
                  clock: Callable[[], float] = time.monotonic, log: Any = None) -> None:
         self.path = path
-        self.max_bytes = max_bytes
-        self.backups = backups
+        self.configure(max_bytes, backups)
         self.ring_bytes = ring_bytes
         self.max_line = max_line
         self.journal = journal
@@ -162,6 +161,10 @@ class VllmLog:
         self.lost_lines = 0  # lines not written during the current failure episode
         self._retry_at = 0.0
         self._journal_failing = False
+
+    def configure(self, max_bytes: int, backups: int) -> None:
+        """The rotation's size and the backups kept (a reloaded config's: from the next write)."""
+        self.max_bytes, self.backups = max_bytes, backups
 
     @classmethod
     def from_config(cls, cfg: Config) -> VllmLog:

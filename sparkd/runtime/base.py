@@ -169,6 +169,9 @@ class Runtime(abc.ABC):
     def from_config(cls, cfg: Config, *, rehearse: bool = False) -> Runtime:
         """The runtime for ``cfg`` (``rehearse``: the vLLM stand-in runs in vLLM's place)."""
 
+    def configure(self, cfg: Config) -> None:  # noqa: B027 (most runtimes keep nothing of the config)
+        """A reloaded config: what the runtime keeps of it applies from the next launch."""
+
     # ---- the lifecycle
 
     @abc.abstractmethod

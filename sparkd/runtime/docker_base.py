@@ -86,6 +86,9 @@ class DockerRuntime(Runtime):
     def from_config(cls, cfg: Config, *, rehearse: bool = False) -> DockerRuntime:
         return cls(cfg, rehearse=rehearse)
 
+    def configure(self, cfg: Config) -> None:
+        self.cfg = cfg
+
     @property
     def container_name(self) -> str:
         return self.cfg.container.name

@@ -28,6 +28,7 @@ import re
 from typing import TYPE_CHECKING
 
 from sparkd.supervisor.failures import FailureClass
+from sparkd.supervisor.peerloss import PEER_LOST_MARKERS
 from sparkd.supervisor.rulekit import (
     BELOW_ERROR,
     CUSTOM_AR,
@@ -81,6 +82,7 @@ __all__ = ["ANY", "INIT_FAILED", "REBUILD", "RULES", "Rule", "Tier", "What"]
 C, G, Q, A = Tier.CAUSE, Tier.GENERIC, Tier.CONSEQUENCE, Tier.AMBIGUOUS
 F = FailureClass
 _I = re.IGNORECASE
+CLOSED, STORE_DOWN = PEER_LOST_MARKERS  # one list, read by the instance watch too
 _XID = r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d{1,18})\b"
 
 # Order matters only between rules that can match the same line: the first one listed wins for that line.
@@ -232,10 +234,10 @@ RULES: tuple[Rule, ...] = (
     # a closed TCPStore is a cause on a headless worker whose head went away, and fallout of a local death
     # (a worker process died first) on the node that lost it: generic, so the earlier death wins
     rule(F.peer_lost, G,
-       r"(?:recvValue failed|Failed to recv).*?(?P<why>Connection was likely closed|Connection reset by peer|"
+       rf"(?:recvValue failed|Failed to recv).*?(?P<why>{re.escape(CLOSED)}|Connection reset by peer|"
        r"Broken pipe)", what_peer),
     rule(F.peer_lost, G, r"Failed to check the \"should dump\" flag on TCPStore", what_peer),
-    rule(F.peer_lost, G, r"(?P<why>TCPStore server has shut down)", what_peer),
+    rule(F.peer_lost, G, rf"(?P<why>{re.escape(STORE_DOWN)})", what_peer),
     rule(F.peer_lost, G, r"(?P<why>Connection closed by (?:remote )?peer)", what_peer_link),
     rule(F.peer_lost, G, r"ProcessGroupNCCL.*(?P<why>HeartbeatMonitor)", what_peer),
     # -- NCCL / RDMA --

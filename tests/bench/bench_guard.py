@@ -270,7 +270,7 @@ class BenchHooks:
     def on_decision(self, decision: Any) -> None:
         pass
 
-    def write_evidence(self, failure: Any) -> None:
+    def write_evidence(self, failure: Any, evidence: Any) -> None:
         """Quick, as the guard's README asks: small files, no fsync, no subprocess (dmesg can come after)."""
         from sparkd.state.incidents import incident_record
 

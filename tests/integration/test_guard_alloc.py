@@ -133,7 +133,7 @@ class Hooks:
     def on_decision(self, decision: Decision) -> None:
         self.decisions.append(decision)
 
-    def write_evidence(self, failure: Failure) -> None:
+    def write_evidence(self, failure: Failure, evidence: dict[str, Any]) -> None:
         alive = proctree.running(psutil.Process(self.root_pid))
         record = incident_record(failure, at=time.time(), config_hash="test", node="test")
         folder = write_incident(self.incidents, record, log_tail=["(guard test)"],

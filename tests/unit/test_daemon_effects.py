@@ -179,6 +179,8 @@ class KernelOnly:
     """The guard as the failure evidence reads it: no memory sample yet, and the kernel log."""
 
     latest = None
+    decision = None  # nothing decided: starts are allowed
+    start_allowed = True
 
     def __init__(self, kernel: KernelLog) -> None:
         self.sampler = SimpleNamespace(kernel=kernel)
@@ -197,8 +199,8 @@ async def test_kernel_lines_from_before_a_launch_are_not_its_evidence(tmp_path: 
     kernel = KernelLog.open(kmsg, from_start=True)
     assert kernel is not None and kernel.drain() and kernel.kept == 1
     runtime, clock = FakeRuntime(), FakeClock()
-    async with running(config(tmp_path, restart={"budget_failures": 99}), runtime, clock) as node:
-        node.daemon.node.evidence.guard = lambda: KernelOnly(kernel)  # type: ignore[assignment,return-value]
+    async with running(config(tmp_path, restart={"budget_failures": 99}), runtime, clock,
+                       guard=KernelOnly(kernel)) as node:
         await node.until_state("ready")
         runtime.crash(exit_code=1)  # a relaunch: it starts after the Xid
         await node.until(lambda: node.state == "ready" and node.status()["launches"] == 2)

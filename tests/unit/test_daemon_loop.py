@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -16,7 +17,6 @@ import pytest
 from loop_harness import Node, config, running
 
 from sparkd.commands import reset, restart, start, stop
-from sparkd.daemon.guarding import NodeGuardHooks
 from sparkd.guard.policy import Action, Decision, Level
 from sparkd.runtime.base import LaunchError
 from sparkd.supervisor.failures import Failure, FailureClass
@@ -146,9 +146,9 @@ async def test_a_guard_stop_or_kill_carries_its_grace_and_records_the_incident_o
         await node.until_state("ready")
         pid = runtime.current.instance.pid if runtime.current else 0
         daemon = node.daemon
-        hooks = NodeGuardHooks(daemon.node, daemon.sup.post, lambda: daemon.sup.machine.state)
+        hooks = daemon.guard_hooks
         failure = Failure.of(FailureClass.killed_by_guard, "memory ran low", evidence="MemAvailable 3 GiB")
-        hooks.write_evidence(failure)  # the guard writes before it signals
+        hooks.write_evidence(failure, {"decision": "stop"})  # the guard writes before it signals
         await (hooks.stop_vllm(failure, grace) if action == "stop" else hooks.kill_vllm(failure))
         await node.until_state("backoff")
         await node.settled()
@@ -298,6 +298,7 @@ class GuardGate:
 
     latest = None  # no memory sample to show
     start_allowed = False
+    sampler = SimpleNamespace(kernel=None)  # no kernel log read
 
     def __init__(self) -> None:
         self.decision = Decision(Action.cooldown, Level.stop, False, "cool-down after the guard's stop 1.0 s ago",
@@ -313,18 +314,18 @@ async def test_a_start_the_guard_refuses_is_a_wait_not_a_failure(tmp_path: Path)
     cfg = config(tmp_path, restart={"budget_failures": 3, "consecutive_limit": 3, "backoff_initial_s": 1,
                                     "backoff_max_s": 1})
     runtime, clock = FakeRuntime(), FakeClock()
-    async with running(cfg, runtime, clock) as node:
+    gate = GuardGate()
+    gate.start_allowed = True  # headroom until the guard's stop
+    async with running(cfg, runtime, clock, guard=gate) as node:
         await node.until_state("ready")
         daemon = node.daemon
-        gate = GuardGate()
-        daemon.guard = gate  # type: ignore[assignment]
-        hooks = NodeGuardHooks(daemon.node, daemon.sup.post, lambda: daemon.sup.machine.state)
-        await hooks.stop_vllm(Failure.of(FailureClass.killed_by_guard, "memory ran low"), 0.0)
+        gate.start_allowed = False  # the guard's cool-down after its stop
+        await daemon.guard_hooks.stop_vllm(Failure.of(FailureClass.killed_by_guard, "memory ran low"), 0.0)
         await node.until(lambda: _refusals(node) >= 3 or node.state == "failed", limit_s=600)
         assert node.state != "failed", node.status()["breaker"]
         assert node.status()["last_failure"]["class"] == "host_unavailable"
         assert "memory guard refuses a start" in node.status()["last_failure"]["message"]
-        daemon.guard = None  # headroom again: nothing refuses the start
+        gate.start_allowed = True  # headroom again: nothing refuses the start
         await node.until_state("ready")
         assert not node.status()["breaker"]["open"] and len(runtime.launches) == 2
 

@@ -123,12 +123,12 @@ GUARD_LINES = [
 async def test_status_shows_the_guards_decision_and_whether_it_refuses_starts(
         tmp_path: Path, decision: Decision, start_allowed: bool, line: str) -> None:
     runtime, clock = FakeRuntime(), FakeClock()
-    async with running(config(tmp_path), runtime, clock) as node:
+    gate = GuardGate()
+    gate.decision, gate.start_allowed = None, True  # type: ignore[assignment]  # no decision yet
+    async with running(config(tmp_path), runtime, clock, guard=gate) as node:
         await node.until_state("ready")
-        assert "memory guard:" not in render(node.status())  # the guard is off: nothing to show
-        gate = GuardGate()
+        assert "memory guard:" not in render(node.status())  # no decision yet: nothing to show
         gate.decision, gate.start_allowed = decision, start_allowed
-        node.daemon.guard = gate  # type: ignore[assignment]
         shown = render(node.status()).splitlines()
     assert line in shown
 

@@ -94,7 +94,7 @@ class FakeHooks:
     def on_decision(self, decision: Decision) -> None:
         self.decisions.append(decision)
 
-    def write_evidence(self, failure: Failure) -> None:
+    def write_evidence(self, failure: Failure, evidence: dict[str, Any]) -> None:
         self.alive_at_evidence.append(all(_alive(pid) for pid in self.pids))
         self.events.append(("evidence", failure))
         if self.evidence_error is not None:

@@ -144,7 +144,7 @@ def registry(tmp_path: Path, configured: Path, env: dict[str, str]) -> tuple[Ins
     cfg = config_from_mapping({"runtime": "process", "node": {"name": "demo", "role": "single"},
                                "launch": {"model": "m"}, "paths": paths}, env={})
     log = Log()
-    return InstanceRegistry(cfg, tmp_path / "demo.toml", log, env=env), log
+    return InstanceRegistry(lambda: cfg, tmp_path / "demo.toml", log, env=env), log
 
 
 def test_a_daemon_that_may_not_write_the_configured_folder_registers_in_its_users_once_noted(
