@@ -11,7 +11,8 @@ import contextlib
 import os
 import select
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import anyio
 
@@ -39,27 +40,49 @@ ClassifyExit = Callable[[int | None, int | None, FailureClass | None, bool], Fai
 LineSink = Callable[[str, bool], None]  # (line, persist): persist False for lines replayed at adoption
 
 
+class WatchReports(Protocol):
+    """Who the watch tells what it sees (the node's :class:`sparkd.daemon.watching.NodeWatchReports`, or a fake)."""
+
+    def post(self, obs: v.Observation) -> None: ...
+
+    def state(self) -> State: ...
+
+    def on_line(self, line: str, persist: bool = True) -> None: ...
+
+    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
+                      engine_gone: bool = False) -> Failure: ...
+
+
+@dataclass(frozen=True)
+class Watched:
+    """The instance a watch watches, and how: its ranks' layout (the health's topology), vLLM's API port where its
+    clients' connections can be counted (None: not countable from here), whether the log so far is replayed
+    (an adopted instance's: its lines are not kept again), and the health signals it runs (sparkd.daemon.signals)."""
+
+    instance: Instance
+    replay: bool = False
+    topology: health.Topology = health.Topology.group
+    clients_port: int | None = None
+    signals: tuple[Signal[Any], ...] = SIGNALS  # besides /health and /metrics
+
+
 class InstanceWatch:
-    def __init__(
-        self, instance: Instance, runtime: Runtime, *, post: Callable[[v.Observation], None],
-        state: Callable[[], State], on_line: LineSink, classify_exit: ClassifyExit, probes: Probes | None,
-        health_cfg: HealthConfig, clock: Clock, log: Any, replay: bool,
-        topology: health.Topology = health.Topology.group, clients_port: int | None = None,
-        signals: tuple[Signal[Any], ...] = SIGNALS,
-    ) -> None:
-        self.instance = instance
+    def __init__(self, watched: Watched, runtime: Runtime, reports: WatchReports, probes: Probes | None,
+                 health_cfg: HealthConfig, clock: Clock, log: Any) -> None:
+        instance = self.instance = watched.instance
         self.runtime = runtime
-        self.post = post
-        self.state = state
-        self.on_line = on_line
-        self.classify_exit = classify_exit
+        self.post = reports.post
+        self.state = reports.state
+        self.on_line: LineSink = reports.on_line
+        self.classify_exit: ClassifyExit = reports.classify_exit
         self.probes = probes  # None: a headless rank serves no HTTP
         self.cfg = health_cfg
         self.clock = clock
         self.log = log
-        self.health = HealthTracker(topology=topology)
-        self.clients_port = clients_port  # vLLM's API port, where its clients' connections can be counted
-        self.signals = signals  # besides /health and /metrics (sparkd.daemon.signals)
+        self.health = HealthTracker(topology=watched.topology)
+        self.clients_port = watched.clients_port  # vLLM's API port, where its clients' connections can be counted
+        replay = watched.replay
+        self.signals = watched.signals  # besides /health and /metrics (sparkd.daemon.signals)
         self._own_out = 0  # probes of ours in flight on vLLM's API port (their connections are no client's)
         self.vllm_metrics: VllmMetrics | None = None
         self.exited = anyio.Event()

@@ -88,7 +88,7 @@ DUMMY = Signal("dummy", probe, rule, lambda cfg: 7.0)
 SIGNAL_PROOF = '''
 import anyio
 from sparkd.config import HealthConfig
-from sparkd.daemon.watch import InstanceWatch
+from sparkd.daemon.watch import InstanceWatch, Watched
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State
 from sparkd.testing import FakeClock, FakeProbes, FakeRuntime, new_event_loop
@@ -99,16 +99,23 @@ class Log:
     warning = info
 
 
+class Reports:
+    def __init__(self): self.posted = []
+    def post(self, obs): self.posted.append(obs)
+    def state(self): return State.ready
+    def on_line(self, line, persist=True): pass
+    def classify_exit(self, exit_code, sig, hint, engine_gone=False): raise AssertionError("no exit here")
+
+
 async def main():
-    runtime, clock, posted = FakeRuntime(), FakeClock(start=0.0), []
-    watch = InstanceWatch(runtime.start(), runtime, post=posted.append, state=lambda: State.ready,
-                          on_line=lambda line, live: None, classify_exit=None, probes=FakeProbes(runtime),
-                          health_cfg=HealthConfig(canary=False), clock=clock, log=Log(), replay=False)
+    runtime, clock, reports = FakeRuntime(), FakeClock(start=0.0), Reports()
+    watch = InstanceWatch(Watched(runtime.start()), runtime, reports, FakeProbes(runtime), HealthConfig(canary=False),
+                          clock, Log())
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch.run)
-        await clock.run_until(lambda: any(isinstance(o, v.HealthDegraded) for o in posted), limit_s=60)
+        await clock.run_until(lambda: any(isinstance(o, v.HealthDegraded) for o in reports.posted), limit_s=60)
         await watch.close()
-    print([o.reason for o in posted if isinstance(o, v.HealthDegraded)])
+    print([o.reason for o in reports.posted if isinstance(o, v.HealthDegraded)])
 
 anyio.run(main, backend_options={"loop_factory": new_event_loop})
 '''
