@@ -35,7 +35,7 @@ class GpuRelease:
     async def report(self, report: StopReport, pids: set[int], timeout_s: float) -> StopReport:
         """``report`` with the release of the stopped processes' GPU memory, verified."""
         release = await self.verify(pids, timeout_s, report.seconds)
-        return replace(report, gpu=(self.sentence(release), release.released if release.checked else None))
+        return replace(report, release=self.sentence(release), released=release.released if release.checked else None)
 
     def sentence(self, release: Release) -> str:
         return release.sentence(states(h.pid for h in release.held))

@@ -34,17 +34,8 @@ class StopReport:
     exit: str  # ExitInfo.describe()
     killed: tuple[int, ...] = ()  # what sparkd SIGKILLed after the grace
     at: float = 0.0  # wall time at the end of the stop
-    gpu: tuple[str, bool | None] | None = None  # the GPU memory's release: in words, and released (None: unverified)
-
-    @property
-    def release(self) -> str | None:
-        """The GPU memory's release, in words."""
-        return self.gpu[0] if self.gpu is not None else None
-
-    @property
-    def released(self) -> bool | None:
-        """Whether the GPU memory came back; None: not verified (no GPU reading)."""
-        return self.gpu[1] if self.gpu is not None else None
+    release: str | None = None  # the GPU memory's release, in words
+    released: bool | None = None  # None: not verified (no GPU reading)
 
     @property
     def sigkilled(self) -> bool:
@@ -64,6 +55,4 @@ class StopReport:
         return f"{STOP_LINE}({self.reason}): SIGTERM, {killed}; {self.exit}"
 
     def to_json(self) -> dict[str, Any]:
-        fields = {k: v for k, v in asdict(self).items() if k != "gpu"}
-        return {**fields, "killed": list(self.killed), "release": self.release, "released": self.released,
-                "sigkilled": self.sigkilled, "sentence": self.sentence()}
+        return {**asdict(self), "killed": list(self.killed), "sigkilled": self.sigkilled, "sentence": self.sentence()}

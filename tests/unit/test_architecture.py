@@ -113,13 +113,15 @@ DAEMON = ROOT / "daemon"
 
 
 def constructor_parameters(cls: ast.ClassDef) -> int | None:
-    """The parameters of ``cls``'s constructor (self excluded): its ``__init__``'s, or a dataclass's fields."""
+    """The parameters of ``cls``'s constructor (self excluded): its ``__init__``'s, or a mutable dataclass's fields.
+    A frozen dataclass is a value (a stop's report, a record), not a part wired to others: its fields are data."""
     for item in cls.body:
         if isinstance(item, ast.FunctionDef) and item.name == "__init__":
             a = item.args
             return len(a.posonlyargs) + len(a.args) - 1 + len(a.kwonlyargs) + (a.vararg is not None) + (
                 a.kwarg is not None)
-    if any("dataclass" in ast.unparse(d) for d in cls.decorator_list):
+    decorators = [ast.unparse(d) for d in cls.decorator_list]
+    if any("dataclass" in d for d in decorators) and not any("frozen=True" in d for d in decorators):
         return sum(1 for item in cls.body if isinstance(item, ast.AnnAssign) and "ClassVar" not in ast.unparse(
             item.annotation))
     return None
@@ -141,13 +143,15 @@ def test_no_part_of_the_daemon_takes_more_than_eight_constructor_parameters() ->
 
 
 def test_the_parameter_check_sees_a_wide_constructor(tmp_path: Path) -> None:
-    """The check above can fail: a hub of nine parameters, and a record of nine fields, are both found."""
+    """The check above can fail: a hub of nine parameters, and a mutable dataclass of nine fields, are both found;
+    a frozen record of nine fields is a value and is not."""
     (tmp_path / "hub.py").write_text(
         "from dataclasses import dataclass\n\n"
         "class Hub:\n    def __init__(self, a, b, c, d, *, e, f, g, h, i=None):\n        pass\n\n"
         "class Small:\n    def __init__(self, a, *rest, **more):\n        pass\n\n"
-        "@dataclass(frozen=True)\nclass Record:\n" + "".join(f"    f{i}: int\n" for i in range(9)))
-    assert wide_constructors(tmp_path) == ["hub.py: Hub takes 9", "hub.py: Record takes 9"]
+        "@dataclass\nclass Parts:\n" + "".join(f"    f{i}: int\n" for i in range(9)) +
+        "\n@dataclass(frozen=True)\nclass Record:\n" + "".join(f"    f{i}: int\n" for i in range(9)))
+    assert wide_constructors(tmp_path) == ["hub.py: Hub takes 9", "hub.py: Parts takes 9"]
 
 
 def test_the_composition_root_wires_in_one_pass() -> None:
