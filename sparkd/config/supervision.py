@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -91,11 +91,26 @@ class HealthConfig(_Section):
         "else vLLM's own default, 300."))
 
 
-# Preflight check ids (sparkd/preflight), in the order they run; `[preflight] skip` takes these.
-PreflightCheckId = Literal[
-    "container", "launch_target", "vllm_args", "stale_processes", "ports", "dev_shm", "page_cache", "memory",
-    "host", "image", "rdma", "gpu",
-]
+# The preflight checks, in the order they run: each id is its module, sparkd/preflight/<id>.py (the runner loads
+# them from this list; `[preflight] skip` takes these ids). A new check is its module and one line here.
+PREFLIGHT_CHECKS: tuple[str, ...] = (
+    "container",
+    "launch_target",
+    "vllm_args",
+    "stale_processes",
+    "ports",
+    "dev_shm",
+    "page_cache",
+    "memory",
+    "host",
+    "image",
+    "rdma",
+    "gpu",
+)
+if TYPE_CHECKING:
+    PreflightCheckId = str
+else:
+    PreflightCheckId = Literal[PREFLIGHT_CHECKS]
 
 
 class ImageAssert(_Section):
@@ -130,8 +145,7 @@ class PreflightConfig(_Section):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)  # `assert` or `asserts`
 
     skip: list[PreflightCheckId] = Field(default_factory=list, description=(
-        "Check ids not to run (reported as skipped): container, launch_target, vllm_args, stale_processes, "
-        "ports, dev_shm, page_cache, memory, host, image, rdma, gpu."))
+        f"Check ids not to run (reported as skipped): {', '.join(PREFLIGHT_CHECKS)}."))
     kill_grace_s: float = Field(default=5.0, ge=0, description=(
         "Stale vLLM processes (orphaned, or of the previous launch): SIGTERM, this grace, SIGKILL."))
     shm_min_free_mib: int = Field(default=256, ge=0, description=(

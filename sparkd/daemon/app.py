@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
-import random
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +21,10 @@ from sparkd.api.bounded import harden_process
 from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
-from sparkd.commands.statusdoc import Extras
+from sparkd.commands.statusdoc import Checks, Extras
 from sparkd.config import Config, Role
 from sparkd.daemon import remembered
+from sparkd.daemon.adapters import Adapters
 from sparkd.daemon.breaker import ConfigBreaker
 from sparkd.daemon.control import DaemonControl
 from sparkd.daemon.current import CurrentConfig
@@ -35,9 +34,15 @@ from sparkd.daemon.files import StateWriter
 from sparkd.daemon.gpuwatch import GpuSampler, LaunchDevices
 from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.guarding import NodeGuardHooks
+from sparkd.daemon.leftovers import Leftovers
 from sparkd.daemon.metrics import Metrics
-from sparkd.daemon.node import Node
+from sparkd.daemon.node import Launcher, Node
+from sparkd.daemon.nodeevidence import NodeEvidence
+from sparkd.daemon.output import VllmOutput
+from sparkd.daemon.plan import LaunchPlan
+from sparkd.daemon.preflighting import GroupStart, LocalPreflight, Preflight
 from sparkd.daemon.probes import HttpProbes
+from sparkd.daemon.record import InstanceRecord
 from sparkd.daemon.recording import DaemonRecorder
 from sparkd.daemon.registry import InstanceRegistry
 from sparkd.daemon.reload import Reloader, keep_fixed
@@ -46,16 +51,14 @@ from sparkd.daemon.settling import RecorderCollector, StartGuard
 from sparkd.daemon.slot import InstanceSlot
 from sparkd.daemon.sockets import Sockets, StartupError, open_sockets
 from sparkd.daemon.startup import Trusted, prepare_or_status
+from sparkd.daemon.stopping import StopEffects
 from sparkd.daemon.supervisor import Supervisor
 from sparkd.daemon.tasks import Tasks
 from sparkd.daemon.view import StatusView
-from sparkd.daemon.watch import Probes
+from sparkd.daemon.watching import NodeWatchReports, Watching
 from sparkd.guard.guard import Guard
 from sparkd.host import exits
-from sparkd.host.clock import Clock, SystemClock
-from sparkd.host.gpu.reading import read_gpus
 from sparkd.host.logs import VllmLog, configure_logging, get_logger
-from sparkd.host.notify import Notifier
 from sparkd.launch.render import api_key
 from sparkd.runtime import make_runtime
 from sparkd.runtime.base import Runtime
@@ -89,15 +92,12 @@ class Daemon:
     """Everything one node's sparkd runs, built from the config and wired through narrow ports: the mailbox first
     (the supervisor), then every part that posts to it, each complete when its constructor returns."""
 
-    def __init__(self, cfg: Config, runtime: Runtime, *, rehearse: bool = False, clock: Clock | None = None,
-                 notifier: Notifier | None = None, probes: Callable[[], Probes] | None = None,
-                 rand: Callable[[], float] = random.random, config_path: Path | None = None,
-                 trusted: Trusted | None = None, guard: Guard | None = None, **node_options: Any) -> None:
-        """``guard``: a stand-in for the memory guard (a test's; the daemon does not run it). ``node_options``: the
-        Node's own (``gpus``: the GPU reader, ``checks``, ``sweep``)."""
+    def __init__(self, cfg: Config, runtime: Runtime, *, rehearse: bool = False, config_path: Path | None = None,
+                 trusted: Trusted | None = None, adapters: Adapters | None = None) -> None:
+        """``adapters``: the host as the daemon reaches it (a test's stand-ins: the clock, the probes, the guard)."""
         self.runtime = runtime
-        self.clock = clock or SystemClock()
-        self.notifier = notifier or Notifier()
+        self.adapters = host = adapters or Adapters()
+        self.clock, self.notifier = host.clock, host.notifier
         self.log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
         self.trusted = trusted or Trusted.unchecked(cfg)  # `sparkd run` checked the token file (owner, mode, length)
         self.token = self.trusted.token
@@ -110,39 +110,53 @@ class Daemon:
         self.sup = Supervisor(machine=machine, limits=limits_from(cfg), clock=self.clock, log=self.log,
                               remember=self._remember)
         self.slot, self.facts = InstanceSlot(runtime), ContainerFacts(runtime)
+        self.plan = LaunchPlan(self.config, runtime, self.slot, rehearse=rehearse)  # what it launches, read afresh
         self.group = self._group()
         self.checks = GroupChecks(cfg, runtime, self.group.client if self.group is not None else None, log=self.log,
                                   image=self.facts.identity, spawn=self.tasks.spawn)
-        gpus = node_options.pop("gpus", read_gpus)
-        self.gpu = GpuSampler(gpus, self.clock, self.log, LaunchDevices(self.config, runtime.name, rehearse=rehearse))
+        self.gpu = GpuSampler(host.gpus, self.clock, self.log,
+                              LaunchDevices(self.config, runtime.name, rehearse=rehearse))
         self.evidence = FailureEvidence(self.config, runtime, vllm_log=self.vllm_log, clock=self.clock, log=self.log,
                                         state=self.sup.state, instance=self.slot.current,
                                         gpu=self.gpu.incident_evidence)
         self.guard_hooks = NodeGuardHooks(self.slot, self.evidence.write_guard_evidence, self.sup.post,
                                           self.sup.state, self.log)
-        self.own_guard = guard is None and cfg.guard.enabled  # a stand-in's is not run
-        self.guard = Guard(cfg.guard, self.guard_hooks) if self.own_guard else guard
+        self.own_guard = host.guard is None and cfg.guard.enabled  # a stand-in's is not run
+        self.guard = Guard(cfg.guard, self.guard_hooks) if self.own_guard else host.guard
         self.registry = InstanceRegistry(self.config, config_path, self.log)
         self.recorder = DaemonRecorder(self.config, self.sup, self.slot, self.clock, self.log, guard=self.guard,
                                        group=self.group)
         self.start_guard = StartGuard(self.config, self.recorder, self.files, self.clock, self.log,
                                       on_phase=self._on_settle)
-        self.node = Node(
-            self.config, runtime, post=self.sup.post, state=self.sup.state, clock=self.clock, log=self.log,
-            spawn=self.tasks.spawn, vllm_log=self.vllm_log, files=self.files, probes=probes or self._probes,
-            slot=self.slot, facts=self.facts, evidence=self.evidence, registry=self.registry, group=self.group,
-            guard=self.guard, rand=rand, rehearse=rehearse, before_start=self.start_guard.before_start,
-            group_checks=self.checks, gpus=gpus, gpu=self.gpu, **node_options)
+        self.node = self._node(config_path)
         self._wire_the_rest(config_path)
+
+    def _node(self, config_path: Path | None) -> Node:
+        """The lifecycle's effects, each part over the ones built before it."""
+        host, plan, clock, log = self.adapters, self.plan, self.clock, self.log
+        self.output = VllmOutput(self.config, plan, self.vllm_log, self.sup.post, clock, log)
+        record = InstanceRecord(self.config, self.files, self.registry, clock, log)
+        self.leftovers = Leftovers(plan, sweep=host.sweep, gpus=host.gpus, clock=clock, log=log)
+        local = LocalPreflight(plan, host.checks, self.facts, self.evidence, log)
+        evidence = NodeEvidence(self.evidence, self.guard, self.slot, local)
+        self.watch_reports = NodeWatchReports(self.config, self.sup, self.output, evidence, group=self.group,
+                                              gpu=self.gpu)
+        self.watching = Watching(plan, record, self.watch_reports, host.probes or self._probes, self.tasks.spawn,
+                                 clock, log)
+        self.launcher = Launcher(plan, record, self.facts, self.output, evidence, self.watching, clock, log)
+        preflight = Preflight(local, GroupStart(self.group, self.checks), self.leftovers,
+                              before_start=self.start_guard.before_start, guard=self.guard, clock=clock)
+        self.stops = StopEffects(plan, record, self.output, self.leftovers, clock, log)
+        return Node(self.launcher, preflight, self.stops, evidence, group=self.group, post=self.sup.post,
+                    spawn=self.tasks.spawn, rand=host.rand)
 
     def _wire_the_rest(self, config_path: Path | None) -> None:
         """The views and the operator's surface, over the parts built above."""
         self.reloader = Reloader(config_path, self.config, self.config.replace, self.log)
         self.breaker = ConfigBreaker(self.config().paths.state_dir / "breaker-config.json", self.config.launch_hash,
                                      self.sup.post, self.files, self.log)
-        self.view = StatusView(self.config, self.sup, self.node, self.clock, guard=self.guard, group=self.group,
-                               problems=self.problems, config_state=self.config_state, checks=self.checks.status,
-                               more=self._recorder_status, gpu=self.gpu, secret_key=self.token)
+        self.view = StatusView(self.config, self.sup, self.node, self.clock, daemon=self, guard=self.guard,
+                               group=self.group, gpu=self.gpu)
         self.metrics = Metrics(self.view)
         self.metrics.registry.register(RecorderCollector(self.metrics.families, self.recorder, self.start_guard))
         self.control = DaemonControl(self.sup, self.node, self.view, self.group, reload=self.reloader.reload,
@@ -150,11 +164,11 @@ class Daemon:
         self._scope: anyio.CancelScope | None = None
         self._signals_seen = 0
         self.shm_due = anyio.Event()  # vLLM became ready: note what it holds in /dev/shm now
-        for listener in (self.breaker.on_transition, self.node.on_transition, self._on_transition):
+        for listener in (self.breaker.on_transition, self.launcher.on_transition, self._on_transition):
             self.sup.listen(listener)
-        self.node.phase_listeners.append(self._on_phase)
+        self.output.listen(self._on_phase)
         adapters = (self.runtime.configure, self.checks.configure, *((self.group.configure,) if self.group else ()))
-        for follower in (*adapters, self.evidence.configure, self.node.configure, self._configure):
+        for follower in (*adapters, self.evidence.configure, self.watching.configure, self._configure):
             self.config.follow(follower)
 
     @property
@@ -188,11 +202,15 @@ class Daemon:
                             f"({self.vllm_log.lost_lines} line(s) lost)")
         return problems
 
-    def _recorder_status(self) -> Extras:
+    def more(self) -> Extras:
+        """The flight recorder's and the memory settle's status."""
         extra: Extras = {"recorder": {**self.recorder.status(), **self.start_guard.status()}}
         if self.recorder.phase is not None:
             extra["phase"] = self.recorder.phase
         return extra
+
+    def proofs(self) -> Checks:
+        return self.checks.status()
 
     def _on_settle(self, phase: str | None) -> None:
         """The memory settle is a phase of the preflight: in status, its history and `restart --wait`."""
@@ -290,7 +308,7 @@ class Daemon:
                       peers=self.peer_addresses, tls=self.trusted.tls, log=self.log)
 
     async def _boot(self) -> bool:
-        found = await self.node.adopt()
+        found = await self.launcher.adopt()
         self.notifier.ready(self.view.line())
         return found
 
@@ -312,7 +330,7 @@ class Daemon:
                 elif self._signals_seen == 1:
                     self.sup.shutdown()
                 else:
-                    await self.node.hurry()
+                    await self.stops.hurry()
 
     async def _note_shm(self) -> None:
         """What the instance holds in /dev/shm, noted every SHM_NOTE_S and right after it becomes ready."""
@@ -320,7 +338,7 @@ class Daemon:
             with anyio.move_on_after(SHM_NOTE_S):
                 await self.shm_due.wait()
             self.shm_due = anyio.Event()
-            await self.node.note_shm()
+            await self.leftovers.note_shm()
             self.registry.write()  # another instance's unit may have cleared /run/sparkd meanwhile
 
     async def _watchdog(self) -> None:

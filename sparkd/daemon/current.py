@@ -18,7 +18,7 @@ Follower = Callable[[Config], None]
 class CurrentConfig:
     def __init__(self, cfg: Config, *, token: str | None = None) -> None:
         self._cfg = cfg
-        self._token = token  # the peers' shared secret: never shown either
+        self.token = token  # the peers' shared secret: never shown either (digests in the status are under it)
         self.redact: Redactor = use_for_logs(redactor_for(cfg, token=token))  # secrets never reach a log
         self._followers: list[Follower] = []
 
@@ -35,6 +35,6 @@ class CurrentConfig:
     def replace(self, cfg: Config) -> None:
         """Take on a reloaded config (validated, with the keys a running daemon cannot change kept)."""
         self._cfg = cfg
-        self.redact = use_for_logs(redactor_for(cfg, token=self._token))  # a reload may bring new secrets
+        self.redact = use_for_logs(redactor_for(cfg, token=self.token))  # a reload may bring new secrets
         for follower in self._followers:
             follower(cfg)

@@ -85,7 +85,7 @@ class SparkdCollector(Collector):
         yield f.gauge("sparkd_start_budget_seconds", "The startup budget of a launch ([supervisor] "
                       "startup_timeout_s).", view.sup.limits.startup_timeout_s)
         yield f.gauge("sparkd_daemon_degraded", "1 when sparkd itself cannot do part of its job (see status).",
-                      1.0 if view.problems() else 0.0)
+                      1.0 if view.daemon.problems() else 0.0)
         yield from self._counters()
         yield from self._startup()
         yield from self._health()
@@ -93,7 +93,7 @@ class SparkdCollector(Collector):
         yield from self._memory(view.guard())
         yield from gpu_families(self.f.keys, self.f.values, view.gpu.launch_devices() if view.gpu else [])
         yield from self._peers()
-        yield from checkmetrics.families(f.keys, f.values, view.checks())
+        yield from checkmetrics.families(f.keys, f.values, view.daemon.proofs())
 
     def _counters(self) -> Iterator[Any]:
         f, counters = self.f, self.view.node.evidence.counters

@@ -1,13 +1,14 @@
 """What this node launches, as the config says now: the spec (the stand-in in vLLM's place for a rehearsal), the
 preflight's context, whether the rank is headless, the proof that a record is this node's launch, and the stale
-leftovers of it after a stop. Read by the node's effects and the operator's commands; it holds no state."""
+leftovers of it after a stop. Read by the node's effects and the operator's commands; it holds no state, and it
+names the three the effects act on: the config now (:attr:`LaunchPlan.config`), the runtime and the instance slot."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from sparkd.config import Config, Role
+from sparkd.config import Role
+from sparkd.daemon.current import CurrentConfig
 from sparkd.daemon.slot import InstanceSlot
 from sparkd.launch.rehearsal import rehearsal, rehearsal_skips
 from sparkd.launch.render import LaunchSpec, render
@@ -17,7 +18,7 @@ from sparkd.runtime.base import Runtime
 
 
 class LaunchPlan:
-    def __init__(self, config: Callable[[], Config], runtime: Runtime, slot: InstanceSlot, *, rehearse: bool) -> None:
+    def __init__(self, config: CurrentConfig, runtime: Runtime, slot: InstanceSlot, *, rehearse: bool) -> None:
         self.config = config
         self.runtime = runtime
         self.slot = slot

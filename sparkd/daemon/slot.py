@@ -1,9 +1,12 @@
-"""The instance this node runs now, its watch and its startup progress: held by the node's effects
-(:meth:`InstanceSlot.hold`, :meth:`InstanceSlot.clear`), read by the guard's hooks, the evidence, the recorder, the
-status and the metrics."""
+"""The instance this node runs now, its watch, its startup progress and the launch's timing: held by the node's
+effects (:meth:`InstanceSlot.hold`, :meth:`InstanceSlot.clear`), one at a time (:attr:`InstanceSlot.busy`: a launch
+and a stop never overlap), read by the guard's hooks, the evidence, the recorder, the status and the metrics."""
 
 from __future__ import annotations
 
+import anyio
+
+from sparkd.daemon.timing import LaunchTiming
 from sparkd.daemon.watch import InstanceWatch
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor.progress import Startup
@@ -16,6 +19,8 @@ class InstanceSlot:
         self.instance: Instance | None = None
         self.watch: InstanceWatch | None = None
         self.startup = Startup()  # its startup progress, read from its log
+        self.timing: LaunchTiming | None = None  # the current (or last) launch's, for status and metrics
+        self.busy = anyio.Lock()  # held by a launch and by a stop: they never overlap
 
     def progressed(self, startup: Startup) -> None:
         self.startup = startup

@@ -120,6 +120,11 @@ class Supervisor:
                     break
             tg.cancel_scope.cancel()
 
+    @property
+    def effects_running(self) -> int:
+        """How many of the effects the loop started (preflight, launch, stop, record) run now."""
+        return self._effects_running
+
     def idle(self) -> bool:
         """Nothing of vLLM's runs or is being changed: a shutting-down daemon may exit."""
         return quiescent(self.machine) and self._effects_running == 0

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, deque
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from sparkd import __version__
 from sparkd.cluster.coordinator import Coordinator
@@ -29,32 +28,39 @@ from sparkd.supervisor.states import SERVING, Machine, State
 HISTORY = 50
 
 
+class DaemonFacts(Protocol):
+    """What the daemon itself tells the status (the :class:`sparkd.daemon.app.Daemon`)."""
+
+    def problems(self) -> list[str]:
+        """What sparkd itself cannot do right now (it reports itself degraded until they clear)."""
+
+    def config_state(self) -> dict[str, Any]:
+        """The config on disk against the one loaded and the one the running vLLM was launched from."""
+
+    def more(self) -> Extras:
+        """What other parts add (the flight recorder, the memory settle)."""
+
+    def proofs(self) -> Checks:
+        """The group's fabric and weights proofs: ``{"fabric": ..., "weights": ...}``."""
+
+
 class StatusView:
-    def __init__(self, config: CurrentConfig, sup: Supervisor, node: Node, clock: Clock, *,
-                 guard: Guard | None = None, group: Coordinator | None = None,
-                 problems: Callable[[], list[str]] = list,
-                 config_state: Callable[[], dict[str, Any]] = dict,
-                 more: Callable[[], Extras] = Extras,
-                 checks: Callable[[], Checks] = Checks, gpu: GpuSampler | None = None,
-                 secret_key: str | None = None) -> None:
-        self.config = config
-        self.secret_key = secret_key  # the peers' shared secret: secrets in "shared" are digests under it
+    def __init__(self, config: CurrentConfig, sup: Supervisor, node: Node, clock: Clock, *, daemon: DaemonFacts,
+                 guard: Guard | None = None, group: Coordinator | None = None, gpu: GpuSampler | None = None) -> None:
+        self.config = config  # its token: secrets in "shared" are digests under the peers' shared secret
         self.sup = sup
         self.node = node
         self.clock = clock
+        self.daemon = daemon
         self._guard = guard
         self.group = group
-        self.problems = problems
-        self.config_state = config_state
-        self.more = more  # what other parts add (the flight recorder, the memory settle)
-        self.checks = checks  # the group's fabric and weights proofs: {"fabric": ..., "weights": ...}
         self.gpu = gpu
         # Recent states and phases with wall times, so `sparkctl restart --wait` shows every step.
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.restarts: Counter[str] = Counter()  # by what caused them: a failure class, operator, reset
         self.last_start_s: float | None = None  # launch to ready, the last time (the ETA of the next)
         sup.listen(self.on_change)
-        node.phase_listeners.append(self.on_phase)
+        node.output.listen(self.on_phase)
 
     @property
     def cfg(self) -> Config:
@@ -99,7 +105,7 @@ class StatusView:
         m, node, clock, now = self.sup.machine, self.node, self.clock, self.clock.now()
         instance, startup, last = node.instance, node.startup, m.last_failure
         ready_since = m.restart_state.ready_since
-        problems = self.problems()
+        problems = self.daemon.problems()
         return {
             "version": __version__, "node": self.cfg.node.name, "role": self.cfg.node.role.value,
             "rank": self.cfg.node_rank, "gpus_per_node": self.cfg.cluster.gpus_per_node,
@@ -123,17 +129,17 @@ class StatusView:
                 "exit_code": last.exit_code, "signal": last.signal, "evidence": last.evidence},
             "config_hash": self.cfg.launch_hash(), "daemon_pid": os.getpid(), "updated_at": clock.wall(),
             "daemon": {"degraded": bool(problems), "problems": problems},
-            "config": self.config_state(),
+            "config": self.daemon.config_state(),
             "history": list(self.history),
             "pair": self.group.role.value if self.group is not None and self.group.role else None,
-            "shared": shared_settings(self.cfg, self.secret_key), "image": node.facts.image_json(),
+            "shared": shared_settings(self.cfg, self.config.token), "image": node.facts.image_json(),
             "image_id": node.facts.image.id if node.facts.image else None, "drift": node.facts.drift,
             "peers": self.group.peers_json() if self.group is not None else [],
             "memory": self._memory(),
             "gpu": self.gpu.status() if self.gpu is not None else None,
             "last_stop": node.last_stop.to_json() if node.last_stop is not None else None,
-            **self.more(),
-            **self.checks(),
+            **self.daemon.more(),
+            **self.daemon.proofs(),
         }
 
     def _memory(self) -> dict[str, Any]:

@@ -11,12 +11,15 @@ import contextlib
 import os
 import select
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
 
 from sparkd.config import HealthConfig
 from sparkd.daemon.clientconns import open_clients
+from sparkd.daemon.healthsignal import Probes, Signal
+from sparkd.daemon.signals import SIGNALS
 from sparkd.host.clock import Clock
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor import health
@@ -25,22 +28,11 @@ from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.health import HealthTracker
 from sparkd.supervisor.logline import clean
 from sparkd.supervisor.peerloss import names_peer_loss
-from sparkd.supervisor.readings import MetricsOff, ProbeResult, VllmMetrics
+from sparkd.supervisor.readings import VllmMetrics
 from sparkd.supervisor.states import SERVING, State
 
 READY_POLL_S = 0.5  # /health while starting: the port refuses until vLLM is ready, so this is cheap
 DRAIN_S = 5.0  # after an exit, how long the log may take to deliver its last lines before classifying
-
-class Probes(Protocol):
-    """vLLM's HTTP surface as the health layers see it (sparkd.daemon.probes.HttpProbes, or a fake)."""
-
-    async def health(self) -> ProbeResult: ...
-
-    async def metrics(self) -> VllmMetrics | MetricsOff | None: ...
-
-    async def canary(self) -> ProbeResult: ...
-
-    async def aclose(self) -> None: ...
 
 
 # (exit code, signal, hint, engine gone): the engine gone means no new connection to it when vLLM ended
@@ -48,26 +40,50 @@ ClassifyExit = Callable[[int | None, int | None, FailureClass | None, bool], Fai
 LineSink = Callable[[str, bool], None]  # (line, persist): persist False for lines replayed at adoption
 
 
+class WatchReports(Protocol):
+    """Who the watch tells what it sees (the node's :class:`sparkd.daemon.watching.NodeWatchReports`, or a fake)."""
+
+    def post(self, obs: v.Observation) -> None: ...
+
+    def state(self) -> State: ...
+
+    def on_line(self, line: str, persist: bool = True) -> None: ...
+
+    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
+                      engine_gone: bool = False) -> Failure: ...
+
+
+@dataclass(frozen=True)
+class Watched:
+    """The instance a watch watches, and how: its ranks' layout (the health's topology), vLLM's API port where its
+    clients' connections can be counted (None: not countable from here), whether the log so far is replayed
+    (an adopted instance's: its lines are not kept again), and the health signals it runs (sparkd.daemon.signals)."""
+
+    instance: Instance
+    replay: bool = False
+    topology: health.Topology = health.Topology.group
+    clients_port: int | None = None
+    signals: tuple[Signal[Any], ...] = SIGNALS  # besides /health and /metrics
+
+
 class InstanceWatch:
-    def __init__(
-        self, instance: Instance, runtime: Runtime, *, post: Callable[[v.Observation], None],
-        state: Callable[[], State], on_line: LineSink, classify_exit: ClassifyExit, probes: Probes | None,
-        health_cfg: HealthConfig, clock: Clock, log: Any, replay: bool,
-        topology: health.Topology = health.Topology.group, clients_port: int | None = None,
-    ) -> None:
-        self.instance = instance
+    def __init__(self, watched: Watched, runtime: Runtime, reports: WatchReports, probes: Probes | None,
+                 health_cfg: HealthConfig, clock: Clock, log: Any) -> None:
+        instance = self.instance = watched.instance
         self.runtime = runtime
-        self.post = post
-        self.state = state
-        self.on_line = on_line
-        self.classify_exit = classify_exit
+        self.post = reports.post
+        self.state = reports.state
+        self.on_line: LineSink = reports.on_line
+        self.classify_exit: ClassifyExit = reports.classify_exit
         self.probes = probes  # None: a headless rank serves no HTTP
         self.cfg = health_cfg
         self.clock = clock
         self.log = log
-        self.health = HealthTracker(topology=topology)
-        self.clients_port = clients_port  # vLLM's API port, where its clients' connections can be counted
-        self._canary_out = False  # a canary of ours is in flight (its connection is no client's)
+        self.health = HealthTracker(topology=watched.topology)
+        self.clients_port = watched.clients_port  # vLLM's API port, where its clients' connections can be counted
+        replay = watched.replay
+        self.signals = watched.signals  # besides /health and /metrics (sparkd.daemon.signals)
+        self._own_out = 0  # probes of ours in flight on vLLM's API port (their connections are no client's)
         self.vllm_metrics: VllmMetrics | None = None
         self.exited = anyio.Event()
         self.logs_drained = anyio.Event()
@@ -88,8 +104,8 @@ class InstanceWatch:
                     tg.start_soon(self._watch_exit)
                     if self.probes is not None:
                         tg.start_soon(self._probe_health)
-                        if self.cfg.canary:
-                            tg.start_soon(self._probe_canary)
+                        for signal in self.signals:
+                            tg.start_soon(self._run_signal, signal)
         finally:
             if self.probes is not None:
                 with anyio.CancelScope(shield=True):
@@ -172,24 +188,28 @@ class InstanceWatch:
             await self.clock.sleep(self.cfg.interval_s if serving else READY_POLL_S)
 
     async def _count_clients(self, port: int) -> None:
-        """Other clients' requests waiting on vLLM now (a canary of ours in flight is not one of them)."""
-        canary_out = self._canary_out
+        """Other clients' requests waiting on vLLM now (a probe of ours in flight, the canary's, is not one)."""
+        own_out = self._own_out
         n = await anyio.to_thread.run_sync(open_clients, port)
-        if n is not None and canary_out:
-            n = max(0, n - 1)
+        if n is not None and own_out:
+            n = max(0, n - own_out)
         self.health = health.observe_clients(self.health, n)
 
-    async def _probe_canary(self) -> None:
+    async def _run_signal(self, signal: Signal[Any]) -> None:
+        """One signal's loop: every ``every_s``, while vLLM serves, its probe, then its rule; a signal off when the
+        instance's watch starts stays off for it."""
         assert self.probes is not None
+        if not signal.on(self.cfg):
+            return
         while True:
-            await self.clock.sleep(self.cfg.canary_interval_s)
+            await self.clock.sleep(signal.every_s(self.cfg))
             if self.state() in SERVING:
-                self._canary_out = True
+                self._own_out += signal.own_connection
                 try:
-                    result = await self.probes.canary()
+                    reading = await signal.probe(self.probes)
                 finally:
-                    self._canary_out = False
-                self._observe(health.observe_canary, result)
+                    self._own_out -= signal.own_connection
+                self._observe(signal.rule, reading)
 
     def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
         self.health, obs = observe(self.health, result, self.clock.now(), self.cfg)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from sparkd.config import Config
 from sparkd.host.gpu.model import GpuView
@@ -118,11 +118,17 @@ def _crashed(check_id: str, exc: Exception) -> CheckResult:
                        f"without it, add {check_id!r} to [preflight] skip", failure_class=FailureClass.unknown)
 
 
-def check(check_id: str) -> Callable[[CheckFn], Check]:
-    def wrap(fn: CheckFn) -> Check:
-        return Check(check_id, fn)
-
-    return wrap
+@overload
+def check(fn: CheckFn, /) -> Check: ...
+@overload
+def check(check_id: str, /) -> Callable[[CheckFn], Check]: ...
+def check(arg: CheckFn | str, /) -> Check | Callable[[CheckFn], Check]:
+    """``@check`` on a check module's function: a ``Check`` whose id is the module's name (``sparkd/preflight/
+    gpu.py`` is the check ``gpu``: the id is written once, in ``sparkd.config.supervision.PREFLIGHT_CHECKS``).
+    ``@check("id")`` names it outright (a test's check, built where no module says it)."""
+    if isinstance(arg, str):
+        return lambda fn: Check(arg, fn)
+    return Check(arg.__module__.rpartition(".")[2], arg)
 
 
 def human_bytes(n: float) -> str:

@@ -141,7 +141,7 @@ async def _named(ctx: PreflightContext, apps: list[App]) -> tuple[dict[int, str]
     return named, {pid for pid, j in judged.items() if not j.neighbour}
 
 
-@check("gpu")
+@check
 async def check_gpu(ctx: PreflightContext) -> CheckResult:
     ctx = await processes.launch_places(ctx)
     view = await settled_gpus(ctx)

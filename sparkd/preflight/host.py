@@ -108,7 +108,7 @@ async def apply(ctx: PreflightContext, items: list[Finding]) -> list[str]:
     return errors
 
 
-@check("host")
+@check
 async def check_host(ctx: PreflightContext) -> CheckResult:
     pf = ctx.cfg.preflight
     before = findings(observe(ctx.proc_root), pf)

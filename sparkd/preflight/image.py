@@ -39,7 +39,7 @@ def problem(rule: ImageAssert, text: str | None, where: str) -> str | None:
     return None
 
 
-@check("image")
+@check
 async def check_image(ctx: PreflightContext) -> CheckResult:
     rules = ctx.cfg.preflight.asserts
     if not rules:

@@ -1,11 +1,11 @@
-"""Checks: page cache (drop it) and memory sufficiency (enough free memory for vLLM's startup check).
+"""Check: memory sufficiency (enough free memory for vLLM's startup check).
 
 On a GB10 the GPU's memory is the host's: vLLM's startup check compares ``gpu_memory_utilization x total``
 against *free* memory (``cudaMemGetInfo``), and page cache is not free. The field saw "Free memory on device
 (4.75/119.67 GiB)" with 110 GiB in page cache; ``sync; echo 3 > /proc/sys/vm/drop_caches`` got it back.
 
-- ``page_cache``: ``sync``, then write ``3`` to ``<proc>/sys/vm/drop_caches`` (``[preflight] drop_caches``);
-  reports the bytes reclaimed from meminfo's ``Cached`` before and after.
+- ``page_cache`` (:mod:`.page_cache`, which runs first): ``sync``, then write ``3`` to
+  ``<proc>/sys/vm/drop_caches`` (``[preflight] drop_caches``).
 - ``memory``: on discrete GPUs, vLLM's own rule on each device of the launch and the host for what it holds
   itself (:mod:`sparkd.preflight.gpumemory`). On GB10 (unified memory: NVML reports no device memory) or with
   no GPU reading, ``MemFree`` must cover ``gpu_memory_utilization x MemTotal + [preflight] memory_margin_gib``.
@@ -20,7 +20,6 @@ Both skip a launch of the vLLM stand-in, which loads no weights and needs no fre
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,38 +175,6 @@ async def placed(ctx: PreflightContext, found: list[Holder]) -> list[Holder]:
     return out
 
 
-def drop_caches(proc_root: Path) -> None:
-    """``sync`` then ``echo 3 > <proc>/sys/vm/drop_caches``. Raises OSError when not permitted."""
-    os.sync()
-    with open(proc_root / "sys" / "vm" / "drop_caches", "w", encoding="ascii") as handle:
-        handle.write("3\n")
-
-
-@check("page_cache")
-async def check_page_cache(ctx: PreflightContext) -> CheckResult:
-    before = read_meminfo(ctx.proc_root)
-    if before is None:
-        return CheckResult("page_cache", Verdict.warn, f"cannot read {ctx.proc_root}/meminfo")
-    cached = before.cached
-    if not ctx.cfg.preflight.drop_caches:
-        return CheckResult("page_cache", Verdict.ok, f"page cache {human_bytes(cached)}; not dropped "
-                           "([preflight] drop_caches is off)")
-    if ctx.dry_run:
-        return CheckResult("page_cache", Verdict.warn if droppable(before) else Verdict.ok,
-                           f"page cache {human_bytes(cached)} ({human_bytes(droppable(before))} droppable)",
-                           "would sync and drop caches")
-    try:
-        await anyio.to_thread.run_sync(drop_caches, ctx.proc_root)
-    except OSError as exc:
-        return CheckResult("page_cache", Verdict.warn, f"page cache {human_bytes(cached)}; cannot drop caches: "
-                           f"{exc.strerror or exc} (sparkd needs root for this)", "nothing")
-    after = read_meminfo(ctx.proc_root) or before
-    got = reclaimed(before, after)
-    return CheckResult("page_cache", Verdict.fixed if got else Verdict.ok,
-                       f"page cache {human_bytes(cached)} before, {human_bytes(after.cached)} after",
-                       f"synced and dropped caches: reclaimed {got} bytes ({human_bytes(got)})")
-
-
 async def _utilization(ctx: PreflightContext) -> float:
     """The launch's utilisation; with ``[launch] script``, the script's own flag (read where vLLM runs), else the
     cautious default."""
@@ -222,7 +189,7 @@ async def _utilization(ctx: PreflightContext) -> float:
     return said if said is not None else VLLM_DEFAULT_UTILIZATION
 
 
-@check("memory")
+@check
 async def check_memory(ctx: PreflightContext) -> CheckResult:
     info = read_meminfo(ctx.proc_root)
     if info is None:

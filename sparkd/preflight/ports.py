@@ -229,7 +229,7 @@ async def _one(ctx: PreflightContext, want: Wanted) -> Decision:
     return decision
 
 
-@check("ports")
+@check
 async def check_ports(ctx: PreflightContext) -> CheckResult:
     ctx = await processes.launch_places(ctx)
     wanted = wanted_ports(ctx.cfg, on_host_network=ctx.runtime.shares_host_network)

@@ -27,10 +27,8 @@ from sparkd.launch.devices import launch_environment
 from sparkd.launch.render import LaunchSpec
 from sparkd.preflight import neighbours, proctable, stale
 from sparkd.preflight.base import (
-    CheckResult,
     PreflightContext,
     Verdict,
-    check,
     describe_cmdline,
     visible_pids,
 )
@@ -39,7 +37,6 @@ from sparkd.runtime import proctree
 from sparkd.state import instances
 from sparkd.state.files import json_state
 from sparkd.state.schema import INSTANCE
-from sparkd.supervisor.failures import FailureClass
 
 
 @dataclass(frozen=True)
@@ -184,15 +181,3 @@ def verdict(found: list[Candidate], survivors: list[stale.StaleProcess], *, dry_
                 "(stuck in the kernel, likely on the GPU driver; a reboot is likely needed)",
                 f"sent SIGTERM then SIGKILL to {len(found)}")
     return Verdict.fixed, text, f"ended {len(found)} process(es) with SIGTERM/SIGKILL"
-
-
-@check("stale_processes")
-async def check_stale_processes(ctx: PreflightContext) -> CheckResult:
-    ctx = await launch_places(ctx)
-    found = await anyio.to_thread.run_sync(stale_candidates, ctx)
-    survivors: list[stale.StaleProcess] = []
-    if found and not ctx.dry_run:
-        _, survivors = await end_candidates(ctx, found)
-    v, text, did = verdict(found, survivors, dry_run=ctx.dry_run)
-    return CheckResult("stale_processes", v, text, did,
-                       failure_class=FailureClass.gpu_busy if v is Verdict.fail else None)

@@ -304,7 +304,7 @@ def in_play_env(ctx: PreflightContext) -> Mapping[str, str]:
     return {k: s.value for k, s in effective_env(ctx.cfg, ctx.image.env if ctx.image else None).items()}
 
 
-@check("rdma")
+@check
 async def check_rdma(ctx: PreflightContext) -> CheckResult:
     env = in_play_env(ctx)
     if not nccl_ib_in_play(env, ctx.cfg.nnodes):

@@ -12,6 +12,7 @@ one); the report carries it (``PreflightReport.image``) for the pair's image com
 from __future__ import annotations
 
 import fcntl
+import importlib
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -19,44 +20,37 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.config import Config
+from sparkd.config.supervision import PREFLIGHT_CHECKS
 from sparkd.launch.render import LaunchSpec
-from sparkd.preflight.base import (
-    Check,
-    CheckResult,
-    PreflightContext,
-    Verdict,
-    as_json,
-)
-from sparkd.preflight.drift import check_container
-from sparkd.preflight.gpu import check_gpu
-from sparkd.preflight.host import check_host
-from sparkd.preflight.image import check_image
-from sparkd.preflight.memory import check_memory, check_page_cache
-from sparkd.preflight.ports import check_ports
-from sparkd.preflight.processes import check_stale_processes, launch_places
-from sparkd.preflight.rdma import check_rdma
-from sparkd.preflight.shm import check_shm
-from sparkd.preflight.target import check_launch_target
-from sparkd.preflight.vllm_args import check_vllm_args
+from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict, as_json
+from sparkd.preflight.dev_shm import check_shm
+from sparkd.preflight.processes import launch_places
+from sparkd.preflight.stale_processes import check_stale_processes
 from sparkd.runtime import proctree
 from sparkd.runtime.base import ImageIdentity, Runtime
 from sparkd.state.files import read_json
 from sparkd.supervisor.failures import Failure, FailureClass
 
 __all__ = [
-    "DEFAULT_CHECKS", "CheckResult", "PreflightContext", "PreflightReport", "Verdict", "check_container",
-    "check_gpu", "check_host", "check_image", "check_launch_target", "check_memory", "check_page_cache",
-    "check_ports", "check_rdma", "check_shm", "check_stale_processes", "check_vllm_args", "run_preflight",
-    "run_standalone", "watched_pids",
+    "CHECK_IDS", "DEFAULT_CHECKS", "CheckResult", "PreflightContext", "PreflightReport", "Verdict", "check_shm",
+    "check_stale_processes", "load_check", "run_preflight", "run_standalone", "watched_pids",
 ]
 
 CheckCallable = Callable[[PreflightContext], Awaitable[CheckResult]]
 
-DEFAULT_CHECKS: tuple[Check, ...] = (
-    check_container, check_launch_target, check_vllm_args, check_stale_processes, check_ports, check_shm,
-    check_page_cache, check_memory, check_host, check_image, check_rdma, check_gpu,
-)
-CHECK_IDS: tuple[str, ...] = tuple(c.id for c in DEFAULT_CHECKS)
+
+def load_check(check_id: str) -> Check:
+    """The check ``check_id``: the ``@check`` of its module, ``sparkd/preflight/<check_id>.py``."""
+    module = importlib.import_module(f"{__package__}.{check_id}")
+    found = [c for c in vars(module).values() if isinstance(c, Check) and c.id == check_id]
+    if len(found) != 1:
+        raise LookupError(f"sparkd/preflight/{check_id}.py defines {len(found)} @check functions, not one")
+    return found[0]
+
+
+# In the order of PREFLIGHT_CHECKS (the stop sweep reuses two of them: check_stale_processes, check_shm).
+DEFAULT_CHECKS: tuple[Check, ...] = tuple(load_check(check_id) for check_id in PREFLIGHT_CHECKS)
+CHECK_IDS: tuple[str, ...] = PREFLIGHT_CHECKS
 
 
 @dataclass(frozen=True)

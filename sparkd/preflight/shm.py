@@ -30,10 +30,9 @@ import anyio
 
 from sparkd.config import Config
 from sparkd.preflight import holders, processes
-from sparkd.preflight.base import MIB, CheckResult, PreflightContext, Verdict, check, human_bytes
+from sparkd.preflight.base import PreflightContext, Verdict, human_bytes
 from sparkd.preflight.processes import container_uid
-from sparkd.preflight.shmholders import LEDGER_NAME, Entry, ShmLedger, device_of, entries, scan
-from sparkd.supervisor.failures import FailureClass
+from sparkd.preflight.shmholders import Entry, ShmLedger, device_of, entries, scan
 
 BY_NAMING = ("psm_", "nccl-", "torch_")  # removable when unheld: vLLM's SharedMemory rings, NCCL, torch
 BY_PROOF_ONLY = ("sem.mp-",)  # removable only when the ledger shows our launch held it
@@ -163,28 +162,6 @@ def verdict(removed: list[Segment], free: int | None, floor: int, *, dry_run: bo
     if dry_run:
         return Verdict.warn, text, f"would remove them, freeing {size} bytes ({human_bytes(size)})"
     return Verdict.fixed, text, f"removed them, freed {size} bytes ({human_bytes(size)})"
-
-
-@check("dev_shm")
-async def check_shm(ctx: PreflightContext) -> CheckResult:
-    cfg = ctx.cfg
-    if not ctx.runtime.shares_host_ipc:
-        return CheckResult("dev_shm", Verdict.ok, f"container {cfg.container.name} has its own /dev/shm "
-                           "(no --ipc=host): the host's is not vLLM's")
-    ledger = cfg.paths.state_dir / LEDGER_NAME
-    if ctx.protect and not ctx.dry_run:  # the watched instance's segments: ours, once it is gone
-        await anyio.to_thread.run_sync(lambda: ShmLedger(ledger).note(ctx.protect, ctx.shm_dir, ctx.proc_root))
-    uids = launch_uids(cfg)
-    try:
-        removed = await anyio.to_thread.run_sync(
-            lambda: sweep(ctx.shm_dir, dry_run=ctx.dry_run, proc=ctx.proc_root, ledger=ledger, uids=uids))
-    except IncompleteView as exc:
-        return CheckResult("dev_shm", Verdict.warn, str(exc))
-    v, found, did = verdict(removed, free_bytes(ctx.shm_dir), cfg.preflight.shm_min_free_mib * MIB,
-                            dry_run=ctx.dry_run, where=ctx.shm_dir)
-    if v is Verdict.fail:
-        found += await largest(ctx)
-    return CheckResult("dev_shm", v, found, did, failure_class=FailureClass.unknown if v is Verdict.fail else None)
 
 
 async def largest(ctx: PreflightContext, n: int = 3) -> str:

@@ -150,7 +150,7 @@ def _remember(ctx: PreflightContext, key: str, verdict: Verdict, found: str, cls
         write_json(path, dict(list(entries.items())[-CACHE_KEEP:]))
 
 
-@check("vllm_args")
+@check
 async def check_vllm_args(ctx: PreflightContext) -> CheckResult:
     launch, spec = ctx.cfg.launch, ctx.spec
     if launch.script:

@@ -1,7 +1,9 @@
 """Ways of running vLLM: ``docker-exec``, ``docker-run`` and ``process``, behind one interface (base.Runtime).
 
-A new way (podman, say) is one module with a ``Runtime`` subclass, one ``RuntimeKind`` member, one entry in
-``RUNTIMES`` and one entry in tests/integration/test_runtime_contract.py.
+Each way is the module named by its ``RuntimeKind`` value (``docker-exec`` is ``sparkd/runtime/docker_exec.py``),
+whose ``RUNTIME`` is its ``Runtime`` subclass; it is imported when a config names it, so the docker SDK stays out
+of a process-runtime daemon. A new way (podman, say) is one module and one ``RuntimeKind`` member
+(sparkd/config/sections.py), and one entry in tests/integration/test_runtime_contract.py.
 """
 
 from __future__ import annotations
@@ -11,17 +13,14 @@ import importlib
 from sparkd.config import Config, RuntimeKind
 from sparkd.runtime.base import Runtime
 
-# Imported on use: the docker SDK stays out of a process-runtime daemon.
-RUNTIMES: dict[RuntimeKind, str] = {
-    RuntimeKind.process: "sparkd.runtime.process:ProcessRuntime",
-    RuntimeKind.docker_exec: "sparkd.runtime.docker_exec:DockerExecRuntime",
-    RuntimeKind.docker_run: "sparkd.runtime.docker_run:DockerRunRuntime",
-}
+
+def runtime_module(kind: RuntimeKind) -> str:
+    """The module of a way of running vLLM: its kind's value, ``-`` as ``_``."""
+    return f"{__name__}.{kind.value.replace('-', '_')}"
 
 
 def runtime_class(kind: RuntimeKind) -> type[Runtime]:
-    module, _, name = RUNTIMES[kind].partition(":")
-    cls: type[Runtime] = getattr(importlib.import_module(module), name)
+    cls: type[Runtime] = importlib.import_module(runtime_module(kind)).RUNTIME
     return cls
 
 

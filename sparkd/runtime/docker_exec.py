@@ -366,3 +366,6 @@ class DockerExecRuntime(DockerRuntime):
         async for line in follow_file(Path(host_path), done, truncate_over=RAW_LOG_LIMIT,
                                       opener=lambda: open_log(host_path)):
             yield line
+
+
+RUNTIME = DockerExecRuntime  # what sparkd.runtime.runtime_class finds for this kind

@@ -369,3 +369,6 @@ class DockerRunRuntime(DockerRuntime):
         except DOCKER_ERRORS:
             return False
         return bool((data.get("State") or {}).get("Running"))
+
+
+RUNTIME = DockerRunRuntime  # what sparkd.runtime.runtime_class finds for this kind

@@ -151,3 +151,6 @@ class ProcessRuntime(Runtime):
         path = Path(instance.log_path or self.raw_log)
         async for line in follow_file(path, done, truncate_over=self.raw_log_limit):
             yield line
+
+
+RUNTIME = ProcessRuntime  # what sparkd.runtime.runtime_class finds for this kind

@@ -110,6 +110,7 @@ class HealthTracker:
     last_latency_s: Mapping[ProbeName, float] = field(default_factory=dict)
     topology: Topology = Topology.group  # what the instance is made of (the shell knows it from the config)
     clients: int | None = None  # other clients' connections open on vLLM's API port (None: cannot be seen)
+    signals: Mapping[str, object] = field(default_factory=dict)  # a signal rule's own state, by its name
 
     def errors_total(self, probe: ProbeName) -> int:
         """Probe errors (could not probe), counted apart from failures."""

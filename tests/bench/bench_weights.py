@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from sparkd.config import config_from_mapping  # noqa: E402
 from sparkd.launch.render import render  # noqa: E402
 from sparkd.preflight.base import PreflightContext  # noqa: E402
-from sparkd.preflight.target import check_launch_target  # noqa: E402
+from sparkd.preflight.launch_target import check_launch_target  # noqa: E402
 from sparkd.preflight.weights_local import LocalWeights  # noqa: E402
 from sparkd.runtime.process import ProcessRuntime  # noqa: E402
 

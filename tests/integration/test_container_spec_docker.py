@@ -27,9 +27,9 @@ from sparkd.cli.compose import import_compose
 from sparkd.config import Config, RuntimeKind, load_config
 from sparkd.launch.render import render
 from sparkd.preflight.base import PreflightContext, Verdict
-from sparkd.preflight.drift import check_container
+from sparkd.preflight.container import check_container
+from sparkd.preflight.launch_target import check_launch_target
 from sparkd.preflight.rdma import check_rdma
-from sparkd.preflight.target import check_launch_target
 from sparkd.preflight.vllm_args import check_vllm_args
 from sparkd.runtime.base import LaunchError
 from sparkd.runtime.docker_run import DockerRunRuntime

@@ -18,9 +18,9 @@ import pytest
 from sparkd.config import Config, config_from_mapping
 from sparkd.launch.render import render
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict
-from sparkd.preflight.drift import check_container
+from sparkd.preflight.container import check_container
 from sparkd.preflight.image import check_image
-from sparkd.preflight.target import check_launch_target
+from sparkd.preflight.launch_target import check_launch_target
 from sparkd.runtime.docker_exec import DockerExecRuntime
 from sparkd.runtime.docker_run import DockerRunRuntime
 from sparkd.supervisor.failures import FailureClass

@@ -34,14 +34,15 @@ from test_preflight_support import (
 from sparkd.host.gpu.model import GpuView
 from sparkd.launch.rehearsal import SKIP_REASON, rehearsal_skips
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict
+from sparkd.preflight.dev_shm import check_shm
 from sparkd.preflight.gpu import check_gpu
 from sparkd.preflight.host import check_host
-from sparkd.preflight.memory import check_memory, check_page_cache, read_meminfo
+from sparkd.preflight.launch_target import check_launch_target
+from sparkd.preflight.memory import check_memory, read_meminfo
+from sparkd.preflight.page_cache import check_page_cache
 from sparkd.preflight.ports import check_ports
-from sparkd.preflight.processes import check_stale_processes
 from sparkd.preflight.runner import watched_pids
-from sparkd.preflight.shm import check_shm
-from sparkd.preflight.target import check_launch_target
+from sparkd.preflight.stale_processes import check_stale_processes
 from sparkd.runtime.proctree import MARKER_ENV, launch_marker
 from sparkd.state.lock import NodeLock
 from sparkd.supervisor.failures import FailureClass

@@ -7,7 +7,7 @@ container name and node of its own on the test image, with the host's Python, ve
 mounted at the same paths). What differs between kinds is data on the place, never a branch in a test.
 
 Adding a runtime (podman, say): write ``sparkd/runtime/podman.py`` (a ``Runtime`` subclass), add its
-``RuntimeKind`` member and its entry in ``sparkd.runtime.RUNTIMES``, then add one ``pytest.param`` to ``KINDS`` below
+``RuntimeKind`` member (its module, named by it, sets ``RUNTIME``), then add one ``pytest.param`` to ``KINDS`` below
 (and, if it needs an engine, a place class like ``DockerPlace`` in docker_runtime_support.py built in ``place``).
 Every test here then runs against it. Behaviour only one runtime has stays in its own small file
 (test_runtime_docker_exec.py, test_runtime_docker_run.py).

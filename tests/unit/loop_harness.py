@@ -17,6 +17,7 @@ import anyio
 
 from sparkd.commands.act import Request
 from sparkd.config import Config, config_from_mapping
+from sparkd.daemon.adapters import Adapters
 from sparkd.daemon.app import Daemon
 from sparkd.testing import FakeClock, FakeNotifier, FakeProbes, FakeRuntime, all_tasks_blocked, passing_check
 
@@ -48,14 +49,15 @@ class Node:
 
     def __init__(self, cfg: Config, runtime: FakeRuntime, clock: FakeClock, *, rand: float | None = 0.5,
                  checks: tuple[Any, ...] | None = None, **options: Any) -> None:
-        """``rand``: every jitter draw; None leaves the daemon its own random draws. ``options``: the Node's own
-        (``gpus``: the GPU reader)."""
+        """``rand``: every jitter draw; None leaves the daemon its own random draws. ``options``: the other
+        :class:`~sparkd.daemon.adapters.Adapters` (``gpus``: the GPU reader, ``guard``: a stand-in guard)."""
         self.cfg, self.runtime, self.clock = cfg, runtime, clock
         self.notifier = FakeNotifier()
         draw: dict[str, Any] = {} if rand is None else {"rand": lambda: rand}
-        self.daemon = Daemon(cfg, runtime, clock=clock, notifier=self.notifier,  # type: ignore[arg-type]
-                             probes=lambda: FakeProbes(runtime), checks=checks if checks is not None
-                             else (passing_check(),), sweep=(), **draw, **options)
+        adapters = Adapters(clock=clock, notifier=self.notifier,  # type: ignore[arg-type]
+                            probes=lambda: FakeProbes(runtime), checks=checks if checks is not None
+                            else (passing_check(),), sweep=(), **draw, **options)
+        self.daemon = Daemon(cfg, runtime, adapters=adapters)
 
     @property
     def state(self) -> str:
@@ -83,7 +85,7 @@ class Node:
         with anyio.fail_after(SETTLE_TIMEOUT_S):
             while True:
                 await all_tasks_blocked()
-                if self.daemon.sup._effects_running == 0:  # none of preflight, launch, stop, record runs
+                if self.daemon.sup.effects_running == 0:  # none of preflight, launch, stop, record runs
                     return
                 await anyio.sleep(0.001)
 

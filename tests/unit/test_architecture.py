@@ -107,3 +107,56 @@ def test_modules_and_functions_stay_small(module: str) -> None:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
             and (node.end_lineno or 0) - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert long == []
+
+
+MAX_CONSTRUCTOR_PARAMETERS = 8  # a part that needs more is two parts, or its parameters share a concept unnamed
+DAEMON = ROOT / "daemon"
+
+
+def constructor_parameters(cls: ast.ClassDef) -> int | None:
+    """The parameters of ``cls``'s constructor (self excluded): its ``__init__``'s, or a mutable dataclass's fields.
+    A frozen dataclass is a value (a stop's report, a record), not a part wired to others: its fields are data."""
+    for item in cls.body:
+        if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+            a = item.args
+            return len(a.posonlyargs) + len(a.args) - 1 + len(a.kwonlyargs) + (a.vararg is not None) + (
+                a.kwarg is not None)
+    decorators = [ast.unparse(d) for d in cls.decorator_list]
+    if any("dataclass" in d for d in decorators) and not any("frozen=True" in d for d in decorators):
+        return sum(1 for item in cls.body if isinstance(item, ast.AnnAssign) and "ClassVar" not in ast.unparse(
+            item.annotation))
+    return None
+
+
+def wide_constructors(folder: Path) -> list[str]:
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                n = constructor_parameters(node)
+                if n is not None and n > MAX_CONSTRUCTOR_PARAMETERS:
+                    found.append(f"{path.relative_to(folder)}: {node.name} takes {n}")
+    return found
+
+
+def test_no_part_of_the_daemon_takes_more_than_eight_constructor_parameters() -> None:
+    assert wide_constructors(DAEMON) == []
+
+
+def test_the_parameter_check_sees_a_wide_constructor(tmp_path: Path) -> None:
+    """The check above can fail: a hub of nine parameters, and a mutable dataclass of nine fields, are both found;
+    a frozen record of nine fields is a value and is not."""
+    (tmp_path / "hub.py").write_text(
+        "from dataclasses import dataclass\n\n"
+        "class Hub:\n    def __init__(self, a, b, c, d, *, e, f, g, h, i=None):\n        pass\n\n"
+        "class Small:\n    def __init__(self, a, *rest, **more):\n        pass\n\n"
+        "@dataclass\nclass Parts:\n" + "".join(f"    f{i}: int\n" for i in range(9)) +
+        "\n@dataclass(frozen=True)\nclass Record:\n" + "".join(f"    f{i}: int\n" for i in range(9)))
+    assert wide_constructors(tmp_path) == ["hub.py: Hub takes 9", "hub.py: Parts takes 9"]
+
+
+def test_the_composition_root_wires_in_one_pass() -> None:
+    """No placeholder effects filled in later, no getter of a part not built yet (issue 26)."""
+    text = (DAEMON / "app.py").read_text()
+    assert "_Deferred" not in text
+    assert "lambda: self." not in text

@@ -14,6 +14,7 @@ import pytest
 from loop_harness import config, running
 
 from sparkd.commands import stop
+from sparkd.daemon.watching import NodeWatchReports
 from sparkd.guard.kmsg import KernelLog
 from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
@@ -167,8 +168,10 @@ async def test_a_wedge_while_a_peers_sparkd_is_unreachable_is_the_peers_loss(tmp
     runtime, clock = FakeRuntime(), FakeClock()
     async with running(config(tmp_path, restart={"budget_failures": 1}), runtime, clock) as node:
         await node.until_state("ready")
-        node.daemon.node.group = PeerAway()  # type: ignore[assignment]
-        node.daemon.node._from_watch(v.HealthFailed(Failure.of(FailureClass.hang, "the canary got no answer")))
+        daemon = node.daemon  # the watch's reports as the daemon builds them, over a group whose peer is away
+        reports = NodeWatchReports(daemon.config, daemon.sup, daemon.output, daemon.node.evidence, group=PeerAway(),
+                                   gpu=None)
+        reports.post(v.HealthFailed(Failure.of(FailureClass.hang, "the canary got no answer")))
         await node.until(lambda: node.state in ("backoff", "failed"))
         failure = node.status()["last_failure"]
         assert node.state == "backoff" and failure["class"] == "peer_lost", failure

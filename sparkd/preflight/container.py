@@ -24,7 +24,7 @@ def describe(differences: list[Difference], where: str) -> str:
     return f"the container vLLM runs {where} differs from the config: " + "; ".join(map(str, differences))
 
 
-@check("container")
+@check
 async def check_container(ctx: PreflightContext) -> CheckResult:
     image_env = dict(ctx.image.env) if ctx.image else {}
     image_findings = [f for f in lint(ctx.cfg, image_env=image_env, read_script=lambda _: None)

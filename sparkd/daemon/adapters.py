@@ -1,0 +1,30 @@
+"""The daemon's reach into the host, each part the real one unless a test hands its stand-in: time, systemd's
+notify socket, vLLM's HTTP surface, the GPUs (NVML), the jitter's draws, the memory guard, the checks before every
+launch and the sweep after every stop."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from sparkd.daemon.watch import Probes
+from sparkd.guard.guard import Guard
+from sparkd.host.clock import Clock, SystemClock
+from sparkd.host.gpu.model import GpuView
+from sparkd.host.gpu.reading import read_gpus
+from sparkd.host.notify import Notifier
+from sparkd.preflight.base import Check
+from sparkd.preflight.runner import DEFAULT_CHECKS, check_shm, check_stale_processes
+
+
+@dataclass(frozen=True)
+class Adapters:
+    clock: Clock = field(default_factory=SystemClock)
+    notifier: Notifier = field(default_factory=Notifier)
+    probes: Callable[[], Probes] | None = None  # None: vLLM's own HTTP API, as the config names it
+    rand: Callable[[], float] = random.random
+    gpus: Callable[[], Awaitable[GpuView]] = read_gpus
+    guard: Guard | None = None  # a stand-in for the memory guard (the daemon does not run it); None: its own
+    checks: tuple[Check, ...] = DEFAULT_CHECKS  # before every launch
+    sweep: tuple[Check, ...] = (check_stale_processes, check_shm)  # after every stop

@@ -1,0 +1,43 @@
+"""What a health signal is (:class:`Signal`), and the port its probes read vLLM through (:class:`Probes`).
+
+A signal is a probe (one reading through the instance's ``Probes``), the rule that folds the reading into the
+instance's :class:`~sparkd.supervisor.health.HealthTracker` (pure: ``(tracker, reading, now, cfg) -> (tracker,
+observation or None)``, the shape of ``health.observe_*``), and its cadence. The signals the daemon runs are
+listed in :mod:`sparkd.daemon.signals`; a rule that keeps state of its own keeps it in
+``HealthTracker.signals[name]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from sparkd.config import HealthConfig
+from sparkd.supervisor import health
+from sparkd.supervisor.readings import MetricsOff, ProbeResult, VllmMetrics
+
+R = TypeVar("R")
+
+
+class Probes(Protocol):
+    """vLLM's HTTP surface as the health layers see it (sparkd.daemon.probes.HttpProbes, or a fake)."""
+
+    async def health(self) -> ProbeResult: ...
+
+    async def metrics(self) -> VllmMetrics | MetricsOff | None: ...
+
+    async def canary(self) -> ProbeResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Signal(Generic[R]):
+    name: str
+    probe: Callable[[Probes], Awaitable[R]]
+    rule: Callable[[health.HealthTracker, R, float, HealthConfig], health.Step]
+    every_s: Callable[[HealthConfig], float]  # seconds between readings (read again each time: a reload)
+    on: Callable[[HealthConfig], bool] = lambda cfg: True  # whether the watch of an instance runs it at all
+    # Its probe opens a connection on vLLM's API port while it waits: not one of vLLM's clients.
+    own_connection: bool = False
