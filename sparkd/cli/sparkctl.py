@@ -206,8 +206,10 @@ def _generic(command: Command[Any, Any]) -> click.Command:
         for flag in cli.flags:
             if given[flag.field] and flag.warning:
                 click.echo(f"sparkctl: {flag.warning}", err=True)
-        status = operator_command("status")
-        before = obj.call(status, status.request()) if wait else None
+        before = None
+        if wait:  # the status before, to follow the change from
+            status = operator_command("status")
+            before = obj.call(status, status.request())
         result = obj.call(command, command.request(**given), timeout_s=cli.timeout_for(given))
         if before is None:
             obj.emit(result, command.render)
