@@ -173,3 +173,18 @@ def test_a_generated_service_is_a_valid_config_or_one_clear_error(service: dict[
     except ComposeError as exc:
         message = str(exc)
         assert message and "\n" not in message and "Traceback" not in message, message
+
+
+def test_control_characters_in_what_the_header_quotes_stay_in_their_comment_line(tmp_path: Path) -> None:
+    # Found by the property test above: a command of "\x1f\r0" was quoted in a "not carried" comment, and TOML
+    # refuses control characters there (tomllib: invalid character '\x1f').
+    data, notes = convert({"image": "img", "command": "\x1f\r0"})
+    assert data["launch"]["executable"] == "\x1f" and any("\x1f" in note for note in notes)
+    folder = tmp_path / "new\nline"
+    folder.mkdir()
+    service = {"image": "img", "command": "vllm serve m"}
+    (folder / "compose.yaml").write_text(yaml.safe_dump({"services": {"vllm": service}}))
+    text = import_compose(folder / "compose.yaml", environ={}).toml
+    assert "new\\u000aline" in text.splitlines()[0]
+    tomllib.loads(text)
+

@@ -91,7 +91,13 @@ def import_compose(path: Path, *, service: str | None = None, env_file: Path | N
     header = [f"# sparkd config imported from {path} (service {name}) by `sparkd import-compose`.",
               "# Check it with `sparkd check-config --config FILE`; set [node] name and address per node."]
     header += [f"# not carried: {note}" for note in notes]
-    return Imported("\n".join(header) + "\n\n" + _toml(data), notes)
+    return Imported("\n".join(map(_comment, header)) + "\n\n" + _toml(data), notes)
+
+
+def _comment(text: str) -> str:
+    """``text`` fit for one TOML comment line: a control character (which TOML refuses in a comment, and a newline
+    would end it) is written as its escape, as the value itself is below."""
+    return "".join(f"\\u{ord(c):04x}" if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F else c for c in text)
 
 
 def _toml(data: dict[str, Any]) -> str:
