@@ -16,8 +16,16 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 from urllib.parse import urlencode
+
+from sparkd.commands.command import query
+
+if TYPE_CHECKING:
+    from sparkd.commands.command import Command, Params
+
+R = TypeVar("R", bound="Params")
+T = TypeVar("T")
 
 
 class DaemonUnreachable(Exception):
@@ -126,10 +134,10 @@ class ControlClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, command: Any, params: dict[str, str], timeout_s: float | None) -> _Response:
-        query = urlencode(params)
-        target = f"/v1/{command.NAME}" + (f"?{query}" if query else "")
-        head = (f"{command.METHOD} {target} HTTP/1.1\r\nHost: sparkd\r\nAccept: application/json\r\n"
+    def _request(self, command: Command[R, T], request: R, timeout_s: float | None) -> _Response:
+        encoded = urlencode(query(request.to_params()))
+        target = command.path + (f"?{encoded}" if encoded else "")
+        head = (f"{command.method} {target} HTTP/1.1\r\nHost: sparkd\r\nAccept: application/json\r\n"
                 "Connection: close\r\nContent-Length: 0\r\n\r\n")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -141,9 +149,9 @@ class ControlClient:
             sock.close()
             raise DaemonUnreachable(unreachable_hint(self.socket_path, exc)) from None
 
-    def call(self, command: Any, request: Any, *, timeout_s: float | None = None) -> Any:
-        """Run ``command`` (a module of sparkd.commands) with ``request``; its result, or ActionRefused."""
-        response = self._request(command, request.to_params(), self.timeout_s if timeout_s is None else timeout_s)
+    def call(self, command: Command[R, T], request: R, *, timeout_s: float | None = None) -> T:
+        """Run ``command`` with ``request``; its result, or ActionRefused."""
+        response = self._request(command, request, self.timeout_s if timeout_s is None else timeout_s)
         try:
             body = b"".join(response.chunks())
         except (OSError, ValueError) as exc:
@@ -158,11 +166,11 @@ class ControlClient:
             error = envelope.get("error") if isinstance(envelope, dict) else None
             raise ActionRefused(error or f"HTTP {response.status}",
                                 envelope.get("result") if isinstance(envelope, dict) else None)
-        return envelope.get("result")
+        return cast("T", envelope.get("result"))  # the JSON the daemon sent for this command
 
-    def stream(self, command: Any, request: Any) -> Iterator[str]:
+    def stream(self, command: Command[R, T], request: R) -> Iterator[str]:
         """A streamed command's lines (``logs --follow``) as they come."""
-        response = self._request(command, request.to_params(), None)
+        response = self._request(command, request, None)
         pending = b""
         try:
             for data in response.chunks():

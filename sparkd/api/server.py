@@ -1,14 +1,14 @@
 """The control API: the commands (``sparkd.commands``) over HTTP, on a unix socket and on the TCP port.
 
-Routes are built from the command modules: ``/v1/<NAME>`` runs ``execute(control, Request.from_params(…))`` and
-answers with the command's envelope. The unix socket is created by sparkd itself (mode 0660, the configured
-group) before uvicorn serves it, so there is never a moment when it is open to everyone; a command marked
-``ROOT_ONLY`` (handover, recreate) runs only for a caller whose uid is 0 (``SO_PEERCRED``) and is not served over
-TCP. The TCP port serves ``/metrics`` to anyone and everything else only to the configured peers' signed
-requests (``sparkd.api.gates``); it also carries the ranks' own commands. Both listeners bound what a client may
-cost: connections per source with room kept for the trusted ones, a first-request deadline, header and idle
-timeouts, a header size cap and a 64 KiB body cap. uvicorn's own signal handling is switched off: the daemon
-owns the signals.
+Routes are built from the commands (:class:`sparkd.commands.command.Command`, the operator's and the ranks'):
+``/v1/<name>`` runs ``execute(control, Request.from_params(…))`` and answers with the command's envelope. The
+unix socket is created by sparkd itself (mode 0660, the configured group) before uvicorn serves it, so there is
+never a moment when it is open to everyone; a command marked ``root_only`` (handover, recreate) runs only for a
+caller whose uid is 0 (``SO_PEERCRED``) and is not served over TCP. The TCP port serves ``/metrics`` to anyone
+and everything else only to the configured peers' signed requests (``sparkd.api.gates``); it also carries the
+ranks' own commands. Both listeners bound what a client may cost: connections per source with room kept for the
+trusted ones, a first-request deadline, header and idle timeouts, a header size cap and a 64 KiB body cap.
+uvicorn's own signal handling is switched off: the daemon owns the signals.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import grp
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Generator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import anyio
@@ -35,8 +34,9 @@ from starlette.types import ASGIApp
 
 from sparkd.api.bounded import Listener, caller_of
 from sparkd.api.gates import BodyLimit, PeerGate
-from sparkd.commands import OPERATOR
-from sparkd.commands.base import BadRequest, Control, Reply, Stream
+from sparkd.commands import operator
+from sparkd.commands.base import BadRequest, Reply, Stream
+from sparkd.commands.port import Control, Served
 
 IDLE_TIMEOUT_S = 5  # keep-alive connections with no request are closed after this
 MAX_HEADER_BYTES = 64 * 1024
@@ -87,25 +87,25 @@ def bind_tcp_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def command_routes(control: Control, commands: Iterable[Any], *, tcp: bool = False) -> list[Route]:
-    return [Route(f"/v1/{cmd.NAME}", _handler(control, cmd, tcp=tcp), methods=[cmd.METHOD]) for cmd in commands]
+def command_routes(control: Control, commands: Iterable[Served], *, tcp: bool = False) -> list[Route]:
+    return [Route(cmd.path, _handler(control, cmd, tcp=tcp), methods=[cmd.method]) for cmd in commands]
 
 
-def _root_refusal(request: Request, cmd: ModuleType | Any, tcp: bool) -> Reply | None:
-    """Why a ``ROOT_ONLY`` command is refused to this caller, or None (root on the control socket)."""
-    if not getattr(cmd, "ROOT_ONLY", False):
+def _root_refusal(request: Request, cmd: Served, tcp: bool) -> Reply | None:
+    """Why a ``root_only`` command is refused to this caller, or None (root on the control socket)."""
+    if not cmd.root_only:
         return None
     if tcp:
-        return Reply(False, error=f"{cmd.NAME} is not served over TCP: run it as root on the node", code=403)
+        return Reply(False, error=f"{cmd.name} is not served over TCP: run it as root on the node", code=403)
     caller = caller_of(request.scope)
     if caller is None or caller.uid != 0:
         who = f"uid {caller.uid}" if caller is not None and caller.uid is not None else "an unknown caller"
-        return Reply(False, error=f"{cmd.NAME} needs root (the caller is {who}): it leaves vLLM without a "
+        return Reply(False, error=f"{cmd.name} needs root (the caller is {who}): it leaves vLLM without a "
                      "supervisor or replaces its container; run it with sudo", code=403)
     return None
 
 
-def _handler(control: Control, cmd: ModuleType | Any, *, tcp: bool = False) -> Callable[[Request], Any]:
+def _handler(control: Control, cmd: Served, *, tcp: bool = False) -> Callable[[Request], Awaitable[Response]]:
     async def handle(request: Request) -> Response:
         denied = _root_refusal(request, cmd, tcp)
         if denied is not None:
@@ -123,10 +123,10 @@ def _handler(control: Control, cmd: ModuleType | Any, *, tcp: bool = False) -> C
             params.update(body)
         params["peer"] = request.client.host if request.client else "?"
         try:
-            parsed = cmd.Request.from_params(params)
+            answering = cmd.answer(control, params)  # the request is parsed now: a bad one raises here
         except BadRequest as exc:
             return _json(Reply(False, error=str(exc), code=400))
-        reply = await cmd.execute(control, parsed)
+        reply = await answering
         if isinstance(reply, Stream):
             return StreamingResponse(_lines(reply.lines), media_type="text/plain")
         return _json(reply)
@@ -157,12 +157,12 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 def build_app(control: Control) -> ASGIApp:
     """The unix-socket app: who may connect is decided by the socket's mode and group, who may hand over or
     recreate by the caller's uid."""
-    return BodyLimit(Starlette(routes=command_routes(control, OPERATOR),
+    return BodyLimit(Starlette(routes=command_routes(control, operator()),
                                exception_handlers={404: _not_found, 405: _not_found}))
 
 
 def build_tcp_app(control: Control, token: str | None, metrics: Callable[[], bytes],
-                  rank_commands: Iterable[Any] = (), *, tls: bool = False, log: Any = None) -> ASGIApp:
+                  rank_commands: Iterable[Served] = (), *, tls: bool = False, log: Any = None) -> ASGIApp:
     """The TCP app: /metrics for Prometheus; the control API and the ranks' commands for the peers' signed
     requests only."""
 
@@ -170,7 +170,7 @@ def build_tcp_app(control: Control, token: str | None, metrics: Callable[[], byt
         return Response(metrics(), media_type=CONTENT_TYPE_LATEST)
 
     app = Starlette(routes=[Route("/metrics", scrape),
-                            *command_routes(control, (*OPERATOR, *rank_commands), tcp=True)],
+                            *command_routes(control, (*operator(), *rank_commands), tcp=True)],
                     exception_handlers={404: _not_found, 405: _not_found})
     return PeerGate(BodyLimit(app), token, tls=tls, log=log)
 

@@ -27,8 +27,9 @@ HOUR_S = 3600.0
 def _ask(obj: Any, now: float) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     try:
         with obj.client(timeout_s=60) as client:
-            current = client.call(status, status.Request())
-            flight = client.call(recorder, recorder.Request(since=now - HOUR_S, until=now, local=True), timeout_s=60)
+            current = client.call(status.COMMAND, status.Request())
+            flight = client.call(recorder.COMMAND, recorder.Request(since=now - HOUR_S, until=now, local=True),
+                                 timeout_s=60)
             return current, flight["nodes"][0]
     except (DaemonUnreachable, ActionRefused):
         return None, None

@@ -36,7 +36,7 @@ def incident_ids(ctx: Any, param: Any, incomplete: str) -> list[CompletionItem]:
     obj = ctx.obj  # sparkctl's Ctx: the --socket/--config typed before or after the subcommand
     located = locate(getattr(obj, "socket", None), getattr(obj, "config", None))
     try:
-        items = ControlClient(located.socket, timeout_s=TIMEOUT_S).call(incidents, incidents.Request())
+        items = ControlClient(located.socket, timeout_s=TIMEOUT_S).call(incidents.COMMAND, incidents.Request())
         found = []
         for item in items:
             name = Path(item["path"]).name

@@ -60,7 +60,7 @@ def _status(socket: Path | None, config: Path | None, as_json: bool) -> int:
     if located.note:
         print(f"sparkctl: {located.note}", file=sys.stderr)
     try:
-        result = ControlClient(located.socket).call(status, status.Request())
+        result = ControlClient(located.socket).call(status.COMMAND, status.Request())
     except DaemonUnreachable as exc:
         if as_json:
             print(json.dumps({"state": "unreachable", "ready": False, "error": str(exc)}))

@@ -44,10 +44,10 @@ def show_logs(obj: Any, *, lines: int, follow: bool, since: str | None) -> None:
     try:
         if follow:
             with obj.client() as client:
-                for raw in client.stream(logs, request):
+                for raw in client.stream(logs.COMMAND, request):
                     click.echo(_stamped_line(raw) if obj.as_json else raw)
         else:
-            for item in obj.call(logs, request):
+            for item in obj.call(logs.COMMAND, request):
                 click.echo(json.dumps({"at": iso(item["at"]), "line": item["line"]}) if obj.as_json else item)
     except DaemonUnreachable as exc:
         obj.unreachable(exc)

@@ -77,11 +77,11 @@ def _fetch(obj: Any, since: float | None, local: bool) -> tuple[str, list[NodeRi
     notes: list[str] = []
     try:
         with obj.client(timeout_s=90) as client:
-            first = client.call(recorder, recorder.Request(since=since, local=local), timeout_s=90)
+            first = client.call(recorder.COMMAND, recorder.Request(since=since, local=local), timeout_s=90)
             nodes = [node_from_json(n) for n in first["nodes"]]
             records: dict[str, list[dict[str, Any]]] = {}
             for a, b in _ranges(nodes, since):
-                more = client.call(recorder, recorder.Request(since=a, until=b, local=local), timeout_s=90)
+                more = client.call(recorder.COMMAND, recorder.Request(since=a, until=b, local=local), timeout_s=90)
                 for n in more["nodes"]:
                     records.setdefault(str(n.get("node")), []).extend(n.get("records") or [])
             answers = [{**n, "records": records.get(str(n.get("node")), [])} for n in first["nodes"]]

@@ -113,7 +113,7 @@ def wait_for(obj: Caller, target: str, before: dict[str, Any], timeout_s: float)
 def _status(obj: Caller) -> dict[str, Any]:
     try:
         with obj.client() as client:
-            data: dict[str, Any] = client.call(status_command, status_command.Request())
+            data = client.call(status_command.COMMAND, status_command.Request())
             return data
     except DaemonUnreachable as exc:
         obj.unreachable(exc)

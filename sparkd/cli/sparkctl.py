@@ -1,37 +1,38 @@
 """``sparkctl``: the operator's command line for a running sparkd.
 
-Each subcommand is one command module of :mod:`sparkd.commands` (its request, the daemon's answer, the text),
-imported when that subcommand runs: ``status`` and a TAB completion import click, the standard library's HTTP
-client and one small module, and answer in well under 150 ms (issue 28; tests/bench). ``--json``, ``--socket``
-and ``--config`` are accepted before or after the subcommand; :mod:`sparkd.cli.locate` finds the socket.
-``status`` exit codes follow LSB: 0 ready, 1 degraded or failed, 3 not serving (stopped, starting, backoff, …),
-4 unreachable; ``--wait`` that runs out of time exits 124 (as ``timeout(1)`` does).
+Its subcommands are the registry's (:data:`sparkd.commands.OPERATOR_NAMES`): each operator command with a ``Cli``
+is one, built from it when it is named (its request, the daemon's answer, the text; ``logs`` and ``incidents``
+have their own options here), beside the tools that are sparkctl's alone (postmortem, bundle). A subcommand
+imports its command's module when it runs: ``status`` and a TAB completion import click, the standard library's
+HTTP client and a few small modules, and answer in well under 150 ms (issue 28; tests/bench). ``--json``,
+``--socket`` and ``--config`` are accepted before or after the subcommand; :mod:`sparkd.cli.locate` finds the
+socket. ``status`` exit codes follow LSB: 0 ready, 1 degraded or failed, 3 not serving (stopped, starting,
+backoff, …), 4 unreachable; ``--wait`` that runs out of time exits 124 (as ``timeout(1)`` does).
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from sparkd import __version__
 from sparkd.cli.complete import incident_ids
+from sparkd.commands import OPERATOR_NAMES, operator_command
 
 if TYPE_CHECKING:  # imported on first use: a TAB completion needs none of them
     from sparkd.api.client import ActionRefused, ControlClient, DaemonUnreachable
+    from sparkd.commands.command import Command, Params
+
+    R = TypeVar("R", bound=Params)
+    T = TypeVar("T")
 
 DEFAULT_SOCKET = Path("/run/sparkd/sparkd.sock")  # sparkd.cli.locate.DEFAULT_SOCKET
 # sparkd.commands.status's exit codes (LSB), and --wait's timeout (as timeout(1) exits).
 EXIT_READY, EXIT_UNHEALTHY, EXIT_NOT_SERVING, EXIT_UNREACHABLE, EXIT_TIMEOUT = 0, 1, 3, 4, 124
-
-
-def command(name: str) -> Any:
-    """The command module ``sparkd.commands.<name>``, imported now."""
-    return importlib.import_module(f"sparkd.commands.{name}")
 
 
 EXIT_STATUS = {
@@ -78,7 +79,7 @@ class Ctx:
 
         return ControlClient(self.socket_path(), timeout_s=timeout_s)
 
-    def call(self, command: Any, request: Any, *, timeout_s: float = 10.0) -> Any:
+    def call(self, command: Command[R, T], request: R, *, timeout_s: float = 10.0) -> T:
         from sparkd.api.client import ActionRefused, DaemonUnreachable
 
         try:
@@ -87,12 +88,12 @@ class Ctx:
         except DaemonUnreachable as exc:
             self.unreachable(exc)
         except ActionRefused as exc:
-            self.refused(command.NAME, exc)
+            self.refused(command.name, exc)
 
-    def emit(self, result: Any, text: Callable[[Any], str]) -> None:
+    def emit(self, result: T, text: Callable[[T], str] | None) -> None:
         import json
 
-        click.echo(json.dumps(result, indent=2) if self.as_json else text(result))
+        click.echo(json.dumps(result, indent=2) if self.as_json or text is None else text(result))
 
     def unreachable(self, exc: DaemonUnreachable) -> NoReturn:
         import json
@@ -137,7 +138,30 @@ def global_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Registry(click.Group):
+    """The subcommands: sparkctl's own tools, and every command of the registry that has a ``Cli``, built (and
+    its module imported) the first time it is named."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *OPERATOR_NAMES})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in OPERATOR_NAMES:
+            command = operator_command(cmd_name)
+            if command.cli is None:
+                return None
+            self.add_command(BUILDERS.get(cmd_name, _generic)(command), cmd_name)
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                           list[str]]:
+        if args and self.get_command(ctx, args[0]) is None:  # a typo: every name built, for click's "Did you mean"
+            for name in self.list_commands(ctx):
+                self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=Registry, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sparkctl")
 @global_options
 @click.pass_context
@@ -146,136 +170,90 @@ def main(ctx: click.Context) -> None:
     ctx.ensure_object(Ctx)
 
 
+def _epilog(name: str) -> str:
+    return f"Exit status: {exit_status(name)}"
+
+
 def subcommand(name: str, **kw: Any) -> Callable[[Callable[..., Any]], click.Command]:
-    """A sparkctl subcommand with the global options and its EXIT STATUS as the --help epilog."""
+    """One of sparkctl's own subcommands, with the global options and its EXIT STATUS as the --help epilog."""
 
     def decorate(fn: Callable[..., Any]) -> click.Command:
-        return main.command(name, epilog=f"Exit status: {exit_status(name)}", **kw)(global_options(fn))
+        return main.command(name, epilog=_epilog(name), **kw)(global_options(fn))
 
     return decorate
 
 
-@subcommand("status")
-@click.pass_obj
-def status_cmd(obj: Ctx) -> None:
-    """Node, role, state, phase, uptime, PID, restarts, last failure, breaker, guard and peers."""
-    status = command("status")
-    result = obj.call(status, status.Request())
-    obj.emit(result, status.render)
-    sys.exit(status.exit_code(result))
+def built(command: Command[Any, Any], fn: Callable[..., Any]) -> click.Command:
+    """A registry command's subcommand: ``fn`` (its options applied) with the global options, its ``Cli``'s help and
+    its EXIT STATUS."""
+    assert command.cli is not None
+    return click.command(command.name, help=command.cli.help, epilog=_epilog(command.name))(global_options(fn))
 
 
-local_option = click.option("--local", is_flag=True, help="Act on this node's rank only (maintenance).")
 wait_option = click.option("--wait", is_flag=True, help="Follow it until done (ready, stopped or failed).")
 timeout_option = click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
                               help=f"With --wait: give up after this many seconds (exit {EXIT_TIMEOUT}).")
 
-LIFECYCLE = {
-    "start": ("ready", "Start vLLM. Refused while the restart breaker is open (reset or restart close it). On a "
-                       "group's worker the head starts the whole group."),
-    "stop": ("stopped", "Stop vLLM and keep it stopped, also across daemon restarts, until start or restart. On "
-                        "a group's worker the head stops the whole group."),
-    "restart": ("ready", "Stop vLLM, preflight, start it again; also closes the breaker and forgets the failures. "
-                         "It reloads the config on disk first (an invalid one refuses the restart)."),
-}
 
+def _generic(command: Command[Any, Any]) -> click.Command:
+    """The subcommand of a command: its flags (and ``--wait``/``--timeout`` when it ``waits_for`` a state); it
+    posts the request, prints the answer and exits with the command's ``exit_code`` (or, with --wait, follows it)."""
+    cli = command.cli
+    assert cli is not None
 
-def _lifecycle(name: str, waits_for: str, text: str) -> None:
-    """One subcommand for start, stop, restart: post it, then optionally follow it."""
-
-    @subcommand(name, help=text)
-    @local_option
-    @wait_option
-    @timeout_option
     @click.pass_obj
-    def run(obj: Ctx, local: bool, wait: bool, timeout_s: float) -> None:
-        from sparkd.commands.act import LOCAL_RISK
-        from sparkd.commands.act import Request as ActRequest
-
-        if local:
-            click.echo(f"sparkctl: {LOCAL_RISK}", err=True)
-        act = command(name)
-        before = obj.call(command("status"), command("status").Request()) if wait else None
-        result = obj.call(act, ActRequest(local=local))
+    def run(obj: Ctx, wait: bool = False, timeout_s: float = 0.0, **given: bool) -> None:
+        for flag in cli.flags:
+            if given[flag.field] and flag.warning:
+                click.echo(f"sparkctl: {flag.warning}", err=True)
+        before = None
+        if wait:  # the status before, to follow the change from
+            status = operator_command("status")
+            before = obj.call(status, status.request())
+        result = obj.call(command, command.request(**given), timeout_s=cli.timeout_for(given))
         if before is None:
-            obj.emit(result, act.render)
+            obj.emit(result, command.render)
+            if command.exit_code is not None:
+                sys.exit(command.exit_code(result))
             return
         from sparkd.cli.progress import wait_for
 
-        sys.exit(wait_for(obj, waits_for, before, timeout_s))
+        sys.exit(wait_for(obj, cli.waits_for or "ready", before, timeout_s))
+
+    fn: Callable[..., Any] = run
+    if cli.waits_for:
+        fn = wait_option(timeout_option(fn))
+    for flag in reversed(cli.flags):
+        fn = click.option("--" + flag.field.replace("_", "-"), is_flag=True, help=flag.help)(fn)
+    return built(command, fn)
 
 
-for _name, (_target, _text) in LIFECYCLE.items():
-    _lifecycle(_name, _target, _text)
+def _logs(command: Command[Any, Any]) -> click.Command:
+    @click.option("-n", "--lines", type=click.IntRange(min=0), default=200, show_default=True,
+                  help="How many of the last lines to show first (0: none).")
+    @click.option("-f", "--follow", is_flag=True, help="Then every new line as it comes (Ctrl-C ends it).")
+    @click.option("--since", default=None, metavar="WHEN",
+                  help="Only lines received since WHEN: a duration ago (30s, 10m, 2h, 1d) or an ISO 8601 time "
+                       "(2026-11-27T05:00:00+00:00; without a zone, local time).")
+    @click.pass_obj
+    def run(obj: Ctx, lines: int, follow: bool, since: str | None) -> None:
+        from sparkd.cli.logview import show_logs
+
+        show_logs(obj, lines=lines, follow=follow, since=since)
+
+    return built(command, run)
 
 
-@subcommand("reset")
-@click.pass_obj
-def reset_cmd(obj: Ctx) -> None:
-    """Close the restart breaker and forget failures; starts vLLM if it should run."""
-    from sparkd.commands.act import Request as ActRequest
+def _incidents(command: Command[Any, Any]) -> click.Command:
+    @click.argument("incident_id", required=False, shell_complete=incident_ids)
+    @click.pass_obj
+    def run(obj: Ctx, incident_id: str | None) -> None:
+        obj.emit(obj.call(command, command.request(incident_id)), command.render)
 
-    reset = command("reset")
-    obj.emit(obj.call(reset, ActRequest()), reset.render)
-
-
-@subcommand("reload")
-@click.pass_obj
-def reload_cmd(obj: Ctx) -> None:
-    """Read and validate the config on disk; show what changed. Exit 1 (nothing changed) when it is invalid."""
-    reload = command("reload")
-    obj.emit(obj.call(reload, reload.Request(), timeout_s=60), reload.render)
+    return built(command, run)
 
 
-@subcommand("recreate")
-@click.pass_obj
-def recreate_cmd(obj: Ctx) -> None:
-    """Replace vLLM's container with one made from the config (while vLLM is stopped)."""
-    recreate = command("recreate")
-    obj.emit(obj.call(recreate, recreate.Request(), timeout_s=300), recreate.render)
-
-
-@subcommand("handover")
-@click.pass_obj
-def handover_cmd(obj: Ctx) -> None:
-    """Exit sparkd now and leave vLLM running for the next sparkd to adopt (package upgrades)."""
-    handover = command("handover")
-    obj.emit(obj.call(handover, handover.Request()), handover.render)
-
-
-@subcommand("logs")
-@click.option("-n", "--lines", type=click.IntRange(min=0), default=200, show_default=True,
-              help="How many of the last lines to show first (0: none).")
-@click.option("-f", "--follow", is_flag=True, help="Then every new line as it comes (Ctrl-C ends it).")
-@click.option("--since", default=None, metavar="WHEN",
-              help="Only lines received since WHEN: a duration ago (30s, 10m, 2h, 1d) or an ISO 8601 time "
-                   "(2026-11-27T05:00:00+00:00; without a zone, local time).")
-@click.pass_obj
-def logs_cmd(obj: Ctx, lines: int, follow: bool, since: str | None) -> None:
-    """vLLM's output as sparkd saw it (secrets redacted); --json: one {"at", "line"} object per line."""
-    from sparkd.cli.logview import show_logs
-
-    show_logs(obj, lines=lines, follow=follow, since=since)
-
-
-@subcommand("incidents")
-@click.argument("incident_id", required=False, shell_complete=incident_ids)
-@click.pass_obj
-def incidents_cmd(obj: Ctx, incident_id: str | None) -> None:
-    """Failures with their class, sentence and evidence folder, newest first; or one with its log tail."""
-    incidents = command("incidents")
-    obj.emit(obj.call(incidents, incidents.Request(incident_id)), incidents.render)
-
-
-@subcommand("preflight")
-@click.option("--dry-run", is_flag=True, help="Report what would be fixed; change nothing.")
-@click.pass_obj
-def preflight_cmd(obj: Ctx, dry_run: bool) -> None:
-    """Run the preflight checks now through the daemon. Exit 0 ready to launch, 1 a check failed."""
-    preflight = command("preflight")
-    result = obj.call(preflight, preflight.Request(dry_run=dry_run), timeout_s=600)
-    obj.emit(result, preflight.render)
-    sys.exit(preflight.exit_code(result))
+BUILDERS: dict[str, Callable[[Command[Any, Any]], click.Command]] = {"logs": _logs, "incidents": _incidents}
 
 
 @subcommand("postmortem")
@@ -303,15 +281,6 @@ def bundle_cmd(obj: Ctx, output: Path | None) -> None:
     from sparkd.cli.bundle import bundle
 
     bundle(obj, output)
-@subcommand("weights")
-@click.option("--full", is_flag=True, help="Hash every shard again on every node (reads the whole directory).")
-@click.pass_obj
-def weights_cmd(obj: Ctx, full: bool) -> None:
-    """The model directory on every node compared (on a group's head), or this node's. Exit 0 same, 1 differ."""
-    weights = command("weights")
-    result = obj.call(weights, weights.Request(full=full), timeout_s=weights.TIMEOUT_S if full else 600)
-    obj.emit(result, weights.render)
-    sys.exit(weights.exit_code(result))
 
 
 __all__ = ["EXIT_NOT_SERVING", "EXIT_READY", "EXIT_TIMEOUT", "EXIT_UNHEALTHY", "EXIT_UNREACHABLE", "Ctx", "main"]

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
+from sparkd.commands.groupcheck import RANK_BANDWIDTH, BandwidthRequest
 from sparkd.config import Config
 from sparkd.runtime.base import ExecResult, TargetUnavailable
 
@@ -73,8 +74,9 @@ class Bandwidth:
 
         async def remote() -> None:
             try:
-                server.update(await self.client.request(peer, "POST", "/v1/rank/bandwidth", json={
-                    "seconds": seconds, "port": port}, timeout_s=seconds + SETUP_S + 5, retries=0))
+                answer = await self.client.call(peer, RANK_BANDWIDTH, BandwidthRequest(seconds, port),
+                                                timeout_s=seconds + SETUP_S + 5, retries=0)
+                server.update(answer)
             except (PeerUnreachable, PeerRefused) as exc:
                 server["note"] = str(exc)
 

@@ -12,7 +12,7 @@ lifecycle state) — and its peers through the peer link (:class:`~sparkd.cluste
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -21,6 +21,11 @@ from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable, claim
 from sparkd.cluster.ranks import Member, group_problems
 from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
+from sparkd.commands import reload as reload_command
+from sparkd.commands.base import NoParams
+from sparkd.commands.port import Route
+from sparkd.commands.rank import RANK_FAILED, RANK_PREFLIGHT, RANK_START, RANK_STOP, Failed
+from sparkd.commands.statusdoc import PeerEntry, Status
 from sparkd.config import Config, Role
 from sparkd.host.clock import Clock
 from sparkd.supervisor import vocabulary as v
@@ -49,18 +54,19 @@ class PeerView:
     """What this daemon last saw of one peer."""
 
     def __init__(self) -> None:
-        self.status: dict[str, Any] | None = None
+        self.status: Status | None = None
         self.reachable = False
         self.last_seen: float | None = None
         self.since_unreachable: float | None = None
         self.offset_s: float | None = None  # its wall clock minus ours, from the last answer (the flight recorder's)
 
 
-def _peer_entry(peer: str, reachable: bool, status: dict[str, Any] | None) -> dict[str, Any]:
-    status = status or {}
+def _peer_entry(peer: str, reachable: bool, status: Status | None) -> PeerEntry:
+    status = status or Status()
+    failure = status.get("last_failure")
     return {"peer": peer, "reachable": reachable, "node": status.get("node"), "rank": status.get("rank"),
             "state": status.get("state"), "pid": status.get("pid"),
-            "last_failure": (status.get("last_failure") or {}).get("class")}
+            "last_failure": failure.get("class") if failure else None}
 
 
 class Coordinator:
@@ -102,7 +108,7 @@ class Coordinator:
     async def prepare_workers(self) -> Failure | None:
         """Every worker reachable; the ranks form a group; same launch settings and image everywhere; every
         rank stopped with no VLLM::* left; every preflight ok. Runs beside the head's own preflight."""
-        statuses: dict[str, dict[str, Any]] = {}
+        statuses: dict[str, Status] = {}
 
         async def fetch(peer: str) -> None:
             statuses[peer] = await self.client.status(peer)
@@ -128,7 +134,7 @@ class Coordinator:
                       pipeline_parallel_size=launch.pipeline_parallel_size or 1,
                       gpus_per_node=self.cfg.cluster.gpus_per_node, head=True)
 
-    def _differences(self, peer: str, status: dict[str, Any]) -> list[str]:
+    def _differences(self, peer: str, status: Status) -> list[str]:
         mine = shared_settings(self.cfg, getattr(self.client, "token", None))
         mismatch = differences(mine, status.get("shared", {}), peer=peer)
         image = image_difference(self.image(), status.get("image") or status.get("image_id"), peer=peer,
@@ -149,18 +155,18 @@ class Coordinator:
         return failure
 
     async def _stop_and_preflight(self, peer: str) -> Failure | None:
-        stopped = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout())
+        stopped = await self.client.call(peer, RANK_STOP, NoParams(), timeout_s=self._stop_timeout())
         if stopped.get("vllm_left"):
             return Failure.of(FailureClass.gpu_busy, f"vLLM processes of its rank are left on {peer} after "
                               f"stopping it: {stopped['vllm_left']}")
-        report = await self.client.request(peer, "POST", "/v1/rank/preflight", timeout_s=600)
+        report = await self.client.call(peer, RANK_PREFLIGHT, NoParams(), timeout_s=600)
         if not report.get("ok", False):
             return self._remote_failure(peer, report.get("failure"), "its preflight failed")
         return None
 
     async def _start_one(self, peer: str) -> Failure | None:
         started = self.clock.now()
-        await self.client.request(peer, "POST", "/v1/rank/start")
+        await self.client.call(peer, RANK_START, NoParams())
         timeout = self.cfg.cluster.worker_start_timeout_s
         deadline = self.clock.now() + timeout
         while self.clock.now() < deadline:
@@ -174,7 +180,7 @@ class Coordinator:
             await self.clock.sleep(START_POLL_S)
         return Failure.of(FailureClass.hang, f"The worker rank on {peer} was not up after {timeout:.0f} s.")
 
-    def _remote_failure(self, peer: str, failure: dict[str, Any] | None, what: str) -> Failure:
+    def _remote_failure(self, peer: str, failure: Mapping[str, Any] | None, what: str) -> Failure:
         """The worker's report as a failure of the group: the class if it is one sparkd knows, and its sentence
         quoted as the worker's claim (one line, bounded: it came over the network)."""
         failure = failure if isinstance(failure, dict) else {}
@@ -195,8 +201,8 @@ class Coordinator:
             retries = 0 if not self.views[peer].reachable else 2  # a lost node gets one try, not three
             started = self.clock.now()
             try:
-                result = await self.client.request(peer, "POST", "/v1/rank/stop", timeout_s=self._stop_timeout(),
-                                                   retries=retries)
+                result = await self.client.call(peer, RANK_STOP, NoParams(), timeout_s=self._stop_timeout(),
+                                                retries=retries)
                 if result.get("vllm_left"):
                     self.log.warning("worker_vllm_left", peer=peer, pids=result["vllm_left"])
                 self.log.info("worker_stopped", peer=peer, duration_s=self._since(started))
@@ -219,7 +225,7 @@ class Coordinator:
     async def _poll(self, peer: str) -> None:
         view, now, sent = self.views[peer], self.clock.now(), self.clock.wall()
         try:
-            view.status = await self.client.request(peer, "GET", "/v1/status", retries=0)
+            view.status = await self.client.status(peer, retries=0)
             view.reachable, view.last_seen, view.since_unreachable = True, now, None
             view.offset_s = clock_offset(view.status.get("updated_at"), sent, self.clock.wall())
         except (PeerUnreachable, PeerRefused) as exc:
@@ -249,11 +255,11 @@ class Coordinator:
             elif view.reachable and view.status is not None and rank_gone(view.status):
                 self._worker_rank_failed(peer, view.status.get("last_failure"))
 
-    def _worker_rank_failed(self, peer: str, failure: dict[str, Any] | None) -> None:
+    def _worker_rank_failed(self, peer: str, failure: Mapping[str, Any] | None) -> None:
         # this rank's peer is gone: it spins in its next collective and ignores SIGTERM (tests/gpu/README.md)
         self.post(v.HealthFailed(self._remote_failure(peer, failure, "its rank is gone"), hung=True))
 
-    def on_report(self, peer: str, failure: dict[str, Any] | None) -> bool:
+    def on_report(self, peer: str, failure: Mapping[str, Any] | None) -> bool:
         """A worker reported its rank's failure at once (POST /v1/rank/failed from ``peer``, its address); False
         when the address is not a configured peer's (the report is then ignored)."""
         named = self.peer_named(peer)
@@ -278,7 +284,7 @@ class Coordinator:
             self.addresses = PeerAddresses(self.client.peers)
         return self.addresses.peer_of(host)
 
-    def peers_json(self) -> list[dict[str, Any]]:
+    def peers_json(self) -> list[PeerEntry]:
         """Every other rank of the group: the head knows them all; a worker shows the head's view of the rest."""
         out = [_peer_entry(peer, view.reachable, view.status) for peer, view in self.views.items()]
         if self.role is Role.worker:
@@ -289,10 +295,10 @@ class Coordinator:
 
     async def report_failure(self, failure: Failure) -> None:
         """Worker side: tell the head at once that this rank failed."""
-        body = {"failure": {"class": failure.cls.value, "message": failure.sentence}}
+        report = {"class": failure.cls.value, "message": failure.sentence}
         for peer in self.client.peers:
             try:
-                await self.client.request(peer, "POST", "/v1/rank/failed", json=body, retries=1)
+                await self.client.call(peer, RANK_FAILED, Failed(report, peer), retries=1)
             except (PeerUnreachable, PeerRefused) as exc:
                 self.log.warning("report_failed", peer=peer, error=str(exc))
 
@@ -302,7 +308,7 @@ class Coordinator:
 
         async def one(peer: str) -> None:
             try:
-                await self.client.request(peer, "POST", "/v1/reload", timeout_s=60)
+                await self.client.call(peer, reload_command.COMMAND, NoParams(), timeout_s=60)
             except PeerRefused as exc:
                 problems.append(f"the worker on {peer}: {exc}")
             except PeerUnreachable as exc:  # the restart waits for it like any start does
@@ -314,11 +320,11 @@ class Coordinator:
                     tg.start_soon(one, peer)
         return problems
 
-    async def forward(self, name: str) -> tuple[bool, dict[str, Any]]:
+    async def forward(self, command: Route) -> tuple[bool, dict[str, Any]]:
         """Worker side: an operator command, carried out by the head for the whole group."""
         head = self.client.peers[0]
         try:
-            answer = await self.client.envelope(head, "POST", f"/v1/{name}", retries=1)
+            answer = await self.client.envelope(head, command.method, command.path, retries=1)
         except PeerUnreachable as exc:
             return False, {"error": f"the head is unreachable ({exc}); use --local to act on this rank alone"}
         return bool(answer.get("ok")), {**answer, "forwarded_to": head}

@@ -22,6 +22,7 @@ from sparkd.cluster.bandwidth import Bandwidth
 from sparkd.cluster.fabric import End, Expect, Finding, Probes, ping_size
 from sparkd.cluster.fabric_probe import PING_TIMEOUT_S, echoes, fabric_address, local_end
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
+from sparkd.commands.groupcheck import RANK_FABRIC, FabricRequest
 from sparkd.config import Config
 from sparkd.preflight.dfping import Ping, listen_once
 from sparkd.supervisor.failures import Failure, FailureClass
@@ -85,13 +86,11 @@ class FabricCheck:
     async def _one(self, peer: str, head: End, size: int, master: tuple[str, int] | None,
                    failures: dict[str, Failure]) -> None:
         started = time.monotonic()
-        request = {"address": head.link.address if head.link else None, "size": size, "timeout_s": 1.0,
-                   "master": list(master) if master else None}
+        request = FabricRequest(head.link.address if head.link else None, size, master, timeout_s=1.0)
         # The worker's answer must leave time for the head's own echoes within the bound.
         asking = max(self.cfg.fabric.timeout_s - PING_TIMEOUT_S - 0.5, 1.0)
         try:
-            reply = await self.client.request(peer, "POST", "/v1/rank/fabric", json=request, timeout_s=asking,
-                                              retries=0)
+            reply = await self.client.call(peer, RANK_FABRIC, request, timeout_s=asking, retries=0)
         except PeerUnreachable as exc:
             failures[peer] = _lost(peer, str(exc))
             self.report[peer] = {"peer": peer, "ok": False, "error": str(exc)}

@@ -7,16 +7,27 @@ from __future__ import annotations
 import json as jsonlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+from urllib.parse import urlencode
 
 import anyio
 
 from sparkd.cluster.peersign import sign
 from sparkd.cluster.shared import peer_base_url
 from sparkd.cluster.tls import client_context
+from sparkd.commands import status as status_command
+from sparkd.commands.base import NoParams
+from sparkd.commands.command import Params, query
 from sparkd.config import Config
 from sparkd.host.keepalive import KeepAliveClient
 from sparkd.host.plainhttp import ProtocolError
+
+if TYPE_CHECKING:
+    from sparkd.commands.command import Command
+    from sparkd.commands.statusdoc import Status
+
+R = TypeVar("R", bound=Params)
+T = TypeVar("T")
 
 MAX_ERROR = 300  # characters of a peer's refusal that reach a sentence
 
@@ -33,6 +44,16 @@ def claim(text: object, limit: int = MAX_ERROR) -> str:
     """A peer's words, made safe to quote: one line of printable characters, at most ``limit`` of them."""
     flat = " ".join("".join(ch if ch.isprintable() else " " for ch in str(text)).split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def wire(command: Command[R, T], request: R) -> tuple[str, str, dict[str, object] | None]:
+    """(method, path, JSON body) of ``command`` with ``request`` on the peer link: a GET's parameters in the query
+    string, a POST's as the body (none when it has none)."""
+    params, path = request.to_params(), command.path
+    if command.method == "GET":
+        encoded = urlencode(query(params))
+        return command.method, path + (f"?{encoded}" if encoded else ""), None
+    return command.method, path, dict(params) or None
 
 
 class PeerClient:
@@ -101,5 +122,13 @@ class PeerClient:
             return data
         raise PeerUnreachable(f"sparkd on {peer} does not answer: {claim(last)}")
 
-    async def status(self, peer: str) -> dict[str, Any]:
-        return await self.request(peer, "GET", "/v1/status")
+    async def call(self, peer: str, command: Command[R, T], request: R, *, retries: int = 2,
+                   timeout_s: float | None = None) -> T:
+        """``command`` on the peer, its path and method the command's own: a GET's request in the query string, a
+        POST's as the JSON body (none when it has no parameters). Its result, as :meth:`request` returns it."""
+        method, path, body = wire(command, request)
+        result = await self.request(peer, method, path, retries=retries, timeout_s=timeout_s, json=body)
+        return cast("T", result)  # the JSON the peer's sparkd sent for this command
+
+    async def status(self, peer: str, *, retries: int = 2) -> Status:
+        return await self.call(peer, status_command.COMMAND, NoParams(), retries=retries)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+
+from sparkd.commands.statusdoc import Status
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Member:
     head: bool = False
 
     @classmethod
-    def from_status(cls, status: dict[str, Any], where: str) -> Member:
+    def from_status(cls, status: Status, where: str) -> Member:
         shared = status.get("shared") or {}
         return cls(node=str(status.get("node", where)), where=where, rank=int(status.get("rank", -1)),
                    nnodes=int(shared.get("nnodes") or 1), tensor_parallel_size=int(shared.get("tensor_parallel_size")

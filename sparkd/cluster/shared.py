@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
+from sparkd.commands.statusdoc import Status
 from sparkd.config import Config
 from sparkd.config.secretrule import MASK, digest, is_secret_name
 from sparkd.launch.render import render_env
@@ -98,14 +99,14 @@ def image_difference(local: ImageFacts | str | None, remote: ImageFacts | str | 
     return None
 
 
-def rank_waiting_or_later(status: dict[str, Any]) -> bool:
+def rank_waiting_or_later(status: Status) -> bool:
     """The worker's rank process is up and has reached torch.distributed init (or beyond)."""
     if status.get("state") not in RUNNING_STATES or not status.get("pid"):
         return False
     return status.get("phase") not in (None, "launching")
 
 
-def rank_gone(status: dict[str, Any]) -> bool:
+def rank_gone(status: Status) -> bool:
     """The worker reports no running rank (it failed, stopped, or never started)."""
     return status.get("state") not in (*RUNNING_STATES, "preflight", "adopting")
 

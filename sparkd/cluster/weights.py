@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
+from sparkd.commands.groupcheck import RANK_WEIGHTS, WeightsRequest
 from sparkd.config import Config
 from sparkd.preflight.manifest import Manifest
 from sparkd.supervisor.failures import CAUSES, Cause, Failure, FailureClass
@@ -101,8 +102,8 @@ class Parity:
 
         async def theirs(peer: str) -> None:
             try:
-                reply = await self.client.request(peer, "POST", "/v1/rank/weights", json={"full": full},
-                                                  timeout_s=FULL_TIMEOUT_S if full else self._timeout(), retries=0)
+                reply = await self.client.call(peer, RANK_WEIGHTS, WeightsRequest(full),
+                                               timeout_s=FULL_TIMEOUT_S if full else self._timeout(), retries=0)
             except PeerUnreachable as exc:
                 failures.append(Failure.of(FailureClass.peer_lost, f"The worker's sparkd at {peer} cannot be "
                                            f"reached ({exc}); the head waits for it with backoff."))

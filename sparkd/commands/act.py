@@ -7,36 +7,42 @@ this rank alone, for maintenance); ``reset`` always acts locally (it only closes
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, Reply, flag, ok, refused
-from sparkd.supervisor import vocabulary as v
+from sparkd.commands.base import Reply, Value, flag, ok, refused
+from sparkd.commands.command import Flag
+
+if TYPE_CHECKING:  # the daemon's side: sparkctl imports this module for a TAB
+    from sparkd.commands.port import Control, Route
+    from sparkd.supervisor import vocabulary as v
 
 LOCAL_RISK = ("--local acts on this node's rank alone: the other ranks lose their peer (a headless worker hangs, "
               "the head fails its next request) and the group restarts as a unit afterwards.")
+LOCAL = Flag("local", "Act on this node's rank only (maintenance).", warning=LOCAL_RISK)
 
 
-@dataclass(frozen=True)
-class Request:
-    local: bool = False
+class Request(Value):
+    __slots__ = ("local",)
+
+    def __init__(self, local: bool = False) -> None:
+        self.local = local
 
     @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> Request:
+    def from_params(cls, params: Mapping[str, Any]) -> Request:
         return cls(local=flag(params, "local"))
 
     def to_params(self) -> dict[str, str]:
         return {"local": "1"} if self.local else {}
 
 
-async def act(control: Control, name: str, observation: Callable[[], v.Observation], request: Request,
+async def act(control: Control, command: Route, observation: Callable[[], v.Observation], request: Request,
               *, forwardable: bool = True) -> Reply:
     if control.worker and forwardable and not request.local and control.group is not None:
-        done, answer = await control.group.forward(name)
+        done, answer = await control.group.forward(command)
         if not done:
             return refused(answer.get("error") or "the head refused", control.status())
         return ok({**(answer.get("result") or {}), "forwarded_to": answer["forwarded_to"]})
-    why = control.refusal(name)
+    why = control.refusal(command.name)
     if why:
         return refused(why, control.status())
     await control.submit(observation())

@@ -1,45 +1,65 @@
-"""What every control command shares: the daemon surface it runs against, its reply, its request parsing.
+"""What every control command shares: its reply and its request parsing (the daemon surface it runs against is
+:mod:`sparkd.commands.port`).
 
-A command is one module (circus's way): ``NAME`` and ``METHOD`` (its route is ``/v1/<NAME>``), a ``Request``
-with ``from_params``/``to_params`` (the query string both sides agree on), ``execute(control, request)`` on the
-daemon's side, and ``render``/``exit_code`` on sparkctl's side. Its docstring is its protocol. Every answer is
-one envelope: ``{"ok": true, "result": …}`` or ``{"ok": false, "error": "…", "result": <status or null>}``.
+A command is a :class:`~sparkd.commands.command.Command` (its shape: :mod:`sparkd.commands.command`); an
+operator's is one module (circus's way) whose ``COMMAND`` names its route (``/v1/<name>``), its ``Request`` (with
+``from_params``/``to_params``: the parameters both sides agree on), its ``execute(control, request)`` on the
+daemon's side and its ``render``/``exit_code`` on sparkctl's. Its docstring is its protocol. Every answer is one
+envelope: ``{"ok": true, "result": …}`` or ``{"ok": false, "error": "…", "result": <status or null>}``.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Literal
 
-if TYPE_CHECKING:  # annotations only: sparkctl imports this module and must start fast
-    from sparkd.supervisor import vocabulary as v
+Method = Literal["GET", "POST"]
 
 
 class BadRequest(ValueError):
     """A request the daemon cannot parse: 400, naming the parameter."""
 
 
-@dataclass(frozen=True)
-class NoParams:
+# Plain classes, not dataclasses: sparkctl imports these modules on a TAB, and a dataclass costs ~1 ms to make.
+class Value:
+    """A frozen-dataclass stand-in for a small request: equal (and hashed) by its class and its ``__slots__``."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and isinstance(other, Value) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._fields()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
+
+
+class NoParams(Value):
     """The request of a command that takes no parameters."""
 
+    __slots__ = ()
+
     @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> NoParams:
+    def from_params(cls, params: Mapping[str, Any]) -> NoParams:
         return cls()
 
     def to_params(self) -> dict[str, str]:
         return {}
 
 
-@dataclass(frozen=True)
 class Reply:
-    ok: bool
-    result: Any = None
-    error: str | None = None
-    code: int = 200
-    then: Callable[[], None] | None = None  # run once the answer is sent (a hand-over exits after answering)
+    """A command's answer: ``then`` runs once the answer is sent (a hand-over exits after answering)."""
+
+    __slots__ = ("code", "error", "ok", "result", "then")
+
+    def __init__(self, ok: bool, result: Any = None, error: str | None = None, code: int = 200,
+                 then: Callable[[], None] | None = None) -> None:
+        self.ok, self.result, self.error, self.code, self.then = ok, result, error, code, then
 
     def envelope(self) -> dict[str, Any]:
         if self.ok:
@@ -47,11 +67,13 @@ class Reply:
         return {"ok": False, "error": self.error, "result": self.result}
 
 
-@dataclass(frozen=True)
 class Stream:
     """A streamed text answer (``sparkctl logs -f``)."""
 
-    lines: AsyncIterator[str]
+    __slots__ = ("lines",)
+
+    def __init__(self, lines: AsyncIterator[str]) -> None:
+        self.lines = lines
 
 
 def ok(result: Any = None) -> Reply:
@@ -60,94 +82,6 @@ def ok(result: Any = None) -> Reply:
 
 def refused(error: str, result: Any = None, code: int = 409) -> Reply:
     return Reply(False, result, error, code)
-
-
-class Group(Protocol):
-    """The group a node belongs to, as commands see it."""
-
-    async def forward(self, name: str) -> tuple[bool, dict[str, Any]]: ...
-
-    def on_report(self, peer: str, failure: dict[str, Any] | None) -> bool: ...
-
-    async def reload_workers(self) -> list[str]:
-        """Every worker reloads its config on disk; the problems of those that refused (none: all took it)."""
-
-
-class Checks(Protocol):
-    """The daemon's side of the group's checks (``sparkd.daemon.groupchecks.GroupChecks``)."""
-
-    async def fabric_answer(self, address: str | None, size: int, master: tuple[str, int] | None,
-                            timeout_s: float) -> dict[str, Any]: ...
-
-    async def bandwidth_server(self, seconds: int, port: int) -> dict[str, Any]: ...
-
-    async def manifest(self, *, full: bool) -> dict[str, Any]:
-        """This node's manifest (``{"node", "manifest"}``)."""
-
-    async def weights_view(self, *, full: bool) -> dict[str, Any]:
-        """What ``sparkctl weights`` shows: the group's comparison on a head, this node's manifest elsewhere."""
-
-
-class Control(Protocol):
-    """The daemon's surface for commands (``sparkd.daemon.control.DaemonControl``)."""
-
-    @property
-    def worker(self) -> bool:
-        """This node is a led rank of a group: operator commands go to the head."""
-
-    @property
-    def group(self) -> Group | None: ...
-
-    @property
-    def checks(self) -> Checks: ...
-
-    @property
-    def incidents_root(self) -> Path: ...
-
-    @property
-    def stop_timeout_s(self) -> float: ...
-
-    def status(self) -> dict[str, Any]: ...
-
-    def refusal(self, command: str) -> str | None: ...
-
-    async def submit(self, obs: v.Observation) -> None:
-        """Post ``obs`` and return once the supervising loop has applied it."""
-
-    async def settle(self, done: Callable[[], bool], timeout_s: float) -> bool:
-        """Wait until ``done()`` holds after a change of state (or the timeout); whether it held."""
-
-    def running(self) -> bool:
-        """An instance exists on this node."""
-
-    def stopped(self) -> bool:
-        """Nothing runs here and the lifecycle rests (stopped or failed)."""
-
-    def vllm_left(self) -> list[int]: ...
-
-    def log_tail(self, lines: int) -> list[str]: ...
-
-    def log_entries(self, lines: int, since: float | None) -> list[tuple[float, str]]:
-        """The last lines with the wall time each came (only those since ``since``)."""
-
-    def follow_log(self, backlog: list[str]) -> AsyncIterator[str]: ...
-
-    async def preflight(self, *, dry_run: bool) -> Any: ...
-
-    def last_preflight(self) -> list[dict[str, Any]]: ...
-
-    async def reload(self) -> Any:
-        """Read and validate the config on disk; take it on when valid (a ``ReloadReport``)."""
-
-    def handover(self) -> None:
-        """Exit now, leaving vLLM running for the next sparkd to adopt."""
-
-    async def recreate(self) -> tuple[bool, str]:
-        """Replace vLLM's container from the config: (done, the sentence that says what happened)."""
-
-    async def flight_records(self, *, since: float | None, until: float | None, local: bool) -> dict[str, Any]:
-        """This node's flight-recorder runs (and, with ``until``, its records in the range) and, unless ``local``,
-        every peer's (``sparkd.commands.recorder``)."""
 
 
 def flag(params: Mapping[str, str], name: str) -> bool:
@@ -169,5 +103,3 @@ def number(params: Mapping[str, str], name: str, default: int, *, minimum: int =
         raise BadRequest(f"{name}: must be at least {minimum}, got {value}")
     return value
 
-
-Execute = Callable[[Control, Any], Any]

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import BadRequest, Control, Reply, ok, refused
+from sparkd.commands.base import BadRequest, Reply, ok, refused
+from sparkd.commands.command import Command
+
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 
 def _int(params: Mapping[str, Any], name: str, low: int, high: int, default: int | None = None) -> int:
@@ -52,8 +56,8 @@ class FabricRequest:
                    (master[0], _int({"port": master[1]}, "port", 1, 65535)) if master else None, float(timeout))
 
     def to_params(self) -> dict[str, Any]:
-        return {"address": self.address, "size": self.size, "master": list(self.master) if self.master else None,
-                "timeout_s": self.timeout_s}
+        return {"address": self.address, "size": self.size, "timeout_s": self.timeout_s,
+                "master": list(self.master) if self.master else None}
 
 
 @dataclass(frozen=True)
@@ -84,35 +88,27 @@ class WeightsRequest:
             raise BadRequest(f"full: expected true or false, got {full!r}")
         return cls(full)
 
-    def to_params(self) -> dict[str, str]:
-        return {"full": "1" if self.full else "0"}
+    def to_params(self) -> dict[str, bool]:
+        return {"full": self.full}  # a query string carries it as 1 or 0
 
 
-class RankFabric:
-    NAME, METHOD, Request = "rank/fabric", "POST", FabricRequest
-
-    @staticmethod
-    async def execute(control: Control, request: FabricRequest) -> Reply:
-        return ok(await control.checks.fabric_answer(request.address, request.size, request.master,
-                                                     request.timeout_s))
+async def _fabric(control: Control, request: FabricRequest) -> Reply:
+    return ok(await control.checks.fabric_answer(request.address, request.size, request.master, request.timeout_s))
 
 
-class RankBandwidth:
-    NAME, METHOD, Request = "rank/bandwidth", "POST", BandwidthRequest
-
-    @staticmethod
-    async def execute(control: Control, request: BandwidthRequest) -> Reply:
-        if control.running():
-            return refused("its rank is running: the bandwidth run would compete with NCCL")
-        return ok(await control.checks.bandwidth_server(request.seconds, request.port))
+async def _bandwidth(control: Control, request: BandwidthRequest) -> Reply:
+    if control.running():
+        return refused("its rank is running: the bandwidth run would compete with NCCL")
+    return ok(await control.checks.bandwidth_server(request.seconds, request.port))
 
 
-class RankWeights:
-    NAME, METHOD, Request = "rank/weights", "POST", WeightsRequest
-
-    @staticmethod
-    async def execute(control: Control, request: WeightsRequest) -> Reply:
-        return ok(await control.checks.manifest(full=request.full))
+async def _weights(control: Control, request: WeightsRequest) -> Reply:
+    return ok(await control.checks.manifest(full=request.full))
 
 
-GROUP_CHECKS = (RankFabric, RankBandwidth, RankWeights)
+RANK_FABRIC: Command[FabricRequest, dict[str, Any]] = Command("rank/fabric", "POST", FabricRequest, _fabric)
+RANK_BANDWIDTH: Command[BandwidthRequest, dict[str, Any]] = Command("rank/bandwidth", "POST", BandwidthRequest,
+                                                                    _bandwidth)
+RANK_WEIGHTS: Command[WeightsRequest, dict[str, Any]] = Command("rank/weights", "POST", WeightsRequest, _weights)
+
+GROUP_CHECKS = (RANK_FABRIC, RANK_BANDWIDTH, RANK_WEIGHTS)

@@ -5,14 +5,13 @@ to adopt without a cold start (the package's upgrade uses it; ``systemctl stop s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, NoParams, Reply, refused
+from sparkd.commands.base import NoParams, Reply, refused
+from sparkd.commands.command import Cli, Command
 
-NAME = "handover"
-METHOD = "POST"
-ROOT_ONLY = True  # the control socket, uid 0 (a group member must not leave vLLM unsupervised)
-
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 Request = NoParams
 
@@ -28,3 +27,8 @@ async def execute(control: Control, request: Request) -> Reply:
 def render(result: Mapping[str, Any]) -> str:
     running = f"vLLM (pid {result['pid']}) keeps running" if result.get("pid") else "no vLLM runs"
     return f"handover: sparkd is exiting; {running} for the next sparkd to adopt"
+
+
+COMMAND = Command("handover", "POST", Request, execute, render, cli=Cli(
+    help="Exit sparkd now and leave vLLM running for the next sparkd to adopt (package upgrades)."),
+    root_only=True)  # the control socket, uid 0 (a group member must not leave vLLM unsupervised)

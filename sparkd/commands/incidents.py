@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, Reply, ok, refused
+from sparkd.commands.base import Reply, ok, refused
+from sparkd.commands.command import Cli, Command
 
-NAME = "incidents"
-METHOD = "GET"
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class Request:
     id: str | None = None
 
     @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> Request:
+    def from_params(cls, params: Mapping[str, Any]) -> Request:
         return cls(id=params.get("id") or None)
 
     def to_params(self) -> dict[str, str]:
@@ -48,3 +49,7 @@ def render(result: Any) -> str:
     if isinstance(result, dict):
         return f"{result['at_utc']}  {result['class']}: {result['message']}\n{result['path']}\n\n{result['log_tail']}"
     return "\n".join(f"{Path(item['path']).name}  {item['class']:<20} {item['message']}" for item in result)
+
+
+COMMAND = Command("incidents", "GET", Request, execute, render, cli=Cli(
+    help="Failures with their class, sentence and evidence folder, newest first; or one with its log tail."))

@@ -11,11 +11,14 @@ import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import BadRequest, Control, Reply, Stream, flag, number, ok
+from sparkd.commands.base import BadRequest, Reply, Stream, flag, number, ok
+from sparkd.commands.command import Cli, Command
 
-NAME = "logs"
-METHOD = "GET"
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
+
 DEFAULT_LINES = 200
 
 
@@ -27,7 +30,7 @@ class Request:
     stamps: bool = False
 
     @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> Request:
+    def from_params(cls, params: Mapping[str, Any]) -> Request:
         raw = params.get("since") or None
         try:
             since = float(raw) if raw is not None else None
@@ -64,3 +67,7 @@ async def _stamped(control: Control, entries: list[tuple[float, str]]) -> AsyncI
         yield json.dumps({"at": at, "line": line})
     async for line in control.follow_log([]):
         yield json.dumps({"at": time.time(), "line": line})
+
+
+COMMAND: Command[Request, list[Any]] = Command("logs", "GET", Request, execute, cli=Cli(
+    help="vLLM's output as sparkd saw it (secrets redacted); --json: one {\"at\", \"line\"} object per line."))

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, Reply, flag, ok, refused
+from sparkd.commands.base import Reply, flag, ok, refused
+from sparkd.commands.command import Cli, Command, Flag
 
-NAME = "preflight"
-METHOD = "POST"
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class Request:
     dry_run: bool = False
 
     @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> Request:
+    def from_params(cls, params: Mapping[str, Any]) -> Request:
         return cls(dry_run=flag(params, "dry_run"))
 
     def to_params(self) -> dict[str, str]:
@@ -44,3 +45,8 @@ def render(result: Mapping[str, Any]) -> str:
 
 def exit_code(result: Mapping[str, Any]) -> int:
     return 0 if result["ok"] else 1
+
+
+COMMAND = Command("preflight", "POST", Request, execute, render, exit_code, Cli(
+    help="Run the preflight checks now through the daemon. Exit 0 ready to launch, 1 a check failed.",
+    flags=(Flag("dry_run", "Report what would be fixed; change nothing."),), timeout_s=600))

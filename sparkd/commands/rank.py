@@ -2,7 +2,7 @@
 
 The head asks each worker's daemon to stop its rank (and report any ``VLLM::*`` left), to preflight, and to
 start its rank (closing its breaker: the head decides about the group's restarts); a worker tells its head at
-once that its rank failed. These are peer commands, kept apart from the operator's (``sparkd.commands.OPERATOR``):
+once that its rank failed. These are peer commands, kept apart from the operator's (``sparkd.commands.OPERATOR_NAMES``):
 only the TCP listener serves them, to the configured peers' addresses, signed with the shared secret.
 """
 
@@ -10,24 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import BadRequest, Control, Reply, ok, refused
+from sparkd.commands.base import BadRequest, NoParams, Reply, ok, refused
+from sparkd.commands.command import Command
 from sparkd.commands.groupcheck import GROUP_CHECKS
+from sparkd.commands.statusdoc import Status
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State
 
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
+
 START_SETTLE_S = 5.0
-
-
-@dataclass(frozen=True)
-class NoParams:
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> NoParams:
-        return cls()
-
-    def to_params(self) -> dict[str, str]:
-        return {}
 
 
 @dataclass(frozen=True)
@@ -46,53 +41,46 @@ class Failed:
         return {"failure": self.failure}
 
 
-class RankStop:
-    NAME, METHOD, Request = "rank/stop", "POST", NoParams
-
-    @staticmethod
-    async def execute(control: Control, request: NoParams) -> Reply:
-        if not control.stopped():
-            await control.submit(v.StopRequested())
-            await control.settle(control.stopped, control.stop_timeout_s)
-        left = control.vllm_left()
-        return ok({"vllm_left": left, "status": control.status()})
+async def _stop(control: Control, request: NoParams) -> Reply:
+    if not control.stopped():
+        await control.submit(v.StopRequested())
+        await control.settle(control.stopped, control.stop_timeout_s)
+    left = control.vllm_left()
+    return ok({"vllm_left": left, "status": control.status()})
 
 
-class RankPreflight:
-    NAME, METHOD, Request = "rank/preflight", "POST", NoParams
-
-    @staticmethod
-    async def execute(control: Control, request: NoParams) -> Reply:
-        if control.running():
-            return ok({"ok": False, "failure": {"class": "unknown", "message": "its rank is running"}})
-        report = await control.preflight(dry_run=False)
-        failure = report.failure()
-        return ok({"ok": report.ok, "results": report.to_json(), "failure": None if failure is None
-                   else {"class": failure.cls.value, "message": failure.sentence}})
+async def _preflight(control: Control, request: NoParams) -> Reply:
+    if control.running():
+        return ok({"ok": False, "failure": {"class": "unknown", "message": "its rank is running"}})
+    report = await control.preflight(dry_run=False)
+    failure = report.failure()
+    return ok({"ok": report.ok, "results": report.to_json(), "failure": None if failure is None
+               else {"class": failure.cls.value, "message": failure.sentence}})
 
 
-class RankStart:
-    NAME, METHOD, Request = "rank/start", "POST", NoParams
-
-    @staticmethod
-    async def execute(control: Control, request: NoParams) -> Reply:
-        if control.status()["state"] == State.failed.value:
-            await control.submit(v.ResetRequested())
-        await control.submit(v.StartRequested())
-        await control.settle(lambda: control.status()["state"] != State.stopped.value, START_SETTLE_S)
-        return ok(control.status())
+async def _start(control: Control, request: NoParams) -> Reply:
+    if control.status()["state"] == State.failed.value:
+        await control.submit(v.ResetRequested())
+    await control.submit(v.StartRequested())
+    await control.settle(lambda: control.status()["state"] != State.stopped.value, START_SETTLE_S)
+    return ok(control.status())
 
 
-class RankFailed:
-    NAME, METHOD, Request = "rank/failed", "POST", Failed
-
-    @staticmethod
-    async def execute(control: Control, request: Failed) -> Reply:
-        if control.group is None:
-            return refused("this node is not the head of a group", code=400)
-        if not control.group.on_report(request.peer, request.failure):
-            return refused(f"{request.peer} is not one of this node's [cluster] peers", code=403)
-        return ok()
+async def _failed(control: Control, request: Failed) -> Reply:
+    if control.group is None:
+        return refused("this node is not the head of a group", code=400)
+    if not control.group.on_report(request.peer, request.failure):
+        return refused(f"{request.peer} is not one of this node's [cluster] peers", code=403)
+    return ok()
 
 
-RANK = (RankStop, RankPreflight, RankStart, RankFailed, *GROUP_CHECKS)
+RANK_STOP: Command[NoParams, dict[str, Any]] = Command("rank/stop", "POST", NoParams, _stop)
+"""Stop this rank; ``{"vllm_left": [pid, …], "status": …}``."""
+RANK_PREFLIGHT: Command[NoParams, dict[str, Any]] = Command("rank/preflight", "POST", NoParams, _preflight)
+"""Preflight this node (refused while its rank runs); ``{"ok", "results", "failure"}``."""
+RANK_START: Command[NoParams, Status] = Command("rank/start", "POST", NoParams, _start)
+"""Start this rank (closing its breaker: the head decides about the group's restarts); its status."""
+RANK_FAILED: Command[Failed, dict[str, Any]] = Command("rank/failed", "POST", Failed, _failed)
+"""A worker tells its head that its rank failed (``failure``: ``{"class", "message"}``)."""
+
+RANK = (RANK_STOP, RANK_PREFLIGHT, RANK_START, RANK_FAILED, *GROUP_CHECKS)

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import BadRequest, Control, Reply, flag, ok
+from sparkd.commands.base import BadRequest, Reply, Value, flag, ok
+from sparkd.commands.command import Command
 
-NAME = "recorder"
-METHOD = "GET"
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 
-def _time(params: Mapping[str, str], name: str) -> float | None:
+def _time(params: Mapping[str, Any], name: str) -> float | None:
     raw = params.get(name)
     if raw is None or raw == "":
         return None
@@ -30,14 +30,14 @@ def _time(params: Mapping[str, str], name: str) -> float | None:
     return value
 
 
-@dataclass(frozen=True)
-class Request:
-    since: float | None = None
-    until: float | None = None
-    local: bool = False
+class Request(Value):
+    __slots__ = ("local", "since", "until")
+
+    def __init__(self, since: float | None = None, until: float | None = None, local: bool = False) -> None:
+        self.since, self.until, self.local = since, until, local
 
     @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> Request:
+    def from_params(cls, params: Mapping[str, Any]) -> Request:
         return cls(since=_time(params, "since"), until=_time(params, "until"), local=flag(params, "local"))
 
     def to_params(self) -> dict[str, str]:
@@ -53,3 +53,7 @@ async def execute(control: Control, request: Request) -> Reply:
 def render(result: Any) -> str:
     return "\n".join(f"{n.get('node')}: {len(n.get('runs') or [])} runs, {len(n.get('records') or [])} records"
                      + (f" ({n['error']})" if n.get("error") else "") for n in result.get("nodes", []))
+
+
+# Not a sparkctl subcommand of its own: ``sparkctl postmortem`` and ``sparkctl bundle`` read it.
+COMMAND: Command[Request, dict[str, Any]] = Command("recorder", "GET", Request, execute, render)

@@ -7,14 +7,13 @@ the new container.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, NoParams, Reply, ok, refused
+from sparkd.commands.base import NoParams, Reply, ok, refused
+from sparkd.commands.command import Cli, Command
 
-NAME = "recreate"
-METHOD = "POST"
-ROOT_ONLY = True  # the control socket, uid 0: a group member must not replace the container vLLM runs in
-
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 Request = NoParams
 
@@ -28,3 +27,8 @@ async def execute(control: Control, request: Request) -> Reply:
 
 def render(result: Mapping[str, Any]) -> str:
     return f"recreate: {result['recreated']}"
+
+
+COMMAND = Command("recreate", "POST", Request, execute, render, cli=Cli(
+    help="Replace vLLM's container with one made from the config (while vLLM is stopped).", timeout_s=300),
+    root_only=True)  # the control socket, uid 0: a group member must not replace the container vLLM runs in

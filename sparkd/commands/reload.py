@@ -7,13 +7,13 @@ other key (applied at once), with the few keys that wait for a restart of sparkd
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, NoParams, Reply, ok, refused
+from sparkd.commands.base import NoParams, Reply, ok, refused
+from sparkd.commands.command import Cli, Command
 
-NAME = "reload"
-METHOD = "POST"
-
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
 
 Request = NoParams
 
@@ -37,3 +37,8 @@ def render(result: Mapping[str, Any]) -> str:
     for change in result["at_daemon_restart"]:
         lines.append(f"  when sparkd restarts: {change}")
     return "\n".join(lines)
+
+
+COMMAND = Command("reload", "POST", Request, execute, render, cli=Cli(
+    help="Read and validate the config on disk; show what changed. Exit 1 (nothing changed) when it is invalid.",
+    timeout_s=60))

@@ -5,18 +5,22 @@ validated config (an invalid one refuses the restart). On a group's worker the h
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.act import Request, accepted, act
-from sparkd.commands.base import Control, Reply, refused
-from sparkd.supervisor import vocabulary as v
+from sparkd.commands.act import LOCAL, Request, accepted, act
+from sparkd.commands.base import Reply, refused
+from sparkd.commands.command import Cli, Command
 
-NAME = "restart"
-METHOD = "POST"
-__all__ = ["METHOD", "NAME", "Request", "execute", "render"]
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
+
+__all__ = ["COMMAND", "Request", "execute", "render"]
 
 
 async def execute(control: Control, request: Request) -> Reply:
+    from sparkd.supervisor import vocabulary as v  # the daemon's side: a TAB imports this module
+
     if not (control.worker and not request.local):  # on a worker the head restarts the group, and reloads
         report = await control.reload()
         problems = report.problems if not report.ok else []
@@ -25,8 +29,14 @@ async def execute(control: Control, request: Request) -> Reply:
         if problems:
             return refused("the config on disk is invalid, so sparkd will not restart with it:\n  "
                            + "\n  ".join(problems), control.status())
-    return await act(control, NAME, v.RestartRequested, request, forwardable=True)
+    return await act(control, COMMAND, v.RestartRequested, request, forwardable=True)
 
 
-def render(result: dict[str, Any]) -> str:
-    return accepted(NAME, result)
+def render(result: Mapping[str, Any]) -> str:
+    return accepted(COMMAND.name, result)
+
+
+COMMAND = Command("restart", "POST", Request, execute, render, cli=Cli(
+    help="Stop vLLM, preflight, start it again; also closes the breaker and forgets the failures. It reloads "
+         "the config on disk first (an invalid one refuses the restart).",
+    flags=(LOCAL,), waits_for="ready"))

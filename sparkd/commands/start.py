@@ -4,20 +4,30 @@ open (``reset`` or ``restart`` close it). On a group's worker the head starts th
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.act import Request, accepted, act
-from sparkd.commands.base import Control, Reply
-from sparkd.supervisor import vocabulary as v
+from sparkd.commands.act import LOCAL, Request, accepted, act
+from sparkd.commands.base import Reply
+from sparkd.commands.command import Cli, Command
 
-NAME = "start"
-METHOD = "POST"
-__all__ = ["METHOD", "NAME", "Request", "execute", "render"]
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
+
+__all__ = ["COMMAND", "Request", "execute", "render"]
 
 
 async def execute(control: Control, request: Request) -> Reply:
-    return await act(control, NAME, v.StartRequested, request, forwardable=True)
+    from sparkd.supervisor import vocabulary as v  # the daemon's side: a TAB imports this module
+
+    return await act(control, COMMAND, v.StartRequested, request, forwardable=True)
 
 
-def render(result: dict[str, Any]) -> str:
-    return accepted(NAME, result)
+def render(result: Mapping[str, Any]) -> str:
+    return accepted(COMMAND.name, result)
+
+
+COMMAND = Command("start", "POST", Request, execute, render, cli=Cli(
+    help="Start vLLM. Refused while the restart breaker is open (reset or restart close it). On a group's "
+         "worker the head starts the whole group.",
+    flags=(LOCAL,), waits_for="ready"))

@@ -7,13 +7,15 @@ the breaker, the guard's decision and every peer. Exit codes follow LSB: 0 ready
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, NoParams, Reply, ok
+from sparkd.commands.base import NoParams, Reply, ok
+from sparkd.commands.command import Cli, Command
 from sparkd.host.timefmt import iso
 
-NAME = "status"
-METHOD = "GET"
+if TYPE_CHECKING:  # the fast path of `sparkctl status` imports this module
+    from sparkd.commands.port import Control
+    from sparkd.commands.statusdoc import Status
 
 EXIT_READY, EXIT_UNHEALTHY, EXIT_NOT_SERVING, EXIT_UNREACHABLE = 0, 1, 3, 4
 EXIT_TIMEOUT = 124
@@ -26,9 +28,9 @@ async def execute(control: Control, request: Request) -> Reply:
     return ok(control.status())
 
 
-def exit_code(status: Mapping[str, Any]) -> int:
-    state = status.get("state")
-    if state == "ready" and not (status.get("daemon") or {}).get("degraded"):
+def exit_code(status: Status) -> int:
+    state, daemon = status.get("state"), status.get("daemon")
+    if state == "ready" and not (daemon and daemon.get("degraded")):
         return EXIT_READY
     if state in ("ready", "degraded", "failed"):
         return EXIT_UNHEALTHY
@@ -40,7 +42,7 @@ def when(ts: float | None) -> str:
     return iso(ts)
 
 
-def render(s: Mapping[str, Any]) -> str:
+def render(s: Status) -> str:
     rank = f", rank {s['rank']}" if s.get("pair") else ""
     lines = [f"sparkd {s.get('version', '?')} on {s['node']} ({s['role']}{rank}, {s['runtime']}): "
              f"{s['state']} since {when(s.get('since'))}"]
@@ -59,8 +61,9 @@ def render(s: Mapping[str, Any]) -> str:
         lines.append(f"  note: {s['watch_note']}")
     if s.get("backoff_until"):
         lines.append(f"  next start at {when(s['backoff_until'])}")
-    if (s.get("breaker") or {}).get("open"):
-        lines.append(f"  breaker OPEN: {s['breaker']['reason']}")
+    breaker = s.get("breaker")
+    if breaker and breaker.get("open"):
+        lines.append(f"  breaker OPEN: {breaker['reason']}")
     failure = s.get("last_failure")
     if failure:
         lines.append(f"  last failure ({failure['class']}, {when(failure.get('at'))}): {failure['message']}")
@@ -69,7 +72,8 @@ def render(s: Mapping[str, Any]) -> str:
                      f"{drift.get('configured')!r} in the config (`sparkctl recreate` while stopped)")
     lines.extend(_timing(s.get("start_timing") or {}))
     lines.extend(_config(s.get("config") or {}))
-    for problem in (s.get("daemon") or {}).get("problems") or []:
+    daemon = s.get("daemon")
+    for problem in (daemon.get("problems") if daemon else None) or []:
         lines.append(f"  sparkd degraded: {problem}")
     lines.extend(_memory(s.get("memory") or {}))
     lines.extend(_gpu(s.get("gpu") or {}))
@@ -139,3 +143,8 @@ def _gpu(gpu: Mapping[str, Any]) -> list[str]:
                                                                ("temperature_c", "°C")) if d.get(k) is not None]
         lines.append(f"  GPU {d['index']} ({d.get('name') or '?'}): " + ", ".join(facts))
     return lines
+
+
+COMMAND: Command[NoParams, Status] = Command(
+    "status", "GET", NoParams, execute, render, exit_code,
+    Cli(help="Node, role, state, phase, uptime, PID, restarts, last failure, breaker, guard and peers."))

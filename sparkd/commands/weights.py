@@ -7,14 +7,16 @@ weights are the same everywhere (or, alone, readable), 1 when not.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.base import Control, Reply, ok
+from sparkd.commands.base import Reply, ok
+from sparkd.commands.command import Cli, Command, Flag
 from sparkd.commands.groupcheck import WeightsRequest
 
-NAME = "weights"
-METHOD = "POST"
-TIMEOUT_S = 24 * 3600.0  # a --full run reads every shard
+if TYPE_CHECKING:
+    from sparkd.commands.port import Control
+
+FULL_TIMEOUT_S = 24 * 3600.0  # a --full run reads every shard
 
 Request = WeightsRequest
 
@@ -46,3 +48,9 @@ def render(result: Mapping[str, Any]) -> str:
 
 def exit_code(result: Mapping[str, Any]) -> int:
     return 1 if result.get("ok") is False else 0
+
+
+COMMAND = Command("weights", "POST", Request, execute, render, exit_code, Cli(
+    help="The model directory on every node compared (on a group's head), or this node's. Exit 0 same, 1 differ.",
+    flags=(Flag("full", "Hash every shard again on every node (reads the whole directory)."),), timeout_s=600,
+    long_flag="full", long_timeout_s=FULL_TIMEOUT_S))

@@ -21,6 +21,7 @@ from sparkd.api.bounded import harden_process
 from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.coordinator import Coordinator, group_role
 from sparkd.cluster.peers import PeerClient
+from sparkd.commands.statusdoc import Checks, Extras
 from sparkd.config import Config, Role
 from sparkd.daemon import remembered
 from sparkd.daemon.adapters import Adapters
@@ -201,14 +202,14 @@ class Daemon:
                             f"({self.vllm_log.lost_lines} line(s) lost)")
         return problems
 
-    def more(self) -> dict[str, Any]:
+    def more(self) -> Extras:
         """The flight recorder's and the memory settle's status."""
-        extra: dict[str, Any] = {"recorder": {**self.recorder.status(), **self.start_guard.status()}}
+        extra: Extras = {"recorder": {**self.recorder.status(), **self.start_guard.status()}}
         if self.recorder.phase is not None:
             extra["phase"] = self.recorder.phase
         return extra
 
-    def proofs(self) -> dict[str, Any]:
+    def proofs(self) -> Checks:
         return self.checks.status()
 
     def _on_settle(self, phase: str | None) -> None:

@@ -12,7 +12,8 @@ from typing import Any
 import anyio
 
 from sparkd.cluster.coordinator import Coordinator
-from sparkd.commands.base import Checks
+from sparkd.commands.port import Checks
+from sparkd.commands.statusdoc import Status
 from sparkd.config import Role
 from sparkd.daemon.groupchecks import GroupChecks
 from sparkd.daemon.node import Node
@@ -52,7 +53,7 @@ class DaemonControl:
     def stop_timeout_s(self) -> float:
         return self.node.cfg.supervisor.stop_grace_s + 30.0
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         return self.view.status()
 
     async def reload(self) -> ReloadReport:

@@ -11,7 +11,7 @@ per episode, and the write is tried again with the next change or after ``RETRY_
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ class StateWriter:
         self._wake = anyio.Event()
         self.problems: dict[Path, str] = {}
 
-    def put(self, path: Path, data: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
+    def put(self, path: Path, data: Mapping[str, Any] | Callable[[], Mapping[str, Any]]) -> None:
         self._pending[path] = data
         self._wake.set()
 
@@ -39,7 +39,7 @@ class StateWriter:
         self._pending[path] = _UNLINK
         self._wake.set()
 
-    def write_now(self, path: Path, data: dict[str, Any]) -> bool:
+    def write_now(self, path: Path, data: Mapping[str, Any]) -> bool:
         """Write at once, in the loop (for the record of a launch, before anything else can happen)."""
         done = self._write(path, data)
         if done:
@@ -69,7 +69,7 @@ class StateWriter:
             if done and self._pending.get(path) is data:  # a newer put waits for the next pass
                 del self._pending[path]
 
-    def _write(self, path: Path, data: dict[str, Any]) -> bool:
+    def _write(self, path: Path, data: Mapping[str, Any]) -> bool:
         try:
             write_json(path, data)
         except (OSError, ValueError) as exc:

@@ -17,6 +17,7 @@ from sparkd.cluster.fabric_check import FabricCheck
 from sparkd.cluster.fabric_probe import answer, local_end
 from sparkd.cluster.peers import PeerClient
 from sparkd.cluster.weights import Parity
+from sparkd.commands.statusdoc import Checks
 from sparkd.config import Config, Role
 from sparkd.launch.render import effective_env
 from sparkd.preflight.weights_local import LocalWeights
@@ -93,7 +94,7 @@ class GroupChecks:
             "duration_s": round(m.duration_s, 3), "problem": m.problem}}, "manifest": m.to_json()}
 
     # ---- status and metrics
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Checks:
         last = self.local.last
         return {
             "fabric": list(self.fabric_check.report.values()) if self.fabric_check is not None else None,

@@ -20,13 +20,13 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import anyio
 
 from sparkd import __version__
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.peers import PeerRefused, PeerUnreachable
+from sparkd.commands import recorder
 from sparkd.config import Config, Role
 from sparkd.daemon.current import CurrentConfig
 from sparkd.daemon.slot import InstanceSlot
@@ -324,14 +324,12 @@ async def flight_records(cfg: Config, group: Coordinator | None, *, since: float
     own = await anyio.to_thread.run_sync(own_records, cfg, since, until)
     nodes: list[dict[str, Any]] = [own]
     if group is not None:
-        query = urlencode({k: repr(v) for k, v in (("since", since), ("until", until)) if v is not None}
-                          | {"local": "1"})
 
         async def one(peer: str) -> None:
             known = (group.views[peer].status or {}).get("node") if peer in group.views else None
             try:
-                answer = await group.client.request(peer, "GET", f"/v1/recorder?{query}", retries=1,
-                                                    timeout_s=PEER_RECORDS_TIMEOUT_S)
+                answer = await group.client.call(peer, recorder.COMMAND, recorder.Request(since, until, local=True),
+                                                 retries=1, timeout_s=PEER_RECORDS_TIMEOUT_S)
                 theirs = answer.get("nodes")
                 nodes.extend({**n, "peer": peer} for n in (theirs if isinstance(theirs, list) else [])
                              if isinstance(n, dict))

@@ -16,7 +16,7 @@ from sparkd.api.admission import Limits
 from sparkd.api.bounded import Listener, tcp_caller, unix_caller
 from sparkd.api.server import build_app, build_tcp_app, serve
 from sparkd.cluster.addresses import REFRESH_S, PeerAddresses
-from sparkd.commands.base import Control
+from sparkd.commands.port import Control
 from sparkd.commands.rank import RANK
 from sparkd.config import Config
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from sparkd import __version__
 from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.shared import shared_settings
+from sparkd.commands.statusdoc import Checks, Extras, Status
 from sparkd.config import Config
 from sparkd.daemon.current import CurrentConfig
 from sparkd.daemon.gpuwatch import GpuSampler
@@ -36,10 +37,10 @@ class DaemonFacts(Protocol):
     def config_state(self) -> dict[str, Any]:
         """The config on disk against the one loaded and the one the running vLLM was launched from."""
 
-    def more(self) -> dict[str, Any]:
+    def more(self) -> Extras:
         """What other parts add (the flight recorder, the memory settle)."""
 
-    def proofs(self) -> dict[str, Any]:
+    def proofs(self) -> Checks:
         """The group's fabric and weights proofs: ``{"fabric": ..., "weights": ...}``."""
 
 
@@ -100,7 +101,7 @@ class StatusView:
             text += f", last failure {m.last_failure.cls.value}"
         return text
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         m, node, clock, now = self.sup.machine, self.node, self.clock, self.clock.now()
         instance, startup, last = node.instance, node.startup, m.last_failure
         ready_since = m.restart_state.ready_since

@@ -24,7 +24,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -301,7 +301,7 @@ def _reason(exc: BaseException) -> str:
 # ---- the plain functions the daemon used before StateFile (kept for its current callers)
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename). Raises OSError."""
     replace_atomically(path, to_json(data))
 

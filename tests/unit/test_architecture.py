@@ -13,14 +13,15 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
 # Floors, lowest first: a module may import only from its own floor or below. A package is one room; the pure
-# core is the config, the launch and the supervisor (floors 1-2); the adapters share floor 4.
+# core is the config, the launch and the supervisor (floors 1-2); the adapters share floor 4, with the commands:
+# the peer link calls the ranks' commands by their descriptors (the commands import no adapter but state/).
 LAYERS: list[tuple[str, ...]] = [
     ("sparkd",),
     ("sparkd.config",),
     ("sparkd.launch", "sparkd.supervisor"),
     ("sparkd.host",),
-    ("sparkd.state", "sparkd.runtime", "sparkd.preflight", "sparkd.guard", "sparkd.cluster", "sparkd.recorder"),
-    ("sparkd.commands",),
+    ("sparkd.state", "sparkd.runtime", "sparkd.preflight", "sparkd.guard", "sparkd.cluster", "sparkd.recorder",
+     "sparkd.commands"),
     ("sparkd.api",),
     ("sparkd.daemon",),
     ("sparkd.cli", "sparkd.testing"),

@@ -37,6 +37,9 @@ class Link:
             raise PeerUnreachable(f"{peer}: connection refused")
         return status
 
+    async def status(self, peer: str, **kw: Any) -> dict[str, Any]:
+        return await self.request(peer, "GET", "/v1/status", **kw)
+
 
 def head(link: Link, clock: FakeClock, posted: list[v.Observation]) -> Coordinator:
     cfg = config_from_mapping({

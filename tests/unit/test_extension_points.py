@@ -124,34 +124,37 @@ COMMAND = '''"""``GET /v1/dummy``: the dummy of tests/unit/test_extension_points
 
 from typing import Any
 
-from sparkd.commands.base import Control, NoParams, Reply, ok
-
-NAME = "dummy"
-METHOD = "GET"
-Request = NoParams
+from sparkd.commands.base import NoParams, Reply, ok
+from sparkd.commands.command import Cli, Command
 
 
-async def execute(control: Control, request: NoParams) -> Reply:
+async def execute(control: Any, request: NoParams) -> Reply:
     return ok({"dummy": "answered"})
 
 
 def render(result: dict[str, Any]) -> str:
     return result["dummy"]
+
+
+COMMAND = Command("dummy", "GET", NoParams, execute, render, cli=Cli(help="Answer as the dummy."))
 '''
 
 COMMAND_PROOF = '''
 import anyio, httpx
+from click.testing import CliRunner
 from starlette.applications import Starlette
 from sparkd.api.server import command_routes
-from sparkd.commands import OPERATOR
+from sparkd.cli.sparkctl import main as sparkctl
+from sparkd.commands import operator
 
 
 async def main():
-    app = Starlette(routes=command_routes(None, OPERATOR))
+    app = Starlette(routes=command_routes(None, operator()))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sparkd") as client:
         print((await client.get("/v1/dummy")).json())
 
 anyio.run(main)
+print([line.strip() for line in CliRunner().invoke(sparkctl, ["--help"]).output.splitlines() if "dummy" in line])
 '''
 
 RUNTIME = '''"""The dummy runtime of tests/unit/test_extension_points.py: the process runtime under another kind."""
@@ -196,7 +199,7 @@ def add_signal(pkg: Path) -> tuple[str, str]:
 def add_command(pkg: Path) -> tuple[str, str]:
     (pkg / "commands" / "dummy.py").write_text(COMMAND)
     edit(pkg / "commands" / "__init__.py", 'OPERATOR_NAMES = (', 'OPERATOR_NAMES = ("dummy", ')
-    return COMMAND_PROOF, "{'ok': True, 'result': {'dummy': 'answered'}}"
+    return COMMAND_PROOF, "{'ok': True, 'result': {'dummy': 'answered'}}\n['dummy       Answer as the dummy.']"
 
 
 def add_runtime(pkg: Path) -> tuple[str, str]:

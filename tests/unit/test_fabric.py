@@ -5,12 +5,14 @@ index that works."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from sysfs_tree import SysfsTree, netdev, roce_gid
 
 from sparkd.cluster.fabric import SMALL, End, Expect, Probes, failure, findings, ping_size
+from sparkd.cluster.peers import wire
 from sparkd.commands.base import BadRequest
 from sparkd.commands.groupcheck import FabricRequest
 from sparkd.config import config_from_mapping
@@ -196,6 +198,10 @@ class FakePeers:
     async def request(self, peer: str, method: str, path: str, **kw: object) -> dict[str, object]:
         self.asked.append((path, kw.get("json")))
         return self.answer
+
+    async def call(self, peer: str, command: Any, request: Any, **kw: object) -> dict[str, object]:
+        method, path, body = wire(command, request)  # what PeerClient sends: the wire is asserted below
+        return await self.request(peer, method, path, json=body, **kw)
 
 
 @pytest.mark.parametrize(

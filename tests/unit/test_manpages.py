@@ -19,13 +19,15 @@ PAGES = pages("2026-01-01", "9.9")
 
 @pytest.mark.parametrize(("prog", "group"), [("sparkd", sparkd), ("sparkctl", sparkctl)])
 def test_a_page_per_subcommand_with_its_exit_status(prog: str, group: click.Group) -> None:
-    names = group.list_commands(click.Context(group))
-    assert len(names) >= 7
-    for name in names:
+    ctx = click.Context(group)
+    subcommands = {name: group.get_command(ctx, name) for name in group.list_commands(ctx)}  # sparkctl's are built
+    subcommands = {name: sub for name, sub in subcommands.items() if sub is not None}  # when named (the registry)
+    assert len(subcommands) >= 7
+    for name, sub in subcommands.items():
         text = PAGES[f"{prog}-{name}.8"]
         status = text.split(".SH EXIT STATUS\n", 1)[1].split("\n.SH", 1)[0]
         assert status.strip() and ".TH " + f"{prog}-{name}".upper() in text, (name, text)
-        epilog = group.commands[name].epilog or ""
+        epilog = sub.epilog or ""
         if epilog.startswith("Exit status:"):
             assert status.strip() == epilog.removeprefix("Exit status:").strip()
 

@@ -103,11 +103,11 @@ def test_the_client_reads_content_length_and_chunked_answers(daemon: FakeDaemon)
     envelope = json.dumps({"ok": True, "result": {"state": "ready"}}).encode()
     for framed in (answer(envelope), answer(envelope, chunked=True)):
         daemon.answer = framed
-        assert ControlClient(daemon.path).call(status, status.Request()) == {"state": "ready"}
+        assert ControlClient(daemon.path).call(status.COMMAND, status.Request()) == {"state": "ready"}
     assert daemon.requests[-1].startswith("GET /v1/status HTTP/1.1\r\n")
     daemon.answer = answer(b"one\ntwo\nthree\n", chunked=True)
     request = logs.Request(lines=5, follow=True, since=12.5, stamps=True)
-    assert list(ControlClient(daemon.path).stream(logs, request)) == ["one", "two", "three"]
+    assert list(ControlClient(daemon.path).stream(logs.COMMAND, request)) == ["one", "two", "three"]
     assert "since=12.5" in daemon.requests[-1] and "stamps=1" in daemon.requests[-1]
 
 
@@ -115,13 +115,13 @@ def test_refusals_and_broken_answers_are_named(daemon: FakeDaemon, tmp_path: Pat
     daemon.answer = answer(json.dumps({"ok": False, "error": "breaker open", "result": {"x": 1}}).encode(),
                            status_line=b"HTTP/1.1 409 Conflict")
     with pytest.raises(ActionRefused, match="breaker open") as refused:
-        ControlClient(daemon.path).call(status, status.Request())
+        ControlClient(daemon.path).call(status.COMMAND, status.Request())
     assert refused.value.result == {"x": 1}
     daemon.answer = b"garbage\r\n\r\n"
     with pytest.raises(DaemonUnreachable, match="not an HTTP answer"):
-        ControlClient(daemon.path).call(status, status.Request())
+        ControlClient(daemon.path).call(status.COMMAND, status.Request())
     with pytest.raises(DaemonUnreachable, match="No such file"):
-        ControlClient(tmp_path / "none.sock").call(status, status.Request())
+        ControlClient(tmp_path / "none.sock").call(status.COMMAND, status.Request())
 
 
 def test_since_takes_durations_and_iso_times() -> None:
