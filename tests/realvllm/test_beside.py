@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 from beside import BUDGET_S
-from childrun import ChildRun
+from childrun import Beside
 
 
 @pytest.mark.timeout(BUDGET_S + 300)  # it waits for the child, which ends itself within BUDGET_S
-def test_the_real_vllm_tier_beside_the_suite(realvllm_beside: ChildRun | None,
+def test_the_real_vllm_tier_beside_the_suite(realvllm_beside: Beside | None,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert realvllm_beside is not None, "the session did not start the real-vLLM tier (tests/conftest.py)"
     status = realvllm_beside.wait()

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
-from private import BUDGET_S, INSIDE, SECONDS, PrivateSoak
+from private import BUDGET_S, INSIDE, SECONDS, SoakOutcome
 from runner import closing_line, footprint_lines, run_soak, write_report
 from schedule import seed_from_env
 
@@ -25,7 +25,7 @@ pytestmark = [
 ]
 
 
-def test_soak(tmp_path: Path, capsys: pytest.CaptureFixture[str], soak_in_background: PrivateSoak | None) -> None:
+def test_soak(tmp_path: Path, capsys: pytest.CaptureFixture[str], soak_in_background: SoakOutcome | None) -> None:
     if not INSIDE:
         assert soak_in_background is not None, "the session did not start the soak (tests/conftest.py)"
         collect(soak_in_background, capsys)
@@ -42,7 +42,7 @@ def test_soak(tmp_path: Path, capsys: pytest.CaptureFixture[str], soak_in_backgr
     assert not report["violations"], f"{closing_line(report)}:\n{listing}"
 
 
-def collect(soak: PrivateSoak, capsys: pytest.CaptureFixture[str]) -> None:
+def collect(soak: SoakOutcome, capsys: pytest.CaptureFixture[str]) -> None:
     """The outcome of the soak the session started: its closing lines shown, its report checked."""
     status = soak.wait()
     output = soak.log.read_text(errors="replace")
