@@ -48,8 +48,11 @@ realvllm: setup
 	$(BIN)/python tests/realvllm/ensure.py
 
 # The whole suite: lint, types, unit and integration tests against a real Docker engine, and the real-vLLM tier.
+# In TEST_WORKERS processes (pytest-xdist), a test file to one worker: the daemon-level tests mostly wait.
+TEST_WORKERS ?= 2
+
 test: setup lint typecheck image realvllm
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 unit: setup
 	$(BIN)/pytest -q tests/unit tests/standin

@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from childrun import is_owner, shared_folder
 from sysfs_tree import SysfsTree
 
 from sparkd.testing import new_event_loop
@@ -122,11 +123,14 @@ def realvllm_beside(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
     if not nodeids:
         yield None
         return
-    tier = _load_realvllm_beside().start(tmp_path_factory.mktemp("realvllm-beside"), nodeids)
+    beside = _load_realvllm_beside()
+    folder = shared_folder(tmp_path_factory, "realvllm-beside")
+    tier = beside.start(folder, nodeids) if is_owner() else None
     try:
-        yield tier
+        yield beside.outcome(folder)
     finally:
-        tier.end()
+        if tier is not None:
+            tier.finish(interrupted=_stopped_early(request.session))
 
 
 @pytest.fixture(autouse=True)
@@ -158,11 +162,43 @@ def soak_in_background(request: pytest.FixtureRequest, tmp_path_factory: pytest.
     if not selected or os.geteuid() != 0 or os.environ.get("SPARKD_SOAK") == "1":
         yield None
         return
-    soak = _load_soak_private().start(tmp_path_factory.mktemp("soak"))
+    private = _load_soak_private()
+    folder = shared_folder(tmp_path_factory, "soak")
+    soak = private.start(folder) if is_owner() else None
     try:
-        yield soak
+        yield private.outcome(folder)
     finally:
-        soak.end()
+        if soak is not None:
+            soak.finish(interrupted=_stopped_early(request.session))
+
+
+_INTERRUPTED: list[bool] = []
+_BESIDE_LINES: list[str] = []
+_BESIDE_COLLECTORS = ("soak/test_soak.py::test_soak", "realvllm/test_beside.py::")
+_BESIDE_PREFIXES = ("soak: ", "realvllm: ", "real-vLLM tier timings")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """The closing lines of the runs beside the suite, from their collectors' output (under pytest-xdist the
+    reports reach the session's own process with the output they captured)."""
+    if report.when == "call" and any(c in report.nodeid for c in _BESIDE_COLLECTORS):
+        _BESIDE_LINES.extend(line for line in report.capstdout.splitlines() if line.startswith(_BESIDE_PREFIXES))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _BESIDE_LINES:
+        terminalreporter.section("beside the suite: the soak and the real-vLLM tier")
+        for line in _BESIDE_LINES:
+            terminalreporter.line(line)
+
+
+def pytest_keyboard_interrupt() -> None:
+    _INTERRUPTED.append(True)
+
+
+def _stopped_early(session: pytest.Session) -> bool:
+    """Interrupted, or stopped at a failure (-x): the children beside it are ended, not waited for."""
+    return bool(_INTERRUPTED or session.shouldstop or session.shouldfail)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from childrun import ChildRun, start_pytest
+from childrun import Beside, ChildRun, start_pytest
 
 INSIDE_ENV = "SPARKD_REALVLLM_BESIDE"
 INSIDE = os.environ.get(INSIDE_ENV) == "1"
@@ -23,6 +23,10 @@ def is_tier_item(nodeid: str) -> bool:
     return "realvllm/" in nodeid and COLLECTOR not in nodeid
 
 
+def outcome(folder: Path) -> Beside:
+    return Beside(folder / "realvllm.log", BUDGET_S)
+
+
 def start(folder: Path, nodeids: list[str]) -> ChildRun:
-    return start_pytest(["--basetemp", str(folder / "inside"), *nodeids], folder / "realvllm.log", BUDGET_S,
+    return start_pytest(["--basetemp", str(folder / "inside"), *nodeids], outcome(folder).log, BUDGET_S,
                         {INSIDE_ENV: "1"})

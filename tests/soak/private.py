@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from childrun import ChildRun, start_pytest
+from childrun import Beside, ChildRun, start_pytest
 from schedule import seconds_from_env
 
 SECONDS = seconds_from_env()
@@ -23,15 +23,18 @@ PRIVATE_SHM = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
 BUDGET_S = SECONDS + 840  # the opening pass over every fault kind, past the deadline, and the cleanup
 
 
-@dataclass
-class PrivateSoak(ChildRun):
-    """One soak running in its own namespace; its output in ``log``, its report in ``report``."""
+@dataclass(frozen=True)
+class SoakOutcome(Beside):
+    """The soak the session runs beside its tests, as any of its processes sees it: log, exit status, report."""
 
     report: Path
 
 
-def start(folder: Path) -> PrivateSoak:
-    report = Path(os.environ.get("SOAK_REPORT") or folder / "soak.json")
-    run = start_pytest([TEST, "--basetemp", str(folder / "inside")], folder / "soak.log", BUDGET_S,
-                       {"SPARKD_SOAK": "1", "SOAK_REPORT": str(report)}, wrapper=tuple(PRIVATE_SHM))
-    return PrivateSoak(run.child, run.log, run.started, run.budget_s, run._out, report)
+def outcome(folder: Path) -> SoakOutcome:
+    return SoakOutcome(folder / "soak.log", BUDGET_S, Path(os.environ.get("SOAK_REPORT") or folder / "soak.json"))
+
+
+def start(folder: Path) -> ChildRun:
+    seen = outcome(folder)
+    return start_pytest([TEST, "--basetemp", str(folder / "inside")], seen.log, BUDGET_S,
+                        {"SPARKD_SOAK": "1", "SOAK_REPORT": str(seen.report)}, wrapper=tuple(PRIVATE_SHM))

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
-from private import BUDGET_S, INSIDE, SECONDS, PrivateSoak
+from private import BUDGET_S, INSIDE, SECONDS, SoakOutcome
 from runner import closing_line, footprint_lines, run_soak, write_report
 from schedule import seed_from_env
 
@@ -25,10 +25,10 @@ pytestmark = [
 ]
 
 
-def test_soak(tmp_path: Path, capsys: pytest.CaptureFixture[str], soak_in_background: PrivateSoak | None) -> None:
+def test_soak(tmp_path: Path, soak_in_background: SoakOutcome | None) -> None:
     if not INSIDE:
         assert soak_in_background is not None, "the session did not start the soak (tests/conftest.py)"
-        collect(soak_in_background, capsys)
+        collect(soak_in_background)
         return
     seed = seed_from_env()
     print(f"\nsoak: seed {seed}, {SECONDS:.0f} s (replay with SOAK_SEED={seed})", flush=True)
@@ -42,13 +42,13 @@ def test_soak(tmp_path: Path, capsys: pytest.CaptureFixture[str], soak_in_backgr
     assert not report["violations"], f"{closing_line(report)}:\n{listing}"
 
 
-def collect(soak: PrivateSoak, capsys: pytest.CaptureFixture[str]) -> None:
-    """The outcome of the soak the session started: its closing lines shown, its report checked."""
+def collect(soak: SoakOutcome) -> None:
+    """The outcome of the soak the session started: its closing lines shown (in the session's summary,
+    tests/conftest.py), its report checked."""
     status = soak.wait()
     output = soak.log.read_text(errors="replace")
     closing = [line for line in output.splitlines() if line.startswith("soak: ")]
-    with capsys.disabled():
-        print("\n" + "\n".join(closing) + f"\nsoak: the run's output in {soak.log}", flush=True)
+    print("\n".join(closing) + f"\nsoak: the run's output in {soak.log}", flush=True)
     assert status is not None, f"the soak did not end within {BUDGET_S:.0f} s:\n{output[-3000:]}"
     assert soak.report.is_file(), f"the soak wrote no report (exit {status}):\n{output[-3000:]}"
     report = json.loads(soak.report.read_text())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,8 @@ def instance_file(tmp_path: Path, events: Events | None = None, clock: float = 1
 
 @pytest.mark.parametrize("content, why", [
     (b"", "not JSON"),
-    (os.urandom(64).replace(b"{", b"x"), "not"),  # random bytes: not UTF-8 or not JSON
+    (random.Random(44).randbytes(64).replace(b"{", b"x"), "not"),  # bytes at random (the same each run: the
+    # workers of a session collect alike): not UTF-8 or not JSON
     (b"[1, 2, 3]", "expected a JSON object, found list"),
     (b'{"runtime": "process"}', "pid: missing"),
     (json.dumps({**GOOD_INSTANCE, "pid": "abc"}).encode(), "pid: 'abc' is not a integer"),
