@@ -21,6 +21,7 @@ from freeport import free_port
 
 from sparkd.launch.rehearsal import REHEARSAL_SKIPS
 from sparkd.runtime.proctree import tree
+from sparkd.state.incidents import list_incidents
 
 __all__ = ["BIN", "MODEL", "STANDIN", "STANDIN_SKIPS", "Sparkd", "alive", "as_user", "base_config", "free_port",
            "kill_tree", "peer_token", "shm_segments", "title_prefix", "tree", "unheld", "unique_prefix"]
@@ -187,10 +188,9 @@ class Sparkd:
         return found
 
     def incidents(self) -> list[dict[str, Any]]:
-        folder = self.state_dir / "incidents"
-        if not folder.is_dir():
-            return []
-        return [{**json.loads((p / "incident.json").read_text()), "path": str(p)} for p in sorted(folder.iterdir())]
+        """The incident records, oldest first, read as sparkctl reads them: a folder still being written (its
+        record not there yet) is left out."""
+        return list(reversed(list_incidents(self.state_dir / "incidents")))
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None
