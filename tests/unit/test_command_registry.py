@@ -5,9 +5,7 @@ key the daemon sends."""
 
 from __future__ import annotations
 
-import socket
 import sys
-import threading
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -16,6 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from fakedaemon import FakeDaemon
 from loop_harness import config, running
 from starlette.routing import Route
 
@@ -73,25 +72,9 @@ def hello(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     sparkctl.main.commands.pop("hello", None)  # built when named
 
 
-class OneAnswer:
-    """A unix-socket daemon that answers every request with one ok envelope, keeping the request lines."""
-
-    def __init__(self, path: Path, body: bytes) -> None:
-        self.path, self.body, self.requests = path, body, []
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(str(path))
-        self.listener.listen()
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with conn:
-                self.requests.append(conn.recv(65536).decode().split("\r\n", 1)[0])
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(self.body), self.body))
+def one_answer(path: Path, body: bytes) -> FakeDaemon:
+    """A daemon answering every request with one ok envelope."""
+    return FakeDaemon(path, b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
 
 
 def test_a_command_in_the_registry_is_served_and_offered_by_sparkctl(hello: None, tmp_path: Path) -> None:
@@ -104,13 +87,13 @@ def test_a_command_in_the_registry_is_served_and_offered_by_sparkctl(hello: None
     assert "hello       Say hello to the daemon." in listing
     assert "--loud         Shout it." in runner.invoke(sparkctl.main, ["hello", "--help"]).output
 
-    daemon = OneAnswer(tmp_path / "d.sock", b'{"ok": true, "result": {"said": "HELLO"}}')
+    daemon = one_answer(tmp_path / "d.sock", b'{"ok": true, "result": {"said": "HELLO"}}')
     try:
         said = runner.invoke(sparkctl.main, ["--socket", str(daemon.path), "hello", "--loud"])
     finally:
         daemon.listener.close()
     assert (said.exit_code, said.output) == (0, "the daemon said HELLO\n")
-    assert daemon.requests == ["POST /v1/hello?loud=1 HTTP/1.1"]
+    assert daemon.request_lines == ["POST /v1/hello?loud=1 HTTP/1.1"]
 
 
 def test_sparkctl_offers_every_registry_command_with_a_cli_and_no_other() -> None:
@@ -167,9 +150,9 @@ async def test_the_status_document_types_every_key_the_daemon_sends(tmp_path: Pa
 ])
 def test_the_subcommands_with_their_own_options_send_their_command(tmp_path: Path, args: list[str], body: bytes,
                                                                    sent: str, printed: str) -> None:
-    daemon = OneAnswer(tmp_path / "d.sock", body)
+    daemon = one_answer(tmp_path / "d.sock", body)
     try:
         result = CliRunner().invoke(sparkctl.main, ["--socket", str(daemon.path), *args])
     finally:
         daemon.listener.close()
-    assert (result.exit_code, result.output, daemon.requests) == (0, printed, [sent])
+    assert (result.exit_code, result.output, daemon.request_lines) == (0, printed, [sent])

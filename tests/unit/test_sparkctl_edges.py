@@ -9,12 +9,12 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import click
 import pytest
+from fakedaemon import FakeDaemon
 
 from sparkd.api.client import ActionRefused, ControlClient, DaemonUnreachable
 from sparkd.cli.ctl import status_args
@@ -60,27 +60,6 @@ def test_socket_order_flag_config_env_demo_default(tmp_path: Path) -> None:
 ])
 def test_only_plain_status_takes_the_fast_path(args: list[str], expected: object) -> None:
     assert status_args(args) == expected
-
-
-class FakeDaemon:
-    """A unix-socket HTTP server answering each connection with ``answer`` (raw bytes), then closing."""
-
-    def __init__(self, path: Path, answer: bytes) -> None:
-        self.path, self.answer, self.requests = path, answer, []
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(str(path))
-        self.listener.listen()
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with conn:
-                self.requests.append(conn.recv(65536).decode())
-                conn.sendall(self.answer)
 
 
 @pytest.fixture
