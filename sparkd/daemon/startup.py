@@ -14,7 +14,6 @@ Each problem is one sentence and an exit status the unit does not restart on (``
 from __future__ import annotations
 
 import os
-import shutil
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from sparkd.config import Config
 from sparkd.config.secretfile import SecretFileProblem, read_secret_file, read_token
 from sparkd.host import exits
 from sparkd.host.trustedpaths import first_unsafe, unsafe
+from sparkd.launch.program import which
 from sparkd.launch.redact import read_secret
 
 UMASK = 0o027
@@ -65,7 +65,7 @@ def launch_program_problem(cfg: Config) -> str | None:
         return None
     key, name = ("[launch] script", cfg.launch.script) if cfg.launch.script else \
         ("[launch] executable", cfg.launch.executable)
-    found = name if "/" in name else shutil.which(name)
+    found = name if "/" in name else which(name)
     if found is None:
         return None
     why = unsafe(found)

@@ -14,12 +14,11 @@ and needs no GPU and no weights. Two things follow, and nothing else in sparkd k
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from sparkd.launch.program import executable, which
 from sparkd.launch.render import LaunchSpec
 
 STANDIN = "sparkd-standin"  # the stand-in's console script
@@ -40,9 +39,9 @@ def standin_executable() -> str:
     """The installed ``sparkd-standin``: next to this interpreter (sparkd's venv), else on PATH, else its bare
     name, which preflight's launch-target check then reports as not on PATH."""
     beside = Path(sys.executable).parent / STANDIN
-    if os.access(beside, os.X_OK):
+    if executable(beside):
         return str(beside)
-    return shutil.which(STANDIN) or STANDIN
+    return which(STANDIN) or STANDIN
 
 
 def rehearsal(spec: LaunchSpec, executable: str | None = None) -> LaunchSpec:

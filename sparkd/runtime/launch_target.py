@@ -8,9 +8,10 @@ failure, caught before a day of exit-127 restarts.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
+
+from sparkd.launch.program import executable, which
 
 # Exit status of CHECK_SCRIPT: 0 runnable, 1 missing, 2 not executable, 3 not on PATH.
 CHECK_SCRIPT = (
@@ -57,10 +58,10 @@ def missing_host_target(argv: tuple[str, ...], env: Mapping[str, str] | None = N
     if "/" in target:
         if not path.exists():
             return f"the launch target {target} does not exist"
-        if path.is_dir() or not os.access(path, os.X_OK):
+        if not executable(path):
             return f"the launch target {target} is not executable"
         return None
     search = (env or {}).get("PATH") or os.environ.get("PATH", "")
-    if shutil.which(target, path=search) is None:
+    if which(target, search) is None:
         return f"the launch target {target} is not on PATH ({search})"
     return None
