@@ -67,8 +67,25 @@ def test_no_bindings_is_a_skip_in_words(monkeypatch: pytest.MonkeyPatch) -> None
         raise ImportError("No module named 'pynvml'")
 
     monkeypatch.setattr(nvml, "_import", missing)
+    monkeypatch.setattr(nvml, "_driver_library_loads", lambda: True)
     view = nvml.NvmlReader().read()
     assert view.skipped == "the NVML bindings are not installed (Python package nvidia-ml-py)"
+
+
+def test_without_the_drivers_library_the_bindings_are_not_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pynvml costs a daemon ~2.7 MiB: a node with no NVIDIA driver does without, and is asked again later."""
+    loads = [False]
+
+    def imported() -> None:
+        raise AssertionError("pynvml imported without a driver")
+
+    monkeypatch.setattr(nvml, "_import", imported)
+    monkeypatch.setattr(nvml, "_driver_library_loads", lambda: loads[0])
+    reader = nvml.NvmlReader()
+    assert reader.read().skipped == nvml.NO_DRIVER
+    loads[0] = True
+    monkeypatch.setattr(nvml, "_import", lambda: FakeNvml([FakeDevice("GPU-a")]))
+    assert reader.read().available  # the driver came: read from then on
 
 
 def test_nvml_is_started_once() -> None:

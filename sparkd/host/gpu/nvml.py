@@ -5,11 +5,14 @@ power on some boards, ECC on consumer cards) is left None without a word; one th
 and named in the device's ``unreadable``. A device whose memory is "not supported" is ``unified`` (GB10). No
 ``pynvml``, no ``libnvidia-ml.so`` or no driver loaded: a view that says why it was skipped, never an exception.
 
-NVML is started once per reader and kept (its start can take a second on a GPU without persistence mode).
+NVML is started once per reader and kept (its start can take a second on a GPU without persistence mode). The
+bindings (~2.7 MiB of a daemon's memory) are imported only once the driver's library loads: a node without an
+NVIDIA driver never pays for them.
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,10 +25,22 @@ __all__ = ["NvmlReader", "read_view"]
 _MILLI = 1000.0
 
 
+LIBRARY = "libnvidia-ml.so.1"  # what pynvml loads on Linux
+NO_DRIVER = "no NVIDIA driver here (libnvidia-ml.so cannot be loaded)"
+
+
 def _import() -> Any:
     import pynvml
 
     return pynvml
+
+
+def _driver_library_loads() -> bool:
+    try:
+        ctypes.CDLL(LIBRARY)
+    except OSError:
+        return False
+    return True
 
 
 def _text(value: Any) -> str:
@@ -41,6 +56,8 @@ class NvmlReader:
 
     def _module(self) -> Any | None:
         if self._nvml is None and self._missing is None:
+            if not _driver_library_loads():
+                return None  # asked again next time: a driver may load
             try:
                 self._nvml = _import()
             except ImportError:
@@ -56,7 +73,7 @@ class NvmlReader:
         except nvml.NVMLError as exc:
             value = getattr(exc, "value", None)
             if value == nvml.NVML_ERROR_LIBRARY_NOT_FOUND:
-                return "no NVIDIA driver here (libnvidia-ml.so cannot be loaded)"
+                return NO_DRIVER
             if value == nvml.NVML_ERROR_DRIVER_NOT_LOADED:
                 return "the NVIDIA driver is not loaded"
             return f"NVML does not start: {exc}"
@@ -69,7 +86,7 @@ class NvmlReader:
         now = self.wall()
         nvml = self._module()
         if nvml is None:
-            return skipped(self._missing or "no NVML", now)
+            return skipped(self._missing or NO_DRIVER, now)
         why = self._start(nvml)
         if why is not None:
             return skipped(why, now)
