@@ -19,7 +19,7 @@ import anyio
 
 from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable, claim
-from sparkd.cluster.ranks import Member, group_problems
+from sparkd.cluster.ranks import Member, group_problems, group_role
 from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
 from sparkd.commands import reload as reload_command
 from sparkd.commands.base import NoParams
@@ -33,13 +33,6 @@ from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.states import RUNNING, State
 
 START_POLL_S = 0.2
-
-
-def group_role(cfg: Config) -> Role | None:
-    """head or worker when this node is one rank of a multi-node group with peers; else None."""
-    if not cfg.cluster.peers or cfg.nnodes <= 1 or cfg.node.role is Role.single:
-        return None
-    return cfg.node.role
 
 
 def clock_offset(peer_wall: Any, sent: float, answered: float) -> float | None:

@@ -15,6 +15,15 @@ from collections import Counter
 from dataclasses import dataclass
 
 from sparkd.commands.statusdoc import Status
+from sparkd.config import Config, Role
+
+
+def group_role(cfg: Config) -> Role | None:
+    """head or worker when this node is one rank of a multi-node group with peers; else None (a single node,
+    whose daemon never imports the group's machinery: :mod:`sparkd.cluster.coordinator` and the group checks)."""
+    if not cfg.cluster.peers or cfg.nnodes <= 1 or cfg.node.role is Role.single:
+        return None
+    return cfg.node.role
 
 
 @dataclass(frozen=True)

@@ -12,15 +12,14 @@ import gc
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
 
 from sparkd.api.bounded import harden_process
 from sparkd.cluster.addresses import PeerAddresses
-from sparkd.cluster.coordinator import Coordinator, group_role
-from sparkd.cluster.peers import PeerClient
+from sparkd.cluster.ranks import group_role
 from sparkd.commands.statusdoc import Checks, Extras
 from sparkd.config import Config, Role
 from sparkd.daemon import remembered
@@ -67,6 +66,9 @@ from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.policy import RestartPolicy
 from sparkd.supervisor.progress import Startup
 from sparkd.supervisor.states import Limits, Machine, State, restore
+
+if TYPE_CHECKING:
+    from sparkd.cluster.coordinator import Coordinator
 
 SHM_NOTE_S = 60.0
 
@@ -182,6 +184,9 @@ class Daemon:
     def _group(self) -> Coordinator | None:
         if group_role(self.cfg) is None:
             return None
+        from sparkd.cluster.coordinator import Coordinator  # a group's only: a single node never loads it
+        from sparkd.cluster.peers import PeerClient
+
         return Coordinator(self.cfg, PeerClient(self.cfg, self.token), post=self.sup.post, state=self.sup.state,
                            image=self.facts.image_json, clock=self.clock, log=self.log, addresses=self.peer_addresses)
 

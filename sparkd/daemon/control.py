@@ -7,11 +7,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from sparkd.cluster.coordinator import Coordinator
 from sparkd.commands.port import Checks
 from sparkd.commands.statusdoc import Status
 from sparkd.config import Role
@@ -24,6 +23,9 @@ from sparkd.daemon.view import StatusView
 from sparkd.preflight.runner import PreflightReport
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State, refusal
+
+if TYPE_CHECKING:
+    from sparkd.cluster.coordinator import Coordinator
 
 FOLLOW_BUFFER = 10_000  # lines a slow `sparkctl logs -f` may fall behind before it misses some
 

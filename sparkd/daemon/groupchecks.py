@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from sparkd.cluster.bandwidth import Bandwidth, serve
-from sparkd.cluster.fabric_check import FabricCheck
-from sparkd.cluster.fabric_probe import answer, local_end
-from sparkd.cluster.peers import PeerClient
-from sparkd.cluster.weights import Parity
 from sparkd.commands.statusdoc import Checks
 from sparkd.config import Config, Role
 from sparkd.launch.render import effective_env
 from sparkd.preflight.weights_local import LocalWeights
 from sparkd.runtime.base import ExecResult, ImageIdentity, Runtime
 from sparkd.supervisor.failures import Failure
+
+if TYPE_CHECKING:
+    from sparkd.cluster.fabric_check import FabricCheck
+    from sparkd.cluster.peers import PeerClient
+    from sparkd.cluster.weights import Parity
 
 
 class GroupChecks:
@@ -36,8 +36,13 @@ class GroupChecks:
         self.sys_root = sys_root
         self.local = LocalWeights(cfg, log=log, spawn=spawn)
         self.head = client is not None and cfg.node.role is Role.head
-        self.fabric_check = self.parity = None
-        if client is not None and self.head:
+        self.fabric_check: FabricCheck | None = None
+        self.parity: Parity | None = None
+        if client is not None and self.head:  # the group's proofs: a single node never loads them
+            from sparkd.cluster.bandwidth import Bandwidth
+            from sparkd.cluster.fabric_check import FabricCheck
+            from sparkd.cluster.weights import Parity
+
             bandwidth = Bandwidth(cfg, client, self._exec, log)
             self.fabric_check = FabricCheck(cfg, client, env=self.env, log=log, sys_root=sys_root,
                                             bandwidth=bandwidth)
@@ -67,10 +72,15 @@ class GroupChecks:
     # ---- what the head asks of a worker (sparkd.commands.groupcheck)
     async def fabric_answer(self, address: str | None, size: int, master: tuple[str, int] | None,
                             timeout_s: float) -> dict[str, Any]:
+        from sparkd.cluster.fabric_probe import answer
+
         return await answer(self.cfg, self.sys_root, self.env(), address=address, size=size, master=master,
                             timeout_s=timeout_s)
 
     async def bandwidth_server(self, seconds: int, port: int) -> dict[str, Any]:
+        from sparkd.cluster.bandwidth import serve
+        from sparkd.cluster.fabric_probe import local_end
+
         end = await anyio.to_thread.run_sync(local_end, self.cfg, self.sys_root, self.env())
         gid = end.gid
         return await serve(self._exec, seconds, port, gid.port if gid else None, gid.index if gid else None)

@@ -16,12 +16,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import psutil
 
-from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Config, Role
 from sparkd.daemon.facts import ContainerFacts
 from sparkd.daemon.nodeevidence import NodeEvidence
@@ -44,6 +43,9 @@ from sparkd.supervisor.failures import Failure
 from sparkd.supervisor.launchfailure import host_refused, launch_refused
 from sparkd.supervisor.progress import Startup
 from sparkd.supervisor.states import Machine, State
+
+if TYPE_CHECKING:
+    from sparkd.cluster.coordinator import Coordinator
 
 
 class Launcher:

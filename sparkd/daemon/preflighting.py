@@ -6,11 +6,10 @@ fabric and weights proofs), then the workers' start. Every step is timed into th
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from sparkd.cluster.coordinator import Coordinator
 from sparkd.config import Role
 from sparkd.daemon.evidence import FailureEvidence
 from sparkd.daemon.facts import ContainerFacts
@@ -24,6 +23,9 @@ from sparkd.host.clock import Clock
 from sparkd.preflight.base import Check
 from sparkd.preflight.runner import PreflightReport, run_preflight
 from sparkd.supervisor.failures import Failure
+
+if TYPE_CHECKING:
+    from sparkd.cluster.coordinator import Coordinator
 
 Gate = Callable[[], Awaitable[Failure | None]]
 

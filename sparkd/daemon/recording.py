@@ -19,13 +19,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from sparkd import __version__
-from sparkd.cluster.coordinator import Coordinator
-from sparkd.cluster.peers import PeerRefused, PeerUnreachable
 from sparkd.commands import recorder
 from sparkd.config import Config, Role
 from sparkd.daemon.current import CurrentConfig
@@ -41,6 +39,9 @@ from sparkd.recorder.watchdog import Watchdog, WatchdogError
 from sparkd.recorder.writer import RingWriter
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import Machine, State
+
+if TYPE_CHECKING:
+    from sparkd.cluster.coordinator import Coordinator
 
 __all__ = ["DaemonRecorder", "GpuReading", "flight_records", "own_records", "read_boot_id", "ring_path"]
 
@@ -324,6 +325,7 @@ async def flight_records(cfg: Config, group: Coordinator | None, *, since: float
     own = await anyio.to_thread.run_sync(own_records, cfg, since, until)
     nodes: list[dict[str, Any]] = [own]
     if group is not None:
+        from sparkd.cluster.peers import PeerRefused, PeerUnreachable
 
         async def one(peer: str) -> None:
             known = (group.views[peer].status or {}).get("node") if peer in group.views else None

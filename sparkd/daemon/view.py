@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import os
 from collections import Counter, deque
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sparkd import __version__
-from sparkd.cluster.coordinator import Coordinator
 from sparkd.cluster.shared import shared_settings
 from sparkd.commands.statusdoc import Checks, Extras, Status
 from sparkd.config import Config
@@ -24,6 +23,9 @@ from sparkd.host.clock import Clock, wall_of
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.progress import Phase, Startup
 from sparkd.supervisor.states import SERVING, Machine, State
+
+if TYPE_CHECKING:
+    from sparkd.cluster.coordinator import Coordinator
 
 HISTORY = 50
 

@@ -1,0 +1,64 @@
+"""A daemon imports only what it uses (issue 26): a single node's, running and ready, has loaded none of the
+group's machinery (the coordinator, the peer client, the fabric and weights proofs), no Docker SDK (a process
+runtime), nothing of sparkctl's (httpx, rich) and, with no NVIDIA driver, no NVML bindings. A head's daemon loads
+the group's. Each runs in a fresh interpreter: this one has imported everything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from sparkd.host.gpu import nvml
+
+HERE = Path(__file__).resolve().parent
+GROUP = ("sparkd.cluster.coordinator", "sparkd.cluster.peers", "sparkd.cluster.fabric_check",
+         "sparkd.cluster.fabric_probe", "sparkd.cluster.bandwidth", "sparkd.cluster.weights")
+NEVER = ("docker", "httpx", "rich", "sparkd.cli.sparkctl", "sparkd.api.client")
+
+# The daemon as `sparkd run` builds it (rich kept out first, as run does), over the loop harness's fakes, until
+# its vLLM is ready; then the modules it holds.
+SCRIPT = """
+import json, sys
+sys.modules.setdefault("rich", None)
+import anyio
+from pathlib import Path
+import loop_harness
+from sparkd.testing import FakeClock, FakeRuntime
+
+async def main(role, tmp):
+    extra = {} if role == "single" else {"node": {"role": "head"}, "cluster": {
+        "master_addr": "127.0.0.1", "nnodes": 2, "peers": ["127.0.0.1:1"]}}
+    cfg = loop_harness.config(Path(tmp), **extra)
+    clock = FakeClock()
+    async with loop_harness.running(cfg, FakeRuntime(), clock) as node:
+        if role == "single":
+            await node.until_state("ready")
+        print("MODULES", json.dumps(sorted(name for name, module in sys.modules.items() if module is not None)))
+
+from sparkd.testing import new_event_loop
+anyio.run(main, *sys.argv[1:], backend_options={"loop_factory": new_event_loop})
+"""
+
+
+def loaded(role: str, tmp: Path) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", SCRIPT, role, str(tmp)], capture_output=True, text=True,
+                         timeout=120, cwd=HERE, env={"PYTHONPATH": str(HERE), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(line for line in out.stdout.splitlines() if line.startswith("MODULES "))
+    return set(json.loads(line.removeprefix("MODULES ")))
+
+
+def test_a_single_nodes_daemon_loads_nothing_of_the_group_docker_or_sparkctl(tmp_path: Path) -> None:
+    modules = loaded("single", tmp_path)
+    assert "sparkd.daemon.app" in modules and "sparkd.cluster.ranks" in modules
+    assert not modules & {*GROUP, *NEVER}, sorted(modules & {*GROUP, *NEVER})
+    if not nvml._driver_library_loads():
+        assert "pynvml" not in modules
+
+
+def test_a_heads_daemon_loads_the_groups_machinery(tmp_path: Path) -> None:
+    modules = loaded("head", tmp_path)
+    assert set(GROUP) - {"sparkd.cluster.fabric_probe"} <= modules  # the probe answers a head's request: a worker's
+    assert not modules & set(NEVER)
