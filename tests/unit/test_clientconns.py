@@ -1,10 +1,16 @@
-"""Clients waiting on vLLM's API port, counted from /proc/net/tcp{,6}: established connections to the port only."""
+"""Clients waiting on vLLM's API port: established connections to the port only, asked of the kernel (sock_diag) or,
+where it cannot be asked, read from /proc/net/tcp{,6}."""
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
+from sparkd.daemon import clientconns
 from sparkd.daemon.clientconns import open_clients
 
 HEAD = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
@@ -27,13 +33,42 @@ def test_unreadable_tables_are_unknown_not_zero(tmp_path: Path) -> None:
     assert open_clients(18801, proc_root=tmp_path) is None
 
 
-def test_a_real_connection_on_this_host_is_counted() -> None:
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
+@contextmanager
+def clients(n: int, family: socket.AddressFamily = socket.AF_INET) -> Iterator[int]:
+    """A listener on loopback with ``n`` clients connected and accepted; its port."""
+    host = "::1" if family == socket.AF_INET6 else "127.0.0.1"
+    with socket.socket(family) as server:
+        server.bind((host, 0))
         server.listen()
         port = server.getsockname()[1]
-        before = open_clients(port)
-        with socket.create_connection(("127.0.0.1", port)):
-            conn, _ = server.accept()
-            with conn:
-                assert open_clients(port) == (before or 0) + 1
+        ends = [socket.create_connection((host, port)) for _ in range(n)]
+        accepted = [server.accept()[0] for _ in range(n)]
+        try:
+            yield port
+        finally:
+            for s in ends + accepted:
+                s.close()
+
+
+def test_real_connections_on_this_host_are_counted_by_the_kernels_dump(monkeypatch: pytest.MonkeyPatch) -> None:
+    with clients(3) as port:
+        table = clientconns._table_count(port, Path("/proc"))
+        monkeypatch.setattr(clientconns, "_table_count", lambda *_: pytest.fail("read /proc/net/tcp"))
+        assert open_clients(port) == 3 == table  # the server's three ends; the clients' own (dport) are not
+
+
+def test_ipv6_clients_are_counted_too() -> None:
+    try:
+        with clients(2, socket.AF_INET6) as port:
+            assert open_clients(port) == 2
+    except OSError as exc:  # a host without IPv6 on loopback
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+
+
+def test_where_the_kernel_cannot_be_asked_the_tables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(port: int, family: int) -> int:
+        raise OSError("no inet_diag")
+
+    monkeypatch.setattr(clientconns, "_diag_count", refused)
+    with clients(2) as port:
+        assert open_clients(port) == 2
