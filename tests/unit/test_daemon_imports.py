@@ -25,7 +25,7 @@ sys.modules.setdefault("rich", None)
 import anyio
 from pathlib import Path
 import loop_harness
-from sparkd.testing import FakeClock, FakeRuntime
+from sparkd.testing import FakeClock, FakeRuntime, new_event_loop
 
 async def main(role, tmp):
     extra = {} if role == "single" else {"node": {"role": "head"}, "cluster": {
@@ -37,7 +37,6 @@ async def main(role, tmp):
             await node.until_state("ready")
         print("MODULES", json.dumps(sorted(name for name, module in sys.modules.items() if module is not None)))
 
-from sparkd.testing import new_event_loop
 anyio.run(main, *sys.argv[1:], backend_options={"loop_factory": new_event_loop})
 """
 
