@@ -64,15 +64,25 @@ def _diag_count(port: int, family: int) -> int:
             data = sock.recv(65536)
             if not data:
                 raise OSError("the sock_diag dump ended without NLMSG_DONE")
-            offset = 0
-            while offset + _HEADER.size <= len(data):
-                length, kind, _, _, _ = _HEADER.unpack_from(data, offset)
-                if kind == _NLMSG_DONE:
-                    return count
-                if kind == _NLMSG_ERROR:
-                    raise OSError(-struct.unpack_from("=i", data, offset + _HEADER.size)[0], "sock_diag refused")
-                count += 1
-                offset += max((length + 3) & ~3, _HEADER.size)
+            messages, done = count_messages(data)
+            count += messages
+            if done:
+                return count
+
+
+def count_messages(data: bytes) -> tuple[int, bool]:
+    """The sockets in one read of a sock_diag dump, and whether the dump is done (NLMSG_DONE); OSError for an
+    NLMSG_ERROR, with its errno."""
+    count, offset = 0, 0
+    while offset + _HEADER.size <= len(data):
+        length, kind, _, _, _ = _HEADER.unpack_from(data, offset)
+        if kind == _NLMSG_DONE:
+            return count, True
+        if kind == _NLMSG_ERROR:
+            raise OSError(-struct.unpack_from("=i", data, offset + _HEADER.size)[0], "sock_diag refused")
+        count += 1
+        offset += max((length + 3) & ~3, _HEADER.size)
+    return count, False
 
 
 def _table_count(port: int, proc_root: Path) -> int | None:

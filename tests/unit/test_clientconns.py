@@ -4,6 +4,7 @@ where it cannot be asked, read from /proc/net/tcp{,6}."""
 from __future__ import annotations
 
 import socket
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,3 +73,30 @@ def test_where_the_kernel_cannot_be_asked_the_tables_are_read(monkeypatch: pytes
     monkeypatch.setattr(clientconns, "_diag_count", refused)
     with clients(2) as port:
         assert open_clients(port) == 2
+
+
+def message(kind: int, payload: bytes = b"") -> bytes:
+    """One netlink message of ``kind``, padded to 4 bytes as the kernel sends it."""
+    raw = struct.pack("=IHHII", 16 + len(payload), kind, 0, 1, 0) + payload
+    return raw + bytes(-len(raw) % 4)
+
+
+SOCKET = message(20, bytes(72))  # an inet_diag_msg: counted, whatever it holds
+DONE = message(3, struct.pack("=i", 0))
+
+
+@pytest.mark.parametrize(("data", "counted"), [
+    (SOCKET + SOCKET + DONE, (2, True)),
+    (SOCKET * 3, (3, False)),          # more reads follow
+    (DONE, (0, True)),
+    (SOCKET + message(20, bytes(5)) + DONE, (2, True)),  # an odd length is padded
+    (SOCKET + b"\x00" * 7, (1, False)),                  # a torn header is not a socket
+])
+def test_a_dumps_reads_are_counted(data: bytes, counted: tuple[int, bool]) -> None:
+    assert clientconns.count_messages(data) == counted
+
+
+def test_a_refused_dump_is_an_error_with_its_errno() -> None:
+    with pytest.raises(OSError) as refused:
+        clientconns.count_messages(message(2, struct.pack("=i", -22)))
+    assert refused.value.errno == 22

@@ -6,7 +6,7 @@ and named in the device's ``unreadable``. A device whose memory is "not supporte
 ``pynvml``, no ``libnvidia-ml.so`` or no driver loaded: a view that says why it was skipped, never an exception.
 
 NVML is started once per reader and kept (its start can take a second on a GPU without persistence mode). The
-bindings (~2.7 MiB of a daemon's memory) are imported only once the driver's library loads: a node without an
+bindings (~1.9 MiB of a daemon's memory at rest) are imported only once the driver's library loads: a node without an
 NVIDIA driver never pays for them.
 """
 
