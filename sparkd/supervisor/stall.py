@@ -126,10 +126,11 @@ def _work(c: StallClock, running: int, waiting: int, now: float) -> StallClock:
 def on_metrics(c: StallClock, metrics: VllmMetrics, now: float) -> StallClock:
     marks: _Marks = (metrics.generation_tokens_total, metrics.prompt_tokens_total, metrics.kv_cache_usage_perc,
                      metrics.num_requests_running, metrics.num_requests_waiting)
+    # The first scrape is a baseline, no step: dated at it, it would answer a canary sent just before.
     moved = c.marks is not None and _stepped(c.marks, marks)
     previous = c.metrics_at
     c = replace(c, marks=marks, metrics_at=now, metrics_off=False)
-    if moved or c.progress_at is None:
+    if moved:
         c = _progress(c, now, previous)
     return _work(c, int(metrics.num_requests_running), int(metrics.num_requests_waiting or 0), now)
 

@@ -164,6 +164,12 @@ HISTORIES: dict[str, list[Step]] = {
     "idle engine: a step a scrape sees just after the canary was sent may predate it, so it answers nothing": [
         *READY, M(0, 100, 0), M(0, 100, 15), M(0, 102, 20.5), C(TIMEOUT, 50, HANG),
     ],
+    "idle engine: the first scrape is a baseline, no step, even when it comes after the canary was sent": [
+        *READY, M(0, 100, 15), C(TIMEOUT, 40, HANG),
+    ],
+    "idle engine: the first scrape sees the canary running, then its abort; no step since it was sent": [
+        *READY, M(1, 100, 15, prompt=501), C(TIMEOUT, 40, "degraded"), M(0, 100, 45, HANG, prompt=501),
+    ],
     "idle engine, canary unanswered, but no scrape after it was sent: not judged yet": [
         *READY, M(0, 100, 0), C(TIMEOUT, 40, "degraded"), M(0, 100, 45, HANG),
     ],
