@@ -8,9 +8,10 @@ lets only a request it knows is waiting prove a wedge. Rules:
 
 1. Progress is any of: generated tokens counted, the prompt-token counter or KV cache usage moving while the
    number of requests stays the same (a prefill chunk), a throughput line with tokens moving, a canary answer, a
-   JIT-compile line (the worker is alive, compiling). Each sets ``progress_at``. A move that
-   only shows requests arriving or leaving — more or fewer of them, their prompt and KV counted or released, no
-   token — proves no step: a server that publishes admissions and aborts at once shows exactly that while wedged.
+   JIT-compile line (the worker is alive, compiling). Each sets ``progress_at``. The first scrape is a baseline,
+   no progress. A move that only shows requests arriving or leaving — more or fewer of them, their prompt and KV
+   counted or released, no token — proves no step: a server that publishes admissions and aborts at once shows
+   exactly that while wedged.
 2. Work is pending when the gauges (or the latest throughput line) count requests running or waiting, or a
    canary timed out and has not been answered since: ``waiting_since`` is the earlier of when the gauges first
    showed work and when that canary was sent.
@@ -126,7 +127,7 @@ def _work(c: StallClock, running: int, waiting: int, now: float) -> StallClock:
 def on_metrics(c: StallClock, metrics: VllmMetrics, now: float) -> StallClock:
     marks: _Marks = (metrics.generation_tokens_total, metrics.prompt_tokens_total, metrics.kv_cache_usage_perc,
                      metrics.num_requests_running, metrics.num_requests_waiting)
-    # The first scrape is a baseline, no step: dated at it, it would answer a canary sent just before.
+    # Rule 1's baseline: dated at the first scrape, a step would answer a canary sent just before it.
     moved = c.marks is not None and _stepped(c.marks, marks)
     previous = c.metrics_at
     c = replace(c, marks=marks, metrics_at=now, metrics_off=False)
