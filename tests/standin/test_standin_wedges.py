@@ -109,6 +109,7 @@ def test_rpc_timeout_and_warning_interval_come_from_vllms_variables(launch: Stan
     serving(standin, port)
     response = http("127.0.0.1", port, 30).post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
     assert response.status_code == 500
+    standin.wait_for(re.escape(TIMED_OUT), timeout=20)  # the EngineCore's line may reach the pipe after the answer
     text = standin.text()
     assert text.index(NO_BLOCK + "1 seconds. This typically happens") < text.index(TIMED_OUT)
     assert standin.wait_exit(20) == 0

@@ -19,6 +19,7 @@ from sparkd.host.plainhttp import Client
 
 SLOW_S = 10.0  # how long a "hanging" reply waits (released at teardown)
 TIMEOUT_S = 0.3  # probe timeout against a hanging reply
+ANSWER_S = 10.0  # probe timeout where the stub answers: on a loaded machine its answer may take over TIMEOUT_S
 
 ENGINE_DEAD_JSON = json.dumps(
     {
@@ -100,6 +101,11 @@ class Reply:
     content_type: str = "application/json"
     delay_s: float = 0.0  # wait this long (or until teardown) before answering
     raw: bytes | None = None  # write these bytes instead of an HTTP response, then close the connection
+
+
+def deadline(reply: Reply) -> float:
+    """The probe's timeout for a table case: short where the reply hangs, generous where it answers."""
+    return TIMEOUT_S if reply.delay_s else ANSWER_S
 
 
 @dataclass
@@ -215,7 +221,7 @@ HEALTH_CASES = {
 async def test_health(case: str, stub: Stub, client: Client) -> None:
     reply, outcome, detail = HEALTH_CASES[case]
     stub.routes["GET", "/health"] = reply
-    result = await probes.probe_health(client, stub.url, TIMEOUT_S)
+    result = await probes.probe_health(client, stub.url, deadline(reply))
     assert result.outcome is outcome
     assert result.detail.startswith(detail)
     assert result.latency_s >= 0
@@ -233,7 +239,7 @@ async def test_health_timeout_takes_about_the_timeout(stub: Stub, client: Client
 
 @pytest.mark.anyio
 async def test_health_refused(refused_url: str, client: Client) -> None:
-    result = await probes.probe_health(client, refused_url, TIMEOUT_S)
+    result = await probes.probe_health(client, refused_url, ANSWER_S)
     assert result.outcome is ProbeOutcome.refused
     assert result.detail == "connection refused"
 
@@ -249,7 +255,7 @@ async def test_health_ignores_proxies_from_the_environment(
     monkeypatch.delenv("no_proxy", raising=False)
     stub.routes["GET", "/health"] = Reply(200)
     async with probes.make_client() as client:
-        result = await probes.probe_health(client, stub.url, TIMEOUT_S)
+        result = await probes.probe_health(client, stub.url, ANSWER_S)
     assert result.outcome is ProbeOutcome.ok
 
 
@@ -265,7 +271,7 @@ async def test_health_over_ipv6_loopback(client: Client) -> None:
     try:
         stub6.routes["GET", "/health"] = Reply(200)
         assert stub6.url.startswith("http://[::1]:")
-        assert (await probes.probe_health(client, stub6.url, TIMEOUT_S)).outcome is ProbeOutcome.ok
+        assert (await probes.probe_health(client, stub6.url, ANSWER_S)).outcome is ProbeOutcome.ok
     finally:
         gen.close()
 
@@ -332,7 +338,7 @@ CANARY_CASES = {
 async def test_canary(case: str, stub: Stub, client: Client) -> None:
     reply, outcome, detail = CANARY_CASES[case]
     stub.routes["POST", "/v1/completions"] = reply
-    result = await probes.probe_canary(client, stub.url, "my-model", TIMEOUT_S)
+    result = await probes.probe_canary(client, stub.url, "my-model", deadline(reply))
     assert result.outcome is outcome
     assert result.detail.startswith(detail)
 
@@ -341,8 +347,8 @@ async def test_canary(case: str, stub: Stub, client: Client) -> None:
 async def test_canary_request(stub: Stub, client: Client) -> None:
     """One greedy token of "ping" for the served name, as JSON; a bearer token only when given."""
     stub.routes["POST", "/v1/completions"] = Reply(200, COMPLETION_JSON)
-    await probes.probe_canary(client, stub.url, "my-model", TIMEOUT_S)
-    await probes.probe_canary(client, stub.url, "my-model", TIMEOUT_S, api_key="s3cret")
+    await probes.probe_canary(client, stub.url, "my-model", ANSWER_S)
+    await probes.probe_canary(client, stub.url, "my-model", ANSWER_S, api_key="s3cret")
     first, second = stub.seen
     assert (first.method, first.path) == ("POST", "/v1/completions")
     assert json.loads(first.body) == {"model": "my-model", "prompt": "ping", "max_tokens": 1, "temperature": 0}
@@ -353,7 +359,7 @@ async def test_canary_request(stub: Stub, client: Client) -> None:
 
 @pytest.mark.anyio
 async def test_canary_refused(refused_url: str, client: Client) -> None:
-    result = await probes.probe_canary(client, refused_url, "my-model", TIMEOUT_S)
+    result = await probes.probe_canary(client, refused_url, "my-model", ANSWER_S)
     assert result.outcome is ProbeOutcome.refused
 
 
@@ -373,7 +379,7 @@ EXPECTED = VllmMetrics(
 async def test_scrape_metrics(stub: Stub, client: Client) -> None:
     """Summed over engines (label values with spaces, braces and quotes), the KV usage at its highest."""
     stub.routes["GET", "/metrics"] = Reply(200, METRICS_TEXT.encode(), "text/plain; version=0.0.4")
-    assert await probes.scrape_vllm_metrics(client, stub.url, TIMEOUT_S) == EXPECTED
+    assert await probes.scrape_vllm_metrics(client, stub.url, ANSWER_S) == EXPECTED
 
 
 SCRAPE_FAILURES = {
@@ -388,12 +394,12 @@ SCRAPE_FAILURES = {
 @pytest.mark.parametrize("case", list(SCRAPE_FAILURES))
 async def test_scrape_failure_is_none(case: str, stub: Stub, client: Client) -> None:
     stub.routes["GET", "/metrics"] = SCRAPE_FAILURES[case]
-    assert await probes.scrape_vllm_metrics(client, stub.url, TIMEOUT_S) is None
+    assert await probes.scrape_vllm_metrics(client, stub.url, deadline(SCRAPE_FAILURES[case])) is None
 
 
 @pytest.mark.anyio
 async def test_scrape_refused_is_none(refused_url: str, client: Client) -> None:
-    assert await probes.scrape_vllm_metrics(client, refused_url, TIMEOUT_S) is None
+    assert await probes.scrape_vllm_metrics(client, refused_url, ANSWER_S) is None
 
 
 def test_parse_agrees_with_prometheus_client() -> None:
@@ -451,11 +457,11 @@ async def test_scrape_tells_metrics_off_from_a_failure(stub: Stub, client: Clien
     tracker reports; a failed scrape stays None."""
     stub.routes["GET", "/metrics"] = Reply(200, b"# HELP python_info x\npython_info 1.0\nhttp_requests_total 3\n",
                                            "text/plain")
-    assert await probes.scrape_metrics(client, stub.url, TIMEOUT_S) == probes.MetricsOff()
+    assert await probes.scrape_metrics(client, stub.url, ANSWER_S) == probes.MetricsOff()
     stub.routes["GET", "/metrics"] = Reply(200, METRICS_TEXT.encode(), "text/plain; version=0.0.4")
-    assert await probes.scrape_metrics(client, stub.url, TIMEOUT_S) == EXPECTED
+    assert await probes.scrape_metrics(client, stub.url, ANSWER_S) == EXPECTED
     stub.routes["GET", "/metrics"] = Reply(500, b"oops")
-    assert await probes.scrape_metrics(client, stub.url, TIMEOUT_S) is None
+    assert await probes.scrape_metrics(client, stub.url, ANSWER_S) is None
 
 
 def test_a_page_with_vllm_families_but_not_the_needed_ones_is_no_metrics_off() -> None:
@@ -468,8 +474,8 @@ async def test_every_probe_is_marked_as_sparkds(stub: Stub, client: Client) -> N
     stub.routes["GET", "/health"] = Reply(200)
     stub.routes["GET", "/metrics"] = Reply(200, b"vllm:num_requests_running 0\nvllm:generation_tokens_total 1\n")
     stub.routes["POST", "/v1/completions"] = Reply(200, b'{"choices": [{"text": "x"}]}')
-    await probes.probe_health(client, stub.url, TIMEOUT_S)
-    await probes.scrape_metrics(client, stub.url, TIMEOUT_S)
-    await probes.probe_canary(client, stub.url, "m", TIMEOUT_S)
+    await probes.probe_health(client, stub.url, ANSWER_S)
+    await probes.scrape_metrics(client, stub.url, ANSWER_S)
+    await probes.probe_canary(client, stub.url, "m", ANSWER_S)
     assert [(s.path, s.query) for s in stub.seen] == [
         ("/health", "probe=sparkd"), ("/metrics", "probe=sparkd"), ("/v1/completions", "probe=sparkd")]
