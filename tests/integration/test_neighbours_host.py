@@ -74,7 +74,7 @@ def standin_argv(port: int, *, master_port: int | None = None) -> list[str]:
 def health(port: int) -> bool:
     import http.client
 
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=0.5)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)  # one slow answer under load is no dead neighbour
     try:
         conn.request("GET", "/health")
         return conn.getresponse().status == 200
