@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import importlib.util
 import io
+import itertools
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -179,19 +181,50 @@ def python_mounts(repo_root: Path = REPO_ROOT) -> dict[str, dict[str, str]]:
 # A booted container
 
 
+# In the container; not a tmpfs (docker cp cannot read those), and a name that ps filters for "sparkd" pass over.
+EXEC_OUT_DIR = "/var/tmp/node-sh"
+
+
 class Node:
     """A container running systemd as PID 1, driven with shell commands."""
 
     def __init__(self, container: Any) -> None:
         self.container = container
+        self._calls = itertools.count()
+        self._lock = threading.Lock()
+        self._read: list[str] = []  # output files read back, removed by the next command
 
     def sh(self, script: str, *, check: bool = True, timeout: float = 300) -> tuple[int, str]:
-        """Run ``script`` under bash in the container; returns (exit code, stdout+stderr)."""
-        result = self.container.exec_run(["timeout", str(int(timeout)), "bash", "-c", script], demux=False)
-        out = (result.output or b"").decode(errors="replace")
+        """Run ``script`` under bash in the container; returns (exit code, stdout+stderr).
+
+        The output goes to a file in the container, read back as an archive: Docker loses an exec's output now and
+        then when the command ends before its stream is attached (moby/moby#27289, docker/docker-py#2042), which
+        the suite met under load as an empty answer with exit code 0."""
+        with self._lock:
+            path, done, self._read = f"{EXEC_OUT_DIR}/{next(self._calls)}", self._read, []
+        prefix = f"rm -f {' '.join(done)}; " if done else ""
+        wrapped = f"{prefix}mkdir -p {EXEC_OUT_DIR} && exec >{path} 2>&1\n{script}"
+        result = self.container.exec_run(["timeout", str(int(timeout)), "bash", "-c", wrapped], demux=False)
+        out = self._output(path, result.output or b"")
         if check and result.exit_code != 0:
             raise AssertionError(f"`{script}` exited {result.exit_code}:\n{out}")
         return result.exit_code, out
+
+    def _output(self, path: str, streamed: bytes) -> str:
+        """The output file's text; what the stream carried where there is no file (the script removed it, or the
+        container stopped)."""
+        try:
+            chunks, _ = self.container.get_archive(path)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+                member = tar.next()
+                data = tar.extractfile(member).read() if member is not None else None  # type: ignore[union-attr]
+        except Exception:  # docker.errors.NotFound or APIError: no file to read
+            data = None
+        if data is None:
+            return streamed.decode(errors="replace")
+        with self._lock:
+            self._read.append(path)
+        return data.decode(errors="replace")
 
     def out(self, script: str, **kwargs: Any) -> str:
         return self.sh(script, **kwargs)[1].strip()
