@@ -127,11 +127,10 @@ def _work(c: StallClock, running: int, waiting: int, now: float) -> StallClock:
 def on_metrics(c: StallClock, metrics: VllmMetrics, now: float) -> StallClock:
     marks: _Marks = (metrics.generation_tokens_total, metrics.prompt_tokens_total, metrics.kv_cache_usage_perc,
                      metrics.num_requests_running, metrics.num_requests_waiting)
-    # Rule 1's baseline: dated at the first scrape, a step would answer a canary sent just before it.
     moved = c.marks is not None and _stepped(c.marks, marks)
     previous = c.metrics_at
     c = replace(c, marks=marks, metrics_at=now, metrics_off=False)
-    if moved:
+    if moved:  # never the first scrape (rule 1): dated at it, a step would answer a canary sent just before it
         c = _progress(c, now, previous)
     return _work(c, int(metrics.num_requests_running), int(metrics.num_requests_waiting or 0), now)
 

@@ -213,13 +213,17 @@ class Node:
     def _output(self, path: str, streamed: bytes) -> str:
         """The output file's text; what the stream carried where there is no file (the script removed it, or the
         container stopped)."""
+        import docker.errors
+
+        data = None
         try:
             chunks, _ = self.container.get_archive(path)
             with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
                 member = tar.next()
-                data = tar.extractfile(member).read() if member is not None else None  # type: ignore[union-attr]
-        except Exception:  # docker.errors.NotFound or APIError: no file to read
-            data = None
+                file = tar.extractfile(member) if member is not None else None
+                data = file.read() if file is not None else None
+        except (docker.errors.APIError, tarfile.TarError):  # no such file, or no archive of it
+            pass
         if data is None:
             return streamed.decode(errors="replace")
         with self._lock:
