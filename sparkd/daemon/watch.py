@@ -27,7 +27,7 @@ from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.health import HealthTracker
 from sparkd.supervisor.logline import clean
-from sparkd.supervisor.peerloss import names_peer_loss
+from sparkd.supervisor.peerloss import WEDGES, names_peer_loss
 from sparkd.supervisor.readings import VllmMetrics
 from sparkd.supervisor.states import SERVING, State
 
@@ -213,16 +213,19 @@ class InstanceWatch:
 
     def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
         self.health, obs = observe(self.health, result, self.clock.now(), self.cfg)
-        if isinstance(obs, v.HealthFailed) and obs.failure.cls is FailureClass.engine_dead:
+        if isinstance(obs, v.HealthFailed) and obs.failure.cls in (FailureClass.engine_dead, *WEDGES):
             obs = v.HealthFailed(self._told_by_the_log(obs.failure), obs.grace_s, obs.recorded)
         if obs is not None:
             self.post(obs)
 
     def _told_by_the_log(self, failure: Failure) -> Failure:
-        """A probe saw the engine dead; vLLM's log may say how it died (an outside SIGTERM to the engine core, a
-        death it logged): that line's sentence and evidence, when there is one; else the probe's own."""
+        """A probe saw the engine dead or wedged; vLLM's log may say how it died (an outside SIGTERM to the engine
+        core, a death it logged): that line's sentence and evidence, when there is one; else the probe's own. A
+        dying engine answers no canary either, for the seconds vLLM takes to notice: its logged death is no wedge."""
         told = self.classify_exit(None, None, FailureClass.engine_dead, False)
         specific = told.evidence is not None and not told.sentence.startswith(told.treatment.what)
+        if failure.cls in WEDGES and told.cls is not FailureClass.engine_dead:
+            return failure
         return told if specific else failure
 
 
