@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 from freeport import free_port
-from standin_helpers import Standin, Standins, chat_body, http, metric_value, standins, wait_until
+from standin_helpers import Standin, Standins, chat_body, http, metric_value, serving, standins, wait_until
 
 MODEL = "/models/Qwen3-30B"
 NAME = "test-model"
@@ -31,7 +31,7 @@ def head() -> Iterator[tuple[Standin, int]]:
             "--max-model-len", "32K", "--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}',
             env={"VLLM_LOG_STATS_INTERVAL": "0.5", "SPARKD_STANDIN_TOKENS_PER_S": "500"},
         )  # fmt: skip
-        standin.wait_ready()
+        serving(standin, port)  # ready and listening: the ready line comes just before uvicorn listens
         yield standin, port
 
 
