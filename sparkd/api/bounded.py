@@ -1,49 +1,53 @@
 """uvicorn's HTTP/1.1 protocol with the limits a daemon on an open port needs, and who is calling.
 
 uvicorn closes a connection that idles after a response (``timeout_keep_alive``) but waits forever for the first
-request, and accepts any number of connections: 1,100 idle ones exhausted a daemon's 1024 descriptors, and when a
-cap of 64 replaced that, 100 idle ones from a third host took every slot and the pair fell apart (security
-review §1). Here:
+request and for a body, and accepts any number of connections: 1,100 idle ones exhausted a daemon's 1024
+descriptors; 100 idle ones from a third host took every slot and the pair fell apart (security review §1); 16
+requests whose body never came held a peer's slots for good (review 2, #10, #11). Here:
 
-- each connection is identified when it is made (:class:`Caller`): on the TCP port its source address, the
-  configured peer it belongs to, and whether it presented a certificate that chains to ``[api] tls_ca``; on the
-  control socket the caller's uid (``SO_PEERCRED``). The request's ASGI scope carries it as ``sparkd.caller``;
-- :class:`~sparkd.api.admission.Slots` admits it or closes it at once, unanswered: per source, with slots kept
-  for the trusted sources (the peers; root on the control socket);
-- a connection that has not sent a whole request within ``first_request_s`` of its opening (2 s), or within
-  ``HEADER_TIMEOUT_S`` of its previous response, is closed (slowloris, idle holders).
+- each connection is identified when it is accepted (:class:`Caller`): on the TCP port its source address and the
+  configured peer it belongs to, later whether it presented a certificate that chains to ``[api] tls_ca``; on the
+  control socket the caller's uid (``SO_PEERCRED``). The request's ASGI scope carries it as ``sparkd.caller``,
+  and ``sparkd.prove``: the call that moves a connection that proved itself into its peer's reserved room;
+- it is admitted or closed unanswered before any TLS (:mod:`sparkd.api.accepting`, :mod:`sparkd.api.admission`);
+- under TLS, a connection from a peer's address that presented no certificate is closed, one that did is proven;
+- a request must arrive whole — headers and body — within ``first_request_s`` of the connection's opening (2 s),
+  and each later one on a kept-alive connection within ``next_request_s`` of the previous answer; else the
+  connection is closed (slowloris, idle holders, a body that never comes). A request received whole may take as
+  long as its command needs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import resource
 import socket
 import struct
-import time
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from sparkd.api.admission import Limits, Slots
+from sparkd.api.accepting import HANDSHAKE_S
+from sparkd.api.admission import Limits, Slots, Ticket
 from sparkd.cluster.addresses import PeerAddresses, normalise
 
 FIRST_REQUEST_S = 2.0
-HEADER_TIMEOUT_S = 10.0
-ACCEPT_ERROR_EVERY_S = 60.0  # asyncio logs every failed accept(); let one through per minute
+NEXT_REQUEST_S = 10.0
+MIN_FDS = 1024  # the daemon's caps keep it far below this (docs/design.md §10); the unit's soft limit
 SCOPE_KEY = "sparkd.caller"
+PROVE_KEY = "sparkd.prove"
 
 
 @dataclass(frozen=True)
 class Caller:
     source: str  # the TCP source address, or "uid:N" on the control socket
-    trusted: bool  # a configured peer's address (TCP), or root (the control socket)
+    trusted: bool  # root on the control socket: the kernel vouches for it, so it has reserved room from accept on
     uid: int | None = None  # the control socket's caller
     peer: str | None = None  # the [cluster] peers entry the TCP source address belongs to
     certificate: bool = False  # presented a TLS certificate that chains to [api] tls_ca
+    local: str | None = None  # "address:port" the TCP connection arrived at: a signed request's recipient
 
 
 def caller_of(scope: MutableMapping[str, Any]) -> Caller | None:
@@ -51,33 +55,47 @@ def caller_of(scope: MutableMapping[str, Any]) -> Caller | None:
     return caller if isinstance(caller, Caller) else None
 
 
-def tcp_caller(peers: PeerAddresses | None) -> Callable[[asyncio.Transport], Caller]:
-    def identify(transport: asyncio.Transport) -> Caller:
-        name = transport.get_extra_info("peername")
+def prove(scope: MutableMapping[str, Any]) -> bool:
+    """The request's connection has proved it is a peer's (its signature verified): give it the reserved room."""
+    promote = scope.get(PROVE_KEY)
+    return bool(promote()) if callable(promote) else False
+
+
+def _endpoint(name: Any) -> str | None:
+    if isinstance(name, tuple) and len(name) >= 2:
+        return f"{normalise(str(name[0]))}:{name[1]}"
+    return None
+
+
+def tcp_caller(peers: PeerAddresses | None) -> Callable[[socket.socket], Caller]:
+    def identify(conn: socket.socket) -> Caller:
+        name = conn.getpeername()
         source = normalise(str(name[0])) if isinstance(name, tuple) and name else "?"
         peer = peers.peer_of(source) if peers is not None else None
-        return Caller(source, peer is not None, peer=peer,
-                      certificate=bool(transport.get_extra_info("peercert")))
+        return Caller(source, False, peer=peer, local=_endpoint(conn.getsockname()))
     return identify
 
 
-def unix_caller(transport: asyncio.Transport) -> Caller:
-    sock = transport.get_extra_info("socket")
+def unix_caller(conn: socket.socket) -> Caller:
     try:
-        _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    except (OSError, AttributeError, struct.error):
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (OSError, struct.error):
         return Caller("uid:?", False)
     return Caller(f"uid:{uid}", uid == 0, uid=uid)
 
 
 class Listener:
-    """One server's connection policy: how callers are identified and how many each may hold."""
+    """One server's connection policy: how callers are identified, how many each may hold, and for how long a
+    connection may take to say what it wants."""
 
-    def __init__(self, identify: Callable[[asyncio.Transport], Caller], limits: Limits | None = None, *,
-                 first_request_s: float = FIRST_REQUEST_S) -> None:
+    def __init__(self, identify: Callable[[socket.socket], Caller], limits: Limits | None = None, *,
+                 first_request_s: float = FIRST_REQUEST_S, next_request_s: float = NEXT_REQUEST_S,
+                 handshake_s: float = HANDSHAKE_S) -> None:
         self.identify = identify
         self.slots = Slots(limits or Limits())
         self.first_request_s = first_request_s
+        self.next_request_s = next_request_s
+        self.handshake_s = handshake_s
 
     def protocol(self) -> type[H11Protocol]:
         return type("ListenerH11", (BoundedH11,), {"listener": self})
@@ -85,65 +103,66 @@ class Listener:
 
 class BoundedH11(H11Protocol):
     listener: Listener
-    _caller: Caller | None = None
+    caller: Caller
+    ticket: Ticket
+    _deadline: asyncio.TimerHandle | None = None
+
+    def admitted(self, caller: Caller, ticket: Ticket) -> BoundedH11:
+        self.caller, self.ticket = caller, ticket
+        return self
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        caller = self.listener.identify(transport)
-        if not self.listener.slots.take(caller.source, trusted=caller.trusted):
-            self.connections.discard(self)  # never counted: uvicorn's own cap would answer the peers 503
-            transport.close()
-            return
-        self._caller = caller
-        inner = self.app
+        self.ticket.close = transport.close
+        if transport.get_extra_info("sslcontext") is not None:
+            self.caller = replace(self.caller, certificate=bool(transport.get_extra_info("peercert")))
+            if self.caller.peer is not None:
+                if not self.caller.certificate:  # a peer's address without the peer's certificate
+                    transport.close()
+                    return
+                self.listener.slots.promote(self.ticket)
+        inner, caller, promote = self.app, self.caller, self.prove
 
         async def tagged(scope: Any, receive: Any, send: Any) -> None:
             scope[SCOPE_KEY] = caller
+            scope[PROVE_KEY] = promote
             await inner(scope, receive, send)
 
         self.app = tagged
         self._arm(self.listener.first_request_s)
 
+    def prove(self) -> bool:
+        return self.listener.slots.promote(self.ticket)
+
     def connection_lost(self, exc: Exception | None) -> None:
-        caller, self._caller = self._caller, None
-        if caller is not None:
-            self.listener.slots.give(caller.source, trusted=caller.trusted)
+        self.listener.slots.leave(self.ticket)
+        if self._deadline is not None:
+            self._deadline.cancel()
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        self._arm(HEADER_TIMEOUT_S)
+        self._arm(self.listener.next_request_s)
 
     def _arm(self, seconds: float) -> None:
-        watched = self.cycle
-        self.loop.call_later(seconds, self._expire, watched)
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self.loop.call_later(seconds, self._expire, self.cycle)
 
-    def _expire(self, watched: Any) -> None:
-        idle = self.cycle is watched and (watched is None or watched.response_complete)
-        if idle and not self.transport.is_closing():
+    def _expire(self, answered: Any) -> None:
+        """The deadline of the request after ``answered`` (None: the first): close the connection unless that
+        request has arrived whole."""
+        self._deadline = None
+        cycle = self.cycle
+        whole = cycle is not None and cycle is not answered and not cycle.more_body
+        if not whole and not self.transport.is_closing():
             self.transport.close()
 
 
-class _OncePerEpisode(logging.Filter):
-    """Lets one "out of system resource" accept error through per ACCEPT_ERROR_EVERY_S."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._last = float("-inf")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "socket.accept() out of system resource" not in record.getMessage():
-            return True
-        now = time.monotonic()
-        if now - self._last < ACCEPT_ERROR_EVERY_S:
-            return False
-        self._last = now
-        return True
-
-
 def harden_process() -> None:
-    """Raise the descriptor soft limit to the hard limit, and quiet asyncio's per-attempt accept errors."""
+    """The descriptor soft limit at least :data:`MIN_FDS` (the caps bound what the daemon holds; the unit's hard
+    limit is for a host-process vLLM, which raises its own soft limit)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    logging.getLogger("asyncio").addFilter(_OncePerEpisode())
+    want = MIN_FDS if hard == resource.RLIM_INFINITY else min(MIN_FDS, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))

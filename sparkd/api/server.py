@@ -6,13 +6,15 @@ unix socket is created by sparkd itself (mode 0660, the configured group) before
 never a moment when it is open to everyone; a command marked ``root_only`` (handover, recreate) runs only for a
 caller whose uid is 0 (``SO_PEERCRED``) and is not served over TCP. The TCP port serves ``/metrics`` to anyone
 and everything else only to the configured peers' signed requests (``sparkd.api.gates``); it also carries the
-ranks' own commands. Both listeners bound what a client may cost: connections per source with room kept for the
-trusted ones, a first-request deadline, header and idle timeouts, a header size cap and a 64 KiB body cap.
+ranks' own commands. Both listeners bound what a client may cost: connections per source counted when accepted,
+before TLS, with room kept for the proven peers and root (:mod:`sparkd.api.accepting`), a TLS handshake deadline,
+a deadline on each whole request, an idle timeout, a header size cap and a 64 KiB body cap.
 uvicorn's own signal handling is switched off: the daemon owns the signals.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import grp
 import os
@@ -32,8 +34,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from sparkd.api.bounded import Listener, caller_of
-from sparkd.api.gates import BodyLimit, PeerGate
+from sparkd.api.accepting import Doorway
+from sparkd.api.admission import Ticket
+from sparkd.api.bounded import Caller, Listener, caller_of
+from sparkd.api.gates import SIGNED_KEY, BodyLimit, PeerGate
 from sparkd.commands import operator
 from sparkd.commands.base import BadRequest, Reply, Stream
 from sparkd.commands.port import Control, Served
@@ -44,15 +48,39 @@ BACKLOG = 128
 
 
 class _QuietServer(uvicorn.Server):
+    """uvicorn's server on a socket of sparkd's own, whose connections come through a :class:`Doorway`: admitted
+    when accepted, before TLS (uvicorn's ``create_server`` would wrap each in TLS first)."""
+
+    def __init__(self, config: uvicorn.Config, sock: socket.socket, listener: Listener,
+                 ssl_context: ssl.SSLContext | None) -> None:
+        super().__init__(config)
+        self.sock = sock
+        self.listener = listener
+        self.ssl_context = ssl_context
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield  # the daemon handles signals
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self.servers = []  # no asyncio server: the doorway accepts (main_loop)
+        self.started = True
+
+    def _protocol_for(self, caller: Caller, ticket: Ticket) -> asyncio.Protocol:
+        protocol = self.config.http_protocol_class(  # type: ignore[call-arg]
+            config=self.config, server_state=self.server_state, app_state=self.lifespan.state)
+        return protocol.admitted(caller, ticket)  # type: ignore[attr-defined, no-any-return]
+
     async def main_loop(self) -> None:
-        """uvicorn wakes every 0.1 s to renew the Date header once a second and to look for an exit request;
-        sparkd ends its servers by cancelling them, so once a second is enough (10 fewer wake-ups a second)."""
-        while not await self.on_tick(0):  # tick 0 renews the Date header
-            await anyio.sleep(1.0)
+        """Accept through the doorway; uvicorn wakes every 0.1 s to renew the Date header once a second and to look
+        for an exit request: sparkd ends its servers by cancelling them, so once a second is enough."""
+        doorway = Doorway(self.sock, self.listener.slots, self.listener.identify, self._protocol_for,
+                          ssl_context=self.ssl_context, handshake_s=self.listener.handshake_s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(doorway.run)
+            while not await self.on_tick(0):  # tick 0 renews the Date header
+                await anyio.sleep(1.0)
+            tg.cancel_scope.cancel()
 
 
 def bind_unix_socket(path: Path, *, mode: int = 0o660, group: str | None = None) -> socket.socket:
@@ -111,7 +139,11 @@ def _handler(control: Control, cmd: Served, *, tcp: bool = False) -> Callable[[R
         if denied is not None:
             return _json(denied)
         params: dict[str, Any] = dict(request.query_params)
-        if request.method == "POST" and request.headers.get("content-type", "").startswith("application/json"):
+        # A signed body is JSON whatever its Content-Type says (which the signature covers too): a report cannot be
+        # turned into nothing by a header.
+        signed = bool(request.scope.get(SIGNED_KEY)) and bool(await request.body())
+        if request.method == "POST" and (signed or request.headers.get("content-type", "").startswith(
+                "application/json")):
             try:
                 body = await request.json()
             except ValueError:
@@ -172,7 +204,19 @@ def build_tcp_app(control: Control, token: str | None, metrics: Callable[[], byt
     app = Starlette(routes=[Route("/metrics", scrape),
                             *command_routes(control, (*operator(), *rank_commands), tcp=True)],
                     exception_handlers={404: _not_found, 405: _not_found})
-    return PeerGate(BodyLimit(app), token, tls=tls, log=log)
+    return PeerGate(BodyLimit(app), token, tls=tls, log=log, node=_node_name(control))
+
+
+def _node_name(control: Control) -> Callable[[], str | None]:
+    """This node's name, read from its status once (a reload keeps it)."""
+    known: list[str | None] = []
+
+    def name() -> str | None:
+        if not known:
+            known.append(control.status().get("node") or None)
+        return known[0]
+
+    return name
 
 
 async def serve(app: ASGIApp, sock: socket.socket, listener: Listener, *,
@@ -180,9 +224,8 @@ async def serve(app: ASGIApp, sock: socket.socket, listener: Listener, *,
     config = uvicorn.Config(
         app, http=listener.protocol(), lifespan="off", log_level="warning", access_log=False, log_config=None,
         # The listener's slots bound the connections (and so the requests: one at a time on each); uvicorn's own
-        # cap counts every connection, refused ones too, and would answer a peer 503 during a flood.
+        # cap counts every connection and would answer a peer 503 during a flood.
         limit_concurrency=None, timeout_keep_alive=IDLE_TIMEOUT_S, backlog=BACKLOG,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-        ssl_context_factory=None if ssl_context is None else (lambda config, default: ssl_context),
     )
-    await _QuietServer(config).serve(sockets=[sock])
+    await _QuietServer(config, sock, listener, ssl_context).serve()

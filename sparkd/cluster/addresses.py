@@ -13,6 +13,10 @@ import ipaddress
 import socket
 from collections.abc import Callable, Iterable
 
+from sparkd.host.netaddr import normalise
+
+__all__ = ["REFRESH_S", "PeerAddresses", "Resolver", "normalise", "peer_host", "system_resolver"]
+
 REFRESH_S = 300.0
 
 Resolver = Callable[[str], list[str]]
@@ -25,17 +29,6 @@ def peer_host(peer: str) -> str:
     if peer.count(":") == 1:
         return peer.split(":")[0]
     return peer
-
-
-def normalise(address: str) -> str:
-    """One spelling per address: IPv4-mapped IPv6 as IPv4, IPv6 compressed; a non-address as given."""
-    try:
-        ip = ipaddress.ip_address(address.split("%")[0])
-    except ValueError:
-        return address
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
-    return str(ip)
 
 
 def system_resolver(host: str) -> list[str]:

@@ -12,14 +12,14 @@ from urllib.parse import urlencode
 
 import anyio
 
-from sparkd.cluster.peersign import sign
+from sparkd.cluster.peersign import Ends, sign
 from sparkd.cluster.shared import peer_base_url
 from sparkd.cluster.tls import client_context
 from sparkd.commands import status as status_command
 from sparkd.commands.base import NoParams
 from sparkd.commands.command import Params, query
 from sparkd.config import Config
-from sparkd.host.keepalive import KeepAliveClient
+from sparkd.host.keepalive import KeepAliveClient, Signer
 from sparkd.host.plainhttp import ProtocolError
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ class PeerClient:
         scheme = "https" if context is not None else "http"
         self.urls = {peer: peer_base_url(peer, cfg.api.port, scheme) for peer in cfg.cluster.peers}
         self.token = token
+        self.node = cfg.node.name
         self.wall = wall
         self._client = KeepAliveClient(ssl_context=context)
 
@@ -83,16 +84,25 @@ class PeerClient:
         result = envelope.get("result")
         return result if isinstance(result, dict) else {}
 
-    def _headers(self, method: str, path: str, body: bytes) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"} if body else {}
-        if self.token:
-            headers["Authorization"] = sign(self.token, method, path, body, now=self.wall())
-        return headers
+    def _signer(self, method: str, path: str, body: bytes, content_type: str) -> Signer | None:
+        """The Authorization header for the connection the request goes on (its two ends are signed)."""
+        token = self.token
+        if not token:
+            return None
+
+        def signed(source: str, recipient: str) -> dict[str, str]:
+            ends = Ends(self.node, source, recipient)
+            return {"Authorization": sign(token, method, path, body, now=self.wall(), ends=ends,
+                                          content_type=content_type)}
+
+        return signed
 
     async def envelope(self, peer: str, method: str, path: str, *, retries: int = 2,
                        timeout_s: float | None = None, json: object = None) -> dict[str, Any]:
         """The peer's whole answer (``{"ok": …, "result": …, "error": …}``)."""
         body = b"" if json is None else jsonlib.dumps(json, separators=(",", ":")).encode()
+        content_type = "application/json" if body else ""
+        headers = {"Content-Type": content_type} if body else {}
         url = self.urls[peer] + path
         last: Exception | None = None
         for attempt in range(retries + 1):
@@ -100,8 +110,8 @@ class PeerClient:
                 # A long request (a rank's stop, its preflight) still gives up connecting after peer_timeout_s:
                 # a node cut off the fabric swallows SYNs. Each try is signed afresh (a new nonce).
                 with anyio.fail_after(timeout_s or self.timeout_s):
-                    response = await self._client.request(method, url, content=body,
-                                                          headers=self._headers(method, path, body),
+                    response = await self._client.request(method, url, content=body, headers=headers,
+                                                          signer=self._signer(method, path, body, content_type),
                                                           connect_timeout=self.timeout_s)
             except (OSError, TimeoutError, ProtocolError, anyio.EndOfStream, anyio.IncompleteRead,
                     anyio.BrokenResourceError) as exc:

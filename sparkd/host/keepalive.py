@@ -26,10 +26,13 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import anyio
-from anyio.abc import ByteStream
+from anyio.abc import ByteStream, SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from sparkd.host.netaddr import normalise
 from sparkd.host.plainhttp import MAX_BYTES, ProtocolError, Response, parse_head
+
+Signer = Callable[[str, str], Mapping[str, str]]
 
 MAX_IDLE = 1
 IDLE_S = 4.0
@@ -68,22 +71,28 @@ class KeepAliveClient:
                 await conn.aclose()
 
     async def request(self, method: str, url: str, *, content: bytes = b"", headers: Mapping[str, str] | None = None,
-                      connect_timeout: float | None = None) -> Response:
+                      connect_timeout: float | None = None, signer: Signer | None = None) -> Response:
+        """``signer``: the headers that depend on the connection the request goes on (its source address and the
+        ``address:port`` it reaches), made for each connection it is sent on."""
         parts = urlsplit(url)
         want = "https" if self.ssl_context is not None else "http"
         if parts.scheme != want or not parts.hostname:
             raise ProtocolError(f"this client speaks {want}:// only, not {url!r}")
         origin = (parts.hostname, parts.port or (443 if want == "https" else 80))
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        data = _request_bytes(method, target, origin, content, headers or {})
+
+        def data(conn: _Conn) -> bytes:
+            extra = signer(*_ends(conn.stream)) if signer is not None else {}
+            return _request_bytes(method, target, origin, content, {**(headers or {}), **extra})
+
         kept = await self._take(origin)
         if kept is not None:
             try:
-                return await self._exchange(kept, origin, data, method, fresh=False)
+                return await self._exchange(kept, origin, data(kept), method, fresh=False)
             except _Stale:
                 pass
         conn = await self._connect(origin, connect_timeout)
-        return await self._exchange(conn, origin, data, method, fresh=True)
+        return await self._exchange(conn, origin, data(conn), method, fresh=True)
 
     async def _take(self, origin: tuple[str, int]) -> _Conn | None:
         conns = self._idle.get(origin, [])
@@ -172,6 +181,13 @@ class KeepAliveClient:
             if total > self.max_bytes:
                 raise ProtocolError(f"the answer is larger than {self.max_bytes} bytes")
             out.append(chunk)
+
+
+def _ends(stream: ByteStream) -> tuple[str, str]:
+    """(this end's address, the other end's ``address:port``) of a connection, IPv4-mapped IPv6 as IPv4."""
+    local = stream.extra(SocketAttribute.local_address, ("?", 0))
+    remote = stream.extra(SocketAttribute.remote_address, ("?", 0))
+    return normalise(str(local[0])), f"{normalise(str(remote[0]))}:{remote[1]}"
 
 
 class _Stale(Exception):

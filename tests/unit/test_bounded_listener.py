@@ -1,11 +1,14 @@
-"""The listeners' connection policy (sparkd/api/bounded.py, sparkd/api/admission.py), against the real uvicorn
+"""The listeners' connection policy (sparkd/api/accepting.py, bounded.py, admission.py), against the real uvicorn
 server on loopback sockets in-process. Sources are told apart by their loopback address (127.0.0.N):
 
-- a source that is not a peer holds at most ``per_source`` connections, all such sources together ``general``;
-  a connection beyond that is closed at once, unanswered (tests/MUTATION.md F18);
-- a peer keeps ``per_trusted`` slots of its own whatever the others hold (security review §1: a third host's
-  idle connections took every slot and the head declared the worker lost);
-- a connection that sends no request within the first-request deadline is closed;
+- every connection is counted when it is accepted, before TLS: a source that is not a peer holds at most
+  ``per_source`` connections, all such sources together ``general``; a connection beyond that is closed at once,
+  unanswered (tests/MUTATION.md F18);
+- a peer's address gets room of its own, ``per_source`` unproven connections (the oldest evicted for a new one),
+  and ``per_trusted`` reserved ones once a connection proved itself (security review §1; review 2, #10: a local
+  user on the peer's host took the reserved slots by address alone);
+- a connection that has not sent a whole request — headers and body — within the deadline is closed (review 2,
+  #11: a body that never came held its slot forever), and so is a TLS connection that sends no ClientHello;
 - the control socket knows its caller's uid (SO_PEERCRED).
 
 tests/integration/test_peer_attacks.py floods a real pair from a third network namespace."""
@@ -13,6 +16,8 @@ tests/integration/test_peer_attacks.py floods a real pair from a third network n
 from __future__ import annotations
 
 import os
+import ssl
+import subprocess
 import time
 from pathlib import Path
 
@@ -24,8 +29,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from sparkd.api.admission import Limits, Slots, admit
-from sparkd.api.bounded import Listener, caller_of, tcp_caller, unix_caller
+from sparkd.api.admission import Limits, Pool, Slots, admit
+from sparkd.api.bounded import Listener, caller_of, prove, tcp_caller, unix_caller
 from sparkd.api.server import bind_tcp_socket, bind_unix_socket, serve
 from sparkd.cluster.addresses import PeerAddresses
 
@@ -38,13 +43,20 @@ def app() -> Starlette:
     def who(request: Request) -> PlainTextResponse:
         caller = caller_of(request.scope)
         return PlainTextResponse(f"{caller.source} trusted={caller.trusted} uid={caller.uid}" if caller else "?")
-    return Starlette(routes=[Route("/", who)])
+
+    def proven(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(f"proven={prove(request.scope)}")
+
+    async def echo(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(f"got {len(await request.body())}")
+
+    return Starlette(routes=[Route("/", who), Route("/prove", proven), Route("/echo", echo, methods=["POST"])])
 
 
-async def answer(stream: SocketStream) -> bytes | None:
+async def answer(stream: SocketStream, path: str = "/") -> bytes | None:
     """The answer to a request on ``stream``, or None when the connection was closed unanswered."""
     try:
-        await stream.send(b"GET / HTTP/1.1\r\nHost: sparkd\r\n\r\n")
+        await stream.send(f"GET {path} HTTP/1.1\r\nHost: sparkd\r\n\r\n".encode())
         with anyio.fail_after(10):
             data = await stream.receive()
     except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
@@ -56,11 +68,11 @@ async def connect(port: int, source: str) -> SocketStream:
     return await anyio.connect_tcp("127.0.0.1", port, local_host=source)
 
 
-async def answered(streams: list[SocketStream]) -> list[bool]:
+async def answered(streams: list[SocketStream], path: str = "/") -> list[bool]:
     results = [False] * len(streams)
 
     async def ask(i: int) -> None:
-        results[i] = await answer(streams[i]) is not None
+        results[i] = await answer(streams[i], path) is not None
 
     async with anyio.create_task_group() as tg:
         for i in range(len(streams)):
@@ -68,56 +80,130 @@ async def answered(streams: list[SocketStream]) -> list[bool]:
     return results
 
 
-def test_admission_keeps_room_for_the_trusted() -> None:
+async def closed_within(stream: SocketStream, seconds: float) -> float:
+    """How long until the server closes ``stream`` (which sends nothing more)."""
+    started = time.monotonic()
+    with anyio.fail_after(seconds), pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError)):
+        while True:
+            await stream.receive()
+    return time.monotonic() - started
+
+
+def test_admission_keeps_room_for_the_proven() -> None:
     assert admit(3, 11, trusted=False, limits=LIMITS) and not admit(4, 0, trusted=False, limits=LIMITS)
     assert not admit(0, 12, trusted=False, limits=LIMITS)  # the shared pool is full
     assert admit(4, 12, trusted=True, limits=LIMITS) and not admit(5, 0, trusted=True, limits=LIMITS)
     slots = Slots(LIMITS)
-    assert all(slots.take(f"10.0.0.{i}", trusted=False) for i in range(12))
-    assert not slots.take("10.0.0.99", trusted=False) and slots.take("10.9.9.9", trusted=True)
-    slots.give("10.0.0.0", trusted=False)
-    assert slots.take("10.0.0.99", trusted=False) and slots.refused == 1
+    tickets = [slots.enter(f"10.0.0.{i}", peer=False, trusted=False)[0] for i in range(12)]
+    assert all(tickets) and slots.enter("10.0.0.99", peer=False, trusted=False) == (None, None)
+    root, _ = slots.enter("uid:0", peer=False, trusted=True)
+    assert root is not None and root.pool is Pool.reserved
+    assert tickets[0] is not None
+    slots.leave(tickets[0])
+    slots.leave(tickets[0])  # once only
+    assert slots.enter("10.0.0.99", peer=False, trusted=False)[0] is not None and slots.refused == 1
+    # A peer's address: room of its own whatever the pool holds; the oldest unproven one gives way to a new one.
+    waiting = [slots.enter(PEER, peer=True, trusted=False) for _ in range(LIMITS.per_source)]
+    assert all(t is not None and evicted is None for t, evicted in waiting)
+    newest, evicted = slots.enter(PEER, peer=True, trusted=False)
+    assert newest is not None and evicted is waiting[0][0] and slots.evicted == 1
+    assert slots.promote(newest) and newest.pool is Pool.reserved
+    assert slots.held[(Pool.probation, PEER)] == LIMITS.per_source - 1 and slots.held[(Pool.reserved, PEER)] == 1
+    assert not slots.promote(waiting[0][0])  # evicted: nothing to promote
 
 
-async def test_a_flood_from_many_sources_leaves_the_peer_its_own_slots() -> None:
+async def test_a_flood_from_many_sources_leaves_the_peer_room_and_a_proven_peer_its_reserved_slots() -> None:
     sock = bind_tcp_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    listener = Listener(tcp_caller(PeerAddresses([PEER])), LIMITS, first_request_s=30)
+    listener = Listener(tcp_caller(PeerAddresses([PEER])), LIMITS, first_request_s=30, next_request_s=30)
     async with anyio.create_task_group() as tg:
         tg.start_soon(serve, app(), sock, listener)
         # Five sources of 6 connections each: 4 admitted per source until the pool of 12 is full.
         flood = [await connect(port, f"127.0.0.{2 + i // 6}") for i in range(30)]
         await anyio.sleep(0.2)
-        peer = [await connect(port, PEER) for _ in range(LIMITS.per_trusted + 1)]
-        flood_ok, peer_ok = await answered(flood), await answered(peer)
-        for stream in flood + peer:
+        # The peer's address: unproven connections live on probation, a newer one evicting the oldest...
+        unproven = [await connect(port, PEER) for _ in range(LIMITS.per_source + 2)]
+        await anyio.sleep(0.2)
+        unproven_ok = await answered(unproven)
+        # ... until one proves itself: then it holds a reserved slot that no unproven connection can take.
+        proven, proven_ok = [], []
+        for _ in range(LIMITS.per_trusted):  # each proves itself before the next comes (a peer's one at a time)
+            proven.append(await connect(port, PEER))
+            proven_ok.append((await answer(proven[-1], "/prove") or b"").endswith(b"proven=True"))
+        later = [await connect(port, PEER) for _ in range(LIMITS.per_source * 3)]
+        await anyio.sleep(0.2)
+        still = await answered(proven)
+        flood_ok = await answered(flood)
+        for stream in flood + unproven + proven + later:
             await stream.aclose()
         tg.cancel_scope.cancel()
     assert flood_ok.count(True) == LIMITS.general
     assert [flood_ok[i * 6:(i + 1) * 6].count(True) for i in range(3)] == [4, 4, 4]  # per source
-    assert peer_ok == [True] * LIMITS.per_trusted + [False]  # the peer's own slots, and no more
+    assert unproven_ok == [False, False] + [True] * LIMITS.per_source  # the two oldest gave way
+    assert proven_ok == [True] * LIMITS.per_trusted and still == [True] * LIMITS.per_trusted
 
 
-async def test_a_connection_that_sends_nothing_is_closed_at_the_first_request_deadline() -> None:
+async def test_a_request_must_arrive_whole_within_its_deadline() -> None:
     sock = bind_tcp_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    listener = Listener(tcp_caller(None), LIMITS, first_request_s=0.5)
+    listener = Listener(tcp_caller(None), LIMITS, first_request_s=0.5, next_request_s=1.0)
     async with anyio.create_task_group() as tg:
         tg.start_soon(serve, app(), sock, listener)
-        silent, prompt = await connect(port, "127.0.0.3"), await connect(port, "127.0.0.3")
+        opened = time.monotonic()
+        silent, slow_body, prompt = [await connect(port, "127.0.0.3") for _ in range(3)]
+        await slow_body.send(b"POST /echo HTTP/1.1\r\nHost: sparkd\r\nContent-Length: 60000\r\n\r\n" + b"x" * 100)
         assert await answer(prompt) is not None
-        started = time.monotonic()
-        with anyio.fail_after(5), pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
-            await silent.receive()
-        closed_after = time.monotonic() - started
-        assert await answer(prompt) is not None  # a kept connection that asks again is still served
-        await silent.aclose()
-        await prompt.aclose()
+        await closed_within(silent, 5)
+        silent_after = time.monotonic() - opened
+        await closed_within(slow_body, 5)
+        slow_after = time.monotonic() - opened
+        assert await answer(prompt) is not None  # a kept connection that asks again in time is still served
+        await prompt.send(b"POST /echo HTTP/1.1\r\nHost: sparkd\r\nContent-Length: 10\r\n\r\nxx")
+        later_after = await closed_within(prompt, 5)  # the next request's body never completes
+        for stream in (silent, slow_body, prompt):
+            await stream.aclose()
         with anyio.fail_after(5):
             while listener.slots.held:  # every slot is given back once its connection is gone
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
-    assert 0.3 < closed_after < 2.0
+    assert 0.4 < silent_after < 2.0 and 0.4 < slow_after < 2.0 and 0.5 < later_after < 3.0
+
+
+def self_signed(folder: Path) -> ssl.SSLContext:
+    key, cert = folder / "k.pem", folder / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=sparkd"],
+                   check=True, capture_output=True, timeout=60)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    return context
+
+
+async def test_silent_tls_connections_are_counted_before_the_handshake_and_closed_at_its_deadline(
+        tmp_path: Path) -> None:
+    """Review 2, #12: connections that never sent a ClientHello were not counted, each held a 256 KiB buffer for
+    60 s, and 1000 of them from one address grew the daemon by 300 MB."""
+    sock = bind_tcp_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    listener = Listener(tcp_caller(None), LIMITS, handshake_s=0.6)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial_serve, sock, listener, self_signed(tmp_path))
+        silent = [await connect(port, "127.0.0.4") for _ in range(LIMITS.per_source * 3)]
+        await anyio.sleep(0.3)
+        held_during = listener.slots.holding()
+        closed = [await closed_within(stream, 5) for stream in silent[-1:]]
+        for stream in silent:
+            await stream.aclose()
+        with anyio.fail_after(5):
+            while listener.slots.held:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert held_during == LIMITS.per_source and listener.slots.refused == LIMITS.per_source * 2
+    assert closed[0] < 2.0
+
+
+async def partial_serve(sock: object, listener: Listener, context: ssl.SSLContext) -> None:
+    await serve(app(), sock, listener, ssl_context=context)  # type: ignore[arg-type]
 
 
 async def test_the_control_socket_knows_its_callers_uid(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sparkd.api.bounded import SCOPE_KEY, Caller
 from sparkd.api.gates import MAX_BODY
 from sparkd.api.server import build_app, build_tcp_app
-from sparkd.cluster.peersign import SCHEME, sign
+from sparkd.cluster.peersign import SCHEME, Ends, sign
 from sparkd.commands.base import BadRequest, flag
 from sparkd.commands.rank import RANK
 from sparkd.testing import FakeClock, FakeRuntime
@@ -64,8 +64,10 @@ async def test_every_answer_is_one_envelope_with_a_status_code_that_says_what_ha
         assert len(runtime.launches) == 1  # nothing refused was carried out
 
 
-PEER = Caller("10.0.0.2", True, peer="10.0.0.2")
-STRANGER = Caller("10.0.0.3", False)
+HERE = "10.0.0.1:9479"  # where the peers' connections arrive
+PEER = Caller("10.0.0.2", False, peer="10.0.0.2", local=HERE)
+STRANGER = Caller("10.0.0.3", False, local=HERE)
+FROM_PEER = Ends("worker", "10.0.0.2", HERE)
 
 
 def as_caller(app: ASGIApp, caller: Caller) -> ASGIApp:
@@ -76,9 +78,10 @@ def as_caller(app: ASGIApp, caller: Caller) -> ASGIApp:
     return tagged
 
 
-def signed(method: str, path: str, body: bytes = b"", *, secret: str = TOKEN,
-           at: float | None = None) -> dict[str, str]:
-    return {"Authorization": sign(secret, method, path, body, now=time.time() if at is None else at)}
+def signed(method: str, path: str, body: bytes = b"", *, secret: str = TOKEN, at: float | None = None,
+           ends: Ends = FROM_PEER, content_type: str = "") -> dict[str, str]:
+    return {"Authorization": sign(secret, method, path, body, now=time.time() if at is None else at, ends=ends,
+                                  content_type=content_type)}
 
 
 @pytest.mark.parametrize(("path", "method"), [("/v1/status", "GET"), ("/v1/stop", "POST"), ("/v1/logs", "GET")])
@@ -91,6 +94,10 @@ async def test_the_tcp_api_serves_a_peers_signed_fresh_requests_only(tmp_path: P
             "no signature": {}, "the old bearer token": {"Authorization": f"Bearer {TOKEN}"},
             "another secret": signed(method, path, secret="another-secret-of-32-bytes-or-more"),
             "signed for another path": signed(method, "/v1/restart"),
+            "signed by another sender": signed(method, path, ends=Ends("worker", "10.0.0.9", HERE)),
+            "signed for another recipient": signed(method, path, ends=Ends("worker", "10.0.0.2", "10.0.0.2:9479")),
+            "signed for another Content-Type": signed(method, path, content_type="text/plain"),
+            "signed by this node itself": signed(method, path, ends=Ends("scripted", "10.0.0.2", HERE)),
             "too old": signed(method, path, at=time.time() - 45),
         }
         async with client(as_caller(tcp_app(node, TOKEN), PEER)) as http:
@@ -98,6 +105,9 @@ async def test_the_tcp_api_serves_a_peers_signed_fresh_requests_only(tmp_path: P
                 answer = await http.request(method, path, headers=headers)
                 assert answer.status_code == 401, what
                 assert answer.headers["www-authenticate"] == SCHEME and answer.json()["ok"] is False, what
+                assert answer.headers["connection"] == "close", what  # a refused client keeps no slot
+                if what == "signed by this node itself":
+                    assert "signed by this node (scripted) itself" in answer.json()["error"]
             assert "45 s behind this node's clock" in answer.json()["error"]
             assert node.state == "ready"  # the refused stops did nothing
             good = signed(method, path)
@@ -110,6 +120,19 @@ async def test_the_tcp_api_serves_a_peers_signed_fresh_requests_only(tmp_path: P
             assert answer.status_code == 403
             assert answer.json()["error"] == ("only this node's peers ([cluster] peers) may use /v1/* over TCP; "
                                               "10.0.0.3 is not one")
+
+
+async def test_a_signed_body_is_read_as_json_whatever_its_content_type(tmp_path: Path) -> None:
+    """Security review 2, #5: a signed failure report sent as text/plain was accepted with its body ignored."""
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(config(tmp_path), runtime, clock) as node:
+        await node.until_state("ready")
+        body = b'{"local": "maybe"}'
+        async with client(as_caller(tcp_app(node, TOKEN), PEER)) as http:
+            answer = await http.post("/v1/stop", content=body, headers={
+                "content-type": "text/plain", **signed("POST", "/v1/stop", body, content_type="text/plain")})
+            assert answer.status_code == 400 and "local: expected 1 or 0, got 'maybe'" in answer.json()["error"]
+        assert node.state == "ready"
 
 
 async def test_without_a_token_file_the_tcp_api_serves_metrics_only(tmp_path: Path) -> None:
