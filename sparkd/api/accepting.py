@@ -18,6 +18,7 @@ import ssl
 import struct
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from sparkd.api.admission import Slots, Ticket
@@ -80,7 +81,7 @@ class Doorway:
         self.opening.add(task)
         task.add_done_callback(self.opening.discard)
         if not task.done():
-            ticket.close = task.cancel
+            ticket.close = partial(_cancel, task)
 
     async def _open(self, conn: socket.socket, caller: Any, ticket: Ticket) -> None:
         loop = asyncio.get_running_loop()
@@ -104,11 +105,20 @@ class Doorway:
                     conn.close()
 
 
+def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+
+
 async def _readable(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
     """Until ``conn`` has bytes to read (or its peer closed): a silent connection costs no TLS state meanwhile."""
     ready: asyncio.Future[None] = loop.create_future()
     fd = conn.fileno()
-    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
     try:
         await ready
     finally:

@@ -21,6 +21,7 @@ any local user on a peer's host took that peer's reserved slots, since trust was
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,10 +130,8 @@ class Slots:
     def _forget(self, ticket: Ticket) -> None:
         waiting = self.unproven.get(ticket.source)
         if waiting is not None and ticket.pool is Pool.probation:
-            try:
+            with contextlib.suppress(ValueError):
                 waiting.remove(ticket)
-            except ValueError:
-                pass
             if not waiting:
                 del self.unproven[ticket.source]
 

@@ -69,7 +69,7 @@ class _QuietServer(uvicorn.Server):
     def _protocol_for(self, caller: Caller, ticket: Ticket) -> asyncio.Protocol:
         protocol = self.config.http_protocol_class(  # type: ignore[call-arg]
             config=self.config, server_state=self.server_state, app_state=self.lifespan.state)
-        return protocol.admitted(caller, ticket)  # type: ignore[attr-defined, no-any-return]
+        return protocol.admitted(caller, ticket)  # type: ignore[attr-defined]
 
     async def main_loop(self) -> None:
         """Accept through the doorway; uvicorn wakes every 0.1 s to renew the Date header once a second and to look

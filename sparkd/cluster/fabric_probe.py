@@ -1,5 +1,6 @@
 """One node's side of the fabric check: its fabric link and GID as the kernel shows them now, and — on a worker,
-at the head's request — the echoes back to the head and the connect to the master port (``/v1/rank/fabric``).
+at the head's request — the echoes back to the head and the connect to the master port (``/v1/rank/fabric``): to
+the configured peers' addresses and this group's master port only, whatever the request names.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 import anyio
 
+from sparkd.cluster.addresses import PeerAddresses, Resolver, normalise, peer_host, system_resolver
 from sparkd.cluster.fabric import SMALL, End
 from sparkd.config import Config, Role
 from sparkd.launch.render import nccl_ib_in_play
@@ -54,12 +56,39 @@ async def echoes(address: str, size: int, timeout_s: float = PING_TIMEOUT_S) -> 
     return [results[SMALL], results[size]]
 
 
+def configured_targets(cfg: Config, resolve: Resolver = system_resolver) -> set[str]:
+    """The addresses this node may ping for a peer: its configured peers' and the rendezvous host (the head's
+    fabric address), resolved (blocking)."""
+    hosts = {peer_host(p) for p in cfg.cluster.peers} | ({cfg.master_addr} if cfg.master_addr else set())
+    return set(PeerAddresses(sorted(hosts), resolve).addresses)
+
+
+def unasked(cfg: Config, address: str | None, master: tuple[str, int] | None,
+            targets: set[str]) -> tuple[str | None, tuple[str, int] | None, list[str]]:
+    """(the ping target, the master to connect to, the refusals): a request may name only a configured peer's
+    address and this group's own ``master_addr:master_port`` (review 2, #35: a signed peer made the head ping and
+    TCP-connect to any host and port)."""
+    refused: list[str] = []
+    if address is not None and normalise(address) not in targets:
+        refused.append(f"{address} is not a configured peer's address ([cluster] peers, master_addr): not pinged")
+        address = None
+    own = (normalise(cfg.master_addr), cfg.master_port) if cfg.master_addr else None
+    if master is not None and (normalise(master[0]), master[1]) != own:
+        refused.append(f"{master[0]}:{master[1]} is not this group's master_addr:master_port: not connected to")
+        master = None
+    return address, master, refused
+
+
 async def answer(cfg: Config, sys_root: Path, env: Mapping[str, str], *, address: str | None, size: int,
                  master: tuple[str, int] | None, timeout_s: float = PING_TIMEOUT_S) -> dict[str, Any]:
     """The worker's answer to the head: its end, its echoes to the head's ``address`` at ``size`` bytes, its
-    connect to ``master`` (host, port) when asked."""
+    connect to ``master`` (host, port) when asked — each only where the config names it."""
     end = await anyio.to_thread.run_sync(local_end, cfg, sys_root, env)
+    targets = await anyio.to_thread.run_sync(configured_targets, cfg)
+    address, master, refused = unasked(cfg, address, master, targets)
     out: dict[str, Any] = {"end": end.to_json(), "pings": [], "master": None}
+    if refused:
+        out["refused"] = refused
     timeout = min(timeout_s, PING_TIMEOUT_S)
 
     async def ping() -> None:

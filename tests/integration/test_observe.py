@@ -18,7 +18,7 @@ import pytest
 from daemon_harness import BIN, Sparkd, base_config, peer_token
 from freeport import free_port
 
-from sparkd.cluster.peersign import sign
+from sparkd.cluster.peersign import Ends, sign
 
 
 @pytest.fixture
@@ -93,13 +93,15 @@ def test_tcp_control_api_serves_the_configured_peers_signed_requests_only(tmp_pa
         url = f"http://127.0.0.1:{port}/v1/status"
         assert http(url)[0] == 401
         assert http(url, token=secret)[0] == 401  # the secret itself, sent as a bearer token: no longer a key
-        good = {"Authorization": sign(secret, "GET", "/v1/status", b"", now=time.time())}
+        ends = Ends("another", "127.0.0.1", f"127.0.0.1:{port}")
+        good = {"Authorization": sign(secret, "GET", "/v1/status", b"", now=time.time(), ends=ends)}
         code, body = http(url, headers=good)
         assert code == 200 and json.loads(body)["result"]["state"] == "ready"
         code, body = http(url, headers=good)
         assert code == 401 and "replayed" in body
         with socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)) as stranger:
-            fresh = sign(secret, "GET", "/v1/status", b"", now=time.time())
+            fresh = sign(secret, "GET", "/v1/status", b"", now=time.time(), ends=Ends("another", "127.0.0.2",
+                                                                                      f"127.0.0.1:{port}"))
             stranger.sendall(f"GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                              f"Authorization: {fresh}\r\n\r\n".encode())
             answer = b"".join(iter(lambda: stranger.recv(65536), b"")).decode()

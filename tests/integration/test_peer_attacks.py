@@ -23,20 +23,21 @@ PY = sys.executable
 # line per answer: {"status": N, "body": {...}}.
 REQUEST = textwrap.dedent("""\
     import json, socket, sys, time
-    from sparkd.cluster.peersign import sign
+    from sparkd.cluster.peersign import Ends, sign
     host, port, method, path, secret, skew, times, body = sys.argv[1:9]
     data = body.encode()
-    if secret.startswith("bearer:"):
-        auth = "Bearer " + secret[7:]
-    elif secret != "-":
-        auth = sign(secret, method, path, data, now=time.time() + float(skew))
-    else:
-        auth = None
-    head = f"{method} {path} HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n"
-    head += "Content-Type: application/json\\r\\n" + f"Content-Length: {len(data)}\\r\\n"
-    head += (f"Authorization: {auth}\\r\\n" if auth else "") + "\\r\\n"
+    auth = None
     for _ in range(int(times)):
         with socket.create_connection((host, int(port)), timeout=10) as sock:
+            if secret.startswith("bearer:"):
+                auth = "Bearer " + secret[7:]
+            elif secret != "-" and auth is None:  # signed once: the same header on every connection (a replay)
+                ends = Ends("worker", sock.getsockname()[0], f"{host}:{port}")
+                auth = sign(secret, method, path, data, now=time.time() + float(skew), ends=ends,
+                            content_type="application/json")
+            head = f"{method} {path} HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n"
+            head += "Content-Type: application/json\\r\\n" + f"Content-Length: {len(data)}\\r\\n"
+            head += (f"Authorization: {auth}\\r\\n" if auth else "") + "\\r\\n"
             sock.sendall(head.encode() + data)
             raw = b"".join(iter(lambda: sock.recv(65536), b""))
         status_line, _, rest = raw.partition(b"\\r\\n")

@@ -1,7 +1,7 @@
 """The peer link in mutual TLS (``[api] tls_cert``, ``tls_key``, ``tls_ca``): the pair forms over it, Prometheus may
 still scrape /metrics without a certificate, the peer API refuses a connection without one (or with one another CA
-signed), and a tap on the fabric sees no request in the clear. Certificates are made with openssl for the
-namespaces' addresses."""
+signed), a connection from a peer's address without a certificate is closed, and a tap on the fabric sees no
+request in the clear. Certificates are made with openssl for the namespaces' addresses."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from daemon_harness import render_toml
-from pair_harness import Link, Pair
+from pair_harness import Intruder, Link, Pair
 from test_peer_attacks import SNIFFER
 
 PY = sys.executable
@@ -24,14 +24,16 @@ PY = sys.executable
 # unless they are "-". Prints {"status": N, "body": "..."} or {"error": "..."}.
 TLS_GET = textwrap.dedent("""\
     import json, socket, ssl, sys, time
-    from sparkd.cluster.peersign import sign
+    from sparkd.cluster.peersign import Ends, sign
     host, port, path, ca, cert, key, secret = sys.argv[1:8]
     context = ssl.create_default_context(cafile=ca)
     if cert != "-":
         context.load_cert_chain(cert, key)
-    auth = f"Authorization: {sign(secret, 'GET', path, b'', now=time.time())}\\r\\n" if secret != "-" else ""
     try:
         with socket.create_connection((host, int(port)), timeout=10) as raw:
+            ends = Ends("worker", raw.getsockname()[0], f"{host}:{port}")
+            auth = (f"Authorization: {sign(secret, 'GET', path, b'', now=time.time(), ends=ends)}\\r\\n"
+                    if secret != "-" else "")
             with context.wrap_socket(raw, server_hostname=host) as sock:
                 sock.sendall(f"GET {path} HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n{auth}\\r\\n".encode())
                 data = b"".join(iter(lambda: sock.recv(65536), b""))
@@ -100,10 +102,17 @@ def test_the_pair_forms_over_mutual_tls_and_the_peer_api_wants_a_certificate(tls
     pair.ready()
     link, port, ca = pair.link, int(pair.head.config["api"]["port"]), pki / "sparkd-ca.pem"
     secret = Path(pair.head.config["api"]["token_file"]).read_text().strip()
-    metrics = tls_get(link.worker_ns, link.head_addr, port, "/metrics", ca)
-    assert metrics["status"] == 200 and "sparkd_state" in metrics["body"]  # Prometheus needs no certificate
-    bare = tls_get(link.worker_ns, link.head_addr, port, "/v1/status", ca, secret=secret)
-    assert bare["status"] == 403 and "presented no TLS certificate signed by [api] tls_ca" in bare["body"]
+    intruder = Intruder.create(link.worker_ns, routed_to=(link.head_ns, link.worker_addr))
+    try:
+        metrics = tls_get(intruder.ns, link.head_addr, port, "/metrics", ca)
+        assert metrics["status"] == 200 and "sparkd_state" in metrics["body"]  # Prometheus needs no certificate
+        bare = tls_get(intruder.ns, link.head_addr, port, "/v1/status", ca, secret=secret)
+        assert bare["status"] == 403 and "is not one" in bare["body"]
+    finally:
+        intruder.destroy()
+    for path in ("/metrics", "/v1/status"):  # the peer's address without the peer's certificate: closed at once
+        bare = tls_get(link.worker_ns, link.head_addr, port, path, ca, secret=secret)
+        assert "error" in bare, bare
     rogue_ca = make_ca(pki, "rogue-ca")
     cert, key = issue(pki, rogue_ca, "rogue", link.worker_addr)
     rogue = tls_get(link.worker_ns, link.head_addr, port, "/v1/status", ca, cert, key, secret)

@@ -167,6 +167,24 @@ def test_a_bad_fabric_request_is_refused_naming_the_parameter(params: dict[str, 
         FabricRequest.from_params(params)
 
 
+def test_a_fabric_request_reaches_only_the_configured_peers_and_this_groups_master() -> None:
+    """Security review 2, #35: a signed peer made the head ping 10.252.0.3 and connect to its port 4444."""
+    from sparkd.cluster.fabric_probe import configured_targets, unasked
+
+    cfg = config_from_mapping({"runtime": "process", "node": {"name": "w", "role": "worker", "rank": 1},
+                               "launch": {"model": "/m", "tensor_parallel_size": 2},
+                               "cluster": {"peers": ["10.252.0.1:9479"], "master_addr": "10.252.1.1",
+                                           "master_port": 29501, "nnodes": 2}}, env={})
+    targets = configured_targets(cfg, lambda host: [])
+    assert targets == {"10.252.0.1", "10.252.1.1"}
+    assert unasked(cfg, "10.252.1.1", ("10.252.1.1", 29501), targets) == ("10.252.1.1", ("10.252.1.1", 29501), [])
+    address, master, refused = unasked(cfg, "10.252.0.3", ("10.252.0.3", 4444), targets)
+    assert address is None and master is None
+    assert refused == ["10.252.0.3 is not a configured peer's address ([cluster] peers, master_addr): not pinged",
+                       "10.252.0.3:4444 is not this group's master_addr:master_port: not connected to"]
+    assert unasked(cfg, None, ("10.252.1.1", 22), targets)[1] is None  # the right host, another port
+
+
 PERFTEST = """\
 ---------------------------------------------------------------------------------------
                     RDMA_Write BW Test
