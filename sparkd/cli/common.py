@@ -62,11 +62,13 @@ def token_file_findings(cfg: Config) -> list[Finding]:
     return []
 
 
-def host_file_findings(cfg: Config) -> list[Finding]:
-    """What only the host can say about the files the config names: the token file, and a launch program that
-    someone other than root may change (sparkd runs it as root)."""
+def host_file_findings(cfg: Config, config_path: Path | None = None) -> list[Finding]:
+    """What only the host can say about the files the config names: the config file itself, the token file, the
+    TLS files, the unit's environment file, and a launch program that someone other than root may change (sparkd
+    runs it as root: an error unless ``[lint] allow`` lists its rule)."""
+    from sparkd.cluster.tls import TlsProblem, server_context
     from sparkd.config.secretfile import SecretFileProblem, read_secret_file
-    from sparkd.daemon.startup import launch_program_problem
+    from sparkd.host.rootfiles import PROGRAM_OVERRIDE, config_problem, launch_program_problem
     from sparkd.launch.lint import Finding, Level
 
     findings = token_file_findings(cfg)
@@ -77,8 +79,18 @@ def host_file_findings(cfg: Config) -> list[Finding]:
             text = str(exc).removeprefix("[launch] api_key_file ")
             findings.append(Finding("api-key-file-unsafe", Level.warning, "launch.api_key_file",
                                     f"{text}; sparkd run refuses to start with it"))
+    untrusted = config_problem(config_path, cfg) if config_path is not None else None
+    if untrusted is not None:
+        findings.append(Finding("root-file-unsafe", Level.warning, "(file)",
+                                f"{untrusted}; sparkd run refuses to start with it"))
+    try:
+        server_context(cfg.api)
+    except TlsProblem as exc:
+        findings.append(Finding("tls-unusable", Level.warning, "api.tls", f"{exc}; sparkd run refuses to start "
+                                "with it"))
     program = launch_program_problem(cfg)
     if program is not None:
         key = "launch.script" if cfg.launch.script else "launch.executable"
-        findings.append(Finding("launch-program-writable", Level.warning, key, program.split(" ", 2)[2]))
+        level = Level.warning if PROGRAM_OVERRIDE in cfg.lint.allow else Level.error
+        findings.append(Finding(PROGRAM_OVERRIDE, level, key, program.split(" ", 2)[2]))
     return findings

@@ -34,7 +34,7 @@ def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> C
     from sparkd.launch.lint import errors, lint
 
     cfg = config_or_exit(config_path, profile=profile)
-    findings = [*lint(cfg), *host_file_findings(cfg)]
+    findings = [*lint(cfg), *host_file_findings(cfg, config_path)]
     for finding in findings:
         click.echo(f"{config_path}: {finding}", err=True)
     if errors(findings):
@@ -105,7 +105,12 @@ def run_cmd(config_path: Path, rehearse: bool) -> None:
     # imports rich whenever it is installed, for its console tracebacks: 3 MiB and 66 modules at rest.
     sys.modules.setdefault("rich", None)  # type: ignore[arg-type]
     from sparkd.daemon.app import run_daemon
+    from sparkd.host import exits
+    from sparkd.host.rootfiles import config_problem
 
+    untrusted = config_problem(config_path)  # before a word of it is read: it says what root runs
+    if untrusted is not None:
+        fail(f"sparkd: {untrusted}; sparkd does not start with it", exits.HOST_PROBLEM)
     cfg = linted_config_or_exit(config_path)
     raise SystemExit(run_daemon(cfg, config_path=config_path, rehearse=rehearse))
 

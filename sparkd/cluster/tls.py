@@ -5,6 +5,7 @@ The server asks every client for a certificate but lets one without a certificat
 did not present a certificate chaining to ``tls_ca`` (``sparkd.api.gates``). A client certificate that does not
 chain to the CA fails the handshake. The client checks the server's certificate against the CA and the address
 it dialled (the certificate's subjectAltName must hold the peer's address as written in ``[cluster] peers``).
+The private key is read only when it is root's (or the running user's) alone and not a symlink, as the token file.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ssl
 from pathlib import Path
 
 from sparkd.config import ApiConfig
+from sparkd.config.secretfile import SecretFileProblem, read_secret_file
 
 
 class TlsProblem(Exception):
@@ -25,6 +27,10 @@ def _load(context: ssl.SSLContext, api: ApiConfig) -> ssl.SSLContext:
     for key, path in (("tls_cert", api.tls_cert), ("tls_key", api.tls_key), ("tls_ca", api.tls_ca)):
         if not Path(path).is_file():
             raise TlsProblem(f"[api] {key} {path} is not a readable file")
+    try:  # the private key as the token file: root's alone, no symlink (review 2, #26)
+        read_secret_file(Path(api.tls_key), "[api] tls_key")
+    except SecretFileProblem as exc:
+        raise TlsProblem(f"{exc}; it is this node's private key") from None
     try:
         context.load_cert_chain(str(api.tls_cert), str(api.tls_key))
     except (OSError, ssl.SSLError) as exc:

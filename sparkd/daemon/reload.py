@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 
 from sparkd.config import Config, ConfigError, load_config
+from sparkd.host.rootfiles import config_problem, launch_program_refusal, trusted_files_problem
 from sparkd.launch.diff import launch_changes, needs_restart, setting_changes
 from sparkd.launch.lint import errors, lint
 from sparkd.launch.redact import Redactor
@@ -38,13 +39,18 @@ class ReloadReport:
 
 
 def read_valid(path: Path) -> Config | list[str]:
-    """The config at ``path`` if it loads and lints clean, else the problems, each naming its key."""
+    """The config at ``path`` if only root may change it and what it names (:mod:`sparkd.host.rootfiles`), it loads
+    and lints clean, else the problems, each naming its key or path."""
+    untrusted = config_problem(path)
+    if untrusted is not None:
+        return [untrusted]
     try:
         cfg = load_config(path)
     except ConfigError as exc:
         return [f"{exc.source}: {problem}" for problem in exc.problems]
-    bad = errors(lint(cfg))
-    return [f"{path}: {finding}" for finding in bad] if bad else cfg
+    bad = [str(finding) for finding in errors(lint(cfg))]
+    bad += [why for why in (trusted_files_problem(cfg), launch_program_refusal(cfg)[0]) if why is not None]
+    return [f"{path}: {problem}" for problem in bad] if bad else cfg
 
 
 def keep_fixed(old: Config, new: Config) -> Config:

@@ -6,7 +6,10 @@
   link or a FIFO someone planted there.
 - ``[api] token_file`` is root's alone and long enough, ``[launch] api_key_file`` root's alone
   (:mod:`sparkd.config.secretfile`); the TLS files load.
-- A launch script or program on the host that someone else may change is a warning (root runs it).
+- Those files, the TLS key (root's alone) and the unit's environment file, and every directory above them, can
+  be changed by root only; a launch script or program on the host that someone else may change is refused unless
+  ``[lint] allow`` says otherwise (then a logged warning) (:mod:`sparkd.host.rootfiles`). The config file itself
+  is checked before it is read (``sparkd run``) and on every reload.
 
 Each problem is one sentence and an exit status the unit does not restart on (``sparkd.host.exits``).
 """
@@ -23,8 +26,8 @@ from sparkd.cluster.tls import TlsProblem, server_context
 from sparkd.config import Config
 from sparkd.config.secretfile import SecretFileProblem, read_secret_file, read_token
 from sparkd.host import exits
-from sparkd.host.trustedpaths import first_unsafe, unsafe
-from sparkd.launch.program import which
+from sparkd.host.rootfiles import launch_program_refusal, trusted_files_problem
+from sparkd.host.trustedpaths import first_unsafe
 from sparkd.launch.redact import read_secret
 
 UMASK = 0o027
@@ -58,23 +61,6 @@ def directories(cfg: Config) -> list[tuple[str, Path]]:
             ("the incidents folder", paths.incidents), ("the process runtime's folder", paths.state_dir / "run")]
 
 
-def launch_program_problem(cfg: Config) -> str | None:
-    """Why the program root runs on the host (``[launch] script``, else ``executable``) could be changed by
-    someone else, or None (docker runtimes run it in the container; a program not found is preflight's to say)."""
-    if cfg.runtime.in_container:
-        return None
-    key, name = ("[launch] script", cfg.launch.script) if cfg.launch.script else \
-        ("[launch] executable", cfg.launch.executable)
-    found = name if "/" in name else which(name)
-    if found is None:
-        return None
-    why = unsafe(found)
-    if why is None:
-        return None
-    return (f"{key} {found} is run by sparkd as {'root' if os.geteuid() == 0 else 'this user'}, but {why}: "
-            "whoever can change it runs code as sparkd; make it and its directories writable by root only")
-
-
 def prepare_or_status(cfg: Config, log: Any) -> Trusted | int:
     """:func:`prepare`, its warnings logged; a problem is logged and its exit status returned instead."""
     try:
@@ -99,9 +85,14 @@ def prepare(cfg: Config) -> Trusted:
             read_secret_file(cfg.launch.api_key_file, "[launch] api_key_file")
     except SecretFileProblem as exc:
         raise StartupProblem(f"{exc}; sparkd does not start with it", exits.INVALID_CONFIG) from None
+    why = trusted_files_problem(cfg)
+    if why is not None:
+        raise StartupProblem(why, exits.HOST_PROBLEM)
     try:
         tls = server_context(cfg.api)
     except TlsProblem as exc:
         raise StartupProblem(str(exc), exits.INVALID_CONFIG) from None
-    program = launch_program_problem(cfg)
-    return Trusted(token, tls, [program] if program else [])
+    refusal, overridden = launch_program_refusal(cfg)
+    if refusal is not None:
+        raise StartupProblem(refusal, exits.INVALID_CONFIG)
+    return Trusted(token, tls, [overridden] if overridden else [])

@@ -37,13 +37,14 @@ def _who(uid: int) -> str:
 
 
 def _loose(path: str, st: os.stat_result, owners: frozenset[int], *, last: bool) -> str | None:
+    mode = f"{stat.S_IMODE(st.st_mode):04o}"
     if st.st_uid not in owners:
         allowed = " or ".join(_who(uid) for uid in sorted(owners))
-        return f"{path} is owned by {_who(st.st_uid)}, not {allowed}"
+        return f"{path} is owned by {_who(st.st_uid)}, not {allowed} (mode {mode})"
     if st.st_mode & 0o022:
         sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
         if not (sticky_dir and not last):
-            return f"{path} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+            return f"{path} is writable by its group or others (mode {mode}, owner {_who(st.st_uid)})"
     return None
 
 

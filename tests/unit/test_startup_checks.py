@@ -28,23 +28,24 @@ def owned(path: Path, uid: int, mode: int = 0o755) -> Path:
 def test_a_directory_someone_else_owns_or_may_write_is_unsafe_and_so_is_all_below_it(tmp_path: Path) -> None:
     home = owned(tmp_path / "home" / "alice", NOBODY)
     assert unsafe(home / "checkout" / ".sparkd-demo" / "state") == f"{home} is owned by nobody (uid {NOBODY}), " \
-        "not root (uid 0)"
+        "not root (uid 0) (mode 0755)"
     shared = owned(tmp_path / "shared", 0, 0o775)
-    assert unsafe(shared / "state") == f"{shared} is writable by its group or others (mode 0775)"
+    assert unsafe(shared / "state") == f"{shared} is writable by its group or others (mode 0775, owner root (uid 0))"
     assert unsafe(owned(tmp_path / "private", 0, 0o750) / "state") is None
 
 
 def test_a_sticky_world_writable_parent_is_fine_but_not_as_the_directory_itself(tmp_path: Path) -> None:
     sticky = owned(tmp_path / "tmp", 0, 0o1777)
     assert unsafe(owned(sticky / "sparkd", 0, 0o750)) is None  # only root may rename /tmp/sparkd
-    assert unsafe(sticky) == f"{sticky} is writable by its group or others (mode 1777)"
+    assert unsafe(sticky) == f"{sticky} is writable by its group or others (mode 1777, owner root (uid 0))"
 
 
 def test_a_link_is_judged_by_where_it_lies_and_where_it_leads(tmp_path: Path) -> None:
     safe = owned(tmp_path / "safe", 0, 0o755)
     theirs = owned(tmp_path / "theirs", NOBODY)
     (safe / "to-theirs").symlink_to(theirs)
-    assert unsafe(safe / "to-theirs" / "state") == f"{theirs} is owned by nobody (uid {NOBODY}), not root (uid 0)"
+    assert unsafe(safe / "to-theirs" / "state") == f"{theirs} is owned by nobody (uid {NOBODY}), not root (uid 0) " \
+        "(mode 0755)"
     (theirs / "to-safe").symlink_to(safe)  # a link nobody may repoint at will
     assert unsafe(theirs / "to-safe" / "state") is not None
     (safe / "loop").symlink_to(safe / "loop")
@@ -93,17 +94,19 @@ def test_sparkd_run_refuses_a_token_file_that_is_not_roots_alone_or_is_short(
     assert f"[api] token_file {token} {words}" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_check_config_warns_of_a_launch_program_another_user_may_change(tmp_path: Path) -> None:
-    """Security review §3: a process-runtime script or executable writable by a user is run as root."""
+def test_check_config_refuses_a_launch_program_another_user_may_change_unless_allowed(tmp_path: Path) -> None:
+    """Security review §3 and review 2, #27: a process-runtime script or executable writable by a user is run as
+    root. A refusal (exit 2), unless [lint] allow names the rule: then a warning."""
     theirs = owned(tmp_path / "theirs", NOBODY)
     for key in ("script", "executable"):
         program = theirs / f"{key}.sh"
         program.write_text("#!/bin/bash\nexec vllm serve m \"$@\"\n")
         program.chmod(0o755)
-        config = tmp_path / "c.toml"
-        config.write_text(f'runtime = "process"\n[launch]\nmodel = "m"\n{key} = "{program}"\n')
-        result = subprocess.run([sys.executable, "-m", "sparkd.cli", "check-config", "--config", str(config)],
-                                cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
-        assert result.returncode == 0, result.stderr  # a warning
-        assert f"warning: launch.{key}: {program} is run by sparkd as root, but {theirs} is owned by nobody" \
-            in result.stderr and "[launch-program-writable]" in result.stderr, result.stderr
+        for allow, status, level in (("", 2, "error"), ('[lint]\nallow = ["launch-program-writable"]\n', 0, "warning")):
+            config = tmp_path / "c.toml"
+            config.write_text(f'runtime = "process"\n[launch]\nmodel = "m"\n{key} = "{program}"\n{allow}')
+            result = subprocess.run([sys.executable, "-m", "sparkd.cli", "check-config", "--config", str(config)],
+                                    cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+            assert result.returncode == status, result.stderr
+            assert f"{level}: launch.{key}: {program} is run by sparkd as root, but {theirs} is owned by nobody" \
+                in result.stderr and "[launch-program-writable]" in result.stderr, result.stderr
