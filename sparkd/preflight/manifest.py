@@ -6,7 +6,8 @@ Hashes are kept per file in ``<state_dir>/weights-hashes.json`` (path → size, 
 unchanged directory stats its files and re-reads only the small ones: 600 GB of shards are not read again.
 Hashing runs in a thread at the idle I/O class (:mod:`sparkd.preflight.ioprio`), drops what it read from the
 page cache as it goes (``POSIX_FADV_DONTNEED``: hashing must not undo preflight's cache drop), and stops at a
-deadline: what is left is ``pending`` (hashed later, compared by size until then).
+deadline: what is left is ``pending`` (hashed later, compared by size until then). The directory is walked and
+its files opened inside the model only (:mod:`sparkd.preflight.modelwalk`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 from sparkd.preflight import ioprio
+from sparkd.preflight.modelwalk import TooBig, matches, open_within, walk
 from sparkd.state.files import StateFile
 from sparkd.state.schema import Field, Schema
 
@@ -68,27 +69,6 @@ class Manifest:
                    float(data.get("duration_s") or 0.0))
 
 
-def matches(name: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatchcase(name, p) for p in patterns)
-
-
-def walk(root: Path, ignore: Sequence[str]) -> Iterator[tuple[str, os.stat_result]]:
-    """(relative path, stat) of every regular file under ``root`` (symlinks followed: a hub cache's snapshot),
-    leaving out what ``ignore`` matches at any level."""
-    for folder, dirs, names in os.walk(root, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not matches(d, ignore))
-        for name in sorted(names):
-            if matches(name, ignore):
-                continue
-            path = Path(folder) / name
-            try:
-                st = path.stat()
-            except OSError:
-                continue
-            if path.is_file():
-                yield str(path.relative_to(root)), st
-
-
 Stop = Callable[[], bool]
 
 
@@ -96,10 +76,13 @@ def never() -> bool:
     return False
 
 
-def sha256_of(path: Path, stop: Stop = never) -> str | None:
-    """The file's sha256, or None when ``stop()`` said so first. Read pages leave the cache."""
+def sha256_of(path: Path, stop: Stop = never, *, root: Path | None = None,
+              expected: os.stat_result | None = None) -> str | None:
+    """The file's sha256, or None when ``stop()`` said so first. Read pages leave the cache. With ``root``, the
+    file is opened only inside the model (:func:`sparkd.preflight.modelwalk.open_within`)."""
     digest = hashlib.sha256()
-    with path.open("rb", buffering=0) as f:
+    fd = open_within(root, str(path.relative_to(root)), expected) if root is not None else os.open(path, os.O_RDONLY)
+    with open(fd, "rb", buffering=0) as f:
         fd, offset = f.fileno(), 0
         while chunk := f.read(CHUNK):
             digest.update(chunk)
@@ -130,9 +113,13 @@ def build(root: Path, *, always: Sequence[str], ignore: Sequence[str], known: di
         return manifest
     try:
         listing = list(walk(root, ignore))
+    except TooBig as exc:
+        manifest.problem = str(exc)
+        return manifest
     except OSError as exc:
         manifest.problem = f"{root} cannot be read: {exc.strerror or exc}"
         return manifest
+    seen = dict(listing)
     todo: list[str] = []
     for rel, st in listing:
         entry = Entry(st.st_size, st.st_mtime_ns, always=matches(Path(rel).name, always))
@@ -152,7 +139,7 @@ def build(root: Path, *, always: Sequence[str], ignore: Sequence[str], known: di
                 manifest.pending.append(rel)
                 continue
             try:
-                digest = sha256_of(root / rel, never if entry.always else stop)
+                digest = sha256_of(root / rel, never if entry.always else stop, root=root, expected=seen[rel])
             except OSError as exc:
                 manifest.problem = f"{root / rel} cannot be read: {exc.strerror or exc}"
                 return manifest

@@ -10,6 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sparkd.preflight.manifest import Entry, Manifest
+from sparkd.preflight.modelwalk import open_within
+
+MAX_INDEX_BYTES = 64 << 20
 
 
 def changed_in_place(before: Mapping[str, Entry], now: Manifest) -> list[str]:
@@ -47,7 +50,8 @@ def read_indexes(root: Path, manifest: Manifest) -> dict[str, str | None]:
     for rel in manifest.files:
         if rel.endswith(".index.json"):
             try:
-                out[rel] = (root / rel).read_text(encoding="utf-8", errors="replace")
+                with open(open_within(root, rel), "rb") as f:
+                    out[rel] = f.read(MAX_INDEX_BYTES).decode("utf-8", errors="replace")
             except OSError:
                 out[rel] = None
     return out
