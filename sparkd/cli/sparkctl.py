@@ -12,6 +12,7 @@ backoff, …), 4 unreachable; ``--wait`` that runs out of time exits 124 (as ``t
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # imported on first use: a TAB completion needs none of them
     T = TypeVar("T")
 
 DEFAULT_SOCKET = Path("/run/sparkd/sparkd.sock")  # sparkd.cli.locate.DEFAULT_SOCKET
+DAEMON_UMASK = 0o027  # sparkd.cli.common.DAEMON_UMASK
 # sparkd.commands.status's exit codes (LSB), and --wait's timeout (as timeout(1) exits).
 EXIT_READY, EXIT_UNHEALTHY, EXIT_NOT_SERVING, EXIT_UNREACHABLE, EXIT_TIMEOUT = 0, 1, 3, 4, 124
 
@@ -167,6 +169,7 @@ class Registry(click.Group):
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """Drive the sparkd daemon on this node: status, start, stop, restart, reset, logs, incidents, preflight."""
+    os.umask(DAEMON_UMASK)  # what a command creates (a state folder, a file) has the daemon's modes
     ctx.ensure_object(Ctx)
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from sparkd import __version__
-from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail, host_file_findings
+from sparkd.cli.common import DAEMON_UMASK, EXIT_INVALID_CONFIG, config_option, config_or_exit, fail, host_file_findings
 from sparkd.cli.complete import profile_names
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 @click.version_option(__version__, prog_name="sparkd")
 def main() -> None:
     """sparkd supervises vLLM on one node: preflight, launch, health, memory guard, restarts."""
+    os.umask(DAEMON_UMASK)  # what a command creates (a state folder, a file) has the daemon's modes
 
 
 def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> Config:
@@ -183,9 +184,10 @@ def weights_verify_cmd(config_path: Path, full: bool, as_json: bool) -> None:
               help="docker-run: a fresh container per launch, vLLM its main process (as compose runs it); "
                    "docker-exec: a long-lived container vLLM is exec'd into.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), default=None,
-              help="Write the config here instead of printing it.")
+              help="Write the config to this new file (mode 0600) instead of printing it.")
+@click.option("--force", is_flag=True, help="With --output: replace an existing regular file (never a symlink).")
 def import_compose_cmd(compose_file: Path, service: str | None, env_file: Path | None, runtime: str,
-                       output: Path | None) -> None:
+                       output: Path | None, force: bool) -> None:
     """Turn a docker-compose service into a sparkd config (TOML), naming what it could not carry.
 
     Exit 0 with the config; 2 when the file cannot be converted (the problem named)."""
@@ -200,8 +202,12 @@ def import_compose_cmd(compose_file: Path, service: str | None, env_file: Path |
     if output is None:
         click.echo(imported.toml, nl=False)
         return
+    from sparkd.cli.outputs import OutputRefused, write_output
+
     try:
-        output.write_text(imported.toml, encoding="utf-8")
+        write_output(output, imported.toml, force=force)
+    except OutputRefused as exc:
+        fail(f"sparkd: import-compose: {exc}", EXIT_INVALID_CONFIG)
     except OSError as exc:
         fail(f"sparkd: import-compose: cannot write {output}: {exc.strerror or exc}", EXIT_INVALID_CONFIG)
     click.echo(f"wrote {output}", err=True)

@@ -31,6 +31,8 @@ from sparkd.launch.render import (
     nccl_ib_in_play,
 )
 from sparkd.launch.script import ScriptFacts, script_facts
+from sparkd.launch.secretargs import RULE as SECRET_ARGS_RULE
+from sparkd.launch.secretargs import secret_args
 
 
 class Level(StrEnum):
@@ -71,7 +73,7 @@ def lint(cfg: Config, *, read_script: ScriptReader = read_host_file,
         env.update({k: EnvSetting(v, f"launch.script ({k} exported by {cfg.launch.script})")
                     for k, v in facts.exports.items()})
     findings = [*_rank_rules(cfg), *_env_rules(cfg, env), *_flag_rules(cfg), *_script_rules(cfg, text, facts),
-                *_container_rules(cfg, env)]
+                *_container_rules(cfg, env), *_secret_arg_rules(cfg)]
     return [f for f in findings if not (f.level is Level.error and f.rule in allowed)]
 
 
@@ -269,3 +271,9 @@ def compile_cache_dirs(cfg: Config, env: Mapping[str, str]) -> dict[str, str]:
 def _under(path: str, mount: str) -> bool:
     mount = mount.rstrip("/") or "/"
     return path == mount or path.startswith(mount + "/") or mount == "/"
+
+
+def _secret_arg_rules(cfg: Config) -> Iterator[Finding]:
+    """A secret flag with its value in ``[launch] extra_args`` (sparkd.launch.secretargs)."""
+    for _, sentence in secret_args(cfg.launch.extra_args):
+        yield Finding(SECRET_ARGS_RULE, Level.error, "launch.extra_args", sentence)

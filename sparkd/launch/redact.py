@@ -3,8 +3,8 @@
 A :class:`Redactor` knows the secret values (the API key, every secret-named value of ``[launch.env]`` and
 ``[container.env]``, the peers' shared secret) and also recognises secrets by their shape, for one it was not
 told about (a key in ``extra_args``, a bearer header in a traceback, another container's ``HF_TOKEN``): the value
-after ``--api-key``, ``api_key=``/``"api_key": ``, ``Bearer``, and ``NAME=`` or ``"NAME": `` for a secret
-``NAME``. Each becomes :data:`MASK`.
+after a secret flag (``--api-key``, ``--hf-token``), ``api_key=``/``"api_key": ``, ``Bearer``, ``NAME=`` (quoted
+or not) or ``"NAME": `` for a secret ``NAME``, and a URL's password. Each becomes :data:`MASK`.
 
 The shell applies it where text leaves sparkd's hands: every vLLM log line before the host log and the ring (so
 incidents and ``sparkctl logs`` read redacted text), incident records and the container's inspect, reload
@@ -18,7 +18,7 @@ from collections.abc import Iterable, MutableMapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkd.config.secretrule import MASK, is_secret_name, mask_shapes
+from sparkd.config.secretrule import MASK, is_secret_name, mask_shapes, secret_flag
 from sparkd.launch.render import secret_values
 
 if TYPE_CHECKING:
@@ -44,12 +44,13 @@ class Redactor:
         return mask_shapes(text, self.names)
 
     def argv(self, argv: Sequence[str]) -> list[str]:
-        """An argv safe to log: the word after ``--api-key`` and every known value masked."""
+        """An argv safe to log: the word after a secret flag (``--api-key``, ``--hf-token``: any name the secret
+        rule calls one) and every known value masked."""
         out: list[str] = []
         after_flag = False
         for word in argv:
             out.append(MASK if after_flag else self(word))
-            after_flag = word.lower() == "--api-key"
+            after_flag = "=" not in word and secret_flag(word) is not None
         return out
 
     def mapping(self, data: Any) -> Any:

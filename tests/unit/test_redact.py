@@ -76,6 +76,16 @@ def test_a_key_set_in_launch_env_is_kept_out_of_the_script_too(tmp_path: Path) -
     (f"key inside a word x{KEY}y", f"key inside a word x{MASK}y"),
     ("INFO 01-01 Loading weights took 1.2 s", "INFO 01-01 Loading weights took 1.2 s"),
     ("a bearer of good news", "a bearer of good news"),
+    # Security review 2, #20: shapes that went through.
+    ("vllm serve /m --hf-token hf_REAL3 --port 8000", f"vllm serve /m --hf-token {MASK} --port 8000"),
+    ("argv=['vllm', '--hf-token', 'hf_REAL3']", f"argv=['vllm', '--hf-token', '{MASK}']"),
+    ("export OPENAI_API_KEY='sk-REAL13'", f"export OPENAI_API_KEY='{MASK}'"),
+    ('export HF_TOKEN="hf_REAL14" && run', f'export HF_TOKEN="{MASK}" && run'),
+    ("pip install -i https://user:REAL9@pypi.example/simple", f"pip install -i https://user:{MASK}@pypi.example/simple"),
+    ("GITHUB_PAT=ghp_REAL12 PROXY_AUTH=u:REAL15", f"GITHUB_PAT={MASK} PROXY_AUTH={MASK}"),
+    ("--max-num-batched-tokens 8192 --tokenizer /m --ssl-keyfile /k.pem PATH=/usr/bin AUTHOR=me",
+     "--max-num-batched-tokens 8192 --tokenizer /m --ssl-keyfile /k.pem PATH=/usr/bin AUTHOR=me"),
+    ("see http://host:8000/v1/models", "see http://host:8000/v1/models"),
 ])
 def test_redaction(text: str, shown: str) -> None:
     assert Redactor([KEY, TOKEN, None, "", "ab"])(text) == shown
@@ -83,8 +93,8 @@ def test_redaction(text: str, shown: str) -> None:
 
 def test_argv_and_records_are_redacted() -> None:
     redact = Redactor([KEY])
-    assert redact.argv(["vllm", "serve", "--api-key", "short", "--x", KEY]) == \
-        ["vllm", "serve", "--api-key", MASK, "--x", MASK]
+    assert redact.argv(["vllm", "serve", "--api-key", "short", "--x", KEY, "--hf-token", "hf_1", "--port", "8"]) == \
+        ["vllm", "serve", "--api-key", MASK, "--x", MASK, "--hf-token", MASK, "--port", "8"]
     record = {"message": f"failed with --api-key {KEY}", "tail": [KEY, 3], "n": 1}
     assert redact.mapping(record) == {"message": f"failed with --api-key {MASK}", "tail": [MASK, 3], "n": 1}
 
@@ -100,11 +110,12 @@ def test_the_daemons_redactor_knows_the_key_and_the_peer_token(tmp_path: Path) -
     ("HF_TOKEN", True), ("HUGGING_FACE_HUB_TOKEN", True), ("NGC_API_KEY", True), ("AWS_SECRET_ACCESS_KEY", True),
     ("OPENAI_APIKEY", True), ("DB_PASSWORD", True), ("GOOGLE_APPLICATION_CREDENTIALS", True), ("VLLM_API_KEY", True),
     ("TOKENIZERS_PARALLELISM", False), ("NCCL_SOCKET_IFNAME", False), ("max_num_batched_tokens", False),
-    ("MY_PAT", False),
+    ("GITHUB_PAT", True), ("PROXY_AUTH", True), ("PATH", False), ("AUTHOR", False), ("VLLM_COMPAT", False),
+    ("MY_PATH_ROOT", False),
 ])
 def test_the_secret_rule(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
-    assert is_secret_name("MY_PAT", ["MY_PAT"])  # [launch] secret_env adds names
+    assert is_secret_name("MY_SESAME", ["MY_SESAME"])  # [launch] secret_env adds names
 
 
 def test_every_secret_named_variable_reaches_vllm_through_its_environment_only(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from sparkd.cli.compose.command import launch_keys, words_of
 from sparkd.cli.compose.container import container_section
 from sparkd.cli.compose.interpolate import ComposeError, interpolate, read_env_file
+from sparkd.cli.compose.secrets import move_secrets
 from sparkd.config import ConfigError, config_from_mapping
 
 __all__ = ["ComposeError", "Imported", "import_compose"]
@@ -83,6 +84,7 @@ def import_compose(path: Path, *, service: str | None = None, env_file: Path | N
         keys["launch"]["env"] = command_env
     data: dict[str, Any] = {"runtime": runtime, "node": keys["node"], "container": container,
                             "launch": keys["launch"], "cluster": keys["cluster"], "supervisor": supervisor}
+    move_secrets(data, where, notes)
     data = {k: v for k, v in data.items() if v not in ({}, None)}
     try:
         config_from_mapping(data, source=f"{path} ({where})", env={})
