@@ -144,7 +144,7 @@ def test_unit_settings_as_loaded_by_systemd(node: Any) -> None:
     props = show(node, "Type", "NotifyAccess", "Restart", "RestartUSec", "KillMode", "OOMScoreAdjust",
                  "TimeoutStopUSec", "StartLimitIntervalUSec", "RestartPreventExitStatus", "MemoryMin", "MemoryLow",
                  "After", "Wants", "RuntimeDirectory", "StateDirectory", "LogsDirectory", "ExecReload",
-                 "LimitNOFILE", "LimitMEMLOCK")
+                 "LimitNOFILE", "LimitNOFILESoft", "LimitMEMLOCK")
     assert props["Type"] == "notify" and props["NotifyAccess"] == "main", props
     assert props["Restart"] == "on-failure" and props["RestartUSec"] == "5s", props
     assert props["KillMode"] == "process" and props["OOMScoreAdjust"] == "-900", props
@@ -157,7 +157,8 @@ def test_unit_settings_as_loaded_by_systemd(node: Any) -> None:
     assert props["RuntimeDirectory"] == "sparkd" and props["StateDirectory"] == "sparkd", props
     assert props["LogsDirectory"] == "sparkd", props
     assert "path=/usr/bin/sparkctl ; argv[]=/usr/bin/sparkctl reload" in props["ExecReload"], props
-    assert int(props["LimitNOFILE"]) >= 65536 and props["LimitMEMLOCK"] == "infinity", props
+    assert int(props["LimitNOFILE"]) >= 65536 and props["LimitMEMLOCK"] == "infinity", props  # vLLM's hard limit
+    assert int(props["LimitNOFILESoft"]) == 1024, props  # sparkd's own: its caps keep it far below
     stop_s = _seconds(props["TimeoutStopUSec"])
     assert stop_s > SupervisorConfig().stop_grace_s + 30, props  # vLLM's grace plus the sweep fit
     shipped = UNIT.read_text()
