@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
-from attack_tools import LOCAL_USER, holder, outcome
+from attack_tools import LOCAL_USER, PY, footprint, holder, outcome
 from daemon_harness import render_toml
 from pair_harness import Intruder, NodeDaemon, Pair, ip
 from test_peer_tls import tls_get, tls_pair  # noqa: F401 (the fixture)
@@ -128,3 +129,156 @@ def test_slow_bodies_from_a_third_hosts_addresses_are_closed_at_the_deadline(mak
     assert scraped == ["200"] * 4, scraped
     for daemon, pid in zip((pair.head, pair.worker), ranks, strict=True):
         assert daemon.status()["pid"] == pid and "peer_lost" not in daemon.log()
+
+
+def test_a_tls_handshake_flood_costs_the_worker_nothing_it_keeps(tls_pair: tuple[Pair, Path]) -> None:  # noqa: F811
+    """Review 2, #12: 1000 silent connections from one non-peer address took a worker from 62 MB to 367 MB (about
+    300 KB each, uncounted until the handshake ended), and the memory stayed after they closed."""
+    pair, _ = tls_pair
+    pair.start()
+    ranks = pair.ready()
+    assert pair.worker.proc is not None
+    pid, port = pair.worker.proc.pid, int(pair.worker.config["api"]["port"])
+    time.sleep(3)  # the pair's first polls and checks are behind it
+    before = footprint(pid)
+    intruder = Intruder.create(pair.link.worker_ns)
+    try:
+        flood = holder(["ip", "netns", "exec", intruder.ns], pair.link.worker_addr, port, 1000, 20, "silent",
+                       rate=200)
+        assert flood.stdout is not None and flood.stdout.readline()
+        during = [footprint(pid) for _ in range(5) if not time.sleep(2)]
+        stats = outcome(flood, 80)
+    finally:
+        intruder.destroy()
+    time.sleep(4)  # the last handshakes time out
+    after = footprint(pid)
+    mib = 1024 * 1024
+    worst_rss, worst_fds = max(r for r, _ in during), max(f for _, f in during)
+    assert worst_fds < before[1] + 40, (before, during)  # 8 from one source, whatever it tries
+    assert worst_rss < before[0] + 20 * mib, (before, during)
+    assert after[0] < before[0] + 10 * mib and after[1] <= before[1] + 4, (before, after)
+    assert stats["closed"] > 100, stats  # the refused and the silent were closed, and it kept coming
+    for daemon, rank in zip((pair.head, pair.worker), ranks, strict=True):
+        assert daemon.status()["pid"] == rank and "peer_lost" not in daemon.log()
+
+
+# Sends one signed request (signed as SIGNED_CT, sent with SENT_CT; "-": no header) as SENDER from this host to
+# HOST:PORT; prints {"status": N, "body": {...}}.
+SIGNED = textwrap.dedent("""\
+    import json, socket, sys, time
+    from sparkd.cluster.peersign import Ends, sign
+    host, port, method, path, secret, body, signed_ct, sent_ct, sender = sys.argv[1:10]
+    data = body.encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        ends = Ends(sender, sock.getsockname()[0], f"{host}:{port}")
+        auth = sign(secret, method, path, data, now=time.time(), ends=ends,
+                    content_type="" if signed_ct == "-" else signed_ct)
+        head = f"{method} {path} HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\nAuthorization: {auth}\\r\\n"
+        head += "" if sent_ct == "-" else f"Content-Type: {sent_ct}\\r\\n"
+        head += f"Content-Length: {len(data)}\\r\\n\\r\\n"
+        sock.sendall(head.encode() + data)
+        raw = b"".join(iter(lambda: sock.recv(65536), b""))
+    status, _, rest = raw.partition(b"\\r\\n")
+    print(json.dumps({"status": int(status.split()[1]), "body": json.loads(rest.split(b"\\r\\n\\r\\n", 1)[1])}))
+    """)
+
+# Listens on HOST:PORT as the worker would, takes the first request whole, writes it to OUT, answers 503.
+CAPTURE = textwrap.dedent("""\
+    import socket, sys
+    host, port, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    server = socket.create_server((host, port))
+    server.settimeout(30)
+    conn, _ = server.accept()
+    raw = b""
+    while b"\\r\\n\\r\\n" not in raw:
+        raw += conn.recv(65536)
+    head = raw.split(b"\\r\\n\\r\\n", 1)[0].decode("latin-1").lower()
+    length = int(head.split("content-length:")[1].split()[0]) if "content-length:" in head else 0
+    while len(raw.split(b"\\r\\n\\r\\n", 1)[1]) < length:
+        raw += conn.recv(65536)
+    open(out, "wb").write(raw)
+    conn.sendall(b"HTTP/1.1 503 Service Unavailable\\r\\nContent-Length: 0\\r\\nConnection: close\\r\\n\\r\\n")
+    conn.close()
+    """)
+
+# Sends the bytes of IN to HOST:PORT; prints {"status": N, "body": {...}}.
+REPLAY = textwrap.dedent("""\
+    import json, socket, sys
+    host, port, raw = sys.argv[1], int(sys.argv[2]), open(sys.argv[3], "rb").read()
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(raw)
+        answer = b""
+        while b"\\r\\n\\r\\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    status, _, rest = answer.partition(b"\\r\\n")
+    print(json.dumps({"status": int(status.split()[1]), "body": json.loads(rest.split(b"\\r\\n\\r\\n", 1)[1])}))
+    """)
+
+
+def in_ns(ns: str, script: str, *args: str, timeout: float = 60) -> dict[str, Any]:
+    done = subprocess.run(["ip", "netns", "exec", ns, PY, "-c", script, *args], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout.splitlines()[-1])) if done.stdout.strip() else {}
+
+
+def test_a_signature_binds_the_content_type_and_both_ends(make_pair: Any, tmp_path: Path) -> None:
+    """Review 2, #5: a signed failure report re-sent as text/plain was accepted with its body ignored. #6: with the
+    worker down, its address replayed to the head each request the head had signed for the worker: 30 of 30
+    served, rank/stop included."""
+    pair = make_pair().start()
+    pair.ready()
+    secret = Path(pair.head.config["api"]["token_file"]).read_text().strip()
+    port, head, worker = int(pair.head.config["api"]["port"]), pair.link.head_addr, pair.link.worker_addr
+    report = json.dumps({"failure": {"class": "gpu_error", "message": "Xid 79"}})
+    stripped = in_ns(pair.link.worker_ns, SIGNED, head, str(port), "POST", "/v1/rank/failed", secret, report,
+                     "application/json", "text/plain", "worker")
+    assert stripped["status"] == 401 and "signature does not match" in stripped["body"]["error"], stripped
+    # The worker goes; a host at its address serves the head's next request, and sends it back to the head.
+    assert pair.worker.proc is not None
+    pair.worker.proc.send_signal(signal.SIGTERM)
+    pair.worker.proc.wait(60)
+    captured = tmp_path / "request"
+    in_ns(pair.link.worker_ns, CAPTURE, worker, str(pair.worker.config["api"]["port"]), str(captured))
+    assert b"Authorization: Sparkd-HMAC-SHA256" in captured.read_bytes()
+    reflected = in_ns(pair.link.worker_ns, REPLAY, head, str(port), str(captured))
+    assert reflected["status"] == 401, reflected
+    assert reflected["body"]["error"] == ("the request is signed by this node (head) itself: a request sent back "
+                                          "to its sender")
+
+
+LISTEN_ONCE = textwrap.dedent("""\
+    import socket, sys
+    server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+    server.settimeout(float(sys.argv[3]))
+    try:
+        conn, peer = server.accept()
+        print("connection from", peer[0], flush=True)
+    except TimeoutError:
+        print("none", flush=True)
+    """)
+
+
+def test_a_signed_fabric_probe_reaches_only_the_configured_peer_and_master(make_pair: Any) -> None:
+    """Review 2, #35: a signed peer had the head ping any host and connect to any port (a port scanner)."""
+    pair = make_pair().start()
+    pair.ready()
+    secret = Path(pair.head.config["api"]["token_file"]).read_text().strip()
+    port, head, worker = int(pair.head.config["api"]["port"]), pair.link.head_addr, pair.link.worker_addr
+    listener = subprocess.Popen(["ip", "netns", "exec", pair.link.worker_ns, PY, "-c", LISTEN_ONCE, worker, "4444",
+                                 "8"], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    probe = json.dumps({"address": "10.239.7.7", "size": 1400, "master": [worker, 4444], "timeout_s": 1})
+    answer = in_ns(pair.link.worker_ns, SIGNED, head, str(port), "POST", "/v1/rank/fabric", secret, probe,
+                   "application/json", "application/json", "worker")
+    out, _ = listener.communicate(timeout=30)
+    assert answer["status"] == 200, answer
+    result = answer["body"]["result"]
+    assert result["pings"] == [] and result["master"] is None, result
+    assert result["refused"] == [
+        "10.239.7.7 is not a configured peer's address ([cluster] peers, master_addr): not pinged",
+        f"{worker}:4444 is not this group's master_addr:master_port: not connected to"]
+    assert out.strip() == "none"  # nothing came from the head
