@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from attack_tools import NOBODY
-from daemon_harness import BIN, STANDIN, Fleet, base_config, render_toml
+from daemon_harness import BIN, STANDIN, Fleet, alive, base_config, kill_tree, render_toml, tree
 from freeport import free_port
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="files of another user need root")
@@ -41,11 +41,21 @@ def theirs() -> Iterator[Path]:
 
 def sparkd(*args: str, env: dict[str, str] | None = None, umask: int | None = None,
            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """A sparkd command; one that does not end in ``timeout`` (a `run` that was not refused) is ended with all it
+    started, and fails the test."""
     def preexec() -> None:
         if umask is not None:
             os.umask(umask)
-    return subprocess.run([str(BIN / "sparkd"), *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, preexec_fn=preexec)
+    proc = subprocess.Popen([str(BIN / "sparkd"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, preexec_fn=preexec, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        family = tree(proc.pid)
+        kill_tree(alive(family))
+        proc.communicate(timeout=30)
+        raise AssertionError(f"sparkd {' '.join(args)} did not end: it ran") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def wrapper(folder: Path) -> Path:
