@@ -20,6 +20,7 @@ from faults import (
     vllm_sigkill,
 )
 from invariants import Ledger
+from proof_faults import handshake_flood, slow_body
 from reloads import broken_config
 from soakpair import SoakPair
 from wedges import hang, leak, stall
@@ -31,6 +32,7 @@ FAULTS: dict[str, Fault] = {
     "daemon_sigkill": daemon_sigkill, "ctl_storm": ctl_storm, "idle_connections": idle_connections,
     "log_flood": log_flood, "state_full": state_full, "stall": stall, "hang": hang, "leak": leak,
     "broken_config": broken_config, "dockerd_restart": dockerd_restart, "peer_flood": peer_flood,
+    "handshake_flood": handshake_flood, "slow_body": slow_body,
 }
 # A real failure of a rank: after it both ranks must be new processes (the pair restarts as one unit).
 REPLACES_THE_PAIR = frozenset({"vllm_sigkill", "rank_sigstop", "stall", "hang", "leak"})

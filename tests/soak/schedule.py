@@ -36,6 +36,9 @@ FAULTS: tuple[FaultKind, ...] = (
     FaultKind("peer_flood", 1, "a third host holds 100 connections to the worker's port past the peer grace"),
     FaultKind("log_flood", 2, "an unthrottled flood of output in the head's raw vLLM log"),
     FaultKind("state_full", 1, "the head's state filesystem filled to the last byte for a while"),
+    FaultKind("handshake_flood", 1, "a local user on the worker floods the head's port with connections that never "
+                                    "begin their (TLS) handshake"),
+    FaultKind("slow_body", 1, "a local user on the worker holds requests to the head whose body never comes"),
 )
 # Opt-in (SOAK_DOCKERD=1, dockerd.py): a Docker engine of the soak's own restarted under a docker-exec daemon.
 DOCKERD = FaultKind("dockerd_restart", 2, "the Docker engine of a docker-exec daemon stopped, then started again")
@@ -52,9 +55,15 @@ class Step:
 
 
 def kinds_from_env(env: dict[str, str] | None = None) -> tuple[FaultKind, ...]:
-    """The faults of this run: the default ones, and the dockerd restart when ``SOAK_DOCKERD=1``."""
+    """The faults of this run: the default ones, and the dockerd restart when ``SOAK_DOCKERD=1``; only those
+    ``SOAK_FAULTS`` names (comma-separated) when it is set."""
     env = dict(os.environ) if env is None else env
-    return (*FAULTS, DOCKERD) if env.get("SOAK_DOCKERD") == "1" else FAULTS
+    kinds = (*FAULTS, DOCKERD) if env.get("SOAK_DOCKERD") == "1" else FAULTS
+    only = {name.strip() for name in env.get("SOAK_FAULTS", "").split(",") if name.strip()}
+    unknown = only - {k.name for k in kinds}
+    if unknown:
+        raise ValueError(f"SOAK_FAULTS names no such fault: {', '.join(sorted(unknown))}")
+    return tuple(k for k in kinds if k.name in only) if only else kinds
 
 
 def seed_from_env(env: dict[str, str] | None = None) -> int:
@@ -123,6 +132,10 @@ def _params(kind: str, rng: random.Random) -> dict[str, Any]:
         return {"count": 100, "hold_s": round(rng.uniform(8, 14), 1)}
     if kind == "log_flood":
         return {"seconds": round(rng.uniform(2, 5), 1)}
+    if kind == "handshake_flood":  # review 2, #12: no resource before proof
+        return {"count": 1000, "hold_s": round(rng.uniform(10, 16), 1), "rate": 200}
+    if kind == "slow_body":  # review 2, #10/#11: the whole request has a deadline
+        return {"count": 16, "hold_s": round(rng.uniform(10, 16), 1)}
     if kind == "state_full":
         return {"hold_s": round(rng.uniform(4, 8), 1), "kill_rank": rng.random() < 0.5}
     return {}

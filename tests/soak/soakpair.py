@@ -64,6 +64,8 @@ class SoakPair:
         for name, cfg in (("head", head_cfg), ("worker", worker_cfg)):
             self.controls[name] = tmp / f"{name}-control"
             cfg["launch"]["env"]["SPARKD_STANDIN_CONTROL_FILE"] = str(self.controls[name])
+        if os.environ.get("SOAK_TLS") == "1":  # the peer link in mutual TLS (its handshakes meet the floods)
+            mutual_tls(tmp, ((head_cfg, self.link.head_addr), (worker_cfg, self.link.worker_addr)))
         self.head = NodeDaemon(tmp / "head", head_cfg, self.link.head_ns)
         self.worker = NodeDaemon(tmp / "worker", worker_cfg, self.link.worker_ns)
         self.head.state_dir.mkdir(parents=True, exist_ok=True)
@@ -178,6 +180,18 @@ class SoakPair:
     def status_pid(daemon: NodeDaemon) -> int | None:
         data, _ = read_status(daemon.state_dir / "status.json")
         return int(data["pid"]) if data and data.get("pid") else None
+
+
+def mutual_tls(tmp: Path, nodes: tuple[tuple[dict[str, Any], str], ...]) -> None:
+    """A CA and one certificate per node (its address in subjectAltName), set in each config's [api]."""
+    from test_peer_tls import issue, make_ca
+
+    pki = tmp / "pki"
+    pki.mkdir(exist_ok=True)
+    ca = make_ca(pki, "sparkd-ca")
+    for cfg, address in nodes:
+        cert, key = issue(pki, ca, cfg["node"]["name"], address)
+        cfg["api"].update({"tls_cert": str(cert), "tls_key": str(key), "tls_ca": str(ca[1])})
 
 
 def stop_tree(pid: int, sig: int = signal.SIGSTOP) -> list[psutil.Process]:

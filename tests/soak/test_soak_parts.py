@@ -180,8 +180,8 @@ def test_the_sampler_outlives_a_check_that_fails(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("n", "now", "runs"), [
-    (0, 0.0, True), (12, 119.0, True), (12, 125.0, True),  # the opening finishes past the deadline
-    (13, 119.0, True), (13, 120.0, False), (30, 500.0, False),
+    (0, 0.0, True), (14, 119.0, True), (14, 125.0, True),  # the opening (15 kinds) finishes past the deadline
+    (15, 119.0, True), (15, 120.0, False), (30, 500.0, False),
 ])
 def test_the_opening_finishes_whatever_the_time(n: int, now: float, runs: bool) -> None:
     assert another(n, len(FAULTS), now, deadline=120.0) is runs
@@ -220,3 +220,13 @@ def test_the_sampler_counts_a_neighbour_change_at_every_sample(tmp_path: Path) -
     sampler.join(10)
     [violation] = ledger.to_json()
     assert violation["what"].startswith("a neighbour's process changed") and violation["count"] >= 3
+
+
+def test_soak_faults_picks_the_faults_of_a_run() -> None:
+    from schedule import kinds_from_env
+
+    assert [k.name for k in kinds_from_env({"SOAK_FAULTS": "slow_body, handshake_flood"})] == [
+        "handshake_flood", "slow_body"]
+    assert len(kinds_from_env({})) == len(FAULTS)
+    with pytest.raises(ValueError, match="SOAK_FAULTS names no such fault: nope"):
+        kinds_from_env({"SOAK_FAULTS": "nope"})
