@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import socket
 import ssl
@@ -24,6 +25,7 @@ from typing import Any
 from sparkd.api.admission import Slots, Ticket
 
 HANDSHAKE_S = 2.0  # from accept() to a finished TLS handshake
+TRIM_AFTER_S = 1.0  # after the last failed handshake of a burst
 OUT_OF_FDS_PAUSE_S = 1.0  # as asyncio's own server: accept() again after this when the process has no fd left
 _OUT_OF_RESOURCE = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -46,6 +48,7 @@ class Doorway:
         self.handshake_s = handshake_s
         self.on_resource_error = on_resource_error
         self.opening: set[asyncio.Task[None]] = set()
+        self._trim: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -90,6 +93,8 @@ class Doorway:
         try:
             if self.ssl_context is not None:
                 await asyncio.wait_for(_readable(loop, conn), self.handshake_s)
+                if not conn.recv(1, socket.MSG_PEEK):
+                    return  # closed before a word: no TLS state for it
                 left = max(self.handshake_s - (time.monotonic() - began), 0.05)
                 await loop.connect_accepted_socket(lambda: self.protocol_for(caller, ticket), conn,
                                                    ssl=self.ssl_context, ssl_handshake_timeout=left)
@@ -103,6 +108,20 @@ class Doorway:
                 self.slots.leave(ticket)
                 with contextlib.suppress(OSError):
                     conn.close()
+                if self.ssl_context is not None:
+                    self._trim_later()
+
+    def _trim_later(self) -> None:
+        """Once a burst of failed handshakes is over, give what their TLS state took back to the system."""
+        if self._trim is not None:
+            self._trim.cancel()
+        self._trim = asyncio.get_running_loop().call_later(TRIM_AFTER_S, trim_heap)
+
+
+def trim_heap() -> None:
+    """glibc's ``malloc_trim(0)``: free pages of the heap back to the system (nothing elsewhere)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _cancel(task: asyncio.Task[None]) -> None:

@@ -20,6 +20,7 @@ LOCAL_USER = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-grou
 # Holds COUNT connections to HOST:PORT for SECONDS, opening a new one for each the server closes (at most RATE new
 # ones a second), from the given SOURCES (comma-separated local addresses, "-": any). MODE:
 #   silent     TCP only, nothing sent (no TLS ClientHello either)
+#   hello      the first 5 bytes of a TLS ClientHello (a record header), then nothing
 #   body       "POST PATH" with Content-Length: 60000, and no body
 #   tls-idle   a TLS handshake without a certificate, then nothing
 #   tls-body   a TLS handshake without a certificate, then the body-less POST
@@ -46,6 +47,8 @@ def one(n):
     try:
         if mode.startswith("tls"):
             sock = ctx.wrap_socket(sock, server_hostname=host)
+        if mode == "hello":
+            sock.sendall(b"\\x16\\x03\\x01\\x02\\x00")
         if mode.endswith("body"):
             sock.sendall(body.encode())
     except (OSError, ssl.SSLError):
