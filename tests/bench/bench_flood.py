@@ -182,8 +182,8 @@ def bench(args: Any) -> dict[str, Any]:
     for row in results["sparkd"]:
         what = "silent" if row["mode"] == "silent" else "a ClientHello begun"
         print(f"| from {row['sources']} address(es), {what} | {row['rss_before_mib']:.1f} → "
-              f"{row['rss_during_max_mib']:.1f} → {row['rss_after_mib']:.1f} MiB | {row['fds_before']:.0f} → {row['fds_during_max']} → "
-              f"{row['fds_after']} | uvicorn/asyncio, {args.peer_connections} from 1 address: "
+              f"{row['rss_during_max_mib']:.1f} → {row['rss_after_mib']:.1f} MiB | {row['fds_before']:.0f} → "
+              f"{row['fds_during_max']} → {row['fds_after']} | uvicorn/asyncio, {args.peer_connections} from 1: "
               f"{peer_row['rss_before_mib']:.1f} → {peer_row['rss_during_max_mib']:.1f} → "
               f"{peer_row['rss_after_mib']:.1f} MiB, fds {peer_row['fds_during_max']} |")
     print(f"RSS per connection tried: sparkd {per * 1024:.2f} KiB, peer {peer_per * 1024:.1f} KiB "
