@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 from daemon_harness import BIN, Fleet
@@ -88,3 +89,63 @@ def test_a_group_member_cannot_hand_over_recreate_bloat_or_crash_the_daemon(spar
     done = daemon.ctl("handover")
     assert done.returncode == 0, done.stderr
     assert daemon.proc.wait(30) == 0 and psutil.pid_exists(pid)  # the fleet's teardown ends that vLLM
+
+
+# Holds COUNT connections to the unix socket SOCK for SECONDS, each sending a POST whose body never comes, reopening
+# each one the daemon closes; prints the most seconds any stayed open and how many the daemon closed.
+HOLD_UNIX = textwrap.dedent("""\
+    import json, socket, sys, time
+    path, count, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    head = (b"POST /v1/stop HTTP/1.1\\r\\nHost: sparkd\\r\\nContent-Type: application/json\\r\\n"
+            b"Content-Length: 60000\\r\\n\\r\\n")
+    def one():
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(path)
+            s.sendall(head)
+        except OSError:  # refused: the uid's slots are full
+            s.close()
+            return None
+        s.setblocking(False)
+        return [s, time.monotonic()]
+    held, closed, longest, end = [], 0, 0.0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        held += [c for c in (one() for _ in range(count - len(held))) if c]
+        time.sleep(0.1)
+        for item in list(held):
+            try:
+                gone = item[0].recv(4096) == b""
+            except BlockingIOError:
+                gone = False
+            except OSError:
+                gone = True
+            if gone:
+                longest = max(longest, time.monotonic() - item[1])
+                closed += 1
+                item[0].close()
+                held.remove(item)
+    now = time.monotonic()
+    print(json.dumps({"closed": closed, "longest": max([longest, *(now - t for _, t in held)])}))
+    """)
+
+
+def test_a_group_member_cannot_hold_the_control_socket_with_bodies_that_never_come(sparkd: Fleet) -> None:
+    """Review 2, #10's last line: a group member held 8 connections forever with body-less requests."""
+    daemon = sparkd(api={"socket_group": "nogroup", "port": 0})
+    daemon.start()
+    pid = daemon.wait_state("ready")["pid"]
+    holder = subprocess.Popen([*MEMBER, sys.executable, "-c", HOLD_UNIX, str(daemon.socket), "20", "12"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        for _ in range(3):  # root's sparkctl meanwhile, in its own slots (the member's uid has filled its own)
+            answer = daemon.ctl("--json", "status")  # answered (its state is the stand-in's business)
+            assert answer.returncode in (0, 1) and json.loads(answer.stdout)["daemon_pid"], answer
+            time.sleep(1)
+        out, _ = holder.communicate(timeout=60)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    stats = json.loads(out)
+    assert stats["closed"] >= 20 and stats["longest"] < 5, stats  # closed at the 2 s request deadline, again
+    assert daemon.status()["pid"] == pid
