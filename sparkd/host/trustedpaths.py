@@ -18,11 +18,10 @@ from __future__ import annotations
 import os
 import pwd
 import stat
-from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 
-MAX_LINKS = 40
+from sparkd.host.pathwalk import MAX_LINKS, Components
 
 
 def trusted_owners() -> frozenset[int]:
@@ -52,37 +51,22 @@ def unsafe(path: Path | str, owners: frozenset[int] | None = None) -> str | None
     """Why someone other than ``owners`` (default: root and this user) could change what ``path`` names, or
     None. Raises nothing: an unreadable component is a reason too."""
     owners = trusted_owners() if owners is None else owners
-    parts = deque(Path(os.path.abspath(path)).parts[1:])
-    current, links = "/", 0
+    walk = Components(os.path.abspath(path))
     try:
-        why = _loose("/", os.lstat("/"), owners, last=not parts)
-        while parts and why is None:
-            name = parts.popleft()
-            if name in ("", "."):
-                continue
-            if name == "..":
-                current = os.path.dirname(current)
-                continue
-            candidate = os.path.join(current, name)
+        why = _loose("/", os.lstat("/"), owners, last=walk.last)
+        while why is None and (candidate := walk.next()) is not None:
             try:
                 st = os.lstat(candidate)
             except FileNotFoundError:
                 return None  # sparkd creates the rest, under a directory found safe
             if stat.S_ISLNK(st.st_mode):
-                links += 1
-                if links > MAX_LINKS:
+                if not walk.follow(candidate):
                     return f"{path} has more than {MAX_LINKS} symlinks on its way"
-                target = Path(os.readlink(candidate))
-                if target.is_absolute():
-                    current = "/"
-                    parts.extendleft(reversed(target.parts[1:]))
-                else:
-                    parts.extendleft(reversed(target.parts))
                 continue
-            why = _loose(candidate, st, owners, last=not parts)
-            current = candidate
+            why = _loose(candidate, st, owners, last=walk.last)
+            walk.enter(candidate)
     except OSError as exc:
-        return f"{current} cannot be examined: {exc.strerror or exc}"
+        return f"{walk.current} cannot be examined: {exc.strerror or exc}"
     return why
 
 

@@ -20,15 +20,15 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
+from sparkd.host.pathwalk import Components
+
 MAX_ENTRIES = 200_000
 MAX_WALK_S = 60.0
-MAX_LINKS = 40
 
 
 class TooBig(Exception):
@@ -71,38 +71,23 @@ class Places:
 def resolve_within(path: str, places: Places) -> str | None:
     """The real path of ``path`` (absolute) when every link on its way keeps it inside ``places``; None when it
     leaves them, loops or does not exist. Only what lies inside the places is looked at."""
-    parts = deque(PurePosixPath(path).parts[1:])
-    current, links = "/", 0
-    while parts:
-        name = parts.popleft()
-        if name in ("", "."):
-            continue
-        if name == "..":
-            current = os.path.dirname(current)
-            continue
-        candidate = os.path.join(current, name)
+    walk = Components(path)
+    while (candidate := walk.next()) is not None:
         if not places.inside(candidate):
             if not places.above(candidate):
                 return None
-            current = candidate
+            walk.enter(candidate)
             continue
         try:
             st = os.lstat(candidate)
         except OSError:
             return None
         if stat.S_ISLNK(st.st_mode):
-            links += 1
-            if links > MAX_LINKS:
+            if not walk.follow(candidate):
                 return None
-            target = PurePosixPath(os.readlink(candidate))
-            if target.is_absolute():
-                current = "/"
-                parts.extendleft(reversed(target.parts[1:]))
-            else:
-                parts.extendleft(reversed(target.parts))
             continue
-        current = candidate
-    return current if places.inside(current) else None
+        walk.enter(candidate)
+    return walk.current if places.inside(walk.current) else None
 
 
 def walk(root: Path, ignore: Sequence[str], *, max_entries: int = MAX_ENTRIES, max_s: float = MAX_WALK_S,
