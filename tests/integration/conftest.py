@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,3 +37,17 @@ def make_pair(tmp_path: Path) -> Iterator[Any]:
     yield make
     for pair in pairs:
         pair.close()
+
+
+@pytest.fixture
+def theirs() -> Iterator[Path]:
+    """A folder of nobody's (uid 65534), mode 0755, under /tmp: pytest's own folders are root's 0700, where
+    another user could not reach a file."""
+    base = Path(tempfile.mkdtemp(prefix="sparkd-theirs-"))
+    base.chmod(0o755)
+    os.chown(base, 65534, 65534)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+

@@ -11,28 +11,16 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 from docker_runtime_support import TIMEOUT, DockerPlace, run_to_end, sh
+from test_runtime_docker_exec import setup  # noqa: F401 (the fixture: a docker-exec place of this test's own)
 
-from sparkd.config import RuntimeKind
 from sparkd.runtime.docker_exec import LOG_IN_CONTAINER
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 SECRET = "HOST-ONLY-SECRET-4242"
-
-
-@pytest.fixture
-def setup(docker_client: Any, test_image: str, python_mounts: dict[str, dict[str, str]],
-          docker_test_labels: dict[str, str], docker_session_id: str, tmp_path: Path) -> Iterator[DockerPlace]:
-    place = DockerPlace(RuntimeKind.docker_exec, docker_client, test_image, python_mounts, docker_test_labels,
-                        docker_session_id, tmp_path)
-    try:
-        yield place
-    finally:
-        place.remove()
 
 
 @pytest.fixture
@@ -45,8 +33,8 @@ def host_only() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-async def test_a_log_linked_out_of_the_container_reads_nothing_of_the_host(setup: DockerPlace,
-                                                                           host_only: Path) -> None:
+async def test_a_log_linked_out_of_the_container_reads_nothing_of_the_host(
+        setup: DockerPlace, host_only: Path) -> None:  # noqa: F811 (the fixture, imported)
     secret = host_only / "host-secret"
     secret.write_text(SECRET + "\n")
     secret.chmod(0o600)

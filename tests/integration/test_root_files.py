@@ -12,10 +12,8 @@ come from a file only root could have written, and what the programs write is wr
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,18 +23,6 @@ from daemon_harness import BIN, STANDIN, Fleet, alive, base_config, kill_tree, r
 from freeport import free_port
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="files of another user need root")
-
-
-@pytest.fixture
-def theirs() -> Iterator[Path]:
-    """A folder of nobody's, under /tmp (pytest's own folders are root's 0700)."""
-    base = Path(tempfile.mkdtemp(prefix="sparkd-theirs-"))
-    base.chmod(0o755)
-    os.chown(base, NOBODY, NOBODY)
-    try:
-        yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def sparkd(*args: str, env: dict[str, str] | None = None, umask: int | None = None,
