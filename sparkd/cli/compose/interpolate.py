@@ -26,6 +26,8 @@ def read_env_file(path: Path) -> dict[str, str]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ComposeError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # a NUL in the name, or not UTF-8
+        raise ComposeError(f"{str(path)!r}: cannot read: {exc}") from None
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
