@@ -47,7 +47,7 @@ class Doorway:
         self.ssl_context = ssl_context
         self.handshake_s = handshake_s
         self.on_resource_error = on_resource_error
-        self.opening: set[asyncio.Task[None]] = set()
+        self.opening: set[asyncio.Task[bool]] = set()
         self._trim: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
@@ -82,34 +82,39 @@ class Doorway:
             return
         task = asyncio.get_running_loop().create_task(self._open(conn, caller, ticket))
         self.opening.add(task)
-        task.add_done_callback(self.opening.discard)
+        # Closed here, not in _open: a task cancelled before its first step never runs its body (an eviction
+        # right after the accept), and its socket would stay open, uncounted.
+        task.add_done_callback(partial(self._opened, conn, ticket))
         if not task.done():
             ticket.close = partial(_cancel, task)
 
-    async def _open(self, conn: socket.socket, caller: Any, ticket: Ticket) -> None:
+    async def _open(self, conn: socket.socket, caller: Any, ticket: Ticket) -> bool:
+        """Whether the connection was handed to its protocol (else :meth:`_opened` closes it)."""
         loop = asyncio.get_running_loop()
         began = time.monotonic()
-        handed = False
         try:
             if self.ssl_context is not None:
                 await asyncio.wait_for(_readable(loop, conn), self.handshake_s)
                 if not conn.recv(1, socket.MSG_PEEK):
-                    return  # closed before a word: no TLS state for it
+                    return False  # closed before a word: no TLS state for it
                 left = max(self.handshake_s - (time.monotonic() - began), 0.05)
                 await loop.connect_accepted_socket(lambda: self.protocol_for(caller, ticket), conn,
                                                    ssl=self.ssl_context, ssl_handshake_timeout=left)
             else:
                 await loop.connect_accepted_socket(lambda: self.protocol_for(caller, ticket), conn)
-            handed = True
-        except (OSError, ssl.SSLError, TimeoutError, ConnectionError, asyncio.CancelledError):
-            pass  # a failed or silent handshake, or an eviction: nothing was served
-        finally:
-            if not handed:
-                self.slots.leave(ticket)
-                with contextlib.suppress(OSError):
-                    conn.close()
-                if self.ssl_context is not None:
-                    self._trim_later()
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError):
+            return False  # a failed or silent handshake: nothing was served
+        return True
+
+    def _opened(self, conn: socket.socket, ticket: Ticket, task: asyncio.Task[bool]) -> None:
+        self.opening.discard(task)
+        if not task.cancelled() and task.exception() is None and task.result():
+            return
+        self.slots.leave(ticket)
+        with contextlib.suppress(OSError):
+            conn.close()
+        if self.ssl_context is not None:
+            self._trim_later()
 
     def _trim_later(self) -> None:
         """Once a burst of failed handshakes is over, give what their TLS state took back to the system."""
@@ -124,7 +129,7 @@ def trim_heap() -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
-def _cancel(task: asyncio.Task[None]) -> None:
+def _cancel(task: asyncio.Task[bool]) -> None:
     task.cancel()
 
 
