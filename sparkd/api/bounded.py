@@ -20,7 +20,6 @@ requests whose body never came held a peer's slots for good (review 2, #10, #11)
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import resource
 import socket
 import struct
@@ -38,8 +37,6 @@ from sparkd.cluster.addresses import PeerAddresses, normalise
 FIRST_REQUEST_S = 2.0
 NEXT_REQUEST_S = 10.0
 MIN_FDS = 1024  # the daemon's caps keep it far below this (docs/design.md §10); the unit's soft limit
-M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-MMAP_THRESHOLD = 128 * 1024
 TLS_READ_BUFFER = 32 * 1024
 SCOPE_KEY = "sparkd.caller"
 PROVE_KEY = "sparkd.prove"
@@ -167,33 +164,17 @@ class BoundedH11(H11Protocol):
 def harden_process() -> None:
     """The descriptor soft limit at least :data:`MIN_FDS` (the caps bound what the daemon holds; the unit's hard
     limit is for a host-process vLLM, which raises its own soft limit); TLS read buffers of 32 KiB
-    (:func:`smaller_tls_buffers`) and large buffers given back to the system when freed
-    (:func:`return_large_buffers`)."""
+    (:func:`smaller_tls_buffers`)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = MIN_FDS if hard == resource.RLIM_INFINITY else min(MIN_FDS, hard)
     if soft != resource.RLIM_INFINITY and soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     smaller_tls_buffers()
-    return_large_buffers()
 
 
 def smaller_tls_buffers() -> None:
     """asyncio gives each TLS connection it serves a read buffer of 256 KiB (``SSLProtocol.max_size``) from the
     first byte of its handshake; 48 handshakes held open by a client that never finishes them kept ~16 MB of the
-    daemon's heap after they were gone. 32 KiB still takes two whole TLS records (16 KiB each) per read. Only the
+    daemon's heap after they were gone (with 32 KiB: ~5 MB, once; tests/bench/bench_flood.py). 32 KiB still takes two whole TLS records (16 KiB each) per read. Only the
     listeners' connections use asyncio's TLS in this process (the peer client's TLS is anyio's)."""
     sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
-
-
-def return_large_buffers() -> bool:
-    """Every allocation of 128 KiB or more mapped on its own, so that freeing it returns it to the system at once.
-
-    Each TLS connection asyncio serves holds a 256 KiB read buffer. glibc maps such blocks on their own at first,
-    but its threshold rises after the first one is freed (up to 32 MiB), and later ones come from the heap,
-    which does not shrink: the memory a flood of handshakes took stayed with the daemon (security review 2, #12).
-    ``mallopt(M_MMAP_THRESHOLD)`` fixes the threshold. Whether glibc took it (False elsewhere: musl)."""
-    try:
-        libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-    except (OSError, AttributeError):
-        return False
