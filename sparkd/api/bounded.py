@@ -175,6 +175,7 @@ def harden_process() -> None:
 def smaller_tls_buffers() -> None:
     """asyncio gives each TLS connection it serves a read buffer of 256 KiB (``SSLProtocol.max_size``) from the
     first byte of its handshake; 48 handshakes held open by a client that never finishes them kept ~16 MB of the
-    daemon's heap after they were gone (with 32 KiB: ~5 MB, once; tests/bench/bench_flood.py). 32 KiB still takes two whole TLS records (16 KiB each) per read. Only the
-    listeners' connections use asyncio's TLS in this process (the peer client's TLS is anyio's)."""
+    daemon's heap after they were gone (with 32 KiB: ~5 MB, once; tests/bench/bench_flood.py). 32 KiB still takes
+    two whole TLS records (16 KiB each) per read. Only the listeners' connections use asyncio's TLS in this
+    process (the peer client's TLS is anyio's)."""
     sslproto.SSLProtocol.max_size = TLS_READ_BUFFER

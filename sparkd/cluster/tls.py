@@ -3,9 +3,10 @@
 The server asks every client for a certificate but lets one without a certificate finish the handshake
 (``CERT_OPTIONAL``): Prometheus scrapes ``/metrics`` without one, and the peer API refuses a connection that
 did not present a certificate chaining to ``tls_ca`` (``sparkd.api.gates``); a connection from a peer's address
-without one is closed at once, and one with one has proved itself (``sparkd.api.bounded``). A client certificate that does not
-chain to the CA fails the handshake. The client checks the server's certificate against the CA and the address
-it dialled (the certificate's subjectAltName must hold the peer's address as written in ``[cluster] peers``).
+without one is closed at once, and one with one has proved itself (``sparkd.api.bounded``). A client certificate
+that does not chain to the CA fails the handshake. The client checks the server's certificate against the CA and
+the address it dialled (the certificate's subjectAltName must hold the peer's address as written in ``[cluster]
+peers``).
 The private key is read only when it is root's (or the running user's) alone and not a symlink, as the token file.
 """
 
