@@ -218,7 +218,7 @@ class Notifier:
         except TimeoutError:
             error = f"no answer within {self.cfg.timeout_s:g} s"
         except Exception as exc:  # a refused connection, a TLS error, a bad answer: the target fails, not sparkd
-            error = _quiet(f"{type(exc).__name__}: {exc}", [ch])
+            error = _quiet(_why(exc), [ch])
         if error is None:
             self._delivered(ch, event)
         else:
@@ -259,6 +259,19 @@ class Notifier:
                 "next_try_in_s": None if ch.next_try_at is None else round(max(0.0, ch.next_try_at - now), 1),
             })
         return {"targets": targets, "problems": list(self.problems)}
+
+
+_CLOSED = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.IncompleteRead, anyio.ClosedResourceError)
+
+
+def _why(exc: BaseException) -> str:
+    """A failed delivery in words: what the connection did, with the cause anyio wraps."""
+    if isinstance(exc, _CLOSED):
+        return "the endpoint closed the connection without answering"
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, OSError) and isinstance(cause, OSError) and cause.strerror:
+        return f"{cause.strerror} ({type(cause).__name__})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _quiet(text: str, channels: list[_Channel]) -> str:

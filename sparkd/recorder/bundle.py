@@ -29,6 +29,7 @@ from typing import Any
 
 from sparkd import __version__
 from sparkd.config import Config
+from sparkd.config.notify import masked_url, notify_secrets
 from sparkd.config.secretrule import is_secret_name
 from sparkd.launch.redact import MASK, Redactor, read_secret
 from sparkd.launch.render import secret_values
@@ -48,7 +49,8 @@ def bundle_redactor(cfg: Config) -> Redactor:
     report travels)."""
     envs = {**cfg.container.env, **cfg.launch.env}
     named = [value for name, value in envs.items() if _secret_name(name, cfg)]
-    return Redactor([*secret_values(cfg), read_secret(cfg.api.token_file), *named], names=cfg.launch.secret_env)
+    return Redactor([*secret_values(cfg), read_secret(cfg.api.token_file), *named, *notify_secrets(cfg.notify)],
+                    names=cfg.launch.secret_env)
 
 
 def _secret_name(name: str, cfg: Config) -> bool:
@@ -64,6 +66,9 @@ def _masked_config(cfg: Config, redact: Redactor) -> dict[str, Any]:
                 env[name] = MASK
     if data["launch"].get("api_key"):
         data["launch"]["api_key"] = MASK
+    for target in data.get("notify", {}).get("targets") or []:
+        if target.get("url"):
+            target["url"] = masked_url(target["url"])
     masked: dict[str, Any] = redact.mapping(data)
     return masked
 
