@@ -94,11 +94,12 @@ def config_reference_cmd(as_json: bool) -> None:
     from dataclasses import asdict
 
     from sparkd.config.reference import reference_markdown, rows
+    from sparkd.launch.traps import rules_markdown
 
     if as_json:
         click.echo(json.dumps([asdict(row) for row in rows()], indent=2))
     else:
-        click.echo(reference_markdown(), nl=False)
+        click.echo(reference_markdown() + rules_markdown(), nl=False)
 
 
 @main.command("run", epilog=(

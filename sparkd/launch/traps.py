@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from sparkd.config import Config
 from sparkd.launch.render import EnvSetting
 
-__all__ = ["RULES", "NodeFacts", "field_traps"]
+__all__ = ["RULES", "NodeFacts", "field_traps", "rules_markdown"]
 
 READY_TIMEOUT_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"
 VLLM_READY_DEFAULT_S = 600.0  # vllm/envs.py
@@ -56,6 +56,19 @@ RULES: dict[str, tuple[str, str]] = {
         "error", "the ranks' images carry different NCCL, vLLM or CUDA builds: the same NCCL version built twice "
         "hung a pair (vllm #42354), NCCL 2.28.9 against 2.30.4 broke CUDA graphs across nodes (vllm #52504)"),
 }
+
+
+def rules_markdown() -> str:
+    """The config reference's section on these rules (``sparkd config-reference``, docs/config.md)."""
+    rows = [f"| `{rule}` | {level} | {report} |" for rule, (level, report) in RULES.items()]
+    return ("\n## Lint rules from the field\n\nSettings that cost users days, checked with the other lint rules by "
+            "`sparkd check-config`, `sparkd run` and a reload, in the environment vLLM starts with (on the host "
+            "sparkd's own included); an error refuses the config unless its id is in `[lint] allow`. "
+            "`engine-ready-timeout-below-cold-start` judges by the starts this node measured (`start-times.json` and "
+            "`status.json` in `[paths] state_dir`), in `sparkd check-config` and again in the preflight before every "
+            "start; `build-parity` is the head's, before it starts the workers, on the builds each rank's preflight "
+            "read (check `builds`).\n\n"
+            "| Rule | Level | The trap, and the report that taught it |\n|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 @dataclass(frozen=True)
