@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from sparkd.cluster.addresses import PeerAddresses
-from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable, claim
+from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable, claim, wire
 from sparkd.cluster.ranks import Member, group_problems, group_role
 from sparkd.cluster.shared import (
     build_differences,
@@ -31,6 +31,7 @@ from sparkd.cluster.shared import (
 )
 from sparkd.commands import reload as reload_command
 from sparkd.commands.base import NoParams
+from sparkd.commands.command import Params
 from sparkd.commands.port import Route
 from sparkd.commands.rank import RANK_FAILED, RANK_PREFLIGHT, RANK_START, RANK_STOP, Failed
 from sparkd.commands.statusdoc import PeerEntry, Status
@@ -345,11 +346,14 @@ class Coordinator:
                     tg.start_soon(one, peer)
         return problems
 
-    async def forward(self, command: Route) -> tuple[bool, dict[str, Any]]:
-        """Worker side: an operator command, carried out by the head for the whole group."""
+    async def forward(self, command: Route, request: Params | None = None, *,
+                      timeout_s: float | None = None) -> tuple[bool, dict[str, Any]]:
+        """Worker side: an operator command (with ``request``'s parameters), carried out by the head for the whole
+        group."""
         head = self.client.peers[0]
+        method, path, body = (command.method, command.path, None) if request is None else wire(command, request)
         try:
-            answer = await self.client.envelope(head, command.method, command.path, retries=1)
+            answer = await self.client.envelope(head, method, path, retries=1, timeout_s=timeout_s, json=body)
         except PeerUnreachable as exc:
             return False, {"error": f"the head is unreachable ({exc}); use --local to act on this rank alone"}
         return bool(answer.get("ok")), {**answer, "forwarded_to": head}

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sparkd.commands.base import Method, Reply, Stream
+    from sparkd.commands.command import Params
     from sparkd.commands.statusdoc import Status
     from sparkd.supervisor import vocabulary as v
 
@@ -41,9 +42,10 @@ class Served(Route, Protocol):
 class Group(Protocol):
     """The group a node belongs to, as commands see it."""
 
-    async def forward(self, command: Route) -> tuple[bool, dict[str, Any]]:
-        """A worker's operator command, carried out by its head for the whole group: (done, the head's envelope
-        with ``forwarded_to``)."""
+    async def forward(self, command: Route, request: Params | None = None, *,
+                      timeout_s: float | None = None) -> tuple[bool, dict[str, Any]]:
+        """A worker's operator command (with ``request``'s parameters), carried out by its head for the whole group:
+        (done, the head's envelope with ``forwarded_to``)."""
 
     def on_report(self, peer: str, failure: dict[str, Any] | None) -> bool: ...
 
