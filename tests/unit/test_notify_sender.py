@@ -199,3 +199,13 @@ def test_the_config_takes_one_url_source_and_never_echoes_a_bad_url() -> None:
             config_from_mapping({**base, "notify": {"targets": [target]}}, env={})
         assert said in str(caught.value)
         assert "SECRETPATH" not in str(caught.value) and "SECRETPASS" not in str(caught.value)
+
+
+def test_the_readmes_notify_example_is_a_valid_config() -> None:
+    import re
+    import tomllib
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.S) if "[notify]" in b]
+    config = config_from_mapping({"runtime": "process", "launch": {"model": "m"}, **tomllib.loads(block)}, env={})
+    assert [t.shape for t in config.notify.targets] == ["ntfy", "slack"]
