@@ -115,6 +115,19 @@ def test_the_renderer_escapes_and_keeps_code_apart() -> None:
     assert re.search(r"<title>sparkd \S+ runbook</title>", page)
 
 
+
+
+
+def test_the_dashboards_failure_panel_links_each_class_to_its_section() -> None:
+    import json
+
+    dashboard = json.loads((REPO / "packaging" / "grafana" / "sparkd-dashboard.json").read_text())
+    (panel,) = [p for p in dashboard["panels"] if p["title"].startswith("Failures by class")]
+    (link,) = panel["fieldConfig"]["defaults"]["links"]
+    assert link["url"] == "http://${__field.labels.instance}/runbook#${__field.labels.class}"
+    ids = set(parsed(to_html(source())).ids)
+    assert {cls.value for cls in FailureClass} <= ids  # every value of the class label is an anchor
+
 if __name__ == "__main__":
     RUNBOOK.write_text(rendered(RUNBOOK.read_text()))
     sys.exit(0)
