@@ -18,7 +18,6 @@ from collections.abc import Iterable, MutableMapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkd.config.notify import notify_secrets
 from sparkd.config.secretrule import MASK, is_secret_name, mask_shapes
 from sparkd.launch.render import secret_values
 
@@ -77,10 +76,9 @@ def read_secret(path: Path | None) -> str | None:
 
 
 def redactor_for(cfg: Config, *, token: str | None = None) -> Redactor:
-    """The daemon's redactor: every secret the config holds or names, the peers' shared secret and the webhooks'
-    URLs."""
+    """The daemon's redactor: every secret the config holds or names, and the peers' shared secret."""
     token = token if token is not None else read_secret(cfg.api.token_file)
-    return Redactor([*secret_values(cfg), token, *notify_secrets(cfg.notify)], names=cfg.launch.secret_env)
+    return Redactor([*secret_values(cfg), token], names=cfg.launch.secret_env)
 
 
 _for_logs = Redactor()

@@ -15,6 +15,7 @@ from typing import Any
 
 from sparkd import __version__
 from sparkd.config import Config, HealthConfig, LaunchConfig
+from sparkd.config.notify import notify_secrets
 from sparkd.config.secretfile import SecretFileProblem, read_secret_file
 from sparkd.config.secretrule import is_secret_name
 
@@ -226,10 +227,12 @@ def api_key(cfg: Config) -> str | None:
 
 
 def secret_values(cfg: Config) -> list[str]:
-    """Every secret value the config holds or names (the API key, secret-named environment values)."""
+    """Every secret value the config holds or names (the API key, secret-named environment values, the webhooks'
+    URLs)."""
     names = cfg.launch.secret_env
     env = {**cfg.container.env, **render_env(cfg)}
-    return [v for k, v in env.items() if is_secret_name(k, names)] + [k for k in (api_key(cfg),) if k]
+    return ([v for k, v in env.items() if is_secret_name(k, names)] + [k for k in (api_key(cfg),) if k]
+            + notify_secrets(cfg.notify))
 
 
 def render_script(spec: LaunchSpec, *, source: str = "the sparkd config") -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 from sparkd import __version__
 from sparkd.config import Config
-from sparkd.config.notify import masked_url, notify_secrets
+from sparkd.config.notify import masked_url
 from sparkd.config.secretrule import is_secret_name
 from sparkd.launch.redact import MASK, Redactor, read_secret
 from sparkd.launch.render import secret_values
@@ -49,8 +49,7 @@ def bundle_redactor(cfg: Config) -> Redactor:
     report travels)."""
     envs = {**cfg.container.env, **cfg.launch.env}
     named = [value for name, value in envs.items() if _secret_name(name, cfg)]
-    return Redactor([*secret_values(cfg), read_secret(cfg.api.token_file), *named, *notify_secrets(cfg.notify)],
-                    names=cfg.launch.secret_env)
+    return Redactor([*secret_values(cfg), read_secret(cfg.api.token_file), *named], names=cfg.launch.secret_env)
 
 
 def _secret_name(name: str, cfg: Config) -> bool:

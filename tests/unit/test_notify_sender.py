@@ -209,3 +209,16 @@ def test_the_readmes_notify_example_is_a_valid_config() -> None:
     (block,) = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.S) if "[notify]" in b]
     config = config_from_mapping({"runtime": "process", "launch": {"model": "m"}, **tomllib.loads(block)}, env={})
     assert [t.shape for t in config.notify.targets] == ["ntfy", "slack"]
+
+
+def test_the_daemons_redactor_masks_every_webhook_url(tmp_path: Path) -> None:
+    from sparkd.launch.redact import redactor_for
+
+    hook_file = tmp_path / "hook"
+    hook_file.write_text("https://ntfy.example/SECRETTOPIC\n")
+    hook_file.chmod(0o600)
+    config = config_from_mapping({"runtime": "process", "launch": {"model": "m"}, "notify": {"targets": [
+        {"url": SECRET}, {"shape": "ntfy", "url_file": str(hook_file)}]}}, env={})
+    redact = redactor_for(config)
+    line = redact(f"reload: notify.targets: [{SECRET}] → [https://ntfy.example/SECRETTOPIC]")
+    assert "SECRET" not in line and line.count("(secret)") == 2
