@@ -31,8 +31,7 @@ from sparkd.cluster.shared import (
 )
 from sparkd.commands import reload as reload_command
 from sparkd.commands.base import NoParams
-from sparkd.commands.command import Params
-from sparkd.commands.port import Route
+from sparkd.commands.port import Outgoing, Route
 from sparkd.commands.rank import RANK_FAILED, RANK_PREFLIGHT, RANK_START, RANK_STOP, Failed
 from sparkd.commands.statusdoc import PeerEntry, Status
 from sparkd.config import Config, Role
@@ -346,7 +345,7 @@ class Coordinator:
                     tg.start_soon(one, peer)
         return problems
 
-    async def forward(self, command: Route, request: Params | None = None, *,
+    async def forward(self, command: Route, request: Outgoing | None = None, *,
                       timeout_s: float | None = None) -> tuple[bool, dict[str, Any]]:
         """Worker side: an operator command (with ``request``'s parameters), carried out by the head for the whole
         group."""

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sparkd.commands.base import Method, Reply, Stream
-    from sparkd.commands.command import Params
     from sparkd.commands.statusdoc import Status
     from sparkd.supervisor import vocabulary as v
 
@@ -29,6 +28,12 @@ class Route(Protocol):
     def path(self) -> str: ...
 
 
+class Outgoing(Protocol):
+    """A command's request as the wire carries it (``sparkd.commands.command.Params`` is one)."""
+
+    def to_params(self) -> Mapping[str, object]: ...
+
+
 class Served(Route, Protocol):
     """What the server needs of a command (:class:`sparkd.commands.command.Command`), whatever its request and
     result types."""
@@ -42,7 +47,7 @@ class Served(Route, Protocol):
 class Group(Protocol):
     """The group a node belongs to, as commands see it."""
 
-    async def forward(self, command: Route, request: Params | None = None, *,
+    async def forward(self, command: Route, request: Outgoing | None = None, *,
                       timeout_s: float | None = None) -> tuple[bool, dict[str, Any]]:
         """A worker's operator command (with ``request``'s parameters), carried out by its head for the whole group:
         (done, the head's envelope with ``forwarded_to``)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
-from sparkd.preflight.vllm_args import IDENTITY_SCRIPT, RESOLVE_SCRIPT
+from sparkd.preflight.vllm_args import RESOLVE_SCRIPT, launch_identity
 from sparkd.runtime.base import TargetUnavailable
 from sparkd.state.files import read_json, write_json
 
@@ -121,17 +121,6 @@ def last_builds(state_dir: Path, identity: str | None = None) -> dict[str, Any] 
     return {**{k: entry.get(k) for k in FIELDS}, "identity": last}
 
 
-async def _identity(ctx: PreflightContext) -> str | None:
-    if ctx.image is not None:
-        return ctx.image.id
-    try:
-        result = await ctx.runtime.exec(["sh", "-c", IDENTITY_SCRIPT, "sparkd-id", ctx.spec.argv[0]],
-                                        env=ctx.spec.env)
-    except TargetUnavailable:
-        return None
-    return f"exe:{result.stdout.strip()}" if result.exit_code == 0 and result.stdout.strip() else None
-
-
 def _remember(ctx: PreflightContext, identity: str, builds: dict[str, Any]) -> None:
     path = ctx.cfg.paths.state_dir / BUILDS_FILE
     if ctx.dry_run or not path.parent.is_dir():
@@ -147,7 +136,7 @@ def _remember(ctx: PreflightContext, identity: str, builds: dict[str, Any]) -> N
 async def check_builds(ctx: PreflightContext) -> CheckResult:
     if ctx.cfg.launch.script:
         return CheckResult("builds", Verdict.ok, "not read: [launch] script runs the user's own command")
-    identity = await _identity(ctx)
+    identity = await launch_identity(ctx)
     cached = (read_json(ctx.cfg.paths.state_dir / BUILDS_FILE) or {}).get("entries", {}).get(identity) \
         if identity else None
     if isinstance(cached, dict):
