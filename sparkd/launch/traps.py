@@ -75,7 +75,8 @@ def rules_markdown() -> str:
 class NodeFacts:
     """What this node measured that a rule may judge by (read from its state directory by the caller)."""
 
-    cold_starts_s: tuple[float, ...] = ()  # vLLM's starts, exec to ready, as sparkd timed them
+    # vLLM's starts as sparkd timed them: the engine's part, distributed init to the end of CUDA graph capture
+    cold_starts_s: tuple[float, ...] = ()
 
 
 def field_traps(cfg: Config, env: Mapping[str, EnvSetting], words: Sequence[str],
@@ -148,8 +149,8 @@ def engine_ready_timeout(env: Mapping[str, EnvSetting], node: NodeFacts) -> Iter
         return  # not a number: vLLM's own parse fails it at once, and lint's recommended-env rule says so
     key = setting.key if setting is not None else f"launch.env.{READY_TIMEOUT_ENV}"
     value = f"{setting.value} s" if setting is not None else f"unset, so vLLM's default {VLLM_READY_DEFAULT_S:.0f} s"
-    measured = (f"this node's longest measured start took {longest:.0f} s (of {len(node.cold_starts_s)} "
-                "timed by sparkd, exec to ready)")
+    measured = (f"this node's longest measured start took {longest:.0f} s (of {len(node.cold_starts_s)} timed by "
+                "sparkd: the engine's part, distributed init to the end of CUDA graph capture)")
     if timeout < longest:
         yield (rule, "error", key, f"{READY_TIMEOUT_ENV} is {value}, but {measured}: the next cold start dies "
                f"at the timeout (vllm #48031: a cold FlashInfer JIT on GB10 outlasts vLLM's 600 s default); set it "

@@ -18,7 +18,7 @@ import pytest
 from sparkd.config import config_from_mapping
 from sparkd.launch.lint import Level, lint
 from sparkd.launch.traps import RULES, NodeFacts
-from sparkd.state.starttimes import KEEP, measured_starts, record_start
+from sparkd.state.starttimes import KEEP, engine_seconds, measured_starts, record_start
 
 REPO = Path(__file__).resolve().parents[2]
 ERR, WARN = Level.error, Level.warning
@@ -134,16 +134,20 @@ def test_on_the_host_sparkds_own_environment_is_judged_in_a_container_it_is_not(
 
 def test_measured_starts_are_read_from_both_files_and_never_fail(tmp_path: Path) -> None:
     assert measured_starts(tmp_path) == ()
-    (tmp_path / "status.json").write_text(json.dumps({"start_timing": {"vllm_start_s": 640.25, "adopted": False}}))
-    assert measured_starts(tmp_path) == (640.25,)
+    phases = {"launching": 48.0, "waiting_for_peer": 12.0, "loading_weights": 300.0, "compiling": 250.0,
+              "kv_cache": 8.25, "graph_capture": 70.0, "api_starting": 20.0}  # the engine's part: 640.25 s
+    timing = {"sparkd_s": 1.2, "vllm_start_s": 708.25, "phases_s": phases, "adopted": False}
+    (tmp_path / "status.json").write_text(json.dumps({"start_timing": timing}))
+    assert engine_seconds(timing) == 640.2 and measured_starts(tmp_path) == (640.2,)
+    assert engine_seconds({**timing, "adopted": True}) is None and engine_seconds({"vllm_start_s": 9.0}) is None
     for n in range(KEEP + 3):
         record_start(tmp_path, 100.0 + n, at=1e9, launch_hash="h")
     record_start(tmp_path, float("nan"), at=1e9, launch_hash="h")  # not a time: not kept
-    assert measured_starts(tmp_path) == (*[100.0 + n for n in range(3, KEEP + 3)], 640.25)
+    assert measured_starts(tmp_path) == (*[100.0 + n for n in range(3, KEEP + 3)], 640.2)
     record_start(tmp_path, 640.2, at=1e9, launch_hash="h")  # the status's last start, kept in both: once
-    assert measured_starts(tmp_path).count(640.2) == 1 and 640.25 not in measured_starts(tmp_path)
+    assert measured_starts(tmp_path).count(640.2) == 1
     (tmp_path / "start-times.json").write_text("{torn")
-    (tmp_path / "status.json").write_text(json.dumps({"start_timing": {"vllm_start_s": "x"}}))
+    (tmp_path / "status.json").write_text(json.dumps({"start_timing": {"phases_s": {"compiling": "x"}}}))
     assert measured_starts(tmp_path) == ()
 
 
