@@ -264,8 +264,8 @@ MUTANTS = [
     m("N23i", "sparkd/state/instances.py", "    speaks_for = None if st.st_uid == 0 else st.st_uid",
       "    speaks_for = None", "a user's registration speaks for any uid's processes (root's litter too)",
       "tests/unit/test_instances.py"),
-    m("N23j", "sparkd/launch/devices.py", '    base = host_env if runtime == "process" else container_env',
-      "    base = container_env", "the process runtime's GPUs and title prefix ignore sparkd's own environment",
+    m("N23j", "sparkd/launch/render.py", "        inherited = os.environ if host_env is None else host_env",
+      "        inherited = {}", "the process runtime's GPUs and title prefix ignore sparkd's own environment",
       "tests/unit/test_gpu_decisions.py"),
 ]
 

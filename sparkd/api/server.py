@@ -10,6 +10,7 @@ ranks' own commands. Both listeners bound what a client may cost: connections pe
 before TLS, with room kept for the proven peers and root (:mod:`sparkd.api.accepting`), a TLS handshake deadline,
 a deadline on each whole request, an idle timeout, a header size cap and a 64 KiB body cap.
 uvicorn's own signal handling is switched off: the daemon owns the signals.
+``/runbook`` (:mod:`sparkd.api.runbook`) is as open as ``/metrics``: an alert's link reaches it without a token.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from sparkd.api.accepting import Doorway
 from sparkd.api.admission import Ticket
 from sparkd.api.bounded import Caller, Listener, caller_of
 from sparkd.api.gates import SIGNED_KEY, BodyLimit, PeerGate
+from sparkd.api.runbook import with_runbook
 from sparkd.commands import operator
 from sparkd.commands.base import BadRequest, Reply, Stream
 from sparkd.commands.port import Control, Served
@@ -195,8 +197,8 @@ def build_app(control: Control) -> ASGIApp:
 
 def build_tcp_app(control: Control, token: str | None, metrics: Callable[[], bytes],
                   rank_commands: Iterable[Served] = (), *, tls: bool = False, log: Any = None) -> ASGIApp:
-    """The TCP app: /metrics for Prometheus; the control API and the ranks' commands for the peers' signed
-    requests only."""
+    """The TCP app: /metrics for Prometheus, /runbook for anyone who follows an alert's link; the control API and
+    the ranks' commands for the peers' signed requests only."""
 
     async def scrape(request: Request) -> Response:
         return Response(metrics(), media_type=CONTENT_TYPE_LATEST)
@@ -204,7 +206,7 @@ def build_tcp_app(control: Control, token: str | None, metrics: Callable[[], byt
     app = Starlette(routes=[Route("/metrics", scrape),
                             *command_routes(control, (*operator(), *rank_commands), tcp=True)],
                     exception_handlers={404: _not_found, 405: _not_found})
-    return PeerGate(BodyLimit(app), token, tls=tls, log=log, node=_node_name(control))
+    return with_runbook(PeerGate(BodyLimit(app), token, tls=tls, log=log, node=_node_name(control)))
 
 
 def _node_name(control: Control) -> Callable[[], str | None]:

@@ -95,3 +95,40 @@ def host_file_findings(cfg: Config, config_path: Path | None = None) -> list[Fin
         level = Level.warning if PROGRAM_OVERRIDE in cfg.lint.allow else Level.error
         findings.append(Finding(PROGRAM_OVERRIDE, level, key, program.split(" ", 2)[2]))
     return findings
+
+
+def daemon_environment(cfg: Config, config_path: Path) -> dict[str, str] | None:
+    """The environment of the ``sparkd run`` serving ``config_path`` (its PID from the state directory's
+    ``status.json``, proven by its command line), when this user may read it: what its vLLM inherits on the host.
+    None when no such daemon runs or its environment cannot be read."""
+    from sparkd.state.files import read_json
+
+    pid = (read_json(cfg.paths.state_dir / "status.json") or {}).get("daemon_pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+        return None
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        if not any(Path(w).name == "sparkd" for w in words) or "run" not in words:
+            return None
+        named = words[words.index("--config") + 1] if "--config" in words[:-1] else str(DEFAULT_CONFIG_PATH)
+        if Path(named).resolve() != config_path.resolve():
+            return None
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if b"=" in item)
+    return {name: value for name, _, value in pairs}
+
+
+def node_lint(cfg: Config, config_path: Path) -> list[Finding]:
+    """The lint as the daemon judges this node's launch: in the environment it gives vLLM (on the host, the running
+    daemon's own when it can be read, else this command's) and by the starts this node measured."""
+    import os
+
+    from sparkd.launch.lint import lint
+    from sparkd.launch.traps import NodeFacts
+    from sparkd.state.starttimes import measured_starts
+
+    host_env = daemon_environment(cfg, config_path) if not cfg.runtime.in_container else None
+    node = NodeFacts(cold_starts_s=measured_starts(cfg.paths.state_dir))
+    return lint(cfg, host_env=os.environ if host_env is None else host_env, node=node)

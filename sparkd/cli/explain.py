@@ -2,7 +2,8 @@
 
 The operator hands over a log (a file, or ``-`` for stdin) and, when known, how the process ended (``--exit-code``,
 ``--signal``); the answer is the failure class, the one sentence (what happened; what to do next) and the line
-it rests on. The classifier is the daemon's own (:func:`sparkd.supervisor.classify.classify`), with no config
+it rests on, and the section of the runbook that says what to do (``/runbook#<class>`` on sparkd's HTTP port). The
+classifier is the daemon's own (:func:`sparkd.supervisor.classify.classify`), with no config
 facts: nothing here reads the node. A log sparkd wrote (``vllm.log``, an incident's ``log-tail.txt``) is read from
 its last launch (or failed preflight) line on, and sparkd's own verdict there is said again
 (:mod:`sparkd.supervisor.marks`).
@@ -23,6 +24,7 @@ from typing import BinaryIO
 from sparkd.supervisor.classify import MAX_SCAN_LINES, classify
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.marks import LAUNCH_LINE, STOP_LINE, attempt, verdict, vllm_lines
+from sparkd.supervisor.runbook import failure_ref
 
 __all__ = ["ExplainError", "explain", "parse_signal", "read_tail", "render"]
 
@@ -92,11 +94,15 @@ def explain(lines: list[str], exit_code: int | None = None, sig: int | None = No
 
 
 def render(failure: Failure, *, as_json: bool) -> str:
+    """The answer; ``runbook`` is the section of the runbook sparkd serves on its HTTP port (``/runbook#oom``)."""
+    runbook = failure_ref(failure.cls.value)
     if as_json:
-        return json.dumps({"class": failure.cls.value, "sentence": failure.sentence, "evidence": failure.evidence},
-                          ensure_ascii=False)
+        return json.dumps({"class": failure.cls.value, "sentence": failure.sentence, "evidence": failure.evidence,
+                           "runbook": runbook}, ensure_ascii=False)
     return "\n".join([
         f"class:    {failure.cls.value}",
         f"sentence: {failure.sentence}",
         f"evidence: {failure.evidence if failure.evidence is not None else '(no log line)'}",
+        f"runbook:  {runbook} on sparkd's HTTP port (http://<node>:9479{runbook}); offline: "
+        f"/usr/share/doc/sparkd/runbook.md",
     ])

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING
 import click
 
 from sparkd import __version__
-from sparkd.cli.common import DAEMON_UMASK, EXIT_INVALID_CONFIG, config_option, config_or_exit, fail, host_file_findings
+from sparkd.cli.common import (
+    DAEMON_UMASK,
+    EXIT_INVALID_CONFIG,
+    config_option,
+    config_or_exit,
+    fail,
+    host_file_findings,
+    node_lint,
+)
 from sparkd.cli.complete import profile_names
 
 if TYPE_CHECKING:
@@ -30,12 +38,13 @@ def main() -> None:
     os.umask(DAEMON_UMASK)  # what a command creates (a state folder, a file) has the daemon's modes
 
 
-def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> Config:
-    """The config, its lint findings printed; exit 2 when it is invalid or has a lint error."""
+def linted_config_or_exit(config_path: Path, *, profile: str | None = None, as_node: bool = False) -> Config:
+    """The config, its lint findings printed; exit 2 when it is invalid or has a lint error. ``as_node``: judged as
+    the daemon judges this node's launch (:func:`node_lint`: the daemon's environment, the measured starts)."""
     from sparkd.launch.lint import errors, lint
 
     cfg = config_or_exit(config_path, profile=profile)
-    findings = [*lint(cfg), *host_file_findings(cfg, config_path)]
+    findings = [*(node_lint(cfg, config_path) if as_node else lint(cfg)), *host_file_findings(cfg, config_path)]
     for finding in findings:
         click.echo(f"{config_path}: {finding}", err=True)
     if errors(findings):
@@ -59,7 +68,7 @@ def check_config(config_path: Path, profile: str | None, as_json: bool) -> None:
         report = check_config_json(config_path, profile)
         click.echo(json.dumps(report, indent=2))
         sys.exit(0 if report["valid"] else EXIT_INVALID_CONFIG)
-    cfg = linted_config_or_exit(config_path, profile=profile)
+    cfg = linted_config_or_exit(config_path, profile=profile, as_node=True)
     click.echo(f"{config_path}: ok (node {cfg.node.name}, role {cfg.node.role.value}, runtime "
                f"{cfg.runtime.value}, launch hash {cfg.launch_hash()})")
 
@@ -87,11 +96,12 @@ def config_reference_cmd(as_json: bool) -> None:
     from dataclasses import asdict
 
     from sparkd.config.reference import reference_markdown, rows
+    from sparkd.launch.traps import rules_markdown
 
     if as_json:
         click.echo(json.dumps([asdict(row) for row in rows()], indent=2))
     else:
-        click.echo(reference_markdown(), nl=False)
+        click.echo(reference_markdown() + rules_markdown(), nl=False)
 
 
 @main.command("run", epilog=(

@@ -18,12 +18,20 @@ from typing import Any
 import anyio
 
 from sparkd.cluster.addresses import PeerAddresses
-from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable, claim
+from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable, claim, wire
 from sparkd.cluster.ranks import Member, group_problems, group_role
-from sparkd.cluster.shared import differences, image_difference, rank_gone, rank_waiting_or_later, shared_settings
+from sparkd.cluster.shared import (
+    build_differences,
+    builds_of,
+    differences,
+    image_difference,
+    rank_gone,
+    rank_waiting_or_later,
+    shared_settings,
+)
 from sparkd.commands import reload as reload_command
 from sparkd.commands.base import NoParams
-from sparkd.commands.port import Route
+from sparkd.commands.port import Outgoing, Route
 from sparkd.commands.rank import RANK_FAILED, RANK_PREFLIGHT, RANK_START, RANK_STOP, Failed
 from sparkd.commands.statusdoc import PeerEntry, Status
 from sparkd.config import Config, Role
@@ -135,11 +143,35 @@ class Coordinator:
         return [image, *mismatch] if image else mismatch
 
     async def start_workers(self) -> Failure | None:
-        """Start every worker rank and wait until each is up and waiting for the master (workers first)."""
+        """Start every worker rank and wait until each is up and waiting for the master (workers first), once the
+        builds every rank's preflight read agree."""
+        failure = await self._builds_differ()
+        if failure is not None:
+            return failure
         failure = await self._each(self._start_one)
         if failure is not None:
             await self.stop_workers()
         return failure
+
+    async def _builds_differ(self) -> Failure | None:
+        """The ranks' builds (vLLM, torch, CUDA, NCCL and its library), as this start's preflights read them, compared
+        (``build-parity``, sparkd.cluster.shared rule 3)."""
+        mine = builds_of(self.image())
+        if not mine or "build-parity" in self.cfg.lint.allow:
+            return None
+        found: list[str] = []
+
+        async def compare(peer: str) -> Failure | None:
+            found.extend(build_differences(mine, builds_of(await self.client.status(peer)), peer=peer))
+            return None
+
+        failure = await self._each(compare)
+        if failure is not None or not found:
+            return failure
+        return Failure.of(FailureClass.config_error, f"The group's builds differ: {'; '.join(found)}; run one image "
+                          "(one NCCL build) on every node — the same NCCL version built twice hung a pair (vllm "
+                          "#42354), NCCL 2.28.9 against 2.30.4 broke CUDA graphs across nodes (vllm #52504); sparkd "
+                          "will not start a mismatched group ([lint] allow = [\"build-parity\"] accepts it).")
 
     async def _clean(self, peer: str) -> Failure | None:
         started = self.clock.now()
@@ -313,11 +345,14 @@ class Coordinator:
                     tg.start_soon(one, peer)
         return problems
 
-    async def forward(self, command: Route) -> tuple[bool, dict[str, Any]]:
-        """Worker side: an operator command, carried out by the head for the whole group."""
+    async def forward(self, command: Route, request: Outgoing | None = None, *,
+                      timeout_s: float | None = None) -> tuple[bool, dict[str, Any]]:
+        """Worker side: an operator command (with ``request``'s parameters), carried out by the head for the whole
+        group."""
         head = self.client.peers[0]
+        method, path, body = (command.method, command.path, None) if request is None else wire(command, request)
         try:
-            answer = await self.client.envelope(head, command.method, command.path, retries=1)
+            answer = await self.client.envelope(head, method, path, retries=1, timeout_s=timeout_s, json=body)
         except PeerUnreachable as exc:
             return False, {"error": f"the head is unreachable ({exc}); use --local to act on this rank alone"}
         return bool(answer.get("ok")), {**answer, "forwarded_to": head}

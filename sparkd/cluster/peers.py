@@ -24,6 +24,7 @@ from sparkd.host.plainhttp import ProtocolError
 
 if TYPE_CHECKING:
     from sparkd.commands.command import Command
+    from sparkd.commands.port import Outgoing, Route
     from sparkd.commands.statusdoc import Status
 
 R = TypeVar("R", bound=Params)
@@ -46,7 +47,7 @@ def claim(text: object, limit: int = MAX_ERROR) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def wire(command: Command[R, T], request: R) -> tuple[str, str, dict[str, object] | None]:
+def wire(command: Route, request: Outgoing) -> tuple[str, str, dict[str, object] | None]:
     """(method, path, JSON body) of ``command`` with ``request`` on the peer link: a GET's parameters in the query
     string, a POST's as the body (none when it has none)."""
     params, path = request.to_params(), command.path

@@ -12,6 +12,11 @@ Rules:
    digest in common: pulled from one registry manifest), ``label`` (the same value of ``[cluster] image_label``:
    images built on each node from one revision, field report 004) or ``off``. What cannot be compared (a
    ``docker load``ed image has no repo digest, a build without the label) is a difference, named as such.
+3. The builds the ranks run (``builds`` in each rank's image facts, read by the ``builds`` preflight check:
+   ``sparkd.preflight.builds``) must agree on vLLM, torch, torch's CUDA, NCCL's version and NCCL's library itself
+   (its sha256: the same version built twice hung a pair, vllm #42354; NCCL 2.28.9 against 2.30.4 broke CUDA graphs
+   across nodes, vllm #52504). Only what both ranks know is compared; ``[lint] allow = ["build-parity"]`` accepts a
+   difference deliberately.
 """
 
 from __future__ import annotations
@@ -97,6 +102,31 @@ def image_difference(local: ImageFacts | str | None, remote: ImageFacts | str | 
     if here["id"] != there["id"]:
         return f"the image is {str(here['id'])[:19]} here but {str(there['id'])[:19]} on {peer}"
     return None
+
+
+BUILD_FIELDS = (("vllm", "vLLM"), ("torch", "torch"), ("cuda", "torch's CUDA"), ("nccl", "NCCL"))
+
+
+def builds_of(facts: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The builds a rank's image facts (or status) carry, or None."""
+    if not facts:
+        return None
+    found = facts.get("builds") or (facts.get("image") or {}).get("builds")
+    return found if isinstance(found, Mapping) else None
+
+
+def build_differences(local: Mapping[str, Any] | None, remote: Mapping[str, Any] | None, *, peer: str) -> list[str]:
+    """One phrase per build the two ranks run differently, naming both; nothing for what either does not know."""
+    if not local or not remote:
+        return []
+    out = [f"{name} is {local[key]} here but {remote[key]} on {peer}" for key, name in BUILD_FIELDS
+           if local.get(key) and remote.get(key) and local[key] != remote[key]]
+    mine, theirs = local.get("nccl_sha256"), remote.get("nccl_sha256")
+    if mine and theirs and mine != theirs:
+        same = local.get("nccl") and local.get("nccl") == remote.get("nccl")
+        what = f"the same NCCL version ({local['nccl']}) but another build" if same else "another NCCL library"
+        out.append(f"{peer} runs {what}: libnccl sha256 {str(mine)[:12]} here, {str(theirs)[:12]} there")
+    return out
 
 
 def rank_waiting_or_later(status: Status) -> bool:

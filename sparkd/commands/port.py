@@ -28,6 +28,12 @@ class Route(Protocol):
     def path(self) -> str: ...
 
 
+class Outgoing(Protocol):
+    """A command's request as the wire carries it (``sparkd.commands.command.Params`` is one)."""
+
+    def to_params(self) -> Mapping[str, object]: ...
+
+
 class Served(Route, Protocol):
     """What the server needs of a command (:class:`sparkd.commands.command.Command`), whatever its request and
     result types."""
@@ -41,9 +47,10 @@ class Served(Route, Protocol):
 class Group(Protocol):
     """The group a node belongs to, as commands see it."""
 
-    async def forward(self, command: Route) -> tuple[bool, dict[str, Any]]:
-        """A worker's operator command, carried out by its head for the whole group: (done, the head's envelope
-        with ``forwarded_to``)."""
+    async def forward(self, command: Route, request: Outgoing | None = None, *,
+                      timeout_s: float | None = None) -> tuple[bool, dict[str, Any]]:
+        """A worker's operator command (with ``request``'s parameters), carried out by its head for the whole group:
+        (done, the head's envelope with ``forwarded_to``)."""
 
     def on_report(self, peer: str, failure: dict[str, Any] | None) -> bool: ...
 

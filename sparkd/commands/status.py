@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sparkd.commands.base import NoParams, Reply, ok
 from sparkd.commands.command import Cli, Command
 from sparkd.host.timefmt import iso
+from sparkd.supervisor.runbook import failure_ref
 
 if TYPE_CHECKING:  # the fast path of `sparkctl status` imports this module
     from sparkd.commands.port import Control
@@ -67,6 +68,7 @@ def render(s: Status) -> str:
     failure = s.get("last_failure")
     if failure:
         lines.append(f"  last failure ({failure['class']}, {when(failure.get('at'))}): {failure['message']}")
+        lines.append(f"  runbook: {runbook(s, failure['class'])}")
     for drift in s.get("drift") or []:
         lines.append(f"  container drift: {drift.get('key')}: {drift.get('actual')!r} in the container, "
                      f"{drift.get('configured')!r} in the config (`sparkctl recreate` while stopped)")
@@ -75,6 +77,7 @@ def render(s: Status) -> str:
     daemon = s.get("daemon")
     for problem in (daemon.get("problems") if daemon else None) or []:
         lines.append(f"  sparkd degraded: {problem}")
+    lines.extend(_notify(s.get("notify") or {}))
     lines.extend(_memory(s.get("memory") or {}))
     lines.extend(_gpu(s.get("gpu") or {}))
     stop = s.get("last_stop")
@@ -87,6 +90,13 @@ def render(s: Status) -> str:
         failed = f", last failure {peer['last_failure']}" if peer.get("last_failure") else ""
         lines.append(f"  peer {where} at {peer['peer']}: {state}{pid}{failed}")
     return "\n".join(lines)
+
+
+def runbook(s: Status, cls: str) -> str:
+    """Where the runbook says what to do about failure class ``cls``: on the node's own HTTP port when the status
+    says where that is (``runbook``: ``http://host:9479``), else the path on it."""
+    base = s.get("runbook")
+    return failure_ref(cls, base) if base else f"{failure_ref(cls)} on sparkd's HTTP port (:9479 by default)"
 
 
 def _timing(timing: Mapping[str, Any]) -> list[str]:
@@ -112,6 +122,26 @@ def _config(config: Mapping[str, Any]) -> list[str]:
     if config.get("restart_needed"):
         lines.append("  the running vLLM was launched from an older config: `sparkctl restart` launches the one "
                      "on disk")
+    return lines
+
+
+def _notify(notify: Mapping[str, Any]) -> list[str]:
+    """A failing webhook each on its line (its URL masked), a target that cannot be used, or one line when all is
+    well."""
+    lines = [f"  notify: {problem}" for problem in notify.get("problems") or []]
+    targets = notify.get("targets") or []
+    for t in targets:
+        if t.get("state") != "failing":
+            continue
+        retry = f"; next try in {t['next_try_in_s']:.0f} s" if t.get("next_try_in_s") is not None else ""
+        lines.append(f"  notify {t['name']} ({t['url']}) FAILING since {when(t.get('failing_since'))}, "
+                     f"{t['failures']} tries: {t.get('last_error')}{retry}; {t.get('queued', 0)} waiting, "
+                     f"{t.get('dropped', 0)} dropped")
+    if targets and not lines:
+        sent = sum(t.get("sent", 0) for t in targets)
+        held = sum(t.get("held_back", 0) for t in targets)
+        lines.append(f"  notify: {len(targets)} target{'s' if len(targets) != 1 else ''} ok, {sent} sent"
+                     + (f", {held} held back by the rate limit" if held else ""))
     return lines
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
     "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig",
-    "LogFormat", "LogLevel", "Mount", "NodeConfig",
+    "LogFormat", "LogLevel", "Mount", "NodeConfig", "NotifyConfig",
     "PathsConfig", "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind",
     "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
 ]
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         LogLevel,
         Mount,
         NodeConfig,
+        NotifyConfig,
         PathsConfig,
         PreflightCheckId,
         PreflightConfig,

@@ -25,6 +25,7 @@ from sparkd.config.container import ContainerConfig, Mount
 from sparkd.config.env import ENV_PREFIX, Override, OverrideError, variable_for
 from sparkd.config.fabric import FabricConfig, WeightsConfig
 from sparkd.config.layers import ProfileError, layered
+from sparkd.config.notify import NotifyConfig
 from sparkd.config.recorder import RecorderConfig
 from sparkd.config.secretrule import MASK, is_secret_name, mask_shapes
 from sparkd.config.sections import (
@@ -53,7 +54,7 @@ from sparkd.config.supervision import (
 __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
     "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig",
-    "LogFormat", "LogLevel", "Mount", "NodeConfig",
+    "LogFormat", "LogLevel", "Mount", "NodeConfig", "NotifyConfig",
     "PathsConfig", "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind",
     "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
 ]
@@ -104,6 +105,8 @@ class Config(BaseModel):
         "The group's fabric, measured by the head before every start."))
     weights: WeightsConfig = Field(default_factory=WeightsConfig, description=(
         "The model directory's manifest, compared across the group's nodes before every start."))
+    notify: NotifyConfig = Field(default_factory=NotifyConfig, description=(
+        "Webhooks told at once of failures, the breaker, the memory guard's actions and recoveries."))
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Config:
@@ -250,7 +253,8 @@ def _describe(exc: ValidationError, overrides: list[Override]) -> list[str]:
 
 def _secret_key(loc: list[str]) -> bool:
     """The key holds a secret (an invalid value is then not echoed: a reload refusal and status show it)."""
-    return any(part in ("api_key", "secret_env") or is_secret_name(part) for part in loc)
+    notify_url = loc[:1] == ["notify"] and loc[-1] == "url"  # a webhook URL carries its token
+    return notify_url or any(part in ("api_key", "secret_env") or is_secret_name(part) for part in loc)
 
 
 def _short_repr(value: Any) -> str:

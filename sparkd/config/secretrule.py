@@ -1,6 +1,7 @@
 """The one rule for what is a secret, and how a secret is shown. Pure.
 
-A secret is ``[launch] api_key`` (or the content of ``api_key_file``), the peers' shared secret, and the value of
+A secret is ``[launch] api_key`` (or the content of ``api_key_file``), the peers' shared secret, a webhook URL of
+``[notify]`` (:mod:`sparkd.config.notify`: it carries the token that lets anyone post there), and the value of
 every environment variable (``[launch.env]``, ``[container.env]``) whose name has ``KEY``, ``TOKEN``, ``SECRET``,
 ``PASSWORD``/``PASSWD`` or ``CREDENTIAL(S)`` at the end of one of its ``_``-separated words (``HF_TOKEN``,
 ``NGC_API_KEY``, ``AWS_SECRET_ACCESS_KEY``, ``OPENAI_APIKEY``; not ``TOKENIZERS_PARALLELISM``), or ``PAT`` or

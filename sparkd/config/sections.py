@@ -317,7 +317,8 @@ class ApiConfig(_Section):
 
 class LintConfig(_Section):
     allow: list[str] = Field(default_factory=list, description=(
-        "Lint rule ids accepted deliberately, e.g. `[\"multiproc-fork\"]`."))
+        "Lint rule ids accepted deliberately, e.g. `[\"multiproc-fork\"]` (the field's traps: the last section "
+        "below)."))
 
 
 class LogFormat(StrEnum):

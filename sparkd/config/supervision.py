@@ -97,6 +97,7 @@ PREFLIGHT_CHECKS: tuple[str, ...] = (
     "container",
     "launch_target",
     "vllm_args",
+    "builds",
     "stale_processes",
     "ports",
     "dev_shm",

@@ -11,9 +11,10 @@ A stage that names nothing (unset) keeps everything: a launch that names no GPU 
 Indices are nvidia-smi's (PCI order); CUDA's own order matches it with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and on a
 box of identical GPUs.
 
-The launch's environment is the one vLLM starts with (:func:`launch_environment`): on the host (the process
-runtime) sparkd's own environment — what a systemd unit's ``Environment=`` sets — under what the launch script
-exports; in a container, ``[container] env`` under the script's exports (sparkd's own environment stays outside).
+The launch's environment is the one vLLM starts with (:func:`sparkd.launch.render.effective_env`): on the host (the
+process runtime) sparkd's own environment — what a systemd unit's ``Environment=`` sets — under what the launch
+script exports; in a container, the image's ENV and ``[container] env`` under the script's exports (sparkd's own
+environment stays outside).
 """
 
 from __future__ import annotations
@@ -105,16 +106,6 @@ def container_stage(gpus: str | None, env: Mapping[str, str]) -> Stage:
         value = env["NVIDIA_VISIBLE_DEVICES"]
         return Stage(parse_ids(value), f"NVIDIA_VISIBLE_DEVICES={value}")
     return Stage(None, "the container's GPUs")
-
-
-def launch_environment(runtime: str, launch_env: Mapping[str, str], container_env: Mapping[str, str],
-                       host_env: Mapping[str, str]) -> dict[str, str]:
-    """The environment vLLM starts with, as far as the config and sparkd's own environment tell it: the process
-    runtime's vLLM inherits ``host_env`` (sparkd's), a container's gets ``container_env``; the launch script's
-    exports (``launch_env``) come last and win. (An image's ENV is not known here: it names no GPU subset in
-    practice — the CUDA images set NVIDIA_VISIBLE_DEVICES=all.)"""
-    base = host_env if runtime == "process" else container_env
-    return {**base, **launch_env}
 
 
 def launch_devices(env: Mapping[str, str], *, container: bool, gpus: str | None = None) -> Devices:

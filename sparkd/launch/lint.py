@@ -3,10 +3,13 @@
 Known-bad settings are errors unless the rule id is listed in ``[lint] allow``; missing recommended
 settings are warnings. Every finding names the config key it is about.
 
-The environment judged is the one vLLM starts with: the image's ENV (when preflight has read it),
-``[container] env``, the launch script's exports (``[launch] env`` and the recommended env) and, in script mode,
-what the user's script exports. In script mode the script's own serve line is read for the rank, ``--headless``
-and ``--nnodes`` (sparkd renders none of them there).
+The environment judged is the one vLLM starts with (:func:`sparkd.launch.render.effective_env`, as the daemon
+computes it): in a container the image's ENV (when preflight has read it) and ``[container] env``, on the host
+sparkd's own environment (which vLLM inherits), then the launch script's exports (``[launch] env`` and the
+recommended env) and, in script mode, what the user's script exports. The field's traps
+(:mod:`sparkd.launch.traps`) are judged on the same, and on what this node measured when the caller says. In script
+mode the script's own serve line is read for the rank, ``--headless`` and ``--nnodes`` (sparkd renders none of them
+there).
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ from sparkd.launch.render import (
     effective_env,
     flag,
     nccl_ib_in_play,
+    render_flags,
 )
 from sparkd.launch.script import ScriptFacts, script_facts
 from sparkd.launch.secretargs import RULE as SECRET_ARGS_RULE
 from sparkd.launch.secretargs import secret_args
+from sparkd.launch.traps import NodeFacts, field_traps
 
 
 class Level(StrEnum):
@@ -63,18 +68,32 @@ def read_host_file(path: str) -> str | None:
 
 
 def lint(cfg: Config, *, read_script: ScriptReader = read_host_file,
-         image_env: Mapping[str, str] | None = None) -> list[Finding]:
-    """Every finding on ``cfg``; ``image_env``: the image's ENV when known (preflight reads it from the engine)."""
+         image_env: Mapping[str, str] | None = None, host_env: Mapping[str, str] | None = None,
+         node: NodeFacts | None = None) -> list[Finding]:
+    """Every finding on ``cfg``; ``image_env``: the image's ENV when known (preflight reads it from the engine);
+    ``host_env``: sparkd's own environment, which vLLM inherits on the host (default this process's); ``node``: what
+    this node measured (its start times), for the rules that judge by it."""
     allowed = set(cfg.lint.allow)
     text = read_script(cfg.launch.script) if cfg.launch.script else None
     facts = script_facts(text, cfg.launch.extra_args) if text is not None else None
-    env = effective_env(cfg, image_env)
+    env = effective_env(cfg, image_env, host_env=host_env)
     if facts is not None:
         env.update({k: EnvSetting(v, f"launch.script ({k} exported by {cfg.launch.script})")
                     for k, v in facts.exports.items()})
     findings = [*_rank_rules(cfg), *_env_rules(cfg, env), *_flag_rules(cfg), *_script_rules(cfg, text, facts),
-                *_container_rules(cfg, env), *_secret_arg_rules(cfg)]
+                *_container_rules(cfg, env), *_secret_arg_rules(cfg), *_traps(cfg, env, facts, node)]
     return [f for f in findings if not (f.level is Level.error and f.rule in allowed)]
+
+
+def _traps(cfg: Config, env: Mapping[str, EnvSetting], facts: ScriptFacts | None,
+           node: NodeFacts | None) -> Iterator[Finding]:
+    """The field's known traps (:mod:`sparkd.launch.traps`), on the serve command's flags as they will run."""
+    if cfg.launch.script:
+        words = list(facts.command) if facts is not None else cfg.launch.extra_args
+    else:
+        words = render_flags(cfg)
+    for rule, level, key, message in field_traps(cfg, env, words, node):
+        yield Finding(rule, Level(level), key, message)
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

@@ -7,6 +7,7 @@ with :func:`shlex.quote`, so the program receives them byte for byte whatever sh
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any
 
 from sparkd import __version__
 from sparkd.config import Config, HealthConfig, LaunchConfig
+from sparkd.config.notify import notify_secrets
 from sparkd.config.secretfile import SecretFileProblem, read_secret_file
 from sparkd.config.secretrule import is_secret_name
 
@@ -127,14 +129,29 @@ class EnvSetting:
     key: str
 
 
-def effective_env(cfg: Config, image_env: Mapping[str, str] | None = None) -> dict[str, EnvSetting]:
-    """The environment vLLM starts with, lowest first: the image's ENV and ``[container] env`` (when it runs in a
-    container), then what the launch script exports (recommended env, node address, ``[launch] env``)."""
+def effective_env(cfg: Config, image_env: Mapping[str, str] | None = None, *,
+                  host_env: Mapping[str, str] | None = None, exports: Mapping[str, str] | None = None,
+                  runtime: str | None = None) -> dict[str, EnvSetting]:
+    """The environment vLLM starts with, lowest first, each value with where it comes from. The one computation the
+    daemon (preflight, the group's checks, the launch's GPUs and title prefix) and ``sparkd check-config`` share:
+
+    - in a container: the image's ENV (``image_env``, when preflight has read it), then ``[container] env``;
+    - on the host (the process runtime): sparkd's own environment (``host_env``, default this process's: under
+      systemd the unit's ``Environment=``), which vLLM inherits;
+    - then what the launch script exports (``exports``, default :func:`render_env`: the recommended env, the node
+      address, ``[launch] env``).
+
+    ``runtime``: the runtime's name when the caller holds one (default ``[runtime]``)."""
+    in_container = cfg.runtime.in_container if runtime is None else runtime != "process"
     out: dict[str, EnvSetting] = {}
-    if cfg.runtime.in_container:
+    if in_container:
         out.update({k: EnvSetting(v, f"the ENV of image {cfg.container.image}") for k, v in (image_env or {}).items()})
         out.update({k: EnvSetting(v, f"container.env.{k}") for k, v in cfg.container.env.items()})
-    for name, value in render_env(cfg).items():
+    else:
+        inherited = os.environ if host_env is None else host_env
+        out.update({k: EnvSetting(v, f"sparkd's own environment ({k}, inherited by vLLM)")
+                    for k, v in inherited.items()})
+    for name, value in (render_env(cfg) if exports is None else exports).items():
         if name in cfg.launch.env:
             key = f"launch.env.{name}"
         elif name == "VLLM_HOST_IP":
@@ -143,6 +160,10 @@ def effective_env(cfg: Config, image_env: Mapping[str, str] | None = None) -> di
             key = "launch.default_env"
         out[name] = EnvSetting(value, key)
     return out
+
+
+def env_values(settings: Mapping[str, EnvSetting]) -> dict[str, str]:
+    return {k: s.value for k, s in settings.items()}
 
 
 def nccl_ib_in_play(env: Mapping[str, str], nnodes: int) -> bool:
@@ -206,10 +227,12 @@ def api_key(cfg: Config) -> str | None:
 
 
 def secret_values(cfg: Config) -> list[str]:
-    """Every secret value the config holds or names (the API key, secret-named environment values)."""
+    """Every secret value the config holds or names (the API key, secret-named environment values, the webhooks'
+    URLs)."""
     names = cfg.launch.secret_env
     env = {**cfg.container.env, **render_env(cfg)}
-    return [v for k, v in env.items() if is_secret_name(k, names)] + [k for k in (api_key(cfg),) if k]
+    return ([v for k, v in env.items() if is_secret_name(k, names)] + [k for k in (api_key(cfg),) if k]
+            + notify_secrets(cfg.notify))
 
 
 def render_script(spec: LaunchSpec, *, source: str = "the sparkd config") -> str:

@@ -7,15 +7,21 @@
   ``sparkctl recreate`` (the runtime's ``recreate``) replaces the container from the config.
 - The image's own ENV is linted with the rest of the environment: ``VLLM_WORKER_MULTIPROC_METHOD=fork`` baked
   into an image fails like the same line in ``[launch.env]``.
+- The lint rules that judge by what this node measured run here too, on the starts it timed
+  (:mod:`sparkd.state.starttimes`): ``VLLM_ENGINE_READY_TIMEOUT_S`` shorter than one of them fails the launch before
+  a cold start dies at the timeout.
 """
 
 from __future__ import annotations
 
 from sparkd.launch.lint import Level, lint
+from sparkd.launch.traps import NodeFacts
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
 from sparkd.runtime.base import Difference
+from sparkd.state.starttimes import measured_starts
 from sparkd.supervisor.failures import FailureClass
 
+MEASURED = frozenset({"engine-ready-timeout-below-cold-start"})  # rules that judge by what this node measured
 RECREATE = ("`sparkctl recreate` replaces it from the config (what was installed into it by hand is lost), or "
             "change [container] to match")
 
@@ -27,8 +33,9 @@ def describe(differences: list[Difference], where: str) -> str:
 @check
 async def check_container(ctx: PreflightContext) -> CheckResult:
     image_env = dict(ctx.image.env) if ctx.image else {}
-    image_findings = [f for f in lint(ctx.cfg, image_env=image_env, read_script=lambda _: None)
-                      if f.level is Level.error and f.key.startswith("the ENV of image")]
+    node = NodeFacts(cold_starts_s=measured_starts(ctx.cfg.paths.state_dir))
+    image_findings = [f for f in lint(ctx.cfg, image_env=image_env, read_script=lambda _: None, node=node)
+                      if f.level is Level.error and (f.key.startswith("the ENV of image") or f.rule in MEASURED)]
     if image_findings:
         return CheckResult("container", Verdict.fail, "; ".join(f"{f.key}: {f.message}" for f in image_findings),
                            failure_class=FailureClass.config_error)

@@ -23,8 +23,7 @@ import anyio
 import psutil
 
 from sparkd.config import Config
-from sparkd.launch.devices import launch_environment
-from sparkd.launch.render import LaunchSpec
+from sparkd.launch.render import LaunchSpec, effective_env, env_values
 from sparkd.preflight import neighbours, proctable, stale
 from sparkd.preflight.base import (
     PreflightContext,
@@ -123,9 +122,9 @@ def title_prefix(ctx: PreflightContext) -> str:
 
 
 def launch_title_prefix(cfg: Config, runtime: str, env: Mapping[str, str]) -> str:
-    """The title prefix vLLM takes from the environment it starts with (:func:`launch_environment`: on the host,
+    """The title prefix vLLM takes from the environment it starts with (:func:`effective_env`: on the host,
     sparkd's own under the launch's exports; in a container, ``[container] env`` under them)."""
-    return stale.title_prefix(launch_environment(runtime, env, cfg.container.env, os.environ))
+    return stale.title_prefix(env_values(effective_env(cfg, exports=env, runtime=runtime)))
 
 
 def scope(ctx: PreflightContext, ours: neighbours.Launch | None = None) -> neighbours.Scope:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import anyio
 
-from sparkd.launch.render import effective_env, nccl_ib_in_play
+from sparkd.launch.render import effective_env, env_values, nccl_ib_in_play
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check, human_bytes, read_text
 from sparkd.runtime.base import TargetUnavailable
 from sparkd.supervisor.failures import FailureClass
@@ -301,7 +301,7 @@ async def _where_vllm_runs(ctx: PreflightContext, facts: Facts) -> Facts:
 
 
 def in_play_env(ctx: PreflightContext) -> Mapping[str, str]:
-    return {k: s.value for k, s in effective_env(ctx.cfg, ctx.image.env if ctx.image else None).items()}
+    return env_values(effective_env(ctx.cfg, ctx.image.env if ctx.image else None, runtime=ctx.runtime.name))
 
 
 @check

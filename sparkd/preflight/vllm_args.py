@@ -112,7 +112,7 @@ def cache_key(identity: str, spec: LaunchSpec) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-async def _identity(ctx: PreflightContext) -> str | None:
+async def launch_identity(ctx: PreflightContext) -> str | None:
     """What the parse depends on besides the argv: the image id, or on the host the executable itself."""
     if ctx.image is not None:
         return ctx.image.id
@@ -157,7 +157,7 @@ async def check_vllm_args(ctx: PreflightContext) -> CheckResult:
         return CheckResult("vllm_args", Verdict.ok, "not checked: [launch] script runs the user's own command")
     if len(spec.argv) < 2 or spec.argv[1] != "serve":
         return CheckResult("vllm_args", Verdict.ok, f"not checked: the launch is not `{spec.argv[0]} serve`")
-    identity = await _identity(ctx)
+    identity = await launch_identity(ctx)
     key = cache_key(identity, spec) if identity else None
     hit = _cached(ctx, key) if key else None
     if hit is not None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from sparkd import __version__
 from sparkd.config import Config
+from sparkd.config.notify import masked_url
 from sparkd.config.secretrule import is_secret_name
 from sparkd.launch.redact import MASK, Redactor, read_secret
 from sparkd.launch.render import secret_values
@@ -64,6 +65,9 @@ def _masked_config(cfg: Config, redact: Redactor) -> dict[str, Any]:
                 env[name] = MASK
     if data["launch"].get("api_key"):
         data["launch"]["api_key"] = MASK
+    for target in data.get("notify", {}).get("targets") or []:
+        if target.get("url"):
+            target["url"] = masked_url(target["url"])
     masked: dict[str, Any] = redact.mapping(data)
     return masked
 

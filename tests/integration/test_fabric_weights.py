@@ -148,6 +148,11 @@ def test_a_corrupted_shard_on_the_worker_is_refused_and_an_unchanged_restart_has
         assert (local["files"], local["hashed"], local["pending"]) == (SHARDS + 3, 3, 0), local
     view = pair.head.ctl("weights")
     assert view.returncode == 0 and "weights: the same on every node" in view.stdout, view.stdout + view.stderr
+    view = pair.worker.ctl("weights")  # a worker answers for the group, through its head
+    assert view.returncode == 0 and "weights (asked of the head " in view.stdout, view.stdout + view.stderr
+    assert "): the same on every node" in view.stdout and "  worker: " in view.stdout and "  head: " in view.stdout
+    view = pair.worker.ctl("weights", "--local")
+    assert view.returncode == 0 and view.stdout.startswith("weights: readable"), view.stdout + view.stderr
     fabric = pair.head.status()["fabric"][0]
     assert fabric["ok"] and fabric["echoes"]["out"][1]["size"] == 1500 and fabric["master"] == "open"
     assert (fabric["bandwidth_gbps"], fabric["bandwidth_note"]) == (111.13, "111.1 Gb/s over 2 s (ib_write_bw)")

@@ -73,8 +73,8 @@ def test_dry_run_changes_nothing(tmp_path: Path, children: Children) -> None:
     assert checks["ports"]["verdict"] == "warn"
     assert f"{port} is held by stale vLLM PID {holder.pid}" in checks["ports"]["found"]
     assert checks["dev_shm"]["verdict"] == "warn" and segment in checks["dev_shm"]["found"]
-    assert list(checks) == ["container", "launch_target", "vllm_args", "stale_processes", "ports", "dev_shm",
-                            "page_cache", "memory", "host", "image", "rdma", "gpu"]
+    assert list(checks) == ["container", "launch_target", "vllm_args", "builds", "stale_processes", "ports",
+                            "dev_shm", "page_cache", "memory", "host", "image", "rdma", "gpu"]
     assert holder.alive()
     assert not (tmp_path / "state").exists()  # not even the state folder
 

@@ -17,7 +17,7 @@ from typing import Any
 import dockerd
 from catalogue import AFTER, FAULTS, crashes_a_rank
 from decoys import Decoys
-from faults import Skipped
+from faults import API_BOUND_S, Skipped
 from invariants import Ledger, Sampler, footprint_growth, orphans, read_status
 from neighbour import Neighbour
 from schedule import first_step_from_env, kinds_from_env, steps
@@ -71,6 +71,9 @@ def run_soak(tmp: Path, seed: int, seconds: float) -> dict[str, Any]:
             ledger.add(f"the daemons never became ready: {first}")
             return finish(report, ledger, pair, sampler, decoys, None, neighbour)
         sampler.start()
+        if pair.webhooks is not None:
+            pair.webhooks.start_probing({name: d.socket for name, d in pair.daemons.items()}, ledger,
+                                        lambda name: not pair.crashed().get(name), API_BOUND_S)
         since = time.monotonic()
         deadline = since + seconds
         for step in steps(seed, 100_000, kinds)[first_step_from_env():]:
@@ -156,6 +159,9 @@ def finish(report: dict[str, Any], ledger: Ledger, pair: SoakPair, sampler: Samp
         ledger.add("the decoy's multiprocessing lock no longer opens by its name")
     for sentence in decoys.touched():
         ledger.add(sentence)
+    if pair.webhooks is not None:
+        pair.webhooks.finish(ledger, {name: pair.status(name) for name in pair.daemons},
+                             {name: {str(i.get("class")) for i in d.incidents()} for name, d in pair.daemons.items()})
     if since is not None:
         for name, series in sampler.footprint.items():
             for sentence in footprint_growth(series):

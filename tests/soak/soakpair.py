@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import notifyhook
 import psutil
 from daemon_harness import alive, kill_tree, title_prefix, tree
+from freeport import free_port
 from invariants import Node, read_status
 from pair_harness import Link, NodeDaemon, pair_configs
 
@@ -39,6 +41,7 @@ class SoakPair:
         tmp.mkdir(parents=True, exist_ok=True)
         self.link = Link.create()
         self.mounted = False
+        self.webhooks: notifyhook.FlakyWebhooks | None = None
         try:
             self._configure(tmp)
         except BaseException:
@@ -61,9 +64,14 @@ class SoakPair:
         head_cfg, worker_cfg = pair_configs(tmp, self.link, health=health, supervisor=supervisor, restart=RESTART,
                                             guard=GUARD)
         self.controls = {}
+        # issue 40: each node's notifier at a flaky webhook in its own namespace (SOAK_NOTIFY=1; notifyhook.py)
+        self.webhooks = notifyhook.FlakyWebhooks(tmp, {"head": self.link.head_ns, "worker": self.link.worker_ns},
+                                                 free_port()) if notifyhook.ENABLED else None
         for name, cfg in (("head", head_cfg), ("worker", worker_cfg)):
             self.controls[name] = tmp / f"{name}-control"
             cfg["launch"]["env"]["SPARKD_STANDIN_CONTROL_FILE"] = str(self.controls[name])
+            if self.webhooks is not None:
+                cfg["notify"] = notifyhook.section(self.webhooks.port)
         if os.environ.get("SOAK_TLS") == "1":  # the peer link in mutual TLS (its handshakes meet the floods)
             mutual_tls(tmp, ((head_cfg, self.link.head_addr), (worker_cfg, self.link.worker_addr)))
         self.head = NodeDaemon(tmp / "head", head_cfg, self.link.head_ns)
@@ -171,6 +179,8 @@ class SoakPair:
                 daemon.stop(timeout=60)
             daemon.kill()
         kill_tree(alive(self.seen))
+        if self.webhooks is not None:
+            self.webhooks.close()
         self.link.destroy()
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.head.state_dir)], capture_output=True, timeout=30)

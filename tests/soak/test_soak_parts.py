@@ -5,6 +5,10 @@ counts a violation once per sentence, launches that overlap are caught, an open 
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -230,3 +234,61 @@ def test_soak_faults_picks_the_faults_of_a_run() -> None:
     assert len(kinds_from_env({})) == len(FAULTS)
     with pytest.raises(ValueError, match="SOAK_FAULTS names no such fault: nope"):
         kinds_from_env({"SOAK_FAULTS": "nope"})
+
+
+# ---- the notifier's hook (notifyhook.py, SOAK_NOTIFY=1 once the daemon's wiring lands)
+
+
+def test_the_notify_hook_judges_what_each_node_sent_its_webhook() -> None:
+    from notifyhook import QUEUE, final_violations
+
+    def sent(kind: str, cls: str | None = None) -> dict[str, object]:
+        return {"path": "/json", "mode": "ok", "body": json.dumps({"kind": kind, "class": cls})}
+
+    healthy = {"notify": {"targets": [{"name": "flaky-json", "queued": 0, "held_back": 0, "dropped": 0}]}}
+    assert final_violations("head", healthy, [sent("watching"), sent("failure", "oom")], {"oom"}) == []
+    assert final_violations("head", {}, [], set())[0].startswith("head: the daemon reports no notifier")
+    said = final_violations("head", healthy, [sent("failure", "oom")], {"oom", "nccl"})
+    assert said == ["head: its webhook never heard it start watching",
+                    "head: failures of class nccl reached neither its webhook nor the notifier's held-back, dropped "
+                    "or queued counts"]
+    held = {"notify": {"targets": [{"name": "flaky-json", "queued": QUEUE + 5, "held_back": 3}]}}
+    assert final_violations("head", held, [sent("watching")], {"nccl"}) == [
+        f"head: the notifier's queue for flaky-json grew past [notify] queue ({QUEUE + 5})"]
+
+
+POST = """
+import urllib.request
+for n in range(4):
+    try:
+        request = urllib.request.Request("http://127.0.0.1:18911/json", data=b'{"kind": "watching"}', method="POST")
+        urllib.request.urlopen(request, timeout=1)
+    except Exception as exc:
+        print(type(exc).__name__)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace needs root (CI runs as root)")
+def test_the_flaky_webhook_serves_inside_a_nodes_namespace_and_says_what_it_holds(tmp_path: Path) -> None:
+    from notifyhook import FlakyWebhooks, section
+    from pair_harness import Link
+
+    from sparkd.config import config_from_mapping
+
+    link = Link.create()
+    hooks = FlakyWebhooks(tmp_path, {"head": link.head_ns}, 18911)
+    try:
+        config_from_mapping({"runtime": "process", "launch": {"model": "m"}, "notify": section(18911)}, env={})
+        endpoint = hooks.endpoints["head"]
+        deadline = time.monotonic() + 30
+        while ":18911 " not in subprocess.run(["ip", "netns", "exec", link.head_ns, "ss", "-ltn"], text=True,
+                                              capture_output=True, check=False).stdout:
+            assert time.monotonic() < deadline and endpoint.proc.poll() is None, "the endpoint never listened"
+            time.sleep(0.1)
+        probe = subprocess.run(["ip", "netns", "exec", link.head_ns, sys.executable, "-c", POST], capture_output=True,
+                               text=True, timeout=60, check=False)
+        assert [r["mode"] for r in endpoint.received()][:3] == ["ok", "error", "hang"], probe.stdout + probe.stderr
+        assert endpoint.held() == 1  # the hung request, held for HANG_S
+    finally:
+        hooks.close()
+        link.destroy()

@@ -26,13 +26,15 @@ def test_a_log_file_gives_class_sentence_and_evidence() -> None:
     assert out.startswith("class:    free_memory_refusal\n")
     assert "sentence: vLLM refused to start: only 30 of 119.67 GiB was free" in out
     assert "evidence: " in out and "(~30/119.67 GiB)" in out
+    assert "runbook:  /runbook#free_memory_refusal on sparkd's HTTP port" in out
 
 
 def test_json_and_stdin_give_the_same_answer() -> None:
     from_file = json.loads(run(str(FREE_MEMORY), "--json").stdout)
     from_stdin = json.loads(run("-", "--json", stdin=FREE_MEMORY.read_bytes()).stdout)
     assert from_file == from_stdin
-    assert set(from_file) == {"class", "sentence", "evidence"} and from_file["class"] == "free_memory_refusal"
+    assert set(from_file) == {"class", "sentence", "evidence", "runbook"}
+    assert from_file["class"] == "free_memory_refusal" and from_file["runbook"] == "/runbook#free_memory_refusal"
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "kill", "9"])

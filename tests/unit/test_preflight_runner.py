@@ -30,6 +30,7 @@ def test_check_ids_are_the_config_keys() -> None:
         "container",
         "launch_target",
         "vllm_args",
+        "builds",
         "stale_processes",
         "ports",
         "dev_shm",

@@ -132,4 +132,5 @@ def test_sparkd_explain_says_the_same(excerpt: Excerpt) -> None:
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
     expected = classify(excerpt.exit_code, excerpt.signal, excerpt.lines)
-    assert answer == {"class": excerpt.cls.value, "sentence": expected.sentence, "evidence": expected.evidence}
+    assert answer == {"class": excerpt.cls.value, "sentence": expected.sentence, "evidence": expected.evidence,
+                      "runbook": f"/runbook#{excerpt.cls.value}"}

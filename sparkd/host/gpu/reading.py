@@ -4,7 +4,6 @@ one decision of which GPUs a launch uses (:mod:`sparkd.launch.devices`)."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
 
@@ -13,7 +12,8 @@ import anyio
 from sparkd.config import Config
 from sparkd.host.gpu import nvml, smi
 from sparkd.host.gpu.model import WEDGED, GpuDevice, GpuView, skipped
-from sparkd.launch.devices import Devices, Gpu, launch_devices, launch_environment
+from sparkd.launch.devices import Devices, Gpu, launch_devices
+from sparkd.launch.render import effective_env, env_values
 
 TIMEOUT_S = 30.0  # NVML and nvidia-smi can hang on a wedged GPU
 NO_DRIVER_RECHECK_S = 60.0  # a node without the NVIDIA library is asked again this often (a driver may be installed)
@@ -48,7 +48,7 @@ def devices_of_launch(cfg: Config, runtime: str, env: Mapping[str, str],
     host sparkd's own, ``host_env`` (default ``os.environ``), under the launch's ``env`` —, its container's
     request)."""
     container = runtime != "process"
-    whole = launch_environment(runtime, env, cfg.container.env, os.environ if host_env is None else host_env)
+    whole = env_values(effective_env(cfg, host_env=host_env, exports=env, runtime=runtime))
     return launch_devices(whole, container=container, gpus=cfg.container.gpus if container else None)
 
 
