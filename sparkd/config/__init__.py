@@ -2,7 +2,7 @@
 
 The package's face is :class:`Config`, :func:`load_config`, :class:`ConfigError` and the sections callers name
 (``from sparkd.config import Config``). The model is :mod:`sparkd.config.model`; its sections are
-:mod:`.sections`, :mod:`.container`, :mod:`.supervision`, :mod:`.fabric` and :mod:`.recorder`; the environment
+:mod:`.sections`, :mod:`.container`, :mod:`.supervision`, :mod:`.fabric`, :mod:`.recorder` and :mod:`.acceptance`; the environment
 layer :mod:`.env` and :mod:`.layers`; the profiles :mod:`.profiles`; the generated reference :mod:`.reference`;
 what is a secret :mod:`.secretrule` and how a secret file is read :mod:`.secretfile`.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
+    "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "AcceptanceConfig", "AcceptancePrompt", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
     "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig",
     "LogFormat", "LogLevel", "Mount", "NodeConfig",
     "PathsConfig", "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind",
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from sparkd.config.model import (
         DEFAULT_CONFIG_PATH,
         ENV_PREFIX,
+        AcceptanceConfig,
+        AcceptancePrompt,
         ApiConfig,
         ClusterConfig,
         Config,

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sparkd.config.acceptance import AcceptanceConfig, AcceptancePrompt
 from sparkd.config.container import ContainerConfig, Mount
 from sparkd.config.env import ENV_PREFIX, Override, OverrideError, variable_for
 from sparkd.config.fabric import FabricConfig, WeightsConfig
@@ -51,7 +52,7 @@ from sparkd.config.supervision import (
 )
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
+    "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "AcceptanceConfig", "AcceptancePrompt", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
     "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig",
     "LogFormat", "LogLevel", "Mount", "NodeConfig",
     "PathsConfig", "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind",
@@ -104,6 +105,9 @@ class Config(BaseModel):
         "The group's fabric, measured by the head before every start."))
     weights: WeightsConfig = Field(default_factory=WeightsConfig, description=(
         "The model directory's manifest, compared across the group's nodes before every start."))
+    acceptance: AcceptanceConfig = Field(default_factory=AcceptanceConfig, description=(
+        "The acceptance gate between serving and ready: capacity, the answers' fingerprint, garble, speculative "
+        "decoding, numerics."))
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Config:
