@@ -6,9 +6,9 @@ repeated junk"; the fixtures in tests/data/garble/ are real garbled outputs from
 - ``empty``: nothing but white space (and no reasoning either).
 - ``cut_short``: it ended for another reason than a stop or the length bound (abort, error), or it stopped with
   fewer tokens than the prompt's ``min_tokens``.
-- ``loop``: a stretch repeats back to back — one visible character at least 12 times (a rule of ``-``, ``=``, ``_``,
-  ``*``, ``#``, ``~``, ``.`` excepted), or a longer unit at least 3 times over at least 10 characters that make half
-  the answer or 64 characters.
+- ``loop``: a stretch repeats back to back — one visible character at least 12 times, or a longer unit two and a
+  half times (the last copy cut by the length bound; a unit of 20 characters or more: two copies and a third begun) over at least 10 characters that make half the answer or 64
+  characters; markdown rules, tables and ellipses (``-=_*#~.|:``) are layout, not loops.
 - ``broken_characters``: U+FFFD, control characters, or text decoded twice (UTF-8 read as Latin-1: ``Ã©``, ``Ð°``).
 - ``foreign_script``: at least 2 letters of a writing system neither the prompt nor its ``scripts`` use (Latin is
   always allowed: code and names; Han, kana and Hangul go together).
@@ -44,8 +44,10 @@ class Finding:
 
 
 MIN_SINGLE = 12  # one visible character repeated this often is a loop
-RULE_CHARS = frozenset("-=_*#~.")  # markdown rules and ellipses: a long run of them is layout
-MIN_REPEATS = 3
+RULE_CHARS = frozenset("-=_*#~.|:")  # markdown rules, tables and ellipses: a long run of them is layout
+MIN_REPEATS = 2.5  # copies of a unit, the last one may be partial (an answer cut by max_tokens mid-copy)
+MIN_REPEATS_LONG = 2.2  # of a unit of 20 characters or more: two verbatim copies of a sentence and a third begun
+LONG_UNIT = 20
 MIN_LOOP_CHARS = 10
 LONG_LOOP_CHARS = 64
 MAX_UNIT = 200
@@ -93,16 +95,18 @@ def find_loop(text: str) -> Finding | None:
         return None
     covered, start, unit = best
     piece = text[start:start + unit]
-    return Finding(Kind.loop, f"{piece!r} repeated {covered // unit} times ({covered} of {len(text)} characters)")
+    copies = f"{covered / unit:.1f}".removesuffix(".0")
+    return Finding(Kind.loop, f"{piece!r} repeated {copies} times ({covered} of {len(text)} characters)")
 
 
 def _is_loop(text: str, start: int, unit: int, covered: int) -> bool:
     piece = text[start:start + unit]
-    if not piece.strip():
+    if not piece.strip() or set(piece.strip()) <= RULE_CHARS:
         return False
     if unit == 1:
-        return covered >= MIN_SINGLE and piece not in RULE_CHARS
-    return (covered // unit >= MIN_REPEATS and covered >= MIN_LOOP_CHARS
+        return covered >= MIN_SINGLE
+    copies = MIN_REPEATS_LONG if unit >= LONG_UNIT else MIN_REPEATS
+    return (covered / unit >= copies and covered >= MIN_LOOP_CHARS
             and (covered >= LONG_LOOP_CHARS or 2 * covered >= len(text)))
 
 
@@ -169,12 +173,12 @@ class LevelResult:
     def bad_outputs(self) -> int:
         return len(self.bad) + len(self.errors)
 
-    def sentence(self) -> str:
-        if not self.bad_outputs:
-            return f"concurrency {self.level}: {self.answers} answers clean"
-        first = (f"{self.bad[0][0]}: {self.bad[0][1][0].kind} — {self.bad[0][1][0].detail}" if self.bad
-                 else self.errors[0])
-        return f"concurrency {self.level}: {self.bad_outputs} of {self.answers + len(self.errors)} bad ({first})"
+    def first(self) -> str:
+        """The first bad output, said: its answer, the kind and what was found (or the request that failed)."""
+        if self.bad:
+            key, findings = self.bad[0]
+            return f"{key.split('#')[0]} at concurrency {self.level}: {findings[0].kind} — {findings[0].detail}"
+        return self.errors[0] if self.errors else "none"
 
 
 def level_result(level: int, checked: Sequence[tuple[str, tuple[Finding, ...]]],

@@ -57,6 +57,18 @@ FAILURE_CLASS = {Verdict.corrupted: FailureClass.answers_garbled, Verdict.garble
                  Verdict.spec_decode_inactive: FailureClass.capacity_lost}
 
 
+# What the operator does about each refusal (a restart never helps: the same launch answers the same).
+FIX = {
+    Verdict.answers_changed: "find what changed, or run `sparkctl accept` if the change was intended",
+    Verdict.garbled: "check the image, its kernels and the quantization, then `sparkctl reset`",
+    Verdict.corrupted: "check the image, its kernels and the quantization, then `sparkctl reset`",
+    Verdict.capacity_lost: "free the memory (a reboot returns what the driver kept) or widen [acceptance]'s band, then "
+                           "`sparkctl reset`",
+    Verdict.spec_decode_inactive: "check the drafter (its weights, the image's speculative decoding), then "
+                                  "`sparkctl reset`",
+}
+
+
 def plan(*, capacity: bool, fingerprint: bool, garble_levels: Sequence[int], spec_decode: bool, numerics: bool,
          speculative: bool, nans_in_logits: bool) -> tuple[Part, ...]:
     """The parts this start's gate runs, in order (the config's switches and what the launch sets)."""
@@ -141,9 +153,8 @@ def decide(results: Sequence[PartResult], *, started_at: float, now: float, on_w
     policy = on_wrong_answers if worst in WRONG_ANSWERS else on_lost_performance
     refuse = policy == "refuse"
     also = "".join(f" Also {r.part}: {r.sentence}" for r in failed[1:])
-    action = ("sparkd keeps it from ready and does not restart it (restarting does not fix an answer): fix the cause, "
-              "or run `sparkctl accept` if the change was intended" if refuse else
-              "vLLM serves anyway ([acceptance] policy warn)")
+    action = f"sparkd keeps it from ready and does not restart it: {FIX[worst]}" if refuse else \
+        "vLLM serves anyway ([acceptance] policy warn)"
     sentence = f"{_capital(failed[0].sentence)} — {action}.{also}"
     failure = Failure.of(FAILURE_CLASS[worst], sentence, evidence=f"acceptance {worst.value}: {failed[0].sentence}")
     return GateResult(worst, sentence, refuse, tuple(results), started_at, now, failure)

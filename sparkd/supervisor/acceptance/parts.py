@@ -33,15 +33,19 @@ def fingerprint_part(result: FingerprintResult, seconds: float) -> PartResult:
 
 
 def garble_part(levels: Sequence[LevelResult], seconds: float) -> PartResult:
-    """Every level's ``bad_outputs``; any bad output fails the part."""
+    """Every level's ``bad_outputs``; any bad output fails the part — a request that failed among answered ones
+    too (a concurrency bug), but when no request got an answer at all the part could not run (incomplete)."""
     facts = {"bad_outputs": {str(lv.level): lv.bad_outputs for lv in levels}}
+    if levels and not any(lv.answers for lv in levels):
+        return incomplete_part(Part.garble, f"no request got an answer ({levels[0].first()})", seconds)
     bad = [lv for lv in levels if lv.bad_outputs]
+    total = sum(lv.answers + len(lv.errors) for lv in levels)
     if not bad:
-        total = sum(lv.answers for lv in levels)
         said = ", ".join(str(lv.level) for lv in levels)
         return PartResult(Part.garble, True, f"{total} answers clean at concurrency {said}.", seconds, facts=facts)
-    return PartResult(Part.garble, False, "garbled answers: " + "; ".join(lv.sentence() for lv in bad) + ".", seconds,
-                      facts=facts)
+    per_level = ", ".join(f"{lv.bad_outputs} at {lv.level}" for lv in bad)
+    return PartResult(Part.garble, False, f"{sum(lv.bad_outputs for lv in bad)} of {total} answers garbled "
+                                          f"(concurrency: {per_level}); first: {bad[0].first()}.", seconds, facts=facts)
 
 
 def counters_part(part: Part, verdict: PartVerdict, seconds: float = 0.0) -> PartResult:
