@@ -78,8 +78,8 @@ class AcceptanceConfig(_Section):
     max_tokens: int = Field(default=48, ge=1, le=4096, description="The bound on every answer's length (tokens).")
     seed: int = Field(default=1234, ge=0, description="The seed sent with every gate request.")
     top_logprobs: int = Field(default=5, ge=0, le=20, description=(
-        "Top log-probabilities kept per answer token in the golden (0: tokens only). A divergence where the golden's "
-        "two candidates were this close is numerics, not a change (`tie_margin`)."))
+        "Top log-probabilities kept per answer token in the golden (0: tokens only); they tell a near tie, which a "
+        "numerics change may flip, from a token the golden never considered (`tie_margin`)."))
     chat_template_kwargs: dict[str, bool | str | int] = Field(
         default_factory=lambda: dict[str, bool | str | int](enable_thinking=False, thinking=False), description=(
             "Sent with every chat request: a reasoning model answers in its content, not its reasoning."))
@@ -105,7 +105,7 @@ class AcceptanceConfig(_Section):
     capacity_tolerance: float = Field(default=0.03, ge=0, lt=1, description=(
         "A start whose KV cache tokens fall more than this share below the golden's has lost capacity."))
     timeout_s: float = Field(default=300.0, gt=0, description=(
-        "The whole gate's budget; past it the gate's verdict is `timeout` (its parts so far are kept)."))
+        "The whole gate's budget; past it the verdict is `incomplete` (said, never refused; the parts done are kept)."))
     request_timeout_s: float = Field(default=120.0, gt=0, description="One gate request's budget.")
     replay_interval_s: float = Field(default=900.0, ge=0, description=(
         "While serving: replay the fingerprint this often, only while the engine is idle (0: never)."))

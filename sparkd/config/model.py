@@ -52,11 +52,11 @@ from sparkd.config.supervision import (
 )
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "AcceptanceConfig", "AcceptancePrompt", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
-    "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig",
-    "LogFormat", "LogLevel", "Mount", "NodeConfig",
-    "PathsConfig", "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind",
-    "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
+    "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "AcceptanceConfig", "AcceptancePrompt", "ApiConfig", "ClusterConfig", "Config",
+    "ConfigError", "ContainerConfig", "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig",
+    "LintConfig", "LogConfig", "LogFormat", "LogLevel", "Mount", "NodeConfig", "PathsConfig", "PreflightCheckId",
+    "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind", "SupervisorConfig", "WeightsConfig",
+    "config_from_mapping", "load_config", "read_toml",
 ]
 
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")

@@ -7,8 +7,9 @@ repeated junk"; the fixtures in tests/data/garble/ are real garbled outputs from
 - ``cut_short``: it ended for another reason than a stop or the length bound (abort, error), or it stopped with
   fewer tokens than the prompt's ``min_tokens``.
 - ``loop``: a stretch repeats back to back — one visible character at least 12 times, or a longer unit two and a
-  half times (the last copy cut by the length bound; a unit of 20 characters or more: two copies and a third begun) over at least 10 characters that make half the answer or 64
-  characters; markdown rules, tables and ellipses (``-=_*#~.|:``) are layout, not loops.
+  half times (the last copy cut by the length bound; a unit of 20 characters or more: two copies and a third begun)
+  over at least 10 characters that make half the answer or 64 characters; markdown rules, tables and ellipses
+  (``-=_*#~.|:``) are layout, not loops.
 - ``broken_characters``: U+FFFD, control characters, or text decoded twice (UTF-8 read as Latin-1: ``Ã©``, ``Ð°``).
 - ``foreign_script``: at least 2 letters of a writing system neither the prompt nor its ``scripts`` use (Latin is
   always allowed: code and names; Han, kana and Hangul go together).
