@@ -104,3 +104,22 @@ def test_the_speculative_decoder_and_nans_are_switched_at_run_time(launch: Stand
     time.sleep(1.0)
     garbled = answer_from("chat", "capital", _ask(port, "chat"))
     assert check(garbled.text, prompt=PROMPT, finish_reason="length"), garbled.text
+
+
+def _families(text: str) -> dict[str, set[str]]:
+    """Family name → the label names of its series, for the gate's families."""
+    out: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        if line.startswith(("vllm:spec_decode", "vllm:corrupted")) and "{" in line:
+            name, labels = line.split("{", 1)
+            out.setdefault(name, set()).update(p.split("=", 1)[0] for p in labels.split("}", 1)[0].split(","))
+    return out
+
+
+def test_the_standins_gate_families_are_the_real_032_pages(launch: Standins) -> None:
+    real = (Path(__file__).parents[1] / "data" / "acceptance" / "vllm-032-ngram-metrics-after.txt").read_text()
+    port = free_port()
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
+    serving(launch.start("m", "--host", "127.0.0.1", "--port", str(port), "--speculative-config", spec,
+                         env={"VLLM_COMPUTE_NANS_IN_LOGITS": "1"}), port)
+    assert _families(http("127.0.0.1", port).get("/metrics").text) == _families(real)

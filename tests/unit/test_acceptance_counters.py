@@ -60,3 +60,14 @@ def test_nans_in_the_logits_are_corrupted_and_a_missing_family_is_said() -> None
     moved = judge_numerics(before, read_counters(page(0, [], corrupted=4)))
     assert moved.ok is False and moved.sentence.startswith("3 requests had NaNs in their logits during the gate")
     assert judge_numerics(before, read_counters("vllm:num_requests_running 0\n")).ok is None
+
+
+def test_the_real_032_pages_with_ngram_speculative_decoding() -> None:
+    before = read_counters((DATA / "acceptance" / "vllm-032-ngram-metrics-before.txt").read_text())
+    after = read_counters((DATA / "acceptance" / "vllm-032-ngram-metrics-after.txt").read_text())
+    assert before.accepted_per_position == {0: 0, 1: 0, 2: 0} and before.corrupted == 0
+    assert after.accepted_per_position == {0: 29, 1: 21, 2: 14} and after.drafts == 40
+    verdict = judge_spec_decode(before, after, positions=3)
+    assert verdict.ok is True and "(0: 29, 1: 21, 2: 14; 40 drafts)" in verdict.sentence
+    assert judge_numerics(before, after).ok is True
+    assert judge_spec_decode(after, after, positions=3).ok is False  # nothing moved between two equal pages
