@@ -33,6 +33,7 @@ from sparkd.supervisor.acceptance.parts import (
     garble_part,
     incomplete_part,
 )
+from sparkd.supervisor.acceptance.replay import replay_parts
 
 __all__ = ["Asker", "GateFacts", "GoldenKeeper", "run_gate", "shape_of"]
 
@@ -151,12 +152,16 @@ class _Run:
 
 async def run_gate(cfg: AcceptanceConfig, facts: GateFacts, asker: Asker, store: GoldenKeeper, *,
                    clock: Callable[[], float], wall: Callable[[], float],
-                   progress: Callable[[Progress], None] = lambda _: None, accept: bool = False) -> GateResult:
-    """Run the gate once; ``accept``: the answers become the golden (``sparkctl accept``), the other parts as ever."""
+                   progress: Callable[[Progress], None] = lambda _: None, accept: bool = False,
+                   replay: bool = False) -> GateResult:
+    """Run the gate once; ``accept``: the answers become the golden (``sparkctl accept``), the other parts as ever;
+    ``replay``: only what a replay while serving runs (``replay_parts``)."""
     started = clock()
     parts = plan(capacity=cfg.capacity, fingerprint=cfg.fingerprint or accept, garble_levels=cfg.garble_levels,
                  spec_decode=cfg.spec_decode, numerics=cfg.numerics, speculative=facts.speculative,
                  nans_in_logits=facts.nans_in_logits)
+    if replay:
+        parts = replay_parts(parts)
     run = _Run(cfg, facts, asker, store.read(facts.model), clock, wall, accept)
     state = Progress(started, parts)
     progress(state)

@@ -211,3 +211,15 @@ def test_capacity_is_judged_against_the_golden_recorded_with_it(tmp_path: Path) 
     result = gate(tmp_path, vllm, clock, smaller)
     assert result.verdict is Verdict.capacity_lost and not result.refuse  # type: ignore[attr-defined]
     assert "100 (10.0%) fewer than the golden's 1,000" in result.sentence  # type: ignore[attr-defined]
+
+
+def test_a_replay_asks_only_the_fingerprint_and_the_numerics(tmp_path: Path) -> None:
+    clock = FakeClock()
+    vllm = FakeVllm(clock)
+    facts = GateFacts("m", ID, Capacity(1000, 2.0, 500), speculative=True, speculative_positions=2)
+    gate(tmp_path, vllm, clock, facts)
+    asked = vllm.asked
+    result = anyio.run(lambda: run_gate(cfg(), facts, vllm, GoldenStore(tmp_path), clock=clock.now, wall=clock.wall,
+                                        replay=True))
+    assert [p.part for p in result.parts] == [Part.fingerprint] and result.verdict is Verdict.passed
+    assert vllm.asked - asked == 6
