@@ -173,12 +173,12 @@ TREATMENT: dict[FailureClass, Treatment] = {
         restartable=False, budget=Budget.one, scope=Scope.node, evidence=BASIC,
         what="vLLM answers with garbled text, or with NaNs in its logits",
         do="a restart gives the same garbage, so sparkd does not restart it — check the image, the kernels and the "
-           "quantization (the incident quotes the answer), then `sparkctl reset`"),
+           "quantization (the incident quotes the answer), then `sparkctl restart`"),
     FailureClass.capacity_lost: Treatment(
         restartable=False, budget=Budget.one, scope=Scope.node, evidence=FULL,
         what="vLLM serves with less capacity than expected (KV cache, or speculative decoding)",
         do="memory the driver kept, a changed gpu_memory_utilization or a drafter that no longer accepts — a restart "
-           "does not return it; fix it, or widen [acceptance] kv_cache_tokens, then `sparkctl reset`"),
+           "does not return it; fix it, or widen [acceptance] kv_cache_tokens, then `sparkctl restart`"),
     FailureClass.unknown: Treatment(
         restartable=True, budget=Budget.one, scope=Scope.node, evidence=FULL,
         what="vLLM stopped without a recognised error",

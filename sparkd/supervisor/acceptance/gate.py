@@ -60,12 +60,12 @@ FAILURE_CLASS = {Verdict.corrupted: FailureClass.answers_garbled, Verdict.garble
 # What the operator does about each refusal (a restart never helps: the same launch answers the same).
 FIX = {
     Verdict.answers_changed: "find what changed, or run `sparkctl accept` if the change was intended",
-    Verdict.garbled: "check the image, its kernels and the quantization, then `sparkctl reset`",
-    Verdict.corrupted: "check the image, its kernels and the quantization, then `sparkctl reset`",
+    Verdict.garbled: "check the image, its kernels and the quantization, then `sparkctl restart`",
+    Verdict.corrupted: "check the image, its kernels and the quantization, then `sparkctl restart`",
     Verdict.capacity_lost: "free the memory (a reboot returns what the driver kept) or widen [acceptance]'s band, then "
-                           "`sparkctl reset`",
+                           "`sparkctl restart`",
     Verdict.spec_decode_inactive: "check the drafter (its weights, the image's speculative decoding), then "
-                                  "`sparkctl reset`",
+                                  "`sparkctl restart`",
 }
 
 
