@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from gateworld import Vllm, run, tiny_config
 
-from sparkd.supervisor.acceptance.gate import Part, Verdict
+from sparkd.supervisor.acceptance.gate import GateResult, Part, Verdict
 
 pytestmark = pytest.mark.timeout(3600)
 RESTARTS = int(os.environ.get("SPARKD_REALVLLM_RESTARTS", "2"))
@@ -56,7 +56,7 @@ def test_golden_restarts_new_weights_accept_and_capacity(realvllm: tuple[Path, P
     state = tmp_path / "state"
     timings: dict[str, list[float]] = {"start": [], "gate": []}
 
-    def gate(name: str, **kw: object) -> object:
+    def gate(name: str, **kw: object) -> GateResult:
         vllm = start(served, venv, model, tmp_path, name, **kw)
         result = run(tiny_config(), vllm, model, state)
         vllm.stop()
@@ -65,20 +65,20 @@ def test_golden_restarts_new_weights_accept_and_capacity(realvllm: tuple[Path, P
         return result
 
     first = gate("first")
-    assert first.verdict is Verdict.passed, first.sentence  # type: ignore[attr-defined]
-    assert "6 answers recorded as the golden (no golden yet)" in first.parts[1].sentence  # type: ignore[attr-defined]
+    assert first.verdict is Verdict.passed, first.sentence
+    assert "6 answers recorded as the golden (no golden yet)" in first.parts[1].sentence
     for n in range(RESTARTS):
         again = gate(f"restart-{n}")
-        fingerprint = again.parts[1]  # type: ignore[attr-defined]
+        fingerprint = again.parts[1]
         assert again.verdict is Verdict.passed and fingerprint.sentence == "6 answers match the golden exactly.", \
-            again.sentence  # type: ignore[attr-defined]
+            again.sentence
 
     subprocess.run([str(venv / "bin" / "python"), str(HERE / "make_tinyllm.py"), "--weights", str(model), "26"],
                    check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, timeout=600)
     changed = gate("other-seed")
-    assert changed.verdict is Verdict.answers_changed and changed.refuse, changed.sentence  # type: ignore[attr-defined]
-    assert "since the golden, the weights (the model directory's manifest) " in changed.sentence  # type: ignore[attr-defined]
-    assert "the image" not in changed.sentence and "flags" not in changed.sentence  # type: ignore[attr-defined]
+    assert changed.verdict is Verdict.answers_changed and changed.refuse, changed.sentence
+    assert "since the golden, the weights (the model directory's manifest) " in changed.sentence
+    assert "the image" not in changed.sentence and "flags" not in changed.sentence
 
     vllm = start(served, venv, model, tmp_path, "accept")
     accepted = run(tiny_config(), vllm, model, state, accept=True)
@@ -86,15 +86,18 @@ def test_golden_restarts_new_weights_accept_and_capacity(realvllm: tuple[Path, P
     assert "by `sparkctl accept`; since the old golden the weights" in accepted.parts[1].sentence
     vllm.stop()
     after = gate("after-accept")
-    assert after.verdict is Verdict.passed, after.sentence  # type: ignore[attr-defined]
+    assert after.verdict is Verdict.passed, after.sentence
 
-    smaller = gate("smaller-kv", extra_args=("--kv-cache-memory-bytes", str(768 * 1024**2)))
-    assert smaller.verdict is Verdict.capacity_lost and not smaller.refuse, smaller.sentence  # type: ignore[attr-defined]
-    capacity = smaller.parts[0]  # type: ignore[attr-defined]
+    # vLLM's CPU build lets VLLM_CPU_KVCACHE_SPACE override --kv-cache-memory-bytes (platforms/cpu.py): unset it
+    smaller = gate("smaller-kv", extra_args=("--kv-cache-memory-bytes", str(768 * 1024**2)),
+                   env={"VLLM_CPU_KVCACHE_SPACE": ""})
+    assert smaller.verdict is Verdict.capacity_lost and not smaller.refuse, smaller.sentence
+    capacity = smaller.parts[0]
     assert capacity.part is Part.capacity and capacity.facts["lost_share"] == pytest.approx(0.25, abs=0.01)
     assert "fewer than the golden's" in capacity.sentence and "GiB of KV cache" in capacity.sentence
     print(f"\nacceptance on real vLLM: starts {timings['start']} s, gates {timings['gate']} s; "
-          f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+          f"load {os.getloadavg()[0]:.1f}\nnew weights: {changed.sentence}\n"
+          f"smaller KV cache: {smaller.sentence}", file=sys.stderr)
 
 
 def test_the_random_weight_models_answers_are_garbled(realvllm: tuple[Path, Path], served: list[Vllm],

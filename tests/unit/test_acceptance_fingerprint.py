@@ -9,7 +9,14 @@ from dataclasses import replace
 import pytest
 
 from sparkd.supervisor.acceptance.answers import Answer, Golden, Identity, Shape
-from sparkd.supervisor.acceptance.fingerprint import Outcome, Rules, common_prefix, compare, near_tie
+from sparkd.supervisor.acceptance.fingerprint import (
+    FingerprintResult,
+    Outcome,
+    Rules,
+    common_prefix,
+    compare,
+    near_tie,
+)
 
 SHAPE = Shape(max_tokens=8, seed=1234, top_logprobs=3)
 ID = Identity("sha256:" + "a" * 64, "sha256:" + "b" * 64, "c" * 16)
@@ -31,9 +38,8 @@ def golden(answers: list[Answer] = GOLD, identity: Identity = ID) -> Golden:
     return Golden(identity, SHAPE, {a.key: a for a in answers}, None, 1000.0, "m")
 
 
-def run(now: list[Answer], identity: Identity = ID, gold: Golden | None = None, **kw: object) -> object:
-    return compare(golden() if gold is None else gold, now, identity, SHAPE, RULES, model="m", now_wall=2000.0,
-                   **kw)  # type: ignore[arg-type]
+def run(now: list[Answer], identity: Identity = ID, gold: Golden | None = None) -> FingerprintResult:
+    return compare(golden() if gold is None else gold, now, identity, SHAPE, RULES, model="m", now_wall=2000.0)
 
 
 def test_the_first_pass_records_the_golden() -> None:

@@ -15,7 +15,7 @@ from sparkd.acceptance.runner import GateFacts, run_gate
 from sparkd.config.acceptance import AcceptanceConfig
 from sparkd.state.golden import GoldenStore, golden_path
 from sparkd.supervisor.acceptance.answers import Answer, Capacity, Identity, Shape
-from sparkd.supervisor.acceptance.gate import Part, PartResult, Progress, Verdict, decide, plan
+from sparkd.supervisor.acceptance.gate import GateResult, Part, PartResult, Progress, Verdict, decide, plan
 from sparkd.supervisor.failures import FailureClass, treatment
 from sparkd.testing import FakeClock
 
@@ -121,7 +121,7 @@ def cfg(**kw: object) -> AcceptanceConfig:
 
 
 def gate(tmp_path: Path, vllm: FakeVllm, clock: FakeClock, facts: GateFacts | None = None, *,
-         config: AcceptanceConfig | None = None, seen: list[str] | None = None, accept: bool = False) -> object:
+         config: AcceptanceConfig | None = None, seen: list[str] | None = None, accept: bool = False) -> GateResult:
     facts = facts or GateFacts("m", ID, Capacity(1000, 2.0, 500))
     return anyio.run(lambda: run_gate(config or cfg(), facts, vllm, GoldenStore(tmp_path), clock=clock.now,
                                       wall=clock.wall, accept=accept,
@@ -134,12 +134,12 @@ def test_a_first_pass_records_the_golden_and_the_next_matches(tmp_path: Path) ->
     vllm = FakeVllm(clock)
     seen: list[str] = []
     first = gate(tmp_path, vllm, clock, seen=seen)
-    assert first.verdict is Verdict.passed, first.sentence  # type: ignore[attr-defined]
+    assert first.verdict is Verdict.passed, first.sentence
     assert vllm.asked == 6 + 3 and golden_path(tmp_path, "m").is_file()  # 3 prompts x 2 APIs, levels 1 and 2
     assert seen[0] == "capacity, 1 of 3 parts, 0 s" and seen[-1].startswith("deciding, 3 of 3 parts")
     second = gate(tmp_path, vllm, clock)
-    fingerprint = second.parts[1]  # type: ignore[attr-defined]
-    assert second.verdict is Verdict.passed and fingerprint.sentence == "6 answers match the golden exactly."  # type: ignore[attr-defined]
+    fingerprint = second.parts[1]
+    assert second.verdict is Verdict.passed and fingerprint.sentence == "6 answers match the golden exactly."
 
 
 def test_changed_answers_are_refused_with_the_weights_named_and_the_golden_kept(tmp_path: Path) -> None:
@@ -150,13 +150,13 @@ def test_changed_answers_are_refused_with_the_weights_named_and_the_golden_kept(
     vllm.mode = "changed"
     other = GateFacts("m", Identity("img", "sha256:" + "2" * 64, "launch"), Capacity(1000, 2.0, 500))
     result = gate(tmp_path, vllm, clock, other)
-    assert result.verdict is Verdict.answers_changed and result.refuse  # type: ignore[attr-defined]
+    assert result.verdict is Verdict.answers_changed and result.refuse
     assert "since the golden, the weights (the model directory's manifest) 111111111111 → 222222222222 changed" \
-        in result.sentence  # type: ignore[attr-defined]
+        in result.sentence
     assert golden_path(tmp_path, "m").read_bytes() == kept, "a refused answer never becomes the golden"
     accepted = gate(tmp_path, vllm, clock, other, accept=True)
-    assert accepted.verdict is Verdict.passed, accepted.sentence  # type: ignore[attr-defined]
-    assert gate(tmp_path, vllm, clock, other).verdict is Verdict.passed  # type: ignore[attr-defined]
+    assert accepted.verdict is Verdict.passed, accepted.sentence
+    assert gate(tmp_path, vllm, clock, other).verdict is Verdict.passed
 
 
 def test_a_garbled_first_pass_records_nothing(tmp_path: Path) -> None:
@@ -164,8 +164,8 @@ def test_a_garbled_first_pass_records_nothing(tmp_path: Path) -> None:
     vllm = FakeVllm(clock)
     vllm.mode = "loop"
     result = gate(tmp_path, vllm, clock)
-    assert result.verdict is Verdict.garbled and result.refuse  # type: ignore[attr-defined]
-    assert "6 of 3 answers" not in result.sentence and "loop" in result.sentence  # type: ignore[attr-defined]
+    assert result.verdict is Verdict.garbled and result.refuse
+    assert "6 of 3 answers" not in result.sentence and "loop" in result.sentence
     assert not golden_path(tmp_path, "m").exists()
 
 
@@ -175,8 +175,8 @@ def test_a_speculative_decoder_that_stops_accepting_is_said_and_served(tmp_path:
     vllm.stuck = True
     facts = GateFacts("m", ID, Capacity(1000, 2.0, 500), speculative=True, speculative_positions=2)
     result = gate(tmp_path, vllm, clock, facts)
-    assert result.verdict is Verdict.spec_decode_inactive and not result.refuse  # type: ignore[attr-defined]
-    assert result.sentence.startswith("1 of 2 draft positions accepted no token during the gate (position 1")  # type: ignore[attr-defined]
+    assert result.verdict is Verdict.spec_decode_inactive and not result.refuse
+    assert result.sentence.startswith("1 of 2 draft positions accepted no token during the gate (position 1")
     assert golden_path(tmp_path, "m").is_file(), "answers that are right are kept"
 
 
@@ -185,8 +185,8 @@ def test_no_answer_is_incomplete_not_a_refusal(tmp_path: Path) -> None:
     vllm = FakeVllm(clock)
     vllm.mode = "down"
     result = gate(tmp_path, vllm, clock)
-    assert result.verdict is Verdict.incomplete and not result.refuse  # type: ignore[attr-defined]
-    assert "got no answer in 5 s" in result.sentence  # type: ignore[attr-defined]
+    assert result.verdict is Verdict.incomplete and not result.refuse
+    assert "got no answer in 5 s" in result.sentence
 
 
 def test_the_budget_ends_the_gate_and_says_which_parts_never_ran(tmp_path: Path) -> None:
@@ -198,9 +198,9 @@ def test_the_budget_ends_the_gate_and_says_which_parts_never_ran(tmp_path: Path)
             raise AssertionError("the budget should have ended this")
 
     result = gate(tmp_path, Slow(clock), clock, config=cfg(timeout_s=0.2))
-    assert result.verdict is Verdict.incomplete  # type: ignore[attr-defined]
-    assert [p.part for p in result.parts] == [Part.capacity, Part.fingerprint, Part.garble]  # type: ignore[attr-defined]
-    assert "the gate's budget of 0.2 s ran out before it" in result.sentence  # type: ignore[attr-defined]
+    assert result.verdict is Verdict.incomplete
+    assert [p.part for p in result.parts] == [Part.capacity, Part.fingerprint, Part.garble]
+    assert "the gate's budget of 0.2 s ran out before it" in result.sentence
 
 
 def test_capacity_is_judged_against_the_golden_recorded_with_it(tmp_path: Path) -> None:
@@ -209,8 +209,8 @@ def test_capacity_is_judged_against_the_golden_recorded_with_it(tmp_path: Path) 
     gate(tmp_path, vllm, clock)
     smaller = GateFacts("m", ID, Capacity(900, 1.8, 500))
     result = gate(tmp_path, vllm, clock, smaller)
-    assert result.verdict is Verdict.capacity_lost and not result.refuse  # type: ignore[attr-defined]
-    assert "100 (10.0%) fewer than the golden's 1,000" in result.sentence  # type: ignore[attr-defined]
+    assert result.verdict is Verdict.capacity_lost and not result.refuse
+    assert "100 (10.0%) fewer than the golden's 1,000" in result.sentence
 
 
 def test_a_replay_asks_only_the_fingerprint_and_the_numerics(tmp_path: Path) -> None:
