@@ -42,17 +42,20 @@ class Vllm:
     """One ``vllm serve`` of the tiny model on a free loopback port."""
 
     def __init__(self, venv: Path, model: Path, log: Path, *, extra_args: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str | None] | None = None) -> None:
+        """``env``: added to the launch's environment; a None value removes the variable."""
         self.port = free_port()
         self.argv = [str(venv / "bin" / "vllm"), "serve", str(model), "--served-model-name", SERVED, "--host",
                      "127.0.0.1", "--port", str(self.port), "--max-model-len", "512", "--dtype", "bfloat16",
                      *extra_args]
-        self.env = {**BASE_ENV, **(env or {})}
+        changes: dict[str, str | None] = {**BASE_ENV, **(env or {})}
+        self.env = {k: v for k, v in changes.items() if v is not None}
+        launch_env = {k: v for k, v in os.environ.items() if k not in changes}
         self.log = log
         self.began = time.monotonic()
         with log.open("w") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
-                                         env={**os.environ, **self.env}, start_new_session=True)
+                                         env={**launch_env, **self.env}, start_new_session=True)
         self.ready_s: float | None = None
 
     def wait_ready(self, timeout: float = START_S) -> float:
