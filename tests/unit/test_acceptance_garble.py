@@ -56,7 +56,8 @@ def test_a_loop_is_named_with_its_unit_and_share() -> None:
     ("What is π?", "π is about 3.14159.", (), False),  # the prompt's own Greek
     ("What is the area of a circle?", "A = πr²", (), False),  # one Greek letter is not drift
     ("Translate 'good morning' into Chinese.", "早上好", ("han",), False),  # asked for
-    ("日本の首都はどこですか？", "東京です。", (), False),  # Han and kana go together
+    ("日本の首都はどこですか？", "東京です。", (), False),
+    ("にほんの しゅとは どこ？", "東京です。", (), False),  # a prompt in kana alone: Han and kana go together
     ("Translate 'good morning' into Chinese.", "早上好", (), True),
     ("Summarise the text.", "Кратко: текст о погоде.", (), True),
 ])
