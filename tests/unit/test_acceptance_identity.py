@@ -67,7 +67,8 @@ def test_the_program_identity_moves_with_a_reinstall(tmp_path: Path) -> None:
 
 
 def golden(model: str = "/models/m") -> Golden:
-    answer = Answer("capital", "chat", (1, 2), " Paris.", "stop", (" Paris", "."), (((" Paris", -0.1),), ((".", -0.2),)))
+    top = (((" Paris", -0.1),), ((".", -0.2),))
+    answer = Answer("capital", "chat", (1, 2), " Paris.", "stop", (" Paris", "."), top)
     return Golden(Identity("img", "sha256:" + "1" * 64, "abc"), Shape(48, 1234, 5), {answer.key: answer},
                   Capacity(1000, 2.0, 500, 1.0), 1_800_000_000.0, model)
 
