@@ -154,6 +154,8 @@ def test_changed_answers_are_refused_with_the_weights_named_and_the_golden_kept(
     assert "since the golden, the weights (the model directory's manifest) 111111111111 → 222222222222 changed" \
         in result.sentence
     assert golden_path(tmp_path, "m").read_bytes() == kept, "a refused answer never becomes the golden"
+    assert result.parts[1].facts["first_difference"] == {"answer": "capital/chat", "token": 0,
+                                                         "golden": " Paris is lovely.", "now": " Rome is old."}
     accepted = gate(tmp_path, vllm, clock, other, accept=True)
     assert accepted.verdict is Verdict.passed, accepted.sentence
     assert gate(tmp_path, vllm, clock, other).verdict is Verdict.passed

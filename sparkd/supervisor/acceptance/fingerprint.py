@@ -27,6 +27,9 @@ from sparkd.supervisor.acceptance.answers import Answer, Capacity, Golden, Ident
 __all__ = ["Difference", "FingerprintResult", "Outcome", "Rules", "common_prefix", "compare", "near_tie"]
 
 
+QUOTE = 400  # characters of each answer a difference keeps
+
+
 @dataclass(frozen=True)
 class Rules:
     prefix_tokens: int = 8
@@ -47,6 +50,8 @@ class Difference:
     golden: str  # that token in the golden ("' Paris' (id 3681)")
     now: str  # that token now
     near_tie: bool  # the golden's top log-probabilities had the new token within the tie margin
+    golden_text: str = ""  # both answers, for the incident and `sparkd explain` (cut to QUOTE characters)
+    now_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,8 @@ def _difference(golden: Answer, now: Answer, margin: float) -> Difference | None
     p = common_prefix(golden.token_ids, now.token_ids)
     if p == len(golden.token_ids) == len(now.token_ids):
         return None
-    return Difference(golden.key, p, golden.token(p), now.token(p), near_tie(golden, now, p, margin))
+    return Difference(golden.key, p, golden.token(p), now.token(p), near_tie(golden, now, p, margin),
+                      golden.text[:QUOTE], now.text[:QUOTE])
 
 
 def compare(golden: Golden | None, answers: Sequence[Answer], identity: Identity, shape: Shape, rules: Rules, *,

@@ -25,6 +25,10 @@ def fingerprint_part(result: FingerprintResult, seconds: float) -> PartResult:
                                 "differences": [f"{d.key}@{d.position}" for d in result.differences]}
     if result.similarity is not None:
         facts["similarity"] = round(result.similarity, 4)
+    if not result.ok and result.differences:  # what the incident and `sparkd explain` quote
+        first = result.differences[0]
+        facts["first_difference"] = {"answer": first.key, "token": first.position, "golden": first.golden_text,
+                                     "now": first.now_text}
     if result.identity_changes:
         facts["identity_changes"] = list(result.identity_changes)
     if result.recorded:
