@@ -212,6 +212,7 @@ def test_capacity_is_judged_against_the_golden_recorded_with_it(tmp_path: Path) 
     smaller = GateFacts("m", ID, Capacity(900, 1.8, 500))
     result = gate(tmp_path, vllm, clock, smaller)
     assert result.verdict is Verdict.capacity_lost and not result.refuse
+    assert result.sentence.startswith("vLLM's KV cache holds 900 tokens")
     assert "100 (10.0%) fewer than the golden's 1,000" in result.sentence
 
 

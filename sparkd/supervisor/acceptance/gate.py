@@ -162,4 +162,4 @@ def decide(results: Sequence[PartResult], *, started_at: float, now: float, on_w
 
 def _capital(text: str) -> str:
     text = text.rstrip(".")
-    return text[:1].upper() + text[1:]
+    return text if text.startswith("vLLM") else text[:1].upper() + text[1:]
