@@ -32,8 +32,8 @@ from benchkit import REPO, bench_parser, log, run_bench
 
 sys.path.insert(0, str(REPO / "tests" / "realvllm"))
 
-from gateworld import Vllm, run, tiny_config  # noqa: E402
-from modload import load  # noqa: E402
+from gateworld import Vllm, run, tiny_config
+from modload import load
 
 
 def _ensure() -> tuple[Path, Path]:
