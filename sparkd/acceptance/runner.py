@@ -12,7 +12,7 @@ goes to ``progress`` after every part (status shows it while the gate runs).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import anyio
@@ -132,7 +132,7 @@ class _Run:
                 errors.append(str(exc))
                 return
             found = check(answer.text, prompt=prompt.prompt, finish_reason=answer.finish_reason,
-                                 tokens=len(answer.token_ids), min_tokens=prompt.min_tokens, scripts=prompt.scripts)
+                          tokens=len(answer.token_ids), min_tokens=prompt.min_tokens, scripts=prompt.scripts)
             checked.append((f"{answer.key}#{i}", found))
 
         async with anyio.create_task_group() as tg:
@@ -162,7 +162,8 @@ async def run_gate(cfg: AcceptanceConfig, facts: GateFacts, asker: Asker, store:
                  nans_in_logits=facts.nans_in_logits)
     if replay:
         parts = replay_parts(parts)
-    run = _Run(cfg, facts, asker, store.read(facts.model), clock, wall, accept)
+    golden = await anyio.to_thread.run_sync(store.read, facts.model)  # the state disk, off the loop
+    run = _Run(cfg, facts, asker, golden, clock, wall, accept)
     state = Progress(started, parts)
     progress(state)
     if {Part.spec_decode, Part.numerics} & set(parts):
@@ -178,7 +179,7 @@ async def run_gate(cfg: AcceptanceConfig, facts: GateFacts, asker: Asker, store:
     verdict = decide(results, started_at=started, now=clock(), on_wrong_answers=cfg.on_wrong_answers,
                      on_lost_performance=cfg.on_lost_performance)
     if run.keep is not None and verdict.verdict not in WRONG_ANSWERS:
-        written = store.write(run.keep)
+        written = await anyio.to_thread.run_sync(store.write, run.keep)
         if not written.ok:
             verdict = _unkept(verdict, written.problem or "the golden could not be written")
     return verdict
@@ -189,6 +190,4 @@ def _ran_out(left: Sequence[Part], budget_s: float) -> list[PartResult]:
 
 
 def _unkept(verdict: GateResult, problem: str) -> GateResult:
-    from dataclasses import replace
-
     return replace(verdict, sentence=f"{verdict.sentence} The golden was not kept: {problem}.")
