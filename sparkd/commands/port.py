@@ -73,6 +73,16 @@ class Checks(Protocol):
         """What ``sparkctl weights`` shows: the group's comparison on a head, this node's manifest elsewhere."""
 
 
+class Acceptance(Protocol):
+    """The daemon's side of the acceptance gate (issue 37), for ``sparkctl accept``. Not yet part of
+    :class:`Control`: the daemon provides it as ``DaemonControl.acceptance`` when it runs the gate."""
+
+    async def accept(self) -> dict[str, Any]:
+        """Run the gate now against the running vLLM, its answers recorded as the model's golden whatever the golden
+        held (the other parts judged as ever); the gate's result (``GateResult.to_json()``). After a refusal that
+        kept the start from ready, a passing run lets it be ready."""
+
+
 class Control(Protocol):
     """The daemon's surface for commands (``sparkd.daemon.control.DaemonControl``)."""
 

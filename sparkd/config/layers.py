@@ -6,7 +6,7 @@ Highest priority first (``settings_customise_sources``):
 2. the environment: ``SPARKD_<SECTION>__<KEY>`` (:class:`sparkd.config.env.SparkdEnvSource`);
 3. the file: its tables as read (``sparkd.config.read_toml``);
 4. the launch profile named by the layers above (``[launch] profile``): its values under ``[launch]``, its
-   ``[launch.env]`` merged under the file's.
+   ``[launch.env]`` merged under the file's, its ``[acceptance]`` (the capacity band it expects) under the file's.
 
 pydantic-settings merges them table by table (a higher layer's table merges into a lower one's key by key; any
 other value replaces). The result is a plain mapping: ``sparkd.config.Config`` validates it, so that every error
@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from sparkd.config.env import Override, SparkdEnvSource
-from sparkd.config.profiles import load_profile
+from sparkd.config.profiles import profile_tables
 
 __all__ = ["ProfileError", "layered"]
 
@@ -46,7 +46,7 @@ class _Mapping(PydanticBaseSettingsSource):
 
 
 class _Profile(PydanticBaseSettingsSource):
-    """The launch profile that the layers above it name, as ``{"launch": {...}}``."""
+    """The launch profile that the layers above it name, as ``{"launch": {...}, "acceptance": {...}}``."""
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False
@@ -59,7 +59,7 @@ class _Profile(PydanticBaseSettingsSource):
         if not isinstance(name, str):
             raise ProfileError("launch.profile: must be a string")
         try:
-            return {"launch": load_profile(name)}
+            return profile_tables(name)
         except LookupError as exc:
             raise ProfileError(f"launch.profile: {exc}") from None
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sparkd.config.acceptance import AcceptanceConfig, AcceptancePrompt
 from sparkd.config.container import ContainerConfig, Mount
 from sparkd.config.env import ENV_PREFIX, Override, OverrideError, variable_for
 from sparkd.config.fabric import FabricConfig, WeightsConfig
@@ -52,11 +53,11 @@ from sparkd.config.supervision import (
 )
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "ApiConfig", "ClusterConfig", "Config", "ConfigError", "ContainerConfig",
-    "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig",
-    "LogFormat", "LogLevel", "Mount", "NodeConfig", "NotifyConfig",
-    "PathsConfig", "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind",
-    "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
+    "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "AcceptanceConfig", "AcceptancePrompt", "ApiConfig", "ClusterConfig", "Config",
+    "ConfigError", "ContainerConfig", "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig",
+    "LintConfig", "LogConfig", "LogFormat", "LogLevel", "Mount", "NodeConfig", "NotifyConfig", "PathsConfig",
+    "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind", "SupervisorConfig",
+    "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
 ]
 
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
@@ -107,6 +108,9 @@ class Config(BaseModel):
         "The model directory's manifest, compared across the group's nodes before every start."))
     notify: NotifyConfig = Field(default_factory=NotifyConfig, description=(
         "Webhooks told at once of failures, the breaker, the memory guard's actions and recoveries."))
+    acceptance: AcceptanceConfig = Field(default_factory=AcceptanceConfig, description=(
+        "The acceptance gate between serving and ready: capacity, the answers' fingerprint, garble, speculative "
+        "decoding, numerics."))
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Config:

@@ -105,6 +105,8 @@ def _toml(value: Any, size: bool) -> str:
         return "[" + ", ".join(_toml(v, False) for v in value) + "]"
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{k} = {_toml(v, False)}" for k, v in value.items()) + " }" if value else "{}"
+    if isinstance(value, BaseModel):  # a table of a list's default (the acceptance prompts): its keys that are set
+        return _toml(value.model_dump(exclude_defaults=True), False)
     return json.dumps(value)
 
 
@@ -181,7 +183,8 @@ take JSON (`SPARKD_LAUNCH__EXTRA_ARGS='["--foo"]'`). An override replaces the fi
 key by key). A bad value is reported with the variable's name.
 
 **Profiles.** `[launch] profile` applies a launch profile's values under the section's own keys
-(`latency`, `throughput`, `balanced`, `1m-context`; see `config/profiles/`).
+(`latency`, `throughput`, `balanced`, `1m-context`; see `config/profiles/`), and the capacity it expects under
+`[acceptance]`'s.
 """
 
 

@@ -44,6 +44,9 @@ class FailureClass(StrEnum):
     gpu_error = "gpu_error"  # the GPU or its PCIe link faulted: an Xid, a fatal AER, an uncorrectable ECC error
     host_unavailable = "host_unavailable"  # what a launch needs from the host is missing (engine, disk): wait
     reboot_needed = "reboot_needed"  # restarts keep losing memory the driver never returns: only a reboot helps
+    answers_changed = "answers_changed"  # the acceptance gate: the answers differ from the golden's
+    answers_garbled = "answers_garbled"  # the acceptance gate: garbled answers, or NaNs in the logits
+    capacity_lost = "capacity_lost"  # the acceptance gate: less KV cache than expected, or an idle speculative decoder
     unknown = "unknown"  # nothing recognised
 
 
@@ -159,6 +162,23 @@ TREATMENT: dict[FailureClass, Treatment] = {
         what="Restarts of vLLM kept losing memory that was never returned",
         do="reboot the node (the driver keeps memory a killed vLLM held), then `sparkctl reset` — sparkd stops "
            "restarting before the host freezes"),
+    # The acceptance gate's refusals (sparkd/supervisor/acceptance/gate.py): a restart gives the same answers, so
+    # none is retried; the operator fixes the cause or records the new answers (`sparkctl accept`).
+    FailureClass.answers_changed: Treatment(
+        restartable=False, budget=Budget.one, scope=Scope.node, evidence=BASIC,
+        what="vLLM's answers to the acceptance prompts differ from the golden",
+        do="a restart gives the same answers, so sparkd does not restart it — find what changed (the image, the "
+           "weights, the flags, a kernel); if the change was intended, `sparkctl accept` records the new answers"),
+    FailureClass.answers_garbled: Treatment(
+        restartable=False, budget=Budget.one, scope=Scope.node, evidence=BASIC,
+        what="vLLM answers with garbled text, or with NaNs in its logits",
+        do="a restart gives the same garbage, so sparkd does not restart it — check the image, the kernels and the "
+           "quantization (the incident quotes the answer), then `sparkctl restart`"),
+    FailureClass.capacity_lost: Treatment(
+        restartable=False, budget=Budget.one, scope=Scope.node, evidence=FULL,
+        what="vLLM serves with less capacity than expected (KV cache, or speculative decoding)",
+        do="memory the driver kept, a changed gpu_memory_utilization or a drafter that no longer accepts — a restart "
+           "does not return it; fix it, or widen [acceptance] kv_cache_tokens, then `sparkctl restart`"),
     FailureClass.unknown: Treatment(
         restartable=True, budget=Budget.one, scope=Scope.node, evidence=FULL,
         what="vLLM stopped without a recognised error",

@@ -20,6 +20,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sparkd_standin import logfmt
+from sparkd_standin.answers import Token
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.client import EngineClient, EngineDeadError
 from sparkd_standin.generate import (
@@ -189,7 +190,7 @@ async def _completion(request: Request, kind: str) -> Response:
     return JSONResponse(full_response(req, tokens))
 
 
-async def _collect(state: AppState, req: GenRequest) -> list[str]:
+async def _collect(state: AppState, req: GenRequest) -> list[Token]:
     return [token async for token in state.source.tokens(req)]
 
 

@@ -6,12 +6,15 @@ instead; a test writes one command to it, and only the processes running at that
 
 Rules:
 
-- A command is one line ending in a newline: ``<id> stall``, ``<id> hang`` or ``<id> leak MB_PER_S MAX_MB``.
-  Anything else is ignored (a partial write has no newline yet).
+- A command is one line ending in a newline: ``<id> stall``, ``<id> hang``, ``<id> leak MB_PER_S MAX_MB``, or what
+  the engine answers from now on: ``<id> answers MODE`` (``sparkd_standin.answers.ANSWER_MODES``), ``<id> spec on|off``
+  (the speculative decoder accepts, or not), ``<id> nans on|off`` (NaNs in the logits). Anything else is ignored (a
+  partial write has no newline yet).
 - What the file holds when a process starts was meant for an earlier launch: the process never acts on it.
   A process acts on each new ``id`` once.
-- The head's API server takes ``stall`` and ``hang`` (as ``STALL_AFTER`` and ``HANG_AFTER`` do); every worker
-  takes ``leak`` (as ``LEAK_MB_PER_S`` does). Each process ignores the commands that are not its own.
+- The head's API server takes ``stall``, ``hang``, ``answers``, ``spec`` and ``nans`` (as ``STALL_AFTER``,
+  ``HANG_AFTER``, ``ANSWERS``, ``SPEC_DECODE_ACCEPTS`` and ``NAN_LOGITS`` do); every worker takes ``leak`` (as
+  ``LEAK_MB_PER_S`` does). Each process ignores the commands that are not its own.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkd_standin.answers import ANSWER_MODES
+
 POLL_S = 0.2
-FAULTS = ("stall", "hang", "leak")
+FAULTS = ("stall", "hang", "leak", "answers", "spec", "nans")
+SWITCHES = ("on", "off")
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,7 @@ class Command:
     fault: str  # one of FAULTS
     leak_mb_per_s: float = 0.0
     leak_max_mb: float = 0.0
+    value: str = ""  # answers: the mode; spec, nans: on | off
 
 
 def parse(text: str) -> Command | None:
@@ -41,6 +48,9 @@ def parse(text: str) -> Command | None:
     if len(words) < 2 or words[1] not in FAULTS:
         return None
     ident, fault, args = words[0], words[1], words[2:]
+    if fault in ("answers", "spec", "nans"):
+        allowed = ANSWER_MODES if fault == "answers" else SWITCHES
+        return Command(ident, fault, value=args[0]) if len(args) == 1 and args[0] in allowed else None
     if fault != "leak":
         return Command(ident, fault) if not args else None
     try:

@@ -79,7 +79,7 @@ def stall(state: AppState) -> None:
 
 
 async def follow_control(control: ControlFile, state: AppState, server: _Exitable) -> None:
-    """Take the control file's stall and hang commands (a worker takes leak); silently, as a wedge is."""
+    """Take the control file's stall, hang and answer commands (a worker takes leak); silently, as a wedge is."""
     while True:
         await asyncio.sleep(POLL_S)
         command: Command | None = control.poll()
@@ -89,3 +89,15 @@ async def follow_control(control: ControlFile, state: AppState, server: _Exitabl
             stall(state)
         elif command.fault == "hang":
             block_event_loop(server)
+        else:
+            answer_as(state, command)
+
+
+def answer_as(state: AppState, command: Command) -> None:
+    """What the engine answers from now on: its text, its speculative decoder, NaNs in its logits."""
+    if command.fault == "answers":
+        state.source.answers = command.value
+    elif command.fault == "spec":
+        state.metrics.spec_accepting = command.value == "on"
+    elif command.fault == "nans":
+        state.metrics.nan_logits = command.value == "on"

@@ -1,8 +1,10 @@
 """Chat and text completions: validation, token production at a fixed rate, and vLLM 0.13's JSON/SSE shapes.
 
 Every request first runs one engine step (the prefill: an RPC through the EngineCore to the workers), then
-produces ``max_tokens`` tokens at ``tokens_per_s``, each only while no engine step is in flight. While
-stalled, a new request is counted by the scheduler (running or waiting) but never published nor answered.
+produces up to ``max_tokens`` tokens at ``tokens_per_s``, each only while no engine step is in flight. While
+stalled, a new request is counted by the scheduler (running or waiting) but never published nor answered. What the
+tokens are is :mod:`sparkd_standin.answers` (the prompt's own answer, or a broken engine's); ``return_token_ids``
+and ``logprobs`` (``top_logprobs`` for chat) are answered in vLLM 0.32's shapes.
 """
 
 from __future__ import annotations
@@ -15,28 +17,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkd_standin.answers import Token, answer, prompt_text
 from sparkd_standin.client import EngineClient, EngineDeadError
 from sparkd_standin.metrics import VllmMetrics
 
 DEFAULT_MAX_TOKENS = 16
-WORDS = (
-    "Hello",
-    " there",
-    "!",
-    " I",
-    " am",
-    " a",
-    " stand",
-    "-in",
-    " for",
-    " vLLM",
-    ".",
-    " How",
-    " can",
-    " I",
-    " help",
-    "?",
-)
 
 
 class RequestError(Exception):
@@ -75,6 +60,9 @@ class GenRequest:
     include_usage: bool
     request_id: str
     created: int = field(default_factory=lambda: int(time.time()))
+    prompt: str = ""  # what is asked (the answer depends on it)
+    logprobs: int | None = None  # top log-probabilities per token (chat: top_logprobs when logprobs is true)
+    return_token_ids: bool = False
 
 
 def parse_request(kind: str, body: Any, served: tuple[str, ...], max_len: int, header_id: str | None) -> GenRequest:
@@ -111,7 +99,17 @@ def parse_request(kind: str, body: Any, served: tuple[str, ...], max_len: int, h
         bool(body.get("stream")),
         bool(options.get("include_usage")),
         prefix + (header_id or random_uuid()),
+        prompt=prompt_text(kind, body),
+        logprobs=_logprobs(kind, body),
+        return_token_ids=bool(body.get("return_token_ids")),
     )
+
+
+def _logprobs(kind: str, body: dict[str, Any]) -> int | None:
+    if kind == "chat":
+        return int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
+    value = body.get("logprobs")
+    return None if value is None else int(value)
 
 
 class TokenSource:
@@ -122,24 +120,26 @@ class TokenSource:
         self.metrics = metrics
         self.interval_s = 1.0 / max(tokens_per_s, 1e-3)
         self.stalled = False
+        self.answers = "normal"  # what the engine answers (sparkd_standin.answers.ANSWER_MODES)
 
-    async def tokens(self, req: GenRequest) -> AsyncIterator[str]:
+    async def tokens(self, req: GenRequest) -> AsyncIterator[Token]:
         if self.stalled:
             await self._held(req)
         started = time.monotonic()
         await self.engine.execute(req.request_id)  # the prefill step
         self.metrics.request_started(req.prompt_tokens, req.max_tokens)
         generated, reason, last = 0, "abort", started
+        planned = answer(req.prompt, req.max_tokens, self.answers)
         try:
-            for index in range(req.max_tokens):
+            for index, token in enumerate(planned):
                 await self._step(req.request_id)
                 now = time.monotonic()
                 if index == 0:
                     self.metrics.first_token(now - started)
                 self.metrics.token_generated(None if index == 0 else now - last)
                 generated, last = generated + 1, now
-                yield WORDS[index % len(WORDS)]
-            reason = "length"
+                yield token
+            reason = "length" if len(planned) == req.max_tokens else "stop"
         except EngineDeadError:
             reason = "error"
             raise
@@ -175,8 +175,33 @@ def usage(req: GenRequest, generated: int) -> dict[str, Any]:
     }
 
 
-def full_response(req: GenRequest, tokens: list[str]) -> dict[str, Any]:
-    text = "".join(tokens)
+def finish_reason(req: GenRequest, generated: int) -> str:
+    return "length" if generated == req.max_tokens else "stop"
+
+
+def token_logprobs(req: GenRequest, tokens: list[Token]) -> dict[str, Any] | None:
+    """vLLM 0.32's ``logprobs`` of a whole answer: chat's ``content`` list, or the completion's four lists."""
+    if req.logprobs is None:
+        return None
+    k = req.logprobs
+    if req.kind == "chat":
+        def entry(text: str, logprob: float) -> dict[str, Any]:
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return {"content": [{**entry(t.text, t.logprob), "top_logprobs": [entry(x, lp) for x, lp in t.top[:k]]}
+                            for t in tokens]}
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t.text)
+    return {"text_offset": offsets, "token_logprobs": [t.logprob for t in tokens], "tokens": [t.text for t in tokens],
+            "top_logprobs": [dict(t.top[:max(k, 1)]) for t in tokens]}
+
+
+def full_response(req: GenRequest, tokens: list[Token]) -> dict[str, Any]:
+    text = "".join(t.text for t in tokens)
+    ids = [t.id for t in tokens] if req.return_token_ids else None
+    logprobs = token_logprobs(req, tokens)
     if req.kind == "chat":
         message: dict[str, Any] = {
             "role": "assistant",
@@ -192,10 +217,10 @@ def full_response(req: GenRequest, tokens: list[str]) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
-            "logprobs": None,
-            "finish_reason": "length",
+            "logprobs": logprobs,
+            "finish_reason": finish_reason(req, len(tokens)),
             "stop_reason": None,
-            "token_ids": None,
+            "token_ids": ids,
         }
         return {
             "id": req.request_id,
@@ -213,10 +238,10 @@ def full_response(req: GenRequest, tokens: list[str]) -> dict[str, Any]:
     choice = {
         "index": 0,
         "text": text,
-        "logprobs": None,
-        "finish_reason": "length",
+        "logprobs": logprobs,
+        "finish_reason": finish_reason(req, len(tokens)),
         "stop_reason": None,
-        "token_ids": None,
+        "token_ids": ids,
         "prompt_logprobs": None,
         "prompt_token_ids": None,
     }
@@ -249,13 +274,13 @@ def _chunk(req: GenRequest, choice: dict[str, Any], **extra: Any) -> dict[str, A
     }
 
 
-def _token_chunk(req: GenRequest, token: str, last: bool) -> dict[str, Any]:
+def _token_chunk(req: GenRequest, token: str, last: bool, reason: str = "length") -> dict[str, Any]:
     if req.kind == "chat":
         choice: dict[str, Any] = {
             "index": 0,
             "delta": {"content": token},
             "logprobs": None,
-            "finish_reason": "length" if last else None,
+            "finish_reason": reason if last else None,
         }
         if last:
             choice["stop_reason"] = None
@@ -265,7 +290,7 @@ def _token_chunk(req: GenRequest, token: str, last: bool) -> dict[str, Any]:
         "index": 0,
         "text": token,
         "logprobs": None,
-        "finish_reason": "length" if last else None,
+        "finish_reason": reason if last else None,
         "stop_reason": None,
         "prompt_token_ids": None,
         "token_ids": None,
@@ -289,9 +314,9 @@ async def stream_events(source: TokenSource, req: GenRequest) -> AsyncIterator[s
                 yield _sse(_chunk(req, role, prompt_token_ids=None))
             if pending is not None:
                 yield _sse(_token_chunk(req, pending, last=False))
-            pending, generated = token, generated + 1
+            pending, generated = token.text, generated + 1
         if pending is not None:
-            yield _sse(_token_chunk(req, pending, last=True))
+            yield _sse(_token_chunk(req, pending, last=True, reason=finish_reason(req, generated)))
         if req.include_usage:
             final = {
                 "id": req.request_id,

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from sparkd_standin.answers import ANSWER_MODES
 from sparkd_standin.dialect import Dialect, dialect
 
 ENV_PREFIX = "SPARKD_STANDIN_"
@@ -58,6 +59,9 @@ class Knobs:
     max_position_embeddings: int = 1048576  # the model's derived max_model_len (its config.json)
     argv_file: str | None = None  # write json.dumps(sys.argv) here at start
     control_file: str | None = None  # stall, hang or leak a running rank by writing here (see control.py)
+    answers: str = "normal"  # what the engine answers: normal | changed | garble | loop | empty (see answers.py)
+    spec_decode_accepts: bool = True  # with --speculative-config: False, drafts are proposed and none accepted
+    nan_logits: bool = False  # with VLLM_COMPUTE_NANS_IN_LOGITS=1: every request counts in vllm:corrupted_requests
 
     @property
     def dialect(self) -> Dialect:
@@ -135,12 +139,16 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "max_position_embeddings": int,
     "argv_file": _optional_str,
     "control_file": _optional_str,
+    "answers": _one_of(*ANSWER_MODES),
+    "spec_decode_accepts": _bool,
+    "nan_logits": _bool,
 }
 
 _EXPECTED = {
     "die_mode": f" (one of {', '.join(DIE_MODES)})",
     "peer_loss": f" (one of {', '.join(PEER_LOSS_MODES)})",
     "crash": f" (one of {', '.join(CRASHES)})",
+    "answers": f" (one of {', '.join(ANSWER_MODES)})",
     "vllm_version": f" (a {', '.join(f'{f}.x' for f in VLLM_FAMILIES)} version)",
     "time_scale": " (a number > 0)",
 }

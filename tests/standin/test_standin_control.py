@@ -28,6 +28,11 @@ MIB = 1 << 20
     ("3 leak fast 150\n", None),
     ("7 stall now\n", None),
     ("7 explode\n", None),
+    ("8 answers garble\n", Command("8", "answers", value="garble")),
+    ("8 answers purple\n", None),
+    ("9 spec off\n", Command("9", "spec", value="off")),
+    ("9 nans on\n", Command("9", "nans", value="on")),
+    ("9 spec\n", None),
     ("stall\n", None),
     ("", None),
 ])

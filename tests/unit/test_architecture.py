@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sparkd.launch", "sparkd.supervisor"),
     ("sparkd.host",),
     ("sparkd.state", "sparkd.runtime", "sparkd.preflight", "sparkd.guard", "sparkd.cluster", "sparkd.recorder",
-     "sparkd.commands", "sparkd.notify"),
+     "sparkd.commands", "sparkd.notify", "sparkd.acceptance"),
     ("sparkd.api",),
     ("sparkd.daemon",),
     ("sparkd.cli", "sparkd.testing"),

@@ -27,7 +27,9 @@ REQUIRED = ("source", "vllm", "class", "cause", "next")
 KNOWN = (*REQUIRED, "exit", "signal", "phase", "note")
 # sparkd's own verdict: its memory guard killed vLLM. No vLLM log says so (test_classify.py covers it).
 NOT_IN_LOGS = {FailureClass.killed_by_guard, FailureClass.host_unavailable,  # sparkd's own, not vLLM's
-               FailureClass.reboot_needed}
+               FailureClass.reboot_needed,
+               # the acceptance gate's: what vLLM answers, not what it logs
+               FailureClass.answers_changed, FailureClass.answers_garbled, FailureClass.capacity_lost}
 _VERSION = re.compile(r"^0\.(?P<minor>\d+)(?:\.\d+)*(?:rc\d+)?(?:\.dev\d+)?\b")
 
 

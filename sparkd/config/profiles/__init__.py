@@ -19,12 +19,22 @@ def profile_names() -> list[str]:
 
 def load_profile(name: str) -> dict[str, Any]:
     """The ``[launch]`` values of profile ``name``; LookupError names the known profiles."""
+    launch: dict[str, Any] = profile_tables(name).get("launch", {})
+    return launch
+
+
+# The tables a profile may set under a config's own: its launch, and what the acceptance gate expects of it.
+LAYERED = ("launch", "acceptance")
+
+
+def profile_tables(name: str) -> dict[str, dict[str, Any]]:
+    """The tables of profile ``name`` that layer under a config (``[launch]``, ``[acceptance]``); LookupError names
+    the known profiles."""
     path = PROFILE_DIR / f"{name}.toml"
     if "/" in name or not path.is_file():
         raise LookupError(f"unknown profile {name!r} (known: {', '.join(profile_names())})")
     data = tomllib.loads(path.read_text(encoding="utf-8"))
-    launch: dict[str, Any] = data.get("launch", {})
-    return launch
+    return {table: data[table] for table in LAYERED if isinstance(data.get(table), dict)}
 
 
 def profile_needs_cuda_graphs(name: str | None) -> bool:
