@@ -77,8 +77,26 @@ def host_file_findings(cfg: Config) -> list[Finding]:
             text = str(exc).removeprefix("[launch] api_key_file ")
             findings.append(Finding("api-key-file-unsafe", Level.warning, "launch.api_key_file",
                                     f"{text}; sparkd run refuses to start with it"))
+    findings += probe_version_findings(cfg)
     program = launch_program_problem(cfg)
     if program is not None:
         key = "launch.script" if cfg.launch.script else "launch.executable"
         findings.append(Finding("launch-program-writable", Level.warning, key, program.split(" ", 2)[2]))
     return findings
+
+
+def probe_version_findings(cfg: Config) -> list[Finding]:
+    """The step probe against the vLLM the last preflight found on this node (its argv check prints vLLM's version,
+    kept in ``<state_dir>/vllm-args.json``): a warning when that vLLM is too old to load the probe."""
+    from sparkd.launch.lint import probe_rules
+    from sparkd.launch.probe import parse_version
+    from sparkd.state.files import read_json
+
+    entries = read_json(cfg.paths.state_dir / "vllm-args.json") or {}
+    found = [e.get("found", "") for e in entries.values() if isinstance(e, dict) and e.get("verdict") == "ok"]
+    versions = [parse_version(text.split()[1]) for text in found if text.startswith("vllm ") and len(text.split()) > 1]
+    known = [v for v in versions if v is not None]
+    if not known:
+        return []
+    where = f"the vLLM the last preflight found, {cfg.paths.state_dir / 'vllm-args.json'}"
+    return list(probe_rules(cfg, known[-1], where))

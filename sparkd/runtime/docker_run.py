@@ -43,6 +43,7 @@ from sparkd.runtime.docker_api import (
 )
 from sparkd.runtime.docker_base import DockerRuntime, ImageMissing, create_time_or_zero
 from sparkd.runtime.launch_target import check_command, target_sentence
+from sparkd.runtime.probedir import prepare
 
 RECONNECT_S = 1.0  # pause before reopening a broken events or logs stream
 SETTLE_S = 10.0  # how long inspect may lag behind a die event
@@ -121,6 +122,7 @@ class DockerRunRuntime(DockerRuntime):
 
     async def _launch(self, spec: LaunchSpec) -> Instance:
         await self._remove_previous()
+        prepare(spec.probe_dir, user=self.cfg.container.user)
         cfg, client = self.cfg, await self.docker()
         script_path = cfg.container.script_path
         options = container_options(
