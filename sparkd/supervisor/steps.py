@@ -7,9 +7,9 @@ processes that are gone are the shell's to drop. Rules, the first that holds win
 
 1. **A rank behind the others** (a worker rank of a tensor-parallel group): it is inside step S while another rank
    has finished S, for longer than S's limit (:func:`sparkd.supervisor.stephistory.limit_s`: the identity's own
-   step times, a floor of a few seconds); or it is idle after step S-1 while another rank began S, for the floor
-   (an idle rank takes a broadcast step at once). ``hang``: "rank 1 (worker, node b, PID 7) has been inside step
-   48213 for 42 s; rank 0 finished it and waits".
+   step times, a floor of a few seconds); or it is idle after step S-1 while another rank began S (or a later
+   step) at least the floor ago (an idle rank takes a broadcast step at once). ``hang``: "rank 1 (worker) on b,
+   PID 7 has been inside step 48213 for 42 s (limit 5 s); rank 0 (worker) finished it and waits (idle for 42 s)".
 2. **Every rank inside one step** past its limit, none finished: with several ranks, a collective that does not
    complete (``hang``); with one, a step that does not (``stall``: it holds requests). Claimed only when every
    rank of the world has a record.
@@ -172,13 +172,28 @@ def _behind(workers: list[RankView], history: StepHistory, limits: StepLimits, e
                                    f"(limit {limit:.0f} s); {other.name} finished it and {_waits(other)}", _DO_HANG,
                                    v, r.step, v.inside_s, evidence)
         else:
-            ahead = [w for w in workers if w.record.in_step and w.record.step == r.step + 1]
-            if ahead and ahead[0].inside_s >= limits.floor_s:
-                other = ahead[0]
-                return StepVerdict(FailureClass.hang, f"{v.who} has not begun step {r.step + 1}, which {other.name} "
-                                   f"began {other.inside_s:.0f} s ago and waits in (limit {limits.floor_s:.0f} s)",
-                                   _DO_HANG, v, r.step + 1, other.inside_s, evidence)
+            verdict = _not_begun(v, workers, limits, evidence)
+            if verdict is not None:
+                return verdict
     return None
+
+
+def _not_begun(v: RankView, workers: list[RankView], limits: StepLimits, evidence: str) -> StepVerdict | None:
+    """An idle rank that has not taken the step after its last one, which another rank began at least the floor
+    ago (a rank that began a later step began that one no later)."""
+    step = v.record.step + 1
+    ahead = [w for w in workers if w.record.step >= step]
+    if not ahead:
+        return None
+    other = max(ahead, key=lambda w: w.inside_s)
+    if other.inside_s < limits.floor_s:
+        return None
+    if other.record.in_step and other.record.step == step:
+        done = f"which {other.name} began {other.inside_s:.0f} s ago and waits in"
+    else:
+        done = f"which {other.name} is past (it began step {other.record.step} {other.inside_s:.0f} s ago)"
+    return StepVerdict(FailureClass.hang, f"{v.who} has not begun step {step}, {done} (limit {limits.floor_s:.0f} s)",
+                       _DO_HANG, v, step, other.inside_s, evidence)
 
 
 def _waits(v: RankView) -> str:

@@ -70,6 +70,12 @@ def test_a_rank_that_never_began_the_step_the_others_wait_in() -> None:
     assert "rank 0 (worker) on a, PID 7 has not begun step 100, which rank 1 (worker) began 6 s ago" in v.what
 
 
+def test_a_rank_left_behind_while_another_went_on_to_later_steps() -> None:
+    v = judge(idle(99, 30, rank=0, pid=7), idle(101, 6, rank=1))
+    assert v is not None and v.step == 100 and v.seconds == pytest.approx(6.01, abs=0.01)
+    assert "PID 7 has not begun step 100, which rank 1 (worker) is past (it began step 101 6 s ago)" in v.what
+
+
 @pytest.mark.parametrize("behind_s", [0.2, 4.9])
 def test_within_the_floor_a_rank_behind_is_only_slower(behind_s: float) -> None:
     assert judge(idle(48213, behind_s, rank=0), inside(48213, behind_s, rank=1)) is None
