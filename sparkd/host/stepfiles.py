@@ -9,7 +9,8 @@ named in the reading, never an exception.
 
 :func:`read_steps` takes one reading of a directory with this node's monotonic clock; :func:`host_pid` finds the
 process a record speaks for as sparkd sees it (a container's PID namespace is not sparkd's), so that a record of a
-process that is gone is told from a live one.
+process that is gone is told from a live one; :func:`process_state` is that process's state letter (``T``: stopped,
+``D``: in the kernel's uninterruptible sleep), which the verdicts name.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from sparkd.vllm_probe.sparkd_vllm_probe import layout
 from sparkd.vllm_probe.sparkd_vllm_probe.layout import StepRecord, Torn
 
-__all__ = ["MAX_FILES", "StepReading", "host_pid", "read_step_file", "read_steps"]
+__all__ = ["MAX_FILES", "StepReading", "host_pid", "process_state", "read_step_file", "read_steps"]
 
 MAX_FILES = 64
 TORN_RETRIES = 5
@@ -124,3 +125,12 @@ def _inner_pid(status: str) -> int | None:
             parts = line.split()[1:]
             return int(parts[-1]) if parts else None
     return None
+
+
+def process_state(pid: int, *, proc: Path = Path("/proc")) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (R, S, D, T, t, Z, ...); None when the process is gone."""
+    try:
+        text = (proc / str(pid) / "stat").read_bytes()
+        return text[text.rindex(b")") + 2:].split()[0].decode()
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None

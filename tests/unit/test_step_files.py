@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.host.stepfiles import MAX_FILES, host_pid, read_step_file, read_steps
+from sparkd.host.stepfiles import MAX_FILES, host_pid, process_state, read_step_file, read_steps
 from sparkd.vllm_probe.sparkd_vllm_probe import layout
 from sparkd.vllm_probe.sparkd_vllm_probe.writer import StepWriter
 
@@ -48,6 +48,11 @@ def test_steps_begin_and_end_as_the_reader_sees_them(tmp_path: Path) -> None:
     assert (r.step, r.phase, r.last_tokens, r.done) == (2, "idle", 4096, 2)
     w.begin(3)
     assert read_step_file(Path(w.path)).phase == "step"  # a collective mark is of its own step only
+    w.waiting()
+    r = read_step_file(Path(w.path))
+    assert (r.phase, r.in_step, r.working) == ("waiting", True, False)
+    w.working()
+    assert read_step_file(Path(w.path)).working
     w.off("a worker step's end failed: OSError(28)")
     r = read_step_file(Path(w.path))
     assert r.phase == "off" and r.note == "a worker step's end failed: OSError(28)"
@@ -132,3 +137,10 @@ def test_a_process_in_a_container_is_found_by_its_innermost_pid(tmp_path: Path) 
     assert host_pid(inside, proc=proc) == 4242
     assert host_pid(dataclasses.replace(inside, start_ticks=778), proc=proc) is None
     w.close()
+
+
+def test_a_processs_state_letter(tmp_path: Path) -> None:
+    assert process_state(os.getpid()) == "R"
+    (tmp_path / "9").mkdir()
+    (tmp_path / "9" / "stat").write_text("9 (a (b) c) T 1 2 3")
+    assert process_state(9, proc=tmp_path) == "T" and process_state(10, proc=tmp_path) is None

@@ -153,7 +153,7 @@ def test_modules_imported_after_the_plugin_loads_are_wrapped_as_they_import(fake
     e0, e1, w1 = seen["engine-0"], seen["engine-1"], seen["worker-1"]
     assert (e0.step, e0.phase, e0.held) == (3, "idle", 3)  # type: ignore[attr-defined]
     assert e1.step == 2  # type: ignore[attr-defined]
-    assert (w1.step, w1.phase, w1.tokens) == (1, "step", 5)  # type: ignore[attr-defined]
+    assert (w1.step, w1.phase, w1.tokens) == (1, "waiting", 5)  # type: ignore[attr-defined]  (the engine's turn)
     assert "sparkd probe: recording engine 0's steps in" in out.stderr
     assert out.stdout.strip() == "true"  # the finder left sys.meta_path once its three modules were wrapped
 

@@ -5,6 +5,8 @@
   ready. After each step it notes the requests the scheduler still holds (running and waiting).
 - A worker rank: ``WorkerWrapperBase.execute_model`` begins a step (with the scheduled tokens); the step ends when
   it returns an output, or else when the ``sample_tokens`` that follows returns (vLLM samples in a second RPC).
+  Between the two the rank waits for the engine (the mark says so); inside ``sample_tokens`` it works again (a GPU
+  rank's wait for its forward pass, collectives included, is there).
   The file is made when the worker's busy loop starts (``WorkerProc.worker_busy_loop``), or at its first step where
   the worker runs inside the EngineCore (one GPU: the uni-process executor).
 - The API server steps nothing: no file.
@@ -210,19 +212,31 @@ def patch_worker(probe: Probe, module: Any) -> None:
             if w:
                 _end(probe, w)
             raise
-        if w and output is not None:  # None: vLLM samples in the sample_tokens call that follows
-            _end(probe, w)
+        if w:
+            try:
+                if output is None:  # vLLM samples in the sample_tokens call that follows: the engine's turn
+                    w.waiting()
+                else:
+                    w.end()
+            except Exception as exc:
+                probe.fail(f"a worker step's end failed: {exc!r}")
         return output
 
     sample = cls.__dict__.get("sample_tokens")
 
     def sample_tokens(self: Any, *args: Any, **kwargs: Any) -> Any:
+        w = self._sparkd_probe
+        if w:
+            try:
+                w.working()
+            except Exception as exc:
+                probe.fail(f"a worker's sampling mark failed: {exc!r}")
+                w = False
         try:
             if sample is not None:
                 return sample(self, *args, **kwargs)
             return self.worker.sample_tokens(*args, **kwargs)  # what WorkerWrapperBase.__getattr__ forwards
         finally:
-            w = self._sparkd_probe
             if w:
                 _end(probe, w)
 

@@ -14,10 +14,11 @@ One definition for both sides: the writer in vLLM (:mod:`.writer`) packs it, spa
   head, and keeps it only when both copies agree, else reads again). The begin block, at each step's beginning:
   the steps begun (its own sequence number), when the step began, its scheduled tokens. The end block, at each
   step's end: the step it ended (its sequence number), when, the requests an engine still held after it, its
-  duration and tokens, the longest step of this process and its tokens. The mark block, rarely: the writer waits
-  in a collective of a given step, or it turned itself off. The process is inside a step while the begin block's
-  step is past the end block's. Times are the writer's monotonic clock in nanoseconds: compare them only with
-  readings of the same node.
+  duration and tokens, the longest step of this process and its tokens. The mark block, within a step: the writer
+  waits in a collective of it, or (a worker that samples in a second call) did its part and waits for the engine's
+  next call, or works again; or it turned itself off. The process is inside a step while the begin block's step is
+  past the end block's; a mark counts for that step only. Times are the writer's monotonic clock in nanoseconds:
+  compare them only with readings of the same node.
 - bytes 256-511, text written once (UTF-8, NUL-padded): the host name, the boot id, the process's title, vLLM's
   version; and a note the writer rewrites when it turns itself off (why).
 """
@@ -37,8 +38,8 @@ ENTRY_POINT = "sparkd_probe"  # the plugin's name in vLLM's ``vllm.general_plugi
 
 ENGINE, WORKER = 0, 1
 ROLES = {ENGINE: "engine", WORKER: "worker"}
-IDLE, STEP, COLLECTIVE, OFF = 0, 1, 2, 3
-PHASES = {IDLE: "idle", STEP: "step", COLLECTIVE: "collective", OFF: "off"}
+IDLE, STEP, COLLECTIVE, OFF, WAITING = 0, 1, 2, 3, 4
+PHASES = {IDLE: "idle", STEP: "step", COLLECTIVE: "collective", OFF: "off", WAITING: "waiting"}
 UNKNOWN = -1  # a count the writer cannot see (an engine's tokens, a worker's held requests)
 
 HEADER = struct.Struct("<QQ")
@@ -48,7 +49,7 @@ BEGIN = struct.Struct("<4q")  # step, began_ns, tokens, step
 BEGIN_AT = 128
 END = struct.Struct("<8q")  # step, ended_ns, held, last_ns, last_tokens, longest_ns, longest_tokens, step
 END_AT = BEGIN_AT + BEGIN.size
-MARK = struct.Struct("<4q")  # seq, kind (COLLECTIVE or OFF; IDLE: none), the step it is about, seq
+MARK = struct.Struct("<4q")  # seq, kind (STEP, COLLECTIVE, WAITING or OFF), the step it is about, seq
 MARK_AT = END_AT + END.size
 SEQ = struct.Struct("<q")  # a block's head and tail copies of its sequence number
 TEXT_AT = 256
@@ -82,7 +83,7 @@ class StepRecord:
     anchor_mono_ns: int
     anchor_wall_ns: int
     step: int  # steps begun
-    phase: str  # idle, step, collective, off
+    phase: str  # idle, step, collective, waiting (its part done, the engine's next call due), off
     began_ns: int  # the current step's beginning (phase step or collective), else the last one's (0: none yet)
     ended_ns: int  # the last completed step's end (0: none yet)
     tokens: int  # the current (or last) step's scheduled tokens (-1: unknown)
@@ -99,6 +100,12 @@ class StepRecord:
 
     @property
     def in_step(self) -> bool:
+        """Inside a step that has not ended (working on it, or waiting for the engine's next call of it)."""
+        return self.phase in ("step", "collective", "waiting")
+
+    @property
+    def working(self) -> bool:
+        """Doing the step's work: computing, or in a collective."""
         return self.phase in ("step", "collective")
 
     @property
@@ -133,7 +140,7 @@ def decode(header: bytes, identity: bytes, blocks: tuple[tuple[int, ...], ...], 
     if mark[1] == OFF:
         phase = "off"
     elif step > ended_step:
-        phase = "collective" if mark[1] == COLLECTIVE and mark[2] == step else "step"
+        phase = PHASES[mark[1]] if mark[2] == step and mark[1] in (COLLECTIVE, WAITING) else "step"
     else:
         phase = "idle"
     fields, at = [], 0

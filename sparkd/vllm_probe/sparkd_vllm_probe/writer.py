@@ -22,6 +22,8 @@ _BEGIN_PACK = layout.BEGIN.pack_into
 _BEGIN_AT = layout.BEGIN_AT
 _END_PACK = layout.END.pack_into
 _END_AT = layout.END_AT
+_MARK_PACK = layout.MARK.pack_into
+_MARK_AT = layout.MARK_AT
 _mono = time.monotonic_ns
 
 
@@ -108,12 +110,20 @@ class StepWriter:
                   self.longest_tokens, step)
 
     def _marked(self, kind: int) -> None:
-        self._mark += 1
-        layout.MARK.pack_into(self._map, layout.MARK_AT, self._mark, kind, self.step, self._mark)
+        self._mark = mark = self._mark + 1
+        _MARK_PACK(self._map, _MARK_AT, mark, kind, self.step, mark)
 
     def collective(self) -> None:
         """Inside the current step, the process now waits in a collective (where the caller can see it)."""
         self._marked(layout.COLLECTIVE)
+
+    def waiting(self) -> None:
+        """Inside the current step, the process did its part and waits for the engine's next call of it."""
+        self._marked(layout.WAITING)
+
+    def working(self) -> None:
+        """Inside the current step, the process works on it again (after ``waiting`` or ``collective``)."""
+        self._marked(layout.STEP)
 
     def off(self, why: str) -> None:
         """The writer stops recording: the phase says off, the note says why. The step blocks are written whole
