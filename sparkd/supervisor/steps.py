@@ -10,13 +10,13 @@ processes that are gone are the shell's to drop. Rules, the first that holds win
    step times, a floor of a few seconds); or it is idle after step S-1 while another rank began S (or a later
    step) at least the floor ago (an idle rank takes a broadcast step at once). ``hang``: "rank 1 (worker) on b,
    PID 7 has been inside step 48213 for 42 s (limit 5 s); rank 0 (worker) finished it and waits (idle for 42 s)".
-2. **Every rank working on one step** past its limit, none finished (a rank that did its part and waits for the
-   engine's next call of the step is not working): with several ranks, a collective that does not
+2. **Every rank inside one step** past its limit, none finished: with several ranks, a collective that does not
    complete (``hang``); with one, a step that does not (``stall``: it holds requests). Claimed only when every
    rank of the world has a record.
-3. **The engine core stuck in its own step**: inside a step for the floor while no worker of its node works on one
-   (they finished what it gave them or wait for its next call, or never got it) — ``hang``, naming the engine core
-   (or the worker, when that process is stopped or in the kernel's uninterruptible sleep).
+3. **The engine core stuck in its own step**: inside a step for the floor while no worker of its node is inside one
+   (they returned from what it gave them, or never got it) — ``hang``, naming the engine core (or the worker, when
+   that process is stopped or in the kernel's uninterruptible sleep). On a GPU a rank returns before the kernels it
+   queued finish, so a collective that never completes shows this way too: the sentence says so.
 4. **An engine that stopped scheduling**: idle, no step begun for ``schedule_s`` although it ended its last step
    still holding requests, or although a request is known to wait (``pending``: a test generation unanswered, the
    shell's evidence) since before its last step began — ``stall``.
@@ -41,7 +41,7 @@ __all__ = ["NodeSteps", "Pending", "RankView", "StepVerdict", "judge_steps", "pr
 
 _STOPPED = {"T": "stopped (SIGSTOP)", "t": "stopped by a tracer", "D": "in uninterruptible sleep (the kernel or a "
             "driver holds it)"}
-_PHASE_NOTE = {"collective": " (in a collective)", "waiting": " (its part done, waiting for the engine's next call)"}
+_PHASE_NOTE = {"collective": " (in a collective)"}
 _DO_HANG = "the tensor-parallel group is wedged on that process — sparkd restarts every rank"
 _DO_STALL = "vLLM makes no progress on the requests it holds — sparkd restarts vLLM"
 
@@ -164,8 +164,8 @@ def _behind(workers: list[RankView], history: StepHistory, limits: StepLimits, e
     """Rule 1: a rank still inside (or not yet in) a step another rank is past."""
     for v in workers:
         r = v.record
-        if r.working:
-            done = [w for w in workers if w is not v and _did_its_part(w, r.step)]
+        if r.in_step:
+            done = [w for w in workers if w is not v and w.record.done >= r.step]
             limit = _limit(v, history, limits)
             if done and v.inside_s >= limit:
                 other = done[0]
@@ -177,13 +177,6 @@ def _behind(workers: list[RankView], history: StepHistory, limits: StepLimits, e
             if verdict is not None:
                 return verdict
     return None
-
-
-def _did_its_part(v: RankView, step: int) -> bool:
-    """Whether this rank is past its work on ``step``: a later step, or that one done (idle after it, or waiting
-    for the engine's next call of it)."""
-    r = v.record
-    return r.step > step or (r.step == step and not r.working)
 
 
 def _not_begun(v: RankView, workers: list[RankView], limits: StepLimits, evidence: str) -> StepVerdict | None:
@@ -206,8 +199,6 @@ def _not_begun(v: RankView, workers: list[RankView], limits: StepLimits, evidenc
 
 def _waits(v: RankView) -> str:
     r = v.record
-    if r.phase == "waiting":
-        return f"waits for the engine's next call of step {r.step}"
     if r.in_step:
         where = "in a collective of" if r.phase == "collective" else "inside"
         return f"has waited {where} step {r.step} for {v.inside_s:.0f} s"
@@ -216,8 +207,8 @@ def _waits(v: RankView) -> str:
 
 def _all_inside(workers: list[RankView], history: StepHistory, limits: StepLimits,
                 evidence: str) -> StepVerdict | None:
-    """Rule 2: every rank of the world working on the same step, past its limit."""
-    if not workers or not all(v.record.working for v in workers):
+    """Rule 2: every rank of the world inside the same step, past its limit."""
+    if not workers or not all(v.record.in_step for v in workers):
         return None
     world = max(v.record.world_size for v in workers)
     if len({v.record.step for v in workers}) != 1 or len({v.record.rank for v in workers}) < world:
@@ -246,14 +237,15 @@ def _engine_stuck(engines: list[RankView], workers: list[RankView], limits: Step
     """Rule 3: the engine core inside its step while none of its node's workers is inside one."""
     for e in engines:
         local = [w for w in workers if w.node == e.node]
-        if not e.record.in_step or e.inside_s < limits.floor_s or any(w.record.working for w in local):
+        if not e.record.in_step or e.inside_s < limits.floor_s or any(w.record.in_step for w in local):
             continue
         took = [w for w in local if w.began_at >= e.began_at]
         stopped = [w for w in local if w.state in ("T", "t", "D")]
         culprit = stopped[0] if stopped else e
         if took:
             what = (f"{e.who} has been inside step {e.record.step} for {e.inside_s:.0f} s (limit "
-                    f"{limits.floor_s:.0f} s) although its workers finished their part of it and wait")
+                    f"{limits.floor_s:.0f} s) although its workers returned from their part of it and wait: the "
+                    "engine core is stuck, or the GPU work its ranks queued does not complete")
         else:
             names = ", ".join(f"{w.name} PID {w.record.pid} idle {w.idle_s:.0f} s" for w in local) or "none here"
             what = (f"{e.who} has been inside step {e.record.step} for {e.inside_s:.0f} s (limit "

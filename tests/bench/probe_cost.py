@@ -8,10 +8,10 @@ with every preemption):
 
 - ``writer``: one ``StepWriter.begin`` + ``end`` (the two stores of a step), in this interpreter.
 - ``engine`` and ``worker``, in vLLM's own interpreter (``--vllm-python``): vLLM 0.32's ``EngineCoreProc.
-  _process_engine_step`` and ``WorkerWrapperBase.execute_model`` + ``sample_tokens`` (called as vLLM's worker calls
-  them: by name on the wrapper) around stub work, with and without the plugin's hooks — the hooks' whole cost per
-  step, vLLM's classes unchanged otherwise. A step of the tiny model takes milliseconds; the stub takes none, so the
-  difference is the probe's.
+  _process_engine_step`` and a worker's step, ``WorkerWrapperBase.execute_model`` + ``sample_tokens`` (called as
+  vLLM's worker calls them: by name on the wrapper), around stub work, with and without the plugin's hooks — the
+  hooks' whole cost per step, vLLM's classes unchanged otherwise. A step of the tiny model takes milliseconds; the
+  stub takes none, so the difference is the probe's.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def vllm_cost() -> dict[str, Any]:
     os.environ["SPARKD_PROBE_DIR"] = folder
     import vllm
     import vllm.v1.engine.core as core
-    import vllm.v1.executor.multiproc_executor  # noqa: F401 (the plugin wraps its WorkerProc too)
+    import vllm.v1.executor.multiproc_executor  # the plugin wraps its WorkerProc too
     import vllm.v1.worker.worker_base as wb
 
     engine_cls, wrapper_cls = core.EngineCoreProc, wb.WorkerWrapperBase
@@ -92,7 +92,7 @@ def vllm_cost() -> dict[str, Any]:
     def swap(on: bool) -> None:
         for cls in (engine_cls, wrapper_cls):
             want = probed[cls] if on else bare[cls]
-            for name in ("_process_engine_step", "execute_model", "sample_tokens"):
+            for name in ("_process_engine_step", "execute_model"):
                 if name in want:
                     setattr(cls, name, want[name])
                 elif name in cls.__dict__:

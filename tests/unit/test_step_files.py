@@ -40,7 +40,7 @@ def test_steps_begin_and_end_as_the_reader_sees_them(tmp_path: Path) -> None:
     w.begin(tokens=4096)
     r = read_step_file(Path(w.path))
     assert (r.role, r.step, r.phase, r.tokens, r.held, r.done, r.in_step) == ("engine", 2, "step", 4096, 2, 1, True)
-    assert 0 < r.ended_ns <= r.began_ns and r.last_ns == r.longest_ns and r.last_tokens == -1
+    assert 0 < r.ended_ns <= r.began_ns and r.longest_ns > 0 and (r.last_ns, r.last_tokens) == (0, -1)  # inside
     w.collective()
     assert read_step_file(Path(w.path)).phase == "collective"
     w.end()
@@ -48,11 +48,6 @@ def test_steps_begin_and_end_as_the_reader_sees_them(tmp_path: Path) -> None:
     assert (r.step, r.phase, r.last_tokens, r.done) == (2, "idle", 4096, 2)
     w.begin(3)
     assert read_step_file(Path(w.path)).phase == "step"  # a collective mark is of its own step only
-    w.waiting()
-    r = read_step_file(Path(w.path))
-    assert (r.phase, r.in_step, r.working) == ("waiting", True, False)
-    w.working()
-    assert read_step_file(Path(w.path)).working
     w.off("a worker step's end failed: OSError(28)")
     r = read_step_file(Path(w.path))
     assert r.phase == "off" and r.note == "a worker step's end failed: OSError(28)"

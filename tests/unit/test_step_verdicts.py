@@ -146,20 +146,7 @@ def test_an_engine_stuck_after_its_workers_finished_the_step() -> None:
     v = judge(e, idle(332, 5.9, world_size=1))
     assert v is not None and v.cls is FailureClass.hang and v.view.record.pid == 50
     assert "the engine core (engine 0) on a, PID 50 has been inside step 332 for 6 s" in v.what
-    assert "its workers finished their part of it and wait" in v.what
-
-
-def test_workers_waiting_for_the_engines_next_call_are_not_stuck_the_engine_is() -> None:
-    """TP=2 on vLLM 0.32: the engine core stopped between its execute_model and sample_tokens calls; both ranks did
-    their part of the step and wait for the next call, inside the step by their step counts."""
-    e = dataclasses.replace(inside(848, 6), role="engine", rank=0, pid=50, tokens=-1)
-    ranks = [dataclasses.replace(inside(848, 6, rank=r, pid=60 + r), phase="waiting") for r in (0, 1)]
-    v = judge(e, *ranks, states={("engine", 0): "T"})
-    assert v is not None and v.view.record.pid == 50 and "stopped (SIGSTOP)" in v.what
-    assert "its workers finished their part of it and wait" in v.what
-    v = judge(inside(848, 30, rank=1, pid=61), ranks[0])  # one rank still working on it: that one is behind
-    assert v is not None and v.view.record.pid == 61
-    assert "rank 0 (worker) finished it and waits for the engine's next call of step 848" in v.what
+    assert "its workers returned from their part of it and wait: the engine core is stuck, or the GPU work" in v.what
 
 
 def test_an_engine_inside_a_step_no_worker_took_names_a_stopped_worker() -> None:

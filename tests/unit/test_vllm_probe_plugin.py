@@ -145,7 +145,7 @@ def test_modules_imported_after_the_plugin_loads_are_wrapped_as_they_import(fake
         DPEngineCoreProc(engine_index=1).run_busy_loop(2)
         proc = WorkerProc(rank=1)
         assert proc.worker_busy_loop() == "looping"
-        assert proc.worker.execute_model(SO(5)) is None  # vLLM samples in the next call: still inside the step
+        assert proc.worker.execute_model(SO(5)) is None  # vLLM samples in the next call
         print(json.dumps(not any(isinstance(f, type) for f in sys.meta_path if "PatchOnImport" in type(f).__name__)))
     """)
     seen = records(probe)
@@ -153,7 +153,7 @@ def test_modules_imported_after_the_plugin_loads_are_wrapped_as_they_import(fake
     e0, e1, w1 = seen["engine-0"], seen["engine-1"], seen["worker-1"]
     assert (e0.step, e0.phase, e0.held) == (3, "idle", 3)  # type: ignore[attr-defined]
     assert e1.step == 2  # type: ignore[attr-defined]
-    assert (w1.step, w1.phase, w1.tokens) == (1, "waiting", 5)  # type: ignore[attr-defined]  (the engine's turn)
+    assert (w1.step, w1.phase, w1.tokens) == (1, "idle", 5)  # type: ignore[attr-defined]  (its part is done)
     assert "sparkd probe: recording engine 0's steps in" in out.stderr
     assert out.stdout.strip() == "true"  # the finder left sys.meta_path once its three modules were wrapped
 
@@ -173,7 +173,7 @@ def test_a_module_already_imported_is_wrapped_at_once_and_a_forked_child_records
             w = WorkerWrapperBase(rpc_rank=0, global_rank=2)
             for tokens in (7, 1, 1):
                 w.execute_model(SO(tokens))
-                assert w.sample_tokens(None) == "sampled"  # forwarded as WorkerWrapperBase.__getattr__ did
+                assert w.sample_tokens(None) == "sampled"  # vLLM's own forwarding, untouched
             os._exit(0)
         os.waitpid(pid, 0)
         print(pid)
@@ -216,7 +216,6 @@ def test_a_failure_of_the_probe_turns_it_off_once_and_vllm_runs_on(fake_vllm: Pa
         assert w.execute_model(SO(3)) == "output"
         assert "execute_model" not in WorkerWrapperBase.__dict__ or WorkerWrapperBase.execute_model.__module__ == \\
             "vllm.v1.worker.worker_base"
-        assert "sample_tokens" not in WorkerWrapperBase.__dict__
     """)
     w0 = records(probe)["worker-0"]
     assert w0.phase == "off" and "a worker step's beginning failed" in w0.note  # type: ignore[attr-defined]

@@ -3,10 +3,13 @@
 - The EngineCore: ``EngineCoreProc._process_engine_step`` is one engine step (schedule, run the model on the
   workers, update); its file is made when the busy loop starts (``run_busy_loop``), so it is there once vLLM is
   ready. After each step it notes the requests the scheduler still holds (running and waiting).
-- A worker rank: ``WorkerWrapperBase.execute_model`` begins a step (with the scheduled tokens); the step ends when
-  it returns an output, or else when the ``sample_tokens`` that follows returns (vLLM samples in a second RPC).
-  Between the two the rank waits for the engine (the mark says so); inside ``sample_tokens`` it works again (a GPU
-  rank's wait for its forward pass, collectives included, is there).
+- A worker rank: ``WorkerWrapperBase.execute_model`` is its part of a step (with the scheduled tokens): the forward
+  pass and its collectives. vLLM 0.32 samples in a second call (``sample_tokens``) once the engine asks for it; the
+  rank's step ends when ``execute_model`` returns, so a rank that did its part and waits for the engine's next call
+  reads as done, and an engine core stopped between the two calls is the one inside the step. (On a GPU a rank's
+  Python may return before the kernels it queued finish — the CPU waits for them in sampling, or in a copy thread
+  with async scheduling —: a collective that does not complete there shows as the engine core inside its step while
+  the ranks wait, which the verdict says.)
   The file is made when the worker's busy loop starts (``WorkerProc.worker_busy_loop``), or at its first step where
   the worker runs inside the EngineCore (one GPU: the uni-process executor).
 - The API server steps nothing: no file.
@@ -180,13 +183,6 @@ def _worker_writer(probe: Probe, wrapper: Any) -> StepWriter | bool:
     return w
 
 
-def _end(probe: Probe, w: Any) -> None:
-    try:
-        w.end()
-    except Exception as exc:
-        probe.fail(f"a worker step's end failed: {exc!r}")
-
-
 def patch_worker(probe: Probe, module: Any) -> None:
     cls = getattr(module, "WorkerWrapperBase", None)
     execute = getattr(cls, "execute_model", None)
@@ -201,47 +197,21 @@ def patch_worker(probe: Probe, module: Any) -> None:
             w = _worker_writer(probe, self)
         if w:
             try:
-                w.begin(getattr(scheduler_output, "total_num_scheduled_tokens", layout.UNKNOWN))
+                w.begin(scheduler_output.total_num_scheduled_tokens)
             except Exception as exc:
                 probe.fail(f"a worker step's beginning failed: {exc!r}")
                 w = False
         try:
-            output = execute(self, scheduler_output, *args, **kwargs) if args or kwargs else execute(
+            return execute(self, scheduler_output, *args, **kwargs) if args or kwargs else execute(
                 self, scheduler_output)
-        except BaseException:
-            if w:
-                _end(probe, w)
-            raise
-        if w:
-            try:
-                if output is None:  # vLLM samples in the sample_tokens call that follows: the engine's turn
-                    w.waiting()
-                else:
-                    w.end()
-            except Exception as exc:
-                probe.fail(f"a worker step's end failed: {exc!r}")
-        return output
-
-    sample = cls.__dict__.get("sample_tokens")
-
-    def sample_tokens(self: Any, *args: Any, **kwargs: Any) -> Any:
-        w = self._sparkd_probe
-        if w:
-            try:
-                w.working()
-            except Exception as exc:
-                probe.fail(f"a worker's sampling mark failed: {exc!r}")
-                w = False
-        try:
-            if sample is not None:
-                return sample(self, *args, **kwargs)
-            return self.worker.sample_tokens(*args, **kwargs)  # what WorkerWrapperBase.__getattr__ forwards
         finally:
             if w:
-                _end(probe, w)
+                try:
+                    w.end()
+                except Exception as exc:
+                    probe.fail(f"a worker step's end failed: {exc!r}")
 
     probe.wrap(cls, "execute_model", lambda before: execute_model)
-    probe.wrap(cls, "sample_tokens", lambda before: sample_tokens)
 
 
 def patch_worker_proc(probe: Probe, module: Any) -> None:

@@ -13,12 +13,12 @@ One definition for both sides: the writer in vLLM (:mod:`.writer`) packs it, spa
   again at its tail (the writer writes a block front to back; the reader reads the tail, then the block, then the
   head, and keeps it only when both copies agree, else reads again). The begin block, at each step's beginning:
   the steps begun (its own sequence number), when the step began, its scheduled tokens. The end block, at each
-  step's end: the step it ended (its sequence number), when, the requests an engine still held after it, its
-  duration and tokens, the longest step of this process and its tokens. The mark block, within a step: the writer
-  waits in a collective of it, or (a worker that samples in a second call) did its part and waits for the engine's
-  next call, or works again; or it turned itself off. The process is inside a step while the begin block's step is
-  past the end block's; a mark counts for that step only. Times are the writer's monotonic clock in nanoseconds:
-  compare them only with readings of the same node.
+  step's end: the step it ended (its sequence number), when, the requests an engine still held after it, the
+  longest step of this process and its tokens (the last step's duration and tokens are the two blocks' when they
+  name the same step). The mark block, rarely: the writer waits in a collective of the current step, or it turned
+  itself off. The process is inside a step while the begin block's step is past the end block's; a collective mark
+  counts for its step only. Times are the writer's monotonic clock in nanoseconds: compare them only with readings
+  of the same node.
 - bytes 256-511, text written once (UTF-8, NUL-padded): the host name, the boot id, the process's title, vLLM's
   version; and a note the writer rewrites when it turns itself off (why).
 """
@@ -38,8 +38,8 @@ ENTRY_POINT = "sparkd_probe"  # the plugin's name in vLLM's ``vllm.general_plugi
 
 ENGINE, WORKER = 0, 1
 ROLES = {ENGINE: "engine", WORKER: "worker"}
-IDLE, STEP, COLLECTIVE, OFF, WAITING = 0, 1, 2, 3, 4
-PHASES = {IDLE: "idle", STEP: "step", COLLECTIVE: "collective", OFF: "off", WAITING: "waiting"}
+IDLE, STEP, COLLECTIVE, OFF = 0, 1, 2, 3
+PHASES = {IDLE: "idle", STEP: "step", COLLECTIVE: "collective", OFF: "off"}
 UNKNOWN = -1  # a count the writer cannot see (an engine's tokens, a worker's held requests)
 
 HEADER = struct.Struct("<QQ")
@@ -47,9 +47,9 @@ IDENTITY = struct.Struct("<12q")
 IDENTITY_AT = 16
 BEGIN = struct.Struct("<4q")  # step, began_ns, tokens, step
 BEGIN_AT = 128
-END = struct.Struct("<8q")  # step, ended_ns, held, last_ns, last_tokens, longest_ns, longest_tokens, step
+END = struct.Struct("<6q")  # step, ended_ns, held, longest_ns, longest_tokens, step
 END_AT = BEGIN_AT + BEGIN.size
-MARK = struct.Struct("<4q")  # seq, kind (STEP, COLLECTIVE, WAITING or OFF), the step it is about, seq
+MARK = struct.Struct("<4q")  # seq, kind (COLLECTIVE or OFF), the step it is about, seq
 MARK_AT = END_AT + END.size
 SEQ = struct.Struct("<q")  # a block's head and tail copies of its sequence number
 TEXT_AT = 256
@@ -83,12 +83,12 @@ class StepRecord:
     anchor_mono_ns: int
     anchor_wall_ns: int
     step: int  # steps begun
-    phase: str  # idle, step, collective, waiting (its part done, the engine's next call due), off
+    phase: str  # idle, step, collective, off
     began_ns: int  # the current step's beginning (phase step or collective), else the last one's (0: none yet)
     ended_ns: int  # the last completed step's end (0: none yet)
     tokens: int  # the current (or last) step's scheduled tokens (-1: unknown)
     held: int  # requests an engine still held after its last step (-1: unknown)
-    last_ns: int  # the last completed step's duration
+    last_ns: int  # the last completed step's duration (0: not known while inside the next one)
     last_tokens: int
     longest_ns: int  # the longest step of this process
     longest_tokens: int
@@ -100,12 +100,7 @@ class StepRecord:
 
     @property
     def in_step(self) -> bool:
-        """Inside a step that has not ended (working on it, or waiting for the engine's next call of it)."""
-        return self.phase in ("step", "collective", "waiting")
-
-    @property
-    def working(self) -> bool:
-        """Doing the step's work: computing, or in a collective."""
+        """Inside a step that has not ended: working on it, or in a collective of it."""
         return self.phase in ("step", "collective")
 
     @property
@@ -140,7 +135,7 @@ def decode(header: bytes, identity: bytes, blocks: tuple[tuple[int, ...], ...], 
     if mark[1] == OFF:
         phase = "off"
     elif step > ended_step:
-        phase = PHASES[mark[1]] if mark[2] == step and mark[1] in (COLLECTIVE, WAITING) else "step"
+        phase = "collective" if mark[1] == COLLECTIVE and mark[2] == step else "step"
     else:
         phase = "idle"
     fields, at = [], 0
@@ -150,8 +145,9 @@ def decode(header: bytes, identity: bytes, blocks: tuple[tuple[int, ...], ...], 
     return StepRecord(
         role=ROLES[ident[0]], rank=ident[1], local_rank=ident[2], world_size=ident[3], pid=ident[4], pid_ns=ident[5],
         start_ticks=ident[6], anchor_mono_ns=ident[7], anchor_wall_ns=ident[8], step=step, phase=phase,
-        began_ns=began, ended_ns=end[1], tokens=tokens, held=end[2], last_ns=end[3], last_tokens=end[4],
-        longest_ns=end[5], longest_tokens=end[6], host=fields[0], boot_id=fields[1], title=fields[2],
+        began_ns=began, ended_ns=end[1], tokens=tokens, held=end[2],
+        last_ns=end[1] - began if ended_step == step else 0, last_tokens=tokens if ended_step == step else UNKNOWN,
+        longest_ns=end[3], longest_tokens=end[4], host=fields[0], boot_id=fields[1], title=fields[2],
         vllm=fields[3], note=_str(texts[NOTE_AT - TEXT_AT:]),
     )
 

@@ -22,8 +22,6 @@ _BEGIN_PACK = layout.BEGIN.pack_into
 _BEGIN_AT = layout.BEGIN_AT
 _END_PACK = layout.END.pack_into
 _END_AT = layout.END_AT
-_MARK_PACK = layout.MARK.pack_into
-_MARK_AT = layout.MARK_AT
 _mono = time.monotonic_ns
 
 
@@ -70,7 +68,7 @@ class StepWriter:
         anchor_mono, anchor_wall = _mono(), time.time_ns()
         layout.IDENTITY.pack_into(image, layout.IDENTITY_AT, role, rank, local_rank, world_size, os.getpid(),
                                   _pid_ns(), _start_ticks(), anchor_mono, anchor_wall, 0, 0, 0)
-        layout.END.pack_into(image, layout.END_AT, 0, 0, layout.UNKNOWN, 0, 0, 0, 0, 0)
+        layout.END.pack_into(image, layout.END_AT, 0, 0, layout.UNKNOWN, 0, 0, 0)
         layout.BEGIN.pack_into(image, layout.BEGIN_AT, 0, 0, layout.UNKNOWN, 0)
         texts = (socket.gethostname(), _boot_id(), title, vllm)
         image[layout.TEXT_AT:layout.NOTE_AT] = b"".join(
@@ -102,28 +100,19 @@ class StepWriter:
 
     def end(self, held: int = layout.UNKNOWN) -> None:
         """The step ended (``held``: requests an engine still holds after it)."""
-        last = _mono() - self.began
-        if last > self.longest:
-            self.longest, self.longest_tokens = last, self.tokens
+        now = _mono()
+        if now - self.began > self.longest:
+            self.longest, self.longest_tokens = now - self.began, self.tokens
         step = self.step
-        _END_PACK(self._map, _END_AT, step, self.began + last, held, last, self.tokens, self.longest,
-                  self.longest_tokens, step)
+        _END_PACK(self._map, _END_AT, step, now, held, self.longest, self.longest_tokens, step)
 
     def _marked(self, kind: int) -> None:
         self._mark = mark = self._mark + 1
-        _MARK_PACK(self._map, _MARK_AT, mark, kind, self.step, mark)
+        layout.MARK.pack_into(self._map, layout.MARK_AT, mark, kind, self.step, mark)
 
     def collective(self) -> None:
         """Inside the current step, the process now waits in a collective (where the caller can see it)."""
         self._marked(layout.COLLECTIVE)
-
-    def waiting(self) -> None:
-        """Inside the current step, the process did its part and waits for the engine's next call of it."""
-        self._marked(layout.WAITING)
-
-    def working(self) -> None:
-        """Inside the current step, the process works on it again (after ``waiting`` or ``collective``)."""
-        self._marked(layout.STEP)
 
     def off(self, why: str) -> None:
         """The writer stops recording: the phase says off, the note says why. The step blocks are written whole
@@ -131,7 +120,7 @@ class StepWriter:
         tokens = self.tokens if isinstance(self.tokens, int) else layout.UNKNOWN
         step, began = int(self.step), int(self.began)
         layout.BEGIN.pack_into(self._map, layout.BEGIN_AT, step, began, tokens, step)
-        layout.END.pack_into(self._map, layout.END_AT, step, began, layout.UNKNOWN, 0, tokens, int(self.longest),
+        layout.END.pack_into(self._map, layout.END_AT, step, began, layout.UNKNOWN, int(self.longest),
                              int(self.longest_tokens) if isinstance(self.longest_tokens, int) else layout.UNKNOWN,
                              step)
         self._map[layout.NOTE_AT:layout.SIZE] = layout.text(why, layout.NOTE_SIZE)
