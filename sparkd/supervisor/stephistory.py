@@ -8,9 +8,10 @@ measured against a 32K-token prefill chunk when steps of its own size were seen 
 
 A step's limit (:func:`limit_s`) is ``margin`` times the longest step of its size or smaller that the identity has
 seen, at least ``floor_s`` and at most ``cap_s`` (vLLM's own execute timeout: past it vLLM fails the step itself).
-A step bigger than any seen is measured against the biggest seen, scaled by the ratio of tokens (a 16K-token
-chunk after 8-token decode steps gets 2048 times their longest); with nothing seen for a step of that size or
-unknown size, the limit is the cap. The margin is wide on purpose: a chunk of a 1M-token prefill takes about 3.6
+A size not seen is bounded by the next bigger size seen (the last, shorter chunk of a prefill after full ones); a
+step bigger than any seen is measured against the biggest seen, scaled by the ratio of tokens (a 16K-token chunk
+after 8-token decode steps gets 2048 times their longest); with nothing seen, or a size unknown, the limit is the
+cap. The margin is wide on purpose: a chunk of a 1M-token prefill takes about 3.6
 times as long at the end of the context as at its start (attention over what came before: a + b·x per token,
 tests/bench/wedge_worlds.py), and that growth must never read as a wedge.
 """
@@ -93,19 +94,19 @@ def completed_steps(records: Iterable[StepRecord]) -> list[tuple[float, int]]:
 
 def expected_s(history: StepHistory, tokens: int) -> float | None:
     """The longest a step of ``tokens`` should take by what the identity has seen (before the margin); None: no
-    yardstick (unknown size, or nothing seen of that size or smaller)."""
+    yardstick (unknown size, or nothing seen). Steps of its own size seen: the longest of those and of smaller ones.
+    Else the next bigger size seen bounds it (a step takes no longer than a bigger one); bigger than anything seen,
+    the biggest seen scaled by the ratio of sizes."""
     b = bucket(tokens)
-    if b is None:
+    seen = history.longest
+    if b is None or not seen:
         return None
-    smaller = [s for k, s in history.longest.items() if k <= b]
-    if not smaller:  # only bigger steps seen: a smaller one takes no longer than the smallest of them
-        bigger = [s for k, s in history.longest.items() if k > b]
-        return min(bigger) if bigger else None
-    seen = max(smaller)
-    top = max(history.longest)
-    if b > top:  # bigger than anything seen: scale the biggest seen by the ratio of sizes
-        seen = max(seen, history.longest[top] * 2.0 ** (b - top))
-    return seen
+    bigger = [k for k in seen if k > b]
+    if b in seen or bigger:
+        bound = b if b in seen else min(bigger)
+        return max(s for k, s in seen.items() if k <= bound)
+    top = max(seen)
+    return max(max(seen.values()), seen[top] * 2.0 ** (b - top))
 
 
 def limit_s(history: StepHistory, tokens: int, limits: StepLimits) -> float:

@@ -25,6 +25,8 @@ def test_a_steps_bucket_is_the_bit_length_of_its_tokens(tokens: int, expected: i
     (StepHistory({2: 0.05, 14: 10.0}), 16384, 160.0),  # bigger than any seen: scaled by the tokens (x2)
     (StepHistory({2: 0.05}), 32768, 300.0),  # 0.05 s x 8192 x 8: capped
     (StepHistory({14: 1.0}), 3, 8.0),  # only bigger steps seen: no longer than the smallest of them
+    (StepHistory({4: 0.2, 16: 51.4}), 16960, 300.0),  # a 1M prefill's last, shorter chunk: the full chunks bound it
+    (StepHistory({4: 0.2, 12: 2.0, 15: 3.0, 16: 30.0}), 8192, 24.0),  # between sizes seen: the next bigger seen
 ])
 def test_the_limit_of_a_step(history: StepHistory, tokens: int, limit: float) -> None:
     assert limit_s(history, tokens, LIMITS) == pytest.approx(limit)
