@@ -36,10 +36,17 @@ FAKE_VLLM = {
                 self.steps += 1
                 return {}, True
 
+        class UniProcExecutor:
+            def __init__(self):
+                from vllm.v1.worker.worker_base import WorkerWrapperBase
+                self.driver_worker = WorkerWrapperBase(sample_later=False)
+
         class EngineCoreProc(EngineCore):
-            def __init__(self, engine_index=0):
+            def __init__(self, engine_index=0, uniproc=False):
                 super().__init__()
                 self.engine_index = engine_index
+                if uniproc:
+                    self.model_executor = UniProcExecutor()
 
             def _process_engine_step(self):
                 return self.step()[1]
@@ -181,6 +188,41 @@ def test_a_module_already_imported_is_wrapped_at_once_and_a_forked_child_records
     w2 = records(probe)["worker-2"]
     assert (w2.step, w2.phase, w2.last_tokens, w2.longest_tokens) == (3, "idle", 1, w2.longest_tokens)  # type: ignore[attr-defined]
     assert w2.pid != os.getpid()  # type: ignore[attr-defined]
+
+
+def test_one_gpus_rank_in_the_engine_core_has_its_file_once_the_engine_serves(fake_vllm: Path,
+                                                                              tmp_path: Path) -> None:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    child(fake_vllm, probe, """
+        import sparkd_vllm_probe
+        sparkd_vllm_probe.register()
+        import vllm.v1.worker.worker_base
+        from vllm.v1.engine.core import EngineCoreProc
+        EngineCoreProc(uniproc=True).run_busy_loop(0)
+    """)
+    seen = records(probe)
+    assert set(seen) == {"engine-0", "worker-0"} and seen["worker-0"].step == 0  # type: ignore[attr-defined]
+
+
+def test_a_forked_childs_failure_leaves_its_parents_file_alone(fake_vllm: Path, tmp_path: Path) -> None:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    child(fake_vllm, probe, """
+        import sparkd_vllm_probe
+        sparkd_vllm_probe.register()
+        from vllm.v1.engine.core import EngineCoreProc
+        from vllm.v1.worker.worker_base import WorkerWrapperBase
+        EngineCoreProc().run_busy_loop(2)
+        pid = os.fork()
+        if pid == 0:
+            WorkerWrapperBase(sample_later=False).execute_model(SO("not a count"))
+            os._exit(0)
+        os.waitpid(pid, 0)
+    """)
+    seen = records(probe)
+    assert seen["engine-0"].phase == "idle" and seen["engine-0"].step == 2  # type: ignore[attr-defined]
+    assert seen["worker-0"].phase == "off"  # type: ignore[attr-defined]
 
 
 def test_vllms_own_exception_passes_through_and_ends_the_step(fake_vllm: Path, tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ class Probe:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.patched: list[tuple[type, str, Any]] = []  # (class, name, what it was: a function, or _ABSENT)
-        self.writers: list[StepWriter] = []
+        self.writers: list[tuple[int, StepWriter]] = []  # (the PID that made it, the writer): a fork inherits them
         self.off = False
         self.lock = threading.Lock()
 
@@ -64,7 +64,7 @@ class Probe:
         except Exception as exc:  # the directory went away, tmpfs full, ...: vLLM runs on without the probe
             self.fail(f"cannot make its step file in {self.directory}: {exc!r}")
             return False
-        self.writers.append(w)
+        self.writers.append((os.getpid(), w))
         log.info("sparkd probe: recording %s %s's steps in %s", layout.ROLES[role], rank, w.path)
         return w
 
@@ -79,9 +79,10 @@ class Probe:
                 delattr(cls, name)
             else:
                 setattr(cls, name, before)
-        for w in self.writers:
-            with contextlib.suppress(Exception):  # the file may be what failed
-                w.off(why)
+        for pid, w in self.writers:
+            if pid == os.getpid():  # a parent's file is the parent's to mark
+                with contextlib.suppress(Exception):  # the file may be what failed
+                    w.off(why)
         log.warning("sparkd probe: turned off in this process (%s); vLLM runs on without it", why)
 
 
@@ -114,6 +115,10 @@ def _engine_writer(probe: Probe, engine: Any) -> StepWriter | bool:
     w = probe.writer(layout.ENGINE, int(getattr(engine, "engine_index", dp_rank) or 0), local_rank=-1,
                      world_size=world)
     setattr(engine, _ATTR, w)
+    # one GPU: the uni-process executor runs rank 0 in this process; its file too is there once the engine serves
+    rank0 = getattr(getattr(engine, "model_executor", None), "driver_worker", None)
+    if rank0 is not None and getattr(type(rank0), _ATTR, False) is None and getattr(rank0, _ATTR) is None:
+        _worker_writer(probe, rank0)
     return w
 
 
