@@ -130,13 +130,22 @@ def _held(engine: Any) -> int:
         return layout.UNKNOWN
 
 
-def patch_engine(probe: Probe, module: Any) -> None:
-    cls = getattr(module, "EngineCoreProc", None)
-    step = getattr(cls, "_process_engine_step", None)
-    if cls is None or step is None:
-        probe.fail(f"this vLLM has no EngineCoreProc._process_engine_step in {module.__name__}")
-        return
+def _target(probe: Probe, module: Any, class_name: str, method: str) -> tuple[type, Any] | None:
+    """The class and the method to wrap; None (and the probe off, saying which) when this vLLM has no such thing."""
+    cls = getattr(module, class_name, None)
+    original = getattr(cls, method, None)
+    if cls is None or original is None:
+        probe.fail(f"this vLLM has no {class_name}.{method} in {module.__name__}")
+        return None
     setattr(cls, _ATTR, None)
+    return cls, original
+
+
+def patch_engine(probe: Probe, module: Any) -> None:
+    found = _target(probe, module, "EngineCoreProc", "_process_engine_step")
+    if found is None:
+        return
+    cls, step = found
 
     def make_step(original: Any) -> Any:
         def _process_engine_step(self: Any) -> Any:
@@ -189,12 +198,10 @@ def _worker_writer(probe: Probe, wrapper: Any) -> StepWriter | bool:
 
 
 def patch_worker(probe: Probe, module: Any) -> None:
-    cls = getattr(module, "WorkerWrapperBase", None)
-    execute = getattr(cls, "execute_model", None)
-    if cls is None or execute is None:
-        probe.fail(f"this vLLM has no WorkerWrapperBase.execute_model in {module.__name__}")
+    found = _target(probe, module, "WorkerWrapperBase", "execute_model")
+    if found is None:
         return
-    setattr(cls, _ATTR, None)
+    cls, execute = found
 
     def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         w = self._sparkd_probe
