@@ -60,12 +60,17 @@ def covered(path: str, mounts: Iterable[tuple[str, str]]) -> bool:
 def probe_mounts(cfg: Config, *, existing: bool = True) -> list[tuple[str, str, bool]]:
     """(source, target, read-only) of the step probe's mounts, each at its host path: the plugin's directory
     read-only, the step files' directory writable (``existing``: only once it exists, as a bind mount needs; the
-    runtime makes it first). None when the probe is off."""
+    runtime makes it first) — those no configured mount already shows there. None when the probe is off."""
     folder = probe_dir(cfg)
     if folder is None:
         return []
     mounts = [(str(PLUGIN_DIR), str(PLUGIN_DIR), True)]
-    return [*mounts, (str(folder), str(folder), False)] if folder.is_dir() or not existing else mounts
+    if folder.is_dir() or not existing:
+        mounts.append((str(folder), str(folder), False))
+    configured = cfg.container.mounts
+    pairs = [(m.source, m.target) for m in configured if m.source.startswith("/")]
+    targets = {os.path.normpath(m.target) for m in configured}
+    return [m for m in mounts if not covered(m[1], pairs) and m[1] not in targets]
 
 
 def docker_mounts(cfg: Config, extra_read_only: Iterable[str] = ()) -> list[DockerMount]:
@@ -81,10 +86,8 @@ def docker_mounts(cfg: Config, extra_read_only: Iterable[str] = ()) -> list[Dock
     pairs = [(m.source, m.target) for m in configured if m.source.startswith("/")]
     targets = {os.path.normpath(m.target) for m in configured}
     for source, target, read_only in probe_mounts(cfg):
-        if not covered(target, pairs) and target not in targets:
-            mounts.append(DockerMount(target=target, source=os.path.realpath(source), type="bind",
-                                      read_only=read_only))
-            targets.add(target)
+        mounts.append(DockerMount(target=target, source=os.path.realpath(source), type="bind", read_only=read_only))
+        targets.add(target)
     for path in extra_read_only:
         if not covered(path, pairs) and path not in targets:
             mounts.append(DockerMount(target=path, source=os.path.realpath(path), type="bind", read_only=True))

@@ -125,7 +125,8 @@ class DockerExecRuntime(DockerRuntime):
     # ---- launch
 
     async def _launch(self, spec: LaunchSpec) -> Instance:
-        prepare(spec.probe_dir, user=self.cfg.container.user)
+        folder = probe_dir(self.cfg)  # the container's mounts come from the config: so does the folder they need
+        prepare(str(folder) if folder else None, user=self.cfg.container.user)
         container = await self.ensure_container()
         running = await self._scan_execs()
         if running is not None:  # at most one vLLM per node: the daemon adopts it instead

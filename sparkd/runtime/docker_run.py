@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import docker.errors
 
+from sparkd.launch.probe import probe_dir
 from sparkd.launch.render import LaunchSpec, render_script
 from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, TargetUnavailable
 from sparkd.runtime.container_spec import container_options
@@ -122,7 +123,8 @@ class DockerRunRuntime(DockerRuntime):
 
     async def _launch(self, spec: LaunchSpec) -> Instance:
         await self._remove_previous()
-        prepare(spec.probe_dir, user=self.cfg.container.user)
+        folder = probe_dir(self.cfg)  # the container's mounts come from the config: so does the folder they need
+        prepare(str(folder) if folder else None, user=self.cfg.container.user)
         cfg, client = self.cfg, await self.docker()
         script_path = cfg.container.script_path
         options = container_options(

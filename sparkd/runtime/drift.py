@@ -66,8 +66,7 @@ def _image(cfg: Config, attrs: Mapping[str, Any], image: Mapping[str, Any] | Non
 
 def _mounts(cfg: Config, attrs: Mapping[str, Any]) -> Iterator[Difference]:
     want = {(m.source, m.target, m.read_only) for m in cfg.container.mounts}
-    targets = {os.path.normpath(m.target) for m in cfg.container.mounts}
-    want |= {(os.path.realpath(s), t, ro) for s, t, ro in probe_mounts(cfg, existing=False) if t not in targets}
+    want |= {(os.path.realpath(s), t, ro) for s, t, ro in probe_mounts(cfg, existing=False)}
     have = set()
     for m in attrs.get("Mounts") or []:
         source = m.get("Name") if m.get("Type") == "volume" else os.path.normpath(m.get("Source", ""))

@@ -1,11 +1,11 @@
-"""The step probe's directory on this host (issue 38): made before a launch, cleared of an earlier launch's files.
-
-The launch names it (:func:`sparkd.launch.probe.probe_dir`, in ``LaunchSpec.probe_dir``); every runtime calls
-:func:`prepare` before it starts vLLM, so the files the reader finds are this launch's. Only what the probe writes is
-removed — ``*.step`` files and the writer's ``*.tmp`` files, regular files only, never through a link — and a
-failure to make or clear the directory is no reason to refuse the launch: vLLM runs, and the probe says in vLLM's
-log that it cannot write there. A container that runs as another user (``[container] user`` as a numeric uid)
-gets the directory owned by that uid, so its ranks may write.
+"""The step probe's directory on this host (issue 38): made before a launch, cleared of an earlier launch's files. The
+launch names it (:func:`sparkd.launch.probe.probe_dir`, in ``LaunchSpec.probe_dir``); every runtime calls
+:func:`prepare` before it starts vLLM, so the files the reader finds are this launch's. Only what the probe wrote and
+no live process writes any more is removed — a ``*.step`` file whose process is gone (or that is no step file), a
+writer's ``*.tmp`` file a minute old; regular files only, never through a link: a neighbour's live files stay even
+where a config shares the folder by mistake — and a failure to make or clear the directory is no reason to refuse the
+launch: vLLM runs, and the probe says in vLLM's log that it cannot write there. A container that runs as another user
+(``[container] user`` as a numeric uid) gets the directory owned by that uid, so its ranks may write.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import time
 from pathlib import Path
 
+from sparkd.host.stepfiles import host_pid, read_step_file
 from sparkd.vllm_probe.sparkd_vllm_probe.layout import SUFFIX
 
 __all__ = ["prepare"]
@@ -31,7 +33,8 @@ def prepare(directory: str | None, *, user: str | None = None) -> str | None:
             return f"the step probe's directory {path} is a link, not a directory"
         _own(path, user)
         for name in os.listdir(path):
-            if name.endswith((SUFFIX, ".tmp")):
+            done = not _live(path / name) if name.endswith(SUFFIX) else name.endswith(".tmp") and _stale(path / name)
+            if done:
                 _remove_file(path / name)
     except OSError as exc:
         return f"cannot prepare the step probe's directory {path}: {exc.strerror or exc}"
@@ -46,6 +49,22 @@ def _own(path: Path, user: str | None) -> None:
     gid = int(uid_gid[1]) if len(uid_gid) > 1 and uid_gid[1].isdigit() else -1
     with contextlib.suppress(PermissionError):  # not root: the ranks may still be sparkd's own user
         os.chown(path, uid, gid, follow_symlinks=False)
+
+
+def _live(path: Path) -> bool:
+    """A step file whose writer still runs."""
+    try:
+        record = read_step_file(path)
+    except (OSError, ValueError):
+        return False
+    return host_pid(record, hint=record.pid) is not None
+
+
+def _stale(path: Path, age_s: float = 60.0) -> bool:
+    """A writer's temporary file old enough that no writer is still making it."""
+    with contextlib.suppress(OSError):
+        return time.time() - path.lstat().st_mtime > age_s
+    return False
 
 
 def _remove_file(path: Path) -> None:

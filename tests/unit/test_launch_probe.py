@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from sparkd.launch.render import render, render_script
 from sparkd.runtime.container_spec import container_options
 from sparkd.runtime.probedir import prepare
 from sparkd.vllm_probe import PLUGIN_DIR
+from sparkd.vllm_probe.sparkd_vllm_probe.writer import StepWriter
 
 
 def make(tmp_path: Path, *, probe: bool = True, runtime: str = "process", **more: Any) -> Config:
@@ -85,14 +87,18 @@ def test_a_rehearsal_keeps_the_probe(tmp_path: Path) -> None:
 def test_the_directory_is_made_and_only_the_probes_files_are_removed(tmp_path: Path) -> None:
     folder = tmp_path / "run" / "probe"
     assert prepare(str(folder)) is None and stat.S_IMODE(folder.stat().st_mode) == 0o755
-    for name in ("worker-0.step", "engine-0.step", "worker-1.step.77.tmp", "keep.txt"):
+    for name in ("worker-0.step", "engine-0.step", "worker-1.step.77.tmp", "keep.txt", "worker-2.step.78.tmp"):
         (folder / name).write_text("x")
+    os.utime(folder / "worker-1.step.77.tmp", (time.time() - 120, time.time() - 120))  # a writer died making it
+    live = StepWriter(str(folder), 1, 5)  # a writer that runs: a neighbour sharing the folder by mistake
     outside = tmp_path / "outside.step"
     outside.write_text("not ours")
     (folder / "link.step").symlink_to(outside)
     (folder / "dir.step").mkdir()
     assert prepare(str(folder)) is None
-    assert sorted(p.name for p in folder.iterdir()) == ["dir.step", "keep.txt", "link.step"]
+    assert sorted(p.name for p in folder.iterdir()) == ["dir.step", "keep.txt", "link.step", "worker-2.step.78.tmp",
+                                                        "worker-5.step"]
+    live.close()
     assert outside.read_text() == "not ours"
     assert prepare(None) is None
     (tmp_path / "file").write_text("")
