@@ -29,7 +29,8 @@ from sparkd.config import Config
 from sparkd.vllm_probe import PLUGIN_DIR
 from sparkd.vllm_probe.sparkd_vllm_probe.layout import DIR_ENV, ENTRY_POINT
 
-__all__ = ["DIR_ENV", "ENTRY_POINT", "MIN_VLLM", "EnvEdit", "probe_dir", "probe_edits", "too_old", "version_of_tag"]
+__all__ = ["DIR_ENV", "ENTRY_POINT", "MIN_VLLM", "EnvEdit", "parse_version", "probe_dir", "probe_edits", "too_old",
+           "version_of_tag"]
 
 MIN_VLLM = (0, 9, 0)
 
@@ -75,6 +76,7 @@ def version_of_tag(image: str | None) -> tuple[int, int, int] | None:
 
 
 def parse_version(text: str) -> tuple[int, int, int] | None:
+    """``0.32.0`` (or ``v0.8.5.post1``) as a triple; None for anything else."""
     m = _TAG.match(text.strip())
     return (int(m[1]), int(m[2]), int(m[3])) if m else None
 

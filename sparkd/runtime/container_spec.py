@@ -60,7 +60,7 @@ def covered(path: str, mounts: Iterable[tuple[str, str]]) -> bool:
 def probe_mounts(cfg: Config, *, existing: bool = True) -> list[tuple[str, str, bool]]:
     """(source, target, read-only) of the step probe's mounts, each at its host path: the plugin's directory
     read-only, the step files' directory writable (``existing``: only once it exists, as a bind mount needs; the
-    runtime makes it first) — those no configured mount already shows there. None when the probe is off."""
+    runtime makes it first) — those no configured mount already shows there; none when the probe is off."""
     folder = probe_dir(cfg)
     if folder is None:
         return []
