@@ -69,16 +69,29 @@ soak: setup
 		'mount -t tmpfs -o size=1g,mode=1777 tmpfs /dev/shm && exec $(BIN)/pytest -q -s tests/soak'
 
 
-# sparkd beside real GPUs (tests/gpu/README.md): NVML, the memory check per device, a real NCCL pair's peer kill and
-# the hang-aware stop, measured. Needs a host with 2 NVIDIA GPUs, the driver, and torch with NCCL importable from the
-# venv (e.g. `$(BIN)/pip install torch`); as root. Elsewhere its one test is skipped with the reason.
+# sparkd beside real GPUs (tests/gpu/README.md): NVML, the memory check per device, the step probe on real NCCL ranks,
+# the hang-aware stop (and with two GPUs a real NCCL pair's peer kill), measured. Needs a host with an NVIDIA GPU, the
+# driver, and torch with NCCL; as root. Elsewhere its one test is skipped with the reason. Either torch importable
+# from the venv (e.g. `$(BIN)/pip install torch`), or, on a host without a package index, GPU_PYTHON (an interpreter
+# that has torch) and GPU_WHEELS (a folder holding the wheels tests/gpu/wheels.txt lists): they go into .gpu-deps,
+# offline, and the run uses that interpreter with this tree on its path.
 .PHONY: test-gpu
+GPU_PYTHON ?=
+GPU_WHEELS ?=
 
+ifeq ($(GPU_PYTHON),)
 test-gpu: setup
 	$(BIN)/pytest -q -rs tests/gpu
+else
+test-gpu:
+	$(GPU_PYTHON) -m pip install --quiet --no-index --find-links "$(GPU_WHEELS)" --target .gpu-deps \
+		-r tests/gpu/wheels.txt
+	PATH="$(dir $(GPU_PYTHON)):$$PATH" PYTHONPATH="$(CURDIR):$(CURDIR)/.gpu-deps:$(CURDIR)/standin" \
+		$(GPU_PYTHON) -m pytest -q -rs -p no:cacheprovider tests/gpu
+endif
 
 clean:
-	rm -rf $(VENV) .sparkd-demo .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) .sparkd-demo .pytest_cache .ruff_cache .mypy_cache .gpu-deps
 
 # Packages. `wheel`: the sdist and the wheel in dist/. `deb`: dist/sparkd_<version>_<arch>.deb for this machine's
 # architecture, with sparkd in its own virtualenv under /opt/sparkd (packaging/build-deb.sh says how).

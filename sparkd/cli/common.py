@@ -89,6 +89,7 @@ def host_file_findings(cfg: Config, config_path: Path | None = None) -> list[Fin
     except TlsProblem as exc:
         findings.append(Finding("tls-unusable", Level.warning, "api.tls", f"{exc}; sparkd run refuses to start "
                                 "with it"))
+    findings += probe_version_findings(cfg)
     program = launch_program_problem(cfg)
     if program is not None:
         key = "launch.script" if cfg.launch.script else "launch.executable"
@@ -132,3 +133,20 @@ def node_lint(cfg: Config, config_path: Path) -> list[Finding]:
     host_env = daemon_environment(cfg, config_path) if not cfg.runtime.in_container else None
     node = NodeFacts(cold_starts_s=measured_starts(cfg.paths.state_dir))
     return lint(cfg, host_env=os.environ if host_env is None else host_env, node=node)
+
+
+def probe_version_findings(cfg: Config) -> list[Finding]:
+    """The step probe against the vLLM the last preflight found on this node (its argv check prints vLLM's version,
+    kept in ``<state_dir>/vllm-args.json``): a warning when that vLLM is too old to load the probe."""
+    from sparkd.launch.lint import probe_rules
+    from sparkd.launch.probe import parse_version
+    from sparkd.state.files import read_json
+
+    entries = read_json(cfg.paths.state_dir / "vllm-args.json") or {}
+    found = [e.get("found", "") for e in entries.values() if isinstance(e, dict) and e.get("verdict") == "ok"]
+    versions = [parse_version(text.split()[1]) for text in found if text.startswith("vllm ") and len(text.split()) > 1]
+    known = [v for v in versions if v is not None]
+    if not known:
+        return []
+    where = f"the vLLM the last preflight found, {cfg.paths.state_dir / 'vllm-args.json'}"
+    return list(probe_rules(cfg, known[-1], where))

@@ -89,6 +89,12 @@ class HealthConfig(_Section):
         "After a JIT-compile line the stall check waits this long before it calls a wedge, so a compile vLLM "
         "would survive is not restarted. Unset: the launch environment's value (sparkd's default env sets 1800), "
         "else vLLM's own default, 300."))
+    step_probe: bool = Field(default=True, description=(
+        "Load sparkd's step probe into vLLM (`sparkd-vllm-probe`, a vLLM general plugin shipped with sparkd): its "
+        "engine core and each rank record their engine steps in a small file under `<run_dir>/probe`, which tells "
+        "which rank is stuck in which step. The launch puts the plugin on vLLM's `PYTHONPATH` (a container gets it "
+        "mounted read-only) and appends it to `VLLM_PLUGINS` when that is set. Needs vLLM 0.9 or later; false: "
+        "launch vLLM without it."))
 
 
 # The preflight checks, in the order they run: each id is its module, sparkd/preflight/<id>.py (the runner loads

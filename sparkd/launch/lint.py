@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sparkd.config import Config, Role
 from sparkd.config.profiles import profile_needs_cuda_graphs
+from sparkd.launch.probe import too_old, version_of_tag
 from sparkd.launch.render import (
     EXECUTE_TIMEOUT_ENV,
     JSON_FLAGS,
@@ -81,7 +82,9 @@ def lint(cfg: Config, *, read_script: ScriptReader = read_host_file,
         env.update({k: EnvSetting(v, f"launch.script ({k} exported by {cfg.launch.script})")
                     for k, v in facts.exports.items()})
     findings = [*_rank_rules(cfg), *_env_rules(cfg, env), *_flag_rules(cfg), *_script_rules(cfg, text, facts),
-                *_container_rules(cfg, env), *_secret_arg_rules(cfg), *_traps(cfg, env, facts, node)]
+                *_container_rules(cfg, env), *_secret_arg_rules(cfg), *_traps(cfg, env, facts, node),
+                *probe_rules(cfg, version_of_tag(cfg.container.image) if cfg.runtime.in_container else None,
+                             "its image's tag")]
     return [f for f in findings if not (f.level is Level.error and f.rule in allowed)]
 
 
@@ -243,6 +246,13 @@ def script_rank_rules(cfg: Config, facts: ScriptFacts) -> Iterator[Finding]:
     if role is not Role.worker and "--headless" in facts.command:
         yield Finding("head-headless", Level.error, "launch.script",
                       f"{script} passes --headless on a {role.value} node: it serves the API and rank 0")
+
+
+def probe_rules(cfg: Config, version: tuple[int, int, int] | None, where: str) -> Iterator[Finding]:
+    """The step probe on a vLLM of a known ``version`` (found ``where``): a warning when it is too old to load it."""
+    why = too_old(version, where) if cfg.health.step_probe and version is not None else None
+    if why is not None:
+        yield Finding("probe-vllm-too-old", Level.warning, "health.step_probe", why)
 
 
 # ---- the container vLLM runs in --------------------------------------------------------------------------------

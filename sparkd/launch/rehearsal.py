@@ -53,7 +53,7 @@ def rehearsal(spec: LaunchSpec, executable: str | None = None) -> LaunchSpec:
     argv = spec.argv
     rest = argv[2:] if argv[0] == "bash" else argv[1:]
     return LaunchSpec(argv=(executable or standin_executable(), *rest), env=dict(spec.env),
-                      config_hash=spec.config_hash)
+                      config_hash=spec.config_hash, env_edits=spec.env_edits, probe_dir=spec.probe_dir)
 
 
 def rehearsal_skips() -> Mapping[str, str]:

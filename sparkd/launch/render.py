@@ -18,6 +18,7 @@ from sparkd.config import Config, HealthConfig, LaunchConfig
 from sparkd.config.notify import notify_secrets
 from sparkd.config.secretfile import SecretFileProblem, read_secret_file
 from sparkd.config.secretrule import is_secret_name
+from sparkd.launch.probe import DIR_ENV, EnvEdit, probe_dir, probe_edits
 
 # The field's known-good environment (DESIGN.md §5). `[launch] env` overrides; `default_env = false` drops it.
 RECOMMENDED_ENV: dict[str, str] = {
@@ -66,10 +67,17 @@ class LaunchSpec:
     config_hash: str = ""
     # The runtime adds these to the launch's environment; nothing renders or logs them.
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
+    # Variables the script changes against what the environment already holds (the step probe's PYTHONPATH).
+    env_edits: tuple[EnvEdit, ...] = ()
+    # The step probe's directory: the runtime makes it (and mounts it into a container); None: the probe is off.
+    probe_dir: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """argv and environment as shown to anyone: the secrets by name only."""
-        return {"argv": list(self.argv), "env": dict(self.env), "secret_env": sorted(self.secret_env)}
+        shown: dict[str, Any] = {"argv": list(self.argv), "env": dict(self.env), "secret_env": sorted(self.secret_env)}
+        if self.env_edits:
+            shown["env_edits"] = [edit.to_json() for edit in self.env_edits]
+        return shown
 
     def environment(self) -> dict[str, str]:
         """The launch's whole environment, secrets included: for the runtime's exec, nothing else."""
@@ -204,7 +212,11 @@ def render(cfg: Config) -> LaunchSpec:
     key = configured_api_key(cfg)
     if key is not None:
         secret_env[API_KEY_ENV] = key
-    return LaunchSpec(argv=tuple(argv), env=env, config_hash=cfg.launch_hash(), secret_env=secret_env)
+    probe = probe_dir(cfg)
+    if probe is not None:
+        env[DIR_ENV] = str(probe)
+    return LaunchSpec(argv=tuple(argv), env=env, config_hash=cfg.launch_hash(), secret_env=secret_env,
+                      env_edits=probe_edits() if probe is not None else (), probe_dir=str(probe) if probe else None)
 
 
 def configured_api_key(cfg: Config) -> str | None:
@@ -244,6 +256,7 @@ def render_script(spec: LaunchSpec, *, source: str = "the sparkd config") -> str
         "set -euo pipefail",
     ]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.env.items()]
+    lines += [edit.shell() for edit in spec.env_edits]
     for name in sorted(spec.secret_env):  # absent: refuse to start rather than serve without the key
         lines.append(f': "${{{name}:?is not set: sparkd passes it in the environment, not in this file}}"')
     words = [shlex.quote(word) for word in spec.argv]

@@ -18,7 +18,9 @@ from docker.types import Mount as DockerMount
 
 import sparkd
 from sparkd.config import Config
+from sparkd.launch.probe import probe_dir
 from sparkd.launch.rehearsal import standin_source_root
+from sparkd.vllm_probe import PLUGIN_DIR
 
 _SYSTEM_DIRS = frozenset({"/", "/usr", "/usr/local", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/opt", "/var"})
 
@@ -55,9 +57,26 @@ def covered(path: str, mounts: Iterable[tuple[str, str]]) -> bool:
     return False
 
 
+def probe_mounts(cfg: Config, *, existing: bool = True) -> list[tuple[str, str, bool]]:
+    """(source, target, read-only) of the step probe's mounts, each at its host path: the plugin's directory
+    read-only, the step files' directory writable (``existing``: only once it exists, as a bind mount needs; the
+    runtime makes it first) — those no configured mount already shows there; none when the probe is off."""
+    folder = probe_dir(cfg)
+    if folder is None:
+        return []
+    mounts = [(str(PLUGIN_DIR), str(PLUGIN_DIR), True)]
+    if folder.is_dir() or not existing:
+        mounts.append((str(folder), str(folder), False))
+    configured = cfg.container.mounts
+    pairs = [(m.source, m.target) for m in configured if m.source.startswith("/")]
+    targets = {os.path.normpath(m.target) for m in configured}
+    return [m for m in mounts if not covered(m[1], pairs) and m[1] not in targets]
+
+
 def docker_mounts(cfg: Config, extra_read_only: Iterable[str] = ()) -> list[DockerMount]:
-    """``[container] mounts`` (absolute sources bind, others are named volumes), then ``extra_read_only``
-    host paths at the same place unless a configured mount already shows them there."""
+    """``[container] mounts`` (absolute sources bind, others are named volumes), the step probe's (unless a
+    configured mount already shows them), then ``extra_read_only`` host paths at the same place unless a configured
+    mount already shows them there."""
     configured = cfg.container.mounts
     mounts = [
         DockerMount(target=m.target, source=m.source, read_only=m.read_only,
@@ -66,6 +85,9 @@ def docker_mounts(cfg: Config, extra_read_only: Iterable[str] = ()) -> list[Dock
     ]
     pairs = [(m.source, m.target) for m in configured if m.source.startswith("/")]
     targets = {os.path.normpath(m.target) for m in configured}
+    for source, target, read_only in probe_mounts(cfg):
+        mounts.append(DockerMount(target=target, source=os.path.realpath(source), type="bind", read_only=read_only))
+        targets.add(target)
     for path in extra_read_only:
         if not covered(path, pairs) and path not in targets:
             mounts.append(DockerMount(target=path, source=os.path.realpath(path), type="bind", read_only=True))

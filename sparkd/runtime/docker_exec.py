@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import docker.errors
 
+from sparkd.launch.probe import probe_dir
 from sparkd.launch.render import LaunchSpec, render_script
 from sparkd.runtime import proctree
 from sparkd.runtime.base import (
@@ -38,6 +39,7 @@ from sparkd.runtime.drift import container_drift
 from sparkd.runtime.inroot import open_log
 from sparkd.runtime.launch_target import check_command, target_sentence
 from sparkd.runtime.logfile import follow_file
+from sparkd.runtime.probedir import prepare
 
 LOG_IN_CONTAINER = "/tmp/sparkd-vllm.log"
 RAW_LOG_LIMIT = 8 * 1024 * 1024
@@ -103,6 +105,8 @@ class DockerExecRuntime(DockerRuntime):
 
     async def _create(self) -> Any:
         cfg, client = self.cfg, await self.docker()
+        folder = probe_dir(cfg)
+        prepare(str(folder) if folder else None, user=cfg.container.user)  # a bind mount needs its source
         options = container_options(
             cfg, entrypoint=list(cfg.container.command), labels=self.labels(), rehearse=self.rehearse,
             name=self.container_name,
@@ -121,6 +125,8 @@ class DockerExecRuntime(DockerRuntime):
     # ---- launch
 
     async def _launch(self, spec: LaunchSpec) -> Instance:
+        folder = probe_dir(self.cfg)  # the container's mounts come from the config: so does the folder they need
+        prepare(str(folder) if folder else None, user=self.cfg.container.user)
         container = await self.ensure_container()
         running = await self._scan_execs()
         if running is not None:  # at most one vLLM per node: the daemon adopts it instead

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import docker.errors
 
+from sparkd.launch.probe import probe_dir
 from sparkd.launch.render import LaunchSpec, render_script
 from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, TargetUnavailable
 from sparkd.runtime.container_spec import container_options
@@ -43,6 +44,7 @@ from sparkd.runtime.docker_api import (
 )
 from sparkd.runtime.docker_base import DockerRuntime, ImageMissing, create_time_or_zero
 from sparkd.runtime.launch_target import check_command, target_sentence
+from sparkd.runtime.probedir import prepare
 
 RECONNECT_S = 1.0  # pause before reopening a broken events or logs stream
 SETTLE_S = 10.0  # how long inspect may lag behind a die event
@@ -121,6 +123,8 @@ class DockerRunRuntime(DockerRuntime):
 
     async def _launch(self, spec: LaunchSpec) -> Instance:
         await self._remove_previous()
+        folder = probe_dir(self.cfg)  # the container's mounts come from the config: so does the folder they need
+        prepare(str(folder) if folder else None, user=self.cfg.container.user)
         cfg, client = self.cfg, await self.docker()
         script_path = cfg.container.script_path
         options = container_options(

@@ -26,7 +26,7 @@ from sparkd.config import Config
 from sparkd.config.container import DOCKER_DEFAULT_SHM, UNLIMITED
 from sparkd.config.secretrule import digest, is_secret_name
 from sparkd.runtime.base import Difference
-from sparkd.runtime.container_spec import device_requests, rehearse_paths
+from sparkd.runtime.container_spec import device_requests, probe_mounts, rehearse_paths
 
 
 def short(image_id: str) -> str:
@@ -66,6 +66,7 @@ def _image(cfg: Config, attrs: Mapping[str, Any], image: Mapping[str, Any] | Non
 
 def _mounts(cfg: Config, attrs: Mapping[str, Any]) -> Iterator[Difference]:
     want = {(m.source, m.target, m.read_only) for m in cfg.container.mounts}
+    want |= {(os.path.realpath(s), t, ro) for s, t, ro in probe_mounts(cfg, existing=False)}
     have = set()
     for m in attrs.get("Mounts") or []:
         source = m.get("Name") if m.get("Type") == "volume" else os.path.normpath(m.get("Source", ""))

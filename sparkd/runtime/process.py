@@ -23,6 +23,7 @@ from sparkd.runtime import proctree
 from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, Runtime
 from sparkd.runtime.launch_target import missing_host_target
 from sparkd.runtime.logfile import follow_file
+from sparkd.runtime.probedir import prepare
 from sparkd.state.files import read_regular
 
 VLLM_OOM_SCORE_ADJ = 500
@@ -50,6 +51,7 @@ class ProcessRuntime(Runtime):
 
     async def launch(self, spec: LaunchSpec) -> Instance:
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        prepare(spec.probe_dir)
         write_atomic(self.script_path, render_script(spec), 0o750)
         with os.fdopen(fresh_file(self.raw_log), "ab") as out:
             try:

@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection, wait
 
 import setproctitle
 
-from sparkd_standin import config032, logfmt, procs, sizing
+from sparkd_standin import config032, logfmt, probe, procs, sizing
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.executor import (
     MultiprocExecutor,
@@ -76,6 +76,7 @@ class EngineCore:
         self.executor = make_executor(config, knobs, node_rank=0, parent_title=engine_title())
         self.kv_tokens = 0
         self.stalled = False
+        self.steps = probe.Steps(None)  # the step probe's file, once serving
         self._close_lock = threading.Lock()
         self._closed = False
 
@@ -196,25 +197,17 @@ class EngineCore:
         return True
 
     def _step(self, request_id: str) -> None:
-        """One engine step: the workers' RPC, waited on as vLLM waits (none for the uni executor)."""
-        wait_for = self._rpc_wait()
-        if self.stalled:
-            self._hang(wait_for)
-        self.executor.collective("execute", request_id, wait_for=wait_for)
+        """One engine step: the workers' RPC, waited on as vLLM waits (none for the uni executor). Stalled, the
+        workers never answer it: the engine waits until one dies or the RPC times out (the uni executor's rank
+        hangs the engine for good), as vLLM's does."""
+        self.steps.begin(-1)
+        try:
+            self.executor.collective("execute", request_id, self.stalled, wait_for=self._rpc_wait())
+        finally:
+            self.steps.end(0)
 
     def _rpc_wait(self) -> RpcWait | None:
         return RpcWait(self.knobs, self._no_free_block) if isinstance(self.executor, MultiprocExecutor) else None
-
-    def _hang(self, wait_for: RpcWait | None) -> None:
-        """A step that never completes: the workers never answer (until one dies or the RPC times out)."""
-        if wait_for is None:
-            threading.Event().wait()
-        while True:
-            assert wait_for is not None
-            died = wait(self.executor.sentinels(), wait_for.remaining())
-            if died:
-                raise WorkerDied(self.executor.name_of(died[0]))  # type: ignore[arg-type]
-            wait_for.tick()
 
     def _no_free_block(self, shown_interval: int) -> None:
         logfmt.info(
@@ -282,6 +275,8 @@ def engine_core_main(config: ServeConfig, knobs: Knobs, conn: Connection, death_
         if not core.start():
             raise SystemExit(1)
         procs.exit_on_signals(_signal_line(knobs))
+        core.steps = probe.steps("engine", 0, world_size=config.world_size, title=engine_title(),
+                                 vllm=knobs.vllm_version)
         core.busy_loop()
     finally:
         core.close()

@@ -5,8 +5,9 @@
 - Other ranks connect to master-addr:master-port, retrying every second with c10d's warning line, and time out
   with torch's text.
 - After the join both sides send a heartbeat byte every second. Rank 0 only records a lost peer (vLLM notices
-  it at the next collective). A client whose server went away prints torch's "should dump" / recvValue
-  warnings every 2 s, forever: the headless node hangs.
+  it at the next collective). Rank 0 also sends ``s`` at each step it begins, and a client counts it as its own
+  step (the step probe's file of a headless rank: ``probe.py``). A client whose server went away prints torch's
+  "should dump" / recvValue warnings every 2 s, forever: the headless node hangs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from sparkd_standin import logfmt
 
@@ -60,9 +62,11 @@ class _Heartbeat:
     ``silent_s()`` says how long the quietest peer has sent nothing: a frozen (SIGSTOPped, wedged) rank keeps
     its connection open but stops beating, and a collective with it would block, as NCCL's does."""
 
-    def __init__(self, sockets: list[socket.socket], on_lost: threading.Event) -> None:
+    def __init__(self, sockets: list[socket.socket], on_lost: threading.Event,
+                 on_step: Callable[[], None] | None = None) -> None:
         self._sockets = sockets
         self._lost = on_lost
+        self._on_step = on_step
         self._heard = {id(sock): time.monotonic() for sock in sockets}
         for sock in sockets:
             sock.settimeout(None)
@@ -74,8 +78,10 @@ class _Heartbeat:
 
     def _read(self, sock: socket.socket) -> None:
         try:
-            while sock.recv(64):
+            while data := sock.recv(64):
                 self._heard[id(sock)] = time.monotonic()
+                for _ in range(data.count(b"s") if self._on_step else 0):
+                    self._on_step()  # type: ignore[misc]
         except OSError:
             pass
         self._lost.set()
@@ -134,6 +140,12 @@ class StoreServer:
             conn.sendall(b"GO\n")
         self.heartbeat = _Heartbeat(list(self._clients.values()), self.peer_lost)
 
+    def announce_step(self) -> None:
+        """Tell every other rank that a step begins (they take part in it)."""
+        for conn in list(self._clients.values()):
+            with contextlib.suppress(OSError):  # a lost peer is the heartbeat's to notice
+                conn.sendall(b"s")
+
     def close(self) -> None:
         for sock in [*self._clients.values(), *([self._listener] if self._listener else [])]:
             with contextlib.suppress(OSError):
@@ -165,7 +177,9 @@ def _read_line(sock: socket.socket) -> str:
 
 
 class StoreClient:
-    def __init__(self, master_addr: str, port: int, rank: int, timeout_s: float) -> None:
+    def __init__(self, master_addr: str, port: int, rank: int, timeout_s: float,
+                 on_step: Callable[[], None] | None = None) -> None:
+        self.on_step = on_step
         self.addr = master_addr
         self.port = port
         self.rank = rank
@@ -213,7 +227,7 @@ class StoreClient:
             sock.close()
             raise DistError(f"torch.distributed.DistNetworkError: {_RECV_CLOSED}") from exc
         self._sock = sock
-        _Heartbeat([sock], self.server_lost)
+        _Heartbeat([sock], self.server_lost, self.on_step)
         threading.Thread(target=self._warn_when_lost, daemon=True).start()
 
     def _warn_when_lost(self) -> None:

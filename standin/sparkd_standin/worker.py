@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 
 import setproctitle
 
-from sparkd_standin import control, loading, logfmt, procs, sizing
+from sparkd_standin import control, loading, logfmt, probe, procs, sizing
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.knobs import Knobs, phase_seconds
 from sparkd_standin.rendezvous import DistError, StoreClient, StoreServer
@@ -106,6 +106,7 @@ class WorkerRuntime:
         self.segment: Segment | None = None
         self.ready_at: float | None = None
         self._jit_pending = spec.knobs.jit_after is not None
+        self.steps = probe.Steps(None)  # the step probe's file, once ready
         self._leaked: list[bytearray] = []
         self._closed = threading.Event()
         if spec.knobs.control_file:  # a leak asked for at run time (control.py); older commands are not ours
@@ -163,7 +164,7 @@ class WorkerRuntime:
                 self.store = server
                 server.wait_for_clients()
             else:
-                self.store = StoreClient(cfg.master_addr, cfg.master_port, spec.rank, timeout)
+                self.store = StoreClient(cfg.master_addr, cfg.master_port, spec.rank, timeout, self._peer_step)
                 self.store.join()
         except DistError as exc:
             kind, _, message = exc.exc_line.partition(": ")
@@ -197,20 +198,39 @@ class WorkerRuntime:
             loading.capture_graphs(self.spec.ranked)
         loading.jit_monitor_activated(self.spec.ranked)
         self.ready_at = time.monotonic()
+        spec = self.spec
+        self.steps = probe.steps("worker", spec.rank, local_rank=spec.local_rank,
+                                 world_size=spec.config.world_size, title=setproctitle.getproctitle(),
+                                 vllm=spec.knobs.vllm_version)
         if self.spec.knobs.leak_mb_per_s > 0:
             self._start_leak(self.spec.knobs.leak_mb_per_s, self.spec.knobs.leak_max_mb)
 
-    def execute(self, request_id: str) -> None:
-        """One model step for a request: an all-reduce across ranks (see the module's docstring)."""
-        self._wait_for_peers()
-        knobs = self.spec.knobs
-        due = self.ready_at is not None and time.monotonic() >= self.ready_at + (knobs.jit_after or 0.0)
-        if self._jit_pending and due:
-            self._jit_pending = False
-            loading.jit_compile(self.spec.ranked, knobs.jit_seconds)
+    def execute(self, request_id: str, hang: bool = False) -> None:
+        """One model step for a request: an all-reduce across ranks (see the module's docstring); ``hang``: the
+        step never completes (the stall fault: a wedged rank)."""
+        self.steps.begin()
+        try:
+            if isinstance(self.store, StoreServer):
+                self.store.announce_step()
+            self._wait_for_peers()
+            knobs = self.spec.knobs
+            due = self.ready_at is not None and time.monotonic() >= self.ready_at + (knobs.jit_after or 0.0)
+            if self._jit_pending and due:
+                self._jit_pending = False
+                loading.jit_compile(self.spec.ranked, knobs.jit_seconds)
+            if hang:
+                self._closed.wait()
+        finally:
+            self.steps.end()
+
+    def _peer_step(self) -> None:
+        """Rank 0 began a step: a headless rank takes part in it at once."""
+        self.steps.begin()
+        self.steps.end()
 
     def _wait_for_peers(self) -> None:
         heartbeat = self.store.heartbeat if isinstance(self.store, StoreServer) else None
+        marked = False
         while not self._closed.is_set():
             if self.is_peer_lost():
                 if self.spec.knobs.peer_loss == "error":
@@ -219,6 +239,9 @@ class WorkerRuntime:
                 return
             if heartbeat is None or heartbeat.silent_s() <= FROZEN_PEER_S:
                 return
+            if not marked:
+                self.steps.collective()  # waiting in the collective for a silent peer
+                marked = True
             time.sleep(0.1)
 
     # -- faults and shutdown ----------------------------------------------------------------------------

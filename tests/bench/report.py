@@ -180,7 +180,8 @@ def guard_rows(guard: dict[str, Any] | None) -> list[Row]:
 
 
 def wedge_rows(wedge: dict[str, Any] | None) -> list[Row]:
-    """bench_wedge.py: a replay through the pure tracker on an injected clock (decision latency, not I/O)."""
+    """bench_wedge.py: a replay through the pure tracker on an injected clock (decision latency, not I/O), and the step
+    probe's rules alone as the daemon will read them (issue 38; not wired into the daemon yet)."""
     title = "Wedge detection (replay through the pure health tracker, injected clock: decision latency, not I/O)"
     if wedge is None:
         return [row("7", title, "not run (--skip wedge)", target="– (issue 14)")]
@@ -201,7 +202,34 @@ def wedge_rows(wedge: dict[str, Any] | None) -> list[Row]:
             rows.append(row("7", f"False positives: {sc['name']}", f"{s['false_positives']}/{n}",
                             f"before issue 14: {b['false_positives']}/{n}", target="0",
                             verdict="met" if s["false_positives"] == 0 else "**missed**"))
+        rows += _probe_rows(sc, wedge)
+    cost = wedge.get("probe_cost")
+    if cost:
+        hooks = "; ".join(f"{who} {cost['vllm'][who]['median_ns']:.0f} ns" for who in ("engine", "worker")
+                          if who in cost.get("vllm", {}))
+        worst = max([cost["writer"]["median_ns"], *(cost["vllm"][w]["median_ns"] for w in ("engine", "worker")
+                                                    if w in cost.get("vllm", {}))])
+        rows.append(row("7", f"Step probe: its cost per step, CPU time (load {cost['load']:.1f})",
+                        f"writer {cost['writer']['median_ns']:.0f} ns; in vLLM's hooks: {hooks or 'not measured'}",
+                        target="≤ 1 µs median (issue 38)", verdict=at_most(worst / 1000, 1.0, "µs")))
     return rows
+
+
+def _probe_rows(sc: dict[str, Any], wedge: dict[str, Any]) -> list[Row]:
+    p, n = sc.get("probe"), sc["trials"]
+    if p is None:
+        return []
+    goal = wedge.get("probe_target_s", 15.0)
+    label = "its rules alone, the daemon not wired yet"
+    if sc["wedge"]:
+        ok = verdict(p["max_s"], goal + 1e-9, "s") if p["caught"] == n else "**missed (not caught)**"
+        return [row("7", f"Step probe ({label}): {sc['name']}", f"{p['caught']}/{n}, {fmt(p['median_s'], '.0f')} "
+                    f"({fmt(p['max_s'], '.0f')})", f"sparkd with it: {sc['with_probe']['caught']}/{n}, "
+                    f"{fmt(sc['with_probe']['median_s'], '.0f')} ({fmt(sc['with_probe']['max_s'], '.0f')})",
+                    target=f"within {goal:.0f} s (issue 38)", verdict=ok)]
+    return [row("7", f"Step probe false positives ({label}): {sc['name']}", f"{p['false_positives']}/{n}",
+                f"sparkd with it: {sc['with_probe']['false_positives']}/{n}", target="0",
+                verdict="met" if p["false_positives"] == 0 else "**missed**")]
 
 
 def footprint_rows(fp: dict[str, Any]) -> list[Row]:

@@ -5,7 +5,8 @@ counters change only when an engine step completes; prompt tokens are counted wh
 throughput line comes every 10 s and only while tokens moved in this or the last interval; ``--disable-log-stats``
 removes both but not the EngineCore's wait line, which a multiprocess executor (TP >= 2) writes every 60 s of a
 step that does not complete; a canary is answered when its step completes, and cannot be scheduled while a long
-prefill holds the token budget.
+prefill holds the token budget. Each engine step is also a span (began, ended, tokens): what sparkd's step probe
+records in every rank (wedge_probe.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class World:
     busy_until: float = -math.inf  # (a long prefill holds it)
     lines: list[tuple[float, str]] = field(default_factory=list)  # other log lines (JIT)
     waits: bool = False  # TP >= 2: the EngineCore logs SHM_LINE every 60 s while one step does not complete
+    spans: list[tuple[float, float, int]] = field(default_factory=list)  # each step: began, ended (inf: never), tokens
     _times: list[float] = field(default_factory=list)
     _stuck_canaries: list[float] = field(default_factory=list)  # the sends of canaries whose step never completed
 
@@ -56,6 +58,9 @@ class World:
         done = start + 0.2
         if not (self.completes(start) and self.completes(done)) and done < self.resume_at:
             done = self.resume_at + 0.2 if self.resume_at < math.inf else math.inf
+        in_step = bool(self.spans) and self.spans[-1][0] <= start < self.spans[-1][1]
+        if self.marks(start)[3] == 0 and not in_step:  # an idle engine runs the canary's step (the probe sees it)
+            self.add_span(start, done, 8)
         if done - sent > timeout:
             if done == math.inf and not self._stuck_canaries and self.marks(start)[3] == 0:
                 self._stuck_canaries.append(start)  # an idle engine's first stuck step: this canary's
@@ -75,6 +80,9 @@ class World:
         return sorted((t + k * WAIT_INTERVAL_S, SHM_LINE) for t, end in starts
                       for k in range(1, int((min(end, until) - t) // WAIT_INTERVAL_S) + 1)
                       if t + k * WAIT_INTERVAL_S < end)
+
+    def add_span(self, began: float, ended: float, tokens: int) -> None:
+        bisect.insort(self.spans, (began, ended, tokens))
 
     def add_step(self, t: float, gen: int, prompt: int) -> None:
         g, p, kv, r, w = self.marks(t)
@@ -116,11 +124,13 @@ def decoding(until: float, running: int = 3, stuck_after: float = math.inf, resu
     while t < until:
         t += step_s
         if not world.completes(t):
+            world.spans.append((t - step_s, resume_at, running))  # the step that hangs (until the pause ends)
             t = resume_at
             continue
         gen += running
         kv += running / KV_POOL_TOKENS
         world.steps.append((t, (gen, 4096.0, kv, running, 0)))
+        world.spans.append((t - step_s, t, running))
     return world.freeze()
 
 
@@ -137,9 +147,12 @@ def prefill(prompt_tokens: int, chunk: int, start: float = 0.0) -> World:
     t, done = start, 0
     while done < prompt_tokens:
         n = min(chunk, prompt_tokens - done)
+        began = t
         t += n * PREFILL_A + PREFILL_B * ((done + n) ** 2 - done**2) / 2
         done += n
         world.steps.append((t, (100.0, 800.0, done / KV_POOL_TOKENS, 1, 0)))
+        world.spans.append((began, t, n))
     world.steps.append((t + 0.05, (101.0, 800.0 + prompt_tokens, done / KV_POOL_TOKENS, 1, 0)))
+    world.spans.append((t, t + 0.05, 1))
     world.busy_from, world.busy_until = start, t
     return world.freeze()

@@ -3,8 +3,10 @@
 
     fake_vllm.py serve MODEL [vLLM flags, ignored] (environment: FAKE_VLLM_WORLD, FAKE_VLLM_PORT, FAKE_VLLM_DIR)
 
-It starts FAKE_VLLM_WORLD ranks (``nccl_rank.py``, titled ``VLLM::Worker_TP<r>``, vLLM's SIGTERM handler) and serves
-what sparkd probes: ``/health`` 200 while this process lives (as vLLM's API server does while a collective hangs),
+It starts FAKE_VLLM_WORLD ranks (``nccl_rank.py``, titled ``VLLM::Worker_TP<r>``, vLLM's SIGTERM handler; each keeps
+the step probe's file when the launch gives SPARKD_PROBE_DIR, as vLLM's ranks do) and serves what sparkd probes,
+whatever the query string (sparkd's probes ask ``/health?probe=sparkd``, vLLM ignores it): ``/health`` 200 while
+this process lives (as vLLM's API server does while a collective hangs),
 ``/metrics`` with no ``vllm:*`` family (sparkd's blind wedge check: the canary), and ``/v1/completions`` answered
 only while rank 0's all-reduces move (a wedged collective leaves the canary unanswered, as vLLM's engine does). On
 SIGTERM it passes SIGTERM to the ranks and waits for them, as vLLM's API server waits for its engine: a rank stuck
@@ -74,11 +76,12 @@ def handler(server: Server) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            if self.path == "/health":
+            path = self.path.split("?", 1)[0]  # vLLM routes on the path alone
+            if path == "/health":
                 self.reply(200, b"")
-            elif self.path == "/metrics":
+            elif path == "/metrics":
                 self.reply(200, b"# no vllm families: --disable-log-stats\n", "text/plain")
-            elif self.path == "/v1/models":
+            elif path == "/v1/models":
                 self.reply(200, json.dumps({"data": [{"id": "fake"}]}).encode())
             else:
                 self.reply(404, b"{}")

@@ -3,7 +3,10 @@
     nccl_rank.py RANK WORLD PORT [--timeout S] [--handler vllm|default] [--hold-gib G] [--progress FILE]
 
 Rank r runs on GPU r (of those CUDA_VISIBLE_DEVICES shows), holds G GiB besides NCCL's buffers, and prints an
-``iter`` line every 2 s. ``--timeout``: the process group's timeout (0: torch's default, 10 min). ``--handler vllm``:
+``iter`` line every 2 s. Each all-reduce is a step: with SPARKD_PROBE_DIR set and the step probe importable (sparkd's
+launch puts its plugin directory on PYTHONPATH), the rank keeps the probe's file with the plugin's own writer, a
+step begun before the all-reduce and ended once the GPU finished it, as vLLM's ranks do (``worker-<rank>.step``).
+``--timeout``: the process group's timeout (0: torch's default, 10 min). ``--handler vllm``:
 SIGTERM raises SystemExit, as vLLM's workers do (it runs only when the main thread is back in Python: a rank
 stuck in a collective never runs it). ``--progress``: rank 0 touches FILE after every all-reduce (the fake API
 server answers its canary only while it moves).
@@ -29,6 +32,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hold-gib", type=float, default=8.0)
     p.add_argument("--progress", default=None)
     return p.parse_args(argv)
+
+
+def step_writer(rank: int, world: int) -> object | None:
+    """The step probe's writer for this rank, when the launch asks for it and the plugin is there."""
+    folder = os.environ.get("SPARKD_PROBE_DIR")
+    if not folder:
+        return None
+    try:
+        from sparkd_vllm_probe import layout
+        from sparkd_vllm_probe.writer import StepWriter
+    except ImportError:
+        print(f"rank{rank}: SPARKD_PROBE_DIR is set but sparkd_vllm_probe is not importable", flush=True)
+        return None
+    return StepWriter(folder, layout.WORKER, rank, local_rank=rank, world_size=world,
+                      title=f"VLLM::Worker_TP{rank}")
 
 
 def main(argv: list[str]) -> None:
@@ -58,10 +76,15 @@ def main(argv: list[str]) -> None:
     torch.cuda.synchronize()
     print(f"rank{args.rank} pid {os.getpid()}: init+first all_reduce in {time.time() - t0:.1f}s; pg timeout "
           f"{args.timeout if kw else 'default'}; holding {hold.numel() / 2**30:.1f} GiB", flush=True)
+    steps = step_writer(args.rank, args.world)
     i, last = 0, time.time()
     while True:
+        if steps is not None:
+            steps.begin(1)  # type: ignore[attr-defined]
         dist.all_reduce(x, op=dist.ReduceOp.MAX)
         torch.cuda.synchronize()
+        if steps is not None:
+            steps.end()  # type: ignore[attr-defined]
         i += 1
         if args.progress and args.rank == 0:
             os.utime(args.progress) if os.path.exists(args.progress) else open(args.progress, "w").close()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from probewatch import ProbeWatch
 from run_all import GIB, HERE, SAFE_ENV, Run, kill_pid, wait_gone
 
 PY = sys.executable
@@ -85,10 +86,17 @@ def info(run: Run) -> None:
 # ---- preflight ---------------------------------------------------------------------------------------------
 
 
+def launch_gpu(run: Run) -> int:
+    """The GPU the preflight's launch runs on: GPU 1 of two (GPU 0 then holds what is not the launch's), the only one
+    of one."""
+    return len(run.handles) - 1
+
+
 def preflight(run: Run) -> None:
     d = run.out / "preflight"
     d.mkdir(exist_ok=True)
-    cfg = toml_config(d / "sparkd.toml", d, util=0.9, env={"CUDA_VISIBLE_DEVICES": "1"})
+    g = launch_gpu(run)
+    cfg = toml_config(d / "sparkd.toml", d, util=0.9, env={"CUDA_VISIBLE_DEVICES": str(g)})
 
     def pf(case: str, *, dry: bool = True, config: Path = cfg, src: Path | None = None,
            expect_pid: int | None = None) -> dict[str, Any]:
@@ -111,20 +119,21 @@ def preflight(run: Run) -> None:
         return checks
 
     pf("idle")
-    pid = run.holder("-", 16, 0)
-    pf("foreign_on_gpu0_launch_on_gpu1", expect_pid=pid)
-    release(run, pid, 0, "foreign_gpu0")
-    pid = run.holder("-", 16, 1)
-    pf("foreign_on_gpu1", expect_pid=pid)
-    release(run, pid, 1, "foreign_gpu1")
-    pid = run.holder("VLLM::Worker_TP0", 20, 1, orphan=True)
+    if g > 0:  # another GPU than the launch's
+        pid = run.holder("-", 16, 0)
+        pf(f"foreign_on_gpu0_launch_on_gpu{g}", expect_pid=pid)
+        release(run, pid, 0, "foreign_gpu0")
+    pid = run.holder("-", 16, g)
+    pf(f"foreign_on_gpu{g}", expect_pid=pid)
+    release(run, pid, g, f"foreign_gpu{g}")
+    pid = run.holder("VLLM::Worker_TP0", 20, g, orphan=True)
     run.note("preflight.stale_parent", psutil.Process(pid).ppid())
-    pf("stale_on_gpu1_dry", expect_pid=pid)
+    pf(f"stale_on_gpu{g}_dry", expect_pid=pid)
     t0 = time.time()
-    pf("stale_on_gpu1_real", dry=False, expect_pid=pid)
+    pf(f"stale_on_gpu{g}_real", dry=False, expect_pid=pid)
     run.note("preflight.stale_after_real", {"pid_alive": psutil.pid_exists(pid) and psutil.Process(pid).status()
-                                            != psutil.STATUS_ZOMBIE, "gpu1_pids": run.compute_pids(1),
-                                            "gpu1_used_gib": round(run.used_gib(1), 2),
+                                            != psutil.STATUS_ZOMBIE, f"gpu{g}_pids": run.compute_pids(g),
+                                            f"gpu{g}_used_gib": round(run.used_gib(g), 2),
                                             "seconds": round(time.time() - t0, 2)})
     host_smaller(run, d, pf)
 
@@ -135,10 +144,11 @@ def host_smaller(run: Run, d: Path, pf: Callable[..., dict[str, Any]]) -> None:
     lines = Path("/proc/meminfo").read_text().splitlines()
     mem = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in lines)
            if k in ("MemTotal", "MemFree", "MemAvailable")}
-    total_gpu = run.nvml.nvmlDeviceGetMemoryInfo(run.handles[1]).total
+    g = launch_gpu(run)
+    total_gpu = run.nvml.nvmlDeviceGetMemoryInfo(run.handles[g]).total
     natural = mem["MemTotal"] < total_gpu
     margin = 2.0 if natural else round(0.1 * mem["MemTotal"] / GIB + 1, 1)
-    cfg = toml_config(d / "host-smaller.toml", d, util=0.9, env={"CUDA_VISIBLE_DEVICES": "1"}, margin=margin)
+    cfg = toml_config(d / "host-smaller.toml", d, util=0.9, env={"CUDA_VISIBLE_DEVICES": str(g)}, margin=margin)
     run.note("preflight.host_smaller_setup", {
         "host_mem_total_gib": round(mem["MemTotal"] / GIB, 1), "host_mem_free_gib": round(mem["MemFree"] / GIB, 1),
         "gpu_total_gib": round(total_gpu / GIB, 1), "host_smaller_than_gpu": natural, "margin_gib": margin,
@@ -234,8 +244,10 @@ class Daemon:
     def __init__(self, run: Run, d: Path, name: str, health: str, port: int) -> None:
         self.run, self.d, self.name = run, d, name
         state = d / name
+        self.world = min(2, len(run.handles))  # two ranks on two GPUs, one on one
+        self.probe_dir = state / "run" / "probe"  # <run_dir>/probe: the launch renders the step probe
         self.cfg = toml_config(d / f"{name}.toml", state, util=0.5, port=port,
-                               env={"FAKE_VLLM_WORLD": "2", "FAKE_VLLM_PORT": str(29550 + port % 10),
+                               env={"FAKE_VLLM_WORLD": str(self.world), "FAKE_VLLM_PORT": str(29550 + port % 10),
                                     "FAKE_VLLM_DIR": str(state)},
                                extra=f"""[supervisor]
 stop_grace_s = 20
@@ -282,6 +294,16 @@ enabled = false
                 out.append(e)
         return out
 
+    def fault(self) -> str:
+        """The last rank faulted: SIGKILLed when a peer waits for it in the all-reduce, SIGSTOPped when alone (a
+        lone rank's death would be its exit, not a wedge)."""
+        title = f"VLLM::Worker_TP{self.world - 1}"
+        if self.world > 1:
+            kill_pid(rank_pid(title))
+            return f"SIGKILL rank {self.world - 1}"
+        kill_pid(rank_pid(title), signal.SIGSTOP)
+        return "SIGSTOP rank 0"
+
     def ctl(self, *args: str) -> float:
         t0 = time.time()
         subprocess.run([*SPARKCTL, "--config", str(self.cfg), *args], env=sparkd_env(), timeout=120,
@@ -323,11 +345,17 @@ def daemon(run: Run) -> None:
         run.note("daemon.hung.ready", {"gpu": s.get("gpu"), "memory_check": [r for r in a.events("preflight")
                                                                               if r.get("check") in ("memory", "gpu")]})
         (d / "metrics-ready.txt").write_text(httpx.get(f"http://127.0.0.1:{a.port + 1000}/metrics").text)
+        watch = ProbeWatch(a.probe_dir, "gpu-host", run.out / "probe-fixture",
+                           f"{run.summary.get('info', {}).get('devices', ['?'])[0]}, {a.world} NCCL rank(s) "
+                           "(tests/gpu/nccl_rank.py) under fake_vllm.py and sparkd run; read when the rules named it")
+        watch.start()
+        time.sleep(5)  # healthy steps: the probe's yardstick
         t_kill = time.time()
-        kill_pid(rank_pid("VLLM::Worker_TP1"))
-        run.event("daemon hung: SIGKILL rank 1")
+        watch.fault()
+        run.event(f"daemon hung: {a.fault()}")
         s = a.wait(lambda s: s.get("state") in ("stopping", "backoff", "preflight") or s.get("launches", 1) > 1, 120)
         t_verdict = time.time()
+        run.note("daemon.hung.probe", watch.stop(timeout=30.0))
         s = a.wait(lambda s: (s.get("last_stop") or {}).get("released") is not None, 120)
         stopped = a.events("stopped", "gpu_release", "transition")
         run.note("daemon.hung.stop", {"verdict_after_kill_s": round(t_verdict - t_kill, 2),
@@ -345,8 +373,7 @@ def daemon(run: Run) -> None:
     b = Daemon(run, d, "drain", "interval_s = 1\ncanary_interval_s = 2\ncanary_timeout_s = 2\nbusy_grace_s = 600", 8031)
     try:
         b.wait(lambda s: s.get("state") == "ready", 240)
-        kill_pid(rank_pid("VLLM::Worker_TP1"))
-        run.event("daemon drain: SIGKILL rank 1, then sparkctl stop")
+        run.event(f"daemon drain: {b.fault()}, then sparkctl stop")
         time.sleep(2)
         t0 = time.time()
         b.ctl("stop")

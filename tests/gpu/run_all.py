@@ -3,24 +3,30 @@
 
     python3 tests/gpu/run_all.py --out DIR [--only info,preflight,survivor,daemon] [--main-src PATH]
 
-Needs a host with at least 2 NVIDIA GPUs, the driver, torch with NCCL, and sparkd importable (its source on
-PYTHONPATH with its dependencies). Every phase writes what it saw under DIR (JSON, logs, nvidia-smi text) and
-appends its figures to DIR/summary.json; the power and memory of every GPU are sampled every 0.25 s all along
-(DIR/power.csv). On a host without a GPU it prints why and exits 0 having run nothing. Phases:
+Needs a host with an NVIDIA GPU, the driver, torch with NCCL, and sparkd importable (its source on PYTHONPATH with
+its dependencies). Every phase runs on one GPU but the survivor, which needs two ranks on two GPUs (NCCL refuses two
+ranks on one GPU): on a one-GPU host it is skipped with that reason, noted in summary.json. Every phase writes what
+it saw under DIR (JSON, logs, nvidia-smi text) and appends its figures to DIR/summary.json; the power and memory of
+every GPU are sampled every 0.25 s all along (DIR/power.csv). On a host without a GPU it prints why and exits 0
+having run nothing. Phases:
 
 - info: driver, CUDA, torch, NCCL; ``nvidia-smi`` CSV and ``-q``; sparkd's NVML reading.
-- preflight: ``sparkd preflight --json`` (dry runs, then a real one) for a launch on GPU 1 with 0.9 utilization:
-  idle; a foreign process holding 16 GiB on GPU 0 (not the launch's); the same on GPU 1; an orphaned
-  ``VLLM::Worker_TP0`` holding 20 GiB on GPU 1 (dry, then a real run that ends it); and a launch whose
+- preflight: ``sparkd preflight --json`` (dry runs, then a real one) for a launch on the last GPU (GPU 1 of two, GPU
+  0 of one) with 0.9 utilization: idle; with two GPUs, a foreign process holding 16 GiB on GPU 0 (not the launch's);
+  the same on the launch's GPU; an orphaned ``VLLM::Worker_TP0`` holding 20 GiB there (dry, then a real run that
+  ends it); and a launch whose
   gpu_memory_utilization x host MemTotal (+ margin) is more than the host has, where the old rule (``--main-src``,
   sparkd's main before per-device checks) refuses and the per-device rule passes.
 - survivor: two ranks, a 30 s process-group timeout, rank 0 (the TCPStore host) SIGKILLed: rank 1's log (the
   TCPStore lines, the watchdog), its CPU, power and utilization; then sparkd's stop (``terminate_tree``) with a
   5 s grace, and the GPU memory's release.
-- daemon: ``sparkd run`` supervising ``fake_vllm.py`` (an API server over two real ranks). Run A: rank 1
-  SIGKILLed, sparkd's canary declares the hang, the stop uses ``hung_stop_grace_s`` (5 s), the GPU memory is
-  verified free, the group is started again; ``/metrics`` and the incident kept. Run B: rank 1 SIGKILLed, then
-  ``sparkctl stop`` at once: the drain grace (``stop_grace_s`` 20 s) before the SIGKILL.
+- daemon: ``sparkd run`` supervising ``fake_vllm.py`` (an API server over real ranks: two on two GPUs, one on one).
+  Run A: the last rank faulted — SIGKILLed with a peer to wait for it, SIGSTOPped when alone —, sparkd's canary
+  declares the hang, the stop uses ``hung_stop_grace_s`` (5 s), the GPU memory is verified free, the group is started
+  again; ``/metrics`` and the incident kept. Meanwhile the ranks' step-probe files (the launch renders the probe) are
+  read and judged with sparkd's rules every 0.25 s, as the daemon will: when and how the stuck rank is named, and the
+  files at that moment (``probe-fixture/``, for tests/data/gpu/). Run B: the same fault, then ``sparkctl stop`` at
+  once: the drain grace (``stop_grace_s`` 20 s) before the SIGKILL.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PHASES = ("info", "preflight", "survivor", "daemon")
+GPUS_NEEDED = {"info": 1, "preflight": 1, "survivor": 2, "daemon": 1}
+WHY_TWO = "two NCCL ranks need two GPUs: NCCL refuses two ranks on one GPU, so a peer kill has no peer here"
 GIB = 1 << 30
 
 
@@ -174,7 +182,11 @@ def main(argv: list[str]) -> int:
     from phases import PHASE_FUNCTIONS
 
     try:
+        run.note("gpus", len(run.handles))
         for phase in phases:
+            if len(run.handles) < GPUS_NEEDED[phase]:
+                run.note(f"{phase}.skipped", f"{len(run.handles)} GPU here: {WHY_TWO}")
+                continue
             run.event(f"phase {phase}")
             try:
                 PHASE_FUNCTIONS[phase](run)
@@ -190,15 +202,16 @@ def main(argv: list[str]) -> int:
 
 
 def no_gpu_reason() -> str | None:
-    """Why this host cannot run these (None: it can): sparkd's own NVML reader, and torch with 2 GPUs."""
+    """Why this host cannot run these (None: it can): sparkd's own NVML reader, a GPU, and torch."""
     sys.path.insert(0, str(HERE.parents[1]))
+    sys.path.insert(0, str(HERE.parent))  # tests/: the step-probe fixtures' helper
     from sparkd.host.gpu.nvml import NvmlReader
 
     view = NvmlReader().read()
     if not view.available:
         return view.skipped
-    if len(view.devices) < 2:
-        return f"{len(view.devices)} GPU here; the runs need 2"
+    if not view.devices:
+        return "no GPU here"
     try:
         import torch  # noqa: F401
     except ImportError:

@@ -94,6 +94,7 @@ class DockerPlace:
         self.mounts = [{"source": src, "target": m["bind"], "read_only": m["mode"] == "ro"}
                        for src, m in mounts.items()]
         self.mounts.append({"source": str(shared_dir), "target": str(shared_dir), "read_only": False})
+        self.shared_dir = shared_dir
         tag = uuid.uuid4().hex[:8]
         self.name = f"sparkd-{kind.value}-{session}-{tag}"
         self.node = f"node-{tag}"
@@ -112,7 +113,9 @@ class DockerPlace:
                 **container,
             },
             "launch": {"model": "m"},
-            **{k: v for k, v in (sections or {}).items() if k != "node"},
+            # sparkd's own folders in this test's (the step probe's directory is <run_dir>/probe, made on launch)
+            "paths": {"run_dir": str(self.shared_dir / "sparkd-run"), **(sections or {}).get("paths", {})},
+            **{k: v for k, v in (sections or {}).items() if k not in ("node", "paths")},
         }
         return config_from_mapping(data, env={})
 

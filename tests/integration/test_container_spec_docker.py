@@ -34,6 +34,7 @@ from sparkd.preflight.vllm_args import check_vllm_args
 from sparkd.runtime.base import LaunchError
 from sparkd.runtime.docker_run import DockerRunRuntime
 from sparkd.supervisor.failures import FailureClass
+from sparkd.vllm_probe import PLUGIN_DIR
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
@@ -90,8 +91,16 @@ def shipped(place: DockerPlace, tmp_path: Path, example: str, toml: str | None =
     for old, new in swaps.items():
         assert old in text, f"{example} no longer says {old}"
         text = text.replace(old, new)
+    assert "\n[paths]\n" not in text, f"{example} has its own [paths]"
+    text += f'\n[paths]\nrun_dir = "{tmp_path / "sparkd-run"}"\n'  # sparkd's own folder in this test's
     (tmp_path / example).write_text(text)
     return load_config(tmp_path / example, env={})
+
+
+def probe_mounts(tmp_path: Path) -> list[tuple[str, str, bool]]:
+    """What sparkd adds for its step probe: the plugin read-only, the step files' folder writable."""
+    probe = str(tmp_path / "sparkd-run" / "probe")
+    return [(str(PLUGIN_DIR), str(PLUGIN_DIR), True), (probe, probe, False)]
 
 
 async def test_field_002_docker_run_line(exec_place: DockerPlace, tmp_path: Path,
@@ -112,7 +121,8 @@ async def test_field_002_docker_run_line(exec_place: DockerPlace, tmp_path: Path
     assert [(r["Count"], r["Capabilities"]) for r in host["DeviceRequests"]] == [(-1, [["gpu"]])]
     assert sorted((m["Source"], m["Target"]) for m in host["Mounts"]) == sorted([
         (str(models), "/models"), (f"{tmp_path}/.cache/vllm", "/root/.cache/vllm"),
-        (f"{tmp_path}/.cache/flashinfer", "/root/.cache/flashinfer")])
+        (f"{tmp_path}/.cache/flashinfer", "/root/.cache/flashinfer"),
+        *((source, target) for source, target, _ in probe_mounts(tmp_path))])
     assert attrs["Config"]["Entrypoint"] == ["sleep", "infinity"]
     assert await exec_place.runtime(cfg).drift() == []  # the container sparkd made is the config's
 
@@ -153,7 +163,8 @@ async def test_field_001_compose_service(run_place: DockerPlace, tmp_path: Path,
     assert host["Devices"] == [{"PathOnHost": str(devices), "PathInContainer": "/dev/infiniband",
                                 "CgroupPermissions": "rwm"}]
     assert [(r["Count"], r["Capabilities"]) for r in host["DeviceRequests"]] == [(-1, [["gpu"]])]
-    assert sorted((m["Source"], m["Target"], m.get("ReadOnly", False)) for m in host["Mounts"]) == sorted(mounts)
+    assert sorted((m["Source"], m["Target"], m.get("ReadOnly", False)) for m in host["Mounts"]) == sorted(
+        [*mounts, *probe_mounts(tmp_path)])
 
 
 async def test_an_adopted_container_drifts_key_by_key_until_recreated(exec_place: DockerPlace, tmp_path: Path,
@@ -171,6 +182,7 @@ async def test_an_adopted_container_drifts_key_by_key_until_recreated(exec_place
     assert found["container.shm_size"] == (GIB, 67108864)
     assert found["container.cap_add"] == (["IPC_LOCK"], [])
     assert found["container.env"][0] == ["NCCL_IB_DISABLE=0"] and "STALE=1" in found["container.env"][1]
+    # the test's folder at the same place shows the probe's folder, sparkd's source the plugin: no mount of their own
     assert found["container.mounts"] == ([f"{tmp_path}:{tmp_path}"], [f"{tmp_path}:/data"])
     result = await check_container(PreflightContext(cfg=cfg, spec=render(cfg), runtime=runtime))
     assert result.verdict is Verdict.fail and result.failure_class is FailureClass.config_error

@@ -68,6 +68,9 @@ def test_wheel_holds_the_code_the_profiles_and_the_commands(built: Built) -> Non
     for command in (b"sparkd = sparkd.cli.sparkd:main", b"sparkctl = sparkd.cli.ctl:main"):
         assert command in entry_points
     assert b"sparkd-standin" not in entry_points
+    probe = "sparkd/vllm_probe/sparkd_vllm_probe-1.dist-info/entry_points.txt"  # the directory the launch mounts
+    assert "sparkd/vllm_probe/sparkd_vllm_probe/hooks.py" in names and probe in names
+    assert b"sparkd_probe = sparkd_vllm_probe:register" in zipfile.ZipFile(built.wheel).read(probe)
 
 
 def test_deb_fields_and_files(built: Built) -> None:

@@ -16,7 +16,7 @@ MAX_FUNCTION_LINES = 60
 # core is the config, the launch and the supervisor (floors 1-2); the adapters share floor 4, with the commands:
 # the peer link calls the ranks' commands by their descriptors (the commands import no adapter but state/).
 LAYERS: list[tuple[str, ...]] = [
-    ("sparkd",),
+    ("sparkd", "sparkd.vllm_probe"),  # the plugin that runs inside vLLM: the standard library only
     ("sparkd.config",),
     ("sparkd.launch", "sparkd.supervisor"),
     ("sparkd.host",),

@@ -36,9 +36,9 @@ SPEC: dict[str, Any] = {
 }
 
 
-def config(**changes: Any) -> Config:
+def config(probe: bool = False, **changes: Any) -> Config:
     return config_from_mapping({"runtime": "docker-exec", "container": {**SPEC, **changes},
-                                "launch": {"model": "m"}}, env={})
+                                "launch": {"model": "m"}, "health": {"step_probe": probe}}, env={})
 
 
 def inspect(**host: Any) -> dict[str, Any]:
@@ -100,3 +100,18 @@ def test_the_images_env_is_not_drift_but_a_changed_value_of_it_is() -> None:
 def test_str_names_the_key_and_both_values() -> None:
     [difference] = container_drift(config(privileged=False), inspect(), IMAGE)
     assert str(difference) == "container.privileged: the config says False, the container has True"
+
+
+def test_the_step_probes_mounts_are_wanted_while_it_is_on() -> None:
+    """A container made before the probe (or with it off) lacks its mounts: drift names them, so that `sparkctl
+    recreate` adds them; one made with them has no drift, and with the probe off they are no longer wanted."""
+    from sparkd.vllm_probe import PLUGIN_DIR
+
+    cfg = config(probe=True)
+    missing = keys(cfg, inspect())["container.mounts"]
+    assert missing == (["/run/sparkd/probe:/run/sparkd/probe", f"{PLUGIN_DIR}:{PLUGIN_DIR}:ro"], [])
+    made = inspect()
+    made["Mounts"] += [{"Type": "bind", "Source": str(PLUGIN_DIR), "Destination": str(PLUGIN_DIR), "RW": False},
+                       {"Type": "bind", "Source": "/run/sparkd/probe", "Destination": "/run/sparkd/probe", "RW": True}]
+    assert keys(cfg, made) == {}
+    assert keys(config(), made)["container.mounts"][1] == missing[0]
