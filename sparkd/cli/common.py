@@ -66,7 +66,7 @@ def host_file_findings(cfg: Config) -> list[Finding]:
     """What only the host can say about the files the config names: the token file, and a launch program that
     someone other than root may change (sparkd runs it as root)."""
     from sparkd.config.secretfile import SecretFileProblem, read_secret_file
-    from sparkd.daemon.startup import launch_program_problem
+    from sparkd.daemon.boot.startup import launch_program_problem
     from sparkd.launch.lint import Finding, Level
 
     findings = token_file_findings(cfg)

@@ -8,7 +8,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from sparkd.daemon.watch import Probes
+from sparkd.daemon.watch.instance import Probes
 from sparkd.guard.guard import Guard
 from sparkd.host.clock import Clock, SystemClock
 from sparkd.host.gpu.model import GpuView

@@ -22,39 +22,41 @@ from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.ranks import group_role
 from sparkd.commands.statusdoc import Checks, Extras
 from sparkd.config import Config, Role
-from sparkd.daemon import remembered
 from sparkd.daemon.adapters import Adapters
-from sparkd.daemon.breaker import ConfigBreaker
-from sparkd.daemon.control import DaemonControl
-from sparkd.daemon.current import CurrentConfig
-from sparkd.daemon.evidence import FailureEvidence
-from sparkd.daemon.facts import ContainerFacts
-from sparkd.daemon.files import StateWriter
-from sparkd.daemon.gpuwatch import GpuSampler, LaunchDevices
-from sparkd.daemon.groupchecks import GroupChecks
-from sparkd.daemon.guarding import NodeGuardHooks
-from sparkd.daemon.leftovers import Leftovers
-from sparkd.daemon.metrics import Metrics
-from sparkd.daemon.node import Launcher, Node
-from sparkd.daemon.nodeevidence import NodeEvidence
-from sparkd.daemon.output import VllmOutput
-from sparkd.daemon.plan import LaunchPlan
-from sparkd.daemon.preflighting import GroupStart, LocalPreflight, Preflight
-from sparkd.daemon.probes import HttpProbes
-from sparkd.daemon.record import InstanceRecord
-from sparkd.daemon.recording import DaemonRecorder
-from sparkd.daemon.registry import InstanceRegistry
-from sparkd.daemon.reload import Reloader, keep_fixed
-from sparkd.daemon.serving import start_servers
-from sparkd.daemon.settling import RecorderCollector, StartGuard
-from sparkd.daemon.slot import InstanceSlot
-from sparkd.daemon.sockets import Sockets, StartupError, open_sockets
-from sparkd.daemon.startup import Trusted, prepare_or_status
-from sparkd.daemon.stopping import StopEffects
-from sparkd.daemon.supervisor import Supervisor
-from sparkd.daemon.tasks import Tasks
-from sparkd.daemon.view import StatusView
-from sparkd.daemon.watching import NodeWatchReports, Watching
+from sparkd.daemon.boot.breaker import ConfigBreaker
+from sparkd.daemon.boot.reload import Reloader, keep_fixed
+from sparkd.daemon.boot.serving import start_servers
+from sparkd.daemon.boot.sockets import Sockets, StartupError, open_sockets
+from sparkd.daemon.boot.startup import Trusted, prepare_or_status
+from sparkd.daemon.effects.evidence import FailureEvidence
+from sparkd.daemon.effects.facts import ContainerFacts
+from sparkd.daemon.effects.files import StateWriter
+from sparkd.daemon.effects.groupchecks import GroupChecks
+from sparkd.daemon.effects.guarding import NodeGuardHooks
+from sparkd.daemon.effects.instancerecord import InstanceRecord
+from sparkd.daemon.effects.launching import Launcher
+from sparkd.daemon.effects.leftovers import Leftovers
+from sparkd.daemon.effects.node import Node
+from sparkd.daemon.effects.nodeevidence import NodeEvidence
+from sparkd.daemon.effects.output import VllmOutput
+from sparkd.daemon.effects.plan import LaunchPlan
+from sparkd.daemon.effects.preflighting import GroupStart, LocalPreflight, Preflight
+from sparkd.daemon.effects.registry import InstanceRegistry
+from sparkd.daemon.effects.restartgate import StartGuard
+from sparkd.daemon.effects.slot import InstanceSlot
+from sparkd.daemon.effects.stopping import StopEffects
+from sparkd.daemon.effects.watching import NodeWatchReports, Watching
+from sparkd.daemon.loop import remembered
+from sparkd.daemon.loop.current import CurrentConfig
+from sparkd.daemon.loop.supervisor import Supervisor
+from sparkd.daemon.loop.tasks import Tasks
+from sparkd.daemon.views.control import DaemonControl
+from sparkd.daemon.views.metrics import Metrics, RecorderCollector
+from sparkd.daemon.views.recorder import DaemonRecorder
+from sparkd.daemon.views.status import StatusView
+from sparkd.daemon.watch.gpus import GpuSampler, LaunchDevices
+from sparkd.daemon.watch.memory import MemorySampler
+from sparkd.daemon.watch.probes import HttpProbes
 from sparkd.guard.guard import Guard
 from sparkd.host import exits
 from sparkd.host.logs import VllmLog, configure_logging, get_logger
@@ -126,10 +128,11 @@ class Daemon:
         self.own_guard = host.guard is None and cfg.guard.enabled  # a stand-in's is not run
         self.guard = Guard(cfg.guard, self.guard_hooks) if self.own_guard else host.guard
         self.registry = InstanceRegistry(self.config, config_path, self.log)
-        self.recorder = DaemonRecorder(self.config, self.sup, self.slot, self.clock, self.log, guard=self.guard,
-                                       group=self.group)
-        self.start_guard = StartGuard(self.config, self.recorder, self.files, self.clock, self.log,
-                                      on_phase=self._on_settle)
+        self.memory = MemorySampler(cfg, self.clock)
+        self.recorder = DaemonRecorder(self.config, self.sup, self.slot, self.memory, self.clock, self.log,
+                                       guard=self.guard, group=self.group)
+        self.start_guard = StartGuard(self.config, self.memory, self.recorder, self.sup, self.files, self.clock,
+                                      self.log, on_phase=self._on_settle)
         self.node = self._node(config_path)
         self._wire_the_rest(config_path)
 

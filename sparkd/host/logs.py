@@ -13,9 +13,9 @@ the classifier, and optionally the journal under its own identifier (``[log] vll
 1. It never raises into the daemon. A write that fails (disk full, read-only, the path a directory) is logged
    once per episode, lines are counted as lost, and the file is retried every ``retry_s``; the first write
    that works again is logged with the count. ``write_error`` says what is wrong meanwhile.
-2. A line longer than ``max_line`` characters is cut (the file, the ring and the journal get the cut line with
+2. A line longer than ``Ring.max_line`` characters is cut (the file, the ring and the journal get the cut line with
    a note of how much was cut): one 64 MB line neither stays resident nor blows the rotation size.
-3. The ring keeps at most ``ring`` lines and ``ring_bytes`` bytes.
+3. The ring keeps at most ``Ring.lines`` lines and ``Ring.bytes`` bytes.
 4. A listener that raises is dropped (and logged), not propagated.
 5. The access-log lines of sparkd's own probes (``?probe=sparkd``, :mod:`sparkd.supervisor.probelines`) are left
    out — of the file, the ring, the listeners and the journal — unless ``[log] probe_requests``; they are counted.
@@ -30,6 +30,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -132,27 +133,44 @@ def get_logger(**bound: Any) -> Any:
 KIB = 1024
 
 
+@dataclass(frozen=True)
+class Rotation:
+    """``vllm.log`` is rotated past ``max_bytes``, ``backups`` older files kept (``[supervisor] log_*``)."""
+
+    max_bytes: int
+    backups: int
+
+
+@dataclass(frozen=True)
+class Ring:
+    """The last lines kept in memory: at most ``lines`` of them and ``bytes`` bytes, a line cut past ``max_line``
+    characters (rules 2 and 3)."""
+
+    lines: int = 2000
+    bytes: int = 4 * KIB**2
+    max_line: int = 64 * KIB
+
+
 class VllmLog:
     """vLLM's output on the host: an append-only file rotated by size, the last lines in memory, and
     optionally the journal. Never raises (module docstring, rules 1-4)."""
 
-    def __init__(self, path: Path, *, max_bytes: int, backups: int, ring: int = 2000, ring_bytes: int = 4 * KIB**2,
-                 max_line: int = 64 * KIB, journal: JournalSink | None = None, retry_s: float = 5.0,
-                 probe_requests: bool = False,
-                 clock: Callable[[], float] = time.monotonic, log: Any = None) -> None:
+    def __init__(self, path: Path, rotation: Rotation, *, ring: Ring = Ring(), journal: JournalSink | None = None,
+                 retry_s: float = 5.0, probe_requests: bool = False, clock: Callable[[], float] = time.monotonic,
+                 log: Any = None) -> None:
         self.path = path
-        self.configure(max_bytes, backups)
-        self.ring_bytes = ring_bytes
-        self.max_line = max_line
+        self.configure(rotation.max_bytes, rotation.backups)
+        self.ring_bytes = ring.bytes
+        self.max_line = ring.max_line
         self.journal = journal
         self.retry_s = retry_s
         self.probe_requests = probe_requests
         self.probe_lines = 0  # access-log lines of sparkd's own probes left out
         self.clock = clock
         self.log = log if log is not None else get_logger(component="vllm_log")
-        self.tail: deque[str] = deque(maxlen=ring)
-        self._sizes: deque[int] = deque(maxlen=ring)  # bytes of each line in `tail`
-        self._times: deque[float] = deque(maxlen=ring)  # when each line in `tail` came (wall clock)
+        self.tail: deque[str] = deque(maxlen=ring.lines)
+        self._sizes: deque[int] = deque(maxlen=ring.lines)  # bytes of each line in `tail`
+        self._times: deque[float] = deque(maxlen=ring.lines)  # when each line in `tail` came (wall clock)
         self._tail_bytes = 0
         self._handle: TextIO | None = None
         self._size = 0
@@ -173,8 +191,8 @@ class VllmLog:
         journal = None
         if cfg.log.vllm_to_journal and JOURNAL_SOCKET.exists():
             journal = JournalSink("vllm", extra={"SPARKD_NODE": cfg.node.name})
-        return cls(cfg.paths.logs / "vllm.log", max_bytes=cfg.supervisor.log_max_bytes,
-                   backups=cfg.supervisor.log_backups, journal=journal, probe_requests=cfg.log.probe_requests)
+        return cls(cfg.paths.logs / "vllm.log", Rotation(cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups),
+                   journal=journal, probe_requests=cfg.log.probe_requests)
 
     def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
         self._listeners.append(listener)

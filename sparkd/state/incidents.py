@@ -88,7 +88,7 @@ class IncidentWriter:
 
 @dataclass(frozen=True)
 class GpuEvidence:
-    reading: dict[str, Any]  # the NVML reading and the launch's power history (sparkd.daemon.gpuwatch)
+    reading: dict[str, Any]  # the NVML reading and the launch's power history (sparkd.daemon.watch.gpus)
     smi_q: str | None = None  # `nvidia-smi -q`
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkd.daemon.evidence import LAUNCH_LINE, this_launch
+from sparkd.daemon.effects.evidence import LAUNCH_LINE, this_launch
 from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import FailureClass
 

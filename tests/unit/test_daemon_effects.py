@@ -14,7 +14,7 @@ import pytest
 from loop_harness import config, running
 
 from sparkd.commands import stop
-from sparkd.daemon.watching import NodeWatchReports
+from sparkd.daemon.effects.watching import NodeWatchReports
 from sparkd.guard.kmsg import KernelLog
 from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict

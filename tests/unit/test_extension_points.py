@@ -70,7 +70,7 @@ for skip in ([], ["dummy"]):  # the config takes the new id
 
 SIGNAL = '''"""A health signal: the dummy of tests/unit/test_extension_points.py."""
 
-from sparkd.daemon.healthsignal import Probes, Signal
+from sparkd.daemon.watch.healthsignal import Probes, Signal
 from sparkd.supervisor import vocabulary as v
 
 
@@ -88,7 +88,7 @@ DUMMY = Signal("dummy", probe, rule, lambda cfg: 7.0)
 SIGNAL_PROOF = '''
 import anyio
 from sparkd.config import HealthConfig
-from sparkd.daemon.watch import InstanceWatch, Watched
+from sparkd.daemon.watch.instance import InstanceWatch, Watched
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State
 from sparkd.testing import FakeClock, FakeProbes, FakeRuntime, new_event_loop
@@ -188,10 +188,10 @@ def add_check(pkg: Path) -> tuple[str, str]:
 
 
 def add_signal(pkg: Path) -> tuple[str, str]:
-    (pkg / "daemon" / "dummy_signal.py").write_text(SIGNAL)
-    signals = pkg / "daemon" / "signals.py"
-    anchor = "from sparkd.daemon.healthsignal import"
-    edit(signals, anchor, f"from sparkd.daemon.dummy_signal import DUMMY\n{anchor}")
+    (pkg / "daemon" / "watch" / "dummy_signal.py").write_text(SIGNAL)
+    signals = pkg / "daemon" / "watch" / "signals.py"
+    anchor = "from sparkd.daemon.watch.healthsignal import"
+    edit(signals, anchor, f"from sparkd.daemon.watch.dummy_signal import DUMMY\n{anchor}")
     edit(signals, "    CANARY,\n", "    CANARY,\n    DUMMY,\n")
     return SIGNAL_PROOF, "['dummy: a dummy reading at 7']"
 

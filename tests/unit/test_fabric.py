@@ -237,7 +237,7 @@ def test_a_bandwidth_run_is_the_client_here_against_the_server_there(
 def test_the_fabric_and_weights_metrics_come_from_status() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from sparkd.daemon.checkmetrics import families
+    from sparkd.daemon.views.checkmetrics import families
 
     status = {"fabric": [{"peer": "10.9.0.2", "ok": False, "bandwidth_gbps": 96.5,
                           "head": {"interface": "a", "mtu": 9000, "speed_mbps": 200000},

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from loop_harness import config, running
 
-from sparkd.daemon.timing import LaunchTiming
+from sparkd.daemon.loop.timing import LaunchTiming
 from sparkd.supervisor.progress import Phase, Startup, advance
 from sparkd.supervisor.servelog import Throughput, read_serve_line
 from sparkd.testing import FakeClock, FakeRuntime

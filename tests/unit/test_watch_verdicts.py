@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sparkd.config import HealthConfig
-from sparkd.daemon.watch import InstanceWatch, Watched
+from sparkd.daemon.watch.instance import InstanceWatch, Watched
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import Failure, FailureClass

@@ -1,6 +1,6 @@
-"""Watching this node's instance: its :class:`~sparkd.daemon.watch.InstanceWatch` built and started when it is
+"""Watching this node's instance: its :class:`~sparkd.daemon.watch.instance.InstanceWatch` built and started when it is
 launched or adopted (its record written first), and what the watch tells heard with the node's facts: its lines
-go to :class:`~sparkd.daemon.output.VllmOutput`, its exits are classified with the guard's evidence, and a wedge
+go to :class:`~sparkd.daemon.effects.output.VllmOutput`, its exits are classified with the guard's evidence, and a wedge
 carries the GPUs' power and, seen while a peer's sparkd is unreachable, is the peer's loss
 (:func:`sparkd.supervisor.peerloss.wedge_or_peer_lost`)."""
 
@@ -10,13 +10,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from sparkd.daemon.current import CurrentConfig
-from sparkd.daemon.gpuwatch import GpuSampler
-from sparkd.daemon.nodeevidence import NodeEvidence
-from sparkd.daemon.output import VllmOutput
-from sparkd.daemon.plan import LaunchPlan
-from sparkd.daemon.record import InstanceRecord
-from sparkd.daemon.watch import InstanceWatch, Probes, Watched
+from sparkd.daemon.effects.instancerecord import InstanceRecord
+from sparkd.daemon.effects.nodeevidence import NodeEvidence
+from sparkd.daemon.effects.output import VllmOutput
+from sparkd.daemon.effects.plan import LaunchPlan
+from sparkd.daemon.loop.current import CurrentConfig
+from sparkd.daemon.watch.gpus import GpuSampler
+from sparkd.daemon.watch.instance import InstanceWatch, Probes, Watched
 from sparkd.host.clock import Clock
 from sparkd.launch.render import health_settings
 from sparkd.runtime.base import Instance
@@ -42,7 +42,7 @@ class Unreachable(Protocol):
 
 
 class NodeWatchReports:
-    """What the watch tells, as the node hears it (:class:`sparkd.daemon.watch.WatchReports`)."""
+    """What the watch tells, as the node hears it (:class:`sparkd.daemon.watch.instance.WatchReports`)."""
 
     def __init__(self, config: CurrentConfig, mailbox: Mailbox, output: VllmOutput, evidence: NodeEvidence, *,
                  group: Unreachable | None, gpu: GpuSampler | None) -> None:

@@ -1,5 +1,6 @@
-"""The metric families of the group's proofs (``sparkd.daemon.groupchecks``): what the last fabric check measured
-for each worker, the bandwidth where it was run, and the weights comparison. Read from status, like the rest."""
+"""The metric families of the group's proofs (``sparkd.daemon.effects.groupchecks``): what the last fabric check
+measured for each worker, the bandwidth where it was run, and the weights comparison. Read from status, like the
+rest."""
 
 from __future__ import annotations
 

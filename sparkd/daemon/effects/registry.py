@@ -1,4 +1,4 @@
-"""This daemon's registration in the host's instance registry (:mod:`sparkd.state.instances`), kept current.
+"""This daemon's registration in the host's instance registry (:mod:`sparkd.preflight.instances`), kept current.
 
 Written at start, at every launch or adoption and after every stop (the launch then reads as none), rewritten
 every minute (another instance's unit may have cleared /run/sparkd), removed at exit. It goes into ``[paths]
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.config import Config
+from sparkd.preflight import instances
 from sparkd.runtime.base import Instance
-from sparkd.state import instances
 
 
 class InstanceRegistry:

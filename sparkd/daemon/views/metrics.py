@@ -2,7 +2,7 @@
 
 Nothing is kept twice: a scrape reads the machine, the startup progress, the health tracker, the counters,
 the guard's latest sample (or one plain reading of /proc/meminfo without the guard) and the group, through the
-read-only :class:`~sparkd.daemon.view.StatusView`, so the numbers never drift from the status. Conventions:
+read-only :class:`~sparkd.daemon.views.status.StatusView`, so the numbers never drift from the status. Conventions:
 ``sparkd_`` prefix, base units, ``_total`` counters, ``_seconds``, ``_bytes``, ``_info``. Every family carries the
 ``node`` label and, in a group, ``rank`` and ``group`` (the head's name), so one Prometheus watches several groups.
 """
@@ -20,9 +20,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from sparkd import __version__
-from sparkd.daemon import checkmetrics
-from sparkd.daemon.gpumetrics import gpu_families
-from sparkd.daemon.view import StatusView
+from sparkd.daemon.effects.restartgate import StartGuard
+from sparkd.daemon.views import checkmetrics
+from sparkd.daemon.views.gpumetrics import gpu_families
+from sparkd.daemon.views.recorder import DaemonRecorder
+from sparkd.daemon.views.status import StatusView
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
 from sparkd.guard.policy import Action as GuardAction
@@ -290,3 +292,31 @@ def _sample_line(sample: Any) -> str:
     stamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
     return f"{sample.name}{{{labels}}} {floatToGoString(sample.value)}{stamp}\n" if labels else \
         f"{sample.name} {floatToGoString(sample.value)}{stamp}\n"
+
+
+class RecorderCollector:
+    """The flight recorder's and the restart gate's metrics, with the node's identity labels."""
+
+    def __init__(self, families: Any, recorder: DaemonRecorder, gate: StartGuard) -> None:
+        self.f = families
+        self.recorder = recorder
+        self.gate = gate
+
+    def collect(self) -> Iterator[Any]:
+        f, writer = self.f, self.recorder.writer
+        for name, doc, value in (
+            ("sparkd_recorder_records", "Flight-recorder records written to the ring.", writer.written),
+            ("sparkd_recorder_dropped", "Flight-recorder records lost: the ring could not be written.",
+             writer.dropped),
+            ("sparkd_recorder_syncs", "fdatasync calls on the flight recorder's ring.", writer.syncs),
+        ):
+            family = f.counter(name, doc, [])
+            f.add(family, value)
+            yield family
+        yield f.gauge("sparkd_reboot_needed", "1 when restarts kept losing memory that was never returned and "
+                      "sparkd stopped restarting (reboot the node).", 1.0 if self.gate.verdict else 0.0)
+        yield f.gauge("sparkd_memory_unreturned_bytes", "MemAvailable lost across the restarts the gate counted.",
+                      self.gate.unreturned)
+        if self.gate.baselines:
+            yield f.gauge("sparkd_memory_baseline_bytes", "Settled MemAvailable before the last start, with "
+                          "nothing of vLLM's running.", self.gate.baselines[-1].available)

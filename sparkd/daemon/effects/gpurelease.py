@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from sparkd.daemon.stopreport import StopReport
+from sparkd.daemon.effects.stopreport import StopReport
 from sparkd.host.clock import Clock
 from sparkd.host.gpu.model import GpuView
 from sparkd.host.gpu.release import Release, wait_released

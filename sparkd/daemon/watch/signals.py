@@ -1,8 +1,8 @@
 """The health signals of a serving vLLM: what its watch asks it now and then, each judged by a pure rule.
 
-:class:`~sparkd.daemon.watch.InstanceWatch` runs every signal of :data:`SIGNALS` through one loop: sleep
+:class:`~sparkd.daemon.watch.instance.InstanceWatch` runs every signal of :data:`SIGNALS` through one loop: sleep
 ``every_s`` (read from the current config each round), and while vLLM serves, probe, then fold the reading into
-the health tracker (what a signal is: :mod:`sparkd.daemon.healthsignal`). A new signal is one module (its probe,
+the health tracker (what a signal is: :mod:`sparkd.daemon.watch.healthsignal`). A new signal is one module (its probe,
 its rule and its ``Signal``) and one line in :data:`SIGNALS`.
 
 ``/health`` and vLLM's ``/metrics`` are not signals of this list: they are the readiness loop, which also runs
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkd.daemon.healthsignal import Probes, Signal
+from sparkd.daemon.watch.healthsignal import Probes, Signal
 from sparkd.supervisor import health
 from sparkd.supervisor.readings import ProbeResult
 

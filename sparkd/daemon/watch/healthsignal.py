@@ -3,7 +3,7 @@
 A signal is a probe (one reading through the instance's ``Probes``), the rule that folds the reading into the
 instance's :class:`~sparkd.supervisor.health.HealthTracker` (pure: ``(tracker, reading, now, cfg) -> (tracker,
 observation or None)``, the shape of ``health.observe_*``), and its cadence. The signals the daemon runs are
-listed in :mod:`sparkd.daemon.signals`; a rule that keeps state of its own keeps it in
+listed in :mod:`sparkd.daemon.watch.signals`; a rule that keeps state of its own keeps it in
 ``HealthTracker.signals[name]``.
 """
 
@@ -21,7 +21,7 @@ R = TypeVar("R")
 
 
 class Probes(Protocol):
-    """vLLM's HTTP surface as the health layers see it (sparkd.daemon.probes.HttpProbes, or a fake)."""
+    """vLLM's HTTP surface as the health layers see it (sparkd.daemon.watch.probes.HttpProbes, or a fake)."""
 
     async def health(self) -> ProbeResult: ...
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import anyio
 
-from sparkd.daemon.timing import LaunchTiming
-from sparkd.daemon.watch import InstanceWatch
+from sparkd.daemon.loop.timing import LaunchTiming
+from sparkd.daemon.watch.instance import InstanceWatch
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor.progress import Startup
 from sparkd.supervisor.readings import VllmMetrics

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sparkd.daemon.slot import InstanceSlot
+from sparkd.daemon.effects.slot import InstanceSlot
 from sparkd.guard.guard import Guard
 from sparkd.guard.policy import Decision
 from sparkd.supervisor import vocabulary as v

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 import anyio
 
 from sparkd.config import HealthConfig
-from sparkd.daemon.clientconns import open_clients
-from sparkd.daemon.healthsignal import Probes, Signal
-from sparkd.daemon.signals import SIGNALS
+from sparkd.daemon.watch.clientconns import open_clients
+from sparkd.daemon.watch.healthsignal import Probes, Signal
+from sparkd.daemon.watch.signals import SIGNALS
 from sparkd.host.clock import Clock
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor import health
@@ -41,7 +41,8 @@ LineSink = Callable[[str, bool], None]  # (line, persist): persist False for lin
 
 
 class WatchReports(Protocol):
-    """Who the watch tells what it sees (the node's :class:`sparkd.daemon.watching.NodeWatchReports`, or a fake)."""
+    """Who the watch tells what it sees (the node's :class:`sparkd.daemon.effects.watching.NodeWatchReports`, or a
+    fake)."""
 
     def post(self, obs: v.Observation) -> None: ...
 
@@ -57,7 +58,8 @@ class WatchReports(Protocol):
 class Watched:
     """The instance a watch watches, and how: its ranks' layout (the health's topology), vLLM's API port where its
     clients' connections can be counted (None: not countable from here), whether the log so far is replayed
-    (an adopted instance's: its lines are not kept again), and the health signals it runs (sparkd.daemon.signals)."""
+    (an adopted instance's: its lines are not kept again), and the health signals it runs
+    (sparkd.daemon.watch.signals)."""
 
     instance: Instance
     replay: bool = False
@@ -82,7 +84,7 @@ class InstanceWatch:
         self.health = HealthTracker(topology=watched.topology)
         self.clients_port = watched.clients_port  # vLLM's API port, where its clients' connections can be counted
         replay = watched.replay
-        self.signals = watched.signals  # besides /health and /metrics (sparkd.daemon.signals)
+        self.signals = watched.signals  # besides /health and /metrics (sparkd.daemon.watch.signals)
         self._own_out = 0  # probes of ours in flight on vLLM's API port (their connections are no client's)
         self.vllm_metrics: VllmMetrics | None = None
         self.exited = anyio.Event()

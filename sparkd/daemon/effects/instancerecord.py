@@ -1,5 +1,5 @@
 """What the host keeps of this node's instance: its record (``instance.json``, what a restarted sparkd adopts) and
-its entry in the host's instance registry (:mod:`sparkd.daemon.registry`). Written at a launch or an adoption
+its entry in the host's instance registry (:mod:`sparkd.daemon.effects.registry`). Written at a launch or an adoption
 (at once, before anything else can happen), the record removed when the instance is stopped, the registry told
 "none" once the stop's sweep is done."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparkd.daemon.current import CurrentConfig
-from sparkd.daemon.files import StateWriter
-from sparkd.daemon.registry import InstanceRegistry
+from sparkd.daemon.effects.files import StateWriter
+from sparkd.daemon.effects.registry import InstanceRegistry
+from sparkd.daemon.loop.current import CurrentConfig
 from sparkd.host.clock import Clock
 from sparkd.runtime.base import Instance
 from sparkd.state.files import json_state

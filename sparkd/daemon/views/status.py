@@ -13,10 +13,10 @@ from sparkd import __version__
 from sparkd.cluster.shared import shared_settings
 from sparkd.commands.statusdoc import Checks, Extras, Status
 from sparkd.config import Config
-from sparkd.daemon.current import CurrentConfig
-from sparkd.daemon.gpuwatch import GpuSampler
-from sparkd.daemon.node import Node
-from sparkd.daemon.supervisor import Supervisor
+from sparkd.daemon.effects.node import Node
+from sparkd.daemon.loop.current import CurrentConfig
+from sparkd.daemon.loop.supervisor import Supervisor
+from sparkd.daemon.watch.gpus import GpuSampler
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
 from sparkd.host.clock import Clock, wall_of

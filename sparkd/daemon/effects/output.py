@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sparkd.daemon.current import CurrentConfig
-from sparkd.daemon.evidence import LAUNCH_LINE
-from sparkd.daemon.plan import LaunchPlan
+from sparkd.daemon.effects.evidence import LAUNCH_LINE
+from sparkd.daemon.effects.plan import LaunchPlan
+from sparkd.daemon.loop.current import CurrentConfig
 from sparkd.host.clock import Clock
 from sparkd.host.logs import VllmLog
 from sparkd.supervisor import vocabulary as v

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from sparkd.config import Role
-from sparkd.daemon.current import CurrentConfig
-from sparkd.daemon.slot import InstanceSlot
+from sparkd.daemon.effects.slot import InstanceSlot
+from sparkd.daemon.loop.current import CurrentConfig
 from sparkd.launch.rehearsal import rehearsal, rehearsal_skips
 from sparkd.launch.render import LaunchSpec, render
 from sparkd.preflight.processes import expected_launch, launch_title_prefix, stale_candidates

@@ -26,12 +26,11 @@ import anyio
 from sparkd import __version__
 from sparkd.commands import recorder
 from sparkd.config import Config, Role
-from sparkd.daemon.current import CurrentConfig
-from sparkd.daemon.slot import InstanceSlot
-from sparkd.daemon.supervisor import Supervisor
+from sparkd.daemon.effects.slot import InstanceSlot
+from sparkd.daemon.loop.current import CurrentConfig
+from sparkd.daemon.loop.supervisor import Supervisor
+from sparkd.daemon.watch.memory import MemorySampler, read_boot_id
 from sparkd.guard.guard import Guard
-from sparkd.guard.meminfo import MeminfoReader
-from sparkd.guard.psi import PressureReader
 from sparkd.host.clock import Clock
 from sparkd.recorder.excerpt import records_between, summaries
 from sparkd.recorder.record import Floors, PeerMark, Record, encode
@@ -43,7 +42,7 @@ from sparkd.supervisor.states import Machine, State
 if TYPE_CHECKING:
     from sparkd.cluster.coordinator import Coordinator
 
-__all__ = ["DaemonRecorder", "GpuReading", "flight_records", "own_records", "read_boot_id", "ring_path"]
+__all__ = ["DaemonRecorder", "GpuReading", "flight_records", "own_records", "ring_path"]
 
 MAX_EVENTS = 64  # events waiting for the next record (a storm of transitions keeps the newest)
 PEER_RECORDS_TIMEOUT_S = 30.0
@@ -55,47 +54,9 @@ def ring_path(cfg: Config) -> Path:
     return cfg.recorder.path or cfg.paths.state_dir / "recorder.ring"
 
 
-def read_boot_id(path: Path) -> str:
-    """This boot's id (a UUID), or all zeros when it cannot be read."""
-    try:
-        return path.read_text(encoding="ascii").strip() or "00000000-0000-0000-0000-000000000000"
-    except (OSError, UnicodeDecodeError):
-        return "00000000-0000-0000-0000-000000000000"
-
-
-class _Memory:
-    """MemAvailable, MemFree, swap and PSI, read here (cheap, and independent of the guard's schedule)."""
-
-    def __init__(self, cfg: Config) -> None:
-        self.meminfo: MeminfoReader | None = None
-        self.pressure: PressureReader | None = None
-        with contextlib.suppress(OSError, ValueError):
-            self.meminfo = MeminfoReader(cfg.guard.meminfo_path)
-        with contextlib.suppress(OSError, ValueError):
-            self.pressure = PressureReader(cfg.guard.pressure_path)
-
-    def read(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.meminfo is not None:
-            with contextlib.suppress(OSError, ValueError):
-                mem = self.meminfo.read()
-                out.update(available=mem.mem_available, free=mem.mem_free, swap_used=mem.swap_total - mem.swap_free)
-        if self.pressure is not None:
-            with contextlib.suppress(OSError, ValueError):
-                psi = self.pressure.read()
-                out.update(psi_some=psi.some_avg10, psi_full=psi.full_avg10)
-        return out
-
-    def close(self) -> None:
-        for source in (self.meminfo, self.pressure):
-            if source is not None:
-                source.close()
-
-
 class DaemonRecorder:
-    def __init__(self, config: CurrentConfig, sup: Supervisor, node: InstanceSlot, clock: Clock, log: Any, *,
-                 guard: Guard | None, group: Coordinator | None,
-                 gpu: GpuReading = lambda: (None, None)) -> None:
+    def __init__(self, config: CurrentConfig, sup: Supervisor, node: InstanceSlot, memory: MemorySampler,
+                 clock: Clock, log: Any, *, guard: Guard | None, group: Coordinator | None) -> None:
         self.config = config  # the ring's path and size apply at the next daemon start
         cfg = config()
         self.sup = sup
@@ -104,13 +65,12 @@ class DaemonRecorder:
         self.log = log
         self.guard = guard
         self.group = group
-        self.gpu = gpu
-        self.boot = read_boot_id(cfg.recorder.boot_id_path)
+        self.gpu: GpuReading = lambda: (None, None)
+        self.boot = memory.boot
         self.run_id = int.from_bytes(os.urandom(4), "little")
         self.writer = RingWriter(ring_path(cfg), cfg.recorder.ring_size, sync_interval_s=cfg.recorder.sync_interval_s,
                                  log=log)
-        self.memory = _Memory(cfg)
-        self.samples: deque[tuple[float, int]] = deque(maxlen=4096)  # (monotonic, MemAvailable) for the settle
+        self.memory = memory
         self.phase: str | None = None  # memory_settle while the settle waits
         self.events: deque[str] = deque(maxlen=MAX_EVENTS)
         self.records = 0
@@ -146,17 +106,9 @@ class DaemonRecorder:
         self.note(text)
 
     # ---- one record
-    def sample_memory(self) -> None:
-        """One MemAvailable sample for the settle, between records."""
-        memory = self.memory.read()
-        if "available" in memory:
-            self.samples.append((self.clock.now(), memory["available"]))
-
     def record(self, *, clean_exit: bool = False) -> Record:
         now = self.clock.now()
         memory = self.memory.read()
-        if "available" in memory:
-            self.samples.append((now, memory["available"]))
         guard = self.guard
         machine, node = self.sup.machine, self.node
         metrics = node.watch.vllm_metrics if node.watch is not None else None

@@ -1,7 +1,7 @@
 """Before every launch: the gates (an earlier stop's GPU memory still held, the memory settle and the restart
 gate, the guard's start gate), this node's checks and, on a group's head, the workers' (in parallel with the
 fabric and weights proofs), then the workers' start. Every step is timed into the launch's
-:class:`~sparkd.daemon.timing.LaunchTiming`; the outcome is the first failure, or None."""
+:class:`~sparkd.daemon.loop.timing.LaunchTiming`; the outcome is the first failure, or None."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from sparkd.config import Role
-from sparkd.daemon.evidence import FailureEvidence
-from sparkd.daemon.facts import ContainerFacts
-from sparkd.daemon.groupchecks import GroupChecks
-from sparkd.daemon.guarding import start_refusal
-from sparkd.daemon.leftovers import Leftovers
-from sparkd.daemon.plan import LaunchPlan
-from sparkd.daemon.timing import LaunchTiming
+from sparkd.daemon.effects.evidence import FailureEvidence
+from sparkd.daemon.effects.facts import ContainerFacts
+from sparkd.daemon.effects.groupchecks import GroupChecks
+from sparkd.daemon.effects.guarding import start_refusal
+from sparkd.daemon.effects.leftovers import Leftovers
+from sparkd.daemon.effects.plan import LaunchPlan
+from sparkd.daemon.loop.timing import LaunchTiming
 from sparkd.guard.guard import Guard
 from sparkd.host.clock import Clock
 from sparkd.preflight.base import Check
@@ -97,7 +97,7 @@ class Preflight:
         self.slot = local.plan.slot
         self.group = group
         self.leftovers = leftovers  # an earlier stop's GPU memory still held refuses the start
-        self.before_start = before_start  # the memory settle and the restart gate (sparkd/daemon/settling.py)
+        self.before_start = before_start  # the memory settle and the restart gate (restartgate.py)
         self.guard = guard  # its start gate
         self.clock = clock
 

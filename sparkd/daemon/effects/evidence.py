@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from sparkd.config import Config
-from sparkd.daemon.current import CurrentConfig
+from sparkd.daemon.loop.current import CurrentConfig
 from sparkd.guard.guard import Guard
 from sparkd.host.clock import Clock
 from sparkd.host.gpu.smi import query_text

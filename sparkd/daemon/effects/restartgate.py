@@ -11,14 +11,15 @@ returned", before the host is at risk.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sparkd.config import Config
-from sparkd.daemon.current import CurrentConfig
-from sparkd.daemon.files import StateWriter
-from sparkd.daemon.recording import DaemonRecorder
+from sparkd.daemon.effects.files import StateWriter
+from sparkd.daemon.loop.current import CurrentConfig
+from sparkd.daemon.loop.supervisor import Supervisor
+from sparkd.daemon.watch.memory import MemorySampler
 from sparkd.guard.sample import gib
 from sparkd.host.clock import Clock
 from sparkd.recorder.baseline import Baseline, Verdict, reboot_verdict, settled
@@ -27,16 +28,26 @@ from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.states import Machine, State
 
-__all__ = ["RecorderCollector", "StartGuard"]
+__all__ = ["StartGuard"]
 
 SAMPLE_S = 0.25
 KEEP = 32  # baselines kept
 
 
+class Notebook(Protocol):
+    """The flight recorder as the gate writes into it: an event for the next record, the phase it is in."""
+
+    phase: str | None
+
+    def note(self, text: str) -> None: ...
+
+
 class StartGuard:
-    def __init__(self, config: CurrentConfig, recorder: DaemonRecorder, files: StateWriter, clock: Clock, log: Any,
+    def __init__(self, config: CurrentConfig, memory: MemorySampler, recorder: Notebook, sup: Supervisor,
+                 files: StateWriter, clock: Clock, log: Any,
                  on_phase: Callable[[str | None], None] = lambda phase: None) -> None:
         self.config = config
+        self.memory = memory
         self.recorder = recorder
         self.files = files
         self.clock = clock
@@ -45,7 +56,7 @@ class StartGuard:
         self.baselines: list[Baseline] = self._load()
         self.verdict: Verdict | None = None
         self.last_settle: dict[str, Any] | None = None
-        recorder.sup.listen(self._on_change)
+        sup.listen(self._on_change)
 
     @property
     def cfg(self) -> Config:
@@ -57,7 +68,7 @@ class StartGuard:
 
     def _load(self) -> list[Baseline]:
         data = read_json(self.path) or {}
-        if data.get("boot") != self.recorder.boot or not isinstance(data.get("baselines"), list):
+        if data.get("boot") != self.memory.boot or not isinstance(data.get("baselines"), list):
             return []
         out = []
         for item in data["baselines"]:
@@ -67,7 +78,7 @@ class StartGuard:
         return out[-KEEP:]
 
     def _save(self) -> None:
-        self.files.put(self.path, {"boot": self.recorder.boot, "baselines": [
+        self.files.put(self.path, {"boot": self.memory.boot, "baselines": [
             {"at": b.at, "available": b.available} for b in self.baselines]})
 
     def _on_change(self, before: Machine, after: Machine, obs: v.Observation) -> None:
@@ -112,8 +123,8 @@ class StartGuard:
         try:
             while True:
                 now = self.clock.now()
-                self.recorder.sample_memory()
-                value = settled(list(self.recorder.samples), now, rc.settle_s, rc.settle_band, self._cadence())
+                self.memory.read()
+                value = settled(list(self.memory.samples), now, rc.settle_s, rc.settle_band, self._cadence())
                 if value is not None or now - started >= rc.settle_timeout_s:
                     return value, now - started
                 await self.clock.sleep(SAMPLE_S)
@@ -137,31 +148,3 @@ class StartGuard:
     def unreturned(self) -> int:
         """Bytes lost across the current run of falling baselines (0 when the gate is not open)."""
         return self.verdict.lost if self.verdict is not None else 0
-
-
-class RecorderCollector:
-    """The flight recorder's and the restart gate's metrics, with the node's identity labels."""
-
-    def __init__(self, families: Any, recorder: DaemonRecorder, gate: StartGuard) -> None:
-        self.f = families
-        self.recorder = recorder
-        self.gate = gate
-
-    def collect(self) -> Iterator[Any]:
-        f, writer = self.f, self.recorder.writer
-        for name, doc, value in (
-            ("sparkd_recorder_records", "Flight-recorder records written to the ring.", writer.written),
-            ("sparkd_recorder_dropped", "Flight-recorder records lost: the ring could not be written.",
-             writer.dropped),
-            ("sparkd_recorder_syncs", "fdatasync calls on the flight recorder's ring.", writer.syncs),
-        ):
-            family = f.counter(name, doc, [])
-            f.add(family, value)
-            yield family
-        yield f.gauge("sparkd_reboot_needed", "1 when restarts kept losing memory that was never returned and "
-                      "sparkd stopped restarting (reboot the node).", 1.0 if self.gate.verdict else 0.0)
-        yield f.gauge("sparkd_memory_unreturned_bytes", "MemAvailable lost across the restarts the gate counted.",
-                      self.gate.unreturned)
-        if self.gate.baselines:
-            yield f.gauge("sparkd_memory_baseline_bytes", "Settled MemAvailable before the last start, with "
-                          "nothing of vLLM's running.", self.gate.baselines[-1].available)

@@ -11,9 +11,9 @@ from typing import Any
 
 import anyio
 
-from sparkd.daemon.gpurelease import GpuRelease
-from sparkd.daemon.plan import LaunchPlan
-from sparkd.daemon.stopreport import StopReport
+from sparkd.daemon.effects.gpurelease import GpuRelease
+from sparkd.daemon.effects.plan import LaunchPlan
+from sparkd.daemon.effects.stopreport import StopReport
 from sparkd.host.clock import Clock
 from sparkd.host.gpu.model import GpuView
 from sparkd.preflight.base import Check

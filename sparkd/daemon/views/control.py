@@ -14,12 +14,12 @@ import anyio
 from sparkd.commands.port import Checks
 from sparkd.commands.statusdoc import Status
 from sparkd.config import Role
-from sparkd.daemon.groupchecks import GroupChecks
-from sparkd.daemon.node import Node
-from sparkd.daemon.recording import flight_records
-from sparkd.daemon.reload import ReloadReport
-from sparkd.daemon.supervisor import Supervisor
-from sparkd.daemon.view import StatusView
+from sparkd.daemon.boot.reload import ReloadReport
+from sparkd.daemon.effects.groupchecks import GroupChecks
+from sparkd.daemon.effects.node import Node
+from sparkd.daemon.loop.supervisor import Supervisor
+from sparkd.daemon.views.recorder import flight_records
+from sparkd.daemon.views.status import StatusView
 from sparkd.preflight.runner import PreflightReport
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State, refusal

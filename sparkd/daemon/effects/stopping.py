@@ -1,17 +1,17 @@
 """Stopping this node's vLLM: SIGTERM, the grace (the drain's, a wedge's shorter one, or the caller's), SIGKILL;
 the instance's watch closed, its record removed; then the sweep of what it left and the check that its GPU memory
-came back. What the stop did is one :class:`~sparkd.daemon.stopreport.StopReport`: logged, written into vLLM's
+came back. What the stop did is one :class:`~sparkd.daemon.effects.stopreport.StopReport`: logged, written into vLLM's
 log, shown in the status and kept with the incident it answers."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sparkd.daemon.leftovers import Leftovers
-from sparkd.daemon.output import VllmOutput
-from sparkd.daemon.plan import LaunchPlan
-from sparkd.daemon.record import InstanceRecord
-from sparkd.daemon.stopreport import StopReport, grace_for
+from sparkd.daemon.effects.instancerecord import InstanceRecord
+from sparkd.daemon.effects.leftovers import Leftovers
+from sparkd.daemon.effects.output import VllmOutput
+from sparkd.daemon.effects.plan import LaunchPlan
+from sparkd.daemon.effects.stopreport import StopReport, grace_for
 from sparkd.host.clock import Clock
 from sparkd.supervisor.failures import Failure
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkd.daemon.evidence import Counters, FailureEvidence
-from sparkd.daemon.preflighting import LocalPreflight
-from sparkd.daemon.slot import InstanceSlot
+from sparkd.daemon.effects.evidence import Counters, FailureEvidence
+from sparkd.daemon.effects.preflighting import LocalPreflight
+from sparkd.daemon.effects.slot import InstanceSlot
 from sparkd.guard.guard import Guard
 from sparkd.supervisor.failures import Failure, FailureClass
 
