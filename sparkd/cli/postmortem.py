@@ -95,7 +95,7 @@ def _fetch(obj: Any, since: float | None, local: bool) -> tuple[str, list[NodeRi
 
 def _read_locally(obj: Any, since: float | None, notes: list[str]) -> tuple[str, list[NodeRing], list[str]]:
     from sparkd.cli.common import config_or_exit
-    from sparkd.daemon.views.recorder import own_records
+    from sparkd.daemon.views.flightrecords import own_records
 
     cfg = config_or_exit(obj.config or DEFAULT_CONFIG_PATH, prog="sparkctl")
     own = own_records(cfg, since, None)

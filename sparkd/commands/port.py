@@ -45,7 +45,7 @@ class Group(Protocol):
         """A worker's operator command, carried out by its head for the whole group: (done, the head's envelope
         with ``forwarded_to``)."""
 
-    def on_report(self, peer: str, failure: dict[str, Any] | None) -> bool: ...
+    def on_report(self, peer: str, failure: Mapping[str, Any] | None) -> bool: ...
 
     async def reload_workers(self) -> list[str]:
         """Every worker reloads its config on disk; the problems of those that refused (none: all took it)."""

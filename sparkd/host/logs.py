@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import structlog
 
@@ -126,8 +126,26 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-def get_logger(**bound: Any) -> Any:
-    return structlog.get_logger("sparkd").bind(**bound)
+class Logger(Protocol):
+    """sparkd's structured logger as its parts use it (structlog's bound logger, or a test's recorder): an event
+    name and its fields, at a level; ``bind`` adds fields to every later event."""
+
+    def bind(self, **fields: Any) -> Logger: ...
+
+    def debug(self, event: str, **fields: Any) -> Any: ...
+
+    def info(self, event: str, **fields: Any) -> Any: ...
+
+    def warning(self, event: str, **fields: Any) -> Any: ...
+
+    def error(self, event: str, **fields: Any) -> Any: ...
+
+    def exception(self, event: str, **fields: Any) -> Any: ...
+
+
+def get_logger(**bound: Any) -> Logger:
+    logger: Logger = structlog.get_logger("sparkd").bind(**bound)
+    return logger
 
 
 KIB = 1024
@@ -151,20 +169,24 @@ class Ring:
     max_line: int = 64 * KIB
 
 
+def _rotation(cfg: Config) -> Rotation:
+    return Rotation(cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups)
+
+
 class VllmLog:
     """vLLM's output on the host: an append-only file rotated by size, the last lines in memory, and
     optionally the journal. Never raises (module docstring, rules 1-4)."""
 
     def __init__(self, path: Path, rotation: Rotation, *, ring: Ring = Ring(), journal: JournalSink | None = None,
                  retry_s: float = 5.0, probe_requests: bool = False, clock: Callable[[], float] = time.monotonic,
-                 log: Any = None) -> None:
+                 log: Logger | None = None) -> None:
         self.path = path
-        self.configure(rotation.max_bytes, rotation.backups)
+        self.rotation: Callable[[], Rotation] = lambda: rotation  # read at every write
         self.ring_bytes = ring.bytes
         self.max_line = ring.max_line
         self.journal = journal
         self.retry_s = retry_s
-        self.probe_requests = probe_requests
+        self.probe_requests: Callable[[], bool] = lambda: probe_requests  # read at every line
         self.probe_lines = 0  # access-log lines of sparkd's own probes left out
         self.clock = clock
         self.log = log if log is not None else get_logger(component="vllm_log")
@@ -180,19 +202,19 @@ class VllmLog:
         self._retry_at = 0.0
         self._journal_failing = False
 
-    def configure(self, max_bytes: int, backups: int) -> None:
-        """The rotation's size and the backups kept (a reloaded config's: from the next write)."""
-        self.max_bytes, self.backups = max_bytes, backups
-
     @classmethod
-    def from_config(cls, cfg: Config) -> VllmLog:
-        """The daemon's vLLM log: ``<logs>/vllm.log`` with the configured rotation, and the journal as
-        ``SYSLOG_IDENTIFIER=vllm`` when ``[log] vllm_to_journal`` is on and the journal runs."""
+    def following(cls, config: Callable[[], Config]) -> VllmLog:
+        """The daemon's vLLM log: ``<logs>/vllm.log``, rotated and with the probes' lines kept or not as the config
+        in force says (a reload applies from the next line); the journal as ``SYSLOG_IDENTIFIER=vllm`` when
+        ``[log] vllm_to_journal`` is on at the start and the journal runs."""
+        cfg = config()
         journal = None
         if cfg.log.vllm_to_journal and JOURNAL_SOCKET.exists():
             journal = JournalSink("vllm", extra={"SPARKD_NODE": cfg.node.name})
-        return cls(cfg.paths.logs / "vllm.log", Rotation(cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups),
-                   journal=journal, probe_requests=cfg.log.probe_requests)
+        log = cls(cfg.paths.logs / "vllm.log", _rotation(cfg), journal=journal)
+        log.rotation = lambda: _rotation(config())
+        log.probe_requests = lambda: config().log.probe_requests
+        return log
 
     def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
         self._listeners.append(listener)
@@ -203,7 +225,7 @@ class VllmLog:
             self._listeners.remove(listener)
 
     def append(self, line: str, *, persist: bool = True) -> None:
-        if not self.probe_requests and is_probe_line(line):
+        if not self.probe_requests() and is_probe_line(line):
             self.probe_lines += 1  # sparkd's own probe in uvicorn's access log: not vLLM's story (rule 5)
             return
         line = self._cut(line)
@@ -270,7 +292,7 @@ class VllmLog:
         self._handle.write(data)
         self._handle.flush()
         self._size += size
-        if self._size >= self.max_bytes:
+        if self._size >= self.rotation().max_bytes:
             self._rotate()
 
     def _failed(self, exc: Exception, now: float) -> None:
@@ -284,10 +306,11 @@ class VllmLog:
 
     def _rotate(self) -> None:
         self.close()
-        if self.backups == 0:
+        backups = self.rotation().backups
+        if backups == 0:
             self.path.unlink(missing_ok=True)
             return
-        for n in range(self.backups - 1, 0, -1):
+        for n in range(backups - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{n}")
             if older.exists():
                 older.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))

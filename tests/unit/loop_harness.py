@@ -63,6 +63,19 @@ class Node:
     def state(self) -> str:
         return self.daemon.sup.machine.state.value
 
+    def listen(self, hook: Callable[[Any, Any, Any], None]) -> None:
+        """Call ``hook(before, after, observation)`` with the lifecycle's machines at every change of the machine,
+        after the daemon's own ``on_state``."""
+        sup = self.daemon.sup
+        previous = sup.on_state
+
+        def on_state(before: Any, after: Any, posted: Any) -> None:
+            previous(before, after, posted)
+            if after.machine is not before.machine:
+                hook(before.machine, after.machine, posted)
+
+        sup.on_state = on_state
+
     def status(self) -> dict[str, Any]:
         return self.daemon.view.status()
 

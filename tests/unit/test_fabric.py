@@ -228,7 +228,7 @@ def test_a_bandwidth_run_is_the_client_here_against_the_server_there(
                                "fabric": {"bandwidth": True}}, env={})
     peers = FakePeers(there)
     monkeypatch.setattr(bandwidth, "CLIENT_DELAY_S", 0.0)
-    bw = bandwidth.Bandwidth(cfg, peers, run, log=type("L", (), {"info": lambda *a, **k: None})())  # type: ignore[arg-type]
+    bw = bandwidth.Bandwidth(lambda: cfg, peers, run, log=type("L", (), {"info": lambda *a, **k: None})())  # type: ignore[arg-type]
     assert anyio.run(bw.measure, "w", "10.0.0.2") == (gbps, note)
     assert peers.asked == [("/v1/rank/bandwidth", {"seconds": 2, "port": 18515})]
     assert ran[0][-1] == "10.0.0.2" and ran[0][:3] == ["ib_write_bw", "-D", "2"]

@@ -13,7 +13,6 @@ import anyio
 import pytest
 
 from sparkd.config import config_from_mapping
-from sparkd.daemon.effects.stopreport import StopReport, grace_for
 from sparkd.daemon.views.gpumetrics import gpu_families
 from sparkd.guard.meminfo import MemInfo, parse_meminfo
 from sparkd.host.gpu import memcheck, power, release
@@ -25,6 +24,7 @@ from sparkd.preflight import gpumemory
 from sparkd.preflight.base import Verdict
 from sparkd.preflight.processes import launch_title_prefix
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.stopreport import StopReport, grace_for
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 GIB = 1 << 30

@@ -66,8 +66,6 @@ class Peers:
         return {"exit_code": 0, "gbps": None}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: the head's Bandwidth keeps the config it was built with "
-                   "(GroupChecks.configure refreshes the fabric check and the parity, not the bandwidth)")
 async def test_a_reloaded_fabric_bandwidth_s_is_the_heads_next_bandwidth_run(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from sparkd.cluster import bandwidth as bandwidth_module

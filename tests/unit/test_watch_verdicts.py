@@ -49,7 +49,7 @@ async def verdict(cls: FailureClass, lines: list[str]) -> Failure:
     """What the watch posts when the tracker calls ``cls`` with ``lines`` in vLLM's log."""
     runtime, reports = FakeRuntime(), Reports(lines)
     watch = InstanceWatch(Watched(runtime.start()), runtime, reports, FakeProbes(runtime),  # type: ignore[arg-type]
-                          HealthConfig(), FakeClock(start=0.0), Log())
+                          HealthConfig, FakeClock(start=0.0), Log())
     called = Failure(cls=cls, sentence="the tracker's sentence; sparkd restarts.", exit_code=None, signal=None,
                      evidence="canary unanswered")
     watch._observe(lambda t, *_: (t, v.HealthFailed(called)), None)

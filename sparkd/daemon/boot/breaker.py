@@ -14,6 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sparkd.config import Config
+from sparkd.daemon.loop.nodestate import NodeState
+from sparkd.host.logs import Logger
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.states import Machine, State
@@ -24,11 +27,22 @@ CLOSES_ON_CHANGE = frozenset({FailureClass.config_error})
 
 
 class ConfigBreaker:
-    def __init__(self, path: Path, launch_hash: Callable[[], str], post: Callable[[v.Observation], None],
-                 files: Any, log: Any) -> None:
-        self.path, self.launch_hash, self.post, self.files, self.log = path, launch_hash, post, files, log
+    def __init__(self, path: Path, config: Callable[[], Config], post: Callable[[v.Observation], None],
+                 files: Any, log: Logger) -> None:
+        self.path, self.config, self.post, self.files, self.log = path, config, post, files, log
         self.failed_on: str | None = self._read()
         self.note: str | None = None  # what the status says about it
+
+    def launch_hash(self) -> str:
+        return self.config().launch_hash()
+
+    def on_state(self, before: NodeState, after: NodeState, posted: v.Posted) -> None:
+        """The machine changed (the breaker opened or closed), or a reload took on a config (its launch may
+        differ from the one the breaker failed on)."""
+        if after.machine is not before.machine:
+            self.on_transition(before.machine, after.machine)
+        if after.config is not before.config:
+            self.check(after.machine)
 
     def _read(self) -> str | None:
         try:
@@ -37,7 +51,7 @@ class ConfigBreaker:
         except (OSError, ValueError, KeyError, RecursionError):
             return None
 
-    def on_transition(self, before: Machine, after: Machine, obs: Any) -> None:
+    def on_transition(self, before: Machine, after: Machine) -> None:
         if after.state is not State.failed:
             if before.state is State.failed:  # closed (reset, restart, or by us): nothing to wait for
                 self.failed_on = None

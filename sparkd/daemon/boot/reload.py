@@ -10,7 +10,7 @@ take on (``sparkd.launch.diff.NEEDS_RESTART``) keep their old value until sparkd
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,12 @@ from typing import Any
 import anyio
 
 from sparkd.config import Config, ConfigError, load_config
+from sparkd.host.logs import Logger
 from sparkd.launch.diff import launch_changes, needs_restart, setting_changes
 from sparkd.launch.lint import errors, lint
 from sparkd.launch.redact import Redactor
 from sparkd.launch.render import secret_values
+from sparkd.supervisor import vocabulary as v
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,14 @@ def keep_fixed(old: Config, new: Config) -> Config:
 
 
 class Reloader:
-    def __init__(self, path: Path | None, current: Callable[[], Config], apply: Callable[[Config], None],
-                 log: Any) -> None:
+    """``current``: the config in force (the loop's); ``submit``: the loop's queue, waited on until applied — a
+    reloaded config is an observation (``ConfigReplaced``), taken in order with everything else."""
+
+    def __init__(self, path: Path | None, current: Callable[[], Config],
+                 submit: Callable[[v.Posted], Awaitable[None]], log: Logger) -> None:
         self.path = path
         self.current = current
-        self.apply = apply
+        self.submit = submit
         self.log = log
         self._disk: tuple[tuple[int, int, int], Config | list[str]] | None = None
 
@@ -85,7 +90,7 @@ class Reloader:
         now = [redact(f"{key}: {a!r} → {b!r}") for key, a, b in changes if not needs_restart(key)]
         launch = [redact(line) for line in launch_changes(old, read)]
         report = ReloadReport(True, launch=launch, settings=now, at_daemon_restart=fixed)
-        self.apply(keep_fixed(old, read))
+        await self.submit(v.ConfigReplaced(keep_fixed(old, read)))
         self.log.info("config_reloaded", path=str(self.path), launch=report.launch, settings=report.settings,
                       at_daemon_restart=report.at_daemon_restart)
         return report

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -20,12 +20,15 @@ from sparkd.commands.port import Control
 from sparkd.commands.rank import RANK
 from sparkd.config import Config
 
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
+
 UNIX_LIMITS = Limits(general=48, per_source=16, per_trusted=16)  # per uid; root keeps 16 of its own
 
 
 def start_servers(tg: TaskGroup, unix: Any, tcp: Any, control: Control, metrics: Callable[[], bytes], *,
                   cfg: Config, token: str | None, peers: PeerAddresses | None, tls: ssl.SSLContext | None,
-                  log: Any) -> None:
+                  log: Logger) -> None:
     tg.start_soon(serve, build_app(control), unix, Listener(unix_caller, UNIX_LIMITS))
     if tcp is not None:
         if cfg.api.token_file is not None and token is None:
@@ -36,7 +39,7 @@ def start_servers(tg: TaskGroup, unix: Any, tcp: Any, control: Control, metrics:
         tg.start_soon(resolve_peers, peers, log)
 
 
-async def resolve_peers(addresses: PeerAddresses, log: Any) -> None:
+async def resolve_peers(addresses: PeerAddresses, log: Logger) -> None:
     """Peers named by host name: resolved again every REFRESH_S, off the loop; what fails is logged."""
     unresolved = addresses.unresolved
     while True:

@@ -17,7 +17,7 @@ import os
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sparkd.cluster.tls import TlsProblem, server_context
 from sparkd.config import Config
@@ -26,6 +26,9 @@ from sparkd.host import exits
 from sparkd.host.trustedpaths import first_unsafe, unsafe
 from sparkd.launch.program import which
 from sparkd.launch.redact import read_secret
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 UMASK = 0o027
 
@@ -75,7 +78,7 @@ def launch_program_problem(cfg: Config) -> str | None:
             "whoever can change it runs code as sparkd; make it and its directories writable by root only")
 
 
-def prepare_or_status(cfg: Config, log: Any) -> Trusted | int:
+def prepare_or_status(cfg: Config, log: Logger) -> Trusted | int:
     """:func:`prepare`, its warnings logged; a problem is logged and its exit status returned instead."""
     try:
         trusted = prepare(cfg)

@@ -16,24 +16,23 @@ from typing import Any
 
 import anyio
 
-from sparkd.config import Config
-from sparkd.daemon.loop.current import CurrentConfig
+from sparkd.daemon.effects.redaction import Redaction
+from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.guard.guard import Guard
 from sparkd.host.clock import Clock
 from sparkd.host.gpu.smi import query_text
-from sparkd.host.logs import VllmLog
-from sparkd.launch.redact import Redactor
+from sparkd.host.logs import Logger, VllmLog
 from sparkd.launch.render import render
 from sparkd.preflight.base import Verdict
 from sparkd.preflight.runner import PreflightReport
-from sparkd.runtime.base import Instance, Runtime
+from sparkd.runtime.base import Runtime
 from sparkd.state.incidents import GpuEvidence, IncidentWriter, attach_stop, incident_record
 from sparkd.supervisor.classify import ClassifyContext, classify
 from sparkd.supervisor.failures import Evidence, Failure, FailureClass
-from sparkd.supervisor.marks import LAUNCH_LINE, attempt, preflight_line, this_launch, verdict_line, vllm_lines
+from sparkd.supervisor.marks import attempt, preflight_line, this_launch, verdict_line, vllm_lines
 from sparkd.supervisor.states import State
 
-__all__ = ["LAUNCH_LINE", "LOG_TAIL_LINES", "Counters", "FailureEvidence", "this_launch"]
+__all__ = ["LOG_TAIL_LINES", "Counters", "FailureEvidence"]
 
 LOG_TAIL_LINES = 300  # what an incident and the classifier read of vLLM's output
 
@@ -51,56 +50,44 @@ class FailureEvidence:
     """Built before the memory guard (whose hooks write through it): what it reads of the guard is handed to the
     call that needs it (``guard``), and the guard hands over its own evidence when it writes."""
 
-    def __init__(self, config: CurrentConfig, runtime: Runtime, *, vllm_log: VllmLog, clock: Clock, log: Any,
-                 state: Callable[[], State], instance: Callable[[], Instance | None],
-                 gpu: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
-        self.config = config
+    def __init__(self, runtime: Runtime, redaction: Redaction, incidents: Path, *, vllm_log: VllmLog, clock: Clock,
+                 log: Logger, gpu: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
         self.runtime = runtime
-        self.incidents = IncidentWriter(config().paths.incidents, keep=config().supervisor.incidents_keep, log=log)
+        self.redaction = redaction
+        self.incidents = IncidentWriter(incidents, log=log)
         self.vllm_log = vllm_log
         self.clock = clock
-        self.state = state
-        self.instance = instance
         self.gpu = gpu  # the GPU sampler's evidence
         self.counters = Counters()
         self.kernel_mark = 0  # the guard's kernel-log lines kept before the current launch
         self.folders: dict[Failure, Path | None] = {}  # the incident folder of each recent failure, once written
         self._written: dict[Failure, anyio.Event] = {}  # set once that failure's folder is written (or failed)
 
-    @property
-    def cfg(self) -> Config:
-        return self.config()
-
-    @property
-    def redact(self) -> Redactor:
-        return self.config.redact
-
-    def configure(self, cfg: Config) -> None:
-        """A reloaded config: how many incident folders are kept."""
-        self.incidents.keep = cfg.supervisor.incidents_keep
-
     def mark_launch(self, guard: Guard | None) -> None:
         """A launch begins: kernel lines from now on belong to it."""
         kernel = _kernel(guard)
         self.kernel_mark = kernel.kept if kernel is not None else 0
 
-    async def record(self, failure: Failure, *, written: bool, instance: Instance | None,
-                     preflight: list[dict[str, Any]], guard: Guard | None) -> None:
+    async def record(self, failure: Failure, *, written: bool, state: NodeState, preflight: list[dict[str, Any]],
+                     guard: Guard | None) -> None:
         """Count the failure and write its incident with what its class asks for — unless ``written``: the guard
-        counted and wrote it (``write_guard_evidence``) before it signalled."""
+        counted and wrote it (``write_guard_evidence``) before it signalled. ``state``: the node's when the
+        failure was decided (its instance, its config)."""
         if written:
             return
         self._done(failure)  # the stop that answers it waits for this
         at = self._count(failure)
         evidence = failure.treatment.evidence
+        redact = self.redaction.of(state.config)
         container = None
-        if Evidence.container in evidence and instance is not None:
-            container = self.redact.mapping(await self.runtime.inspect(instance))
-        record = self._incident(failure, at, preflight=preflight)
+        if Evidence.container in evidence and state.instance is not None:
+            container = redact.mapping(await self.runtime.inspect(state.instance))
+        record = self._incident(failure, at, state, preflight=preflight)
         gpu = self.gpu()
         smi_q = await query_text() if gpu is not None and (gpu.get("view") or {}).get("skipped") is None else None
-        folder = await self.incidents.write(record, self._tail(failure), evidence=evidence,
-                                            container=container, guard=guard.evidence() if guard else None,
+        folder = await self.incidents.write(record, self._tail(failure, state), evidence=evidence,
+                                            keep=state.config.supervisor.incidents_keep, container=container,
+                                            guard=guard.evidence() if guard else None,
                                             gpu=None if gpu is None else GpuEvidence(gpu, smi_q))
         self._keep(failure, folder)
 
@@ -124,7 +111,7 @@ class FailureEvidence:
         if folder is None:
             return
         try:
-            await anyio.to_thread.run_sync(attach_stop, folder, self.redact.mapping(stop))
+            await anyio.to_thread.run_sync(attach_stop, folder, self.redaction().mapping(stop))
         except OSError as exc:
             self.incidents.log.error("incident_write_failed", failure=failure.cls.value, error=str(exc))
 
@@ -136,33 +123,37 @@ class FailureEvidence:
         if failed is None:
             return
         self.vllm_log.append(preflight_line(failed.id))
+        redact = self.redaction()
         for line in failed.output.splitlines():
-            self.vllm_log.append(self.redact(line))
+            self.vllm_log.append(redact(line))
 
-    def write_guard_evidence(self, failure: Failure, guard: dict[str, Any]) -> None:
+    def write_guard_evidence(self, failure: Failure, guard: dict[str, Any], state: NodeState) -> None:
         """The memory guard's evidence, now, before it signals anything (synchronous and quick)."""
-        record = self._incident(failure, self._count(failure))
-        self._keep(failure, self.incidents.write_now(record, self._tail(failure), guard=guard))
+        record = self._incident(failure, self._count(failure), state)
+        self._keep(failure, self.incidents.write_now(record, self._tail(failure, state),
+                                                     keep=state.config.supervisor.incidents_keep, guard=guard))
 
-    def _tail(self, failure: Failure) -> list[str]:
+    def _tail(self, failure: Failure, state: NodeState) -> list[str]:
         """sparkd's verdict goes into vLLM's log (some rest on nothing vLLM logged: a canary unanswered, the guard);
         the incident keeps this attempt's lines only, from its launch (or failed preflight) line on."""
-        self.vllm_log.append(self.redact(verdict_line(failure.cls.value, failure.sentence, failure.evidence)))
+        line = verdict_line(failure.cls.value, failure.sentence, failure.evidence)
+        self.vllm_log.append(self.redaction.of(state.config)(line))
         return attempt(self.vllm_log.last(LOG_TAIL_LINES))
 
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
-                      engine_gone: bool = False, *, guard: Guard | None) -> Failure:
+                      engine_gone: bool = False, *, guard: Guard | None, state: NodeState) -> Failure:
         return classify(exit_code, sig, vllm_lines(this_launch(self.vllm_log.last(LOG_TAIL_LINES))), hint=hint,
-                        context=self.context(guard, engine_gone))
+                        context=self.context(guard, state, engine_gone))
 
-    def context(self, guard: Guard | None, engine_gone: bool = False) -> ClassifyContext:
-        spec = render(self.cfg)
+    def context(self, guard: Guard | None, state: NodeState, engine_gone: bool = False) -> ClassifyContext:
+        cfg = state.config
+        spec = render(cfg)
         target = spec.argv[1] if spec.argv[0] == "bash" else spec.argv[0]
         sample = guard.latest if guard is not None else None
         kernel = _kernel(guard)
-        return ClassifyContext(launch_target=target, api_port=self.cfg.launch.port,
-                               master_port=self.cfg.master_port if self.cfg.nnodes > 1 else None,
-                               was_ready=self.state() in (State.ready, State.degraded),
+        return ClassifyContext(launch_target=target, api_port=cfg.launch.port,
+                               master_port=cfg.master_port if cfg.nnodes > 1 else None,
+                               was_ready=state.state in (State.ready, State.degraded),
                                mem_available_bytes=sample.available if sample is not None else None,
                                kernel_lines=kernel.since(self.kernel_mark) if kernel is not None else (),
                                engine_gone=engine_gone)
@@ -174,11 +165,11 @@ class FailureEvidence:
             self.counters.last_exit_code = failure.exit_code
         return at
 
-    def _incident(self, failure: Failure, at: float, **facts: Any) -> dict[str, Any]:
-        instance = self.instance()
-        record = incident_record(failure, at=at, config_hash=self.cfg.launch_hash(), node=self.cfg.node.name,
-                                 state=self.state().value, pid=instance.pid if instance else None, **facts)
-        redacted: dict[str, Any] = self.redact.mapping(record)
+    def _incident(self, failure: Failure, at: float, state: NodeState, **facts: Any) -> dict[str, Any]:
+        cfg, instance = state.config, state.instance
+        record = incident_record(failure, at=at, config_hash=cfg.launch_hash(), node=cfg.node.name,
+                                 state=state.state.value, pid=instance.pid if instance else None, **facts)
+        redacted: dict[str, Any] = self.redaction.of(cfg).mapping(record)
         return redacted
 
 

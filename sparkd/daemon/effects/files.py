@@ -13,11 +13,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from sparkd.state.files import write_json
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 RETRY_S = 5.0
 
@@ -25,7 +28,7 @@ _UNLINK = object()
 
 
 class StateWriter:
-    def __init__(self, log: Any) -> None:
+    def __init__(self, log: Logger) -> None:
         self.log = log
         self._pending: dict[Path, Any] = {}
         self._wake = anyio.Event()

@@ -6,19 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
-from typing import Any
 
 import psutil
 
-from sparkd.daemon.effects.stopreport import StopReport
 from sparkd.host.clock import Clock
 from sparkd.host.gpu.model import GpuView
 from sparkd.host.gpu.release import Release, wait_released
+from sparkd.host.logs import Logger
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.stopreport import StopReport
 
 
 class GpuRelease:
-    def __init__(self, gpus: Callable[[], Awaitable[GpuView]], clock: Clock, log: Any) -> None:
+    def __init__(self, gpus: Callable[[], Awaitable[GpuView]], clock: Clock, log: Logger) -> None:
         self.gpus = gpus
         self.clock = clock
         self.log = log

@@ -14,6 +14,7 @@ import anyio
 
 from sparkd.commands.statusdoc import Checks
 from sparkd.config import Config, Role
+from sparkd.host.logs import Logger
 from sparkd.launch.render import effective_env
 from sparkd.preflight.weights_local import LocalWeights
 from sparkd.runtime.base import ExecResult, ImageIdentity, Runtime
@@ -26,15 +27,16 @@ if TYPE_CHECKING:
 
 
 class GroupChecks:
-    def __init__(self, cfg: Config, runtime: Runtime, client: PeerClient | None, *, log: Any,
+    def __init__(self, config: Callable[[], Config], runtime: Runtime, client: PeerClient | None, *, log: Logger,
                  image: Callable[[], ImageIdentity | None], spawn: Callable[..., Any] | None = None,
                  sys_root: Path = Path("/sys")) -> None:
-        self.cfg = cfg
+        self.config = config  # the loop's: every proof reads the config in force
+        cfg = config()
         self.runtime = runtime
         self.log = log
         self.image = image
         self.sys_root = sys_root
-        self.local = LocalWeights(cfg, log=log, spawn=spawn)
+        self.local = LocalWeights(config, log=log, spawn=spawn)
         self.head = client is not None and cfg.node.role is Role.head
         self.fabric_check: FabricCheck | None = None
         self.parity: Parity | None = None
@@ -43,17 +45,14 @@ class GroupChecks:
             from sparkd.cluster.fabric_check import FabricCheck
             from sparkd.cluster.weights import Parity
 
-            bandwidth = Bandwidth(cfg, client, self._exec, log)
-            self.fabric_check = FabricCheck(cfg, client, env=self.env, log=log, sys_root=sys_root,
+            bandwidth = Bandwidth(config, client, self._exec, log)
+            self.fabric_check = FabricCheck(config, client, env=self.env, log=log, sys_root=sys_root,
                                             bandwidth=bandwidth)
-            self.parity = Parity(cfg, client, self.local.manifest, log)
+            self.parity = Parity(config, client, self.local.manifest, log)
 
-    def configure(self, cfg: Config) -> None:
-        """A reloaded config: the next check reads it."""
-        self.cfg = self.local.cfg = cfg
-        for part in (self.fabric_check, self.parity):
-            if part is not None:
-                part.cfg = cfg
+    @property
+    def cfg(self) -> Config:
+        return self.config()
 
     def env(self) -> dict[str, str]:
         image = self.image()

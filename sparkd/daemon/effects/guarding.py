@@ -11,42 +11,49 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sparkd.daemon.effects.slot import InstanceSlot
+from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.guard.guard import Guard
 from sparkd.guard.policy import Decision
+from sparkd.host.logs import Logger
+from sparkd.runtime.base import Runtime
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.readings import VllmMetrics
 from sparkd.supervisor.states import State
 
-WriteEvidence = Callable[[Failure, dict[str, Any]], None]  # (the guard's failure, the guard's own evidence)
+# (the guard's failure, the guard's own evidence, the node's state when it acts)
+WriteEvidence = Callable[[Failure, dict[str, Any], NodeState], None]
 
 
 class NodeGuardHooks:
-    """Built before the guard, from what exists before it: the instance slot, the evidence writer, the mailbox."""
+    """Built before the guard, from what exists before it: the node's state now, the runtime, the watch's last
+    metrics, the evidence writer, the mailbox."""
 
-    def __init__(self, slot: InstanceSlot, write: WriteEvidence, post: Callable[[v.Observation], None],
-                 state: Callable[[], State], log: Any) -> None:
-        self.slot = slot
+    def __init__(self, node: Callable[[], NodeState], runtime: Runtime, metrics: Callable[[], VllmMetrics | None],
+                 write: WriteEvidence, post: Callable[[v.Observation], None], log: Logger) -> None:
+        self.node = node
+        self.runtime = runtime
+        self.metrics = metrics
         self.write = write
         self.post = post
-        self.state = state
         self.log = log
 
     def vllm_pids(self) -> set[int]:
-        return self.slot.pids()
+        instance = self.node().instance
+        return self.runtime.pids(instance) if instance is not None else set()
 
     def starting(self) -> bool:
-        return self.state() in (State.preflight, State.starting)
+        return self.node().state in (State.preflight, State.starting)
 
     def idle(self) -> bool | None:
-        metrics = self.slot.metrics()
+        metrics = self.metrics()
         return None if metrics is None else metrics.num_requests_running <= 0
 
     def on_decision(self, decision: Decision) -> None:
         """The guard logs its own decisions (once each); status and metrics read them from the guard."""
 
     def write_evidence(self, failure: Failure, evidence: dict[str, Any]) -> None:
-        self.write(failure, evidence)
+        self.write(failure, evidence, self.node())
 
     async def stop_vllm(self, failure: Failure, grace_s: float) -> None:
         self.post(v.HealthFailed(failure, grace_s=grace_s, recorded=True))

@@ -10,24 +10,20 @@ from typing import Any
 
 from sparkd.daemon.effects.files import StateWriter
 from sparkd.daemon.effects.registry import InstanceRegistry
-from sparkd.daemon.loop.current import CurrentConfig
 from sparkd.host.clock import Clock
+from sparkd.host.logs import Logger
 from sparkd.runtime.base import Instance
 from sparkd.state.files import json_state
 from sparkd.state.schema import INSTANCE
 
 
 class InstanceRecord:
-    def __init__(self, config: CurrentConfig, files: StateWriter, registry: InstanceRegistry | None, clock: Clock,
-                 log: Any) -> None:
-        self.config = config
+    def __init__(self, path: Path, files: StateWriter, registry: InstanceRegistry | None, clock: Clock,
+                 log: Logger) -> None:
+        self.path = path  # <state_dir>/instance.json (the state directory is fixed until sparkd restarts)
         self.files = files
         self.registry = registry  # the host's instance registry
-        self.file = json_state(self.path, INSTANCE, log=log, clock=clock.wall)
-
-    @property
-    def path(self) -> Path:
-        return self.config().paths.state_dir / "instance.json"
+        self.file = json_state(path, INSTANCE, log=log, clock=clock.wall)
 
     def read(self) -> dict[str, Any] | None:
         """The record a daemon before this one left (a bad one is set aside, logged, and read as absent)."""

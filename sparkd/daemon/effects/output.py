@@ -1,43 +1,40 @@
 """vLLM's output as the node takes it: every line redacted into the host copy (``vllm.log``, `sparkctl logs`); a line
-that shows startup progress advances the slot's :class:`~sparkd.supervisor.progress.Startup`, posts ``Progress``
-(and ``BecameReady`` for a headless rank whose distributed setup is done), times the phase and tells the phase
-listeners (the status's history, the daemon's publishing)."""
+that shows startup progress advances the watched instance's :class:`~sparkd.supervisor.progress.Startup` and posts
+it (``Progress(startup)``), and ``BecameReady`` for a headless rank whose distributed setup is done. The progress
+is this part's own reading of the instance's log, begun afresh for every instance; the node's state holds the
+last one posted."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from sparkd.daemon.effects.evidence import LAUNCH_LINE
-from sparkd.daemon.effects.plan import LaunchPlan
-from sparkd.daemon.loop.current import CurrentConfig
+from sparkd.config import Config
+from sparkd.daemon.effects.redaction import Redaction
 from sparkd.host.clock import Clock
-from sparkd.host.logs import VllmLog
+from sparkd.host.logs import Logger, VllmLog
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.marks import LAUNCH_LINE
 from sparkd.supervisor.progress import Startup, advance, is_progress
-
-PhaseListener = Callable[[Startup], None]
 
 
 class VllmOutput:
-    def __init__(self, config: CurrentConfig, plan: LaunchPlan, vllm_log: VllmLog,
-                 post: Callable[[v.Observation], None], clock: Clock, log: Any) -> None:
-        self.config = config  # its redactor: secrets never reach a log, an incident or `sparkctl logs`
-        self.plan = plan
-        self.slot = plan.slot
+    def __init__(self, redaction: Redaction, vllm_log: VllmLog, post: Callable[[v.Observation], None],
+                 clock: Clock, log: Logger) -> None:
+        self.redaction = redaction  # secrets never reach a log, an incident or `sparkctl logs`
         self.vllm_log = vllm_log
         self.post = post
         self.clock = clock
         self.log = log
-        self._phase_listeners: list[PhaseListener] = []
+        self.startup = Startup()  # the watched instance's, as its lines tell it
+        self.headless = False  # the watched instance is a headless rank: its distributed setup is its readiness
 
-    def listen(self, listener: PhaseListener) -> None:
-        """Call ``listener(startup)`` at every new startup phase."""
-        self._phase_listeners.append(listener)
+    def begin(self, *, headless: bool) -> None:
+        """A new instance is watched: its progress starts from nothing."""
+        self.startup, self.headless = Startup(), headless
 
-    def launching(self, argv: Sequence[str]) -> list[str]:
+    def launching(self, argv: Sequence[str], cfg: Config) -> list[str]:
         """The launch's command line, redacted, into vLLM's log before it runs (``sparkd explain`` reads it)."""
-        redacted = self.config.redact.argv(argv)
+        redacted = self.redaction.of(cfg).argv(argv)
         self.vllm_log.append(f"{LAUNCH_LINE}{' '.join(redacted)}")
         return redacted
 
@@ -46,20 +43,16 @@ class VllmOutput:
         self.vllm_log.append(line)
 
     def on_line(self, line: str, persist: bool = True) -> None:
-        line = self.config.redact(line)
+        line = self.redaction()(line)
         self.vllm_log.append(line, persist=persist)
         if not is_progress(line):
             return
-        slot, before = self.slot, self.slot.startup
-        slot.progressed(advance(before, line, self.clock.now()))
-        if slot.startup is before:
+        before = self.startup
+        self.startup = startup = advance(before, line, self.clock.now())
+        if startup is before:
             return
-        self.post(v.Progress())
-        if self.plan.headless and slot.startup.distributed_ready and not before.distributed_ready:
+        self.post(v.Progress(startup))
+        if self.headless and startup.distributed_ready and not before.distributed_ready:
             self.post(v.BecameReady())
-        if slot.startup.phase is not before.phase:
-            if slot.timing is not None:
-                slot.timing.phase(slot.startup.phase, self.clock.now())
-            self.log.info("phase", phase=slot.startup.phase.value)
-            for listener in self._phase_listeners:
-                listener(slot.startup)
+        if startup.phase is not before.phase:
+            self.log.info("phase", phase=startup.phase.value)

@@ -14,17 +14,20 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sparkd.config import Config
 from sparkd.preflight import instances
 from sparkd.runtime.base import Instance
 
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
+
 
 class InstanceRegistry:
-    def __init__(self, config: Callable[[], Config], config_path: Path | None, log: Any,
+    def __init__(self, config: Callable[[], Config], config_path: Path | None, log: Logger,
                  env: Mapping[str, str] | None = None) -> None:
-        self.config = config  # current_config(): the folder a reload names is used from the next write
+        self.config = config  # the config in force: the folder a reload names is used from the next write
         cfg = config()
         self.log = log
         self.env = os.environ if env is None else env

@@ -13,20 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from sparkd.config import Config
 from sparkd.daemon.effects.files import StateWriter
-from sparkd.daemon.loop.current import CurrentConfig
-from sparkd.daemon.loop.supervisor import Supervisor
+from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.daemon.watch.memory import MemorySampler
 from sparkd.guard.sample import gib
 from sparkd.host.clock import Clock
+from sparkd.host.logs import Logger
 from sparkd.recorder.baseline import Baseline, Verdict, reboot_verdict, settled
 from sparkd.state.files import read_json
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
-from sparkd.supervisor.states import Machine, State
+from sparkd.supervisor.states import State
 
 __all__ = ["StartGuard"]
 
@@ -34,37 +34,22 @@ SAMPLE_S = 0.25
 KEEP = 32  # baselines kept
 
 
-class Notebook(Protocol):
-    """The flight recorder as the gate writes into it: an event for the next record, the phase it is in."""
-
-    phase: str | None
-
-    def note(self, text: str) -> None: ...
-
-
 class StartGuard:
-    def __init__(self, config: CurrentConfig, memory: MemorySampler, recorder: Notebook, sup: Supervisor,
-                 files: StateWriter, clock: Clock, log: Any,
-                 on_phase: Callable[[str | None], None] = lambda phase: None) -> None:
-        self.config = config
+    """``note``: an event for the flight recorder's next record; ``post``: the settle's phase to the loop (the node's
+    state shows it: status, its history, ``restart --wait``)."""
+
+    def __init__(self, state_dir: Path, memory: MemorySampler, note: Callable[[str], None],
+                 post: Callable[[v.Posted], None], files: StateWriter, clock: Clock, log: Logger) -> None:
+        self.path = state_dir / "memory-baselines.json"
         self.memory = memory
-        self.recorder = recorder
+        self.note = note
+        self.post = post
         self.files = files
         self.clock = clock
         self.log = log
-        self.on_phase = on_phase
         self.baselines: list[Baseline] = self._load()
         self.verdict: Verdict | None = None
         self.last_settle: dict[str, Any] | None = None
-        sup.listen(self._on_change)
-
-    @property
-    def cfg(self) -> Config:
-        return self.config()
-
-    @property
-    def path(self) -> Path:
-        return self.cfg.paths.state_dir / "memory-baselines.json"
 
     def _load(self) -> list[Baseline]:
         data = read_json(self.path) or {}
@@ -81,62 +66,54 @@ class StartGuard:
         self.files.put(self.path, {"boot": self.memory.boot, "baselines": [
             {"at": b.at, "available": b.available} for b in self.baselines]})
 
-    def _on_change(self, before: Machine, after: Machine, obs: v.Observation) -> None:
+    def on_state(self, before: NodeState, after: NodeState, posted: v.Posted) -> None:
         """An operator closed the breaker (reset or restart): the gate counts afresh from the next baseline."""
         if before.state is State.failed and after.state is not State.failed and self.baselines:
             self.baselines, self.verdict = [], None
             self._save()
-            self.recorder.note("memory baselines cleared: the breaker was closed")
+            self.note("memory baselines cleared: the breaker was closed")
 
-    async def before_start(self) -> Failure | None:
-        """Wait for MemAvailable to settle, keep the baseline, and say whether a start is safe."""
-        rc = self.cfg.recorder
+    async def before_start(self, cfg: Config) -> Failure | None:
+        """Wait for MemAvailable to settle, keep the baseline, and say whether a start is safe (as ``cfg`` says)."""
+        rc = cfg.recorder
         if rc.settle_s <= 0 and rc.reboot_after_falls <= 0:
             return None
-        value, waited = await self._settle()
+        value, waited = await self._settle(cfg)
         self.last_settle = {"at": self.clock.wall(), "settled": value is not None, "waited_s": round(waited, 2),
                             "available": value}
         if value is None:
             self.log.warning("memory_not_settled", waited_s=round(waited, 1), band=rc.settle_band)
-            self.recorder.note(f"memory did not settle within {gib(rc.settle_band)} in {waited:.0f} s; starting "
+            self.note(f"memory did not settle within {gib(rc.settle_band)} in {waited:.0f} s; starting "
                                "anyway (no baseline kept)")
             return None
         self.baselines = [*self.baselines, Baseline(self.clock.wall(), value)][-KEEP:]
         self._save()
         self.log.info("memory_settled", available=value, waited_s=round(waited, 2), baselines=len(self.baselines))
-        self.recorder.note(f"memory settled at {gib(value)} after {waited:.1f} s")
+        self.note(f"memory settled at {gib(value)} after {waited:.1f} s")
         self.verdict = reboot_verdict(self.baselines, falls=rc.reboot_after_falls, min_fall=rc.reboot_min_fall,
-                                      floor=self.cfg.guard.refuse_start_below)
+                                      floor=cfg.guard.refuse_start_below)
         if self.verdict is None:
             return None
         self.log.error("reboot_needed", falls=self.verdict.falls, lost=self.verdict.lost,
                        reason=self.verdict.sentence)
-        self.recorder.note(self.verdict.sentence)
+        self.note(self.verdict.sentence)
         return Failure.of(FailureClass.reboot_needed, self.verdict.sentence[0].upper() + self.verdict.sentence[1:]
                           + ".", evidence="; ".join(f"{gib(b.available)}" for b in self.baselines[-6:]))
 
-    async def _settle(self) -> tuple[int | None, float]:
-        rc = self.cfg.recorder
+    async def _settle(self, cfg: Config) -> tuple[int | None, float]:
+        rc = cfg.recorder
         started = self.clock.now()
-        self.recorder.phase = "memory_settle"
-        self.on_phase("memory_settle")
+        self.post(v.Settling("memory_settle"))
         try:
             while True:
                 now = self.clock.now()
                 self.memory.read()
-                value = settled(list(self.memory.samples), now, rc.settle_s, rc.settle_band, self._cadence())
+                value = settled(list(self.memory.samples), now, rc.settle_s, rc.settle_band, _cadence(cfg))
                 if value is not None or now - started >= rc.settle_timeout_s:
                     return value, now - started
                 await self.clock.sleep(SAMPLE_S)
         finally:
-            self.recorder.phase = None
-            self.on_phase(None)
-
-    def _cadence(self) -> float:
-        """The longest gap between two samples that still counts as watched: the records' interval while the
-        recorder runs, else this wait's own (with slack for a loaded loop)."""
-        rc = self.cfg.recorder
-        return 1.5 * max(SAMPLE_S, rc.interval_s if rc.enabled else SAMPLE_S)
+            self.post(v.Settling(None))
 
     # ---- for status and metrics
     def status(self) -> dict[str, Any]:
@@ -148,3 +125,10 @@ class StartGuard:
     def unreturned(self) -> int:
         """Bytes lost across the current run of falling baselines (0 when the gate is not open)."""
         return self.verdict.lost if self.verdict is not None else 0
+
+
+def _cadence(cfg: Config) -> float:
+    """The longest gap between two samples that still counts as watched: the records' interval while the recorder
+    runs, else the settle's own (with slack for a loaded loop)."""
+    rc = cfg.recorder
+    return 1.5 * max(SAMPLE_S, rc.interval_s if rc.enabled else SAMPLE_S)

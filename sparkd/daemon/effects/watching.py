@@ -1,38 +1,44 @@
-"""Watching this node's instance: its :class:`~sparkd.daemon.watch.instance.InstanceWatch` built and started when it is
-launched or adopted (its record written first), and what the watch tells heard with the node's facts: its lines
-go to :class:`~sparkd.daemon.effects.output.VllmOutput`, its exits are classified with the guard's evidence, and a wedge
-carries the GPUs' power and, seen while a peer's sparkd is unreachable, is the peer's loss
-(:func:`sparkd.supervisor.peerloss.wedge_or_peer_lost`)."""
+"""Watching this node's instance: its :class:`~sparkd.daemon.watch.instance.InstanceWatch` built and started when it
+is launched or adopted (its record written first), closed when it is stopped; and what the watch tells heard with
+the node's facts: its lines go to :class:`~sparkd.daemon.effects.output.VllmOutput`, its exits are classified with
+the guard's evidence, and a wedge carries the GPUs' power and, seen while a peer's sparkd is unreachable, is the
+peer's loss (:func:`sparkd.supervisor.peerloss.wedge_or_peer_lost`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
+from sparkd.config import Config, HealthConfig
 from sparkd.daemon.effects.instancerecord import InstanceRecord
 from sparkd.daemon.effects.nodeevidence import NodeEvidence
 from sparkd.daemon.effects.output import VllmOutput
-from sparkd.daemon.effects.plan import LaunchPlan
-from sparkd.daemon.loop.current import CurrentConfig
+from sparkd.daemon.effects.plan import headless
+from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.daemon.watch.gpus import GpuSampler
 from sparkd.daemon.watch.instance import InstanceWatch, Probes, Watched
 from sparkd.host.clock import Clock
+from sparkd.host.logs import Logger
 from sparkd.launch.render import health_settings
-from sparkd.runtime.base import Instance
+from sparkd.runtime.base import Runtime
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
-from sparkd.supervisor.health import topology_of
+from sparkd.supervisor.health import HealthTracker, topology_of
+from sparkd.supervisor.instance import Instance
 from sparkd.supervisor.peerloss import WEDGES, wedge_or_peer_lost
+from sparkd.supervisor.readings import VllmMetrics
 from sparkd.supervisor.states import State
 
 
 class Mailbox(Protocol):
-    """The supervisor as the parts that post to it see it: the queue in, the state now."""
+    """The loop as the parts that post to it see it: the queue in, the node's state now."""
 
     def post(self, obs: v.Observation) -> None: ...
 
     def state(self) -> State: ...
+
+    def node(self) -> NodeState: ...
 
 
 class Unreachable(Protocol):
@@ -44,9 +50,8 @@ class Unreachable(Protocol):
 class NodeWatchReports:
     """What the watch tells, as the node hears it (:class:`sparkd.daemon.watch.instance.WatchReports`)."""
 
-    def __init__(self, config: CurrentConfig, mailbox: Mailbox, output: VllmOutput, evidence: NodeEvidence, *,
-                 group: Unreachable | None, gpu: GpuSampler | None) -> None:
-        self.config = config
+    def __init__(self, mailbox: Mailbox, output: VllmOutput, evidence: NodeEvidence, *, group: Unreachable | None,
+                 gpu: GpuSampler | None) -> None:
         self.mailbox = mailbox
         self.output = output
         self.evidence = evidence
@@ -61,14 +66,14 @@ class NodeWatchReports:
 
     def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
                       engine_gone: bool = False) -> Failure:
-        return self.evidence.classify_exit(exit_code, sig, hint, engine_gone)
+        return self.evidence.classify_exit(exit_code, sig, hint, engine_gone, self.mailbox.node())
 
     def post(self, obs: v.Observation) -> None:
         """The watch's observations; a wedge carries the GPUs' power, and seen while a peer's sparkd is unreachable
         it is the peer's loss."""
         if isinstance(obs, v.HealthFailed) and obs.failure.cls in WEDGES:
             lost = self.group.unreachable() if self.group is not None else []
-            cfg = self.config()
+            cfg = self.mailbox.node().config
             seen = self.gpu.annotate(obs.failure, cfg.health.stall_after_s) if self.gpu else obs.failure
             failure = wedge_or_peer_lost(seen, lost)
             obs = replace(obs, failure=failure) if failure.cls in WEDGES else v.HealthFailed(
@@ -76,32 +81,62 @@ class NodeWatchReports:
         self.mailbox.post(obs)
 
 
+class HealthSettings:
+    """``[health]`` as the watch applies it (``execute_timeout_s`` from the launch's environment when unset), from
+    the config in force: derived once per config."""
+
+    def __init__(self, config: Callable[[], Config]) -> None:
+        self.config = config
+        self._made: tuple[Config, HealthConfig] | None = None
+
+    def __call__(self) -> HealthConfig:
+        cfg = self.config()
+        if self._made is None or self._made[0] is not cfg:
+            self._made = (cfg, health_settings(cfg))
+        return self._made[1]
+
+
 class Watching:
-    def __init__(self, plan: LaunchPlan, record: InstanceRecord, reports: NodeWatchReports,
-                 probes: Callable[[], Probes], spawn: Callable[..., None], clock: Clock, log: Any) -> None:
-        self.plan = plan
+    """The instance's watch, from its launch or adoption to its stop. Built before the memory guard, which asks it
+    whether vLLM is idle; what the watch tells goes to the reports handed with each instance (they classify with
+    the guard's facts)."""
+
+    def __init__(self, runtime: Runtime, record: InstanceRecord, probes: Callable[[Config], Probes],
+                 spawn: Callable[..., None], settings: HealthSettings, clock: Clock, log: Logger) -> None:
+        """``probes``: vLLM's HTTP surface as the instance's launch config says (where it listens, what it
+        serves)."""
+        self.runtime = runtime
         self.record = record
-        self.reports = reports
         self.probes = probes
         self.spawn = spawn
+        self.settings = settings
         self.clock = clock
         self.log = log
+        self.watch: InstanceWatch | None = None  # the instance's, from its launch or adoption to its stop
 
-    def attach(self, instance: Instance, *, adopted: bool) -> None:
-        """Record ``instance`` and watch it from now on."""
-        cfg, runtime = self.plan.config(), self.plan.runtime
+    def attach(self, instance: Instance, cfg: Config, reports: NodeWatchReports, *, adopted: bool) -> None:
+        """Record ``instance`` and watch it from now on, telling ``reports`` what the watch sees."""
         self.record.write(instance)
         watched = Watched(
             instance, replay=adopted,
             topology=topology_of(cfg.nnodes, cfg.launch.tensor_parallel_size, cfg.launch.pipeline_parallel_size),
-            clients_port=cfg.launch.port if runtime.shares_host_network else None)
-        watch = InstanceWatch(watched, runtime, self.reports, None if self.plan.headless else self.probes(),
-                              health_settings(cfg), self.clock, self.log)
-        self.plan.slot.hold(instance, watch)
-        self.spawn(watch.run)
+            clients_port=cfg.launch.port if self.runtime.shares_host_network else None)
+        rank_headless = headless(cfg)
+        reports.output.begin(headless=rank_headless)
+        self.watch = InstanceWatch(watched, self.runtime, reports, None if rank_headless else self.probes(cfg),
+                                   self.settings, self.clock, self.log)
+        self.spawn(self.watch.run)
 
-    def configure(self, cfg: Any) -> None:
-        """A reloaded config: the watch's health settings apply at once."""
-        watch = self.plan.slot.watch
+    async def close(self) -> None:
+        """The instance is stopped: its watch ends (its probes' connections closed)."""
+        watch, self.watch = self.watch, None
         if watch is not None:
-            watch.configure(health_settings(cfg))
+            await watch.close()
+
+    # ---- for the views and the guard (read only)
+    def health(self) -> HealthTracker | None:
+        return self.watch.health if self.watch is not None else None
+
+    def metrics(self) -> VllmMetrics | None:
+        """vLLM's last metrics scrape, while it is watched."""
+        return self.watch.vllm_metrics if self.watch is not None else None

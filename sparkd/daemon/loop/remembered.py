@@ -9,7 +9,7 @@ by name, and also means a fresh start.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkd.host.clock import Clock
 from sparkd.state.files import json_state, set_aside
@@ -17,6 +17,9 @@ from sparkd.state.schema import LIFECYCLE
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.policy import RestartState, Strike
 from sparkd.supervisor.states import Intent, Remembered
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 VERSION = 1
 
@@ -75,7 +78,7 @@ def from_json(data: Any, clock: Clock) -> Remembered:
     )
 
 
-def load(path: Path, clock: Clock, log: Any) -> Remembered:
+def load(path: Path, clock: Clock, log: Logger) -> Remembered:
     """The remembered lifecycle in ``path``, or a fresh one (missing, unreadable or malformed: logged, and a bad
     file set aside)."""
     state = json_state(path, LIFECYCLE, log=log, clock=clock.wall)
@@ -93,7 +96,7 @@ def load(path: Path, clock: Clock, log: Any) -> Remembered:
     return remembered
 
 
-def _set_aside(path: Path, clock: Clock, log: Any, why: str) -> Remembered:
+def _set_aside(path: Path, clock: Clock, log: Logger, why: str) -> Remembered:
     aside = set_aside(path, clock.wall())
     log.warning("lifecycle_unusable", path=str(path), reason=why, set_aside=str(aside) if aside else None)
     return Remembered()

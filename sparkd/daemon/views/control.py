@@ -1,25 +1,30 @@
-"""The daemon's surface for the control commands (``sparkd.commands.base.Control``), over the supervisor, the
-node and the view. Commands post observations and read status here; they never reach further in.
+"""The daemon's surface for the control commands (``sparkd.commands.port.Control``), over the loop, the view and what
+the operator reaches beside the loop (vLLM's log, the preflight, the container, the group's checks). Commands post
+observations and read status here; they never reach further in.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from sparkd.commands.port import Checks
 from sparkd.commands.statusdoc import Status
 from sparkd.config import Role
 from sparkd.daemon.boot.reload import ReloadReport
+from sparkd.daemon.effects.facts import ContainerFacts
 from sparkd.daemon.effects.groupchecks import GroupChecks
-from sparkd.daemon.effects.node import Node
+from sparkd.daemon.effects.plan import LaunchPlan
+from sparkd.daemon.effects.preflighting import LocalPreflight
+from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.daemon.loop.supervisor import Supervisor
-from sparkd.daemon.views.recorder import flight_records
+from sparkd.daemon.views.flightrecords import flight_records
 from sparkd.daemon.views.status import StatusView
+from sparkd.host.logs import VllmLog
 from sparkd.preflight.runner import PreflightReport
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State, refusal
@@ -30,30 +35,39 @@ if TYPE_CHECKING:
 FOLLOW_BUFFER = 10_000  # lines a slow `sparkctl logs -f` may fall behind before it misses some
 
 
+@dataclass(frozen=True)
+class Operated:
+    """What the operator's commands reach beside the loop, each read-only but for what it does itself."""
+
+    vllm_log: VllmLog  # its tail, its lines since, a follow
+    preflight: LocalPreflight  # an operator's (or the head's) preflight, and the last one's results
+    container: ContainerFacts  # `sparkctl recreate`
+    plan: LaunchPlan  # this node's vLLM left after a stop
+    checks: GroupChecks  # the group's proofs, a worker's answers to them
+
+
 class DaemonControl:
-    def __init__(self, sup: Supervisor, node: Node, view: StatusView, group: Coordinator | None, *,
-                 reload: Callable[[], Awaitable[ReloadReport]], handover: Callable[[], None],
-                 checks: Checks | None = None) -> None:
+    def __init__(self, sup: Supervisor, view: StatusView, operated: Operated, group: Coordinator | None, *,
+                 reload: Callable[[], Awaitable[ReloadReport]], handover: Callable[[], None]) -> None:
         self.sup = sup
-        self.checks: Checks = checks or GroupChecks(node.cfg, node.runtime, None, log=node.log,
-                                                    image=node.facts.identity)
-        self.node = node
         self.view = view
+        self.operated = operated
+        self.checks = operated.checks
         self.group = group
         self.worker = group is not None and group.role is Role.worker
-        self.incidents_root: Path = node.cfg.paths.incidents
+        self.incidents_root: Path = sup.config().paths.incidents
         self._reload = reload
         self._handover = handover
         self._changed = anyio.Event()
-        sup.listen(lambda before, after, obs: self._signal())
 
-    def _signal(self) -> None:
+    def on_state(self, before: NodeState, after: NodeState, posted: v.Posted) -> None:
+        """The node changed: whoever waits for a change looks again."""
         self._changed.set()
         self._changed = anyio.Event()
 
     @property
     def stop_timeout_s(self) -> float:
-        return self.node.cfg.supervisor.stop_grace_s + 30.0
+        return self.sup.config().supervisor.stop_grace_s + 30.0
 
     def status(self) -> Status:
         return self.view.status()
@@ -65,7 +79,7 @@ class DaemonControl:
         self._handover()
 
     async def recreate(self) -> tuple[bool, str]:
-        return await self.node.facts.recreate()
+        return await self.operated.container.recreate()
 
     def refusal(self, command: str) -> str | None:
         if self.sup.shutting_down:
@@ -83,19 +97,24 @@ class DaemonControl:
         return done()
 
     def running(self) -> bool:
-        return self.node.instance is not None
+        return self.sup.instance() is not None
 
     def stopped(self) -> bool:
-        return self.node.instance is None and self.sup.machine.state in (State.stopped, State.failed)
+        return self.sup.instance() is None and self.sup.machine.state in (State.stopped, State.failed)
+
+    def _protected(self) -> frozenset[int]:
+        """The watched instance's processes: an operator's question never touches them."""
+        instance = self.sup.instance()
+        return frozenset(self.operated.plan.runtime.pids(instance)) if instance is not None else frozenset()
 
     def vllm_left(self) -> list[int]:
-        return self.node.plan.vllm_left()
+        return self.operated.plan.vllm_left(self.sup.config(), self._protected())
 
     def log_tail(self, lines: int) -> list[str]:
-        return self.node.vllm_log.last(lines)
+        return self.operated.vllm_log.last(lines)
 
     def log_entries(self, lines: int, since: float | None) -> list[tuple[float, str]]:
-        return self.node.vllm_log.entries(lines, since)
+        return self.operated.vllm_log.entries(lines, since)
 
     async def follow_log(self, backlog: list[str]) -> AsyncIterator[str]:
         send, receive = anyio.create_memory_object_stream[str](FOLLOW_BUFFER)
@@ -104,7 +123,7 @@ class DaemonControl:
             with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 send.send_nowait(line)
 
-        unsubscribe = self.node.vllm_log.subscribe(offer)
+        unsubscribe = self.operated.vllm_log.subscribe(offer)
         try:
             for line in backlog:
                 yield line
@@ -115,10 +134,11 @@ class DaemonControl:
             send.close()
 
     async def preflight(self, *, dry_run: bool) -> PreflightReport:
-        return await self.node.operator_preflight(dry_run=dry_run)
+        """An operator's (or the head's) preflight: never touches the watched instance."""
+        return await self.operated.preflight.operator(self.sup.config(), dry_run=dry_run, protect=self._protected())
 
     def last_preflight(self) -> list[dict[str, Any]]:
-        return self.node.last_preflight
+        return self.operated.preflight.last
 
     async def flight_records(self, *, since: float | None, until: float | None, local: bool) -> dict[str, Any]:
-        return await flight_records(self.node.cfg, None if local else self.group, since=since, until=until)
+        return await flight_records(self.sup.config(), None if local else self.group, since=since, until=until)

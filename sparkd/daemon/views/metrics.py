@@ -21,9 +21,10 @@ from prometheus_client.utils import floatToGoString
 
 from sparkd import __version__
 from sparkd.daemon.effects.restartgate import StartGuard
+from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.daemon.views import checkmetrics
+from sparkd.daemon.views.flightrecords import FlightRecorder
 from sparkd.daemon.views.gpumetrics import gpu_families
-from sparkd.daemon.views.recorder import DaemonRecorder
 from sparkd.daemon.views.status import StatusView
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
@@ -58,19 +59,19 @@ class _Families:
 class SparkdCollector(Collector):
     def __init__(self, view: StatusView) -> None:
         self.view = view
-        cfg = view.cfg
+        cfg = view.node().config
         identity = {"node": cfg.node.name}
-        if view.group is not None:
+        if view.seen.group is not None:
             identity["rank"] = str(cfg.node_rank)
             identity["group"] = f"{cfg.master_addr}:{cfg.master_port}"  # what every rank of one group shares
         self.f = _Families(identity)
 
     def collect(self) -> Iterator[Any]:
-        f, view = self.f, self.view
-        m = view.sup.machine
+        f, view, node = self.f, self.view, self.view.node()
+        m, cfg = node.machine, node.config
         info = InfoMetricFamily("sparkd_build", "sparkd build information.", labels=f.keys)
-        info.add_metric(f.values, {"version": __version__, "role": view.cfg.node.role.value,
-                                   "runtime": view.cfg.runtime.value})
+        info.add_metric(f.values, {"version": __version__, "role": cfg.node.role.value,
+                                   "runtime": cfg.runtime.value})
         yield info
         state = GaugeMetricFamily("sparkd_state", "1 for the current lifecycle state.", labels=[*f.keys, "state"])
         for s in State:
@@ -85,23 +86,25 @@ class SparkdCollector(Collector):
         yield f.gauge("sparkd_start_elapsed_seconds", "Seconds since the current launch, while it starts (else 0).",
                       now - m.started_at if starting and m.started_at is not None else 0.0)
         yield f.gauge("sparkd_start_budget_seconds", "The startup budget of a launch ([supervisor] "
-                      "startup_timeout_s).", view.sup.limits.startup_timeout_s)
+                      "startup_timeout_s).", node.limits.startup_timeout_s)
         yield f.gauge("sparkd_daemon_degraded", "1 when sparkd itself cannot do part of its job (see status).",
-                      1.0 if view.daemon.problems() else 0.0)
+                      1.0 if view.facts.problems() else 0.0)
         yield from self._counters()
-        yield from self._startup()
+        yield from self._startup(node)
         yield from self._health()
         yield from self._preflight()
-        yield from self._memory(view.guard())
-        yield from gpu_families(self.f.keys, self.f.values, view.gpu.launch_devices() if view.gpu else [])
+        yield from self._memory(view.seen.guard)
+        gpu = view.seen.gpu
+        yield from gpu_families(self.f.keys, self.f.values, gpu.launch_devices() if gpu else [])
         yield from self._peers()
-        yield from checkmetrics.families(f.keys, f.values, view.daemon.proofs())
+        yield from checkmetrics.families(f.keys, f.values, view.facts.proofs())
 
     def _counters(self) -> Iterator[Any]:
-        f, counters = self.f, self.view.node.evidence.counters
+        f, counters = self.f, self.view.seen.counters
         restarts = f.counter("sparkd_restarts", "Restarts of vLLM by what caused them.", ["reason"])
         # Every reason from 0 (each failure class, the operator): increase() sees the first restart too.
-        seen = {**dict.fromkeys([*(cls.value for cls in FailureClass), "operator", "reset"], 0), **self.view.restarts}
+        seen = {**dict.fromkeys([*(cls.value for cls in FailureClass), "operator", "reset"], 0),
+                **self.view.history.restarts}
         for reason, n in sorted(seen.items()):
             f.add(restarts, n, reason)
         yield restarts
@@ -113,8 +116,8 @@ class SparkdCollector(Collector):
             yield f.gauge("sparkd_last_exit_code", "Exit status of the last vLLM process that ended.",
                           counters.last_exit_code)
 
-    def _startup(self) -> Iterator[Any]:
-        f, node = self.f, self.view.node
+    def _startup(self, node: NodeState) -> Iterator[Any]:
+        f = self.f
         phase = GaugeMetricFamily("sparkd_startup_phase", "1 for vLLM's current startup phase.",
                                   labels=[*f.keys, "phase"])
         current = node.startup.phase if node.instance is not None else None
@@ -141,14 +144,14 @@ class SparkdCollector(Collector):
                           node.startup.max_concurrency)
 
     def _health(self) -> Iterator[Any]:
-        f, watch = self.f, self.view.node.watch
+        f, health = self.f, self.view.seen.watching.health()
         probes = f.counter("sparkd_probes", "Health probes by probe and result.", ["probe", "result"])
         latency = GaugeMetricFamily("sparkd_probe_latency_seconds", "Latency of the last probe.",
                                     labels=[*f.keys, "probe"])
-        if watch is not None:
-            for (probe, outcome), n in sorted(watch.health.probes_total.items()):
+        if health is not None:
+            for (probe, outcome), n in sorted(health.probes_total.items()):
                 f.add(probes, n, probe, str(outcome))
-            for probe, seconds in sorted(watch.health.last_latency_s.items()):
+            for probe, seconds in sorted(health.last_latency_s.items()):
                 f.add(latency, seconds, probe)
         yield probes
         yield latency
@@ -159,7 +162,7 @@ class SparkdCollector(Collector):
                                     labels=[*f.keys, "check", "verdict"])
         durations = GaugeMetricFamily("sparkd_preflight_check_duration_seconds",
                                       "Duration of each check in the last preflight.", labels=[*f.keys, "check"])
-        for r in self.view.node.last_preflight:
+        for r in self.view.seen.preflight.last:
             f.add(results, 1.0, str(r["id"]), str(r["verdict"]))
             f.add(durations, float(r["duration_s"]), str(r["id"]))  # type: ignore[arg-type]
         yield results
@@ -217,11 +220,12 @@ class SparkdCollector(Collector):
                               "Predicted seconds until MemAvailable reaches the stop floor.", trend.seconds_to_floor)
 
     def _peers(self) -> Iterator[Any]:
-        if self.view.group is None:
+        group = self.view.seen.group
+        if group is None:
             return
         f = self.f
         up = GaugeMetricFamily("sparkd_peer_up", "1 when the peer's sparkd answers.", labels=[*f.keys, "peer"])
-        for peer in self.view.group.peers_json():
+        for peer in group.peers_json():
             f.add(up, 1.0 if peer["reachable"] else 0.0, peer["peer"])
         yield up
 
@@ -239,12 +243,12 @@ class Metrics:
         self.start_duration = Histogram("sparkd_start_duration_seconds", "From launch to ready.",
                                         labelnames=collector.f.keys, buckets=START_BUCKETS, registry=self.registry)
         self._start = self.start_duration.labels(*collector.f.values)
-        view.sup.listeners.append(self._on_change)
 
-    def _on_change(self, before: Any, after: Any, obs: Any) -> None:
-        if after.state is State.ready and before.state is State.starting and after.started_at is not None \
-                and after.launches:
-            self._start.observe(after.since - after.started_at)
+    def on_state(self, before: NodeState, after: NodeState, posted: Any) -> None:
+        """A launch became ready: how long it took, into the histogram."""
+        was, now = before.machine, after.machine
+        if now.state is State.ready and was.state is State.starting and now.started_at is not None and now.launches:
+            self._start.observe(now.since - now.started_at)
 
     def render(self) -> bytes:
         return text_format(self.registry)
@@ -297,18 +301,18 @@ def _sample_line(sample: Any) -> str:
 class RecorderCollector:
     """The flight recorder's and the restart gate's metrics, with the node's identity labels."""
 
-    def __init__(self, families: Any, recorder: DaemonRecorder, gate: StartGuard) -> None:
+    def __init__(self, families: Any, recorder: FlightRecorder, gate: StartGuard) -> None:
         self.f = families
         self.recorder = recorder
         self.gate = gate
 
     def collect(self) -> Iterator[Any]:
-        f, writer = self.f, self.recorder.writer
+        f = self.f
+        written, dropped, syncs = self.recorder.counts()
         for name, doc, value in (
-            ("sparkd_recorder_records", "Flight-recorder records written to the ring.", writer.written),
-            ("sparkd_recorder_dropped", "Flight-recorder records lost: the ring could not be written.",
-             writer.dropped),
-            ("sparkd_recorder_syncs", "fdatasync calls on the flight recorder's ring.", writer.syncs),
+            ("sparkd_recorder_records", "Flight-recorder records written to the ring.", written),
+            ("sparkd_recorder_dropped", "Flight-recorder records lost: the ring could not be written.", dropped),
+            ("sparkd_recorder_syncs", "fdatasync calls on the flight recorder's ring.", syncs),
         ):
             family = f.counter(name, doc, [])
             f.add(family, value)

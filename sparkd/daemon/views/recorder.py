@@ -1,77 +1,64 @@
 """The daemon's flight recorder: one record every ``[recorder] interval_s`` from what the daemon already knows.
 
 Each tick, on the daemon's own loop (no new process, no new service), :class:`DaemonRecorder` reads MemAvailable,
-MemFree and swap (one ``preadv`` of ``/proc/meminfo``) and PSI, and takes the rest from objects the daemon keeps
-anyway: the guard's level, action, leak trend and the kernel lines it kept (OOM, NVRM, Xid, AER), the lifecycle
-state, vLLM's startup phase, its last metrics scrape (running and waiting requests, KV usage, prompt tokens/s from
-``vllm:prompt_tokens_total``), each peer's last heartbeat and clock offset, and what happened since the last
+MemFree and swap (one ``preadv`` of ``/proc/meminfo``) and PSI (:mod:`sparkd.daemon.watch.memory`), and takes the
+rest from what the daemon keeps anyway: the node's state (the lifecycle state, vLLM's startup phase or the memory
+settle, its PID, the restarts, the guard's floors in force), the guard's level, action, leak trend and the kernel
+lines it kept (OOM, NVRM, Xid, AER), vLLM's last metrics scrape (running and waiting requests, KV usage, prompt
+tokens/s from ``vllm:prompt_tokens_total``), the GPU sampler's last reading of the launch's GPUs (power,
+utilization and memory of each), each peer's last heartbeat and clock offset, and what happened since the last
 record (transitions, guard actions, peers lost and back). It packs the record and hands it to the writer thread
-(:class:`sparkd.recorder.writer.RingWriter`). GPU power and utilization come through the ``gpu`` hook (issue 27's
-NVML view fills it; until then they are unknown). With ``hardware_watchdog`` it arms the watchdog once the ring
-is synced and pets it while the supervising loop moves.
+(:class:`sparkd.recorder.writer.RingWriter`). With ``hardware_watchdog`` it arms the watchdog once the ring is
+synced and pets it while the supervising loop moves.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
 from sparkd import __version__
-from sparkd.commands import recorder
-from sparkd.config import Config, Role
-from sparkd.daemon.effects.slot import InstanceSlot
-from sparkd.daemon.loop.current import CurrentConfig
-from sparkd.daemon.loop.supervisor import Supervisor
-from sparkd.daemon.watch.memory import MemorySampler, read_boot_id
+from sparkd.daemon.loop.nodestate import NodeState
+from sparkd.daemon.views.flightrecords import ring_path
+from sparkd.daemon.views.status import Seen
+from sparkd.daemon.watch.memory import MemorySampler
 from sparkd.guard.guard import Guard
 from sparkd.host.clock import Clock
-from sparkd.recorder.excerpt import records_between, summaries
-from sparkd.recorder.record import Floors, PeerMark, Record, encode
+from sparkd.host.logs import Logger
+from sparkd.recorder.record import Floors, GpuMark, PeerMark, Record, encode
 from sparkd.recorder.watchdog import Watchdog, WatchdogError
 from sparkd.recorder.writer import RingWriter
 from sparkd.supervisor import vocabulary as v
-from sparkd.supervisor.states import Machine, State
+from sparkd.supervisor.states import State
 
-if TYPE_CHECKING:
-    from sparkd.cluster.coordinator import Coordinator
-
-__all__ = ["DaemonRecorder", "GpuReading", "flight_records", "own_records", "ring_path"]
+__all__ = ["DaemonRecorder", "gpu_marks"]
 
 MAX_EVENTS = 64  # events waiting for the next record (a storm of transitions keeps the newest)
-PEER_RECORDS_TIMEOUT_S = 30.0
 PROMPT_RATE_STALE_S = 15.0  # a prompt-token counter that has not moved for this long: 0 tokens/s
-GpuReading = Callable[[], tuple[float | None, float | None]]  # (power W, utilization %); issue 27's NVML view
-
-
-def ring_path(cfg: Config) -> Path:
-    return cfg.recorder.path or cfg.paths.state_dir / "recorder.ring"
 
 
 class DaemonRecorder:
-    def __init__(self, config: CurrentConfig, sup: Supervisor, node: InstanceSlot, memory: MemorySampler,
-                 clock: Clock, log: Any, *, guard: Guard | None, group: Coordinator | None) -> None:
-        self.config = config  # the ring's path and size apply at the next daemon start
-        cfg = config()
-        self.sup = sup
-        self.node = node
+    def __init__(self, node: Callable[[], NodeState], seen: Seen, memory: MemorySampler, clock: Clock, log: Logger,
+                 *, alive_at: Callable[[], float]) -> None:
+        """``alive_at``: when the supervising loop last moved (the hardware watchdog is petted only while it does)."""
+        self.node = node  # the loop's: the node's state now
+        self.seen = seen
+        self.memory = memory
         self.clock = clock
         self.log = log
-        self.guard = guard
-        self.group = group
-        self.gpu: GpuReading = lambda: (None, None)
+        self.alive_at = alive_at
+        cfg = node().config  # the ring's path and size apply at the next daemon start
         self.boot = memory.boot
         self.run_id = int.from_bytes(os.urandom(4), "little")
         self.writer = RingWriter(ring_path(cfg), cfg.recorder.ring_size, sync_interval_s=cfg.recorder.sync_interval_s,
                                  log=log)
-        self.memory = memory
-        self.phase: str | None = None  # memory_settle while the settle waits
         self.events: deque[str] = deque(maxlen=MAX_EVENTS)
         self.records = 0
         self.cpu_s = 0.0  # CPU time its ticks took on the loop (the writer thread counts its own)
@@ -83,25 +70,20 @@ class DaemonRecorder:
         self._guard_action: str | None = None
         self._prompt: tuple[float, float, float] | None = None  # (counter, monotonic time it moved, rate)
         self._closed = False
-        sup.listeners.append(self._on_change)
         self.note(f"sparkd {__version__} started (pid {os.getpid()}, boot {self.boot[:8]})")
 
     # ---- events
-
-    @property
-    def cfg(self) -> Config:
-        return self.config()
-
     def note(self, text: str) -> None:
         self.events.append(text)
 
-    def _on_change(self, before: Machine, after: Machine, obs: v.Observation) -> None:
-        if after.state is before.state:
+    def on_state(self, before: NodeState, after: NodeState, posted: v.Posted) -> None:
+        was, now = before.machine, after.machine
+        if now.state is was.state:
             return
-        text = f"{before.state.value} → {after.state.value}"
-        failure = after.answering or (after.last_failure if after.state in (State.backoff, State.failed) else None)
-        if failure is not None and (after.state is State.stopping or after.state is State.failed
-                                    or after.last_failure is not before.last_failure):
+        text = f"{was.state.value} → {now.state.value}"
+        failure = now.answering or (now.last_failure if now.state in (State.backoff, State.failed) else None)
+        if failure is not None and (now.state is State.stopping or now.state is State.failed
+                                    or now.last_failure is not was.last_failure):
             text += f": {failure.cls.value}: {failure.sentence[:300]}"
         self.note(text)
 
@@ -109,23 +91,31 @@ class DaemonRecorder:
     def record(self, *, clean_exit: bool = False) -> Record:
         now = self.clock.now()
         memory = self.memory.read()
-        guard = self.guard
-        machine, node = self.sup.machine, self.node
-        metrics = node.watch.vllm_metrics if node.watch is not None else None
-        power, util = self._gpu()
+        state, guard = self.node(), self.seen.guard
+        machine, floors = state.machine, state.config.guard
+        metrics = self.seen.watching.metrics()
+        gpus = self._gpus()
+        power = [g.power_w for g in gpus if g.power_w is not None]
+        util = [g.util_pct for g in gpus if g.util_pct is not None]
         return Record(
             wall=self.clock.wall(), mono=now, boot=self.boot, run=self.run_id, **memory,
             **self._guard_fields(guard), state=machine.state.value,
-            phase=self.phase or (node.startup.phase.value if node.instance is not None else None),
+            phase=state.settling or (state.startup.phase.value if state.instance is not None else None),
             running=_int(metrics.num_requests_running) if metrics is not None else None,
             waiting=_int(metrics.num_requests_waiting) if metrics is not None else None,
             prompt_tps=self._prompt_rate(metrics.prompt_tokens_total if metrics is not None else None, now),
             kv_usage=metrics.kv_cache_usage_perc if metrics is not None else None,
-            gpu_power_w=power, gpu_util=util, pid=node.instance.pid if node.instance is not None else None,
-            restarts=machine.restarts, floors=Floors(self.cfg.guard.warn_below, self.cfg.guard.stop_below,
-                                                     self.cfg.guard.kill_below),
+            gpu_power_w=sum(power) if power else None, gpu_util=statistics.mean(util) if util else None,
+            pid=state.instance.pid if state.instance is not None else None,
+            restarts=machine.restarts, floors=Floors(floors.warn_below, floors.stop_below, floors.kill_below),
             clean_exit=clean_exit, peers=self._peers(now), kernel=self._kernel_lines(guard),
-            events=self._take_events())
+            events=self._take_events(), gpus=gpus)
+
+    def _gpus(self) -> tuple[GpuMark, ...]:
+        try:
+            return gpu_marks(self.seen.gpu)
+        except Exception:  # a GPU reading never costs a record
+            return ()
 
     def _guard_fields(self, guard: Guard | None) -> dict[str, Any]:
         if guard is None or guard.decision is None:
@@ -149,10 +139,11 @@ class DaemonRecorder:
         return tuple(list(kernel.lines)[-new:]) if new > 0 else ()
 
     def _peers(self, now: float) -> tuple[PeerMark, ...]:
-        if self.group is None:
+        group = self.seen.group
+        if group is None:
             return ()
         marks = []
-        for peer, view in self.group.views.items():
+        for peer, view in group.views.items():
             name = str((view.status or {}).get("node") or peer)
             up = view.reachable
             if self._peers_up.get(peer, True) != up:
@@ -175,12 +166,6 @@ class DaemonRecorder:
         self._prompt = mark
         return mark[2]
 
-    def _gpu(self) -> tuple[float | None, float | None]:
-        try:
-            return self.gpu()
-        except Exception:  # a GPU reading never costs a record
-            return None, None
-
     def _take_events(self) -> tuple[str, ...]:
         taken = tuple(self.events)
         self.events.clear()
@@ -192,7 +177,7 @@ class DaemonRecorder:
         self.writer.start()
         while True:
             self.tick()
-            await self.clock.sleep(self.cfg.recorder.interval_s)
+            await self.clock.sleep(self.node().config.recorder.interval_s)
 
     def tick(self) -> None:
         started = time.thread_time()
@@ -216,7 +201,7 @@ class DaemonRecorder:
                 self.log.warning("watchdog_armed", device=str(dog.device), timeout_s=dog.timeout_s,
                                  driver_timeout_s=dog.timeout_set)
                 self.note(f"hardware watchdog {dog.device} armed ({dog.timeout_s} s)")
-            elif self.clock.now() - self.sup.alive_at <= dog.timeout_s / 2:
+            elif self.clock.now() - self.alive_at() <= dog.timeout_s / 2:
                 dog.pet()
             self.watchdog_problem = None
         except (OSError, WatchdogError) as exc:
@@ -229,7 +214,7 @@ class DaemonRecorder:
         if self._closed:
             return
         self._closed = True
-        self.note(f"sparkd exits cleanly ({self.sup.machine.state.value})")
+        self.note(f"sparkd exits cleanly ({self.node().machine.state.value})")
         with contextlib.suppress(Exception):
             self.writer.put(encode(self.record(clean_exit=True)))
         await anyio.to_thread.run_sync(self.writer.close)
@@ -248,49 +233,17 @@ class DaemonRecorder:
                 "watchdog": None if self.watchdog is None else {"armed": self.watchdog.armed,
                                                                "pets": self.watchdog.pets}}
 
+    def counts(self) -> tuple[int, int, int]:
+        return self.writer.written, self.writer.dropped, self.writer.syncs
+
+
+def gpu_marks(gpu: Any) -> tuple[GpuMark, ...]:
+    """The launch's GPUs as the sampler last read them (none without a sampler or a reading)."""
+    if gpu is None:
+        return ()
+    return tuple(GpuMark(d.index, d.power_w, None if d.utilization_pct is None else float(d.utilization_pct),
+                         d.used_bytes, d.total_bytes) for d in gpu.launch_devices())
+
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
-
-
-# ---- what `sparkctl postmortem` reads (sparkd.commands.recorder)
-
-
-def own_records(cfg: Config, since: float | None, until: float | None) -> dict[str, Any]:
-    """This node's runs (and records in ``[since, until]`` when ``until`` is given), for the recorder command."""
-    out: dict[str, Any] = {"node": cfg.node.name, "rank": cfg.node_rank if cfg.node.role is not Role.single else None,
-                           "role": cfg.node.role.value, "now": time.time(), "interval_s": cfg.recorder.interval_s,
-                           "boot": read_boot_id(cfg.recorder.boot_id_path), "runs": [], "records": []}
-    path = ring_path(cfg)
-    try:
-        out["runs"] = [r.to_json() for r in summaries(path, since)]
-        if until is not None:
-            out["records"] = records_between(path, since if since is not None else 0.0, until)
-    except OSError as exc:
-        out["error"] = f"cannot read the ring {path}: {exc.strerror or exc}"
-    return out
-
-
-async def flight_records(cfg: Config, group: Coordinator | None, *, since: float | None,
-                         until: float | None) -> dict[str, Any]:
-    """This node's answer and, with ``group``, every peer's (asked in parallel through the peer API)."""
-    own = await anyio.to_thread.run_sync(own_records, cfg, since, until)
-    nodes: list[dict[str, Any]] = [own]
-    if group is not None:
-        from sparkd.cluster.peers import PeerRefused, PeerUnreachable
-
-        async def one(peer: str) -> None:
-            known = (group.views[peer].status or {}).get("node") if peer in group.views else None
-            try:
-                answer = await group.client.call(peer, recorder.COMMAND, recorder.Request(since, until, local=True),
-                                                 retries=1, timeout_s=PEER_RECORDS_TIMEOUT_S)
-                theirs = answer.get("nodes")
-                nodes.extend({**n, "peer": peer} for n in (theirs if isinstance(theirs, list) else [])
-                             if isinstance(n, dict))
-            except (PeerUnreachable, PeerRefused) as exc:
-                nodes.append({"node": known or peer, "peer": peer, "error": str(exc), "runs": [], "records": []})
-
-        async with anyio.create_task_group() as tg:
-            for peer in group.client.peers:
-                tg.start_soon(one, peer)
-    return {"reference": own["node"], "nodes": nodes}

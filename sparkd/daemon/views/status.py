@@ -1,28 +1,32 @@
 """What the daemon shows: the status (status.json, the control API, sparkctl), the systemd STATUS line and the
-recent history of states and phases. Read-only: it reads the supervisor, the node, the guard and the group,
-and writes nothing but its own history.
+recent history of states and phases — functions of the node's last state (:class:`NodeState`) and of what the
+senses last read (:class:`Seen`). Read-only: the history is the one thing it keeps, fed by the loop's ``on_state``.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from sparkd import __version__
 from sparkd.cluster.shared import shared_settings
-from sparkd.commands.statusdoc import Checks, Extras, Status
-from sparkd.config import Config
-from sparkd.daemon.effects.node import Node
-from sparkd.daemon.loop.current import CurrentConfig
-from sparkd.daemon.loop.supervisor import Supervisor
+from sparkd.commands.statusdoc import Status
+from sparkd.daemon.effects.evidence import Counters
+from sparkd.daemon.effects.facts import ContainerFacts
+from sparkd.daemon.effects.preflighting import LocalPreflight
+from sparkd.daemon.effects.watching import Watching
+from sparkd.daemon.loop.nodestate import NodeState
+from sparkd.daemon.views.facts import DaemonFacts
 from sparkd.daemon.watch.gpus import GpuSampler
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
 from sparkd.host.clock import Clock, wall_of
 from sparkd.supervisor import vocabulary as v
-from sparkd.supervisor.progress import Phase, Startup
-from sparkd.supervisor.states import SERVING, Machine, State
+from sparkd.supervisor.progress import Phase
+from sparkd.supervisor.states import SERVING, State
 
 if TYPE_CHECKING:
     from sparkd.cluster.coordinator import Coordinator
@@ -30,88 +34,86 @@ if TYPE_CHECKING:
 HISTORY = 50
 
 
-class DaemonFacts(Protocol):
-    """What the daemon itself tells the status (the :class:`sparkd.daemon.app.Daemon`)."""
+@dataclass(frozen=True)
+class Seen:
+    """What the views read besides the node's state, each read-only: the senses' last readings (the memory guard,
+    the GPU sampler, the instance's watch, the group's peers) and what the effects counted and found (failures, the
+    image and its drift, the last preflight)."""
 
-    def problems(self) -> list[str]:
-        """What sparkd itself cannot do right now (it reports itself degraded until they clear)."""
+    guard: Guard | None
+    gpu: GpuSampler | None
+    watching: Watching
+    group: Coordinator | None
+    counters: Counters
+    container: ContainerFacts
+    preflight: LocalPreflight
 
-    def config_state(self) -> dict[str, Any]:
-        """The config on disk against the one loaded and the one the running vLLM was launched from."""
 
-    def more(self) -> Extras:
-        """What other parts add (the flight recorder, the memory settle)."""
+def status_line(state: NodeState) -> str:
+    """The systemd STATUS= line: ``ready, pid 1234, restarts 0``."""
+    m, p, instance = state.machine, state.startup, state.instance
+    text = m.state.value
+    if m.state is State.starting and instance is not None:
+        text += f": {p.phase.value}" + (f" {p.shards_loaded}/{p.shards_total}" if p.shards_total else "")
+    if instance is not None:
+        text += f", pid {instance.pid}"
+    text += f", restarts {m.restarts}"
+    if m.last_failure is not None and m.state in (State.backoff, State.failed):
+        text += f", last failure {m.last_failure.cls.value}"
+    return text
 
-    def proofs(self) -> Checks:
-        """The group's fabric and weights proofs: ``{"fabric": ..., "weights": ...}``."""
+
+class History:
+    """The node's recent states and phases with wall times (so ``sparkctl restart --wait`` shows every step), the
+    restarts by what caused them, and how long the last start took: what the views remember of past states."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.entries: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self.restarts: Counter[str] = Counter()  # by what caused them: a failure class, operator, reset
+        self.last_start_s: float | None = None  # launch to ready, the last time (the ETA of the next)
+
+    def on_state(self, before: NodeState, after: NodeState, posted: v.Posted) -> None:
+        was, now = before.machine, after.machine
+        if now.state is not was.state:
+            self.entries.append({"at": self.clock.wall(), "state": now.state.value})
+        if now.launches > was.launches > 0:
+            self.restarts[now.restart_reason or "unknown"] += 1
+        if now.state is State.ready and was.state is State.starting and now.started_at is not None:
+            self.last_start_s = round(now.since - now.started_at, 1)
+        if after.settling is not None and after.settling != before.settling:
+            self.entries.append({"at": self.clock.wall(), "state": now.state.value, "phase": after.settling})
+        startup = after.startup
+        if after.instance is not None and isinstance(posted, v.Progress) and startup.phase is not before.startup.phase:
+            entry: dict[str, Any] = {"at": self.clock.wall(), "state": now.state.value, "phase": startup.phase.value}
+            if startup.phase is Phase.loading_weights and startup.shards_total:
+                entry["shards"] = [startup.shards_loaded, startup.shards_total]
+            self.entries.append(entry)
 
 
 class StatusView:
-    def __init__(self, config: CurrentConfig, sup: Supervisor, node: Node, clock: Clock, *, daemon: DaemonFacts,
-                 guard: Guard | None = None, group: Coordinator | None = None, gpu: GpuSampler | None = None) -> None:
-        self.config = config  # its token: secrets in "shared" are digests under the peers' shared secret
-        self.sup = sup
-        self.node = node
+    def __init__(self, node: Callable[[], NodeState], seen: Seen, facts: DaemonFacts, history: History,
+                 clock: Clock, *, token: str | None) -> None:
+        self.node = node  # the loop's: the node's state now
+        self.seen = seen
+        self.facts = facts
+        self.history = history
         self.clock = clock
-        self.daemon = daemon
-        self._guard = guard
-        self.group = group
-        self.gpu = gpu
-        # Recent states and phases with wall times, so `sparkctl restart --wait` shows every step.
-        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
-        self.restarts: Counter[str] = Counter()  # by what caused them: a failure class, operator, reset
-        self.last_start_s: float | None = None  # launch to ready, the last time (the ETA of the next)
-        sup.listen(self.on_change)
-        node.output.listen(self.on_phase)
-
-    @property
-    def cfg(self) -> Config:
-        return self.config()
-
-    def guard(self) -> Guard | None:
-        return self._guard
-
-    def on_change(self, before: Machine, after: Machine, obs: v.Observation) -> None:
-        if after.state is not before.state:
-            self.history.append({"at": self.clock.wall(), "state": after.state.value})
-        if after.launches > before.launches > 0:
-            self.restarts[after.restart_reason or "unknown"] += 1
-        if after.state is State.ready and before.state is State.starting and after.started_at is not None:
-            self.last_start_s = round(after.since - after.started_at, 1)
-
-    def note_phase(self, phase: str) -> None:
-        """A phase another part runs (the memory settle) into the history."""
-        self.history.append({"at": self.clock.wall(), "state": self.sup.machine.state.value, "phase": phase})
-
-    def on_phase(self, startup: Startup) -> None:
-        entry: dict[str, Any] = {"at": self.clock.wall(), "state": self.sup.machine.state.value,
-                                 "phase": startup.phase.value}
-        if startup.phase is Phase.loading_weights and startup.shards_total:
-            entry["shards"] = [startup.shards_loaded, startup.shards_total]
-        self.history.append(entry)
+        self.token = token  # secrets in "shared" are digests under the peers' shared secret
 
     def line(self) -> str:
-        """The systemd STATUS= line: ``ready, pid 1234, restarts 0``."""
-        m, p, instance = self.sup.machine, self.node.startup, self.node.instance
-        text = m.state.value
-        if m.state is State.starting and instance is not None:
-            text += f": {p.phase.value}" + (f" {p.shards_loaded}/{p.shards_total}" if p.shards_total else "")
-        if instance is not None:
-            text += f", pid {instance.pid}"
-        text += f", restarts {m.restarts}"
-        if m.last_failure is not None and m.state in (State.backoff, State.failed):
-            text += f", last failure {m.last_failure.cls.value}"
-        return text
+        return status_line(self.node())
 
     def status(self) -> Status:
-        m, node, clock, now = self.sup.machine, self.node, self.clock, self.clock.now()
-        instance, startup, last = node.instance, node.startup, m.last_failure
+        state, seen, clock, now = self.node(), self.seen, self.clock, self.clock.now()
+        cfg, m, instance, startup = state.config, state.machine, state.instance, state.startup
+        last, group, health = m.last_failure, seen.group, seen.watching.health()
         ready_since = m.restart_state.ready_since
-        problems = self.daemon.problems()
+        problems = self.facts.problems()
         return {
-            "version": __version__, "node": self.cfg.node.name, "role": self.cfg.node.role.value,
-            "rank": self.cfg.node_rank, "gpus_per_node": self.cfg.cluster.gpus_per_node,
-            "runtime": self.cfg.runtime.value,
+            "version": __version__, "node": cfg.node.name, "role": cfg.node.role.value,
+            "rank": cfg.node_rank, "gpus_per_node": cfg.cluster.gpus_per_node,
+            "runtime": cfg.runtime.value,
             "state": m.state.value, "since": wall_of(clock, m.since), "ready": m.state in SERVING,
             "intent": m.intent.value,
             "pid": instance.pid if instance else None, "container_id": instance.container_id if instance else None,
@@ -120,39 +122,39 @@ class StatusView:
             "phase": startup.phase.value if instance else None,
             "shards": [startup.shards_loaded, startup.shards_total] if startup.shards_total else None,
             "kv_cache_tokens": startup.kv_cache_tokens, "max_concurrency": startup.max_concurrency,
-            "last_start_s": self.last_start_s,
-            "start_timing": node.timing.to_json() if node.timing is not None else None,
+            "last_start_s": self.history.last_start_s,
+            "start_timing": state.timing.to_json() if state.timing is not None else None,
             "health": m.health_note,
-            "watch_note": node.watch.health.watch_note if node.watch is not None else None,
+            "watch_note": health.watch_note if health is not None else None,
             "breaker": {"open": m.breaker_open, "reason": m.breaker_reason},
             "backoff_until": wall_of(clock, m.deadline) if m.state is State.backoff else None,
             "last_failure": None if last is None else {
-                "class": last.cls.value, "message": last.sentence, "at": node.evidence.counters.failure_at,
+                "class": last.cls.value, "message": last.sentence, "at": seen.counters.failure_at,
                 "exit_code": last.exit_code, "signal": last.signal, "evidence": last.evidence},
-            "config_hash": self.cfg.launch_hash(), "daemon_pid": os.getpid(), "updated_at": clock.wall(),
+            "config_hash": cfg.launch_hash(), "daemon_pid": os.getpid(), "updated_at": clock.wall(),
             "daemon": {"degraded": bool(problems), "problems": problems},
-            "config": self.daemon.config_state(),
-            "history": list(self.history),
-            "pair": self.group.role.value if self.group is not None and self.group.role else None,
-            "shared": shared_settings(self.cfg, self.config.token), "image": node.facts.image_json(),
-            "image_id": node.facts.image.id if node.facts.image else None, "drift": node.facts.drift,
-            "peers": self.group.peers_json() if self.group is not None else [],
-            "memory": self._memory(),
-            "gpu": self.gpu.status() if self.gpu is not None else None,
-            "last_stop": node.last_stop.to_json() if node.last_stop is not None else None,
-            **self.daemon.more(),
-            **self.daemon.proofs(),
+            "config": self.facts.config_state(),
+            "history": list(self.history.entries),
+            "pair": group.role.value if group is not None and group.role else None,
+            "shared": shared_settings(cfg, self.token), "image": seen.container.image_json(),
+            "image_id": seen.container.image.id if seen.container.image else None, "drift": seen.container.drift,
+            "peers": group.peers_json() if group is not None else [],
+            "memory": memory(seen.guard),
+            "gpu": seen.gpu.status() if seen.gpu is not None else None,
+            "last_stop": state.last_stop.to_json() if state.last_stop is not None else None,
+            **self.facts.more(),
+            **self.facts.proofs(),
         }
 
-    def _memory(self) -> dict[str, Any]:
-        guard = self.guard()
-        sample = guard.latest if guard is not None else None
-        mem: MemInfo | None = sample.mem if sample is not None else read_meminfo()
-        decision = guard.decision if guard is not None else None
-        return {
-            "available_bytes": mem.mem_available if mem else None, "free_bytes": mem.mem_free if mem else None,
-            "total_bytes": mem.mem_total if mem else None,
-            "guard": None if guard is None or decision is None else {
-                "action": decision.action.value, "level": decision.level.name,
-                "start_allowed": guard.start_allowed, "reason": decision.reason},
-        }
+
+def memory(guard: Guard | None) -> dict[str, Any]:
+    sample = guard.latest if guard is not None else None
+    mem: MemInfo | None = sample.mem if sample is not None else read_meminfo()
+    decision = guard.decision if guard is not None else None
+    return {
+        "available_bytes": mem.mem_available if mem else None, "free_bytes": mem.mem_free if mem else None,
+        "total_bytes": mem.mem_total if mem else None,
+        "guard": None if guard is None or decision is None else {
+            "action": decision.action.value, "level": decision.level.name,
+            "start_allowed": guard.start_allowed, "reason": decision.reason},
+    }

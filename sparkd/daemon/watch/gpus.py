@@ -12,7 +12,7 @@ import statistics
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkd.config import Config
 from sparkd.host.clock import Clock
@@ -23,6 +23,9 @@ from sparkd.launch.devices import Devices
 from sparkd.launch.rehearsal import rehearsal
 from sparkd.launch.render import render
 from sparkd.supervisor.failures import Failure
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 INTERVAL_S = 5.0
 KEEP_S = 600.0
@@ -44,7 +47,7 @@ class LaunchDevices:
 
 
 class GpuSampler:
-    def __init__(self, read: Callable[[], Awaitable[GpuView]], clock: Clock, log: Any, scope: Callable[[], Devices],
+    def __init__(self, read: Callable[[], Awaitable[GpuView]], clock: Clock, log: Logger, scope: Callable[[], Devices],
                  *, interval_s: float = INTERVAL_S) -> None:
         self.read = read
         self.clock = clock

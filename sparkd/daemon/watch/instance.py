@@ -18,17 +18,19 @@ import anyio
 
 from sparkd.config import HealthConfig
 from sparkd.daemon.watch.clientconns import open_clients
-from sparkd.daemon.watch.healthsignal import Probes, Signal
-from sparkd.daemon.watch.signals import SIGNALS
 from sparkd.host.clock import Clock
+from sparkd.host.logs import Logger
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor import health
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.deathlog import EXPLAINED, told_by_the_log
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.health import HealthTracker
+from sparkd.supervisor.healthsignal import Probes, Signal
 from sparkd.supervisor.logline import clean
-from sparkd.supervisor.peerloss import WEDGES, names_peer_loss
+from sparkd.supervisor.peerloss import names_peer_loss
 from sparkd.supervisor.readings import VllmMetrics
+from sparkd.supervisor.signals import SIGNALS
 from sparkd.supervisor.states import SERVING, State
 
 READY_POLL_S = 0.5  # /health while starting: the port refuses until vLLM is ready, so this is cheap
@@ -59,7 +61,7 @@ class Watched:
     """The instance a watch watches, and how: its ranks' layout (the health's topology), vLLM's API port where its
     clients' connections can be counted (None: not countable from here), whether the log so far is replayed
     (an adopted instance's: its lines are not kept again), and the health signals it runs
-    (sparkd.daemon.watch.signals)."""
+    (sparkd.supervisor.signals)."""
 
     instance: Instance
     replay: bool = False
@@ -70,7 +72,8 @@ class Watched:
 
 class InstanceWatch:
     def __init__(self, watched: Watched, runtime: Runtime, reports: WatchReports, probes: Probes | None,
-                 health_cfg: HealthConfig, clock: Clock, log: Any) -> None:
+                 settings: Callable[[], HealthConfig], clock: Clock, log: Logger) -> None:
+        """``settings``: ``[health]`` as it applies now (a reload changes it from the next probe on)."""
         instance = self.instance = watched.instance
         self.runtime = runtime
         self.post = reports.post
@@ -78,13 +81,13 @@ class InstanceWatch:
         self.on_line: LineSink = reports.on_line
         self.classify_exit: ClassifyExit = reports.classify_exit
         self.probes = probes  # None: a headless rank serves no HTTP
-        self.cfg = health_cfg
+        self.settings = settings
         self.clock = clock
         self.log = log
         self.health = HealthTracker(topology=watched.topology)
         self.clients_port = watched.clients_port  # vLLM's API port, where its clients' connections can be counted
         replay = watched.replay
-        self.signals = watched.signals  # besides /health and /metrics (sparkd.daemon.watch.signals)
+        self.signals = watched.signals  # besides /health and /metrics (sparkd.supervisor.signals)
         self._own_out = 0  # probes of ours in flight on vLLM's API port (their connections are no client's)
         self.vllm_metrics: VllmMetrics | None = None
         self.exited = anyio.Event()
@@ -93,9 +96,9 @@ class InstanceWatch:
         self.scope = anyio.CancelScope()
         self._replay_bytes = _size(instance.log_path) if replay else 0
 
-    def configure(self, health_cfg: HealthConfig) -> None:
-        """A reloaded config's health settings: from the next probe on."""
-        self.cfg = health_cfg
+    @property
+    def cfg(self) -> HealthConfig:
+        return self.settings()
 
     async def run(self) -> None:
         try:
@@ -215,20 +218,11 @@ class InstanceWatch:
 
     def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
         self.health, obs = observe(self.health, result, self.clock.now(), self.cfg)
-        if isinstance(obs, v.HealthFailed) and obs.failure.cls in (FailureClass.engine_dead, *WEDGES):
-            obs = v.HealthFailed(self._told_by_the_log(obs.failure), obs.grace_s, obs.recorded)
+        if isinstance(obs, v.HealthFailed) and obs.failure.cls in EXPLAINED:
+            told = self.classify_exit(None, None, FailureClass.engine_dead, False)  # the log's tail, as a death
+            obs = v.HealthFailed(told_by_the_log(obs.failure, told), obs.grace_s, obs.recorded)
         if obs is not None:
             self.post(obs)
-
-    def _told_by_the_log(self, failure: Failure) -> Failure:
-        """A probe saw the engine dead or wedged; vLLM's log may say how it died (an outside SIGTERM to the engine
-        core, a death it logged): that line's sentence and evidence, when there is one; else the probe's own. A
-        dying engine answers no canary either, for the seconds vLLM takes to notice: its logged death is no wedge."""
-        told = self.classify_exit(None, None, FailureClass.engine_dead, False)
-        specific = told.evidence is not None and not told.sentence.startswith(told.treatment.what)
-        if failure.cls in WEDGES and told.cls is not FailureClass.engine_dead:
-            return failure
-        return told if specific else failure
 
 
 def _size(path: str | None) -> int:

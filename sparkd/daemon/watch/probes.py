@@ -22,13 +22,15 @@ from __future__ import annotations
 import errno
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import anyio
 
 from sparkd import __version__
+from sparkd.config import HealthConfig
 from sparkd.host.plainhttp import Client, ProtocolError, Response
 from sparkd.supervisor.health import MetricsOff, ProbeOutcome, ProbeResult, VllmMetrics
+from sparkd.supervisor.healthsignal import Answer
 from sparkd.supervisor.probelines import probe_url
 
 __all__ = [
@@ -279,26 +281,36 @@ def _after_labels(line: str, brace: int) -> str | None:
 
 
 class HttpProbes:
-    """The three probes of one instance's API server, over one client (``aclose`` closes it)."""
+    """The three probes of one instance's API server, over one client (``aclose`` closes it): where it listens and
+    what it serves are the launch's; the timeouts are ``[health]``'s in force, read at every probe."""
 
-    def __init__(self, *, host: str, port: int, timeout_s: float, canary_timeout_s: float, model: str,
-                 api_key: str | None) -> None:
+    def __init__(self, *, host: str, port: int, model: str, api_key: str | None,
+                 settings: Callable[[], HealthConfig]) -> None:
         self.base = probe_base_url(host, port)
-        self.timeout_s = timeout_s
-        self.canary_timeout_s = canary_timeout_s
         self.model = model
         self.api_key = api_key
+        self.settings = settings
         self._client = make_client()
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
     async def health(self) -> ProbeResult:
-        return await probe_health(self._client, self.base, self.timeout_s)
+        return await probe_health(self._client, self.base, self.settings().timeout_s)
 
     async def metrics(self) -> VllmMetrics | MetricsOff | None:
-        return await scrape_metrics(self._client, self.base, self.timeout_s)
+        return await scrape_metrics(self._client, self.base, self.settings().timeout_s)
 
     async def canary(self) -> ProbeResult:
-        return await probe_canary(self._client, self.base, self.model, self.canary_timeout_s,
+        return await probe_canary(self._client, self.base, self.model, self.settings().canary_timeout_s,
                                   api_key=self.api_key)
+
+    async def fetch(self, path: str) -> Answer | ProbeResult:
+        """``GET path``, the API key sent when there is one: a health signal's own question."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        answer = await _request(self._client, "GET", probe_url(self.base, path), self.settings().timeout_s,
+                                headers=headers)
+        if isinstance(answer, ProbeResult):
+            return answer
+        response, latency = answer
+        return Answer(response.status_code, response.text, latency)

@@ -1,9 +1,11 @@
 """What a health signal is (:class:`Signal`), and the port its probes read vLLM through (:class:`Probes`).
 
-A signal is a probe (one reading through the instance's ``Probes``), the rule that folds the reading into the
-instance's :class:`~sparkd.supervisor.health.HealthTracker` (pure: ``(tracker, reading, now, cfg) -> (tracker,
-observation or None)``, the shape of ``health.observe_*``), and its cadence. The signals the daemon runs are
-listed in :mod:`sparkd.daemon.watch.signals`; a rule that keeps state of its own keeps it in
+A signal is a probe (one reading through the instance's ``Probes``: a named one, or any page of vLLM's HTTP API
+with :meth:`Probes.fetch`), the rule that folds the reading into the instance's
+:class:`~sparkd.supervisor.health.HealthTracker` (pure: ``(tracker, reading, now, cfg) -> (tracker, observation or
+None)``, the shape of ``health.observe_*``), and its cadence. A signal's module lives in the core
+(:mod:`sparkd.supervisor.signals`, listed in ``SIGNALS`` there): its probe only names what to ask through the port,
+the shell's watch (:mod:`sparkd.daemon.watch.instance`) runs it; a rule that keeps state of its own keeps it in
 ``HealthTracker.signals[name]``.
 """
 
@@ -20,6 +22,15 @@ from sparkd.supervisor.readings import MetricsOff, ProbeResult, VllmMetrics
 R = TypeVar("R")
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What a page of vLLM's HTTP API answered: its status and body, and how long it took."""
+
+    status: int
+    body: str
+    latency_s: float
+
+
 class Probes(Protocol):
     """vLLM's HTTP surface as the health layers see it (sparkd.daemon.watch.probes.HttpProbes, or a fake)."""
 
@@ -28,6 +39,9 @@ class Probes(Protocol):
     async def metrics(self) -> VllmMetrics | MetricsOff | None: ...
 
     async def canary(self) -> ProbeResult: ...
+
+    async def fetch(self, path: str) -> Answer | ProbeResult:
+        """``GET path`` (``/v1/models``): the answer, or why there was none (refused, timeout, error)."""
 
     async def aclose(self) -> None: ...
 
