@@ -190,7 +190,7 @@ class Daemon:
         from sparkd.cluster.coordinator import Coordinator  # a group's only: a single node never loads it
         from sparkd.cluster.peers import PeerClient
 
-        return Coordinator(self.sup.config, PeerClient(cfg, self.trusted.token), post=self.sup.post,
+        return Coordinator(self.sup.config, PeerClient(self.sup.config, self.trusted.token), post=self.sup.post,
                            state=self.sup.state, image=self.facts.image_json, clock=self.clock, log=self.log,
                            addresses=self.peer_addresses)
 

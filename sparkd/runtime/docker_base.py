@@ -79,7 +79,7 @@ class DockerRuntime(Runtime):
     ) -> None:
         self.config: Callable[[], Config] = lambda: cfg  # until the daemon's loop holds the config in force
         self.rehearse = rehearse
-        self.extra_labels = {**cfg.container.labels, **(labels or {})}
+        self.test_labels = dict(labels or {})
         self._client = client
 
     @classmethod
@@ -92,6 +92,11 @@ class DockerRuntime(Runtime):
     @property
     def cfg(self) -> Config:
         return self.config()
+
+    @property
+    def extra_labels(self) -> dict[str, str]:
+        """``[container] labels`` in force, and a test's own."""
+        return {**self.cfg.container.labels, **self.test_labels}
 
     @property
     def container_name(self) -> str:

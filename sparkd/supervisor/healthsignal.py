@@ -52,6 +52,6 @@ class Signal(Generic[R]):
     probe: Callable[[Probes], Awaitable[R]]
     rule: Callable[[health.HealthTracker, R, float, HealthConfig], health.Step]
     every_s: Callable[[HealthConfig], float]  # seconds between readings (read again each time: a reload)
-    on: Callable[[HealthConfig], bool] = lambda cfg: True  # whether the watch of an instance runs it at all
+    on: Callable[[HealthConfig], bool] = lambda cfg: True  # whether it runs now (read at every round)
     # Its probe opens a connection on vLLM's API port while it waits: not one of vLLM's clients.
     own_connection: bool = False

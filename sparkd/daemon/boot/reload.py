@@ -19,7 +19,7 @@ import anyio
 
 from sparkd.config import Config, ConfigError, load_config
 from sparkd.host.logs import Logger
-from sparkd.launch.diff import launch_changes, needs_restart, setting_changes
+from sparkd.launch.diff import NEEDS_RESTART, launch_changes, needs_restart, setting_changes
 from sparkd.launch.lint import errors, lint
 from sparkd.launch.redact import Redactor
 from sparkd.launch.render import secret_values
@@ -50,16 +50,18 @@ def read_valid(path: Path) -> Config | list[str]:
 
 
 def keep_fixed(old: Config, new: Config) -> Config:
-    """``new`` with the keys a running daemon cannot take on kept as in ``old``."""
-    return new.model_copy(update={
-        "node": new.node.model_copy(update={"name": old.node.name, "role": old.node.role}),
-        "runtime": old.runtime, "paths": old.paths,
-        "api": new.api.model_copy(update={"port": old.api.port, "listen": old.api.listen,
-                                          "socket_group": old.api.socket_group, "token_file": old.api.token_file,
-                                          "tls_cert": old.api.tls_cert, "tls_key": old.api.tls_key,
-                                          "tls_ca": old.api.tls_ca}),
-        "cluster": new.cluster.model_copy(update={"peers": old.cluster.peers}),
-    })
+    """``new`` with the keys a running daemon cannot take on (``NEEDS_RESTART``) kept as in ``old``."""
+    top: dict[str, Any] = {}
+    fields: dict[str, dict[str, Any]] = {}
+    for key in NEEDS_RESTART:
+        section, _, name = key.partition(".")
+        if name:
+            fields.setdefault(section, {})[name] = getattr(getattr(old, section), name)
+        else:  # a whole section ("paths.") or a top-level key ("runtime")
+            top[section] = getattr(old, section)
+    for section, kept in fields.items():
+        top[section] = getattr(new, section).model_copy(update=kept)
+    return new.model_copy(update=top)
 
 
 class Reloader:
@@ -88,9 +90,10 @@ class Reloader:
                           names={*old.launch.secret_env, *read.launch.secret_env})
         fixed = [redact(f"{key}: {a!r} → {b!r}") for key, a, b in changes if needs_restart(key)]
         now = [redact(f"{key}: {a!r} → {b!r}") for key, a, b in changes if not needs_restart(key)]
-        launch = [redact(line) for line in launch_changes(old, read)]
+        taken = keep_fixed(old, read)
+        launch = [redact(line) for line in launch_changes(old, taken)]  # what the next start launches
         report = ReloadReport(True, launch=launch, settings=now, at_daemon_restart=fixed)
-        await self.submit(v.ConfigReplaced(keep_fixed(old, read)))
+        await self.submit(v.ConfigReplaced(taken))
         self.log.info("config_reloaded", path=str(self.path), launch=report.launch, settings=report.settings,
                       at_daemon_restart=report.at_daemon_restart)
         return report

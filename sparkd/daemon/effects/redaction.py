@@ -4,6 +4,7 @@ reaches vLLM's log, an incident or ``sparkctl logs``."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 from sparkd.config import Config
@@ -14,11 +15,11 @@ class Redaction:
     def __init__(self, config: Callable[[], Config], token: str | None) -> None:
         self.config = config  # the loop's: the config in force
         self.token = token  # the peers' shared secret: never shown either
-        self._made: tuple[Config, Redactor] | None = None
+        self._made: tuple[weakref.ref[Config], Redactor] | None = None  # keeps no config alive
 
     def of(self, cfg: Config) -> Redactor:
-        if self._made is None or self._made[0] is not cfg:
-            self._made = (cfg, redactor_for(cfg, token=self.token))
+        if self._made is None or self._made[0]() is not cfg:
+            self._made = (weakref.ref(cfg), redactor_for(cfg, token=self.token))
         return self._made[1]
 
     def __call__(self) -> Redactor:

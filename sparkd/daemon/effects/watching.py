@@ -6,6 +6,7 @@ peer's loss (:func:`sparkd.supervisor.peerloss.wedge_or_peer_lost`)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
@@ -87,12 +88,12 @@ class HealthSettings:
 
     def __init__(self, config: Callable[[], Config]) -> None:
         self.config = config
-        self._made: tuple[Config, HealthConfig] | None = None
+        self._made: tuple[weakref.ref[Config], HealthConfig] | None = None  # keeps no config alive
 
     def __call__(self) -> HealthConfig:
         cfg = self.config()
-        if self._made is None or self._made[0] is not cfg:
-            self._made = (cfg, health_settings(cfg))
+        if self._made is None or self._made[0]() is not cfg:
+            self._made = (weakref.ref(cfg), health_settings(cfg))
         return self._made[1]
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from sparkd import __version__
+from sparkd.config import Config
 from sparkd.daemon.effects.restartgate import StartGuard
 from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.daemon.views import checkmetrics
@@ -59,12 +61,19 @@ class _Families:
 class SparkdCollector(Collector):
     def __init__(self, view: StatusView) -> None:
         self.view = view
-        cfg = view.node().config
-        identity = {"node": cfg.node.name}
-        if view.seen.group is not None:
-            identity["rank"] = str(cfg.node_rank)
-            identity["group"] = f"{cfg.master_addr}:{cfg.master_port}"  # what every rank of one group shares
-        self.f = _Families(identity)
+        self._made: tuple[weakref.ref[Config], _Families] | None = None  # keeps no config alive
+
+    @property
+    def f(self) -> _Families:
+        """Families with the node's identity labels as the config in force says them."""
+        cfg = self.view.node().config
+        if self._made is None or self._made[0]() is not cfg:
+            identity = {"node": cfg.node.name}
+            if self.view.seen.group is not None:
+                identity["rank"] = str(cfg.node_rank)
+                identity["group"] = f"{cfg.master_addr}:{cfg.master_port}"  # what every rank of one group shares
+            self._made = (weakref.ref(cfg), _Families(identity))
+        return self._made[1]
 
     def collect(self) -> Iterator[Any]:
         f, view, node = self.f, self.view, self.view.node()
@@ -95,7 +104,7 @@ class SparkdCollector(Collector):
         yield from self._preflight()
         yield from self._memory(view.seen.guard)
         gpu = view.seen.gpu
-        yield from gpu_families(self.f.keys, self.f.values, gpu.launch_devices() if gpu else [])
+        yield from gpu_families(f.keys, f.values, gpu.launch_devices() if gpu else [])
         yield from self._peers()
         yield from checkmetrics.families(f.keys, f.values, view.facts.proofs())
 
@@ -235,20 +244,23 @@ class Metrics:
 
     def __init__(self, view: StatusView) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        collector = SparkdCollector(view)
+        self.collector = collector = SparkdCollector(view)
         self.registry.register(collector)
-        self.families = collector.f  # the node's identity labels, for the collectors other parts register
         # The daemon's own process_* (CPU, RSS, descriptors, start time), as every Prometheus client exports them.
         ProcessCollector(registry=self.registry)
         self.start_duration = Histogram("sparkd_start_duration_seconds", "From launch to ready.",
                                         labelnames=collector.f.keys, buckets=START_BUCKETS, registry=self.registry)
-        self._start = self.start_duration.labels(*collector.f.values)
+        self.start_duration.labels(*collector.f.values)  # exported from the start, at 0
+
+    def families(self) -> _Families:
+        """The node's identity labels now, for the collectors other parts register."""
+        return self.collector.f
 
     def on_state(self, before: NodeState, after: NodeState, posted: Any) -> None:
         """A launch became ready: how long it took, into the histogram."""
         was, now = before.machine, after.machine
         if now.state is State.ready and was.state is State.starting and now.started_at is not None and now.launches:
-            self._start.observe(now.since - now.started_at)
+            self.start_duration.labels(*self.families().values).observe(now.since - now.started_at)
 
     def render(self) -> bytes:
         return text_format(self.registry)
@@ -301,13 +313,13 @@ def _sample_line(sample: Any) -> str:
 class RecorderCollector:
     """The flight recorder's and the restart gate's metrics, with the node's identity labels."""
 
-    def __init__(self, families: Any, recorder: FlightRecorder, gate: StartGuard) -> None:
-        self.f = families
+    def __init__(self, families: Callable[[], _Families], recorder: FlightRecorder, gate: StartGuard) -> None:
+        self.families = families
         self.recorder = recorder
         self.gate = gate
 
     def collect(self) -> Iterator[Any]:
-        f = self.f
+        f = self.families()
         written, dropped, syncs = self.recorder.counts()
         for name, doc, value in (
             ("sparkd_recorder_records", "Flight-recorder records written to the ring.", written),

@@ -201,14 +201,12 @@ class InstanceWatch:
         self.health = health.observe_clients(self.health, n)
 
     async def _run_signal(self, signal: Signal[Any]) -> None:
-        """One signal's loop: every ``every_s``, while vLLM serves, its probe, then its rule; a signal off when the
-        instance's watch starts stays off for it."""
+        """One signal's loop: every ``every_s``, while vLLM serves and ``[health]`` in force has the signal on, its
+        probe, then its rule."""
         assert self.probes is not None
-        if not signal.on(self.cfg):
-            return
         while True:
             await self.clock.sleep(signal.every_s(self.cfg))
-            if self.state() in SERVING:
+            if self.state() in SERVING and signal.on(self.cfg):
                 self._own_out += signal.own_connection
                 try:
                     reading = await signal.probe(self.probes)
