@@ -28,7 +28,7 @@ from sparkd.daemon.boot.reload import Reloader
 from sparkd.daemon.boot.serving import start_servers
 from sparkd.daemon.boot.sighandler import SignalHandler
 from sparkd.daemon.boot.sockets import Sockets, StartupError, open_sockets
-from sparkd.daemon.boot.startup import Trusted, prepare_or_status
+from sparkd.daemon.boot.startup import Trusted, bound_malloc_arenas, prepare_or_status
 from sparkd.daemon.effects.evidence import FailureEvidence
 from sparkd.daemon.effects.facts import ContainerFacts
 from sparkd.daemon.effects.files import StateWriter
@@ -275,6 +275,7 @@ def _probes_of(make: Callable[[], Any]) -> Callable[[Config], Any]:
 
 
 def run_daemon(cfg: Config, *, config_path: Path, rehearse: bool = False) -> int:
+    bound_malloc_arenas()
     configure_logging(cfg.log)
     log = get_logger(node=cfg.node.name, role=cfg.node.role.value)
     harden_process()

@@ -13,8 +13,10 @@ Each problem is one sentence and an exit status the unit does not restart on (``
 
 from __future__ import annotations
 
+import ctypes
 import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -76,6 +78,24 @@ def launch_program_problem(cfg: Config) -> str | None:
         return None
     return (f"{key} {found} is run by sparkd as {'root' if os.geteuid() == 0 else 'this user'}, but {why}: "
             "whoever can change it runs code as sparkd; make it and its directories writable by root only")
+
+
+M_ARENA_MAX = -8  # glibc's malloc.h
+ARENAS = 2  # malloc arenas for every thread the daemon or a library (NVML) starts, however many cores the host has
+
+
+def bound_malloc_arenas(environ: Mapping[str, str] = os.environ) -> bool:
+    """At most :data:`ARENAS` malloc arenas (glibc makes up to 8 per core, one per thread that allocates, each
+    keeping what it once held): the daemon's few threads share them, so its memory at rest does not grow with the
+    host's cores. ``MALLOC_ARENA_MAX`` in the environment (an operator's choice) wins; no glibc, nothing done.
+    Called before the daemon starts a thread."""
+    if "MALLOC_ARENA_MAX" in environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(ARENAS)))
 
 
 def prepare_or_status(cfg: Config, log: Logger) -> Trusted | int:

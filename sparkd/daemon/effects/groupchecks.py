@@ -16,7 +16,6 @@ from sparkd.commands.statusdoc import Checks
 from sparkd.config import Config, Role
 from sparkd.host.logs import Logger
 from sparkd.launch.render import effective_env
-from sparkd.preflight.weights_local import LocalWeights
 from sparkd.runtime.base import ExecResult, ImageIdentity, Runtime
 from sparkd.supervisor.failures import Failure
 
@@ -24,6 +23,7 @@ if TYPE_CHECKING:
     from sparkd.cluster.fabric_check import FabricCheck
     from sparkd.cluster.peers import PeerClient
     from sparkd.cluster.weights import Parity
+    from sparkd.preflight.weights_local import LocalWeights
 
 
 class GroupChecks:
@@ -36,7 +36,8 @@ class GroupChecks:
         self.log = log
         self.image = image
         self.sys_root = sys_root
-        self.local = LocalWeights(config, log=log, spawn=spawn)
+        self.spawn = spawn
+        self._local: LocalWeights | None = None  # made when first asked: a single node at rest never loads it
         self.head = client is not None and cfg.node.role is Role.head
         self.fabric_check: FabricCheck | None = None
         self.parity: Parity | None = None
@@ -48,11 +49,23 @@ class GroupChecks:
             bandwidth = Bandwidth(config, client, self._exec, log)
             self.fabric_check = FabricCheck(config, client, env=self.env, log=log, sys_root=sys_root,
                                             bandwidth=bandwidth)
-            self.parity = Parity(config, client, self.local.manifest, log)
+            self.parity = Parity(config, client, self._manifest, log)
 
     @property
     def cfg(self) -> Config:
         return self.config()
+
+    @property
+    def local(self) -> LocalWeights:
+        """This node's model directory: its manifest and the hash cache behind it."""
+        if self._local is None:
+            from sparkd.preflight.weights_local import LocalWeights
+
+            self._local = LocalWeights(self.config, log=self.log, spawn=self.spawn)
+        return self._local
+
+    async def _manifest(self, **kw: Any) -> Any:
+        return await self.local.manifest(**kw)
 
     def env(self) -> dict[str, str]:
         image = self.image()
@@ -104,7 +117,7 @@ class GroupChecks:
 
     # ---- status and metrics
     def status(self) -> Checks:
-        last = self.local.last
+        last = self._local.last if self._local is not None else None
         return {
             "fabric": list(self.fabric_check.report.values()) if self.fabric_check is not None else None,
             "weights": {"group": self.parity.report if self.parity is not None else None,

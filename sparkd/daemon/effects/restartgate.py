@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkd.config import Config
 from sparkd.daemon.effects.files import StateWriter
@@ -22,11 +22,13 @@ from sparkd.daemon.watch.memory import MemorySampler
 from sparkd.guard.sample import gib
 from sparkd.host.clock import Clock
 from sparkd.host.logs import Logger
-from sparkd.recorder.baseline import Baseline, Verdict, reboot_verdict, settled
 from sparkd.state.files import read_json
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.states import State
+
+if TYPE_CHECKING:  # the gate's rules: imported when it first judges (a node with the gate off never does)
+    from sparkd.recorder.baseline import Baseline, Verdict
 
 __all__ = ["StartGuard"]
 
@@ -55,6 +57,8 @@ class StartGuard:
         data = read_json(self.path) or {}
         if data.get("boot") != self.memory.boot or not isinstance(data.get("baselines"), list):
             return []
+        from sparkd.recorder.baseline import Baseline  # the gate's rules: loaded once there is something to judge
+
         out = []
         for item in data["baselines"]:
             at, available = (item.get("at"), item.get("available")) if isinstance(item, dict) else (None, None)
@@ -86,6 +90,8 @@ class StartGuard:
             self.note(f"memory did not settle within {gib(rc.settle_band)} in {waited:.0f} s; starting "
                                "anyway (no baseline kept)")
             return None
+        from sparkd.recorder.baseline import Baseline, reboot_verdict
+
         self.baselines = [*self.baselines, Baseline(self.clock.wall(), value)][-KEEP:]
         self._save()
         self.log.info("memory_settled", available=value, waited_s=round(waited, 2), baselines=len(self.baselines))
@@ -101,6 +107,8 @@ class StartGuard:
                           + ".", evidence="; ".join(f"{gib(b.available)}" for b in self.baselines[-6:]))
 
     async def _settle(self, cfg: Config) -> tuple[int | None, float]:
+        from sparkd.recorder.baseline import settled
+
         rc = cfg.recorder
         started = self.clock.now()
         self.post(v.Settling("memory_settle"))

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from sparkd.commands import recorder
 from sparkd.config import Config, Role
 from sparkd.daemon.watch.memory import read_boot_id
 
@@ -106,6 +105,7 @@ async def flight_records(cfg: Config, group: Coordinator | None, *, since: float
     nodes: list[dict[str, Any]] = [own]
     if group is not None:
         from sparkd.cluster.peers import PeerRefused, PeerUnreachable
+        from sparkd.commands import recorder
 
         async def one(peer: str) -> None:
             known = (group.views[peer].status or {}).get("node") if peer in group.views else None
