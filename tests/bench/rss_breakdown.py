@@ -1,7 +1,7 @@
 """Where a resting sparkd's memory goes, on the host it runs on: run on a GPU host and on a CPU-only one, and compare.
 
-    .venv/bin/python tests/bench/rss_breakdown.py [--settle 30] [--variants defaults,arenas2,no-nvml,arenas2-no-nvml]
-        [--json out.json]
+    .venv/bin/python tests/bench/rss_breakdown.py [--settle 30] [--json out.json]
+        [--variants defaults,unbounded,no-nvml,unbounded-no-nvml]
 
 For each variant it starts a real ``sparkd run`` with the shipped defaults supervising the vLLM stand-in (as
 bench_footprint.py does), waits until vLLM is ready and ``--settle`` seconds more, then reads the daemon's own
@@ -10,13 +10,16 @@ threads by name, glibc's malloc arenas (the 64 MiB-aligned anonymous heaps a thr
 to 8 per core) and their resident size, thread stacks, and the mappings that hold the most (``libnvidia-ml.so``
 among them when NVML is loaded). The variants:
 
-- ``defaults``: as shipped;
-- ``arenas2``: ``MALLOC_ARENA_MAX=2`` in the environment (bounded arenas, whatever the cores);
+- ``defaults``: as shipped (``sparkd run`` bounds its malloc arenas to 2, ``sparkd.daemon.boot.startup``);
+- ``unbounded``: glibc's own bound, 8 arenas per core (``MALLOC_ARENA_MAX`` set to it: sparkd leaves it), as
+  sparkd ran before it bounded them;
 - ``no-nvml``: the NVML bindings never loaded (the driver's library taken as absent, as on a CPU-only host);
-- ``arenas2-no-nvml``: both.
+- ``unbounded-no-nvml``: both;
+- ``as-16-cores``: what a CPU-only host can show of 16 cores: Python's pools sized by ``os.cpu_count()`` see 16, glibc
+  may make 128 arenas (not in the default list: run it with ``--variants``).
 
 On the 16-core H100 host of ../shared/reviews/device-2026-12.md the daemon held 74.6 MiB where a 2-core CPU host's
-held 53.6; the difference between these variants there says how much is NVML and how much is arenas per core.
+held 53.6; the differences between these variants there say how much is NVML and how much is arenas per core.
 """
 
 from __future__ import annotations
@@ -50,11 +53,16 @@ KIB, MIB = 1024, 1024 * 1024
 HEAP_MAX = 64 * MIB  # glibc's HEAP_MAX_SIZE on 64-bit: a non-main arena's heap is reserved aligned to it
 NO_NVML = ("import sparkd.host.gpu.nvml as nvml\n"
            "nvml._driver_library_loads = lambda: False  # rss_breakdown.py: as on a host without a driver\n")
-VARIANTS = {
-    "defaults": ({}, False),
-    "arenas2": ({"MALLOC_ARENA_MAX": "2"}, False),
-    "no-nvml": ({}, True),
-    "arenas2-no-nvml": ({"MALLOC_ARENA_MAX": "2"}, True),
+CPUS16 = ("import os\n"
+          "os.cpu_count = lambda: 16  # rss_breakdown.py: what Python sizes by the cores sees a 16-core host\n")
+GLIBC_ARENAS = str(8 * (os.cpu_count() or 1))
+VARIANTS: dict[str, tuple[dict[str, str], str]] = {  # (environment, sitecustomize)
+    "defaults": ({}, ""),
+    "unbounded": ({"MALLOC_ARENA_MAX": GLIBC_ARENAS}, ""),
+    "no-nvml": ({}, NO_NVML),
+    "unbounded-no-nvml": ({"MALLOC_ARENA_MAX": GLIBC_ARENAS}, NO_NVML),
+    # a 16-core host as far as a CPU-only one can show it: Python's pools sized for 16 cores, glibc's 128 arenas
+    "as-16-cores": ({"MALLOC_ARENA_MAX": "128"}, CPUS16),
 }
 _MAP = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) \S+ \S+ \d+\s*(.*)$")
 
@@ -147,14 +155,14 @@ def breakdown(pid: int) -> dict[str, Any]:
 
 
 def run_variant(name: str, tmp: Path, settle_s: float, owned: Owned, ledger: ShmLedger) -> dict[str, Any]:
-    env, no_nvml = VARIANTS[name]
+    env, custom = VARIANTS[name]
     here = tmp / name
     here.mkdir()
     env = dict(env)
-    if no_nvml:
+    if custom:
         site = here / "site"
         site.mkdir()
-        (site / "sitecustomize.py").write_text(NO_NVML)
+        (site / "sitecustomize.py").write_text(custom)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     port = free_port()
     peer = SparkdPeer(here, sparkd_config(here, port, standin_env(unique_prefix())))
@@ -189,7 +197,7 @@ def table(results: list[dict[str, Any]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settle", type=float, default=30.0, help="seconds at ready before reading")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default="defaults,unbounded,no-nvml,unbounded-no-nvml")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     host = {"cpus": os.cpu_count(), "load": os.getloadavg(), "nvml_library": shutil.which("nvidia-smi") is not None}
