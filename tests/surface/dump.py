@@ -21,7 +21,8 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -200,45 +201,54 @@ class CannedWorker:
         return {"ok": True, "result": {}}
 
 
+@contextmanager
+def peers_answered_by(link: CannedWorker) -> Iterator[None]:
+    """Every peer request of this process goes to ``link`` (kept, answered as canned)."""
+    from sparkd.cluster.peers import PeerClient
+
+    original = PeerClient.envelope
+    PeerClient.envelope = lambda self, *a, **kw: link.envelope(*a, **kw)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        PeerClient.envelope = original  # type: ignore[method-assign]
+
+
+def group_config(tmp: str, rank: int) -> Any:
+    import loop_harness
+
+    token = Path(tmp) / "token"
+    token.write_text(TOKEN)
+    return loop_harness.config(Path(tmp), **group_sections(rank, token))
+
+
 async def head(out: Path) -> None:
     import loop_harness
 
-    from sparkd.cluster.peers import PeerClient
     from sparkd.cluster.shared import shared_settings
     from sparkd.commands import restart, stop
     from sparkd.testing import FakeClock, FakeRuntime
 
     with tempfile.TemporaryDirectory(prefix="surface-") as tmp:
-        token = Path(tmp) / "token"
-        token.write_text(TOKEN)
-        theirs = loop_harness.config(Path(tmp), **group_sections(1, token))
-        worker = CannedWorker(shared_settings(theirs, TOKEN.strip()))
-    original = PeerClient.envelope
-    PeerClient.envelope = lambda self, *a, **kw: worker.envelope(*a, **kw)  # type: ignore[method-assign]
-    try:
-        with tempfile.TemporaryDirectory(prefix="surface-") as tmp:
-            token = Path(tmp) / "token"
-            token.write_text(TOKEN)
-            cfg = loop_harness.config(Path(tmp), **group_sections(0, token))
-            runtime, clock = FakeRuntime(), FakeClock()
-            async with loop_harness.running(cfg, runtime, clock) as node:
-                scene = Scene(out, "head", tmp, node.status, node.daemon.metrics.render)
-                scene.shot("booted")
-                await node.until_state("ready")
-                scene.shot("ready")
-                runtime.crash()
-                await node.until_state("backoff")
-                scene.shot("backoff")
-                await node.until_state("ready")
-                assert (await node.command(restart)).ok
-                await node.until(lambda: len(runtime.launches) == 3 and node.state == "ready")
-                scene.shot("restarted")
-                assert (await node.command(stop)).ok
-                await node.until_state("stopped")
-                await node.settled()
-                scene.shot("stopped")
-    finally:
-        PeerClient.envelope = original  # type: ignore[method-assign]
+        worker = CannedWorker(shared_settings(group_config(tmp, 1), TOKEN.strip()))
+    with peers_answered_by(worker), tempfile.TemporaryDirectory(prefix="surface-") as tmp:
+        runtime, clock = FakeRuntime(), FakeClock()
+        async with loop_harness.running(group_config(tmp, 0), runtime, clock) as node:
+            scene = Scene(out, "head", tmp, node.status, node.daemon.metrics.render)
+            scene.shot("booted")
+            await node.until_state("ready")
+            scene.shot("ready")
+            runtime.crash()
+            await node.until_state("backoff")
+            scene.shot("backoff")
+            await node.until_state("ready")
+            assert (await node.command(restart)).ok
+            await node.until(lambda: len(runtime.launches) == 3 and node.state == "ready")
+            scene.shot("restarted")
+            assert (await node.command(stop)).ok
+            await node.until_state("stopped")
+            await node.settled()
+            scene.shot("stopped")
     write(out, "peer/head-sends.json", json.dumps(worker.sent, indent=1, sort_keys=True) + "\n")
 
 
@@ -246,33 +256,24 @@ async def worker(out: Path) -> None:
     """A worker's rank started by its head, then crashing: what it tells the head."""
     import loop_harness
 
-    from sparkd.cluster.peers import PeerClient
     from sparkd.supervisor import vocabulary as v
     from sparkd.testing import FakeClock, FakeRuntime
 
     head_link = CannedWorker(role="head")  # the head answers its status like any rank
-    original = PeerClient.envelope
-    PeerClient.envelope = lambda self, *a, **kw: head_link.envelope(*a, **kw)  # type: ignore[method-assign]
-    try:
-        with tempfile.TemporaryDirectory(prefix="surface-") as tmp:
-            token = Path(tmp) / "token"
-            token.write_text(TOKEN)
-            cfg = loop_harness.config(Path(tmp), **group_sections(1, token))
-            runtime, clock = FakeRuntime(), FakeClock()
-            async with loop_harness.running(cfg, runtime, clock) as node:
-                scene = Scene(out, "worker", tmp, node.status, node.daemon.metrics.render)
-                scene.shot("booted")
-                await node.daemon.control.submit(v.StartRequested())
-                await node.until(lambda: runtime.current is not None)
-                runtime.say("INFO rank 1 in world size 2 is assigned as DP rank 0, PP rank 0, TP rank 1")
-                await node.until_state("ready")
-                scene.shot("ready")
-                runtime.crash()
-                await node.until(lambda: node.state in ("backoff", "stopped", "failed"))
-                await node.settled()
-                scene.shot("crashed")
-    finally:
-        PeerClient.envelope = original  # type: ignore[method-assign]
+    with peers_answered_by(head_link), tempfile.TemporaryDirectory(prefix="surface-") as tmp:
+        runtime, clock = FakeRuntime(), FakeClock()
+        async with loop_harness.running(group_config(tmp, 1), runtime, clock) as node:
+            scene = Scene(out, "worker", tmp, node.status, node.daemon.metrics.render)
+            scene.shot("booted")
+            await node.daemon.control.submit(v.StartRequested())
+            await node.until(lambda: runtime.current is not None)
+            runtime.say("INFO rank 1 in world size 2 is assigned as DP rank 0, PP rank 0, TP rank 1")
+            await node.until_state("ready")
+            scene.shot("ready")
+            runtime.crash()
+            await node.until(lambda: node.state in ("backoff", "stopped", "failed"))
+            await node.settled()
+            scene.shot("crashed")
     write(out, "peer/worker-sends.json", json.dumps(head_link.sent, indent=1, sort_keys=True) + "\n")
 
 
