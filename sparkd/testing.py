@@ -33,6 +33,7 @@ from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
 from sparkd.runtime.base import ExecResult, ExitInfo, Instance, LaunchError, Runtime, TargetUnavailable
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.health import ProbeOutcome, ProbeResult, VllmMetrics
+from sparkd.supervisor.healthsignal import Answer
 
 IDLE_LIMIT_S = 30.0  # real seconds run_until waits with nothing asleep on the fake clock (a worker thread's file
 # write takes milliseconds)
@@ -256,11 +257,13 @@ class FakeRuntime(Runtime):
 
 
 class FakeProbes:
-    """The probes of the runtime's current instance: 200 while it serves, refused otherwise."""
+    """The probes of the runtime's current instance: 200 while it serves, refused otherwise; ``pages``: what
+    ``fetch`` answers for a path (404 for any other)."""
 
     def __init__(self, runtime: FakeRuntime) -> None:
         self.runtime = runtime
         self.metrics_value: VllmMetrics | None = None
+        self.pages: dict[str, str] = {}
 
     async def health(self) -> ProbeResult:
         proc = self.runtime.current
@@ -273,6 +276,12 @@ class FakeProbes:
 
     async def canary(self) -> ProbeResult:
         return await self.health()
+
+    async def fetch(self, path: str) -> Answer | ProbeResult:
+        served = await self.health()
+        if served.outcome is not ProbeOutcome.ok:
+            return served
+        return Answer(200, self.pages[path], 0.001) if path in self.pages else Answer(404, "Not Found", 0.001)
 
     async def aclose(self) -> None:
         pass
@@ -306,13 +315,13 @@ class FakeNotifier:
 
 def passing_check(check_id: str = "scripted") -> Check:
     async def run(ctx: PreflightContext) -> CheckResult:
-        return CheckResult(check_id, Verdict.ok, "all good")
+        return CheckResult(Verdict.ok, "all good")
 
     return Check(check_id, run)
 
 
 def failing_check(found: str, cls: FailureClass = FailureClass.unknown, check_id: str = "scripted") -> Check:
     async def run(ctx: PreflightContext) -> CheckResult:
-        return CheckResult(check_id, Verdict.fail, found, failure_class=cls)
+        return CheckResult(Verdict.fail, found, failure_class=cls)
 
     return Check(check_id, run)

@@ -38,7 +38,7 @@ def _ask(obj: Any, now: float) -> tuple[dict[str, Any] | None, dict[str, Any] | 
 def bundle(obj: Any, output: Path | None) -> None:
     """``sparkctl bundle`` (its options: :mod:`sparkd.cli.sparkctl`)."""
     from sparkd.cli.common import config_or_exit
-    from sparkd.daemon.recording import own_records
+    from sparkd.daemon.views.flightrecords import own_records
 
     path = obj.config or DEFAULT_CONFIG_PATH
     cfg = config_or_exit(path, prog="sparkctl")

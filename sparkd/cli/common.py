@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # imported when a command loads a config: --help and TAB comp
     from sparkd.launch.lint import Finding
 
 EXIT_INVALID_CONFIG = exits.INVALID_CONFIG
-DAEMON_UMASK = 0o027  # the daemon's (sparkd.daemon.startup): folders and files the programs create get its modes
+DAEMON_UMASK = 0o027  # the daemon's (sparkd.daemon.boot.startup): folders and files the programs create get its modes
 
 config_option = click.option(
     "--config", "config_path", type=click.Path(path_type=Path), default=DEFAULT_CONFIG_PATH,

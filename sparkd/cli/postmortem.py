@@ -22,7 +22,7 @@ from sparkd.commands import recorder
 from sparkd.config import DEFAULT_CONFIG_PATH
 from sparkd.guard.sample import gib
 from sparkd.recorder.postmortem import AFTER_S, WINDOW_S, NodeRing, Report, analyse, node_from_json, silences
-from sparkd.recorder.record import Record
+from sparkd.recorder.record import GpuMark, Record
 
 __all__ = ["parse_since", "postmortem", "render"]
 
@@ -95,7 +95,7 @@ def _fetch(obj: Any, since: float | None, local: bool) -> tuple[str, list[NodeRi
 
 def _read_locally(obj: Any, since: float | None, notes: list[str]) -> tuple[str, list[NodeRing], list[str]]:
     from sparkd.cli.common import config_or_exit
-    from sparkd.daemon.recording import own_records
+    from sparkd.daemon.views.flightrecords import own_records
 
     cfg = config_or_exit(obj.config or DEFAULT_CONFIG_PATH, prog="sparkctl")
     own = own_records(cfg, since, None)
@@ -114,9 +114,24 @@ def _cell(r: Record) -> str:
     tps = "-" if r.prompt_tps is None else f"{r.prompt_tps:,.0f}"
     text = (f"    {stamp}  {gib(r.available) if r.available is not None else '?':>9}  {psi}  "
             f"{r.guard_level or '-':<5} {what:<24} {running:>4} {tps:>10}")
+    for gpu in r.gpus:
+        text += f"\n              {gpu_text(gpu)}"
     for line in (*r.kernel, *r.events):
         text += f"\n              {line[:150]}"
     return text
+
+
+def gpu_text(gpu: GpuMark) -> str:
+    """``GPU 0: 243 W, 100 %, 9.5 of 79.6 GiB``: what the launch's GPU was doing at the record."""
+    power = "? W" if gpu.power_w is None else f"{gpu.power_w:.0f} W"
+    util = "? %" if gpu.util_pct is None else f"{gpu.util_pct:.0f} %"
+    if gpu.used_bytes is None:
+        memory = "memory ?"
+    elif gpu.total_bytes is None:
+        memory = f"{gpu.used_bytes / 2**30:.1f} GiB used"
+    else:
+        memory = f"{gpu.used_bytes / 2**30:.1f} of {gpu.total_bytes / 2**30:.1f} GiB"
+    return f"GPU {gpu.index}: {power}, {util}, {memory}"
 
 
 def render(report: Report, nodes: list[NodeRing], notes: list[str]) -> str:

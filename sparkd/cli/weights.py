@@ -26,7 +26,7 @@ def verify(cfg: Config, *, full: bool, as_json: bool) -> int:
     if root is None:
         click.echo(json.dumps({"ok": None, "skipped": how}) if as_json else f"weights: not checked: {how}")
         return 0
-    keeper = LocalWeights(cfg, log=_Quiet())
+    keeper = LocalWeights(lambda: cfg, log=_Quiet())
     before = keeper.cache.load(root)
     manifest = anyio.run(lambda: keeper.manifest(full=full, bounded=False))
     problems = [manifest.problem] if manifest.problem else []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -19,6 +19,9 @@ from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
 from sparkd.commands.groupcheck import RANK_BANDWIDTH, BandwidthRequest
 from sparkd.config import Config
 from sparkd.runtime.base import ExecResult, TargetUnavailable
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 CLIENT_DELAY_S = 1.0
 SETUP_S = 10.0
@@ -60,11 +63,16 @@ async def serve(run: Exec, seconds: int, port: int, device: str | None, gid_inde
 class Bandwidth:
     """The head's side: for one worker, the server there and the client here, side by side."""
 
-    def __init__(self, cfg: Config, client: PeerClient, run: Exec, log: Any) -> None:
-        self.cfg = cfg
+    def __init__(self, config: Callable[[], Config], client: PeerClient, run: Exec, log: Logger) -> None:
+        self.config = config  # the config in force, read at every run
         self.client = client
         self.run = run
         self.log = log
+
+    @property
+    def cfg(self) -> Config:
+        """The config in force (a reload is read from the next use on)."""
+        return self.config()
 
     async def measure(self, peer: str, address: str, device: str | None = None,
                       gid_index: int | None = None) -> tuple[float | None, str]:

@@ -13,7 +13,7 @@ lifecycle state) — and its peers through the peer link (:class:`~sparkd.cluste
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -32,13 +32,16 @@ from sparkd.cluster.shared import (
 from sparkd.commands import reload as reload_command
 from sparkd.commands.base import NoParams
 from sparkd.commands.port import Outgoing, Route
-from sparkd.commands.rank import RANK_FAILED, RANK_PREFLIGHT, RANK_START, RANK_STOP, Failed
+from sparkd.commands.rank import RANK_FAILED, RANK_PREFLIGHT, RANK_START, RANK_STOP, Failed, failure_report
 from sparkd.commands.statusdoc import PeerEntry, Status
 from sparkd.config import Config, Role
 from sparkd.host.clock import Clock
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.states import RUNNING, State
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 START_POLL_S = 0.2
 
@@ -71,11 +74,11 @@ def _peer_entry(peer: str, reachable: bool, status: Status | None) -> PeerEntry:
 
 
 class Coordinator:
-    def __init__(self, cfg: Config, client: PeerClient, *, post: Callable[[v.Observation], None],
+    def __init__(self, config: Callable[[], Config], client: PeerClient, *, post: Callable[[v.Observation], None],
                  state: Callable[[], State], image: Callable[[], dict[str, Any] | None], clock: Clock,
-                 log: Any, addresses: PeerAddresses | None = None) -> None:
-        self.cfg = cfg
-        self.role = group_role(cfg)
+                 log: Logger, addresses: PeerAddresses | None = None) -> None:
+        self.config = config  # the config in force, read at every start, stop and poll
+        self.role = group_role(config())
         self.client = client
         self.post = post
         self.state = state
@@ -84,6 +87,11 @@ class Coordinator:
         self.log = log
         self.views = {peer: PeerView() for peer in client.peers}
         self.addresses = addresses
+
+    @property
+    def cfg(self) -> Config:
+        """The config in force (a reload is read from the next use on)."""
+        return self.config()
 
     # ---- head: prepare, start and stop the workers
     async def _each(self, job: Callable[[str], Awaitable[Failure | None]]) -> Failure | None:
@@ -295,10 +303,6 @@ class Coordinator:
             self._worker_rank_failed(named, failure)
         return True
 
-    def configure(self, cfg: Config) -> None:
-        """A reloaded config: the next start, stop and poll read it."""
-        self.cfg = cfg
-
     def unreachable(self) -> list[str]:
         """The peers whose sparkd does not answer now."""
         return [peer for peer, view in self.views.items() if view.since_unreachable is not None]
@@ -320,7 +324,7 @@ class Coordinator:
 
     async def report_failure(self, failure: Failure) -> None:
         """Worker side: tell the head at once that this rank failed."""
-        report = {"class": failure.cls.value, "message": failure.sentence}
+        report = failure_report(failure)
         for peer in self.client.peers:
             try:
                 await self.client.call(peer, RANK_FAILED, Failed(report, peer), retries=1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -26,6 +26,9 @@ from sparkd.commands.groupcheck import RANK_FABRIC, FabricRequest
 from sparkd.config import Config
 from sparkd.preflight.dfping import Ping, listen_once
 from sparkd.supervisor.failures import Failure, FailureClass
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 
 def _lost(peer: str, why: str) -> Failure:
@@ -46,15 +49,20 @@ def _pings(pings: list[Ping]) -> list[dict[str, Any]]:
 
 
 class FabricCheck:
-    def __init__(self, cfg: Config, client: PeerClient, *, env: Callable[[], Mapping[str, str]], log: Any,
-                 sys_root: Path = Path("/sys"), bandwidth: Bandwidth | None = None) -> None:
-        self.cfg = cfg
+    def __init__(self, config: Callable[[], Config], client: PeerClient, *, env: Callable[[], Mapping[str, str]],
+                 log: Logger, sys_root: Path = Path("/sys"), bandwidth: Bandwidth | None = None) -> None:
+        self.config = config  # the config in force, read at every check
         self.client = client
         self.env = env
         self.log = log
         self.sys_root = sys_root
         self.bandwidth = bandwidth
         self.report: dict[str, dict[str, Any]] = {}  # peer -> what the last check measured
+
+    @property
+    def cfg(self) -> Config:
+        """The config in force (a reload is read from the next use on)."""
+        return self.config()
 
     async def run(self) -> Failure | None:
         """None when every worker's link holds; else the refusal (the first failing peer's)."""

@@ -58,8 +58,12 @@ def wire(command: Route, request: Outgoing) -> tuple[str, str, dict[str, object]
 
 
 class PeerClient:
-    def __init__(self, cfg: Config, token: str | None, *, wall: Callable[[], float] = time.time) -> None:
-        self.timeout_s = cfg.cluster.peer_timeout_s
+    def __init__(self, config: Callable[[], Config], token: str | None, *,
+                 wall: Callable[[], float] = time.time) -> None:
+        """``config``: the config in force (its peers, port and TLS are fixed until sparkd restarts; the timeout is
+        read at every request)."""
+        self.config = config
+        cfg = config()
         context = client_context(cfg.api)
         scheme = "https" if context is not None else "http"
         self.urls = {peer: peer_base_url(peer, cfg.api.port, scheme) for peer in cfg.cluster.peers}
@@ -71,6 +75,10 @@ class PeerClient:
     @property
     def peers(self) -> list[str]:
         return list(self.urls)
+
+    @property
+    def timeout_s(self) -> float:
+        return self.config().cluster.peer_timeout_s
 
     async def aclose(self) -> None:
         await self._client.aclose()

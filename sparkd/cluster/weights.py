@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -25,6 +25,9 @@ from sparkd.commands.groupcheck import RANK_WEIGHTS, WeightsRequest
 from sparkd.config import Config
 from sparkd.preflight.manifest import Manifest
 from sparkd.supervisor.failures import CAUSES, Cause, Failure, FailureClass
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 SHOWN = 5
 FULL_TIMEOUT_S = 24 * 3600.0  # a worker re-reading every shard (sparkctl weights --full)
@@ -84,12 +87,17 @@ Local = Callable[..., Awaitable[Manifest]]
 class Parity:
     """The head's comparison, and what it found for status, ``sparkctl weights`` and metrics."""
 
-    def __init__(self, cfg: Config, client: PeerClient, local: Local, log: Any) -> None:
-        self.cfg = cfg
+    def __init__(self, config: Callable[[], Config], client: PeerClient, local: Local, log: Logger) -> None:
+        self.config = config  # the config in force, read at every comparison
         self.client = client
         self.local = local
         self.log = log
         self.report: dict[str, Any] | None = None
+
+    @property
+    def cfg(self) -> Config:
+        """The config in force (a reload is read from the next use on)."""
+        return self.config()
 
     async def run(self, *, full: bool = False) -> Failure | None:
         if not self.cfg.weights.parity:

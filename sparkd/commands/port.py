@@ -1,4 +1,4 @@
-"""The daemon's surface for commands (``sparkd.daemon.control.DaemonControl``), and what the server and the peer
+"""The daemon's surface for commands (``sparkd.daemon.views.control.DaemonControl``), and what the server and the peer
 link need of a command: types only, apart from :mod:`sparkd.commands.base` so that sparkctl, which imports a command
 module on a TAB, never builds them (a command module imports this module for its annotations alone).
 """
@@ -52,14 +52,14 @@ class Group(Protocol):
         """A worker's operator command (with ``request``'s parameters), carried out by its head for the whole group:
         (done, the head's envelope with ``forwarded_to``)."""
 
-    def on_report(self, peer: str, failure: dict[str, Any] | None) -> bool: ...
+    def on_report(self, peer: str, failure: Mapping[str, Any] | None) -> bool: ...
 
     async def reload_workers(self) -> list[str]:
         """Every worker reloads its config on disk; the problems of those that refused (none: all took it)."""
 
 
 class Checks(Protocol):
-    """The daemon's side of the group's checks (``sparkd.daemon.groupchecks.GroupChecks``)."""
+    """The daemon's side of the group's checks (``sparkd.daemon.effects.groupchecks.GroupChecks``)."""
 
     async def fabric_answer(self, address: str | None, size: int, master: tuple[str, int] | None,
                             timeout_s: float) -> dict[str, Any]: ...
@@ -84,7 +84,7 @@ class Acceptance(Protocol):
 
 
 class Control(Protocol):
-    """The daemon's surface for commands (``sparkd.daemon.control.DaemonControl``)."""
+    """The daemon's surface for commands (``sparkd.daemon.views.control.DaemonControl``)."""
 
     @property
     def worker(self) -> bool:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from sparkd.commands.base import BadRequest, NoParams, Reply, ok, refused
 from sparkd.commands.command import Command
 from sparkd.commands.groupcheck import GROUP_CHECKS
 from sparkd.commands.statusdoc import Status
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.states import State
 
 if TYPE_CHECKING:
@@ -25,9 +26,30 @@ if TYPE_CHECKING:
 START_SETTLE_S = 5.0
 
 
+# A rank's failure as it travels between the ranks: its class and its sentence (a peer's word: whoever reads one
+# bounds it, ``sparkd.cluster.peers.claim``).
+FailureReport = TypedDict("FailureReport", {"class": str, "message": str})
+
+
+def failure_report(failure: Failure) -> FailureReport:
+    """The one way a rank puts its failure on the wire."""
+    return {"class": failure.cls.value, "message": failure.sentence}
+
+
+class StopResult(TypedDict):
+    vllm_left: list[int]  # this node's vLLM processes still there after the stop
+    status: Status
+
+
+class PreflightResult(TypedDict):
+    ok: bool
+    results: list[dict[str, object]]  # each check's (sparkd.preflight.base.as_json)
+    failure: FailureReport | None
+
+
 @dataclass(frozen=True)
 class Failed:
-    failure: dict[str, Any] | None
+    failure: FailureReport | None
     peer: str
 
     @classmethod
@@ -35,7 +57,9 @@ class Failed:
         failure = params.get("failure")
         if failure is not None and not isinstance(failure, dict):
             raise BadRequest("failure: expected an object with class and message")
-        return cls(failure, str(params.get("peer", "?")))
+        report: FailureReport | None = None if failure is None else {
+            "class": str(failure.get("class")), "message": str(failure.get("message") or "")}
+        return cls(report, str(params.get("peer", "?")))
 
     def to_params(self) -> dict[str, Any]:
         return {"failure": self.failure}
@@ -45,17 +69,18 @@ async def _stop(control: Control, request: NoParams) -> Reply:
     if not control.stopped():
         await control.submit(v.StopRequested())
         await control.settle(control.stopped, control.stop_timeout_s)
-    left = control.vllm_left()
-    return ok({"vllm_left": left, "status": control.status()})
+    stopped: StopResult = {"vllm_left": control.vllm_left(), "status": control.status()}
+    return ok(stopped)
 
 
 async def _preflight(control: Control, request: NoParams) -> Reply:
     if control.running():
-        return ok({"ok": False, "failure": {"class": "unknown", "message": "its rank is running"}})
+        return ok({"ok": False, "failure": failure_report(Failure.of(FailureClass.unknown, "its rank is running"))})
     report = await control.preflight(dry_run=False)
     failure = report.failure()
-    return ok({"ok": report.ok, "results": report.to_json(), "failure": None if failure is None
-               else {"class": failure.cls.value, "message": failure.sentence}})
+    checked: PreflightResult = {"ok": report.ok, "results": report.to_json(),
+                                "failure": None if failure is None else failure_report(failure)}
+    return ok(checked)
 
 
 async def _start(control: Control, request: NoParams) -> Reply:
@@ -74,9 +99,9 @@ async def _failed(control: Control, request: Failed) -> Reply:
     return ok()
 
 
-RANK_STOP: Command[NoParams, dict[str, Any]] = Command("rank/stop", "POST", NoParams, _stop)
+RANK_STOP: Command[NoParams, StopResult] = Command("rank/stop", "POST", NoParams, _stop)
 """Stop this rank; ``{"vllm_left": [pid, …], "status": …}``."""
-RANK_PREFLIGHT: Command[NoParams, dict[str, Any]] = Command("rank/preflight", "POST", NoParams, _preflight)
+RANK_PREFLIGHT: Command[NoParams, PreflightResult] = Command("rank/preflight", "POST", NoParams, _preflight)
 """Preflight this node (refused while its rank runs); ``{"ok", "results", "failure"}``."""
 RANK_START: Command[NoParams, Status] = Command("rank/start", "POST", NoParams, _start)
 """Start this rank (closing its breaker: the head decides about the group's restarts); its status."""

@@ -1,7 +1,7 @@
 """The status document: what ``GET /v1/status``, ``status.json`` and ``sparkctl status`` carry, typed once.
 
-The daemon builds it (``sparkd.daemon.view.StatusView.status``); the commands read it (``control.status()``), the
-head reads its peers' (``sparkd.cluster``), sparkctl renders it. A peer's comes over the network: a key an older
+The daemon builds it (``sparkd.daemon.views.status``); the commands read it (``control.status()``), the head
+reads its peers' (``sparkd.cluster``), sparkctl renders it. A peer's comes over the network: a key an older
 sparkd does not send is read with ``.get``. Values this module leaves as ``dict[str, Any]`` are documents of
 their own, built and read by one module each (the config's state, the start timing, the GPU view, …).
 """
@@ -47,7 +47,7 @@ class Extras(TypedDict, total=False):
 
 
 class Checks(TypedDict, total=False):
-    """The group's proofs before a start (``sparkd.daemon.groupchecks``)."""
+    """The group's proofs before a start (``sparkd.daemon.effects.groupchecks``)."""
 
     fabric: list[dict[str, Any]] | None
     weights: dict[str, Any]

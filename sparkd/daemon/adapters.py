@@ -8,7 +8,6 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from sparkd.daemon.watch import Probes
 from sparkd.guard.guard import Guard
 from sparkd.host.clock import Clock, SystemClock
 from sparkd.host.gpu.model import GpuView
@@ -16,6 +15,7 @@ from sparkd.host.gpu.reading import read_gpus
 from sparkd.host.notify import Notifier
 from sparkd.preflight.base import Check
 from sparkd.preflight.runner import DEFAULT_CHECKS, check_shm, check_stale_processes
+from sparkd.supervisor.healthsignal import Probes
 
 
 @dataclass(frozen=True)

@@ -117,10 +117,13 @@ def guard_failure(decision: Decision, sample: Sample, sig: int) -> Failure:
 
 class Guard:
     def __init__(
-        self, cfg: GuardConfig, hooks: GuardHooks, *, sampler: Sampler | None = None,
+        self, config: Callable[[], GuardConfig], hooks: GuardHooks, *, sampler: Sampler | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.cfg = cfg
+        """``config``: ``[guard]`` in force, read at every sample (floors, intervals and grace follow a reload;
+        the sources opened at the start stay)."""
+        self.config = config
+        cfg = config()
         self.hooks = hooks
         self.clock = clock
         self._own_sampler = sampler is None
@@ -193,9 +196,9 @@ class Guard:
         """May vLLM start now? True until the first sample says otherwise."""
         return self.decision is None or self.decision.start_allowed
 
-    def configure(self, cfg: GuardConfig) -> None:
-        """A reloaded config: floors, intervals and grace apply from the next sample (the sources stay open)."""
-        self.cfg = cfg
+    @property
+    def cfg(self) -> GuardConfig:
+        return self.config()
 
     # ---- facts from the daemon
     def _running_pids(self) -> set[int]:

@@ -47,7 +47,7 @@ class Sampler:
     """Holds the sources open. Use as a context manager, or call :meth:`close`."""
 
     def __init__(self, cfg: GuardConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.cfg = cfg
+        """``cfg``: the sources it opens (what a running daemon keeps until it restarts)."""
         self.clock = clock
         self.meminfo = MeminfoReader(cfg.meminfo_path)  # the one source the guard cannot do without
         self.pressure: PressureReader | None = None

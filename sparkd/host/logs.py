@@ -13,9 +13,9 @@ the classifier, and optionally the journal under its own identifier (``[log] vll
 1. It never raises into the daemon. A write that fails (disk full, read-only, the path a directory) is logged
    once per episode, lines are counted as lost, and the file is retried every ``retry_s``; the first write
    that works again is logged with the count. ``write_error`` says what is wrong meanwhile.
-2. A line longer than ``max_line`` characters is cut (the file, the ring and the journal get the cut line with
+2. A line longer than ``Ring.max_line`` characters is cut (the file, the ring and the journal get the cut line with
    a note of how much was cut): one 64 MB line neither stays resident nor blows the rotation size.
-3. The ring keeps at most ``ring`` lines and ``ring_bytes`` bytes.
+3. The ring keeps at most ``Ring.lines`` lines and ``Ring.bytes`` bytes.
 4. A listener that raises is dropped (and logged), not propagated.
 5. The access-log lines of sparkd's own probes (``?probe=sparkd``, :mod:`sparkd.supervisor.probelines`) are left
    out — of the file, the ring, the listeners and the journal — unless ``[log] probe_requests``; they are counted.
@@ -30,8 +30,9 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import structlog
 
@@ -125,34 +126,73 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-def get_logger(**bound: Any) -> Any:
-    return structlog.get_logger("sparkd").bind(**bound)
+class Logger(Protocol):
+    """sparkd's structured logger as its parts use it (structlog's bound logger, or a test's recorder): an event
+    name and its fields, at a level; ``bind`` adds fields to every later event."""
+
+    def bind(self, **fields: Any) -> Logger: ...
+
+    def debug(self, event: str, **fields: Any) -> Any: ...
+
+    def info(self, event: str, **fields: Any) -> Any: ...
+
+    def warning(self, event: str, **fields: Any) -> Any: ...
+
+    def error(self, event: str, **fields: Any) -> Any: ...
+
+    def exception(self, event: str, **fields: Any) -> Any: ...
+
+
+def get_logger(**bound: Any) -> Logger:
+    logger: Logger = structlog.get_logger("sparkd").bind(**bound)
+    return logger
 
 
 KIB = 1024
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """``vllm.log`` is rotated past ``max_bytes``, ``backups`` older files kept (``[supervisor] log_*``)."""
+
+    max_bytes: int
+    backups: int
+
+
+@dataclass(frozen=True)
+class Ring:
+    """The last lines kept in memory: at most ``lines`` of them and ``bytes`` bytes, a line cut past ``max_line``
+    characters (rules 2 and 3)."""
+
+    lines: int = 2000
+    bytes: int = 4 * KIB**2
+    max_line: int = 64 * KIB
+
+
+def _rotation(cfg: Config) -> Rotation:
+    return Rotation(cfg.supervisor.log_max_bytes, cfg.supervisor.log_backups)
 
 
 class VllmLog:
     """vLLM's output on the host: an append-only file rotated by size, the last lines in memory, and
     optionally the journal. Never raises (module docstring, rules 1-4)."""
 
-    def __init__(self, path: Path, *, max_bytes: int, backups: int, ring: int = 2000, ring_bytes: int = 4 * KIB**2,
-                 max_line: int = 64 * KIB, journal: JournalSink | None = None, retry_s: float = 5.0,
-                 probe_requests: bool = False,
-                 clock: Callable[[], float] = time.monotonic, log: Any = None) -> None:
+    def __init__(self, path: Path, rotation: Rotation, *, ring: Ring = Ring(), journal: JournalSink | None = None,
+                 retry_s: float = 5.0, probe_requests: bool = False, clock: Callable[[], float] = time.monotonic,
+                 log: Logger | None = None) -> None:
         self.path = path
-        self.configure(max_bytes, backups)
-        self.ring_bytes = ring_bytes
-        self.max_line = max_line
+        self.rotation: Callable[[], Rotation] = lambda: rotation  # read at every write
+        self.ring_bytes = ring.bytes
+        self.max_line = ring.max_line
         self.journal = journal
         self.retry_s = retry_s
-        self.probe_requests = probe_requests
+        self.probe_requests: Callable[[], bool] = lambda: probe_requests  # read at every line
         self.probe_lines = 0  # access-log lines of sparkd's own probes left out
         self.clock = clock
         self.log = log if log is not None else get_logger(component="vllm_log")
-        self.tail: deque[str] = deque(maxlen=ring)
-        self._sizes: deque[int] = deque(maxlen=ring)  # bytes of each line in `tail`
-        self._times: deque[float] = deque(maxlen=ring)  # when each line in `tail` came (wall clock)
+        self.tail: deque[str] = deque(maxlen=ring.lines)
+        self._sizes: deque[int] = deque(maxlen=ring.lines)  # bytes of each line in `tail`
+        self._times: deque[float] = deque(maxlen=ring.lines)  # when each line in `tail` came (wall clock)
         self._tail_bytes = 0
         self._handle: TextIO | None = None
         self._size = 0
@@ -162,19 +202,19 @@ class VllmLog:
         self._retry_at = 0.0
         self._journal_failing = False
 
-    def configure(self, max_bytes: int, backups: int) -> None:
-        """The rotation's size and the backups kept (a reloaded config's: from the next write)."""
-        self.max_bytes, self.backups = max_bytes, backups
-
     @classmethod
-    def from_config(cls, cfg: Config) -> VllmLog:
-        """The daemon's vLLM log: ``<logs>/vllm.log`` with the configured rotation, and the journal as
-        ``SYSLOG_IDENTIFIER=vllm`` when ``[log] vllm_to_journal`` is on and the journal runs."""
+    def following(cls, config: Callable[[], Config]) -> VllmLog:
+        """The daemon's vLLM log: ``<logs>/vllm.log``, rotated and with the probes' lines kept or not as the config
+        in force says (a reload applies from the next line); the journal as ``SYSLOG_IDENTIFIER=vllm`` when
+        ``[log] vllm_to_journal`` is on at the start and the journal runs."""
+        cfg = config()
         journal = None
         if cfg.log.vllm_to_journal and JOURNAL_SOCKET.exists():
             journal = JournalSink("vllm", extra={"SPARKD_NODE": cfg.node.name})
-        return cls(cfg.paths.logs / "vllm.log", max_bytes=cfg.supervisor.log_max_bytes,
-                   backups=cfg.supervisor.log_backups, journal=journal, probe_requests=cfg.log.probe_requests)
+        log = cls(cfg.paths.logs / "vllm.log", _rotation(cfg), journal=journal)
+        log.rotation = lambda: _rotation(config())
+        log.probe_requests = lambda: config().log.probe_requests
+        return log
 
     def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
         self._listeners.append(listener)
@@ -185,7 +225,7 @@ class VllmLog:
             self._listeners.remove(listener)
 
     def append(self, line: str, *, persist: bool = True) -> None:
-        if not self.probe_requests and is_probe_line(line):
+        if not self.probe_requests() and is_probe_line(line):
             self.probe_lines += 1  # sparkd's own probe in uvicorn's access log: not vLLM's story (rule 5)
             return
         line = self._cut(line)
@@ -252,7 +292,7 @@ class VllmLog:
         self._handle.write(data)
         self._handle.flush()
         self._size += size
-        if self._size >= self.max_bytes:
+        if self._size >= self.rotation().max_bytes:
             self._rotate()
 
     def _failed(self, exc: Exception, now: float) -> None:
@@ -266,10 +306,11 @@ class VllmLog:
 
     def _rotate(self) -> None:
         self.close()
-        if self.backups == 0:
+        backups = self.rotation().backups
+        if backups == 0:
             self.path.unlink(missing_ok=True)
             return
-        for n in range(self.backups - 1, 0, -1):
+        for n in range(backups - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{n}")
             if older.exists():
                 older.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))

@@ -2,9 +2,10 @@
 
 ``launch_changes`` compares the rendered launches (argv and environment — what vLLM would actually get);
 ``setting_changes`` compares every other key. ``NEEDS_RESTART`` are the keys a running daemon cannot take on
-(where it keeps state, how it is reached, who it is): a reload reports them and they apply when sparkd
-restarts. A secret (``sparkd.config.secretrule``: ``launch.api_key``, secret-named environment values) is never shown:
-a change of one reads ``(secret …) → (secret …)``, digests under a key of this process's own.
+(who it is, where it keeps state, how it is reached, what it opens when it starts): a reload reports them and they
+apply when sparkd restarts. A secret (``sparkd.config.secretrule``: ``launch.api_key``, secret-named environment
+values) is never shown: a change of one reads ``(secret …) → (secret …)``, digests under a key of this process's
+own.
 """
 
 from __future__ import annotations
@@ -15,8 +16,18 @@ from sparkd.config import Config
 from sparkd.config.secretrule import digest, is_secret_name
 from sparkd.launch.render import render
 
-NEEDS_RESTART = ("node.name", "node.role", "runtime", "paths.", "api.port", "api.listen", "api.socket_group",
-                 "api.token_file", "api.tls_cert", "api.tls_key", "api.tls_ca", "cluster.peers")
+NEEDS_RESTART = (
+    # who it is and where it keeps state
+    "node.name", "node.role", "node.rank", "runtime", "paths.",
+    # how it is reached, and the group it belongs to
+    "api.port", "api.listen", "api.socket_group", "api.token_file", "api.tls_cert", "api.tls_key", "api.tls_ca",
+    "cluster.peers", "cluster.nnodes",
+    # what it opens when it starts: the guard and its sources, the flight recorder's ring and watchdog, the journal
+    "guard.enabled", "guard.meminfo_path", "guard.pressure_path", "guard.psi_trigger", "guard.kernel_log",
+    "guard.kmsg_path", "recorder.enabled", "recorder.path", "recorder.ring_size", "recorder.sync_interval_s",
+    "recorder.hardware_watchdog", "recorder.watchdog_device", "recorder.watchdog_timeout_s", "recorder.boot_id_path",
+    "log.vllm_to_journal",
+)
 
 
 def _shown(value: str | None, secret: bool) -> str:

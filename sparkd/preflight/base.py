@@ -37,13 +37,13 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class CheckResult:
-    id: str
     verdict: Verdict
     found: str  # what the check found: with verdict fail, the sentence of the failure
     did: str = ""  # what it did (or, dry run, would do)
     duration_s: float = 0.0
     failure_class: FailureClass | None = None  # with verdict fail: how the supervisor should treat it
     output: str = ""  # with verdict fail: what the program the check ran printed (vLLM's own words), if any
+    id: str = ""  # the check's: stamped by ``Check`` when it runs (a check module never writes it)
 
 
 @dataclass(frozen=True)
@@ -99,22 +99,22 @@ class Check:
     async def __call__(self, ctx: PreflightContext) -> CheckResult:
         started = time.monotonic()
         if self.id in ctx.cfg.preflight.skip:
-            result = CheckResult(self.id, Verdict.ok, "skipped ([preflight] skip)")
+            result = CheckResult(Verdict.ok, "skipped ([preflight] skip)")
         elif self.id in ctx.skip:
-            result = CheckResult(self.id, Verdict.ok, f"skipped ({ctx.skip[self.id]})")
+            result = CheckResult(Verdict.ok, f"skipped ({ctx.skip[self.id]})")
         else:
             try:
                 result = await self.fn(ctx)
             except Exception as exc:  # a check's own bug must not take the daemon down, nor launch blind
                 result = _crashed(self.id, exc)
-        return replace(result, duration_s=time.monotonic() - started)
+        return replace(result, id=self.id, duration_s=time.monotonic() - started)
 
 
 def _crashed(check_id: str, exc: Exception) -> CheckResult:
     if engine_unreachable(exc):  # waiting for the engine is not a failure of the node
-        return CheckResult(check_id, Verdict.fail, f"the container engine does not answer ({exc}); sparkd waits "
+        return CheckResult(Verdict.fail, f"the container engine does not answer ({exc}); sparkd waits "
                            "for it and checks again", failure_class=FailureClass.host_unavailable)
-    return CheckResult(check_id, Verdict.fail, f"the check itself failed ({type(exc).__name__}: {exc}); to launch "
+    return CheckResult(Verdict.fail, f"the check itself failed ({type(exc).__name__}: {exc}); to launch "
                        f"without it, add {check_id!r} to [preflight] skip", failure_class=FailureClass.unknown)
 
 

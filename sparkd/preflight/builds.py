@@ -135,23 +135,23 @@ def _remember(ctx: PreflightContext, identity: str, builds: dict[str, Any]) -> N
 @check
 async def check_builds(ctx: PreflightContext) -> CheckResult:
     if ctx.cfg.launch.script:
-        return CheckResult("builds", Verdict.ok, "not read: [launch] script runs the user's own command")
+        return CheckResult(Verdict.ok, "not read: [launch] script runs the user's own command")
     identity = await launch_identity(ctx)
     cached = (read_json(ctx.cfg.paths.state_dir / BUILDS_FILE) or {}).get("entries", {}).get(identity) \
         if identity else None
     if isinstance(cached, dict):
         _remember(ctx, str(identity), cached)
-        return CheckResult("builds", Verdict.ok, f"{describe(cached)} {ctx.runtime.where} (cached)")
+        return CheckResult(Verdict.ok, f"{describe(cached)} {ctx.runtime.where} (cached)")
     try:
         result = await ctx.runtime.exec(["sh", "-c", RESOLVE_SCRIPT, "sparkd-builds", ctx.spec.argv[0]],
                                         env={**ctx.spec.env, "SPARKD_PARSE_SNIPPET": BUILDS_SNIPPET},
                                         timeout_s=TIMEOUT_S)
     except TargetUnavailable as exc:
-        return CheckResult("builds", Verdict.ok, f"not read: {exc}")
+        return CheckResult(Verdict.ok, f"not read: {exc}")
     builds = parse_builds(result.stdout) if result.exit_code == 0 else None
     if builds is None:
-        return CheckResult("builds", Verdict.ok, f"not read {ctx.runtime.where}: the probe said nothing "
+        return CheckResult(Verdict.ok, f"not read {ctx.runtime.where}: the probe said nothing "
                            f"(exit {result.exit_code}); the group compares no builds")
     if identity:
         _remember(ctx, identity, builds)
-    return CheckResult("builds", Verdict.ok, f"{describe(builds)} {ctx.runtime.where}")
+    return CheckResult(Verdict.ok, f"{describe(builds)} {ctx.runtime.where}")

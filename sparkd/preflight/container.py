@@ -37,15 +37,15 @@ async def check_container(ctx: PreflightContext) -> CheckResult:
     image_findings = [f for f in lint(ctx.cfg, image_env=image_env, read_script=lambda _: None, node=node)
                       if f.level is Level.error and (f.key.startswith("the ENV of image") or f.rule in MEASURED)]
     if image_findings:
-        return CheckResult("container", Verdict.fail, "; ".join(f"{f.key}: {f.message}" for f in image_findings),
+        return CheckResult(Verdict.fail, "; ".join(f"{f.key}: {f.message}" for f in image_findings),
                            failure_class=FailureClass.config_error)
     mode = ctx.cfg.preflight.drift
     differences = [] if mode == "off" else await ctx.runtime.drift()
     where = ctx.runtime.where
     if not differences:
         skipped = " (not compared: [preflight] drift = 'off')" if mode == "off" else ""
-        return CheckResult("container", Verdict.ok, f"nothing {where} differs from the config{skipped}")
+        return CheckResult(Verdict.ok, f"nothing {where} differs from the config{skipped}")
     text = describe(differences, where)
     if mode == "warn":
-        return CheckResult("container", Verdict.warn, text, RECREATE)
-    return CheckResult("container", Verdict.fail, f"{text}; {RECREATE}", failure_class=FailureClass.config_error)
+        return CheckResult(Verdict.warn, text, RECREATE)
+    return CheckResult(Verdict.fail, f"{text}; {RECREATE}", failure_class=FailureClass.config_error)

@@ -22,7 +22,7 @@ from sparkd.supervisor.failures import FailureClass
 async def check_shm(ctx: PreflightContext) -> CheckResult:
     cfg = ctx.cfg
     if not ctx.runtime.shares_host_ipc:
-        return CheckResult("dev_shm", Verdict.ok, f"container {cfg.container.name} has its own /dev/shm "
+        return CheckResult(Verdict.ok, f"container {cfg.container.name} has its own /dev/shm "
                            "(no --ipc=host): the host's is not vLLM's")
     ledger = cfg.paths.state_dir / LEDGER_NAME
     if ctx.protect and not ctx.dry_run:  # the watched instance's segments: ours, once it is gone
@@ -32,9 +32,9 @@ async def check_shm(ctx: PreflightContext) -> CheckResult:
         removed = await anyio.to_thread.run_sync(
             lambda: sweep(ctx.shm_dir, dry_run=ctx.dry_run, proc=ctx.proc_root, ledger=ledger, uids=uids))
     except IncompleteView as exc:
-        return CheckResult("dev_shm", Verdict.warn, str(exc))
+        return CheckResult(Verdict.warn, str(exc))
     v, found, did = verdict(removed, free_bytes(ctx.shm_dir), cfg.preflight.shm_min_free_mib * MIB,
                             dry_run=ctx.dry_run, where=ctx.shm_dir)
     if v is Verdict.fail:
         found += await largest(ctx)
-    return CheckResult("dev_shm", v, found, did, failure_class=FailureClass.unknown if v is Verdict.fail else None)
+    return CheckResult(v, found, did, failure_class=FailureClass.unknown if v is Verdict.fail else None)

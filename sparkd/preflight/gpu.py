@@ -147,21 +147,21 @@ async def check_gpu(ctx: PreflightContext) -> CheckResult:
     view = await settled_gpus(ctx)
     if not view.available:
         if view.skipped is not None and view.skipped.startswith(WEDGED):
-            return CheckResult("gpu", Verdict.fail, view.skipped, failure_class=FailureClass.gpu_busy)
-        return CheckResult("gpu", Verdict.ok, f"skipped: {view.skipped}")
+            return CheckResult(Verdict.fail, view.skipped, failure_class=FailureClass.gpu_busy)
+        return CheckResult(Verdict.ok, f"skipped: {view.skipped}")
     listed, gpus = apps_of(view)
     apps, elsewhere = on_launch_gpus(listed, gpus, devices_of(ctx))
     named, stale_pids = await _named(ctx, apps) if apps else ({}, set())
     verdict, found, end = decide(apps, stale_pids, ctx.protect, named, dry_run=ctx.dry_run, elsewhere=elsewhere)
     if verdict is Verdict.fail:
-        return CheckResult("gpu", verdict, found, failure_class=FailureClass.gpu_busy)
+        return CheckResult(verdict, found, failure_class=FailureClass.gpu_busy)
     if verdict is Verdict.warn:
-        return CheckResult("gpu", verdict, found, "would SIGTERM, wait, then SIGKILL them")
+        return CheckResult(verdict, found, "would SIGTERM, wait, then SIGKILL them")
     if not end:
-        return CheckResult("gpu", verdict, found)
+        return CheckResult(verdict, found)
     candidates = await anyio.to_thread.run_sync(processes.stale_candidates, ctx)
     _, survivors = await processes.end_candidates(ctx, [c for c in candidates if c.pid in end])
     if survivors:
-        return CheckResult("gpu", Verdict.fail, found + "; still running after SIGKILL: "
+        return CheckResult(Verdict.fail, found + "; still running after SIGKILL: "
                            + ", ".join(str(s.pid) for s in survivors), failure_class=FailureClass.gpu_busy)
-    return CheckResult("gpu", verdict, found, f"ended {len(end)} process(es) with SIGTERM/SIGKILL")
+    return CheckResult(verdict, found, f"ended {len(end)} process(es) with SIGTERM/SIGKILL")

@@ -54,6 +54,6 @@ def check_discrete(ctx: PreflightContext, devices: list[GpuDevice], info: MemInf
     verdict, found = assess(devices, utilization, cmdlines, info, ctx.spec.argv,
                             int(ctx.cfg.preflight.memory_margin_gib * GIB))
     if verdict is Verdict.fail:
-        return CheckResult("memory", verdict, found + "; stop what holds the memory or lower gpu_memory_utilization",
+        return CheckResult(verdict, found + "; stop what holds the memory or lower gpu_memory_utilization",
                            failure_class=FailureClass.free_memory_refusal)
-    return CheckResult("memory", verdict, found)
+    return CheckResult(verdict, found)

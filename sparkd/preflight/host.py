@@ -113,17 +113,17 @@ async def check_host(ctx: PreflightContext) -> CheckResult:
     pf = ctx.cfg.preflight
     before = findings(observe(ctx.proc_root), pf)
     if not before:
-        return CheckResult("host", Verdict.ok, "swap off, vm.min_free_kbytes and vm.overcommit_memory as "
+        return CheckResult(Verdict.ok, "swap off, vm.min_free_kbytes and vm.overcommit_memory as "
                            "configured" if pf.swap_off else "vm settings as configured")
     text = describe(before)
     if not pf.apply_host:
-        return CheckResult("host", Verdict.warn, text, "reported only ([preflight] apply_host is off)")
+        return CheckResult(Verdict.warn, text, "reported only ([preflight] apply_host is off)")
     if ctx.dry_run:
-        return CheckResult("host", Verdict.warn, text, "would apply: " + ", ".join(f.key for f in before))
+        return CheckResult(Verdict.warn, text, "would apply: " + ", ".join(f.key for f in before))
     errors = await apply(ctx, before)
     after = findings(observe(ctx.proc_root), pf)
     if after:
         reason = "; ".join(errors) if errors else "the values did not stick"
-        return CheckResult("host", Verdict.fail, f"{describe(after)} after applying ({reason})",
+        return CheckResult(Verdict.fail, f"{describe(after)} after applying ({reason})",
                            f"tried: {', '.join(f.key for f in before)}", failure_class=FailureClass.unknown)
-    return CheckResult("host", Verdict.fixed, text, "applied: " + ", ".join(f.key for f in before))
+    return CheckResult(Verdict.fixed, text, "applied: " + ", ".join(f.key for f in before))

@@ -43,14 +43,14 @@ def problem(rule: ImageAssert, text: str | None, where: str) -> str | None:
 async def check_image(ctx: PreflightContext) -> CheckResult:
     rules = ctx.cfg.preflight.asserts
     if not rules:
-        return CheckResult("image", Verdict.ok, "no [[preflight.assert]] configured")
+        return CheckResult(Verdict.ok, "no [[preflight.assert]] configured")
     where = ctx.runtime.where
     problems = []
     for rule in rules:
         try:
             text = await ctx.runtime.read_file(rule.path)
         except TargetUnavailable as exc:
-            return CheckResult("image", Verdict.warn, f"{len(rules)} assertion(s) not checked: {exc}")
+            return CheckResult(Verdict.warn, f"{len(rules)} assertion(s) not checked: {exc}")
         except OSError as exc:
             problems.append(str(exc))
             continue
@@ -58,5 +58,5 @@ async def check_image(ctx: PreflightContext) -> CheckResult:
         if why:
             problems.append(why)
     if problems:
-        return CheckResult("image", Verdict.fail, "; ".join(problems), failure_class=FailureClass.config_error)
-    return CheckResult("image", Verdict.ok, f"{len(rules)} assertion(s) hold {where}")
+        return CheckResult(Verdict.fail, "; ".join(problems), failure_class=FailureClass.config_error)
+    return CheckResult(Verdict.ok, f"{len(rules)} assertion(s) hold {where}")

@@ -10,7 +10,7 @@ from sparkd.supervisor.failures import FailureClass
 
 
 def _fail(text: str) -> CheckResult:
-    return CheckResult("launch_target", Verdict.fail, text, failure_class=FailureClass.config_error)
+    return CheckResult(Verdict.fail, text, failure_class=FailureClass.config_error)
 
 
 @check
@@ -19,7 +19,7 @@ async def check_launch_target(ctx: PreflightContext) -> CheckResult:
     if ctx.dry_run:  # checking the target may create or start the place vLLM runs: say so instead
         pending = await runtime.pending_preparation()
         if pending:
-            return CheckResult("launch_target", Verdict.warn, pending + " (dry run: the target is checked then)")
+            return CheckResult(Verdict.warn, pending + " (dry run: the target is checked then)")
     problem = await runtime.missing_target(ctx.spec)
     if problem:
         return _fail(problem)
@@ -33,10 +33,10 @@ async def check_launch_target(ctx: PreflightContext) -> CheckResult:
         try:
             result = await runtime.exec(["sh", "-c", LIST_SCRIPT, "sparkd-model", path])
         except TargetUnavailable as exc:
-            return CheckResult("launch_target", Verdict.warn, "; ".join(found) + f"; model path {path} not "
+            return CheckResult(Verdict.warn, "; ".join(found) + f"; model path {path} not "
                                f"checked: {exc}")
         problem, seen = model_problem(path, parse_listing(result.exit_code, result.stdout), where)
         if problem:
             return _fail(problem)
         found.append(seen)
-    return CheckResult("launch_target", Verdict.ok, "; ".join(found))
+    return CheckResult(Verdict.ok, "; ".join(found))

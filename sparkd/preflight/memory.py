@@ -193,7 +193,7 @@ async def _utilization(ctx: PreflightContext) -> float:
 async def check_memory(ctx: PreflightContext) -> CheckResult:
     info = read_meminfo(ctx.proc_root)
     if info is None:
-        return CheckResult("memory", Verdict.warn, f"cannot read {ctx.proc_root}/meminfo")
+        return CheckResult(Verdict.warn, f"cannot read {ctx.proc_root}/meminfo")
     pf = ctx.cfg.preflight
     utilization = await _utilization(ctx)
     devices = gpumemory.launch_devices(ctx, await settled_gpus(ctx))
@@ -204,8 +204,8 @@ async def check_memory(ctx: PreflightContext) -> CheckResult:
     first = assess(info, utilization, margin, may_drop=droppable(info) if pending else 0,
                    cache_dropped=pf.drop_caches)
     if first.verdict is not Verdict.fail:
-        return CheckResult("memory", first.verdict, first.found)
+        return CheckResult(first.verdict, first.found)
     holders = await placed(ctx, await anyio.to_thread.run_sync(memory_holders, ctx.proc_root))
     full = assess(info, utilization, margin, holders=holders, may_drop=droppable(info) if pending else 0,
                   cache_dropped=pf.drop_caches)
-    return CheckResult("memory", Verdict.fail, full.found, failure_class=FailureClass.free_memory_refusal)
+    return CheckResult(Verdict.fail, full.found, failure_class=FailureClass.free_memory_refusal)

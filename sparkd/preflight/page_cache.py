@@ -27,22 +27,22 @@ def drop_caches(proc_root: Path) -> None:
 async def check_page_cache(ctx: PreflightContext) -> CheckResult:
     before = read_meminfo(ctx.proc_root)
     if before is None:
-        return CheckResult("page_cache", Verdict.warn, f"cannot read {ctx.proc_root}/meminfo")
+        return CheckResult(Verdict.warn, f"cannot read {ctx.proc_root}/meminfo")
     cached = before.cached
     if not ctx.cfg.preflight.drop_caches:
-        return CheckResult("page_cache", Verdict.ok, f"page cache {human_bytes(cached)}; not dropped "
+        return CheckResult(Verdict.ok, f"page cache {human_bytes(cached)}; not dropped "
                            "([preflight] drop_caches is off)")
     if ctx.dry_run:
-        return CheckResult("page_cache", Verdict.warn if droppable(before) else Verdict.ok,
+        return CheckResult(Verdict.warn if droppable(before) else Verdict.ok,
                            f"page cache {human_bytes(cached)} ({human_bytes(droppable(before))} droppable)",
                            "would sync and drop caches")
     try:
         await anyio.to_thread.run_sync(drop_caches, ctx.proc_root)
     except OSError as exc:
-        return CheckResult("page_cache", Verdict.warn, f"page cache {human_bytes(cached)}; cannot drop caches: "
+        return CheckResult(Verdict.warn, f"page cache {human_bytes(cached)}; cannot drop caches: "
                            f"{exc.strerror or exc} (sparkd needs root for this)", "nothing")
     after = read_meminfo(ctx.proc_root) or before
     got = reclaimed(before, after)
-    return CheckResult("page_cache", Verdict.fixed if got else Verdict.ok,
+    return CheckResult(Verdict.fixed if got else Verdict.ok,
                        f"page cache {human_bytes(cached)} before, {human_bytes(after.cached)} after",
                        f"synced and dropped caches: reclaimed {got} bytes ({human_bytes(got)})")

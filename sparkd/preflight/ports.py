@@ -234,7 +234,7 @@ async def check_ports(ctx: PreflightContext) -> CheckResult:
     ctx = await processes.launch_places(ctx)
     wanted = wanted_ports(ctx.cfg, on_host_network=ctx.runtime.shares_host_network)
     if not wanted:
-        return CheckResult("ports", Verdict.ok, "no port to check (headless, or the container has its own "
+        return CheckResult(Verdict.ok, "no port to check (headless, or the container has its own "
                            "network)")
     decisions = [await _one(ctx, want) for want in wanted]
     worst = max(decisions, key=lambda d: list(Verdict).index(d.verdict))
@@ -243,5 +243,5 @@ async def check_ports(ctx: PreflightContext) -> CheckResult:
     ended = [pid for d in decisions for pid in d.end]
     did = (f"ended stale holder(s) {', '.join(map(str, ended))}" if ended and worst.verdict is Verdict.fixed
            else "would end the stale holder(s)" if worst.verdict is Verdict.warn else "")
-    return CheckResult("ports", worst.verdict, found, did,
+    return CheckResult(worst.verdict, found, did,
                        failure_class=failed[0].failure_class if failed else None)

@@ -24,7 +24,7 @@ import psutil
 
 from sparkd.config import Config
 from sparkd.launch.render import LaunchSpec, effective_env, env_values
-from sparkd.preflight import neighbours, proctable, stale
+from sparkd.preflight import instances, neighbours, proctable, stale
 from sparkd.preflight.base import (
     PreflightContext,
     Verdict,
@@ -33,7 +33,6 @@ from sparkd.preflight.base import (
 )
 from sparkd.preflight.shmholders import LEDGER_NAME, ShmLedger
 from sparkd.runtime import proctree
-from sparkd.state import instances
 from sparkd.state.files import json_state
 from sparkd.state.schema import INSTANCE
 
@@ -112,7 +111,7 @@ async def launch_places(ctx: PreflightContext) -> PreflightContext:
 
 
 def other_launches(ctx: PreflightContext) -> tuple[neighbours.Launch, ...]:
-    """The launches of the other live sparkd instances on this host (:mod:`sparkd.state.instances`)."""
+    """The launches of the other live sparkd instances on this host (:mod:`sparkd.preflight.instances`)."""
     return instances.launches(instances.live_everywhere(ctx.cfg.paths.instances_dir, besides=ctx.cfg.paths.state_dir))
 
 

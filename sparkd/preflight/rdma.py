@@ -308,7 +308,7 @@ def in_play_env(ctx: PreflightContext) -> Mapping[str, str]:
 async def check_rdma(ctx: PreflightContext) -> CheckResult:
     env = in_play_env(ctx)
     if not nccl_ib_in_play(env, ctx.cfg.nnodes):
-        return CheckResult("rdma", Verdict.ok, "NCCL's IB transport is not in play (one node, or "
+        return CheckResult(Verdict.ok, "NCCL's IB transport is not in play (one node, or "
                            "NCCL_IB_DISABLE=1)")
     ports = await anyio.to_thread.run_sync(read_ports, ctx.sys_root / "class" / "infiniband")
     facts = Facts(tuple(ports), parse_selection(env.get("NCCL_IB_HCA", "")),
@@ -317,4 +317,4 @@ async def check_rdma(ctx: PreflightContext) -> CheckResult:
     if facts.ports or facts.selection.entries:
         facts = await _where_vllm_runs(ctx, facts)
     verdict, found, cls = decide(facts, ctx.runtime.where)
-    return CheckResult("rdma", verdict, found, failure_class=cls)
+    return CheckResult(verdict, found, failure_class=cls)

@@ -21,10 +21,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkd.state.files import StateFile
 from sparkd.state.schema import SHM_LEDGER
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 LEDGER_NAME = "shm-ledger.json"
 LEDGER_MAX = 4096
@@ -170,7 +173,7 @@ def entries(shm_dir: Path, prefixes: tuple[str, ...]) -> list[Entry]:
 class ShmLedger:
     """The segments sparkd's launches held, by (name, inode): proof they were ours once their holders died."""
 
-    def __init__(self, path: Path, *, log: Any = None, clock: Any = time.time) -> None:
+    def __init__(self, path: Path, *, log: Logger | None = None, clock: Any = time.time) -> None:
         self.state = StateFile(path, SHM_LEDGER, parse=_parse, dump=_dump, log=log, clock=clock)
         self.clock = clock
 

@@ -20,5 +20,5 @@ async def check_stale_processes(ctx: PreflightContext) -> CheckResult:
     if found and not ctx.dry_run:
         _, survivors = await end_candidates(ctx, found)
     v, text, did = verdict(found, survivors, dry_run=ctx.dry_run)
-    return CheckResult("stale_processes", v, text, did,
+    return CheckResult(v, text, did,
                        failure_class=FailureClass.gpu_busy if v is Verdict.fail else None)

@@ -154,23 +154,23 @@ def _remember(ctx: PreflightContext, key: str, verdict: Verdict, found: str, cls
 async def check_vllm_args(ctx: PreflightContext) -> CheckResult:
     launch, spec = ctx.cfg.launch, ctx.spec
     if launch.script:
-        return CheckResult("vllm_args", Verdict.ok, "not checked: [launch] script runs the user's own command")
+        return CheckResult(Verdict.ok, "not checked: [launch] script runs the user's own command")
     if len(spec.argv) < 2 or spec.argv[1] != "serve":
-        return CheckResult("vllm_args", Verdict.ok, f"not checked: the launch is not `{spec.argv[0]} serve`")
+        return CheckResult(Verdict.ok, f"not checked: the launch is not `{spec.argv[0]} serve`")
     identity = await launch_identity(ctx)
     key = cache_key(identity, spec) if identity else None
     hit = _cached(ctx, key) if key else None
     if hit is not None:
         verdict = Verdict(hit["verdict"])
-        return CheckResult("vllm_args", verdict, f"{hit['found']} (cached)", failure_class=_cached_class(hit),
+        return CheckResult(verdict, f"{hit['found']} (cached)", failure_class=_cached_class(hit),
                            output=str(hit.get("output") or ""))
     try:
         result = await ctx.runtime.exec(parse_command(spec), env={**spec.env, "SPARKD_PARSE_SNIPPET": PARSE_SNIPPET},
                                         timeout_s=ctx.cfg.preflight.vllm_args_timeout_s)
     except TargetUnavailable as exc:
-        return CheckResult("vllm_args", Verdict.warn, f"argv not checked: {exc}")
+        return CheckResult(Verdict.warn, f"argv not checked: {exc}")
     verdict, found, cls = judge(result, ctx.runtime.where)
     output = result.stderr if verdict is Verdict.fail else ""
     if key and verdict is not Verdict.warn:
         _remember(ctx, key, verdict, found, cls, output)
-    return CheckResult("vllm_args", verdict, found, failure_class=cls, output=output[-OUTPUT_KEEP:])
+    return CheckResult(verdict, found, failure_class=cls, output=output[-OUTPUT_KEEP:])

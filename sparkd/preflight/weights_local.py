@@ -12,13 +12,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from sparkd.config import Config
 from sparkd.preflight.manifest import HashCache, Manifest, Stop, build, deadline
 from sparkd.preflight.target import local_model
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 
 def model_dir(cfg: Config) -> tuple[Path | None, str]:
@@ -45,15 +48,20 @@ def model_dir(cfg: Config) -> tuple[Path | None, str]:
 
 
 class LocalWeights:
-    def __init__(self, cfg: Config, *, log: Any, spawn: Callable[..., Any] | None = None) -> None:
-        self.cfg = cfg
+    def __init__(self, config: Callable[[], Config], *, log: Logger, spawn: Callable[..., Any] | None = None) -> None:
+        self.config = config  # the config in force, read when a manifest is made
         self.log = log
         self.spawn = spawn  # runs the background hashing beside the daemon; None: no background (one-shot)
-        self.cache = HashCache(cfg.paths.state_dir, log=log)
+        self.cache = HashCache(config().paths.state_dir, log=log)
         self.last: Manifest | None = None
         self._lock = anyio.Lock()
         self._interrupt = threading.Event()
         self._background = False
+
+    @property
+    def cfg(self) -> Config:
+        """The config in force (a reload is read from the next use on)."""
+        return self.config()
 
     async def manifest(self, *, full: bool = False, bounded: bool = True) -> Manifest:
         """The manifest now: changed shards hashed within ``[weights] hash_budget_s`` (``full`` or not ``bounded``:

@@ -1,9 +1,11 @@
 """One flight-recorder record: what the node looked like at one moment, and its compact binary form. Pure.
 
 A record is ~120 bytes plus its kernel lines and events: fixed fields packed with :mod:`struct` (sizes in KiB as
-``u32``, rates and ratios as ``f32``), then the peers and the text lines, each with its length. A value sparkd
-does not know is stored as a sentinel (all ones, NaN) and read back as ``None``. States, phases and guard levels
-travel as small codes from the append-only tables below, so a newer sparkd can still read an older ring.
+``u32``, rates and ratios as ``f32``), then the peers and the text lines, each with its length, then the launch's
+GPUs (index, power, utilization, memory used and total), which a reader older than that section leaves unread. A
+value sparkd does not know is stored as a sentinel (all ones, NaN) and read back as ``None``. States, phases and
+guard levels travel as small codes from the append-only tables below, so a newer sparkd can still read an older
+ring.
 The frame around a record (its length, sequence number and CRC) is :mod:`sparkd.recorder.ring`'s.
 """
 
@@ -16,13 +18,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["FORMAT_VERSION", "Floors", "PeerMark", "Record", "decode", "encode", "from_json", "peek", "to_json"]
+__all__ = ["FORMAT_VERSION", "Floors", "GpuMark", "PeerMark", "Record", "decode", "encode", "from_json", "peek",
+           "to_json"]
 
 FORMAT_VERSION = 1
 KIB = 1024
 MAX_LINES = 16  # kernel lines, and events, kept in one record (the rest wait for the next)
 MAX_LINE_BYTES = 480
 MAX_PEERS = 16
+MAX_GPUS = 16
 
 # Append-only code tables: a code's meaning never changes. A name not in a table is stored as "unknown".
 STATES = ("adopting", "stopped", "preflight", "starting", "ready", "degraded", "stopping", "backoff", "failed")
@@ -36,6 +40,7 @@ _NAN = float("nan")
 _FIXED = struct.Struct("<Bdd16sIIIIffBBffBBHHffffIHIIIB")
 _PEER = struct.Struct("<ffB")
 _LINE = struct.Struct("<BH")
+_GPU = struct.Struct("<BffII")
 _KERNEL, _EVENT = ord("k"), ord("e")
 _CLEAN = 1
 
@@ -48,6 +53,17 @@ class PeerMark:
     age_s: float | None  # seconds since its sparkd last answered (None: never)
     offset_s: float | None  # its wall clock minus ours, from the last exchange (None: not measured)
     up: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMark:
+    """One GPU of the launch as the GPU sampler last read it."""
+
+    index: int  # NVML's
+    power_w: float | None = None
+    util_pct: float | None = None
+    used_bytes: int | None = None
+    total_bytes: int | None = None  # None on unified memory (GB10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +97,8 @@ class Record:
     waiting: int | None = None
     prompt_tps: float | None = None  # prompt tokens per second (vllm:prompt_tokens_total between scrapes)
     kv_usage: float | None = None  # vLLM's KV cache usage, 0–1
-    gpu_power_w: float | None = None
-    gpu_util: float | None = None  # percent
+    gpu_power_w: float | None = None  # the launch's GPUs together
+    gpu_util: float | None = None  # percent, their mean
     pid: int | None = None  # vLLM's main PID
     restarts: int = 0
     floors: Floors | None = None
@@ -90,6 +106,7 @@ class Record:
     peers: tuple[PeerMark, ...] = ()
     kernel: tuple[str, ...] = ()  # kernel log lines the guard kept since the last record
     events: tuple[str, ...] = field(default=())  # what sparkd did or saw since the last record
+    gpus: tuple[GpuMark, ...] = ()  # each GPU of the launch
 
 
 def _code(table: tuple[str, ...], name: str | None) -> int:
@@ -166,6 +183,11 @@ def encode(r: Record) -> bytes:
     for tag, line in lines:
         data = _text(line)
         parts += [_LINE.pack(tag, len(data)), data]
+    if r.gpus:  # appended last: a reader without this section stops before it
+        gpus = r.gpus[:MAX_GPUS]
+        parts.append(bytes([len(gpus)]))
+        parts += [_GPU.pack(_small(g.index, _U8), _f(g.power_w), _f(g.util_pct), _kib(g.used_bytes),
+                            _kib(g.total_bytes)) for g in gpus]
     return b"".join(parts)
 
 
@@ -200,6 +222,11 @@ def decode(data: bytes, seq: int = 0) -> Record:
         tag, size = _LINE.unpack(reader.take(_LINE.size))
         text = reader.take(size).decode("utf-8", "replace")
         (kernel if tag == _KERNEL else events).append(text)
+    gpus = []
+    if reader.pos < len(data):
+        for _ in range(reader.take(1)[0]):
+            index, power, util, used, total = _GPU.unpack(reader.take(_GPU.size))
+            gpus.append(GpuMark(index, _opt(power), _opt(util), _bytes(used), _bytes(total)))
     floors = None if warn == _U32 else Floors(warn * KIB, stop * KIB, kill * KIB)
     return Record(
         wall=wall, mono=mono, boot=_boot_text(boot), run=run, seq=seq, available=_bytes(avail), free=_bytes(free),
@@ -209,7 +236,7 @@ def decode(data: bytes, seq: int = 0) -> Record:
         running=None if running == _U16 else running, waiting=None if waiting == _U16 else waiting,
         prompt_tps=_opt(prompt_tps), kv_usage=_opt(kv), gpu_power_w=_opt(gpu_w), gpu_util=_opt(gpu_util),
         pid=None if pid == _U32 else pid, restarts=restarts, floors=floors, clean_exit=bool(flags & _CLEAN),
-        peers=tuple(peers), kernel=tuple(kernel), events=tuple(events))
+        peers=tuple(peers), kernel=tuple(kernel), events=tuple(events), gpus=tuple(gpus))
 
 
 _PEEK = struct.Struct("<Bdd16sI")
@@ -271,8 +298,17 @@ def from_json(data: Mapping[str, Any]) -> Record:
         for p in data.get("peers", []) if isinstance(p, Mapping))
     values["kernel"] = tuple(str(line) for line in data.get("kernel", []))
     values["events"] = tuple(str(line) for line in data.get("events", []))
+    values["gpus"] = tuple(_gpu_mark(g) for g in data.get("gpus", []) if isinstance(g, Mapping))
     return Record(**values)
 
 
+def _gpu_mark(data: Mapping[str, Any]) -> GpuMark:
+    def whole(name: str) -> int | None:
+        return None if data.get(name) is None else int(_number(data[name], name))
+
+    return GpuMark(int(_number(data.get("index", 0), "index")), _maybe(data.get("power_w")),
+                   _maybe(data.get("util_pct")), whole("used_bytes"), whole("total_bytes"))
+
+
 def _maybe(value: Any) -> float | None:
-    return None if value is None else float(_number(value, "peer figure"))
+    return None if value is None else float(_number(value, "a peer's or a GPU's figure"))

@@ -15,10 +15,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sparkd.recorder.record import Record
 from sparkd.recorder.ring import RingFile
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 __all__ = ["BACKLOG", "RingWriter"]
 
@@ -27,7 +30,7 @@ REOPEN_S = 10.0
 
 
 class RingWriter:
-    def __init__(self, path: Path, size: int, *, sync_interval_s: float, log: Any,
+    def __init__(self, path: Path, size: int, *, sync_interval_s: float, log: Logger,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self.size = size

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import abc
 import signal as signals
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -29,6 +29,7 @@ import anyio
 from sparkd.config import Config
 from sparkd.launch.render import LaunchSpec
 from sparkd.runtime.proctree import Expected, ProcessIdentity, same_identity
+from sparkd.supervisor.instance import Instance  # the record a runtime trades in; the core folds it
 
 EXEC_TIMEOUT_S = 60.0
 MISSING_FILE = 3  # exit status of READ_SCRIPT when the file is not there
@@ -64,28 +65,6 @@ def engine_unreachable(exc: BaseException | None) -> bool:
 
 class TargetUnavailable(Exception):
     """There is nothing to run a command in where vLLM runs (no container yet, a stopped one, no engine)."""
-
-
-@dataclass(frozen=True)
-class Instance:
-    """One launched vLLM: enough to find it again after sparkd restarts and to prove it is the same one."""
-
-    runtime: str
-    pid: int  # host PID of the launch's main process
-    create_time: float  # psutil create_time of that PID: a reused PID has another
-    config_hash: str
-    container_id: str | None = None
-    exec_id: str | None = None
-    log_path: str | None = None  # where the runtime's log source reads from
-    extra: dict[str, Any] = field(default_factory=dict)
-    identity: dict[str, Any] | None = None  # proctree.ProcessIdentity at launch: the proof it is still ours
-
-    def to_record(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_record(cls, data: dict[str, Any]) -> Instance:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 @dataclass(frozen=True)
@@ -169,8 +148,8 @@ class Runtime(abc.ABC):
     def from_config(cls, cfg: Config, *, rehearse: bool = False) -> Runtime:
         """The runtime for ``cfg`` (``rehearse``: the vLLM stand-in runs in vLLM's place)."""
 
-    def configure(self, cfg: Config) -> None:  # noqa: B027 (most runtimes keep nothing of the config)
-        """A reloaded config: what the runtime keeps of it applies from the next launch."""
+    def follow(self, config: Callable[[], Config]) -> None:  # noqa: B027 (most runtimes keep nothing of the config)
+        """Read the config in force from ``config`` (the daemon's loop; a reload is read from the next use on)."""
 
     # ---- the lifecycle
 

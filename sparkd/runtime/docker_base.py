@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import docker.errors
@@ -77,17 +77,26 @@ class DockerRuntime(Runtime):
         self, cfg: Config, *, rehearse: bool = False, labels: Mapping[str, str] | None = None,
         client: Any = None,
     ) -> None:
-        self.cfg = cfg
+        self.config: Callable[[], Config] = lambda: cfg  # until the daemon's loop holds the config in force
         self.rehearse = rehearse
-        self.extra_labels = {**cfg.container.labels, **(labels or {})}
+        self.test_labels = dict(labels or {})
         self._client = client
 
     @classmethod
     def from_config(cls, cfg: Config, *, rehearse: bool = False) -> DockerRuntime:
         return cls(cfg, rehearse=rehearse)
 
-    def configure(self, cfg: Config) -> None:
-        self.cfg = cfg
+    def follow(self, config: Callable[[], Config]) -> None:
+        self.config = config
+
+    @property
+    def cfg(self) -> Config:
+        return self.config()
+
+    @property
+    def extra_labels(self) -> dict[str, str]:
+        """``[container] labels`` in force, and a test's own."""
+        return {**self.cfg.container.labels, **self.test_labels}
 
     @property
     def container_name(self) -> str:

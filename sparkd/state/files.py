@@ -27,10 +27,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sparkd.host.safefile import replace_file
 from sparkd.state.schema import BadShape, Schema
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 T = TypeVar("T")
 Clock = Callable[[], float]
@@ -58,7 +61,7 @@ class StateFile(Generic[T]):
     """One state file of a known shape. ``parse`` turns the validated object into ``T``; ``dump`` back."""
 
     def __init__(self, path: Path, schema: Schema, *, parse: Callable[[dict[str, Any]], T],
-                 dump: Callable[[T], dict[str, Any]], log: Any = None, clock: Clock = time.time) -> None:
+                 dump: Callable[[T], dict[str, Any]], log: Logger | None = None, clock: Clock = time.time) -> None:
         self.path = path
         self.schema = schema
         self.parse = parse
@@ -171,7 +174,7 @@ class StateFile(Generic[T]):
         return WriteResult(ok=True, recovered=True)
 
 
-def json_state(path: Path, schema: Schema, *, log: Any = None, clock: Clock = time.time
+def json_state(path: Path, schema: Schema, *, log: Logger | None = None, clock: Clock = time.time
                ) -> StateFile[dict[str, Any]]:
     """A state file read and written as a plain validated dict."""
     return StateFile(path, schema, parse=dict, dump=dict, log=log, clock=clock)

@@ -30,13 +30,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from sparkd.host.safefile import create_new
 from sparkd.state.files import read_regular, to_json, write_json
 from sparkd.supervisor.failures import Evidence, Failure
+
+if TYPE_CHECKING:
+    from sparkd.host.logs import Logger
 
 KERNEL_LOG_LINES = 200
 FOLDER = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(-\d+)?$")  # <UTC stamp>-<class>[-N]: what write_incident names
@@ -55,28 +58,30 @@ def incident_record(failure: Failure, *, at: float, config_hash: str, **facts: A
 
 
 class IncidentWriter:
-    def __init__(self, root: Path, *, keep: int, log: Any, meminfo: Path = Path("/proc/meminfo")) -> None:
+    """Incident folders under ``root``, the oldest beyond ``keep`` (each write's, as the config says then) removed."""
+
+    def __init__(self, root: Path, *, log: Logger, meminfo: Path = Path("/proc/meminfo")) -> None:
         self.root = root
-        self.keep = keep
         self.log = log
         self.meminfo = meminfo
 
-    def write_now(self, record: dict[str, Any], log_tail: Sequence[str], *,
+    def write_now(self, record: dict[str, Any], log_tail: Sequence[str], *, keep: int,
                   guard: dict[str, Any] | None = None) -> Path | None:
         """Synchronous and quick (no kernel log, no Docker): for the guard, before it signals anything."""
-        return self._write(record, log_tail, frozenset({Evidence.meminfo, Evidence.guard}), None, guard)
+        return self._write(record, log_tail, frozenset({Evidence.meminfo, Evidence.guard}), keep, None, guard)
 
     async def write(self, record: dict[str, Any], log_tail: Sequence[str], *, evidence: frozenset[Evidence],
-                    container: dict[str, Any] | None = None, guard: dict[str, Any] | None = None,
+                    keep: int, container: dict[str, Any] | None = None, guard: dict[str, Any] | None = None,
                     gpu: GpuEvidence | None = None) -> Path | None:
-        return await anyio.to_thread.run_sync(self._write, record, list(log_tail), evidence, container, guard, gpu)
+        return await anyio.to_thread.run_sync(self._write, record, list(log_tail), evidence, keep, container, guard,
+                                              gpu)
 
-    def _write(self, record: dict[str, Any], log_tail: Sequence[str], evidence: frozenset[Evidence],
+    def _write(self, record: dict[str, Any], log_tail: Sequence[str], evidence: frozenset[Evidence], keep: int,
                container: dict[str, Any] | None, guard: dict[str, Any] | None,
                gpu: GpuEvidence | None = None) -> Path | None:
         try:
             folder = write_incident(self.root, record, log_tail=log_tail, evidence=evidence, container=container,
-                                    guard=guard, meminfo=self.meminfo, keep=self.keep)
+                                    guard=guard, meminfo=self.meminfo, keep=keep)
             if gpu is not None:
                 write_gpu(folder, gpu)
         except OSError as exc:
@@ -88,7 +93,7 @@ class IncidentWriter:
 
 @dataclass(frozen=True)
 class GpuEvidence:
-    reading: dict[str, Any]  # the NVML reading and the launch's power history (sparkd.daemon.gpuwatch)
+    reading: dict[str, Any]  # the NVML reading and the launch's power history (sparkd.daemon.watch.gpus)
     smi_q: str | None = None  # `nvidia-smi -q`
 
 

@@ -169,7 +169,8 @@ STRIKE = Schema("restart strike", {
     "class": Field((str,), True, not_empty),
 })
 
-# What sparkd.daemon.remembered keeps: the operator's intent, the restart budget, the breaker, the remaining backoff.
+# What sparkd.daemon.loop.remembered keeps: the operator's intent, the restart budget, the breaker, the remaining
+# backoff.
 LIFECYCLE = Schema("lifecycle file", {
     "version": Field((int,), True),
     "intent": Field((str,), True, not_empty),

@@ -1,6 +1,6 @@
 """Health verdicts from probe results: when vLLM counts as ready, degraded, recovered or failed. Pure.
 
-The I/O side (:mod:`sparkd.daemon.probes`) turns one HTTP request into a `ProbeResult` or `VllmMetrics`; the
+The I/O side (:mod:`sparkd.daemon.watch.probes`) turns one HTTP request into a `ProbeResult` or `VllmMetrics`; the
 `observe_*` functions fold one of them, with the monotonic `now` it arrived at, into a `HealthTracker` and
 return at most one machine observation, only when the verdict changes (kubelet's prober results + thresholds).
 

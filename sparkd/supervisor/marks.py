@@ -29,7 +29,7 @@ MARK = "---- sparkd: "
 LAUNCH_LINE = MARK + "launch "  # written into the vLLM log before every launch
 PREFLIGHT_LINE = MARK + "preflight "
 VERDICT_LINE = MARK + "failure "
-STOP_LINE = MARK + "stop "  # after every stop: what sparkd sent (sparkd.daemon.stopreport)
+STOP_LINE = MARK + "stop "  # after every stop: what sparkd sent (sparkd.supervisor.stopreport)
 
 
 @dataclass(frozen=True)

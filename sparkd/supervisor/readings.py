@@ -1,6 +1,6 @@
 """What the probes read of a running vLLM: one probe's outcome, the series of its /metrics. Pure data.
 
-The I/O (``sparkd.daemon.probes``) makes these; the health layers (``health``, ``stall``) fold them into verdicts.
+The I/O (``sparkd.daemon.watch.probes``) makes these; the health layers (``health``, ``stall``) fold them into verdicts.
 """
 
 from __future__ import annotations

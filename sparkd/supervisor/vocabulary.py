@@ -1,30 +1,46 @@
 """The lifecycle's vocabulary: what the shell observes (observations in) and what it must do (actions out).
 
-Everything that changes the lifecycle travels as one of these values — no side channel: the guard's grace
-rides on the stop, "this incident is written already" rides on the failure's observation, jitter rides on the
-observation that needs it. Pure data.
+Everything that changes the node travels as one of these values — no side channel: the guard's grace rides on
+the stop, "this incident is written already" rides on the failure's observation, jitter rides on the observation
+that needs it, the instance rides on ``Launched`` and ``Adopted``, the startup's progress on ``Progress``, the
+stop's report on ``StopDone``, a reloaded config on ``ConfigReplaced``. The lifecycle table decides on the
+observations (:data:`OBSERVATIONS`); the node's facts (:data:`NODE_FACTS`) change no lifecycle state, only the
+node's (``sparkd.daemon.loop.nodestate``). Pure data.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sparkd.supervisor.failures import Failure
 
+if TYPE_CHECKING:  # types only: a TAB's import of the commands stays light
+    from sparkd.config import Config
+    from sparkd.supervisor.instance import Instance
+    from sparkd.supervisor.progress import Startup
+    from sparkd.supervisor.stopreport import StopReport
+    from sparkd.supervisor.timing import LaunchTiming
+
 __all__ = [
-    "Action", "Adopted", "BecameReady", "Exited", "HealthDegraded", "HealthFailed", "HealthRecovered", "Launch",
-    "LaunchFailed", "Launched", "Observation", "PreflightDone", "Progress", "RecordIncident", "ResetRequested",
-    "RestartRequested", "RunPreflight", "ShutdownRequested", "StartRequested", "Stop", "StopDone",
-    "StopRequested", "Tick",
+    "Action", "Adopted", "BecameReady", "ConfigReplaced", "Exited", "HealthDegraded", "HealthFailed",
+    "HealthRecovered", "Launch", "LaunchFailed", "Launched", "NodeFact", "Observation", "Posted", "PreflightDone",
+    "Progress", "RecordIncident", "ResetRequested", "RestartRequested", "RunPreflight", "Settling",
+    "ShutdownRequested", "StartRequested", "Stop", "StopDone", "StopRequested", "Tick",
 ]
 
 
 # ---- observations: the world, as the shell saw it
 @dataclass(frozen=True)
 class Adopted:
-    """The boot-time search is over: ``found`` an instance this node launched earlier, now watched."""
+    """The boot-time search is over: ``instance``, one this node launched earlier, is watched again (None: none
+    was found)."""
 
-    found: bool
+    instance: Instance | None = None
+
+    @property
+    def found(self) -> bool:
+        return self.instance is not None
 
 
 @dataclass(frozen=True)
@@ -56,11 +72,16 @@ class ShutdownRequested:
 class PreflightDone:
     failure: Failure | None = None  # None: the node is ready to launch
     rand: float = 0.5  # uniform in [0, 1): jitter for the backoff a failure starts
+    timing: LaunchTiming | None = None  # the start's timing so far: the preflight's steps
 
 
 @dataclass(frozen=True)
 class Launched:
-    """The launch's main process exists (the machine already counts the launch at PreflightDone)."""
+    """The launch's main process exists, now watched (the machine already counts the launch at PreflightDone);
+    ``timing``: the preflight's and the launch's steps, and vLLM's exec."""
+
+    instance: Instance
+    timing: LaunchTiming
 
 
 @dataclass(frozen=True)
@@ -70,7 +91,10 @@ class LaunchFailed:
 
 @dataclass(frozen=True)
 class Progress:
-    """A log line that means the start is moving (a shard loaded, KV cache sized, graphs captured)."""
+    """A log line that means the start is moving (a shard loaded, KV cache sized, graphs captured): ``startup``,
+    the instance's startup progress now."""
+
+    startup: Startup = field(default_factory=lambda: _startup())
 
 
 @dataclass(frozen=True)
@@ -113,8 +137,10 @@ class Exited:
 
 @dataclass(frozen=True)
 class StopDone:
-    """The stop finished: the tree is gone and the node swept. ``rand`` feeds backoff jitter."""
+    """The stop finished: the tree is gone and the node swept. ``report``: what the stop of an instance did (None:
+    none ran). ``rand`` feeds backoff jitter."""
 
+    report: StopReport | None = None
     rand: float = 0.5
 
 
@@ -133,6 +159,33 @@ OBSERVATIONS: tuple[type, ...] = (
     Launched, LaunchFailed, Progress, BecameReady, HealthDegraded, HealthRecovered, HealthFailed, Exited,
     StopDone, Tick,
 )
+
+
+# ---- the node's facts: they change no lifecycle state, only the node's
+@dataclass(frozen=True)
+class ConfigReplaced:
+    """A reload took on ``cfg`` (validated, the keys a running daemon cannot change kept): from the next
+    observation on, every part reads it."""
+
+    cfg: Config
+
+
+@dataclass(frozen=True)
+class Settling:
+    """The start's preflight runs ``phase`` before its checks (``memory_settle``); None: it is over."""
+
+    phase: str | None
+
+
+NodeFact = ConfigReplaced | Settling
+NODE_FACTS: tuple[type, ...] = (ConfigReplaced, Settling)
+Posted = Observation | NodeFact  # what the loop's queue carries
+
+
+def _startup() -> Startup:
+    from sparkd.supervisor.progress import Startup
+
+    return Startup()
 
 
 # ---- actions: what the shell must carry out, in order

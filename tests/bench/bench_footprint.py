@@ -1,7 +1,7 @@
 """Benchmark: what an idle sparkd costs, beside supervisord and earlyoom; and its /metrics latency.
 
     .venv/bin/python tests/bench/bench_footprint.py [--seconds 60] [--scrape-seconds 30] [--recorder-seconds 120]
-        [--json out.json]
+        [--against TREE] [--phases imports,features,footprint,scrape,recorder] [--json out.json]
 
 Footprint: sparkd with its shipped defaults (health probe every 5 s with a vLLM metrics scrape, generation
 canary every 60 s, the 1 s ticker, /metrics served, the memory guard sampling every second when far from its
@@ -9,7 +9,14 @@ floors; the floors themselves set for this small machine, see benchkit.GUARD_FLO
 stand-in; beside it, at the same time, supervisord supervises the same stand-in and earlyoom runs with
 Debian's packaged arguments (``-r 3600``, plus ``--dryrun`` on this shared machine). For each supervisor's
 own PID (not its children): CPU time over the window as % of one core (psutil ``cpu_times``, user +
-system) and RSS sampled every second.
+system, and the scheduler's own count from the threads' ``schedstat``), RSS sampled every second, and its
+wake-ups (voluntary context switches of all its threads) per second. ``--against TREE``: a second sparkd, run from
+another checkout's ``sparkd/`` (``git archive <commit> | tar -x -C TREE``), supervises a stand-in of its own in the
+same window, so a change is measured against what it changed under the same load.
+
+Features (issue 35): what each feature adds to a ready daemon's memory and modules, each in a fresh interpreter over
+sparkd's fakes: a single node with the flight recorder off (the base), then a group's head (+group), the recorder
+(+recorder), a GPU read through NVML (+GPU: the bindings imported, a fake NVML's devices read).
 
 Scrape: then a second sparkd, its guard sampling at its fastest throughout (``max_interval_s`` set to the
 default ``min_interval_s``, 5 ms), gets ``GET /metrics`` 20 times a second for the scrape window, each on a
@@ -29,6 +36,7 @@ import argparse
 import contextlib
 import http.client
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -120,9 +128,22 @@ def import_costs() -> dict[str, Any]:
             "deps_mib": round(deps, 2), "deps_modules": deps_modules}
 
 
+def wakeups(pid: int) -> int:
+    """Voluntary context switches of every live thread of ``pid``: how often it went to sleep and woke up."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, StopIteration):
+            line = next(x for x in (task / "status").read_text().splitlines() if x.startswith("voluntary_ctxt"))
+            total += int(line.split()[1])
+    return total
+
+
 def sample(procs: dict[str, psutil.Process], seconds: float) -> dict[str, dict[str, Any]]:
-    """CPU % of one core over the window and RSS every second, for each process."""
+    """CPU % of one core over the window (psutil's ticks and the scheduler's ns), RSS every second and wake-ups a
+    second, for each process."""
     cpu0 = {name: p.cpu_times() for name, p in procs.items()}
+    ns0 = {name: run_ns(p.pid) for name, p in procs.items()}
+    woke0 = {name: wakeups(p.pid) for name, p in procs.items()}
     rss: dict[str, list[float]] = {name: [] for name in procs}
     start = time.monotonic()
     while time.monotonic() - start < seconds:
@@ -135,6 +156,8 @@ def sample(procs: dict[str, psutil.Process], seconds: float) -> dict[str, dict[s
         t0, t1 = cpu0[name], proc.cpu_times()
         busy = (t1.user - t0.user) + (t1.system - t0.system)
         out[name] = {"pid": proc.pid, "cpu_pct": 100.0 * busy / wall, "cpu_s": busy, "window_s": wall,
+                     "cpu_pct_schedstat": 100.0 * (run_ns(proc.pid) - ns0[name]) / 1e9 / wall,
+                     "wakeups_per_s": (wakeups(proc.pid) - woke0[name]) / wall,
                      "rss_mib_median": median(rss[name]), "rss_mib_max": max(rss[name]), "samples": len(rss[name])}
     return out
 
@@ -172,35 +195,47 @@ def scrape(targets: dict[str, int], seconds: float) -> dict[str, dict[str, Any]]
             for name, v in lat.items()}
 
 
-def start_sparkd(tmp: Path, **sections: dict[str, Any]) -> tuple[SparkdPeer, int, int]:
+def start_sparkd(tmp: Path, *, tree: Path | None = None, **sections: dict[str, Any]) -> tuple[SparkdPeer, int, int]:
+    """``tree``: run the sparkd of that checkout (its ``sparkd/`` first on the path) instead of this one."""
     port, metrics_port = free_port(), free_port()
     cfg = sparkd_config(tmp, port, standin_env(unique_prefix()), api_port=metrics_port, **sections)
-    return SparkdPeer(tmp, cfg).start(), port, metrics_port
+    peer = SparkdPeer(tmp, cfg)
+    peer.daemon.start(env={"PYTHONPATH": str(tree)} if tree is not None else None)
+    return peer, port, metrics_port
 
 
-def footprint_phase(tmp: Path, seconds: float, owned: Owned, ledger: ShmLedger) -> dict[str, Any]:
-    sparkd = supervisord = earlyoom = None
+def footprint_phase(tmp: Path, seconds: float, owned: Owned, ledger: ShmLedger,
+                    against: Path | None = None) -> dict[str, Any]:
+    sparkd = supervisord = earlyoom = before = None
     try:
         sparkd, port, _ = start_sparkd(tmp / "sparkd")
+        if against is not None:
+            before, before_port, _ = start_sparkd(tmp / "sparkd-before", tree=against)
         peer_port = free_port()
         render = tmp / "render.toml"
         render.write_text(render_toml(sparkd_config(tmp, peer_port, standin_env(unique_prefix()))))
         supervisord = SupervisordPeer(tmp / "supervisord", {"standin": rendered_launch(render)}).start()
         with open(tmp / "earlyoom.log", "ab") as out:
             earlyoom = subprocess.Popen(EARLYOOM, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        for p in (port, peer_port):
+        for p in (port, peer_port, *((before_port,) if before is not None else ())):
             if wait_healthy(p, 120) is None:
                 raise RuntimeError(f"the stand-in on {p} never became ready")
-        sparkd.daemon.wait_state("ready", timeout=60)
-        for pid in (sparkd.main_pid(), supervisord.main_pid()):
-            ledger.note(owned.add_tree(pid))
+        for daemon in (sparkd, *((before,) if before is not None else ())):
+            daemon.daemon.wait_state("ready", timeout=60)
+            ledger.note(owned.add_tree(daemon.main_pid()))
+        ledger.note(owned.add_tree(supervisord.main_pid()))
         time.sleep(SETTLE_S)
         procs = {"sparkd": psutil.Process(sparkd.pid), "supervisord": psutil.Process(supervisord.pid),
                  "earlyoom": psutil.Process(earlyoom.pid)}
-        log(f"footprint: sampling sparkd, supervisord and earlyoom for {seconds:.0f} s")
-        return sample(procs, seconds)
+        if before is not None:
+            procs["sparkd_against"] = psutil.Process(before.pid)
+        load = os.getloadavg()
+        log(f"footprint: sampling {', '.join(procs)} for {seconds:.0f} s (load {load[0]:.2f})")
+        out: dict[str, Any] = sample(procs, seconds)
+        out["load"] = {"before": load, "after": os.getloadavg()}
+        return out
     finally:
-        for peer in (sparkd, supervisord):
+        for peer in (sparkd, supervisord, before):
             if peer is not None:
                 peer.close()
         if earlyoom is not None:
@@ -236,6 +271,71 @@ def scrape_phase(tmp: Path, seconds: float, owned: Owned, ledger: ShmLedger) -> 
             sparkd.close()
         if exporter is not None:
             end_process(exporter)
+
+
+# One ready daemon per feature, in a fresh interpreter over sparkd's fakes (tests/unit/loop_harness.py): its RSS once
+# ready and the modules it holds (rich kept out as `sparkd run` does).
+FEATURE_PROBE = """
+import json, sys, gc
+sys.modules.setdefault("rich", None)
+sys.path.insert(0, sys.argv[3])
+import anyio
+from pathlib import Path
+import loop_harness
+from sparkd.testing import FakeClock, FakeRuntime, new_event_loop
+
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmRSS:")) / 1024
+
+
+async def main(feature, tmp):
+    extra, options = {}, {}
+    if feature == "+group":
+        extra = {"node": {"role": "head"}, "cluster": {"master_addr": "127.0.0.1", "nnodes": 2,
+                                                        "peers": ["127.0.0.1:1"]}}
+    elif feature == "+recorder":
+        extra = {"recorder": {"enabled": True, "settle_s": 0, "reboot_after_falls": 0}}
+    elif feature == "+GPU":
+        import pynvml  # noqa: F401  (the bindings a host with a driver loads)
+        from sparkd.host.gpu import nvml
+        from sparkd.host.gpu.fake import FakeDevice, FakeNvml
+        reader = nvml.NvmlReader(FakeNvml([FakeDevice("GPU-0"), FakeDevice("GPU-1")]))
+
+        async def gpus():
+            return reader.read()
+        options["gpus"] = gpus
+    cfg = loop_harness.config(Path(tmp), **extra)
+    async with loop_harness.running(cfg, FakeRuntime(), FakeClock(), **options) as node:
+        if feature != "+group":  # a head with no worker to start waits in backoff
+            await node.until_state("ready")
+        await node.until(lambda: node.clock.t > 1030)
+        gc.collect()
+        names = sorted(n for n, m in sys.modules.items() if m is not None)
+        print("FEATURE", json.dumps([rss(), len(names), [n for n in names if n.startswith("sparkd")]]))
+
+anyio.run(main, sys.argv[1], sys.argv[2], backend_options={"loop_factory": new_event_loop})
+"""
+FEATURES = ("base", "+group", "+recorder", "+GPU")
+
+
+def feature_costs(tmp: Path) -> dict[str, Any]:
+    """Each feature's daemon, ready: RSS MiB and modules, and the sparkd modules it adds to the base's."""
+    unit = Path(__file__).resolve().parents[1] / "unit"
+    out: dict[str, Any] = {}
+    for feature in FEATURES:
+        where = tmp / f"feature-{feature.strip('+')}"
+        where.mkdir()
+        run = subprocess.run([sys.executable, "-c", FEATURE_PROBE, feature, str(where), str(unit)],
+                             capture_output=True, text=True, check=True, timeout=180)
+        line = next(x for x in run.stdout.splitlines() if x.startswith("FEATURE "))
+        mib, modules, own = json.loads(line.removeprefix("FEATURE "))
+        out[feature] = {"rss_mib": round(mib, 2), "modules": modules, "sparkd_modules": own}
+    base = set(out["base"]["sparkd_modules"])
+    for feature in FEATURES:
+        out[feature]["adds"] = sorted(set(out[feature].pop("sparkd_modules")) - base)
+    return out
 
 
 def run_ns(pid: int) -> int:
@@ -287,11 +387,20 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="sparkd-bench-footprint-"))
     owned, ledger = Owned(), ShmLedger()
     started = time.monotonic()
+    phases = set(args.phases.split(","))
+    imports = features = footprint = scrapes = recorder = None
+    against = Path(args.against).resolve() if args.against else None
     try:
-        imports = import_costs()
-        footprint = footprint_phase(tmp, args.seconds, owned, ledger)
-        scrapes = scrape_phase(tmp, args.scrape_seconds, owned, ledger)
-        recorder = recorder_phase(tmp, args.recorder_seconds, owned, ledger)
+        if "imports" in phases:
+            imports = import_costs()
+        if "features" in phases:
+            features = feature_costs(tmp)
+        if "footprint" in phases:
+            footprint = footprint_phase(tmp, args.seconds, owned, ledger, against)
+        if "scrape" in phases:
+            scrapes = scrape_phase(tmp, args.scrape_seconds, owned, ledger)
+        if "recorder" in phases:
+            recorder = recorder_phase(tmp, args.recorder_seconds, owned, ledger)
     finally:
         left = owned.kill_all()
         ledger.cleanup()
@@ -299,8 +408,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             log(f"footprint: ended {left} leftover process(es) of ours")
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    return {"footprint": footprint, "scrape": scrapes, "imports": imports, "recorder": recorder,
-            "seconds": round(time.monotonic() - started, 1)}
+    return {"footprint": footprint, "scrape": scrapes, "imports": imports, "features": features,
+            "recorder": recorder, "seconds": round(time.monotonic() - started, 1)}
 
 
 def _answers(port: int) -> bool:
@@ -325,6 +434,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--scrape-seconds", type=float, default=30.0)
     parser.add_argument("--recorder-seconds", type=float, default=120.0)
+    parser.add_argument("--against", default=None, help="another checkout whose sparkd runs beside this one's")
+    parser.add_argument("--phases", default="imports,features,footprint,scrape,recorder")
     return run_bench(parser, bench)
 
 

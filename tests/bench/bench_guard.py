@@ -227,7 +227,7 @@ def run_sparkd(alloc: subprocess.Popen[str], floor: int) -> dict[str, Any]:
     cfg = GuardConfig(stop_below=floor, kill_below=floor - KILL_BELOW_FLOOR, warn_below=floor + GIB // 2,
                       refuse_start_below=floor, recover_margin=256 * MIB, stop_grace_s=5.0)
     hooks = BenchHooks(alloc.pid)
-    guard = Guard(cfg, hooks)
+    guard = Guard(lambda: cfg, hooks)
     hooks.guard = guard
 
     async def main() -> bool:

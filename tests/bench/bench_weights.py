@@ -89,7 +89,7 @@ def main() -> int:
                                    "paths": {"state_dir": str(folder / "state")},
                                    "weights": {"hash_budget_s": args.budget}}, env={})
         ctx = PreflightContext(cfg=cfg, spec=render(cfg), runtime=ProcessRuntime(folder / "run"))
-        keeper = LocalWeights(cfg, log=Quiet())
+        keeper = LocalWeights(lambda: cfg, log=Quiet())
 
         async def check() -> None:
             result = await check_launch_target(ctx)

@@ -197,7 +197,7 @@ async def test_guard_stops_a_real_leak(tmp_path: Path, start_available: int,
     cfg = guard_config(start_available)
     proc = spawn_allocator(children, 500)
     hooks = Hooks(proc.pid, tmp_path / "incidents")
-    guard = Guard(cfg, hooks)
+    guard = Guard(lambda: cfg, hooks)
     code = await guard_until_exit(guard, proc)
 
     assert code == -signal.SIGTERM
@@ -221,7 +221,7 @@ async def test_guard_kills_a_leak_that_ignores_sigterm(tmp_path: Path, start_ava
     cfg = guard_config(start_available, stop_grace_s=60.0)
     proc = spawn_allocator(children, 500, ignore_term=True)
     hooks = Hooks(proc.pid, tmp_path / "incidents")
-    guard = Guard(cfg, hooks)
+    guard = Guard(lambda: cfg, hooks)
     code = await guard_until_exit(guard, proc)
 
     assert code == -signal.SIGKILL
@@ -251,7 +251,8 @@ async def test_guard_stops_the_leaking_standin(tmp_path: Path, start_available: 
              "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env={**_base_env(), **env})
     children.append(proc)
     hooks = Hooks(proc.pid, tmp_path / "incidents")
-    guard = Guard(guard_config(start_available), hooks)
+    cfg = guard_config(start_available)
+    guard = Guard(lambda: cfg, hooks)
     code = await guard_until_exit(guard, proc, timeout_s=90.0)
 
     assert [k.signal for k in guard.signals][:1] == [signal.SIGTERM]

@@ -18,7 +18,7 @@ import pytest
 from daemon_harness import BIN, Sparkd, as_user, base_config, kill_tree, tree
 from freeport import free_port
 
-from sparkd.state import instances
+from sparkd.preflight import instances
 
 UID = 65534  # nobody: any uid but the test's will do
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a daemon as another user: needs root")

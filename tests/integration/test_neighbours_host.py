@@ -27,7 +27,7 @@ import pytest
 from daemon_harness import BIN, MODEL, STANDIN, Sparkd, alive, base_config, kill_tree, tree, unique_prefix
 from freeport import free_port
 
-from sparkd.state import instances
+from sparkd.preflight import instances
 
 pytestmark = pytest.mark.docker
 

@@ -18,7 +18,7 @@ import httpx
 from freeport import free_port
 from standin_helpers import Standin, Standins
 
-from sparkd.daemon.probes import read_metrics_page
+from sparkd.daemon.watch.probes import read_metrics_page
 from sparkd.supervisor.logline import parse
 from sparkd.supervisor.progress import is_progress
 from sparkd.supervisor.rules import ANY

@@ -50,18 +50,32 @@ class Node:
     def __init__(self, cfg: Config, runtime: FakeRuntime, clock: FakeClock, *, rand: float | None = 0.5,
                  checks: tuple[Any, ...] | None = None, **options: Any) -> None:
         """``rand``: every jitter draw; None leaves the daemon its own random draws. ``options``: the other
-        :class:`~sparkd.daemon.adapters.Adapters` (``gpus``: the GPU reader, ``guard``: a stand-in guard)."""
+        :class:`~sparkd.daemon.adapters.Adapters` (``gpus``: the GPU reader, ``guard``: a stand-in guard, ``probes``:
+        the probes of each instance, by default ``FakeProbes``)."""
         self.cfg, self.runtime, self.clock = cfg, runtime, clock
         self.notifier = FakeNotifier()
         draw: dict[str, Any] = {} if rand is None else {"rand": lambda: rand}
+        options.setdefault("probes", lambda: FakeProbes(runtime))
         adapters = Adapters(clock=clock, notifier=self.notifier,  # type: ignore[arg-type]
-                            probes=lambda: FakeProbes(runtime), checks=checks if checks is not None
-                            else (passing_check(),), sweep=(), **draw, **options)
+                            checks=checks if checks is not None else (passing_check(),), sweep=(), **draw, **options)
         self.daemon = Daemon(cfg, runtime, adapters=adapters)
 
     @property
     def state(self) -> str:
         return self.daemon.sup.machine.state.value
+
+    def listen(self, hook: Callable[[Any, Any, Any], None]) -> None:
+        """Call ``hook(before, after, observation)`` with the lifecycle's machines at every change of the machine,
+        after the daemon's own ``on_state``."""
+        sup = self.daemon.sup
+        previous = sup.on_state
+
+        def on_state(before: Any, after: Any, posted: Any) -> None:
+            previous(before, after, posted)
+            if after.machine is not before.machine:
+                hook(before.machine, after.machine, posted)
+
+        sup.on_state = on_state
 
     def status(self) -> dict[str, Any]:
         return self.daemon.view.status()

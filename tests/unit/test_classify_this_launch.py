@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sparkd.daemon.evidence import LAUNCH_LINE, this_launch
 from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import FailureClass
+from sparkd.supervisor.marks import LAUNCH_LINE, this_launch
 
 EARLIER_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 CASES = [

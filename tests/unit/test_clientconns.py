@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.daemon import clientconns
-from sparkd.daemon.clientconns import open_clients
+from sparkd.daemon.watch import clientconns
+from sparkd.daemon.watch.clientconns import open_clients
 
 HEAD = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
 # port 18801 = 0x4971: two clients established, one closing (CLOSE_WAIT 08), the listener (0A), another port

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from sparkd.config import config_from_mapping
-from sparkd.daemon.reload import keep_fixed
+from sparkd.daemon.boot.reload import keep_fixed
 from sparkd.launch.diff import launch_changes, needs_restart, setting_changes
 
 BASE: dict[str, Any] = {

@@ -47,7 +47,7 @@ def head(link: Link, clock: FakeClock, posted: list[v.Observation]) -> Coordinat
         "launch": {"executable": "/usr/bin/true", "model": "/models/m"},
         "cluster": {"master_addr": "10.0.0.1", "nnodes": 2, "peers": [WORKER], "peer_grace_s": 10,
                     "peer_poll_s": 1}}, source="test")
-    return Coordinator(cfg, link, post=posted.append, state=lambda: State.ready,  # type: ignore[arg-type]
+    return Coordinator(lambda: cfg, link, post=posted.append, state=lambda: State.ready,  # type: ignore[arg-type]
                        image=lambda: None, clock=clock, log=CapturingLogger(),
                        addresses=PeerAddresses(cfg.cluster.peers))
 

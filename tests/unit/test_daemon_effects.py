@@ -14,7 +14,7 @@ import pytest
 from loop_harness import config, running
 
 from sparkd.commands import stop
-from sparkd.daemon.watching import NodeWatchReports
+from sparkd.daemon.effects.watching import NodeWatchReports
 from sparkd.guard.kmsg import KernelLog
 from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
@@ -89,7 +89,7 @@ def slow_check(clock: FakeClock, seen: list[str]) -> Check:
             seen.append("cancelled")
             raise
         seen.append("finished")
-        return CheckResult("slow", Verdict.ok, "done at last")
+        return CheckResult(Verdict.ok, "done at last")
 
     return Check("slow", run)
 
@@ -169,7 +169,7 @@ async def test_a_wedge_while_a_peers_sparkd_is_unreachable_is_the_peers_loss(tmp
     async with running(config(tmp_path, restart={"budget_failures": 1}), runtime, clock) as node:
         await node.until_state("ready")
         daemon = node.daemon  # the watch's reports as the daemon builds them, over a group whose peer is away
-        reports = NodeWatchReports(daemon.config, daemon.sup, daemon.output, daemon.node.evidence, group=PeerAway(),
+        reports = NodeWatchReports(daemon.sup, daemon.launcher.output, daemon.launcher.evidence, group=PeerAway(),
                                    gpu=None)
         reports.post(v.HealthFailed(Failure.of(FailureClass.hang, "the canary got no answer")))
         await node.until(lambda: node.state in ("backoff", "failed"))

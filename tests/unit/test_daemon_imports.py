@@ -1,7 +1,9 @@
-"""A daemon imports only what it uses (issue 26): a single node's, running and ready, has loaded none of the
-group's machinery (the coordinator, the peer client, the fabric and weights proofs), no Docker SDK (a process
-runtime), nothing of sparkctl's (httpx, rich) and, with no NVIDIA driver, no NVML bindings. A head's daemon loads
-the group's. Each runs in a fresh interpreter: this one has imported everything."""
+"""A daemon imports only what it uses (issues 26 and 35): a single node's, running and ready with the flight recorder
+off, has loaded none of the group's machinery (the coordinator, the peer client, the fabric and weights proofs),
+none of the weights' (its own manifest is made when first asked), none of the flight recorder's (the ring, its
+writer, the watchdog, the memory settle's rules), no Docker SDK (a process runtime), nothing of sparkctl's (httpx,
+rich) and, with no NVIDIA driver, no NVML bindings. A head's daemon loads the group's, a recorder's the ring's.
+Each runs in a fresh interpreter: this one has imported everything."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ from sparkd.host.gpu import nvml
 HERE = Path(__file__).resolve().parent
 GROUP = ("sparkd.cluster.coordinator", "sparkd.cluster.peers", "sparkd.cluster.fabric_check",
          "sparkd.cluster.fabric_probe", "sparkd.cluster.bandwidth", "sparkd.cluster.weights")
+WEIGHTS = ("sparkd.preflight.weights_local", "sparkd.preflight.manifest")
+RECORDER = ("sparkd.daemon.views.recorder", "sparkd.recorder.record", "sparkd.recorder.ring",
+            "sparkd.recorder.writer", "sparkd.recorder.watchdog", "sparkd.recorder.excerpt",
+            "sparkd.recorder.baseline", "sparkd.commands.recorder")
 NEVER = ("docker", "httpx", "rich", "sparkd.cli.sparkctl", "sparkd.api.client")
 
 # The daemon as `sparkd run` builds it (rich kept out first, as run does), over the loop harness's fakes, until
@@ -28,12 +34,16 @@ import loop_harness
 from sparkd.testing import FakeClock, FakeRuntime, new_event_loop
 
 async def main(role, tmp):
-    extra = {} if role == "single" else {"node": {"role": "head"}, "cluster": {
-        "master_addr": "127.0.0.1", "nnodes": 2, "peers": ["127.0.0.1:1"]}}
+    extra = {
+        "single": {},
+        "recorder": {"recorder": {"enabled": True}},
+        "head": {"node": {"role": "head"}, "cluster": {"master_addr": "127.0.0.1", "nnodes": 2,
+                                                       "peers": ["127.0.0.1:1"]}},
+    }[role]
     cfg = loop_harness.config(Path(tmp), **extra)
     clock = FakeClock()
     async with loop_harness.running(cfg, FakeRuntime(), clock) as node:
-        if role == "single":
+        if role != "head":
             await node.until_state("ready")
         print("MODULES", json.dumps(sorted(name for name, module in sys.modules.items() if module is not None)))
 
@@ -49,12 +59,20 @@ def loaded(role: str, tmp: Path) -> set[str]:
     return set(json.loads(line.removeprefix("MODULES ")))
 
 
-def test_a_single_nodes_daemon_loads_nothing_of_the_group_docker_or_sparkctl(tmp_path: Path) -> None:
+def test_a_single_nodes_daemon_loads_nothing_of_the_group_weights_recorder_docker_or_sparkctl(
+        tmp_path: Path) -> None:
     modules = loaded("single", tmp_path)
     assert "sparkd.daemon.app" in modules and "sparkd.cluster.ranks" in modules
-    assert not modules & {*GROUP, *NEVER}, sorted(modules & {*GROUP, *NEVER})
+    unused = {*GROUP, *WEIGHTS, *RECORDER, *NEVER}
+    assert not modules & unused, sorted(modules & unused)
     if not nvml._driver_library_loads():
         assert "pynvml" not in modules
+
+
+def test_a_daemon_with_the_flight_recorder_loads_its_ring(tmp_path: Path) -> None:
+    modules = loaded("recorder", tmp_path)
+    assert {"sparkd.daemon.views.recorder", "sparkd.recorder.writer", "sparkd.recorder.ring"} <= modules
+    assert not modules & {*GROUP, *NEVER}
 
 
 def test_a_heads_daemon_loads_the_groups_machinery(tmp_path: Path) -> None:

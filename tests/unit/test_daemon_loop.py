@@ -47,7 +47,7 @@ async def test_a_crash_backs_off_with_jitter_then_the_instance_is_ready_again(tm
         await node.settled()  # the incident is written in a worker thread
         incidents = list((tmp_path / "state" / "incidents").iterdir())
         assert len(incidents) == 1 and json.loads((incidents[0] / "incident.json").read_text())["class"] == "unknown"
-        assert node.daemon.node.evidence.counters.failures == {"unknown": 1}
+        assert node.daemon.evidence.counters.failures == {"unknown": 1}
 
 
 async def test_an_exit_0_is_a_failure_even_while_health_still_says_ok(tmp_path: Path) -> None:
@@ -132,7 +132,7 @@ async def test_the_daemon_draws_a_fresh_jitter_for_every_backoff(tmp_path: Path)
                 attempt = after.restart_state.consecutive + after.restart_state.waits
                 factors.append((after.deadline - after.since) / (10.0 * 2 ** (attempt - 1)))
 
-        node.daemon.sup.listeners.append(note)
+        node.listen(note)
         await node.until(lambda: len(factors) >= 4)
         assert all(0.9 <= f <= 1.1 for f in factors), factors
         assert len({round(f, 9) for f in factors}) == len(factors), f"one draw for every backoff: {factors}"
@@ -155,7 +155,7 @@ async def test_a_guard_stop_or_kill_carries_its_grace_and_records_the_incident_o
         assert runtime.stops == [(pid, grace)]
         incidents = list((tmp_path / "state" / "incidents").iterdir())
         assert len(incidents) == 1 and "killed_by_guard" in incidents[0].name
-        assert daemon.node.evidence.counters.failures == {"killed_by_guard": 1}  # counted once, too
+        assert daemon.evidence.counters.failures == {"killed_by_guard": 1}  # counted once, too
         assert node.status()["last_failure"]["class"] == "killed_by_guard"
 
 
@@ -277,7 +277,7 @@ async def test_an_engine_that_does_not_answer_is_waited_for_with_jitter_spending
     runtime.launch_error = LaunchError("Error while fetching server API version", unavailable=True)
     async with running(cfg, runtime, clock, rand=0.0) as node:
         states: list[str] = []
-        node.daemon.sup.listeners.append(lambda before, after, obs: states.append(after.state.value))
+        node.listen(lambda before, after, obs: states.append(after.state.value))
         await node.until_state("backoff")
         assert node.status()["backoff_until"] - clock.wall() == pytest.approx(9.0)  # 10 s × (1 − 0.1)
         assert node.status()["last_failure"]["class"] == "host_unavailable"

@@ -195,7 +195,7 @@ async def test_preflight_verdicts_are_logged_at_the_level_they_mean(tmp_path: Pa
     from sparkd.testing import failing_check, passing_check
 
     async def warns(ctx: Any) -> CheckResult:
-        return CheckResult("warns", Verdict.warn, "worth knowing")
+        return CheckResult(Verdict.warn, "worth knowing")
 
     checks = (passing_check("fine"), Check("warns", warns), failing_check("port held", FailureClass.port_in_use))
     runtime, clock = FakeRuntime(), FakeClock()

@@ -67,7 +67,7 @@ async def test_reload_applies_daemon_settings_now_and_the_launch_at_the_next_sta
         assert reply.ok, reply.error
         assert any("--max-model-len" in line and "16384" in line for line in reply.result["launch"])
         assert reply.result["settings"] == ["health.interval_s: 5.0 → 2.0"]
-        assert node.daemon.node.watch is not None and node.daemon.node.watch.cfg.interval_s == 2.0
+        assert node.daemon.watching.watch is not None and node.daemon.watching.watch.cfg.interval_s == 2.0
         assert node.status()["config"]["restart_needed"] is True  # running on the old launch until a restart
         assert len(runtime.launches) == 1 and "16384" not in " ".join(runtime.launches[0].argv)
         assert (await node.command(restart)).ok
@@ -101,8 +101,8 @@ async def test_a_config_that_lints_with_an_error_changes_nothing_and_refuses_a_r
         before = node.daemon.cfg
         write_config(tmp_path, interval=2.0, extra='[launch.env]\nVLLM_WORKER_MULTIPROC_METHOD = "fork"\n')
         await refused_reload_and_restart(node, runtime, "VLLM_WORKER_MULTIPROC_METHOD")
-        assert node.daemon.cfg is before and node.daemon.node.watch is not None
-        assert node.daemon.node.watch.cfg.interval_s == 5.0  # not even the valid part was taken on
+        assert node.daemon.cfg is before and node.daemon.watching.watch is not None
+        assert node.daemon.watching.watch.cfg.interval_s == 5.0  # not even the valid part was taken on
 
 
 async def test_keys_a_running_daemon_cannot_take_on_wait_for_its_restart(tmp_path: Path) -> None:

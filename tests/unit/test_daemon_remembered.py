@@ -12,7 +12,7 @@ from loop_harness import config, running
 from structlog.testing import CapturingLogger
 
 from sparkd.commands import stop
-from sparkd.daemon import remembered
+from sparkd.daemon.loop import remembered
 from sparkd.state.files import json_state
 from sparkd.state.schema import LIFECYCLE
 from sparkd.supervisor.failures import Failure, FailureClass

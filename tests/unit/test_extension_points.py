@@ -1,7 +1,9 @@
-"""What an extension costs, held to docs/design.md: in a copy of the package, add a dummy preflight check, health
-signal, control command and runtime the way the design's table says, count the files touched, and run something
-that proves the dummy is picked up (the check runs, the watch posts the signal's verdict, the daemon's control API
-answers the command, the config's runtime kind makes the runtime)."""
+"""What an extension costs, held to docs/design.md: in a copy of the package, add a preflight check, a health signal
+(a real one: a page of vLLM's API read through the probes' port, judged by a rule in the core), a control command, a
+runtime, a view and a config key the way the design's table says, count the files touched, and run something that
+proves each is picked up (the check runs, the watch posts the signal's verdict, the daemon's control API answers the
+command, the config's runtime kind makes the runtime, the running daemon's view sees its states, a reloaded key's
+new value is the one in use)."""
 
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
 
 @check
 async def check_dummy(ctx: PreflightContext) -> CheckResult:
-    return CheckResult("dummy", Verdict.ok, "the dummy check ran")
+    return CheckResult(Verdict.ok, "the dummy check ran")
 '''
 
 CHECK_PROOF = '''
@@ -68,27 +70,37 @@ for skip in ([], ["dummy"]):  # the config takes the new id
     print([(r.id, r.found) for r in report.results])
 '''
 
-SIGNAL = '''"""A health signal: the dummy of tests/unit/test_extension_points.py."""
+SIGNAL = '''"""A health signal: vLLM lists the model it serves (`GET /v1/models`); none listed is a degraded vLLM."""
 
-from sparkd.daemon.healthsignal import Probes, Signal
+import json
+
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.healthsignal import Answer, Probes, Signal
 
 
-async def probe(probes: Probes) -> str:
-    return "a dummy reading"
+async def probe(probes: Probes):  # type: ignore[no-untyped-def]
+    return await probes.fetch("/v1/models")
 
 
 def rule(tracker, reading, now, cfg):  # type: ignore[no-untyped-def]
-    return tracker, v.HealthDegraded(f"dummy: {reading} at {now:g}")
+    if not isinstance(reading, Answer):
+        return tracker, None  # no answer at all: /health's to judge
+    try:
+        listed = [m.get("id") for m in json.loads(reading.body).get("data", [])]
+    except (ValueError, AttributeError, TypeError):
+        listed = []
+    if reading.status == 200 and listed:
+        return tracker, None
+    return tracker, v.HealthDegraded(f"models: /v1/models lists no model (HTTP {reading.status}) at {now:g}")
 
 
-DUMMY = Signal("dummy", probe, rule, lambda cfg: 7.0)
+MODELS = Signal("models", probe, rule, lambda cfg: 7.0)
 '''
 
 SIGNAL_PROOF = '''
 import anyio
 from sparkd.config import HealthConfig
-from sparkd.daemon.watch import InstanceWatch, Watched
+from sparkd.daemon.watch.instance import InstanceWatch, Watched
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State
 from sparkd.testing import FakeClock, FakeProbes, FakeRuntime, new_event_loop
@@ -109,8 +121,10 @@ class Reports:
 
 async def main():
     runtime, clock, reports = FakeRuntime(), FakeClock(start=0.0), Reports()
-    watch = InstanceWatch(Watched(runtime.start()), runtime, reports, FakeProbes(runtime), HealthConfig(canary=False),
-                          clock, Log())
+    probes = FakeProbes(runtime)
+    probes.pages["/v1/models"] = '{"object": "list", "data": []}'
+    settings = HealthConfig(canary=False)
+    watch = InstanceWatch(Watched(runtime.start()), runtime, reports, probes, lambda: settings, clock, Log())
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch.run)
         await clock.run_until(lambda: any(isinstance(o, v.HealthDegraded) for o in reports.posted), limit_s=60)
@@ -188,12 +202,12 @@ def add_check(pkg: Path) -> tuple[str, str]:
 
 
 def add_signal(pkg: Path) -> tuple[str, str]:
-    (pkg / "daemon" / "dummy_signal.py").write_text(SIGNAL)
-    signals = pkg / "daemon" / "signals.py"
-    anchor = "from sparkd.daemon.healthsignal import"
-    edit(signals, anchor, f"from sparkd.daemon.dummy_signal import DUMMY\n{anchor}")
-    edit(signals, "    CANARY,\n", "    CANARY,\n    DUMMY,\n")
-    return SIGNAL_PROOF, "['dummy: a dummy reading at 7']"
+    (pkg / "supervisor" / "signals" / "models.py").write_text(SIGNAL)
+    signals = pkg / "supervisor" / "signals" / "__init__.py"
+    anchor = "from sparkd.supervisor.signals.canary import CANARY\n"
+    edit(signals, anchor, f"{anchor}from sparkd.supervisor.signals.models import MODELS\n")
+    edit(signals, "    CANARY,\n", "    CANARY,\n    MODELS,\n")
+    return SIGNAL_PROOF, "['models: /v1/models lists no model (HTTP 200) at 7']"
 
 
 def add_command(pkg: Path) -> tuple[str, str]:
@@ -209,11 +223,132 @@ def add_runtime(pkg: Path) -> tuple[str, str]:
     return RUNTIME_PROOF, "DummyRuntime for dummy"
 
 
+# A daemon of the copy over sparkd.testing's fakes, from a config file (the view's and the config key's proofs).
+DAEMON = '''
+import sys
+import tempfile
+from pathlib import Path
+import anyio
+import structlog
+from sparkd.config import load_config
+from sparkd.daemon.adapters import Adapters
+from sparkd.daemon.app import Daemon
+from sparkd.testing import FakeClock, FakeNotifier, FakeProbes, FakeRuntime, new_event_loop, passing_check
+
+TOML = """
+runtime = "process"
+[node]
+name = "copy"
+[launch]
+executable = "/usr/bin/true"
+model = "/models/m"
+port = 18999
+[paths]
+state_dir = "{tmp}/state"
+run_dir = "{tmp}/run"
+instances_dir = "{tmp}/instances"
+[api]
+socket_group = ""
+port = 0
+[guard]
+enabled = false
+[recorder]
+enabled = false
+settle_s = 0
+reboot_after_falls = 0
+[health]
+canary = false
+"""
+
+
+structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout is the proof's
+
+
+def daemon(extra=""):
+    tmp = tempfile.mkdtemp()
+    path = Path(tmp) / "sparkd.toml"
+    path.write_text(TOML.format(tmp=tmp) + extra)
+    runtime, clock = FakeRuntime(), FakeClock()
+    adapters = Adapters(clock=clock, notifier=FakeNotifier(), probes=lambda: FakeProbes(runtime),
+                        checks=(passing_check(),), sweep=())
+    return Daemon(load_config(path), runtime, config_path=path, adapters=adapters), clock, path
+
+
+async def until_ready(d, clock):
+    await clock.run_until(lambda: d.sup.state().value == "ready", limit_s=600)
+'''
+
+VIEW = '''"""A view: what the node went through, in words (the dummy of tests/unit/test_extension_points.py)."""
+
+from sparkd.daemon.loop.nodestate import NodeState
+from sparkd.supervisor import vocabulary as v
+
+SEEN: list[str] = []
+
+
+class StateNotes:
+    def on_state(self, before: NodeState, after: NodeState, posted: v.Posted) -> None:
+        if after.state is not before.state:
+            SEEN.append(f"{before.state.value} -> {after.state.value}")
+'''
+
+VIEW_PROOF = DAEMON + '''
+from sparkd.daemon.views.notes import SEEN
+
+
+async def main():
+    d, clock, _ = daemon()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run)
+        await until_ready(d, clock)
+        tg.cancel_scope.cancel()
+    print(SEEN)
+
+anyio.run(main, backend_options={"loop_factory": new_event_loop})
+'''
+
+KEY_PROOF = DAEMON + '''
+
+async def main():
+    d, clock, path = daemon('[supervisor]\\nnote = "before"\\n')
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(d.run)
+        await until_ready(d, clock)
+        shown = [d.view.status()["note"]]
+        path.write_text(path.read_text().replace("before", "after"))
+        report = await d.reloader.reload()
+        shown.append(d.view.status()["note"])
+        tg.cancel_scope.cancel()
+    print(shown, report.settings)
+
+anyio.run(main, backend_options={"loop_factory": new_event_loop})
+'''
+
+
+def add_view(pkg: Path) -> tuple[str, str]:
+    (pkg / "daemon" / "views" / "notes.py").write_text(VIEW)
+    app = pkg / "daemon" / "app.py"
+    anchor = "from sparkd.daemon.views.ownlog import OwnLog\n"
+    edit(app, anchor, f"{anchor}from sparkd.daemon.views.notes import StateNotes\n")
+    edit(app, "self.on_state = in_order(", "self.on_state = in_order(StateNotes().on_state, ")
+    return VIEW_PROOF, "['adopting -> preflight', 'preflight -> starting', 'starting -> ready']"
+
+
+def add_key(pkg: Path) -> tuple[str, str]:
+    edit(pkg / "config" / "supervision.py", "class SupervisorConfig(_Section):\n",
+         'class SupervisorConfig(_Section):\n    note: str = Field(default="", description="A note, shown.")\n')
+    edit(pkg / "daemon" / "views" / "status.py", '"version": __version__,',
+         '"note": cfg.supervisor.note, "version": __version__,')
+    return KEY_PROOF, "['before', 'after'] [\"supervisor.note: 'before' → 'after'\"]"
+
+
 EXTENSIONS: dict[str, Callable[[Path], tuple[str, str]]] = {
     "a preflight check": add_check,
     "a health signal": add_signal,
     "a control command": add_command,
     "a runtime": add_runtime,
+    "a view": add_view,
+    "a config key": add_key,
 }
 
 

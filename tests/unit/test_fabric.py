@@ -246,7 +246,7 @@ def test_a_bandwidth_run_is_the_client_here_against_the_server_there(
                                "fabric": {"bandwidth": True}}, env={})
     peers = FakePeers(there)
     monkeypatch.setattr(bandwidth, "CLIENT_DELAY_S", 0.0)
-    bw = bandwidth.Bandwidth(cfg, peers, run, log=type("L", (), {"info": lambda *a, **k: None})())  # type: ignore[arg-type]
+    bw = bandwidth.Bandwidth(lambda: cfg, peers, run, log=type("L", (), {"info": lambda *a, **k: None})())  # type: ignore[arg-type]
     assert anyio.run(bw.measure, "w", "10.0.0.2") == (gbps, note)
     assert peers.asked == [("/v1/rank/bandwidth", {"seconds": 2, "port": 18515})]
     assert ran[0][-1] == "10.0.0.2" and ran[0][:3] == ["ib_write_bw", "-D", "2"]
@@ -255,7 +255,7 @@ def test_a_bandwidth_run_is_the_client_here_against_the_server_there(
 def test_the_fabric_and_weights_metrics_come_from_status() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from sparkd.daemon.checkmetrics import families
+    from sparkd.daemon.views.checkmetrics import families
 
     status = {"fabric": [{"peer": "10.9.0.2", "ok": False, "bandwidth_gbps": 96.5,
                           "head": {"interface": "a", "mtu": 9000, "speed_mbps": 200000},

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkd.host.logs import VllmLog
+from sparkd.host.logs import Rotation, VllmLog
 from sparkd.host.safefile import create_new, fresh_file, open_append
 from sparkd.runtime import inroot
 from sparkd.runtime.inroot import open_in_root, open_log
@@ -80,7 +80,7 @@ def test_vllm_log_as_a_link_or_a_fifo_is_refused_and_never_written_through(tmp_p
         path = tmp_path / f"{planted}.log"
         path.symlink_to(victim) if planted == "link" else planted_fifo(path)
         rec = Recorder()
-        log = VllmLog(path, max_bytes=1 << 20, backups=1, retry_s=60, log=rec)
+        log = VllmLog(path, Rotation(1 << 20, 1), retry_s=60, log=rec)
         started = time.monotonic()
         for n in range(3):
             log.append(f"secret line {n}")

@@ -13,8 +13,7 @@ import anyio
 import pytest
 
 from sparkd.config import config_from_mapping
-from sparkd.daemon.gpumetrics import gpu_families
-from sparkd.daemon.stopreport import StopReport, grace_for
+from sparkd.daemon.views.gpumetrics import gpu_families
 from sparkd.guard.meminfo import MemInfo, parse_meminfo
 from sparkd.host.gpu import memcheck, power, release
 from sparkd.host.gpu.model import GpuDevice, GpuProcess, GpuView
@@ -25,6 +24,7 @@ from sparkd.preflight import gpumemory
 from sparkd.preflight.base import Verdict
 from sparkd.preflight.processes import launch_title_prefix
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.stopreport import StopReport, grace_for
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 GIB = 1 << 30
@@ -260,7 +260,7 @@ def test_the_report_of_the_real_hung_stop() -> None:
 def test_a_hang_verdict_carries_the_measured_power_fall() -> None:
     """The daemon's sampler, holding the H100 survivor's power history: a hang declared 40 s into the wedge says the
     draw fell; one declared over a steady draw says nothing more."""
-    from sparkd.daemon.gpuwatch import GpuSampler
+    from sparkd.daemon.watch.gpus import GpuSampler
     from sparkd.testing import FakeClock
 
     clock = FakeClock(start=1041.0)

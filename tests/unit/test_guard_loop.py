@@ -167,7 +167,7 @@ def deaf_victim() -> Iterator[subprocess.Popen[bytes]]:
 
 def make_guard(node: Node, hooks: FakeHooks, clock: FakeClock, **overrides: Any) -> Guard:
     cfg = config(node, **overrides)
-    return Guard(cfg, hooks, sampler=Sampler(cfg, clock=clock), clock=clock)
+    return Guard(lambda: cfg, hooks, sampler=Sampler(cfg, clock=clock), clock=clock)
 
 
 async def replay(
@@ -397,7 +397,7 @@ async def test_run_loop_samples_until_cancelled(node: Node, victim: subprocess.P
     """The real loop: starts, samples at the adaptive interval, acts, and stops when cancelled."""
     hooks = FakeHooks({victim.pid})
     cfg = config(node, max_interval_s=0.02, debounce_samples=2)
-    guard = Guard(cfg, hooks)
+    guard = Guard(lambda: cfg, hooks)
     node.set(3.0)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
@@ -412,7 +412,8 @@ async def test_run_loop_samples_until_cancelled(node: Node, victim: subprocess.P
 async def test_run_loop_survives_a_bad_sample(node: Node, victim: subprocess.Popen[bytes]) -> None:
     """A source that stops making sense is logged and counted; the loop keeps guarding."""
     hooks = FakeHooks({victim.pid})
-    guard = Guard(config(node, max_interval_s=0.01), hooks)
+    cfg = config(node, max_interval_s=0.01)
+    guard = Guard(lambda: cfg, hooks)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(guard.run)

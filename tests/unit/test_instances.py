@@ -1,4 +1,4 @@
-"""The host's instance registry (sparkd.state.instances): what one sparkd writes, what another reads, and that a
+"""The host's instance registry (sparkd.preflight.instances): what one sparkd writes, what another reads, and that a
 registration whose daemon is gone, or a file that is not one, protects nothing."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import psutil
 import pytest
 
 from sparkd.config import config_from_mapping
-from sparkd.daemon.registry import InstanceRegistry
-from sparkd.state import instances
-from sparkd.state.instances import Registration
+from sparkd.daemon.effects.registry import InstanceRegistry
+from sparkd.preflight import instances
+from sparkd.preflight.instances import Registration
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import pytest
 from sparkd.supervisor import lifecycle
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.instance import Instance
 from sparkd.supervisor.policy import RestartPolicy, RestartState
 from sparkd.supervisor.states import (
     After,
@@ -22,6 +23,7 @@ from sparkd.supervisor.states import (
     remembered,
     restore,
 )
+from sparkd.supervisor.timing import LaunchTiming
 
 LIMITS = Limits(
     startup_timeout_s=100.0,
@@ -38,6 +40,7 @@ def failure(cls: FailureClass = FailureClass.engine_dead) -> Failure:
 
 
 CRASH = failure()
+RUNNING_INSTANCE = Instance(runtime="process", pid=4000, create_time=1.0, config_hash="h")
 CONFIG = failure(FailureClass.config_error)
 FAILED = dict(breaker_reason="3 failures in 30 min")
 
@@ -56,18 +59,18 @@ def step(m: Machine, obs: v.Observation, now: float, limits: Limits = LIMITS) ->
 
 # (name, machine, observation, now, expected state, expected action kinds)
 TABLE = [
-    ("boot finds nothing → preflight", at(State.adopting), v.Adopted(False), 0, State.preflight, ["RunPreflight"]),
-    ("boot finds nothing, stop remembered", at(State.adopting, intent=Intent.stop), v.Adopted(False), 0,
+    ("boot finds nothing → preflight", at(State.adopting), v.Adopted(None), 0, State.preflight, ["RunPreflight"]),
+    ("boot finds nothing, stop remembered", at(State.adopting, intent=Intent.stop), v.Adopted(None), 0,
      State.stopped, []),
-    ("boot finds nothing, breaker remembered", at(State.adopting, **FAILED), v.Adopted(False), 0, State.failed, []),
-    ("boot finds nothing, backoff remembered", at(State.adopting, deadline=50.0), v.Adopted(False), 10,
+    ("boot finds nothing, breaker remembered", at(State.adopting, **FAILED), v.Adopted(None), 0, State.failed, []),
+    ("boot finds nothing, backoff remembered", at(State.adopting, deadline=50.0), v.Adopted(None), 10,
      State.backoff, []),
-    ("boot finds nothing, backoff over while down", at(State.adopting, deadline=5.0), v.Adopted(False), 10,
+    ("boot finds nothing, backoff over while down", at(State.adopting, deadline=5.0), v.Adopted(None), 10,
      State.preflight, ["RunPreflight"]),
-    ("boot adopts a running instance → starting, no launch", at(State.adopting), v.Adopted(True), 0,
+    ("boot adopts a running instance → starting, no launch", at(State.adopting), v.Adopted(RUNNING_INSTANCE), 0,
      State.starting, []),
     ("boot adopts an instance the operator stopped → stop it", at(State.adopting, intent=Intent.stop),
-     v.Adopted(True), 0, State.stopping, ["Stop"]),
+     v.Adopted(RUNNING_INSTANCE), 0, State.stopping, ["Stop"]),
     ("preflight ok → launch", at(State.preflight), v.PreflightDone(), 1, State.starting, ["Launch"]),
     ("preflight fails → incident + backoff", at(State.preflight), v.PreflightDone(CRASH), 1, State.backoff,
      ["RecordIncident"]),
@@ -154,10 +157,10 @@ def test_every_pair_is_an_edge_or_ignored_exactly_once() -> None:
 
 @pytest.mark.parametrize("state", list(State))
 @pytest.mark.parametrize("obs", [
-    v.Adopted(True), v.Adopted(False), v.StartRequested(), v.StopRequested(), v.RestartRequested(),
-    v.ResetRequested(), v.ShutdownRequested(), v.PreflightDone(), v.PreflightDone(CRASH), v.Launched(),
-    v.LaunchFailed(CRASH), v.Progress(), v.BecameReady(), v.HealthDegraded("x"), v.HealthRecovered(),
-    v.HealthFailed(CRASH), v.Exited(CRASH), v.StopDone(), v.Tick(),
+    v.Adopted(RUNNING_INSTANCE), v.Adopted(None), v.StartRequested(), v.StopRequested(), v.RestartRequested(),
+    v.ResetRequested(), v.ShutdownRequested(), v.PreflightDone(), v.PreflightDone(CRASH),
+    v.Launched(RUNNING_INSTANCE, LaunchTiming(0.0)), v.LaunchFailed(CRASH), v.Progress(), v.BecameReady(),
+    v.HealthDegraded("x"), v.HealthRecovered(), v.HealthFailed(CRASH), v.Exited(CRASH), v.StopDone(), v.Tick(),
 ], ids=lambda o: type(o).__name__)
 def test_every_edge_leads_where_the_table_says_and_keeps_the_invariants(state: State, obs: v.Observation) -> None:
     before = at(state, started_at=0, **(FAILED if state is State.failed else {}),
@@ -257,7 +260,7 @@ LED = replace(LIMITS, led=True)
 
 
 def test_a_led_worker_waits_for_the_head_at_boot_and_after_a_failure() -> None:
-    m = step(at(State.adopting), v.Adopted(False), 0, LED)
+    m = step(at(State.adopting), v.Adopted(None), 0, LED)
     assert m.state is State.stopped
     m = run(at(State.ready), (v.Exited(CRASH), 1), (v.StopDone(), 2), limits=LED)
     assert m.state is State.stopped and m.last_failure == CRASH

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sparkd.host.logs import VllmLog
+from sparkd.host.logs import Rotation, VllmLog
 from sparkd.runtime.logfile import CUT_MARK, NOTE, FollowStats, LineSplitter, follow_file
 from sparkd.supervisor.progress import is_progress
 
@@ -110,7 +110,7 @@ def test_a_flood_never_starves_the_event_loop_and_the_raw_file_stays_bounded(tmp
 
         async def reader() -> None:  # with the daemon's work per line: the host log and the progress parser
             nonlocal lines
-            log = VllmLog(tmp_path / "vllm.log", max_bytes=limit, backups=1)
+            log = VllmLog(tmp_path / "vllm.log", Rotation(limit, 1))
             async for line in follow_file(path, done, poll_s=0.05, truncate_over=limit, stats=stats):
                 log.append(line)
                 is_progress(line)

@@ -18,7 +18,7 @@ import structlog
 
 from sparkd.config import LogConfig
 from sparkd.host.journal import JournalSink, encode_entry, stderr_is_journal, vllm_priority
-from sparkd.host.logs import VllmLog, configure_logging, get_logger
+from sparkd.host.logs import Ring, Rotation, VllmLog, configure_logging, get_logger
 
 
 @pytest.fixture(autouse=True)
@@ -163,7 +163,7 @@ def test_a_path_that_is_a_directory_is_logged_once_and_retried(tmp_path: Path) -
     path = tmp_path / "vllm.log"
     path.mkdir()
     clock, rec = Clock(), Recorder()
-    log = VllmLog(path, max_bytes=1 << 20, backups=1, retry_s=5, clock=clock, log=rec)
+    log = VllmLog(path, Rotation(1 << 20, 1), retry_s=5, clock=clock, log=rec)
     for n in range(10):
         log.append(f"line {n}")
     assert log.write_error is not None and str(path) in log.write_error
@@ -185,7 +185,7 @@ def test_a_full_disk_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     # The file opens, and every write fails with ENOSPC: /dev/full in its place (a link to it is refused).
     monkeypatch.setattr("sparkd.host.logs.open_append", lambda _path: os.open("/dev/full", os.O_WRONLY | os.O_CLOEXEC))
     rec = Recorder()
-    log = VllmLog(path, max_bytes=1 << 20, backups=2, retry_s=0, clock=Clock(), log=rec)
+    log = VllmLog(path, Rotation(1 << 20, 2), retry_s=0, clock=Clock(), log=rec)
     for n in range(5):
         log.append(f"line {n}")
     assert log.write_error is not None and "No space left" in log.write_error
@@ -195,7 +195,7 @@ def test_a_full_disk_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_a_giant_line_is_cut_everywhere_and_the_ring_is_bounded_in_bytes(tmp_path: Path) -> None:
     path = tmp_path / "vllm.log"
-    log = VllmLog(path, max_bytes=1 << 30, backups=1, ring=2000, ring_bytes=256 * 1024, max_line=64 * 1024)
+    log = VllmLog(path, Rotation(1 << 30, 1), ring=Ring(2000, 256 * 1024, 64 * 1024))
     seen: list[str] = []
     log.subscribe(seen.append)
     log.append("x" * (64 * 1024 * 1024))
@@ -211,7 +211,7 @@ def test_a_giant_line_is_cut_everywhere_and_the_ring_is_bounded_in_bytes(tmp_pat
 
 def test_a_listener_that_raises_is_dropped(tmp_path: Path) -> None:
     rec = Recorder()
-    log = VllmLog(tmp_path / "vllm.log", max_bytes=1 << 20, backups=1, log=rec)
+    log = VllmLog(tmp_path / "vllm.log", Rotation(1 << 20, 1), log=rec)
     good: list[str] = []
 
     def bad(line: str) -> None:
@@ -225,14 +225,14 @@ def test_a_listener_that_raises_is_dropped(tmp_path: Path) -> None:
 
 
 def test_last_zero_is_nothing(tmp_path: Path) -> None:
-    log = VllmLog(tmp_path / "vllm.log", max_bytes=1 << 20, backups=1)
+    log = VllmLog(tmp_path / "vllm.log", Rotation(1 << 20, 1))
     log.append("a")
     assert log.last(0) == [] and log.last(-5) == [] and log.last(5) == ["a"]
 
 
 def test_rotation_still_keeps_the_size_bound(tmp_path: Path) -> None:
     path = tmp_path / "vllm.log"
-    log = VllmLog(path, max_bytes=4096, backups=2)
+    log = VllmLog(path, Rotation(4096, 2))
     for n in range(400):
         log.append(f"line {n:04d} " + "z" * 40)
     log.close()

@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sparkd.daemon.metrics import text_format
+from sparkd.daemon.views.metrics import text_format
 
 
 class Odd(Collector):

@@ -49,7 +49,6 @@ def recorder(seen: list[tuple[str, bool]]) -> typing.Callable[[str, Verdict], Ch
         async def run(ctx: PreflightContext) -> CheckResult:
             seen.append((check_id, ctx.dry_run))
             return CheckResult(
-                check_id,
                 verdict,
                 f"{check_id} found",
                 failure_class=(FailureClass.port_in_use if verdict is Verdict.fail else None),
@@ -97,7 +96,8 @@ def test_skip_and_durations(tmp_path: Path) -> None:
 
 
 def test_failure_without_a_class_is_unknown_and_json() -> None:
-    report = PreflightReport([CheckResult("host", Verdict.ok, "fine"), CheckResult("dev_shm", Verdict.fail, "full")])
+    report = PreflightReport([CheckResult(Verdict.ok, "fine", id="host"),
+                              CheckResult(Verdict.fail, "full", id="dev_shm")])
     failure = report.failure()
     assert failure is not None and failure.cls is FailureClass.unknown
     summary = report.summary()

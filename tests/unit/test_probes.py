@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import anyio
 import pytest
 
-from sparkd.daemon import probes
-from sparkd.daemon.probes import ProbeOutcome, VllmMetrics
+from sparkd.daemon.watch import probes
+from sparkd.daemon.watch.probes import ProbeOutcome, VllmMetrics
 from sparkd.host.plainhttp import Client
 
 SLOW_S = 10.0  # how long a "hanging" reply waits (released at teardown)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from loop_harness import config, running
 
-from sparkd.daemon.timing import LaunchTiming
 from sparkd.supervisor.progress import Phase, Startup, advance
 from sparkd.supervisor.servelog import Throughput, read_serve_line
+from sparkd.supervisor.timing import LaunchTiming
 from sparkd.testing import FakeClock, FakeRuntime
 
 START = (Path(__file__).resolve().parents[1] / "data" / "vllm-logs" / "realvllm-032-ready-then-stopped.log"
@@ -62,10 +62,8 @@ def test_the_throughput_line_with_0_32s_segments() -> None:
 
 
 def test_launching_is_timed() -> None:
-    timing = LaunchTiming(requested_at=0.0, exec_at=1.0)
-    timing.phase(Phase.launching, 1.0)
-    timing.phase(Phase.loading_weights, 23.5)
-    timing.ready_at = 40.0
+    timing = LaunchTiming(requested_at=0.0, exec_at=1.0).phase(Phase.launching, 1.0)
+    timing = timing.phase(Phase.loading_weights, 23.5).ready(40.0)
     assert timing.phase_seconds() == {"launching": 22.5, "loading_weights": 16.5}
 
 
@@ -77,7 +75,7 @@ async def test_the_daemon_times_launching_from_the_exec(tmp_path: Path) -> None:
         await node.until_state("starting")
         clock.advance(20)
         runtime.say(START[next(i for i, raw in enumerate(START) if "Starting to load model" in raw)])
-        await node.until(lambda: node.daemon.node.startup.phase is Phase.loading_weights)
+        await node.until(lambda: node.daemon.sup.current.startup.phase is Phase.loading_weights)
         runtime.serve()
         await node.until_state("ready")
         phases_s = node.status()["start_timing"]["phases_s"]

@@ -13,7 +13,9 @@ from fakememinfo import Meminfo
 from loop_harness import config, running
 
 from sparkd.commands import reset
+from sparkd.daemon.views.recorder import DaemonRecorder
 from sparkd.recorder.record import decode, encode
+from sparkd.recorder.ring import read_ring
 from sparkd.testing import FakeClock, FakeRuntime
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -115,15 +117,19 @@ async def test_the_settle_gives_up_at_its_timeout_and_keeps_no_baseline(tmp_path
 async def test_a_record_tells_the_state_the_memory_and_what_happened(tmp_path: Path) -> None:
     meminfo = Meminfo(tmp_path / "meminfo", 40 * GIB)
     runtime, clock = FakeRuntime(), FakeClock()
-    async with running(gated(tmp_path, meminfo), runtime, clock) as node:
+    cfg = gated(tmp_path, meminfo, enabled=True, interval_s=60)  # its own records: at the start and at the exit
+    async with running(cfg, runtime, clock) as node:
         await node.until_state("ready")
         recorder = node.daemon.recorder
+        assert isinstance(recorder, DaemonRecorder)
         record = decode(encode(recorder.record()))
         assert record.state == "ready" and record.available == 40 * GIB and record.pid is not None
-        assert any(e.startswith("sparkd ") and "started" in e for e in record.events)
         assert "preflight → starting" in record.events and "starting → ready" in record.events
         runtime.crash()
         await node.until_state("backoff")
         record = recorder.record()
         assert any(e.startswith("ready → stopping: ") for e in record.events), record.events
         assert recorder.record().events == ()  # each event once
+    first, *_, last = read_ring(tmp_path / "state" / "recorder.ring")
+    assert any(e.startswith("sparkd ") and "started" in e for e in first.events)
+    assert last.clean_exit and any(e.startswith("sparkd exits cleanly") for e in last.events)

@@ -66,7 +66,7 @@ def test_the_context_skips_checks_without_running_them(tmp_path: Path) -> None:
         @check(check_id)
         async def run(ctx: PreflightContext) -> CheckResult:
             ran.append(check_id)
-            return CheckResult(check_id, Verdict.fail, "would refuse the launch")
+            return CheckResult(Verdict.fail, "would refuse the launch")
 
         return run
 

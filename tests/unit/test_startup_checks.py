@@ -1,4 +1,4 @@
-"""What `sparkd run` refuses before it builds anything (sparkd/daemon/startup.py): directories another user could
+"""What `sparkd run` refuses before it builds anything (sparkd/daemon/boot/startup.py): directories another user could
 change (sshd's StrictModes, sparkd/host/trustedpaths.py), and a token file that is not root's alone or is short
 (security review §3 and §8). Each is one sentence naming the key and an exit status the unit does not restart on."""
 

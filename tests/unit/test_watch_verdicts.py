@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sparkd.config import HealthConfig
-from sparkd.daemon.watch import InstanceWatch, Watched
+from sparkd.daemon.watch.instance import InstanceWatch, Watched
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import Failure, FailureClass
@@ -49,7 +49,7 @@ async def verdict(cls: FailureClass, lines: list[str]) -> Failure:
     """What the watch posts when the tracker calls ``cls`` with ``lines`` in vLLM's log."""
     runtime, reports = FakeRuntime(), Reports(lines)
     watch = InstanceWatch(Watched(runtime.start()), runtime, reports, FakeProbes(runtime),  # type: ignore[arg-type]
-                          HealthConfig(), FakeClock(start=0.0), Log())
+                          HealthConfig, FakeClock(start=0.0), Log())
     called = Failure(cls=cls, sentence="the tracker's sentence; sparkd restarts.", exit_code=None, signal=None,
                      evidence="canary unanswered")
     watch._observe(lambda t, *_: (t, v.HealthFailed(called)), None)

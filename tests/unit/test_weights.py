@@ -205,7 +205,8 @@ class Log:
 def test_a_start_does_not_wait_for_background_hashing(tmp_path: Path) -> None:
     """A start interrupts the background hashing between two chunks and goes first."""
     model(tmp_path / "m", shard_bytes=32 << 20)
-    keeper = LocalWeights(config(tmp_path, weights={"hash_budget_s": 0}), log=Log())
+    cfg = config(tmp_path, weights={"hash_budget_s": 0})
+    keeper = LocalWeights(lambda: cfg, log=Log())
     spawned: list[Any] = []
     keeper.spawn = spawned.append
 

@@ -1,0 +1,81 @@
+"""This node's vLLM: the lifecycle's effects (:class:`sparkd.daemon.loop.supervisor.Effects`), each carried out by
+the part that owns it and posted back as an observation; nothing here decides about the lifecycle.
+
+- ``launching.Launcher``: adoption at boot and the launch, then the watch (``watching.Watching``);
+- ``preflighting.Preflight``: the gates and checks before a launch, a group head's workers';
+- ``stopping.StopEffects``: the stop, the sweep, the GPU memory's release;
+- ``nodeevidence.NodeEvidence``: a failure counted and its incident written.
+
+:class:`Node` composes them: on a group's head it prepares, starts and stops the workers beside its own rank; on a
+worker it tells the head at once when its rank fails.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import anyio
+
+from sparkd.config import Role
+from sparkd.daemon.effects.launching import Launcher
+from sparkd.daemon.effects.nodeevidence import NodeEvidence
+from sparkd.daemon.effects.preflighting import Preflight
+from sparkd.daemon.effects.stopping import StopEffects
+from sparkd.daemon.loop.nodestate import NodeState
+from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.stopreport import StopReport
+
+if TYPE_CHECKING:
+    from sparkd.cluster.coordinator import Coordinator
+
+
+class Node:
+    """The lifecycle's effects (the loop's ``Effects`` port), each handed to its part with the node's state its
+    action was decided in."""
+
+    def __init__(self, launcher: Launcher, preflight: Preflight, stops: StopEffects, evidence: NodeEvidence, *,
+                 group: Coordinator | None, post: Callable[[v.Observation], None], spawn: Callable[..., None],
+                 rand: Callable[[], float] = random.random) -> None:
+        self.launcher = launcher
+        self.preflighting = preflight
+        self.stops = stops
+        self.evidence = evidence
+        self.group = group
+        self.post = post
+        self.spawn = spawn
+        self.rand = rand
+
+    @property
+    def role(self) -> Role | None:
+        return self.group.role if self.group is not None else None
+
+    async def preflight(self, state: NodeState) -> None:
+        """This node's checks; on a group's head also every worker's (in parallel), then the workers start."""
+        failure, timing = await self.preflighting.run(state.config)
+        self.post(v.PreflightDone(failure, rand=self.rand(), timing=timing))
+
+    async def launch(self, state: NodeState) -> None:
+        self.post(await self.launcher.launch(state))
+
+    async def stop(self, stop: v.Stop, state: NodeState) -> None:
+        reports: list[StopReport | None] = []
+
+        async def local() -> None:
+            report = await self.stops.stop(stop, state)
+            if report is not None and stop.failure is not None:  # beside the loop: the incident may still be written
+                self.spawn(self.evidence.note_stop, stop.failure, report.to_json())
+            reports.append(report)
+
+        async with anyio.create_task_group() as tg:
+            if self.role is Role.head and self.group is not None:
+                tg.start_soon(self.group.stop_workers)
+            tg.start_soon(local)
+        self.post(v.StopDone(reports[0], rand=self.rand()))
+
+    async def record(self, record: v.RecordIncident, state: NodeState) -> None:
+        """Count the failure and keep its evidence (the guard wrote its own already); tell the group's head."""
+        if self.role is Role.worker and self.group is not None:
+            self.spawn(self.group.report_failure, record.failure)
+        await self.evidence.record(record.failure, record.written, state)

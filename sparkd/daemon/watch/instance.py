@@ -1,0 +1,232 @@
+"""Watching one instance: its log lines, its exit (event-driven), and its HTTP health.
+
+An :class:`InstanceWatch` lives from launch (or adoption) until the instance is stopped. It only observes
+and posts observations; it never decides. It owns the health tracker (one task updates it) and shows it,
+with the last vLLM metrics, read-only to whoever reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+
+from sparkd.config import HealthConfig
+from sparkd.daemon.watch.clientconns import open_clients
+from sparkd.host.clock import Clock
+from sparkd.host.logs import Logger
+from sparkd.runtime.base import Instance, Runtime
+from sparkd.supervisor import health
+from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.deathlog import EXPLAINED, told_by_the_log
+from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.health import HealthTracker
+from sparkd.supervisor.healthsignal import Probes, Signal
+from sparkd.supervisor.logline import clean
+from sparkd.supervisor.peerloss import names_peer_loss
+from sparkd.supervisor.readings import VllmMetrics
+from sparkd.supervisor.signals import SIGNALS
+from sparkd.supervisor.states import SERVING, State
+
+READY_POLL_S = 0.5  # /health while starting: the port refuses until vLLM is ready, so this is cheap
+DRAIN_S = 5.0  # after an exit, how long the log may take to deliver its last lines before classifying
+
+
+# (exit code, signal, hint, engine gone): the engine gone means no new connection to it when vLLM ended
+ClassifyExit = Callable[[int | None, int | None, FailureClass | None, bool], Failure]
+LineSink = Callable[[str, bool], None]  # (line, persist): persist False for lines replayed at adoption
+
+
+class WatchReports(Protocol):
+    """Who the watch tells what it sees (the node's :class:`sparkd.daemon.effects.watching.NodeWatchReports`, or a
+    fake)."""
+
+    def post(self, obs: v.Observation) -> None: ...
+
+    def state(self) -> State: ...
+
+    def on_line(self, line: str, persist: bool = True) -> None: ...
+
+    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
+                      engine_gone: bool = False) -> Failure: ...
+
+
+@dataclass(frozen=True)
+class Watched:
+    """The instance a watch watches, and how: its ranks' layout (the health's topology), vLLM's API port where its
+    clients' connections can be counted (None: not countable from here), whether the log so far is replayed
+    (an adopted instance's: its lines are not kept again), and the health signals it runs
+    (sparkd.supervisor.signals)."""
+
+    instance: Instance
+    replay: bool = False
+    topology: health.Topology = health.Topology.group
+    clients_port: int | None = None
+    signals: tuple[Signal[Any], ...] = SIGNALS  # besides /health and /metrics
+
+
+class InstanceWatch:
+    def __init__(self, watched: Watched, runtime: Runtime, reports: WatchReports, probes: Probes | None,
+                 settings: Callable[[], HealthConfig], clock: Clock, log: Logger) -> None:
+        """``settings``: ``[health]`` as it applies now (a reload changes it from the next probe on)."""
+        instance = self.instance = watched.instance
+        self.runtime = runtime
+        self.post = reports.post
+        self.state = reports.state
+        self.on_line: LineSink = reports.on_line
+        self.classify_exit: ClassifyExit = reports.classify_exit
+        self.probes = probes  # None: a headless rank serves no HTTP
+        self.settings = settings
+        self.clock = clock
+        self.log = log
+        self.health = HealthTracker(topology=watched.topology)
+        self.clients_port = watched.clients_port  # vLLM's API port, where its clients' connections can be counted
+        replay = watched.replay
+        self.signals = watched.signals  # besides /health and /metrics (sparkd.supervisor.signals)
+        self._own_out = 0  # probes of ours in flight on vLLM's API port (their connections are no client's)
+        self.vllm_metrics: VllmMetrics | None = None
+        self.exited = anyio.Event()
+        self.logs_drained = anyio.Event()
+        self.closed = anyio.Event()
+        self.scope = anyio.CancelScope()
+        self._replay_bytes = _size(instance.log_path) if replay else 0
+
+    @property
+    def cfg(self) -> HealthConfig:
+        return self.settings()
+
+    async def run(self) -> None:
+        try:
+            with self.scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._follow_logs)
+                    tg.start_soon(self._see_exit)
+                    tg.start_soon(self._watch_exit)
+                    if self.probes is not None:
+                        tg.start_soon(self._probe_health)
+                        for signal in self.signals:
+                            tg.start_soon(self._run_signal, signal)
+        finally:
+            if self.probes is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.probes.aclose()
+            self.closed.set()
+
+    async def close(self) -> None:
+        self.scope.cancel()
+        await self.closed.wait()
+
+    async def _follow_logs(self) -> None:
+        consumed = 0
+        async for line in self.runtime.follow_logs(self.instance, self.exited):
+            consumed += len(line.encode("utf-8", "replace")) + 1
+            live = consumed > self._replay_bytes
+            self.on_line(line, live)
+            if self.probes is None and self._peer_lost(line):
+                self.post(v.HealthFailed(self.classify_exit(None, None, FailureClass.peer_lost, False)))
+            elif self.probes is not None and live:  # vLLM's throughput and JIT lines move the wedge clock
+                self._observe(health.observe_log_line, line)
+        self.logs_drained.set()
+
+    def _peer_lost(self, line: str) -> bool:
+        if self.state() not in SERVING:
+            return False
+        return names_peer_loss(clean(line))  # a headless rank whose head went away hangs printing these
+
+    async def _watch_exit(self) -> None:
+        info = await self.runtime.wait(self.instance)
+        self.exited.set()
+        with anyio.move_on_after(DRAIN_S):
+            await self.logs_drained.wait()
+        if self.state() is State.stopping:
+            self.log.info("exited", pid=self.instance.pid, exit=info.describe(), requested=True)
+            return
+        engine_gone = not await self.runtime.engine_answers()  # it stopped, taking vLLM's container along
+        failure = self.classify_exit(info.exit_code, info.signal, None, engine_gone)
+        self.log.warning("exited", pid=self.instance.pid, exit=info.describe(), failure=failure.cls.value)
+        self.post(v.Exited(failure))
+
+    async def _see_exit(self) -> None:
+        """Log ``exit_seen`` the moment the kernel reports the death: a thread blocked on a pidfd, so a busy loop
+        (vLLM's last lines arriving, a status render) never delays sparkd's record of it. The exit status, the
+        log's last lines and the classification follow on the loop (``_watch_exit``)."""
+        try:
+            pidfd = os.pidfd_open(self.instance.pid)
+        except OSError:
+            return  # gone already (an adopted instance that just died) or not ours to watch
+        wake_r, wake_w = os.pipe()
+        pid, log = self.instance.pid, self.log
+
+        def block() -> None:
+            try:
+                ready, _, _ = select.select([pidfd, wake_r], [], [])
+                if pidfd in ready:
+                    log.info("exit_seen", pid=pid)
+            finally:
+                for fd in (pidfd, wake_r):
+                    os.close(fd)
+
+        try:
+            await anyio.to_thread.run_sync(block, abandon_on_cancel=True)
+        finally:
+            with contextlib.suppress(OSError):  # the thread may be done already (its end of the pipe closed)
+                os.write(wake_w, b"x")  # a closed watch: the thread returns
+            os.close(wake_w)
+
+    async def _probe_health(self) -> None:
+        """Readiness while starting (cheap: the port refuses), then /health and vLLM's metrics."""
+        assert self.probes is not None
+        while True:
+            serving = self.state() in SERVING
+            self._observe(health.observe_health, await self.probes.health())
+            if serving:
+                if self.clients_port is not None:
+                    await self._count_clients(self.clients_port)
+                metrics = await self.probes.metrics()
+                self.vllm_metrics = metrics if isinstance(metrics, VllmMetrics) else None
+                self._observe(health.observe_metrics, metrics)
+            await self.clock.sleep(self.cfg.interval_s if serving else READY_POLL_S)
+
+    async def _count_clients(self, port: int) -> None:
+        """Other clients' requests waiting on vLLM now (a probe of ours in flight, the canary's, is not one)."""
+        own_out = self._own_out
+        n = await anyio.to_thread.run_sync(open_clients, port)
+        if n is not None and own_out:
+            n = max(0, n - own_out)
+        self.health = health.observe_clients(self.health, n)
+
+    async def _run_signal(self, signal: Signal[Any]) -> None:
+        """One signal's loop: every ``every_s``, while vLLM serves and ``[health]`` in force has the signal on, its
+        probe, then its rule."""
+        assert self.probes is not None
+        while True:
+            await self.clock.sleep(signal.every_s(self.cfg))
+            if self.state() in SERVING and signal.on(self.cfg):
+                self._own_out += signal.own_connection
+                try:
+                    reading = await signal.probe(self.probes)
+                finally:
+                    self._own_out -= signal.own_connection
+                self._observe(signal.rule, reading)
+
+    def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
+        self.health, obs = observe(self.health, result, self.clock.now(), self.cfg)
+        if isinstance(obs, v.HealthFailed) and obs.failure.cls in EXPLAINED:
+            told = self.classify_exit(None, None, FailureClass.engine_dead, False)  # the log's tail, as a death
+            obs = v.HealthFailed(told_by_the_log(obs.failure, told), obs.grace_s, obs.recorded)
+        if obs is not None:
+            self.post(obs)
+
+
+def _size(path: str | None) -> int:
+    if not path:
+        return 0
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0

@@ -1,0 +1,140 @@
+"""Where a resting sparkd's CPU goes: the loop thread's profile over a window at rest.
+
+    .venv/bin/python tests/bench/idle_profile.py [--settle 20] [--seconds 60] [--top 25] [--json out.json]
+
+It starts a real ``sparkd run`` with the shipped defaults supervising the vLLM stand-in (as bench_footprint.py
+does) under a ``sitecustomize`` that profiles the main thread (the anyio loop: every task but the recorder's
+writer thread and the worker threads) with cProfile from its start, timed by the thread's own CPU clock. Once vLLM
+is ready and ``--settle`` seconds more have passed, it marks the window's start, ``--seconds`` later its end; the
+daemon's profile thread takes a snapshot at each mark (the only other thing it does: look for the marks every
+0.2 s), and the difference is printed: the functions by cumulative and by own time, their calls in the window,
+and the process's CPU in the window. cProfile slows what it measures (a CPU-clock read per call: several times
+here): read the figures as shares, bench_footprint.py's as costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchkit import (
+    Owned,
+    ShmLedger,
+    free_port,
+    log,
+    sparkd_config,
+    standin_env,
+    unique_prefix,
+    wait_healthy,
+    write_json,
+)
+from peers import SparkdPeer
+
+PROFILER = '''
+import cProfile, json, os, threading, time
+_dir = os.environ.pop("SPARKD_IDLE_PROFILE_DIR", None)  # sparkd's alone: the vLLM it starts is not profiled
+_prof = cProfile.Profile(time.thread_time)  # the loop thread's CPU, not the wall clock (GIL waits)
+
+
+def _snapshot():
+    _prof.snapshot_stats()  # the main thread's entries, read under the GIL
+    return {k: v[:4] for k, v in _prof.stats.items()}, time.process_time(), time.monotonic()
+
+
+def _watch():
+    taken = {}
+    for mark in ("start", "end"):
+        while not os.path.exists(os.path.join(_dir, mark)):
+            time.sleep(0.2)
+        taken[mark] = _snapshot()
+    (a, cpu_a, t_a), (b, cpu_b, t_b) = taken["start"], taken["end"]
+    rows = []
+    for key, (cc, nc, tt, ct) in b.items():
+        _, nc0, tt0, ct0 = a.get(key, (0, 0, 0.0, 0.0))
+        if nc > nc0:
+            rows.append({"where": f"{key[0]}:{key[1]}({key[2]})", "calls": nc - nc0, "own_s": tt - tt0,
+                         "cum_s": ct - ct0})
+    with open(os.path.join(_dir, "profile.json"), "w") as out:
+        json.dump({"window_s": t_b - t_a, "process_cpu_s": cpu_b - cpu_a, "rows": rows}, out)
+
+
+if _dir is not None:
+    threading.Thread(target=_watch, name="idle-profile", daemon=True).start()
+    _prof.enable()
+'''
+
+
+def short(where: str) -> str:
+    for root in (str(Path(__file__).resolve().parents[2]) + "/", sys.prefix + "/", sys.base_prefix + "/"):
+        where = where.replace(root, "")
+    return where
+
+
+def report(profile: dict[str, Any], top: int) -> str:
+    rows = profile["rows"]
+    window = profile["window_s"]
+    lines = [f"window {window:.1f} s; the process's CPU in it {profile['process_cpu_s'] * 1000:.0f} ms "
+             f"({100 * profile['process_cpu_s'] / window:.3f} % of a core, profiled)"]
+    for title, key in (("by cumulative time", "cum_s"), ("by own time", "own_s")):
+        lines.append(f"\n{title} (ms in the window, calls):")
+        for r in sorted((r for r in rows if "epoll" not in r["where"] and "selectors.py" not in r["where"]),
+                        key=lambda r: -r[key])[:top]:
+            lines.append(f"  {r['cum_s'] * 1000:8.1f} cum {r['own_s'] * 1000:7.1f} own {r['calls']:6d}  "
+                         f"{short(r['where'])}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settle", type=float, default=20.0, help="seconds at ready before the window")
+    parser.add_argument("--seconds", type=float, default=60.0, help="the window")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="sparkd-idle-profile-"))
+    owned, ledger = Owned(), ShmLedger()
+    site, marks = tmp / "site", tmp / "marks"
+    site.mkdir()
+    marks.mkdir()
+    (site / "sitecustomize.py").write_text(PROFILER)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+           "SPARKD_IDLE_PROFILE_DIR": str(marks)}
+    port = free_port()
+    peer = SparkdPeer(tmp / "sparkd", sparkd_config(tmp / "sparkd", port, standin_env(unique_prefix())))
+    try:
+        peer.daemon.start(env=env)
+        if wait_healthy(port, 120) is None:
+            raise RuntimeError("the stand-in never became ready")
+        peer.daemon.wait_state("ready", timeout=60)
+        ledger.note(owned.add_tree(peer.main_pid()))
+        time.sleep(args.settle)
+        load = os.getloadavg()
+        log(f"profiling the loop thread for {args.seconds:.0f} s (load {load[0]:.2f})")
+        (marks / "start").touch()
+        time.sleep(args.seconds)
+        (marks / "end").touch()
+        deadline = time.monotonic() + 30
+        while not (marks / "profile.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        profile = json.loads((marks / "profile.json").read_text())
+    finally:
+        peer.close()
+        owned.kill_all()
+        ledger.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"host: {os.cpu_count()} CPUs, load {' '.join(f'{x:.2f}' for x in load)} at the window's start")
+    print(report(profile, args.top))
+    if args.json:
+        write_json(args.json, {"load": load, **profile})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
