@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from sparkd.commands.command import Command
 
 OPERATOR_NAMES = ("status", "start", "stop", "restart", "reset", "reload", "recreate", "handover", "logs", "incidents",
-                  "preflight", "weights", "recorder")
+                  "preflight", "weights", "recorder", "accept")
 
 
 def operator_command(name: str) -> Command[Any, Any]:

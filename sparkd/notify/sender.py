@@ -58,19 +58,20 @@ class HttpTransport:
             await client.aclose()
 
 
-@dataclass
-class _Channel:
-    """One target: where, how, and what it has been through."""
+@dataclass(frozen=True)
+class _Target:
+    """Where a channel delivers, and how."""
 
     name: str
     shape: str
     url: str = field(repr=False)
     min_severity: Severity
-    limiter: RateLimiter
-    queue: deque[Event] = field(default_factory=deque)
-    held: HeldBack = field(default_factory=HeldBack)
-    inflight: Event | None = None  # taken from the queue, its token spent, not yet delivered
-    wake: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass
+class _Tally:
+    """What a channel has been through."""
+
     sent: int = 0
     dropped: int = 0
     held_total: int = 0
@@ -79,6 +80,35 @@ class _Channel:
     last_error: str | None = None
     last_sent_at: float | None = None  # wall
     next_try_at: float | None = None  # monotonic
+
+
+@dataclass
+class _Channel:
+    """One target: where, how, and what it has been through."""
+
+    target: _Target
+    limiter: RateLimiter
+    queue: deque[Event] = field(default_factory=deque)
+    held: HeldBack = field(default_factory=HeldBack)
+    inflight: Event | None = None  # taken from the queue, its token spent, not yet delivered
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    tally: _Tally = field(default_factory=_Tally)
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    @property
+    def shape(self) -> str:
+        return self.target.shape
+
+    @property
+    def url(self) -> str:
+        return self.target.url
+
+    @property
+    def min_severity(self) -> Severity:
+        return self.target.min_severity
 
     @property
     def masked(self) -> str:
@@ -104,7 +134,7 @@ class Notifier:
             except NotifyUrlProblem as exc:
                 self.problems.append(f"notify target {name}: {exc}")
                 continue
-            self.channels.append(_Channel(name, target.shape, url, target.min_severity or cfg.min_severity,
+            self.channels.append(_Channel(_Target(name, target.shape, url, target.min_severity or cfg.min_severity),
                                           RateLimiter(cfg.burst, cfg.per_hour)))
         for problem in self.problems:
             log.warning("notify_target_unusable", problem=problem)
@@ -145,7 +175,7 @@ class Notifier:
                 continue
             if len(ch.queue) >= self.cfg.queue:
                 ch.queue.popleft()
-                ch.dropped += 1
+                ch.tally.dropped += 1
             ch.queue.append(event)
             ch.wake.set()
 
@@ -188,7 +218,7 @@ class Notifier:
         now = self.clock.now()
         while ch.queue and not ch.limiter.next_at(now) <= now:
             ch.held.add(ch.queue.popleft())  # no token: it goes into the next summary
-            ch.held_total += 1
+            ch.tally.held_total += 1
         if not (ch.held or ch.queue) or not ch.limiter.take(now):
             return None
         ch.inflight = ch.held.summary(self.node, self.cfg.per_hour) if ch.held else ch.queue.popleft()
@@ -197,13 +227,13 @@ class Notifier:
         return ch.inflight
 
     def _due(self, ch: _Channel) -> bool:
-        return ch.next_try_at is None or self.clock.now() >= ch.next_try_at
+        return ch.tally.next_try_at is None or self.clock.now() >= ch.tally.next_try_at
 
     def _wait_s(self, ch: _Channel) -> float | None:
         """How long nothing can be sent to ``ch``: until its retry, or its next token; None: until woken."""
         now = self.clock.now()
-        if ch.inflight is not None and ch.next_try_at is not None:
-            return max(0.0, ch.next_try_at - now)
+        if ch.inflight is not None and ch.tally.next_try_at is not None:
+            return max(0.0, ch.tally.next_try_at - now)
         if ch.held:
             return max(0.0, ch.limiter.next_at(now) - now)
         return None
@@ -225,23 +255,23 @@ class Notifier:
             self._failed(ch, error)
 
     def _delivered(self, ch: _Channel, event: Event) -> None:
-        if ch.failures:
-            self.log.info("notify_target_back", target=ch.name, url=ch.masked, after_tries=ch.failures)
-        ch.inflight, ch.next_try_at, ch.failures, ch.failing_since = None, None, 0, None
-        ch.sent += 1
-        ch.last_sent_at = self.clock.wall()
+        if ch.tally.failures:
+            self.log.info("notify_target_back", target=ch.name, url=ch.masked, after_tries=ch.tally.failures)
+        ch.inflight, ch.tally.next_try_at, ch.tally.failures, ch.tally.failing_since = None, None, 0, None
+        ch.tally.sent += 1
+        ch.tally.last_sent_at = self.clock.wall()
 
     def _failed(self, ch: _Channel, error: str) -> None:
-        ch.failures += 1
-        ch.last_error = error
-        wait = retry_delay(ch.failures, self.cfg.retry_max_s)
-        ch.next_try_at = self.clock.now() + wait
-        if ch.failing_since is None:
-            ch.failing_since = self.clock.wall()
+        ch.tally.failures += 1
+        ch.tally.last_error = error
+        wait = retry_delay(ch.tally.failures, self.cfg.retry_max_s)
+        ch.tally.next_try_at = self.clock.now() + wait
+        if ch.tally.failing_since is None:
+            ch.tally.failing_since = self.clock.wall()
             self.log.warning("notify_target_failing", target=ch.name, url=ch.masked, error=error,
                              retry_in_s=round(wait, 1))
         else:
-            self.log.debug("notify_retry_failed", target=ch.name, error=error, tries=ch.failures,
+            self.log.debug("notify_retry_failed", target=ch.name, error=error, tries=ch.tally.failures,
                            retry_in_s=round(wait, 1))
 
     # ---- status
@@ -249,14 +279,14 @@ class Notifier:
         now = self.clock.now()
         targets = []
         for ch in self.channels:
-            state = "failing" if ch.failures else ("ok" if ch.sent else "idle")
+            state = "failing" if ch.tally.failures else ("ok" if ch.tally.sent else "idle")
             targets.append({
                 "name": ch.name, "shape": ch.shape, "url": ch.masked, "state": state,
-                "min_severity": ch.min_severity.value, "sent": ch.sent, "queued": len(ch.queue) + (
-                    1 if ch.inflight is not None else 0), "held_back": ch.held_total, "dropped": ch.dropped,
-                "failures": ch.failures, "failing_since": ch.failing_since, "last_error": ch.last_error,
-                "last_sent_at": ch.last_sent_at,
-                "next_try_in_s": None if ch.next_try_at is None else round(max(0.0, ch.next_try_at - now), 1),
+                "min_severity": ch.min_severity.value, "sent": ch.tally.sent, "queued": len(ch.queue) + (
+                    1 if ch.inflight is not None else 0), "held_back": ch.tally.held_total, "dropped": ch.tally.dropped,
+                "failures": ch.tally.failures, "failing_since": ch.tally.failing_since, "last_error": ch.tally.last_error,
+                "last_sent_at": ch.tally.last_sent_at,
+                "next_try_in_s": None if ch.tally.next_try_at is None else round(max(0.0, ch.tally.next_try_at - now), 1),
             })
         return {"targets": targets, "problems": list(self.problems)}
 

@@ -23,14 +23,18 @@ __all__ = ["prepare"]
 
 
 def prepare(directory: str | None, *, user: str | None = None) -> str | None:
-    """Make ``directory`` (mode 0755) and remove the step files in it; a sentence when that failed, else None."""
+    """Make ``directory`` (mode 0750, whatever the umask: the daemon's modes) and remove the step files in it; a
+    sentence when that failed, else None."""
     if directory is None:
         return None
     path = Path(directory)
     try:
-        path.mkdir(mode=0o755, parents=True, exist_ok=True)  # a file or a link in its place: FileExistsError
+        made = not os.path.lexists(path)
+        path.mkdir(mode=0o750, parents=True, exist_ok=True)  # a file or a link in its place: FileExistsError
         if not stat.S_ISDIR(path.lstat().st_mode):
             return f"the step probe's directory {path} is a link, not a directory"
+        if made:
+            path.chmod(0o750)
         _own(path, user)
         for name in os.listdir(path):
             done = not _live(path / name) if name.endswith(SUFFIX) else name.endswith(".tmp") and _stale(path / name)

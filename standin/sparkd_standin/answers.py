@@ -15,7 +15,9 @@ mistaken for a numerics flip.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 
 ANSWER_MODES = ("normal", "changed", "garble", "loop", "empty")
 VOCAB = tuple(f" {w}" for w in (
@@ -41,14 +43,11 @@ class Token:
     top: tuple[tuple[str, float], ...]  # best first, the token itself included
 
 
-def _draws(seed: str, n: int) -> list[int]:
-    out: list[int] = []
+def _draws(seed: str) -> Iterator[int]:
     counter = 0
-    while len(out) < n:
-        digest = hashlib.sha256(f"{seed}:{counter}".encode()).digest()
-        out += list(digest)
+    while True:
+        yield from hashlib.sha256(f"{seed}:{counter}".encode()).digest()
         counter += 1
-    return out[:n]
 
 
 def _token(choices: tuple[str, ...], base: int, draw: int, position: int) -> Token:
@@ -60,15 +59,19 @@ def _token(choices: tuple[str, ...], base: int, draw: int, position: int) -> Tok
 
 def answer(prompt: str, max_tokens: int, mode: str = "normal") -> list[Token]:
     """The tokens the stand-in generates for ``prompt`` (at most ``max_tokens``) in ``mode``."""
+    return list(answer_tokens(prompt, max_tokens, mode))
+
+
+def answer_tokens(prompt: str, max_tokens: int, mode: str = "normal") -> Iterator[Token]:
+    """:func:`answer`, one token at a time: a long generation (``max_tokens`` 100000) costs nothing up front."""
     if mode == "empty" or max_tokens <= 0:
-        return []
+        return iter(())
     if mode == "loop":
-        return [Token(LOOP[1], LOOP[0], -0.01, ((LOOP[0], -0.01), (" was", -3.0)))] * max_tokens
-    seed = f"{'changed:' if mode == 'changed' else ''}{prompt}"
-    draws = _draws(seed, max_tokens)
+        return iter([Token(LOOP[1], LOOP[0], -0.01, ((LOOP[0], -0.01), (" was", -3.0)))] * max_tokens)
+    draws = islice(_draws(f"{'changed:' if mode == 'changed' else ''}{prompt}"), max_tokens)
     if mode == "garble":
-        return [_token(GARBAGE, GARBAGE_BASE, d, i) for i, d in enumerate(draws)]
-    return [_token(VOCAB, VOCAB_BASE, d, i) for i, d in enumerate(draws)]
+        return (_token(GARBAGE, GARBAGE_BASE, d, i) for i, d in enumerate(draws))
+    return (_token(VOCAB, VOCAB_BASE, d, i) for i, d in enumerate(draws))
 
 
 def prompt_text(kind: str, body: object) -> str:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkd_standin.answers import Token, answer, prompt_text
+from sparkd_standin.answers import Token, answer_tokens, prompt_text
 from sparkd_standin.client import EngineClient, EngineDeadError
 from sparkd_standin.metrics import VllmMetrics
 
@@ -129,7 +129,7 @@ class TokenSource:
         await self.engine.execute(req.request_id)  # the prefill step
         self.metrics.request_started(req.prompt_tokens, req.max_tokens)
         generated, reason, last = 0, "abort", started
-        planned = answer(req.prompt, req.max_tokens, self.answers)
+        planned = answer_tokens(req.prompt, req.max_tokens, self.answers)
         try:
             for index, token in enumerate(planned):
                 await self._step(req.request_id)
@@ -139,7 +139,7 @@ class TokenSource:
                 self.metrics.token_generated(None if index == 0 else now - last)
                 generated, last = generated + 1, now
                 yield token
-            reason = "length" if len(planned) == req.max_tokens else "stop"
+            reason = "length" if generated == req.max_tokens else "stop"
         except EngineDeadError:
             reason = "error"
             raise

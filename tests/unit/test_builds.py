@@ -146,7 +146,7 @@ def head(link: Link, mine: dict[str, Any] | None, allow: tuple[str, ...] = ()) -
         "runtime": "process", "node": {"name": "head", "role": "head"}, "lint": {"allow": list(allow)},
         "launch": {"executable": "/usr/bin/true", "model": "/models/m"},
         "cluster": {"master_addr": "10.0.0.1", "nnodes": 2, "peers": ["w"]}}, source="test", env={})
-    return Coordinator(cfg, link, post=lambda obs: None, state=lambda: State.ready,  # type: ignore[arg-type]
+    return Coordinator(lambda: cfg, link, post=lambda obs: None, state=lambda: State.ready,  # type: ignore[arg-type]
                        image=lambda: None if mine is None else {"id": "sha256:1", "builds": mine},
                        clock=FakeClock(), log=CapturingLogger(), addresses=PeerAddresses(cfg.cluster.peers))
 

@@ -86,7 +86,7 @@ def test_a_rehearsal_keeps_the_probe(tmp_path: Path) -> None:
 
 def test_the_directory_is_made_and_only_the_probes_files_are_removed(tmp_path: Path) -> None:
     folder = tmp_path / "run" / "probe"
-    assert prepare(str(folder)) is None and stat.S_IMODE(folder.stat().st_mode) == 0o755
+    assert prepare(str(folder)) is None and stat.S_IMODE(folder.stat().st_mode) == 0o750
     for name in ("worker-0.step", "engine-0.step", "worker-1.step.77.tmp", "keep.txt", "worker-2.step.78.tmp"):
         (folder / name).write_text("x")
     os.utime(folder / "worker-1.step.77.tmp", (time.time() - 120, time.time() - 120))  # a writer died making it

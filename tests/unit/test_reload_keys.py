@@ -184,8 +184,9 @@ def candidates(value: Any, annotation: Any) -> list[Any]:
         return [*found, value * 2 + 0.5, value + 1.0, value / 2, 1.0, 30.0]
     if isinstance(value, str):
         return [*found, value + "x", "x", "/tmp"]
-    if isinstance(value, list):
-        return [[], ["x"], [1]]
+    if isinstance(value, list):  # a band of two numbers, a list of tables ([acceptance] prompts, [notify] targets)
+        return [[], ["x"], [1], [1000, 2000], [1.5, 2.5], [{"name": "p", "prompt": "hi"}],
+                [{"url": "http://127.0.0.1:9/hook"}]]
     if isinstance(value, dict):
         return [{}, {"X_TEST": "1"}]
     return [*found, 1, 2.0, "x", True, [], {}, 4096, "/tmp"]
