@@ -82,3 +82,12 @@ def host_file_findings(cfg: Config) -> list[Finding]:
         key = "launch.script" if cfg.launch.script else "launch.executable"
         findings.append(Finding("launch-program-writable", Level.warning, key, program.split(" ", 2)[2]))
     return findings
+
+
+def unit_findings(cfg: Config, config_path: Path) -> list[Finding]:
+    """The systemd unit that runs ``config_path``, judged against the drained stop (``unit-stop-timeout-short``):
+    nothing where systemd does not run or runs another config."""
+    from sparkd.host.unit import unit_stop
+    from sparkd.launch.stoplint import unit_rules
+
+    return list(unit_rules(cfg, unit_stop(config_path)))

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 import click
 
 from sparkd import __version__
-from sparkd.cli.common import EXIT_INVALID_CONFIG, config_option, config_or_exit, fail, host_file_findings
+from sparkd.cli.common import (
+    EXIT_INVALID_CONFIG,
+    config_option,
+    config_or_exit,
+    fail,
+    host_file_findings,
+    unit_findings,
+)
 from sparkd.cli.complete import profile_names
 
 if TYPE_CHECKING:
@@ -29,12 +36,13 @@ def main() -> None:
     """sparkd supervises vLLM on one node: preflight, launch, health, memory guard, restarts."""
 
 
-def linted_config_or_exit(config_path: Path, *, profile: str | None = None) -> Config:
-    """The config, its lint findings printed; exit 2 when it is invalid or has a lint error."""
+def linted_config_or_exit(config_path: Path, *, profile: str | None = None, unit: bool = False) -> Config:
+    """The config, its lint findings printed; exit 2 when it is invalid or has a lint error. ``unit``: also judge
+    the systemd unit that runs this config (check-config)."""
     from sparkd.launch.lint import errors, lint
 
     cfg = config_or_exit(config_path, profile=profile)
-    findings = [*lint(cfg), *host_file_findings(cfg)]
+    findings = [*lint(cfg), *host_file_findings(cfg), *(unit_findings(cfg, config_path) if unit else ())]
     for finding in findings:
         click.echo(f"{config_path}: {finding}", err=True)
     if errors(findings):
@@ -58,7 +66,7 @@ def check_config(config_path: Path, profile: str | None, as_json: bool) -> None:
         report = check_config_json(config_path, profile)
         click.echo(json.dumps(report, indent=2))
         sys.exit(0 if report["valid"] else EXIT_INVALID_CONFIG)
-    cfg = linted_config_or_exit(config_path, profile=profile)
+    cfg = linted_config_or_exit(config_path, profile=profile, unit=True)
     click.echo(f"{config_path}: ok (node {cfg.node.name}, role {cfg.node.role.value}, runtime "
                f"{cfg.runtime.value}, launch hash {cfg.launch_hash()})")
 

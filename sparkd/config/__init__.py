@@ -19,7 +19,7 @@ __all__ = [
     "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig", "LintConfig", "LogConfig",
     "LogFormat", "LogLevel", "Mount", "NodeConfig",
     "PathsConfig", "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind",
-    "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
+    "StopConfig", "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
 ]
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         RestartConfig,
         Role,
         RuntimeKind,
+        StopConfig,
         SupervisorConfig,
         WeightsConfig,
         config_from_mapping,

@@ -175,6 +175,11 @@ class ContainerConfig(_Section):
                                "process for docker-exec; vLLM runs beside it through docker exec.")
     script_path: str = Field(default="/tmp/sparkd-launch.sh", description="Where sparkd writes the rendered "
                              "launch script inside the container.")
+    stop_timeout_s: int | None = Field(default=None, ge=0, description="docker-run: the container's own stop "
+                                       "timeout (--stop-timeout), how long the engine waits after SIGTERM when "
+                                       "something other than sparkd stops it (`docker stop` without -t, the "
+                                       "engine's own shutdown). Unset: the drained stop's grace ([stop] drain_s "
+                                       "plus [supervisor] stop_grace_s); check-config refuses a shorter one.")
 
     @field_validator("shm_size", "memory", mode="before")
     @classmethod

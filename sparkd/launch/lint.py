@@ -12,12 +12,11 @@ and ``--nnodes`` (sparkd renders none of them there).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 from sparkd.config import Config, Role
 from sparkd.config.profiles import profile_needs_cuda_graphs
+from sparkd.launch.finding import Finding, Level
 from sparkd.launch.render import (
     EXECUTE_TIMEOUT_ENV,
     JSON_FLAGS,
@@ -31,22 +30,10 @@ from sparkd.launch.render import (
     nccl_ib_in_play,
 )
 from sparkd.launch.script import ScriptFacts, script_facts
+from sparkd.launch.stoplint import drain_rules
 
-
-class Level(StrEnum):
-    error = "error"
-    warning = "warning"
-
-
-@dataclass(frozen=True)
-class Finding:
-    rule: str
-    level: Level
-    key: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.level.value}: {self.key}: {self.message} [{self.rule}]"
+__all__ = ["Finding", "Level", "ScriptReader", "compile_cache_dirs", "errors", "lint", "read_host_file",
+           "script_rank_rules"]
 
 
 ScriptReader = Callable[[str], str | None]
@@ -71,7 +58,7 @@ def lint(cfg: Config, *, read_script: ScriptReader = read_host_file,
         env.update({k: EnvSetting(v, f"launch.script ({k} exported by {cfg.launch.script})")
                     for k, v in facts.exports.items()})
     findings = [*_rank_rules(cfg), *_env_rules(cfg, env), *_flag_rules(cfg), *_script_rules(cfg, text, facts),
-                *_container_rules(cfg, env)]
+                *_container_rules(cfg, env), *drain_rules(cfg, facts)]
     return [f for f in findings if not (f.level is Level.error and f.rule in allowed)]
 
 

@@ -62,6 +62,9 @@ class LaunchSpec:
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     config_hash: str = ""
+    # The drain vLLM is launched with (--shutdown-timeout): the grace of its drained stop is derived from it
+    # (sparkd.supervisor.graces); in script mode the configured one, which lint holds the script's serve line to.
+    drain_s: int = 0
     # The runtime adds these to the launch's environment; nothing renders or logs them.
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -94,8 +97,18 @@ def render_flags(cfg: Config) -> list[str]:
         if value is not None:
             args += [flag(name), json.dumps(value)]
     args += _multinode_flags(cfg)
+    args += drain_flags(cfg)
     args += launch.extra_args
     return args
+
+
+SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
+
+
+def drain_flags(cfg: Config) -> list[str]:
+    """``--shutdown-timeout`` from ``[stop] drain_s``: vLLM drains that long on SIGTERM (vLLM 0.21+; its argparse
+    reads an int). 0 is vLLM's own default and renders nothing, so a vLLM without the flag still launches."""
+    return [SHUTDOWN_TIMEOUT_FLAG, str(cfg.stop.drain_s)] if cfg.stop.drain_s > 0 else []
 
 
 def _multinode_flags(cfg: Config) -> list[str]:
@@ -183,7 +196,8 @@ def render(cfg: Config) -> LaunchSpec:
     key = configured_api_key(cfg)
     if key is not None:
         secret_env[API_KEY_ENV] = key
-    return LaunchSpec(argv=tuple(argv), env=env, config_hash=cfg.launch_hash(), secret_env=secret_env)
+    return LaunchSpec(argv=tuple(argv), env=env, config_hash=cfg.launch_hash(), secret_env=secret_env,
+                      drain_s=cfg.stop.drain_s)
 
 
 def configured_api_key(cfg: Config) -> str | None:

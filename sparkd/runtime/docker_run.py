@@ -43,6 +43,7 @@ from sparkd.runtime.docker_api import (
 )
 from sparkd.runtime.docker_base import DockerRuntime, ImageMissing, create_time_or_zero
 from sparkd.runtime.launch_target import check_command, target_sentence
+from sparkd.supervisor.graces import container_stop_timeout_s
 
 RECONNECT_S = 1.0  # pause before reopening a broken events or logs stream
 SETTLE_S = 10.0  # how long inspect may lag behind a die event
@@ -127,6 +128,9 @@ class DockerRunRuntime(DockerRuntime):
             cfg, entrypoint=["bash", script_path], labels=self.labels(**{HASH_LABEL: spec.config_hash}),
             rehearse=self.rehearse, name=self.container_name, env=spec.secret_env,
         )
+        # vLLM is the container's main process: whoever stops the container (`docker stop` without -t, the
+        # engine's own shutdown) must let it drain as long as sparkd would.
+        options["stop_timeout"] = container_stop_timeout_s(cfg)
         try:
             container = await call(client.containers.create, **options)
         except docker.errors.ImageNotFound as exc:
