@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sparkd.config import Config, Role
 from sparkd.config.profiles import profile_needs_cuda_graphs
+from sparkd.launch.compilecache import compile_cache_dirs, unpersisted_caches
 from sparkd.launch.finding import Finding, Level
 from sparkd.launch.render import (
     EXECUTE_TIMEOUT_ENV,
@@ -218,13 +219,12 @@ def _container_rules(cfg: Config, env: Mapping[str, EnvSetting]) -> Iterator[Fin
     if not cfg.runtime.in_container:
         return  # on the host the caches persist and the devices are the host's
     values = {k: s.value for k, s in env.items()}
-    for what, path in compile_cache_dirs(cfg, values).items():
-        if not any(_under(path, m.target) for m in cfg.container.mounts if not m.read_only):
-            yield Finding("compile-cache-not-persisted", Level.warning, "container.mounts",
-                          f"{what} {path} is not on a writable mount: it lives in the container's own layer, lost "
-                          "whenever the container is recreated (docker-run: every launch), so every cold start "
-                          "compiles again (the field measured 39% slower decode before the cache is warm); mount "
-                          "a host directory there")
+    for what, path in unpersisted_caches(cfg, values).items():
+        yield Finding("compile-cache-not-persisted", Level.warning, "container.mounts",
+                      f"{what} {path} is not on a writable mount: it lives in the container's own layer, lost "
+                      "whenever the container is recreated (`sparkctl recreate`, a new image), so the next start "
+                      "compiles again (the field measured 39% slower decode before the cache is warm); mount a "
+                      "host directory there")
     cc = cfg.container
     if nccl_ib_in_play(values, cfg.nnodes) and not cc.privileged:
         if not any(d.split(":")[1].startswith("/dev/infiniband") for d in cc.devices):
@@ -236,23 +236,3 @@ def _container_rules(cfg: Config, env: Mapping[str, EnvSetting]) -> Iterator[Fin
             yield Finding("rdma-memlock", Level.warning, "container.ulimits",
                           "NCCL registers memory for RDMA: without memlock = -1 it fails with 'ibv_reg_mr ... "
                           "Cannot allocate memory' (field report 001); set ulimits = { memlock = -1 }")
-
-
-def compile_cache_dirs(cfg: Config, env: Mapping[str, str]) -> dict[str, str]:
-    """Where vLLM and FlashInfer keep their compile caches inside the container."""
-    user = cfg.container.user
-    home = "/root" if user is None or user.split(":")[0] in ("root", "0") else None
-    cache = env.get("XDG_CACHE_HOME") or (f"{home}/.cache" if home else None)
-    dirs = {}
-    vllm = env.get("VLLM_CACHE_ROOT") or (f"{cache}/vllm" if cache else None)
-    if vllm:
-        dirs["vLLM's compile cache"] = vllm
-    base = env.get("FLASHINFER_WORKSPACE_BASE") or home
-    if base:
-        dirs["FlashInfer's JIT cache"] = f"{base}/.cache/flashinfer"
-    return dirs
-
-
-def _under(path: str, mount: str) -> bool:
-    mount = mount.rstrip("/") or "/"
-    return path == mount or path.startswith(mount + "/") or mount == "/"

@@ -26,7 +26,7 @@ import docker.errors
 
 from sparkd.launch.render import LaunchSpec, render_script
 from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, TargetUnavailable
-from sparkd.runtime.container_spec import container_options
+from sparkd.runtime.container_spec import compile_cache_mounts, container_options
 from sparkd.runtime.docker_api import (
     CHECK_LABEL,
     DOCKER_ERRORS,
@@ -131,6 +131,14 @@ class DockerRunRuntime(DockerRuntime):
         # vLLM is the container's main process: whoever stops the container (`docker stop` without -t, the
         # engine's own shutdown) must let it drain as long as sparkd would.
         options["stop_timeout"] = container_stop_timeout_s(cfg)
+        caches = compile_cache_mounts(cfg)  # a new container each launch: its compile caches must outlive it
+        for mount in caches:
+            try:
+                await anyio.Path(mount["Source"]).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise LaunchError(f"cannot make the compile cache directory {mount['Source']} ([container] "
+                                  f"compile_cache_dir): {exc.strerror}; set another one, or false", 126) from exc
+        options["mounts"] = [*options["mounts"], *caches]
         try:
             container = await call(client.containers.create, **options)
         except docker.errors.ImageNotFound as exc:

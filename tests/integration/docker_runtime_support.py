@@ -94,6 +94,7 @@ class DockerPlace:
         self.mounts = [{"source": src, "target": m["bind"], "read_only": m["mode"] == "ro"}
                        for src, m in mounts.items()]
         self.mounts.append({"source": str(shared_dir), "target": str(shared_dir), "read_only": False})
+        self.shared_dir = shared_dir
         tag = uuid.uuid4().hex[:8]
         self.name = f"sparkd-{kind.value}-{session}-{tag}"
         self.node = f"node-{tag}"
@@ -109,6 +110,7 @@ class DockerPlace:
                 "mounts": self.mounts if mounts is None else mounts,
                 "gpus": gpus, "host_network": True, "host_ipc": False,
                 "env": {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"},
+                "compile_cache_dir": str(self.shared_dir / "caches"),  # docker-run's, never the host's /var/cache
                 **container,
             },
             "launch": {"model": "m"},
