@@ -179,10 +179,26 @@ class DrainRun:
     def summary(self) -> dict[str, Any]:
         since = self.sigterm_at
         running = [r for at, r, _ in self.poller.metrics if at >= since and r is not None]
-        return {"streams": [s.summary(since) for s in self.streams], "during": self.during,
+        each = [s.summary(since) for s in self.streams]
+        ends = [e["ended_after_sigterm_s"] for e in each if e["ended_after_sigterm_s"] is not None]
+        return {"streams": len(each), "complete": sum(1 for s in self.streams if s.complete),
+                "finish_reasons": _tally(e["finish_reason"] for e in each),
+                "done_markers": sum(1 for e in each if e["done"]),
+                "errors": _tally(e["error"] for e in each if e["error"]),
+                "statuses": _tally(e["status"] for e in each),
+                "least_chunks_after_sigterm": min((e["chunks_after_sigterm"] for e in each), default=0),
+                "last_stream_ended_after_sigterm_s": max(ends, default=None),
+                "example": each[0] if each else None, "during": self.during,
                 "health_after_sigterm": runs(self.poller.health, since),
                 "metrics_running_after_sigterm": _folded(running),
                 "exited_after_sigterm_s": self.exited_after_s, "exit_code": self.exit_code}
+
+
+def _tally(values: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for value in values:
+        out[str(value)] = out.get(str(value), 0) + 1
+    return out
 
 
 def _folded(values: list[float]) -> list[float]:
@@ -191,6 +207,17 @@ def _folded(values: list[float]) -> list[float]:
         if not out or out[-1] != value:
             out.append(value)
     return out
+
+
+def _all_in(streams: list[Stream], poller: Poller, first_chunks: int) -> bool:
+    """Every stream is in flight: each has its first chunks, or vLLM's gauges count them all (running or waiting
+    for a slot: with ``--max-num-seqs`` below their number most wait)."""
+    if all(len(s.chunks) >= first_chunks for s in streams):
+        return True
+    if not poller.metrics or not any(s.chunks for s in streams):
+        return False
+    _, running, waiting = poller.metrics[-1]
+    return (running or 0) + (waiting or 0) >= len(streams)
 
 
 def start_streams(base: str, model: str, n: int, max_tokens: int) -> tuple[list[Stream], list[threading.Thread]]:
@@ -208,10 +235,10 @@ def drain(base: str, model: str, *, signal_it: Callable[[], None], wait_exit: Ca
     """``n`` streams of ``max_tokens`` each; once each has ``first_chunks`` chunks, ``signal_it`` (a SIGTERM);
     ``during_after_s`` later a new plain and a new streaming request; ``after_signal`` (e.g. cut the drain short)
     right after those; then ``wait_exit`` (the process's exit status, None if unknown) and every stream's end."""
-    poller = Poller(base).start()
+    poller = Poller(base, interval_s=0.1).start()
     streams, threads = start_streams(base, model, n, max_tokens)
     deadline = time.monotonic() + 120
-    while not all(len(s.chunks) >= first_chunks or s.ended_at for s in streams) and time.monotonic() < deadline:
+    while not _all_in(streams, poller, first_chunks) and time.monotonic() < deadline:
         time.sleep(0.02)
     run = DrainRun(base, model, streams, poller, sigterm_at=time.monotonic())
     signal_it()
