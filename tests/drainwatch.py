@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
+import psutil
 
 _RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\}\s+([0-9.eE+-]+)", re.M)
 _WAITING = re.compile(r"^vllm:num_requests_waiting\{[^}]*\}\s+([0-9.eE+-]+)", re.M)
@@ -49,6 +51,42 @@ class Stream:
     def complete(self) -> bool:
         """Every token asked for, a normal finish and the stream's end marker."""
         return self.done and self.finish_reason == "length" and self.completion_tokens == self.max_tokens
+
+
+class Throttle:
+    """Slows processes of our own by stopping and continuing them (SIGSTOP/SIGCONT): they run ``share`` of every
+    ``period_s``. The tiny test model generates its 480 tokens in under a second, faster than the API server
+    streams them, so an engine left at full speed has nothing in flight by the time a SIGTERM comes; throttled
+    (its worker: the forward passes), its requests are still running, as a large model's are for minutes."""
+
+    def __init__(self, procs: list[psutil.Process], share: float = 0.1, period_s: float = 0.1) -> None:
+        self.procs, self.share, self.period_s = procs, share, period_s  # bound when seen: a reused PID is never hit
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="throttle")
+
+    def start(self) -> Throttle:
+        self._thread.start()
+        return self
+
+    def _signal(self, sig: int) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._signal(signal.SIGCONT)
+                time.sleep(self.period_s * self.share)
+                self._signal(signal.SIGSTOP)
+                self._stop.wait(self.period_s * (1 - self.share))
+        finally:
+            self._signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._signal(signal.SIGCONT)
 
 
 def completion_body(model: str, max_tokens: int, *, stream: bool) -> dict[str, Any]:
@@ -189,6 +227,8 @@ class DrainRun:
                 "least_chunks_after_sigterm": min((e["chunks_after_sigterm"] for e in each), default=0),
                 "last_stream_ended_after_sigterm_s": max(ends, default=None),
                 "example": each[0] if each else None, "during": self.during,
+                "metrics_before_sigterm": [(round(at - since, 2), r, w) for at, r, w in self.poller.metrics
+                                           if at < since][-8:],
                 "health_after_sigterm": runs(self.poller.health, since),
                 "metrics_running_after_sigterm": _folded(running),
                 "exited_after_sigterm_s": self.exited_after_s, "exit_code": self.exit_code}
@@ -209,15 +249,16 @@ def _folded(values: list[float]) -> list[float]:
     return out
 
 
-def _all_in(streams: list[Stream], poller: Poller, first_chunks: int) -> bool:
-    """Every stream is in flight: each has its first chunks, or vLLM's gauges count them all (running or waiting
-    for a slot: with ``--max-num-seqs`` below their number most wait)."""
-    if all(len(s.chunks) >= first_chunks for s in streams):
-        return True
-    if not poller.metrics or not any(s.chunks for s in streams):
-        return False
-    _, running, waiting = poller.metrics[-1]
-    return (running or 0) + (waiting or 0) >= len(streams)
+def wait_begun(streams: list[Stream], first_chunks: int = 3, settle_s: float = 0.5, timeout_s: float = 120.0) -> None:
+    """Until the first stream has its first chunks, then ``settle_s`` more: every request has reached the engine by
+    then (vLLM's gauges cannot tell: on its CPU build they read 0 while streams run). With ``--max-num-seqs`` below
+    their number the others wait their turn in the engine."""
+    deadline = time.monotonic() + timeout_s
+    while not any(len(s.chunks) >= first_chunks or s.ended_at for s in streams):
+        if time.monotonic() > deadline:
+            raise AssertionError("no stream began")
+        time.sleep(0.01)
+    time.sleep(settle_s)
 
 
 def start_streams(base: str, model: str, n: int, max_tokens: int) -> tuple[list[Stream], list[threading.Thread]]:
@@ -237,9 +278,7 @@ def drain(base: str, model: str, *, signal_it: Callable[[], None], wait_exit: Ca
     right after those; then ``wait_exit`` (the process's exit status, None if unknown) and every stream's end."""
     poller = Poller(base, interval_s=0.1).start()
     streams, threads = start_streams(base, model, n, max_tokens)
-    deadline = time.monotonic() + 120
-    while not _all_in(streams, poller, first_chunks) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_begun(streams, first_chunks)
     run = DrainRun(base, model, streams, poller, sigterm_at=time.monotonic())
     signal_it()
     time.sleep(during_after_s)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from sparkd_standin import logfmt
+from sparkd_standin import drain, logfmt
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.engine import engine_core_main
 from sparkd_standin.knobs import Knobs
@@ -170,6 +171,24 @@ class EngineClient:
         if entry is not None:
             loop, future = entry
             loop.call_soon_threadsafe(_set_result, future)
+
+    def drain_stop(self, timeout: int, in_flight: Callable[[], int]) -> None:
+        """0.32's process manager: SIGTERM the EngineCore, let it drain up to ``timeout`` s, force-kill it past
+        that (the requests still running then end with the engine: ``killed``)."""
+        with self._lock:
+            self.shutting_down = True
+        if self._child is None:
+            return
+        drain.stop_engine(self.knobs.dialect, self._child.proc, self._child.conn, timeout, in_flight,
+                          on_kill=self._killed)
+        self._child.close_pipes()
+
+    def _killed(self) -> None:
+        with self._lock:
+            self.dead = True
+            pending, self._pending = self._pending, {}
+        for loop, future in pending.values():
+            loop.call_soon_threadsafe(_set_exception, future)
 
     def shutdown(self) -> None:
         """SIGTERM the EngineCore (it stops its workers), SIGKILL after 5 s."""

@@ -122,11 +122,20 @@ class TokenSource:
         self.metrics = metrics
         self.interval_s = 1.0 / max(tokens_per_s, 1e-3)
         self.stalled = False
+        self.in_flight = 0  # requests the engine holds: a drain waits for them
 
     async def tokens(self, req: GenRequest) -> AsyncIterator[str]:
         if self.stalled:
             await self._held(req)
         started = time.monotonic()
+        self.in_flight += 1
+        try:
+            async for token in self._generate(req, started):
+                yield token
+        finally:
+            self.in_flight -= 1
+
+    async def _generate(self, req: GenRequest, started: float) -> AsyncIterator[str]:
         await self.engine.execute(req.request_id)  # the prefill step
         self.metrics.request_started(req.prompt_tokens, req.max_tokens)
         generated, reason, last = 0, "abort", started

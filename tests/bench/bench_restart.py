@@ -219,6 +219,8 @@ def bench(args: Any) -> dict[str, Any]:
 
 
 def main() -> int:
+    # SIGTERM ends the run through its `finally`s: every vLLM and daemon it started is stopped
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = bench_parser(__doc__, "bench-restart.json")
     parser.add_argument("--trials", type=int, default=2, help="starts of each kind (default 2)")
     return run_bench(parser, bench)

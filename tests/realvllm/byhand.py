@@ -78,15 +78,18 @@ class ByHand:
                 time.sleep(0.1)
         raise AssertionError(f"vLLM not serving after {timeout_s:.0f} s:\n{self.tail()}")
 
-    def engine_core(self) -> psutil.Process | None:
-        """Its engine core (``*::EngineCore``), by title, under its own API server."""
+    def child(self, title: str) -> psutil.Process | None:
+        """Its process titled ``*::<title>`` (EngineCore, Worker), under its own API server."""
         assert self.proc is not None
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process(self.proc.pid).children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()[:1]):
+                    if f"::{title}" in child.name() or f"::{title}" in " ".join(child.cmdline()[:1]):
                         return child
         return None
+
+    def engine_core(self) -> psutil.Process | None:
+        return self.child("EngineCore")
 
     def sigterm(self) -> None:
         assert self.proc is not None

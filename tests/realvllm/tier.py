@@ -37,8 +37,12 @@ DETECT_S = 60.0
 
 
 class Tier:
-    def __init__(self, tmp: Path, venv: Path, model: Path) -> None:
+    def __init__(self, tmp: Path, venv: Path, model: Path, *, launch_args: tuple[str, ...] = (),
+                 sections: dict[str, dict[str, Any]] | None = None) -> None:
+        """``launch_args``: vLLM flags every launch of this tier has; ``sections``: config tables merged over the
+        tier's own (``{"supervisor": {"stop_grace_s": 60}}``)."""
         self.tmp, self.venv, self.model = tmp, venv, model
+        self.launch_args, self.sections = launch_args, sections or {}
         self.port = free_port()
         self.prefix = os.environ.get("SPARKD_REALVLLM_TITLE_PREFIX", "VLLM")
         self.mark = f"{tmp}"  # SPARKD_REALVLLM_TIER: in the environment of every process of this tier's vLLM
@@ -53,12 +57,12 @@ class Tier:
     def config(self, *, extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
                skip: tuple[str, ...] = ()) -> dict[str, Any]:
         folder = self.tmp / "d"
-        return {
+        cfg: dict[str, Any] = {
             "runtime": "process",
             "node": {"name": "realvllm", "role": "single"},
             "launch": {"executable": str(self.venv / "bin" / "vllm"), "model": str(self.model),
                        "served_model_name": SERVED, "host": "127.0.0.1", "port": self.port, "max_model_len": 512,
-                       "extra_args": ["--dtype", "bfloat16", *extra_args],
+                       "extra_args": ["--dtype", "bfloat16", *self.launch_args, *extra_args],
                        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "SPARKD_REALVLLM_TIER": self.mark,
                                **({"VLLM_PROCESS_NAME_PREFIX": self.prefix} if self.prefix != "VLLM" else {}),
                                **(env or {})}},
@@ -73,6 +77,9 @@ class Tier:
                        "canary_timeout_s": 8, "busy_grace_s": 120, "stall_after_s": 10},
             "preflight": {"skip": ["memory", "page_cache", *skip]},
         }
+        for name, table in self.sections.items():
+            cfg[name] = {**cfg.get(name, {}), **table}
+        return cfg
 
     def reconfigure(self, **changes: Any) -> subprocess.CompletedProcess[str]:
         """Write the config with ``changes`` and have the daemon reload it (applies at the next start)."""
