@@ -220,6 +220,7 @@ class DrainRun:
         each = [s.summary(since) for s in self.streams]
         ends = [e["ended_after_sigterm_s"] for e in each if e["ended_after_sigterm_s"] is not None]
         return {"streams": len(each), "complete": sum(1 for s in self.streams if s.complete),
+                "ended": sum(1 for s in self.streams if s.ended_at is not None),
                 "finish_reasons": _tally(e["finish_reason"] for e in each),
                 "done_markers": sum(1 for e in each if e["done"]),
                 "errors": _tally(e["error"] for e in each if e["error"]),
@@ -249,14 +250,14 @@ def _folded(values: list[float]) -> list[float]:
     return out
 
 
-def wait_begun(streams: list[Stream], first_chunks: int = 3, settle_s: float = 0.5, timeout_s: float = 120.0) -> None:
-    """Until the first stream has its first chunks, then ``settle_s`` more: every request has reached the engine by
-    then (vLLM's gauges cannot tell: on its CPU build they read 0 while streams run). With ``--max-num-seqs`` below
-    their number the others wait their turn in the engine."""
+def wait_begun(streams: list[Stream], settle_s: float = 0.3, timeout_s: float = 120.0) -> None:
+    """Until every stream has its answer's status (vLLM has rendered the request: it reaches the engine as the
+    stream starts) and one has its first chunk, then ``settle_s`` more. vLLM's gauges cannot tell: on its CPU build
+    they read 0 while streams run."""
     deadline = time.monotonic() + timeout_s
-    while not any(len(s.chunks) >= first_chunks or s.ended_at for s in streams):
+    while not (all(s.status is not None or s.ended_at for s in streams) and any(s.chunks for s in streams)):
         if time.monotonic() > deadline:
-            raise AssertionError("no stream began")
+            raise AssertionError("the streams did not begin")
         time.sleep(0.01)
     time.sleep(settle_s)
 
@@ -271,14 +272,16 @@ def start_streams(base: str, model: str, n: int, max_tokens: int) -> tuple[list[
 
 
 def drain(base: str, model: str, *, signal_it: Callable[[], None], wait_exit: Callable[[float], int | None],
-          n: int = 3, max_tokens: int = 256, first_chunks: int = 3, during_after_s: float = 1.0,
-          exit_timeout_s: float = 180.0, after_signal: Callable[[], None] | None = None) -> DrainRun:
-    """``n`` streams of ``max_tokens`` each; once each has ``first_chunks`` chunks, ``signal_it`` (a SIGTERM);
+          n: int = 3, max_tokens: int = 256, during_after_s: float = 1.0,
+          exit_timeout_s: float = 180.0, after_signal: Callable[[], None] | None = None,
+          streams_done: Callable[[], None] | None = None) -> DrainRun:
+    """``n`` streams of ``max_tokens`` each; once they run (:func:`wait_begun`), ``signal_it`` (a SIGTERM);
     ``during_after_s`` later a new plain and a new streaming request; ``after_signal`` (e.g. cut the drain short)
-    right after those; then ``wait_exit`` (the process's exit status, None if unknown) and every stream's end."""
+    right after those; then every stream's end, ``streams_done`` (e.g. end a throttle, so the teardown runs at full
+    speed) and ``wait_exit`` (the process's exit status, None if unknown)."""
     poller = Poller(base, interval_s=0.1).start()
     streams, threads = start_streams(base, model, n, max_tokens)
-    wait_begun(streams, first_chunks)
+    wait_begun(streams)
     run = DrainRun(base, model, streams, poller, sigterm_at=time.monotonic())
     signal_it()
     time.sleep(during_after_s)
@@ -286,10 +289,12 @@ def drain(base: str, model: str, *, signal_it: Callable[[], None], wait_exit: Ca
     run.during.append(one_request(base, model, stream=True))
     if after_signal is not None:
         after_signal()
+    for thread in threads:
+        thread.join(exit_timeout_s)
+    if streams_done is not None:
+        streams_done()
     run.exit_code = wait_exit(exit_timeout_s)
     run.exited_after_s = round(time.monotonic() - run.sigterm_at, 2)
-    for thread in threads:
-        thread.join(30)
     poller.stop()
     return run
 

@@ -96,8 +96,8 @@ def render_flags(cfg: Config) -> list[str]:
         value = getattr(launch, name)
         if value is not None:
             args += [flag(name), json.dumps(value)]
-    args += _multinode_flags(cfg)
     args += drain_flags(cfg)
+    args += _multinode_flags(cfg)
     args += launch.extra_args
     return args
 

@@ -30,7 +30,7 @@ from enum import StrEnum
 from sparkd.supervisor.logline import clean
 from sparkd.supervisor.servelog import Throughput, read_serve_line
 
-__all__ = ["Drain", "DrainState", "advance", "begin", "counted"]
+__all__ = ["Drain", "DrainState", "advance", "begin", "counted", "is_drain_line"]
 
 _START = re.compile(r"\[shutdown\] (?:API server: stopping engine client|EngineCore: start) "
                     r"mode=(?P<mode>drain|abort) timeout=(?P<timeout>\d{1,9})s")
@@ -81,6 +81,12 @@ class Drain:
         return {"state": self.state.value, "mode": self.mode, "in_flight": self.in_flight,
                 "in_flight_at_start": self.in_flight_at_start, "timeout_s": self.timeout_s,
                 "left_s": round(self.left_s(now), 1), "sentence": self.sentence(now)}
+
+
+def is_drain_line(line: str) -> bool:
+    """Does :func:`advance` read this raw line (a step of vLLM's shutdown it follows)?"""
+    text = clean(line)
+    return "[shutdown]" in text and any(p.search(text) for p in (_START, _DRAINING, _ABORTING, _COMPLETE, _FORCE_KILL))
 
 
 def begin(now: float, timeout_s: float) -> Drain:

@@ -4,7 +4,7 @@
 one after the other, with a compile cache of the run's own:
 
 1. ``drain``: a fresh cache, ``--shutdown-timeout 60``: four streaming completions of 480 tokens (vLLM's worker
-   throttled to a tenth of the time, so they take seconds: drainwatch.Throttle), SIGTERM once they run, a new
+   throttled to a fiftieth of the time, so they take seconds: drainwatch.Throttle), SIGTERM once they run, a new
    request and a new stream during the drain, until vLLM exits;
 2. ``cut``: the same cache and flags (the compile cache's second start), the same, but the engine core is SIGKILLed
    1.5 s into the drain: what a drain cut short does to its clients;
@@ -60,9 +60,9 @@ def scenario(out: Path, cache: Path, name: str, timeout: int, cut: bool) -> dict
         rate = tokens_per_s(vllm.base)
         worker = vllm.child("Worker")
         assert worker is not None, "vLLM's worker process"
-        # The tiny model answers its 480 tokens in under a second: its worker runs a tenth of the time, so the
+        # The tiny model answers its 480 tokens in under a second: its worker runs a fiftieth of the time, so the
         # streams are still running seconds after the SIGTERM (the deadline scenario's 3 s too).
-        throttle = drainwatch.Throttle([worker]).start()
+        throttle = drainwatch.Throttle([worker], share=0.02).start()
         max_tokens = 480
 
         def sigterm() -> None:
@@ -77,7 +77,8 @@ def scenario(out: Path, cache: Path, name: str, timeout: int, cut: bool) -> dict
 
         run = drainwatch.drain(vllm.base, SERVED, signal_it=sigterm, wait_exit=vllm.wait_exit, n=STREAMS,
                                max_tokens=max_tokens, during_after_s=1.0 if not cut else 0.5,
-                               after_signal=cut_short if cut else None, exit_timeout_s=timeout + 120)
+                               after_signal=cut_short if cut else None, streams_done=throttle.close,
+                               exit_timeout_s=timeout + 40)
         throttle.close()
         return {"shutdown_timeout": timeout, "serving_after_s": round(serving, 1), "tokens_per_s": round(rate, 1),
                 "throttled_to": throttle.share, "load": round(os.getloadavg()[0], 2), **run.summary()}

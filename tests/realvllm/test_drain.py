@@ -3,7 +3,7 @@
 while a newcomer is refused at once.
 
 The tiny model answers 480 tokens in under a second, faster than the API server streams them, so vLLM's worker runs a
-tenth of the time while the streams are in flight (tests/drainwatch.py ``Throttle``): the drain lasts seconds, as a
+twentieth of the time while the streams are in flight (tests/drainwatch.py ``Throttle``): the drain lasts seconds, as a
 large model's does for minutes, with the requests still in the engine. Until the daemon chooses the grace from the drain
 (issue 36, second half) its SIGTERM → SIGKILL grace is ``[supervisor] stop_grace_s``, so this tier sets it above
 the drain it needs; the test of ``sparkctl restart`` that needs that wiring is written below and marked xfail.
@@ -49,16 +49,20 @@ class InFlight:
     poller: drainwatch.Poller
     throttle: drainwatch.Throttle
 
-    def finish(self) -> None:
+    def streams_done(self) -> None:
+        """Every stream ended; the worker runs at full speed again (its teardown is not throttled)."""
         for thread in self.threads:
             thread.join(60)
-        self.poller.stop()
         self.throttle.close()
+
+    def finish(self) -> None:
+        self.streams_done()
+        self.poller.stop()
 
 
 def in_flight(tier: Tier, n: int = STREAMS) -> InFlight:
     """``n`` streams of 480 tokens from a throttled worker, returned once they run."""
-    throttle = drainwatch.Throttle([tier.child("Worker")]).start()
+    throttle = drainwatch.Throttle([tier.child("Worker")], share=0.05).start()
     poller = drainwatch.Poller(base(tier), interval_s=0.1).start()
     streams, threads = drainwatch.start_streams(base(tier), SERVED, n, 480)
     drainwatch.wait_begun(streams)
@@ -86,6 +90,7 @@ def test_a_stop_through_the_runtime_drains_the_streams_in_flight(drain_tier: Tie
             assert time.monotonic() < deadline, "vLLM never logged its drain"
             time.sleep(0.05)
         newcomer = drainwatch.one_request(base(drain_tier), SERVED, stream=False)
+        flight.streams_done()
         status = drain_tier.wait_state("stopped", 120)
         drain_tier.timed("drain tier: stop with streams in flight", began)
     finally:
