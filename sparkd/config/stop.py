@@ -21,6 +21,7 @@ class StopConfig(_Section):
         "How long a stop sparkd chooses lets the requests in flight finish (`sparkctl stop` and `restart`, a reload "
         "that relaunches, sparkd's own shutdown): vLLM runs with `--shutdown-timeout` this many seconds, so on "
         "SIGTERM it refuses new requests and finishes those it has for up to this long, and sparkd waits this plus "
-        "`[supervisor] stop_grace_s` before SIGKILL. 0: no drain (vLLM's default: in-flight requests are aborted). "
+        "`[supervisor] stop_grace_s` before SIGKILL. 0: no drain (vLLM's default: it kills its engine at once, and "
+        "the streams in flight get nothing more until vLLM is killed). "
         "The memory guard's stop, the stop of a wedged vLLM and a stop that answers a failure skip the drain. Whole "
         "seconds (vLLM reads an integer)."))

@@ -19,6 +19,10 @@ Rules:
   request refused during the drain is counted by no gauge.
 - ``request processing complete`` ends the drain (nothing left in flight); a force kill before it means vLLM gave
   up at its deadline (in drain mode) and killed its engine with the requests still running.
+- Once the engine is gone with requests in it (aborted, given up, or killed from outside), vLLM 0.32 answers their
+  streams nothing more, ever: its HTTP server logs uvicorn's ``Waiting for connections to close`` and waits for
+  clients that wait for it (measured: tests/data/vllm-drain-032.json, the abort, deadline and cut scenarios). That
+  is ``stranded``: only ending the API server ends those connections.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ _DRAINING = re.compile(r"\[shutdown\] EngineCore: draining in-flight requests co
 _ABORTING = re.compile(r"\[shutdown\] EngineCore: aborting in-flight requests count=(?P<n>\d{1,9})")
 _COMPLETE = re.compile(r"\[shutdown\] EngineCore: request processing complete")
 _FORCE_KILL = re.compile(r"\[shutdown\] Process manager: force killing remaining processes")
+_STRANDED = re.compile(r"Waiting for connections to close")  # uvicorn's, as the HTTP server stops
 
 
 class DrainState(StrEnum):
@@ -45,6 +50,7 @@ class DrainState(StrEnum):
     drained = "drained"  # vLLM finished every request in flight: its teardown follows
     aborted = "aborted"  # vLLM aborted the requests (no drain: --shutdown-timeout 0)
     gave_up = "gave_up"  # the deadline passed with requests in flight: vLLM killed its engine
+    stranded = "stranded"  # the engine is gone, its clients' connections open: nothing will ever answer them
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,10 @@ class Drain:
         if self.state is DrainState.aborted:
             n = self.in_flight_at_start
             return "aborted the requests in flight" if n is None else f"aborted {n} request{'s' * (n != 1)}"
+        if self.state is DrainState.stranded:
+            n = self.in_flight or self.in_flight_at_start
+            whose = f"the clients of {n} request{'s' * (n != 1)}" if n else "its clients"
+            return f"stranded after {took}: the engine is gone and {whose} still wait"
         left = "requests" if self.in_flight is None else f"{self.in_flight} request{'s' * (self.in_flight != 1)}"
         return f"gave up after {took} with {left} in flight (the {self.timeout_s:g} s drain ran out)"
 
@@ -86,7 +96,8 @@ class Drain:
 def is_drain_line(line: str) -> bool:
     """Does :func:`advance` read this raw line (a step of vLLM's shutdown it follows)?"""
     text = clean(line)
-    return "[shutdown]" in text and any(p.search(text) for p in (_START, _DRAINING, _ABORTING, _COMPLETE, _FORCE_KILL))
+    return bool(_STRANDED.search(text)) or "[shutdown]" in text and any(
+        p.search(text) for p in (_START, _DRAINING, _ABORTING, _COMPLETE, _FORCE_KILL))
 
 
 def begin(now: float, timeout_s: float) -> Drain:
@@ -99,6 +110,9 @@ def begin(now: float, timeout_s: float) -> Drain:
 def advance(drain: Drain | None, line: str, now: float) -> Drain | None:
     """Fold one raw log line into ``drain`` (None: no drain seen yet); the same object when it changes nothing."""
     text = clean(line)
+    if drain is not None and drain.state is not DrainState.drained and _STRANDED.search(text):
+        return drain if drain.state is DrainState.stranded else replace(drain, state=DrainState.stranded,
+                                                                         ended_at=drain.ended_at or now)
     if "[shutdown]" not in text:
         serve = read_serve_line(line)
         return counted(drain, serve.running, serve.waiting) if isinstance(serve, Throughput) and drain else drain

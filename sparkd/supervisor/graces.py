@@ -17,8 +17,12 @@ drain early. Rules:
    rank gone) gets ``hung_stop_grace_s``; an operator's stop ``now`` skips the drain; a stop answering any other
    failure, or of a vLLM not serving yet, has no request to wait for (``stop_grace_s``); else it drains.
 5. Skipping the drain of a vLLM launched with one needs sparkd to end it (``cut``): vLLM ignores a second SIGTERM
-   and cannot be told to abort instead, so the runtime does what vLLM's own abort does, it SIGKILLs the engine
-   under the API server, which then answers its clients and exits.
+   and cannot be told to abort instead. Nor does ending its engine end the requests: measured on the real vLLM
+   0.32 (tests/data/vllm-drain-032.json), once the engine is gone with requests in it (vLLM's own abort at
+   ``--shutdown-timeout 0``, a drain run out, the engine killed) their streams get nothing more and the API server
+   waits for those clients forever. So a stop that skips the drain SIGKILLs the whole tree as soon as vLLM says
+   requests are in flight (:mod:`sparkd.supervisor.drainlog`: draining with a count, or stranded), and lets an idle
+   vLLM end on its own within the grace. The same holds for any drain vLLM reports stranded.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ class StopKind(StrEnum):
 
 @dataclass(frozen=True)
 class StopPlan:
-    """How one stop goes: SIGTERM; ``cut``: end vLLM's drain at once; SIGKILL what is left after ``grace_s``."""
+    """How one stop goes: SIGTERM; ``cut``: SIGKILL the tree as soon as vLLM reports requests in flight (rule 5);
+    SIGKILL what is left after ``grace_s``."""
 
     kind: StopKind
     grace_s: float

@@ -168,6 +168,8 @@ class TokenSource:
 
     async def _step(self, request_id: str) -> None:
         await asyncio.sleep(self.interval_s)
+        if self.engine.frozen:
+            await asyncio.Event().wait()  # nobody answers a request of a killed engine any more
         if self.stalled:
             await self.engine.execute(f"{request_id}-step")  # held by the stalled engine until it dies
         await self.engine.steps_flow()  # a step in flight (a JIT compile, a hung collective) holds every token

@@ -4,8 +4,6 @@ real vLLM is replayed at the end."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from sparkd.supervisor.drainlog import Drain, DrainState, advance, begin, counted
@@ -20,6 +18,7 @@ FORCE = ("(APIServer pid=7) WARNING 12-06 05:11:00 [utils.py:648] [shutdown] Pro
          "remaining processes count=1")
 ABORT_START = API + "[shutdown] API server: stopping engine client mode=abort timeout=0s"
 ABORTING = CORE + "[shutdown] EngineCore: aborting in-flight requests count=2"
+WAITING = "INFO:     Waiting for connections to close. (CTRL+C to force quit)"
 THROUGHPUT = ("(APIServer pid=7) INFO 12-06 05:10:10 [loggers.py:271] Engine 000: Avg prompt throughput: 0.0 "
               "tokens/s, Avg generation throughput: 40.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, CPU KV cache "
               "usage: 0.1%, Prefix cache hit rate: 0.0%")
@@ -46,6 +45,14 @@ def fold(lines: list[tuple[float, str]], drain: Drain | None = None) -> Drain | 
     ([(100, ABORT_START), (100.1, FORCE)], 101, DrainState.aborted, 0, "aborted the requests in flight"),
     ([(100, ABORT_START), (100.2, ABORTING), (100.3, COMPLETE)], 101, DrainState.aborted, 0, "aborted 2 requests"),
     ([(100, ABORT_START), (100.3, COMPLETE)], 101, DrainState.aborted, 0, "aborted the requests in flight"),
+    ([(100, ABORT_START), (100.1, FORCE), (100.5, WAITING)], 130, DrainState.stranded, 0,
+     "stranded after 0.1 s: the engine is gone and its clients still wait"),
+    ([(100, ABORT_START), (100.1, FORCE), (100.2, ABORTING), (100.5, WAITING)], 130, DrainState.stranded, 0,
+     "stranded after 0.1 s: the engine is gone and the clients of 2 requests still wait"),
+    ([(100, STOPPING), (100.5, DRAINING), (160.2, FORCE), (161, WAITING)], 170, DrainState.stranded, 3,
+     "stranded after 60.2 s: the engine is gone and the clients of 3 requests still wait"),
+    ([(100, STOPPING), (100.5, DRAINING), (112, COMPLETE), (113, WAITING)], 120, DrainState.drained, 0,
+     "drained in 12.0 s"),
 ])
 def test_a_drain_read_from_the_log(lines: list[tuple[float, str]], now: float, state: DrainState,
                                    in_flight: int | None, sentence: str) -> None:
