@@ -175,7 +175,7 @@ class EngineClient:
 
     def drain_stop(self, timeout: int, in_flight: Callable[[], int]) -> None:
         """0.32's process manager: SIGTERM the EngineCore, let it drain up to ``timeout`` s, force-kill it past
-        that (the requests still running then end with the engine: ``killed``)."""
+        that; requests left in a gone engine are stranded (``_killed``)."""
         with self._lock:
             self.shutting_down = True
         if self._child is None:

@@ -10,9 +10,11 @@ stand-in to them):
   mode=drain timeout=Ns``, ``draining in-flight requests count=K timeout=Ns`` when K > 0, goes on serving those
   requests, and once none is left ``request processing complete; starting resource teardown``, then exits; every
   stream ends with all its tokens, its finish reason and ``[DONE]``.
-- Past N s the process manager force-kills the EngineCore (``force killing remaining processes count=1``); the
-  streams still running end there. With N = 0 that happens at once, after the EngineCore aborted what it had.
-- Then the API server stops the HTTP server and exits 0.
+- Past N s the process manager force-kills the EngineCore (``force killing remaining processes count=1``); with
+  N = 0 that happens at once. Whenever the engine is gone with requests in it (killed so, or from outside during
+  the drain), vLLM has cancelled its output handler: those streams get nothing more, ever.
+- Then the API server stops the HTTP server: it exits 0 once every client connection has closed (never, while a
+  stranded stream's client waits).
 
 The API server's side is :func:`stop_engine` (in a thread, as vLLM runs it in an executor); the EngineCore's is
 :func:`engine_shut_down`. The in-flight count is the API server's: it tells the engine with its drain message.
@@ -67,12 +69,13 @@ def stop_engine(d: Dialect, proc: Any, conn: Connection, timeout: int, in_flight
         logfmt.warning(d.at("force_kill"), "[shutdown] Process manager: force killing remaining processes count=1")
         logfmt.warning(d.at("force_kill_proc"),
                        f"[shutdown] Process manager: force killing remaining process {d.engine_proc} pid {proc.pid}")
-        on_kill()
         if timeout == 0:
             proc.join(ABORT_LINES_S)  # its own lines of the abort get out first, as the recording shows them
         with contextlib.suppress(OSError):
             proc.kill()
         proc.join(5)
+    if in_flight() > 0:  # the engine is gone (killed here, or from outside) with requests in it: stranded
+        on_kill()
     logfmt.info(d.at("mpclient_stopped"), "[shutdown] MPClient: engine manager stopped")
     logfmt.info(d.at("mpclient_cleanup"), "[shutdown] MPClient: cleaning up background resources")
     logfmt.info(d.at("mpclient_complete"), "[shutdown] MPClient: complete")
