@@ -63,6 +63,12 @@ class Drain:
     ended_at: float | None = None  # when the state left `draining`
     state: DrainState = DrainState.draining
 
+    @property
+    def requests_done(self) -> bool:
+        """The engine finished its requests or gave them up: on a group's head, the worker ranks may be stopped now
+        without turning a request into an NCCL error (none is left running on them)."""
+        return self.state is not DrainState.draining
+
     def left_s(self, now: float) -> float:
         """Seconds to vLLM's deadline (0 once it has passed or the drain is over)."""
         if self.state is not DrainState.draining:

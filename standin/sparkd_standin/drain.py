@@ -33,7 +33,7 @@ from sparkd_standin.dialect import Dialect
 
 REFUSAL = {"error": {"message": "cannot schedule new futures after shutdown", "type": "InternalServerError",
                      "param": None, "code": 500}}
-ABORT_LINES_S = 1.0  # with --shutdown-timeout 0: how long the killed engine still logs its abort
+ABORT_LINES_S = 1.0  # with --shutdown-timeout 0 and nothing in flight: how long the engine still logs its abort
 
 
 class StopRequested(Exception):
@@ -58,6 +58,10 @@ def stop_engine(d: Dialect, proc: Any, conn: Connection, timeout: int, in_flight
         conn.send(("drain", timeout, in_flight()))
     with contextlib.suppress(OSError):
         proc.terminate()
+    busy_abort = timeout == 0 and in_flight() > 0
+    if busy_abort:  # vLLM's join(0) and kill come before a busy engine gets to its shutdown (the recording)
+        with contextlib.suppress(OSError):
+            proc.kill()
     deadline, told = time.monotonic() + timeout, False
     while proc.is_alive() and time.monotonic() < deadline:
         if not told and in_flight() == 0:
@@ -65,12 +69,12 @@ def stop_engine(d: Dialect, proc: Any, conn: Connection, timeout: int, in_flight
             with contextlib.suppress(OSError):
                 conn.send(("drained",))
         proc.join(0.05)
-    if proc.is_alive():  # with 0 always: vLLM's join(0) finds the engine still there
+    if proc.is_alive() or busy_abort:  # with 0 always: vLLM's join(0) finds the engine still there
         logfmt.warning(d.at("force_kill"), "[shutdown] Process manager: force killing remaining processes count=1")
         logfmt.warning(d.at("force_kill_proc"),
                        f"[shutdown] Process manager: force killing remaining process {d.engine_proc} pid {proc.pid}")
-        if timeout == 0:
-            proc.join(ABORT_LINES_S)  # its own lines of the abort get out first, as the recording shows them
+        if timeout == 0 and in_flight() == 0:
+            proc.join(ABORT_LINES_S)  # an idle engine's own lines of the abort get out first (the recordings)
         with contextlib.suppress(OSError):
             proc.kill()
         proc.join(5)

@@ -91,6 +91,14 @@ def test_the_gauges_count_down_never_up() -> None:
     assert unknown is not None and unknown.in_flight == 3
 
 
+def test_a_heads_workers_may_stop_once_its_engine_is_done_with_the_requests() -> None:
+    draining = fold([(100, STOPPING), (100.5, DRAINING)])
+    assert draining is not None and not draining.requests_done
+    for end in (COMPLETE, FORCE):
+        done = advance(draining, end, 110)
+        assert done is not None and done.requests_done
+
+
 def test_time_left_never_goes_below_zero_and_the_json_says_all() -> None:
     drain = fold([(100, STOPPING), (100.5, DRAINING)])
     assert drain is not None and drain.left_s(500.0) == 0.0
