@@ -35,6 +35,7 @@ from sparkd.runtime.docker_api import (
     NODE_LABEL,
     call,
     close_quietly,
+    create_stopping_after,
     epoch_param,
     explain,
     next_item,
@@ -128,9 +129,6 @@ class DockerRunRuntime(DockerRuntime):
             cfg, entrypoint=["bash", script_path], labels=self.labels(**{HASH_LABEL: spec.config_hash}),
             rehearse=self.rehearse, name=self.container_name, env=spec.secret_env,
         )
-        # vLLM is the container's main process: whoever stops the container (`docker stop` without -t, the
-        # engine's own shutdown) must let it drain as long as sparkd would.
-        options["stop_timeout"] = container_stop_timeout_s(cfg)
         caches = compile_cache_mounts(cfg)  # a new container each launch: its compile caches must outlive it
         for mount in caches:
             try:
@@ -140,7 +138,9 @@ class DockerRunRuntime(DockerRuntime):
                                   f"compile_cache_dir): {exc.strerror}; set another one, or false", 126) from exc
         options["mounts"] = [*options["mounts"], *caches]
         try:
-            container = await call(client.containers.create, **options)
+            # vLLM is the container's main process: whoever stops the container (`docker stop` without -t, the
+            # engine's own shutdown) must let it drain as long as sparkd would.
+            container = await call(create_stopping_after, client, container_stop_timeout_s(cfg), **options)
         except docker.errors.ImageNotFound as exc:
             raise LaunchError(f"the image {cfg.container.image} is not on this node (pull or build it)",
                               127) from exc

