@@ -161,7 +161,8 @@ def test_unit_settings_as_loaded_by_systemd(node: Any) -> None:
     assert int(props["LimitNOFILE"]) >= 65536 and props["LimitMEMLOCK"] == "infinity", props
     stop_s = _seconds(props["TimeoutStopUSec"])
     # a drained stop of the default config, the GPU memory's release and the sweep fit (check-config's own rule)
-    assert stop_s >= unit_stop_timeout_s(config_from_mapping({"launch": {"model": "m"}}, env={})), props
+    defaults = config_from_mapping({"runtime": "process", "launch": {"model": "m"}}, env={})
+    assert stop_s >= unit_stop_timeout_s(defaults), props
     shipped = UNIT.read_text()
     assert re.search(r"^WatchdogSec=30s$", shipped, re.M) and re.search(r"^TimeoutStopSec=300s$", shipped, re.M)
 
