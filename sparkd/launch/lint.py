@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sparkd.config import Config, Role
 from sparkd.config.profiles import profile_needs_cuda_graphs
-from sparkd.launch.compilecache import compile_cache_dirs, unpersisted_caches
+from sparkd.launch.compilecache import unpersisted_caches
 from sparkd.launch.finding import Finding, Level
 from sparkd.launch.render import (
     EXECUTE_TIMEOUT_ENV,
@@ -33,8 +33,7 @@ from sparkd.launch.render import (
 from sparkd.launch.script import ScriptFacts, script_facts
 from sparkd.launch.stoplint import drain_rules
 
-__all__ = ["Finding", "Level", "ScriptReader", "compile_cache_dirs", "errors", "lint", "read_host_file",
-           "script_rank_rules"]
+__all__ = ["Finding", "Level", "ScriptReader", "errors", "lint", "read_host_file", "script_rank_rules"]
 
 
 ScriptReader = Callable[[str], str | None]
