@@ -21,8 +21,8 @@ class StopConfig(_Section):
     drain_s: int = Field(default=DEFAULT_DRAIN_S, ge=0, le=24 * 3600, description=(
         "How long a stop sparkd chooses lets the requests in flight finish (`sparkctl stop` and `restart`, a reload "
         "that relaunches, sparkd's own shutdown): vLLM runs with `--shutdown-timeout` this many seconds, so on "
-        "SIGTERM it refuses new requests and finishes those it has for up to this long; a drained stop's grace before "
-        "SIGKILL is this plus `[supervisor] stop_grace_s`. 0: no drain (vLLM's default: it kills its engine at once, and "
-        "the streams in flight get nothing more until vLLM is killed). "
+        "SIGTERM it refuses new requests and finishes those it has for up to this long; a drained stop's grace "
+        "before SIGKILL is this plus `[supervisor] stop_grace_s`. 0: no drain (vLLM's default: it kills its engine "
+        "at once, and the streams in flight get nothing more until vLLM is killed). "
         "The memory guard's stop, the stop of a wedged vLLM and a stop that answers a failure skip the drain. Whole "
         "seconds (vLLM reads an integer)."))
