@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparkd.cli.common import host_file_findings, node_lint
+from sparkd.cli.common import host_file_findings, node_lint, unit_findings
 from sparkd.config import ConfigError, load_config
 from sparkd.launch.lint import Level
 
@@ -23,7 +23,7 @@ def check_config_json(path: Path, profile: str | None) -> dict[str, Any]:
     except ConfigError as exc:
         report.update(source=exc.source, problems=exc.problems)
         return report
-    findings = [*node_lint(cfg, path), *host_file_findings(cfg, path)]
+    findings = [*node_lint(cfg, path), *host_file_findings(cfg, path), *unit_findings(cfg, path)]
     report["findings"] = [{"rule": f.rule, "level": f.level.value, "key": f.key, "message": f.message}
                           for f in findings]
     report.update(valid=not any(f.level is Level.error for f in findings), node=cfg.node.name,

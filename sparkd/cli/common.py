@@ -150,3 +150,12 @@ def probe_version_findings(cfg: Config) -> list[Finding]:
         return []
     where = f"the vLLM the last preflight found, {cfg.paths.state_dir / 'vllm-args.json'}"
     return list(probe_rules(cfg, known[-1], where))
+
+
+def unit_findings(cfg: Config, config_path: Path) -> list[Finding]:
+    """The systemd unit that runs ``config_path``, judged against the drained stop (``unit-stop-timeout-short``):
+    nothing where systemd does not run or runs another config."""
+    from sparkd.host.unit import unit_stop
+    from sparkd.launch.stoplint import unit_rules
+
+    return list(unit_rules(cfg, unit_stop(config_path)))

@@ -24,6 +24,7 @@ from sparkd.cli.common import (
     fail,
     host_file_findings,
     node_lint,
+    unit_findings,
 )
 from sparkd.cli.complete import profile_names
 
@@ -38,13 +39,16 @@ def main() -> None:
     os.umask(DAEMON_UMASK)  # what a command creates (a state folder, a file) has the daemon's modes
 
 
-def linted_config_or_exit(config_path: Path, *, profile: str | None = None, as_node: bool = False) -> Config:
+def linted_config_or_exit(config_path: Path, *, profile: str | None = None, as_node: bool = False,
+                          unit: bool = False) -> Config:
     """The config, its lint findings printed; exit 2 when it is invalid or has a lint error. ``as_node``: judged as
-    the daemon judges this node's launch (:func:`node_lint`: the daemon's environment, the measured starts)."""
+    the daemon judges this node's launch (:func:`node_lint`: the daemon's environment, the measured starts);
+    ``unit``: also judge the systemd unit that runs this config (check-config)."""
     from sparkd.launch.lint import errors, lint
 
     cfg = config_or_exit(config_path, profile=profile)
-    findings = [*(node_lint(cfg, config_path) if as_node else lint(cfg)), *host_file_findings(cfg, config_path)]
+    findings = [*(node_lint(cfg, config_path) if as_node else lint(cfg)), *host_file_findings(cfg, config_path),
+                *(unit_findings(cfg, config_path) if unit else ())]
     for finding in findings:
         click.echo(f"{config_path}: {finding}", err=True)
     if errors(findings):
@@ -68,7 +72,7 @@ def check_config(config_path: Path, profile: str | None, as_json: bool) -> None:
         report = check_config_json(config_path, profile)
         click.echo(json.dumps(report, indent=2))
         sys.exit(0 if report["valid"] else EXIT_INVALID_CONFIG)
-    cfg = linted_config_or_exit(config_path, profile=profile, as_node=True)
+    cfg = linted_config_or_exit(config_path, profile=profile, as_node=True, unit=True)
     click.echo(f"{config_path}: ok (node {cfg.node.name}, role {cfg.node.role.value}, runtime "
                f"{cfg.runtime.value}, launch hash {cfg.launch_hash()})")
 

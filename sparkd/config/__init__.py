@@ -19,8 +19,8 @@ __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "AcceptanceConfig", "AcceptancePrompt", "ApiConfig", "ClusterConfig", "Config",
     "ConfigError", "ContainerConfig", "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig",
     "LintConfig", "LogConfig", "LogFormat", "LogLevel", "Mount", "NodeConfig", "NotifyConfig", "PathsConfig",
-    "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind", "SupervisorConfig",
-    "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
+    "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind", "StopConfig",
+    "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
 ]
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
         RestartConfig,
         Role,
         RuntimeKind,
+        StopConfig,
         SupervisorConfig,
         WeightsConfig,
         config_from_mapping,

@@ -175,6 +175,23 @@ class ContainerConfig(_Section):
                                "process for docker-exec; vLLM runs beside it through docker exec.")
     script_path: str = Field(default="/tmp/sparkd-launch.sh", description="Where sparkd writes the rendered "
                              "launch script inside the container.")
+    compile_cache_dir: str | None = Field(default="/var/cache/sparkd", description="docker-run: a host directory "
+                                          "for vLLM's and FlashInfer's compile caches (`vllm/` and `flashinfer/` "
+                                          "in it), bound where vLLM keeps them in each new container unless a "
+                                          "writable mount of `mounts` holds that place already, so a restart finds "
+                                          "its compile cache (the unit's CacheDirectory); false: none.")
+    stop_timeout_s: int | None = Field(default=None, ge=0, description="docker-run: the container's own stop "
+                                       "timeout (--stop-timeout), how long the engine waits after SIGTERM when "
+                                       "something other than sparkd stops it (`docker stop` without -t, the "
+                                       "engine's own shutdown). Unset: the drained stop's grace ([stop] drain_s "
+                                       "plus [supervisor] stop_grace_s); check-config refuses a shorter one.")
+
+    @field_validator("compile_cache_dir")
+    @classmethod
+    def _cache_dir(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"{value!r} is not an absolute host path")
+        return None if value is None else os.path.normpath(value)
 
     @field_validator("shm_size", "memory", mode="before")
     @classmethod

@@ -42,6 +42,7 @@ from sparkd.config.sections import (
     Role,
     RuntimeKind,
 )
+from sparkd.config.stop import StopConfig
 from sparkd.config.supervision import (
     GuardConfig,
     HealthConfig,
@@ -56,8 +57,8 @@ __all__ = [
     "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "AcceptanceConfig", "AcceptancePrompt", "ApiConfig", "ClusterConfig", "Config",
     "ConfigError", "ContainerConfig", "FabricConfig", "GuardConfig", "HealthConfig", "ImageAssert", "LaunchConfig",
     "LintConfig", "LogConfig", "LogFormat", "LogLevel", "Mount", "NodeConfig", "NotifyConfig", "PathsConfig",
-    "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind", "SupervisorConfig",
-    "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
+    "PreflightCheckId", "PreflightConfig", "RecorderConfig", "RestartConfig", "Role", "RuntimeKind", "StopConfig",
+    "SupervisorConfig", "WeightsConfig", "config_from_mapping", "load_config", "read_toml",
 ]
 
 DEFAULT_CONFIG_PATH = Path("/etc/sparkd/sparkd.toml")
@@ -95,6 +96,8 @@ class Config(BaseModel):
     log: LogConfig = Field(default_factory=LogConfig, description="sparkd's own log, and vLLM's output.")
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description=(
         "Start, stop, log and incident budgets."))
+    stop: StopConfig = Field(default_factory=StopConfig, description=(
+        "How a stop sparkd chooses treats the requests in flight: the drain."))
     restart: RestartConfig = Field(default_factory=RestartConfig, description="Backoff, budget and breaker.")
     health: HealthConfig = Field(default_factory=HealthConfig, description="Health probes.")
     preflight: PreflightConfig = Field(default_factory=PreflightConfig, description=(
@@ -156,6 +159,7 @@ class Config(BaseModel):
             "launch": self.launch.model_dump(mode="json"),
             "rank": self.node_rank, "nnodes": self.nnodes, "headless": self.headless,
             "master": [self.master_addr, self.master_port],
+            "drain_s": self.stop.drain_s,  # rendered as --shutdown-timeout: vLLM reads it when it starts
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -25,8 +25,10 @@ class SupervisorConfig(_Section):
     startup_extension_s: float = Field(default=300.0, ge=0, description=(
         "Past `startup_timeout_s` a start goes on while its log showed progress within this many seconds."))
     stop_grace_s: float = Field(default=90.0, ge=0, description=(
-        "On stop: SIGTERM, this grace, then SIGKILL (vLLM ignores SIGTERM while loading). Keep the unit's "
-        "TimeoutStopSec above it."))
+        "On stop: SIGTERM, this grace, then SIGKILL: how long vLLM may take to end once its requests are done (vLLM "
+        "ignores SIGTERM while loading). A drained stop's grace is `[stop] drain_s` plus this "
+        "(sparkd.supervisor.graces); `sparkd check-config` refuses a unit `TimeoutStopSec` shorter than both and the "
+        "sweep."))
     hung_stop_grace_s: float = Field(default=5.0, ge=0, description=(
         "The stop of a vLLM known to be wedged (a hang or stall verdict, a lost peer): SIGTERM, this grace, then "
         "SIGKILL. A rank spinning in a collective whose peer died ignores SIGTERM, so the drain grace "

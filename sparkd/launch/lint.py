@@ -15,12 +15,12 @@ there).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 from sparkd.config import Config, Role
 from sparkd.config.profiles import profile_needs_cuda_graphs
+from sparkd.launch.compilecache import unpersisted_caches
+from sparkd.launch.finding import Finding, Level
 from sparkd.launch.probe import too_old, version_of_tag
 from sparkd.launch.render import (
     EXECUTE_TIMEOUT_ENV,
@@ -38,23 +38,10 @@ from sparkd.launch.render import (
 from sparkd.launch.script import ScriptFacts, script_facts
 from sparkd.launch.secretargs import RULE as SECRET_ARGS_RULE
 from sparkd.launch.secretargs import secret_args
+from sparkd.launch.stoplint import drain_rules
 from sparkd.launch.traps import NodeFacts, field_traps
 
-
-class Level(StrEnum):
-    error = "error"
-    warning = "warning"
-
-
-@dataclass(frozen=True)
-class Finding:
-    rule: str
-    level: Level
-    key: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.level.value}: {self.key}: {self.message} [{self.rule}]"
+__all__ = ["Finding", "Level", "ScriptReader", "errors", "lint", "read_host_file", "script_rank_rules"]
 
 
 ScriptReader = Callable[[str], str | None]
@@ -84,7 +71,7 @@ def lint(cfg: Config, *, read_script: ScriptReader = read_host_file,
     findings = [*_rank_rules(cfg), *_env_rules(cfg, env), *_flag_rules(cfg), *_script_rules(cfg, text, facts),
                 *_container_rules(cfg, env), *_secret_arg_rules(cfg), *_traps(cfg, env, facts, node),
                 *probe_rules(cfg, version_of_tag(cfg.container.image) if cfg.runtime.in_container else None,
-                             "its image's tag")]
+                             "its image's tag"), *drain_rules(cfg, facts)]
     return [f for f in findings if not (f.level is Level.error and f.rule in allowed)]
 
 
@@ -262,13 +249,12 @@ def _container_rules(cfg: Config, env: Mapping[str, EnvSetting]) -> Iterator[Fin
     if not cfg.runtime.in_container:
         return  # on the host the caches persist and the devices are the host's
     values = {k: s.value for k, s in env.items()}
-    for what, path in compile_cache_dirs(cfg, values).items():
-        if not any(_under(path, m.target) for m in cfg.container.mounts if not m.read_only):
-            yield Finding("compile-cache-not-persisted", Level.warning, "container.mounts",
-                          f"{what} {path} is not on a writable mount: it lives in the container's own layer, lost "
-                          "whenever the container is recreated (docker-run: every launch), so every cold start "
-                          "compiles again (the field measured 39% slower decode before the cache is warm); mount "
-                          "a host directory there")
+    for what, path in unpersisted_caches(cfg, values).items():
+        yield Finding("compile-cache-not-persisted", Level.warning, "container.mounts",
+                      f"{what} {path} is not on a writable mount: it lives in the container's own layer, lost "
+                      "whenever the container is recreated (`sparkctl recreate`, a new image), so the next start "
+                      "compiles again (the field measured 39% slower decode before the cache is warm); mount a "
+                      "host directory there")
     cc = cfg.container
     if nccl_ib_in_play(values, cfg.nnodes) and not cc.privileged:
         if not any(d.split(":")[1].startswith("/dev/infiniband") for d in cc.devices):
@@ -280,26 +266,6 @@ def _container_rules(cfg: Config, env: Mapping[str, EnvSetting]) -> Iterator[Fin
             yield Finding("rdma-memlock", Level.warning, "container.ulimits",
                           "NCCL registers memory for RDMA: without memlock = -1 it fails with 'ibv_reg_mr ... "
                           "Cannot allocate memory' (field report 001); set ulimits = { memlock = -1 }")
-
-
-def compile_cache_dirs(cfg: Config, env: Mapping[str, str]) -> dict[str, str]:
-    """Where vLLM and FlashInfer keep their compile caches inside the container."""
-    user = cfg.container.user
-    home = "/root" if user is None or user.split(":")[0] in ("root", "0") else None
-    cache = env.get("XDG_CACHE_HOME") or (f"{home}/.cache" if home else None)
-    dirs = {}
-    vllm = env.get("VLLM_CACHE_ROOT") or (f"{cache}/vllm" if cache else None)
-    if vllm:
-        dirs["vLLM's compile cache"] = vllm
-    base = env.get("FLASHINFER_WORKSPACE_BASE") or home
-    if base:
-        dirs["FlashInfer's JIT cache"] = f"{base}/.cache/flashinfer"
-    return dirs
-
-
-def _under(path: str, mount: str) -> bool:
-    mount = mount.rstrip("/") or "/"
-    return path == mount or path.startswith(mount + "/") or mount == "/"
 
 
 def _secret_arg_rules(cfg: Config) -> Iterator[Finding]:

@@ -65,6 +65,9 @@ class LaunchSpec:
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     config_hash: str = ""
+    # The drain vLLM is launched with (--shutdown-timeout): the grace of its drained stop is derived from it
+    # (sparkd.supervisor.graces); in script mode the configured one, which lint holds the script's serve line to.
+    drain_s: int = 0
     # The runtime adds these to the launch's environment; nothing renders or logs them.
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
     # Variables the script changes against what the environment already holds (the step probe's PYTHONPATH).
@@ -103,9 +106,19 @@ def render_flags(cfg: Config) -> list[str]:
         value = getattr(launch, name)
         if value is not None:
             args += [flag(name), json.dumps(value)]
+    args += drain_flags(cfg)
     args += _multinode_flags(cfg)
     args += launch.extra_args
     return args
+
+
+SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
+
+
+def drain_flags(cfg: Config) -> list[str]:
+    """``--shutdown-timeout`` from ``[stop] drain_s``: vLLM drains that long on SIGTERM (vLLM 0.21+; its argparse
+    reads an int). 0 is vLLM's own default and renders nothing, so a vLLM without the flag still launches."""
+    return [SHUTDOWN_TIMEOUT_FLAG, str(cfg.stop.drain_s)] if cfg.stop.drain_s > 0 else []
 
 
 def _multinode_flags(cfg: Config) -> list[str]:
@@ -216,7 +229,8 @@ def render(cfg: Config) -> LaunchSpec:
     if probe is not None:
         env[DIR_ENV] = str(probe)
     return LaunchSpec(argv=tuple(argv), env=env, config_hash=cfg.launch_hash(), secret_env=secret_env,
-                      env_edits=probe_edits() if probe is not None else (), probe_dir=str(probe) if probe else None)
+                      env_edits=probe_edits() if probe is not None else (), probe_dir=str(probe) if probe else None,
+                      drain_s=cfg.stop.drain_s)
 
 
 def configured_api_key(cfg: Config) -> str | None:

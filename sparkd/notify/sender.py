@@ -279,14 +279,15 @@ class Notifier:
         now = self.clock.now()
         targets = []
         for ch in self.channels:
-            state = "failing" if ch.tally.failures else ("ok" if ch.tally.sent else "idle")
+            tally = ch.tally
+            state = "failing" if tally.failures else ("ok" if tally.sent else "idle")
             targets.append({
                 "name": ch.name, "shape": ch.shape, "url": ch.masked, "state": state,
-                "min_severity": ch.min_severity.value, "sent": ch.tally.sent, "queued": len(ch.queue) + (
-                    1 if ch.inflight is not None else 0), "held_back": ch.tally.held_total, "dropped": ch.tally.dropped,
-                "failures": ch.tally.failures, "failing_since": ch.tally.failing_since, "last_error": ch.tally.last_error,
-                "last_sent_at": ch.tally.last_sent_at,
-                "next_try_in_s": None if ch.tally.next_try_at is None else round(max(0.0, ch.tally.next_try_at - now), 1),
+                "min_severity": ch.min_severity.value, "sent": tally.sent, "queued": len(ch.queue) + (
+                    1 if ch.inflight is not None else 0), "held_back": tally.held_total, "dropped": tally.dropped,
+                "failures": tally.failures, "failing_since": tally.failing_since, "last_error": tally.last_error,
+                "last_sent_at": tally.last_sent_at,
+                "next_try_in_s": None if tally.next_try_at is None else round(max(0.0, tally.next_try_at - now), 1),
             })
         return {"targets": targets, "problems": list(self.problems)}
 

@@ -18,8 +18,10 @@ from docker.types import Mount as DockerMount
 
 import sparkd
 from sparkd.config import Config
+from sparkd.launch.compilecache import cache_mounts
 from sparkd.launch.probe import probe_dir
 from sparkd.launch.rehearsal import standin_source_root
+from sparkd.launch.render import effective_env
 from sparkd.vllm_probe import PLUGIN_DIR
 
 _SYSTEM_DIRS = frozenset({"/", "/usr", "/usr/local", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/opt", "/var"})
@@ -92,6 +94,13 @@ def docker_mounts(cfg: Config, extra_read_only: Iterable[str] = ()) -> list[Dock
         if not covered(path, pairs) and path not in targets:
             mounts.append(DockerMount(target=path, source=os.path.realpath(path), type="bind", read_only=True))
     return mounts
+
+
+def compile_cache_mounts(cfg: Config) -> list[DockerMount]:
+    """docker-run: the persistent host directories bound where vLLM keeps its compile caches in the container
+    (sparkd.launch.compilecache); the caller creates the host directories."""
+    env = {name: setting.value for name, setting in effective_env(cfg).items()}
+    return [DockerMount(target=target, source=source, type="bind") for source, target in cache_mounts(cfg, env)]
 
 
 def device_requests(gpus: str | None) -> list[DeviceRequest] | None:

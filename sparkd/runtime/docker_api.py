@@ -40,6 +40,17 @@ async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
 
+def create_stopping_after(client: Any, stop_timeout: int, **options: Any) -> Any:
+    """``client.containers.create(**options)`` with the container's own stop timeout (``docker create
+    --stop-timeout``), which the SDK's high-level create does not take (docker 7.2): its own translation of the
+    keywords, then the engine's create with ``stop_timeout``. Blocking."""
+    from docker.models.containers import _create_container_args
+
+    created = client.api.create_container(**_create_container_args({**options, "version": client.api._version}),
+                                          stop_timeout=stop_timeout)
+    return client.containers.get(created["Id"])
+
+
 async def connect() -> Any:
     """A ``docker.DockerClient`` from the environment (DOCKER_HOST or the local socket)."""
     return await call(docker.from_env, timeout=API_TIMEOUT_S)

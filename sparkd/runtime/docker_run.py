@@ -27,7 +27,7 @@ import docker.errors
 from sparkd.launch.probe import probe_dir
 from sparkd.launch.render import LaunchSpec, render_script
 from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, TargetUnavailable
-from sparkd.runtime.container_spec import container_options
+from sparkd.runtime.container_spec import compile_cache_mounts, container_options
 from sparkd.runtime.docker_api import (
     CHECK_LABEL,
     DOCKER_ERRORS,
@@ -36,6 +36,7 @@ from sparkd.runtime.docker_api import (
     NODE_LABEL,
     call,
     close_quietly,
+    create_stopping_after,
     epoch_param,
     explain,
     next_item,
@@ -45,6 +46,7 @@ from sparkd.runtime.docker_api import (
 from sparkd.runtime.docker_base import DockerRuntime, ImageMissing, create_time_or_zero
 from sparkd.runtime.launch_target import check_command, target_sentence
 from sparkd.runtime.probedir import prepare
+from sparkd.supervisor.graces import container_stop_timeout_s
 
 RECONNECT_S = 1.0  # pause before reopening a broken events or logs stream
 SETTLE_S = 10.0  # how long inspect may lag behind a die event
@@ -131,8 +133,18 @@ class DockerRunRuntime(DockerRuntime):
             cfg, entrypoint=["bash", script_path], labels=self.labels(**{HASH_LABEL: spec.config_hash}),
             rehearse=self.rehearse, name=self.container_name, env=spec.secret_env,
         )
+        caches = compile_cache_mounts(cfg)  # a new container each launch: its compile caches must outlive it
+        for mount in caches:
+            try:
+                await anyio.Path(mount["Source"]).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise LaunchError(f"cannot make the compile cache directory {mount['Source']} ([container] "
+                                  f"compile_cache_dir): {exc.strerror}; set another one, or false", 126) from exc
+        options["mounts"] = [*options["mounts"], *caches]
         try:
-            container = await call(client.containers.create, **options)
+            # vLLM is the container's main process: whoever stops the container (`docker stop` without -t, the
+            # engine's own shutdown) must let it drain as long as sparkd would.
+            container = await call(create_stopping_after, client, container_stop_timeout_s(cfg), **options)
         except docker.errors.ImageNotFound as exc:
             raise LaunchError(f"the image {cfg.container.image} is not on this node (pull or build it)",
                               127) from exc

@@ -23,6 +23,7 @@ from sparkd_standin import logfmt
 from sparkd_standin.answers import Token
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.client import EngineClient, EngineDeadError
+from sparkd_standin.drain import REFUSAL
 from sparkd_standin.generate import (
     GenRequest,
     RequestError,
@@ -85,6 +86,7 @@ class AppState:
     source: TokenSource
     created: int = field(default_factory=lambda: int(time.time()))
     background: list[Callable[[AppState], Coroutine[Any, Any, None]]] = field(default_factory=list)
+    stopping: bool = False  # 0.32: SIGTERM came; HTTP serves on while the engine drains, new requests are refused
 
 
 class AuthenticationMiddleware:
@@ -173,6 +175,8 @@ async def _completion(request: Request, kind: str) -> Response:
         )
     except RequestError as exc:
         return JSONResponse(exc.body, status_code=exc.code)
+    if state.stopping:  # vLLM 0.32's renderer has shut down its thread pool: plain or streamed, a 500 at once
+        return JSONResponse(REFUSAL, status_code=500)
     if req.stream:
         return StreamingResponse(stream_events(state.source, req), media_type="text/event-stream")
     generation = asyncio.ensure_future(_collect(state, req))

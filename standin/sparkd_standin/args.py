@@ -201,6 +201,7 @@ class ServeConfig:
     disable_log_stats: bool = False
     disable_uvicorn_access_log: bool = False
     uvicorn_log_level: str = "info"
+    shutdown_timeout: int = 0  # --shutdown-timeout (0.21+): how long SIGTERM drains the requests in flight
     swap_space: float = 4.0
     dtype: str = "auto"
     quantization: str | None = None
@@ -271,6 +272,7 @@ def _config_from(ns: argparse.Namespace, non_default: dict[str, Any], env: Mappi
         disable_log_stats=bool(_pick(ns, "disable_log_stats")),
         disable_uvicorn_access_log=bool(_pick(ns, "disable_uvicorn_access_log")),
         uvicorn_log_level=_pick(ns, "uvicorn_log_level", "info"),
+        shutdown_timeout=_pick(ns, "shutdown_timeout", 0),
         swap_space=_pick(ns, "swap_space", 4.0),
         dtype=_pick(ns, "dtype", "auto"),
         quantization=_pick(ns, "quantization"),

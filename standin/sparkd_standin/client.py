@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from sparkd_standin import logfmt
+from sparkd_standin import drain, logfmt
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.engine import engine_core_main
 from sparkd_standin.knobs import Knobs
@@ -54,6 +55,7 @@ class EngineClient:
         self.info: dict[str, Any] = {}
         self.dead = False
         self.shutting_down = False
+        self.frozen = False  # the engine was killed while stopping: its requests get nothing more, ever
         self._child: Child | None = None
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = {}
@@ -170,6 +172,23 @@ class EngineClient:
         if entry is not None:
             loop, future = entry
             loop.call_soon_threadsafe(_set_result, future)
+
+    def drain_stop(self, timeout: int, in_flight: Callable[[], int]) -> None:
+        """0.32's process manager: SIGTERM the EngineCore, let it drain up to ``timeout`` s, force-kill it past
+        that; requests left in a gone engine are stranded (``_killed``)."""
+        with self._lock:
+            self.shutting_down = True
+        if self._child is None:
+            return
+        drain.stop_engine(self.knobs.dialect, self._child.proc, self._child.conn, timeout, in_flight,
+                          on_kill=self._killed)
+        self._child.close_pipes()
+
+    def _killed(self) -> None:
+        """vLLM 0.32 cancels its output handler as it stops the engine client, so the requests the killed engine
+        held are never answered again: their streams hang until the client gives up (tests/data/
+        vllm-drain-032.json, the abort and deadline scenarios)."""
+        self.frozen = True
 
     def shutdown(self) -> None:
         """SIGTERM the EngineCore (it stops its workers), SIGKILL after 5 s."""

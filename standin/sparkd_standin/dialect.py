@@ -101,6 +101,12 @@ _WHERE_032 = {
     "shutdown_triggered": "launcher.py:254", "shutdown_engine": "launcher.py:270",
     "shutdown_engine_done": "launcher.py:279",
     "shutdown_signalling": "launcher.py:282", "shutdown_http": "launcher.py:304", "engine_signal": "core.py:1454",
+    # the drain (standin/sparkd_standin/drain.py): the process manager's and the EngineCore's shutdown steps
+    "mpclient_start": "core_client.py:770", "mpclient_stopping": "core_client.py:772", "send_sigterm": "utils.py:628",
+    "force_kill": "utils.py:648", "force_kill_proc": "utils.py:653", "mpclient_stopped": "core_client.py:774",
+    "mpclient_cleanup": "core_client.py:775", "mpclient_complete": "core_client.py:777",
+    "engine_start": "core.py:1635", "engine_aborting": "core.py:1644", "engine_draining": "core.py:1655",
+    "engine_complete": "core.py:1666", "engine_exiting": "core.py:1499",
 }  # fmt: skip
 _WHERE = {"0.13": _WHERE_013, "0.21": _WHERE_021, "0.24": _WHERE_024, "0.32": _WHERE_032}
 

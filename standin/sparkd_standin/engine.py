@@ -18,10 +18,11 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
+from typing import Any
 
 import setproctitle
 
-from sparkd_standin import config032, logfmt, probe, procs, sizing
+from sparkd_standin import config032, drain, logfmt, probe, procs, sizing
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.executor import (
     MultiprocExecutor,
@@ -77,6 +78,7 @@ class EngineCore:
         self.kv_tokens = 0
         self.stalled = False
         self.steps = probe.Steps(None)  # the step probe's file, once serving
+        self.told: tuple[Any, ...] | None = None  # the API server's drain message, once sent
         self._close_lock = threading.Lock()
         self._closed = False
 
@@ -164,14 +166,18 @@ class EngineCore:
     # -- serving --------------------------------------------------------------------------------------------
     def busy_loop(self) -> None:
         watched: list[object] = [self.conn, *self.executor.sentinels()]
-        while True:
-            for ready in wait(watched):  # type: ignore[arg-type]
-                if ready is self.conn:
-                    if not self._handle_request():
-                        watched.remove(self.conn)  # API server gone: orphaned (or about to exit)
-                else:
-                    name = self.executor.name_of(ready)  # type: ignore[arg-type]
-                    self._worker_died(name)
+        try:
+            while True:
+                for ready in wait(watched):  # type: ignore[arg-type]
+                    if ready is self.conn:
+                        if not self._handle_request():
+                            watched.remove(self.conn)  # API server gone: orphaned (or about to exit)
+                    else:
+                        name = self.executor.name_of(ready)  # type: ignore[arg-type]
+                        self._worker_died(name)
+        except drain.StopRequested:  # 0.32: its SIGTERM handler asks the busy loop to shut down (and drain)
+            drain.engine_shut_down(self.knobs.dialect, self.conn, self.config.shutdown_timeout, self.told,
+                                   self._answer)
 
     def _handle_request(self) -> bool:
         try:
@@ -183,7 +189,13 @@ class EngineCore:
         if kind == "stall":
             self.stalled = True
             return True
-        request_id = params[0]
+        if kind in ("drain", "drained"):  # the API server's word ahead of its SIGTERM
+            self.told = (kind, *params)
+            return True
+        self._answer(params[0])
+        return True
+
+    def _answer(self, request_id: str) -> None:
         try:
             self._step(request_id)
         except WorkerDied as exc:
@@ -194,7 +206,6 @@ class EngineCore:
             self._fatal(RPC_TIMED_OUT)
         with contextlib.suppress(OSError):
             self.conn.send(("result", request_id))
-        return True
 
     def _step(self, request_id: str) -> None:
         """One engine step: the workers' RPC, waited on as vLLM waits (none for the uni executor). Stalled, the
@@ -274,7 +285,7 @@ def engine_core_main(config: ServeConfig, knobs: Knobs, conn: Connection, death_
     try:
         if not core.start():
             raise SystemExit(1)
-        procs.exit_on_signals(_signal_line(knobs))
+        procs.exit_on_signals(_signal_line(knobs), drain.StopRequested if knobs.dialect.family == "0.32" else None)
         core.steps = probe.steps("engine", 0, world_size=config.world_size, title=engine_title(),
                                  vllm=knobs.vllm_version)
         core.busy_loop()

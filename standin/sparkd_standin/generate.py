@@ -121,11 +121,20 @@ class TokenSource:
         self.interval_s = 1.0 / max(tokens_per_s, 1e-3)
         self.stalled = False
         self.answers = "normal"  # what the engine answers (sparkd_standin.answers.ANSWER_MODES)
+        self.in_flight = 0  # requests the engine holds: a drain waits for them
 
     async def tokens(self, req: GenRequest) -> AsyncIterator[Token]:
         if self.stalled:
             await self._held(req)
         started = time.monotonic()
+        self.in_flight += 1
+        try:
+            async for token in self._generate(req, started):
+                yield token
+        finally:
+            self.in_flight -= 1
+
+    async def _generate(self, req: GenRequest, started: float) -> AsyncIterator[Token]:
         await self.engine.execute(req.request_id)  # the prefill step
         self.metrics.request_started(req.prompt_tokens, req.max_tokens)
         generated, reason, last = 0, "abort", started
@@ -159,6 +168,8 @@ class TokenSource:
 
     async def _step(self, request_id: str) -> None:
         await asyncio.sleep(self.interval_s)
+        if self.engine.frozen:
+            await asyncio.Event().wait()  # nobody answers a request of a killed engine any more
         if self.stalled:
             await self.engine.execute(f"{request_id}-step")  # held by the stalled engine until it dies
         await self.engine.steps_flow()  # a step in flight (a JIT compile, a hung collective) holds every token

@@ -79,9 +79,10 @@ def watch_parent(death_r: Connection, on_parent_exit: Callable[[], None]) -> Non
     threading.Thread(target=run, daemon=True, name="DeathPipeMonitor").start()
 
 
-def exit_on_signals(announce: Callable[[str], None] | None = None) -> None:
+def exit_on_signals(announce: Callable[[str], None] | None = None, raising: type[Exception] | None = None) -> None:
     """SIGTERM/SIGINT raise SystemExit once, as vLLM's engine, worker and headless handlers do; ``announce`` is told
-    the signal's name first (0.32's engine core logs it)."""
+    the signal's name first (0.32's engine core logs it); ``raising``: raise this instead, for the busy loop to
+    shut down in order (0.32's engine core drains)."""
     requested = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
@@ -89,6 +90,8 @@ def exit_on_signals(announce: Callable[[str], None] | None = None) -> None:
             requested.set()
             if announce is not None:
                 announce(signal.Signals(signum).name)
+            if raising is not None:
+                raise raising
             raise SystemExit
 
     signal.signal(signal.SIGTERM, handler)

@@ -21,11 +21,12 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 
-from sparkd_standin import api, faults, logfmt
+from sparkd_standin import api, drain, faults, logfmt
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.client import EngineClient, EngineStartupError
 from sparkd_standin.control import ControlFile
@@ -36,7 +37,7 @@ from sparkd_standin.metrics import VllmMetrics
 from sparkd_standin.modelconfig import create_model_config
 
 WATCHDOG_S = 5.0  # vLLM's VLLM_WATCHDOG_TIME_S
-GRACEFUL_SHUTDOWN_S = 5.0  # bounds uvicorn's wait for hung requests (vLLM 0.13 waits forever)
+GRACEFUL_SHUTDOWN_S = 5.0  # bounds uvicorn's wait for hung requests (vLLM 0.13 and 0.32 wait forever)
 _MAIN_FRAMES = [
     ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
     ("entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
@@ -149,6 +150,15 @@ async def watchdog_loop(server: uvicorn.Server, state: api.AppState) -> None:
             server.should_exit = True
 
 
+class _Server032(uvicorn.Server):
+    """vLLM 0.32's server (launchers/launcher.py): uvicorn captures no signal, vLLM's own handler stops the engine
+    (and drains) while HTTP serves on."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 async def serve_http(state: api.AppState, sock: socket.socket, control: ControlFile | None = None) -> None:
     cfg = state.config
     config = uvicorn.Config(
@@ -156,10 +166,11 @@ async def serve_http(state: api.AppState, sock: socket.socket, control: ControlF
         log_level=cfg.uvicorn_log_level,
         access_log=not cfg.disable_uvicorn_access_log,
         timeout_keep_alive=5,
-        timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_S),
+        # 0.32 waits for every connection to close, however long (tests/data/vllm-drain-032.json, abort)
+        timeout_graceful_shutdown=None if state.knobs.dialect.family == "0.32" else int(GRACEFUL_SHUTDOWN_S),
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    server = (_Server032 if state.knobs.dialect.family == "0.32" else uvicorn.Server)(config)
     if not cfg.disable_log_stats:
         state.background.append(api.log_stats_forever)
     state.background.append(lambda st: faults.run_faults(st, server))
@@ -170,8 +181,15 @@ async def serve_http(state: api.AppState, sock: socket.socket, control: ControlF
     watchdog_task = loop.create_task(watchdog_loop(server, state))
 
     def signal_handler() -> None:
+        if state.knobs.dialect.family == "0.32":  # the engine stops (and drains) first, HTTP serving meanwhile
+            if not state.stopping:
+                state.stopping = True
+                stopping.append(loop.create_task(_stop_engine_then_http(state, server_task, watchdog_task)))
+            return
         server_task.cancel()
         watchdog_task.cancel()
+
+    stopping: list[asyncio.Task[None]] = []
 
     loop.add_signal_handler(signal.SIGINT, signal_handler)
     loop.add_signal_handler(signal.SIGTERM, signal_handler)
@@ -185,9 +203,30 @@ async def serve_http(state: api.AppState, sock: socket.socket, control: ControlF
             await watchdog_task
 
 
+async def _stop_engine_then_http(state: api.AppState, server_task: asyncio.Task[None],
+                                 watchdog_task: asyncio.Task[None]) -> None:
+    """0.32 (standin/sparkd_standin/drain.py): the engine client stops with the launch's drain while HTTP serves on
+    (new requests refused), then the HTTP server is told to shut down."""
+    d, timeout = state.knobs.dialect, state.config.shutdown_timeout
+    logfmt.info(d.at("shutdown_triggered"), "[shutdown] API server: shutdown triggered")
+    logfmt.info(d.at("shutdown_engine"),
+                f"[shutdown] API server: stopping engine client mode={drain.mode_of(timeout)} timeout={timeout}s")
+    await asyncio.get_running_loop().run_in_executor(
+        None, state.engine.drain_stop, timeout, lambda: state.source.in_flight)
+    logfmt.info(d.at("shutdown_engine_done"), "[shutdown] API server: engine client stopped")
+    logfmt.info(d.at("shutdown_signalling"), "[shutdown] API server: signalling HTTP server shutdown")
+    server_task.cancel()
+    watchdog_task.cancel()
+
+
 async def _shut_down(state: api.AppState, server: uvicorn.Server) -> None:
-    """0.13 stops the HTTP server, then (in run_api_server) the engine; 0.21+ the engine first."""
+    """0.13 stops the HTTP server, then (in run_api_server) the engine; 0.21+ the engine first (0.32: done by
+    _stop_engine_then_http before the HTTP server was cancelled)."""
     d = state.knobs.dialect
+    if state.stopping:
+        logfmt.info(d.at("shutdown_http"), "[shutdown] API server: shutting down FastAPI HTTP server")
+        await server.shutdown()
+        return
     if d.shutdown_steps:
         logfmt.info(d.at("shutdown_triggered"), "[shutdown] API server: shutdown triggered")
         logfmt.info(d.at("shutdown_engine"), "[shutdown] API server: stopping engine client mode=abort timeout=0s")

@@ -110,6 +110,7 @@ class DockerPlace:
                 "mounts": self.mounts if mounts is None else mounts,
                 "gpus": gpus, "host_network": True, "host_ipc": False,
                 "env": {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"},
+                "compile_cache_dir": str(self.shared_dir / "caches"),  # docker-run's, never the host's /var/cache
                 **container,
             },
             "launch": {"model": "m"},

@@ -39,7 +39,7 @@ def docker_daemon(tmp_path: Path, test_image: str, python_mounts: dict[str, dict
                   for src, opt in python_mounts.items()]
         cfg = base_config(folder, free_port(), container={
             "name": name, "image": test_image, "mounts": mounts, "gpus": "", "host_ipc": True,
-            "labels": docker_test_labels})
+            "labels": docker_test_labels, "compile_cache_dir": str(folder / "caches")})
         cfg["runtime"] = runtime
         cfg["node"]["name"] = name  # a node of its own: adoption must never find another test's container
         cfg["launch"]["executable"] = str(STANDIN)

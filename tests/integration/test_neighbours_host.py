@@ -202,7 +202,8 @@ def instance_b(nb: Neighbours, runtime: str, master_port: int) -> Sparkd:
     if runtime != "process":  # docker-exec: its long-lived container runs `sleep infinity`, an init that adopts
         cfg["runtime"] = runtime
         cfg["container"] = {"name": f"n23-b-{uuid.uuid4().hex[:8]}", "image": nb.test_image, "mounts": nb.mounts,
-                            "gpus": "", "host_ipc": True, "labels": nb.labels}
+                            "gpus": "", "host_ipc": True, "labels": nb.labels,
+                            "compile_cache_dir": str(folder / "caches")}
     return Sparkd(folder, cfg)
 
 

@@ -147,3 +147,24 @@ async def test_a_rehearsal_mounts_the_host_python(setup: DockerPlace) -> None:
     code, lines = await run_to_end(runtime, instance)
     assert code == 0, lines
     assert lines == [str(Path(sys.modules["sparkd"].__file__ or "").resolve())]
+
+
+@pytest.mark.docker
+@pytest.mark.anyio
+async def test_a_container_lets_vllm_drain_and_keeps_its_compile_cache(setup: DockerPlace, venv_python: str) -> None:
+    """Issue 36: whoever stops the container (`docker stop` without -t, the engine's shutdown) waits the drained
+    stop's grace, and vLLM's compile cache is bound from the host, so the next launch's new container finds it."""
+    from sparkd.supervisor.graces import container_stop_timeout_s
+
+    cfg = setup.config(sections={"stop": {"drain_s": 40}, "supervisor": {"stop_grace_s": 7}})
+    runtime = setup.runtime(cfg)
+    instance = await runtime.launch(py(venv_python, "import os, pathlib; p = pathlib.Path('/root/.cache/vllm/x'); "
+                                       "p.write_text(str(os.getpid()))"))
+    with anyio.fail_after(TIMEOUT):
+        assert (await runtime.wait(instance)).exit_code == 0
+    attrs = setup.container().attrs
+    assert attrs["Config"]["StopTimeout"] == 47 == container_stop_timeout_s(cfg)
+    binds = {m["Destination"]: m["Source"] for m in attrs["Mounts"]}
+    assert binds["/root/.cache/vllm"] == str(setup.shared_dir / "caches" / "vllm"), binds
+    assert binds["/root/.cache/flashinfer"] == str(setup.shared_dir / "caches" / "flashinfer"), binds
+    assert (setup.shared_dir / "caches" / "vllm" / "x").read_text(), "written in the container, kept on the host"

@@ -138,8 +138,9 @@ def show(node: Any, *names: str) -> dict[str, str]:
 
 
 def test_unit_settings_as_loaded_by_systemd(node: Any) -> None:
-    from sparkd.config import SupervisorConfig
+    from sparkd.config import config_from_mapping
     from sparkd.host import exits
+    from sparkd.supervisor.graces import unit_stop_timeout_s
 
     props = show(node, "Type", "NotifyAccess", "Restart", "RestartUSec", "KillMode", "OOMScoreAdjust",
                  "TimeoutStopUSec", "StartLimitIntervalUSec", "RestartPreventExitStatus", "MemoryMin", "MemoryLow",
@@ -160,9 +161,26 @@ def test_unit_settings_as_loaded_by_systemd(node: Any) -> None:
     assert int(props["LimitNOFILE"]) >= 65536 and props["LimitMEMLOCK"] == "infinity", props  # vLLM's hard limit
     assert int(props["LimitNOFILESoft"]) == 1024, props  # sparkd's own: its caps keep it far below
     stop_s = _seconds(props["TimeoutStopUSec"])
-    assert stop_s > SupervisorConfig().stop_grace_s + 30, props  # vLLM's grace plus the sweep fit
+    # a drained stop of the default config, the GPU memory's release and the sweep fit (check-config's own rule)
+    defaults = config_from_mapping({"runtime": "process", "launch": {"model": "m"}}, env={})
+    assert stop_s >= unit_stop_timeout_s(defaults), props
     shipped = UNIT.read_text()
-    assert re.search(r"^WatchdogSec=30s$", shipped, re.M) and re.search(r"^TimeoutStopSec=180s$", shipped, re.M)
+    assert re.search(r"^WatchdogSec=30s$", shipped, re.M) and re.search(r"^TimeoutStopSec=300s$", shipped, re.M)
+
+
+def test_check_config_refuses_a_unit_that_would_kill_a_drain(node: Any) -> None:
+    """Issue 36: the unit's TimeoutStopSec, as systemd has it loaded (drop-ins included), must outlast sparkd's own
+    drained stop of vLLM; check-config reads it for the config the unit runs."""
+    code, out = node.sh("sparkd check-config --config /etc/sparkd/sparkd.toml", check=False)
+    assert code == 0 and "unit-stop-timeout-short" not in out, out
+    node.write("/etc/systemd/system/sparkd.service.d/30-short-stop.conf", "[Service]\nTimeoutStopSec=100s\n")
+    try:
+        node.sh("systemctl daemon-reload")
+        code, out = node.sh("sparkd check-config --config /etc/sparkd/sparkd.toml", check=False)
+        assert code == 2 and "[unit-stop-timeout-short]" in out and "TimeoutStopSec=100s" in out, out
+        assert "30-short-stop.conf" in out, "names where the value comes from"
+    finally:
+        node.sh("rm -f /etc/systemd/system/sparkd.service.d/30-short-stop.conf && systemctl daemon-reload")
 
 
 def _seconds(span: str) -> float:

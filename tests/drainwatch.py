@@ -1,0 +1,304 @@
+"""Watch a vLLM (the real one or the stand-in) drain: streaming clients in flight, a SIGTERM, and what every client,
+``/health`` and ``/metrics`` see until the process is gone.
+
+One harness for the recording of the real vLLM 0.32 (tests/realvllm/record_drain.py writes
+tests/data/vllm-drain-032.json), the stand-in's comparison with that recording (tests/standin/test_standin_drain.py)
+and the real-vLLM tier's drain scenarios, so the three measure the same things the same way. Clients speak plain
+HTTP to loopback only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+import psutil
+
+_RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\}\s+([0-9.eE+-]+)", re.M)
+_WAITING = re.compile(r"^vllm:num_requests_waiting\{[^}]*\}\s+([0-9.eE+-]+)", re.M)
+
+
+@dataclass
+class Stream:
+    """One streaming completion as its client saw it."""
+
+    max_tokens: int
+    status: int | None = None
+    chunks: list[float] = field(default_factory=list)  # monotonic time of every text chunk
+    finish_reason: str | None = None
+    completion_tokens: int | None = None  # the usage chunk's count
+    done: bool = False  # the `data: [DONE]` line arrived
+    error: str | None = None  # what broke the stream, if something did
+    ended_at: float | None = None
+
+    def summary(self, since: float) -> dict[str, Any]:
+        """What the recording keeps: counts and outcomes, times relative to ``since`` (the SIGTERM)."""
+        return {"max_tokens": self.max_tokens, "status": self.status, "chunks": len(self.chunks),
+                "chunks_after_sigterm": sum(1 for t in self.chunks if t >= since),
+                "finish_reason": self.finish_reason, "completion_tokens": self.completion_tokens,
+                "done": self.done, "error": self.error,
+                "ended_after_sigterm_s": None if self.ended_at is None else round(self.ended_at - since, 2)}
+
+    @property
+    def complete(self) -> bool:
+        """Every token asked for, a normal finish and the stream's end marker."""
+        return self.done and self.finish_reason == "length" and self.completion_tokens == self.max_tokens
+
+
+class Throttle:
+    """Slows processes of our own by stopping and continuing them (SIGSTOP/SIGCONT): they run ``share`` of every
+    ``period_s``. The tiny test model generates its 480 tokens in under a second, faster than the API server
+    streams them, so an engine left at full speed has nothing in flight by the time a SIGTERM comes; throttled
+    (its worker: the forward passes), its requests are still running, as a large model's are for minutes."""
+
+    def __init__(self, procs: list[psutil.Process], share: float = 0.1, period_s: float = 0.1) -> None:
+        self.procs, self.share, self.period_s = procs, share, period_s  # bound when seen: a reused PID is never hit
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="throttle")
+
+    def start(self) -> Throttle:
+        self._thread.start()
+        return self
+
+    def _signal(self, sig: int) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._signal(signal.SIGCONT)
+                time.sleep(self.period_s * self.share)
+                self._signal(signal.SIGSTOP)
+                self._stop.wait(self.period_s * (1 - self.share))
+        finally:
+            self._signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._signal(signal.SIGCONT)
+
+
+def completion_body(model: str, max_tokens: int, *, stream: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "prompt": "tell me a long story", "max_tokens": max_tokens,
+                            "temperature": 0, "ignore_eos": True, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def run_stream(base: str, model: str, out: Stream, timeout_s: float = 600.0) -> None:
+    """Send one streaming completion and fill ``out`` as its chunks arrive (run in a thread)."""
+    try:
+        with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0)) as client, client.stream(
+                "POST", f"{base}/v1/completions", json=completion_body(model, out.max_tokens, stream=True)) as reply:
+            out.status = reply.status_code
+            for line in reply.iter_lines():
+                _take(out, line)
+    except (httpx.HTTPError, OSError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        out.ended_at = time.monotonic()
+
+
+def _take(out: Stream, line: str) -> None:
+    if not line.startswith("data: "):
+        return
+    data = line[6:]
+    if data.strip() == "[DONE]":
+        out.done = True
+        return
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        out.error = f"not JSON: {data[:120]}"
+        return
+    if "error" in chunk:
+        out.error = json.dumps(chunk["error"])[:200]
+    for choice in chunk.get("choices") or []:
+        if choice.get("text"):
+            out.chunks.append(time.monotonic())
+        if choice.get("finish_reason"):
+            out.finish_reason = choice["finish_reason"]
+    usage = chunk.get("usage")
+    if usage:
+        out.completion_tokens = usage.get("completion_tokens")
+
+
+def one_request(base: str, model: str, *, stream: bool, timeout_s: float = 30.0) -> dict[str, Any]:
+    """One new request (a short completion): its status, the start of its body and how long the answer took."""
+    began = time.monotonic()
+    answer: dict[str, Any] = {"stream": stream}
+    try:
+        with httpx.Client(timeout=timeout_s) as client:
+            reply = client.post(f"{base}/v1/completions", json=completion_body(model, 8, stream=stream))
+            answer.update(status=reply.status_code, body=reply.text[:400])
+    except (httpx.HTTPError, OSError) as exc:
+        answer.update(status=None, error=f"{type(exc).__name__}")
+    answer["seconds"] = round(time.monotonic() - began, 2)
+    return answer
+
+
+def metrics_counts(page: str) -> tuple[float | None, float | None]:
+    """(running, waiting) from a /metrics page, None where the family is absent."""
+    running, waiting = _RUNNING.search(page), _WAITING.search(page)
+    return (float(running.group(1)) if running else None, float(waiting.group(1)) if waiting else None)
+
+
+class Poller:
+    """``/health`` and ``/metrics`` every ``interval_s``, each answer kept with its time."""
+
+    def __init__(self, base: str, interval_s: float = 0.25) -> None:
+        self.base, self.interval_s = base, interval_s
+        self.health: list[tuple[float, str]] = []  # (time, "200" | "503" | the error's name)
+        self.metrics: list[tuple[float, float | None, float | None]] = []  # (time, running, waiting)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="drain-poller")
+
+    def start(self) -> Poller:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=2.0) as client:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                self.health.append((now, _status(lambda: client.get(f"{self.base}/health?probe=sparkd"))))
+                with contextlib.suppress(httpx.HTTPError, OSError):
+                    page = client.get(f"{self.base}/metrics?probe=sparkd")
+                    if page.status_code == 200:
+                        self.metrics.append((now, *metrics_counts(page.text)))
+                self._stop.wait(self.interval_s)
+
+
+def _status(call: Callable[[], httpx.Response]) -> str:
+    try:
+        return str(call().status_code)
+    except (httpx.HTTPError, OSError) as exc:
+        return type(exc).__name__
+
+
+def runs(values: list[tuple[float, str]], since: float) -> list[str]:
+    """The distinct answers after ``since``, in order, repeats folded: ``["200", "ConnectError"]``."""
+    out: list[str] = []
+    for at, value in values:
+        if at >= since and (not out or out[-1] != value):
+            out.append(value)
+    return out
+
+
+@dataclass
+class DrainRun:
+    """Streams started, the signal sent, the clients and pollers watched until the process ended."""
+
+    base: str
+    model: str
+    streams: list[Stream]
+    poller: Poller
+    sigterm_at: float = 0.0
+    during: list[dict[str, Any]] = field(default_factory=list)  # new requests sent during the drain
+    exited_after_s: float | None = None
+    exit_code: int | None = None
+
+    def summary(self) -> dict[str, Any]:
+        since = self.sigterm_at
+        running = [r for at, r, _ in self.poller.metrics if at >= since and r is not None]
+        each = [s.summary(since) for s in self.streams]
+        ends = [e["ended_after_sigterm_s"] for e in each if e["ended_after_sigterm_s"] is not None]
+        return {"streams": len(each), "complete": sum(1 for s in self.streams if s.complete),
+                "ended": sum(1 for s in self.streams if s.ended_at is not None),
+                "finish_reasons": _tally(e["finish_reason"] for e in each),
+                "done_markers": sum(1 for e in each if e["done"]),
+                "errors": _tally(e["error"] for e in each if e["error"]),
+                "statuses": _tally(e["status"] for e in each),
+                "least_chunks_after_sigterm": min((e["chunks_after_sigterm"] for e in each), default=0),
+                "last_stream_ended_after_sigterm_s": max(ends, default=None),
+                "example": each[0] if each else None, "during": self.during,
+                "metrics_before_sigterm": [(round(at - since, 2), r, w) for at, r, w in self.poller.metrics
+                                           if at < since][-8:],
+                "health_after_sigterm": runs(self.poller.health, since),
+                "metrics_running_after_sigterm": _folded(running),
+                "exited_after_sigterm_s": self.exited_after_s, "exit_code": self.exit_code}
+
+
+def _tally(values: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for value in values:
+        out[str(value)] = out.get(str(value), 0) + 1
+    return out
+
+
+def _folded(values: list[float]) -> list[float]:
+    out: list[float] = []
+    for value in values:
+        if not out or out[-1] != value:
+            out.append(value)
+    return out
+
+
+def wait_begun(streams: list[Stream], settle_s: float = 0.3, timeout_s: float = 120.0) -> None:
+    """Until every stream has its answer's status (vLLM has rendered the request: it reaches the engine as the
+    stream starts) and one has its first chunk, then ``settle_s`` more. vLLM's gauges cannot tell: on its CPU build
+    they read 0 while streams run."""
+    deadline = time.monotonic() + timeout_s
+    while not (all(s.status is not None or s.ended_at for s in streams) and any(s.chunks for s in streams)):
+        if time.monotonic() > deadline:
+            raise AssertionError("the streams did not begin")
+        time.sleep(0.01)
+    time.sleep(settle_s)
+
+
+def start_streams(base: str, model: str, n: int, max_tokens: int) -> tuple[list[Stream], list[threading.Thread]]:
+    streams = [Stream(max_tokens) for _ in range(n)]
+    threads = [threading.Thread(target=run_stream, args=(base, model, s), daemon=True, name=f"stream-{i}")
+               for i, s in enumerate(streams)]
+    for thread in threads:
+        thread.start()
+    return streams, threads
+
+
+def drain(base: str, model: str, *, signal_it: Callable[[], None], wait_exit: Callable[[float], int | None],
+          n: int = 3, max_tokens: int = 256, during_after_s: float = 1.0,
+          exit_timeout_s: float = 180.0, after_signal: Callable[[], None] | None = None,
+          streams_done: Callable[[], None] | None = None) -> DrainRun:
+    """``n`` streams of ``max_tokens`` each; once they run (:func:`wait_begun`), ``signal_it`` (a SIGTERM);
+    ``during_after_s`` later a new plain and a new streaming request; ``after_signal`` (e.g. cut the drain short)
+    right after those; then every stream's end, ``streams_done`` (e.g. end a throttle, so the teardown runs at full
+    speed) and ``wait_exit`` (the process's exit status, None if unknown)."""
+    poller = Poller(base, interval_s=0.1).start()
+    streams, threads = start_streams(base, model, n, max_tokens)
+    wait_begun(streams)
+    run = DrainRun(base, model, streams, poller, sigterm_at=time.monotonic())
+    signal_it()
+    time.sleep(during_after_s)
+    run.during.append(one_request(base, model, stream=False))
+    run.during.append(one_request(base, model, stream=True))
+    if after_signal is not None:
+        after_signal()
+    ends = time.monotonic() + exit_timeout_s
+    for thread in threads:
+        thread.join(max(0.0, ends - time.monotonic()))
+    if streams_done is not None:
+        streams_done()
+    run.exit_code = wait_exit(exit_timeout_s)
+    run.exited_after_s = round(time.monotonic() - run.sigterm_at, 2)
+    poller.stop()
+    return run
+
+
+def as_json(value: Any) -> Any:
+    return asdict(value) if hasattr(value, "__dataclass_fields__") else value

@@ -1,0 +1,135 @@
+"""The drain on the real vLLM 0.32 (issue 36), with a sparkd daemon of this module's own: the rendered
+``--shutdown-timeout`` reaches vLLM, and a stop sparkd sends through the runtime lets the streams in flight finish
+while a newcomer is refused at once.
+
+The tiny model answers 480 tokens in under a second, faster than the API server streams them, so vLLM's worker runs a
+twentieth of the time while the streams are in flight (tests/drainwatch.py ``Throttle``): the drain lasts seconds, as a
+large model's does for minutes, with the requests still in the engine. Until the daemon chooses the grace from the drain
+(issue 36, second half) its SIGTERM → SIGKILL grace is ``[supervisor] stop_grace_s``, so this tier sets it above
+the drain it needs; the test of ``sparkctl restart`` that needs that wiring is written below and marked xfail.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import drainwatch
+import pytest
+from tier import SERVED, START_S, Tier
+
+pytestmark = pytest.mark.timeout(900)
+
+STREAMS = 4
+DRAIN_S = 120  # the default [stop] drain_s, rendered as --shutdown-timeout
+
+
+@pytest.fixture(scope="module")
+def drain_tier(realvllm: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
+    venv, model = realvllm
+    shared = Tier(tmp_path_factory.mktemp("realvllm-drain"), venv, model,
+                  sections={"supervisor": {"stop_grace_s": 150}})
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+def base(tier: Tier) -> str:
+    return f"http://127.0.0.1:{tier.port}"
+
+
+@dataclass
+class InFlight:
+    streams: list[drainwatch.Stream]
+    threads: list[threading.Thread]
+    poller: drainwatch.Poller
+    throttle: drainwatch.Throttle
+
+    def streams_done(self) -> None:
+        """Every stream ended; the worker runs at full speed again (its teardown is not throttled)."""
+        for thread in self.threads:
+            thread.join(60)
+        self.throttle.close()
+
+    def finish(self) -> None:
+        self.streams_done()
+        self.poller.stop()
+
+
+def in_flight(tier: Tier, n: int = STREAMS) -> InFlight:
+    """``n`` streams of 480 tokens from a throttled worker, returned once they run."""
+    throttle = drainwatch.Throttle([tier.child("Worker")], share=0.05).start()
+    poller = drainwatch.Poller(base(tier), interval_s=0.1).start()
+    streams, threads = drainwatch.start_streams(base(tier), SERVED, n, 480)
+    drainwatch.wait_begun(streams)
+    return InFlight(streams, threads, poller, throttle)
+
+
+def test_the_rendered_drain_reaches_vllm(drain_tier: Tier) -> None:
+    drain_tier.wait_ready(START_S)
+    drain_tier.timed("drain tier: first start", drain_tier.began)
+    log = drain_tier.vllm_log()
+    assert f"'shutdown_timeout': {DRAIN_S}" in log, "vLLM's non-default args show the drain sparkd rendered"
+
+
+def test_a_stop_through_the_runtime_drains_the_streams_in_flight(drain_tier: Tier) -> None:
+    """`sparkctl stop`: SIGTERM through the process runtime; every stream finishes with every token and a normal
+    finish reason, a newcomer is refused at once (not hung), vLLM logs the drain, and no SIGKILL was needed."""
+    drain_tier.wait_ready(START_S)
+    assert drain_tier.complete("warm up", max_tokens=4) == 200  # the CPU build compiles for its first shapes
+    flight = in_flight(drain_tier)
+    began = time.monotonic()
+    try:
+        threading.Thread(target=lambda: drain_tier.ctl("stop"), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while "mode=drain" not in drain_tier.vllm_log():
+            assert time.monotonic() < deadline, "vLLM never logged its drain"
+            time.sleep(0.05)
+        newcomer = drainwatch.one_request(base(drain_tier), SERVED, stream=False)
+        flight.streams_done()
+        status = drain_tier.wait_state("stopped", 120)
+        drain_tier.timed("drain tier: stop with streams in flight", began)
+    finally:
+        flight.finish()
+    assert all(s.complete for s in flight.streams), [s.summary(began) for s in flight.streams]
+    assert newcomer["status"] in (500, 503) and newcomer["seconds"] < 5, newcomer
+    assert "[shutdown] EngineCore: draining in-flight requests count=" in drain_tier.vllm_log()
+    assert status["last_stop"]["sigkilled"] is False, status["last_stop"]
+    assert drainwatch.runs(flight.poller.health, began)[0] == "200", "/health answers during the drain"
+
+
+@pytest.mark.xfail(strict=False, reason="daemon wiring: issue 36 second half")
+def test_three_streams_survive_sparkctl_restart_and_now_aborts(drain_tier: Tier) -> None:
+    """Issue 36's definition of done: three streams in flight during `sparkctl restart` all complete, the status
+    says `draining` with the count falling, a newcomer is refused quickly, and the restart then serves; the same
+    with `--now` aborts them at once."""
+    assert drain_tier.ctl("start").returncode == 0
+    drain_tier.wait_ready(START_S)
+    flight = in_flight(drain_tier, 3)
+    began = time.monotonic()
+    try:
+        threading.Thread(target=lambda: drain_tier.ctl("restart"), daemon=True).start()
+        seen = drain_tier.daemon.wait_for(lambda s: (s.get("drain") or {}).get("state") == "draining", 30,
+                                          "the status says draining")
+        assert seen["drain"]["in_flight"] is not None
+        newcomer = drainwatch.one_request(base(drain_tier), SERVED, stream=False)
+    finally:
+        flight.finish()
+    assert all(s.complete for s in flight.streams), [s.summary(began) for s in flight.streams]
+    assert newcomer["status"] in (500, 503) and newcomer["seconds"] < 5, newcomer
+    drain_tier.wait_ready(START_S)
+    assert drain_tier.complete("after the restart") == 200
+
+    flight = in_flight(drain_tier, 3)
+    cut = time.monotonic()
+    try:
+        assert drain_tier.ctl("restart", "--now").returncode == 0
+    finally:
+        flight.finish()
+    assert not any(s.complete for s in flight.streams), "--now does not wait for them"
+    assert all(s.ended_at is not None and s.ended_at - cut < 15 for s in flight.streams)
+    drain_tier.wait_ready(START_S)

@@ -1,0 +1,105 @@
+"""The stand-in drains as the real vLLM 0.32 does (issue 36): the same scenarios the real vLLM was recorded in
+(tests/realvllm/record_drain.py: tests/data/vllm-drain-032.json and the realvllm-032-drain* logs), run against the
+stand-in with the same harness (tests/drainwatch.py), must come out the same: which streams finish with every token,
+what a newcomer gets during the drain, what ``/health`` says, whether vLLM exits, and the shapes of the shutdown
+lines sparkd reads (sparkd.supervisor.drainlog)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from typing import Any
+
+import drainwatch
+import pytest
+from freeport import free_port
+from standin_helpers import Standin, Standins
+from test_standin_032 import DATA, shape
+
+from sparkd.supervisor.drainlog import is_drain_line
+
+RECORDED = json.loads((DATA / "vllm-drain-032.json").read_text())
+LOGS = {"drain": "realvllm-032-drain", "abort": "realvllm-032-drain-abort", "deadline": "realvllm-032-drain-deadline",
+        "cut": "realvllm-032-drain-cut"}
+MODEL = "/models/tinyllm"
+TOKENS_PER_S = "60"  # 480 tokens take 8 s: the streams outlast the SIGTERM by seconds, as the recording's did
+
+
+def behaviour(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a client and an operator see of a stop, without the numbers that vary from run to run."""
+    during = [(d.get("status"), _message(d.get("body"))) for d in summary["during"]]
+    return {
+        "every stream complete": summary["complete"] == summary["streams"],
+        "no stream complete": summary["complete"] == 0,
+        "streams ended": summary["ended"] == summary["streams"],
+        "stream errors": sorted(summary["errors"]),
+        "newcomers": during,
+        "health during the drain": summary["health_after_sigterm"][0],
+        "exit": summary["exit_code"],
+    }
+
+
+def _message(body: str | None) -> str | None:
+    if not body:
+        return None
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:80]
+
+
+def real_drain_shapes(scenario: str) -> set[str]:
+    text = (DATA / "vllm-logs" / f"{LOGS[scenario]}.log").read_text(encoding="utf-8")
+    body = text.partition("\n---\n")[2]
+    model = re.search(r"model='([^']+)'", body)
+    return {shape(raw, model.group(1) if model else MODEL) for raw in body.splitlines() if is_drain_line(raw)}
+
+
+def run(launch: Standins, scenario: str) -> tuple[dict[str, Any], set[str]]:
+    recorded = RECORDED[scenario]
+    port = free_port()
+    standin = launch.start(
+        MODEL, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512", "--dtype", "bfloat16",
+        "--served-model-name", "tinyllm", "--shutdown-timeout", str(recorded["shutdown_timeout"]),
+        env={"SPARKD_STANDIN_VLLM_VERSION": "0.32.0", "NO_COLOR": "1", "SPARKD_STANDIN_TOKENS_PER_S": TOKENS_PER_S},
+    )
+    standin.wait_ready()
+
+    def cut() -> None:
+        engine = next(p for p in standin.tree() if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()))
+        engine.kill()
+
+    result = drainwatch.drain(f"http://127.0.0.1:{port}", "tinyllm", signal_it=lambda: standin.send(signal.SIGTERM),
+                              wait_exit=lambda timeout: exit_status(standin, timeout), n=recorded["streams"],
+                              max_tokens=480, during_after_s=0.5 if scenario == "cut" else 1.0,
+                              after_signal=cut if scenario == "cut" else None,
+                              exit_timeout_s=20 if RECORDED[scenario]["exit_code"] == 0 else 6)
+    ours = {shape(raw, MODEL) for raw in standin.lines if is_drain_line(raw)}
+    return result.summary(), ours
+
+
+def exit_status(standin: Standin, timeout: float) -> int | None:
+    try:
+        return standin.wait_exit(timeout)
+    except subprocess.TimeoutExpired:
+        return None  # vLLM waits for its clients forever (the stranded scenarios)
+
+
+@pytest.mark.parametrize("scenario", sorted(LOGS))
+def test_the_standin_stops_as_the_real_vllm_did(launch: Standins, scenario: str) -> None:
+    summary, ours = run(launch, scenario)
+    assert behaviour(summary) == behaviour(RECORDED[scenario]), (summary, RECORDED[scenario])
+    real = real_drain_shapes(scenario)
+    assert ours == real, f"shutdown lines: only the stand-in's {sorted(ours - real)}, only vLLM's {sorted(real - ours)}"
+
+
+def test_the_recording_holds_what_issue_36_rests_on() -> None:
+    """The facts sparkd's drain is built on, as the real vLLM showed them (so a re-recording that changes one is
+    seen): a drain finishes every stream and refuses newcomers at once; vLLM's abort strands them."""
+    drain, abort = RECORDED["drain"], RECORDED["abort"]
+    assert drain["complete"] == drain["streams"] > 0 and drain["least_chunks_after_sigterm"] > 0
+    assert all(d["status"] == 500 and d["seconds"] < 5 for d in drain["during"])
+    assert drain["health_after_sigterm"][0] == "200" and drain["exit_code"] == 0
+    assert abort["complete"] == 0 and abort["ended"] == 0 and abort["exit_code"] is None
