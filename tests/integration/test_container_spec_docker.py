@@ -144,6 +144,9 @@ async def test_field_001_compose_service(run_place: DockerPlace, tmp_path: Path,
                "HOME": str(tmp_path)}
         toml = import_compose(tmp_path / "compose.yaml", environ=env).toml
         toml = toml.replace("\n[node]\n", '\n[node]\nname = "spark-head"\n', 1)  # the import names no node
+        # the compile caches under the test's folder, not the host's /var/cache/sparkd (issue 36's default)
+        toml = toml.replace("\n[container]\n", f'\n[container]\ncompile_cache_dir = "{tmp_path}/compile-cache"\n', 1)
+        mounts.append((f"{tmp_path}/compile-cache/flashinfer", "/root/.cache/flashinfer", False))
         cfg = shipped(run_place, tmp_path, "imported.toml", toml)
     else:
         flashinfer = tmp_path / "flashinfer"
