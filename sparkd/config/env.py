@@ -29,7 +29,6 @@ needed to read the variables) and returns the nested tables they set.
 
 from __future__ import annotations
 
-import difflib
 import json
 import types
 from collections.abc import Mapping, Sequence
@@ -94,6 +93,8 @@ def _field_key(model: type[BaseModel], part: str) -> tuple[str, Any] | None:
 
 
 def _suggestion(model: type[BaseModel], part: str) -> str:
+    import difflib  # a typo's suggestion: loaded by a variable that has one, not by every daemon
+
     close = difflib.get_close_matches(part.lower(), list(model.model_fields), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
