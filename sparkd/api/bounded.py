@@ -23,12 +23,16 @@ import asyncio
 import resource
 import socket
 import struct
+import time
 from asyncio import sslproto
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, replace
+from email.utils import formatdate
 from typing import Any
 
+from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
 
 from sparkd.api.accepting import HANDSHAKE_S
 from sparkd.api.admission import Limits, Slots, Ticket
@@ -98,9 +102,18 @@ class Listener:
         self.first_request_s = first_request_s
         self.next_request_s = next_request_s
         self.handshake_s = handshake_s
+        self._date_at: int | None = None
 
     def protocol(self) -> type[H11Protocol]:
         return type("ListenerH11", (BoundedH11,), {"listener": self})
+
+    def renew_date(self, state: ServerState, config: Config) -> None:
+        """uvicorn's default headers with the Date of this second (what uvicorn's loop renews once a second)."""
+        now = int(time.time())
+        if now != self._date_at:
+            self._date_at = now
+            date = [(b"date", formatdate(now, usegmt=True).encode())] if config.date_header else []
+            state.default_headers = date + config.encoded_headers
 
 
 class BoundedH11(H11Protocol):
@@ -135,6 +148,10 @@ class BoundedH11(H11Protocol):
 
     def prove(self) -> bool:
         return self.listener.slots.promote(self.ticket)
+
+    def handle_events(self) -> None:
+        self.listener.renew_date(self.server_state, self.config)  # before a request takes the default headers
+        super().handle_events()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.listener.slots.leave(self.ticket)

@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Itera
 from pathlib import Path
 from typing import Any
 
-import anyio
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -74,15 +73,11 @@ class _QuietServer(uvicorn.Server):
         return protocol.admitted(caller, ticket)  # type: ignore[attr-defined]
 
     async def main_loop(self) -> None:
-        """Accept through the doorway; uvicorn wakes every 0.1 s to renew the Date header once a second and to look
-        for an exit request: sparkd ends its servers by cancelling them, so once a second is enough."""
-        doorway = Doorway(self.sock, self.listener.slots, self.listener.identify, self._protocol_for,
-                          ssl_context=self.ssl_context, handshake_s=self.listener.handshake_s)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(doorway.run)
-            while not await self.on_tick(0):  # tick 0 renews the Date header
-                await anyio.sleep(1.0)
-            tg.cancel_scope.cancel()
+        """Accept through the doorway until cancelled (sparkd ends its servers so). uvicorn's own loop would wake
+        every 0.1 s to renew the Date header and look for an exit request: the protocol renews the header when a
+        request comes (:meth:`sparkd.api.bounded.Listener.renew_date`), and nothing here wakes at rest."""
+        await Doorway(self.sock, self.listener.slots, self.listener.identify, self._protocol_for,
+                      ssl_context=self.ssl_context, handshake_s=self.listener.handshake_s).run()
 
 
 def bind_unix_socket(path: Path, *, mode: int = 0o660, group: str | None = None) -> socket.socket:

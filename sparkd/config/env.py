@@ -18,30 +18,28 @@ the file. Rules:
 5. Every problem names its variable: :class:`OverrideError` carries ``VARIABLE: message`` lines, and
    :func:`variable_for` tells which variable set the value a validation error points at.
 
-The layer is a pydantic-settings source, :class:`SparkdEnvSource` (an ``EnvSettingsSource`` with prefix
-``SPARKD_``, delimiter ``__``, case-sensitive), that :mod:`sparkd.config.layers` stacks over the file and the
-profile with ``settings_customise_sources``. Stock ``EnvSettingsSource`` parsing is not enough for sparkd (it
+The layer is a pydantic-settings source, :class:`sparkd.config.sources.SparkdEnvSource` (an ``EnvSettingsSource``
+with prefix ``SPARKD_``, delimiter ``__``, case-sensitive), that :mod:`sparkd.config.layers` stacks over the file and
+the profile with ``settings_customise_sources``. Stock ``EnvSettingsSource`` parsing is not enough for sparkd (it
 lower-cases free keys such as NCCL names when case-insensitive and ignores ``SPARKD_LAUNCH__PORT`` when
 case-sensitive, ignores typos silently and names the field, not the variable, in its errors), so the source
-resolves each variable against the model itself (rules 1-3) and returns the nested tables it sets.
+resolves each variable against the model itself (rules 1-3, :func:`parse_overrides`, here: no pydantic-settings
+needed to read the variables) and returns the nested tables they set.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union, cast, get_args, get_origin
+from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
-from pydantic_settings import BaseSettings, EnvSettingsSource
 
 from sparkd.config.secretrule import mask_shapes
 
-__all__ = ["ENV_PREFIX", "Override", "OverrideError", "SparkdEnvSource", "apply_overrides", "parse_overrides",
-           "variable_for"]
+__all__ = ["ENV_PREFIX", "Override", "OverrideError", "apply_overrides", "parse_overrides", "variable_for"]
 
 ENV_PREFIX = "SPARKD_"
 SEPARATOR = "__"
@@ -95,6 +93,8 @@ def _field_key(model: type[BaseModel], part: str) -> tuple[str, Any] | None:
 
 
 def _suggestion(model: type[BaseModel], part: str) -> str:
+    import difflib  # a typo's suggestion: loaded by a variable that has one, not by every daemon
+
     close = difflib.get_close_matches(part.lower(), list(model.model_fields), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -150,53 +150,23 @@ def _value(variable: str, text: str, kind: str, where: str) -> Any:
     return value
 
 
-class SparkdEnvSource(EnvSettingsSource):
-    """The ``SPARKD_*`` variables of ``env`` (default: the process environment) as a pydantic-settings source:
-    calling it returns the nested tables they set for the model ``root`` (default: ``settings_cls``), and
-    leaves the parsed :class:`Override` list, shortest path first, in ``overrides``. Raises
-    :class:`OverrideError` listing every bad variable."""
-
-    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str] | None = None,
-                 root: type[BaseModel] | None = None) -> None:
-        self._given = env
-        self.root: type[BaseModel] = root or settings_cls
-        self.overrides: list[Override] = []
-        super().__init__(settings_cls, case_sensitive=True, env_prefix=ENV_PREFIX, env_nested_delimiter=SEPARATOR,
-                         env_ignore_empty=False)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        import os
-
-        given = os.environ if self._given is None else self._given
-        return {name: text for name, text in given.items() if name.startswith(self.env_prefix)}
-
-    def __call__(self) -> dict[str, Any]:
-        self.overrides = self._parse()
-        return apply_overrides({}, self.overrides)
-
-    def _parse(self) -> list[Override]:
-        overrides: list[Override] = []
-        problems: list[str] = []
-        for variable, text in sorted(self.env_vars.items()):
-            parts = variable[self.env_prefix_len:].split(self.env_nested_delimiter or SEPARATOR)
-            if len(parts) == 1 and _field_key(self.root, parts[0]) is None:
-                continue  # not an override (rule 2)
-            try:
-                path, kind, _ = _resolve(variable, parts, self.root)
-                overrides.append(Override(variable, path, _value(variable, text or "", kind, ".".join(path))))
-            except OverrideError as exc:
-                problems.extend(exc.problems)
-        if problems:
-            raise OverrideError(problems)
-        return sorted(overrides, key=lambda o: len(o.path))
-
-
 def parse_overrides(env: Mapping[str, str], root: type[BaseModel]) -> list[Override]:
     """Every override in ``env`` for the config model ``root``, shortest path first. Raises
     :class:`OverrideError` listing every bad variable."""
-    source = SparkdEnvSource(cast(type[BaseSettings], root), env, root)
-    source()
-    return source.overrides
+    overrides: list[Override] = []
+    problems: list[str] = []
+    for variable, text in sorted((name, text) for name, text in env.items() if name.startswith(ENV_PREFIX)):
+        parts = variable[len(ENV_PREFIX):].split(SEPARATOR)
+        if len(parts) == 1 and _field_key(root, parts[0]) is None:
+            continue  # not an override (rule 2)
+        try:
+            path, kind, _ = _resolve(variable, parts, root)
+            overrides.append(Override(variable, path, _value(variable, text or "", kind, ".".join(path))))
+        except OverrideError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise OverrideError(problems)
+    return sorted(overrides, key=lambda o: len(o.path))
 
 
 def _merge(base: Any, value: Any) -> Any:

@@ -10,7 +10,6 @@ input, however broken (a directory, binary bytes, a table nested 20,000 deep, ``
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -293,5 +292,7 @@ def _suggest(loc: list[str]) -> str:
             return ""
         model = field.annotation
     names = list(getattr(model, "model_fields", {}))
+    import difflib  # a typo's suggestion: loaded by a config that has one, not by every daemon
+
     close = difflib.get_close_matches(loc[-1], names, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

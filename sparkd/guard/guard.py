@@ -142,6 +142,8 @@ class Guard:
         self._tg: TaskGroup | None = None
         self._pids: set[int] = set()
         self._pids_at: float | None = None
+        self._sampled: anyio.Event | None = None  # set after the next step, for whoever waits on it
+        self._fresh: Sample | None = None  # that step's sample
 
     # ---- the loop
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -155,12 +157,14 @@ class Guard:
                 self._tg = tg
                 task_status.started()
                 while True:
+                    before = self.latest
                     try:
                         await self.step()
                     except (OSError, ValueError) as exc:  # a source went bad: say so, keep guarding
                         self.counters.sample_errors += 1
                         self.log.error("guard_sample_failed", error=repr(exc))
                         self.interval = self.cfg.min_interval_s if self.state.level else self.cfg.max_interval_s
+                    self._stepped(self.latest if self.latest is not before else None)
                     if await self.sampler.wait(self.interval):
                         self.counters.psi_wakeups += 1
         finally:
@@ -190,6 +194,26 @@ class Guard:
         debouncing = any(0 < n < self.cfg.debounce_samples for n in self.state.streaks)
         self.interval = next_interval(sample.available, self.cfg, starting=starting, debouncing=debouncing)
         return decision
+
+    @property
+    def sampling(self) -> bool:
+        """Its loop runs (:meth:`run`): a sample at least every ``max_interval_s``."""
+        return self._tg is not None
+
+    async def stepped(self) -> Sample | None:
+        """Wait for the loop's next step; its sample (None: the sources could not be read). The flight recorder
+        records right after the guard's sample, from it: one wake-up and one reading of meminfo and PSI a second
+        for both."""
+        if self._sampled is None:
+            self._sampled = anyio.Event()
+        await self._sampled.wait()
+        return self._fresh
+
+    def _stepped(self, sample: Sample | None) -> None:
+        self._fresh = sample
+        if self._sampled is not None:
+            self._sampled.set()
+            self._sampled = None
 
     @property
     def start_allowed(self) -> bool:

@@ -20,6 +20,7 @@ import socket
 import ssl
 import subprocess
 import time
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import anyio
@@ -242,3 +243,35 @@ async def test_the_control_socket_knows_its_callers_uid(tmp_path: Path) -> None:
         tg.cancel_scope.cancel()
     assert data is not None and f"uid:{os.geteuid()} trusted={os.geteuid() == 0} uid={os.geteuid()}".encode() in data
     assert (path.stat().st_mode & 0o777) == 0o660
+
+
+async def test_a_server_at_rest_does_not_wake_and_each_answer_carries_this_seconds_date(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn's own loop wakes every 0.1 s to renew its Date header once a second (two servers: 2 of an idle
+    daemon's ~5 wake-ups a second); sparkd's servers wait for a connection, and the date is renewed by the request."""
+    import uvicorn
+
+    ticks: list[int] = []
+
+    async def tick(self: object, counter: int) -> bool:
+        ticks.append(counter)
+        return False
+
+    monkeypatch.setattr(uvicorn.Server, "on_tick", tick)
+    sock = bind_tcp_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    dates = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve, app(), sock, Listener(tcp_caller(None), LIMITS))
+        for _ in range(2):
+            await anyio.sleep(1.2)  # at rest, then a request in a later second
+            stream = await connect(port, "127.0.0.5")
+            head = (await answer(stream) or b"").split(b"\r\n\r\n")[0].decode()
+            await stream.aclose()
+            dates.append((time.time(), next(line.split(": ", 1)[1] for line in head.split("\r\n")
+                                            if line.lower().startswith("date: "))))
+        tg.cancel_scope.cancel()
+    assert ticks == []
+    for asked, date in dates:
+        assert abs(parsedate_to_datetime(date).timestamp() - asked) < 2.0
+    assert dates[0][1] != dates[1][1]

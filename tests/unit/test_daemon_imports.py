@@ -2,7 +2,9 @@
 off, has loaded none of the group's machinery (the coordinator, the peer client, the fabric and weights proofs),
 none of the weights' (its own manifest is made when first asked), none of the flight recorder's (the ring, its
 writer, the watchdog, the memory settle's rules), no Docker SDK (a process runtime), nothing of sparkctl's (httpx,
-rich) and, with no NVIDIA driver, no NVML bindings. A head's daemon loads the group's, a recorder's the ring's.
+rich), no pydantic-settings (a config with no profile and no SPARKD_* override has no layers to stack), no difflib
+(a typo's suggestion) and, with no NVIDIA driver, no NVML bindings. A head's daemon loads the group's, a recorder's
+the ring's.
 Each runs in a fresh interpreter: this one has imported everything."""
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ RECORDER = ("sparkd.daemon.views.recorder", "sparkd.recorder.record", "sparkd.re
             "sparkd.recorder.writer", "sparkd.recorder.watchdog", "sparkd.recorder.excerpt",
             "sparkd.recorder.baseline", "sparkd.commands.recorder")
 NEVER = ("docker", "httpx", "rich", "sparkd.cli.sparkctl", "sparkd.api.client")
+LAYERS = ("pydantic_settings", "sparkd.config.sources", "dotenv", "argparse")  # a config with layers to stack
+ON_ERROR = ("difflib",)  # a typo's "did you mean": a config with an error only
 
 # The daemon as `sparkd run` builds it (rich kept out first, as run does), over the loop harness's fakes, until
 # its vLLM is ready; then the modules it holds.
@@ -63,7 +67,7 @@ def test_a_single_nodes_daemon_loads_nothing_of_the_group_weights_recorder_docke
         tmp_path: Path) -> None:
     modules = loaded("single", tmp_path)
     assert "sparkd.daemon.app" in modules and "sparkd.cluster.ranks" in modules
-    unused = {*GROUP, *WEIGHTS, *RECORDER, *NEVER}
+    unused = {*GROUP, *WEIGHTS, *RECORDER, *NEVER, *LAYERS, *ON_ERROR}
     assert not modules & unused, sorted(modules & unused)
     if not nvml._driver_library_loads():
         assert "pynvml" not in modules

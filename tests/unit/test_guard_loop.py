@@ -452,3 +452,25 @@ async def test_a_warning_decision_is_logged_as_a_warning_with_its_own_level_kept
     assert decisions[0].level is Level.warn
     (said,) = [e for e in logs if e["event"] == "guard_decision"]
     assert (said["log_level"], said["guard_level"]) == ("warning", "warn") and "level" not in said
+
+
+@pytest.mark.anyio
+async def test_a_reader_waits_for_the_loops_next_sample(node: Node) -> None:
+    """``stepped()``: the sample the loop's next step took (what the flight recorder records from), None when that
+    step could not read its sources."""
+    cfg = config(node, max_interval_s=0.01)
+    guard = Guard(lambda: cfg, FakeHooks(set()))
+    node.set(20.0)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            assert not guard.sampling
+            await tg.start(guard.run)
+            assert guard.sampling
+            first = await guard.stepped()
+            assert first is not None and first is guard.latest and first.available == 20 * GIB
+            with open(node.meminfo, "r+") as handle:  # MemAvailable vanishes
+                handle.truncate(0)
+                handle.write("MemTotal: 1 kB\n")
+            assert await guard.stepped() is None
+            tg.cancel_scope.cancel()
+    assert not guard.sampling

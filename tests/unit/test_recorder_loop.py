@@ -133,3 +133,33 @@ async def test_a_record_tells_the_state_the_memory_and_what_happened(tmp_path: P
     first, *_, last = read_ring(tmp_path / "state" / "recorder.ring")
     assert any(e.startswith("sparkd ") and "started" in e for e in first.events)
     assert last.clean_exit and any(e.startswith("sparkd exits cleanly") for e in last.events)
+
+
+@pytest.mark.anyio
+async def test_the_records_ride_the_guards_samples(tmp_path: Path) -> None:
+    """With the memory guard sampling at least as often as the recorder records, each record is made right after a
+    guard sample and from it: the daemon reads meminfo and PSI once per record, and wakes once, not twice."""
+    meminfo = Meminfo(tmp_path / "meminfo", 40 * GIB)
+    (tmp_path / "pressure").write_text("some avg10=1.50 avg60=0.00 avg300=0.00 total=10\n"
+                                       "full avg10=0.25 avg60=0.00 avg300=0.00 total=5\n")
+    cfg = config(tmp_path, guard={"enabled": True, "meminfo_path": str(meminfo.path), "kernel_log": False,
+                                  "pressure_path": str(tmp_path / "pressure"), "psi_trigger": None,
+                                  "max_interval_s": 0.05, "warn_below": "1 GiB", "stop_below": "512 MiB",
+                                  "kill_below": "256 MiB"},
+                 recorder={"enabled": True, "interval_s": 0.05})
+    async with running(cfg, FakeRuntime(), FakeClock()) as node:
+        await node.until_state("ready")
+        recorder, guard = node.daemon.recorder, node.daemon.guard
+        assert isinstance(recorder, DaemonRecorder) and guard is not None and recorder.memory.meminfo is not None
+        own = recorder.memory.meminfo
+        reads: list[int] = []
+        real_read = own.read
+        own.read = lambda: (reads.append(1), real_read())[1]  # type: ignore[method-assign]
+        records, samples = recorder.records, guard.counters.samples
+        meminfo.set(30 * GIB)
+        with anyio.fail_after(20):
+            while recorder.records < records + 8:
+                await anyio.sleep(0.01)
+        assert reads == [] and guard.counters.samples - samples >= 8
+        record = recorder.record(taken=guard.latest)
+        assert record.available == 30 * GIB and record.psi_some == 1.5 and record.psi_full == 0.25

@@ -13,6 +13,10 @@ from typing import Any
 PROFILE_DIR = Path(__file__).parent
 
 
+class ProfileError(ValueError):
+    """The profile a config names cannot be used; the message is about ``launch.profile``."""
+
+
 def profile_names() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
 

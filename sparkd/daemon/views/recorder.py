@@ -1,7 +1,8 @@
 """The daemon's flight recorder: one record every ``[recorder] interval_s`` from what the daemon already knows.
 
-Each tick, on the daemon's own loop (no new process, no new service), :class:`DaemonRecorder` reads MemAvailable,
-MemFree and swap (one ``preadv`` of ``/proc/meminfo``) and PSI (:mod:`sparkd.daemon.watch.memory`), and takes the
+Each tick, on the daemon's own loop (no new process, no new service), :class:`DaemonRecorder` takes MemAvailable,
+MemFree, swap and PSI from the memory guard's sample it rides on (right after it, in the guard's wake-up), or reads
+them itself (one ``preadv`` of ``/proc/meminfo`` and PSI, :mod:`sparkd.daemon.watch.memory`), and takes the
 rest from what the daemon keeps anyway: the node's state (the lifecycle state, vLLM's startup phase or the memory
 settle, its PID, the restarts, the guard's floors in force), the guard's level, action, leak trend and the kernel
 lines it kept (OOM, NVRM, Xid, AER), vLLM's last metrics scrape (running and waiting requests, KV usage, prompt
@@ -30,6 +31,7 @@ from sparkd.daemon.views.flightrecords import ring_path
 from sparkd.daemon.views.status import Seen
 from sparkd.daemon.watch.memory import MemorySampler
 from sparkd.guard.guard import Guard
+from sparkd.guard.sample import Sample
 from sparkd.host.clock import Clock
 from sparkd.host.logs import Logger
 from sparkd.recorder.record import Floors, GpuMark, PeerMark, Record, encode
@@ -42,6 +44,8 @@ __all__ = ["DaemonRecorder", "gpu_marks"]
 
 MAX_EVENTS = 64  # events waiting for the next record (a storm of transitions keeps the newest)
 PROMPT_RATE_STALE_S = 15.0  # a prompt-token counter that has not moved for this long: 0 tokens/s
+RIDE_EARLY = 0.05  # a guard sample this share of the interval early still makes the record (a PSI wake-up)
+RIDE_LATE = 3.0  # intervals without a guard sample before the recorder records on its own
 
 
 class DaemonRecorder:
@@ -88,9 +92,10 @@ class DaemonRecorder:
         self.note(text)
 
     # ---- one record
-    def record(self, *, clean_exit: bool = False) -> Record:
+    def record(self, *, clean_exit: bool = False, taken: Sample | None = None) -> Record:
+        """``taken``: the memory guard's sample of this moment (else meminfo and PSI are read here)."""
         now = self.clock.now()
-        memory = self.memory.read()
+        memory = self.memory.read(taken)
         state, guard = self.node(), self.seen.guard
         machine, floors = state.machine, state.config.guard
         metrics = self.seen.watching.metrics()
@@ -175,14 +180,32 @@ class DaemonRecorder:
     async def run(self) -> None:
         """Record every interval until cancelled; the clean exit's record is written by :meth:`close`."""
         self.writer.start()
+        taken: Sample | None = None
         while True:
-            self.tick()
-            await self.clock.sleep(self.node().config.recorder.interval_s)
+            self.tick(taken)
+            taken = await self._until_due()
 
-    def tick(self) -> None:
+    async def _until_due(self) -> Sample | None:
+        """Until the next record is due. Where this daemon's memory guard samples at least as often as the recorder
+        records, the record is made right after the guard's sample that falls due, from that sample: the guard's
+        wake-up and its reading of meminfo and PSI serve both (else: the recorder's own interval and reading)."""
+        cfg = self.node().config
+        interval, guard = cfg.recorder.interval_s, self.seen.guard
+        if guard is None or not guard.sampling or guard.cfg.max_interval_s > interval:
+            await self.clock.sleep(interval)
+            return None
+        due = guard.clock() + interval * (1 - RIDE_EARLY)
+        with anyio.move_on_after(interval * RIDE_LATE):  # a guard that stops sampling does not stop the records
+            while True:
+                taken = await guard.stepped()
+                if guard.clock() >= due:
+                    return taken
+        return None
+
+    def tick(self, taken: Sample | None = None) -> None:
         started = time.thread_time()
         try:
-            payload = encode(self.record())
+            payload = encode(self.record(taken=taken))
         except Exception as exc:  # a record that cannot be made is logged, never the end of the daemon
             self.log.error("recorder_record_failed", error=repr(exc))
             return

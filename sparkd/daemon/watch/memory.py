@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkd.config import Config
-from sparkd.guard.meminfo import MeminfoReader
-from sparkd.guard.psi import PressureReader
+from sparkd.guard.meminfo import MemInfo, MeminfoReader
+from sparkd.guard.psi import Pressure, PressureReader
+from sparkd.guard.sample import Sample
 from sparkd.host.clock import Clock
 
 NO_BOOT_ID = "00000000-0000-0000-0000-000000000000"
@@ -37,20 +38,27 @@ class MemorySampler:
         with contextlib.suppress(OSError, ValueError):
             self.pressure = PressureReader(cfg.guard.pressure_path)
 
-    def read(self) -> dict[str, Any]:
-        """One reading (what could be read of it); its MemAvailable is kept as a sample."""
+    def read(self, taken: Sample | None = None) -> dict[str, Any]:
+        """One reading (what could be read of it); its MemAvailable is kept as a sample. ``taken``: the memory
+        guard's sample of this moment, used instead of reading the same files again."""
+        mem, psi = (taken.mem, taken.psi) if taken is not None else (self._meminfo(), self._pressure())
         out: dict[str, Any] = {}
-        if self.meminfo is not None:
-            with contextlib.suppress(OSError, ValueError):
-                mem = self.meminfo.read()
-                out.update(available=mem.mem_available, free=mem.mem_free, swap_used=mem.swap_total - mem.swap_free)
-        if self.pressure is not None:
-            with contextlib.suppress(OSError, ValueError):
-                psi = self.pressure.read()
-                out.update(psi_some=psi.some_avg10, psi_full=psi.full_avg10)
-        if "available" in out:
-            self.samples.append((self.clock.now(), out["available"]))
+        if mem is not None:
+            out.update(available=mem.mem_available, free=mem.mem_free, swap_used=mem.swap_total - mem.swap_free)
+            self.samples.append((self.clock.now(), mem.mem_available))
+        if psi is not None:
+            out.update(psi_some=psi.some_avg10, psi_full=psi.full_avg10)
         return out
+
+    def _meminfo(self) -> MemInfo | None:
+        with contextlib.suppress(OSError, ValueError):
+            return self.meminfo.read() if self.meminfo is not None else None
+        return None
+
+    def _pressure(self) -> Pressure | None:
+        with contextlib.suppress(OSError, ValueError):
+            return self.pressure.read() if self.pressure is not None else None
+        return None
 
     def close(self) -> None:
         for source in (self.meminfo, self.pressure):
