@@ -125,6 +125,8 @@ async def test_a_stop_drains_and_the_status_shows_the_count_falling(tmp_path: Pa
         assert status["drain"]["sentence"].startswith("draining: 2 in flight, ") and status["drain"]["left_s"] > 100
         assert "draining: 2 in flight" in render(status) and "--now` cuts it short" in render(status)
         assert node.daemon.view.line().startswith("stopping: draining: 2 in flight")
+        told = [line for sent in node.notifier.sent for line in sent if line.startswith("STATUS=stopping: draining")]
+        assert told and told[-1].startswith("STATUS=stopping: draining: 2 in flight"), "published as it moves"
         page = node.daemon.metrics.render().decode()
         assert 'sparkd_draining{node="scripted"} 1.0' in page
         assert 'sparkd_drain_requests_in_flight{node="scripted"} 2.0' in page
