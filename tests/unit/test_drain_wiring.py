@@ -337,3 +337,23 @@ async def test_the_incident_of_a_failed_start_says_where_its_time_went(tmp_path:
         timing = json.loads((incident / "incident.json").read_text())["start_timing"]
         assert timing["phases_s"]["launching"] == 7.0 and timing["phases_s"]["loading_weights"] >= 5.0, timing
         assert timing["vllm_start_s"] is None
+
+
+async def test_a_head_whose_vllm_logs_no_shutdown_step_goes_by_its_gauges(tmp_path: Path) -> None:
+    """A vLLM older than 0.24 drains without a word: once its gauges say nothing is in flight, the workers go."""
+    runtime, clock = FakeRuntime(), FakeClock()
+    probes = Scripted(runtime)
+    async with running(config(tmp_path, supervisor={"stop_grace_s": 90}), runtime, clock, probes=probes) as node:
+        await serving(node, runtime)
+        workers = Workers(node)
+        node.daemon.node.group = workers  # type: ignore[assignment]
+        probes.probes.metrics_value = metrics(running=2)
+        began = clock.now()
+        await stop_command.execute(node.daemon.control, NowRequest())
+        await node.until(lambda: clock.now() >= began + 20)
+        assert workers.drain_when_stopped == [], "two requests in flight"
+        probes.probes.metrics_value = metrics(running=0)
+        await node.until(lambda: bool(workers.drain_when_stopped))
+        assert workers.drain_when_stopped == ["draining"] and clock.now() < began + 30
+        runtime.finish()
+        await node.until_state("stopped")

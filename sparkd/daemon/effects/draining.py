@@ -28,6 +28,7 @@ from sparkd.supervisor.healthsignal import Probes
 from sparkd.supervisor.readings import VllmMetrics
 
 GAUGES_S = 1.0  # vLLM's gauges during a drain: the count in flight between its log lines
+UNTOLD_S = 5.0  # a vLLM that logs no shutdown step by then (older than 0.24): its gauges say when it is done
 
 
 class DrainWatch:
@@ -37,6 +38,7 @@ class DrainWatch:
         self.log = log
         self.drain: Drain | None = None  # the stop in progress's (None: no stop follows vLLM's drain now)
         self.cut_by: str | None = None  # the operator cut the drain short (why, in words)
+        self.told = False  # vLLM logged a step of its shutdown: its log, not its gauges, says when it is done
         self._changed = anyio.Event()
 
     @property
@@ -45,7 +47,7 @@ class DrainWatch:
 
     def begin(self, launched_drain: int) -> Drain:
         """sparkd sends SIGTERM to a vLLM launched with ``--shutdown-timeout launched_drain``."""
-        self.cut_by = None
+        self.cut_by, self.told = None, False
         self._set(drainlog.begin(self.clock.now(), launched_drain))
         assert self.drain is not None
         return self.drain
@@ -59,6 +61,7 @@ class DrainWatch:
     def on_line(self, line: str) -> None:
         """One of vLLM's (redacted) lines, while a stop follows its drain."""
         if self.drain is not None:
+            self.told = self.told or drainlog.is_drain_line(line)
             self._set(drainlog.advance(self.drain, line, self.clock.now()))
 
     def cut(self, why: str) -> bool:
@@ -106,10 +109,15 @@ class DrainWatch:
             return
         while not over.is_set():
             d, now = self.drain, self.clock.now()
-            # not a gauge's 0: vLLM's CPU build reads 0 while streams run (tests/drainwatch.py), its log says when
             if d is None or d.requests_done or d.left_s(now) <= 0 or self.cut_by is not None:
                 return
-            await self._next_change(within_s=max(0.05, d.left_s(now)))
+            # A gauge's 0 only where vLLM logs no shutdown step: vLLM's CPU build reads 0 while streams run
+            # (tests/drainwatch.py); one that logs them says when it is done.
+            untold = not self.told and now - d.started_at >= UNTOLD_S
+            if untold and d.in_flight == 0:
+                return
+            wait = d.left_s(now) if self.told or untold else min(d.left_s(now), d.started_at + UNTOLD_S - now)
+            await self._next_change(within_s=max(0.05, wait))
 
     def wake(self) -> None:
         """Whoever waits on the drain looks again (the stop's SIGTERM is over)."""
