@@ -357,3 +357,13 @@ async def test_a_head_whose_vllm_logs_no_shutdown_step_goes_by_its_gauges(tmp_pa
         assert workers.drain_when_stopped == ["draining"] and clock.now() < began + 30
         runtime.finish()
         await node.until_state("stopped")
+
+
+def test_restart_wait_shows_the_drain_as_progress() -> None:
+    from sparkd.cli.progress import describe_step, live_text
+
+    drain = {"state": "draining", "in_flight": 3, "left_s": 97.0, "sentence": "draining: 3 in flight, 97 s left"}
+    entry = {"at": 0.0, "state": "stopping", "phase": "draining", "drain": drain}
+    assert describe_step(entry) == "stopping: draining: 3 in flight, 97 s left"
+    assert live_text("ready", {"state": "stopping", "drain": drain}, 4.0).startswith(
+        "stopping: draining: 3 in flight, 97 s left   00:04 elapsed")
