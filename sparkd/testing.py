@@ -140,7 +140,6 @@ class _Proc:
     exit: ExitInfo | None = None
     ignores_sigterm: bool = False
     drains: bool = False  # SIGTERM starts a drain: it ends when the script says (``finish``) or on SIGKILL
-    sigterm: bool = False  # SIGTERM came
     ended: anyio.Event = field(default_factory=anyio.Event)
     more: anyio.Event = field(default_factory=anyio.Event)
 
@@ -192,7 +191,6 @@ class FakeRuntime(Runtime):
     async def stop(self, instance: Instance, grace_s: float) -> ExitInfo:
         self.stops.append((instance.pid, grace_s))
         proc = self.procs[instance.pid]
-        proc.sigterm = True
         if proc.exit is None and proc.drains:  # a drain: the script ends it, or the kill (a grace of 0) does
             if grace_s > 0:
                 await proc.ended.wait()
