@@ -139,6 +139,7 @@ class _Proc:
     serving: bool = False
     exit: ExitInfo | None = None
     ignores_sigterm: bool = False
+    drains: bool = False  # SIGTERM starts a drain: it ends when the script says (``finish``) or on SIGKILL
     ended: anyio.Event = field(default_factory=anyio.Event)
     more: anyio.Event = field(default_factory=anyio.Event)
 
@@ -190,6 +191,13 @@ class FakeRuntime(Runtime):
     async def stop(self, instance: Instance, grace_s: float) -> ExitInfo:
         self.stops.append((instance.pid, grace_s))
         proc = self.procs[instance.pid]
+        if proc.exit is None and proc.drains:  # a drain: the script ends it, or the kill (a grace of 0) does
+            if grace_s > 0:
+                await proc.ended.wait()
+                assert proc.exit is not None
+                return proc.exit
+            self.end(instance.pid, ExitInfo(exit_code=None, signal=9))
+            return replace(proc.exit or ExitInfo(exit_code=None), killed=(instance.pid,))
         if proc.exit is None:
             self.end(instance.pid, ExitInfo(exit_code=None, signal=9 if proc.ignores_sigterm else 15))
             if proc.ignores_sigterm:
@@ -237,6 +245,12 @@ class FakeRuntime(Runtime):
         assert proc is not None, "no instance runs"
         proc.lines.extend(lines)
         proc.more.set()
+
+    def finish(self, exit_code: int = 0) -> None:
+        """The current instance's drain is over: it exits on its own."""
+        proc = self.current
+        assert proc is not None, "no instance runs"
+        self.end(proc.instance.pid, ExitInfo(exit_code=exit_code))
 
     def serve(self) -> None:
         assert self.current is not None

@@ -119,7 +119,7 @@ MUTANTS = [
       "leaving preflight does not cancel the running preflight", LOOP, REMEMBERED, EFFECTS),
     m("F05", D + "loop/supervisor.py", "if self.shutting_down and self.idle():", "if self.shutting_down:",
       "a shutdown exits without waiting for vLLM's stop", REMEMBERED, LOOP),
-    m("F06", "sparkd/supervisor/stopreport.py", "    if grace_s is not None:\n", "    if False:\n",
+    m("F06", "sparkd/supervisor/graces.py", "    if guard_grace_s is not None:\n", "    if False:\n",
       "the guard's stop grace is ignored", LOOP),
     m("F07", D + "effects/stopping.py",
       "            self.record.remove()\n        await self.leftovers.sweep(cfg)",

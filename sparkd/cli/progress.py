@@ -38,6 +38,8 @@ def describe_step(entry: dict[str, Any]) -> str:
     phase = entry.get("phase")
     if not phase:
         return str(entry["state"])
+    if entry.get("drain"):  # a stop drains vLLM's requests in flight: "stopping: draining: 3 in flight, 97 s left"
+        return f"{entry['state']}: {entry['drain'].get('sentence', phase)}"
     text = PHASE_TEXT.get(phase, phase)
     if entry.get("shards"):
         text += f" {entry['shards'][0]}/{entry['shards'][1]} shards"
@@ -67,6 +69,8 @@ def live_text(target: str, s: dict[str, Any], elapsed: float) -> str:
     text = f"{s.get('state', '?')}"
     if s.get("phase") and s.get("state") == "starting":
         text = describe_step({"state": s["state"], "phase": s["phase"], "shards": s.get("shards")})
+    elif s.get("drain") and s.get("state") == "stopping":
+        text = describe_step({"state": s["state"], "phase": "draining", "drain": s["drain"]})
     text += f"   {_clock(elapsed)} elapsed"
     last = s.get("last_start_s")
     if target == "ready" and last and s.get("state") in ("preflight", "starting"):

@@ -38,6 +38,7 @@ from sparkd.config import Config, Role
 from sparkd.host.clock import Clock
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.graces import stop_wait_s
 from sparkd.supervisor.states import RUNNING, State
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ class Coordinator:
         return Failure.of(cls, f"The worker on {peer}: {what}; its sparkd reports: \u201c{said}\u201d")
 
     def _stop_timeout(self) -> float:
-        return self.cfg.supervisor.stop_grace_s + 60.0
+        return stop_wait_s(self.cfg) + 30.0  # the worker's own wait, and the way there and back
 
     def _since(self, started: float) -> float:
         """Seconds since ``started``, precise enough to tell from the log which workers overlapped."""

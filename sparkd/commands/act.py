@@ -35,10 +35,31 @@ class Request(Value):
         return {"local": "1"} if self.local else {}
 
 
-async def act(control: Control, command: Route, observation: Callable[[], v.Observation], request: Request,
-              *, forwardable: bool = True) -> Reply:
+NOW = Flag("now", "Do not wait for the requests in flight: skip vLLM's drain ([stop] drain_s), or cut short the "
+                  "drain of a stop already running.")
+
+
+class NowRequest(Value):
+    """``stop`` and ``restart``: ``now`` skips the drain (or cuts short the one running)."""
+
+    __slots__ = ("local", "now")
+
+    def __init__(self, local: bool = False, now: bool = False) -> None:
+        self.local = local
+        self.now = now
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> NowRequest:
+        return cls(local=flag(params, "local"), now=flag(params, "now"))
+
+    def to_params(self) -> dict[str, str]:
+        return {**({"local": "1"} if self.local else {}), **({"now": "1"} if self.now else {})}
+
+
+async def act(control: Control, command: Route, observation: Callable[[], v.Observation],
+              request: Request | NowRequest, *, forwardable: bool = True) -> Reply:
     if control.worker and forwardable and not request.local and control.group is not None:
-        done, answer = await control.group.forward(command)
+        done, answer = await control.group.forward(command, request)
         if not done:
             return refused(answer.get("error") or "the head refused", control.status())
         return ok({**(answer.get("result") or {}), "forwarded_to": answer["forwarded_to"]})

@@ -1,5 +1,6 @@
-"""``POST /v1/restart`` — ``sparkctl restart [--wait] [--local]``: stop vLLM, preflight, start it again; also
-closes the breaker and forgets the failures. It reloads the config on disk first, so it always launches the
+"""``POST /v1/restart`` — ``sparkctl restart [--wait] [--local] [--now]``: stop vLLM (the requests in flight finish
+first, ``[stop] drain_s``; ``--now`` does not wait for them), preflight, start it again; also closes the breaker and
+forgets the failures. It reloads the config on disk first, so it always launches the
 validated config (an invalid one refuses the restart). On a group's worker the head restarts the whole group.
 """
 
@@ -8,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sparkd.commands.act import LOCAL, Request, accepted, act
+from sparkd.commands.act import LOCAL, NOW, accepted, act
+from sparkd.commands.act import NowRequest as Request
 from sparkd.commands.base import Reply, refused
 from sparkd.commands.command import Cli, Command
 
@@ -29,7 +31,7 @@ async def execute(control: Control, request: Request) -> Reply:
         if problems:
             return refused("the config on disk is invalid, so sparkd will not restart with it:\n  "
                            + "\n  ".join(problems), control.status())
-    return await act(control, COMMAND, v.RestartRequested, request, forwardable=True)
+    return await act(control, COMMAND, lambda: v.RestartRequested(now=request.now), request, forwardable=True)
 
 
 def render(result: Mapping[str, Any]) -> str:
@@ -37,6 +39,7 @@ def render(result: Mapping[str, Any]) -> str:
 
 
 COMMAND = Command("restart", "POST", Request, execute, render, cli=Cli(
-    help="Stop vLLM, preflight, start it again; also closes the breaker and forgets the failures. It reloads "
-         "the config on disk first (an invalid one refuses the restart).",
-    flags=(LOCAL,), waits_for="ready"))
+    help="Stop vLLM (the requests in flight finish first; --now does not wait for them), preflight, start it "
+         "again; also closes the breaker and forgets the failures. It reloads the config on disk first (an invalid "
+         "one refuses the restart).",
+    flags=(LOCAL, NOW), waits_for="ready"))

@@ -60,6 +60,9 @@ def render(s: Status) -> str:
         lines.append(f"  health: {s['health']}")
     if s.get("watch_note"):
         lines.append(f"  note: {s['watch_note']}")
+    drain = s.get("drain")
+    if drain and drain.get("state") == "draining":
+        lines.append(f"  {drain['sentence']} (`sparkctl stop --now` cuts it short)")
     if s.get("backoff_until"):
         lines.append(f"  next start at {when(s['backoff_until'])}")
     breaker = s.get("breaker")
@@ -106,7 +109,8 @@ def _timing(timing: Mapping[str, Any]) -> list[str]:
     line = f"  last start: sparkd {timing['sparkd_s']:.2f} s to exec (slowest: {slowest[0]} {slowest[1]:.2f} s)"
     if timing.get("phases_s"):
         line += ", vLLM " + ", ".join(f"{phase} {secs:.1f} s" for phase, secs in timing["phases_s"].items())
-    return [line]
+    cache = timing.get("compile_cache")
+    return [line, *([f"  start: {cache['sentence']}"] if cache and cache.get("sentence") else [])]
 
 
 def _config(config: Mapping[str, Any]) -> list[str]:

@@ -29,6 +29,8 @@ from sparkd.daemon.boot.serving import start_servers
 from sparkd.daemon.boot.sighandler import SignalHandler
 from sparkd.daemon.boot.sockets import Sockets, StartupError, open_sockets
 from sparkd.daemon.boot.startup import Trusted, bound_malloc_arenas, prepare_or_status
+from sparkd.daemon.effects.compilememory import CompileMemory
+from sparkd.daemon.effects.draining import DrainWatch
 from sparkd.daemon.effects.evidence import FailureEvidence
 from sparkd.daemon.effects.facts import ContainerFacts
 from sparkd.daemon.effects.files import StateWriter
@@ -134,7 +136,9 @@ class Daemon:
         self.memory = MemorySampler(sup.config(), clock)
         self.recorder = self._recorder()
         self.start_guard = StartGuard(self.state_dir, self.memory, self.recorder.note, sup.post, self.files, clock, log)
-        output = VllmOutput(self.redaction, self.vllm_log, sup.post, clock, log)
+        self.compiled = CompileMemory(self.state_dir, self.files, self.facts.image_id, log)
+        output = VllmOutput(self.redaction, self.vllm_log, sup.post, DrainWatch(sup.post, clock, log), self.compiled,
+                            clock, log)
         self.leftovers = Leftovers(plan, self.state_dir, sweep=host.sweep, gpus=host.gpus, clock=clock, log=log)
         evidence = NodeEvidence(self.evidence, self.guard, self.local)
         reports = NodeWatchReports(sup, output, evidence, group=self.group, gpu=self.gpu)
@@ -176,7 +180,7 @@ class Daemon:
         self.on_state = in_order(self.recorder.on_state, self.start_guard.on_state, self.history.on_state,
                                  self.metrics.on_state, self.control.on_state, self.breaker.on_state,
                                  OwnLog(self.redaction, self.log).on_state, self.upkeep.on_state,
-                                 self.publisher.on_state)
+                                 self.publisher.on_state, self.compiled.on_state)
         self._scope: anyio.CancelScope | None = None
 
     @property

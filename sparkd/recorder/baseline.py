@@ -3,7 +3,10 @@
 **Settle.** After vLLM is killed, the reaper of its process can hold tens of GiB for a while; a start in that
 window finds too little memory, or takes what the host needs. Before every start sparkd waits until MemAvailable
 has stayed within ``band`` for ``settle_s`` (:func:`settled`), at most ``settle_timeout_s``. The settled value,
-taken with nothing of vLLM's running, is the node's **baseline** for that start.
+taken with nothing of vLLM's running, is the node's **baseline** for that start. A restart whose memory is already
+back where the last start found it (:func:`back`: within half of ``min_fall`` of the last baseline) waits no longer:
+nothing is held any more, and no fall could be read from waiting (a restart's memory settle was sparkd's whole
+overhead on the real vLLM, tests/bench/README.md §11).
 
 **The gate.** On GB10 a killed vLLM can leave memory the driver never gives back (UVM): every restart then starts
 from a lower baseline, until the host freezes. :func:`reboot_verdict` reads the baselines of this boot: when the
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 from sparkd.guard.sample import gib
 
-__all__ = ["Baseline", "Verdict", "reboot_verdict", "settled"]
+__all__ = ["Baseline", "Verdict", "back", "reboot_verdict", "settled"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,15 @@ def settled(samples: Sequence[tuple[float, int]], now: float, settle_s: float, b
     if max_gap_s is not None and any(b[0] - a[0] > max_gap_s for a, b in itertools.pairwise(window)):
         return None
     return int(statistics.median(values))
+
+
+def back(samples: Sequence[tuple[float, int]], last: Baseline | None, min_fall: int) -> int | None:
+    """The newest MemAvailable when it is back where the last start found it (within half of ``min_fall``, the
+    smallest fall the gate counts): the baseline of this start at once; else None (the settle goes on)."""
+    if last is None or not samples:
+        return None
+    newest = samples[-1][1]
+    return newest if newest >= last.available - min_fall // 2 else None
 
 
 def _falls(values: Sequence[int], min_fall: int) -> int:

@@ -33,9 +33,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from sparkd.config import Config
+from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.failures import wedged
 
 __all__ = ["FLAG", "SWEEP_S", "WAIT_MARGIN_S", "StopKind", "StopPlan", "container_stop_timeout_s", "drained_grace_s",
-           "launched_drain_s", "plan_stop", "stop_wait_s", "unit_stop_timeout_s"]
+           "launched_drain_s", "plan_for", "plan_stop", "stop_wait_s", "unit_stop_timeout_s"]
 
 FLAG = "--shutdown-timeout"
 SWEEP_S = 30.0  # after the stop: the stale-process and /dev/shm sweep, the instance record
@@ -102,16 +104,18 @@ def unit_stop_timeout_s(cfg: Config) -> float:
 
 
 def plan_stop(cfg: Config, *, launched_drain: int, now: bool = False, guard_grace_s: float | None = None,
-              wedged: bool = False, failed: bool = False, serving: bool = True) -> StopPlan:
+              wedged: bool = False, failed: bool = False, serving: bool = True,
+              wedge: str = "vLLM is wedged") -> StopPlan:
     """The plan of one stop of a vLLM launched with ``--shutdown-timeout launched_drain``.
 
     ``guard_grace_s``: the memory guard's grace (it rides on its stop); ``wedged``: a wedge verdict or a peer rank
-    gone under it; ``failed``: the stop answers another failure; ``serving``: vLLM was ready (or degraded)."""
+    gone under it (``wedge`` says which, in words); ``failed``: the stop answers another failure; ``serving``: vLLM
+    served its clients (ready or degraded; a headless rank serves none)."""
     sup, drains = cfg.supervisor, launched_drain > 0
     if guard_grace_s is not None:
         return StopPlan(StopKind.guard, guard_grace_s, 0.0, drains, "the memory guard's stop_grace_s")
     if wedged:
-        return StopPlan(StopKind.hung, sup.hung_stop_grace_s, 0.0, False, "hung_stop_grace_s: vLLM is wedged")
+        return StopPlan(StopKind.hung, sup.hung_stop_grace_s, 0.0, False, f"hung_stop_grace_s: {wedge}")
     if now:
         return StopPlan(StopKind.now, sup.stop_grace_s, 0.0, drains, "stop_grace_s: the stop skips the drain")
     if failed:
@@ -122,3 +126,16 @@ def plan_stop(cfg: Config, *, launched_drain: int, now: bool = False, guard_grac
         return StopPlan(StopKind.drain, sup.stop_grace_s, 0.0, False, "stop_grace_s (drain_s = 0: no drain)")
     return StopPlan(StopKind.drain, drained_grace_s(cfg, launched_drain), float(launched_drain), False,
                     f"drain_s {launched_drain} s + stop_grace_s {sup.stop_grace_s:g} s")
+
+
+def plan_for(stop: v.Stop, cfg: Config, *, launched_drain: int, headless: bool = False) -> StopPlan:
+    """The plan of the lifecycle's ``Stop`` action, under the config its state was decided in: the guard's grace rides
+    on it, a wedge verdict (or ``hung``: a peer rank died under it) is the short grace, ``now`` skips the drain, a
+    failure or a start not serving yet has no request to wait for. A headless rank serves no client: its requests
+    live on the head, which stops it only once its own are done."""
+    failure = stop.failure
+    wedge = f"vLLM was wedged ({failure.cls.value})" if failure is not None and wedged(failure) else \
+        "its peer rank is gone"
+    return plan_stop(cfg, launched_drain=launched_drain, now=stop.now, guard_grace_s=stop.grace_s,
+                     wedged=wedged(failure) or stop.hung, wedge=wedge, failed=failure is not None,
+                     serving=stop.serving and not headless)

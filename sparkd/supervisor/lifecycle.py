@@ -31,7 +31,7 @@ from sparkd.supervisor import policy
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Budget, Failure, FailureClass
 from sparkd.supervisor.repeat import comparable
-from sparkd.supervisor.states import RUNNING, After, Intent, Limits, Machine, State
+from sparkd.supervisor.states import RUNNING, SERVING, After, Intent, Limits, Machine, State
 
 __all__ = ["IGNORED", "TABLE", "Edge", "Step", "startup_hang", "step"]
 
@@ -72,14 +72,20 @@ def _preflight(m: Machine, now: float, **changes: Any) -> Result:
 
 
 def _stop(m: Machine, now: float, after: After, reason: str, *, failure: Failure | None = None,
-          grace_s: float | None = None, recorded: bool = False, hung: bool = False) -> Result:
+          grace_s: float | None = None, recorded: bool = False, hung: bool = False,
+          skip_drain: bool = False) -> Result:
     actions: list[v.Action] = []
     changes: dict[str, Any] = {"after": after, "answering": failure, "health_note": None}
     if failure is not None:
         actions.append(v.RecordIncident(failure, written=recorded))
         changes["last_failure"] = failure
-    actions.append(v.Stop(reason, grace_s, failure, hung))
+    actions.append(v.Stop(reason, grace_s, failure, hung, now=skip_drain, serving=m.state in SERVING))
     return _to(m, State.stopping, now, **changes), actions
+
+
+def _cut(obs: v.StopRequested | v.RestartRequested) -> list[v.Action]:
+    """An operator's ``--now`` while a stop runs: its drain is cut short."""
+    return [v.CutStop()] if obs.now else []
 
 
 def _give_up(m: Machine, now: float, reason: str) -> Result:
@@ -138,9 +144,9 @@ def _start_after_stop(m: Machine, obs: v.StartRequested, now: float, limits: Lim
 def _stop_request(m: Machine, obs: v.StopRequested, now: float, limits: Limits) -> Result:
     m = replace(m, intent=Intent.stop)
     if m.state in RUNNING:
-        return _stop(m, now, After.stay, "operator stop")
+        return _stop(m, now, After.stay, "operator stop", skip_drain=obs.now)
     if m.state is State.stopping:
-        return replace(m, after=After.recover if m.after is After.recover else After.stay), []
+        return replace(m, after=After.recover if m.after is After.recover else After.stay), _cut(obs)
     if m.state is State.failed:
         return m, []
     return _to(m, State.stopped, now), []
@@ -157,9 +163,9 @@ def _shutdown(m: Machine, obs: v.ShutdownRequested, now: float, limits: Limits) 
 def _restart(m: Machine, obs: v.RestartRequested, now: float, limits: Limits) -> Result:
     m = replace(m, intent=Intent.run, restart_state=policy.reset(m.restart_state), restart_reason="operator")
     if m.state in RUNNING:
-        return _stop(m, now, After.restart, "operator restart")
+        return _stop(m, now, After.restart, "operator restart", skip_drain=obs.now)
     if m.state is State.stopping:
-        return replace(m, after=After.restart, answering=None), []
+        return replace(m, after=After.restart, answering=None), _cut(obs)
     if m.state is State.preflight:
         return m, []
     return _preflight(m, now)

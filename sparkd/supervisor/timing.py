@@ -3,8 +3,9 @@ check, and vLLM's cold-start phases (weights, compile and profile, KV cache, CUD
 
 One :class:`LaunchTiming` per launch, a value: the preflight makes it and times its steps, the launch adds its own
 and vLLM's exec (``PreflightDone`` and ``Launched`` carry it), the node's state adds each phase as it is first
-seen and ready. ``to_json`` is what status shows and metrics export, so an operator sees where an 8-minute start
-went.
+seen, what the log said of the compile cache (``CompileCacheRead``) and ready. ``to_json`` is what status shows,
+metrics export and the incident of a start that failed keeps (its last phase up to the failure), so an operator
+sees where an 8-minute start went.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sparkd.supervisor.compilelog import CompileCache, Verdict
 from sparkd.supervisor.progress import PHASE_ORDER, Phase
 
 
@@ -24,6 +26,9 @@ class LaunchTiming:
     phase_at: Mapping[Phase, float] = field(default_factory=dict)  # when each startup phase was first seen
     ready_at: float | None = None
     adopted: bool = False  # phases replayed from an adopted instance's log: their times mean nothing
+    compile: CompileCache | None = None  # what the start's log said of vLLM's compile cache
+    compile_expected: bool = False  # a hit was due: the last start stored the same entry
+    compile_explained: str | None = None  # what explains a miss ("image changed")
 
     def step(self, name: str, seconds: float) -> LaunchTiming:
         return replace(self, steps={**self.steps, name: round(seconds, 4)})
@@ -40,21 +45,41 @@ class LaunchTiming:
     def ready(self, at: float) -> LaunchTiming:
         return self if self.ready_at is not None else replace(self, ready_at=at)
 
-    def phase_seconds(self) -> dict[str, float]:
-        """Seconds spent in each phase reached, up to the next one (the last one up to ready)."""
+    def compiled(self, cache: CompileCache, expected: bool, explained: str | None) -> LaunchTiming:
+        return replace(self, compile=cache, compile_expected=expected, compile_explained=explained)
+
+    @property
+    def unexpected_miss(self) -> bool:
+        """The compile cache missed where the last start stored the same entry: a warning."""
+        return self.compile is not None and self.compile.verdict is Verdict.miss and self.compile_expected
+
+    def compile_json(self) -> dict[str, Any] | None:
+        """``{"verdict": "hit", "seconds": 12.0, "sentence": "compile cache hit, 12 s", ...}``; None before vLLM's
+        log says anything of its compile cache."""
+        cache = self.compile
+        if cache is None or cache.verdict is Verdict.unknown:
+            return None
+        return {**cache.to_json(), "expected": self.compile_expected, "explained": self.compile_explained,
+                "unexpected_miss": self.unexpected_miss,
+                "sentence": cache.sentence(self.compile_expected, self.compile_explained)}
+
+    def phase_seconds(self, until: float | None = None) -> dict[str, float]:
+        """Seconds spent in each phase reached, up to the next one (the last one up to ready, or ``until``: where a
+        start that never became ready ended)."""
         if self.adopted:
             return {}
         reached = [p for p in PHASE_ORDER if p in self.phase_at]
         out: dict[str, float] = {}
         for here, nxt in zip(reached, [*reached[1:], None], strict=False):
-            end = self.phase_at[nxt] if nxt is not None else self.ready_at
+            end = self.phase_at[nxt] if nxt is not None else self.ready_at if self.ready_at is not None else until
             if end is not None:
-                out[here.value] = round(end - self.phase_at[here], 3)
+                out[here.value] = round(max(0.0, end - self.phase_at[here]), 3)
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, until: float | None = None) -> dict[str, Any]:
+        """``until``: a start that failed ended then (its last phase lasted until it)."""
         overhead = None if self.exec_at is None else round(self.exec_at - self.requested_at, 4)
         cold = None if self.ready_at is None or self.exec_at is None or self.adopted else round(
             self.ready_at - self.exec_at, 3)
         return {"sparkd_s": overhead, "steps_s": dict(self.steps), "vllm_start_s": cold,
-                "phases_s": self.phase_seconds(), "adopted": self.adopted}
+                "phases_s": self.phase_seconds(until), "adopted": self.adopted, "compile_cache": self.compile_json()}

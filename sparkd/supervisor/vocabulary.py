@@ -17,16 +17,18 @@ from sparkd.supervisor.failures import Failure
 
 if TYPE_CHECKING:  # types only: a TAB's import of the commands stays light
     from sparkd.config import Config
+    from sparkd.supervisor.compilelog import CompileCache
+    from sparkd.supervisor.drainlog import Drain
     from sparkd.supervisor.instance import Instance
     from sparkd.supervisor.progress import Startup
     from sparkd.supervisor.stopreport import StopReport
     from sparkd.supervisor.timing import LaunchTiming
 
 __all__ = [
-    "Action", "Adopted", "BecameReady", "ConfigReplaced", "Exited", "HealthDegraded", "HealthFailed",
-    "HealthRecovered", "Launch", "LaunchFailed", "Launched", "NodeFact", "Observation", "Posted", "PreflightDone",
-    "Progress", "RecordIncident", "ResetRequested", "RestartRequested", "RunPreflight", "Settling",
-    "ShutdownRequested", "StartRequested", "Stop", "StopDone", "StopRequested", "Tick",
+    "Action", "Adopted", "BecameReady", "CompileCacheRead", "ConfigReplaced", "CutStop", "Draining", "Exited",
+    "HealthDegraded", "HealthFailed", "HealthRecovered", "Launch", "LaunchFailed", "Launched", "NodeFact",
+    "Observation", "Posted", "PreflightDone", "Progress", "RecordIncident", "ResetRequested", "RestartRequested",
+    "RunPreflight", "Settling", "ShutdownRequested", "StartRequested", "Stop", "StopDone", "StopRequested", "Tick",
 ]
 
 
@@ -50,12 +52,18 @@ class StartRequested:
 
 @dataclass(frozen=True)
 class StopRequested:
-    """The operator wants vLLM stopped, and stopped it stays — also across daemon restarts."""
+    """The operator wants vLLM stopped, and stopped it stays — also across daemon restarts. ``now``: without
+    waiting for the requests in flight (``sparkctl stop --now``; during a drain it cuts the drain short)."""
+
+    now: bool = False
 
 
 @dataclass(frozen=True)
 class RestartRequested:
-    """Operator restart: closes the breaker and forgets the failures (like reset), then starts afresh."""
+    """Operator restart: closes the breaker and forgets the failures (like reset), then starts afresh. ``now``: the
+    stop skips the drain (``sparkctl restart --now``)."""
+
+    now: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,8 +185,26 @@ class Settling:
     phase: str | None
 
 
-NodeFact = ConfigReplaced | Settling
-NODE_FACTS: tuple[type, ...] = (ConfigReplaced, Settling)
+@dataclass(frozen=True)
+class Draining:
+    """The stop in progress drains: vLLM's requests in flight and the time left, as its log and gauges show them
+    (``sparkd.supervisor.drainlog``); None: no drain (the stop is over)."""
+
+    drain: Drain | None
+
+
+@dataclass(frozen=True)
+class CompileCacheRead:
+    """What the start's log says of vLLM's compile cache (``sparkd.supervisor.compilelog``): ``expected``, a hit
+    was due (the last start stored the same entry); ``explained``: what explains a miss (``image changed``)."""
+
+    cache: CompileCache
+    expected: bool = False
+    explained: str | None = None
+
+
+NodeFact = ConfigReplaced | Settling | Draining | CompileCacheRead
+NODE_FACTS: tuple[type, ...] = (ConfigReplaced, Settling, Draining, CompileCacheRead)
 Posted = Observation | NodeFact  # what the loop's queue carries
 
 
@@ -205,6 +231,13 @@ class Stop:
     grace_s: float | None = None  # None: the configured grace (hung_stop_grace_s for a wedged vLLM, else stop_grace_s)
     failure: Failure | None = None  # the failure the stop answers (a wedge verdict: the short grace)
     hung: bool = False  # known wedged whatever the failure's class (a peer rank died under it): the short grace
+    now: bool = False  # the operator's stop that skips the drain (--now)
+    serving: bool = True  # vLLM served when the stop was decided: requests may be in flight
+
+
+@dataclass(frozen=True)
+class CutStop:
+    """End the stop in progress now: its drain is cut short (``sparkctl stop --now`` while vLLM drains)."""
 
 
 @dataclass(frozen=True)
@@ -215,4 +248,4 @@ class RecordIncident:
     written: bool = False
 
 
-Action = RunPreflight | Launch | Stop | RecordIncident
+Action = RunPreflight | Launch | Stop | RecordIncident | CutStop

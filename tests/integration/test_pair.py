@@ -3,8 +3,12 @@ through the master port, recovering together from every way one side can go."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from daemon_harness import alive, kill_tree, tree
@@ -110,3 +114,50 @@ def test_sparkctl_on_the_worker_acts_on_the_whole_pair(make_pair: Any) -> None:
     assert new_head != head_pid and new_worker != worker_pid
     local = pair.worker.ctl("stop", "--local")
     assert "acts on this node's rank alone" in local.stderr
+
+
+STREAMS = """\
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import drainwatch
+streams, threads = drainwatch.start_streams("http://127.0.0.1:8000", "test-model", 2, int(sys.argv[2]))
+drainwatch.wait_begun(streams)
+print("begun", flush=True)
+for thread in threads:
+    thread.join(120)
+print(json.dumps([s.summary(0.0) | {"complete": s.complete} for s in streams]), flush=True)
+"""
+
+
+def test_a_restart_drains_the_heads_requests_before_the_worker_rank_stops(make_pair: Any, tmp_path: Any) -> None:
+    """vLLM 0.32's drain (the stand-in's, held to the real one): the head's API server drains its streams while the
+    worker's rank runs on (a worker stopped first turns every request in flight into an NCCL error); only then the
+    worker's rank is stopped, and the group restarts with its every-rank-stopped proof as before."""
+    env = {"SPARKD_STANDIN_VLLM_VERSION": "0.32.0", "SPARKD_STANDIN_TOKENS_PER_S": "40"}
+    pair = make_pair(launch={"env": env}, stop={"drain_s": 60}).start()
+    head_pid, worker_pid = pair.ready()
+    script = tmp_path / "streams.py"
+    script.write_text(STREAMS)
+    tests = str(Path(__file__).resolve().parents[1])
+    client = subprocess.Popen(["ip", "netns", "exec", pair.link.head_ns, sys.executable, str(script), tests, "200"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout is not None and client.stdout.readline().strip() == "begun"
+        assert pair.head.ctl("restart").returncode == 0
+        draining = pair.head.wait_for(lambda s: (s.get("drain") or {}).get("state") == "draining", 30,
+                                      "the head drains")
+        assert draining["state"] == "stopping"
+        out, _ = client.communicate(timeout=120)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    streams = json.loads(out.strip().splitlines()[-1])
+    assert all(s["complete"] for s in streams), streams
+    new_head, new_worker = pair.ready(head_launches=2, timeout=120)
+    assert new_head != head_pid and new_worker != worker_pid
+    drained = [e for e in pair.head.events("drain") if e.get("state") == "drained"]
+    stopping = pair.worker.events("stopping")
+    assert drained and stopping, (pair.head.events("drain"), stopping)
+    assert drained[0]["at"] <= stopping[0]["at"], "the worker's rank was stopped before the head's drain was over"
+    assert pair.head.status()["last_stop"]["drain"].startswith("drained in ")
+    pair.one_instance_per_node()

@@ -4,9 +4,8 @@ while a newcomer is refused at once.
 
 The tiny model answers 480 tokens in under a second, faster than the API server streams them, so vLLM's worker runs a
 twentieth of the time while the streams are in flight (tests/drainwatch.py ``Throttle``): the drain lasts seconds, as a
-large model's does for minutes, with the requests still in the engine. Until the daemon chooses the grace from the drain
-(issue 36, second half) its SIGTERM → SIGKILL grace is ``[supervisor] stop_grace_s``, so this tier sets it above
-the drain it needs; the test of ``sparkctl restart`` that needs that wiring is written below and marked xfail.
+large model's does for minutes, with the requests still in the engine. The daemon's SIGTERM → SIGKILL grace is the
+launch's drain plus ``[supervisor] stop_grace_s`` (sparkd.supervisor.graces): the tier's own config sets nothing more.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ DRAIN_S = 120  # the default [stop] drain_s, rendered as --shutdown-timeout
 @pytest.fixture(scope="module")
 def drain_tier(realvllm: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
     venv, model = realvllm
-    shared = Tier(tmp_path_factory.mktemp("realvllm-drain"), venv, model,
-                  sections={"supervisor": {"stop_grace_s": 150}})
+    shared = Tier(tmp_path_factory.mktemp("realvllm-drain"), venv, model)
     try:
         yield shared
     finally:
@@ -102,7 +100,6 @@ def test_a_stop_through_the_runtime_drains_the_streams_in_flight(drain_tier: Tie
     assert drainwatch.runs(flight.poller.health, began)[0] == "200", "/health answers during the drain"
 
 
-@pytest.mark.xfail(strict=False, reason="daemon wiring: issue 36 second half")
 def test_three_streams_survive_sparkctl_restart_and_now_aborts(drain_tier: Tier) -> None:
     """Issue 36's definition of done: three streams in flight during `sparkctl restart` all complete, the status
     says `draining` with the count falling, a newcomer is refused quickly, and the restart then serves; the same

@@ -15,7 +15,6 @@ from typing import Any
 
 import anyio
 
-from sparkd.commands.act import Request
 from sparkd.config import Config, config_from_mapping
 from sparkd.daemon.adapters import Adapters
 from sparkd.daemon.app import Daemon
@@ -104,7 +103,7 @@ class Node:
                 await anyio.sleep(0.001)
 
     async def command(self, module: Any) -> Any:
-        return await module.execute(self.daemon.control, Request())
+        return await module.execute(self.daemon.control, module.COMMAND.request())
 
 
 @asynccontextmanager

@@ -76,9 +76,10 @@ async def test_an_operator_stop_keeps_the_drain_grace(tmp_path: Path) -> None:
         node.daemon.sup.post(v.StopRequested())
         await node.until_state("stopped")
         await node.settled()
-        assert runtime.stops == [(pid, 90.0)]
+        assert runtime.stops == [(pid, 210.0)]
         stop = node.status()["last_stop"]
-        assert not stop["sigkilled"] and stop["grace_from"] == "stop_grace_s" and stop["reason"] == "operator stop"
+        assert not stop["sigkilled"] and stop["reason"] == "operator stop"
+        assert stop["grace_from"] == "drain_s 120 s + stop_grace_s 90 s" and stop["kind"] == "drain"
 
 
 class StuckGpu:

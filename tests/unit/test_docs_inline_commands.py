@@ -73,7 +73,7 @@ def test_the_check_sees_the_commands_and_catches_drift() -> None:
     assert len(inline_commands()) >= 30  # the README's command table alone names more
     assert problems("sparkctl [--json] status") == []
     assert problems("sparkd explain LOGFILE [--exit-code N] [--signal SIG] [--json]") == []
-    assert problems("sparkctl restart --now") == ["--now is no option of restart"]
+    assert problems("sparkctl restart --soon") == ["--soon is no option of restart"]
     assert problems("sparkd check --config FILE") == ["'check' is no subcommand of main"]
     assert problems("sparkd --config FILE") == ["--config is no option of main", "'FILE' is no subcommand of main"]
     assert problems("sparkctl --json") == ["no subcommand named"]

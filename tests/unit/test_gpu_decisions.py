@@ -24,7 +24,7 @@ from sparkd.preflight import gpumemory
 from sparkd.preflight.base import Verdict
 from sparkd.preflight.processes import launch_title_prefix
 from sparkd.supervisor.failures import Failure, FailureClass
-from sparkd.supervisor.stopreport import StopReport, grace_for
+from sparkd.supervisor.stopreport import StopReport
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 GIB = 1 << 30
@@ -229,19 +229,6 @@ def test_a_figure_the_device_does_not_report_is_left_out() -> None:
 
 
 # ---- the stop's grace and report --------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("grace", "cls", "expected"), [
-    (None, FailureClass.hang, (5.0, "hung_stop_grace_s: vLLM was wedged (hang)")),
-    (None, FailureClass.stall, (5.0, "hung_stop_grace_s: vLLM was wedged (stall)")),
-    (None, FailureClass.peer_lost, (5.0, "hung_stop_grace_s: vLLM was wedged (peer_lost)")),
-    (None, FailureClass.oom, (90.0, "stop_grace_s")),
-    (None, None, (90.0, "stop_grace_s")),
-    (7.0, FailureClass.hang, (7.0, "the stop's own grace")),  # the guard's grace rides on its stop
-])
-def test_the_grace_of_a_stop(grace: float | None, cls: FailureClass | None, expected: tuple[float, str]) -> None:
-    failure = None if cls is None else Failure.of(cls, "x")
-    assert grace_for(grace, failure, drain_s=90.0, hung_s=5.0) == expected
 
 
 def test_the_report_of_the_real_hung_stop() -> None:

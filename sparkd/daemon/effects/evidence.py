@@ -166,7 +166,9 @@ class FailureEvidence:
         return at
 
     def _incident(self, failure: Failure, at: float, state: NodeState, **facts: Any) -> dict[str, Any]:
-        cfg, instance = state.config, state.instance
+        cfg, instance, timing = state.config, state.instance, state.timing
+        if timing is not None and timing.ready_at is None and not timing.adopted:  # where a failed start's time went
+            facts["start_timing"] = timing.to_json(until=self.clock.now())
         record = incident_record(failure, at=at, config_hash=cfg.launch_hash(), node=cfg.node.name,
                                  state=state.state.value, pid=instance.pid if instance else None, **facts)
         redacted: dict[str, Any] = self.redaction.of(cfg).mapping(record)

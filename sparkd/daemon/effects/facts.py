@@ -37,5 +37,8 @@ class ContainerFacts:
     def identity(self) -> ImageIdentity | None:
         return self.image
 
+    def image_id(self) -> str | None:
+        return self.image.id if self.image is not None else None
+
     def image_json(self) -> dict[str, Any] | None:
         return self.image.to_json() if self.image else None

@@ -22,6 +22,7 @@ from sparkd.host.logs import Logger
 from sparkd.runtime.base import Instance, LaunchError
 from sparkd.runtime.proctree import MARKER_ENV, ProcessIdentity, launch_marker
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.graces import launched_drain_s
 from sparkd.supervisor.launchfailure import host_refused, launch_refused
 from sparkd.supervisor.timing import LaunchTiming
 
@@ -58,7 +59,9 @@ class Launcher:
             if record is not None:
                 self.record.remove()
             return None
-        self.log.info("adopted", pid=instance.pid, container=instance.container_id)
+        if instance.drain_s is None:  # a record written before sparkd kept the drain: vLLM's argv says it
+            instance = instance.with_drain(launched_drain_s(_cmdline(instance.pid)))
+        self.log.info("adopted", pid=instance.pid, container=instance.container_id, drain_s=instance.drain_s)
         self.watching.attach(instance, cfg, self.reports, adopted=True)
         return instance
 
@@ -77,7 +80,7 @@ class Launcher:
             return v.LaunchFailed(launch_refused(str(exc), unavailable=exc.unavailable, exit_code=exc.exit_code))
         except OSError as exc:  # the host refuses what the launch writes: wait for it, spend no budget
             return v.LaunchFailed(host_refused(str(exc.strerror or exc), exc.filename, repr(exc)))
-        instance = _with_identity(instance, marker)
+        instance = _with_identity(instance, marker).with_drain(spec.drain_s)
         self.evidence.mark_launch()
         exec_at = self.clock.now()
         timing = timing.executed(exec_at).step("runtime.launch", exec_at - called)
@@ -93,3 +96,10 @@ def _with_identity(instance: Instance, marker: str) -> Instance:
     except (psutil.Error, ValueError):  # it ended already: wait() reports how
         return instance
     return replace(instance, identity=identity.to_record())
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except (psutil.Error, ValueError):
+        return []

@@ -60,19 +60,31 @@ class Node:
         self.post(await self.launcher.launch(state))
 
     async def stop(self, stop: v.Stop, state: NodeState) -> None:
+        """Stop this node's rank; on a group's head, the workers' once the head's engine has finished its requests
+        or given up (a worker stopped first turns every request in flight into an NCCL error) — at once when there
+        is nothing to drain — then the group's "every rank stopped, no VLLM::* left" proof as before."""
         reports: list[StopReport | None] = []
+        requests_done = anyio.Event()
 
         async def local() -> None:
-            report = await self.stops.stop(stop, state)
+            report = await self.stops.stop(stop, state, requests_done)
             if report is not None and stop.failure is not None:  # beside the loop: the incident may still be written
                 self.spawn(self.evidence.note_stop, stop.failure, report.to_json())
             reports.append(report)
 
+        async def workers(group: Coordinator) -> None:
+            await requests_done.wait()
+            await group.stop_workers()
+
         async with anyio.create_task_group() as tg:
             if self.role is Role.head and self.group is not None:
-                tg.start_soon(self.group.stop_workers)
+                tg.start_soon(workers, self.group)
             tg.start_soon(local)
         self.post(v.StopDone(reports[0], rand=self.rand()))
+
+    async def cut(self, state: NodeState) -> None:
+        """``sparkctl stop --now`` (or ``restart --now``) while this node's stop drains: end it now."""
+        self.stops.cut("the operator's --now")
 
     async def record(self, record: v.RecordIncident, state: NodeState) -> None:
         """Count the failure and keep its evidence (the guard wrote its own already); tell the group's head."""

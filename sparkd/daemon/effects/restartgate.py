@@ -2,11 +2,11 @@
 
 :meth:`StartGuard.before_start` runs first in the node's preflight. It samples MemAvailable every
 :data:`SAMPLE_S` until it has stayed within ``[recorder] settle_band`` for ``settle_s`` (at most
-``settle_timeout_s``), shown as the phase ``memory_settle`` in status and ``sparkctl restart --wait``. The settled
-value is this start's baseline, kept with the boot id in ``memory-baselines.json`` (a reboot starts the list over;
-so does an operator closing the breaker). When the baselines say memory is not coming back, it returns the
-``reboot_needed`` failure: the breaker opens with "reboot needed: N restarts lost X GiB that was never
-returned", before the host is at risk.
+``settle_timeout_s``; a restart whose memory is back at the last baseline at once), shown as the phase
+``memory_settle`` in status and ``sparkctl restart --wait``. The settled value is this start's baseline, kept with
+the boot id in ``memory-baselines.json`` (a reboot starts the list over; so does an operator closing the breaker).
+When the baselines say memory is not coming back, it returns the ``reboot_needed`` failure: the breaker opens with
+"reboot needed: N restarts lost X GiB that was never returned", before the host is at risk.
 """
 
 from __future__ import annotations
@@ -107,16 +107,20 @@ class StartGuard:
                           + ".", evidence="; ".join(f"{gib(b.available)}" for b in self.baselines[-6:]))
 
     async def _settle(self, cfg: Config) -> tuple[int | None, float]:
-        from sparkd.recorder.baseline import settled
+        from sparkd.recorder.baseline import back, settled
 
         rc = cfg.recorder
         started = self.clock.now()
+        last = self.baselines[-1] if self.baselines else None
         self.post(v.Settling("memory_settle"))
         try:
             while True:
                 now = self.clock.now()
                 self.memory.read()
-                value = settled(list(self.memory.samples), now, rc.settle_s, rc.settle_band, _cadence(cfg))
+                samples = list(self.memory.samples)
+                value = settled(samples, now, rc.settle_s, rc.settle_band, _cadence(cfg))
+                if value is None:  # a restart's memory already back where the last start found it: no wait
+                    value = back(samples, last, rc.reboot_min_fall)
                 if value is not None or now - started >= rc.settle_timeout_s:
                     return value, now - started
                 await self.clock.sleep(SAMPLE_S)

@@ -123,7 +123,7 @@ class Watching:
             topology=topology_of(cfg.nnodes, cfg.launch.tensor_parallel_size, cfg.launch.pipeline_parallel_size),
             clients_port=cfg.launch.port if self.runtime.shares_host_network else None)
         rank_headless = headless(cfg)
-        reports.output.begin(headless=rank_headless)
+        reports.output.begin(cfg, headless=rank_headless)
         self.watch = InstanceWatch(watched, self.runtime, reports, None if rank_headless else self.probes(cfg),
                                    self.settings, self.clock, self.log)
         self.spawn(self.watch.run)
@@ -137,6 +137,10 @@ class Watching:
     # ---- for the views and the guard (read only)
     def health(self) -> HealthTracker | None:
         return self.watch.health if self.watch is not None else None
+
+    def instance_probes(self) -> Probes | None:
+        """vLLM's HTTP surface as the watched instance's launch says (None: none watched, or a headless rank)."""
+        return self.watch.probes if self.watch is not None else None
 
     def metrics(self) -> VllmMetrics | None:
         """vLLM's last metrics scrape, while it is watched."""

@@ -20,6 +20,7 @@ from sparkd.cluster.ranks import group_role
 from sparkd.config import Config, Role
 from sparkd.supervisor import lifecycle
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.drainlog import Drain
 from sparkd.supervisor.instance import Instance
 from sparkd.supervisor.policy import RestartPolicy
 from sparkd.supervisor.progress import Startup
@@ -58,6 +59,7 @@ class NodeState:
     timing: LaunchTiming | None = None  # the current (or last) launch's
     last_stop: StopReport | None = None  # what the last stop of an instance did
     settling: str | None = None  # a phase the start's preflight runs before its checks (memory_settle)
+    drain: Drain | None = None  # the stop in progress drains vLLM's requests in flight (None: no drain now)
 
     @classmethod
     def boot(cls, machine: Machine, cfg: Config) -> NodeState:
@@ -80,6 +82,11 @@ def fold(s: NodeState, posted: v.Posted, now: float) -> Step:
         return Step(replace(s, config=posted.cfg, limits=limits_from(posted.cfg)), [], None)
     if isinstance(posted, v.Settling):
         return Step(s if s.settling == posted.phase else replace(s, settling=posted.phase), [], None)
+    if isinstance(posted, v.Draining):
+        return Step(s if s.drain is posted.drain else replace(s, drain=posted.drain), [], None)
+    if isinstance(posted, v.CompileCacheRead):
+        timing = s.timing.compiled(posted.cache, posted.expected, posted.explained) if s.timing else None
+        return Step(replace(s, timing=timing) if timing is not None else s, [], None)
     machine, actions, edge = lifecycle.step(s.machine, posted, now, s.limits)
     after = _carried(s if machine is s.machine else replace(s, machine=machine), posted, now)
     if machine.state is State.ready and s.machine.state is State.starting and after.timing is not None:
@@ -102,5 +109,5 @@ def _carried(s: NodeState, obs: v.Observation, now: float) -> NodeState:
             timing = timing.phase(obs.startup.phase, now)
         return replace(s, startup=obs.startup, timing=timing)
     if isinstance(obs, v.StopDone):
-        return replace(s, instance=None, last_stop=obs.report or s.last_stop)
+        return replace(s, instance=None, last_stop=obs.report or s.last_stop, drain=None)
     return s

@@ -11,6 +11,7 @@ own, with the state it was decided in. The loop never blocks: effects run beside
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import anyio
@@ -48,6 +49,9 @@ class Effects(Protocol):
 
     async def record(self, record: v.RecordIncident, state: NodeState) -> None:
         """Count the failure, keep its evidence (unless ``record.written``), tell the group's head."""
+
+    async def cut(self, state: NodeState) -> None:
+        """The stop in progress ends its instance now, its drain cut short (``--now`` while it drains)."""
 
 
 OnState = Callable[[NodeState, NodeState, v.Posted], None]  # (before, after, what was applied)
@@ -233,6 +237,11 @@ class Supervisor:
                 self._spawn(action, self.effects.stop, action, state)
         elif isinstance(action, v.RecordIncident):
             self._spawn(action, self.effects.record, action, state)
+        elif isinstance(action, v.CutStop):
+            if self._held:  # the stop waits for a launch: it will not drain either
+                self._held = [replace(stop, now=True) for stop in self._held]
+            else:
+                self._spawn(action, self.effects.cut, state)
 
     def _spawn(self, action: v.Action, fn: Callable[..., Awaitable[None]] | None, *args: Any) -> None:
         """Run an effect beside the loop. An effect that raises is a bug or a host problem, never the end of

@@ -27,6 +27,7 @@ from sparkd.daemon.views.status import StatusView
 from sparkd.host.logs import VllmLog
 from sparkd.preflight.runner import PreflightReport
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.graces import stop_wait_s
 from sparkd.supervisor.states import State, refusal
 
 if TYPE_CHECKING:
@@ -67,7 +68,9 @@ class DaemonControl:
 
     @property
     def stop_timeout_s(self) -> float:
-        return self.sup.config().supervisor.stop_grace_s + 30.0
+        """How long a rank's stop may take: the drain of the instance running now, its grace and a margin."""
+        instance = self.sup.instance()
+        return stop_wait_s(self.sup.config(), instance.drain_s if instance is not None else None)
 
     def status(self) -> Status:
         return self.view.status()

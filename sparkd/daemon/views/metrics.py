@@ -24,7 +24,7 @@ from sparkd import __version__
 from sparkd.config import Config
 from sparkd.daemon.effects.restartgate import StartGuard
 from sparkd.daemon.loop.nodestate import NodeState
-from sparkd.daemon.views import checkmetrics
+from sparkd.daemon.views import checkmetrics, restartmetrics
 from sparkd.daemon.views.flightrecords import FlightRecorder
 from sparkd.daemon.views.gpumetrics import gpu_families
 from sparkd.daemon.views.status import StatusView
@@ -107,6 +107,7 @@ class SparkdCollector(Collector):
         yield from gpu_families(f.keys, f.values, gpu.launch_devices() if gpu else [])
         yield from self._peers()
         yield from checkmetrics.families(f.keys, f.values, view.facts.proofs())
+        yield from restartmetrics.families(f.keys, f.values, node, now)
 
     def _counters(self) -> Iterator[Any]:
         f, counters = self.f, self.view.seen.counters

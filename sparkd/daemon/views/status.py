@@ -25,6 +25,7 @@ from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
 from sparkd.host.clock import Clock, wall_of
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.drainlog import Drain
 from sparkd.supervisor.progress import Phase
 from sparkd.supervisor.states import SERVING, State
 
@@ -49,12 +50,14 @@ class Seen:
     preflight: LocalPreflight
 
 
-def status_line(state: NodeState) -> str:
-    """The systemd STATUS= line: ``ready, pid 1234, restarts 0``."""
+def status_line(state: NodeState, now: float) -> str:
+    """The systemd STATUS= line: ``ready, pid 1234, restarts 0``; ``stopping: draining: 3 in flight, 97 s left, …``."""
     m, p, instance = state.machine, state.startup, state.instance
     text = m.state.value
     if m.state is State.starting and instance is not None:
         text += f": {p.phase.value}" + (f" {p.shards_loaded}/{p.shards_total}" if p.shards_total else "")
+    if state.drain is not None and m.state is State.stopping:
+        text += f": {state.drain.sentence(now)}"
     if instance is not None:
         text += f", pid {instance.pid}"
     text += f", restarts {m.restarts}"
@@ -83,12 +86,21 @@ class History:
             self.last_start_s = round(now.since - now.started_at, 1)
         if after.settling is not None and after.settling != before.settling:
             self.entries.append({"at": self.clock.wall(), "state": now.state.value, "phase": after.settling})
+        drain = after.drain
+        if drain is not None and isinstance(posted, v.Draining) and _drain_step(before.drain) != _drain_step(drain):
+            self.entries.append({"at": self.clock.wall(), "state": now.state.value, "phase": "draining",
+                                 "drain": drain.to_json(self.clock.now())})
         startup = after.startup
         if after.instance is not None and isinstance(posted, v.Progress) and startup.phase is not before.startup.phase:
             entry: dict[str, Any] = {"at": self.clock.wall(), "state": now.state.value, "phase": startup.phase.value}
             if startup.phase is Phase.loading_weights and startup.shards_total:
                 entry["shards"] = [startup.shards_loaded, startup.shards_total]
             self.entries.append(entry)
+
+
+def _drain_step(drain: Drain | None) -> tuple[object, ...] | None:
+    """What makes a drain's step worth a line of history: its state and the count in flight (not the time left)."""
+    return None if drain is None else (drain.state, drain.in_flight)
 
 
 class StatusView:
@@ -102,7 +114,7 @@ class StatusView:
         self.token = token  # secrets in "shared" are digests under the peers' shared secret
 
     def line(self) -> str:
-        return status_line(self.node())
+        return status_line(self.node(), self.clock.now())
 
     def status(self) -> Status:
         state, seen, clock, now = self.node(), self.seen, self.clock, self.clock.now()
@@ -142,6 +154,7 @@ class StatusView:
             "memory": memory(seen.guard),
             "gpu": seen.gpu.status() if seen.gpu is not None else None,
             "last_stop": state.last_stop.to_json() if state.last_stop is not None else None,
+            "drain": state.drain.to_json(now) if state.drain is not None else None,
             **self.facts.more(),
             **self.facts.proofs(),
         }
