@@ -1,6 +1,7 @@
 """vLLM's output as the node takes it: every line redacted into the host copy (``vllm.log``, `sparkctl logs`); a line
 that shows startup progress advances the watched instance's :class:`~sparkd.supervisor.progress.Startup` and posts
-it (``Progress(startup)``), and ``BecameReady`` for a headless rank whose distributed setup is done. The progress
+it (``Progress(startup)``), ``BecameReady`` for a headless rank whose distributed setup is done, and ``ReplayDue``
+when vLLM is woken from sleep (its answers are asked again: issue 37). The progress
 is this part's own reading of the instance's log, begun afresh for every instance; the node's state holds the
 last one posted."""
 
@@ -13,6 +14,7 @@ from sparkd.daemon.effects.redaction import Redaction
 from sparkd.host.clock import Clock
 from sparkd.host.logs import Logger, VllmLog
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.acceptance.replay import woke
 from sparkd.supervisor.marks import LAUNCH_LINE
 from sparkd.supervisor.progress import Startup, advance, is_progress
 
@@ -45,6 +47,8 @@ class VllmOutput:
     def on_line(self, line: str, persist: bool = True) -> None:
         line = self.redaction()(line)
         self.vllm_log.append(line, persist=persist)
+        if persist and woke(line):
+            self.post(v.ReplayDue("vLLM woke from sleep", wake=True))
         if not is_progress(line):
             return
         before = self.startup

@@ -49,6 +49,9 @@ class Effects(Protocol):
     async def record(self, record: v.RecordIncident, state: NodeState) -> None:
         """Count the failure, keep its evidence (unless ``record.written``), tell the group's head."""
 
+    async def accept(self, run: v.RunGate, state: NodeState) -> None:
+        """Run the acceptance gate against ``state.instance``; post GateDone (never raises for what vLLM answers)."""
+
 
 OnState = Callable[[NodeState, NodeState, v.Posted], None]  # (before, after, what was applied)
 
@@ -233,6 +236,8 @@ class Supervisor:
                 self._spawn(action, self.effects.stop, action, state)
         elif isinstance(action, v.RecordIncident):
             self._spawn(action, self.effects.record, action, state)
+        elif isinstance(action, v.RunGate):
+            self._spawn(action, self.effects.accept, action, state)
 
     def _spawn(self, action: v.Action, fn: Callable[..., Awaitable[None]] | None, *args: Any) -> None:
         """Run an effect beside the loop. An effect that raises is a bug or a host problem, never the end of
@@ -268,8 +273,8 @@ class Supervisor:
         up to a backoff's end; None in a state that takes none (nothing to check: the ticker sleeps until the state
         changes)."""
         m = self.current.machine
-        if (m.state, v.Tick) not in lifecycle.TABLE:
-            return None
+        if (m.state, v.Tick) not in lifecycle.TABLE or (m.state is State.accepting and m.deadline is None):
+            return None  # accepting with no deadline: a refusal holds, nothing to check on time
         return TICK_S if m.deadline is None else min(TICK_S, m.deadline - self.clock.now())
 
     async def _ticker(self) -> None:

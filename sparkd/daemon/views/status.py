@@ -26,7 +26,7 @@ from sparkd.guard.meminfo import MemInfo, read_meminfo
 from sparkd.host.clock import Clock, wall_of
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.progress import Phase
-from sparkd.supervisor.states import SERVING, State
+from sparkd.supervisor.states import SERVING, State, came_up
 
 if TYPE_CHECKING:
     from sparkd.cluster.coordinator import Coordinator
@@ -55,6 +55,10 @@ def status_line(state: NodeState) -> str:
     text = m.state.value
     if m.state is State.starting and instance is not None:
         text += f": {p.phase.value}" + (f" {p.shards_loaded}/{p.shards_total}" if p.shards_total else "")
+    gate = state.acceptance
+    if m.state is State.accepting:
+        held = gate.last is not None and gate.last.refuse
+        text += f": held, {gate.last.verdict.value}" if held and gate.last else ": the acceptance gate asks"
     if instance is not None:
         text += f", pid {instance.pid}"
     text += f", restarts {m.restarts}"
@@ -79,7 +83,7 @@ class History:
             self.entries.append({"at": self.clock.wall(), "state": now.state.value})
         if now.launches > was.launches > 0:
             self.restarts[now.restart_reason or "unknown"] += 1
-        if now.state is State.ready and was.state is State.starting and now.started_at is not None:
+        if came_up(was.state, now.state) and now.started_at is not None:
             self.last_start_s = round(now.since - now.started_at, 1)
         if after.settling is not None and after.settling != before.settling:
             self.entries.append({"at": self.clock.wall(), "state": now.state.value, "phase": after.settling})
@@ -142,6 +146,8 @@ class StatusView:
             "memory": memory(seen.guard),
             "gpu": seen.gpu.status() if seen.gpu is not None else None,
             "last_stop": state.last_stop.to_json() if state.last_stop is not None else None,
+            "acceptance": {"enabled": cfg.acceptance.enabled,
+                           **state.acceptance.view(now, lambda at: wall_of(clock, at))},
             **self.facts.more(),
             **self.facts.proofs(),
         }
