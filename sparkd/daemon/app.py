@@ -181,7 +181,7 @@ class Daemon:
         self.on_state = in_order(self.recorder.on_state, self.start_guard.on_state, self.history.on_state,
                                  self.metrics.on_state, self.control.on_state, self.breaker.on_state,
                                  OwnLog(self.redaction, self.log).on_state, self.upkeep.on_state,
-                                 self.publisher.on_state, self.acceptance.on_state)
+                                 self.publisher.on_state, self.acceptance.on_state, self.replays.on_state)
         self._scope: anyio.CancelScope | None = None
 
     @property

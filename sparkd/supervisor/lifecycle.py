@@ -26,7 +26,8 @@ Rules:
    restart (the same launch answers the same); ``sparkctl accept``, a restart or a stop leave it. A warning serves
    ``degraded`` with the sentence; a pass or an unfinished gate, ``ready``; its budget spent (``Tick``), ``ready``.
 9. While serving, a replay (``ReplayDue``: idle at the interval, after a wake) or an accept never stops vLLM: a wrong
-   or lost verdict is ``degraded``, a pass clears what a gate said. A gate's failure is recorded once.
+   or lost verdict is ``degraded`` and stands (a replay that passes does not clear it) until an accept passes or a
+   restart. A gate's failure is recorded once.
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ def _gate_done(m: Machine, obs: v.GateDone, now: float, limits: Limits) -> Resul
             return _to(m, State.degraded, now, health_note=result.sentence, **changes), actions
         return replace(m, health_note=result.sentence, **changes), actions
     said = m.last_failure is not None and m.health_note == m.last_failure.sentence
-    if m.state is State.degraded and said:  # what a gate said degraded it; a passing gate clears it
+    if m.state is State.degraded and said and obs.kind == "accept":  # what a gate said: an accept clears it
         return _to(m, State.ready, now, health_note=None), []
     return m, []
 

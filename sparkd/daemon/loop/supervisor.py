@@ -211,8 +211,9 @@ class Supervisor:
                                   "observation": name}
         if failure is not None:
             fields.update(failure=failure.cls.value, reason=failure.sentence)
-        if after.deadline is not None:
-            fields["backoff_s"] = round(after.deadline - after.since, 1)
+        if after.deadline is not None:  # a backoff's wait, or the acceptance gate's budget
+            name = "backoff_s" if after.state is State.backoff else "deadline_s"
+            fields[name] = round(after.deadline - after.since, 1)
         if after.breaker_reason is not None:
             fields["breaker"] = after.breaker_reason
         rs = after.restart_state

@@ -3,14 +3,17 @@ gate, once the engine has been idle for ``replay_idle_s`` — never beside a use
 ``ReplayDue``; the lifecycle decides, the gate's effect asks (:mod:`sparkd.daemon.effects.accepting`). The decision
 is pure (:mod:`sparkd.supervisor.acceptance.replay`).
 
-At rest it sleeps until the interval after the last gate is over (a minute at most when replays are off, to see a
-reload turn them on); only then does it look at the engine, at the health probes' cadence: the requests the last
-metrics scrape saw running or waiting, and other clients' connections open on vLLM's port.
+At rest it sleeps until the interval after the last gate is over, or until the node's state changes (its
+``on_state``: vLLM serves, a gate ran, a reload); only then does it look at the engine, at the health probes'
+cadence: the requests the last metrics scrape saw running or waiting, and other clients' connections open on vLLM's
+port.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import anyio
 
 from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.host.clock import Clock
@@ -20,7 +23,7 @@ from sparkd.supervisor.health import HealthTracker
 from sparkd.supervisor.readings import VllmMetrics
 from sparkd.supervisor.states import SERVING
 
-OFF_LOOK_S = 60.0  # replays off (or vLLM not serving): how often the config and the state are read again
+OFF_LOOK_S = 3600.0  # replays off, or vLLM not serving: a change of the node's state wakes it before that
 
 
 class ReplayTimer:
@@ -32,6 +35,27 @@ class ReplayTimer:
         self.health = health  # the watch's tracker: other clients' connections on vLLM's port
         self.post = post
         self.clock = clock
+        self._news = anyio.Event()
+
+    def on_state(self, before: NodeState, after: NodeState, posted: v.Posted) -> None:
+        """The node changed (its state, a gate's run, the config): look again."""
+        if (after.state, after.acceptance, after.config) != (before.state, before.acceptance, before.config):
+            self._news.set()
+
+    async def _nap(self, seconds: float) -> None:
+        """Sleep ``seconds`` on the clock, or until the node changes."""
+        news = self._news = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            async def alarm() -> None:
+                await self.clock.sleep(seconds)
+                tg.cancel_scope.cancel()
+
+            async def woken() -> None:
+                await news.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(alarm)
+            tg.start_soon(woken)
 
     def _last_run(self, node: NodeState) -> float:
         runs = node.acceptance.history
@@ -51,7 +75,7 @@ class ReplayTimer:
             wait = self._wait()
             if wait > 0:
                 idle = Idle()
-                await self.clock.sleep(min(wait, OFF_LOOK_S))
+                await self._nap(wait)
                 continue
             node = self.node()
             metrics, health = self.metrics(), self.health()
@@ -65,6 +89,6 @@ class ReplayTimer:
             if why is not None:
                 self.post(v.ReplayDue(why))
                 idle = Idle()
-                await self.clock.sleep(max(cfg.replay_idle_s, 1.0))  # the gate's GateDone moves the last run
+                await self._nap(max(cfg.replay_idle_s, 1.0))  # the gate's GateDone moves the last run
                 continue
             await self.clock.sleep(node.config.health.interval_s)

@@ -8,7 +8,9 @@ Rules:
    found at boot, serving already: a replay), ``replay`` (while idle, at ``[acceptance] replay_interval_s``),
    ``wake`` (after vLLM woke from sleep) and ``accept`` (``sparkctl accept``: every part, its answers the golden).
 2. ``last`` is the verdict standing for the instance that runs: a new launch or a stop clears it (the history keeps
-   it). ``runs`` counts every run taken since the daemon started, by kind and verdict (the metrics' counter).
+   it), and so does a start's or an accept's verdict; a replay's pass does not clear a failure standing (it asks
+   less than a start, and a drift that comes and goes is the operator's to judge). ``runs`` counts every run taken
+   since the daemon started, by kind and verdict (the metrics' counter).
 3. The history keeps the last :data:`HISTORY` runs, each with its kind, verdict, seconds, sentence, and when it ended
    (monotonic: the views give wall time).
 """
@@ -72,7 +74,10 @@ class Standing:
 
     def took(self, result: GateResult, kind: GateKind) -> Standing:
         runs = {**self.runs, (kind, result.verdict): self.runs.get((kind, result.verdict), 0) + 1}
-        return Standing(None, None, result, kind, (*self.history, GateRun.of(result, kind))[-HISTORY:], runs)
+        history = (*self.history, GateRun.of(result, kind))[-HISTORY:]
+        if kind in REPLAYS and result.failure is None and self.last is not None and self.last.failure is not None:
+            return Standing(None, None, self.last, self.last_kind, history, runs)  # the failure stands
+        return Standing(None, None, result, kind, history, runs)
 
     def new_instance(self) -> Standing:
         """The instance the verdict stood for is gone (a stop), or another one runs (a launch)."""
