@@ -2,13 +2,14 @@
 copy of the tiny model, so the shared one is never changed.
 
 In order, reusing every start it can: the first start passes and records the golden; ``SPARKD_REALVLLM_RESTARTS``
-restarts (default 1 here: the tier's own fault scenarios restart the shared daemon's vLLM 8 more times, each through
-the gate — test_tier.py's ``passed_the_gate``; the evidence of 10 in a row is the long run) match it exactly; a replay
-while idle matches it too; the same model directory with other weights of the same shape (make_tinyllm.py --weights,
+restarts match it exactly (default 0 here: in the same suite the tier's own fault scenarios restart the shared
+daemon's vLLM 7 times and its hand-over adopts it once, each through the gate — test_tier.py's ``passed_the_gate`` —
+and a start of the tiny model costs 45-160 s on 2 shared cores; the long run is ``SPARKD_REALVLLM_RESTARTS=10``); a
+replay while idle matches it too; the same model directory with other weights of the same shape (make_tinyllm.py --weights,
 another seed) is ``answers_changed`` naming the weights, held in ``accepting`` — running, not ready, never restarted —
 with the golden and the new answer in its incident and in ``sparkd explain``; ``sparkctl accept`` lets it serve; the
 garble levels find the random-weight model's answers garbled (``sparkctl accept`` asks them: no start); a smaller
-KV budget is ``capacity_lost`` named with its size, served. Four starts in all by default.
+KV budget is ``capacity_lost`` named with its size, served. Three starts in all by default.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ import pytest
 from tier import START_S, Tier
 
 pytestmark = pytest.mark.timeout(3600)
-RESTARTS = int(os.environ.get("SPARKD_REALVLLM_RESTARTS", "1"))
+RESTARTS = int(os.environ.get("SPARKD_REALVLLM_RESTARTS", "0"))
 HERE = Path(__file__).resolve().parent
-# Replays at 20 s after the last gate once vLLM has been idle 5 s: one shows within the test's own waits.
-GATE = {"garble_levels": [], "replay_interval_s": 20, "replay_idle_s": 5}
+# Replays 8 s after the last gate once vLLM has been idle 3 s: one shows within seconds.
+GATE = {"garble_levels": [], "replay_interval_s": 8, "replay_idle_s": 3}
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_golden_restarts_replay_new_weights_accept_garble_and_capacity(gated: Ti
         gates.append(gate["seconds"])
 
     # while idle, the answers are asked again and still match
-    replay = tier.daemon.wait_for(lambda s: any(h["kind"] == "replay" for h in s["acceptance"]["history"]), 90,
+    replay = tier.daemon.wait_for(lambda s: any(h["kind"] == "replay" for h in s["acceptance"]["history"]), 60,
                                   "a replay while idle")["acceptance"]["history"][-1]
     assert replay["verdict"] == "pass", replay
 
