@@ -25,6 +25,7 @@ Rules:
 8. ``GateDone`` in ``accepting``: a refusal stays there — vLLM running and watched, not ready, no deadline, never a
    restart (the same launch answers the same); ``sparkctl accept``, a restart or a stop leave it. A warning serves
    ``degraded`` with the sentence; a pass or an unfinished gate, ``ready``; its budget spent (``Tick``), ``ready``.
+   An adopted instance's refusal holds it there too.
 9. While serving, a replay (``ReplayDue``: idle at the interval, after a wake) or an accept never stops vLLM: a wrong
    or lost verdict is ``degraded`` and stands (a replay that passes does not clear it) until an accept passes or a
    restart. A gate's failure is recorded once.
@@ -219,16 +220,15 @@ def _gate_done(m: Machine, obs: v.GateDone, now: float, limits: Limits) -> Resul
                                    != (failure.cls, failure.sentence))
     actions: list[v.Action] = [v.RecordIncident(failure)] if new and failure is not None else []
     changes: dict[str, Any] = {"last_failure": failure} if new else {}
+    stays = m.since if m.state is State.accepting else now
+    if result.refuse and (m.state is State.accepting or obs.kind == "adopted"):  # a start's refusal holds
+        return _to(m, State.accepting, stays, **changes), actions
     if m.state is State.accepting:
-        if result.refuse:
-            return replace(m, deadline=None, **changes), actions
-        if failure is not None:
-            return _ready(m, now, State.degraded, health_note=result.sentence, **changes), actions
-        return _ready(m, now, **changes), actions
+        state = State.degraded if failure is not None else State.ready
+        return _ready(m, now, state, health_note=result.sentence if failure else None, **changes), actions
     if failure is not None:
-        if m.state is State.ready:
-            return _to(m, State.degraded, now, health_note=result.sentence, **changes), actions
-        return replace(m, health_note=result.sentence, **changes), actions
+        return _to(m, State.degraded, now if m.state is State.ready else m.since, health_note=result.sentence,
+                   **changes), actions
     said = m.last_failure is not None and m.health_note == m.last_failure.sentence
     if m.state is State.degraded and said and obs.kind == "accept":  # what a gate said: an accept clears it
         return _to(m, State.ready, now, health_note=None), []
@@ -366,8 +366,8 @@ _on((S.backoff,), (v.Tick,), (S.backoff, S.preflight), "backoff deadline", _back
 # the acceptance gate (rules 7 to 9)
 _on((S.accepting,), (v.GateDone,), (S.accepting, S.ready, S.degraded),
     "the gate's verdict: a refusal holds, a warning serves degraded", _gate_done)
-_on(tuple(SERVING), (v.GateDone,), (S.ready, S.degraded), "a verdict while serving: degraded, never stopped",
-    _gate_done)
+_on(tuple(SERVING), (v.GateDone,), (S.ready, S.degraded, S.accepting),
+    "a verdict while serving: degraded (an adopted one's refusal holds), never stopped", _gate_done)
 _on((S.accepting,), (v.Tick,), (S.accepting, S.ready), "the gate's budget", _gate_deadline)
 _on((S.accepting,), (v.HealthDegraded,), (S.accepting,), "health degraded: noted, the gate decides", _degraded)
 _on(tuple(SERVING), (v.ReplayDue,), (S.ready, S.degraded), "replay the answers beside the users", _replay)

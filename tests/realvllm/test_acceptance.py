@@ -4,12 +4,13 @@ copy of the tiny model, so the shared one is never changed.
 In order, reusing every start it can: the first start passes and records the golden; ``SPARKD_REALVLLM_RESTARTS``
 restarts match it exactly (default 0 here: in the same suite the tier's own fault scenarios restart the shared
 daemon's vLLM 7 times and its hand-over adopts it once, each through the gate — test_tier.py's ``passed_the_gate`` —
-and a start of the tiny model costs 45-160 s on 2 shared cores; the long run is ``SPARKD_REALVLLM_RESTARTS=10``); a
-replay while idle matches it too; the same model directory with other weights of the same shape (make_tinyllm.py --weights,
-another seed) is ``answers_changed`` naming the weights, held in ``accepting`` — running, not ready, never restarted —
-with the golden and the new answer in its incident and in ``sparkd explain``; ``sparkctl accept`` lets it serve; the
-garble levels find the random-weight model's answers garbled (``sparkctl accept`` asks them: no start); a smaller
-KV budget is ``capacity_lost`` named with its size, served. Three starts in all by default.
+and a start of the tiny model costs 45-160 s on 2 shared cores; the long run is ``SPARKD_REALVLLM_RESTARTS=10``);
+a replay while idle matches it too; the same model directory with other weights of the same shape
+(make_tinyllm.py --weights, another seed) is ``answers_changed`` naming the weights, held in ``accepting`` —
+running, not ready, never restarted — with the golden and the new answer in its incident and in ``sparkd explain``;
+``sparkctl accept`` lets it serve; the garble levels find the random-weight model's answers garbled (``sparkctl
+accept`` asks them: no start); a smaller KV budget is ``capacity_lost`` named with its size, served. Three starts in
+all by default.
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ from sparkd.testing import FakeAnswers, FakeClock, FakeProbes, FakeRuntime
 
 pytestmark = pytest.mark.anyio
 
-GATE = {"enabled": True, "garble_levels": [1, 2], "replay_interval_s": 0}
+# The gate's budget is a day: the fake clock runs on while its worker threads read and write the golden, and only the
+# test of the budget itself should see it spent.
+GATE = {"enabled": True, "garble_levels": [1, 2], "replay_interval_s": 0, "timeout_s": 86400}
 HOUR = 3600.0
 
 
@@ -183,7 +185,8 @@ async def test_a_wake_replays_the_answers_at_once(tmp_path: Path) -> None:
         await node.until_state("ready")
         answers.mode = "changed"
         runtime.say("INFO 05-03 10:00:00 [api_router.py:50] wake up the engine with tags: None")
-        await node.until(lambda: node.state == "degraded", limit_s=60)
+        # the fake clock runs on while the gate's worker threads read and write the golden: no tight limit
+        await node.until(lambda: node.state == "degraded", limit_s=HOUR)
         assert node.status()["acceptance"]["kind"] == "wake"
 
 
@@ -199,6 +202,18 @@ async def test_an_adopted_instance_is_ready_at_once_and_replayed(tmp_path: Path)
         assert gate["kind"] == "adopted" and gate["verdict"] == "pass"
         assert [p["part"] for p in gate["parts"]] == ["fingerprint"], "a replay: no garble levels beside users"
         assert len(runtime.launches) == 1
+
+
+async def test_an_adopted_instance_that_answers_wrong_is_held(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    answers = FakeAnswers(runtime)
+    async with running(gated(tmp_path), runtime, clock, answers=answers) as node:
+        await node.until(lambda: node.state == "ready" and bool(node.status()["acceptance"]["history"]))
+    answers.mode = "changed"  # what it answers changed while no sparkd watched (a hand-over across an upgrade)
+    async with running(gated(tmp_path), runtime, clock, answers=answers) as again:
+        await again.until(lambda: again.status()["acceptance"]["refused"])
+        assert again.state == "accepting" and again.status()["acceptance"]["kind"] == "adopted"
+        assert len(runtime.launches) == 1 and runtime.stops == []
 
 
 async def test_no_gate_goes_straight_to_ready(tmp_path: Path) -> None:

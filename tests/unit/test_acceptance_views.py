@@ -61,6 +61,7 @@ def test_systemds_status_line_says_the_gate() -> None:
 
 def test_the_standing_keeps_a_failure_a_replay_cannot_clear_and_a_bounded_history() -> None:
     standing = Standing().took(CHANGED, GateKind.replay)
+    assert standing.wrong_answers == CHANGED.sentence and Standing().took(PASS, GateKind.start).wrong_answers is None
     assert standing.took(PASS, GateKind.replay).last is CHANGED, "a replay's pass does not clear it"
     assert standing.took(PASS, GateKind.wake).last is CHANGED
     assert standing.took(PASS, GateKind.accept).last is PASS and standing.took(PASS, GateKind.start).last is PASS

@@ -109,6 +109,14 @@ def test_a_verdict_while_serving_is_degraded_never_a_stop(state: State, gate: Ga
     assert after.health_note == gate.sentence
 
 
+def test_an_adopted_instances_refusal_holds_it_as_a_starts_does() -> None:
+    held, actions, _ = step(at(State.ready), v.GateDone(CHANGED, "adopted"), now=30.0)
+    assert held.state is State.accepting and held.deadline is None and kinds(actions) == ["RecordIncident"]
+    warned, _, _ = step(at(State.ready), v.GateDone(WARNED, "adopted"))
+    assert warned.state is State.degraded
+    assert step(held, v.GateDone(PASS, "accept"), now=40.0).machine.state is State.ready
+
+
 def test_a_drift_stands_until_an_accept_passes() -> None:
     drifted, _, _ = step(at(State.ready), v.GateDone(CHANGED, "replay"))
     for kind in ("replay", "wake", "adopted"):

@@ -40,10 +40,10 @@ def _held(policy: str) -> str:
     return (f"never stops or restarts vLLM for it: a restart gives the same answers. After a start, `[acceptance] "
             f"{policy}` decides (default `{default}`): `refuse` keeps vLLM running but not ready (the state "
             "`accepting`, `sparkd_ready` 0) until `sparkctl accept` passes, or a restart or a stop; `warn` serves "
-            "with the verdict said (the state `degraded`). Found by a replay while vLLM serves (idle, at `[acceptance] "
-            "replay_interval_s`, after a wake or an adoption), it is `degraded` whatever the policy, until `sparkctl "
-            "accept` passes or vLLM restarts. Either way the verdict is in `sparkctl status` and an incident, written "
-            "once per verdict"
+            "with the verdict said (the state `degraded`); so after an adoption (a new sparkd over a running vLLM). "
+            "Found by a replay while vLLM serves (idle, at `[acceptance] replay_interval_s`, or after a wake), it is "
+            "`degraded` whatever the policy, until `sparkctl accept` passes or vLLM restarts. Either way the verdict "
+            "is in `sparkctl status` and an incident, written once per verdict"
             + (", and SparkdAnswersChanged pages" if policy == "on_wrong_answers" else ""))
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from sparkd.supervisor.acceptance.gate import GateResult, Progress, Verdict
+from sparkd.supervisor.acceptance.gate import WRONG_ANSWERS, GateResult, Progress, Verdict
 
 __all__ = ["HISTORY", "REPLAYS", "GateKind", "GateRun", "Standing"]
 
@@ -67,6 +67,13 @@ class Standing:
     last_kind: GateKind | None = None
     history: tuple[GateRun, ...] = ()
     runs: Mapping[tuple[GateKind, Verdict], int] = field(default_factory=dict)
+
+    @property
+    def wrong_answers(self) -> str | None:
+        """The standing verdict's sentence while it says the running vLLM answers wrong (changed, garbled, NaNs):
+        what a notifier's ``Snapshot.answers`` carries (sparkd.notify.events)."""
+        last = self.last
+        return last.sentence if last is not None and last.verdict in WRONG_ANSWERS else None
 
     def progressed(self, progress: Progress | None, kind: GateKind | None) -> Standing:
         """A run began or moved on (None: it ended without a verdict: cancelled with its instance)."""
