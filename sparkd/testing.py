@@ -8,6 +8,8 @@
 - :class:`FakeRuntime`: instances that live in memory; the script makes them print lines, become ready,
   crash or ignore SIGTERM; it records every launch and stop (with its grace).
 - :class:`FakeProbes`: /health answers 200 once the instance is serving, refused before.
+- :class:`FakeAnswers`: the acceptance gate's answers from the serving instance, as a healthy, a changed or a
+  garbling engine gives them.
 - :class:`FakeNotifier`: the systemd notifications, recorded.
 - :func:`passing_check` / :func:`failing_check`: preflight checks with a scripted verdict.
 
@@ -17,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import heapq
 import itertools
 import selectors
@@ -27,10 +30,13 @@ from typing import Any
 
 import anyio
 
+from sparkd.acceptance.client import AskFailed
 from sparkd.config import Config
 from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
 from sparkd.runtime.base import ExecResult, ExitInfo, Instance, LaunchError, Runtime, TargetUnavailable
+from sparkd.supervisor.acceptance.answers import Answer as GateAnswer
+from sparkd.supervisor.acceptance.answers import Shape
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.health import ProbeOutcome, ProbeResult, VllmMetrics
 from sparkd.supervisor.healthsignal import Answer
@@ -38,8 +44,8 @@ from sparkd.supervisor.healthsignal import Answer
 IDLE_LIMIT_S = 30.0  # real seconds run_until waits with nothing asleep on the fake clock (a worker thread's file
 # write takes milliseconds)
 
-__all__ = ["FakeClock", "FakeNotifier", "FakeProbes", "FakeRuntime", "all_tasks_blocked", "failing_check",
-           "new_event_loop", "passing_check"]
+__all__ = ["FakeAnswers", "FakeClock", "FakeNotifier", "FakeProbes", "FakeRuntime", "all_tasks_blocked",
+           "failing_check", "new_event_loop", "passing_check"]
 
 
 class FakeClock:
@@ -296,6 +302,48 @@ class FakeProbes:
         if served.outcome is not ProbeOutcome.ok:
             return served
         return Answer(200, self.pages[path], 0.001) if path in self.pages else Answer(404, "Not Found", 0.001)
+
+    async def aclose(self) -> None:
+        pass
+
+
+WORDS = tuple(f" {w}" for w in ("river", "stone", "light", "city", "garden", "seven", "quiet", "window", "paper",
+                                  "north", "music", "bridge", "summer", "answer", "number", "green"))
+
+
+class FakeAnswers:
+    """The acceptance gate's answers from the runtime's current instance (refused while it does not serve): each
+    prompt its own words every time (``mode`` "normal"), other words ("changed": new weights), broken characters
+    ("garble"); ``hang``: no answer at all. It is its own factory (``Adapters(answers=FakeAnswers(runtime))``);
+    ``asked`` counts the questions."""
+
+    def __init__(self, runtime: FakeRuntime, mode: str = "normal") -> None:
+        self.runtime, self.mode = runtime, mode
+        self.asked = 0
+        self.hang = False
+
+    def __call__(self, cfg: Config) -> FakeAnswers:
+        return self
+
+    async def ask(self, prompt_name: str, prompt: str, api: str, shape: Shape,
+                  chat_template_kwargs: Any = None) -> GateAnswer:
+        proc = self.runtime.current
+        if proc is None or not proc.serving:
+            raise AskFailed(f"prompt {prompt_name!r} ({api}): connection refused")
+        if self.hang:
+            await anyio.sleep_forever()
+        self.asked += 1
+        seed = hashlib.sha256(f"{'changed:' if self.mode == 'changed' else ''}{prompt}".encode()).digest()
+        ids = tuple(100 + seed[i % len(seed)] % len(WORDS) for i in range(min(shape.max_tokens, 24)))
+        tokens = tuple(" \ufffd\ufffd" if self.mode == "garble" else WORDS[i - 100] for i in ids)
+        top = tuple(((t, -0.05), (" other", -3.0)) for t in tokens)
+        return GateAnswer(prompt_name, api, ids, "".join(tokens), "length", tokens, top)
+
+    async def metrics(self) -> str | None:
+        return None
+
+    async def awake(self) -> bool:
+        return True
 
     async def aclose(self) -> None:
         pass

@@ -121,6 +121,20 @@ class AnswerClient:
         except ValueError as exc:
             raise AskFailed(f"{what} after {time.monotonic() - started:.1f} s: {exc}") from None
 
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def awake(self) -> bool:
+        """vLLM's engine is awake (``GET /is_sleeping``, a route of vLLM's sleep mode): a gate after a wake asks once
+        it is. A vLLM without the route, or one that does not answer it, counts as awake (its answers tell)."""
+        try:
+            with anyio.fail_after(self.timeout_s):
+                response = await self.http.request("GET", probe_url(self.target.base_url, "/is_sleeping"),
+                                                   headers=self.headers, timeout=self.timeout_s)
+            return response.status_code != 200 or response.json().get("is_sleeping") is not True
+        except (TimeoutError, OSError, ProtocolError, ValueError, AttributeError):
+            return True
+
     async def metrics(self) -> str | None:
         """vLLM's ``/metrics`` page, or None when it cannot be read."""
         try:

@@ -5,8 +5,10 @@
   switches, a group's rendezvous address and rank, and the environment that only names or marks things
   (``VLLM_HOST_IP``, ``VLLM_PORT``, the process title prefix, ``SPARKD_*``). Everything else — dtype, the KV cache's
   dtype, ``max_num_seqs``, the attention backend, a kernel switch — counts.
-- The weights: the model directory's manifest (:mod:`sparkd.preflight.manifest`): every file's path, size and
-  sha256 (size and mtime for a shard not hashed yet).
+- The weights: the model directory's manifest (:mod:`sparkd.preflight.manifest`): every file's path and size, the
+  sha256 of the small files that change answers (``[weights] always_hash``: config, tokenizer, index) and the
+  modification time of the others. A gate never reads a shard: a copy, a download or a conversion moves its mtime,
+  and the digest stays the same from start to start (a shard the hash cache had not hashed yet would change it).
 - The image: the container image's digest (the shell knows it), or on the process runtime the program's resolved
   path and modification time (a reinstall of vLLM moves it).
 """
@@ -18,8 +20,10 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sparkd.preflight.manifest import Manifest
+if TYPE_CHECKING:  # a daemon loads the manifest's modules with its first gate
+    from sparkd.preflight.manifest import Manifest
 
 __all__ = ["NEUTRAL_ENV", "NEUTRAL_FLAGS", "answer_argv", "launch_identity", "program_identity", "weights_identity"]
 
@@ -66,7 +70,8 @@ def weights_identity(manifest: Manifest) -> str | None:
     """The digest of the model directory's manifest; None when there is none (a hub id, an unreadable directory)."""
     if manifest.problem or manifest.skipped or not manifest.files:
         return None
-    rows = sorted((rel, e.size, e.sha256 or f"unhashed:{e.mtime_ns}") for rel, e in manifest.files.items())
+    rows = sorted((rel, e.size, e.sha256 if e.always and e.sha256 else f"mtime:{e.mtime_ns}")
+                  for rel, e in manifest.files.items())
     return "sha256:" + hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -55,6 +55,9 @@ def outcome(target: str, s: dict[str, Any], launches_before: int) -> int | None:
         return None
     if state == "ready" and new_launch:
         return status_command.EXIT_READY
+    held = state == "accepting" and (s.get("acceptance") or {}).get("refused")
+    if new_launch and (state == "degraded" or held):  # serving with the gate's warning, or held by its refusal
+        return status_command.EXIT_UNHEALTHY
     if state in ("failed", "backoff") or (state == "stopped" and new_launch):
         return status_command.EXIT_UNHEALTHY
     return None
@@ -71,9 +74,12 @@ def live_text(target: str, s: dict[str, Any], elapsed: float) -> str:
         text = describe_step({"state": s["state"], "phase": s["phase"], "shards": s.get("shards")})
     elif s.get("drain") and s.get("state") == "stopping":
         text = describe_step({"state": s["state"], "phase": "draining", "drain": s["drain"]})
+    running = (s.get("acceptance") or {}).get("running") if s.get("state") == "accepting" else None
+    if running:
+        text += f": the acceptance gate, {running.get('line')}"
     text += f"   {_clock(elapsed)} elapsed"
     last = s.get("last_start_s")
-    if target == "ready" and last and s.get("state") in ("preflight", "starting"):
+    if target == "ready" and last and s.get("state") in ("preflight", "starting", "accepting"):
         if elapsed <= last:
             text += f", ETA ~{_clock(last - elapsed)} (last cold start took {_clock(last)})"
         else:

@@ -30,7 +30,7 @@ from sparkd.config import Config
 from sparkd.config.secretrule import MASK, digest, is_secret_name
 from sparkd.launch.render import render_env
 
-RUNNING_STATES = ("starting", "ready", "degraded")
+RUNNING_STATES = ("starting", "accepting", "ready", "degraded")
 
 _SHARED_LAUNCH = (
     "model", "tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel", "speculative_config",

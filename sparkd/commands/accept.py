@@ -4,8 +4,10 @@ the gate again against the running vLLM with its answers recorded as the model's
 judged as ever: garbled answers or NaNs are never recorded, and refuse as before. On a group's worker: the head's
 gate speaks for the group. Answers the gate's result; exit status 0 when it passed.
 
-The daemon provides the gate as ``DaemonControl.acceptance`` (:class:`sparkd.commands.port.Acceptance`); a daemon
-without it answers that it runs no acceptance gate, and the command changes nothing.
+The daemon provides the gate as ``DaemonControl.acceptance`` (:class:`sparkd.commands.port.Acceptance`) while
+``[acceptance]`` is on; otherwise it answers that it runs no acceptance gate, and the command changes nothing. A
+passing run lets a start the gate held in ``accepting`` be ready; one that finds wrong answers keeps it there (or, while
+vLLM serves, marks it degraded).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from sparkd.commands.command import Cli, Command
 if TYPE_CHECKING:
     from sparkd.commands.port import Acceptance, Control
 
-__all__ = ["COMMAND", "Request", "execute", "exit_code", "render"]
+__all__ = ["COMMAND", "Request", "execute", "exit_code", "render", "status_lines"]
 
 Request = NoParams
+ANSWERING = ("accepting", "ready", "degraded")  # the lifecycle states in which vLLM's API answers
 
 
 async def execute(control: Control, request: Request) -> Reply:
@@ -30,8 +33,12 @@ async def execute(control: Control, request: Request) -> Reply:
         return refused("this sparkd runs no acceptance gate, so there are no answers to accept", control.status())
     if control.worker:
         return refused("a group's answers are its head's: run `sparkctl accept` on the head", control.status())
+    status = control.status()
     if not control.running():
-        return refused("vLLM is not running: start it (`sparkctl start`), then accept its answers", control.status())
+        return refused("vLLM is not running: start it (`sparkctl start`), then accept its answers", status)
+    if status.get("state") not in ANSWERING:
+        return refused(f"vLLM does not answer yet ({status.get('state')}): wait until it is accepting or ready, "
+                       "then accept its answers", status)
     return ok(await gate.accept())
 
 
@@ -41,6 +48,26 @@ def render(result: Mapping[str, Any]) -> str:
         mark = {True: "ok", False: "FAILED", None: "-"}.get(part.get("ok"), "-")
         lines.append(f"  {part.get('part'):<12} {mark:<6} {part.get('sentence')}")
     return "\n".join(lines)
+
+
+def status_lines(gate: Mapping[str, Any]) -> list[str]:
+    """What ``sparkctl status`` says of the acceptance gate: the run in progress, the verdict standing for the running
+    vLLM (its sentence when it is not a pass), the last runs."""
+    lines = []
+    running = gate.get("running")
+    if running:
+        lines.append(f"  acceptance gate ({running.get('kind')}): {running.get('line')}")
+    verdict = gate.get("verdict")
+    if verdict == "pass":
+        lines.append(f"  acceptance gate: pass ({gate.get('kind')}, {float(gate.get('seconds') or 0):.1f} s)")
+    elif verdict and gate.get("refused"):
+        lines.append(f"  acceptance gate REFUSED ready ({verdict}): {gate.get('sentence')}")
+    elif verdict:
+        lines.append(f"  acceptance gate: {verdict} ({gate.get('kind')}): {gate.get('sentence')}")
+    history = gate.get("history") or []
+    if len(history) > 1:
+        lines.append("  acceptance history: " + ", ".join(f"{h.get('kind')} {h.get('verdict')}" for h in history[-5:]))
+    return lines
 
 
 def exit_code(result: Mapping[str, Any]) -> int:

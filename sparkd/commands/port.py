@@ -74,8 +74,8 @@ class Checks(Protocol):
 
 
 class Acceptance(Protocol):
-    """The daemon's side of the acceptance gate (issue 37), for ``sparkctl accept``. Not yet part of
-    :class:`Control`: the daemon provides it as ``DaemonControl.acceptance`` when it runs the gate."""
+    """The daemon's side of the acceptance gate (issue 37), for ``sparkctl accept``: ``Control.acceptance`` while
+    ``[acceptance]`` is on."""
 
     async def accept(self) -> dict[str, Any]:
         """Run the gate now against the running vLLM, its answers recorded as the model's golden whatever the golden
@@ -98,6 +98,10 @@ class Control(Protocol):
 
     @property
     def incidents_root(self) -> Path: ...
+
+    @property
+    def acceptance(self) -> Acceptance | None:
+        """The acceptance gate (``sparkctl accept``); None when this daemon runs none."""
 
     @property
     def stop_timeout_s(self) -> float: ...

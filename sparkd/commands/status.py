@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from sparkd.commands.accept import status_lines
 from sparkd.commands.base import NoParams, Reply, ok
 from sparkd.commands.command import Cli, Command
 from sparkd.host.timefmt import iso
@@ -76,6 +77,7 @@ def render(s: Status) -> str:
         lines.append(f"  container drift: {drift.get('key')}: {drift.get('actual')!r} in the container, "
                      f"{drift.get('configured')!r} in the config (`sparkctl recreate` while stopped)")
     lines.extend(_timing(s.get("start_timing") or {}))
+    lines.extend(status_lines(s.get("acceptance") or {}))
     lines.extend(_config(s.get("config") or {}))
     daemon = s.get("daemon")
     for problem in (daemon.get("problems") if daemon else None) or []:
@@ -109,6 +111,8 @@ def _timing(timing: Mapping[str, Any]) -> list[str]:
     line = f"  last start: sparkd {timing['sparkd_s']:.2f} s to exec (slowest: {slowest[0]} {slowest[1]:.2f} s)"
     if timing.get("phases_s"):
         line += ", vLLM " + ", ".join(f"{phase} {secs:.1f} s" for phase, secs in timing["phases_s"].items())
+    if timing.get("accept_s") is not None:
+        line += f", the acceptance gate {timing['accept_s']:.1f} s"
     cache = timing.get("compile_cache")
     return [line, *([f"  start: {cache['sentence']}"] if cache and cache.get("sentence") else [])]
 

@@ -98,6 +98,9 @@ class Status(Extras, total=False):
     memory: dict[str, Any]
     gpu: dict[str, Any] | None
     last_stop: dict[str, Any] | None
+    # The acceptance gate (issue 37; Standing.view): "enabled", "running" ({kind, line}), the standing "verdict",
+    # "refused", "kind", "at", "sentence", "seconds", "parts", "class", and "history" (the last runs).
+    acceptance: dict[str, Any]
     fabric: list[dict[str, Any]] | None
     weights: dict[str, Any]
     runbook: str | None  # where the node serves its runbook: ``http://host:9479`` (no TCP port: None)

@@ -29,6 +29,7 @@ from sparkd.daemon.boot.serving import start_servers
 from sparkd.daemon.boot.sighandler import SignalHandler
 from sparkd.daemon.boot.sockets import Sockets, StartupError, open_sockets
 from sparkd.daemon.boot.startup import Trusted, bound_malloc_arenas, prepare_or_status
+from sparkd.daemon.effects.accepting import AcceptanceGate, http_answers
 from sparkd.daemon.effects.compilememory import CompileMemory
 from sparkd.daemon.effects.draining import DrainWatch
 from sparkd.daemon.effects.evidence import FailureEvidence
@@ -39,7 +40,7 @@ from sparkd.daemon.effects.guarding import NodeGuardHooks
 from sparkd.daemon.effects.instancerecord import InstanceRecord
 from sparkd.daemon.effects.launching import Launcher
 from sparkd.daemon.effects.leftovers import Leftovers
-from sparkd.daemon.effects.node import Node
+from sparkd.daemon.effects.node import Node, Parts
 from sparkd.daemon.effects.nodeevidence import NodeEvidence
 from sparkd.daemon.effects.output import VllmOutput
 from sparkd.daemon.effects.plan import LaunchPlan
@@ -64,6 +65,7 @@ from sparkd.daemon.views.status import History, Seen, StatusView
 from sparkd.daemon.watch.gpus import GpuSampler, LaunchDevices
 from sparkd.daemon.watch.memory import MemorySampler
 from sparkd.daemon.watch.probes import HttpProbes
+from sparkd.daemon.watch.replays import ReplayTimer
 from sparkd.guard.guard import Guard
 from sparkd.host import exits
 from sparkd.host.logs import VllmLog, configure_logging, get_logger
@@ -147,9 +149,12 @@ class Daemon:
                               before_start=self.start_guard.before_start, guard=self.guard, clock=clock)
         self.stops = StopEffects(self.runtime, record, output, self.leftovers, self.watching, clock, log)
         self.upkeep = Upkeep(sup.node, self.leftovers, self.registry)
-        self.operated = Operated(self.vllm_log, self.local, self.facts, plan, self.checks)
-        return Node(self.launcher, preflight, self.stops, evidence, group=self.group, post=sup.post,
-                    spawn=self.tasks.spawn, rand=host.rand)
+        self.acceptance = AcceptanceGate(plan, self.facts, sup.post, host.answers or http_answers, self.state_dir,
+                                         clock, log)
+        self.replays = ReplayTimer(sup.node, self.watching.metrics, self.watching.health, sup.post, clock)
+        self.operated = Operated(self.vllm_log, self.local, self.facts, plan, self.checks, self.acceptance)
+        parts = Parts(self.launcher, preflight, self.stops, evidence, self.acceptance)
+        return Node(parts, group=self.group, post=sup.post, spawn=self.tasks.spawn, rand=host.rand)
 
     def _recorder(self) -> FlightRecorder:
         cfg = self.sup.config()
@@ -180,7 +185,8 @@ class Daemon:
         self.on_state = in_order(self.recorder.on_state, self.start_guard.on_state, self.history.on_state,
                                  self.metrics.on_state, self.control.on_state, self.breaker.on_state,
                                  OwnLog(self.redaction, self.log).on_state, self.upkeep.on_state,
-                                 self.publisher.on_state, self.compiled.on_state)
+                                 self.publisher.on_state, self.compiled.on_state, self.acceptance.on_state,
+                                 self.replays.on_state)
         self._scope: anyio.CancelScope | None = None
 
     @property
@@ -235,6 +241,7 @@ class Daemon:
                 tg.start_soon(self._watchdog)
                 tg.start_soon(self.gpu.run)
                 tg.start_soon(self.upkeep.run)
+                tg.start_soon(self.replays.run)
                 self.registry.write()
                 self.publisher.publish()
                 await self.sup.run(self.node, boot=self._boot, on_state=self.on_state)

@@ -120,7 +120,7 @@ def _a(word: str | None) -> str:
 
 
 def _recovered(before: Snapshot, after: Snapshot) -> bool:
-    return (after.state is State.ready and before.state is State.starting
+    return (after.state is State.ready and before.state in (State.starting, State.accepting)
             and after.restart_reason in FailureClass.__members__)
 
 

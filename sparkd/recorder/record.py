@@ -29,7 +29,8 @@ MAX_PEERS = 16
 MAX_GPUS = 16
 
 # Append-only code tables: a code's meaning never changes. A name not in a table is stored as "unknown".
-STATES = ("adopting", "stopped", "preflight", "starting", "ready", "degraded", "stopping", "backoff", "failed")
+STATES = ("adopting", "stopped", "preflight", "starting", "ready", "degraded", "stopping", "backoff", "failed",
+          "accepting")
 PHASES = ("launching", "waiting_for_peer", "loading_weights", "compiling", "kv_cache", "graph_capture",
           "api_starting", "ready", "memory_settle")
 LEVELS = ("ok", "warn", "stop", "kill")

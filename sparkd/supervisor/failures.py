@@ -16,6 +16,10 @@ Rules of the table (:data:`TREATMENT`):
    the ranks (the link, the peer, the rendezvous); a pair's head waits for the peer instead of blaming it.
 4. ``evidence``: what an incident folder holds beyond the log tail and the record.
 5. ``what`` and ``do``: the default sentence, "what happened; what to do", used when no log line names more.
+6. ``policy``: the acceptance gate's verdicts (issue 37) name the ``[acceptance]`` key that decides them. They never
+   reach the restart policy: vLLM is left running, held in ``accepting`` (``refuse``) or serving ``degraded``
+   (``warn``, or found while serving), never stopped for them (:mod:`sparkd.supervisor.lifecycle` rules 7 to 9).
+   ``restartable`` False is the net should one ever reach it: the breaker, never a restart loop.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ class Treatment:
     evidence: frozenset[Evidence]
     what: str  # "what happened", when nothing more specific is known
     do: str  # "what to do", and what sparkd does about it
+    policy: str | None = None  # the acceptance gate's: the [acceptance] key that decides refuse or warn (rule 6)
 
 
 _NO_RETRY = "sparkd will not retry a config error"
@@ -162,23 +167,25 @@ TREATMENT: dict[FailureClass, Treatment] = {
         what="Restarts of vLLM kept losing memory that was never returned",
         do="reboot the node (the driver keeps memory a killed vLLM held), then `sparkctl reset` — sparkd stops "
            "restarting before the host freezes"),
-    # The acceptance gate's refusals (sparkd/supervisor/acceptance/gate.py): a restart gives the same answers, so
-    # none is retried; the operator fixes the cause or records the new answers (`sparkctl accept`).
+    # The acceptance gate's verdicts (sparkd/supervisor/acceptance/gate.py): vLLM is left running and never restarted
+    # for them (a restart gives the same answers); the operator fixes the cause or records the new answers.
     FailureClass.answers_changed: Treatment(
-        restartable=False, budget=Budget.one, scope=Scope.node, evidence=BASIC,
+        restartable=False, budget=Budget.one, scope=Scope.node, evidence=BASIC, policy="on_wrong_answers",
         what="vLLM's answers to the acceptance prompts differ from the golden",
-        do="a restart gives the same answers, so sparkd does not restart it — find what changed (the image, the "
-           "weights, the flags, a kernel); if the change was intended, `sparkctl accept` records the new answers"),
+        do="the incident quotes the golden answer and the new one, and names what changed since the golden (the "
+           "image, the weights, the flags); find the cause, or if the change was intended, `sparkctl accept` records "
+           "the new answers as the golden and lets it serve"),
     FailureClass.answers_garbled: Treatment(
-        restartable=False, budget=Budget.one, scope=Scope.node, evidence=BASIC,
+        restartable=False, budget=Budget.one, scope=Scope.node, evidence=BASIC, policy="on_wrong_answers",
         what="vLLM answers with garbled text, or with NaNs in its logits",
-        do="a restart gives the same garbage, so sparkd does not restart it — check the image, the kernels and the "
-           "quantization (the incident quotes the answer), then `sparkctl restart`"),
+        do="check the image, the kernels and the quantization (the incident quotes the answer), then `sparkctl "
+           "restart`; `sparkctl accept` never records a garbled answer"),
     FailureClass.capacity_lost: Treatment(
-        restartable=False, budget=Budget.one, scope=Scope.node, evidence=FULL,
+        restartable=False, budget=Budget.one, scope=Scope.node, evidence=FULL, policy="on_lost_performance",
         what="vLLM serves with less capacity than expected (KV cache, or speculative decoding)",
-        do="memory the driver kept, a changed gpu_memory_utilization or a drafter that no longer accepts — a restart "
-           "does not return it; fix it, or widen [acceptance] kv_cache_tokens, then `sparkctl restart`"),
+        do="memory the driver kept, a changed gpu_memory_utilization or a drafter that no longer accepts — the "
+           "sentence names how much; free it (a reboot returns what the driver kept) or widen [acceptance] "
+           "kv_cache_tokens, then `sparkctl restart`"),
     FailureClass.unknown: Treatment(
         restartable=True, budget=Budget.one, scope=Scope.node, evidence=FULL,
         what="vLLM stopped without a recognised error",

@@ -19,6 +19,16 @@ Rules:
    failure table (``sparkd.supervisor.failures``) through the restart policy.
 5. A led rank (a worker of a group) never restarts on its own: after a failure it stops and waits for its head.
 6. While adopting, only the boot result is taken; the shell holds operator commands and signals until then.
+7. The acceptance gate (issue 37, ``Limits.accept_s``): a launch's ``BecameReady`` leads to ``accepting``, where the
+   gate runs (``RunGate``) under its budget; with no gate (off, or a led rank: the head's speaks for the group)
+   ``ready``. An adopted instance served before sparkd came: ``ready`` at once, its answers replayed beside it.
+8. ``GateDone`` in ``accepting``: a refusal stays there — vLLM running and watched, not ready, no deadline, never a
+   restart (the same launch answers the same); ``sparkctl accept``, a restart or a stop leave it. A warning serves
+   ``degraded`` with the sentence; a pass or an unfinished gate, ``ready``; its budget spent (``Tick``), ``ready``.
+   An adopted instance's refusal holds it there too.
+9. While serving, a replay (``ReplayDue``: idle at the interval, after a wake) or an accept never stops vLLM: a wrong
+   or lost verdict is ``degraded`` and stands (a replay that passes does not clear it) until an accept passes or a
+   restart. A gate's failure is recorded once.
 """
 
 from __future__ import annotations
@@ -198,7 +208,45 @@ def _progress(m: Machine, obs: v.Progress, now: float, limits: Limits) -> Result
 
 
 def _became_ready(m: Machine, obs: v.BecameReady, now: float, limits: Limits) -> Result:
-    return _to(m, State.ready, now, restart_state=policy.on_ready(m.restart_state, now)), []
+    if limits.accept_s is None:
+        return _ready(m, now), []
+    if m.launches == 0:  # adopted at boot: it served before this daemon came, and serves on while it is asked
+        return _ready(m, now), [v.RunGate("adopted", "adopted at boot")]
+    return _to(m, State.accepting, now, deadline=now + limits.accept_s), [v.RunGate("start")]
+
+
+def _ready(m: Machine, now: float, state: State = State.ready, **changes: Any) -> Machine:
+    return _to(m, state, now, restart_state=policy.on_ready(m.restart_state, now), **changes)
+
+
+def _gate_done(m: Machine, obs: v.GateDone, now: float, limits: Limits) -> Result:
+    """Rules 8 and 9: nothing here stops vLLM."""
+    result, failure = obs.result, obs.result.failure
+    new = failure is not None and (m.last_failure is None or (m.last_failure.cls, m.last_failure.sentence)
+                                   != (failure.cls, failure.sentence))
+    actions: list[v.Action] = [v.RecordIncident(failure)] if new and failure is not None else []
+    changes: dict[str, Any] = {"last_failure": failure} if new else {}
+    stays = m.since if m.state is State.accepting else now
+    if result.refuse and (m.state is State.accepting or obs.kind == "adopted"):  # a start's refusal holds
+        return _to(m, State.accepting, stays, **changes), actions
+    if m.state is State.accepting:
+        state = State.degraded if failure is not None else State.ready
+        return _ready(m, now, state, health_note=result.sentence if failure else None, **changes), actions
+    if failure is not None:
+        return _to(m, State.degraded, now if m.state is State.ready else m.since, health_note=result.sentence,
+                   **changes), actions
+    said = m.last_failure is not None and m.health_note == m.last_failure.sentence
+    if m.state is State.degraded and said and obs.kind == "accept":  # what a gate said: an accept clears it
+        return _to(m, State.ready, now, health_note=None), []
+    return m, []
+
+
+def _gate_deadline(m: Machine, obs: v.Tick, now: float, limits: Limits) -> Result:
+    return (_ready(m, now) if m.deadline is not None and now >= m.deadline else m), []
+
+
+def _replay(m: Machine, obs: v.ReplayDue, now: float, limits: Limits) -> Result:
+    return m, [] if limits.accept_s is None else [v.RunGate("wake" if obs.wake else "replay", obs.why)]
 
 
 def _failed_while_running(m: Machine, obs: v.Exited | v.HealthFailed | v.LaunchFailed, now: float,
@@ -264,7 +312,7 @@ def _stop_while_failed(m: Machine, obs: v.StopRequested, now: float, limits: Lim
 
 S = State
 _ANY_BUT_ADOPTING = tuple(s for s in State if s is not S.adopting)
-_RUNNING = (S.starting, S.ready, S.degraded)
+_RUNNING = (S.starting, S.accepting, S.ready, S.degraded)
 
 TABLE: dict[tuple[State, type], Edge] = {}
 IGNORED: dict[tuple[State, type], str] = {}
@@ -312,7 +360,8 @@ _on((S.preflight,), (v.ShutdownRequested,), (S.stopped,), "sparkd is shutting do
 _on((S.preflight,), (v.PreflightDone,), (S.starting, S.backoff, S.failed, S.stopped), "preflight done",
     _preflight_done)
 _on((S.starting,), (v.Progress,), (S.starting,), "startup progress", _progress)
-_on((S.starting,), (v.BecameReady,), (S.ready,), "ready", _became_ready)
+_on((S.starting,), (v.BecameReady,), (S.accepting, S.ready), "ready: the acceptance gate, where it runs",
+    _became_ready)
 _on((S.starting,), (v.Tick,), (S.starting, S.stopping), "startup deadlines", _startup_deadline)
 _on((S.starting,), (v.LaunchFailed,), (S.stopping,), "the launch failed", _failed_while_running)
 _on(_RUNNING, (v.Exited, v.HealthFailed), (S.stopping,), "the instance failed", _failed_while_running)
@@ -320,17 +369,29 @@ _on((S.ready, S.degraded), (v.HealthDegraded,), (S.degraded,), "health degraded"
 _on((S.degraded,), (v.HealthRecovered,), (S.ready,), "health recovered", _recovered)
 _on((S.stopping,), (v.StopDone,), (S.stopped, S.preflight, S.backoff, S.failed), "the stop is done", _stop_done)
 _on((S.backoff,), (v.Tick,), (S.backoff, S.preflight), "backoff deadline", _backoff_over)
+# the acceptance gate (rules 7 to 9)
+_on((S.accepting,), (v.GateDone,), (S.accepting, S.ready, S.degraded),
+    "the gate's verdict: a refusal holds, a warning serves degraded", _gate_done)
+_on(tuple(SERVING), (v.GateDone,), (S.ready, S.degraded, S.accepting),
+    "a verdict while serving: degraded (an adopted one's refusal holds), never stopped", _gate_done)
+_on((S.accepting,), (v.Tick,), (S.accepting, S.ready), "the gate's budget", _gate_deadline)
+_on((S.accepting,), (v.HealthDegraded,), (S.accepting,), "health degraded: noted, the gate decides", _degraded)
+_on(tuple(SERVING), (v.ReplayDue,), (S.ready, S.degraded), "replay the answers beside the users", _replay)
 
 # Everything else is ignored, for the reason given.
 _ignore((S.adopting,), v.OBSERVATIONS, "still adopting: the shell holds commands and signals until the boot "
         "result")
+_ignore((S.accepting,), (v.BecameReady, v.Progress, v.HealthRecovered),
+        "the acceptance gate, not health, decides when this start is ready")
+_ignore(tuple(State), (v.ReplayDue,), "no replay: vLLM does not serve, or its start's gate runs")
 _ignore(tuple(State), (v.Tick,), "no deadline in this state")
 _ignore(tuple(State), (v.StartRequested,), "vLLM is running or starting already, or the breaker is open")
 _ignore(tuple(State), (v.ShutdownRequested,), "nothing of vLLM's runs")
 _ignore(tuple(State), (v.Exited, v.HealthFailed, v.HealthDegraded, v.HealthRecovered, v.Progress, v.BecameReady,
                        v.LaunchFailed, v.Launched),
         "a report about an instance that is not (or no longer) watched in this state")
-_ignore(tuple(State), (v.PreflightDone, v.StopDone, v.Adopted), "the effect it reports is not awaited now")
+_ignore(tuple(State), (v.PreflightDone, v.StopDone, v.Adopted, v.GateDone),
+        "the effect it reports is not awaited now")
 
 
 # ---- stepping ------------------------------------------------------------------------------------------

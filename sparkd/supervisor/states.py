@@ -15,8 +15,8 @@ from sparkd.supervisor import policy
 from sparkd.supervisor.failures import Failure
 
 __all__ = [
-    "RUNNING", "SERVING", "After", "Intent", "Limits", "Machine", "Remembered", "State", "quiescent", "refusal",
-    "remembered", "restore",
+    "RUNNING", "SERVING", "UP", "After", "Intent", "Limits", "Machine", "Remembered", "State", "came_up", "quiescent",
+    "refusal", "remembered", "restore",
 ]
 
 
@@ -25,6 +25,7 @@ class State(StrEnum):
     stopped = "stopped"
     preflight = "preflight"
     starting = "starting"
+    accepting = "accepting"  # vLLM answers; the acceptance gate decides whether it is ready (issue 37)
     ready = "ready"
     degraded = "degraded"
     stopping = "stopping"
@@ -32,8 +33,14 @@ class State(StrEnum):
     failed = "failed"  # the restart breaker is open
 
 
-RUNNING = frozenset({State.starting, State.ready, State.degraded})  # an instance exists and is watched
+RUNNING = frozenset({State.starting, State.accepting, State.ready, State.degraded})  # an instance exists, watched
 SERVING = frozenset({State.ready, State.degraded})
+UP = frozenset({State.accepting, *SERVING})  # vLLM's API answers (past its first /health 200)
+
+
+def came_up(before: State, after: State) -> bool:
+    """A start ended serving: from ``starting`` (no acceptance gate) or ``accepting`` into ready or degraded."""
+    return after in SERVING and before in (State.starting, State.accepting)
 
 
 class Intent(StrEnum):
@@ -58,6 +65,9 @@ class Limits:
     restart: policy.RestartPolicy = field(default_factory=policy.RestartPolicy)
     # A worker of a group: it starts only on the head's word and, after a failure, stops and waits for it.
     led: bool = False
+    # The acceptance gate's budget with its margin: a start passes through ``accepting`` (None: no gate, ready at
+    # once). Past it, the lifecycle takes the start as ready unverified (the gate's own budget ends it first).
+    accept_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +82,7 @@ class Machine:
     launches: int = 0
     started_at: float | None = None  # when the current launch began
     last_progress_at: float | None = None
-    deadline: float | None = None  # backoff: when to try again
+    deadline: float | None = None  # backoff: when to try again; accepting: when the gate's budget is spent
     last_failure: Failure | None = None
     health_note: str | None = None  # why degraded
     restart_reason: str | None = None  # why the next launch is a restart: a failure class, "operator", "reset"

@@ -1,5 +1,6 @@
 """Where a start's time goes: sparkd's own steps from "start requested" to "vLLM exec'd", split by preflight
-check, and vLLM's cold-start phases (weights, compile and profile, KV cache, CUDA graphs, API server).
+check, vLLM's cold-start phases (weights, compile and profile, KV cache, CUDA graphs, API server), and the
+acceptance gate between vLLM's first answer and ready (``accept_s``).
 
 One :class:`LaunchTiming` per launch, a value: the preflight makes it and times its steps, the launch adds its own
 and vLLM's exec (``PreflightDone`` and ``Launched`` carry it), the node's state adds each phase as it is first
@@ -25,6 +26,7 @@ class LaunchTiming:
     exec_at: float | None = None  # the runtime reported vLLM's main process
     phase_at: Mapping[Phase, float] = field(default_factory=dict)  # when each startup phase was first seen
     ready_at: float | None = None
+    accepting_at: float | None = None  # vLLM answered; the acceptance gate ran from here to ready
     adopted: bool = False  # phases replayed from an adopted instance's log: their times mean nothing
     compile: CompileCache | None = None  # what the start's log said of vLLM's compile cache
     compile_expected: bool = False  # a hit was due: the last start stored the same entry
@@ -45,6 +47,15 @@ class LaunchTiming:
     def ready(self, at: float) -> LaunchTiming:
         return self if self.ready_at is not None else replace(self, ready_at=at)
 
+    def accepting(self, at: float) -> LaunchTiming:
+        """vLLM's own start is over (its first /health 200); the acceptance gate's begins."""
+        return self if self.accepting_at is not None else replace(self, accepting_at=at)
+
+    @property
+    def served_at(self) -> float | None:
+        """When vLLM's own start ended: its first /health 200 (the gate's time is not vLLM's)."""
+        return self.accepting_at if self.accepting_at is not None else self.ready_at
+
     def compiled(self, cache: CompileCache, expected: bool, explained: str | None) -> LaunchTiming:
         return replace(self, compile=cache, compile_expected=expected, compile_explained=explained)
 
@@ -64,14 +75,14 @@ class LaunchTiming:
                 "sentence": cache.sentence(self.compile_expected, self.compile_explained)}
 
     def phase_seconds(self, until: float | None = None) -> dict[str, float]:
-        """Seconds spent in each phase reached, up to the next one (the last one up to ready, or ``until``: where a
-        start that never became ready ended)."""
+        """Seconds spent in each phase reached, up to the next one (the last one up to vLLM's first answer, or
+        ``until``: where a start that never became ready ended)."""
         if self.adopted:
             return {}
         reached = [p for p in PHASE_ORDER if p in self.phase_at]
         out: dict[str, float] = {}
         for here, nxt in zip(reached, [*reached[1:], None], strict=False):
-            end = self.phase_at[nxt] if nxt is not None else self.ready_at if self.ready_at is not None else until
+            end = self.phase_at[nxt] if nxt is not None else self.served_at if self.served_at is not None else until
             if end is not None:
                 out[here.value] = round(max(0.0, end - self.phase_at[here]), 3)
         return out
@@ -79,7 +90,10 @@ class LaunchTiming:
     def to_json(self, until: float | None = None) -> dict[str, Any]:
         """``until``: a start that failed ended then (its last phase lasted until it)."""
         overhead = None if self.exec_at is None else round(self.exec_at - self.requested_at, 4)
-        cold = None if self.ready_at is None or self.exec_at is None or self.adopted else round(
-            self.ready_at - self.exec_at, 3)
+        served = self.served_at
+        cold = None if served is None or self.exec_at is None or self.adopted else round(served - self.exec_at, 3)
+        gate = None if self.accepting_at is None or self.ready_at is None else round(
+            self.ready_at - self.accepting_at, 3)
         return {"sparkd_s": overhead, "steps_s": dict(self.steps), "vllm_start_s": cold,
-                "phases_s": self.phase_seconds(until), "adopted": self.adopted, "compile_cache": self.compile_json()}
+                "phases_s": self.phase_seconds(until), "accept_s": gate, "adopted": self.adopted,
+                "compile_cache": self.compile_json()}

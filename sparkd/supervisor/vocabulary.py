@@ -17,6 +17,8 @@ from sparkd.supervisor.failures import Failure
 
 if TYPE_CHECKING:  # types only: a TAB's import of the commands stays light
     from sparkd.config import Config
+    from sparkd.supervisor.acceptance.gate import GateResult
+    from sparkd.supervisor.acceptance.gate import Progress as GateProgressValue
     from sparkd.supervisor.compilelog import CompileCache
     from sparkd.supervisor.drainlog import Drain
     from sparkd.supervisor.instance import Instance
@@ -26,8 +28,9 @@ if TYPE_CHECKING:  # types only: a TAB's import of the commands stays light
 
 __all__ = [
     "Action", "Adopted", "BecameReady", "CompileCacheRead", "ConfigReplaced", "CutStop", "Draining", "Exited",
-    "HealthDegraded", "HealthFailed", "HealthRecovered", "Launch", "LaunchFailed", "Launched", "NodeFact",
-    "Observation", "Posted", "PreflightDone", "Progress", "RecordIncident", "ResetRequested", "RestartRequested",
+    "GateDone", "GateProgress", "HealthDegraded", "HealthFailed", "HealthRecovered", "Launch", "LaunchFailed",
+    "Launched", "NodeFact", "Observation", "Posted", "PreflightDone", "Progress", "RecordIncident", "ReplayDue",
+    "ResetRequested", "RestartRequested", "RunGate",
     "RunPreflight", "Settling", "ShutdownRequested", "StartRequested", "Stop", "StopDone", "StopRequested", "Tick",
 ]
 
@@ -154,18 +157,37 @@ class StopDone:
 
 @dataclass(frozen=True)
 class Tick:
-    """Time passed; deadlines (startup budget, backoff) are checked against ``now``."""
+    """Time passed; deadlines (startup budget, backoff, the acceptance gate's budget) are checked against ``now``."""
+
+
+# -- the acceptance gate (issue 37; sparkd.supervisor.acceptance)
+@dataclass(frozen=True)
+class GateDone:
+    """The acceptance gate ran against the instance and came to ``result``; ``kind``: which run it was (a
+    ``sparkd.supervisor.acceptance.standing.GateKind`` value: start, adopted, replay, wake, accept)."""
+
+    result: GateResult
+    kind: str = "start"
+
+
+@dataclass(frozen=True)
+class ReplayDue:
+    """While vLLM serves, its answers are to be asked again: ``why`` (the interval passed while the engine was idle,
+    or ``wake``: vLLM woke from sleep)."""
+
+    why: str
+    wake: bool = False
 
 
 Observation = (
     Adopted | StartRequested | StopRequested | RestartRequested | ResetRequested | ShutdownRequested
     | PreflightDone | Launched | LaunchFailed | Progress | BecameReady | HealthDegraded | HealthRecovered
-    | HealthFailed | Exited | StopDone | Tick
+    | HealthFailed | Exited | StopDone | Tick | GateDone | ReplayDue
 )
 OBSERVATIONS: tuple[type, ...] = (
     Adopted, StartRequested, StopRequested, RestartRequested, ResetRequested, ShutdownRequested, PreflightDone,
     Launched, LaunchFailed, Progress, BecameReady, HealthDegraded, HealthRecovered, HealthFailed, Exited,
-    StopDone, Tick,
+    StopDone, Tick, GateDone, ReplayDue,
 )
 
 
@@ -203,8 +225,16 @@ class CompileCacheRead:
     explained: str | None = None
 
 
-NodeFact = ConfigReplaced | Settling | Draining | CompileCacheRead
-NODE_FACTS: tuple[type, ...] = (ConfigReplaced, Settling, Draining, CompileCacheRead)
+@dataclass(frozen=True)
+class GateProgress:
+    """The acceptance gate's run moved on: its parts so far (status shows them); None: it ended without a verdict."""
+
+    progress: GateProgressValue | None
+    kind: str = "start"
+
+
+NodeFact = ConfigReplaced | Settling | Draining | CompileCacheRead | GateProgress
+NODE_FACTS: tuple[type, ...] = (ConfigReplaced, Settling, Draining, CompileCacheRead, GateProgress)
 Posted = Observation | NodeFact  # what the loop's queue carries
 
 
@@ -248,4 +278,12 @@ class RecordIncident:
     written: bool = False
 
 
-Action = RunPreflight | Launch | Stop | RecordIncident | CutStop
+@dataclass(frozen=True)
+class RunGate:
+    """Run the acceptance gate against the instance (``kind``: start, adopted, replay, wake) and post ``GateDone``."""
+
+    kind: str = "start"
+    why: str = ""
+
+
+Action = RunPreflight | Launch | Stop | RecordIncident | CutStop | RunGate

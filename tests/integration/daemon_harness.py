@@ -88,6 +88,9 @@ def base_config(tmp: Path, port: int, **sections: dict[str, Any]) -> dict[str, A
                    "canary_timeout_s": 2, "busy_grace_s": 60, "stall_after_s": 3},
         # A short memory settle: on a shared test machine MemAvailable moves with the neighbours.
         "recorder": {"settle_s": 0.2, "settle_timeout_s": 10},
+        # The acceptance gate (on by default) asks the stand-in ~20 questions between starting and ready, and
+        # replays them while it serves: the tests of other parts start without it; test_acceptance*.py turn it on.
+        "acceptance": {"enabled": False},
     }
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}

@@ -135,7 +135,9 @@ def test_dashboard_vllm_names_are_on_the_real_vllm_page() -> None:
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Sparkd]:
-    d = Sparkd(tmp_path, base_config(tmp_path, free_port(), api={"port": free_port(), "listen": "127.0.0.1"}))
+    # the acceptance gate on: its families, the gate's seconds and bad outputs too
+    d = Sparkd(tmp_path, base_config(tmp_path, free_port(), api={"port": free_port(), "listen": "127.0.0.1"},
+                                     acceptance={"enabled": True}))
     d.start()
     d.wait_state("ready", timeout=90)
     yield d

@@ -57,7 +57,8 @@ def loaded_rules(base: str) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Sparkd]:
-    cfg = base_config(tmp_path, free_port(), api={"port": free_port(), "listen": "127.0.0.1"})
+    cfg = base_config(tmp_path, free_port(), api={"port": free_port(), "listen": "127.0.0.1"},
+                      acceptance={"enabled": True})  # its families, the gate's seconds and bad outputs too
     d = Sparkd(tmp_path, cfg)
     d.start()
     d.wait_state("ready", timeout=90)

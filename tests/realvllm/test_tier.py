@@ -37,9 +37,19 @@ def fault(tier: Tier, name: str, act: Callable[[], None], cls: str | tuple[str, 
     for word in absent:
         assert word not in incident["message"], (word, incident["message"])
     assert tier.explain(incident)["class"] == incident["class"]
-    tier.wait_ready()
+    passed_the_gate(tier, tier.wait_ready())
     tier.timed(f"{name}: ready again", began)
     return incident
+
+
+def passed_the_gate(tier: Tier, status: dict[str, Any]) -> None:
+    """Ready through the acceptance gate (issue 37): this launch's answers matched the golden the first start
+    recorded — a restart of the same model gives the same answers (the tier counts them: `tier.gates`)."""
+    gate = status["acceptance"]
+    assert gate["verdict"] == "pass" and gate["kind"] == "start", gate
+    fingerprint = next(p for p in gate["parts"] if p["part"] == "fingerprint")
+    assert "6 answers match the golden" in fingerprint["sentence"], fingerprint
+    tier.gates.append(fingerprint["sentence"])
 
 
 def test_ready_with_every_phase_timed(tier: Tier) -> None:
@@ -51,6 +61,11 @@ def test_ready_with_every_phase_timed(tier: Tier) -> None:
     assert phases["launching"] > 1.0, "imports and the engine core's spawn take seconds, and are timed"
     assert status["kv_cache_tokens"] and status["kv_cache_tokens"] > 0, "CPU KV cache size: N tokens is read"
     assert status["shards"] == [1, 1]
+    gate = status["acceptance"]
+    assert "accepting" in [h["state"] for h in status["history"]] and status["start_timing"]["accept_s"] > 0
+    assert gate["verdict"] == "pass" and "6 answers recorded as the golden (no golden yet)" in gate["parts"][1][
+        "sentence"], gate
+    assert list((tier.tmp / "d" / "state" / "acceptance").glob("golden-*.json")), "the golden is kept"
 
 
 def test_probes_stay_out_of_the_log_and_clients_do_not(tier: Tier) -> None:
@@ -75,6 +90,12 @@ def test_handover_and_adoption(tier: Tier) -> None:
         "adopted") is True, 60, "the new daemon's status: ready, adopted")
     assert status["pid"] == pid
     assert tier.timed("adoption", began) < 30
+    # ready at once, then its answers replayed beside it: the same as the golden the first start recorded
+    gate = tier.daemon.wait_for(lambda s: (s.get("acceptance") or {}).get("verdict") is not None, 60,
+                                "the adopted vLLM's answers replayed")["acceptance"]
+    assert gate["kind"] == "adopted" and gate["verdict"] == "pass", gate
+    assert [p["part"] for p in gate["parts"]] == ["fingerprint"], "a replay: no capacity (its start was not seen)"
+    assert gate["parts"][0]["sentence"] == "6 answers match the golden exactly.", gate
 
 
 def test_engine_core_sigkill_is_engine_dead(tier: Tier) -> None:
@@ -188,10 +209,13 @@ def test_fixed_then_restart_wait_follows_the_phases_to_ready(tier: Tier) -> None
     tier.timed("fixed, restart --wait: ready again", began)
     assert result.returncode == 0, result.stdout + result.stderr
     for step in ("starting", "starting: loading weights", "starting: compiling and profiling", "starting: KV cache",
-                 "ready after"):
+                 "accepting", "ready after"):
         assert step in result.stdout, (step, result.stdout)
     assert "waiting for the peer" not in result.stdout
     assert tier.complete("back") == 200
+    passed_the_gate(tier, tier.status())
+    print(f"realvllm: the acceptance gate passed {len(tier.gates)} restarts of the tier, "
+          f"{sum('exactly' in g for g in tier.gates)} exactly (the same launch), the rest closely")
 
 
 def test_explain_gives_every_incidents_own_class(tier: Tier) -> None:

@@ -36,6 +36,10 @@ START_S = 420.0  # one cold start on 2 shared cores: ~45 s warm, ~65 s with the 
 DETECT_S = 60.0
 
 
+def without_none(env: dict[str, str | None]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if v is not None}
+
+
 class Tier:
     def __init__(self, tmp: Path, venv: Path, model: Path, *, launch_args: tuple[str, ...] = (),
                  sections: dict[str, dict[str, Any]] | None = None) -> None:
@@ -47,6 +51,7 @@ class Tier:
         self.prefix = os.environ.get("SPARKD_REALVLLM_TITLE_PREFIX", "VLLM")
         self.mark = f"{tmp}"  # SPARKD_REALVLLM_TIER: in the environment of every process of this tier's vLLM
         self.timings: dict[str, float] = {}
+        self.gates: list[str] = []  # the fingerprint's sentence of every restart's acceptance gate (test_tier.py)
         self.sessions: set[int] = set()  # the sessions of the launches seen ready (the teardown's proof of ours)
         self.began = time.monotonic()
         (tmp / "d").mkdir()
@@ -54,8 +59,9 @@ class Tier:
         self.daemon.start()
 
     # ---- the config
-    def config(self, *, extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+    def config(self, *, extra_args: tuple[str, ...] = (), env: dict[str, str | None] | None = None,
                skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        """``env``: over the tier's launch environment; a None value removes the variable."""
         folder = self.tmp / "d"
         cfg: dict[str, Any] = {
             "runtime": "process",
@@ -63,9 +69,11 @@ class Tier:
             "launch": {"executable": str(self.venv / "bin" / "vllm"), "model": str(self.model),
                        "served_model_name": SERVED, "host": "127.0.0.1", "port": self.port, "max_model_len": 512,
                        "extra_args": ["--dtype", "bfloat16", *self.launch_args, *extra_args],
-                       "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "SPARKD_REALVLLM_TIER": self.mark,
-                               **({"VLLM_PROCESS_NAME_PREFIX": self.prefix} if self.prefix != "VLLM" else {}),
-                               **(env or {})}},
+                       "env": without_none({"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1",
+                                            "SPARKD_REALVLLM_TIER": self.mark,
+                                            **({"VLLM_PROCESS_NAME_PREFIX": self.prefix} if self.prefix != "VLLM"
+                                               else {}),
+                                            **(env or {})})},
             "paths": {"state_dir": str(folder / "state"), "run_dir": str(folder / "run")},
             "api": {"socket_group": "", "port": 0},
             # a drained stop of an idle vLLM (the default [stop] drain_s) ends in 6-15 s on vllm-cpu: its executor waits
@@ -78,10 +86,20 @@ class Tier:
             "health": {"interval_s": 1, "timeout_s": 3, "failure_threshold": 2, "canary_interval_s": 3,
                        "canary_timeout_s": 8, "busy_grace_s": 120, "stall_after_s": 10},
             "preflight": {"skip": ["memory", "page_cache", *skip]},
+            # The acceptance gate (issue 37) between starting and ready, as shipped but for what a random-weight
+            # model cannot pass: its answers are noise, so no garble levels (test_acceptance.py shows they catch
+            # exactly that); the fingerprint records the golden at the first start and every fault's restart
+            # matches it. No replays: a replay beside a fault scenario would change what it finds in flight.
+            "acceptance": {"garble_levels": [], "replay_interval_s": 0},
         }
         for name, table in self.sections.items():
             cfg[name] = {**cfg.get(name, {}), **table}
         return cfg
+
+    def gate(self) -> dict[str, Any]:
+        """The acceptance gate's standing as the status shows it (issue 37)."""
+        acceptance: dict[str, Any] = self.status().get("acceptance") or {}
+        return acceptance
 
     def reconfigure(self, **changes: Any) -> subprocess.CompletedProcess[str]:
         """Write the config with ``changes`` and have the daemon reload it (applies at the next start)."""

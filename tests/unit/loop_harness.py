@@ -37,6 +37,8 @@ def config(tmp: Path, **sections: dict[str, Any]) -> Config:
         "restart": {"backoff_initial_s": 10, "backoff_max_s": 300, "jitter": 0.1, "budget_failures": 3,
                     "budget_window_s": 1800, "consecutive_limit": 0},
         "health": {"interval_s": 5, "canary": False},
+        # The acceptance gate has tests of its own (test_acceptance_loop, with FakeAnswers).
+        "acceptance": {"enabled": False},
     }
     for name, values in sections.items():
         data[name] = {**data.get(name, {}), **values}

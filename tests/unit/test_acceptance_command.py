@@ -36,16 +36,17 @@ class Gate:
 
 
 class Control:
-    def __init__(self, *, gate: Gate | None = None, worker: bool = False, running: bool = True) -> None:
+    def __init__(self, *, gate: Gate | None = None, worker: bool = False, running: bool = True,
+                 state: str = "ready") -> None:
         if gate is not None:
             self.acceptance = gate
-        self.worker, self._running = worker, running
+        self.worker, self._running, self.state = worker, running, state
 
     def running(self) -> bool:
         return self._running
 
     def status(self) -> dict[str, str]:
-        return {"state": "starting"}
+        return {"state": self.state}
 
 
 def execute(control: Control) -> Any:
@@ -56,6 +57,8 @@ def execute(control: Control) -> Any:
     (Control(), "this sparkd runs no acceptance gate, so there are no answers to accept"),
     (Control(gate=Gate(), worker=True), "a group's answers are its head's: run `sparkctl accept` on the head"),
     (Control(gate=Gate(), running=False), "vLLM is not running: start it (`sparkctl start`), then accept its answers"),
+    (Control(gate=Gate(), state="starting"),
+     "vLLM does not answer yet (starting): wait until it is accepting or ready, then accept its answers"),
 ])
 def test_refusals_change_nothing(control: Control, said: str) -> None:
     reply = execute(control)
@@ -63,9 +66,10 @@ def test_refusals_change_nothing(control: Control, said: str) -> None:
     assert getattr(getattr(control, "acceptance", None), "accepted", 0) == 0
 
 
-def test_the_gate_records_the_answers_and_answers_its_result() -> None:
+@pytest.mark.parametrize("state", ["accepting", "ready", "degraded"])
+def test_the_gate_records_the_answers_and_answers_its_result(state: str) -> None:
     gate = Gate()
-    reply = execute(Control(gate=gate))
+    reply = execute(Control(gate=gate, state=state))
     assert reply.ok and reply.result == PASSED and gate.accepted == 1
     assert accept.exit_code(PASSED) == 0 and accept.exit_code({**PASSED, "verdict": "garbled"}) == 1
 

@@ -37,22 +37,28 @@ def test_what_can_change_an_answer_changes_it(argv: list[str], env: dict[str, st
     assert launch_identity(argv, env) != launch_identity(ARGV, {"VLLM_CPU_KVCACHE_SPACE": "1"})
 
 
-def manifest(root: Path) -> Manifest:
+def manifest(root: Path, *, full: bool = True) -> Manifest:
     cfg = WeightsConfig()
-    return build(root, always=cfg.always_hash, ignore=cfg.ignore, known={}, full=True)
+    return build(root, always=cfg.always_hash, ignore=cfg.ignore, known={}, full=full,
+                 stop=(lambda: False) if full else (lambda: True))
 
 
-def test_the_weights_identity_follows_the_content_of_the_same_files(tmp_path: Path) -> None:
+def test_the_weights_identity_follows_the_files_without_reading_a_shard(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     shard = tmp_path / "model.safetensors"
     shard.write_bytes(b"a" * 64)
+    os.utime(shard, ns=(10**18, 10**18))
     (tmp_path / ".sparkd-made").write_text("made")
     first = weights_identity(manifest(tmp_path))
     assert first is not None and first.startswith("sha256:")
+    assert weights_identity(manifest(tmp_path, full=False)) == first, "a shard hashed or not: the same identity"
     (tmp_path / ".sparkd-made").write_text("again")  # ignored by [weights] ignore
     assert weights_identity(manifest(tmp_path)) == first
-    shard.write_bytes(b"b" * 64)  # the same shape, other weights
-    assert weights_identity(manifest(tmp_path)) not in (None, first)
+    shard.write_bytes(b"b" * 64)  # the same shape, other weights: written anew
+    assert weights_identity(manifest(tmp_path, full=False)) not in (None, first)
+    os.utime(shard, ns=(10**18, 10**18))
+    (tmp_path / "config.json").write_text('{"a": 1}')  # a small file that changes answers: by its content
+    assert weights_identity(manifest(tmp_path, full=False)) not in (None, first)
     assert weights_identity(manifest(tmp_path / "absent")) is None
 
 

@@ -258,6 +258,8 @@ settle_s = 0
 reboot_after_falls = 0
 [health]
 canary = false
+[acceptance]
+enabled = false
 """
 
 

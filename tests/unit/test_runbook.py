@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from sparkd.api.runbook import headings, source, to_html
+from sparkd.config.acceptance import AcceptanceConfig
 from sparkd.supervisor.failures import TREATMENT, Budget, FailureClass, Scope
 from sparkd.supervisor.runbook import anchor, failure_ref
 
@@ -33,6 +34,19 @@ _DOES = {
 }
 
 
+def _held(policy: str) -> str:
+    """What sparkd does about an acceptance gate verdict (sparkd/supervisor/lifecycle.py rules 7 to 9)."""
+    default = AcceptanceConfig.model_fields[policy].default
+    return (f"never stops or restarts vLLM for it: a restart gives the same answers. After a start, `[acceptance] "
+            f"{policy}` decides (default `{default}`): `refuse` keeps vLLM running but not ready (the state "
+            "`accepting`, `sparkd_ready` 0) until `sparkctl accept` passes, or a restart or a stop; `warn` serves "
+            "with the verdict said (the state `degraded`); so after an adoption (a new sparkd over a running vLLM). "
+            "Found by a replay while vLLM serves (idle, at `[acceptance] replay_interval_s`, or after a wake), it is "
+            "`degraded` whatever the policy, until `sparkctl accept` passes or vLLM restarts. Either way the verdict "
+            "is in `sparkctl status` and an incident, written once per verdict"
+            + (", and SparkdAnswersChanged pages" if policy == "on_wrong_answers" else ""))
+
+
 _EVIDENCE = {"meminfo": "`/proc/meminfo` at the time", "container": "the container's inspect (when there is one)",
              "kernel_log": "the kernel log's tail (OOM kills, NVRM, Xid, AER)",
              "guard": "the memory guard's last samples and trend"}
@@ -44,8 +58,9 @@ def failure_sections() -> str:
         evidence = ", ".join(_EVIDENCE[e] for e in sorted(e.value for e in t.evidence))
         group = (" On a group the cause lies between the ranks, and the group restarts as one unit, workers first."
                  if t.scope is Scope.pair else "")
+        does = _held(t.policy) if t.policy else _DOES[(t.restartable, t.budget)]
         out.append(f"### {cls.value}\n\n**What it means.** {t.what}.\n\n**What sparkd does.** It "
-                   f"{_DOES[(t.restartable, t.budget)]}.{group}\n\n**What to do.** {t.do[0].upper()}{t.do[1:]}.\n\n"
+                   f"{does}.{group}\n\n**What to do.** {t.do[0].upper()}{t.do[1:]}.\n\n"
                    "**Where to look.** The incident folder of the failure (`sparkctl incidents`) holds vLLM's log "
                    f"tail, {evidence}; `sparkd explain` on its `log-tail.txt` says the class again.")
     return "\n\n".join(out)

@@ -30,7 +30,7 @@ from sparkd.state.incidents import GpuEvidence, IncidentWriter, attach_stop, inc
 from sparkd.supervisor.classify import ClassifyContext, classify
 from sparkd.supervisor.failures import Evidence, Failure, FailureClass
 from sparkd.supervisor.marks import attempt, preflight_line, this_launch, verdict_line, vllm_lines
-from sparkd.supervisor.states import State
+from sparkd.supervisor.states import UP
 
 __all__ = ["LOG_TAIL_LINES", "Counters", "FailureEvidence"]
 
@@ -82,7 +82,7 @@ class FailureEvidence:
         container = None
         if Evidence.container in evidence and state.instance is not None:
             container = redact.mapping(await self.runtime.inspect(state.instance))
-        record = self._incident(failure, at, state, preflight=preflight)
+        record = self._incident(failure, at, state, preflight=preflight, **_gate(failure, state))
         gpu = self.gpu()
         smi_q = await query_text() if gpu is not None and (gpu.get("view") or {}).get("skipped") is None else None
         folder = await self.incidents.write(record, self._tail(failure, state), evidence=evidence,
@@ -153,7 +153,7 @@ class FailureEvidence:
         kernel = _kernel(guard)
         return ClassifyContext(launch_target=target, api_port=cfg.launch.port,
                                master_port=cfg.master_port if cfg.nnodes > 1 else None,
-                               was_ready=state.state in (State.ready, State.degraded),
+                               was_ready=state.state in UP,
                                mem_available_bytes=sample.available if sample is not None else None,
                                kernel_lines=kernel.since(self.kernel_mark) if kernel is not None else (),
                                engine_gone=engine_gone)
@@ -173,6 +173,13 @@ class FailureEvidence:
                                  state=state.state.value, pid=instance.pid if instance else None, **facts)
         redacted: dict[str, Any] = self.redaction.of(cfg).mapping(record)
         return redacted
+
+
+def _gate(failure: Failure, state: NodeState) -> dict[str, Any]:
+    """An acceptance gate's verdict in full (every part's facts: the golden answer and the new one, the bad outputs
+    per level, the capacity lost), when ``failure`` is that verdict's."""
+    last = state.acceptance.last
+    return {"acceptance": last.to_json()} if last is not None and last.failure is failure else {}
 
 
 def _kernel(guard: Guard | None) -> Any:

@@ -4,7 +4,8 @@ the part that owns it and posted back as an observation; nothing here decides ab
 - ``launching.Launcher``: adoption at boot and the launch, then the watch (``watching.Watching``);
 - ``preflighting.Preflight``: the gates and checks before a launch, a group head's workers';
 - ``stopping.StopEffects``: the stop, the sweep, the GPU memory's release;
-- ``nodeevidence.NodeEvidence``: a failure counted and its incident written.
+- ``nodeevidence.NodeEvidence``: a failure counted and its incident written;
+- ``accepting.AcceptanceGate``: the acceptance gate, between starting and ready and while vLLM serves.
 
 :class:`Node` composes them: on a group's head it prepares, starts and stops the workers beside its own rank; on a
 worker it tells the head at once when its rank fails.
@@ -14,11 +15,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 
 from sparkd.config import Role
+from sparkd.daemon.effects.accepting import AcceptanceGate
 from sparkd.daemon.effects.launching import Launcher
 from sparkd.daemon.effects.nodeevidence import NodeEvidence
 from sparkd.daemon.effects.preflighting import Preflight
@@ -31,17 +34,28 @@ if TYPE_CHECKING:
     from sparkd.cluster.coordinator import Coordinator
 
 
+@dataclass(frozen=True)
+class Parts:
+    """The parts that carry out the lifecycle's effects, one per kind of action."""
+
+    launcher: Launcher
+    preflight: Preflight
+    stops: StopEffects
+    evidence: NodeEvidence
+    acceptance: AcceptanceGate
+
+
 class Node:
     """The lifecycle's effects (the loop's ``Effects`` port), each handed to its part with the node's state its
     action was decided in."""
 
-    def __init__(self, launcher: Launcher, preflight: Preflight, stops: StopEffects, evidence: NodeEvidence, *,
-                 group: Coordinator | None, post: Callable[[v.Observation], None], spawn: Callable[..., None],
-                 rand: Callable[[], float] = random.random) -> None:
-        self.launcher = launcher
-        self.preflighting = preflight
-        self.stops = stops
-        self.evidence = evidence
+    def __init__(self, parts: Parts, *, group: Coordinator | None, post: Callable[[v.Observation], None],
+                 spawn: Callable[..., None], rand: Callable[[], float] = random.random) -> None:
+        self.launcher = parts.launcher
+        self.preflighting = parts.preflight
+        self.stops = parts.stops
+        self.evidence = parts.evidence
+        self.acceptance = parts.acceptance
         self.group = group
         self.post = post
         self.spawn = spawn
@@ -91,3 +105,7 @@ class Node:
         if self.role is Role.worker and self.group is not None:
             self.spawn(self.group.report_failure, record.failure)
         await self.evidence.record(record.failure, record.written, state)
+
+    async def accept(self, run: v.RunGate, state: NodeState) -> None:
+        """The acceptance gate against the instance; its verdict posted (on a head it speaks for the group)."""
+        await self.acceptance.run(run, state)

@@ -1,10 +1,11 @@
 """vLLM's output as the node takes it: every line redacted into the host copy (``vllm.log``, `sparkctl logs`); a line
 that shows startup progress advances the watched instance's :class:`~sparkd.supervisor.progress.Startup` and posts
-it (``Progress(startup)``), and ``BecameReady`` for a headless rank whose distributed setup is done; a line about
-vLLM's compile cache advances the start's verdict and posts it with what the last start let it expect
-(``CompileCacheRead``); while a stop follows vLLM's drain, every line goes to it too
-(:class:`~sparkd.daemon.effects.draining.DrainWatch`). The progress is this part's own reading of the instance's
-log, begun afresh for every instance; the node's state holds the last one posted."""
+it (``Progress(startup)``), ``BecameReady`` for a headless rank whose distributed setup is done, and ``ReplayDue``
+when vLLM is woken from sleep (its answers are asked again: issue 37); a line about vLLM's compile cache advances the
+start's verdict and posts it with what the last start let it expect (``CompileCacheRead``); while a stop follows
+vLLM's drain, every line goes to it too (:class:`~sparkd.daemon.effects.draining.DrainWatch`). The progress is this
+part's own reading of the instance's log, begun afresh for every instance; the node's state holds the last one
+posted."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sparkd.host.clock import Clock
 from sparkd.host.logs import Logger, VllmLog
 from sparkd.supervisor import compilelog
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.acceptance.replay import woke
 from sparkd.supervisor.compilelog import CompileCache, Verdict
 from sparkd.supervisor.marks import LAUNCH_LINE
 from sparkd.supervisor.progress import Startup, advance, is_progress
@@ -58,6 +60,8 @@ class VllmOutput:
         self.vllm_log.append(line, persist=persist)
         self.drains.on_line(line)
         self._compile(line)
+        if persist and woke(line):
+            self.post(v.ReplayDue("vLLM woke from sleep", wake=True))
         if not is_progress(line):
             return
         before = self.startup

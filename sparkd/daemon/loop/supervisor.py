@@ -52,6 +52,8 @@ class Effects(Protocol):
 
     async def cut(self, state: NodeState) -> None:
         """The stop in progress ends its instance now, its drain cut short (``--now`` while it drains)."""
+    async def accept(self, run: v.RunGate, state: NodeState) -> None:
+        """Run the acceptance gate against ``state.instance``; post GateDone (never raises for what vLLM answers)."""
 
 
 OnState = Callable[[NodeState, NodeState, v.Posted], None]  # (before, after, what was applied)
@@ -212,8 +214,9 @@ class Supervisor:
                                   "observation": name}
         if failure is not None:
             fields.update(failure=failure.cls.value, reason=failure.sentence)
-        if after.deadline is not None:
-            fields["backoff_s"] = round(after.deadline - after.since, 1)
+        if after.deadline is not None:  # a backoff's wait, or the acceptance gate's budget
+            name = "backoff_s" if after.state is State.backoff else "deadline_s"
+            fields[name] = round(after.deadline - after.since, 1)
         if after.breaker_reason is not None:
             fields["breaker"] = after.breaker_reason
         rs = after.restart_state
@@ -242,6 +245,8 @@ class Supervisor:
                 self._held = [replace(stop, now=True) for stop in self._held]
             else:
                 self._spawn(action, self.effects.cut, state)
+        elif isinstance(action, v.RunGate):
+            self._spawn(action, self.effects.accept, action, state)
 
     def _spawn(self, action: v.Action, fn: Callable[..., Awaitable[None]] | None, *args: Any) -> None:
         """Run an effect beside the loop. An effect that raises is a bug or a host problem, never the end of
@@ -277,8 +282,8 @@ class Supervisor:
         up to a backoff's end; None in a state that takes none (nothing to check: the ticker sleeps until the state
         changes)."""
         m = self.current.machine
-        if (m.state, v.Tick) not in lifecycle.TABLE:
-            return None
+        if (m.state, v.Tick) not in lifecycle.TABLE or (m.state is State.accepting and m.deadline is None):
+            return None  # accepting with no deadline: a refusal holds, nothing to check on time
         return TICK_S if m.deadline is None else min(TICK_S, m.deadline - self.clock.now())
 
     async def _ticker(self) -> None:

@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from sparkd.commands.port import Acceptance
 from sparkd.commands.statusdoc import Status
 from sparkd.config import Role
 from sparkd.daemon.boot.reload import ReloadReport
+from sparkd.daemon.effects.accepting import AcceptanceGate
 from sparkd.daemon.effects.facts import ContainerFacts
 from sparkd.daemon.effects.groupchecks import GroupChecks
 from sparkd.daemon.effects.plan import LaunchPlan
@@ -27,6 +29,7 @@ from sparkd.daemon.views.status import StatusView
 from sparkd.host.logs import VllmLog
 from sparkd.preflight.runner import PreflightReport
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.acceptance.standing import GateKind
 from sparkd.supervisor.graces import stop_wait_s
 from sparkd.supervisor.states import State, refusal
 
@@ -45,6 +48,7 @@ class Operated:
     container: ContainerFacts  # `sparkctl recreate`
     plan: LaunchPlan  # this node's vLLM left after a stop
     checks: GroupChecks  # the group's proofs, a worker's answers to them
+    acceptance: AcceptanceGate  # `sparkctl accept`: the gate run now, its answers the golden
 
 
 class DaemonControl:
@@ -83,6 +87,21 @@ class DaemonControl:
 
     async def recreate(self) -> tuple[bool, str]:
         return await self.operated.container.recreate()
+
+    @property
+    def acceptance(self) -> Acceptance | None:
+        """`sparkctl accept`'s port (:meth:`accept`) while ``[acceptance]`` is on."""
+        return self if self.sup.config().acceptance.enabled else None
+
+    async def accept(self) -> dict[str, Any]:
+        """The gate against the running vLLM now, its answers recorded as the golden; its verdict reaches the loop
+        (a pass lets a start the gate held be ready) before the answer."""
+        result = await self.operated.acceptance.gate(self.sup.node(), GateKind.accept)
+        if result is None:
+            return {"verdict": "incomplete", "sentence": "vLLM stopped while its answers were asked; nothing was "
+                    "recorded.", "refuse": False, "seconds": 0.0, "parts": [], "class": None}
+        await self.sup.submit(v.GateDone(result, GateKind.accept.value))
+        return result.to_json()
 
     def refusal(self, command: str) -> str | None:
         if self.sup.shutting_down:

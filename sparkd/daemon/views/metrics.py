@@ -24,7 +24,7 @@ from sparkd import __version__
 from sparkd.config import Config
 from sparkd.daemon.effects.restartgate import StartGuard
 from sparkd.daemon.loop.nodestate import NodeState
-from sparkd.daemon.views import checkmetrics, restartmetrics
+from sparkd.daemon.views import acceptmetrics, checkmetrics, restartmetrics
 from sparkd.daemon.views.flightrecords import FlightRecorder
 from sparkd.daemon.views.gpumetrics import gpu_families
 from sparkd.daemon.views.status import StatusView
@@ -33,7 +33,7 @@ from sparkd.guard.meminfo import MemInfo, read_meminfo
 from sparkd.guard.policy import Action as GuardAction
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.progress import Phase
-from sparkd.supervisor.states import SERVING, State
+from sparkd.supervisor.states import SERVING, State, came_up
 
 # Cold starts of the real model take 8-10 minutes; the stand-in takes seconds.
 START_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600)
@@ -91,7 +91,7 @@ class SparkdCollector(Collector):
         now = view.clock.now()
         backoff = max(0.0, m.deadline - now) if m.state is State.backoff and m.deadline else 0.0
         yield f.gauge("sparkd_backoff_seconds", "Seconds until the next start attempt.", backoff)
-        starting = m.state is State.starting and m.started_at is not None
+        starting = m.state in (State.starting, State.accepting) and m.started_at is not None
         yield f.gauge("sparkd_start_elapsed_seconds", "Seconds since the current launch, while it starts (else 0).",
                       now - m.started_at if starting and m.started_at is not None else 0.0)
         yield f.gauge("sparkd_start_budget_seconds", "The startup budget of a launch ([supervisor] "
@@ -108,6 +108,7 @@ class SparkdCollector(Collector):
         yield from self._peers()
         yield from checkmetrics.families(f.keys, f.values, view.facts.proofs())
         yield from restartmetrics.families(f.keys, f.values, node, now)
+        yield from acceptmetrics.families(f.keys, f.values, node.acceptance)
 
     def _counters(self) -> Iterator[Any]:
         f, counters = self.f, self.view.seen.counters
@@ -258,9 +259,9 @@ class Metrics:
         return self.collector.f
 
     def on_state(self, before: NodeState, after: NodeState, posted: Any) -> None:
-        """A launch became ready: how long it took, into the histogram."""
+        """A launch became ready (the acceptance gate included): how long it took, into the histogram."""
         was, now = before.machine, after.machine
-        if now.state is State.ready and was.state is State.starting and now.started_at is not None and now.launches:
+        if came_up(was.state, now.state) and now.started_at is not None and now.launches:
             self.start_duration.labels(*self.families().values).observe(now.since - now.started_at)
 
     def render(self) -> bytes:

@@ -9,7 +9,7 @@ from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.host.logs import Logger, configure_logging
 from sparkd.launch.redact import use_for_logs
 from sparkd.supervisor import vocabulary as v
-from sparkd.supervisor.states import State
+from sparkd.supervisor.states import came_up
 
 
 class OwnLog:
@@ -26,5 +26,5 @@ class OwnLog:
         if after.config is not before.config:
             self.follow(after)
         was, now = before.machine, after.machine
-        if now.state is State.ready and was.state is State.starting and after.timing is not None:
+        if came_up(was.state, now.state) and after.timing is not None:
             self.log.info("start_timing", **after.timing.to_json())

@@ -27,7 +27,7 @@ from sparkd.host.clock import Clock, wall_of
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.drainlog import Drain
 from sparkd.supervisor.progress import Phase
-from sparkd.supervisor.states import SERVING, State
+from sparkd.supervisor.states import SERVING, State, came_up
 
 if TYPE_CHECKING:
     from sparkd.cluster.coordinator import Coordinator
@@ -58,6 +58,10 @@ def status_line(state: NodeState, now: float) -> str:
         text += f": {p.phase.value}" + (f" {p.shards_loaded}/{p.shards_total}" if p.shards_total else "")
     if state.drain is not None and m.state is State.stopping:
         text += f": {state.drain.sentence(now)}"
+    gate = state.acceptance
+    if m.state is State.accepting:
+        held = gate.last is not None and gate.last.refuse
+        text += f": held, {gate.last.verdict.value}" if held and gate.last else ": the acceptance gate asks"
     if instance is not None:
         text += f", pid {instance.pid}"
     text += f", restarts {m.restarts}"
@@ -82,7 +86,7 @@ class History:
             self.entries.append({"at": self.clock.wall(), "state": now.state.value})
         if now.launches > was.launches > 0:
             self.restarts[now.restart_reason or "unknown"] += 1
-        if now.state is State.ready and was.state is State.starting and now.started_at is not None:
+        if came_up(was.state, now.state) and now.started_at is not None:
             self.last_start_s = round(now.since - now.started_at, 1)
         if after.settling is not None and after.settling != before.settling:
             self.entries.append({"at": self.clock.wall(), "state": now.state.value, "phase": after.settling})
@@ -155,6 +159,8 @@ class StatusView:
             "gpu": seen.gpu.status() if seen.gpu is not None else None,
             "last_stop": state.last_stop.to_json() if state.last_stop is not None else None,
             "drain": state.drain.to_json(now) if state.drain is not None else None,
+            "acceptance": {"enabled": cfg.acceptance.enabled,
+                           **state.acceptance.view(now, lambda at: wall_of(clock, at))},
             **self.facts.more(),
             **self.facts.proofs(),
         }

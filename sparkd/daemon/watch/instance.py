@@ -31,7 +31,7 @@ from sparkd.supervisor.logline import clean
 from sparkd.supervisor.peerloss import names_peer_loss
 from sparkd.supervisor.readings import VllmMetrics
 from sparkd.supervisor.signals import SIGNALS
-from sparkd.supervisor.states import SERVING, State
+from sparkd.supervisor.states import SERVING, UP, State
 
 READY_POLL_S = 0.5  # /health while starting: the port refuses until vLLM is ready, so this is cheap
 DRAIN_S = 5.0  # after an exit, how long the log may take to deliver its last lines before classifying
@@ -179,10 +179,11 @@ class InstanceWatch:
             os.close(wake_w)
 
     async def _probe_health(self) -> None:
-        """Readiness while starting (cheap: the port refuses), then /health and vLLM's metrics."""
+        """Readiness while starting (cheap: the port refuses), then /health and vLLM's metrics (from the acceptance
+        gate on: vLLM answers)."""
         assert self.probes is not None
         while True:
-            serving = self.state() in SERVING
+            serving = self.state() in UP
             self._observe(health.observe_health, await self.probes.health())
             if serving:
                 if self.clients_port is not None:

@@ -156,8 +156,18 @@ def decide(results: Sequence[PartResult], *, started_at: float, now: float, on_w
     action = f"sparkd keeps it from ready and does not restart it: {FIX[worst]}" if refuse else \
         "vLLM serves anyway ([acceptance] policy warn)"
     sentence = f"{_capital(failed[0].sentence)} — {action}.{also}"
-    failure = Failure.of(FAILURE_CLASS[worst], sentence, evidence=f"acceptance {worst.value}: {failed[0].sentence}")
+    failure = Failure.of(FAILURE_CLASS[worst], sentence, evidence=_evidence(worst, failed[0]))
     return GateResult(worst, sentence, refuse, tuple(results), started_at, now, failure)
+
+
+def _evidence(worst: Verdict, part: PartResult) -> str:
+    """What the failure rests on, as the incident's verdict line keeps it (``sparkd explain`` quotes it): for changed
+    answers the golden answer and the new one, each cut where the fingerprint cut it."""
+    first = part.facts.get("first_difference")
+    if not isinstance(first, Mapping):
+        return f"acceptance {worst.value}: {part.sentence}"
+    return (f"acceptance {worst.value}: {first.get('answer')} at token {first.get('token')}: the golden answered "
+            f"{first.get('golden')!r}; now {first.get('now')!r}")
 
 
 def _capital(text: str) -> str:

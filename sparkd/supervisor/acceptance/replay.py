@@ -1,7 +1,7 @@
 """When the fingerprint is replayed while vLLM serves: at an interval, and only while the engine is idle, so that it
 never competes with users (issue 37). Pure; the shell feeds it vLLM's gauges (``vllm:num_requests_running`` and
-``_waiting``, as its metrics scrape reads them) and asks :func:`due` on its own cadence. After a wake or a hand-over
-the shell replays at once, without asking.
+``_waiting``, as its metrics scrape reads them) and asks :func:`due` on its own cadence. After a wake (vLLM's line,
+:func:`woke`) or a hand-over the shell replays at once, without asking.
 
 Rules:
 
@@ -20,7 +20,10 @@ from dataclasses import dataclass, replace
 
 from sparkd.supervisor.acceptance.gate import Part
 
-__all__ = ["Idle", "due", "observe_load", "ran", "replay_parts"]
+__all__ = ["WAKE_LINE", "Idle", "due", "observe_load", "ran", "replay_parts", "woke"]
+
+# vLLM 0.32's API server as ``POST /wake_up`` begins (entrypoints/serve/dev/sleep/api_router.py): the wake follows
+WAKE_LINE = "wake up the engine with tags"
 
 
 @dataclass(frozen=True)
@@ -59,3 +62,8 @@ def due(idle: Idle, now: float, *, interval_s: float, idle_s: float) -> str | No
 def replay_parts(planned: Sequence[Part]) -> tuple[Part, ...]:
     """What a replay runs of the start's planned parts."""
     return tuple(p for p in planned if p in (Part.fingerprint, Part.numerics))
+
+
+def woke(line: str) -> bool:
+    """vLLM's line that a sleeping engine is being woken (its answers after it are asked again)."""
+    return WAKE_LINE in line
