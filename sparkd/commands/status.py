@@ -60,6 +60,9 @@ def render(s: Status) -> str:
         lines.append(f"  health: {s['health']}")
     if s.get("watch_note"):
         lines.append(f"  note: {s['watch_note']}")
+    steps = s.get("steps") or {}
+    if steps.get("warning"):
+        lines.append(f"  step probe: {steps['warning']}")
     if s.get("backoff_until"):
         lines.append(f"  next start at {when(s['backoff_until'])}")
     breaker = s.get("breaker")

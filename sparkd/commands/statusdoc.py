@@ -102,3 +102,4 @@ class Status(Extras, total=False):
     weights: dict[str, Any]
     runbook: str | None  # where the node serves its runbook: ``http://host:9479`` (no TCP port: None)
     notify: dict[str, Any] | None  # the notifier's targets and their state (sparkd.notify.sender.Notifier.status)
+    steps: dict[str, Any] | None  # the step probe: its warning and every rank's last step (sparkd.daemon.views.steps)
