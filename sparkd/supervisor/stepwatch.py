@@ -75,7 +75,7 @@ def canary_every(w: StepWatch, every_s: float) -> float:
 def progressing(nodes: Sequence[NodeSteps], history: StepHistory, now: float, limits: StepLimits) -> bool:
     """The records show vLLM's ranks stepping within their limits (rule 2): a worker rank inside a step or one that
     ended a step within ``floor_s``, and every worker inside a step within a limit its identity's history backs
-    (a step of a size never seen has no yardstick: it vouches for nothing)."""
+    (with nothing seen yet, or a step of unknown size, there is no yardstick: it vouches for nothing)."""
     workers = [v for v in views(nodes, now) if v.record.role == "worker" and v.record.phase != "off"]
     inside = [v for v in workers if v.record.in_step]
     for v in inside:

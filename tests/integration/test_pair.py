@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 from typing import Any
 
 from daemon_harness import alive, kill_tree, tree
 from pair_harness import launch_time
+
+from sparkd.host.stepfiles import read_steps
 
 
 def test_cold_start_starts_the_worker_before_the_head(make_pair: Any) -> None:
@@ -40,16 +44,29 @@ def test_killing_the_head_rank_restarts_the_pair(make_pair: Any) -> None:
     pair.one_instance_per_node()
 
 
-def test_a_hung_worker_rank_is_detected_by_the_head(make_pair: Any) -> None:
-    pair = make_pair(health={"canary_interval_s": 0.5, "canary_timeout_s": 1, "busy_grace_s": 2}).start()
+def test_a_hung_worker_rank_is_named_by_the_head_and_the_pair_restarts(make_pair: Any) -> None:
+    """The worker's rank stops (SIGSTOP): the head reads every rank's step records (its own, and the worker's over the
+    peer link) and names the rank, its node, PID and step within 15 s — long before the canary's timeout (30 s)."""
+    pair = make_pair(health={"canary_interval_s": 1, "canary_timeout_s": 30, "busy_grace_s": 600}).start()
     _head_pid, worker_pid = pair.ready()
+    rank = next(r for r in read_steps(Path(pair.worker.config["paths"]["run_dir"]) / "probe").records
+                if r.role == "worker")
+    assert rank.rank == 1 and rank.world_size == 2
     frozen = tree(worker_pid)
+    stopped = time.time()
     for proc in frozen:
         proc.send_signal(signal.SIGSTOP)
+    failure = pair.head.wait_for(lambda s: (s.get("last_failure") or {}).get("at", 0) > stopped, 60,
+                                 "the head names the stopped rank")["last_failure"]
+    message = failure["message"]
+    assert failure["class"] == "hang", failure
+    assert message.startswith(f"rank 1 (worker) on worker, PID {rank.pid}, stopped (SIGSTOP) has not begun step "), \
+        message
+    print(f"\nnamed {failure['at'] - stopped:.1f} s after the SIGSTOP: {message}")
+    assert failure["at"] - stopped <= 15, (failure["at"] - stopped, message)
     _new_head, new_worker = pair.ready(head_launches=2, timeout=120)
     assert new_worker != worker_pid
     assert alive(frozen) == [], "the frozen rank was killed, not left behind"
-    assert pair.head.status()["last_failure"]["class"] in ("hang", "engine_dead", "peer_lost", "unknown")
 
 
 def test_cutting_the_link_stops_both_ranks_and_the_pair_recovers_when_it_returns(make_pair: Any) -> None:

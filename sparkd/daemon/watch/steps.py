@@ -138,7 +138,7 @@ class StepSense:
             return
         path = self._history_path(identity)
         try:
-            path.parent.mkdir(mode=0o750, exist_ok=True)
+            path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         except OSError as exc:
             self.log.warning("step_history_unwritable", path=str(path.parent), error=str(exc))
             return
