@@ -297,13 +297,15 @@ def _judge(t: HealthTracker, now: float, cfg: HealthConfig) -> Step:
                  wedge.evidence)
 
 
-def observe_probe(t: HealthTracker, failure: Failure | None, stepping: bool, now: float) -> Step:
-    """Fold the step probe's reading at monotonic `now` (rule 9): its verdict's failure, or whether it shows the
-    ranks stepping within their limits."""
+def observe_probe(t: HealthTracker, failure: Failure | None, stepping: bool, now: float, *,
+                  wedged_for_s: float | None = None) -> Step:
+    """Fold the step probe's reading at monotonic `now` (rule 9): its verdict's failure (a wedge of `wedged_for_s`),
+    or whether it shows the ranks stepping within their limits."""
     if not t.watching:
         return t, None
     if failure is not None:
-        return replace(t, verdict=Verdict.failed, note=None, failure=failure), HealthFailed(failure)
+        failed = HealthFailed(failure, wedged_for_s=wedged_for_s)
+        return replace(t, verdict=Verdict.failed, note=None, failure=failure), failed
     return (replace(t, clock=stall.on_probe(t.clock, now)) if stepping else t), None
 
 

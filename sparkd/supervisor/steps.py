@@ -45,6 +45,7 @@ _STOPPED = {"T": "stopped (SIGSTOP)", "t": "stopped by a tracer", "D": "in unint
 _PHASE_NOTE = {"collective": " (in a collective)"}
 _DO_HANG = "the tensor-parallel group is wedged on that process — sparkd restarts every rank"
 _DO_STALL = "vLLM makes no progress on the requests it holds — sparkd restarts vLLM"
+_DO_HANG_ONE = "vLLM's one engine is wedged on that process — sparkd restarts vLLM"  # no tensor-parallel group
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,8 @@ def _engine_stuck(engines: list[RankView], workers: list[RankView], limits: Step
                     f"{limits.floor_s:.0f} s) and no worker began a step since ({names})")
             if culprit is not e:
                 what = f"{culprit.who} takes no step: " + what
-        return StepVerdict(FailureClass.hang, what, _DO_HANG, culprit, e.record.step, e.inside_s, evidence)
+        do = _DO_HANG if e.record.world_size > 1 else _DO_HANG_ONE
+        return StepVerdict(FailureClass.hang, what, do, culprit, e.record.step, e.inside_s, evidence)
     return None
 
 

@@ -93,7 +93,8 @@ def observe_steps(w: StepWatch, t: health.HealthTracker, nodes: Sequence[NodeSte
     hold = (t.clock.jit_what or "a JIT compile") if stall.held(t.clock, now, cfg) else None
     verdict = judge_steps(nodes, w.history, now, limits, pending=pending, hold=hold)
     stepping = verdict is None and progressing(nodes, w.history, now, limits)
-    t, obs = health.observe_probe(t, verdict.failure() if verdict is not None else None, stepping, now)
+    failure, seconds = (verdict.failure(), verdict.seconds) if verdict is not None else (None, None)
+    t, obs = health.observe_probe(t, failure, stepping, now, wedged_for_s=seconds)
     records = [r for n in nodes for r in n.records]
     seen = w.seen or bool(records)
     since = w.serving_since if w.serving_since is not None else now

@@ -149,6 +149,15 @@ def test_an_engine_stuck_after_its_workers_finished_the_step() -> None:
     assert "its workers returned from their part of it and wait: the engine core is stuck, or the GPU work" in v.what
 
 
+def test_the_sentence_names_the_tensor_parallel_group_only_where_there_is_one() -> None:
+    one = judge(dataclasses.replace(inside(332, 6), role="engine", rank=0, pid=50, tokens=-1, world_size=1),
+                idle(332, 5.9, world_size=1))
+    assert one is not None and "tensor-parallel" not in one.failure().sentence
+    assert one.failure().sentence.endswith("vLLM's one engine is wedged on that process — sparkd restarts vLLM.")
+    two = judge(dataclasses.replace(inside(332, 6), role="engine", rank=0, pid=50, tokens=-1), idle(332, 5.9))
+    assert two is not None and "the tensor-parallel group is wedged" in two.failure().sentence
+
+
 def test_an_engine_inside_a_step_no_worker_took_names_a_stopped_worker() -> None:
     e = dataclasses.replace(inside(40, 7), role="engine", rank=0, pid=50, tokens=-1)
     worker = idle(39, 8, world_size=1, pid=60)

@@ -77,7 +77,8 @@ class NodeWatchReports:
         if isinstance(obs, v.HealthFailed) and obs.failure.cls in WEDGES:
             lost = self.group.unreachable() if self.group is not None else []
             cfg = self.mailbox.node().config
-            seen = self.gpu.annotate(obs.failure, cfg.health.stall_after_s) if self.gpu else obs.failure
+            wedged_for = obs.wedged_for_s if obs.wedged_for_s is not None else cfg.health.stall_after_s
+            seen = self.gpu.annotate(obs.failure, wedged_for) if self.gpu else obs.failure
             failure = wedge_or_peer_lost(seen, lost)
             obs = replace(obs, failure=failure) if failure.cls in WEDGES else v.HealthFailed(
                 failure, obs.grace_s, obs.recorded)

@@ -11,7 +11,7 @@ import contextlib
 import os
 import select
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import anyio
@@ -258,7 +258,7 @@ class InstanceWatch:
         """A verdict of the health signals; a probe's death or wedge that vLLM's log names otherwise is the log's."""
         if isinstance(obs, v.HealthFailed) and obs.failure.cls in EXPLAINED:
             told = self.classify_exit(None, None, FailureClass.engine_dead, False)  # the log's tail, as a death
-            obs = v.HealthFailed(told_by_the_log(obs.failure, told), obs.grace_s, obs.recorded)
+            obs = replace(obs, failure=told_by_the_log(obs.failure, told))
         if obs is not None:
             self.post(obs)
 
