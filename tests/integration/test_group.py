@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from daemon_harness import alive, tree
+from daemon_harness import alive
 from group_harness import Fabric, Group
-from pair_harness import launch_time
-
-from sparkd.host.stepfiles import read_steps
+from pair_harness import launch_time, stop_a_rank
 
 
 @pytest.fixture
@@ -101,21 +98,11 @@ def test_a_frozen_rank_is_named_and_the_group_restarts(make_group: Any) -> None:
     the rank, its node, PID and step within 15 s, before any canary timeout (30 s)."""
     group = make_group(tp=4, health={"canary_interval_s": 1, "canary_timeout_s": 30, "busy_grace_s": 600}).start()
     pids = group.ready()
-    rank = next(r for r in read_steps(Path(group.workers[2].config["paths"]["run_dir"]) / "probe").records
-                if r.role == "worker")
-    assert rank.rank == 3 and rank.world_size == 4
-    frozen = tree(pids[3])
-    stopped = time.time()
-    for proc in frozen:
-        proc.send_signal(signal.SIGSTOP)
-    failure = group.head.wait_for(lambda s: (s.get("last_failure") or {}).get("at", 0) > stopped, 60,
-                                  "the head names the stopped rank")["last_failure"]
-    message = failure["message"]
-    assert failure["class"] == "hang", failure
-    assert message.startswith(f"rank 3 (worker) on spark3, PID {rank.pid}, stopped (SIGSTOP) has not begun step "), \
-        message
-    print(f"\nnamed {failure['at'] - stopped:.1f} s after the SIGSTOP: {message}")
-    assert failure["at"] - stopped <= 15, (failure["at"] - stopped, message)
+    rank, failure, took, frozen = stop_a_rank(group.head, group.workers[2], pids[3])
+    assert rank.rank == 3 and rank.world_size == 4 and failure["class"] == "hang", failure
+    assert failure["message"].startswith(f"rank 3 (worker) on spark3, PID {rank.pid}, stopped (SIGSTOP) has not "
+                                         "begun step "), failure
+    assert took <= 15, (took, failure)
     again = group.ready(head_launches=2, timeout=180)
     assert again[3] != pids[3] and alive(frozen) == [], "the frozen rank was ended, not left behind"
 

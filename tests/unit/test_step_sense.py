@@ -1,7 +1,6 @@
-"""The step probe's sense (sparkd.daemon.watch.steps) and the instance's watch over it: this node's files read with
-each process's state, a gone process's record dropped, a worker's answer to its head, a head's workers' readings on
-its own clock, every rank's last records for an incident, the step history kept per identity; and the watch posting
-the probe's verdict, through the log's first cause, with the canary's interval bounded."""
+"""The step probe's sense (sparkd.daemon.watch.steps): this node's files read with each process's state, a gone
+process's record dropped, a worker's answer to its head, a head's workers' readings on its own clock, every rank's
+last records for an incident, the step history kept per identity."""
 
 from __future__ import annotations
 
@@ -12,19 +11,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
-from sparkd.config import Config, HealthConfig, config_from_mapping
-from sparkd.daemon.watch.instance import InstanceWatch, Watched
+from sparkd.config import Config, config_from_mapping
 from sparkd.daemon.watch.steps import SAVE_EVERY_S, StepSense
-from sparkd.supervisor import vocabulary as v
-from sparkd.supervisor.classify import classify
-from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.stephistory import StepHistory
-from sparkd.supervisor.steps import NodeSteps
 from sparkd.supervisor.stepwire import reading_json
-from sparkd.testing import FakeClock, FakeProbes, FakeRuntime
+from sparkd.testing import FakeClock
 from sparkd.vllm_probe.sparkd_vllm_probe import layout
 from sparkd.vllm_probe.sparkd_vllm_probe.writer import StepWriter
 
@@ -134,84 +127,3 @@ def test_the_history_is_kept_per_identity_at_most_once_a_minute(tmp_path: Path) 
     assert saved == {}, "nothing new learned: nothing written"
     path.write_text(json.dumps(more.to_json()))
     assert sense.load_history(identity) == more
-
-
-# ---- the instance's watch over the sense -------------------------------------------------------------------------
-
-
-class Reports:
-    def __init__(self, lines: list[str]) -> None:
-        self.lines, self.posted = lines, []  # type: list[str], list[v.Observation]
-
-    def post(self, obs: v.Observation) -> None:
-        self.posted.append(obs)
-
-    def state(self) -> v.State:  # type: ignore[name-defined]
-        from sparkd.supervisor.states import State
-        return State.ready
-
-    def on_line(self, line: str, persist: bool = True) -> None:
-        pass
-
-    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
-                      engine_gone: bool = False) -> Failure:
-        return classify(exit_code, sig, self.lines, hint=hint)
-
-
-class ScriptedSense:
-    """Readings of two ranks: rank 1 inside step 9, rank 0 past it, from the second reading on."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock, self.reads, self.kept = clock, 0, []  # type: FakeClock, int, list[StepHistory]
-
-    async def readings(self) -> list[NodeSteps]:
-        self.reads += 1
-        now = self.clock.now()
-        base = dataclasses.replace(_record(), step=9, longest_ns=S // 20, longest_tokens=3, tokens=3)
-        ranks = (dataclasses.replace(base, rank=0, pid=10, ended_ns=int((now - 30) * S), began_ns=int((now - 31) * S)),
-                 dataclasses.replace(base, rank=1, pid=11, phase="step", began_ns=int((now - 30) * S),
-                                     ended_ns=int((now - 31) * S)))
-        return [NodeSteps("a", int(now * S), ranks if self.reads > 1 else (), now)]
-
-    def load_history(self, identity: str) -> StepHistory:
-        return StepHistory({2: 0.05})
-
-    def keep_history(self, identity: str, history: StepHistory, *, now: bool = False) -> None:
-        self.kept.append(history)
-
-    def forget(self) -> None:
-        pass
-
-
-@pytest.mark.anyio
-async def test_the_watch_posts_the_probes_verdict_once_and_keeps_the_history() -> None:
-    runtime, reports, clock = FakeRuntime(), Reports([]), FakeClock(start=0.0)
-    sense = ScriptedSense(clock)
-    watch = InstanceWatch(Watched(runtime.start(), steps=sense, step_identity="id"),  # type: ignore[arg-type]
-                          runtime, reports, FakeProbes(runtime), HealthConfig, clock, Log())  # type: ignore[arg-type]
-    watch._observe(lambda t, *_: (dataclasses.replace(t, verdict=type(t.verdict).healthy), None), None)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(watch._watch_steps, sense)
-        await clock.run_until(lambda: bool(reports.posted) or sense.reads > 5)
-        tg.cancel_scope.cancel()
-    (posted,) = reports.posted
-    assert isinstance(posted, v.HealthFailed) and posted.failure.cls is FailureClass.hang
-    assert posted.failure.sentence.startswith("rank 1 (worker) on a, PID 11 has been inside step 9 for 30 s")
-    assert watch.step_watch.seen and sense.kept
-
-
-@pytest.mark.anyio
-async def test_a_verdict_the_log_names_otherwise_is_the_logs() -> None:
-    runtime, clock = FakeRuntime(), FakeClock(start=0.0)
-    reports = Reports(["(EngineCore pid=1108) INFO 11-27 09:16:15 [core.py:1454] [shutdown] EngineCore: trigger "
-                       "received signal=SIGTERM"])
-    sense = ScriptedSense(clock)
-    watch = InstanceWatch(Watched(runtime.start(), steps=sense, step_identity="id"),  # type: ignore[arg-type]
-                          runtime, reports, FakeProbes(runtime), HealthConfig, clock, Log())  # type: ignore[arg-type]
-    watch._observe(lambda t, *_: (dataclasses.replace(t, verdict=type(t.verdict).healthy), None), None)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(watch._watch_steps, sense)
-        await clock.run_until(lambda: bool(reports.posted) or sense.reads > 5)
-        tg.cancel_scope.cancel()
-    (posted,) = reports.posted
-    assert isinstance(posted, v.HealthFailed) and posted.failure.cls is FailureClass.engine_dead
