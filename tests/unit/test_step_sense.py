@@ -69,6 +69,26 @@ def test_this_nodes_files_are_read_with_each_processs_state_and_a_gone_ones_drop
     worker.close()
 
 
+def test_a_containers_rank_is_named_by_the_pid_the_host_sees(tmp_path: Path) -> None:
+    """A rank in a container writes the PID of its own namespace (7); sparkd finds the process whose innermost NSpid
+    and start time are the record's (host PID 5000) and names that one."""
+    proc = tmp_path / "proc"
+    (proc / "5000").mkdir(parents=True)
+    (proc / "5000" / "stat").write_text("5000 (VLLM::Worker) T " + " ".join(["0"] * 18) + " 123 0 0\n")
+    (proc / "5000" / "status").write_text("Name:\tVLLM::Worker\nNSpid:\t5000\t7\n")
+    sense, _ = sense_of(tmp_path)
+    sense.proc = proc
+    probe = tmp_path / "run" / "probe"
+    writer = StepWriter(str(probe), layout.WORKER, 0)
+    raw = bytearray((probe / "worker-0.step").read_bytes())
+    layout.IDENTITY.pack_into(raw, layout.IDENTITY_AT, layout.WORKER, 0, 0, 1, 7, 4026532000, 123, 0, 0, 0, 0, 0)
+    writer.close()
+    (probe / "worker-0.step").write_bytes(bytes(raw))
+    answer = sense.answer()
+    assert [r["pid"] for r in answer["records"]] == [5000]
+    assert answer["states"] == [{"role": "worker", "rank": 0, "state": "T"}]
+
+
 def test_a_node_with_the_probe_off_answers_so(tmp_path: Path) -> None:
     sense, _ = sense_of(tmp_path, step_probe=False)
     answer = sense.answer()

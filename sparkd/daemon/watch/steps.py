@@ -1,8 +1,9 @@
 """The step probe's sense (issue 38): this node's step files, and on a group's head its workers' too.
 
 Every node reads its own files (:mod:`sparkd.host.stepfiles`, in the launch's ``<run_dir>/probe``) when asked: each
-record's process is found as sparkd sees it (a container's PID namespace is not sparkd's; a record of a process that
-is gone is dropped) with its state letter (``T``: stopped). A worker answers its head's ``rank/steps`` with that
+record's process is found as sparkd sees it (a container's PID namespace is not sparkd's: the record then carries the
+host's PID, which the verdicts name; a record of a process that is gone is dropped) with its state letter (``T``:
+stopped). A worker answers its head's ``rank/steps`` with that
 reading (:func:`sparkd.supervisor.stepwire.reading_json`, on its own clock); the head's watch asks every worker
 (:meth:`readings`) and stamps each answer with its own clock when it came. What the watch makes of the readings is
 the core's (:mod:`sparkd.supervisor.stepwatch`); this part keeps the last readings (an incident's evidence holds every
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +70,7 @@ class StepSense:
             pid = self._host_pid(record)
             if pid is None:
                 continue  # its process is gone: an earlier launch's, or dead
-            records.append(record)
+            records.append(record if pid == record.pid else replace(record, pid=pid))  # named as the host sees it
             state = process_state(pid, proc=self.proc)
             if state:
                 states[(record.role, record.rank)] = state
