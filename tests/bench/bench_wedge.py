@@ -40,7 +40,6 @@ from wedge_worlds import JIT_LINE, World, decoding, idle, prefill
 
 from sparkd.config import HealthConfig
 from sparkd.supervisor import health as h
-from sparkd.supervisor import stall
 from sparkd.supervisor.health import HealthTracker, MetricsOff, ProbeOutcome, ProbeResult, VllmMetrics
 from sparkd.supervisor.stepwatch import StepWatch, canary_every, canary_pending, limits_of, observe_steps
 from sparkd.supervisor.vocabulary import HealthFailed

@@ -294,11 +294,12 @@ def test_a_step_probe_verdict_reads_the_power_over_its_own_wedge() -> None:
     node = SimpleNamespace(config=SimpleNamespace(health=HealthConfig(stall_after_s=600)))
     mailbox = SimpleNamespace(post=posted.append, node=lambda: node)
     reports = NodeWatchReports(mailbox, None, None, group=None, gpu=sampler)  # type: ignore[arg-type]
-    hang = Failure.of(FailureClass.hang, "rank 1 (worker) on b, PID 7 has not begun step 9; sparkd restarts every rank.")
+    hang = Failure.of(FailureClass.hang, "rank 1 (worker) on b, PID 7 has not begun step 9; sparkd restarts it.")
     reports.post(HealthFailed(hang, wedged_for_s=40))
     reports.post(HealthFailed(hang))
     told = [obs.failure.sentence for obs in posted]  # type: ignore[attr-defined]
-    assert told[0].endswith("(GPU power fell from 244 W to 121 W, utilization still 100 %).") and told[1] == hang.sentence
+    assert told[0].endswith("(GPU power fell from 244 W to 121 W, utilization still 100 %).")
+    assert told[1] == hang.sentence
 
 
 def test_preflight_waits_for_a_just_ended_process_to_leave_nvml() -> None:

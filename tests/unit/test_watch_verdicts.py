@@ -142,3 +142,44 @@ async def test_the_watch_posts_the_probes_verdict_once_and_keeps_the_history() -
 async def test_a_probes_verdict_the_log_names_otherwise_is_the_logs() -> None:
     failure, _, _ = await probed(SIGTERMED)
     assert failure.cls is FailureClass.engine_dead and "received SIGTERM from outside sparkd" in failure.sentence
+
+
+class Unanswered(FakeProbes):
+    """A canary the engine never answers."""
+
+    async def canary(self) -> Any:
+        await anyio.sleep_forever()
+
+
+class IdleEngine(ScriptedSense):
+    """An engine core idle since long before: it begins no step for whatever request arrives."""
+
+    async def readings(self) -> list[NodeSteps]:
+        self.reads += 1
+        now = self.clock.now()
+        engine = dataclasses.replace(RANK, role="engine", tokens=-1, held=0, began_ns=int((now - 101) * S),
+                                     ended_ns=int((now - 100) * S))
+        return [NodeSteps("a", int(now * S), (engine,), now)]
+
+
+@pytest.mark.anyio
+async def test_an_engine_that_begins_no_step_for_sparkds_canary_is_named() -> None:
+    """The canary in flight is the request the probe's rules know waits; while the probe reads the ranks the canary
+    runs at least every 8 s (its first one waits the configured 15 s: nothing was read yet)."""
+    from sparkd.supervisor.signals.canary import CANARY
+
+    runtime, reports, clock = FakeRuntime(), Reports(QUIET), FakeClock(start=0.0)
+    sense = IdleEngine(clock)
+    watch = InstanceWatch(Watched(runtime.start(), steps=sense, step_identity="id"),  # type: ignore[arg-type]
+                          runtime, reports, Unanswered(runtime), lambda: HealthConfig(canary_interval_s=15),
+                          clock, Log())  # type: ignore[arg-type]
+    watch.health = dataclasses.replace(watch.health, verdict=Verdict.healthy)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch._watch_steps, sense)
+        tg.start_soon(watch._run_signal, CANARY)
+        await clock.run_until(lambda: bool(reports.posted) or clock.now() > 60)
+        tg.cancel_scope.cancel()
+    (posted,) = reports.posted
+    assert isinstance(posted, v.HealthFailed) and posted.failure.cls is FailureClass.stall
+    assert posted.failure.sentence.startswith("a test generation sparkd sent is unanswered, and the engine core")
+    assert 20 <= clock.now() <= 22, clock.now()  # sent at 15 s, named 5 s later (a reading a second)
