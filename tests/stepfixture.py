@@ -1,5 +1,5 @@
 """A step-probe fixture: the step files of a real run at the moment sparkd's rules named a process, kept so that the
-default suite replays them (tests/unit/test_step_fixtures.py). Made by the real-vLLM tier (tests/realvllm/probed.py,
+default suite replays them (tests/unit/test_step_fixtures.py). Made by the real-vLLM tier (tests/realvllm/test_probe.py,
 with SPARKD_REALVLLM_KEEP) and the GPU host's runs (tests/gpu/phases.py); the folders live in tests/data/.
 
 A fixture is a folder: the ``*.step`` files as read, and ``reading.json`` — the node's name, the reading's monotonic

@@ -32,7 +32,15 @@ from sparkd.cluster.shared import (
 from sparkd.commands import reload as reload_command
 from sparkd.commands.base import NoParams
 from sparkd.commands.port import Outgoing, Route
-from sparkd.commands.rank import RANK_FAILED, RANK_PREFLIGHT, RANK_START, RANK_STOP, Failed, failure_report
+from sparkd.commands.rank import (
+    RANK_FAILED,
+    RANK_PREFLIGHT,
+    RANK_START,
+    RANK_STEPS,
+    RANK_STOP,
+    Failed,
+    failure_report,
+)
 from sparkd.commands.statusdoc import PeerEntry, Status
 from sparkd.config import Config, Role
 from sparkd.host.clock import Clock
@@ -45,6 +53,7 @@ if TYPE_CHECKING:
     from sparkd.host.logs import Logger
 
 START_POLL_S = 0.2
+STEPS_TIMEOUT_S = 2.0  # a worker's step records: one reading's worth, or left out of it
 
 
 def clock_offset(peer_wall: Any, sent: float, answered: float) -> float | None:
@@ -303,6 +312,24 @@ class Coordinator:
         if self.state() in RUNNING:
             self._worker_rank_failed(named, failure)
         return True
+
+    async def worker_steps(self) -> list[tuple[str, dict[str, Any]]]:
+        """Head side (the step probe, issue 38): every reachable worker's step records now, ``(peer, its answer)``;
+        a worker that does not answer at once (or whose sparkd predates the probe) is left out of this reading."""
+        answers: list[tuple[str, dict[str, Any]]] = []
+
+        async def one(peer: str) -> None:
+            try:
+                answer = await self.client.call(peer, RANK_STEPS, NoParams(), retries=0, timeout_s=STEPS_TIMEOUT_S)
+            except (PeerUnreachable, PeerRefused):
+                return
+            answers.append((peer, dict(answer)))
+
+        async with anyio.create_task_group() as tg:
+            for peer, view in self.views.items():
+                if view.reachable:
+                    tg.start_soon(one, peer)
+        return answers
 
     def unreachable(self) -> list[str]:
         """The peers whose sparkd does not answer now."""

@@ -124,6 +124,9 @@ class Control(Protocol):
 
     def vllm_left(self) -> list[int]: ...
 
+    def steps(self) -> Any:
+        """This node's step records now, as the peer link carries them (``rank.StepsResult``)."""
+
     def log_tail(self, lines: int) -> list[str]: ...
 
     def log_entries(self, lines: int, since: float | None) -> list[tuple[float, str]]:

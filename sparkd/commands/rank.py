@@ -1,9 +1,10 @@
 """What the ranks of a group ask of each other (``/v1/rank/<name>``, over TCP, signed, from the peers only).
 
 The head asks each worker's daemon to stop its rank (and report any ``VLLM::*`` left), to preflight, and to
-start its rank (closing its breaker: the head decides about the group's restarts); a worker tells its head at
-once that its rank failed. These are peer commands, kept apart from the operator's (``sparkd.commands.OPERATOR_NAMES``):
-only the TCP listener serves them, to the configured peers' addresses, signed with the shared secret.
+start its rank (closing its breaker: the head decides about the group's restarts), and while the group serves, for
+its ranks' step records (the step probe, issue 38); a worker tells its head at once that its rank failed. These are
+peer commands, kept apart from the operator's (``sparkd.commands.OPERATOR_NAMES``): only the TCP listener serves
+them, to the configured peers' addresses, signed with the shared secret.
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ class PreflightResult(TypedDict):
     ok: bool
     results: list[dict[str, object]]  # each check's (sparkd.preflight.base.as_json)
     failure: FailureReport | None
+
+
+class StepsResult(TypedDict):
+    """A node's step records (sparkd.supervisor.stepwire.reading_json): times on its own monotonic clock."""
+
+    node: str
+    read_at_ns: int
+    records: list[dict[str, Any]]  # each a step record's fields
+    states: list[dict[str, Any]]  # {"role", "rank", "state"}: each process's state letter
+    problems: list[str]
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,10 @@ async def _failed(control: Control, request: Failed) -> Reply:
     return ok()
 
 
+async def _steps(control: Control, request: NoParams) -> Reply:
+    return ok(control.steps())
+
+
 RANK_STOP: Command[NoParams, StopResult] = Command("rank/stop", "POST", NoParams, _stop)
 """Stop this rank; ``{"vllm_left": [pid, …], "status": …}``."""
 RANK_PREFLIGHT: Command[NoParams, PreflightResult] = Command("rank/preflight", "POST", NoParams, _preflight)
@@ -108,4 +123,7 @@ RANK_START: Command[NoParams, Status] = Command("rank/start", "POST", NoParams, 
 RANK_FAILED: Command[Failed, dict[str, Any]] = Command("rank/failed", "POST", Failed, _failed)
 """A worker tells its head that its rank failed (``failure``: ``{"class", "message"}``)."""
 
-RANK = (RANK_STOP, RANK_PREFLIGHT, RANK_START, RANK_FAILED, *GROUP_CHECKS)
+RANK_STEPS: Command[NoParams, StepsResult] = Command("rank/steps", "GET", NoParams, _steps)
+"""This node's step records now (issue 38): the head's watch reads its workers' ranks through it."""
+
+RANK = (RANK_STOP, RANK_PREFLIGHT, RANK_START, RANK_FAILED, RANK_STEPS, *GROUP_CHECKS)

@@ -64,6 +64,9 @@ def render(s: Status) -> str:
     drain = s.get("drain")
     if drain and drain.get("state") == "draining":
         lines.append(f"  {drain['sentence']} (`sparkctl stop --now` cuts it short)")
+    steps = s.get("steps") or {}
+    if steps.get("warning"):
+        lines.append(f"  step probe: {steps['warning']}")
     if s.get("backoff_until"):
         lines.append(f"  next start at {when(s['backoff_until'])}")
     breaker = s.get("breaker")

@@ -106,3 +106,4 @@ class Status(Extras, total=False):
     runbook: str | None  # where the node serves its runbook: ``http://host:9479`` (no TCP port: None)
     notify: dict[str, Any] | None  # the notifier's targets and their state (sparkd.notify.sender.Notifier.status)
     drain: dict[str, Any] | None  # the stop in progress drains vLLM's requests (sparkd.supervisor.drainlog.Drain)
+    steps: dict[str, Any] | None  # the step probe: its warning and every rank's last step (sparkd.daemon.views.steps)

@@ -75,7 +75,8 @@ class HealthConfig(_Section):
     canary: bool = Field(default=True, description="Send a one-token generation now and then: proves the engine works.")
     canary_interval_s: float = Field(default=15.0, gt=0, description=(
         "Seconds between test generations. A wedge that begins on an idle engine shows only to a canary (vLLM's "
-        "gauges move only when an engine step completes), so this bounds how late it is seen."))
+        "gauges move only when an engine step completes), so this bounds how late it is seen. While the step probe "
+        "reads vLLM's ranks the canary runs at least every 8 s: the probe names a wedged step 5 s after it began."))
     canary_timeout_s: float = Field(default=30.0, gt=0, description=(
         "A test generation with no answer after this long is busy; on an idle engine that completed no step "
         "meanwhile it is a hang."))

@@ -21,7 +21,7 @@ from anyio.abc import TaskGroup
 from sparkd.api.bounded import harden_process
 from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.ranks import group_role
-from sparkd.config import Config, GuardConfig
+from sparkd.config import Config, GuardConfig, Role
 from sparkd.daemon.adapters import Adapters
 from sparkd.daemon.boot.breaker import ConfigBreaker
 from sparkd.daemon.boot.reload import Reloader
@@ -66,6 +66,7 @@ from sparkd.daemon.watch.gpus import GpuSampler, LaunchDevices
 from sparkd.daemon.watch.memory import MemorySampler
 from sparkd.daemon.watch.probes import HttpProbes
 from sparkd.daemon.watch.replays import ReplayTimer
+from sparkd.daemon.watch.steps import StepSense
 from sparkd.guard.guard import Guard
 from sparkd.host import exits
 from sparkd.host.logs import VllmLog, configure_logging, get_logger
@@ -114,13 +115,15 @@ class Daemon:
                                   log=self.log, image=self.facts.identity, spawn=self.tasks.spawn)
         self.gpu = GpuSampler(host.gpus, self.clock, self.log, LaunchDevices(sup.config, runtime.name,
                                                                               rehearse=rehearse))
+        self.steps = self._steps()
         self.evidence = FailureEvidence(runtime, self.redaction, cfg.paths.incidents, vllm_log=self.vllm_log,
-                                        clock=self.clock, log=self.log, gpu=self.gpu.incident_evidence)
+                                        clock=self.clock, log=self.log, gpu=self.gpu.incident_evidence,
+                                        steps=self.steps.evidence)
         self.registry = InstanceRegistry(sup.config, config_path, self.log)
         record = InstanceRecord(self.state_dir / "instance.json", self.files, self.registry, self.clock, self.log)
         probes = self._probes if host.probes is None else _probes_of(host.probes)
         self.watching = Watching(runtime, record, probes, self.tasks.spawn, HealthSettings(sup.config), self.clock,
-                                 self.log)
+                                 self.log, steps=self.steps)
         self.guard_hooks = NodeGuardHooks(sup.node, runtime, self.watching.metrics, self.evidence.write_guard_evidence,
                                           sup.post, self.log)
         self.own_guard = host.guard is None and cfg.guard.enabled  # a stand-in's is not run
@@ -152,7 +155,8 @@ class Daemon:
         self.acceptance = AcceptanceGate(plan, self.facts, sup.post, host.answers or http_answers, self.state_dir,
                                          clock, log)
         self.replays = ReplayTimer(sup.node, self.watching.metrics, self.watching.health, sup.post, clock)
-        self.operated = Operated(self.vllm_log, self.local, self.facts, plan, self.checks, self.acceptance)
+        self.operated = Operated(self.vllm_log, self.local, self.facts, plan, self.checks, self.acceptance,
+                                 steps=self.steps)
         parts = Parts(self.launcher, preflight, self.stops, evidence, self.acceptance)
         return Node(parts, group=self.group, post=sup.post, spawn=self.tasks.spawn, rand=host.rand)
 
@@ -203,6 +207,17 @@ class Daemon:
         return Coordinator(self.sup.config, PeerClient(self.sup.config, self.trusted.token), post=self.sup.post,
                            state=self.sup.state, image=self.facts.image_json, clock=self.clock, log=self.log,
                            addresses=self.peer_addresses)
+
+    def _steps(self) -> StepSense:
+        """The step probe's sense (issue 38): this node's files; a head asks its workers for theirs."""
+        group = self.group
+        workers = group.worker_steps if group is not None and group.role is Role.head else None
+        return StepSense(self.sup.config, self.files.put, self.clock, self.log, image=self._image_id,
+                         workers=workers)
+
+    def _image_id(self) -> str | None:
+        image = self.facts.identity()
+        return image.id if image is not None else None
 
     def _probes(self, cfg: Config) -> HttpProbes:
         """vLLM's HTTP surface as the instance's launch says; the timeouts ``[health]``'s in force."""

@@ -30,6 +30,9 @@ Rules:
 7. A `/metrics` page without any `vllm:*` family (vLLM runs with `--disable-log-stats`) sets `watch_note`; it
    does not degrade the instance (vLLM serves fine), it says the wedge clock sees only the executor's wait lines.
 8. After `HealthFailed` the tracker is on hold: it only counts. Start a fresh tracker for the next instance.
+9. The step probe (issue 38, :mod:`sparkd.supervisor.stepwatch`) folds in through `observe_probe`: its verdict fails
+   the instance like any other (the first verdict wins), and its word that the ranks step within their limits
+   overrules the blind rules (the busy grace of rule 5, the executor's wait line: the wedge clock's rule 7).
 
 A degraded reason that changes (2 of 3 failures instead of 1 of 3, busy instead of an error) is emitted again
 as `HealthDegraded`; the machine keeps it as its health note.
@@ -66,6 +69,7 @@ __all__ = [
     "observe_health",
     "observe_log_line",
     "observe_metrics",
+    "observe_probe",
     "topology_of",
 ]
 
@@ -235,7 +239,8 @@ def observe_canary(t: HealthTracker, result: ProbeResult, now: float, cfg: Healt
         return t, None  # /health is not 200: its own failure streak decides
     since = now if t.busy_since is None else t.busy_since
     t = replace(t, busy_since=since, clock=stall.on_canary(t.clock, False, now - result.latency_s, now))
-    if not t.clock.observable and not stall.held(t.clock, now, cfg) and now - since >= cfg.busy_grace_s:
+    if not t.clock.observable and not stall.held(t.clock, now, cfg) and not stall.vouched(t.clock, now) \
+            and now - since >= cfg.busy_grace_s:
         return _fail(t, FailureClass.hang,
                      f"the generation canary has had no answer for {now - since:.0f} s while /health is 200 "
                      f"(busy grace {cfg.busy_grace_s:g} s): the engine is wedged{_in_flight(t)}", _WEDGED[t.topology],
@@ -290,6 +295,18 @@ def _judge(t: HealthTracker, now: float, cfg: HealthConfig) -> Step:
         return t, None
     return _fail(t, FailureClass(wedge.cls), f"{wedge.what} while /health is {health}", _WEDGED[t.topology],
                  wedge.evidence)
+
+
+def observe_probe(t: HealthTracker, failure: Failure | None, stepping: bool, now: float, *,
+                  wedged_for_s: float | None = None) -> Step:
+    """Fold the step probe's reading at monotonic `now` (rule 9): its verdict's failure (a wedge of `wedged_for_s`),
+    or whether it shows the ranks stepping within their limits."""
+    if not t.watching:
+        return t, None
+    if failure is not None:
+        failed = HealthFailed(failure, wedged_for_s=wedged_for_s)
+        return replace(t, verdict=Verdict.failed, note=None, failure=failure), failed
+    return (replace(t, clock=stall.on_probe(t.clock, now)) if stepping else t), None
 
 
 def observe_clients(t: HealthTracker, clients: int | None) -> HealthTracker:

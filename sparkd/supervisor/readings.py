@@ -38,6 +38,7 @@ class VllmMetrics:
     num_requests_waiting: float | None = None
     prompt_tokens_total: float | None = None
     kv_cache_usage_perc: float | None = None  # 0..1; the highest over engines
+    engine_steps_total: float | None = None  # vllm:iteration_tokens_total's count: engine steps with outputs
 
 
 @dataclass(frozen=True)

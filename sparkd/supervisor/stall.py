@@ -33,6 +33,11 @@ lets only a request it knows is waiting prove a wedge. Rules:
    wait. Without those lines (TP = 1: no executor queue) only a canary that stays unanswered for ``busy_grace_s``
    makes a ``hang`` (the tracker's rule). A 1M-token prefill in chunks of up to ~32K tokens takes steps under
    60 s, so it writes no such line; a JIT compile does, and rule 5 holds it.
+7. The step probe (issue 38) overrules the blind: while its records show vLLM's ranks stepping within their limits
+   (:func:`sparkd.supervisor.stepwatch.progressing`, ``on_probe``), neither the executor's wait line nor the busy
+   grace makes a verdict — a 1M-token prefill holds the canary for minutes and is no wedge. Where vLLM's metrics are
+   on, the count of ``vllm:iteration_tokens_total`` (one per engine step with outputs) moving is progress too: a
+   heartbeat from the API side.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ __all__ = ["VLLM_DEFAULT_EXECUTE_TIMEOUT_S", "StallClock", "Wedge", "execute_tim
 
 # vLLM's default for VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (envs.py, 0.13–0.24); sparkd's launch env sets 1800.
 VLLM_DEFAULT_EXECUTE_TIMEOUT_S = 300.0
+VOUCH_S = 3.0  # how long the step probe's word holds (it reads every second: two readings missed)
 STEP_MARGIN = 2.0  # the busy limit is at least this many times the longest step seen in the busy spell
 LOG_STATS_INTERVAL_S = 10.0  # VLLM_LOG_STATS_INTERVAL: the throughput line's tokens moved during the last 10 s
 WAIT_RUN_SLACK = 1.5  # executor wait lines at most this many intervals apart belong to one wait (rule 6)
@@ -75,6 +81,8 @@ class StallClock:
     wait_lines: int = 0  # the executor's wait lines of the current wait (rule 6)
     wait_interval_s: int = 0  # the interval they state
     wait_last_at: float | None = None  # when the latest one was read
+    steps_total: float | None = None  # vllm:iteration_tokens_total's count at the last scrape (rule 7)
+    vouched_at: float | None = None  # the step probe last showed the ranks stepping within their limits (rule 7)
 
     @property
     def observable(self) -> bool:
@@ -127,9 +135,11 @@ def _work(c: StallClock, running: int, waiting: int, now: float) -> StallClock:
 def on_metrics(c: StallClock, metrics: VllmMetrics, now: float) -> StallClock:
     marks: _Marks = (metrics.generation_tokens_total, metrics.prompt_tokens_total, metrics.kv_cache_usage_perc,
                      metrics.num_requests_running, metrics.num_requests_waiting)
-    moved = c.marks is not None and _stepped(c.marks, marks)
+    steps = metrics.engine_steps_total
+    counted = steps is not None and c.steps_total is not None and steps != c.steps_total  # rule 7's heartbeat
+    moved = c.marks is not None and (_stepped(c.marks, marks) or counted)
     previous = c.metrics_at
-    c = replace(c, marks=marks, metrics_at=now, metrics_off=False)
+    c = replace(c, marks=marks, metrics_at=now, metrics_off=False, steps_total=steps)
     if moved:  # never the first scrape (rule 1): dated at it, a step would answer a canary sent just before it
         c = _progress(c, now, previous)
     return _work(c, int(metrics.num_requests_running), int(metrics.num_requests_waiting or 0), now)
@@ -165,6 +175,16 @@ def _waited(c: StallClock, interval_s: int, now: float) -> StallClock:
     same_wait = (c.wait_last_at is not None and interval_s == c.wait_interval_s
                  and now - c.wait_last_at <= WAIT_RUN_SLACK * interval_s)
     return replace(c, wait_lines=c.wait_lines + 1 if same_wait else 1, wait_interval_s=interval_s, wait_last_at=now)
+
+
+def on_probe(c: StallClock, now: float) -> StallClock:
+    """The step probe shows vLLM's ranks stepping within their limits now (rule 7)."""
+    return replace(c, vouched_at=now)
+
+
+def vouched(c: StallClock, now: float) -> bool:
+    """The step probe's word that the ranks step within their limits holds now (rule 7)."""
+    return c.vouched_at is not None and now - c.vouched_at <= VOUCH_S
 
 
 def on_canary(c: StallClock, answered: bool, sent_at: float, now: float) -> StallClock:
@@ -205,8 +225,8 @@ def judge(c: StallClock, now: float, cfg: HealthConfig, *, clients: int | None =
 
 
 def _blind(c: StallClock, now: float, cfg: HealthConfig) -> Wedge | None:
-    """Rule 6: only the executor's wait lines show a step that does not complete."""
-    if c.wait_last_at is None or (cfg.canary and c.canary_sent_at is None):
+    """Rule 6: only the executor's wait lines show a step that does not complete (unless rule 7 overrules it)."""
+    if c.wait_last_at is None or (cfg.canary and c.canary_sent_at is None) or vouched(c, now):
         return None
     if now - c.wait_last_at > WAIT_RUN_SLACK * c.wait_interval_s:
         return None  # no line since: that step completed

@@ -8,7 +8,8 @@ processes that are gone are the shell's to drop. Rules, the first that holds win
 1. **A rank behind the others** (a worker rank of a tensor-parallel group): it is inside step S while another rank
    has finished S, for longer than S's limit (:func:`sparkd.supervisor.stephistory.limit_s`: the identity's own
    step times, a floor of a few seconds); or it is idle after step S-1 while another rank began S (or a later
-   step) at least the floor ago (an idle rank takes a broadcast step at once). ``hang``: "rank 1 (worker) on b,
+   step) at least the floor ago (an idle rank takes a broadcast step at once). Of several such ranks the one the
+   kernel stopped is named, else the one furthest behind. ``hang``: "rank 1 (worker) on b,
    PID 7 has been inside step 48213 for 42 s (limit 5 s); rank 0 (worker) finished it and waits (idle for 42 s)".
 2. **Every rank inside one step** past its limit, none finished: with several ranks, a collective that does not
    complete (``hang``); with one, a step that does not (``stall``: it holds requests). Claimed only when every
@@ -44,6 +45,7 @@ _STOPPED = {"T": "stopped (SIGSTOP)", "t": "stopped by a tracer", "D": "in unint
 _PHASE_NOTE = {"collective": " (in a collective)"}
 _DO_HANG = "the tensor-parallel group is wedged on that process — sparkd restarts every rank"
 _DO_STALL = "vLLM makes no progress on the requests it holds — sparkd restarts vLLM"
+_DO_HANG_ONE = "vLLM's one engine is wedged on that process — sparkd restarts vLLM"  # no tensor-parallel group
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,9 @@ def _limit(v: RankView, history: StepHistory, limits: StepLimits) -> float:
 
 
 def _behind(workers: list[RankView], history: StepHistory, limits: StepLimits, evidence: str) -> StepVerdict | None:
-    """Rule 1: a rank still inside (or not yet in) a step another rank is past."""
+    """Rule 1: a rank still inside (or not yet in) a step another rank is past. Of several, the one the kernel
+    stopped, else the one furthest behind (the fewest steps begun): the others wait on it."""
+    found = []
     for v in workers:
         r = v.record
         if r.in_step:
@@ -169,14 +173,15 @@ def _behind(workers: list[RankView], history: StepHistory, limits: StepLimits, e
             limit = _limit(v, history, limits)
             if done and v.inside_s >= limit:
                 other = done[0]
-                return StepVerdict(FailureClass.hang, f"{v.who} has been inside step {r.step} for {v.inside_s:.0f} s "
-                                   f"(limit {limit:.0f} s); {other.name} finished it and {_waits(other)}", _DO_HANG,
-                                   v, r.step, v.inside_s, evidence)
+                found.append(StepVerdict(
+                    FailureClass.hang, f"{v.who} has been inside step {r.step} for {v.inside_s:.0f} s (limit "
+                    f"{limit:.0f} s); {other.name} finished it and {_waits(other)}", _DO_HANG, v, r.step, v.inside_s,
+                    evidence))
         else:
             verdict = _not_begun(v, workers, limits, evidence)
             if verdict is not None:
-                return verdict
-    return None
+                found.append(verdict)
+    return min(found, key=lambda f: (f.view.state not in _STOPPED, f.view.record.step), default=None)
 
 
 def _not_begun(v: RankView, workers: list[RankView], limits: StepLimits, evidence: str) -> StepVerdict | None:
@@ -252,7 +257,8 @@ def _engine_stuck(engines: list[RankView], workers: list[RankView], limits: Step
                     f"{limits.floor_s:.0f} s) and no worker began a step since ({names})")
             if culprit is not e:
                 what = f"{culprit.who} takes no step: " + what
-        return StepVerdict(FailureClass.hang, what, _DO_HANG, culprit, e.record.step, e.inside_s, evidence)
+        do = _DO_HANG if e.record.world_size > 1 else _DO_HANG_ONE
+        return StepVerdict(FailureClass.hang, what, do, culprit, e.record.step, e.inside_s, evidence)
     return None
 
 

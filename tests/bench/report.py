@@ -180,8 +180,8 @@ def guard_rows(guard: dict[str, Any] | None) -> list[Row]:
 
 
 def wedge_rows(wedge: dict[str, Any] | None) -> list[Row]:
-    """bench_wedge.py: a replay through the pure tracker on an injected clock (decision latency, not I/O), and the step
-    probe's rules alone as the daemon will read them (issue 38; not wired into the daemon yet)."""
+    """bench_wedge.py: a replay through the pure tracker on an injected clock (decision latency, not I/O), without the
+    step probe and with it, through the daemon's own combination (issue 38)."""
     title = "Wedge detection (replay through the pure health tracker, injected clock: decision latency, not I/O)"
     if wedge is None:
         return [row("7", title, "not run (--skip wedge)", target="– (issue 14)")]
@@ -216,19 +216,19 @@ def wedge_rows(wedge: dict[str, Any] | None) -> list[Row]:
 
 
 def _probe_rows(sc: dict[str, Any], wedge: dict[str, Any]) -> list[Row]:
-    p, n = sc.get("probe"), sc["trials"]
+    p, s, n = sc.get("with_probe"), sc["sparkd"], sc["trials"]
     if p is None:
         return []
     goal = wedge.get("probe_target_s", 15.0)
-    label = "its rules alone, the daemon not wired yet"
+    label = "sparkd with the step probe, the daemon's combination"
     if sc["wedge"]:
         ok = verdict(p["max_s"], goal + 1e-9, "s") if p["caught"] == n else "**missed (not caught)**"
-        return [row("7", f"Step probe ({label}): {sc['name']}", f"{p['caught']}/{n}, {fmt(p['median_s'], '.0f')} "
-                    f"({fmt(p['max_s'], '.0f')})", f"sparkd with it: {sc['with_probe']['caught']}/{n}, "
-                    f"{fmt(sc['with_probe']['median_s'], '.0f')} ({fmt(sc['with_probe']['max_s'], '.0f')})",
+        return [row("7", f"{label}: {sc['name']}", f"{p['caught']}/{n}, {fmt(p['median_s'], '.0f')} "
+                    f"({fmt(p['max_s'], '.0f')})", f"without the probe: {s['caught']}/{n}, "
+                    f"{fmt(s['median_s'], '.0f')} ({fmt(s['max_s'], '.0f')})", fmt(ratio(p["max_s"], s["max_s"])),
                     target=f"within {goal:.0f} s (issue 38)", verdict=ok)]
-    return [row("7", f"Step probe false positives ({label}): {sc['name']}", f"{p['false_positives']}/{n}",
-                f"sparkd with it: {sc['with_probe']['false_positives']}/{n}", target="0",
+    return [row("7", f"False positives ({label}): {sc['name']}", f"{p['false_positives']}/{n}",
+                f"without the probe: {s['false_positives']}/{n}", target="0",
                 verdict="met" if p["false_positives"] == 0 else "**missed**")]
 
 

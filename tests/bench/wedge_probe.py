@@ -1,12 +1,10 @@
 """The step probe in bench_wedge.py's worlds (issue 38): what each rank's step file would hold at a moment of a world,
-and the reading the daemon will take of it, judged by sparkd's pure rules (sparkd.supervisor.steps).
+as the daemon's reading of it (``Ranks.nodes``), which bench_wedge.py folds in with the daemon's own combination
+(sparkd.supervisor.stepwatch.observe_steps, every ``READ_EVERY_S``).
 
-The daemon does not read the probe yet: this replays what it will do — read the node's step files every
-``READ_EVERY_S``, learn the identity's step times from them, hold every verdict while the wedge clock holds its own
-(a JIT compile), and give the canary it sent as the request that waits — so the probe's rows can be measured now and
-compared once the wiring lands. Every visible rank of a world holds the same record (a tensor-parallel step begins
-and ends on every rank; a wedged collective keeps every rank inside it); a lost peer's rank has no reading (its
-sparkd is gone), so its rows show the probe's silence there.
+Every visible rank of a world holds the same record (a tensor-parallel step begins and ends on every rank; a wedged
+collective keeps every rank inside it); a lost peer's rank has no reading (its sparkd is gone), so its rows show the
+probe's silence there.
 """
 
 from __future__ import annotations
@@ -17,11 +15,12 @@ from dataclasses import dataclass, field
 
 from wedge_worlds import World
 
-from sparkd.supervisor.stephistory import StepHistory, StepLimits, completed_steps, learn
-from sparkd.supervisor.steps import NodeSteps, Pending, judge_steps
+from sparkd.supervisor.stephistory import StepLimits
+from sparkd.supervisor.steps import NodeSteps
+from sparkd.supervisor.stepwatch import READ_EVERY_S
 from sparkd.vllm_probe.sparkd_vllm_probe.layout import UNKNOWN, StepRecord
 
-READ_EVERY_S = 1.0
+__all__ = ["READ_EVERY_S", "Ranks"]
 NS = 1_000_000_000
 
 
@@ -37,7 +36,6 @@ class Ranks:
     world_size: int
     visible: tuple[int, ...]
     limits: StepLimits
-    history: StepHistory = field(default_factory=StepHistory)
     _spans_seen: int = -1
     _longest: list[tuple[float, int]] = field(default_factory=list)  # prefix max of (duration, tokens)
 
@@ -74,11 +72,6 @@ class Ranks:
             longest_ns=int(longest[0] * NS), longest_tokens=longest[1], host="bench", boot_id="", title="",
             vllm="", note="", **fields) for r in self.visible)  # type: ignore[arg-type]
 
-    def judge(self, t: float, *, canary_sent: float | None, hold: str | None) -> bool:
-        """Whether the daemon's reading at ``t`` gives a verdict (and learn from it, as the daemon will)."""
-        records = self.records(t)
-        pending = Pending(canary_sent, "a test generation") if canary_sent is not None else None
-        found = judge_steps([NodeSteps("bench", _ns(t), records, t)], self.history, t, self.limits, pending=pending,
-                            hold=hold)
-        self.history = learn(self.history, completed_steps(records), self.limits)
-        return found is not None
+    def nodes(self, t: float) -> list[NodeSteps]:
+        """The daemon's reading at world time ``t`` (one node holds the visible ranks; its clock is the world's)."""
+        return [NodeSteps("bench", _ns(t), self.records(t), t)]

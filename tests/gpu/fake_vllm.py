@@ -43,7 +43,7 @@ class Server:
         work.mkdir(parents=True, exist_ok=True)
         self.progress = work / f"progress-{os.getpid()}"
         self.ranks = [subprocess.Popen([sys.executable, str(HERE / "nccl_rank.py"), str(r), str(world), master_port,
-                                        "--handler", "vllm", "--progress", str(self.progress)])
+                                        "--handler", "vllm", "--progress", str(self.progress), "--step-s", "0.01"])
                       for r in range(world)]
         print(f"fake_vllm pid {os.getpid()}: ranks {[p.pid for p in self.ranks]}", flush=True)
 

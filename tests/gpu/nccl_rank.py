@@ -1,6 +1,6 @@
 """One torch NCCL rank titled like vLLM's workers (``VLLM::Worker_TP<rank>``), all-reducing in a loop.
 
-    nccl_rank.py RANK WORLD PORT [--timeout S] [--handler vllm|default] [--hold-gib G] [--progress FILE]
+    nccl_rank.py RANK WORLD PORT [--timeout S] [--handler vllm|default] [--hold-gib G] [--progress FILE] [--step-s S]
 
 Rank r runs on GPU r (of those CUDA_VISIBLE_DEVICES shows), holds G GiB besides NCCL's buffers, and prints an
 ``iter`` line every 2 s. Each all-reduce is a step: with SPARKD_PROBE_DIR set and the step probe importable (sparkd's
@@ -9,7 +9,8 @@ step begun before the all-reduce and ended once the GPU finished it, as vLLM's r
 ``--timeout``: the process group's timeout (0: torch's default, 10 min). ``--handler vllm``:
 SIGTERM raises SystemExit, as vLLM's workers do (it runs only when the main thread is back in Python: a rank
 stuck in a collective never runs it). ``--progress``: rank 0 touches FILE after every all-reduce (the fake API
-server answers its canary only while it moves).
+server answers its canary only while it moves). ``--step-s``: each step also spends S seconds on the CPU before its
+all-reduce, as a model step does (the daemon phase's 10 ms: a SIGSTOP then lands inside a step, not between two).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--handler", choices=("vllm", "default"), default="vllm")
     p.add_argument("--hold-gib", type=float, default=8.0)
     p.add_argument("--progress", default=None)
+    p.add_argument("--step-s", type=float, default=0.0)
     return p.parse_args(argv)
 
 
@@ -81,6 +83,8 @@ def main(argv: list[str]) -> None:
     while True:
         if steps is not None:
             steps.begin(1)  # type: ignore[attr-defined]
+        if args.step_s:
+            time.sleep(args.step_s)
         dist.all_reduce(x, op=dist.ReduceOp.MAX)
         torch.cuda.synchronize()
         if steps is not None:

@@ -339,7 +339,11 @@ def daemon(run: Run) -> None:
 
     d = run.out / "daemon"
     d.mkdir(exist_ok=True)
-    a = Daemon(run, d, "hung", "interval_s = 1\ncanary_interval_s = 2\ncanary_timeout_s = 2\nbusy_grace_s = 4", 8021)
+    # One GPU: the daemon's step probe names the SIGSTOPped rank (the canary's timeout and busy grace are far off).
+    # Two: the SIGKILLed rank's record goes with it, the survivor waits in its all-reduce, and the canary names it.
+    one = len(run.handles) < 2
+    blind = "canary_timeout_s = 30\nbusy_grace_s = 60" if one else "canary_timeout_s = 2\nbusy_grace_s = 4"
+    a = Daemon(run, d, "hung", f"interval_s = 1\ncanary_interval_s = 2\n{blind}", 8021)
     try:
         s = a.wait(lambda s: s.get("state") == "ready", 240)
         run.note("daemon.hung.ready", {"gpu": s.get("gpu"), "memory_check": [r for r in a.events("preflight")
@@ -355,6 +359,10 @@ def daemon(run: Run) -> None:
         run.event(f"daemon hung: {a.fault()}")
         s = a.wait(lambda s: s.get("state") in ("stopping", "backoff", "preflight") or s.get("launches", 1) > 1, 120)
         t_verdict = time.time()
+        failure = a.wait(lambda s: s.get("last_failure") is not None, 30)["last_failure"]
+        run.note("daemon.hung.failure", {"class": failure["class"], "message": failure["message"],
+                                         "evidence": (failure.get("evidence") or "")[:600],
+                                         "after_fault_s": round(t_verdict - t_kill, 2)})
         run.note("daemon.hung.probe", watch.stop(timeout=30.0))
         s = a.wait(lambda s: (s.get("last_stop") or {}).get("released") is not None, 120)
         stopped = a.events("stopped", "gpu_release", "transition")

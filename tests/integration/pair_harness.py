@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 from daemon_harness import BIN, Sparkd, alive, base_config, kill_tree, peer_token, title_prefix, tree, unique_prefix
+
+from sparkd.host.stepfiles import read_steps
+from sparkd.vllm_probe.sparkd_vllm_probe.layout import StepRecord
 
 _NETS = itertools.count(1)
 # Namespaces are named after this prefix (a session sharing the host with others may set its own).
@@ -175,6 +180,23 @@ def pair_configs(tmp: Path, link: Link, *, worker_launch: dict[str, Any] | None 
         cfg["api"] = {"socket_group": "", "listen": addr, "port": 9479, "token_file": str(token)}
         configs.append(cfg)
     return configs[0], configs[1]
+
+
+def stop_a_rank(head: Sparkd, worker: Sparkd, rank_pid: int) -> tuple[StepRecord, dict[str, Any], float,
+                                                                       list[psutil.Process]]:
+    """SIGSTOP every process of a worker's rank and wait for the head's verdict: (the rank's step record, the head's
+    failure, seconds from the stop to the verdict, the stopped processes)."""
+    record = next(r for r in read_steps(Path(worker.config["paths"]["run_dir"]) / "probe").records
+                  if r.role == "worker")
+    frozen = tree(rank_pid)
+    stopped = time.time()
+    for proc in frozen:
+        proc.send_signal(signal.SIGSTOP)
+    failure = head.wait_for(lambda s: (s.get("last_failure") or {}).get("at", 0) > stopped, 60,
+                            "the head names the stopped rank")["last_failure"]
+    took = failure["at"] - stopped
+    print(f"\nnamed {took:.1f} s after the SIGSTOP: {failure['message']}")
+    return record, failure, took, frozen
 
 
 def launch_time(status: dict[str, Any], launches: int = 1) -> float:

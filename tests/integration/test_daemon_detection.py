@@ -56,11 +56,12 @@ def test_metrics_switched_off_are_reported(sparkd: Fleet) -> None:
 
 def test_with_metrics_off_the_executors_wait_line_catches_a_stall(sparkd: Fleet) -> None:
     """--disable-log-stats at TP 2: no vllm:* metrics, no throughput line; the EngineCore's wait line (every
-    VLLM_RINGBUFFER_WARNING_INTERVAL, 1 s here) makes the hang long before the 600 s busy grace."""
+    VLLM_RINGBUFFER_WARNING_INTERVAL, 1 s here) makes the hang long before the 600 s busy grace. Without the step
+    probe (a vLLM that did not load it), which would name the stuck ranks first (test_daemon_step_probe.py)."""
     daemon = sparkd(launch={"tensor_parallel_size": 2, "extra_args": ["--disable-log-stats"],
                             "env": {"SPARKD_STANDIN_STALL_AFTER": "1", "VLLM_RINGBUFFER_WARNING_INTERVAL": "1"}},
                     health={"busy_grace_s": 600, "canary_interval_s": 1, "canary_timeout_s": 2,
-                            "stall_after_s": 3}).start()
+                            "stall_after_s": 3, "step_probe": False}).start()
     ready(daemon)
     failure = daemon.wait_for(lambda s: s.get("last_failure") is not None, 90, "the wedge caught")["last_failure"]
     assert failure["class"] == "hang" and "executor has waited" in failure["message"], failure

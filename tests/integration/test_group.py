@@ -11,11 +11,9 @@ from typing import Any
 
 import psutil
 import pytest
-from daemon_harness import alive, tree
+from daemon_harness import alive
 from group_harness import Fabric, Group
-from pair_harness import launch_time
-
-FAST_HEALTH = {"canary_interval_s": 0.5, "canary_timeout_s": 1, "busy_grace_s": 2}
+from pair_harness import launch_time, stop_a_rank
 
 
 @pytest.fixture
@@ -95,12 +93,16 @@ def test_a_group_starts_workers_first_and_recovers_as_one_unit(make_group: Any, 
     assert group.ready(head_launches=0) == again, "a restarted head adopts its rank; the group keeps serving"
 
 
-def test_a_frozen_rank_is_found_and_the_group_restarts(make_group: Any) -> None:
-    group = make_group(tp=4, health=FAST_HEALTH).start()
+def test_a_frozen_rank_is_named_and_the_group_restarts(make_group: Any) -> None:
+    """Rank 3 of a TP=4 group stops (SIGSTOP): the head reads every node's step records over the peer link and names
+    the rank, its node, PID and step within 15 s, before any canary timeout (30 s)."""
+    group = make_group(tp=4, health={"canary_interval_s": 1, "canary_timeout_s": 30, "busy_grace_s": 600}).start()
     pids = group.ready()
-    frozen = tree(pids[3])
-    for proc in frozen:
-        proc.send_signal(signal.SIGSTOP)
+    rank, failure, took, frozen = stop_a_rank(group.head, group.workers[2], pids[3])
+    assert rank.rank == 3 and rank.world_size == 4 and failure["class"] == "hang", failure
+    assert failure["message"].startswith(f"rank 3 (worker) on spark3, PID {rank.pid}, stopped (SIGSTOP) has not "
+                                         "begun step "), failure
+    assert took <= 15, (took, failure)
     again = group.ready(head_launches=2, timeout=180)
     assert again[3] != pids[3] and alive(frozen) == [], "the frozen rank was ended, not left behind"
 

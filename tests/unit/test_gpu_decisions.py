@@ -263,6 +263,32 @@ def test_a_hang_verdict_carries_the_measured_power_fall() -> None:
     assert sampler.annotate(hang, wedged_for_s=4).sentence == hang.sentence
 
 
+def test_a_step_probe_verdict_reads_the_power_over_its_own_wedge() -> None:
+    """The step probe's verdict knows how long its stuck step has lasted (HealthFailed.wedged_for_s): the power fall
+    is read over that time, not over [health] stall_after_s (which the probe's verdict comes long before)."""
+    from types import SimpleNamespace
+
+    from sparkd.config import HealthConfig
+    from sparkd.daemon.effects.watching import NodeWatchReports
+    from sparkd.daemon.watch.gpus import GpuSampler
+    from sparkd.supervisor.vocabulary import HealthFailed
+    from sparkd.testing import FakeClock
+
+    clock = FakeClock(start=1041.0)
+    sampler = GpuSampler(Reads(IDLE), clock, None, lambda: Devices(), interval_s=0.25)
+    sampler.history.extend(power.PowerSample(1000 + s.at, s.watts, s.utilization_pct) for s in survivor_power())
+    posted: list[object] = []
+    node = SimpleNamespace(config=SimpleNamespace(health=HealthConfig(stall_after_s=600)))
+    mailbox = SimpleNamespace(post=posted.append, node=lambda: node)
+    reports = NodeWatchReports(mailbox, None, None, group=None, gpu=sampler)  # type: ignore[arg-type]
+    hang = Failure.of(FailureClass.hang, "rank 1 (worker) on b, PID 7 has not begun step 9; sparkd restarts it.")
+    reports.post(HealthFailed(hang, wedged_for_s=40))
+    reports.post(HealthFailed(hang))
+    told = [obs.failure.sentence for obs in posted]  # type: ignore[attr-defined]
+    assert told[0].endswith("(GPU power fell from 244 W to 121 W, utilization still 100 %).")
+    assert told[1] == hang.sentence
+
+
 def test_preflight_waits_for_a_just_ended_process_to_leave_nvml() -> None:
     """Seen on H200: the stale sweep ended PID 767 and the memory check, reading NVML at once, still found its
     20.6 GiB held ('held by PID 767 (?, 20.6 GiB)'); the driver lets go 0.07-0.2 s after the exit. A listed PID

@@ -93,6 +93,18 @@ def test_a_stopped_process_is_said_to_be_stopped() -> None:
     assert v is not None and "PID 100, stopped (SIGSTOP) has been inside step 8" in v.what
 
 
+def test_of_several_ranks_behind_the_stopped_one_is_named_else_the_furthest_behind() -> None:
+    """A TP=4 group with rank 3 stopped before step 3: rank 0 waits inside step 3 that ranks 1 and 2 took at once
+    (behind them), rank 3 never began it (further behind, and stopped): rank 3 is why the others wait."""
+    ranks = (inside(3, 6, rank=0, pid=10), idle(3, 6, rank=1, pid=11), idle(3, 6, rank=2, pid=12),
+             idle(2, 7, rank=3, pid=13))
+    for states in ({("worker", 3): "T"}, {}):
+        v = judge(*ranks, states=states)
+        assert v is not None and v.view.record.pid == 13 and v.step == 3, (states, v)
+    v = judge(*ranks[:3], idle(3, 6, rank=3, pid=13), states={("worker", 0): "T"})
+    assert v is not None and v.view.record.pid == 10 and "stopped (SIGSTOP) has been inside step 3" in v.what
+
+
 # ---- rule 2: every rank inside one step ---------------------------------------------------------------------------
 
 
@@ -147,6 +159,15 @@ def test_an_engine_stuck_after_its_workers_finished_the_step() -> None:
     assert v is not None and v.cls is FailureClass.hang and v.view.record.pid == 50
     assert "the engine core (engine 0) on a, PID 50 has been inside step 332 for 6 s" in v.what
     assert "its workers returned from their part of it and wait: the engine core is stuck, or the GPU work" in v.what
+
+
+def test_the_sentence_names_the_tensor_parallel_group_only_where_there_is_one() -> None:
+    one = judge(dataclasses.replace(inside(332, 6), role="engine", rank=0, pid=50, tokens=-1, world_size=1),
+                idle(332, 5.9, world_size=1))
+    assert one is not None and "tensor-parallel" not in one.failure().sentence
+    assert one.failure().sentence.endswith("vLLM's one engine is wedged on that process — sparkd restarts vLLM.")
+    two = judge(dataclasses.replace(inside(332, 6), role="engine", rank=0, pid=50, tokens=-1), idle(332, 5.9))
+    assert two is not None and "the tensor-parallel group is wedged" in two.failure().sentence
 
 
 def test_an_engine_inside_a_step_no_worker_took_names_a_stopped_worker() -> None:

@@ -1,11 +1,14 @@
 """A wedge verdict meets vLLM's log: an engine whose death vLLM logged (an outside SIGTERM to the engine core) answers
 no canary for the seconds vLLM takes to notice, and that is its death, not a wedge; a wedge with no such line stays
-one."""
+one. The step probe's verdicts (issue 38) go the same way: the watch reads every rank's records once a second,
+posts the probe's verdict once, and keeps the identity's history."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import anyio
 import pytest
 
 from sparkd.config import HealthConfig
@@ -13,9 +16,12 @@ from sparkd.daemon.watch.instance import InstanceWatch, Watched
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import Failure, FailureClass
-from sparkd.supervisor.health import HealthTracker
+from sparkd.supervisor.health import HealthTracker, Verdict
 from sparkd.supervisor.states import State
+from sparkd.supervisor.stephistory import StepHistory
+from sparkd.supervisor.steps import NodeSteps
 from sparkd.testing import FakeClock, FakeProbes, FakeRuntime
+from sparkd.vllm_probe.sparkd_vllm_probe.layout import StepRecord
 
 SIGTERMED = ["(EngineCore pid=1108) INFO 11-27 09:16:15 [core.py:1454] [shutdown] EngineCore: trigger received "
              "signal=SIGTERM"]
@@ -44,6 +50,8 @@ class Log:
     def info(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    warning = info
+
 
 async def verdict(cls: FailureClass, lines: list[str]) -> Failure:
     """What the watch posts when the tracker calls ``cls`` with ``lines`` in vLLM's log."""
@@ -71,3 +79,107 @@ async def test_a_logged_death_is_no_wedge(cls: FailureClass) -> None:
 async def test_a_wedge_without_such_a_line_stays_one(cls: FailureClass) -> None:
     failure = await verdict(cls, QUIET)
     assert failure.cls is cls and failure.sentence.startswith("the tracker's sentence")
+
+
+# ---- the step probe's verdicts -----------------------------------------------------------------------------------
+
+S = 1_000_000_000
+RANK = StepRecord(role="worker", rank=0, local_rank=0, world_size=2, pid=10, pid_ns=0, start_ticks=0, anchor_mono_ns=0,
+                  anchor_wall_ns=0, step=9, phase="idle", began_ns=0, ended_ns=0, tokens=3, held=-1, last_ns=0,
+                  last_tokens=-1, longest_ns=S // 20, longest_tokens=3, host="a", boot_id="", title="", vllm="",
+                  note="")
+
+
+class ScriptedSense:
+    """Readings of two ranks, from the second reading on: rank 1 inside step 9 for 30 s, rank 0 past it."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock, self.reads, self.kept = clock, 0, []  # type: FakeClock, int, list[StepHistory]
+
+    async def readings(self) -> list[NodeSteps]:
+        self.reads += 1
+        now = self.clock.now()
+        ranks = (dataclasses.replace(RANK, ended_ns=int((now - 30) * S), began_ns=int((now - 31) * S)),
+                 dataclasses.replace(RANK, rank=1, pid=11, phase="step", began_ns=int((now - 30) * S),
+                                     ended_ns=int((now - 31) * S)))
+        return [NodeSteps("a", int(now * S), ranks if self.reads > 1 else (), now)]
+
+    def load_history(self, identity: str) -> StepHistory:
+        return StepHistory({2: 0.05})
+
+    def keep_history(self, identity: str, history: StepHistory, *, now: bool = False) -> None:
+        self.kept.append(history)
+
+    def forget(self) -> None:
+        pass
+
+
+async def probed(lines: list[str]) -> tuple[Failure, InstanceWatch, ScriptedSense]:
+    """What the watch posts when its step probe's readings name rank 1, with ``lines`` in vLLM's log."""
+    runtime, reports, clock = FakeRuntime(), Reports(lines), FakeClock(start=0.0)
+    sense = ScriptedSense(clock)
+    watch = InstanceWatch(Watched(runtime.start(), steps=sense, step_identity="id"),  # type: ignore[arg-type]
+                          runtime, reports, FakeProbes(runtime), HealthConfig, clock, Log())  # type: ignore[arg-type]
+    watch.health = dataclasses.replace(watch.health, verdict=Verdict.healthy)  # vLLM serves
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch._watch_steps, sense)
+        await clock.run_until(lambda: bool(reports.posted) or sense.reads > 5)
+        tg.cancel_scope.cancel()
+    (posted,) = reports.posted
+    assert isinstance(posted, v.HealthFailed)
+    return posted.failure, watch, sense
+
+
+@pytest.mark.anyio
+async def test_the_watch_posts_the_probes_verdict_once_and_keeps_the_history() -> None:
+    failure, watch, sense = await probed(QUIET)
+    assert failure.cls is FailureClass.hang
+    assert failure.sentence.startswith("rank 1 (worker) on a, PID 11 has been inside step 9 for 30 s")
+    assert watch.step_watch.seen and sense.kept
+
+
+@pytest.mark.anyio
+async def test_a_probes_verdict_the_log_names_otherwise_is_the_logs() -> None:
+    failure, _, _ = await probed(SIGTERMED)
+    assert failure.cls is FailureClass.engine_dead and "received SIGTERM from outside sparkd" in failure.sentence
+
+
+class Unanswered(FakeProbes):
+    """A canary the engine never answers."""
+
+    async def canary(self) -> Any:
+        await anyio.sleep_forever()
+
+
+class IdleEngine(ScriptedSense):
+    """An engine core idle since long before: it begins no step for whatever request arrives."""
+
+    async def readings(self) -> list[NodeSteps]:
+        self.reads += 1
+        now = self.clock.now()
+        engine = dataclasses.replace(RANK, role="engine", tokens=-1, held=0, began_ns=int((now - 101) * S),
+                                     ended_ns=int((now - 100) * S))
+        return [NodeSteps("a", int(now * S), (engine,), now)]
+
+
+@pytest.mark.anyio
+async def test_an_engine_that_begins_no_step_for_sparkds_canary_is_named() -> None:
+    """The canary in flight is the request the probe's rules know waits; while the probe reads the ranks the canary
+    runs at least every 8 s (its first one waits the configured 15 s: nothing was read yet)."""
+    from sparkd.supervisor.signals.canary import CANARY
+
+    runtime, reports, clock = FakeRuntime(), Reports(QUIET), FakeClock(start=0.0)
+    sense = IdleEngine(clock)
+    watch = InstanceWatch(Watched(runtime.start(), steps=sense, step_identity="id"),  # type: ignore[arg-type]
+                          runtime, reports, Unanswered(runtime), lambda: HealthConfig(canary_interval_s=15),
+                          clock, Log())  # type: ignore[arg-type]
+    watch.health = dataclasses.replace(watch.health, verdict=Verdict.healthy)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch._watch_steps, sense)
+        tg.start_soon(watch._run_signal, CANARY)
+        await clock.run_until(lambda: bool(reports.posted) or clock.now() > 60)
+        tg.cancel_scope.cancel()
+    (posted,) = reports.posted
+    assert isinstance(posted, v.HealthFailed) and posted.failure.cls is FailureClass.stall
+    assert posted.failure.sentence.startswith("a test generation sparkd sent is unanswered, and the engine core")
+    assert 20 <= clock.now() <= 22, clock.now()  # sent at 15 s, named 5 s later (a reading a second)

@@ -2,8 +2,9 @@
 is written (off the loop; the memory guard's own before it signals anything).
 
 The facts beyond vLLM's log tail: the exit, the launch target and ports from the config, MemAvailable from the
-guard's latest sample, the kernel's lines (NVRM, Xid, AER, OOM kills) since the launch, the container's state.
-Everything written is redacted: no secret reaches an incident.
+guard's latest sample, the kernel's lines (NVRM, Xid, AER, OOM kills) since the launch, the container's state,
+every rank's last step records (the step probe's, in the record's ``steps``). Everything written is redacted: no
+secret reaches an incident.
 """
 
 from __future__ import annotations
@@ -51,13 +52,15 @@ class FailureEvidence:
     call that needs it (``guard``), and the guard hands over its own evidence when it writes."""
 
     def __init__(self, runtime: Runtime, redaction: Redaction, incidents: Path, *, vllm_log: VllmLog, clock: Clock,
-                 log: Logger, gpu: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
+                 log: Logger, gpu: Callable[[], dict[str, Any] | None] = lambda: None,
+                 steps: Callable[[], str | None] = lambda: None) -> None:
         self.runtime = runtime
         self.redaction = redaction
         self.incidents = IncidentWriter(incidents, log=log)
         self.vllm_log = vllm_log
         self.clock = clock
         self.gpu = gpu  # the GPU sampler's evidence
+        self.steps = steps  # every rank's last step records (the step probe's sense), when it read any
         self.counters = Counters()
         self.kernel_mark = 0  # the guard's kernel-log lines kept before the current launch
         self.folders: dict[Failure, Path | None] = {}  # the incident folder of each recent failure, once written
@@ -169,6 +172,9 @@ class FailureEvidence:
         cfg, instance, timing = state.config, state.instance, state.timing
         if timing is not None and timing.ready_at is None and not timing.adopted:  # where a failed start's time went
             facts["start_timing"] = timing.to_json(until=self.clock.now())
+        steps = self.steps()
+        if steps is not None:
+            facts["steps"] = steps
         record = incident_record(failure, at=at, config_hash=cfg.launch_hash(), node=cfg.node.name,
                                  state=state.state.value, pid=instance.pid if instance else None, **facts)
         redacted: dict[str, Any] = self.redaction.of(cfg).mapping(record)

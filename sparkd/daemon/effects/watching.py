@@ -19,6 +19,7 @@ from sparkd.daemon.effects.plan import headless
 from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.daemon.watch.gpus import GpuSampler
 from sparkd.daemon.watch.instance import InstanceWatch, Probes, Watched
+from sparkd.daemon.watch.steps import StepSense
 from sparkd.host.clock import Clock
 from sparkd.host.logs import Logger
 from sparkd.launch.render import health_settings
@@ -30,6 +31,7 @@ from sparkd.supervisor.instance import Instance
 from sparkd.supervisor.peerloss import WEDGES, wedge_or_peer_lost
 from sparkd.supervisor.readings import VllmMetrics
 from sparkd.supervisor.states import State
+from sparkd.supervisor.stepwatch import StepWatch
 
 
 class Mailbox(Protocol):
@@ -75,7 +77,8 @@ class NodeWatchReports:
         if isinstance(obs, v.HealthFailed) and obs.failure.cls in WEDGES:
             lost = self.group.unreachable() if self.group is not None else []
             cfg = self.mailbox.node().config
-            seen = self.gpu.annotate(obs.failure, cfg.health.stall_after_s) if self.gpu else obs.failure
+            wedged_for = obs.wedged_for_s if obs.wedged_for_s is not None else cfg.health.stall_after_s
+            seen = self.gpu.annotate(obs.failure, wedged_for) if self.gpu else obs.failure
             failure = wedge_or_peer_lost(seen, lost)
             obs = replace(obs, failure=failure) if failure.cls in WEDGES else v.HealthFailed(
                 failure, obs.grace_s, obs.recorded)
@@ -103,10 +106,12 @@ class Watching:
     the guard's facts)."""
 
     def __init__(self, runtime: Runtime, record: InstanceRecord, probes: Callable[[Config], Probes],
-                 spawn: Callable[..., None], settings: HealthSettings, clock: Clock, log: Logger) -> None:
+                 spawn: Callable[..., None], settings: HealthSettings, clock: Clock, log: Logger,
+                 steps: StepSense | None = None) -> None:
         """``probes``: vLLM's HTTP surface as the instance's launch config says (where it listens, what it
-        serves)."""
+        serves); ``steps``: the step probe's sense (issue 38)."""
         self.runtime = runtime
+        self.steps = steps
         self.record = record
         self.probes = probes
         self.spawn = spawn
@@ -121,7 +126,9 @@ class Watching:
         watched = Watched(
             instance, replay=adopted,
             topology=topology_of(cfg.nnodes, cfg.launch.tensor_parallel_size, cfg.launch.pipeline_parallel_size),
-            clients_port=cfg.launch.port if self.runtime.shares_host_network else None)
+            clients_port=cfg.launch.port if self.runtime.shares_host_network else None,
+            steps=self.steps if cfg.health.step_probe else None,
+            step_identity=self.steps.identity(cfg) if self.steps is not None else "")
         rank_headless = headless(cfg)
         reports.output.begin(cfg, headless=rank_headless)
         self.watch = InstanceWatch(watched, self.runtime, reports, None if rank_headless else self.probes(cfg),
@@ -141,6 +148,10 @@ class Watching:
     def instance_probes(self) -> Probes | None:
         """vLLM's HTTP surface as the watched instance's launch says (None: none watched, or a headless rank)."""
         return self.watch.probes if self.watch is not None else None
+    def step_watch(self) -> StepWatch | None:
+        """What the step probe's watch last made of every rank's records, while it reads them."""
+        watch = self.watch
+        return watch.step_watch if watch is not None and watch.steps is not None else None
 
     def metrics(self) -> VllmMetrics | None:
         """vLLM's last metrics scrape, while it is watched."""

@@ -26,6 +26,7 @@ from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.daemon.loop.supervisor import Supervisor
 from sparkd.daemon.views.flightrecords import flight_records
 from sparkd.daemon.views.status import StatusView
+from sparkd.daemon.watch.steps import StepSense
 from sparkd.host.logs import VllmLog
 from sparkd.preflight.runner import PreflightReport
 from sparkd.supervisor import vocabulary as v
@@ -49,6 +50,7 @@ class Operated:
     plan: LaunchPlan  # this node's vLLM left after a stop
     checks: GroupChecks  # the group's proofs, a worker's answers to them
     acceptance: AcceptanceGate  # `sparkctl accept`: the gate run now, its answers the golden
+    steps: StepSense | None = None  # this node's step records (a worker's answer to its head)
 
 
 class DaemonControl:
@@ -78,6 +80,13 @@ class DaemonControl:
 
     def status(self) -> Status:
         return self.view.status()
+
+    def steps(self) -> dict[str, Any]:
+        sense = self.operated.steps
+        if sense is None:
+            return {"node": self.sup.config().node.name, "read_at_ns": 0, "records": [], "states": [],
+                    "problems": ["this sparkd reads no step records"]}
+        return sense.answer()
 
     async def reload(self) -> ReloadReport:
         return await self._reload()

@@ -20,6 +20,7 @@ from sparkd.daemon.effects.preflighting import LocalPreflight
 from sparkd.daemon.effects.watching import Watching
 from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.daemon.views.facts import DaemonFacts
+from sparkd.daemon.views.steps import steps_json
 from sparkd.daemon.watch.gpus import GpuSampler
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
@@ -142,6 +143,7 @@ class StatusView:
             "start_timing": state.timing.to_json() if state.timing is not None else None,
             "health": m.health_note,
             "watch_note": health.watch_note if health is not None else None,
+            "steps": steps_json(seen.watching.step_watch(), now),
             "breaker": {"open": m.breaker_open, "reason": m.breaker_reason},
             "backoff_until": wall_of(clock, m.deadline) if m.state is State.backoff else None,
             "last_failure": None if last is None else {

@@ -11,13 +11,14 @@ import contextlib
 import os
 import select
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import anyio
 
 from sparkd.config import HealthConfig
 from sparkd.daemon.watch.clientconns import open_clients
+from sparkd.daemon.watch.steps import StepSense
 from sparkd.host.clock import Clock
 from sparkd.host.logs import Logger
 from sparkd.runtime.base import Instance, Runtime
@@ -31,7 +32,9 @@ from sparkd.supervisor.logline import clean
 from sparkd.supervisor.peerloss import names_peer_loss
 from sparkd.supervisor.readings import VllmMetrics
 from sparkd.supervisor.signals import SIGNALS
+from sparkd.supervisor.signals.canary import CANARY
 from sparkd.supervisor.states import SERVING, UP, State
+from sparkd.supervisor.stepwatch import READ_EVERY_S, StepWatch, canary_every, canary_pending, observe_steps
 
 READY_POLL_S = 0.5  # /health while starting: the port refuses until vLLM is ready, so this is cheap
 DRAIN_S = 5.0  # after an exit, how long the log may take to deliver its last lines before classifying
@@ -60,14 +63,17 @@ class WatchReports(Protocol):
 class Watched:
     """The instance a watch watches, and how: its ranks' layout (the health's topology), vLLM's API port where its
     clients' connections can be counted (None: not countable from here), whether the log so far is replayed
-    (an adopted instance's: its lines are not kept again), and the health signals it runs
-    (sparkd.supervisor.signals)."""
+    (an adopted instance's: its lines are not kept again), the health signals it runs
+    (sparkd.supervisor.signals), and the step probe's sense with the identity whose step history it keeps (None:
+    the probe is not read)."""
 
     instance: Instance
     replay: bool = False
     topology: health.Topology = health.Topology.group
     clients_port: int | None = None
     signals: tuple[Signal[Any], ...] = SIGNALS  # besides /health and /metrics
+    steps: StepSense | None = None
+    step_identity: str = ""
 
 
 class InstanceWatch:
@@ -89,6 +95,10 @@ class InstanceWatch:
         replay = watched.replay
         self.signals = watched.signals  # besides /health and /metrics (sparkd.supervisor.signals)
         self._own_out = 0  # probes of ours in flight on vLLM's API port (their connections are no client's)
+        self.steps = watched.steps  # the step probe's sense (issue 38)
+        self.step_identity = watched.step_identity
+        self.step_watch = StepWatch()
+        self._canary_sent: float | None = None  # the canary in flight: when it was sent
         self.vllm_metrics: VllmMetrics | None = None
         self.exited = anyio.Event()
         self.logs_drained = anyio.Event()
@@ -111,7 +121,11 @@ class InstanceWatch:
                         tg.start_soon(self._probe_health)
                         for signal in self.signals:
                             tg.start_soon(self._run_signal, signal)
+                        if self.steps is not None:
+                            tg.start_soon(self._watch_steps, self.steps)
         finally:
+            if self.steps is not None:
+                self.steps.keep_history(self.step_identity, self.step_watch.history, now=True)
             if self.probes is not None:
                 with anyio.CancelScope(shield=True):
                     await self.probes.aclose()
@@ -205,21 +219,47 @@ class InstanceWatch:
         """One signal's loop: every ``every_s``, while vLLM serves and ``[health]`` in force has the signal on, its
         probe, then its rule."""
         assert self.probes is not None
+        canary = signal.name == CANARY.name
         while True:
-            await self.clock.sleep(signal.every_s(self.cfg))
+            every = signal.every_s(self.cfg)
+            await self.clock.sleep(canary_every(self.step_watch, every) if canary else every)
             if self.state() in SERVING and signal.on(self.cfg):
                 self._own_out += signal.own_connection
+                if canary:
+                    self._canary_sent = self.clock.now()
                 try:
                     reading = await signal.probe(self.probes)
                 finally:
                     self._own_out -= signal.own_connection
+                    if canary:
+                        self._canary_sent = None
                 self._observe(signal.rule, reading)
+
+    async def _watch_steps(self, sense: StepSense) -> None:
+        """The step probe (issue 38): every rank's step records, read every second while vLLM serves, folded into the
+        health beside the other signals (sparkd.supervisor.stepwatch); the identity's step history learned."""
+        sense.forget()  # an earlier instance's readings are no one's now
+        self.step_watch = StepWatch(history=sense.load_history(self.step_identity))
+        while True:
+            await self.clock.sleep(READ_EVERY_S)
+            if self.state() not in SERVING or not self.health.watching:
+                continue
+            nodes = await sense.readings()
+            self.step_watch, self.health, obs = observe_steps(
+                self.step_watch, self.health, nodes, self.clock.now(), self.cfg,
+                pending=canary_pending(self._canary_sent))
+            sense.keep_history(self.step_identity, self.step_watch.history)
+            self._post(obs)
 
     def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
         self.health, obs = observe(self.health, result, self.clock.now(), self.cfg)
+        self._post(obs)
+
+    def _post(self, obs: v.Observation | None) -> None:
+        """A verdict of the health signals; a probe's death or wedge that vLLM's log names otherwise is the log's."""
         if isinstance(obs, v.HealthFailed) and obs.failure.cls in EXPLAINED:
             told = self.classify_exit(None, None, FailureClass.engine_dead, False)  # the log's tail, as a death
-            obs = v.HealthFailed(told_by_the_log(obs.failure, told), obs.grace_s, obs.recorded)
+            obs = replace(obs, failure=told_by_the_log(obs.failure, told))
         if obs is not None:
             self.post(obs)
 

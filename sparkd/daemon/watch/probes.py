@@ -209,6 +209,7 @@ _SUMMED = {
     "vllm:num_requests_waiting": "num_requests_waiting",
     "vllm:generation_tokens_total": "generation_tokens_total",
     "vllm:prompt_tokens_total": "prompt_tokens_total",
+    "vllm:iteration_tokens_total_count": "engine_steps_total",  # one per engine step with outputs (a heartbeat)
 }
 _MAXED = {"vllm:kv_cache_usage_perc": "kv_cache_usage_perc"}
 
@@ -241,6 +242,7 @@ def parse_vllm_metrics(text: str) -> VllmMetrics | None:
         num_requests_waiting=values.get("num_requests_waiting"),
         prompt_tokens_total=values.get("prompt_tokens_total"),
         kv_cache_usage_perc=values.get("kv_cache_usage_perc"),
+        engine_steps_total=values.get("engine_steps_total"),
     )
 
 
