@@ -15,7 +15,8 @@ breaker_open       the lifecycle enters ``failed`` (the failure that opened it) 
 reboot_needed      the breaker opens on ``reboot_needed``                           critical
 answers_changed    the answers verdict appears or changes (issue 37), or a          critical
                    failure of class ``answers_changed``
-recovered          ``ready`` again, the launch being a restart after a failure      info
+recovered          serving again (``ready`` from any state that does not serve),   info
+                   the launch being a restart after a failure
 guard              the memory guard stops, kills or plans a restart (critical,     as said
                    warning) or refuses a start / warns (warning)
 held_back          the rate limiter's summary of what it held back                 the worst
@@ -32,7 +33,7 @@ from typing import Any
 
 from sparkd.config.notify import Severity
 from sparkd.supervisor.failures import Failure, FailureClass
-from sparkd.supervisor.states import Machine, State
+from sparkd.supervisor.states import SERVING, Machine, State
 
 __all__ = ["Event", "EventKind", "Snapshot", "events", "guard_event", "snapshot"]
 
@@ -120,7 +121,7 @@ def _a(word: str | None) -> str:
 
 
 def _recovered(before: Snapshot, after: Snapshot) -> bool:
-    return (after.state is State.ready and before.state is State.starting
+    return (after.state is State.ready and before.state not in SERVING
             and after.restart_reason in FailureClass.__members__)
 
 
