@@ -22,7 +22,8 @@ guard              the memory guard stops, kills or plans a restart (critical,  
 held_back          the rate limiter's summary of what it held back                 the worst
 =================  ==============================================================  ==========
 
-A failure that opens the breaker is said once, as the breaker's event (with its class and sentence).
+A failure that opens the breaker in the same step (a preflight's) is said once, as the breaker's event (with its
+class and sentence); a running vLLM's failure is said when it happens, and the breaker when its stop is done.
 """
 
 from __future__ import annotations

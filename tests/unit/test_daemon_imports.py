@@ -1,8 +1,9 @@
 """A daemon imports only what it uses (issues 26 and 35): a single node's, running and ready with the flight recorder
 off, has loaded none of the group's machinery (the coordinator, the peer client, the fabric and weights proofs),
 none of the weights' (its own manifest is made when first asked), none of the flight recorder's (the ring, its
-writer, the watchdog, the memory settle's rules), no Docker SDK (a process runtime), nothing of sparkctl's (httpx,
-rich) and, with no NVIDIA driver, no NVML bindings. A head's daemon loads the group's, a recorder's the ring's.
+writer, the watchdog, the memory settle's rules), none of the webhooks' notifier without ``[notify]`` targets, no
+Docker SDK (a process runtime), nothing of sparkctl's (httpx, rich) and, with no NVIDIA driver, no NVML bindings. A
+head's daemon loads the group's, a recorder's the ring's, one with targets the notifier.
 Each runs in a fresh interpreter: this one has imported everything."""
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ WEIGHTS = ("sparkd.preflight.weights_local", "sparkd.preflight.manifest")
 RECORDER = ("sparkd.daemon.views.recorder", "sparkd.recorder.record", "sparkd.recorder.ring",
             "sparkd.recorder.writer", "sparkd.recorder.watchdog", "sparkd.recorder.excerpt",
             "sparkd.recorder.baseline", "sparkd.commands.recorder")
+NOTIFY = ("sparkd.notify", "sparkd.notify.sender", "sparkd.notify.events", "sparkd.notify.shapes",
+          "sparkd.notify.limits")
 NEVER = ("docker", "httpx", "rich", "sparkd.cli.sparkctl", "sparkd.api.client")
 
 # The daemon as `sparkd run` builds it (rich kept out first, as run does), over the loop harness's fakes, until
@@ -37,6 +40,7 @@ async def main(role, tmp):
     extra = {
         "single": {},
         "recorder": {"recorder": {"enabled": True}},
+        "notify": {"notify": {"targets": [{"url": "http://127.0.0.1:9/hook"}]}},
         "head": {"node": {"role": "head"}, "cluster": {"master_addr": "127.0.0.1", "nnodes": 2,
                                                        "peers": ["127.0.0.1:1"]}},
     }[role]
@@ -63,7 +67,7 @@ def test_a_single_nodes_daemon_loads_nothing_of_the_group_weights_recorder_docke
         tmp_path: Path) -> None:
     modules = loaded("single", tmp_path)
     assert "sparkd.daemon.app" in modules and "sparkd.cluster.ranks" in modules
-    unused = {*GROUP, *WEIGHTS, *RECORDER, *NEVER}
+    unused = {*GROUP, *WEIGHTS, *RECORDER, *NOTIFY, *NEVER}
     assert not modules & unused, sorted(modules & unused)
     if not nvml._driver_library_loads():
         assert "pynvml" not in modules
@@ -73,6 +77,12 @@ def test_a_daemon_with_the_flight_recorder_loads_its_ring(tmp_path: Path) -> Non
     modules = loaded("recorder", tmp_path)
     assert {"sparkd.daemon.views.recorder", "sparkd.recorder.writer", "sparkd.recorder.ring"} <= modules
     assert not modules & {*GROUP, *NEVER}
+
+
+def test_a_daemon_with_notify_targets_loads_the_notifier(tmp_path: Path) -> None:
+    modules = loaded("notify", tmp_path)
+    assert set(NOTIFY) <= modules
+    assert not modules & {*GROUP, *RECORDER, *NEVER}
 
 
 def test_a_heads_daemon_loads_the_groups_machinery(tmp_path: Path) -> None:

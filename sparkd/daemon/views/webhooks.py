@@ -119,6 +119,7 @@ class Webhooks:
                             runbook_base=f"{self.base}{RUNBOOK_PATH}" if self.base else None,
                             transport=self.transport, on_change=self._changed)
             if was is not None and made.same_as(was):
+                was.cfg = made.cfg  # an equal section: the one in force from now on
                 return
             if was is not None:
                 made.take_over(was)
