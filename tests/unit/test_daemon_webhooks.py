@@ -143,8 +143,9 @@ def test_the_image_facts_carry_the_builds_the_last_preflight_read_for_that_image
     builds = {"vllm": "0.32.0", "torch": "2.9.1", "cuda": "13.0", "nccl": "2.28.9", "nccl_sha256": "a" * 64}
     facts = ContainerFacts(FakeRuntime(), tmp_path)
     assert facts.image_json() is None  # no image, no builds read
-    write_json(tmp_path / "builds.json", {"entries": {"exe:/usr/bin/vllm 1 2": builds}, "last": "exe:/usr/bin/vllm 1 2"})
-    assert facts.image_json() == {"builds": {**builds, "identity": "exe:/usr/bin/vllm 1 2"}}  # on the host
+    exe = "exe:/usr/bin/vllm 1 2"
+    write_json(tmp_path / "builds.json", {"entries": {exe: builds}, "last": exe})
+    assert facts.image_json() == {"builds": {**builds, "identity": exe}}  # on the host
     facts.saw_image(ImageIdentity(id="sha256:1"))
     assert facts.image_json() == {"id": "sha256:1", "repo_digests": [], "labels": {}}  # read for another image
     write_json(tmp_path / "builds.json", {"entries": {"sha256:1": {**builds, "nccl": "2.30.4"}}, "last": "sha256:1"})
