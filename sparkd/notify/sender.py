@@ -33,8 +33,11 @@ from sparkd.host.keepalive import KeepAliveClient
 from sparkd.notify.events import Event, EventKind, Snapshot, events, guard_event
 from sparkd.notify.limits import HeldBack, RateLimiter, retry_delay
 from sparkd.notify.shapes import payload, runbook_link
+from sparkd.supervisor.states import SERVING
 
 __all__ = ["HttpTransport", "Notifier", "Transport"]
+
+_OUTAGE = (EventKind.failure, EventKind.breaker_open, EventKind.reboot_needed, EventKind.answers_changed)
 
 # (url, body, headers, timeout_s) → the HTTP status; raises on a connection that fails or times out.
 Transport = Callable[[str, bytes, Mapping[str, str], float], Awaitable[int]]
@@ -132,6 +135,7 @@ class Notifier:
         self.channels: list[_Channel] = []
         self.problems: list[str] = []  # targets that cannot be used (their URL cannot be read), one sentence each
         self.posted = 0
+        self.cause: str | None = None  # the failure class that began the outage now, for the recovery's words
         for index, target in enumerate(cfg.targets):
             name = target.name or f"{target.shape}-{index + 1}"
             try:
@@ -163,6 +167,7 @@ class Notifier:
                 ch.tally.dropped += 1
             ch.limiter.tokens, ch.limiter.at = min(was.limiter.tokens, float(self.cfg.burst)), was.limiter.at
         self.posted += old.posted
+        self.cause = old.cause
 
     # ---- in: never waits, never raises
     def post(self, event: Event) -> None:
@@ -174,12 +179,16 @@ class Notifier:
     def on_state(self, before: Snapshot | None, after: Snapshot) -> None:
         """The ``on_state`` subscriber: every event the change means, posted."""
         try:
-            found = events(before, after)
+            found = events(before, after, cause=self.cause)
         except Exception as exc:
             self.log.error("notify_events_failed", error=repr(exc))
             return
         for event in found:
+            if self.cause is None and event.kind in _OUTAGE:
+                self.cause = event.failure_class
             self.post(event)
+        if after.state in SERVING:
+            self.cause = None
 
     def guard(self, action: str, reason: str, *, dry_run: bool = False) -> None:
         """The memory guard's decision (``GuardHooks.on_decision``): posted when someone needs to hear it."""
