@@ -3,6 +3,7 @@ real HTTP endpoint is tests/integration/test_notify_webhooks.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -234,7 +235,7 @@ async def test_the_recovery_names_the_failure_that_began_the_outage() -> None:
     steps = [(State.ready, None, None), (State.stopping, killed, None), (State.backoff, killed, "killed_by_guard"),
              (State.preflight, gate, "killed_by_guard"), (State.backoff, gate, "host_unavailable"),
              (State.starting, gate, "host_unavailable"), (State.ready, gate, "host_unavailable")]
-    for (was, failed, why), (now, failing, reason) in zip(steps, steps[1:], strict=False):
+    for (was, failed, why), (now, failing, reason) in itertools.pairwise(steps):
         notifier.on_state(Snapshot("spark-1", was, failed, restart_reason=why),
                           Snapshot("spark-1", now, failing, restart_reason=reason))
     await drained(clock, notifier, lambda: len(endpoint.got) == 3)
