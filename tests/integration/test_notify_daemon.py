@@ -123,6 +123,8 @@ def test_a_real_daemon_tells_each_change_in_all_three_shapes_with_links_into_its
     assert "  notify: 3 targets ok, 15 sent" in shown.stdout.splitlines()
     said = explained.stdout.splitlines()
     assert "class:    engine_dead" in said and any("/runbook#engine_dead on sparkd's HTTP port" in x for x in said)
+    starts = json.loads((daemon.state_dir / "start-times.json").read_text())["starts"]  # kept at each ready
+    assert len(starts) == 2 and all(s["seconds"] > 0 and s["launch_hash"] == status["config_hash"] for s in starts)
 
 
 def test_the_memory_guards_actions_reach_the_webhook(sparkd: Fleet, tmp_path: Path) -> None:
