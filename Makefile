@@ -59,7 +59,8 @@ unit: setup
 
 # The chaos soak (tests/soak): a pair of daemons under a seeded random schedule of faults for SOAK_SECONDS
 # (default 180; SOAK_SEED replays a run), decoys planted, invariants checked; ends with
-# "soak: F faults, R recoveries, V violations" and writes the details to SOAK_REPORT (JSON). Needs root.
+# "soak: F faults, R recoveries, V violations" and writes the details to SOAK_REPORT (JSON). Needs root. Each node's
+# [notify] points at a flaky webhook in its namespace (tests/soak/notifyhook.py; SOAK_NOTIFY=0 leaves it out).
 # It runs in a mount namespace of its own with a fresh /dev/shm, so that the decoys planted there meet only
 # this soak's daemons (other programs' sweeps on a shared host cannot remove them, and ours cannot reach theirs).
 .PHONY: soak

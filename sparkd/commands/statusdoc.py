@@ -54,9 +54,8 @@ class Checks(TypedDict, total=False):
 
 
 class Status(Extras, total=False):
-    """The status of one node. The daemon always sends every key below (``runbook`` and ``notify`` once its wiring
-    adds them); ``recorder``, ``fabric`` and ``weights`` too, but a status read from a peer or a file may lack any of
-    them."""
+    """The status of one node. The daemon always sends every key below; ``recorder``, ``fabric`` and ``weights``
+    too, but a status read from a peer or a file may lack any of them."""
 
     version: str
     node: str
@@ -104,6 +103,7 @@ class Status(Extras, total=False):
     fabric: list[dict[str, Any]] | None
     weights: dict[str, Any]
     runbook: str | None  # where the node serves its runbook: ``http://host:9479`` (no TCP port: None)
-    notify: dict[str, Any] | None  # the notifier's targets and their state (sparkd.notify.sender.Notifier.status)
+    notify: dict[str, Any] | None  # the notifier's targets and their state (sparkd.notify.sender.Notifier.status);
+    # None: [notify] has no targets
     drain: dict[str, Any] | None  # the stop in progress drains vLLM's requests (sparkd.supervisor.drainlog.Drain)
     steps: dict[str, Any] | None  # the step probe: its warning and every rank's last step (sparkd.daemon.views.steps)

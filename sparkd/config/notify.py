@@ -88,7 +88,8 @@ class NotifyConfig(_Section):
     memory guard's actions, recoveries, and that sparkd started watching. Sending never holds the daemon up."""
 
     targets: list[NotifyTarget] = Field(default_factory=list, description=(
-        "The webhooks (`[[notify.targets]]`); none: no notifications."))
+        "The webhooks (`[[notify.targets]]`); none: no notifications (the notifier is not even loaded). A reload "
+        "takes a changed list on at once; a target that goes on keeps what it had not delivered yet."))
     min_severity: Severity = Field(default=Severity.warning, description=(
         "The least severe event sent: `info` (also recoveries and the start of watching), `warning` (failures, "
         "guard warnings) or `critical` (the breaker, a needed reboot, the guard stopping vLLM)."))

@@ -1,11 +1,11 @@
 """The daemon's reach into the host, each part the real one unless a test hands its stand-in: time, systemd's
 notify socket, vLLM's HTTP surface (its probes, the acceptance gate's answers), the GPUs (NVML), the jitter's draws,
-the memory guard, the checks before every launch and the sweep after every stop."""
+the memory guard, the checks before every launch and the sweep after every stop, the webhooks' HTTP."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,3 +34,5 @@ class Adapters:
     guard: Guard | None = None  # a stand-in for the memory guard (the daemon does not run it); None: its own
     checks: tuple[Check, ...] = DEFAULT_CHECKS  # before every launch
     sweep: tuple[Check, ...] = (check_stale_processes, check_shm)  # after every stop
+    # (url, body, headers, timeout_s) → the HTTP status: the webhooks' endpoint ([notify]); None: sparkd's own client
+    webhooks: Callable[[str, bytes, Mapping[str, str], float], Awaitable[int]] | None = None

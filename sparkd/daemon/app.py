@@ -61,7 +61,9 @@ from sparkd.daemon.views.flightrecords import FlightRecorder, RecorderOff
 from sparkd.daemon.views.metrics import Metrics, RecorderCollector
 from sparkd.daemon.views.ownlog import OwnLog
 from sparkd.daemon.views.publish import Publisher
+from sparkd.daemon.views.starttimes import StartTimes
 from sparkd.daemon.views.status import History, Seen, StatusView
+from sparkd.daemon.views.webhooks import Webhooks, served_base
 from sparkd.daemon.watch.gpus import GpuSampler, LaunchDevices
 from sparkd.daemon.watch.memory import MemorySampler
 from sparkd.daemon.watch.probes import HttpProbes
@@ -109,7 +111,7 @@ class Daemon:
         use_for_logs(self.redaction.of(cfg))  # secrets never reach a log
         self.vllm_log = VllmLog.following(sup.config)
         self.peer_addresses = PeerAddresses(cfg.cluster.peers) if cfg.cluster.peers else None
-        self.facts = ContainerFacts(runtime)
+        self.facts = ContainerFacts(runtime, self.state_dir)
         self.group = self._group()
         self.checks = GroupChecks(sup.config, runtime, self.group.client if self.group is not None else None,
                                   log=self.log, image=self.facts.identity, spawn=self.tasks.spawn)
@@ -124,8 +126,10 @@ class Daemon:
         probes = self._probes if host.probes is None else _probes_of(host.probes)
         self.watching = Watching(runtime, record, probes, self.tasks.spawn, HealthSettings(sup.config), self.clock,
                                  self.log, steps=self.steps)
+        # the webhooks ([notify], issue 40): the notifier only where targets exist; the guard's decisions told too
+        self.webhooks = Webhooks(sup.config, self.clock, self.log, base=served_base(cfg), transport=host.webhooks)
         self.guard_hooks = NodeGuardHooks(sup.node, runtime, self.watching.metrics, self.evidence.write_guard_evidence,
-                                          sup.post, self.log)
+                                          sup.post, self.log, tell=self.webhooks.guard)
         self.own_guard = host.guard is None and cfg.guard.enabled  # a stand-in's is not run
         self.guard = Guard(guard_section(sup.config), self.guard_hooks) if self.own_guard else host.guard
         self.node = self._effects(record, LaunchPlan(runtime, rehearse=rehearse))
@@ -179,18 +183,21 @@ class Daemon:
         self.history = History(self.clock)
         facts = DaemonFacts(sup.node, self.files, self.vllm_log, self.recorder, self.start_guard, self.reloader,
                             self.breaker, self.checks)
-        self.view = StatusView(sup.node, self.seen, facts, self.history, self.clock, token=self.trusted.token)
+        self.view = StatusView(sup.node, self.seen, facts, self.history, self.clock, token=self.trusted.token,
+                               webhooks=self.webhooks)
         self.metrics = Metrics(self.view)
         self.metrics.registry.register(RecorderCollector(self.metrics.families, self.recorder, self.start_guard))
         self.control = DaemonControl(sup, self.view, self.operated, self.group, reload=self.reloader.reload,
                                      handover=self.handover)
         self.publisher = Publisher(self.files, self.state_dir / "status.json", self.view, self.notifier, sup.booted)
+        self.webhooks.tell_changes(self.publisher.publish)  # a target failing or delivering shows in status.json
         self.signals = SignalHandler(sup, self.reloader, self.stops.hurry, self.notifier, self.log)
         self.on_state = in_order(self.recorder.on_state, self.start_guard.on_state, self.history.on_state,
                                  self.metrics.on_state, self.control.on_state, self.breaker.on_state,
                                  OwnLog(self.redaction, self.log).on_state, self.upkeep.on_state,
-                                 self.publisher.on_state, self.compiled.on_state, self.acceptance.on_state,
-                                 self.replays.on_state)
+                                 StartTimes(self.files, self.state_dir, self.clock).on_state,
+                                 self.webhooks.on_state, self.publisher.on_state, self.compiled.on_state,
+                                 self.acceptance.on_state, self.replays.on_state)
         self._scope: anyio.CancelScope | None = None
 
     @property
@@ -257,6 +264,7 @@ class Daemon:
                 tg.start_soon(self.gpu.run)
                 tg.start_soon(self.upkeep.run)
                 tg.start_soon(self.replays.run)
+                tg.start_soon(self.webhooks.run)
                 self.registry.write()
                 self.publisher.publish()
                 await self.sup.run(self.node, boot=self._boot, on_state=self.on_state)

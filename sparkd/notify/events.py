@@ -10,18 +10,23 @@ event              the change                                                   
 =================  ==============================================================  ==========
 watching           the daemon's first state after ``adopting`` (or its first        info
                    snapshot): sparkd started and says what it found
-failure            a new last failure (its class and sentence)                     warning
+failure            a new last failure (its class and sentence); a wait's (a class     warning
+                   that spends no restart budget: the peer gone, the host not
+                   ready) only when it begins, not at each try while it lasts
 breaker_open       the lifecycle enters ``failed`` (the failure that opened it)     critical
 reboot_needed      the breaker opens on ``reboot_needed``                           critical
 answers_changed    the answers verdict appears or changes (issue 37), or a          critical
                    failure of class ``answers_changed``
-recovered          ``ready`` again, the launch being a restart after a failure      info
+recovered          serving again (``ready`` from any state that does not serve),   info
+                   the launch being a restart after a failure (named by the
+                   failure that began the outage, when the caller kept it)
 guard              the memory guard stops, kills or plans a restart (critical,     as said
                    warning) or refuses a start / warns (warning)
 held_back          the rate limiter's summary of what it held back                 the worst
 =================  ==============================================================  ==========
 
-A failure that opens the breaker is said once, as the breaker's event (with its class and sentence).
+A failure that opens the breaker in the same step (a preflight's) is said once, as the breaker's event (with its
+class and sentence); a running vLLM's failure is said when it happens, and the breaker when its stop is done.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ from enum import StrEnum
 from typing import Any
 
 from sparkd.config.notify import Severity
-from sparkd.supervisor.failures import Failure, FailureClass
-from sparkd.supervisor.states import Machine, State
+from sparkd.supervisor.failures import TREATMENT, Budget, Failure, FailureClass
+from sparkd.supervisor.states import SERVING, Machine, State
 
 __all__ = ["Event", "EventKind", "Snapshot", "events", "guard_event", "snapshot"]
 
@@ -91,8 +96,9 @@ def snapshot(node: str, machine: Machine, *, pid: int | None = None, answers: st
                     answers)
 
 
-def events(before: Snapshot | None, after: Snapshot) -> list[Event]:
-    """The events one change of state means, in the order they happened."""
+def events(before: Snapshot | None, after: Snapshot, *, cause: str | None = None) -> list[Event]:
+    """The events one change of state means, in the order they happened. ``cause``: the class of the failure that
+    began the outage this change may end (the notifier keeps it), else the last failure's class names it."""
     if after.state is State.adopting:
         return []
     if before is None or before.state is State.adopting:
@@ -102,13 +108,13 @@ def events(before: Snapshot | None, after: Snapshot) -> list[Event]:
     opened = after.state is State.failed and before.state is not State.failed
     if opened:
         out.append(_breaker(after))
-    elif new_failure and after.failure is not None:
+    elif new_failure and after.failure is not None and not _waits_on(before.failure, after.failure):
         out.append(_failure(after.node, after.failure))
     if after.answers and after.answers != before.answers:
         out.append(Event(EventKind.answers_changed, Severity.critical, after.node,
                          f"vLLM on {after.node}: its answers changed", after.answers, ANSWERS_CHANGED, ANSWERS_CHANGED))
     if _recovered(before, after):
-        cls = after.restart_reason
+        cls = cause or after.restart_reason
         out.append(Event(EventKind.recovered, Severity.info, after.node, f"vLLM on {after.node} serves again",
                          f"vLLM on {after.node} is ready again after {_a(cls)} {cls} failure"
                          + (f" (pid {after.pid})." if after.pid else "."), cls))
@@ -119,8 +125,14 @@ def _a(word: str | None) -> str:
     return "an" if word and word[0] in "aeiou" else "a"
 
 
+def _waits_on(before: Failure | None, failure: Failure) -> bool:
+    """``failure`` is one more try of a wait already said (the same class, which spends no restart budget)."""
+    return (before is not None and before.cls is failure.cls
+            and TREATMENT[failure.cls].budget is Budget.none)
+
+
 def _recovered(before: Snapshot, after: Snapshot) -> bool:
-    return (after.state is State.ready and before.state in (State.starting, State.accepting)
+    return (after.state is State.ready and before.state not in SERVING
             and after.restart_reason in FailureClass.__members__)
 
 

@@ -7,7 +7,10 @@
   fails is tried again with backoff (:func:`sparkd.notify.limits.retry_delay`) until it goes through, while newer
   events wait behind it, the oldest dropped (and counted) past ``[notify] queue``.
 - :meth:`Notifier.status` is what status shows: each target by name and shape, its URL masked, whether it is
-  failing, since when, its last error and what it has sent, held back and dropped.
+  failing, since when, its last error and what it has sent, held back and dropped; ``on_change`` hears each delivery
+  and each target that starts or stops failing (the daemon shows it in ``status.json``).
+- :meth:`Notifier.take_over`: after a reload, a target that goes on (same name, shape and URL) keeps what it had not
+  delivered yet and what it went through.
 - A target URL never appears in a log line or an error: every error text passes :func:`_quiet` first.
 """
 
@@ -30,8 +33,11 @@ from sparkd.host.keepalive import KeepAliveClient
 from sparkd.notify.events import Event, EventKind, Snapshot, events, guard_event
 from sparkd.notify.limits import HeldBack, RateLimiter, retry_delay
 from sparkd.notify.shapes import payload, runbook_link
+from sparkd.supervisor.states import SERVING
 
 __all__ = ["HttpTransport", "Notifier", "Transport"]
+
+_OUTAGE = (EventKind.failure, EventKind.breaker_open, EventKind.reboot_needed, EventKind.answers_changed)
 
 # (url, body, headers, timeout_s) → the HTTP status; raises on a connection that fails or times out.
 Transport = Callable[[str, bytes, Mapping[str, str], float], Awaitable[int]]
@@ -117,16 +123,19 @@ class _Channel:
 
 class Notifier:
     def __init__(self, cfg: NotifyConfig, node: str, *, clock: Clock, log: Any, runbook_base: str | None = None,
-                 environ: Mapping[str, str] | None = None, transport: Transport | None = None) -> None:
+                 environ: Mapping[str, str] | None = None, transport: Transport | None = None,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
         self.node = node
         self.clock = clock
         self.log = log
         self.runbook_base = runbook_base
         self.transport: Transport = transport or HttpTransport()
+        self.on_change = on_change
         self.channels: list[_Channel] = []
         self.problems: list[str] = []  # targets that cannot be used (their URL cannot be read), one sentence each
         self.posted = 0
+        self.cause: str | None = None  # the failure class that began the outage now, for the recovery's words
         for index, target in enumerate(cfg.targets):
             name = target.name or f"{target.shape}-{index + 1}"
             try:
@@ -139,6 +148,27 @@ class Notifier:
         for problem in self.problems:
             log.warning("notify_target_unusable", problem=problem)
 
+    def same_as(self, other: Notifier) -> bool:
+        """``other`` sends the same events to the same targets the same way (a reload that changed nothing here)."""
+        return (self.cfg == other.cfg and self.problems == other.problems
+                and [ch.target for ch in self.channels] == [ch.target for ch in other.channels])
+
+    def take_over(self, old: Notifier) -> None:
+        """What ``old`` (the notifier of the config before a reload) had not delivered yet and what it went through,
+        carried to each target that goes on under the same name, shape and URL; its rate limit's tokens too."""
+        before = {(ch.name, ch.shape, ch.url): ch for ch in old.channels}
+        for ch in self.channels:
+            was = before.get((ch.name, ch.shape, ch.url))
+            if was is None:
+                continue
+            ch.queue, ch.held, ch.inflight, ch.tally = was.queue, was.held, was.inflight, was.tally
+            while len(ch.queue) > self.cfg.queue:
+                ch.queue.popleft()
+                ch.tally.dropped += 1
+            ch.limiter.tokens, ch.limiter.at = min(was.limiter.tokens, float(self.cfg.burst)), was.limiter.at
+        self.posted += old.posted
+        self.cause = old.cause
+
     # ---- in: never waits, never raises
     def post(self, event: Event) -> None:
         try:
@@ -149,12 +179,16 @@ class Notifier:
     def on_state(self, before: Snapshot | None, after: Snapshot) -> None:
         """The ``on_state`` subscriber: every event the change means, posted."""
         try:
-            found = events(before, after)
+            found = events(before, after, cause=self.cause)
         except Exception as exc:
             self.log.error("notify_events_failed", error=repr(exc))
             return
         for event in found:
+            if self.cause is None and event.kind in _OUTAGE:
+                self.cause = event.failure_class
             self.post(event)
+        if after.state in SERVING:
+            self.cause = None
 
     def guard(self, action: str, reason: str, *, dry_run: bool = False) -> None:
         """The memory guard's decision (``GuardHooks.on_decision``): posted when someone needs to hear it."""
@@ -260,6 +294,7 @@ class Notifier:
         ch.inflight, ch.tally.next_try_at, ch.tally.failures, ch.tally.failing_since = None, None, 0, None
         ch.tally.sent += 1
         ch.tally.last_sent_at = self.clock.wall()
+        self._changed()
 
     def _failed(self, ch: _Channel, error: str) -> None:
         ch.tally.failures += 1
@@ -270,9 +305,18 @@ class Notifier:
             ch.tally.failing_since = self.clock.wall()
             self.log.warning("notify_target_failing", target=ch.name, url=ch.masked, error=error,
                              retry_in_s=round(wait, 1))
+            self._changed()
         else:
             self.log.debug("notify_retry_failed", target=ch.name, error=error, tries=ch.tally.failures,
                            retry_in_s=round(wait, 1))
+
+    def _changed(self) -> None:
+        if self.on_change is None:
+            return
+        try:
+            self.on_change()
+        except Exception as exc:  # whoever listens, the drain goes on
+            self.log.error("notify_on_change_failed", error=repr(exc))
 
     # ---- status
     def status(self) -> dict[str, Any]:

@@ -5,7 +5,8 @@ What is kept of a start is the engine's part (:func:`engine_seconds`): from torc
 the CUDA graph capture, the phases vLLM's API server waits out under ``VLLM_ENGINE_READY_TIMEOUT_S``, less the
 engine's own imports (so a start that worked never reads as longer than the timeout it worked under). Two sources,
 read together: ``start-times.json`` in the state directory, the last :data:`KEEP` starts (each: ``seconds``, ``at``
-the wall time, ``launch_hash``), written by :func:`record_start` when a start completes; and ``status.json``'s
+the wall time, ``launch_hash``), written when a start completes (the daemon's ``StartTimes`` view puts
+:func:`with_start` through its state writer; :func:`record_start` writes at once); and ``status.json``'s
 ``start_timing`` (its ``phases_s``), the last start, which every daemon writes. A missing, unreadable or malformed
 file is no measurement, never an error. An adopted instance's start is not timed.
 """
@@ -19,7 +20,8 @@ from typing import Any
 
 from sparkd.state.files import read_json, write_json
 
-__all__ = ["ENGINE_PHASES", "KEEP", "START_TIMES", "engine_seconds", "measured_starts", "record_start"]
+__all__ = ["ENGINE_PHASES", "KEEP", "START_TIMES", "engine_seconds", "measured_starts", "record_start",
+           "with_start"]
 
 START_TIMES = "start-times.json"
 KEEP = 20
@@ -58,13 +60,19 @@ def measured_starts(state_dir: Path) -> tuple[float, ...]:
     return tuple(out)
 
 
+def with_start(kept: Any, seconds: float, *, at: float, launch_hash: str) -> dict[str, Any]:
+    """``start-times.json``'s content ``kept`` (what :func:`read_json` made of it, None when missing) with one more
+    completed start, ``seconds`` its engine's part, the oldest past :data:`KEEP` dropped."""
+    starts = [e for e in (kept if isinstance(kept, dict) else {}).get("starts") or [] if isinstance(e, dict)]
+    starts.append({"seconds": round(seconds, 1), "at": at, "launch_hash": launch_hash})
+    return {"starts": starts[-KEEP:]}
+
+
 def record_start(state_dir: Path, seconds: float, *, at: float, launch_hash: str) -> None:
-    """Keep one completed start, ``seconds`` its engine's part (:func:`engine_seconds` of its timing): the daemon
-    calls this at ``ready``; a write that fails costs only the record."""
+    """Keep one completed start, ``seconds`` its engine's part (:func:`engine_seconds` of its timing); a write that
+    fails costs only the record."""
     if _seconds(seconds) is None:
         return
     path = state_dir / START_TIMES
-    starts = [e for e in (read_json(path) or {}).get("starts") or [] if isinstance(e, dict)]
-    starts.append({"seconds": round(seconds, 1), "at": at, "launch_hash": launch_hash})
     with contextlib.suppress(OSError):
-        write_json(path, {"starts": starts[-KEEP:]})
+        write_json(path, with_start(read_json(path), seconds, at=at, launch_hash=launch_hash))

@@ -64,7 +64,7 @@ class SoakPair:
         head_cfg, worker_cfg = pair_configs(tmp, self.link, health=health, supervisor=supervisor, restart=RESTART,
                                             guard=GUARD)
         self.controls = {}
-        # issue 40: each node's notifier at a flaky webhook in its own namespace (SOAK_NOTIFY=1; notifyhook.py)
+        # issue 40: each node's notifier at a flaky webhook in its namespace (unless SOAK_NOTIFY=0; notifyhook.py)
         self.webhooks = notifyhook.FlakyWebhooks(tmp, {"head": self.link.head_ns, "worker": self.link.worker_ns},
                                                  free_port()) if notifyhook.ENABLED else None
         for name, cfg in (("head", head_cfg), ("worker", worker_cfg)):

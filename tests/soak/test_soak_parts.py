@@ -236,7 +236,7 @@ def test_soak_faults_picks_the_faults_of_a_run() -> None:
         kinds_from_env({"SOAK_FAULTS": "nope"})
 
 
-# ---- the notifier's hook (notifyhook.py, SOAK_NOTIFY=1 once the daemon's wiring lands)
+# ---- the notifier's hook (notifyhook.py; on unless SOAK_NOTIFY=0)
 
 
 def test_the_notify_hook_judges_what_each_node_sent_its_webhook() -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import fakebuilds
 import pytest
 from structlog.testing import CapturingLogger
 
@@ -61,29 +61,11 @@ def test_the_probes_line_is_parsed_and_described() -> None:
     assert parse_builds("SPARKD-BUILDS [1]") is None and parse_builds("nothing") is None
 
 
-NCCL_C = "int ncclGetVersion(int *version) { *version = 22809; return 0; }\n"
-
-
 @pytest.fixture
 def fake_site(tmp_path: Path) -> Path:
     """A site-packages with vLLM, torch (built for CUDA 12.8) and the NCCL wheel, whose libnccl.so.2 is a real shared
     library answering ncclGetVersion with 2.28.9."""
-    if shutil.which("cc") is None:
-        pytest.fail("a C compiler is needed to build the fake libnccl (CI's image has gcc)")
-    site = tmp_path / "site"
-    for name, version in (("vllm", "0.34.0"), ("torch", "2.9.1"), ("nvidia_nccl_cu12", "2.28.9")):
-        info = site / f"{name}-{version}.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
-    (site / "torch").mkdir()
-    (site / "torch" / "__init__.py").write_text("raise ImportError('the probe must not import torch')\n")
-    (site / "torch" / "version.py").write_text("__version__ = '2.9.1'\ncuda: Optional[str] = '12.8'\n")
-    lib = site / "nvidia" / "nccl" / "lib"
-    lib.mkdir(parents=True)
-    (site / "nvidia" / "nccl" / "__init__.py").write_text("")
-    (tmp_path / "nccl.c").write_text(NCCL_C)
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib / "libnccl.so.2"), str(tmp_path / "nccl.c")], check=True)
-    return site
+    return fakebuilds.fake_site(tmp_path)
 
 
 def test_the_probe_reads_versions_cuda_and_the_nccl_library(fake_site: Path) -> None:

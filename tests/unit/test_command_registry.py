@@ -138,10 +138,7 @@ async def test_the_status_document_types_every_key_the_daemon_sends(tmp_path: Pa
     async with running(config(tmp_path), FakeRuntime(), FakeClock()) as node:
         await node.until_state("ready")
         sent = set(node.status())
-    # Typed ahead of the daemon's wiring (issue 40: the notifier's state and where the runbook is served); when the
-    # daemon sends them, this fails: take them out of this set.
-    wired_later = {"runbook", "notify"}
-    assert sent | wired_later == Status.__required_keys__ | Status.__optional_keys__ and not sent & wired_later
+    assert sent == Status.__required_keys__ | Status.__optional_keys__
 
 
 @pytest.mark.parametrize(("args", "body", "sent", "printed"), [

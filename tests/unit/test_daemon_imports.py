@@ -1,10 +1,10 @@
 """A daemon imports only what it uses (issues 26 and 35): a single node's, running and ready with the flight recorder
 off, has loaded none of the group's machinery (the coordinator, the peer client, the fabric and weights proofs),
 none of the weights' (its own manifest is made when first asked), none of the flight recorder's (the ring, its
-writer, the watchdog, the memory settle's rules), no Docker SDK (a process runtime), nothing of sparkctl's (httpx,
-rich), no pydantic-settings (a config with no profile and no SPARKD_* override has no layers to stack), no difflib
-(a typo's suggestion) and, with no NVIDIA driver, no NVML bindings. A head's daemon loads the group's, a recorder's
-the ring's.
+writer, the watchdog, the memory settle's rules), none of the webhooks' notifier without ``[notify]`` targets, no
+Docker SDK (a process runtime), nothing of sparkctl's (httpx, rich), no pydantic-settings (a config with no profile
+and no SPARKD_* override has no layers to stack), no difflib (a typo's suggestion) and, with no NVIDIA driver, no
+NVML bindings. A head's daemon loads the group's, a recorder's the ring's, one with targets the notifier.
 Each runs in a fresh interpreter: this one has imported everything."""
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ WEIGHTS = ("sparkd.preflight.weights_local", "sparkd.preflight.manifest")
 RECORDER = ("sparkd.daemon.views.recorder", "sparkd.recorder.record", "sparkd.recorder.ring",
             "sparkd.recorder.writer", "sparkd.recorder.watchdog", "sparkd.recorder.excerpt",
             "sparkd.recorder.baseline", "sparkd.commands.recorder")
+NOTIFY = ("sparkd.notify", "sparkd.notify.sender", "sparkd.notify.events", "sparkd.notify.shapes",
+          "sparkd.notify.limits")
 NEVER = ("docker", "httpx", "rich", "sparkd.cli.sparkctl", "sparkd.api.client")
 LAYERS = ("pydantic_settings", "sparkd.config.sources", "dotenv", "argparse")  # a config with layers to stack
 ON_ERROR = ("difflib",)  # a typo's "did you mean": a config with an error only
@@ -41,6 +43,7 @@ async def main(role, tmp):
     extra = {
         "single": {},
         "recorder": {"recorder": {"enabled": True}},
+        "notify": {"notify": {"targets": [{"url": "http://127.0.0.1:9/hook"}]}},
         "head": {"node": {"role": "head"}, "cluster": {"master_addr": "127.0.0.1", "nnodes": 2,
                                                        "peers": ["127.0.0.1:1"]}},
     }[role]
@@ -67,7 +70,7 @@ def test_a_single_nodes_daemon_loads_nothing_of_the_group_weights_recorder_docke
         tmp_path: Path) -> None:
     modules = loaded("single", tmp_path)
     assert "sparkd.daemon.app" in modules and "sparkd.cluster.ranks" in modules
-    unused = {*GROUP, *WEIGHTS, *RECORDER, *NEVER, *LAYERS, *ON_ERROR}
+    unused = {*GROUP, *WEIGHTS, *RECORDER, *NOTIFY, *NEVER, *LAYERS, *ON_ERROR}
     assert not modules & unused, sorted(modules & unused)
     if not nvml._driver_library_loads():
         assert "pynvml" not in modules
@@ -77,6 +80,12 @@ def test_a_daemon_with_the_flight_recorder_loads_its_ring(tmp_path: Path) -> Non
     modules = loaded("recorder", tmp_path)
     assert {"sparkd.daemon.views.recorder", "sparkd.recorder.writer", "sparkd.recorder.ring"} <= modules
     assert not modules & {*GROUP, *NEVER}
+
+
+def test_a_daemon_with_notify_targets_loads_the_notifier(tmp_path: Path) -> None:
+    modules = loaded("notify", tmp_path)
+    assert set(NOTIFY) <= modules
+    assert not modules & {*GROUP, *RECORDER, *NEVER}
 
 
 def test_a_heads_daemon_loads_the_groups_machinery(tmp_path: Path) -> None:

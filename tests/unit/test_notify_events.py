@@ -73,6 +73,25 @@ def test_recovered_only_when_ready_again_after_a_failure() -> None:
     assert events(snap(State.degraded, restart="oom"), snap(State.ready, restart="oom")) == []
 
 
+def test_a_wait_is_said_when_it_begins_not_at_each_try_while_it_lasts() -> None:
+    """The guard's start gate, the Docker engine away, the peer gone: classes that spend no restart budget repeat
+    at every backoff while the wait lasts (seen from a real daemon: five in five seconds of the guard's cool-down)."""
+    first = Failure.of(FailureClass.host_unavailable, "The memory guard refuses a start: cool-down 0.5 s ago")
+    again = Failure.of(FailureClass.host_unavailable, "The memory guard refuses a start: cool-down 1.6 s ago")
+    guard = Failure.of(FailureClass.killed_by_guard, "sparkd's memory guard killed vLLM")
+    assert kinds(events(snap(State.backoff, guard), snap(State.preflight, first))) == ["failure"]
+    assert events(snap(State.preflight, first), snap(State.backoff, again)) == []
+    oom_again = Failure.of(FailureClass.oom, OOM.sentence)
+    assert kinds(events(snap(State.ready, OOM), snap(State.stopping, oom_again))) == ["failure"]  # not a wait
+
+
+def test_recovered_names_the_failure_that_began_the_outage_when_the_caller_kept_it() -> None:
+    ready = events(snap(State.starting, restart="host_unavailable"), snap(State.ready, restart="host_unavailable"),
+                   cause="killed_by_guard")
+    assert [(e.kind, e.failure_class) for e in ready] == [(EventKind.recovered, "killed_by_guard")]
+    assert ready[0].text == "vLLM on spark-1 is ready again after a killed_by_guard failure (pid 4242)."
+
+
 def test_answers_changed_is_critical_when_the_verdict_appears_or_changes() -> None:
     said = "the answer to prompt 2 differs at token 3"
     (event,) = events(snap(State.ready), snap(State.ready, answers=said))

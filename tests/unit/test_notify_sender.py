@@ -3,6 +3,7 @@ real HTTP endpoint is tests/integration/test_notify_webhooks.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -222,3 +223,22 @@ def test_the_daemons_redactor_masks_every_webhook_url(tmp_path: Path) -> None:
     redact = redactor_for(config)
     line = redact(f"reload: notify.targets: [{SECRET}] → [https://ntfy.example/SECRETTOPIC]")
     assert "SECRET" not in line and line.count("(secret)") == 2
+
+
+@pytest.mark.anyio
+async def test_the_recovery_names_the_failure_that_began_the_outage() -> None:
+    """A guard's kill, then the guard's start gate making sparkd wait: the recovery is the kill's."""
+    clock, endpoint = FakeClock(), Endpoint()
+    notifier = Notifier(cfg(min_severity="info"), "spark-1", clock=clock, log=Log(), transport=endpoint)
+    killed = Failure.of(FailureClass.killed_by_guard, "sparkd's memory guard killed vLLM")
+    gate = Failure.of(FailureClass.host_unavailable, "The memory guard refuses a start")
+    steps = [(State.ready, None, None), (State.stopping, killed, None), (State.backoff, killed, "killed_by_guard"),
+             (State.preflight, gate, "killed_by_guard"), (State.backoff, gate, "host_unavailable"),
+             (State.starting, gate, "host_unavailable"), (State.ready, gate, "host_unavailable")]
+    for (was, failed, why), (now, failing, reason) in itertools.pairwise(steps):
+        notifier.on_state(Snapshot("spark-1", was, failed, restart_reason=why),
+                          Snapshot("spark-1", now, failing, restart_reason=reason))
+    await drained(clock, notifier, lambda: len(endpoint.got) == 3)
+    said = [(body["kind"], body["class"]) for _, body in endpoint.got]
+    assert said == [("failure", "killed_by_guard"), ("failure", "host_unavailable"), ("recovered", "killed_by_guard")]
+    assert notifier.cause is None  # serving again: the next outage names its own

@@ -30,13 +30,16 @@ class NodeGuardHooks:
     metrics, the evidence writer, the mailbox."""
 
     def __init__(self, node: Callable[[], NodeState], runtime: Runtime, metrics: Callable[[], VllmMetrics | None],
-                 write: WriteEvidence, post: Callable[[v.Observation], None], log: Logger) -> None:
+                 write: WriteEvidence, post: Callable[[v.Observation], None], log: Logger, *,
+                 tell: Callable[[Decision], None] | None = None) -> None:
+        """``tell``: who hears each decision the guard publishes (the webhooks, issue 40)."""
         self.node = node
         self.runtime = runtime
         self.metrics = metrics
         self.write = write
         self.post = post
         self.log = log
+        self.tell = tell
 
     def vllm_pids(self) -> set[int]:
         instance = self.node().instance
@@ -50,7 +53,10 @@ class NodeGuardHooks:
         return None if metrics is None else metrics.num_requests_running <= 0
 
     def on_decision(self, decision: Decision) -> None:
-        """The guard logs its own decisions (once each); status and metrics read them from the guard."""
+        """The guard logs its own decisions (once each); status and metrics read them from the guard; ``tell``
+        hears each."""
+        if self.tell is not None:
+            self.tell(decision)
 
     def write_evidence(self, failure: Failure, evidence: dict[str, Any]) -> None:
         self.write(failure, evidence, self.node())

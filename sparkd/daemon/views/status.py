@@ -21,6 +21,7 @@ from sparkd.daemon.effects.watching import Watching
 from sparkd.daemon.loop.nodestate import NodeState
 from sparkd.daemon.views.facts import DaemonFacts
 from sparkd.daemon.views.steps import steps_json
+from sparkd.daemon.views.webhooks import Webhooks
 from sparkd.daemon.watch.gpus import GpuSampler
 from sparkd.guard.guard import Guard
 from sparkd.guard.meminfo import MemInfo, read_meminfo
@@ -110,13 +111,14 @@ def _drain_step(drain: Drain | None) -> tuple[object, ...] | None:
 
 class StatusView:
     def __init__(self, node: Callable[[], NodeState], seen: Seen, facts: DaemonFacts, history: History,
-                 clock: Clock, *, token: str | None) -> None:
+                 clock: Clock, *, token: str | None, webhooks: Webhooks | None = None) -> None:
         self.node = node  # the loop's: the node's state now
         self.seen = seen
         self.facts = facts
         self.history = history
         self.clock = clock
         self.token = token  # secrets in "shared" are digests under the peers' shared secret
+        self.webhooks = webhooks  # [notify]'s targets, and where the runbook is served
 
     def line(self) -> str:
         return status_line(self.node(), self.clock.now())
@@ -163,6 +165,9 @@ class StatusView:
             "drain": state.drain.to_json(now) if state.drain is not None else None,
             "acceptance": {"enabled": cfg.acceptance.enabled,
                            **state.acceptance.view(now, lambda at: wall_of(clock, at))},
+            # issue 40: where this node serves its runbook, and the webhooks' state
+            "runbook": self.webhooks.base if self.webhooks is not None else None,
+            "notify": self.webhooks.status() if self.webhooks is not None else None,
             **self.facts.more(),
             **self.facts.proofs(),
         }
