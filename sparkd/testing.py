@@ -43,6 +43,27 @@ from sparkd.supervisor.healthsignal import Answer
 
 IDLE_LIMIT_S = 30.0  # real seconds run_until waits with nothing asleep on the fake clock (a worker thread's file
 # write takes milliseconds)
+THREAD_WAIT_S = 2.0  # real seconds run_until holds the fake clock for a worker thread before it moves time anyway
+# (a thread that waits for the fake clock itself must not stop it)
+
+_in_threads = 0  # anyio worker threads running now (the daemon's file writes, its golden, its hashing)
+_real_run_sync = anyio.to_thread.run_sync
+
+
+async def _counted_run_sync(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    global _in_threads
+    _in_threads += 1
+    try:
+        return await _real_run_sync(func, *args, **kwargs)
+    finally:
+        _in_threads -= 1
+
+
+def _count_threads() -> None:
+    """A task waiting for a worker thread is blocked in the event loop's eyes, yet the thread's work takes real
+    time: counted, ``run_until`` holds the fake clock while one runs, so that a loaded machine's slow thread does
+    not see fake hours pass (a gate's budget spent while its golden was being written)."""
+    anyio.to_thread.run_sync = _counted_run_sync  # type: ignore[assignment]
 
 __all__ = ["FakeAnswers", "FakeClock", "FakeNotifier", "FakeProbes", "FakeRuntime", "all_tasks_blocked",
            "failing_check", "new_event_loop", "passing_check"]
@@ -52,6 +73,7 @@ class FakeClock:
     def __init__(self, start: float = 1000.0, wall_offset: float = 1_800_000_000.0) -> None:
         self.t = start
         self.wall_offset = wall_offset
+        _count_threads()
         self._sleepers: list[tuple[float, int, anyio.Event]] = []
         self._order = itertools.count()
 
@@ -78,10 +100,17 @@ class FakeClock:
         sleeps on the clock for ``IDLE_LIMIT_S`` real seconds (nothing left that could make ``done()`` true)."""
         started = self.t
         idle_since: float | None = None
+        threads_since: float | None = None
         while True:
             await all_tasks_blocked()
             if done():
                 return self.t - started
+            if _in_threads:
+                threads_since = time.monotonic() if threads_since is None else threads_since
+                if time.monotonic() - threads_since < THREAD_WAIT_S:
+                    await anyio.sleep(0.001)
+                    continue
+            threads_since = None
             if not self._sleepers:
                 idle_since = time.monotonic() if idle_since is None else idle_since
                 if time.monotonic() - idle_since > IDLE_LIMIT_S:

@@ -64,8 +64,6 @@ class Edge:
 
 
 # ---- helpers shared by the handlers ---------------------------------------------------------------------
-
-
 def _to(m: Machine, state: State, now: float, **changes: Any) -> Machine:
     if state is not State.stopping:
         changes.setdefault("after", None)
@@ -123,8 +121,6 @@ def startup_hang(what: str) -> Failure:
 
 
 # ---- the handlers, one per edge --------------------------------------------------------------------------
-
-
 def _boot(m: Machine, obs: v.Adopted, now: float, limits: Limits) -> Result:
     if obs.found:
         if m.intent is Intent.stop:
@@ -307,7 +303,6 @@ def _stop_while_failed(m: Machine, obs: v.StopRequested, now: float, limits: Lim
     return replace(m, intent=Intent.stop), []
 
 
-
 # ---- the table -------------------------------------------------------------------------------------------
 
 S = State
@@ -395,8 +390,6 @@ _ignore(tuple(State), (v.PreflightDone, v.StopDone, v.Adopted, v.GateDone),
 
 
 # ---- stepping ------------------------------------------------------------------------------------------
-
-
 def step(m: Machine, obs: v.Observation, now: float, limits: Limits | None = None) -> Step:
     """The next machine, the actions to carry out, and the edge taken, for ``obs`` at monotonic ``now``."""
     edge = TABLE.get((m.state, type(obs)))

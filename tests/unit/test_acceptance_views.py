@@ -54,9 +54,9 @@ def test_systemds_status_line_says_the_gate() -> None:
     cfg = config_from_mapping({"runtime": "process", "launch": {"model": "/m"}}, source="test")
     state = NodeState.boot(replace(Machine(), state=State.accepting), cfg)
     state = replace(state, instance=Instance(runtime="process", pid=7, create_time=1.0, config_hash="h"))
-    assert status_line(state) == "accepting: the acceptance gate asks, pid 7, restarts 0"
+    assert status_line(state, 0.0) == "accepting: the acceptance gate asks, pid 7, restarts 0"
     held = replace(state, acceptance=Standing().took(CHANGED, GateKind.start))
-    assert status_line(held) == "accepting: held, answers_changed, pid 7, restarts 0"
+    assert status_line(held, 0.0) == "accepting: held, answers_changed, pid 7, restarts 0"
 
 
 def test_the_standing_keeps_a_failure_a_replay_cannot_clear_and_a_bounded_history() -> None:
