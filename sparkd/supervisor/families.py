@@ -1,124 +1,263 @@
-"""Failure families the classifier reads from a Python traceback as a whole, not from one line. Pure.
+"""Failure families: what a failure IS, read from an event's structure — the exception's type, where it was raised,
+an error code, the kind of line — with a phrase of its message only one sign among several. Pure.
 
-A rule of `rules.py` names one string; a family names where an exception was raised, so every member is covered
-without a rule per message:
+Each :class:`Family` is one row: the class it gives, what happened in words, and its signs. A :class:`Sign` holds when
+every part it names holds (the exception's type, its message or the line's text, the subsystem it was raised in, the
+kind of line, the tier); a family holds when any of its signs does, and each sign says why it means that family.
+The table is read in order, first family first: the families of what happened *to the machine* (memory, a port, a GPU
+held) come before the image and the configuration, which come before the distributed families and the GPU's faults, so
+an out-of-memory raised while importing is memory, not the image. After the table, :data:`BY_KIND` decides a line that
+no family explains by the kind of line it is (an unrecognised CUDA error is the GPU's, an error of NCCL's is NCCL's).
 
-- **image** — an exception raised while a module was being *imported* (the traceback passes through an ``import``
-  statement into a ``<module>`` frame): a package that cannot load in this image (``RuntimeError: operator
-  torchvision::nms does not exist`` from a CUDA torchvision beside a CPU torch, ``OSError: libc10_cuda.so: cannot
-  open shared object file``, a ``SyntaxError`` in an installed file). The same import fails every launch.
-- **config** — an exception raised while vLLM builds or verifies its configuration: the innermost vLLM frame is in
-  ``vllm/config/`` or ``vllm/engine/arg_utils.py``, or a frame is a ``verify_*`` / ``create_engine_config`` call
-  (``ValueError: Total number of attention heads (4) must be divisible by tensor parallel size (8)``).
-
-Import wins over config: ``vllm/config/model.py`` failing *at import* is the image's fault, not the settings'.
-
-`TracebackReader` is fed every undecorated line in log order and answers, on the exception line that ends a
-traceback, with the family's class and the "what happened" clause, or None. Tracebacks of several processes may
-interleave in a log; frames are kept per process prefix by the caller passing one reader per process.
+Adding a family is a row here and a case in ``tests/unit/test_families.py``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
+from sparkd.supervisor.rulekit import Tier
+from sparkd.supervisor.tracebacks import PyException, Subsystem
 
-__all__ = ["FamilyHit", "TracebackReader", "module_of"]
+__all__ = ["BY_KIND", "FAMILIES", "Family", "FamilyHit", "Sign", "judge"]
 
-_HEADER = re.compile(r"^(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]+\] )?")
-_START = re.compile(r"Traceback \(most recent call last\):\s*$")
-_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d{1,9}, in (?P<func>\S+)\s*$')
-_IMPORT = re.compile(r"^\s*(?:from\s+[\w.]+\s+)?import\s")
-_EXCEPTION = re.compile(r"^(?P<line>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?)$")
-_CONFIG_PATH = re.compile(r"/vllm/(?:config/[\w/]+\.py|engine/arg_utils\.py)$")
-_CONFIG_FUNC = re.compile(r"^(?:verify_\w+|create_engine_config|create_model_config|create_speculative_config)$")
-_SITE = re.compile(r"^.*?/(?:site-packages|dist-packages)/")
-_RUNPY = ("<frozen runpy>", "runpy.py")
+F, S, K = FailureClass, Subsystem, Kind
+_I = re.IGNORECASE
 
 
-def module_of(path: str) -> str:
-    """``/usr/lib/python3/dist-packages/torchvision/_meta_registrations.py`` → ``torchvision._meta_registrations``;
-    outside site-packages, the file's folder and name (``/opt/x/torchvision/io.py`` → ``torchvision.io``)."""
-    m = _SITE.match(path)
-    parts = (path[m.end():] if m else "/".join(path.split("/")[-2:])).removesuffix(".py").split("/")
-    if parts[-1] == "__init__" and len(parts) > 1:
-        parts = parts[:-1]
-    return ".".join(p for p in parts if p)
+@dataclass(frozen=True)
+class Sign:
+    reason: str  # why this sign means the family
+    types: str | None = None  # the exception's type, without its module (fullmatch)
+    message: str | None = None  # searched in the exception's message, or a line's text
+    raised_in: frozenset[Subsystem] | None = None  # the subsystem the exception was raised in
+    imported: bool = False  # raised while a module was being imported
+    kinds: frozenset[Kind] | None = None  # the kinds of line it applies to (None: any)
+    tier: Tier = Tier.CAUSE
+    flags: int = 0
+
+    def holds(self, event: Event) -> bool:
+        exc = event.exception
+        if self.kinds is not None and event.kind not in self.kinds:
+            return False
+        if self.types is not None and (exc is None or not re.fullmatch(self.types, exc.name)):
+            return False
+        if self.raised_in is not None and (exc is None or exc.subsystem not in self.raised_in):
+            return False
+        if self.imported and (exc is None or exc.imported is None):
+            return False
+        if self.message is not None:
+            subject = exc.message if exc is not None else event.text
+            if re.search(self.message, subject, self.flags) is None:
+                return False
+        return True
+
+
+def sign(reason: str, types: str | None = None, message: str | None = None, *, raised_in: set[Subsystem] | None = None,
+         imported: bool = False, kinds: set[Kind] | None = None, tier: Tier = Tier.CAUSE, flags: int = 0) -> Sign:
+    return Sign(reason, types, message, frozenset(raised_in) if raised_in else None, imported,
+                frozenset(kinds) if kinds else None, tier, flags)
+
+
+@dataclass(frozen=True)
+class Family:
+    cls: FailureClass
+    what: str  # what happened, before the quoted evidence
+    signs: tuple[Sign, ...]
 
 
 @dataclass(frozen=True)
 class FamilyHit:
     cls: FailureClass
-    what: str  # the "what happened" clause
-    exception: str  # the exception line the hit rests on
+    tier: Tier
+    what: str  # the "what happened" clause, quoting the evidence
+    sign: Sign
 
 
-@dataclass
-class _Frame:
-    path: str
-    func: str
-    code: str | None = None
+_ERROR_LINES = {K.python, K.vllm, K.cuda, K.other, K.ray}  # lines that may carry an error's text (not NCCL's, torch's)
+_DEVICE = r"(?:CUDA|HIP|NPU|XPU|HPU|MPS|GPU|[Dd]evice|ROCm|Ascend|Gaudi)"
+
+FAMILIES: tuple[Family, ...] = (
+    Family(F.free_memory_refusal, "vLLM refused to start because too little memory was free", (
+        sign("vLLM's startup check compares the free memory with gpu_memory_utilization before it loads anything "
+             "(0.11-0.32 wordings, GPU and CPU backends)",
+             message=r"(?:Free|Available) memory on (?:device|node)\b.*?\bis less than\b"),
+        sign("the same check when weights are held outside the process (0.32)",
+             message=r"Externally held weights on device .* exceed the desired GPU memory utilization"),
+        sign("memory grew while vLLM profiled: another process (or the page cache) released memory at startup",
+             message=r"Error in memory profiling"),
+    )),
+    Family(F.port_in_use, "A port vLLM needs was already in use", (
+        sign("EADDRINUSE, errno 98 (Linux) or 10048 (Windows): bind() found the port taken, whoever reports it "
+             "(torch's TCPStore, uvicorn, ZMQ, Gloo)",
+             message=r"EADDRINUSE|\[Errno 98\]|errno: 98\b|[Aa]ddress already in use|WSAEADDRINUSE|\b10048\b"),
+    )),
+    Family(F.gpu_busy, "CUDA reported the GPU busy or unavailable", (
+        sign("cudaErrorDevicesUnavailable: the device is in exclusive-process mode and another process holds it",
+             message=r"busy or unavailable|cudaErrorDevicesUnavailable", flags=_I),
+    )),
+    Family(F.peer_lost, "The peer rank went away", (
+        sign("NCCL's ncclRemoteError: the remote rank exited or the network between the ranks failed",
+             message=r"remote process exited or there was a network error|ncclRemoteError"),
+        sign("Ray reports the actor of another rank, or its node, dead (not an error raised inside it)",
+             types=r"ActorDiedError|RayActorError|NodeDiedError|ActorUnavailableError",
+             message=r"^(?![\s\S]*creation task)"),
+        sign("Ray's own words for a node that left the cluster",
+             message=r"\b(?:node|raylet)\b[^.]{0,80}\b(?:died|is dead|has been marked dead|was terminated|"
+                     r"failed health check)", kinds={K.ray, K.python}, tier=Tier.GENERIC, flags=_I),
+    )),
+    Family(F.nccl, "NCCL failed", (
+        sign("torch raises DistBackendError for a failure inside the collective backend (NCCL, RCCL)",
+             types=r"DistBackendError", tier=Tier.GENERIC),
+        sign("NCCL's own error codes", message=r"\bnccl(?:InternalError|SystemError|UnhandledCudaError|"
+                                               r"InvalidArgument|InvalidUsage)\b"),
+        sign("the collective libraries of other accelerators (HCCL on Ascend, oneCCL on XPU) failing",
+             message=r"\b(?:HCCL|oneCCL|RCCL)\b.{0,80}\b(?:error|fail\w*|timeout|timed out)\b", flags=_I),
+        sign("torch's NCCL wrapper: its detail, when there is one, is an NCCL WARN line",
+             message=r"\bNCCL error\b", tier=Tier.GENERIC),
+        sign("ProcessGroupNCCL's own report of a collective that failed or timed out",
+             message=r"Some NCCL operations have failed or timed out|NCCL communicator was aborted",
+             tier=Tier.GENERIC),
+    )),
+    Family(F.oom, "vLLM ran out of memory", (
+        sign("torch raises OutOfMemoryError from every device's allocator (CUDA, HIP, XPU, NPU); MemoryError is "
+             "the host's", types=r"OutOfMemoryError|MemoryError"),
+        sign("a device allocator's out-of-memory in any wording (CUDA, HIP, NPU, XPU, HPU, the driver)",
+             message=rf"\b{_DEVICE}\b[^.\n]{{0,60}}\bout of memory\b|\bout of (?:device )?memory\b.{{0,40}}"
+                     rf"\b{_DEVICE}\b|^out of memory\b", kinds=_ERROR_LINES),
+        sign("the allocation error codes of CUDA, HIP, cuBLAS, XLA and Ascend's runtime",
+             message=r"cudaErrorMemoryAllocation|hipErrorOutOfMemory|CUBLAS_STATUS_ALLOC_FAILED|"
+                     r"\bRESOURCE_EXHAUSTED\b|ACL_ERROR_RT_MEMORY_ALLOCATION|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|"
+                     r"PI_ERROR_OUT_OF_RESOURCES|std::bad_alloc", kinds=_ERROR_LINES),
+        sign("vLLM's own word while loading the weights", message=r"not enough (?:GPU|device) memory"),
+    )),
+    Family(F.image_error, "vLLM's image cannot run it", (
+        sign("an exception raised while a module imports fails the same way every launch: a package in the image "
+             "does not load", imported=True),
+        sign("a module or name that cannot be imported is missing from the image",
+             types=r"ModuleNotFoundError|ImportError"),
+        sign("a compiled library that cannot load or resolve a symbol was built for another torch, CUDA or Python",
+             message=r"undefined symbol|cannot open shared object file|\.so[\w.]*: cannot|"
+                     r"No package metadata was found|operator \S+ does not exist|"
+                     r"Couldn't load custom C\+\+ ops|_OpNamespace"),
+        sign("a module of the image lacks an attribute another one expects: the packages do not match",
+             types=r"AttributeError", message=r"^module '[\w.]+' has no attribute"),
+        sign("the image's kernels were not built for this GPU's architecture (CUDA, ROCm, Triton's ptxas)",
+             message=r"no kernel image is available|cudaErrorNoKernelImageForDevice|invalid device function|"
+                     r"hipErrorNoBinaryForGpu|[Nn]o binary for GPU|PTX was compiled with an unsupported toolchain|"
+                     r"sm_\d+a?\b.{0,60}\b(?:not (?:supported|compatible|defined)|unsupported)|"
+                     r"\b(?:unsupported|not supported)\b.{0,40}\b(?:GPU |CUDA |compute )?arch(?:itecture)?\b|"
+                     r"\bgfx\d+\w*\b.{0,60}\b(?:not supported|unsupported)", flags=_I),
+        sign("the image's CUDA needs a newer driver than the host's",
+             message=r"NVIDIA driver on your system is too old|driver version is insufficient|"
+                     r"forward compatibility was attempted|cudaErrorInsufficientDriver|"
+                     r"unsupported display driver / cuda driver combination"),
+        sign("a CPU build of torch in an image meant for a GPU",
+             message=r"Torch not compiled with (?:CUDA|ROCm|XPU) enabled|not compiled with (?:CUDA|ROCm)"),
+    )),
+    Family(F.config_error, "vLLM rejected its configuration", (
+        sign("an exception raised while vLLM parses its arguments or builds and verifies its config is the "
+             "settings' fault", raised_in={S.args, S.config}),
+        sign("pydantic validates vLLM's config classes (ModelConfig, VllmConfig, ...): its error is a setting",
+             types=r"ValidationError", message=r"validation errors? for \w*Config\b"),
+        sign("the model named in the config is not there or not accessible (Hugging Face's own errors)",
+             types=r"RepositoryNotFoundError|GatedRepoError|RevisionNotFoundError|HFValidationError|"
+                   r"LocalEntryNotFoundError|EntryNotFoundError"),
+        sign("the model named in the config is not a model transformers or vLLM can find",
+             message=r"is not a local folder and is not a valid model identifier|does not appear to have a file "
+                     r"named|Repository Not Found|Cannot access gated repo|Unrecognized model in|"
+                     r"architectures? \[?[^\]]*\]? (?:is|are) not supported"),
+        sign("what is left for the KV cache after the weights cannot hold a request (negative or too small): "
+             "max_model_len or gpu_memory_utilization must change",
+             message=r"No available memory for the cache blocks|KV cache is needed, which is larger than the "
+                     r"available KV cache memory|Cannot auto-fit max_model_len|[Ii]nsufficient (?:memory for )?KV "
+                     r"cache|available KV cache memory[^.]{0,40}-\d"),
+        sign("a setting the GPU or the model cannot take, in vLLM's words for a rejected value",
+             types=r"ValueError|NotImplementedError|TypeError|AssertionError",
+             message=r"must be divisible by|is not supported|are not supported|not supported (?:for|with|on|by)\b|"
+                     r"only supported on GPUs with compute capability|[Uu]nknown (?:quantization|dtype|kv cache dtype)|"
+                     r"must be (?:less|greater|at least|at most|between|one of|a positive)\b|"
+                     r"max_model_len|tensor[ _]parallel[ _]size|exceeds the (?:model's|maximum)"),
+        sign("a device index beyond the GPUs there are: CUDA_VISIBLE_DEVICES or the parallel sizes",
+             message=r"invalid device ordinal|cudaErrorInvalidDevice\b"),
+    )),
+    Family(F.rendezvous_timeout, "The ranks never met at the torch.distributed rendezvous", (
+        sign("torch's store raises DistStoreError when the ranks do not all arrive in time",
+             types=r"DistStoreError", tier=Tier.GENERIC),
+        sign("a rank could not reach the store or the Gloo mesh of the others",
+             message=r"client socket has timed out after \d+ms while trying to connect|connectFullMesh|"
+                     r"Gloo connect\w* failed|Timed out waiting \d+ms for send operation|"
+                     r"waiting for clients\. \d+/\d+ clients joined"),
+        sign("a connection that fails while the process group is being set up",
+             message=r"[Cc]onnection refused|[Tt]imed out|[Tt]imeout|No route to host|Network is unreachable|"
+                     r"Name or service not known|[Cc]onnection reset", raised_in={S.distributed}),
+    )),
+    Family(F.gpu_error, "The GPU reported a fault", (
+        sign("CUDA's and HIP's codes for a kernel that faulted on the device",
+             message=r"illegal memory access|unspecified launch failure|illegal instruction|misaligned address|"
+                     r"cudaErrorIllegalAddress|cudaErrorLaunchFailure|hipErrorIllegalAddress|"
+                     r"Memory access fault by GPU|HSA_STATUS_ERROR_\w+|device-side assert triggered|"
+                     r"\bGPU [Hh]ang\b"),
+        sign("an uncorrectable ECC error: the GPU's memory failed",
+             message=r"uncorrectable ECC error|cudaErrorECCUncorrectable"),
+        sign("CUDA could not initialise the device: the driver's state (error 802: the fabric manager is not up), "
+             "not vLLM", message=r"cudaGetDeviceCount|CUDA driver initialization failed|cuInit|"
+                                 r"system not yet initialized|cudaErrorSystemNotReady", raised_in={S.device, S.other}),
+    )),
+    Family(F.hang, "A rank stopped answering", (
+        sign("the executor's wait for a worker's answer (the shared-memory queue, an RPC) ran out",
+             types=r"TimeoutError|Empty", raised_in={S.rpc}, tier=Tier.GENERIC),
+    )),
+    Family(F.engine_dead, "vLLM's engine died", (
+        sign("vLLM raises EngineDeadError in the API server once its engine core is gone: a consequence",
+             types=r"EngineDeadError", tier=Tier.CONSEQUENCE),
+    )),
+)
+
+# A line no family explains, decided by what kind of line it is and what its writer said.
+BY_KIND: tuple[Family, ...] = (
+    Family(F.nccl, "NCCL failed", (
+        sign("NCCL's WARN is its error line; one that says a call failed is NCCL's failure", kinds={K.nccl},
+             message=r"\bWARN\b.*\b(?:[Ff]ailed|[Ff]ailure|[Ee]rror|[Uu]nable|[Cc]annot|[Tt]imeout|timed out)\b"),
+        sign("ProcessGroupNCCL's error lines", kinds={K.torch}, message=r"^\S*\[E\d{4} [^\]]*ProcessGroupNCCL",
+             tier=Tier.GENERIC),
+    )),
+    Family(F.gpu_error, "The GPU or its driver reported an error", (
+        sign("a CUDA or HIP error no family names: the device or its driver reported it", kinds={K.cuda, K.python},
+             message=r"\b(?:CUDA|HIP) (?:driver )?error\b|\b(?:cuda|hip)Error\w+", tier=Tier.GENERIC),
+    )),
+)
 
 
-@dataclass
-class TracebackReader:
-    frames: list[_Frame] = field(default_factory=list)
-    open: bool = False
-
-    def feed(self, text: str) -> FamilyHit | None:
-        body = _HEADER.sub("", text, count=1)
-        if _START.search(body):
-            self.frames, self.open = [], True
-            return None
-        if not self.open:
-            return None
-        m = _FRAME.match(body)
-        if m is not None:
-            self.frames.append(_Frame(m.group("path"), m.group("func")))
-            return None
-        m = _EXCEPTION.match(body.strip())
-        if m is not None:
-            hit = _judge(self.frames, m.group("line"))
-            self.frames, self.open = [], False
-            return hit
-        if self.frames and self.frames[-1].code is None and body.strip() and not set(body.strip()) <= set("^~ "):
-            self.frames[-1].code = body.strip()
-        return None
+def _quote(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return f"`{text if len(text) <= limit else text[:limit - 1] + '…'}`"
 
 
-def _imported(frames: list[_Frame]) -> _Frame | None:
-    """The innermost module whose import raised: a ``<module>`` frame entered from an ``import`` statement (or,
-    without source lines, any ``<module>`` frame but the script's own)."""
-    found = None
-    for i in range(1, len(frames)):
-        frame, caller = frames[i], frames[i - 1]
-        if frame.func != "<module>" or any(caller.path.endswith(r) for r in _RUNPY):
-            continue
-        if caller.code is None or _IMPORT.match(caller.code):
-            found = frame
-    return found
+def _evidence(event: Event) -> str:
+    exc = event.exception
+    return exc.summary if exc is not None else event.text
 
 
-def _judge(frames: list[_Frame], exception: str) -> FamilyHit | None:
-    if not frames:
-        return None
-    module = _imported(frames)
-    if module is not None:
-        name = module_of(module.path)
-        return FamilyHit(FailureClass.image_error,
-                         f"vLLM cannot start: importing {name} failed with `{_short(exception)}` — a package in the "
-                         "image does not load (built for another torch, CUDA or Python, or a library it needs is "
-                         "missing)", exception)
-    vllm_frames = [f for f in frames if "/vllm/" in f.path]
-    innermost = vllm_frames[-1] if vllm_frames else None
-    if (innermost is not None and _CONFIG_PATH.search(innermost.path)) or any(
-            _CONFIG_FUNC.match(f.func) for f in vllm_frames):
-        return FamilyHit(FailureClass.config_error,
-                         f"vLLM rejected its configuration while building it: `{_short(exception)}`", exception)
+def what_of(family: Family, event: Event) -> str:
+    """The "what happened" clause of a family hit: the family's words, the quoted error and where it was raised."""
+    exc: PyException | None = event.exception
+    where = ""
+    if exc is not None and exc.imported is not None and family.cls is F.image_error:
+        where = f" (importing {exc.imported} failed)"
+    elif exc is not None and exc.where is not None:
+        where = f" (raised in {exc.where})"
+    return f"{family.what}: {_quote(_evidence(event))}{where}"
+
+
+def judge(event: Event) -> FamilyHit | None:
+    """The first family of the table one of whose signs holds for the event; else the first of `BY_KIND`."""
+    for table in (FAMILIES, BY_KIND):
+        for family in table:
+            for s in family.signs:
+                if s.holds(event):
+                    return FamilyHit(family.cls, s.tier, what_of(family, event), s)
     return None
-
-
-def _short(line: str, limit: int = 200) -> str:
-    return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -186,7 +186,7 @@ RULES: tuple[Rule, ...] = (
        with_mem("The kernel OOM killer killed {comm}"), flags=_I),
     rule(F.oom, C, r"earlyoom.*sending (?P<sig>SIG\w+) to process",
        with_mem("earlyoom sent {sig} to vLLM because memory ran low"), flags=_I),
-    rule(F.oom, C, r"OOMKilled[\"']?:?\s*true", with_mem("Docker reports the container was OOM-killed")),
+    rule(F.oom, C, r"OOMKilled[\"']?[:=]?\s*true", with_mem("Docker reports the container was OOM-killed")),
     # -- ports --
     rule(F.port_in_use, C, r"failed to listen on any local network address\. port: (?P<port>\d+).*EADDRINUSE",
        port_what),

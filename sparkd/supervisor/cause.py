@@ -1,0 +1,158 @@
+"""Which event of a log is the cause of a death: the decision under `classify`. Pure.
+
+Every event (`events.read_events`: the kernel's lines first, then the tail's) gets at most one finding — a class, a
+tier and the "what happened" it supports — from two readers:
+
+- the **families** (`families.py`): what the failure is by its structure — the exception's type, the subsystem it was
+  raised in, an error code, the kind of line — with a phrase only one sign among several;
+- the **rules** (`rules.py`): phrases with a specific sentence ("The head waited 601 s for the worker ...").
+
+Where both speak for one class the rule's reading is kept (its sentence names the facts); where they differ, the lower
+tier wins and, in a tie, the family (the structure over the phrase). A family of `families.BY_KIND` — a line decided
+only by its kind — speaks only where no rule does.
+
+Then the cause: the lowest tier, and within a tier the first event in time, because the first specific error is the
+root and the rest is fallout — except that an earlier event of an explaining class keeps its place over what it
+explains (`EXPLAINS`: a peer lost before an NCCL timeout). A vLLM line logged below ERROR is never evidence.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sparkd.supervisor.context import ClassifyContext
+from sparkd.supervisor.events import Event, Kind
+from sparkd.supervisor.failures import FailureClass
+from sparkd.supervisor.families import BY_KIND, FamilyHit, judge
+from sparkd.supervisor.rules import ANY, REBUILD, RULES, Rule, Tier
+from sparkd.supervisor.sentences import NO_RETRY
+from sparkd.supervisor.tracebacks import PyException
+
+__all__ = ["EXPLAINS", "Finding", "Scan", "scan"]
+
+# An earlier line of the key's class explains a later one of these classes, whatever their tiers: a rank whose peer
+# died (TCPStore closed, the peer's RPC gone) then times out in NCCL's watchdog or stops answering (issue 27).
+EXPLAINS = {FailureClass.peer_lost: frozenset({FailureClass.nccl, FailureClass.hang})}
+
+_FAMILY_DO = {FailureClass.image_error: REBUILD,
+              FailureClass.config_error: f"fix the vLLM settings in the config — {NO_RETRY}"}
+_CHAIN_MARKERS = ("The above exception was the direct cause", "During handling of the above exception")
+_VLLM_BODY = re.compile(r"^(?P<level>ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]+\] (?P<body>.*)$")
+
+
+@dataclass(frozen=True)
+class Finding:
+    cls: FailureClass
+    tier: Tier
+    what: str | None  # None: the class's default
+    do: str | None  # None: the class's default
+    evidence: str  # the line (or exception) it rests on
+    event: Event
+    rule: Rule | None = None  # the rule that read it, when one did
+
+
+@dataclass(frozen=True)
+class Scan:
+    best: Finding | None  # the cause: lowest tier, then earliest (an explaining cause first, EXPLAINS)
+    first_exception: PyException | None  # the first exception that is no consequence, in an error line
+    last_vllm_error: str | None  # the last message vLLM logged at ERROR (not a traceback's line)
+    last_errorish: str | None  # the last line that looks like an error
+    followed: Finding | None = None  # a later cause-level finding of another class that followed from the best
+
+
+_ERRORISH = re.compile(r"\b(?:\w*Error|\w*Exception|Traceback|FATAL|Fatal|ERROR)\b")
+
+
+def _rule(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier: Sequence[str]
+          ) -> tuple[Rule, re.Match[str]] | None:
+    text = event.text
+    if not ANY.search(text):
+        return None
+    for rule in RULES:
+        m = rule.pattern.search(text)
+        if m is None or (rule.when is not None and not rule.when(m, exit_code, ctx)):
+            continue
+        if rule.unless_after is not None and any(rule.unless_after.search(line) for line in earlier):
+            continue
+        return rule, m  # the first listed rule wins for a line
+    return None
+
+
+def _from_family(hit: FamilyHit, event: Event) -> Finding:
+    evidence = event.exception.stated if event.exception is not None else event.text
+    return Finding(hit.cls, hit.tier, hit.what, _FAMILY_DO.get(hit.cls), evidence, event)
+
+
+def _finding(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier: Sequence[str]) -> Finding | None:
+    matched = _rule(event, exit_code, ctx, earlier)
+    rule_found = None
+    if matched is not None:
+        rule, m = matched
+        rule_found = Finding(rule.cls, rule.tier, rule.what(m, ctx) if rule.what is not None else None, rule.do,
+                             event.text, event, rule)
+    if event.below_error:
+        return rule_found
+    hit = judge(event)
+    if hit is None:
+        return rule_found
+    if any(hit.sign in family.signs for family in BY_KIND):
+        return rule_found or _from_family(hit, event)
+    if rule_found is None:
+        return _from_family(hit, event)
+    if rule_found.cls is hit.cls or rule_found.tier < hit.tier:
+        return rule_found
+    return _from_family(hit, event)
+
+
+def _better(hit: Finding, best: Finding | None) -> bool:
+    """Is `hit` (later than `best`) the better root cause? The lower tier, else the earlier — except that an earlier
+    finding of an explaining class keeps its place over what it explains (`EXPLAINS`)."""
+    if best is None:
+        return True
+    if hit.cls in EXPLAINS.get(best.cls, frozenset()):
+        return False
+    return hit.tier < best.tier
+
+
+def _last_vllm_error(event: Event) -> str | None:
+    """vLLM's own error message on this line, when it is one (not a line of a traceback vLLM logged)."""
+    if event.kind is not Kind.vllm or event.exception is not None:
+        return None
+    m = _VLLM_BODY.match(event.text)
+    if m is None:
+        return None
+    body = m.group("body")
+    if not body.strip() or body[:1].isspace() or body.startswith(("Traceback", "File ", *_CHAIN_MARKERS)) or \
+            set(body.strip()) <= set("^~ "):
+        return None
+    return event.text
+
+
+def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -> Scan:
+    best: Finding | None = None
+    first_exception: PyException | None = None
+    last_vllm_error = last_errorish = None
+    findings: list[Finding] = []
+    earlier: list[str] = []
+    for event in events:
+        if event.from_log and not event.below_error and _ERRORISH.search(event.text):
+            last_errorish = event.text
+        last_vllm_error = _last_vllm_error(event) or last_vllm_error
+        found = _finding(event, exit_code, ctx, earlier)
+        earlier.append(event.text)
+        exc = event.exception
+        if exc is not None and first_exception is None and not event.below_error and (
+                found is None or found.tier < Tier.CONSEQUENCE):
+            first_exception = exc
+        if found is None:
+            continue
+        findings.append(found)
+        if _better(found, best):
+            best = found
+    followed = None
+    if best is not None:
+        followed = next((f for f in findings if f.event.index > best.event.index and f.cls is not best.cls
+                         and f.tier <= Tier.GENERIC), None)
+    return Scan(best, first_exception, last_vllm_error, last_errorish, followed)

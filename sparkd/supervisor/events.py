@@ -1,0 +1,170 @@
+"""A log tail read as events: each line with the process that wrote it, its level and time, what kind of line it is,
+and the Python exception it ends, if any. Pure.
+
+The classifier decides from events, not raw lines. Kinds, by who wrote the line:
+
+- ``vllm``: vLLM's own logger (``ERROR 11-26 01:23:45 [core.py:866] ...``);
+- ``python``: the line that ends a Python traceback, or an exception line quoted alone (:mod:`tracebacks`);
+- ``nccl``: NCCL's (or RCCL's) debug lines, ``host:pid:tid [dev] NCCL WARN ...`` / ``NCCL INFO ...``;
+- ``torch``: torch's C++ logging, c10d and ProcessGroupNCCL (``[rank0]:[E1126 01:23:45.1 ProcessGroupNCCL.cpp:632]``);
+- ``cuda``: a CUDA, HIP or driver error printed outside a Python exception (``Failed: Cuda error ...``);
+- ``ray``: Ray's own lines (``(raylet)``, ``ray.exceptions...``);
+- ``kernel``: the kernel's (dmesg, ``journalctl -k``): NVRM and Xid, PCIe AER, OOM kills — the daemon passes these in
+  from the kernel log (`ClassifyContext.kernel_lines`), and they count as logged before the tail;
+- ``other``: the rest.
+
+The decoration in front of a line is removed first: ANSI colours, vLLM's ``(EngineCore_DP0 pid=N)`` and the prefixes
+launchers put before it (Ray's ``(MapWorker(...) pid=N, ip=...)``, a CI runner's or the journal's timestamp,
+kubectl's pod and container), and tqdm's ``\\r`` frames are split.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sparkd.supervisor.logline import segments_of
+from sparkd.supervisor.tracebacks import PyException, TracebackParser
+
+__all__ = ["Event", "Kind", "read_events"]
+
+OOM_KILLED = "docker inspect: State.OOMKilled=true"
+
+
+class Kind(StrEnum):
+    vllm = "vllm"
+    python = "python"
+    nccl = "nccl"
+    torch = "torch"
+    cuda = "cuda"
+    ray = "ray"
+    kernel = "kernel"
+    other = "other"
+
+
+# A process prefix anywhere in a line's lead (after a launcher's own prefix): `(Worker_TP0 pid=5) `, Ray's
+# `(MapWorker(MapBatches(vLLMEngineActor)) pid=1202, ip=10.0.0.1) `; names may nest one level of parentheses twice.
+_PROCESS = re.compile(r"\((?P<process>[A-Za-z_][\w.\-]*(?:\((?:[^()]|\([^()]*\))*\))?) pid=\d{1,18}"
+                      r"(?:, ip=[^)]*)?\)[ \t]?")
+_LEAD_LIMIT = 160  # a prefix further into the line is text, not decoration
+_VLLM = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
+                   r"\[[^\]]+\] ")
+_VLLM_ANYWHERE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:")
+_GLOG = re.compile(r"^(?:\[rank\d+\]:)?\[(?P<level>[EWIF])(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d)[.\d]* [^\]]*\]")
+_GLOG_LEVEL = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}
+_NCCL = re.compile(r"\b[NR]CCL (?P<level>WARN|INFO|ERROR|ABORT)\b")
+_KERNEL = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?(?:\S+ kernel: )?(?:NVRM: |pcieport |nvidia |.*\bAER: |"
+                     r"Out of memory: Killed process|.*\boom-kill|.*\bearlyoom\b|OOMKilled)", re.IGNORECASE)
+_CUDA = re.compile(r"\b(?:CUDA|Cuda|HIP|hip) (?:driver )?(?:error|failure)\b|\b(?:cuda|hip)Error\w+|"
+                   r"\bCUBLAS_STATUS_\w+|\bCUDNN_STATUS_\w+|Memory access fault by GPU")
+_RAY = re.compile(r"^\(raylet\)|\bray\.exceptions\.|\bRay(?:Actor|Task|Worker)?Error\b|\bActorDiedError\b|"
+                  r"\(gcs_server\)|\braylet\b")
+_TIME_LEAD = re.compile(r"^(?P<time>\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]?|"
+                        r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)")
+
+
+@dataclass(frozen=True)
+class Event:
+    index: int  # position in the scan: the kernel's lines first, then the tail's in order
+    text: str  # the line undecorated (vLLM's header kept): what rules match and what evidence quotes
+    kind: Kind
+    process: str | None = None
+    level: str | None = None  # ERROR, WARNING, INFO ... as the writer put it (NCCL's WARN is WARNING)
+    time: str | None = None  # as the writer printed it
+    from_log: bool = True  # False: the kernel's lines and Docker's word, passed in beside the tail
+    exception: PyException | None = None  # the exception this line ends
+
+    @property
+    def below_error(self) -> bool:
+        """A vLLM line logged below ERROR: a warning explains no death (NCCL's WARN is its error, and counts)."""
+        return self.kind is not Kind.kernel and self.from_log and self.vllm_level in ("DEBUG", "INFO", "WARNING")
+
+    @property
+    def vllm_level(self) -> str | None:
+        m = _VLLM.match(self.text)
+        return m.group("level") if m else None
+
+
+def _undecorate(raw: str) -> tuple[tuple[str, ...], str | None, str | None]:
+    """(frames, process, the launcher's time in front) of a raw line."""
+    frames, process = segments_of(raw)
+    out: list[str] = []
+    lead_time = None
+    for frame in frames:
+        text = frame
+        while True:  # a launcher's prefix, then vLLM's: keep the last process named
+            m = _PROCESS.search(text, 0, _LEAD_LIMIT)
+            if m is None:
+                break
+            lead = text[:m.start()]
+            if lead.strip() and not _plausible_lead(lead):
+                break
+            t = _TIME_LEAD.match(lead.strip())
+            lead_time = lead_time or (t.group("time").strip("[]") if t else None)
+            process, text = _innermost(m.group("process")), text[m.end():]
+        t = _TIME_LEAD.match(text)  # a CI runner's timestamp right before vLLM's header
+        if t is not None and _VLLM.match(text[t.end():].lstrip()):
+            lead_time, text = lead_time or t.group("time").strip("[]"), text[t.end():].lstrip()
+        out.append(text)
+    return tuple(out), process, lead_time
+
+
+def _plausible_lead(lead: str) -> bool:
+    """Text before a process prefix that a launcher writes (a timestamp, kubectl's pod and container, the journal's
+    host and unit), not a message that happens to quote a prefix."""
+    return _VLLM_ANYWHERE.search(lead) is None and not any(
+        word in lead for word in ("Error", "error", "Exception", "Traceback", "File \""))
+
+
+def _innermost(name: str) -> str:
+    """Ray's ``MapWorker(MapBatches(vLLMEngineActor))`` → ``vLLMEngineActor``; vLLM's names stay."""
+    while "(" in name and name.endswith(")"):
+        name = name[name.index("(") + 1:-1]
+    return name
+
+
+def _kind_level_time(text: str, from_log: bool) -> tuple[Kind, str | None, str | None]:
+    if not from_log or _KERNEL.match(text):
+        return Kind.kernel, "ERROR", None
+    m = _VLLM.match(text)
+    if m is not None:
+        return Kind.vllm, m.group("level"), m.group("time")
+    g = _GLOG.match(text)
+    if g is not None:
+        md = g.group("md")
+        return Kind.torch, _GLOG_LEVEL[g.group("level")], f"{md[:2]}-{md[2:]} {g.group('hms')}"
+    n = _NCCL.search(text)
+    if n is not None:
+        return Kind.nccl, "WARNING" if n.group("level") == "WARN" else n.group("level"), None
+    if _RAY.search(text):
+        return Kind.ray, None, None
+    if _CUDA.search(text):
+        return Kind.cuda, "ERROR", None
+    return Kind.other, None, None
+
+
+def read_events(log_tail: Sequence[str], kernel_lines: Sequence[str] = (), oom_killed: bool | None = None
+                ) -> list[Event]:
+    """The events of a tail, in scan order: Docker's OOMKilled and the kernel's lines first (the root of what vLLM
+    logs after them), then every frame of every line of the tail, each line's Python exception attached."""
+    raw_events: list[tuple[str, bool, str | None, str | None]] = []
+    if oom_killed:
+        raw_events.append((OOM_KILLED, False, None, None))
+    raw_events += [(line, False, None, None) for line in kernel_lines]
+    for raw in log_tail:
+        frames, process, lead_time = _undecorate(raw)
+        raw_events += [(text, True, process, lead_time) for text in frames]
+    parser = TracebackParser()
+    for index, (text, from_log, process, _) in enumerate(raw_events):
+        if from_log:
+            parser.feed(index, text, process)
+    events: list[Event] = []
+    for index, (text, from_log, process, lead_time) in enumerate(raw_events):
+        kind, level, time = _kind_level_time(text, from_log)
+        exception = parser.found.get(index)
+        if exception is not None and kind in (Kind.other, Kind.vllm, Kind.cuda, Kind.ray):
+            kind = Kind.python
+        events.append(Event(index, text, kind, process, level, time or lead_time, from_log, exception))
+    return events

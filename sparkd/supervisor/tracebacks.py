@@ -1,0 +1,288 @@
+"""Python tracebacks read from a log: each exception with its type, message, frames and chain. Pure.
+
+A log holds the tracebacks of several processes, interleaved line by line (vLLM puts ``(EngineCore_DP0 pid=N)`` in
+front of each), often cut at the top (an issue's excerpt starts mid-traceback) and often with vLLM's header on every
+line. :class:`TracebackParser` is fed one undecorated line at a time, with its process, and answers on the line that
+ends a traceback (the exception line ``torch.OutOfMemoryError: CUDA out of memory ...``) with a :class:`PyException`:
+
+- ``type`` as printed (``torch.OutOfMemoryError``; Ray's ``RayTaskError(ValueError)`` is read as the wrapped
+  ``ValueError``), ``message`` with the indented lines that continue it (pydantic's ``Value error, ...``);
+- ``frames``, outermost first, each with its file, function and source line, and the subsystem it lies in;
+- ``cause``: the exception this one was raised from (``The above exception was the direct cause of the following
+  exception:``) or while handling (``During handling of the above exception, another exception occurred:``).
+  Python prints the earlier exception first, so a chain's root is the first one logged.
+
+An exception line with no traceback above it (``ValueError: ...`` quoted alone, or logged by vLLM as a message) is an
+exception with no frames.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+__all__ = ["Frame", "PyException", "Subsystem", "TracebackParser", "exception_line", "module_of"]
+
+_HEADER = re.compile(r"^(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]+\] ?)?")
+_RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+_START = re.compile(r"Traceback \(most recent call last\):\s*$")
+_FRAME = re.compile(r'^\s*File ["“](?P<path>[^"”]+)["”], line \d{1,9}, in (?P<func>\S+)\s*$')
+_CAUSE = "The above exception was the direct cause of the following exception:"
+_CONTEXT = "During handling of the above exception, another exception occurred:"
+# `pkg.mod.TypeName: message`, or Ray's wrapper `ray.exceptions.RayTaskError(ValueError): ...`
+_EXCEPTION = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?P<name>[A-Za-z_]\w*))(?:\((?P<inner>(?:[A-Za-z_]\w*\.)*"
+                        r"[A-Za-z_]\w*)\))?(?::(?:\s(?P<message>.*))?)?$")
+_EXCEPTION_NAME = re.compile(r"(?:Error|Exception)$")  # what a type alone must end in to be read outside a traceback
+_BARE_IN_TRACEBACK = re.compile(r"(?:Error|Exception|Exit|Interrupt|StopIteration|Failed|Unsupported)$")
+_KEYWORDS = frozenset({"raise", "return", "pass", "yield", "await", "break", "continue", "else", "try", "finally"})
+_SITE = re.compile(r"^.*?/(?:site-packages|dist-packages)/")
+_RUNPY = ("<frozen runpy>", "runpy.py")
+_IMPORT = re.compile(r"^\s*(?:from\s+[\w.]+\s+)?import\s")
+_CONTINUATION_LINES = 3
+_MAX_MESSAGE = 1000
+
+
+class Subsystem(StrEnum):
+    """Where in vLLM (or under it) a frame lies: a failure while vLLM reads its arguments or builds its config is not
+    the same as one while it loads the weights, brings up the device or the process group, or runs the engine."""
+
+    args = "argument parsing"
+    config = "configuration"
+    device = "device initialisation"
+    distributed = "distributed initialisation"
+    loading = "model loading"
+    kv_cache = "KV cache sizing"
+    rpc = "the executor's RPC"
+    step = "the engine's step"
+    other = "elsewhere"
+
+
+# Outermost first within a row; the innermost frame that matches a row names the subsystem (rows in order).
+_SUBSYSTEMS: tuple[tuple[Subsystem, re.Pattern[str]], ...] = (
+    (Subsystem.args, re.compile(r"/argparse\.py:|/vllm/(?:entrypoints/cli/|engine/arg_utils\.py:(?:parse|add_cli)|"
+                                r"utils/argparse_utils\.py:)")),
+    (Subsystem.config, re.compile(r"/vllm/(?:config/|engine/arg_utils\.py:|transformers_utils/config\.py:)|"
+                                  r":(?:verify_\w+|create_engine_config|create_model_config|"
+                                  r"create_speculative_config|_verify_\w+)$")),
+    (Subsystem.kv_cache, re.compile(r":(?:determine_available_memory|_?check_enough_kv_cache_memory|"
+                                    r"get_kv_cache_configs?|request_memory|_initialize_kv_caches|"
+                                    r"initialize_kv_cache\w*)$")),
+    (Subsystem.rpc, re.compile(r"/vllm/distributed/device_communicators/shm_broadcast\.py:|"
+                               r":(?:collective_rpc|get_response|dequeue|acquire_read)$")),
+    (Subsystem.distributed, re.compile(r"/torch/distributed/(?:rendezvous|distributed_c10d)\.py:|"
+                                       r":(?:init_distributed_environment|init_worker_distributed_environment|"
+                                       r"initialize_model_parallel|init_process_group|ensure_model_parallel_"
+                                       r"initialized)$")),
+    (Subsystem.device, re.compile(r"/torch/cuda/__init__\.py:|:(?:init_device|_lazy_init|set_device)$")),
+    (Subsystem.loading, re.compile(r"/vllm/model_executor/model_loader/|/safetensors/|/huggingface_hub/|"
+                                   r":(?:load_model|load_weights|from_pretrained|hf_hub_download|snapshot_download)$")),
+    (Subsystem.step, re.compile(r":(?:execute_model|sample_tokens|run_busy_loop|step|_process_engine_step|"
+                                r"execute_dummy_batch|capture_model|_dummy_run|profile_run)$")),
+)
+
+
+def module_of(path: str) -> str:
+    """``/usr/lib/python3/dist-packages/torchvision/_meta_registrations.py`` → ``torchvision._meta_registrations``;
+    outside site-packages, the file's folder and name (``/opt/x/torchvision/io.py`` → ``torchvision.io``)."""
+    m = _SITE.match(path)
+    if m is not None:
+        rest = path[m.end():]
+    elif "/vllm/" in path:  # a source checkout (`/opt/vllm-source/vllm/v1/engine/core.py`)
+        rest = path[path.rindex("/vllm/") + 1:]
+    else:
+        rest = "/".join(path.split("/")[-2:])
+    parts = rest.removesuffix(".py").split("/")
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(p for p in parts if p)
+
+
+@dataclass(frozen=True)
+class Frame:
+    path: str
+    func: str
+    code: str | None = None  # the source line Python printed under it, when it did
+
+    @property
+    def where(self) -> str:
+        """``vllm.v1.worker.gpu_worker.init_device``."""
+        return f"{module_of(self.path)}.{self.func}"
+
+
+@dataclass(frozen=True)
+class PyException:
+    type: str  # as printed, e.g. torch.OutOfMemoryError (a Ray wrapper's wrapped type)
+    message: str  # the message, with the indented lines that continue it
+    line: str  # the exception line as logged (undecorated, vLLM's header kept): the evidence
+    index: int  # the scan position of that line
+    process: str | None
+    frames: tuple[Frame, ...] = ()
+    cause: PyException | None = None  # raised from (or while handling) this one
+    wrapper: str | None = None  # Ray's wrapper type, when the exception came through one
+
+    @property
+    def stated(self) -> str:
+        """The exception line as Python printed it, without vLLM's header: the evidence a sentence quotes."""
+        return _RAY_REPEAT.sub("", _HEADER.sub("", self.line, count=1)).strip()
+
+    @property
+    def name(self) -> str:
+        """The type without its module: ``OutOfMemoryError``."""
+        return self.type.rsplit(".", 1)[-1]
+
+    @property
+    def root(self) -> PyException:
+        """The first exception of the chain: the one everything after it was raised from."""
+        found = self
+        while found.cause is not None:
+            found = found.cause
+        return found
+
+    @property
+    def chain(self) -> tuple[PyException, ...]:
+        """Root first, this one last."""
+        links: list[PyException] = []
+        found: PyException | None = self
+        while found is not None:
+            links.append(found)
+            found = found.cause
+        return tuple(reversed(links))
+
+    @property
+    def summary(self) -> str:
+        """``Type: first line of the message``."""
+        first = self.message.split("\n", 1)[0]
+        return f"{self.type}: {first}" if first else self.type
+
+    @property
+    def where(self) -> str | None:
+        """The innermost frame: where it was raised."""
+        return self.frames[-1].where if self.frames else None
+
+    @property
+    def subsystem(self) -> Subsystem:
+        """The subsystem of the innermost frame that lies in one (an import is not a subsystem: see `imported`)."""
+        for frame in reversed(self.frames):
+            key = f"{frame.path}:{frame.func}"
+            for subsystem, pattern in _SUBSYSTEMS:
+                if pattern.search(key):
+                    return subsystem
+        return Subsystem.other
+
+    @property
+    def imported(self) -> str | None:
+        """The innermost module whose import raised it (a ``<module>`` frame entered from an ``import`` statement, or
+        without source lines any ``<module>`` frame but the script's own), as a module name; None when none did."""
+        found = None
+        for caller, frame in zip(self.frames, self.frames[1:], strict=False):
+            if frame.func != "<module>" or any(caller.path.endswith(r) for r in _RUNPY):
+                continue
+            if caller.code is None or _IMPORT.match(caller.code):
+                found = frame
+        return module_of(found.path) if found is not None else None
+
+
+def exception_line(body: str, *, in_traceback: bool) -> re.Match[str] | None:
+    """The match of an exception line (header removed), or None. Outside a traceback the type must say it is an
+    exception (``...Error``/``...Exception``) and carry a message; inside, the line after the frames is the exception
+    whatever its name, as long as it reads like a type (CamelCase, not a statement)."""
+    text = body.strip()
+    if not text or text.startswith(("File ", "Traceback")):
+        return None
+    m = _EXCEPTION.match(text)
+    if m is None or m.group("name") in _KEYWORDS:
+        return None
+    name = m.group("name")
+    named = _EXCEPTION_NAME.search(name) is not None or (m.group("inner") or "").endswith(("Error", "Exception"))
+    if in_traceback:
+        bare = _BARE_IN_TRACEBACK.search(name) is not None
+        return m if (named or bare or (name[:1].isupper() and (":" in text or "." in m.group("type")))) else None
+    return m if named and m.group("message") else None
+
+
+@dataclass
+class _Open:
+    """A traceback being read in one process."""
+
+    frames: list[Frame] = field(default_factory=list)
+    linked: bool = False  # a chain marker came before this traceback
+
+
+@dataclass
+class _State:
+    open: _Open | None = None
+    last: PyException | None = None  # the last exception this process logged (a chain's earlier link)
+    pending_link: bool = False  # a chain marker was read and no traceback started since
+    continuing: PyException | None = None  # the exception whose message may continue on the next lines
+    continued: int = 0
+
+
+@dataclass
+class TracebackParser:
+    """Fed every undecorated line in log order; answers with an exception on the line that ends one. `found` holds
+    each exception as it stands once its message's continuation lines are read."""
+
+    states: dict[str | None, _State] = field(default_factory=dict)
+    found: dict[int, PyException] = field(default_factory=dict)  # by the index of the line that ends each, final
+
+    def feed(self, index: int, text: str, process: str | None) -> PyException | None:
+        state = self.states.setdefault(process, _State())
+        body = _RAY_REPEAT.sub("", _HEADER.sub("", text, count=1))
+        if self._continues(state, body):
+            return None
+        if _START.search(body):
+            state.open = _Open(linked=state.pending_link)
+            state.pending_link = False
+            return None
+        if body.strip() in (_CAUSE, _CONTEXT):
+            state.pending_link, state.open = True, None
+            return None
+        m = _FRAME.match(body)
+        if m is not None:
+            if state.open is None:  # an excerpt that starts mid-traceback
+                state.open = _Open(linked=state.pending_link)
+            state.open.frames.append(Frame(m.group("path"), m.group("func")))
+            return None
+        found = exception_line(body, in_traceback=state.open is not None and bool(state.open.frames))
+        if found is None:
+            self._code_line(state, body)
+            return None
+        return self._ended(state, found, index, text, process)
+
+    def _code_line(self, state: _State, body: str) -> None:
+        opened = state.open
+        stripped = body.strip()
+        if opened is None or not opened.frames or not stripped or set(stripped) <= set("^~ "):
+            return
+        last = opened.frames[-1]
+        if last.code is None:
+            opened.frames[-1] = replace(last, code=stripped)
+
+    def _ended(self, state: _State, m: re.Match[str], index: int, text: str, process: str | None) -> PyException:
+        opened = state.open
+        linked = opened.linked if opened is not None else state.pending_link
+        inner, outer = m.group("inner"), m.group("type")
+        exc = PyException(type=inner or outer, message=(m.group("message") or "").strip()[:_MAX_MESSAGE],
+                          line=text.strip(), index=index, process=process,
+                          frames=tuple(opened.frames) if opened is not None else (),
+                          cause=state.last if linked else None, wrapper=outer if inner else None)
+        state.open, state.pending_link, state.last = None, False, exc
+        state.continuing, state.continued = exc, 0
+        self.found[index] = exc
+        return exc
+
+    def _continues(self, state: _State, body: str) -> bool:
+        """An indented line right after an exception line continues its message (pydantic's detail lines)."""
+        exc = state.continuing
+        if exc is None or state.continued >= _CONTINUATION_LINES:
+            state.continuing = None
+            return False
+        if not body.startswith((" ", "\t")) or not body.strip() or _FRAME.match(body) or _START.search(body):
+            state.continuing = None
+            return False
+        updated = replace(exc, message=f"{exc.message}\n{body.strip()}"[:_MAX_MESSAGE])
+        state.continued += 1
+        state.continuing = state.last = updated
+        self.found[exc.index] = updated
+        return True
