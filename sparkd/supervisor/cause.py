@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
-from sparkd.supervisor.families import BY_KIND, FamilyHit, judge
+from sparkd.supervisor.families import FamilyHit, judge, quote
+from sparkd.supervisor.logline import VLLM_HEADER
 from sparkd.supervisor.rules import ANY, REBUILD, RULES, Rule, Tier
 from sparkd.supervisor.sentences import NO_RETRY
 from sparkd.supervisor.tracebacks import PyException
@@ -39,7 +40,6 @@ EXPLAINS = {FailureClass.peer_lost: frozenset({FailureClass.nccl, FailureClass.h
 _FAMILY_DO = {FailureClass.image_error: REBUILD,
               FailureClass.config_error: f"fix the vLLM settings in the config — {NO_RETRY}"}
 _CHAIN_MARKERS = ("The above exception was the direct cause", "During handling of the above exception")
-_VLLM_BODY = re.compile(r"^(?P<level>ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]+\] (?P<body>.*)$")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class Finding:
     evidence: str  # the line (or exception) it rests on
     event: Event
     rule: Rule | None = None  # the rule that read it, when one did
+    quoted: str | None = None  # the line it read, quoted, when `what` does not carry it
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,17 @@ def _rule(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier: Se
     return None
 
 
+def _quoted(what: str | None, event: Event) -> str | None:
+    """The line a rule read, quoted, when its "what happened" does not already carry it: the operator sees the cause
+    as vLLM (or torch, NCCL, the kernel) put it."""
+    exc = event.exception
+    stated = exc.stated if exc is not None else VLLM_HEADER.sub("", event.text, count=1)
+    core = (exc.message if exc is not None and exc.message else stated)[:40].strip()
+    if not core or (what is not None and core in what):
+        return None
+    return quote(stated)
+
+
 def _from_family(hit: FamilyHit, event: Event) -> Finding:
     evidence = event.exception.stated if event.exception is not None else event.text
     return Finding(hit.cls, hit.tier, hit.what, _FAMILY_DO.get(hit.cls), evidence, event)
@@ -90,14 +102,13 @@ def _finding(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier:
     rule_found = None
     if matched is not None:
         rule, m = matched
-        rule_found = Finding(rule.cls, rule.tier, rule.what(m, ctx) if rule.what is not None else None, rule.do,
-                             event.text, event, rule)
-    if event.below_error:
-        return rule_found
+        what = rule.what(m, ctx) if rule.what is not None else None
+        rule_found = Finding(rule.cls, rule.tier, what, rule.do, event.text, event, rule,
+                             quoted=_quoted(what, event) if rule.tier < Tier.CONSEQUENCE else None)
     hit = judge(event)
     if hit is None:
         return rule_found
-    if any(hit.sign in family.signs for family in BY_KIND):
+    if hit.by_kind:
         return rule_found or _from_family(hit, event)
     if rule_found is None:
         return _from_family(hit, event)
@@ -120,10 +131,10 @@ def _last_vllm_error(event: Event) -> str | None:
     """vLLM's own error message on this line, when it is one (not a line of a traceback vLLM logged)."""
     if event.kind is not Kind.vllm or event.exception is not None:
         return None
-    m = _VLLM_BODY.match(event.text)
-    if m is None:
+    m = VLLM_HEADER.match(event.text)
+    if m is None or m.group("level") not in ("ERROR", "CRITICAL"):
         return None
-    body = m.group("body")
+    body = event.text[m.end():]
     if not body.strip() or body[:1].isspace() or body.startswith(("Traceback", "File ", *_CHAIN_MARKERS)) or \
             set(body.strip()) <= set("^~ "):
         return None

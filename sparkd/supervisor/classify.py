@@ -95,16 +95,17 @@ class _Sentence:
         self.how = _how(exit_code, sig)
 
     def __call__(self, cls: FailureClass, what: str, do: str, evidence: str | None, *, with_how: bool = True,
-                 ) -> Failure:
+                 quoted: str | None = None) -> Failure:
         middle = f" ({self.how})" if self.how and with_how else ""
-        return Failure(cls, f"{what}{middle}; {do}.", self.exit_code, self.sig, _evidence(evidence))
+        said = f": {quoted}" if quoted else ""
+        return Failure(cls, f"{what}{middle}{said}; {do}.", self.exit_code, self.sig, _evidence(evidence))
 
 
 def _from_hint(hint: FailureClass, found: Scan, ctx: ClassifyContext, make: _Sentence) -> Failure:
     hit = found.best
     evidence = hit.evidence if hit is not None else None
     if hit is not None and hit.cls is hint and hit.what is not None:
-        return make(hint, hit.what, hit.do or default_do(hint), evidence)
+        return make(hint, hit.what, hit.do or default_do(hint), evidence, quoted=hit.quoted)
     what = default_what(hint)
     if hint in (FailureClass.oom, FailureClass.killed_by_guard):
         what += mem_note(ctx)
@@ -128,7 +129,7 @@ def _from_finding(found: Scan, make: _Sentence) -> Failure:
     followed = found.followed
     if followed is not None and followed.cls in EXPLAINS.get(hit.cls, frozenset()):
         what += f"; {_quote(followed.evidence)} came after it, as its consequence"
-    return make(hit.cls, what, hit.do or default_do(hit.cls), evidence)
+    return make(hit.cls, what, hit.do or default_do(hit.cls), evidence, quoted=hit.quoted)
 
 
 def _raised(where: str | None) -> str:
@@ -216,7 +217,7 @@ def classify(
                     "spending the restart budget", evidence)
     if exit_code in (126, 127) and signal is None:
         what, do = _launch_error(exit_code, found.best, ctx.launch_target)
-        return make(FailureClass.config_error, what, do, evidence)
+        return make(FailureClass.config_error, what, do, evidence)  # the shell's line says it all
     if found.best is not None:
         return _from_finding(found, make)
     return _unmatched(found, ctx, make)

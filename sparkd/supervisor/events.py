@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sparkd.supervisor.logline import segments_of
+from sparkd.supervisor.logline import VLLM_HEADER, segments_of_process
 from sparkd.supervisor.tracebacks import PyException, TracebackParser
 
 __all__ = ["Event", "Kind", "read_events"]
@@ -46,11 +46,10 @@ class Kind(StrEnum):
 
 # A process prefix anywhere in a line's lead (after a launcher's own prefix): `(Worker_TP0 pid=5) `, Ray's
 # `(MapWorker(MapBatches(vLLMEngineActor)) pid=1202, ip=10.0.0.1) `; names may nest one level of parentheses twice.
-_PROCESS = re.compile(r"\((?P<process>[A-Za-z_][\w.\-]*(?:\((?:[^()]|\([^()]*\))*\))?) pid=\d{1,18}"
+_PROCESS = re.compile(r"\((?P<process>[A-Za-z_][\w.\-]*(?:\((?:[^()]|\([^()]*\))*\))?) pid=(?P<pid>\d{1,18})"
                       r"(?:, ip=[^)]*)?\)[ \t]?")
 _LEAD_LIMIT = 160  # a prefix further into the line is text, not decoration
-_VLLM = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
-                   r"\[[^\]]+\] ")
+_VLLM = VLLM_HEADER
 _VLLM_ANYWHERE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:")
 _GLOG = re.compile(r"^(?:\[rank\d+\]:)?\[(?P<level>[EWIF])(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d)[.\d]* [^\]]*\]")
 _GLOG_LEVEL = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}
@@ -61,6 +60,10 @@ _CUDA = re.compile(r"\b(?:CUDA|Cuda|HIP|hip) (?:driver )?(?:error|failure)\b|\b(
                    r"\bCUBLAS_STATUS_\w+|\bCUDNN_STATUS_\w+|Memory access fault by GPU")
 _RAY = re.compile(r"^\(raylet\)|\bray\.exceptions\.|\bRay(?:Actor|Task|Worker)?Error\b|\bActorDiedError\b|"
                   r"\(gcs_server\)|\braylet\b")
+# What launchers put in front of a line, at its start: torchrun's `[rank0]:` (not torch's own `[rank0]:[W...]`), docker
+# compose's `service  | `, the journal's `Feb 21 21:17:57 host unit[pid]: `, a CI runner's or Docker's timestamp.
+_LEAD = re.compile(r"^(?:\[rank\d+\]: ?(?!\[[EWIF]\d{4} )|[\w.-]+ +\| ?|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ "
+                   r"[\w@.\-]+(?:\[\d+\])?: |\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]? )")
 _TIME_LEAD = re.compile(r"^(?P<time>\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]?|"
                         r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)")
 
@@ -87,28 +90,35 @@ class Event:
         return m.group("level") if m else None
 
 
-def _undecorate(raw: str) -> tuple[tuple[str, ...], str | None, str | None]:
-    """(frames, process, the launcher's time in front) of a raw line."""
-    frames, process = segments_of(raw)
+@dataclass(frozen=True)
+class _Line:
+    frames: tuple[str, ...]
+    process: str | None
+    pid: int | None
+    lead_time: str | None  # the launcher's time in front
+
+
+def _undecorate(raw: str) -> _Line:
+    frames, process, pid = segments_of_process(raw)
     out: list[str] = []
     lead_time = None
     for frame in frames:
         text = frame
-        while True:  # a launcher's prefix, then vLLM's: keep the last process named
+        while True:  # launchers' prefixes, then vLLM's: keep the last process named
+            lead = _LEAD.match(text)
+            if lead is not None:
+                t = _TIME_LEAD.match(lead.group(0))
+                lead_time = lead_time or (t.group("time").strip("[]") if t else None)
+                text = text[lead.end():]
+                continue
             m = _PROCESS.search(text, 0, _LEAD_LIMIT)
-            if m is None:
+            if m is None or not _plausible_lead(text[:m.start()]):
                 break
-            lead = text[:m.start()]
-            if lead.strip() and not _plausible_lead(lead):
-                break
-            t = _TIME_LEAD.match(lead.strip())
+            t = _TIME_LEAD.match(text[:m.start()].strip())
             lead_time = lead_time or (t.group("time").strip("[]") if t else None)
-            process, text = _innermost(m.group("process")), text[m.end():]
-        t = _TIME_LEAD.match(text)  # a CI runner's timestamp right before vLLM's header
-        if t is not None and _VLLM.match(text[t.end():].lstrip()):
-            lead_time, text = lead_time or t.group("time").strip("[]"), text[t.end():].lstrip()
+            process, pid, text = _innermost(m.group("process")), int(m.group("pid")), text[m.end():]
         out.append(text)
-    return tuple(out), process, lead_time
+    return _Line(tuple(out), process, pid, lead_time)
 
 
 def _plausible_lead(lead: str) -> bool:
@@ -149,19 +159,20 @@ def read_events(log_tail: Sequence[str], kernel_lines: Sequence[str] = (), oom_k
                 ) -> list[Event]:
     """The events of a tail, in scan order: Docker's OOMKilled and the kernel's lines first (the root of what vLLM
     logs after them), then every frame of every line of the tail, each line's Python exception attached."""
-    raw_events: list[tuple[str, bool, str | None, str | None]] = []
+    raw_events: list[tuple[str, bool, _Line | None]] = []
     if oom_killed:
-        raw_events.append((OOM_KILLED, False, None, None))
-    raw_events += [(line, False, None, None) for line in kernel_lines]
+        raw_events.append((OOM_KILLED, False, None))
+    raw_events += [(kernel, False, None) for kernel in kernel_lines]
     for raw in log_tail:
-        frames, process, lead_time = _undecorate(raw)
-        raw_events += [(text, True, process, lead_time) for text in frames]
+        read = _undecorate(raw)
+        raw_events += [(text, True, read) for text in read.frames]
     parser = TracebackParser()
-    for index, (text, from_log, process, _) in enumerate(raw_events):
-        if from_log:
-            parser.feed(index, text, process)
+    for index, (text, _, of) in enumerate(raw_events):
+        if of is not None:  # a process's tracebacks are its own: by name and pid (`(Worker pid=32)`, `pid=33`)
+            parser.feed(index, text, of.process, of.pid)
     events: list[Event] = []
-    for index, (text, from_log, process, lead_time) in enumerate(raw_events):
+    for index, (text, from_log, of) in enumerate(raw_events):
+        process, lead_time = (of.process, of.lead_time) if of is not None else (None, None)
         kind, level, time = _kind_level_time(text, from_log)
         exception = parser.found.get(index)
         if exception is not None and kind in (Kind.other, Kind.vllm, Kind.cuda, Kind.ray):

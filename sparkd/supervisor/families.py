@@ -22,7 +22,7 @@ from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.rulekit import Tier
 from sparkd.supervisor.tracebacks import PyException, Subsystem
 
-__all__ = ["BY_KIND", "FAMILIES", "Family", "FamilyHit", "Sign", "judge"]
+__all__ = ["BY_KIND", "FAMILIES", "Family", "FamilyHit", "Sign", "judge", "quote"]
 
 F, S, K = FailureClass, Subsystem, Kind
 _I = re.IGNORECASE
@@ -38,6 +38,7 @@ class Sign:
     kinds: frozenset[Kind] | None = None  # the kinds of line it applies to (None: any)
     tier: Tier = Tier.CAUSE
     flags: int = 0
+    unless: str | None = None  # the message or text must not hold this
 
     def holds(self, event: Event) -> bool:
         exc = event.exception
@@ -49,17 +50,17 @@ class Sign:
             return False
         if self.imported and (exc is None or exc.imported is None):
             return False
-        if self.message is not None:
-            subject = exc.message if exc is not None else event.text
-            if re.search(self.message, subject, self.flags) is None:
-                return False
-        return True
+        subject = exc.message if exc is not None else event.text
+        if self.message is not None and re.search(self.message, subject, self.flags) is None:
+            return False
+        return self.unless is None or re.search(self.unless, subject) is None
 
 
 def sign(reason: str, types: str | None = None, message: str | None = None, *, raised_in: set[Subsystem] | None = None,
-         imported: bool = False, kinds: set[Kind] | None = None, tier: Tier = Tier.CAUSE, flags: int = 0) -> Sign:
+         imported: bool = False, kinds: set[Kind] | None = None, tier: Tier = Tier.CAUSE, flags: int = 0,
+         unless: str | None = None) -> Sign:
     return Sign(reason, types, message, frozenset(raised_in) if raised_in else None, imported,
-                frozenset(kinds) if kinds else None, tier, flags)
+                frozenset(kinds) if kinds else None, tier, flags, unless)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class FamilyHit:
     tier: Tier
     what: str  # the "what happened" clause, quoting the evidence
     sign: Sign
+    by_kind: bool = False  # decided by `BY_KIND`, only where nothing else speaks
 
 
 _ERROR_LINES = {K.python, K.vllm, K.cuda, K.other, K.ray}  # lines that may carry an error's text (not NCCL's, torch's)
@@ -102,12 +104,31 @@ FAMILIES: tuple[Family, ...] = (
     Family(F.peer_lost, "The peer rank went away", (
         sign("NCCL's ncclRemoteError: the remote rank exited or the network between the ranks failed",
              message=r"remote process exited or there was a network error|ncclRemoteError"),
-        sign("Ray reports the actor of another rank, or its node, dead (not an error raised inside it)",
-             types=r"ActorDiedError|RayActorError|NodeDiedError|ActorUnavailableError",
-             message=r"^(?![\s\S]*creation task)"),
+        sign("Ray reports the actor of another rank, or its node, dead (not an error raised inside it, nor Ray's "
+             "memory monitor killing it)", types=r"ActorDiedError|RayActorError|NodeDiedError|ActorUnavailableError",
+             unless=r"creation task|memory"),
+        sign("torch's store or process group found the connection to the other rank reset or closed: fallout of a "
+             "local death too, so generic (an HTTP client's reset is no rank's)",
+             message=r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe", kinds={K.torch},
+             tier=Tier.GENERIC),
+        sign("the same raised by torch.distributed", types=r"Dist\w*Error",
+             message=r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe", tier=Tier.GENERIC),
         sign("Ray's own words for a node that left the cluster",
              message=r"\b(?:node|raylet)\b[^.]{0,80}\b(?:died|is dead|has been marked dead|was terminated|"
                      r"failed health check)", kinds={K.ray, K.python}, tier=Tier.GENERIC, flags=_I),
+    )),
+    Family(F.rendezvous_timeout, "The ranks never met at the torch.distributed rendezvous", (
+        sign("torch's store raises DistStoreError when the ranks do not all arrive in time",
+             types=r"DistStoreError", tier=Tier.GENERIC),
+        sign("a rank could not reach the store or the Gloo mesh of the others",
+             message=r"client socket has timed out after \d+ms while trying to connect|connectFullMesh|"
+                     r"Gloo connect\w* failed|Timed out waiting \d+ms for send operation|"
+                     r"waiting for clients\. \d+/\d+ clients joined"),
+        sign("a connection that fails while the process group is being set up (not NCCL's own error)",
+             message=r"[Cc]onnection refused|[Tt]imed out|[Tt]imeout|No route to host|Network is unreachable|"
+                     r"Name or service not known", raised_in={S.distributed}, unless=r"\bNCCL\b"),
+        sign("NCCL's ranks exchange their id through torch's store first: a store that times out there is the "
+             "rendezvous", message=r"ncclUniqueId .{0,80}store.{0,200}(?:[Tt]imeout|timed out)"),
     )),
     Family(F.nccl, "NCCL failed", (
         sign("torch raises DistBackendError for a failure inside the collective backend (NCCL, RCCL)",
@@ -116,8 +137,8 @@ FAMILIES: tuple[Family, ...] = (
                                                r"InvalidArgument|InvalidUsage)\b"),
         sign("the collective libraries of other accelerators (HCCL on Ascend, oneCCL on XPU) failing",
              message=r"\b(?:HCCL|oneCCL|RCCL)\b.{0,80}\b(?:error|fail\w*|timeout|timed out)\b", flags=_I),
-        sign("torch's NCCL wrapper: its detail, when there is one, is an NCCL WARN line",
-             message=r"\bNCCL error\b", tier=Tier.GENERIC),
+        sign("torch's and vLLM's NCCL wrappers: the detail, when there is one, is an NCCL WARN line",
+             message=r"\bNCCL error\b", tier=Tier.GENERIC, flags=_I),
         sign("ProcessGroupNCCL's own report of a collective that failed or timed out",
              message=r"Some NCCL operations have failed or timed out|NCCL communicator was aborted",
              tier=Tier.GENERIC),
@@ -128,11 +149,19 @@ FAMILIES: tuple[Family, ...] = (
         sign("a device allocator's out-of-memory in any wording (CUDA, HIP, NPU, XPU, HPU, the driver)",
              message=rf"\b{_DEVICE}\b[^.\n]{{0,60}}\bout of memory\b|\bout of (?:device )?memory\b.{{0,40}}"
                      rf"\b{_DEVICE}\b|^out of memory\b", kinds=_ERROR_LINES),
-        sign("the allocation error codes of CUDA, HIP, cuBLAS, XLA and Ascend's runtime",
+        sign("the allocation error codes of CUDA, HIP, cuBLAS, XLA, Ascend's runtime and Intel's Level Zero (whose "
+             "out-of-resources is how an XPU reports an allocation it cannot satisfy)",
              message=r"cudaErrorMemoryAllocation|hipErrorOutOfMemory|CUBLAS_STATUS_ALLOC_FAILED|"
-                     r"\bRESOURCE_EXHAUSTED\b|ACL_ERROR_RT_MEMORY_ALLOCATION|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|"
-                     r"PI_ERROR_OUT_OF_RESOURCES|std::bad_alloc", kinds=_ERROR_LINES),
+                     r"\bRESOURCE_EXHAUSTED\b|ACL_ERROR_RT_MEMORY_ALLOCATION|"
+                     r"(?:UR|ZE|PI)_(?:RESULT_)?ERROR_OUT_OF_(?:DEVICE_MEMORY|HOST_MEMORY|RESOURCES)|std::bad_alloc",
+             kinds=_ERROR_LINES),
         sign("vLLM's own word while loading the weights", message=r"not enough (?:GPU|device) memory"),
+        sign("Gaudi's allocator (PT_DEVMEM) failing an allocation", message=r"PT_DEVMEM\b.{0,40}Allocation failed"),
+        sign("Ray's memory monitor killing a worker because its node ran low on memory",
+             message=r"(?:killed|died)\b.{0,120}\b(?:low on memory|memory monitor|out of memory)", flags=_I),
+        sign("the kernel's and Kubernetes' words for a process killed because memory ran out",
+             message=r"Out of memory: Kill(?:ed)? process|oom-kill:|Memory cgroup out of memory|\bOOMKilled\b",
+             kinds={K.kernel, K.other}),
     )),
     Family(F.image_error, "vLLM's image cannot run it", (
         sign("an exception raised while a module imports fails the same way every launch: a package in the image "
@@ -182,22 +211,14 @@ FAMILIES: tuple[Family, ...] = (
                      r"must be (?:less|greater|at least|at most|between|one of|a positive)\b|"
                      r"max_model_len|tensor[ _]parallel[ _]size|exceeds the (?:model's|maximum)"),
         sign("a device index beyond the GPUs there are: CUDA_VISIBLE_DEVICES or the parallel sizes",
-             message=r"invalid device ordinal|cudaErrorInvalidDevice\b"),
-    )),
-    Family(F.rendezvous_timeout, "The ranks never met at the torch.distributed rendezvous", (
-        sign("torch's store raises DistStoreError when the ranks do not all arrive in time",
-             types=r"DistStoreError", tier=Tier.GENERIC),
-        sign("a rank could not reach the store or the Gloo mesh of the others",
-             message=r"client socket has timed out after \d+ms while trying to connect|connectFullMesh|"
-                     r"Gloo connect\w* failed|Timed out waiting \d+ms for send operation|"
-                     r"waiting for clients\. \d+/\d+ clients joined"),
-        sign("a connection that fails while the process group is being set up",
-             message=r"[Cc]onnection refused|[Tt]imed out|[Tt]imeout|No route to host|Network is unreachable|"
-                     r"Name or service not known|[Cc]onnection reset", raised_in={S.distributed}),
+             message=r"invalid device ordinal|cudaErrorInvalidDevice\b|exceeds the total number of available GPUs"),
+        sign("the model needs code from its repository that the config did not allow, or a token it was not given",
+             message=r"trust_remote_code|\b40[13] Client Error\b"),
     )),
     Family(F.gpu_error, "The GPU reported a fault", (
         sign("CUDA's and HIP's codes for a kernel that faulted on the device",
              message=r"illegal memory access|unspecified launch failure|illegal instruction|misaligned address|"
+                     r"the launch timed out and was terminated|"
                      r"cudaErrorIllegalAddress|cudaErrorLaunchFailure|hipErrorIllegalAddress|"
                      r"Memory access fault by GPU|HSA_STATUS_ERROR_\w+|device-side assert triggered|"
                      r"\bGPU [Hh]ang\b"),
@@ -213,7 +234,7 @@ FAMILIES: tuple[Family, ...] = (
     )),
     Family(F.engine_dead, "vLLM's engine died", (
         sign("vLLM raises EngineDeadError in the API server once its engine core is gone: a consequence",
-             types=r"EngineDeadError", tier=Tier.CONSEQUENCE),
+             types=r"\w*EngineDeadError", tier=Tier.CONSEQUENCE),
     )),
 )
 
@@ -232,7 +253,8 @@ BY_KIND: tuple[Family, ...] = (
 )
 
 
-def _quote(text: str, limit: int = 200) -> str:
+def quote(text: str, limit: int = 200) -> str:
+    """A log line as a sentence quotes it: in backticks, whitespace runs made one, at most `limit` characters."""
     text = " ".join(text.split())
     return f"`{text if len(text) <= limit else text[:limit - 1] + '…'}`"
 
@@ -250,14 +272,21 @@ def what_of(family: Family, event: Event) -> str:
         where = f" (importing {exc.imported} failed)"
     elif exc is not None and exc.where is not None:
         where = f" (raised in {exc.where})"
-    return f"{family.what}: {_quote(_evidence(event))}{where}"
+    return f"{family.what}: {quote(_evidence(event))}{where}"
+
+
+# How a process is stopped, not why it failed: a Ctrl-C while vLLM builds its config is no config error.
+_STOPS = frozenset({"KeyboardInterrupt", "SystemExit", "CancelledError", "GeneratorExit"})
 
 
 def judge(event: Event) -> FamilyHit | None:
-    """The first family of the table one of whose signs holds for the event; else the first of `BY_KIND`."""
+    """The first family of the table one of whose signs holds for the event; else the first of `BY_KIND`. A line vLLM
+    logged below ERROR is never evidence (a warning quoting an optional import's ImportError)."""
+    if event.below_error or (event.exception is not None and event.exception.name in _STOPS):
+        return None
     for table in (FAMILIES, BY_KIND):
         for family in table:
             for s in family.signs:
                 if s.holds(event):
-                    return FamilyHit(family.cls, s.tier, what_of(family, event), s)
+                    return FamilyHit(family.cls, s.tier, what_of(family, event), s, by_kind=table is BY_KIND)
     return None

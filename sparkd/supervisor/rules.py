@@ -301,9 +301,10 @@ RULES: tuple[Rule, ...] = (
     rule(F.engine_dead, Q,
        r"Engine core initialization failed|EngineCore failed to start|WorkerProc failed to start|"
        r"WorkerProc initialization failed due to an exception in a background process|"
-       r"Worker failed with error '",
+       r"Worker failed with error '|Engine process failed to start",  # the last: V0's MQLLMEngine (0.6-0.10)
        const(INIT_FAILED)),
-    rule(F.engine_dead, Q, r"EngineDeadError|AsyncLLM output_handler failed",
+    rule(F.engine_dead, Q, r"EngineDeadError|AsyncLLM output_handler failed|Engine loop has died|Background loop has "
+       r"errored already",
        const("vLLM's engine died (EngineDeadError)")),
     # an outside signal to the engine core: vLLM's own shutdown (the API server's, the process manager's) always
     # comes first when vLLM stops it, and so does the error of a crash

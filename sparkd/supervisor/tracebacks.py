@@ -22,9 +22,10 @@ import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from sparkd.supervisor.logline import VLLM_HEADER
+
 __all__ = ["Frame", "PyException", "Subsystem", "TracebackParser", "exception_line", "module_of"]
 
-_HEADER = re.compile(r"^(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]+\] ?)?")
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 _START = re.compile(r"Traceback \(most recent call last\):\s*$")
 _FRAME = re.compile(r'^\s*File ["“](?P<path>[^"”]+)["”], line \d{1,9}, in (?P<func>\S+)\s*$')
@@ -124,7 +125,7 @@ class PyException:
     @property
     def stated(self) -> str:
         """The exception line as Python printed it, without vLLM's header: the evidence a sentence quotes."""
-        return _RAY_REPEAT.sub("", _HEADER.sub("", self.line, count=1)).strip()
+        return _RAY_REPEAT.sub("", VLLM_HEADER.sub("", self.line, count=1)).strip()
 
     @property
     def name(self) -> str:
@@ -223,12 +224,12 @@ class TracebackParser:
     """Fed every undecorated line in log order; answers with an exception on the line that ends one. `found` holds
     each exception as it stands once its message's continuation lines are read."""
 
-    states: dict[str | None, _State] = field(default_factory=dict)
+    states: dict[tuple[str | None, int | None], _State] = field(default_factory=dict)
     found: dict[int, PyException] = field(default_factory=dict)  # by the index of the line that ends each, final
 
-    def feed(self, index: int, text: str, process: str | None) -> PyException | None:
-        state = self.states.setdefault(process, _State())
-        body = _RAY_REPEAT.sub("", _HEADER.sub("", text, count=1))
+    def feed(self, index: int, text: str, process: str | None, pid: int | None = None) -> PyException | None:
+        state = self.states.setdefault((process, pid), _State())
+        body = _RAY_REPEAT.sub("", VLLM_HEADER.sub("", text, count=1))
         if self._continues(state, body):
             return None
         if _START.search(body):

@@ -563,7 +563,7 @@ CASES: dict[str, Case] = {
         F.unknown,
         "UnboundLocalError",
         ("vLLM stopped with an error sparkd does not recognise: `UnboundLocalError: cannot access local variable "
-         "'w' where it is not associated with a value` (exit 1)",),
+         "'w' where it is not associated with a value` (raised in x.<module>) (exit 1)",),
     ),
     "unknown SIGKILL from outside": Case(
         None,

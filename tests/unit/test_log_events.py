@@ -1,0 +1,126 @@
+"""A log read by its structure (sparkd/supervisor/tracebacks.py, events.py): Python tracebacks with their chain and
+frames, and every line an event with its kind, process, level and time, whatever launcher wrote it."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkd.supervisor.events import Kind, read_events
+from sparkd.supervisor.tracebacks import PyException, Subsystem
+
+SITE = "/usr/local/lib/python3.12/site-packages"
+
+
+def ec(msg: str, pid: int = 7) -> str:
+    return f"(EngineCore_DP0 pid={pid}) ERROR 08-15 11:20:19 [core.py:1361] {msg}"
+
+
+def exceptions(lines: list[str]) -> list[PyException]:
+    return [e.exception for e in read_events(lines) if e.exception is not None]
+
+
+CHAINED = [
+    ec("Traceback (most recent call last):"),
+    ec(f'  File "{SITE}/vllm/distributed/device_communicators/shm_broadcast.py", line 647, in timeout_ms'),
+    ec("    raise TimeoutError"),
+    ec("TimeoutError"),
+    ec(""),
+    ec("The above exception was the direct cause of the following exception:"),
+    ec(""),
+    ec("Traceback (most recent call last):"),
+    ec(f'  File "{SITE}/vllm/v1/executor/multiproc_executor.py", line 264, in collective_rpc'),
+    ec("    raise TimeoutError(f\"RPC call to {method} timed out.\") from e"),
+    ec("TimeoutError: RPC call to sample_tokens timed out."),
+    ec(""),
+    ec("During handling of the above exception, another exception occurred:"),
+    ec("Traceback (most recent call last):"),
+    ec(f'  File "{SITE}/vllm/v1/engine/core.py", line 1393, in run_busy_loop'),
+    ec("RuntimeError: EngineCore encountered a fatal error."),
+]
+
+
+def test_a_chain_is_read_root_first() -> None:
+    first, second, third = exceptions(CHAINED)
+    assert (first.type, first.message, first.cause) == ("TimeoutError", "", None)
+    assert second.cause is first and third.cause is second and third.root is first
+    assert [e.type for e in third.chain] == ["TimeoutError", "TimeoutError", "RuntimeError"]
+    assert first.where == "vllm.distributed.device_communicators.shm_broadcast.timeout_ms"
+    assert first.subsystem is Subsystem.rpc and third.subsystem is Subsystem.step
+    assert third.stated == "RuntimeError: EngineCore encountered a fatal error."
+
+
+def test_interleaved_processes_keep_their_own_tracebacks() -> None:
+    lines = [ec("Traceback (most recent call last):", 1), ec("Traceback (most recent call last):", 2),
+             ec(f'  File "{SITE}/vllm/config/model.py", line 9, in __post_init__', 1),
+             ec(f'  File "{SITE}/torch/cuda/__init__.py", line 9, in _lazy_init', 2),
+             ec("ValueError: bad setting", 1), ec("RuntimeError: CUDA error: initialization error", 2)]
+    config, device = exceptions(lines)
+    assert config.subsystem is Subsystem.config and device.subsystem is Subsystem.device
+    assert config.process == device.process == "EngineCore_DP0"
+
+
+def test_an_excerpt_that_starts_mid_traceback_and_a_ray_wrapper() -> None:
+    lines = [f'  File "{SITE}/vllm/worker/worker.py", line 132, in init_device',
+             "    init_worker_distributed_environment(self.parallel_config, self.rank,",
+             "ray.exceptions.RayTaskError(OutOfMemoryError): ray::RayWorkerWrapper.execute_method() (pid=9)"]
+    (exc,) = exceptions(lines)
+    assert (exc.type, exc.wrapper, exc.name) == ("OutOfMemoryError", "ray.exceptions.RayTaskError", "OutOfMemoryError")
+    assert exc.frames[0].code == "init_worker_distributed_environment(self.parallel_config, self.rank,"
+
+
+def test_a_message_continues_on_indented_lines_and_an_import_is_named() -> None:
+    pydantic = ["pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig",
+                "  Value error, Total number of attention heads (4) must be divisible by tensor parallel size (3)"]
+    (exc,) = exceptions(pydantic)
+    assert exc.message.endswith("must be divisible by tensor parallel size (3)")
+    imported = ["Traceback (most recent call last):", f'  File "{SITE}/vllm/__init__.py", line 1, in <module>',
+                "    from torchvision import ops", f'  File "{SITE}/torchvision/__init__.py", line 1, in <module>',
+                "    x = 1", "RuntimeError: operator torchvision::nms does not exist"]
+    assert exceptions(imported)[0].imported == "torchvision"
+
+
+def test_code_and_prose_are_not_exceptions() -> None:
+    lines = ["Traceback (most recent call last):", '  File "/x/y.py", line 3, in f', "next(self.gen)", "raise",
+             "RuntimeError: real"]
+    assert [e.summary for e in exceptions(lines)] == ["RuntimeError: real"]
+    assert exceptions(["INFO 01-01 00:00:00 [x.py:1] Starting with ValueError handling on"]) == []
+
+
+@pytest.mark.parametrize(("raw", "text", "process", "time"), [
+    ("2026-01-28T23:59:42Z (EngineCore_DP0 pid=972) ERROR 01-28 15:59:42 [core.py:935] ValueError: x",
+     "ERROR 01-28 15:59:42 [core.py:935] ValueError: x", "EngineCore_DP0", "01-28 15:59:42"),
+    ("ms-pd-decode-6c8f vllm (APIServer pid=1) ERROR 10-27 22:25:30 [v1/engine/async_llm.py:480] Traceback "
+     "(most recent call last):", "ERROR 10-27 22:25:30 [v1/engine/async_llm.py:480] Traceback (most recent call "
+     "last):", "APIServer", "10-27 22:25:30"),
+    ("2026-03-09 01:27:30.1 (MapWorker(MapBatches(vLLMEngineActor)) pid=1202, ip=10.5.1.1) (EngineCore_DP0 "
+     "pid=3) INFO 03-08 17:27:28 [shm_broadcast.py:548] No available", "INFO 03-08 17:27:28 [shm_broadcast.py:548] "
+     "No available", "EngineCore_DP0", "03-08 17:27:28"),
+    ("Feb 21 21:17:57 host env[3210]: (APIServer pid=3210) INFO 02-21 21:17:57 [launcher.py:110] Shutting down",
+     "INFO 02-21 21:17:57 [launcher.py:110] Shutting down", "APIServer", "02-21 21:17:57"),
+    ("intel-gpu-vllm  | ERROR 12-20 00:16:06 worker_base.py:464] RuntimeError: XPU out of memory.",
+     "ERROR 12-20 00:16:06 worker_base.py:464] RuntimeError: XPU out of memory.", None, "12-20 00:16:06"),
+    ("[rank0]: RuntimeError: CUDA error: out of memory", "RuntimeError: CUDA error: out of memory", None, None),
+], ids=["CI timestamp", "kubectl", "Ray Data", "journal", "compose, V0 header", "torchrun"])
+def test_a_launchers_prefix_is_not_the_line(raw: str, text: str, process: str | None, time: str | None) -> None:
+    (event,) = read_events([raw])
+    assert (event.text, event.process, event.time) == (text, process, time)
+
+
+@pytest.mark.parametrize(("raw", "kind", "level"), [
+    ("host:1:2 [0] NCCL WARN Call to ibv_modify_qp failed", Kind.nccl, "WARNING"),
+    ("[rank0]:[E1126 01:23:45.1 811 ProcessGroupNCCL.cpp:632] Watchdog caught collective operation timeout",
+     Kind.torch, "ERROR"),
+    ("Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:455 'invalid argument'", Kind.cuda, "ERROR"),
+    ("(raylet) A worker died or was killed while executing a task", Kind.ray, None),
+    ("NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus", Kind.kernel, "ERROR"),
+    ("WARNING 01-02 03:04:05 [x.py:1] slow", Kind.vllm, "WARNING"),
+    ("ValueError: bad", Kind.python, None),
+], ids=["nccl", "torch", "cuda", "ray", "kernel", "vllm", "python"])
+def test_each_line_has_its_kind(raw: str, kind: Kind, level: str | None) -> None:
+    (event,) = read_events([raw])
+    assert (event.kind, event.level) == (kind, level)
+
+
+def test_the_kernels_lines_come_first() -> None:
+    events = read_events(["RuntimeError: NCCL error"], kernel_lines=("NVRM: Xid (PCI:0): 79",), oom_killed=True)
+    assert [(e.kind, e.from_log) for e in events] == [(Kind.kernel, False), (Kind.kernel, False), (Kind.python, True)]
