@@ -58,8 +58,10 @@ class Finding:
 class Scan:
     best: Finding | None  # the cause: lowest tier, then earliest (an explaining cause first, EXPLAINS)
     first_exception: PyException | None  # the first exception that is no consequence, in an error line
+    first_consequence: PyException | None  # the first exception of all, when every one is a consequence
     last_vllm_error: str | None  # the last message vLLM logged at ERROR (not a traceback's line)
     last_errorish: str | None  # the last line that looks like an error
+    last_line: str | None  # the log's last line
     followed: Finding | None = None  # a later cause-level finding of another class that followed from the best
 
 
@@ -104,7 +106,7 @@ def _finding(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier:
         rule, m = matched
         what = rule.what(m, ctx) if rule.what is not None else None
         rule_found = Finding(rule.cls, rule.tier, what, rule.do, event.text, event, rule,
-                             quoted=_quoted(what, event) if rule.tier < Tier.CONSEQUENCE else None)
+                             quoted=_quoted(what, event) if rule.tier is not Tier.CONSEQUENCE else None)
     hit = judge(event)
     if hit is None:
         return rule_found
@@ -127,6 +129,12 @@ def _better(hit: Finding, best: Finding | None) -> bool:
     return hit.tier < best.tier
 
 
+def _later_wait(hit: Finding, best: Finding | None) -> bool:
+    """A line that shows up in healthy runs too repeats while vLLM waits (a placement group, the shared-memory
+    queue, a rendezvous's retries): the last one says how long the wait was when vLLM died."""
+    return best is not None and best.tier is Tier.AMBIGUOUS and hit.rule is not None and hit.rule is best.rule
+
+
 def _last_vllm_error(event: Event) -> str | None:
     """vLLM's own error message on this line, when it is one (not a line of a traceback vLLM logged)."""
     if event.kind is not Kind.vllm or event.exception is not None:
@@ -144,6 +152,7 @@ def _last_vllm_error(event: Event) -> str | None:
 def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -> Scan:
     best: Finding | None = None
     first_exception: PyException | None = None
+    first_consequence: PyException | None = None
     last_vllm_error = last_errorish = None
     findings: list[Finding] = []
     earlier: list[str] = []
@@ -154,16 +163,19 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
         found = _finding(event, exit_code, ctx, earlier)
         earlier.append(event.text)
         exc = event.exception
-        if exc is not None and first_exception is None and not event.below_error and (
-                found is None or found.tier < Tier.CONSEQUENCE):
-            first_exception = exc
+        if exc is not None and first_exception is None and not event.below_error:
+            if found is None or found.tier < Tier.CONSEQUENCE:
+                first_exception = exc
+            elif first_consequence is None:
+                first_consequence = exc
         if found is None:
             continue
         findings.append(found)
-        if _better(found, best):
+        if _better(found, best) or _later_wait(found, best):
             best = found
     followed = None
     if best is not None:
         followed = next((f for f in findings if f.event.index > best.event.index and f.cls is not best.cls
                          and f.tier <= Tier.GENERIC), None)
-    return Scan(best, first_exception, last_vllm_error, last_errorish, followed)
+    last_line = next((e.text for e in reversed(events) if e.from_log), None)
+    return Scan(best, first_exception, first_consequence, last_vllm_error, last_errorish, last_line, followed)

@@ -35,6 +35,7 @@ from sparkd.supervisor.cause import EXPLAINS, Finding, Scan, scan
 from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.events import read_events
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.logline import VLLM_HEADER
 from sparkd.supervisor.rules import INIT_FAILED, Tier
 from sparkd.supervisor.sentences import NO_RETRY, default_do, default_what, mem_note
 
@@ -120,16 +121,19 @@ def _from_finding(found: Scan, make: _Sentence) -> Failure:
     # A consequence that is no failure of vLLM's (`unknown`: the stop from outside) is its own cause: what vLLM
     # logged before it did not end it (an engine death logged first wins as the earlier consequence), what it
     # logged after is the stop's fallout.
+    quoted = hit.quoted
     if hit.tier is Tier.CONSEQUENCE and hit.cls is not FailureClass.unknown:
         if found.first_exception is not None:
             evidence = found.first_exception.stated
             what += f"; the first error in the log is {_quote(evidence)}{_raised(found.first_exception.where)}"
-        elif what == INIT_FAILED:
-            what += " and no earlier cause is in the log tail"
+        else:  # the consequence is all the log says: quote it, as Python printed it where it did
+            what += " and no earlier cause is in the log tail" if what == INIT_FAILED else ""
+            said = found.first_consequence.stated if found.first_consequence is not None else hit.evidence
+            quoted = _quote(VLLM_HEADER.sub("", said, count=1))
     followed = found.followed
     if followed is not None and followed.cls in EXPLAINS.get(hit.cls, frozenset()):
         what += f"; {_quote(followed.evidence)} came after it, as its consequence"
-    return make(hit.cls, what, hit.do or default_do(hit.cls), evidence, quoted=hit.quoted)
+    return make(hit.cls, what, hit.do or default_do(hit.cls), evidence, quoted=quoted)
 
 
 def _raised(where: str | None) -> str:
@@ -149,6 +153,8 @@ def _what_happened(found: Scan) -> str:
         parts.append(f"vLLM's last error line is {_quote(last)}")
     elif exc is None and found.last_errorish is not None:
         parts.append(f"the last error-looking line is {_quote(found.last_errorish)}")
+    elif exc is None and found.last_line is not None:
+        parts.append(f"the log's last line is {_quote(found.last_line)}")
     return "; ".join(parts)
 
 

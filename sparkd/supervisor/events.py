@@ -170,6 +170,7 @@ def read_events(log_tail: Sequence[str], kernel_lines: Sequence[str] = (), oom_k
     for index, (text, _, of) in enumerate(raw_events):
         if of is not None:  # a process's tracebacks are its own: by name and pid (`(Worker pid=32)`, `pid=33`)
             parser.feed(index, text, of.process, of.pid)
+    parser.finish()
     events: list[Event] = []
     for index, (text, from_log, of) in enumerate(raw_events):
         process, lead_time = (of.process, of.lead_time) if of is not None else (None, None)

@@ -104,9 +104,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(F.peer_lost, "The peer rank went away", (
         sign("NCCL's ncclRemoteError: the remote rank exited or the network between the ranks failed",
              message=r"remote process exited or there was a network error|ncclRemoteError"),
-        sign("Ray reports the actor of another rank, or its node, dead (not an error raised inside it, nor Ray's "
-             "memory monitor killing it)", types=r"ActorDiedError|RayActorError|NodeDiedError|ActorUnavailableError",
-             unless=r"creation task|memory"),
+        sign("Ray reports a node of the cluster dead", types=r"NodeDiedError"),
         sign("torch's store or process group found the connection to the other rank reset or closed: fallout of a "
              "local death too, so generic (an HTTP client's reset is no rank's)",
              message=r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe", kinds={K.torch},
@@ -118,6 +116,8 @@ FAMILIES: tuple[Family, ...] = (
                      r"failed health check)", kinds={K.ray, K.python}, tier=Tier.GENERIC, flags=_I),
     )),
     Family(F.rendezvous_timeout, "The ranks never met at the torch.distributed rendezvous", (
+        sign("Ray could not place every rank on the cluster in time, so they never started to meet",
+             message=r"Cannot provide a placement group"),
         sign("torch's store raises DistStoreError when the ranks do not all arrive in time",
              types=r"DistStoreError", tier=Tier.GENERIC),
         sign("a rank could not reach the store or the Gloo mesh of the others",
@@ -139,6 +139,10 @@ FAMILIES: tuple[Family, ...] = (
              message=r"\b(?:HCCL|oneCCL|RCCL)\b.{0,80}\b(?:error|fail\w*|timeout|timed out)\b", flags=_I),
         sign("torch's and vLLM's NCCL wrappers: the detail, when there is one, is an NCCL WARN line",
              message=r"\bNCCL error\b", tier=Tier.GENERIC, flags=_I),
+        sign("a Bus error (SIGBUS) in a rank: a shared-memory segment (NCCL's, in /dev/shm) could not be backed, "
+             "/dev/shm is too small or full", message=r"Fatal Python error: Bus error"),
+        sign("a native crash whose faulting function is NCCL's own (its proxy thread, an nccl* call)",
+             message=r"^\s*PC: @\s+0x[0-9a-f]+\s.*\b(?:nccl\w*|\w*[Pp]roxy\w*)\(\)"),
         sign("ProcessGroupNCCL's own report of a collective that failed or timed out",
              message=r"Some NCCL operations have failed or timed out|NCCL communicator was aborted",
              tier=Tier.GENERIC),
@@ -180,8 +184,10 @@ FAMILIES: tuple[Family, ...] = (
                      r"sm_\d+a?\b.{0,60}\b(?:not (?:supported|compatible|defined)|unsupported)|"
                      r"\b(?:unsupported|not supported)\b.{0,40}\b(?:GPU |CUDA |compute )?arch(?:itecture)?\b|"
                      r"\bgfx\d+\w*\b.{0,60}\b(?:not supported|unsupported)", flags=_I),
-        sign("the image's CUDA needs a newer driver than the host's",
+        sign("the image's CUDA needs a newer driver than the host's (vLLM's words, or the NVIDIA container runtime's "
+             "check of the image's requirement before it starts)",
              message=r"NVIDIA driver on your system is too old|driver version is insufficient|"
+                     r"nvidia-container-cli: requirement error: unsatisfied condition: cuda|"
                      r"forward compatibility was attempted|cudaErrorInsufficientDriver|"
                      r"unsupported display driver / cuda driver combination"),
         sign("a CPU build of torch in an image meant for a GPU",
@@ -211,7 +217,7 @@ FAMILIES: tuple[Family, ...] = (
                      r"must be (?:less|greater|at least|at most|between|one of|a positive)\b|"
                      r"max_model_len|tensor[ _]parallel[ _]size|exceeds the (?:model's|maximum)"),
         sign("a device index beyond the GPUs there are: CUDA_VISIBLE_DEVICES or the parallel sizes",
-             message=r"invalid device ordinal|cudaErrorInvalidDevice\b|exceeds the total number of available GPUs"),
+             message=r"invalid device ordinal|cudaErrorInvalidDevice\b|\binvalid device[= ]\d+"),
         sign("the model needs code from its repository that the config did not allow, or a token it was not given",
              message=r"trust_remote_code|\b40[13] Client Error\b"),
     )),
@@ -231,8 +237,14 @@ FAMILIES: tuple[Family, ...] = (
     Family(F.hang, "A rank stopped answering", (
         sign("the executor's wait for a worker's answer (the shared-memory queue, an RPC) ran out",
              types=r"TimeoutError|Empty", raised_in={S.rpc}, tier=Tier.GENERIC),
+        sign("Ray's executor waited for a worker's output (a compiled graph's channel, a ray.get) until it timed out",
+             types=r"RayChannelTimeoutError|GetTimeoutError", tier=Tier.GENERIC),
     )),
     Family(F.engine_dead, "vLLM's engine died", (
+        sign("Ray reports a worker's actor dead without saying why (its node's death is peer_lost, an error inside "
+             "it or Ray's memory monitor say more): a worker died",
+             types=r"ActorDiedError|RayActorError|ActorUnavailableError", unless=r"creation task|memory",
+             tier=Tier.GENERIC),
         sign("vLLM raises EngineDeadError in the API server once its engine core is gone: a consequence",
              types=r"\w*EngineDeadError", tier=Tier.CONSEQUENCE),
     )),

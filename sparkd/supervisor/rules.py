@@ -263,6 +263,10 @@ RULES: tuple[Rule, ...] = (
     # the wrapper torch and pynccl raise; its detail, when there is one, is an NCCL WARN line above
     rule(F.nccl, G, r"NCCL error(?: in: [^,]*,)?:? (?P<msg>[^(\n]+)", what_nccl),
     # -- wedges and startup timeouts --
+    # Ray places every rank before vLLM starts them; vLLM's INFO line repeats while it waits (a death after it, and
+    # nothing else, is ranks that never met)
+    rule(F.rendezvous_timeout, A, r"Waiting for creating a placement group of specs for (?P<secs>\d+) seconds",
+       fmt("Ray never placed every rank: vLLM waited {secs} s for its placement group")),
     rule(F.hang, G, r"RPC call to (?P<rpc>\w+) timed out",
        fmt("A rank stopped answering: the RPC call to {rpc} timed out")),
     rule(F.hang, G, r"Timed out waiting for engines? ?(?:to ?send ?initial ?message|core processes to start)",
@@ -296,6 +300,9 @@ RULES: tuple[Rule, ...] = (
     rule(F.engine_dead, Q, r"\[shutdown\] MPClient: engine core exited unexpectedly",
        const("vLLM's engine core process exited unexpectedly (its API server saw it die: killed or crashed)")),
     rule(F.engine_dead, G, r"Worker proc (?P<proc>\S+) died unexpectedly", fmt("vLLM's worker process {proc} died")),
+    # V0's multiprocessing executor (0.5-0.10): `Worker VllmWorkerProcess pid 29 died, exit code: 1`
+    rule(F.engine_dead, G, r"Worker (?P<proc>\S+) pid \d+ died, exit code: (?P<code>-?\d+)",
+       fmt("vLLM's worker process {proc} died (exit code {code})")),
     rule(F.engine_dead, Q, r"RayWorkerProc rank=\[\d+\] died unexpectedly", const("A Ray worker process died")),
     rule(F.engine_dead, Q, r"EngineCore encountered a fatal error", const("vLLM's engine core hit a fatal error")),
     rule(F.engine_dead, Q,
@@ -303,6 +310,9 @@ RULES: tuple[Rule, ...] = (
        r"WorkerProc initialization failed due to an exception in a background process|"
        r"Worker failed with error '|Engine process failed to start",  # the last: V0's MQLLMEngine (0.6-0.10)
        const(INIT_FAILED)),
+    # the API server or the engine client on a death it did not cause: V0's MQLLMEngine, V1's 0.8 engine client
+    rule(F.engine_dead, Q, r"MQLLMEngine is already dead|Got fatal signal from worker processes",
+       const("vLLM's engine died (its API server saw it go)")),
     rule(F.engine_dead, Q, r"EngineDeadError|AsyncLLM output_handler failed|Engine loop has died|Background loop has "
        r"errored already",
        const("vLLM's engine died (EngineDeadError)")),

@@ -36,6 +36,7 @@ _EXCEPTION = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?P<name>[A-Za-z_]\w*))(?
                         r"[A-Za-z_]\w*)\))?(?::(?:\s(?P<message>.*))?)?$")
 _EXCEPTION_NAME = re.compile(r"(?:Error|Exception)$")  # what a type alone must end in to be read outside a traceback
 _BARE_IN_TRACEBACK = re.compile(r"(?:Error|Exception|Exit|Interrupt|StopIteration|Failed|Unsupported)$")
+_REPR = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception))\((?P<message>.*)\)$")
 _KEYWORDS = frozenset({"raise", "return", "pass", "yield", "await", "break", "continue", "else", "try", "finally"})
 _SITE = re.compile(r"^.*?/(?:site-packages|dist-packages)/")
 _RUNPY = ("<frozen runpy>", "runpy.py")
@@ -217,6 +218,7 @@ class _State:
     pending_link: bool = False  # a chain marker was read and no traceback started since
     continuing: PyException | None = None  # the exception whose message may continue on the next lines
     continued: int = 0
+    stated: PyException | None = None  # logged as its repr by vLLM before its traceback (V0's engine)
 
 
 @dataclass
@@ -247,9 +249,26 @@ class TracebackParser:
             return None
         found = exception_line(body, in_traceback=state.open is not None and bool(state.open.frames))
         if found is None:
+            self._repr_line(state, index, text, body, process)
             self._code_line(state, body)
             return None
         return self._ended(state, found, index, text, process)
+
+    def finish(self) -> None:
+        """The end of the log: an exception vLLM logged as its repr whose traceback was cut before it ended counts,
+        at its own line (V0's engine logs `ValueError('...')`, then the traceback)."""
+        for state in self.states.values():
+            if state.stated is not None:
+                self.found.setdefault(state.stated.index, state.stated)
+                state.stated = None
+
+    def _repr_line(self, state: _State, index: int, text: str, body: str, process: str | None) -> None:
+        m = _REPR.match(body.strip())
+        header = VLLM_HEADER.match(text)
+        if m is None or state.open is not None or header is None or header.group("level") not in ("ERROR", "CRITICAL"):
+            return
+        state.stated = PyException(type=m.group("type"), message=m.group("message").strip("'\"")[:_MAX_MESSAGE],
+                                   line=text.strip(), index=index, process=process)
 
     def _code_line(self, state: _State, body: str) -> None:
         opened = state.open
@@ -270,6 +289,8 @@ class TracebackParser:
                           cause=state.last if linked else None, wrapper=outer if inner else None)
         state.open, state.pending_link, state.last = None, False, exc
         state.continuing, state.continued = exc, 0
+        if state.stated is not None and state.stated.name == exc.name:
+            state.stated = None  # the traceback ended in the exception its repr announced: one exception
         self.found[index] = exc
         return exc
 

@@ -48,14 +48,16 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
     "gpu busy": ([ec("RuntimeError: HIP error: cudaErrorDevicesUnavailable")], F.gpu_busy),
     "peer: ncclRemoteError": ([ec("RuntimeError: ncclRemoteError: A call failed possibly due to a network error or "
                                   "a remote process exiting prematurely.")], F.peer_lost),
-    "peer: Ray's actor died (type alone)": (["ray.exceptions.ActorDiedError: The actor died unexpectedly before "
-                                             "finishing this task."], F.peer_lost),
+    "peer: Ray's node died (type alone)": (["ray.exceptions.NodeDiedError: node 7a1 is dead"], F.peer_lost),
     "peer: torch's store reset": (["[rank1]:[E1126 01:23:45.1 811 TCPStore.cpp:125] [c10d] failed to recv: "
                                    "Connection reset by peer"], F.peer_lost),
     "peer: torch.distributed raised it": (tb("torch.distributed.DistNetworkError: Connection reset by peer",
                                              ENGINE_STEP), F.peer_lost),
     "peer: Ray's node died": (["(raylet) A worker died or was killed: the node 10.0.0.2 has been marked dead "
                                "because the detector has missed too many heartbeats from it."], F.peer_lost),
+    "rendezvous: Ray cannot place the ranks": ([ec("ValueError: Cannot provide a placement group of "
+                                                   "placement_group_specs=[{'GPU': 1.0}] within 1800 seconds.")],
+                                               F.rendezvous_timeout),
     "rendezvous: DistStoreError alone": (["torch.distributed.DistStoreError: wait timeout after 300000ms, keys: "
                                           "/default_pg/0//cuda//0"], F.rendezvous_timeout),
     "rendezvous: Gloo's mesh": (["RuntimeError: Gloo connectFullMesh failed with [pair.cc:144] no error"],
@@ -73,6 +75,9 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
     "nccl: HCCL on Ascend": ([ec("RuntimeError: HCCL function error: HcclAllReduce(...), error code is 7")],
                              F.nccl),
     "nccl: vLLM's V0 wrapper": ([ec("RuntimeError: NCCL Error 3: internal error")], F.nccl),
+    "nccl: a Bus error (/dev/shm)": (["(RayWorker pid=1) Fatal Python error: Bus error"], F.nccl),
+    "nccl: a crash in NCCL's proxy": (["(RayWorkerWrapper pid=2, ip=10.0.0.2) PC: @     0x7fcfcd849b8a  (unknown)  "
+                                       "addProxyOpIfNeeded()"], F.nccl),
     "nccl: ProcessGroupNCCL gave up": ([ec("RuntimeError: Some NCCL operations have failed or timed out. Due to the "
                                            "asynchronous nature of CUDA kernels ...")], F.nccl),
     "oom: the type alone": (tb("torch.OutOfMemoryError", ENGINE_STEP), F.oom),
@@ -98,6 +103,9 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
                                               F.image_error),
     "image: driver too old": ([ec("RuntimeError: CUDA driver version is insufficient for CUDA runtime version")],
                               F.image_error),
+    "image: the container runtime's check": (["nvidia-container-cli: requirement error: unsatisfied condition: "
+                                              "cuda>=12.4, please update your driver to a newer version"],
+                                             F.image_error),
     "image: CPU torch": ([ec("AssertionError: Torch not compiled with CUDA enabled")], F.image_error),
     "config: raised while building the config": (tb("KeyError: 'rope_type'", ("vllm/engine/arg_utils.py",
                                                                               "create_engine_config"), CONFIG),
@@ -123,6 +131,10 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
     "gpu: CUDA cannot initialise the device": (tb("RuntimeError: Unexpected error from cudaGetDeviceCount(). Error "
                                                   "802: system not yet initialized", DEVICE), F.gpu_error),
     "hang: the executor's wait ran out": (tb("TimeoutError", RPC), F.hang),
+    "hang: Ray's channel (type alone)": (["ray.exceptions.RayChannelTimeoutError: System error: Timed out waiting "
+                                          "for object available to read."], F.hang),
+    "engine dead: Ray's actor died (type alone)": (["ray.exceptions.ActorDiedError: The actor died unexpectedly "
+                                                    "before finishing this task."], F.engine_dead),
     "engine dead: V0's wording (type alone)": ([ec("vllm.engine.async_llm_engine.AsyncEngineDeadError: Background "
                                                    "loop has errored already.")], F.engine_dead),
     "by kind: an NCCL WARN": (["host:1:2 [0] NCCL WARN NET/IB : Got async event : port error"], F.nccl),

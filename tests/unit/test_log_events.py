@@ -124,3 +124,18 @@ def test_each_line_has_its_kind(raw: str, kind: Kind, level: str | None) -> None
 def test_the_kernels_lines_come_first() -> None:
     events = read_events(["RuntimeError: NCCL error"], kernel_lines=("NVRM: Xid (PCI:0): 79",), oom_killed=True)
     assert [(e.kind, e.from_log) for e in events] == [(Kind.kernel, False), (Kind.kernel, False), (Kind.python, True)]
+
+
+def test_an_exception_vllm_logged_as_its_repr() -> None:
+    """V0's engine logs `repr(e)`, then the traceback: one exception, as Python printed it; where the excerpt is cut
+    before the traceback ends, the repr is the exception."""
+    v0 = "ERROR 03-04 17:31:43 engine.py:136] "
+    announced = [f"{v0}ValueError('Attempted to assign 1 x 576 = 576 multimodal tokens to 0 placeholders')",
+                 f"{v0}Traceback (most recent call last):",
+                 f'{v0}  File "{SITE}/vllm/engine/multiprocessing/engine.py", line 134, in start']
+    (exc,) = exceptions(announced)
+    assert (exc.type, exc.index) == ("ValueError", 0) and exc.message.startswith("Attempted to assign")
+    whole = [*announced, f"{v0}ValueError: Attempted to assign 1 x 576 = 576 multimodal tokens to 0 placeholders"]
+    (exc,) = exceptions(whole)
+    assert exc.stated.startswith("ValueError: Attempted") and exc.frames
+    assert exceptions(["INFO 03-04 17:31:43 engine.py:1] ValueError('x') was handled"]) == []
