@@ -87,7 +87,7 @@ def _quoted(what: str | None, event: Event) -> str | None:
     """The line a rule read, quoted, when its "what happened" does not already carry it: the operator sees the cause
     as vLLM (or torch, NCCL, the kernel) put it."""
     exc = event.exception
-    stated = exc.stated if exc is not None else VLLM_HEADER.sub("", event.text, count=1)
+    stated = event.said
     core = (exc.message if exc is not None and exc.message else stated)[:40].strip()
     if not core or (what is not None and core in what):
         return None

@@ -44,10 +44,13 @@ class Kind(StrEnum):
     other = "other"
 
 
-# A process prefix anywhere in a line's lead (after a launcher's own prefix): `(Worker_TP0 pid=5) `, Ray's
-# `(MapWorker(MapBatches(vLLMEngineActor)) pid=1202, ip=10.0.0.1) `; names may nest one level of parentheses twice.
-_PROCESS = re.compile(r"\((?P<process>[A-Za-z_][\w.\-]*(?:\((?:[^()]|\([^()]*\))*\))?) pid=(?P<pid>\d{1,18})"
+# A process prefix anywhere in a line's lead (after a launcher's own prefix): `(Worker_TP0 pid=5) `, 0.9's
+# `(VllmWorker rank=0 pid=114020) `, Ray's `(MapWorker(MapBatches(vLLMEngineActor)) pid=1202, ip=10.0.0.1) `; names
+# may nest one level of parentheses twice.
+_PROCESS = re.compile(r"\((?P<process>[A-Za-z_][\w.\-]*(?:\((?:[^()]|\([^()]*\))*\))?)(?: \w+=[\w.\-]+)* "
+                      r"pid=(?P<pid>\d{1,18})"
                       r"(?:, ip=[^)]*)?\)[ \t]?")
+_V0_WORKER = re.compile(r"^Exception in worker \S+ while processing method \w+: ")
 _LEAD_LIMIT = 160  # a prefix further into the line is text, not decoration
 _VLLM = VLLM_HEADER
 _VLLM_ANYWHERE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:")
@@ -83,6 +86,14 @@ class Event:
     def below_error(self) -> bool:
         """A vLLM line logged below ERROR: a warning explains no death (NCCL's WARN is its error, and counts)."""
         return self.kind is not Kind.kernel and self.from_log and self.vllm_level in ("DEBUG", "INFO", "WARNING")
+
+    @property
+    def said(self) -> str:
+        """What the line says, as its writer put it: the exception line as Python printed it, else the text without
+        vLLM's header (and without V0's `Exception in worker X while processing method Y: ` in front of the error)."""
+        if self.exception is not None:
+            return self.exception.stated
+        return _V0_WORKER.sub("", VLLM_HEADER.sub("", self.text, count=1), count=1)
 
     @property
     def vllm_level(self) -> str | None:

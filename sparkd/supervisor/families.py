@@ -209,7 +209,8 @@ FAMILIES: tuple[Family, ...] = (
              "max_model_len or gpu_memory_utilization must change",
              message=r"No available memory for the cache blocks|KV cache is needed, which is larger than the "
                      r"available KV cache memory|Cannot auto-fit max_model_len|[Ii]nsufficient (?:memory for )?KV "
-                     r"cache|available KV cache memory[^.]{0,40}-\d"),
+                     r"cache|available KV cache memory[^.]{0,40}-\d|larger than the maximum number of tokens that can "
+                     r"be stored in KV cache"),
         sign("a setting the GPU or the model cannot take, in vLLM's words for a rejected value",
              types=r"ValueError|NotImplementedError|TypeError|AssertionError",
              message=r"must be divisible by|is not supported|are not supported|not supported (?:for|with|on|by)\b|"
@@ -271,11 +272,6 @@ def quote(text: str, limit: int = 200) -> str:
     return f"`{text if len(text) <= limit else text[:limit - 1] + '…'}`"
 
 
-def _evidence(event: Event) -> str:
-    exc = event.exception
-    return exc.summary if exc is not None else event.text
-
-
 def what_of(family: Family, event: Event) -> str:
     """The "what happened" clause of a family hit: the family's words, the quoted error and where it was raised."""
     exc: PyException | None = event.exception
@@ -284,7 +280,7 @@ def what_of(family: Family, event: Event) -> str:
         where = f" (importing {exc.imported} failed)"
     elif exc is not None and exc.where is not None:
         where = f" (raised in {exc.where})"
-    return f"{family.what}: {quote(_evidence(event))}{where}"
+    return f"{family.what}: {quote(event.said)}{where}"
 
 
 # How a process is stopped, not why it failed: a Ctrl-C while vLLM builds its config is no config error.
