@@ -65,13 +65,14 @@ class Scan:
     followed: Finding | None = None  # a later cause-level finding of another class that followed from the best
 
 
+_ABORTED = re.compile(r"exit code:? -6\b|\bSIGABRT\b")
 _ERRORISH = re.compile(r"\b(?:\w*Error|\w*Exception|Traceback|FATAL|Fatal|ERROR)\b")
 
 
 def _rule(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier: Sequence[str]
           ) -> tuple[Rule, re.Match[str]] | None:
     text = event.text
-    if not ANY.search(text):
+    if event.kind is Kind.code or not ANY.search(text):
         return None
     for rule in RULES:
         m = rule.pattern.search(text)
@@ -173,6 +174,10 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
         findings.append(found)
         if _better(found, best) or _later_wait(found, best):
             best = found
+    if best is not None and best.cls is FailureClass.engine_dead and _ABORTED.search(best.evidence):
+        # a process that died of SIGABRT aborted itself, and NCCL's watchdog says why even when its line comes later
+        best = next((f for f in findings if f.event.index > best.event.index and f.cls is FailureClass.nccl
+                     and f.tier <= Tier.GENERIC), best)
     followed = None
     if best is not None:
         followed = next((f for f in findings if f.event.index > best.event.index and f.cls is not best.cls

@@ -11,6 +11,8 @@ The classifier decides from events, not raw lines. Kinds, by who wrote the line:
 - ``ray``: Ray's own lines (``(raylet)``, ``ray.exceptions...``);
 - ``kernel``: the kernel's (dmesg, ``journalctl -k``): NVRM and Xid, PCIe AER, OOM kills — the daemon passes these in
   from the kernel log (`ClassifyContext.kernel_lines`), and they count as logged before the tail;
+- ``code``: a line of source under a traceback's frame (``raise RuntimeError("Failed to infer device type")``): it
+  quotes what runs, never what failed;
 - ``other``: the rest.
 
 The decoration in front of a line is removed first: ANSI colours, vLLM's ``(EngineCore_DP0 pid=N)`` and the prefixes
@@ -41,6 +43,7 @@ class Kind(StrEnum):
     cuda = "cuda"
     ray = "ray"
     kernel = "kernel"
+    code = "code"  # a line of source Python printed under a traceback's frame: it says what runs, not what failed
     other = "other"
 
 
@@ -50,6 +53,8 @@ class Kind(StrEnum):
 _PROCESS = re.compile(r"\((?P<process>[A-Za-z_][\w.\-]*(?:\((?:[^()]|\([^()]*\))*\))?)(?: \w+=[\w.\-]+)* "
                       r"pid=(?P<pid>\d{1,18})"
                       r"(?:, ip=[^)]*)?\)[ \t]?")
+# colour codes pasted as text, the way a terminal or a pager shows them (`^[[36m`)
+_CARET_ANSI = re.compile(r"\^\[\[[0-9;]*[A-Za-z]")
 _V0_WORKER = re.compile(r"^Exception in worker \S+ while processing method \w+: ")
 _LEAD_LIMIT = 160  # a prefix further into the line is text, not decoration
 _VLLM = VLLM_HEADER
@@ -110,7 +115,7 @@ class _Line:
 
 
 def _undecorate(raw: str) -> _Line:
-    frames, process, pid = segments_of_process(raw)
+    frames, process, pid = segments_of_process(_CARET_ANSI.sub("", raw))
     out: list[str] = []
     lead_time = None
     for frame in frames:
@@ -189,5 +194,7 @@ def read_events(log_tail: Sequence[str], kernel_lines: Sequence[str] = (), oom_k
         exception = parser.found.get(index)
         if exception is not None and kind in (Kind.other, Kind.vllm, Kind.cuda, Kind.ray):
             kind = Kind.python
+        elif index in parser.code:
+            kind = Kind.code
         events.append(Event(index, text, kind, process, level, time or lead_time, from_log, exception))
     return events

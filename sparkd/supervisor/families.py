@@ -111,13 +111,16 @@ FAMILIES: tuple[Family, ...] = (
              tier=Tier.GENERIC),
         sign("the same raised by torch.distributed", types=r"Dist\w*Error",
              message=r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe", tier=Tier.GENERIC),
-        sign("Ray's own words for a node that left the cluster",
-             message=r"\b(?:node|raylet)\b[^.]{0,80}\b(?:died|is dead|has been marked dead|was terminated|"
-                     r"failed health check)", kinds={K.ray, K.python}, tier=Tier.GENERIC, flags=_I),
+        sign("Ray's own words for a node that left the cluster (its raylet's, its GCS's events)",
+             message=r"\b(?:node|raylet)\b.{0,240}?(?P<said>\b(?:died|is dead|has been marked dead|was terminated|"
+                     r"failed health check)\b.*)", tier=Tier.GENERIC, flags=_I),
+        sign("the event Ray's GCS records when it removes a node", message=r"\bRAY_NODE_REMOVED\b",
+             tier=Tier.GENERIC),
     )),
     Family(F.rendezvous_timeout, "The ranks never met at the torch.distributed rendezvous", (
-        sign("Ray could not place every rank on the cluster in time, so they never started to meet",
-             message=r"Cannot provide a placement group"),
+        sign("Ray could not place every rank on the cluster (vLLM's timeout, or Ray's autoscaler finding no node that "
+             "fits), so they never started to meet",
+             message=r"Cannot provide a placement group|No available node types can fulfill resource request"),
         sign("torch's store raises DistStoreError when the ranks do not all arrive in time",
              types=r"DistStoreError", tier=Tier.GENERIC),
         sign("a rank could not reach the store or the Gloo mesh of the others",
@@ -135,14 +138,18 @@ FAMILIES: tuple[Family, ...] = (
              types=r"DistBackendError", tier=Tier.GENERIC),
         sign("NCCL's own error codes", message=r"\bnccl(?:InternalError|SystemError|UnhandledCudaError|"
                                                r"InvalidArgument|InvalidUsage)\b"),
-        sign("the collective libraries of other accelerators (HCCL on Ascend, oneCCL on XPU) failing",
-             message=r"\b(?:HCCL|oneCCL|RCCL)\b.{0,80}\b(?:error|fail\w*|timeout|timed out)\b", flags=_I),
+        sign("the collective libraries of other accelerators (HCCL on Ascend, oneCCL on XPU) failing, in their words "
+             "or their function names (HcclAllreduce ...)",
+             message=r"\b(?:hccl|oneccl|rccl)\w*\b.{0,120}\b(?:error|fail\w*|timeout|timed out|times out)\b|"
+                     r"\b(?:error|fail\w*)\b.{0,120}\bhccl\w*", flags=_I),
+        sign("Ascend's EI error codes are HCCL's (EI0006: getting a socket to the other ranks timed out)",
+             message=r"\bEI\d{4}\b"),
         sign("torch's and vLLM's NCCL wrappers: the detail, when there is one, is an NCCL WARN line",
              message=r"\bNCCL error\b", tier=Tier.GENERIC, flags=_I),
         sign("a Bus error (SIGBUS) in a rank: a shared-memory segment (NCCL's, in /dev/shm) could not be backed, "
              "/dev/shm is too small or full", message=r"Fatal Python error: Bus error"),
         sign("a native crash whose faulting function is NCCL's own (its proxy thread, an nccl* call)",
-             message=r"^\s*PC: @\s+0x[0-9a-f]+\s.*\b(?:nccl\w*|\w*[Pp]roxy\w*)\(\)"),
+             message=r"\bPC: @\s+0x[0-9a-f]+\s.*\b(?:nccl\w*|\w*[Pp]roxy\w*)\(\)"),
         sign("ProcessGroupNCCL's own report of a collective that failed or timed out",
              message=r"Some NCCL operations have failed or timed out|NCCL communicator was aborted",
              tier=Tier.GENERIC),
@@ -153,13 +160,18 @@ FAMILIES: tuple[Family, ...] = (
         sign("a device allocator's out-of-memory in any wording (CUDA, HIP, NPU, XPU, HPU, the driver)",
              message=rf"\b{_DEVICE}\b[^.\n]{{0,60}}\bout of memory\b|\bout of (?:device )?memory\b.{{0,40}}"
                      rf"\b{_DEVICE}\b|^out of memory\b", kinds=_ERROR_LINES),
+        sign("an allocator that could not have the memory, in other words (torch's host allocator, a device's "
+             "'lack of device memory', vLLM's 'not enough GPU memory' while loading); not the KV cache's budget, which "
+             "is the config's, nor NCCL's registration",
+             message=r"\b(?:lack of|not enough|insufficient|can't allocate|cannot allocate|unable to allocate|failed "
+                     r"to allocate)\b.{0,24}\b(?:device |host |GPU |CPU |NPU )?memory\b", kinds=_ERROR_LINES,
+             flags=_I, unless=r"KV cache|cache blocks|max_model_len|ibv_|NCCL|/dev/shm"),
         sign("the allocation error codes of CUDA, HIP, cuBLAS, XLA, Ascend's runtime and Intel's Level Zero (whose "
              "out-of-resources is how an XPU reports an allocation it cannot satisfy)",
              message=r"cudaErrorMemoryAllocation|hipErrorOutOfMemory|CUBLAS_STATUS_ALLOC_FAILED|"
                      r"\bRESOURCE_EXHAUSTED\b|ACL_ERROR_RT_MEMORY_ALLOCATION|"
                      r"(?:UR|ZE|PI)_(?:RESULT_)?ERROR_OUT_OF_(?:DEVICE_MEMORY|HOST_MEMORY|RESOURCES)|std::bad_alloc",
              kinds=_ERROR_LINES),
-        sign("vLLM's own word while loading the weights", message=r"not enough (?:GPU|device) memory"),
         sign("Gaudi's allocator (PT_DEVMEM) failing an allocation", message=r"PT_DEVMEM\b.{0,40}Allocation failed"),
         sign("Ray's memory monitor killing a worker because its node ran low on memory",
              message=r"(?:killed|died)\b.{0,120}\b(?:low on memory|memory monitor|out of memory)", flags=_I),
@@ -178,11 +190,16 @@ FAMILIES: tuple[Family, ...] = (
                      r"Couldn't load custom C\+\+ ops|_OpNamespace"),
         sign("a module of the image lacks an attribute another one expects: the packages do not match",
              types=r"AttributeError", message=r"^module '[\w.]+' has no attribute"),
+        sign("vLLM found no platform it knows in the image (its torch or the platform plugin does not fit the "
+             "hardware), whatever frame raised it", message=r"Failed to infer device type|No platform detected"),
+        sign("Triton's ptxas in the image could not compile a kernel for this GPU",
+             message=r"PTXASError|ptxas fatal|PTXAS error"),
         sign("the image's kernels were not built for this GPU's architecture (CUDA, ROCm, Triton's ptxas)",
              message=r"no kernel image is available|cudaErrorNoKernelImageForDevice|invalid device function|"
                      r"hipErrorNoBinaryForGpu|[Nn]o binary for GPU|PTX was compiled with an unsupported toolchain|"
                      r"sm_\d+a?\b.{0,60}\b(?:not (?:supported|compatible|defined)|unsupported)|"
-                     r"\b(?:unsupported|not supported)\b.{0,40}\b(?:GPU |CUDA |compute )?arch(?:itecture)?\b|"
+                     r"\b(?:unsupported|not supported|no supported)\b.{0,40}\b(?:GPU |CUDA |compute )?"
+                     r"arch(?:itecture)?s?\b|"
                      r"\bgfx\d+\w*\b.{0,60}\b(?:not supported|unsupported)", flags=_I),
         sign("the image's CUDA needs a newer driver than the host's (vLLM's words, or the NVIDIA container runtime's "
              "check of the image's requirement before it starts)",
@@ -210,7 +227,10 @@ FAMILIES: tuple[Family, ...] = (
              message=r"No available memory for the cache blocks|KV cache is needed, which is larger than the "
                      r"available KV cache memory|Cannot auto-fit max_model_len|[Ii]nsufficient (?:memory for )?KV "
                      r"cache|available KV cache memory[^.]{0,40}-\d|larger than the maximum number of tokens that can "
-                     r"be stored in KV cache"),
+                     r"be stored in KV cache|To serve at least one request with the model'?s max seq len|"
+                     r"available KV cache memory[^.]{0,40}-\d", flags=_I),
+        sign("vLLM's (or a build of it's) error line refusing a setting the GPU cannot take",
+             message=r"only supported on GPUs with compute capability|must be divisible by", kinds={K.vllm}),
         sign("a setting the GPU or the model cannot take, in vLLM's words for a rejected value",
              types=r"ValueError|NotImplementedError|TypeError|AssertionError",
              message=r"must be divisible by|is not supported|are not supported|not supported (?:for|with|on|by)\b|"
@@ -272,7 +292,7 @@ def quote(text: str, limit: int = 200) -> str:
     return f"`{text if len(text) <= limit else text[:limit - 1] + '…'}`"
 
 
-def what_of(family: Family, event: Event) -> str:
+def what_of(family: Family, sign: Sign, event: Event) -> str:
     """The "what happened" clause of a family hit: the family's words, the quoted error and where it was raised."""
     exc: PyException | None = event.exception
     where = ""
@@ -280,7 +300,21 @@ def what_of(family: Family, event: Event) -> str:
         where = f" (importing {exc.imported} failed)"
     elif exc is not None and exc.where is not None:
         where = f" (raised in {exc.where})"
-    return f"{family.what}: {quote(event.said)}{where}"
+    return f"{family.what}: {quote(_from_the_sign(sign, event))}{where}"
+
+
+_QUOTE_FROM = 120  # a sign that holds further into a long line is quoted from where it holds (its `said` group)
+
+
+def _from_the_sign(sign: Sign, event: Event) -> str:
+    said = event.said
+    if event.exception is not None or sign.message is None:
+        return said
+    m = re.search(sign.message, said, sign.flags)
+    if m is None:
+        return said
+    start = m.start("said") if "said" in m.groupdict() and m.group("said") is not None else m.start()
+    return said if start < _QUOTE_FROM else "…" + said[start:]
 
 
 # How a process is stopped, not why it failed: a Ctrl-C while vLLM builds its config is no config error.
@@ -290,11 +324,11 @@ _STOPS = frozenset({"KeyboardInterrupt", "SystemExit", "CancelledError", "Genera
 def judge(event: Event) -> FamilyHit | None:
     """The first family of the table one of whose signs holds for the event; else the first of `BY_KIND`. A line vLLM
     logged below ERROR is never evidence (a warning quoting an optional import's ImportError)."""
-    if event.below_error or (event.exception is not None and event.exception.name in _STOPS):
+    if event.below_error or event.kind is Kind.code or (event.exception is not None and event.exception.name in _STOPS):
         return None
     for table in (FAMILIES, BY_KIND):
         for family in table:
             for s in family.signs:
                 if s.holds(event):
-                    return FamilyHit(family.cls, s.tier, what_of(family, event), s, by_kind=table is BY_KIND)
+                    return FamilyHit(family.cls, s.tier, what_of(family, s, event), s, by_kind=table is BY_KIND)
     return None

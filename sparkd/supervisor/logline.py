@@ -27,9 +27,10 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _PREFIX = re.compile(r"^\s*\((?P<process>[A-Za-z_][\w.\-]*) pid=(?P<pid>\d{1,18})(?:, ip=[^)]*)?\)[ \t]?")
 
 # vLLM's format: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s", datefmt "%m-%d %H:%M:%S"; before
-# 0.6 the file had no opening bracket ("ERROR 03-05 07:15:39 engine.py:387] ...").
+# 0.6 the file had no opening bracket ("ERROR 03-05 07:15:39 engine.py:387] ..."); builds that log through their own
+# copy of the format put the year in front (NVIDIA NIM: "ERROR 2025-07-21 14:34:24.934 factory.py:62] ...").
 VLLM_HEADER = re.compile(
-    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<time>(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
     r"\[?(?P<source>[^\[\]\s]+)\](?: |$)"
 )
 

@@ -101,7 +101,7 @@ def not_a_warning(m: re.Match[str], exit_code: int | None, ctx: ClassifyContext)
     return not BELOW_ERROR.match(m.string)
 
 
-BELOW_ERROR = re.compile(r"(?:DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d")
+BELOW_ERROR = re.compile(r"(?:DEBUG|INFO|WARNING) (?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d")
 
 
 def what_peer_link(m: re.Match[str], ctx: ClassifyContext) -> str:

@@ -61,6 +61,7 @@ from sparkd.supervisor.rulekit import (
 )
 from sparkd.supervisor.sentences import (
     APP_XID_DO,
+    INTERRUPTED,
     MEMLOCK_DO,
     NO_RETRY,
     NO_RETRY_IMAGE,
@@ -109,6 +110,10 @@ RULES: tuple[Rule, ...] = (
        r"available KV cache memory \((?P<have>[\d.]+) GiB\)",
        fmt("The KV cache cannot hold one request of max_model_len {len}: it needs {need} GiB and only {have} GiB "
             "is left"), f"lower max_model_len or raise gpu_memory_utilization in the config — {NO_RETRY}"),
+    # the worker's INFO line after profiling: what the weights and activations left for the KV cache, negative here
+    rule(F.config_error, C, r"Available KV cache memory: (?P<gib>-[\d.]+) GiB",
+       fmt("The weights and activations leave {gib} GiB for the KV cache"),
+       f"lower max_model_len or raise gpu_memory_utilization in the config — {NO_RETRY}"),
     rule(F.config_error, C, r"No available memory for the cache blocks",
        const("The weights leave no memory for the KV cache"),
        f"raise gpu_memory_utilization or use a smaller model or quantization in the config — {NO_RETRY}"),
@@ -299,6 +304,10 @@ RULES: tuple[Rule, ...] = (
        fmt("vLLM's engine core process {proc} died")),
     rule(F.engine_dead, Q, r"\[shutdown\] MPClient: engine core exited unexpectedly",
        const("vLLM's engine core process exited unexpectedly (its API server saw it die: killed or crashed)")),
+    # a worker ended by SIGTERM or SIGINT was stopped (by vLLM's own shutdown or from outside): what stopped it is
+    # the cause, the death only its fallout
+    rule(F.engine_dead, Q, r"Worker (?:proc )?(?P<proc>\S+) (?:pid \d+ )?died(?: unexpectedly)?,? \(?exit code:? "
+       r"(?P<code>-15|-2)\b", fmt("vLLM's worker process {proc} was stopped by a signal (exit code {code})")),
     rule(F.engine_dead, G, r"Worker proc (?P<proc>\S+) died unexpectedly", fmt("vLLM's worker process {proc} died")),
     # V0's multiprocessing executor (0.5-0.10): `Worker VllmWorkerProcess pid 29 died, exit code: 1`
     rule(F.engine_dead, G, r"Worker (?P<proc>\S+) pid \d+ died, exit code: (?P<code>-?\d+)",
@@ -328,6 +337,8 @@ RULES: tuple[Rule, ...] = (
     # engine core's `trigger received signal=`: vLLM's own shutdown SIGTERMs the engine core, after a crash too --
     rule(F.unknown, Q, r"\[shutdown\] API server: shutdown triggered|[Ss]hutting down FastAPI HTTP server",
        const(STOPPED_FROM_OUTSIDE), STOPPED_FROM_OUTSIDE_DO),
+    # the same in a process without that handler (V0's engine, a launcher's `python -m`): Python's own word for SIGINT
+    rule(F.unknown, Q, r"(?:^|\] )KeyboardInterrupt\s*$", const(INTERRUPTED), STOPPED_FROM_OUTSIDE_DO),
 )
 del F
 

@@ -19,6 +19,8 @@ NO_RETRY_IMAGE = "sparkd will not retry an image error"
 # The API server's SIGTERM/SIGINT line (rules.py); classify.py names no error beside it.
 STOPPED_FROM_OUTSIDE = ("vLLM shut down because its API server received SIGTERM or SIGINT from outside sparkd: `docker "
                         "stop`, systemd, earlyoom, an orchestrator or a person stopped it, not a failure inside vLLM")
+INTERRUPTED = ("vLLM was interrupted (KeyboardInterrupt: SIGINT) from outside sparkd: a person, a launcher or an "
+               "orchestrator stopped it, not a failure inside vLLM")
 STOPPED_FROM_OUTSIDE_DO = ("find who sent it (`journalctl`, `docker events`) and stop vLLM with `sparkctl stop` when "
                            "it is to stay down — sparkd restarts with backoff")
 

@@ -228,6 +228,7 @@ class TracebackParser:
 
     states: dict[tuple[str | None, int | None], _State] = field(default_factory=dict)
     found: dict[int, PyException] = field(default_factory=dict)  # by the index of the line that ends each, final
+    code: set[int] = field(default_factory=set)  # the lines of source (and carets) Python printed under a frame
 
     def feed(self, index: int, text: str, process: str | None, pid: int | None = None) -> PyException | None:
         state = self.states.setdefault((process, pid), _State())
@@ -250,6 +251,8 @@ class TracebackParser:
         found = exception_line(body, in_traceback=state.open is not None and bool(state.open.frames))
         if found is None:
             self._repr_line(state, index, text, body, process)
+            if state.open is not None and state.open.frames and body.strip():
+                self.code.add(index)
             self._code_line(state, body)
             return None
         return self._ended(state, found, index, text, process)

@@ -58,6 +58,9 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
     "rendezvous: Ray cannot place the ranks": ([ec("ValueError: Cannot provide a placement group of "
                                                    "placement_group_specs=[{'GPU': 1.0}] within 1800 seconds.")],
                                                F.rendezvous_timeout),
+    "peer: Ray's GCS removed the node": (['{"label":"RAY_NODE_REMOVED","severity":"ERROR"}'], F.peer_lost),
+    "rendezvous: Ray's autoscaler finds no node": (["(autoscaler +41s) Error: No available node types can fulfill "
+                                                    "resource request {'GPU': 1.0}."], F.rendezvous_timeout),
     "rendezvous: DistStoreError alone": (["torch.distributed.DistStoreError: wait timeout after 300000ms, keys: "
                                           "/default_pg/0//cuda//0"], F.rendezvous_timeout),
     "rendezvous: Gloo's mesh": (["RuntimeError: Gloo connectFullMesh failed with [pair.cc:144] no error"],
@@ -74,6 +77,9 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
                             F.nccl),
     "nccl: HCCL on Ascend": ([ec("RuntimeError: HCCL function error: HcclAllReduce(...), error code is 7")],
                              F.nccl),
+    "nccl: HCCL by its function's name": ([ec("RuntimeError: OPS function error: HcclAllreduce, error code is 6")],
+                                          F.nccl),
+    "nccl: Ascend's EI code": (["        Get_Socket_Timeout(EI0006): Getting socket times out."], F.nccl),
     "nccl: vLLM's V0 wrapper": ([ec("RuntimeError: NCCL Error 3: internal error")], F.nccl),
     "nccl: a Bus error (/dev/shm)": (["(RayWorker pid=1) Fatal Python error: Bus error"], F.nccl),
     "nccl: a crash in NCCL's proxy": (["(RayWorkerWrapper pid=2, ip=10.0.0.2) PC: @     0x7fcfcd849b8a  (unknown)  "
@@ -83,6 +89,8 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
     "oom: the type alone": (tb("torch.OutOfMemoryError", ENGINE_STEP), F.oom),
     "oom: an NPU's wording": ([ec("RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB")], F.oom),
     "oom: an error code": ([ec("RuntimeError: hipErrorOutOfMemory")], F.oom),
+    "oom: the host's allocator": ([ec("RuntimeError: [enforce fail at alloc_cpu.cpp:119] DefaultCPUAllocator: can't "
+                                      "allocate memory: you tried to allocate 4398046511104 bytes.")], F.oom),
     "oom: vLLM while loading": ([ec("Failed to load model - not enough GPU memory.")], F.oom),
     "oom: Gaudi": ([ec("RuntimeError: [Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::1073741824 "
                        "(1024)MB")], F.oom),
@@ -99,6 +107,11 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
     "image: undefined symbol": ([ec("OSError: /x/_C.so: undefined symbol: _ZN3c10")], F.image_error),
     "image: module attribute": ([ec("AttributeError: module 'triton.language' has no attribute 'fp8e4nv'")],
                                 F.image_error),
+    "image: no platform vLLM knows": (tb("RuntimeError: Failed to infer device type", CONFIG), F.image_error),
+    "image: Triton's ptxas": (["triton.runtime.errors.PTXASError: PTXAS error: Internal Triton PTX codegen error"],
+                              F.image_error),
+    "image: no supported architecture (FlashInfer)": ([ec("RuntimeError: No supported CUDA architectures found for "
+                                                         "major versions [10].")], F.image_error),
     "image: not built for the architecture": ([ec("RuntimeError: HIP error: invalid device function")],
                                               F.image_error),
     "image: driver too old": ([ec("RuntimeError: CUDA driver version is insufficient for CUDA runtime version")],
@@ -119,6 +132,8 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
     "config: the KV cache comes out negative": ([ec("ValueError: ... (12.00 GiB KV cache is needed, which is larger "
                                                     "than the available KV cache memory (-3.20 GiB).")],
                                                 F.config_error),
+    "config: another build's error line": (["ERROR 2025-07-21 14:34:24.934 factory.py:62] Bfloat16 is only supported "
+                                            "on GPUs with compute capability of at least 8.0."], F.config_error),
     "config: a value the GPU cannot take": ([ec("ValueError: Bfloat16 is only supported on GPUs with compute "
                                                 "capability of at least 8.0.")], F.config_error),
     "config: more GPUs than there are": ([ec("RuntimeError: CUDA error: invalid device ordinal")], F.config_error),
@@ -182,7 +197,28 @@ def test_what_no_family_claims(line: str, why: str) -> None:
 
 
 def test_a_stop_is_no_family() -> None:
-    """A Ctrl-C while vLLM builds its config says how the process stopped, not that the config is wrong."""
+    """A Ctrl-C while vLLM builds its config says how the process stopped, not that the config is wrong; the worker's
+    death by the SIGTERM that follows is the stop's fallout."""
     lines = tb("KeyboardInterrupt", CONFIG)
     assert judge(read_events(lines)[-1]) is None
     assert classify(None, 2, lines).cls is F.unknown
+    worker = "ERROR 08-17 23:28:45 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 12 died, exit code: -15"
+    failure = classify(None, 2, [*lines, worker])
+    assert failure.cls is F.unknown and "KeyboardInterrupt" in failure.sentence, failure.sentence
+
+
+def test_a_line_of_source_is_no_evidence() -> None:
+    """The source line Python prints under a frame says what runs, not what failed."""
+    lines = ["Traceback (most recent call last):", f'  File "{SITE}/vllm/platforms/__init__.py", line 9, in resolve',
+             '    raise RuntimeError("CUDA error: out of memory")', "RuntimeError: shape mismatch"]
+    assert classify(1, None, lines).cls is F.unknown
+
+
+def test_an_abort_is_explained_by_the_watchdog_after_it() -> None:
+    """A worker that died of SIGABRT was aborted by NCCL's watchdog, whose timeout may be logged after the death."""
+    lines = ["ERROR 07-01 13:54:43 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 1159 died, "
+             "exit code: -6",
+             "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: "
+             "WorkNCCL(SeqNum=2, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out."]
+    assert classify(1, None, lines).cls is F.nccl
+    assert classify(1, None, [lines[0].replace("-6", "-11"), lines[1]]).cls is F.engine_dead

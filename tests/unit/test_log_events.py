@@ -100,7 +100,14 @@ def test_code_and_prose_are_not_exceptions() -> None:
     ("intel-gpu-vllm  | ERROR 12-20 00:16:06 worker_base.py:464] RuntimeError: XPU out of memory.",
      "ERROR 12-20 00:16:06 worker_base.py:464] RuntimeError: XPU out of memory.", None, "12-20 00:16:06"),
     ("[rank0]: RuntimeError: CUDA error: out of memory", "RuntimeError: CUDA error: out of memory", None, None),
-], ids=["CI timestamp", "kubectl", "Ray Data", "journal", "compose, V0 header", "torchrun"])
+    ("^[[36m(RayWorkerWrapper pid=4823, ip=10.2.6.2)^[[0m PC: @     0x7ee184049b8a  (unknown)  addProxyOpIfNeeded()",
+     "PC: @     0x7ee184049b8a  (unknown)  addProxyOpIfNeeded()", "RayWorkerWrapper", None),
+    ("(EngineCore_1 pid=113803) (VllmWorker rank=0 pid=114020) ERROR 07-01 08:38:50 [x.py:492] RuntimeError: y",
+     "ERROR 07-01 08:38:50 [x.py:492] RuntimeError: y", "VllmWorker", "07-01 08:38:50"),
+    ("ERROR 2025-07-21 14:34:24.934 factory.py:62] Bfloat16 is only supported",
+     "ERROR 2025-07-21 14:34:24.934 factory.py:62] Bfloat16 is only supported", None, "2025-07-21 14:34:24"),
+], ids=["CI timestamp", "kubectl", "Ray Data", "journal", "compose, V0 header", "torchrun", "colours as text",
+        "0.9's worker", "a build's own year"])
 def test_a_launchers_prefix_is_not_the_line(raw: str, text: str, process: str | None, time: str | None) -> None:
     (event,) = read_events([raw])
     assert (event.text, event.process, event.time) == (text, process, time)
