@@ -65,7 +65,7 @@ def test_held_out_accuracy() -> None:
     rounds = list(_ROUND.finditer(MISSES.read_text(encoding="utf-8")))
     blind = ""
     if rounds:  # the last measurement of excerpts the classifier had not met (their misses then moved to development)
-        last = rounds[-1]
+        last = max(rounds, key=lambda m: int(m.group("n")))
         right, total = int(last.group("right")), int(last.group("total"))
         blind = (f" (round {last.group('n')}, blind, at {last.group('commit')}: {right}/{total}, "
                  f"{100 * right / total:.1f} %)")
