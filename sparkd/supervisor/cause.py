@@ -59,7 +59,8 @@ class Scan:
     best: Finding | None  # the cause: lowest tier, then earliest (an explaining cause first, EXPLAINS)
     first_exception: PyException | None  # the first exception that is no consequence, in an error line
     first_consequence: PyException | None  # the first exception of all, when every one is a consequence
-    last_vllm_error: str | None  # the last message vLLM logged at ERROR (not a traceback's line)
+    first_vllm_error: str | None  # the first message vLLM logged at ERROR (not a traceback's line)
+    last_vllm_error: str | None  # the last one
     last_errorish: str | None  # the last line that looks like an error
     last_line: str | None  # the log's last line
     followed: Finding | None = None  # a later cause-level finding of another class that followed from the best
@@ -136,16 +137,15 @@ def _later_wait(hit: Finding, best: Finding | None) -> bool:
     return best is not None and best.tier is Tier.AMBIGUOUS and hit.rule is not None and hit.rule is best.rule
 
 
-def _last_vllm_error(event: Event) -> str | None:
+def _vllm_error(event: Event) -> str | None:
     """vLLM's own error message on this line, when it is one (not a line of a traceback vLLM logged)."""
     if event.kind is not Kind.vllm or event.exception is not None:
         return None
     m = VLLM_HEADER.match(event.text)
     if m is None or m.group("level") not in ("ERROR", "CRITICAL"):
         return None
-    body = event.text[m.end():]
-    if not body.strip() or body[:1].isspace() or body.startswith(("Traceback", "File ", *_CHAIN_MARKERS)) or \
-            set(body.strip()) <= set("^~ "):
+    body = event.text[m.end():].strip()
+    if not body or body.startswith(("Traceback", "File ", *_CHAIN_MARKERS)) or set(body) <= set("^~ "):
         return None
     return event.text
 
@@ -154,13 +154,14 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
     best: Finding | None = None
     first_exception: PyException | None = None
     first_consequence: PyException | None = None
-    last_vllm_error = last_errorish = None
+    first_vllm_error = last_vllm_error = last_errorish = None
     findings: list[Finding] = []
     earlier: list[str] = []
     for event in events:
-        if event.from_log and not event.below_error and _ERRORISH.search(event.text):
+        if event.from_log and not event.below_error and event.kind is not Kind.code and _ERRORISH.search(event.text):
             last_errorish = event.text
-        last_vllm_error = _last_vllm_error(event) or last_vllm_error
+        said = _vllm_error(event)
+        first_vllm_error, last_vllm_error = first_vllm_error or said, said or last_vllm_error
         found = _finding(event, exit_code, ctx, earlier)
         earlier.append(event.text)
         exc = event.exception
@@ -183,4 +184,5 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
         followed = next((f for f in findings if f.event.index > best.event.index and f.cls is not best.cls
                          and f.tier <= Tier.GENERIC), None)
     last_line = next((e.text for e in reversed(events) if e.from_log), None)
-    return Scan(best, first_exception, first_consequence, last_vllm_error, last_errorish, last_line, followed)
+    return Scan(best, first_exception, first_consequence, first_vllm_error, last_vllm_error, last_errorish, last_line,
+                followed)

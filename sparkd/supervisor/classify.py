@@ -140,6 +140,10 @@ def _raised(where: str | None) -> str:
     return f" (raised in {where})" if where else ""
 
 
+def _message(line: str) -> str:
+    return VLLM_HEADER.sub("", line, count=1).strip()
+
+
 def _what_happened(found: Scan) -> str:
     """For a death no family or rule explains: the root exception, where it was raised, and vLLM's last error line
     when it says something else — never nothing, when the log has an error at all."""
@@ -148,12 +152,14 @@ def _what_happened(found: Scan) -> str:
     if exc is not None:
         root = exc.root
         parts.append(f"the first error in the log is {_quote(root.stated)}{_raised(root.where)}")
-    last = found.last_vllm_error
-    if last is not None and (exc is None or exc.root.message[:40] not in last):
-        parts.append(f"vLLM's last error line is {_quote(last)}")
-    elif exc is None and found.last_errorish is not None:
+    first, last = found.first_vllm_error, found.last_vllm_error
+    if exc is None and first is not None:
+        parts.append(f"the first error vLLM logged is {_quote(_message(first))}")
+    if last is not None and last != first and (exc is None or exc.root.message[:40] not in last):
+        parts.append(f"vLLM's last error line is {_quote(_message(last))}")
+    elif exc is None and first is None and found.last_errorish is not None:
         parts.append(f"the last error-looking line is {_quote(found.last_errorish)}")
-    elif exc is None and found.last_line is not None:
+    elif exc is None and first is None and found.last_line is not None:
         parts.append(f"the log's last line is {_quote(found.last_line)}")
     return "; ".join(parts)
 
@@ -162,7 +168,7 @@ def _unmatched(found: Scan, ctx: ClassifyContext, make: _Sentence) -> Failure:
     said = _what_happened(found)
     named = f"; {said}" if said else ""
     exc = found.first_exception
-    evidence = exc.root.stated if exc is not None else (found.last_vllm_error or found.last_errorish)
+    evidence = exc.root.stated if exc is not None else (found.first_vllm_error or found.last_errorish)
     if make.exit_code == 0 and make.sig is None:
         if ctx.was_ready is False:
             what = "vLLM exited with status 0 before it was ready and logged no error"
@@ -185,7 +191,7 @@ def _unmatched(found: Scan, ctx: ClassifyContext, make: _Sentence) -> Failure:
                 f"{_raised(exc.root.where)}")
         last = found.last_vllm_error
         if last is not None and exc.root.message[:40] not in last:
-            what += f"; vLLM's last error line is {_quote(last)}"
+            what += f"; vLLM's last error line is {_quote(_message(last))}"
     elif make.exit_code is None:
         what = "vLLM went away and its exit status is unknown" + named
     else:

@@ -97,7 +97,7 @@ class Event:
         """What the line says, as its writer put it: the exception line as Python printed it, else the text without
         vLLM's header (and without V0's `Exception in worker X while processing method Y: ` in front of the error)."""
         if self.exception is not None:
-            return self.exception.stated
+            return self.exception.told
         return _V0_WORKER.sub("", VLLM_HEADER.sub("", self.text, count=1), count=1)
 
     @property

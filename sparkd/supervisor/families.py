@@ -184,6 +184,10 @@ FAMILIES: tuple[Family, ...] = (
              "does not load", imported=True),
         sign("a module or name that cannot be imported is missing from the image",
              types=r"ModuleNotFoundError|ImportError"),
+        sign("Python's words for a module that is not installed, printed bare (a Ray worker unpickling a task)",
+             message=r"^No module named '[\w.]+'", kinds={K.other, K.ray}),
+        sign("the CPU cannot run an instruction the build uses (SIGILL: a wheel built for AVX-512 or another CPU)",
+             message=r"\bIllegal instruction\b\s*\(core dumped\)|Fatal Python error: Illegal instruction"),
         sign("a compiled library that cannot load or resolve a symbol was built for another torch, CUDA or Python",
              message=r"undefined symbol|cannot open shared object file|\.so[\w.]*: cannot|"
                      r"No package metadata was found|operator \S+ does not exist|"
@@ -287,8 +291,9 @@ BY_KIND: tuple[Family, ...] = (
 
 
 def quote(text: str, limit: int = 200) -> str:
-    """A log line as a sentence quotes it: in backticks, whitespace runs made one, at most `limit` characters."""
-    text = " ".join(text.split())
+    """A log line as a sentence quotes it: verbatim in backticks (tabs and line breaks made spaces), at most `limit`
+    characters."""
+    text = re.sub(r"[\t\r\n]+", " ", text.strip())
     return f"`{text if len(text) <= limit else text[:limit - 1] + '…'}`"
 
 

@@ -111,8 +111,8 @@ RULES: tuple[Rule, ...] = (
        fmt("The KV cache cannot hold one request of max_model_len {len}: it needs {need} GiB and only {have} GiB "
             "is left"), f"lower max_model_len or raise gpu_memory_utilization in the config — {NO_RETRY}"),
     # the worker's INFO line after profiling: what the weights and activations left for the KV cache, negative here
-    rule(F.config_error, C, r"Available KV cache memory: (?P<gib>-[\d.]+) GiB",
-       fmt("The weights and activations leave {gib} GiB for the KV cache"),
+    rule(F.config_error, C, r"Available (?:KV cache )?memory: (?P<left>-[\d.]+(?: GiB)?|0(?:\.0+)?(?: GiB)?)(?:,|\s*$)",
+       fmt("The weights and activations leave {left} for the KV cache"),
        f"lower max_model_len or raise gpu_memory_utilization in the config — {NO_RETRY}"),
     rule(F.config_error, C, r"No available memory for the cache blocks",
        const("The weights leave no memory for the KV cache"),
@@ -287,6 +287,10 @@ RULES: tuple[Rule, ...] = (
     rule(F.stall, A, r"Avg prompt throughput: 0\.0 tokens/s, Avg generation throughput: 0\.0 tokens/s, "
        r"Running: (?P<running>[1-9]\d{0,17}) reqs",
        fmt("vLLM's throughput log shows {running} request(s) running and no token generated")),
+    # the same with the requests queued and none scheduled (V0's `Pending`, V1's `Waiting`)
+    rule(F.stall, A, r"Avg prompt throughput: 0\.0 tokens/s, Avg generation throughput: 0\.0 tokens/s, "
+       r"Running: 0 reqs,.*?(?:Pending|Waiting): (?P<waiting>[1-9]\d{0,17}) reqs",
+       fmt("vLLM's throughput log shows {waiting} request(s) waiting, none scheduled and no token generated")),
     # -- vLLM's own CUDA checks in csrc (CUDACHECK prints this line and exits the worker) --
     rule(F.engine_dead, C, r"Failed: Cuda error (?P<file>\S*custom_all_reduce\S*?):(?P<line>\d+) '(?P<err>[^']+)'",
        fmt("vLLM's custom all-reduce failed with a CUDA error ('{err}' at {file}:{line})"), CUSTOM_AR),

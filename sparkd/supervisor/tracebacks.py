@@ -129,6 +129,12 @@ class PyException:
         return _RAY_REPEAT.sub("", VLLM_HEADER.sub("", self.line, count=1)).strip()
 
     @property
+    def told(self) -> str:
+        """The exception line with the lines that continue its message, as one line: what a sentence quotes."""
+        rest = self.message.split("\n")[1:]
+        return " ".join([self.stated, *rest]) if rest else self.stated
+
+    @property
     def name(self) -> str:
         """The type without its module: ``OutOfMemoryError``."""
         return self.type.rsplit(".", 1)[-1]
@@ -201,6 +207,15 @@ def exception_line(body: str, *, in_traceback: bool) -> re.Match[str] | None:
         bare = _BARE_IN_TRACEBACK.search(name) is not None
         return m if (named or bare or (name[:1].isupper() and (":" in text or "." in m.group("type")))) else None
     return m if named and m.group("message") else None
+
+
+def _wrapped(exc: PyException, body: str) -> bool:
+    """The exception's message stops after a comma (or mid-word) and the line goes on in words, not as a log line."""
+    tail = exc.message.rstrip()
+    starts = body.lstrip()[:1]
+    if not tail or body.strip() in (_CAUSE, _CONTEXT) or exception_line(body, in_traceback=False) is not None:
+        return False
+    return tail.endswith(",") or (tail[-1].isalnum() and (starts.islower() or starts.isdigit()))
 
 
 @dataclass
@@ -298,12 +313,14 @@ class TracebackParser:
         return exc
 
     def _continues(self, state: _State, body: str) -> bool:
-        """An indented line right after an exception line continues its message (pydantic's detail lines)."""
+        """A line right after an exception line continues its message when it is indented (pydantic's detail lines)
+        or when the message broke off mid-sentence (a terminal that wrapped it after a comma)."""
         exc = state.continuing
         if exc is None or state.continued >= _CONTINUATION_LINES:
             state.continuing = None
             return False
-        if not body.startswith((" ", "\t")) or not body.strip() or _FRAME.match(body) or _START.search(body):
+        indented = body.startswith((" ", "\t"))
+        if not body.strip() or _FRAME.match(body) or _START.search(body) or not (indented or _wrapped(exc, body)):
             state.continuing = None
             return False
         updated = replace(exc, message=f"{exc.message}\n{body.strip()}"[:_MAX_MESSAGE])

@@ -104,6 +104,9 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
                                          ("vllm/__init__.py", "<module>", "import flash_attn"),
                                          ("flash_attn/__init__.py", "<module>")), F.image_error),
     "image: ImportError alone": (tb("ImportError", ENGINE_STEP), F.image_error),
+    "image: Python's bare words": (["(TemporaryActor pid=1495807) No module named 'vllm'"], F.image_error),
+    "image: an instruction the CPU lacks": (["run.sh: line 18:  1669 Illegal instruction     (core dumped) python -m "
+                                             "vllm.entrypoints.openai.api_server"], F.image_error),
     "image: undefined symbol": ([ec("OSError: /x/_C.so: undefined symbol: _ZN3c10")], F.image_error),
     "image: module attribute": ([ec("AttributeError: module 'triton.language' has no attribute 'fp8e4nv'")],
                                 F.image_error),
@@ -205,6 +208,21 @@ def test_a_stop_is_no_family() -> None:
     worker = "ERROR 08-17 23:28:45 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 12 died, exit code: -15"
     failure = classify(None, 2, [*lines, worker])
     assert failure.cls is F.unknown and "KeyboardInterrupt" in failure.sentence, failure.sentence
+
+
+@pytest.mark.parametrize(("line", "cls", "says"), [
+    ("INFO 09-18 16:11:03 metrics.py:351] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 "
+     "tokens/s, Running: 0 reqs, Swapped: 0 reqs, Pending: 22 reqs, GPU KV cache usage: 0.0%", F.stall,
+     "22 request(s) waiting, none scheduled"),
+    ("(Worker_TP2 pid=554) INFO 10-28 21:14:48 [worker_v1.py:259] Available memory: 0, total memory: 65452113920",
+     F.config_error, "leave 0 for the KV cache"),
+    ("INFO 12-23 23:34:20 [gpu_worker.py:298] Available KV cache memory: -2.77 GiB", F.config_error,
+     "leave -2.77 GiB for the KV cache"),
+], ids=["a queue nothing takes", "no memory left for the KV cache", "a negative KV cache"])
+def test_lines_below_error_that_still_say_why(line: str, cls: FailureClass, says: str) -> None:
+    """A few INFO lines state a failure outright (rules.py reads them; a family never reads below ERROR)."""
+    failure = classify(1, None, [line])
+    assert failure.cls is cls and says in failure.sentence, failure.sentence
 
 
 def test_a_line_of_source_is_no_evidence() -> None:

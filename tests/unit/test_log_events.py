@@ -79,6 +79,14 @@ def test_a_message_continues_on_indented_lines_and_an_import_is_named() -> None:
     assert exceptions(imported)[0].imported == "torchvision"
 
 
+def test_a_message_a_terminal_wrapped_goes_on() -> None:
+    lines = ["ValueError: To serve at least one request with the model's max seq len (196608),",
+             "23.25 GiB KV cache is needed, which is larger than the available KV cache memory (22.5 GiB).",
+             "INFO 01-01 00:00:00 [x.py:1] next"]
+    (exc,) = exceptions(lines)
+    assert exc.told.endswith("available KV cache memory (22.5 GiB).") and exc.stated.endswith("(196608),")
+
+
 def test_code_and_prose_are_not_exceptions() -> None:
     lines = ["Traceback (most recent call last):", '  File "/x/y.py", line 3, in f', "next(self.gen)", "raise",
              "RuntimeError: real"]
