@@ -31,36 +31,36 @@ _I = re.IGNORECASE
 @dataclass(frozen=True)
 class Sign:
     reason: str  # why this sign means the family
-    types: str | None = None  # the exception's type, without its module (fullmatch)
-    message: str | None = None  # searched in the exception's message, or a line's text
+    types: re.Pattern[str] | None = None  # the exception's type, without its module (fullmatch)
+    message: re.Pattern[str] | None = None  # searched in the exception's message, or a line's text
     raised_in: frozenset[Subsystem] | None = None  # the subsystem the exception was raised in
     imported: bool = False  # raised while a module was being imported
     kinds: frozenset[Kind] | None = None  # the kinds of line it applies to (None: any)
     tier: Tier = Tier.CAUSE
-    flags: int = 0
-    unless: str | None = None  # the message or text must not hold this
+    unless: re.Pattern[str] | None = None  # the message or text must not hold this
 
     def holds(self, event: Event) -> bool:
         exc = event.exception
         if self.kinds is not None and event.kind not in self.kinds:
             return False
-        if self.types is not None and (exc is None or not re.fullmatch(self.types, exc.name)):
+        if self.types is not None and (exc is None or not self.types.fullmatch(exc.name)):
             return False
         if self.raised_in is not None and (exc is None or exc.subsystem not in self.raised_in):
             return False
         if self.imported and (exc is None or exc.imported is None):
             return False
         subject = exc.message if exc is not None else event.text
-        if self.message is not None and re.search(self.message, subject, self.flags) is None:
+        if self.message is not None and self.message.search(subject) is None:
             return False
-        return self.unless is None or re.search(self.unless, subject) is None
+        return self.unless is None or self.unless.search(subject) is None
 
 
 def sign(reason: str, types: str | None = None, message: str | None = None, *, raised_in: set[Subsystem] | None = None,
          imported: bool = False, kinds: set[Kind] | None = None, tier: Tier = Tier.CAUSE, flags: int = 0,
          unless: str | None = None) -> Sign:
-    return Sign(reason, types, message, frozenset(raised_in) if raised_in else None, imported,
-                frozenset(kinds) if kinds else None, tier, flags, unless)
+    return Sign(reason, re.compile(types) if types else None, re.compile(message, flags) if message else None,
+                frozenset(raised_in) if raised_in else None, imported, frozenset(kinds) if kinds else None, tier,
+                re.compile(unless) if unless else None)
 
 
 @dataclass(frozen=True)
@@ -315,7 +315,7 @@ def _from_the_sign(sign: Sign, event: Event) -> str:
     said = event.said
     if event.exception is not None or sign.message is None:
         return said
-    m = re.search(sign.message, said, sign.flags)
+    m = sign.message.search(said)
     if m is None:
         return said
     start = m.start("said") if "said" in m.groupdict() and m.group("said") is not None else m.start()
@@ -337,3 +337,4 @@ def judge(event: Event) -> FamilyHit | None:
                 if s.holds(event):
                     return FamilyHit(family.cls, s.tier, what_of(family, s, event), s, by_kind=table is BY_KIND)
     return None
+
