@@ -90,8 +90,8 @@ def _quoted(what: str | None, event: Event) -> str | None:
     as vLLM (or torch, NCCL, the kernel) put it."""
     exc = event.exception
     stated = event.said
-    core = (exc.message if exc is not None and exc.message else stated)[:40].strip()
-    if not core or (what is not None and core in what):
+    head = (exc.message if exc is not None and exc.message else stated)[:40].strip()
+    if not head or (what is not None and head in what):
         return None
     return quote(stated)
 

@@ -300,11 +300,9 @@ def quote(text: str, limit: int = 200) -> str:
 def what_of(family: Family, sign: Sign, event: Event) -> str:
     """The "what happened" clause of a family hit: the family's words, the quoted error and where it was raised."""
     exc: PyException | None = event.exception
-    where = ""
-    if exc is not None and exc.imported is not None and family.cls is F.image_error:
-        where = f" (importing {exc.imported} failed)"
-    elif exc is not None and exc.where is not None:
-        where = f" (raised in {exc.where})"
+    if exc is not None and exc.imported is not None and sign.imported:
+        return f"{family.what}: importing {exc.imported} failed with {quote(exc.told)}"
+    where = f" (raised in {exc.where})" if exc is not None and exc.where is not None else ""
     return f"{family.what}: {quote(_from_the_sign(sign, event))}{where}"
 
 
