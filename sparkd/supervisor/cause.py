@@ -13,7 +13,8 @@ only by its kind — speaks only where no rule does.
 
 Then the cause: the lowest tier, and within a tier the first event in time, because the first specific error is the
 root and the rest is fallout — except that an earlier event of an explaining class keeps its place over what it
-explains (`EXPLAINS`: a peer lost before an NCCL timeout). A vLLM line logged below ERROR is never evidence.
+explains (`EXPLAINS`: a peer lost before an NCCL timeout). A vLLM line logged below ERROR is never a family's evidence
+nor the first error; only a rule written for such a line reads it (a wait that repeats, a negative KV-cache budget).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from dataclasses import dataclass
 from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
-from sparkd.supervisor.families import FamilyHit, judge, quote
+from sparkd.supervisor.families import FamilyHit, judge
 from sparkd.supervisor.logline import VLLM_HEADER
 from sparkd.supervisor.rules import ANY, REBUILD, RULES, Rule, Tier
-from sparkd.supervisor.sentences import NO_RETRY
+from sparkd.supervisor.sentences import NO_RETRY, quote
 from sparkd.supervisor.tracebacks import PyException
 
 __all__ = ["EXPLAINS", "Finding", "Scan", "scan"]

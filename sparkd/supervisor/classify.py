@@ -10,17 +10,20 @@ vLLM process ended (or was ended). The daemon and `sparkd explain` call it the s
    stopping or restarting and took its containers with it — `host_unavailable`, a wait, whatever the log says.
 3. Exit 126/127 is a config error: the launch target is missing or not executable, or a command in it
    was not found. vLLM never ran, so there is no vLLM log to read.
-4. Otherwise the kernel's evidence and the log tail are matched against the catalogue in `rules.py`: Docker's
-   OOMKilled and the kernel-log lines of `ClassifyContext` count as lines logged before the tail (a kernel OOM
-   kill or an Xid is the root of what vLLM logs after it). The lowest tier wins; within a tier the earliest
-   line, because the first specific error is the cause and the rest is fallout.
+4. Otherwise the log is read as events (`events.py`: Docker's OOMKilled and the kernel-log lines of
+   `ClassifyContext` first, as logged before the tail — a kernel OOM kill or an Xid is the root of what vLLM logs
+   after it; every Python traceback parsed, `tracebacks.py`), each event read by the families (`families.py`) and
+   the rules (`rules.py`), and the cause picked (`cause.py`): the lowest tier wins; within a tier the earliest
+   event, because the first specific error is the cause and the rest is fallout.
 5. When the winner is a consequence (`Engine core initialization failed`, `EngineDeadError`, ...), the first
-   Python exception line in the tail that is not itself a consequence (`KeyError: 'model.embed'`) is the
-   cause: it becomes the evidence and the sentence names it. "No earlier cause" is said only when there is none.
-   The one consequence that is its own cause is a stop from outside (the API server's SIGTERM/SIGINT line):
-   `unknown`, resting on that line, unless an engine death was logged before it.
+   Python exception in the tail that is not itself a consequence (`KeyError: 'model.embed'`) is the cause: it
+   becomes the evidence and the sentence names it and where it was raised. "No earlier cause" is said only when
+   there is none, and then the consequence quotes itself. The one consequence that is its own cause is a stop from
+   outside (the API server's SIGTERM/SIGINT line, a KeyboardInterrupt): `unknown`, resting on that line, unless an
+   engine death was logged before it.
 6. Nothing matched: exit 0 is still a failure (vLLM exits 0 after engine death) → `engine_dead`; a signal
-   or other exit code → `unknown`, with the first exception line named when there is one.
+   or other exit code → `unknown`, naming the root exception and where it was raised, or vLLM's first error
+   line, and vLLM's last error line — never nothing when the log has an error.
 
 Every sentence is "what happened (how it ended); what to do." Facts from `ClassifyContext` (launch target,
 ports, MemAvailable, peer) make it specific.
@@ -37,7 +40,7 @@ from sparkd.supervisor.events import read_events
 from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.logline import VLLM_HEADER
 from sparkd.supervisor.rules import INIT_FAILED, Tier
-from sparkd.supervisor.sentences import NO_RETRY, default_do, default_what, mem_note
+from sparkd.supervisor.sentences import NO_RETRY, default_do, default_what, mem_note, quote
 
 __all__ = ["MAX_SCAN_LINES", "ClassifyContext", "classify"]
 
@@ -68,11 +71,6 @@ def _evidence(text: str | None) -> str | None:
     if text is None:
         return None
     return text if len(text) <= _MAX_EVIDENCE_CHARS else text[: _MAX_EVIDENCE_CHARS - 1] + "…"
-
-
-def _quote(line: str, limit: int = 200) -> str:
-    line = line if len(line) <= limit else line[: limit - 1] + "…"
-    return f"`{line}`"
 
 
 def _launch_error(exit_code: int, hit: Finding | None, target: str | None) -> tuple[str, str]:
@@ -125,14 +123,14 @@ def _from_finding(found: Scan, make: _Sentence) -> Failure:
     if hit.tier is Tier.CONSEQUENCE and hit.cls is not FailureClass.unknown:
         if found.first_exception is not None:
             evidence = found.first_exception.stated
-            what += f"; the first error in the log is {_quote(evidence)}{_raised(found.first_exception.where)}"
+            what += f"; the first error in the log is {quote(evidence)}{_raised(found.first_exception.where)}"
         else:  # the consequence is all the log says: quote it, as Python printed it where it did
             what += " and no earlier cause is in the log tail" if what == INIT_FAILED else ""
             said = found.first_consequence.stated if found.first_consequence is not None else hit.evidence
-            quoted = _quote(VLLM_HEADER.sub("", said, count=1))
+            quoted = quote(VLLM_HEADER.sub("", said, count=1))
     followed = found.followed
     if followed is not None and followed.cls in EXPLAINS.get(hit.cls, frozenset()):
-        what += f"; {_quote(followed.evidence)} came after it, as its consequence"
+        what += f"; {quote(followed.evidence)} came after it, as its consequence"
     return make(hit.cls, what, hit.do or default_do(hit.cls), evidence, quoted=quoted)
 
 
@@ -151,16 +149,16 @@ def _what_happened(found: Scan) -> str:
     parts = []
     if exc is not None:
         root = exc.root
-        parts.append(f"the first error in the log is {_quote(root.stated)}{_raised(root.where)}")
+        parts.append(f"the first error in the log is {quote(root.stated)}{_raised(root.where)}")
     first, last = found.first_vllm_error, found.last_vllm_error
     if exc is None and first is not None:
-        parts.append(f"the first error vLLM logged is {_quote(_message(first))}")
+        parts.append(f"the first error vLLM logged is {quote(_message(first))}")
     if last is not None and last != first and (exc is None or exc.root.message[:40] not in last):
-        parts.append(f"vLLM's last error line is {_quote(_message(last))}")
+        parts.append(f"vLLM's last error line is {quote(_message(last))}")
     elif exc is None and first is None and found.last_errorish is not None:
-        parts.append(f"the last error-looking line is {_quote(found.last_errorish)}")
+        parts.append(f"the last error-looking line is {quote(found.last_errorish)}")
     elif exc is None and first is None and found.last_line is not None:
-        parts.append(f"the log's last line is {_quote(found.last_line)}")
+        parts.append(f"the log's last line is {quote(found.last_line)}")
     return "; ".join(parts)
 
 
@@ -187,11 +185,11 @@ def _unmatched(found: Scan, ctx: ClassifyContext, make: _Sentence) -> Failure:
         do = "check the kernel log (`journalctl -k`) for an OOM kill — sparkd restarts with backoff"
         return make(FailureClass.unknown, what + named, do, evidence, with_how=False)
     if exc is not None:
-        what = (f"vLLM stopped with an error sparkd does not recognise: {_quote(exc.root.stated)}"
+        what = (f"vLLM stopped with an error sparkd does not recognise: {quote(exc.root.stated)}"
                 f"{_raised(exc.root.where)}")
         last = found.last_vllm_error
         if last is not None and exc.root.message[:40] not in last:
-            what += f"; vLLM's last error line is {_quote(_message(last))}"
+            what += f"; vLLM's last error line is {quote(_message(last))}"
     elif make.exit_code is None:
         what = "vLLM went away and its exit status is unknown" + named
     else:

@@ -4,10 +4,12 @@ an error code, the kind of line — with a phrase of its message only one sign a
 Each :class:`Family` is one row: the class it gives, what happened in words, and its signs. A :class:`Sign` holds when
 every part it names holds (the exception's type, its message or the line's text, the subsystem it was raised in, the
 kind of line, the tier); a family holds when any of its signs does, and each sign says why it means that family.
-The table is read in order, first family first: the families of what happened *to the machine* (memory, a port, a GPU
-held) come before the image and the configuration, which come before the distributed families and the GPU's faults, so
-an out-of-memory raised while importing is memory, not the image. After the table, :data:`BY_KIND` decides a line that
-no family explains by the kind of line it is (an unrecognised CUDA error is the GPU's, an error of NCCL's is NCCL's).
+The table is read in order, first family first: the startup memory check, a port and a GPU held, whose words are
+unmistakable; then the families between the ranks (a peer gone, a rendezvous that never formed, NCCL), whose errors
+may mention memory or a timeout as their detail; then memory, before the image and the configuration (an
+out-of-memory raised while importing is memory, not the image); then the GPU's faults, the wedges and the engine's
+death. After the table, :data:`BY_KIND` decides a line that no family explains by the kind of line it is (an
+unrecognised CUDA error is the GPU's, an error of NCCL's is NCCL's).
 
 Adding a family is a row here and a case in ``tests/unit/test_families.py``.
 """
@@ -20,9 +22,10 @@ from dataclasses import dataclass
 from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.rulekit import Tier
+from sparkd.supervisor.sentences import quote
 from sparkd.supervisor.tracebacks import PyException, Subsystem
 
-__all__ = ["BY_KIND", "FAMILIES", "Family", "FamilyHit", "Sign", "judge", "quote"]
+__all__ = ["BY_KIND", "FAMILIES", "Family", "FamilyHit", "Sign", "judge"]
 
 F, S, K = FailureClass, Subsystem, Kind
 _I = re.IGNORECASE
@@ -288,13 +291,6 @@ BY_KIND: tuple[Family, ...] = (
              message=r"\b(?:CUDA|HIP) (?:driver )?error\b|\b(?:cuda|hip)Error\w+", tier=Tier.GENERIC),
     )),
 )
-
-
-def quote(text: str, limit: int = 200) -> str:
-    """A log line as a sentence quotes it: verbatim in backticks (tabs and line breaks made spaces), at most `limit`
-    characters."""
-    text = re.sub(r"[\t\r\n]+", " ", text.strip())
-    return f"`{text if len(text) <= limit else text[:limit - 1] + '…'}`"
 
 
 def what_of(family: Family, sign: Sign, event: Event) -> str:

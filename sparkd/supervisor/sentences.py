@@ -27,6 +27,13 @@ STOPPED_FROM_OUTSIDE_DO = ("find who sent it (`journalctl`, `docker events`) and
 _GIB = 1024**3
 
 
+def quote(text: str, limit: int = 200) -> str:
+    """A log line as a sentence quotes it: verbatim in backticks (tabs and line breaks made spaces), at most `limit`
+    characters."""
+    text = re.sub(r"[\t\r\n]+", " ", text.strip())
+    return f"`{text if len(text) <= limit else text[:limit - 1] + '…'}`"
+
+
 def default_what(cls: FailureClass) -> str:
     return TREATMENT[cls].what
 
