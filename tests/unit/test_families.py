@@ -240,3 +240,19 @@ def test_an_abort_is_explained_by_the_watchdog_after_it() -> None:
              "WorkNCCL(SeqNum=2, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out."]
     assert classify(1, None, lines).cls is F.nccl
     assert classify(1, None, [lines[0].replace("-6", "-11"), lines[1]]).cls is F.engine_dead
+
+
+def test_an_unknown_still_says_what_happened() -> None:
+    """No family, no rule: the sentence names the chain's root exception, where it was raised, and vLLM's last error
+    line when it says something else; with no exception at all, vLLM's first error line."""
+    lines = [*tb("KeyError: 'model.layers.0.mlp.gate.weight'", ("vllm/model_executor/models/llama.py", "load_weights")),
+             "", "The above exception was the direct cause of the following exception:", "",
+             *tb("RuntimeError: weights did not load", ENGINE_STEP),
+             ec("Engine step failed; requests aborted")]
+    failure = classify(1, None, lines)
+    assert failure.cls is F.unknown, failure.sentence
+    assert "`KeyError: 'model.layers.0.mlp.gate.weight'` (raised in vllm.model_executor.models.llama.load_weights)" \
+        in failure.sentence, failure.sentence
+    assert "vLLM's last error line is `Engine step failed; requests aborted`" in failure.sentence
+    bare = classify(1, None, [ec("    halGetDeviceInfo failed, ret:87"), ec("    ctx is NULL!")])
+    assert bare.cls is F.unknown and "the first error vLLM logged is `halGetDeviceInfo failed, ret:87`" in bare.sentence
