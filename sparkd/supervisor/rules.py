@@ -127,7 +127,7 @@ RULES: tuple[Rule, ...] = (
        r"^(?:\S*/)?(?:ba|da|z)?sh: (?:line \d+: |\d+: )?(?:exec: )?(?P<path>[^:]+): "
        r"(?:No such file or directory|not found|Permission denied)\s*$",
        what_missing_path, f"fix [launch] in the config — {NO_RETRY}", when=exit_127_or_target),
-    rule(F.config_error, C, r"(?P<cmd>[^\s:]+): command not found", fmt("The command {cmd} was not found"),
+    rule(F.config_error, C, r"(?<![^\s:])(?P<cmd>[^\s:]+): command not found", fmt("The command {cmd} was not found"),
        f"fix [launch] in the config or the image — {NO_RETRY}", when=exit_127_or_target),
     # the config family's words, on the exception line itself (a traceback's frames are `families.py`'s)
     rule(F.config_error, C, r"(?:^|\] )(?:[\w.]+\.)?(?:ValueError|NotImplementedError): (?P<msg>.*?(?:must be "

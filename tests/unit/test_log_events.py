@@ -154,3 +154,12 @@ def test_an_exception_vllm_logged_as_its_repr() -> None:
     (exc,) = exceptions(whole)
     assert exc.stated.startswith("ValueError: Attempted") and exc.frames
     assert exceptions(["INFO 03-04 17:31:43 engine.py:1] ValueError('x') was handled"]) == []
+
+
+def test_a_huge_line_is_read_only_so_far() -> None:
+    """A dump of a megabyte on one line is read to its first 2048 characters (a tqdm frame each), so the patterns
+    stay cheap; an error in a later frame of a tqdm line is still read."""
+    (event,) = read_events(["x" * 1_000_000 + " torch.OutOfMemoryError: CUDA out of memory"])
+    assert len(event.text) == 2048
+    frames = read_events(["\r".join(["Loading: 10%"] * 2000) + "\rtorch.OutOfMemoryError: CUDA out of memory"])
+    assert frames[-1].exception is not None and frames[-1].exception.name == "OutOfMemoryError"
