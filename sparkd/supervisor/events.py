@@ -60,7 +60,6 @@ _LEAD_LIMIT = 160  # a prefix further into the line is text, not decoration
 # A line (a tqdm frame) is read up to here: an error states itself early, and the patterns stay cheap on a dump of
 # megabytes (300 lines of 4000 characters took the classifier before issue 39 over 40 s, 2-4 s now)
 _MAX_LINE = 2048
-_VLLM = VLLM_HEADER
 _VLLM_ANYWHERE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:")
 _GLOG = re.compile(r"^(?:\[rank\d+\]:)?\[(?P<level>[EWIF])(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d)[.\d]* [^\]]*\]")
 _GLOG_LEVEL = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}
@@ -105,7 +104,7 @@ class Event:
 
     @property
     def vllm_level(self) -> str | None:
-        m = _VLLM.match(self.text)
+        m = VLLM_HEADER.match(self.text)
         return m.group("level") if m else None
 
 
@@ -157,7 +156,7 @@ def _innermost(name: str) -> str:
 def _kind_level_time(text: str, from_log: bool) -> tuple[Kind, str | None, str | None]:
     if not from_log or _KERNEL.match(text):
         return Kind.kernel, "ERROR", None
-    m = _VLLM.match(text)
+    m = VLLM_HEADER.match(text)
     if m is not None:
         return Kind.vllm, m.group("level"), m.group("time")
     g = _GLOG.match(text)
