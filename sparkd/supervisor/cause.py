@@ -28,7 +28,7 @@ from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.families import FamilyHit, judge
 from sparkd.supervisor.logline import VLLM_HEADER
-from sparkd.supervisor.rules import ANY, REBUILD, RULES, Rule, Tier
+from sparkd.supervisor.rules import REBUILD, RULES, Rule, Tier, may_match
 from sparkd.supervisor.sentences import NO_RETRY, quote
 from sparkd.supervisor.tracebacks import PyException
 
@@ -53,6 +53,7 @@ class Finding:
     event: Event
     rule: Rule | None = None  # the rule that read it, when one did
     quoted: str | None = None  # the line it read, quoted, when `what` does not carry it
+    specific: bool = False  # its "what" is its own words (a rule's, or a sign's that names facts)
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,14 @@ _ERRORISH = re.compile(r"\b(?:\w*Error|\w*Exception|Traceback|FATAL|Fatal|ERROR)
 def _rule(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier: Sequence[str]
           ) -> tuple[Rule, re.Match[str]] | None:
     text = event.text
-    if event.kind is Kind.code or not ANY.search(text):
+    if event.kind is Kind.code:
+        return None
+    low = text.lower()
+    if not may_match(text, low):
         return None
     for rule in RULES:
+        if not rule.may_match(text, low):
+            continue
         m = rule.pattern.search(text)
         if m is None or (rule.when is not None and not rule.when(m, exit_code, ctx)):
             continue
@@ -98,8 +104,12 @@ def _quoted(what: str | None, event: Event) -> str | None:
 
 
 def _from_family(hit: FamilyHit, event: Event) -> Finding:
-    evidence = event.exception.stated if event.exception is not None else event.text
-    return Finding(hit.cls, hit.tier, hit.what, _FAMILY_DO.get(hit.cls), evidence, event)
+    """A family's reading: a sign with words of its own rests on the line as logged (like a rule's), the others on
+    the exception as Python printed it."""
+    specific = hit.sign.what is not None
+    evidence = event.exception.stated if event.exception is not None and not specific else event.text
+    return Finding(hit.cls, hit.tier, hit.what, hit.do or _FAMILY_DO.get(hit.cls), evidence, event,
+                   quoted=hit.quoted if hit.tier is not Tier.CONSEQUENCE else None, specific=specific)
 
 
 def _finding(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier: Sequence[str]) -> Finding | None:
@@ -109,15 +119,16 @@ def _finding(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier:
         rule, m = matched
         what = rule.what(m, ctx) if rule.what is not None else None
         rule_found = Finding(rule.cls, rule.tier, what, rule.do, event.text, event, rule,
-                             quoted=_quoted(what, event) if rule.tier is not Tier.CONSEQUENCE else None)
-    hit = judge(event)
+                             quoted=_quoted(what, event) if rule.tier is not Tier.CONSEQUENCE else None,
+                             specific=True)
+    hit = judge(event, ctx)
     if hit is None:
         return rule_found
     if hit.by_kind:
         return rule_found or _from_family(hit, event)
     if rule_found is None:
         return _from_family(hit, event)
-    if rule_found.cls is hit.cls or rule_found.tier < hit.tier:
+    if rule_found.tier < hit.tier or (rule_found.cls is hit.cls and rule_found.tier == hit.tier):
         return rule_found
     return _from_family(hit, event)
 
@@ -159,7 +170,8 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
     findings: list[Finding] = []
     earlier: list[str] = []
     for event in events:
-        if event.from_log and not event.below_error and event.kind is not Kind.code and _ERRORISH.search(event.text):
+        if (event.from_log and not event.below_error and event.kind not in (Kind.code, Kind.frame)
+                and _ERRORISH.search(event.text)):
             last_errorish = event.text
         said = _vllm_error(event)
         first_vllm_error, last_vllm_error = first_vllm_error or said, said or last_vllm_error

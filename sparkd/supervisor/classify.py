@@ -75,7 +75,7 @@ def _evidence(text: str | None) -> str | None:
 
 def _launch_error(exit_code: int, hit: Finding | None, target: str | None) -> tuple[str, str]:
     """What and do for exit 126/127, preferring a log line that names the culprit."""
-    if hit is not None and hit.cls is FailureClass.config_error and hit.rule is not None and hit.what is not None:
+    if hit is not None and hit.cls is FailureClass.config_error and hit.specific and hit.what is not None:
         return hit.what, hit.do or default_do(FailureClass.config_error)
     do = f"fix [launch] in the config — {NO_RETRY}"
     if exit_code == 126:

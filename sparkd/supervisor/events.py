@@ -13,22 +13,29 @@ The classifier decides from events, not raw lines. Kinds, by who wrote the line:
   from the kernel log (`ClassifyContext.kernel_lines`), and they count as logged before the tail;
 - ``code``: a line of source under a traceback's frame (``raise RuntimeError("Failed to infer device type")``): it
   quotes what runs, never what failed;
+- ``frame``: the structure of a traceback (``Traceback (most recent call last):``, ``File "...", line N, in f``, the
+  chain's markers): where, not what;
 - ``other``: the rest.
 
-The decoration in front of a line is removed first: ANSI colours, vLLM's ``(EngineCore_DP0 pid=N)`` and the prefixes
-launchers put before it (Ray's ``(MapWorker(...) pid=N, ip=...)``, a CI runner's or the journal's timestamp,
-kubectl's pod and container), and tqdm's ``\\r`` frames are split.
+The decoration in front of a line is removed first: ANSI colours (real, or pasted as text: ``^[[36m``, ``\\033[0m``,
+``[36m`` whose escape a copy lost), vLLM's ``(EngineCore_DP0 pid=N)`` and the prefixes launchers put before it (Ray's
+``(MapWorker(...) pid=N, ip=...)``, a CI runner's or the journal's timestamp, kubectl's pod and container), and
+tqdm's ``\\r`` frames are split. A line a terminal wrapped is read with its continuation (`Event.more`). An event's
+`subject` is what the families read (the exception with its message's continuation, or the line without vLLM's
+header), and its `terms` the vocabulary it holds (`lexicon.py`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
+from sparkd.supervisor.lexicon import terms
 from sparkd.supervisor.logline import VLLM_HEADER, segments_of_process
-from sparkd.supervisor.tracebacks import PyException, TracebackParser
+from sparkd.supervisor.tracebacks import PyException, TracebackParser, exception_line
 
 __all__ = ["Event", "Kind", "read_events"]
 
@@ -44,6 +51,7 @@ class Kind(StrEnum):
     ray = "ray"
     kernel = "kernel"
     code = "code"  # a line of source Python printed under a traceback's frame: it says what runs, not what failed
+    frame = "frame"  # a traceback's structure: its first line, a frame's `File "...", line N, in f`, a chain marker
     other = "other"
 
 
@@ -53,8 +61,10 @@ class Kind(StrEnum):
 _PROCESS = re.compile(r"\((?P<process>[A-Za-z_][\w.\-]*(?:\((?:[^()]|\([^()]*\))*\))?)(?: \w+=[\w.\-]+)* "
                       r"pid=(?P<pid>\d{1,18})"
                       r"(?:, ip=[^)]*)?\)[ \t]?")
-# colour codes pasted as text, the way a terminal or a pager shows them (`^[[36m`)
-_CARET_ANSI = re.compile(r"\^\[\[[0-9;]*[A-Za-z]")
+# colour codes pasted as text, the way a terminal or a pager shows them (`^[[36m`, `\033[0m`, `␛[1m`), or whose escape
+# a copy dropped (`[36m(RayWorkerWrapper pid=9)[0m`: only SGR's `m`, never before `]`, so `[5m]` stays)
+_TEXT_ANSI = re.compile(r"(?:\^\[|\\0?33|\\x1[bB]|\\e|\\u001[bB]|␛|<ESC>|ESC)\[[0-9;]*[A-Za-z]|"
+                        r"(?<![\[\x1b])\[\d{1,3}(?:;\d{1,3})*m(?![\]\w.])")
 _V0_WORKER = re.compile(r"^Exception in worker \S+ while processing method \w+: ")
 _LEAD_LIMIT = 160  # a prefix further into the line is text, not decoration
 # A line (a tqdm frame) is read up to here: an error states itself early, and the patterns stay cheap on a dump of
@@ -63,8 +73,13 @@ _MAX_LINE = 2048
 _VLLM_ANYWHERE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:")
 _GLOG = re.compile(r"^(?:\[rank\d+\]:)?\[(?P<level>[EWIF])(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d)[.\d]* [^\]]*\]")
 _GLOG_LEVEL = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}
-_NCCL = re.compile(r"\b[NR]CCL (?P<level>WARN|INFO|ERROR|ABORT)\b")
-_KERNEL = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?(?:\S+ kernel: )?(?:NVRM: |pcieport |nvidia |.*\bAER: |"
+_NCCL = re.compile(r"\b[NR]CCL (?P<level>WARN|INFO|ERROR|ABORT|TRACE)\b")
+# The levels other writers print: uvicorn's `INFO:     127.0.0.1 ...`, Python's logging (`WARNING:root:...`,
+# `- name - INFO - ...`), a bracketed level
+_OTHER_LEVEL = re.compile(r"^(?:[-\w.]+ +- +)?\[?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?"
+                          r"(?::|\s+-\s|\s)")
+_BELOW_ERROR = frozenset({"DEBUG", "INFO", "WARNING", "WARN", "TRACE"})
+_KERNEL = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?(?:\S+ kernel: )?(?:NVRM: |pcieport |nvidia |amdgpu |.*\bAER: |"
                      r"Out of memory: Killed process|.*\boom-kill|.*\bearlyoom\b|OOMKilled)", re.IGNORECASE)
 _CUDA = re.compile(r"\b(?:CUDA|Cuda|HIP|hip) (?:driver )?(?:error|failure)\b|\b(?:cuda|hip)Error\w+|"
                    r"\bCUBLAS_STATUS_\w+|\bCUDNN_STATUS_\w+|Memory access fault by GPU")
@@ -84,15 +99,19 @@ class Event:
     text: str  # the line undecorated (vLLM's header kept): what rules match and what evidence quotes
     kind: Kind
     process: str | None = None
-    level: str | None = None  # ERROR, WARNING, INFO ... as the writer put it (NCCL's WARN is WARNING)
+    level: str | None = None  # ERROR, WARNING, INFO ... as the writer put it (NCCL's WARN is WARNING, and its error)
     time: str | None = None  # as the writer printed it
     from_log: bool = True  # False: the kernel's lines and Docker's word, passed in beside the tail
     exception: PyException | None = None  # the exception this line ends
+    more: tuple[str, ...] = field(default=(), compare=False)  # the lines a terminal wrapped it onto
 
     @property
     def below_error(self) -> bool:
-        """A vLLM line logged below ERROR: a warning explains no death (NCCL's WARN is its error, and counts)."""
-        return self.kind is not Kind.kernel and self.from_log and self.vllm_level in ("DEBUG", "INFO", "WARNING")
+        """A line logged below ERROR — by vLLM, NCCL (its INFO; its WARN is its error line), uvicorn or Python's
+        logging: a warning explains no death. torch's C++ warnings are not: its store reports a lost peer at W."""
+        if not self.from_log or self.kind in (Kind.kernel, Kind.torch):
+            return False
+        return self.level in _BELOW_ERROR and not (self.kind is Kind.nccl and self.level == "WARNING")
 
     @property
     def said(self) -> str:
@@ -101,6 +120,21 @@ class Event:
         if self.exception is not None:
             return self.exception.told
         return _V0_WORKER.sub("", VLLM_HEADER.sub("", self.text, count=1), count=1)
+
+    @cached_property
+    def subject(self) -> str:
+        """What the families read: `said`, with what a terminal wrapped onto the next lines joined on — both ways,
+        as one word (`KV cach` + `e is needed`) and as two (`than the` + `available`), one per line of the text."""
+        exc = self.exception
+        pieces = [self.said, *self.more] if exc is None else [exc.stated, *exc.message.split("\n")[1:]]
+        if len(pieces) == 1:
+            return pieces[0]
+        return f"{' '.join(pieces)}\n{''.join(pieces)}"
+
+    @cached_property
+    def terms(self) -> frozenset[str]:
+        """The vocabulary of the failure it states (`lexicon.py`)."""
+        return terms(self.subject)
 
     @property
     def vllm_level(self) -> str | None:
@@ -117,7 +151,7 @@ class _Line:
 
 
 def _undecorate(raw: str) -> _Line:
-    frames, process, pid = segments_of_process(_CARET_ANSI.sub("", raw))
+    frames, process, pid = segments_of_process(_TEXT_ANSI.sub("", raw) if "[" in raw else raw)
     out: list[str] = []
     lead_time = None
     for frame in frames:
@@ -154,23 +188,30 @@ def _innermost(name: str) -> str:
 
 
 def _kind_level_time(text: str, from_log: bool) -> tuple[Kind, str | None, str | None]:
-    if not from_log or _KERNEL.match(text):
-        return Kind.kernel, "ERROR", None
-    m = VLLM_HEADER.match(text)
-    if m is not None:
+    m = VLLM_HEADER.match(text) if from_log else None
+    if m is not None:  # most lines of a tail: tested first
         return Kind.vllm, m.group("level"), m.group("time")
-    g = _GLOG.match(text)
+    low = text.lower()
+    if not from_log or (any(k in low for k in _KERNEL_WORDS) and _KERNEL.match(text)):
+        return Kind.kernel, "ERROR", None
+    g = _GLOG.match(text) if text[:1] == "[" else None
     if g is not None:
         md = g.group("md")
         return Kind.torch, _GLOG_LEVEL[g.group("level")], f"{md[:2]}-{md[2:]} {g.group('hms')}"
-    n = _NCCL.search(text)
+    n = _NCCL.search(text) if "CCL " in text else None
     if n is not None:
         return Kind.nccl, "WARNING" if n.group("level") == "WARN" else n.group("level"), None
-    if _RAY.search(text):
+    if ("ray" in low or "ActorDied" in text) and _RAY.search(text):
         return Kind.ray, None, None
-    if _CUDA.search(text):
+    if any(c in low for c in _CUDA_WORDS) and _CUDA.search(text):
         return Kind.cuda, "ERROR", None
-    return Kind.other, None, None
+    o = _OTHER_LEVEL.match(text)
+    return Kind.other, (o.group("level") if o is not None else None), None
+
+
+# words one of which a line of each kind holds: a substring test before the pattern's search
+_KERNEL_WORDS = ("nvrm", "pcieport", "nvidia", "amdgpu", "aer:", "out of memory", "oom-kill", "earlyoom", "oomkilled")
+_CUDA_WORDS = ("cuda", "hip", "cublas", "cudnn", "memory access fault")
 
 
 def read_events(log_tail: Sequence[str], kernel_lines: Sequence[str] = (), oom_killed: bool | None = None
@@ -198,5 +239,48 @@ def read_events(log_tail: Sequence[str], kernel_lines: Sequence[str] = (), oom_k
             kind = Kind.python
         elif index in parser.code:
             kind = Kind.code
+        elif index in parser.structure:
+            kind = Kind.frame
         events.append(Event(index, text, kind, process, level, time or lead_time, from_log, exception))
+    return _with_wraps(events, raw_events)
+
+
+_WRAP_WIDTH = 70  # a line this long (as printed, prefixes and all) may have been wrapped by a terminal
+_ENDS_SENTENCE = (".", "!", "?", ":")
+_CLOSES = tuple(")]}.,;:'\"")
+# what starts a record of its own, not the rest of the line above: a writer's `name: `, a bracket, a time or address
+_RECORD_START = re.compile(r"^(?:\S+: |\[|\(|\d{1,4}[-/.:]\d|[A-Z][a-z]{2} [ \d]\d )")
+
+
+def _with_wraps(events: list[Event], raw: list[tuple[str, bool, _Line | None]]) -> list[Event]:
+    """Each event with the lines a terminal wrapped it onto: a bare line (no header, level, prefix or traceback part,
+    no start of a record of its own, no longer than the line above) right after a long one that goes on into it."""
+    for i, event in enumerate(events):
+        if event.kind in (Kind.code, Kind.frame) or not event.from_log or event.exception is not None:
+            continue
+        more: list[str] = []
+        last = event.text
+        for nxt, (_, _, of) in zip(events[i + 1:i + 3], raw[i + 1:i + 3], strict=False):
+            if len(last) < _WRAP_WIDTH or not _bare(nxt, of) or not _goes_on(last, nxt.text):
+                break
+            more.append(nxt.text)
+            last = nxt.text
+        if more:
+            events[i] = Event(event.index, event.text, event.kind, event.process, event.level, event.time,
+                              event.from_log, event.exception, tuple(more))
     return events
+
+
+def _bare(event: Event, of: _Line | None) -> bool:
+    return (event.kind is Kind.other and event.level is None and event.exception is None and of is not None
+            and of.process is None and of.lead_time is None and not event.text[:1].isspace()
+            and _RECORD_START.match(event.text) is None and exception_line(event.text, in_traceback=False) is None)
+
+
+def _goes_on(last: str, text: str) -> bool:
+    """The line above stops mid-sentence (mid-word, after a comma or an open bracket) or this one starts as the rest of
+    one (a small letter, a closing bracket or stop); and it is no longer than the line above."""
+    if len(text) > len(last) + 8:
+        return False
+    first, end = text[:1], last.rstrip()[-1:]
+    return first.islower() or text.startswith(_CLOSES) or end in ",(-/" or (end.isalnum() and first.isalnum())

@@ -1,15 +1,18 @@
-"""Failure families: what a failure IS, read from an event's structure — the exception's type, where it was raised,
-an error code, the kind of line — with a phrase of its message only one sign among several. Pure.
+"""Failure families: what a failure IS, read from an event's structure — the exception's type, where it was raised, an
+error code, the kind of line — and from its vocabulary, the kinds of word one error event holds together
+(`lexicon.py`), with a phrase only one sign among several. Pure.
 
-Each :class:`Family` is one row: the class it gives, what happened in words, and its signs. A :class:`Sign` holds when
-every part it names holds (the exception's type, its message or the line's text, the subsystem it was raised in, the
-kind of line, the tier); a family holds when any of its signs does, and each sign says why it means that family.
-The table is read in order, first family first: the startup memory check, a port and a GPU held, whose words are
-unmistakable; then the families between the ranks (a peer gone, a rendezvous that never formed, NCCL), whose errors
-may mention memory or a timeout as their detail; then memory, before the image and the configuration (an
-out-of-memory raised while importing is memory, not the image); then the GPU's faults, the wedges and the engine's
-death. After the table, :data:`BY_KIND` decides a line that no family explains by the kind of line it is (an
-unrecognised CUDA error is the GPU's, an error of NCCL's is NCCL's).
+Each :class:`Family` is one row: the class it gives, what happened in words, and its signs (`familykit.py`). A sign
+that names facts (the port, the sizes, the module missing) says so in its own words; the others quote the error.
+The table's first half is the node's families (memory, a port, the GPU held, the image, the configuration, the GPU's
+faults) and its second (`families_ranks.py`) the families between the ranks and of vLLM's own processes (a peer gone, a
+rendezvous that never formed, NCCL, a rank that stopped answering, the engine's death). :func:`judge` reads them all
+and keeps the lowest tier; in a tie, the first row, in this order: the startup memory check, a port and a GPU held,
+whose words are unmistakable; then the families between the ranks, whose errors may mention memory or a timeout as
+their detail; then memory, before the image and the configuration (an out-of-memory raised while importing is memory,
+not the image); then the GPU's faults, the wedges and the engine's death. After the table, :data:`BY_KIND` decides an
+error no family explains by the kind of line or where it was raised (an unrecognised CUDA error is the GPU's, an error
+raised inside a collective is NCCL's).
 
 Adding a family is a row here and a case in ``tests/unit/test_families.py``.
 """
@@ -17,172 +20,160 @@ Adding a family is a row here and a case in ``tests/unit/test_families.py``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
-from sparkd.supervisor.rulekit import Tier
-from sparkd.supervisor.sentences import quote
-from sparkd.supervisor.tracebacks import PyException, Subsystem
+from sparkd.supervisor.families_ranks import BETWEEN_RANKS, PROCESSES
+from sparkd.supervisor.familykit import Family, FamilyHit, Sign, sign, what_of
+from sparkd.supervisor.rulekit import (
+    DEEPGEMM,
+    DOUBLE_PATCH,
+    Tier,
+    const,
+    fmt,
+    what_missing_path,
+    what_module,
+    what_oci,
+    what_so,
+    with_mem,
+)
+from sparkd.supervisor.sentences import APP_XID_DO, NO_RETRY, NO_RETRY_IMAGE, REBOOT_DO, port_what, what_free_memory
+from sparkd.supervisor.tracebacks import Subsystem
 
 __all__ = ["BY_KIND", "FAMILIES", "Family", "FamilyHit", "Sign", "judge"]
 
 F, S, K = FailureClass, Subsystem, Kind
 _I = re.IGNORECASE
-
-
-@dataclass(frozen=True)
-class Sign:
-    reason: str  # why this sign means the family
-    types: re.Pattern[str] | None = None  # the exception's type, without its module (fullmatch)
-    message: re.Pattern[str] | None = None  # searched in the exception's message, or a line's text
-    raised_in: frozenset[Subsystem] | None = None  # the subsystem the exception was raised in
-    imported: bool = False  # raised while a module was being imported
-    kinds: frozenset[Kind] | None = None  # the kinds of line it applies to (None: any)
-    tier: Tier = Tier.CAUSE
-    unless: re.Pattern[str] | None = None  # the message or text must not hold this
-
-    def holds(self, event: Event) -> bool:
-        exc = event.exception
-        if self.kinds is not None and event.kind not in self.kinds:
-            return False
-        if self.types is not None and (exc is None or not self.types.fullmatch(exc.name)):
-            return False
-        if self.raised_in is not None and (exc is None or exc.subsystem not in self.raised_in):
-            return False
-        if self.imported and (exc is None or exc.imported is None):
-            return False
-        subject = exc.message if exc is not None else event.text
-        if self.message is not None and self.message.search(subject) is None:
-            return False
-        return self.unless is None or self.unless.search(subject) is None
-
-
-def sign(reason: str, types: str | None = None, message: str | None = None, *, raised_in: set[Subsystem] | None = None,
-         imported: bool = False, kinds: set[Kind] | None = None, tier: Tier = Tier.CAUSE, flags: int = 0,
-         unless: str | None = None) -> Sign:
-    return Sign(reason, re.compile(types) if types else None, re.compile(message, flags) if message else None,
-                frozenset(raised_in) if raised_in else None, imported, frozenset(kinds) if kinds else None, tier,
-                re.compile(unless) if unless else None)
-
-
-@dataclass(frozen=True)
-class Family:
-    cls: FailureClass
-    what: str  # what happened, before the quoted evidence
-    signs: tuple[Sign, ...]
-
-
-@dataclass(frozen=True)
-class FamilyHit:
-    cls: FailureClass
-    tier: Tier
-    what: str  # the "what happened" clause, quoting the evidence
-    sign: Sign
-    by_kind: bool = False  # decided by `BY_KIND`, only where nothing else speaks
-
-
 _ERROR_LINES = {K.python, K.vllm, K.cuda, K.other, K.ray}  # lines that may carry an error's text (not NCCL's, torch's)
-_DEVICE = r"(?:CUDA|HIP|NPU|XPU|HPU|MPS|GPU|[Dd]evice|ROCm|Ascend|Gaudi)"
+_DEVICE = r"(?:CUDA|HIP|NPU|XPU|HPU|MPS|GPU|TPU|MLU|MUSA|[Dd]evice|ROCm|Ascend|Gaudi)"
+_KV_DO = f"lower max_model_len or raise gpu_memory_utilization in the config — {NO_RETRY}"
+_CONFIG_DO = f"fix the vLLM settings in the config — {NO_RETRY}"
+_LAUNCH_DO = f"fix [launch] in the config — {NO_RETRY}"
+# not the device allocator's: the KV cache's budget is the config's, NCCL's registration and /dev/shm are NCCL's, the
+# startup check is the refusal's, the driver's NV_ERR_NO_MEMORY is ambiguous (rules.py reads it with MemAvailable)
+_NOT_OOM = r"ibv_|NCCL|/dev/shm|[Ff]ree memory on|memory profiling|NV_ERR_NO_MEMORY|register memory|pinned memory"
 
-FAMILIES: tuple[Family, ...] = (
+STARTUP: tuple[Family, ...] = (
     Family(F.free_memory_refusal, "vLLM refused to start because too little memory was free", (
-        sign("vLLM's startup check compares the free memory with gpu_memory_utilization before it loads anything "
-             "(0.11-0.32 wordings, GPU and CPU backends)",
-             message=r"(?:Free|Available) memory on (?:device|node)\b.*?\bis less than\b"),
-        sign("the same check when weights are held outside the process (0.32)",
+        sign("vLLM's startup check compares the free memory with gpu_memory_utilization before it loads anything; "
+             "this wording names the sizes",
+             message=r"Free memory on device (?:\w+:\d+ )?\(~?(?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\)(?: on startup)? "
+                     r"is less than desired GPU memory utilization \((?P<util>[\d.]+)(?:, ~?(?P<want>[\d.]+) GiB)?\)",
+             terms="mem", what=what_free_memory),
+        sign("the same check in other wordings (0.11-0.32, GPU and CPU backends)", terms="mem",
+             message=r"(?:Free|Available) memory on (?:device|node)\b.*?\bis less than"),
+        sign("the same check when weights are held outside the process (0.32)", terms="mem",
              message=r"Externally held weights on device .* exceed the desired GPU memory utilization"),
         sign("memory grew while vLLM profiled: another process (or the page cache) released memory at startup",
-             message=r"Error in memory profiling"),
+             message=r"Error in memory profiling\. Initial free memory (?P<before>[\d.]+) GiB, current free memory "
+                     r"(?P<after>[\d.]+) GiB", terms="mem",
+             what=with_mem("vLLM's memory profiling failed: free memory grew from {before} to {after} GiB while it "
+                           "profiled (on GB10 the page cache or another process released memory)")),
+        sign("the same, cut before its sizes", message=r"Error in memory profiling", terms="mem"),
     )),
     Family(F.port_in_use, "A port vLLM needs was already in use", (
+        sign("torch's TCPStore names the port it could not listen on", terms="inuse", what=port_what,
+             message=r"failed to listen on any local network address\. port: (?P<port>\d+).*EADDRINUSE"),
+        sign("Gloo's and c10d's bind names the port", terms="inuse", what=port_what,
+             message=r"failed to bind to \S*?:(?P<port>\d+) \(errno: 98"),
+        sign("asyncio's and uvicorn's bind names the address and port", terms="inuse", what=port_what, flags=_I,
+             message=r"bind on address \('[^']*', (?P<port>\d+)\)\)?: address already in use"),
         sign("EADDRINUSE, errno 98 (Linux) or 10048 (Windows): bind() found the port taken, whoever reports it "
-             "(torch's TCPStore, uvicorn, ZMQ, Gloo)",
+             "(torch's TCPStore, uvicorn, ZMQ, Gloo)", terms="inuse",
              message=r"EADDRINUSE|\[Errno 98\]|errno: 98\b|[Aa]ddress already in use|WSAEADDRINUSE|\b10048\b"),
+        sign("a port, an address or a bind said to be in use already, in any writer's words", terms="inuse",
+             message=r"\b(?:port|bind\w*|listen\w*|address|socket)\b.{0,80}\b(?:already in use|already allocated)|"
+                     r"\b(?:already in use|already allocated)\b.{0,40}\bport\b", flags=_I),
     )),
     Family(F.gpu_busy, "CUDA reported the GPU busy or unavailable", (
         sign("cudaErrorDevicesUnavailable: the device is in exclusive-process mode and another process holds it",
-             message=r"busy or unavailable|cudaErrorDevicesUnavailable", flags=_I),
+             terms="busy", message=r"busy or unavailable|DevicesUnavailable|DEVICES?_UNAVAILABLE", flags=_I),
     )),
-    Family(F.peer_lost, "The peer rank went away", (
-        sign("NCCL's ncclRemoteError: the remote rank exited or the network between the ranks failed",
-             message=r"remote process exited or there was a network error|ncclRemoteError"),
-        sign("Ray reports a node of the cluster dead", types=r"NodeDiedError"),
-        sign("torch's store or process group found the connection to the other rank reset or closed: fallout of a "
-             "local death too, so generic (an HTTP client's reset is no rank's)",
-             message=r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe", kinds={K.torch},
-             tier=Tier.GENERIC),
-        sign("the same raised by torch.distributed", types=r"Dist\w*Error",
-             message=r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe", tier=Tier.GENERIC),
-        sign("Ray's own words for a node that left the cluster (its raylet's, its GCS's events)",
-             message=r"\b(?:node|raylet)\b.{0,240}?(?P<said>\b(?:died|is dead|has been marked dead|was terminated|"
-                     r"failed health check)\b.*)", tier=Tier.GENERIC, flags=_I),
-        sign("the event Ray's GCS records when it removes a node", message=r"\bRAY_NODE_REMOVED\b",
-             tier=Tier.GENERIC),
-    )),
-    Family(F.rendezvous_timeout, "The ranks never met at the torch.distributed rendezvous", (
-        sign("Ray could not place every rank on the cluster (vLLM's timeout, or Ray's autoscaler finding no node that "
-             "fits), so they never started to meet",
-             message=r"Cannot provide a placement group|No available node types can fulfill resource request"),
-        sign("torch's store raises DistStoreError when the ranks do not all arrive in time",
-             types=r"DistStoreError", tier=Tier.GENERIC),
-        sign("a rank could not reach the store or the Gloo mesh of the others",
-             message=r"client socket has timed out after \d+ms while trying to connect|connectFullMesh|"
-                     r"Gloo connect\w* failed|Timed out waiting \d+ms for send operation|"
-                     r"waiting for clients\. \d+/\d+ clients joined"),
-        sign("a connection that fails while the process group is being set up (not NCCL's own error)",
-             message=r"[Cc]onnection refused|[Tt]imed out|[Tt]imeout|No route to host|Network is unreachable|"
-                     r"Name or service not known", raised_in={S.distributed}, unless=r"\bNCCL\b"),
-        sign("NCCL's ranks exchange their id through torch's store first: a store that times out there is the "
-             "rendezvous", message=r"ncclUniqueId .{0,80}store.{0,200}(?:[Tt]imeout|timed out)"),
-    )),
-    Family(F.nccl, "NCCL failed", (
-        sign("torch raises DistBackendError for a failure inside the collective backend (NCCL, RCCL)",
-             types=r"DistBackendError", tier=Tier.GENERIC),
-        sign("NCCL's own error codes", message=r"\bnccl(?:InternalError|SystemError|UnhandledCudaError|"
-                                               r"InvalidArgument|InvalidUsage)\b"),
-        sign("the collective libraries of other accelerators (HCCL on Ascend, oneCCL on XPU) failing, in their words "
-             "or their function names (HcclAllreduce ...)",
-             message=r"\b(?:hccl|oneccl|rccl)\w*\b.{0,120}\b(?:error|fail\w*|timeout|timed out|times out)\b|"
-                     r"\b(?:error|fail\w*)\b.{0,120}\bhccl\w*", flags=_I),
-        sign("Ascend's EI error codes are HCCL's (EI0006: getting a socket to the other ranks timed out)",
-             message=r"\bEI\d{4}\b"),
-        sign("torch's and vLLM's NCCL wrappers: the detail, when there is one, is an NCCL WARN line",
-             message=r"\bNCCL error\b", tier=Tier.GENERIC, flags=_I),
-        sign("a Bus error (SIGBUS) in a rank: a shared-memory segment (NCCL's, in /dev/shm) could not be backed, "
-             "/dev/shm is too small or full", message=r"Fatal Python error: Bus error"),
-        sign("a native crash whose faulting function is NCCL's own (its proxy thread, an nccl* call)",
-             message=r"\bPC: @\s+0x[0-9a-f]+\s.*\b(?:nccl\w*|\w*[Pp]roxy\w*)\(\)"),
-        sign("ProcessGroupNCCL's own report of a collective that failed or timed out",
-             message=r"Some NCCL operations have failed or timed out|NCCL communicator was aborted",
-             tier=Tier.GENERIC),
-    )),
+)
+
+NODE: tuple[Family, ...] = (
     Family(F.oom, "vLLM ran out of memory", (
-        sign("torch raises OutOfMemoryError from every device's allocator (CUDA, HIP, XPU, NPU); MemoryError is "
-             "the host's", types=r"OutOfMemoryError|MemoryError"),
-        sign("a device allocator's out-of-memory in any wording (CUDA, HIP, NPU, XPU, HPU, the driver)",
+        sign("vLLM's own words when the weights do not fit", message=r"Failed to load model - not enough GPU memory",
+             terms="mem", what=with_mem("vLLM ran out of memory while loading the weights")),
+        sign("a device's allocator names the device that ran out (torch's CUDA, HIP, NPU, XPU, MPS wordings)",
+             message=r"(?P<dev>CUDA|HIP|NPU|XPU|HPU|MPS|TPU|MLU|MUSA)\b[^.\n]{0,40}\bout of memory\b",
+             terms="mem", what=with_mem("{dev} ran out of memory")),
+        sign("the kernel's OOM killer names the process it killed", flags=_I, kinds={K.kernel, K.other},
+             message=r"out of memory: Killed process \d+ \((?P<comm>[^)]*)\)",
+             what=with_mem("The kernel OOM killer killed {comm}")),
+        sign("earlyoom names the signal it sent", message=r"earlyoom.*sending (?P<sig>SIG\w+) to process", flags=_I,
+             what=with_mem("earlyoom sent {sig} to vLLM because memory ran low")),
+        sign("Docker's own record of the container's OOM kill", message=r"OOMKilled[\"']?[:=]?\s*true",
+             what=with_mem("Docker reports the container was OOM-killed")),
+        sign("torch raises OutOfMemoryError from every device's allocator (CUDA, HIP, XPU, NPU); MemoryError is the "
+             "host's, ResourceExhausted XLA's: any exception type that says it ran out of memory",
+             types=r"\w*(?:OutOfMemory|OOM|Oom)\w*|MemoryError|\w*ResourceExhausted\w*"),
+        sign("a device allocator's out-of-memory in any wording (CUDA, HIP, NPU, XPU, HPU, the driver)", terms="mem",
              message=rf"\b{_DEVICE}\b[^.\n]{{0,60}}\bout of memory\b|\bout of (?:device )?memory\b.{{0,40}}"
-                     rf"\b{_DEVICE}\b|^out of memory\b", kinds=_ERROR_LINES),
-        sign("an allocator that could not have the memory, in other words (torch's host allocator, a device's "
-             "'lack of device memory', vLLM's 'not enough GPU memory' while loading); not the KV cache's budget, which "
-             "is the config's, nor NCCL's registration",
-             message=r"\b(?:lack of|not enough|insufficient|can't allocate|cannot allocate|unable to allocate|failed "
-                     r"to allocate)\b.{0,24}\b(?:device |host |GPU |CPU |NPU )?memory\b", kinds=_ERROR_LINES,
-             flags=_I, unless=r"KV cache|cache blocks|max_model_len|ibv_|NCCL|/dev/shm"),
-        sign("the allocation error codes of CUDA, HIP, cuBLAS, XLA, Ascend's runtime and Intel's Level Zero (whose "
-             "out-of-resources is how an XPU reports an allocation it cannot satisfy)",
-             message=r"cudaErrorMemoryAllocation|hipErrorOutOfMemory|CUBLAS_STATUS_ALLOC_FAILED|"
-                     r"\bRESOURCE_EXHAUSTED\b|ACL_ERROR_RT_MEMORY_ALLOCATION|"
-                     r"(?:UR|ZE|PI)_(?:RESULT_)?ERROR_OUT_OF_(?:DEVICE_MEMORY|HOST_MEMORY|RESOURCES)|std::bad_alloc",
-             kinds=_ERROR_LINES),
+                     rf"\b{_DEVICE}\b|(?:^|: )out of memory\b", kinds=_ERROR_LINES, unless=_NOT_OOM),
+        sign("memory (device, host, HBM, DRAM) with a shortage (out of, insufficient, lack of, not enough, "
+             "exhausted), in any words — not the KV cache's budget, which is the config's, nor NCCL's registration or "
+             "/dev/shm", terms="shortmem mem", unless_terms="kv shm", kinds=_ERROR_LINES, unless=_NOT_OOM),
+        sign("memory with an allocation that failed (cannot allocate, failed to allocate, that was not possible), in "
+             "any words — not the KV cache's, NCCL's or /dev/shm's", terms="alloc mem", unless_terms="kv shm",
+             kinds=_ERROR_LINES, unless=_NOT_OOM),
+        sign("the allocation error codes and types of every runtime (CUDA, HIP, cuBLAS, XLA, Ascend's ACL and EL0004, "
+             "Intel's Level Zero, whose out-of-resources is how an XPU reports an allocation it cannot satisfy)",
+             terms="oom", kinds=_ERROR_LINES, unless=_NOT_OOM + r"|\b(?:avoid|prevent|risk of|reduce)\b[^.]{0,30}OOM",
+             unless_terms="kv"),
         sign("Gaudi's allocator (PT_DEVMEM) failing an allocation", message=r"PT_DEVMEM\b.{0,40}Allocation failed"),
-        sign("Ray's memory monitor killing a worker because its node ran low on memory",
+        sign("Ray's memory monitor killing a worker because its node ran low on memory", terms="mem",
              message=r"(?:killed|died)\b.{0,120}\b(?:low on memory|memory monitor|out of memory)", flags=_I),
         sign("the kernel's and Kubernetes' words for a process killed because memory ran out",
              message=r"Out of memory: Kill(?:ed)? process|oom-kill:|Memory cgroup out of memory|\bOOMKilled\b",
              kinds={K.kernel, K.other}),
     )),
     Family(F.image_error, "vLLM's image cannot run it", (
+        sign("vLLM's mxfp4.py patched twice frees `w13` twice", types=r"UnboundLocalError", do=DOUBLE_PATCH,
+             message=r"local variable 'w13' referenced before assignment|cannot access local variable 'w13'",
+             what=const("vLLM's mxfp4.py in the image frees `w13` twice (UnboundLocalError)")),
+        sign("vLLM needs DeepGEMM for this model and the image lacks it", message=r"DeepGEMM backend is not available",
+             what=const("vLLM needs DeepGEMM and the image does not have it (or has an outdated one)"), do=DEEPGEMM),
+        sign("the DeepGEMM module itself is missing", message=r"No module named '(?P<mod>deep_gemm)[\w.]*'",
+             what=what_module, do=DEEPGEMM),
+        sign("a module that cannot be imported is missing from the image; the error names it",
+             types=r"ModuleNotFoundError|ImportError", message=r"No module named '(?P<mod>[\w.]+)'", what=what_module),
+        sign("a compiled library that cannot resolve a symbol was built against another torch or CUDA",
+             types=r"ImportError|OSError", terms="lib",
+             message=r"(?:\S*/)?(?P<so>[^/\s:]+\.so[\w.]*): undefined symbol: (?P<sym>\S+)",
+             what=fmt("{so} in the image was built against another torch or CUDA (undefined symbol {sym})")),
+        sign("a shared library the image lacks (or a driver library a container without GPU access lacks)",
+             types=r"ImportError|OSError", terms="lib", what=what_so,
+             message=r"(?:\S*/)?(?P<lib>lib[\w.+-]+\.so[\w.]*): cannot open shared object file"),
+        sign("vLLM asks importlib.metadata for its packages at startup; one without its dist-info is missing",
+             message=r"PackageNotFoundError: No package metadata was found for (?P<pkg>\S+)",
+             what=fmt("The image has no package metadata for {pkg} (its dist-info is missing, or it is installed "
+                      "under another name): vLLM asks importlib.metadata for it at startup")),
+        sign("CUDA's words for kernels not built for this GPU's architecture", terms="hardkernel",
+             message=r"no kernel image is available for execution on the device",
+             what=const("The image's CUDA kernels were not built for this GPU's architecture (no kernel image is "
+                        "available for execution on the device)")),
+        sign("the image's CUDA needs a newer driver than the host's; vLLM's and CUDA's words",
+             message=r"(?P<msg>The NVIDIA driver on your system is too old|CUDA driver version is insufficient for "
+                     r"CUDA runtime version|forward compatibility was attempted on non supported HW|system has "
+                     r"unsupported display driver / cuda driver combination|cudaErrorInsufficientDriver)",
+             what=fmt("The image's CUDA does not match the host's NVIDIA driver ({msg})"),
+             do=f"use an image built for the host's driver, or update the driver — {NO_RETRY_IMAGE}"),
+        sign("a module of the image lacks a name another one imports: the packages do not match",
+             types=r"ImportError", message=r"cannot import name '(?P<name>\w+)' from '(?P<mod>[\w.]+)'",
+             what=fmt("The image's {mod} has no {name}: its packages do not match each other")),
+        sign("a module of the image lacks an attribute another one expects: the packages do not match",
+             types=r"AttributeError", message=r"^module '(?P<mod>[\w.]+)' has no attribute '(?P<name>\w+)'",
+             what=fmt("The image's {mod} has no attribute {name}: its packages do not match each other (a "
+                      "FlashInfer, CUTLASS or torch version mismatch)")),
+        sign("vLLM's compiled ops (vllm._C) did not load", message=r"'_OpNamespace' '_C' object has no attribute "
+                                                                   r"'(?P<name>\w+)'",
+             what=fmt("vLLM's compiled ops (vllm._C) did not load, so the op {name} is missing")),
+        sign("a CPU build of torch in an image meant for a GPU", message=r"Torch not compiled with CUDA enabled",
+             what=const("The image's torch is a CPU build (Torch not compiled with CUDA enabled)"),
+             do="install the CUDA torch wheel in the image (pip --extra-index-url https://download.pytorch.org/whl/"
+                f"cu130) — {NO_RETRY_IMAGE}"),
         sign("an exception raised while a module imports fails the same way every launch: a package in the image "
              "does not load", imported=True),
         sign("a module or name that cannot be imported is missing from the image",
@@ -195,33 +186,88 @@ FAMILIES: tuple[Family, ...] = (
              message=r"undefined symbol|cannot open shared object file|\.so[\w.]*: cannot|"
                      r"No package metadata was found|operator \S+ does not exist|"
                      r"Couldn't load custom C\+\+ ops|_OpNamespace"),
-        sign("a module of the image lacks an attribute another one expects: the packages do not match",
-             types=r"AttributeError", message=r"^module '[\w.]+' has no attribute"),
+        sign("a library of the image that will not load, or a symbol or version of one that is not found (a "
+             "GLIBC, a .so, an extension), in any words", terms="lib",
+             message=r"\b(?:cannot|can't|could not|couldn't|failed to|unable to) (?:open|load|find|import)|"
+                     r"\bnot found\b|\bundefined\b|\bmissing\b|\bno such file\b", flags=_I),
         sign("vLLM found no platform it knows in the image (its torch or the platform plugin does not fit the "
              "hardware), whatever frame raised it", message=r"Failed to infer device type|No platform detected"),
         sign("Triton's ptxas in the image could not compile a kernel for this GPU",
              message=r"PTXASError|ptxas fatal|PTXAS error"),
-        sign("the image's kernels were not built for this GPU's architecture (CUDA, ROCm, Triton's ptxas)",
-             message=r"no kernel image is available|cudaErrorNoKernelImageForDevice|invalid device function|"
-                     r"hipErrorNoBinaryForGpu|[Nn]o binary for GPU|PTX was compiled with an unsupported toolchain|"
-                     r"sm_\d+a?\b.{0,60}\b(?:not (?:supported|compatible|defined)|unsupported)|"
-                     r"\b(?:unsupported|not supported|no supported)\b.{0,40}\b(?:GPU |CUDA |compute )?"
-                     r"arch(?:itecture)?s?\b|"
-                     r"\bgfx\d+\w*\b.{0,60}\b(?:not supported|unsupported)", flags=_I),
+        sign("the image's kernels were not built for this GPU's architecture, in the runtimes' definite words (no "
+             "kernel image, invalid device function, no code object for the gfx target)", terms="hardkernel"),
+        sign("an architecture (sm_NN, gfxNNNN, compute capability, a GPU generation) with not supported or "
+             "incompatible, in any order and wording — a kernel library without this GPU; a setting or a model "
+             "architecture named beside it is the config's", terms="arch unsupported",
+             unless_terms="model setting"),
         sign("the image's CUDA needs a newer driver than the host's (vLLM's words, or the NVIDIA container runtime's "
              "check of the image's requirement before it starts)",
              message=r"NVIDIA driver on your system is too old|driver version is insufficient|"
                      r"nvidia-container-cli: requirement error: unsatisfied condition: cuda|"
-                     r"forward compatibility was attempted|cudaErrorInsufficientDriver|"
+                     r"forward compatibility was attempted|cudaErrorInsufficientDriver|CUDA_ERROR_INSUFFICIENT_DRIVER|"
                      r"unsupported display driver / cuda driver combination"),
         sign("a CPU build of torch in an image meant for a GPU",
              message=r"Torch not compiled with (?:CUDA|ROCm|XPU) enabled|not compiled with (?:CUDA|ROCm)"),
     )),
     Family(F.config_error, "vLLM rejected its configuration", (
+        sign("argparse names the arguments vLLM does not know",
+             message=r": error: unrecognized arguments: (?P<args>.+)",
+             what=fmt("vLLM does not know the argument(s) {args}"),
+             do=f"remove or fix them in the config's vLLM flags — {NO_RETRY}"),
+        sign("argparse names the argument it rejected", message=r": error: argument (?P<arg>[^:]+): (?P<msg>.+)",
+             what=fmt("vLLM rejected the argument {arg}: {msg}"), do=f"fix the vLLM flags in the config — {NO_RETRY}"),
+        sign("argparse names the arguments that are missing",
+             message=r": error: the following arguments are required: (?P<args>.+)",
+             what=fmt("vLLM is missing required argument(s) {args}"),
+             do=f"add them to the config's vLLM flags — {NO_RETRY}"),
+        sign("max_model_len above what the model's config allows",
+             message=r"User-specified max_model_len \((?P<want>\d+)\) is greater than the derived max_model_len "
+                     r"\((?P<derived>[^)]*)\)", what=fmt("max_model_len {want} is larger than the model allows: "
+                                                         "{derived}"),
+             do="lower max_model_len in the config (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 overrides the check, at your own "
+                f"risk) — {NO_RETRY}"),
+        sign("the DSpark patch's own check of the settings",
+             message=r"DSpark currently requires uniform (?P<rest>[^.]*)",
+             what=fmt("The DSpark patch rejected the configuration: it requires uniform {rest}"),
+             do=f"fix the DSpark settings in the config — {NO_RETRY}"),
+        sign("the KV cache needed for one request of max_model_len, and what is left, named",
+             message=r"max seq len \((?P<len>\d+)\), \((?P<need>[\d.]+) GiB KV cache is needed, which is larger than "
+                     r"the available KV cache memory \((?P<have>[\d.]+) GiB\)", terms="kv", do=_KV_DO,
+             what=fmt("The KV cache cannot hold one request of max_model_len {len}: it needs {need} GiB and only "
+                      "{have} GiB is left")),
+        sign("what the weights and activations leave for the KV cache, negative or none: the worker logs it at INFO "
+             "after profiling, and vLLM cannot serve with it", any_level=True, do=_KV_DO, flags=_I, terms="mem",
+             needles=("memory",),
+             message=r"(?:available|usable)[ _](?:KV[ _]cache[ _])?memory\b[^.\d-]{0,30}?"
+                     r"(?P<left>-[\d.]+(?: ?[GMK]i?B)?|\b0(?:\.0+)?(?: ?[GMK]i?B)?)(?:,|\s*$|\s)",
+             what=fmt("The weights and activations leave {left} for the KV cache")),
+        sign("the KV cache sized at nothing, as the engine logs it at INFO (V0's `# GPU blocks: 0`, V1's `KV cache "
+             "size: 0 tokens` and a concurrency of 0x)", any_level=True, do=_KV_DO, terms="kv",
+             needles=("blocks:", "kv cache size", "maximum concurrency"),
+             message=r"#\s*\w+ blocks:\s*0\b|\bKV cache size:\s*-?0 tokens|Maximum concurrency for [\d,]+ tokens "
+                     r"per request:\s*0(?:\.0+)?x", flags=_I),
+        sign("no memory is left for the KV cache after the weights",
+             message=r"No available memory for the cache blocks",
+             terms="kv", what=const("The weights leave no memory for the KV cache"),
+             do=f"raise gpu_memory_utilization or use a smaller model or quantization in the config — {NO_RETRY}"),
+        sign("the launch target (a script) is not there", what=what_missing_path, do=_LAUNCH_DO,
+             message=r"can't open file '(?P<path>[^']+)': \[Errno 2\] No such file or directory"),
+        sign("the container runtime could not execute the launch target", what=what_oci, do=_LAUNCH_DO, flags=_I,
+             message=r"OCI runtime \w+ failed: .*?exec: \"(?P<path>[^\"]+)\": (?:stat \S+: )?"
+                     r"(?P<why>no such file or directory|executable file not found in \$PATH|permission denied)"),
+        sign("vLLM's words for a value the GPU or the model cannot take, on the exception itself",
+             types=r"ValueError|NotImplementedError", do=_CONFIG_DO,
+             message=r"(?P<msg>.*?(?:must be divisible by|is not supported|are not supported|"
+                     r"not supported (?:for|with|on|by)\b).*)", what=fmt("vLLM rejected the configuration: {msg}")),
+        sign("pydantic's detail line under a config class's validation error names the value",
+             message=r"^\s*Value error, (?P<msg>.*?(?:must be divisible by|is not supported|are not supported|"
+                     r"not supported (?:for|with|on|by)\b)[^[]*)", what=fmt("vLLM rejected the configuration: {msg}"),
+             do=_CONFIG_DO),
         sign("an exception raised while vLLM parses its arguments or builds and verifies its config is the "
              "settings' fault", raised_in={S.args, S.config}),
-        sign("pydantic validates vLLM's config classes (ModelConfig, VllmConfig, ...): its error is a setting",
-             types=r"ValidationError", message=r"validation errors? for \w*Config\b"),
+        sign("pydantic's error on a config class names the class; its detail (a sign of its own) follows on the next "
+             "lines", message=r"\d+ validation errors? for (?P<model>\w+)", tier=Tier.GENERIC,
+             what=fmt("vLLM's {model} rejected a setting, named on the log lines that follow")),
         sign("the model named in the config is not there or not accessible (Hugging Face's own errors)",
              types=r"RepositoryNotFoundError|GatedRepoError|RevisionNotFoundError|HFValidationError|"
                    r"LocalEntryNotFoundError|EntryNotFoundError"),
@@ -234,22 +280,43 @@ FAMILIES: tuple[Family, ...] = (
              message=r"No available memory for the cache blocks|KV cache is needed, which is larger than the "
                      r"available KV cache memory|Cannot auto-fit max_model_len|[Ii]nsufficient (?:memory for )?KV "
                      r"cache|available KV cache memory[^.]{0,40}-\d|larger than the maximum number of tokens that can "
-                     r"be stored in KV cache|To serve at least one request with the model'?s max seq len|"
-                     r"available KV cache memory[^.]{0,40}-\d", flags=_I),
+                     r"be stored in KV cache|To serve at least one request with the model'?s max seq len", flags=_I),
+        sign("the KV cache with a shortage or a size it cannot reach, in any words (too small, larger than, not "
+             "enough, insufficient, no memory for): max_model_len or gpu_memory_utilization must change",
+             terms="kv", flags=_I,
+             message=r"\b(?:too small|smaller than|larger than|greater than|exceeds?|not enough|insufficient|"
+                     r"no (?:available )?memory|cannot (?:hold|fit|allocate)|negative)\b"),
         sign("vLLM's (or a build of it's) error line refusing a setting the GPU cannot take",
              message=r"only supported on GPUs with compute capability|must be divisible by", kinds={K.vllm}),
+        sign("a setting (a dtype, a quantization, a backend) the GPU's architecture cannot take, in any words",
+             terms="arch unsupported setting"),
         sign("a setting the GPU or the model cannot take, in vLLM's words for a rejected value",
              types=r"ValueError|NotImplementedError|TypeError|AssertionError",
              message=r"must be divisible by|is not supported|are not supported|not supported (?:for|with|on|by)\b|"
                      r"only supported on GPUs with compute capability|[Uu]nknown (?:quantization|dtype|kv cache dtype)|"
                      r"must be (?:less|greater|at least|at most|between|one of|a positive)\b|"
                      r"max_model_len|tensor[ _]parallel[ _]size|exceeds the (?:model's|maximum)"),
+        sign("a model architecture vLLM does not support", terms="model unsupported"),
         sign("a device index beyond the GPUs there are: CUDA_VISIBLE_DEVICES or the parallel sizes",
              message=r"invalid device ordinal|cudaErrorInvalidDevice\b|\binvalid device[= ]\d+"),
         sign("the model needs code from its repository that the config did not allow, or a token it was not given",
              message=r"trust_remote_code|\b40[13] Client Error\b"),
     )),
     Family(F.gpu_error, "The GPU reported a fault", (
+        sign("the GPU has fallen off the PCIe bus (Xid 79)", message=r"NVRM: GPU (?P<pci>\S+): .*fallen off the bus|"
+                                                                     r"has fallen off the bus",
+             what=const("The GPU has fallen off the PCIe bus (Xid 79)"), do=REBOOT_DO),
+        sign("the PCIe link's uncorrectable fatal error (AER)", message=r"AER: .*Uncorrect\w* \((?P<sev>Fatal)\)",
+             what=const("The PCIe link reported an uncorrectable fatal error (AER)"), do=REBOOT_DO),
+        sign("the PCIe link's uncorrectable non-fatal error (AER)", tier=Tier.GENERIC,
+             message=r"AER: .*Uncorrect\w* \((?P<sev>Non-Fatal)\)",
+             what=const("The PCIe link reported an uncorrectable non-fatal error (AER)")),
+        sign("CUDA names the fault a kernel caused",
+             message=r"CUDA error: (?P<err>an illegal memory access was encountered|unspecified launch failure|"
+                     r"an illegal instruction was encountered|misaligned address)",
+             what=fmt("A GPU kernel faulted (CUDA error: {err})"), do=APP_XID_DO),
+        sign("CUDA names an uncorrectable ECC error", message=r"CUDA error: uncorrectable ECC error encountered",
+             what=const("The GPU reported an uncorrectable ECC error"), do=REBOOT_DO),
         sign("CUDA's and HIP's codes for a kernel that faulted on the device",
              message=r"illegal memory access|unspecified launch failure|illegal instruction|misaligned address|"
                      r"the launch timed out and was terminated|"
@@ -258,33 +325,24 @@ FAMILIES: tuple[Family, ...] = (
                      r"\bGPU [Hh]ang\b"),
         sign("an uncorrectable ECC error: the GPU's memory failed",
              message=r"uncorrectable ECC error|cudaErrorECCUncorrectable"),
+        sign("a fault of the device in any runtime's words (an illegal address, a page or MMU fault, an AI core "
+             "exception, a lost device), on an error line", terms="fault", kinds=_ERROR_LINES),
+        sign("the same in the kernel's log (amdgpu's page fault, a GPU hang): a fault a kernel may have caused, so "
+             "generic (an Xid is rules.py's: its number decides)", terms="fault", kinds={K.kernel}, tier=Tier.GENERIC,
+             unless=r"NVRM: Xid"),
         sign("CUDA could not initialise the device: the driver's state (error 802: the fabric manager is not up), "
              "not vLLM", message=r"cudaGetDeviceCount|CUDA driver initialization failed|cuInit|"
                                  r"system not yet initialized|cudaErrorSystemNotReady", raised_in={S.device, S.other}),
     )),
-    Family(F.hang, "A rank stopped answering", (
-        sign("the executor's wait for a worker's answer (the shared-memory queue, an RPC) ran out",
-             types=r"TimeoutError|Empty", raised_in={S.rpc}, tier=Tier.GENERIC),
-        sign("Ray's executor waited for a worker's output (a compiled graph's channel, a ray.get) until it timed out",
-             types=r"RayChannelTimeoutError|GetTimeoutError", tier=Tier.GENERIC),
-    )),
-    Family(F.engine_dead, "vLLM's engine died", (
-        sign("Ray reports a worker's actor dead without saying why (its node's death is peer_lost, an error inside "
-             "it or Ray's memory monitor say more): a worker died",
-             types=r"ActorDiedError|RayActorError|ActorUnavailableError", unless=r"creation task|memory",
-             tier=Tier.GENERIC),
-        sign("vLLM raises EngineDeadError in the API server once its engine core is gone: a consequence",
-             types=r"\w*EngineDeadError", tier=Tier.CONSEQUENCE),
-    )),
 )
 
-# A line no family explains, decided by what kind of line it is and what its writer said.
+FAMILIES: tuple[Family, ...] = (*STARTUP, *BETWEEN_RANKS, *NODE, *PROCESSES)
+
+# An error no family explains, decided by what kind of line it is, what its writer said or where it was raised.
 BY_KIND: tuple[Family, ...] = (
     Family(F.nccl, "NCCL failed", (
-        sign("NCCL's WARN is its error line; one that says a call failed is NCCL's failure", kinds={K.nccl},
-             message=r"\bWARN\b.*\b(?:[Ff]ailed|[Ff]ailure|[Ee]rror|[Uu]nable|[Cc]annot|[Tt]imeout|timed out)\b"),
-        sign("ProcessGroupNCCL's error lines", kinds={K.torch}, message=r"^\S*\[E\d{4} [^\]]*ProcessGroupNCCL",
-             tier=Tier.GENERIC),
+        sign("an exception raised inside a collective (an all-reduce, a broadcast, the communicator) is the collective "
+             "backend's", raised_in={S.collective}, tier=Tier.GENERIC),
     )),
     Family(F.gpu_error, "The GPU or its driver reported an error", (
         sign("a CUDA or HIP error no family names: the device or its driver reported it", kinds={K.cuda, K.python},
@@ -293,42 +351,40 @@ BY_KIND: tuple[Family, ...] = (
 )
 
 
-def what_of(family: Family, sign: Sign, event: Event) -> str:
-    """The "what happened" clause of a family hit: the family's words, the quoted error and where it was raised."""
-    exc: PyException | None = event.exception
-    if exc is not None and exc.imported is not None and sign.imported:
-        return f"{family.what}: importing {exc.imported} failed with {quote(exc.told)}"
-    where = f" (raised in {exc.where})" if exc is not None and exc.where is not None else ""
-    return f"{family.what}: {quote(_from_the_sign(sign, event))}{where}"
-
-
-_QUOTE_FROM = 120  # a sign that holds further into a long line is quoted from where it holds (its `said` group)
-
-
-def _from_the_sign(sign: Sign, event: Event) -> str:
-    said = event.said
-    if event.exception is not None or sign.message is None:
-        return said
-    m = sign.message.search(said)
-    if m is None:
-        return said
-    start = m.start("said") if "said" in m.groupdict() and m.group("said") is not None else m.start()
-    return said if start < _QUOTE_FROM else "…" + said[start:]
-
-
 # How a process is stopped, not why it failed: a Ctrl-C while vLLM builds its config is no config error.
 _STOPS = frozenset({"KeyboardInterrupt", "SystemExit", "CancelledError", "GeneratorExit"})
+_NO_FACTS = ClassifyContext()
+_ANY_LEVEL = tuple((family, s) for family in FAMILIES for s in family.signs if s.any_level)
 
 
-def judge(event: Event) -> FamilyHit | None:
-    """The first family of the table one of whose signs holds for the event; else the first of `BY_KIND`. A line vLLM
-    logged below ERROR is never evidence (a warning quoting an optional import's ImportError)."""
-    if event.below_error or event.kind is Kind.code or (event.exception is not None and event.exception.name in _STOPS):
+def judge(event: Event, ctx: ClassifyContext | None = None) -> FamilyHit | None:
+    """The reading of the family table with the lowest tier (the first row in a tie); else the first of `BY_KIND`. A
+    line logged below ERROR is evidence only for the few signs that read it (a warning quoting an optional import's
+    ImportError is none)."""
+    if event.kind in (Kind.code, Kind.frame) or (event.exception is not None and event.exception.name in _STOPS):
         return None
-    for table in (FAMILIES, BY_KIND):
-        for family in table:
-            for s in family.signs:
-                if s.holds(event):
-                    return FamilyHit(family.cls, s.tier, what_of(family, s, event), s, by_kind=table is BY_KIND)
-    return None
+    ctx = ctx or _NO_FACTS
+    if event.below_error:
+        low = event.text.lower()
+        return _best(((f, s) for f, s in _ANY_LEVEL if any(n in low for n in s.needles)), event, ctx, by_kind=False)
+    if event.exception is None and not event.terms:
+        return None  # a line that holds no word of a failure's vocabulary states none (`lexicon.py`)
+    return _best(((f, s) for f in FAMILIES for s in f.signs), event, ctx, by_kind=False) or _best(
+        ((f, s) for f in BY_KIND for s in f.signs), event, ctx, by_kind=True)
 
+
+def _best(signs: object, event: Event, ctx: ClassifyContext, *, by_kind: bool) -> FamilyHit | None:
+    best: tuple[Family, Sign, re.Match[str] | bool] | None = None
+    for family, s in signs:  # type: ignore[attr-defined]
+        if best is not None and s.tier >= best[1].tier:
+            continue
+        found = s.reads(event)
+        if found is not False:
+            best = (family, s, found)
+            if s.tier is Tier.CAUSE:
+                break
+    if best is None:
+        return None
+    family, s, found = best
+    what, quoted = what_of(family, s, event, found, ctx)
+    return FamilyHit(family.cls, s.tier, what, s, by_kind=by_kind, quoted=quoted, do=s.do)

@@ -21,6 +21,8 @@ STOPPED_FROM_OUTSIDE = ("vLLM shut down because its API server received SIGTERM 
                         "stop`, systemd, earlyoom, an orchestrator or a person stopped it, not a failure inside vLLM")
 INTERRUPTED = ("vLLM was interrupted (KeyboardInterrupt: SIGINT) from outside sparkd: a person, a launcher or an "
                "orchestrator stopped it, not a failure inside vLLM")
+LAUNCHER_STOPPED = ("vLLM's launcher (torchrun) received signal {sig} from outside sparkd and stopped its workers: a "
+                    "person, a script or an orchestrator stopped it, not a failure inside vLLM")
 STOPPED_FROM_OUTSIDE_DO = ("find who sent it (`journalctl`, `docker events`) and stop vLLM with `sparkctl stop` when "
                            "it is to stay down — sparkd restarts with backoff")
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cached_property
 
 from sparkd.supervisor.logline import VLLM_HEADER
 
@@ -56,6 +57,7 @@ class Subsystem(StrEnum):
     loading = "model loading"
     kv_cache = "KV cache sizing"
     rpc = "the executor's RPC"
+    collective = "a collective"
     step = "the engine's step"
     other = "elsewhere"
 
@@ -72,6 +74,12 @@ _SUBSYSTEMS: tuple[tuple[Subsystem, re.Pattern[str]], ...] = (
                                     r"initialize_kv_cache\w*)$")),
     (Subsystem.rpc, re.compile(r"/vllm/distributed/device_communicators/shm_broadcast\.py:|"
                                r":(?:collective_rpc|get_response|dequeue|acquire_read)$")),
+    (Subsystem.collective, re.compile(r"/vllm/distributed/(?:device_communicators/|communication_op\.py:)|"
+                                      r"/torch/distributed/distributed_c10d\.py:(?:all_reduce|all_gather\w*|broadcast\w*|"
+                                      r"reduce_scatter\w*|all_to_all\w*|send|recv|isend|irecv|"
+                                      r"batch_isend_irecv|reduce|gather|scatter)$|/(?:torch_npu|vllm_ascend)/\S*hccl|"
+                                      r":(?:tensor_model_parallel_all_reduce|all_reduce|all_gather|reduce_scatter|"
+                                      r"broadcast_tensor_dict)$")),
     (Subsystem.distributed, re.compile(r"/torch/distributed/(?:rendezvous|distributed_c10d)\.py:|"
                                        r":(?:init_distributed_environment|init_worker_distributed_environment|"
                                        r"initialize_model_parallel|init_process_group|ensure_model_parallel_"
@@ -168,7 +176,7 @@ class PyException:
         """The innermost frame: where it was raised."""
         return self.frames[-1].where if self.frames else None
 
-    @property
+    @cached_property
     def subsystem(self) -> Subsystem:
         """The subsystem of the innermost frame that lies in one (an import is not a subsystem: see `imported`)."""
         for frame in reversed(self.frames):
@@ -178,7 +186,7 @@ class PyException:
                     return subsystem
         return Subsystem.other
 
-    @property
+    @cached_property
     def imported(self) -> str | None:
         """The innermost module whose import raised it (a ``<module>`` frame entered from an ``import`` statement, or
         without source lines any ``<module>`` frame but the script's own), as a module name; None when none did."""
@@ -244,6 +252,7 @@ class TracebackParser:
     states: dict[tuple[str | None, int | None], _State] = field(default_factory=dict)
     found: dict[int, PyException] = field(default_factory=dict)  # by the index of the line that ends each, final
     code: set[int] = field(default_factory=set)  # the lines of source (and carets) Python printed under a frame
+    structure: set[int] = field(default_factory=set)  # `Traceback (most recent call last):`, frames, chain markers
 
     def feed(self, index: int, text: str, process: str | None, pid: int | None = None) -> PyException | None:
         state = self.states.setdefault((process, pid), _State())
@@ -253,12 +262,16 @@ class TracebackParser:
         if _START.search(body):
             state.open = _Open(linked=state.pending_link)
             state.pending_link = False
+            if body.lstrip().startswith("Traceback"):  # not V0's `... while processing method x: <error>, Traceback`
+                self.structure.add(index)
             return None
         if body.strip() in (_CAUSE, _CONTEXT):
             state.pending_link, state.open = True, None
+            self.structure.add(index)
             return None
         m = _FRAME.match(body)
         if m is not None:
+            self.structure.add(index)
             if state.open is None:  # an excerpt that starts mid-traceback
                 state.open = _Open(linked=state.pending_link)
             state.open.frames.append(Frame(m.group("path"), m.group("func")))

@@ -160,6 +160,194 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
                                                 "process group watchdog thread terminated with exception"], F.nccl),
     "by kind: a CUDA error no family names": ([ec("RuntimeError: CUDA error: operation not supported")],
                                               F.gpu_error),
+    "by kind: raised inside a collective": (tb("RuntimeError: backend returned status 5",
+                                               ("vllm/distributed/parallel_state.py", "all_reduce"),
+                                               ("vllm/distributed/device_communicators/pynccl.py", "all_reduce")),
+                                            F.nccl),
+}
+
+# The signs that name facts (moved from the phrase rules: they say the port, the sizes, the module) and the
+# vocabulary signs that read a failure in any wording: one case each, worded as other platforms and writers put it.
+CASES |= {
+    "free memory: the CPU backend's wording": ([ec("ValueError: Free memory on device cpu (10.0/64.0 GiB) on startup "
+                                                   "is less than desired CPU memory utilization (0.9, 57.6 GiB).")],
+                                               F.free_memory_refusal),
+    "free memory: profiling, cut before its sizes": ([ec("AssertionError: Error in memory profiling.")],
+                                                     F.free_memory_refusal),
+    "port: torch's store names it": (["torch.distributed.DistNetworkError: The server socket has failed to listen on "
+                                      "any local network address. port: 29501, useIpv6: false, code: -98, name: "
+                                      "EADDRINUSE, message: address already in use"], F.port_in_use),
+    "port: c10d's bind names it": (["[W socket.cpp:436] [c10d] failed to bind to 0.0.0.0:29500 (errno: 98 - Address "
+                                    "already in use)."], F.port_in_use),
+    "port: uvicorn names it": (["ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): "
+                                "address already in use"], F.port_in_use),
+    "port: in any words": (["Error: listen tcp 0.0.0.0:8000: bind: port is already allocated"], F.port_in_use),
+    "peer: NCCL's wrapper's words": ([ec("RuntimeError: NCCL error in: ../nccl.cpp:12, remote process exited or there "
+                                        "was a network error, NCCL version 2.21.5")], F.peer_lost),
+    "peer: NCCL's sentence alone": (["host:1:2 [0] NCCL WARN Receive: remote process exited or there was a network "
+                                     "error"], F.peer_lost),
+    "peer: the store's connection closed": (["[rank1]:[W1126 01:23:45.1 811 TCPStore.cpp:125] [c10d] recvValue failed "
+                                             "on SocketImpl(fd=41): Failed to recv, got 0 bytes. Connection was likely "
+                                             "closed. Did the remote server shutdown or crash?"], F.peer_lost),
+    "peer: the dump flag unread": (['[rank1]:[W1126 01:23:46 ProcessGroupNCCL.cpp:1826] Failed to check the "should '
+                                    'dump" flag on TCPStore, (maybe TCPStore server has shut down too early)'],
+                                   F.peer_lost),
+    "peer: the store shut down": (["[rank1]: RuntimeError: TCPStore server has shut down"], F.peer_lost),
+    "peer: Gloo's pair closed": (["RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+                                  "closed by peer [10.0.0.2]:24385"], F.peer_lost),
+    "peer: the heartbeat monitor": (["[rank0]:[E1126 ProcessGroupNCCL.cpp:1445] [PG 0 Rank 0] HeartbeatMonitor found "
+                                     "the store unreachable"], F.peer_lost),
+    "peer: a node gone, another writer's format": (["2025-06-01 12:00:00,000\tERROR gcs_node_manager.cc:301 -- Node "
+                                                    "a3f9 (10.0.0.7) failed health checks and is removed from the "
+                                                    "cluster"], F.peer_lost),
+    "rendezvous: the head waited for the clients": ([ec("torch.distributed.DistStoreError: Timed out after 601 seconds "
+                                                        "waiting for clients. 1/2 clients joined.")],
+                                                    F.rendezvous_timeout),
+    "rendezvous: the worker could not reach the head": (["torch.distributed.DistNetworkError: The client socket has "
+                                                         "timed out after 600000ms while trying to connect to "
+                                                         "(10.0.0.1, 29501)."], F.rendezvous_timeout),
+    "rendezvous: Gloo's send": (["RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                                 "1800000ms for send operation to complete"], F.rendezvous_timeout),
+    "rendezvous: a store request": (["torch.distributed.DistStoreError: Socket Timeout"], F.rendezvous_timeout),
+    "rendezvous: the store in any words": (["[rank1]:[E1126 01:23:45 socket.cpp:1019] [c10d] The client socket cannot "
+                                            "connect to the store at head:29500: Connection refused"],
+                                           F.rendezvous_timeout),
+    "rendezvous: Gloo's mesh in other words": (["RuntimeError: Gloo failed to connect to rank 1: connection timed out "
+                                                "after 30s"], F.rendezvous_timeout),
+    "rendezvous: a timeout while the group forms": (tb("TimeoutError: the group did not form", DIST_INIT),
+                                                    F.rendezvous_timeout),
+    "nccl: the NIC refused NCCL's memory": (["host:1:2 [0] NCCL WARN NET/IB : ibv_reg_mr_iova2 failed with error "
+                                             "Cannot allocate memory"], F.nccl),
+    "nccl: a system call failed": (["host:1:2 [0] NCCL WARN Call to connect returned Connection refused, unhandled "
+                                    "system error"], F.nccl),
+    "nccl: InfiniBand": (["host:1:2 [0] NET/IB : mlx5_0:1 Got async event : port error, connect failed"], F.nccl),
+    "nccl: a verbs call": (["host:1:2 [0] NCCL WARN Call to ibv_modify_qp failed with 110 Connection timed out"],
+                           F.nccl),
+    "nccl: /dev/shm full": (["host:1:2 [0] include/shmutils.h:26 NCCL WARN Error while creating shared memory segment "
+                             "/dev/shm/nccl-AbC (size 9637888), No space left on device"], F.nccl),
+    "nccl: the watchdog's timeout": (["[rank0]:[E1126 ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective "
+                                      "operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE) ran for 600000 ms"],
+                                     F.nccl),
+    "nccl: the watchdog stuck": (["[rank0]:[F1126 ProcessGroupNCCL.cpp:1161] [PG 0 Rank 0] [PG 0 Rank 0] "
+                                  "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress"],
+                                 F.nccl),
+    "nccl: the wrapper's words": ([ec("RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for "
+                                      "details)")], F.nccl),
+    "nccl: a collective library in any words": ([ec("RuntimeError: oneCCL: ze_handle_manager.cpp:226 get_ptr: "
+                                                    "EXCEPTION: unknown memory type")], F.nccl),
+    "nccl: a collective that timed out": (["[rank3]: RuntimeError: all_reduce on the tensor-parallel group timed out "
+                                           "after 1800 s"], F.nccl),
+    "nccl: a timeout inside a collective": (tb("TimeoutError: no answer", ("vllm/distributed/communication_op.py",
+                                                                           "tensor_model_parallel_all_reduce")),
+                                            F.nccl),
+    "nccl: ProcessGroupNCCL's report": ([ec("RuntimeError: Some NCCL operations have failed or timed out. Due to the "
+                                            "asynchronous nature of CUDA kernels, subsequent GPU operations might run "
+                                            "on corrupted/incomplete data.")], F.nccl),
+    "oom: a device's words, not torch's": (["RuntimeError: [Rank 0] out of memory on device hpu:0 while allocating "
+                                            "graph"], F.oom),
+    "oom: a shortage of memory in other words": ([ec("RuntimeError: Insufficient device memory to run this model "
+                                                     "(needed 30.2 GiB)")], F.oom),
+    "oom: an allocation that failed (Tenstorrent)": (["TT_THROW @ allocator.cpp:145: Out of Memory: Not enough space "
+                                                      "to allocate 104857600 B DRAM buffer across 12 banks"], F.oom),
+    "oom: an allocation that failed (Neuron)": ([ec("RuntimeError: Failed to allocate 2.00 GiB on device 0")], F.oom),
+    "oom: an allocation error code (Level Zero)": ([ec("RuntimeError: level_zero backend failed with error: "
+                                                       "ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY")], F.oom),
+    "oom: the kernel's OOM killer": (["Out of memory: Killed process 4242 (python3) total-vm:123456kB"], F.oom),
+    "oom: earlyoom": (["earlyoom v1.7: mem avail: 512 of 122880 MiB (0.42%), sending SIGTERM to process 4242 "
+                       "\"python3\""], F.oom),
+    "oom: Docker's record": (['"OOMKilled": true,'], F.oom),
+    "oom: the kernel's words": (["[12345.678] oom-kill:constraint=CONSTRAINT_MEMCG,task=python3,pid=4242"], F.oom),
+    "image: mxfp4 patched twice": ([ec("UnboundLocalError: cannot access local variable 'w13' where it is not "
+                                       "associated with a value")], F.image_error),
+    "image: DeepGEMM unavailable": ([ec("RuntimeError: DeepGEMM backend is not available. Please install the "
+                                        "deep_gemm package.")], F.image_error),
+    "image: the DeepGEMM module": ([ec("ModuleNotFoundError: No module named 'deep_gemm'")], F.image_error),
+    "image: the module named": ([ec("ModuleNotFoundError: No module named 'flashinfer'")], F.image_error),
+    "image: a library the image lacks": ([ec("ImportError: libcudart.so.13: cannot open shared object file: No such "
+                                             "file or directory")], F.image_error),
+    "image: no package metadata": ([ec("importlib.metadata.PackageNotFoundError: No package metadata was found for "
+                                       "vllm")], F.image_error),
+    "image: CUDA's no kernel image": ([ec("torch.AcceleratorError: CUDA error: no kernel image is available for "
+                                         "execution on the device")], F.image_error),
+    "image: a name the module lacks": ([ec("ImportError: cannot import name 'fused_moe' from 'vllm._custom_ops'")],
+                                       F.image_error),
+    "image: vllm._C did not load": ([ec("AttributeError: '_OpNamespace' '_C' object has no attribute "
+                                        "'rms_norm'")], F.image_error),
+    "image: the op that does not exist": ([ec("RuntimeError: operator torchvision::nms does not exist")],
+                                          F.image_error),
+    "image: a library's version not found": ([ec("Unable to load the extension vllm_flash_attn: version GLIBC_2.38 "
+                                                 "not found")], F.image_error),
+    "image: the architecture in other words (ROCm)": (["rocBLAS error: Cannot read TensileLibrary.dat: gfx1151 is not "
+                                                       "supported by this build"], F.image_error),
+    "image: the architecture before its refusal": ([ec("RuntimeError: sm_121a is not supported by the FlashInfer "
+                                                       "cubin cache")], F.image_error),
+    "image: no code object for the GPU": (["rocBLAS error: Could not initialize Tensile host: No compatible code "
+                                           "objects found for: gfx1151"], F.image_error),
+    "image: a CPU torch in a GPU image": ([ec("AssertionError: Torch not compiled with ROCm enabled")], F.image_error),
+    "config: argparse, unknown arguments": (["api_server.py: error: unrecognized arguments: --omni"], F.config_error),
+    "config: argparse, a rejected argument": (["vllm serve: error: argument --dtype: invalid choice: 'float8'"],
+                                              F.config_error),
+    "config: argparse, missing arguments": (["vllm: error: the following arguments are required: model_tag"],
+                                            F.config_error),
+    "config: max_model_len beyond the model's": ([ec("ValueError: User-specified max_model_len (262144) is greater "
+                                                     "than the derived max_model_len (max_position_embeddings=40960 "
+                                                     "or model_max_length=None in model's config.json).")],
+                                                 F.config_error),
+    "config: the DSpark patch's check": ([ec("ValueError: DSpark currently requires uniform attention layers.")],
+                                         F.config_error),
+    "config: the KV cache needed, named": ([ec("ValueError: To serve at least one request with the models's max seq "
+                                              "len (32768), (4.00 GiB KV cache is needed, which is larger than the "
+                                              "available KV cache memory (1.50 GiB).")], F.config_error),
+    "config: a KV budget at nothing, at INFO": (["(Worker pid=9) INFO 01-02 03:04:05 [kv_cache_utils.py:1] GPU KV "
+                                                 "cache size: 0 tokens"], F.config_error),
+    "config: no memory for the cache blocks": ([ec("ValueError: No available memory for the cache blocks. Try "
+                                                   "increasing `gpu_memory_utilization` when initializing the "
+                                                   "engine.")], F.config_error),
+    "config: the launch script is not there": (["python3: can't open file '/workspace/serve.py': [Errno 2] No such "
+                                                "file or directory"], F.config_error),
+    "config: the container could not run it": (['OCI runtime exec failed: exec failed: unable to start container '
+                                                'process: exec: "/workspace/x.sh": stat /workspace/x.sh: no such file '
+                                                'or directory: unknown'], F.config_error),
+    "config: a value vLLM refused, on the exception": ([ec("ValueError: Total number of attention heads (32) must be "
+                                                           "divisible by tensor parallel size (3).")],
+                                                       F.config_error),
+    "config: pydantic's detail line": (["  Value error, Quantization method awq_marlin is not supported for the "
+                                        "current GPU [type=value_error, input_value=ArgsKwargs(()), "
+                                        "input_type=ArgsKwargs]"], F.config_error),
+    "config: the KV cache cut short": ([ec("RuntimeError: Cannot auto-fit max_model_len for this GPU.")],
+                                       F.config_error),
+    "config: the KV cache in any words": ([ec("RuntimeError: KV cache too small: 1024 tokens for a max_model_len of "
+                                             "32768")], F.config_error),
+    "config: a setting the GPU's architecture cannot take": ([ec("RuntimeError: FP8 KV cache dtype is not supported "
+                                                                 "on compute capability 7.5")], F.config_error),
+    "config: a rejected value, other words": ([ec("AssertionError: max_model_len must be at least 16")],
+                                              F.config_error),
+    "config: a model architecture vLLM lacks": ([ec("ValueError: Model architectures ['FooForCausalLM'] failed to be "
+                                                    "inspected; this model type is unsupported")], F.config_error),
+    "gpu: fallen off the bus": (["NVRM: GPU 0000:01:00.0: GPU has fallen off the bus."], F.gpu_error),
+    "gpu: a fatal AER": (["pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:01:00.0"],
+                         F.gpu_error),
+    "gpu: a non-fatal AER": (["pcieport 0000:00:01.0: AER: Uncorrected (Non-Fatal) error received: 0000:01:00.0"],
+                             F.gpu_error),
+    "gpu: CUDA names the fault": ([ec("RuntimeError: CUDA error: an illegal memory access was encountered")],
+                                  F.gpu_error),
+    "gpu: ECC, CUDA's words": ([ec("RuntimeError: CUDA error: uncorrectable ECC error encountered")], F.gpu_error),
+    "gpu: ECC, HIP's words": ([ec("RuntimeError: HIP error: uncorrectable ECC error encountered")], F.gpu_error),
+    "gpu: a fault in any runtime's words": ([ec("RuntimeError: ACL stream synchronize failed: AICORE exception on "
+                                                "device 3")], F.gpu_error),
+    "gpu: the kernel's page fault": (["amdgpu 0000:c3:00.0: amdgpu: [gfxhub] page fault (src_id:0 ring:24 vmid:3 "
+                                      "pasid:32769)"], F.gpu_error),
+    "hang: the RPC named": ([ec("TimeoutError: RPC call to sample_tokens timed out.")], F.hang),
+    "hang: the engine never started": ([ec("TimeoutError: Timed out waiting for engine core processes to start.")],
+                                       F.hang),
+    "hang: an RPC in other words": ([ec("RuntimeError: the worker's RPC did not answer: timed out after 300 s")],
+                                    F.hang),
+    "engine dead: CUDACHECK in the custom all-reduce": (["Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:455 "
+                                                         "'invalid argument'"], F.engine_dead),
+    "engine dead: CUDACHECK elsewhere": (["Failed: Cuda error /workspace/csrc/cache_kernels.cu:12 'out of bounds'"],
+                                         F.engine_dead),
+    "engine dead: the shared-memory ring": ([ec("AttributeError: 'ShmRingBuffer' object has no attribute "
+                                                "'shared_memory'")], F.engine_dead),
 }
 
 
