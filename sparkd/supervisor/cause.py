@@ -162,6 +162,27 @@ def _vllm_error(event: Event) -> str | None:
     return event.text
 
 
+_REPEATS = 5  # the same line this many times in a row
+_REQUEST_LOG = re.compile(r"\b(?:GET|POST|PUT|DELETE) /|Received request|Finished request|Added request")
+
+
+def _repeating(events: Sequence[Event]) -> Finding | None:
+    """With nothing else in the log: vLLM's engine logging the same line again and again, word for word (the same
+    request, the same step), is an engine that goes round without progress — a stall, said only when nothing else
+    is (a request log repeats by nature and is no such loop)."""
+    run, last, found = 0, None, None
+    for event in events:
+        said = event.said if event.kind is Kind.vllm and event.from_log else None
+        run = run + 1 if said is not None and said == last else 1
+        last = said
+        if run >= _REPEATS and said and not _REQUEST_LOG.search(said):
+            found = event
+    if found is None:
+        return None
+    what = f"vLLM's engine logged the same line {_REPEATS} or more times in a row and went no further"
+    return Finding(FailureClass.stall, Tier.AMBIGUOUS, what, None, found.text, found, quoted=quote(found.said))
+
+
 def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -> Scan:
     best: Finding | None = None
     first_exception: PyException | None = None
@@ -196,6 +217,8 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
     if best is not None:
         followed = next((f for f in findings if f.event.index > best.event.index and f.cls is not best.cls
                          and f.tier <= Tier.GENERIC), None)
+    if best is None:
+        best = _repeating(events)
     last_line = next((e.text for e in reversed(events) if e.from_log), None)
     return Scan(best, first_exception, first_consequence, first_vllm_error, last_vllm_error, last_errorish, last_line,
                 followed)

@@ -62,9 +62,10 @@ _PROCESS = re.compile(r"\((?P<process>[A-Za-z_][\w.\-]*(?:\((?:[^()]|\([^()]*\))
                       r"pid=(?P<pid>\d{1,18})"
                       r"(?:, ip=[^)]*)?\)[ \t]?")
 # colour codes pasted as text, the way a terminal or a pager shows them (`^[[36m`, `\033[0m`, `␛[1m`), or whose escape
-# a copy dropped (`[36m(RayWorkerWrapper pid=9)[0m`: only SGR's `m`, never before `]`, so `[5m]` stays)
+# a copy dropped (`[36m(RayWorkerWrapper pid=9)[0m`: only SGR's `m`, never before `]`, so `[5m]` stays), and a
+# carriage return pasted as `^M`
 _TEXT_ANSI = re.compile(r"(?:\^\[|\\0?33|\\x1[bB]|\\e|\\u001[bB]|␛|<ESC>|ESC)\[[0-9;]*[A-Za-z]|"
-                        r"(?<![\[\x1b])\[\d{1,3}(?:;\d{1,3})*m(?![\]\w.])")
+                        r"(?<![\[\x1b])\[\d{1,3}(?:;\d{1,3})*m(?![\]\w.])|\^M$")
 _V0_WORKER = re.compile(r"^Exception in worker \S+ while processing method \w+: ")
 _LEAD_LIMIT = 160  # a prefix further into the line is text, not decoration
 # A line (a tqdm frame) is read up to here: an error states itself early, and the patterns stay cheap on a dump of
@@ -151,7 +152,7 @@ class _Line:
 
 
 def _undecorate(raw: str) -> _Line:
-    frames, process, pid = segments_of_process(_TEXT_ANSI.sub("", raw) if "[" in raw else raw)
+    frames, process, pid = segments_of_process(_TEXT_ANSI.sub("", raw) if "[" in raw or "^M" in raw else raw)
     out: list[str] = []
     lead_time = None
     for frame in frames:

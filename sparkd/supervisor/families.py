@@ -47,6 +47,7 @@ F, S, K = FailureClass, Subsystem, Kind
 _I = re.IGNORECASE
 _ERROR_LINES = {K.python, K.vllm, K.cuda, K.other, K.ray}  # lines that may carry an error's text (not NCCL's, torch's)
 _DEVICE = r"(?:CUDA|HIP|NPU|XPU|HPU|MPS|GPU|TPU|MLU|MUSA|[Dd]evice|ROCm|Ascend|Gaudi)"
+_ACCELERATOR = r"(?:device|GPU|NPU|HPU|TPU|XPU|accelerator)"
 _KV_DO = f"lower max_model_len or raise gpu_memory_utilization in the config — {NO_RETRY}"
 _CONFIG_DO = f"fix the vLLM settings in the config — {NO_RETRY}"
 _LAUNCH_DO = f"fix [launch] in the config — {NO_RETRY}"
@@ -89,6 +90,15 @@ STARTUP: tuple[Family, ...] = (
     Family(F.gpu_busy, "CUDA reported the GPU busy or unavailable", (
         sign("cudaErrorDevicesUnavailable: the device is in exclusive-process mode and another process holds it",
              terms="busy", message=r"busy or unavailable|DevicesUnavailable|DEVICES?_UNAVAILABLE", flags=_I),
+        sign("EBUSY on the accelerator's device file or while its backend initialises (a TPU's /dev/vfio, an NPU's "
+             "/dev/davinci): another process holds the device", terms="busy", flags=_I,
+             message=rf"(?:/dev/(?:vfio|accel|nvidia|davinci|dri|kfd|hl)\S*|\b{_ACCELERATOR}\b[^\n]{{0,80}}"
+                     r"initiali[sz]\w*|initiali[sz]\w* [^\n]{0,80}\b(?:backend|device)\b)[^\n]{0,120}Device or "
+                     r"resource busy"),
+        sign("an accelerator the process could not acquire, or one another process occupies (Gaudi's 'Device "
+             "acquire failed', an NPU 'occupied')", terms="busy", flags=_I,
+             message=rf"\b(?:{_ACCELERATOR}|card)\b[^.\n]{{0,40}}\b(?:acquire failed|already acquired|could not be "
+                     r"acquired|is occupied|occupied by|held by another|in use by another process)"),
     )),
 )
 
@@ -190,6 +200,17 @@ NODE: tuple[Family, ...] = (
              "GLIBC, a .so, an extension), in any words", terms="lib",
              message=r"\b(?:cannot|can't|could not|couldn't|failed to|unable to) (?:open|load|find|import)|"
                      r"\bnot found\b|\bundefined\b|\bmissing\b|\bno such file\b", flags=_I),
+        sign("a call whose arguments do not fit the function's signature (an unexpected keyword, too many positional "
+             "arguments), raised outside vLLM's arguments and config: packages of the image (vLLM, a platform plugin, "
+             "an add-on) written against another version of each other", types=r"TypeError",
+             not_raised_in={S.args, S.config},
+             message=r"got an unexpected keyword argument|takes (?:from )?\d+ (?:to \d+ )?positional arguments? but "
+                     r"\d+ (?:were|was) given|missing \d+ required (?:positional|keyword-only) arguments?|got multiple "
+                     r"values for (?:keyword )?argument"),
+        sign("a compiler the image runs at start-up (an op compiler, Triton, nvcc) cannot find a header, a library or "
+             "itself: the image's toolchain is incomplete", terms="missing", flags=_I,
+             message=r"\bfatal error: .{1,160}?(?:No such file or directory|file not found)|\bcannot find -l\w+|"
+                     r"\b(?:nvcc|gcc|g\+\+|cc1plus|clang\+*|hipcc|ninja|ld)\b[^\n]{0,40}(?:not found|No such file)"),
         sign("vLLM found no platform it knows in the image (its torch or the platform plugin does not fit the "
              "hardware), whatever frame raised it", message=r"Failed to infer device type|No platform detected"),
         sign("Triton's ptxas in the image could not compile a kernel for this GPU",
@@ -299,6 +320,10 @@ NODE: tuple[Family, ...] = (
         sign("a model architecture vLLM does not support", terms="model unsupported"),
         sign("a device index beyond the GPUs there are: CUDA_VISIBLE_DEVICES or the parallel sizes",
              message=r"invalid device ordinal|cudaErrorInvalidDevice\b|\binvalid device[= ]\d+"),
+        sign("a device index the node does not have, in other runtimes' words (an NPU's 'invalid device ID', 'valid "
+             "device range'): the visible devices or the parallel sizes", flags=_I,
+             message=r"\binvalid device(?: ?id\b|,| index\b)|\bvalid device range\b|device (?:id|index) \S+ (?:is )?"
+                     r"out of range"),
         sign("the model needs code from its repository that the config did not allow, or a token it was not given",
              message=r"trust_remote_code|\b40[13] Client Error\b"),
     )),
@@ -343,6 +368,15 @@ BY_KIND: tuple[Family, ...] = (
     Family(F.nccl, "NCCL failed", (
         sign("an exception raised inside a collective (an all-reduce, a broadcast, the communicator) is the collective "
              "backend's", raised_in={S.collective}, tier=Tier.GENERIC),
+    )),
+    Family(F.hang, "A rank stopped answering", (
+        sign("a wait that ran out (a timeout type, or an error line that says something timed out) where no family "
+             "names what was waited on: vLLM or a rank stopped answering", types=r"\w*Time[dD]?[oO]ut\w*|timeout",
+             tier=Tier.GENERIC),
+        sign("the same on an error line: something timed out (not a parameter named timeout, not a wait that will "
+             "retry)", terms="timeout", kinds=_ERROR_LINES, tier=Tier.GENERIC, unless=r"\bretry|\bretrying\b",
+             message=r"\b(?:timed out|times out|time(?:d)? ?out after|deadline exceeded|timeout (?:error|exceeded|"
+                     r"expired|reached|occurred)|Timeout(?:Error|Exception)?:)", flags=_I),
     )),
     Family(F.gpu_error, "The GPU or its driver reported an error", (
         sign("a CUDA or HIP error no family names: the device or its driver reported it", kinds={K.cuda, K.python},

@@ -92,6 +92,12 @@ BETWEEN_RANKS: tuple[Family, ...] = (
         sign("Ray could not place every rank on the cluster (vLLM's timeout, or Ray's autoscaler finding no node that "
              "fits), so they never started to meet",
              message=r"Cannot provide a placement group|No available node types can fulfill resource request"),
+        sign("the same in other words: a node or the cluster without the accelerators a rank asks for, a placement "
+             "group or resource request that cannot be placed or is infeasible", flags=_I, terms="peer",
+             message=r"\b(?:node|cluster)\b[^.\n]{0,80}\b(?:has no|no) (?:GPU|NPU|TPU|XPU|HPU|accelerator)s? "
+                     r"available|\b(?:cannot|can't|could not|unable to) (?:be )?(?:provide|place|placed|fulfill|"
+                     r"satisf\w+|schedul\w+)\b[^.\n]{0,60}\b(?:placement group|resource request|bundle)|"
+                     r"\binfeasible (?:task|actor|resource|placement)"),
         sign("torch's store raises DistStoreError when the ranks do not all arrive in time",
              types=r"DistStoreError", tier=G),
         sign("a rank could not reach the store or the Gloo mesh of the others",
@@ -128,7 +134,10 @@ BETWEEN_RANKS: tuple[Family, ...] = (
              what=fmt("NCCL could not allocate its shared-memory segment {seg}: /dev/shm is full (No space left on "
                       "device)")),
         sign("NCCL's own error codes", terms="ccl", what=fmt("NCCL failed with nccl{msg}"),
-             message=r"\bnccl(?P<msg>InternalError|SystemError|UnhandledCudaError|InvalidArgument|InvalidUsage)\b"),
+             message=r"\bnccl(?P<msg>InternalError|SystemError|InvalidArgument|InvalidUsage)\b"),
+        sign("NCCL's wrapper of a CUDA call that failed: generic, because the CUDA error it names after it (`Last "
+             "error: Cuda failure 'out of memory'`) is the cause when there is one", terms="ccl", tier=G,
+             what=fmt("NCCL failed with nccl{msg}"), message=r"\bnccl(?P<msg>UnhandledCudaError)\b"),
         sign("NCCL's WARN line that says a call failed", terms="ccl", what=what_nccl,
              message=r"NCCL WARN (?P<msg>.*?\b(?:[Ff]ailed|[Ff]ailure|[Ee]rror|[Uu]nable|[Cc]annot|[Tt]imeout|timed "
                      r"out)\b.*)"),

@@ -6,7 +6,8 @@ A :class:`Sign` holds for an event when every part it names holds:
   says what the failure is in any wording (memory + could not be had; an architecture + not supported) — and
   ``unless_terms`` none of which may be;
 - ``types``: the exception's type, without its module (fullmatch), a pattern over the type names (``\\w*OutOfMemory``);
-- ``raised_in``: the subsystem the exception was raised in (the frames'), ``imported``: raised while importing;
+- ``raised_in``: the subsystem the exception was raised in (the frames'), ``not_raised_in`` one it was not raised in,
+  ``imported``: raised while importing;
 - ``message``: searched in the exception's message (with ``types``) or the event's `subject`; its named groups feed a
   sign's own sentence (``what``), ``unless`` must not be found;
 - ``kinds``: the kinds of line it applies to; ``any_level``: it reads a line logged below ERROR too (only a few
@@ -42,6 +43,7 @@ class Sign:
     types: re.Pattern[str] | None = None  # the exception's type, without its module (fullmatch)
     message: re.Pattern[str] | None = None  # searched in the exception's message (with `types`) or the subject
     raised_in: frozenset[Subsystem] | None = None  # the subsystem the exception was raised in
+    not_raised_in: frozenset[Subsystem] = frozenset()  # nor raised in these
     imported: bool = False  # raised while a module was being imported
     kinds: frozenset[Kind] | None = None  # the kinds of line it applies to (None: any)
     tier: Tier = Tier.CAUSE
@@ -63,6 +65,8 @@ class Sign:
             return False
         if self.raised_in is not None and (exc is None or exc.subsystem not in self.raised_in):
             return False
+        if self.not_raised_in and exc is not None and exc.subsystem in self.not_raised_in:
+            return False
         if self.imported and (exc is None or exc.imported is None):
             return False
         subject = exc.message if exc is not None and self.types is not None else event.subject
@@ -78,15 +82,17 @@ class Sign:
 
 
 def sign(reason: str, types: str | None = None, message: str | None = None, *, terms: str = "",
-         raised_in: set[Subsystem] | None = None, imported: bool = False, kinds: set[Kind] | None = None,
+         raised_in: set[Subsystem] | None = None, not_raised_in: set[Subsystem] | None = None,
+         imported: bool = False, kinds: set[Kind] | None = None,
          tier: Tier = Tier.CAUSE, flags: int = 0, unless: str | None = None, unless_terms: str = "",
          any_level: bool = False, needles: tuple[str, ...] = (), what: What | None = None, do: str | None = None
          ) -> Sign:
     """A sign; `terms` and `unless_terms` are concept names separated by spaces."""
     return Sign(reason, frozenset(terms.split()), re.compile(types) if types else None,
                 re.compile(message, flags) if message else None, frozenset(raised_in) if raised_in else None,
-                imported, frozenset(kinds) if kinds else None, tier, re.compile(unless, flags) if unless else None,
-                frozenset(unless_terms.split()), any_level, needles, what, do)
+                frozenset(not_raised_in or ()), imported, frozenset(kinds) if kinds else None, tier,
+                re.compile(unless, flags) if unless else None, frozenset(unless_terms.split()), any_level, needles,
+                what, do)
 
 
 @dataclass(frozen=True)

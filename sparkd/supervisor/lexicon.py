@@ -95,9 +95,9 @@ CONCEPTS: tuple[Concept, ...] = (
              r"\bEOF\b|\bhung up\b|failed to (?:connect|recv|send)|"
              r"(?-i:ECONNREFUSED|ECONNRESET|ETIMEDOUT|EHOSTUNREACH)"),
     _concept("timeout", "time|deadline|expired", r"timed? ?out|timeout|times out|\bdeadline exceeded\b|\bexpired\b"),
-    _concept("peer", "node|peer|raylet|remote|head|worker node|other rank",
+    _concept("peer", "node|peer|raylet|remote|head|worker node|other rank|cluster",
              r"\bnodes?\b|\bpeers?\b|\braylet\b|\bremote (?:process|rank|host|end|worker|side|server)|\bhead node\b|"
-             r"\bworker node\b|\bother ranks?\b"),
+             r"\bworker node\b|\bother ranks?\b|\bcluster\b"),
     _concept("gone", "dead|died|dies|lost|removed|disconnect|down|health|heartbeat|no longer|terminated|preempted|"
                      "exited|crashed|shut|node_",
              r"\bdead\b|\bdied\b|\bdies\b|\blost\b|\bremoved\b|disconnect\w*|\bis down\b|\bwent down\b|"
@@ -112,8 +112,10 @@ CONCEPTS: tuple[Concept, ...] = (
     _concept("inuse", "eaddrinuse|in use|errno 98|errno: 98|errno 98|10048|already allocated|in use by",
              r"EADDRINUSE|address already in use|\[Errno 98\]|errno:? 98\b|\b10048\b|already in use|"
              r"already allocated|in use by another"),
-    _concept("busy", "busy|unavailable|exclusive", r"busy or unavailable|DevicesUnavailable|DEVICES?_UNAVAILABLE|"
-                                                   r"device (?:is )?busy|\bexclusive[_ ]process\b"),
+    _concept("busy", "busy|unavailable|exclusive|acquire|occupied|held by|in use by",
+             r"busy or unavailable|DevicesUnavailable|DEVICES?_UNAVAILABLE|device (?:is |or resource )?busy|"
+             r"\bexclusive[_ ]process\b|acquire failed|already acquired|could not be acquired|\boccupied\b|"
+             r"held by another|in use by another process"),
     # -- error codes of the device runtimes (their prefix), and faults --
     _concept("devcode", "cudaerror|cuda_error|cuda error|cuda driver error|cuda failure|cublas_status|cudnn_status|"
                         "hiperror|hip error|hip failure|hsa_status|ze_result|ur_result|pi_error|acl_error|aclerror|"

@@ -29,7 +29,9 @@ __all__ = ["Frame", "PyException", "Subsystem", "TracebackParser", "exception_li
 
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 _START = re.compile(r"Traceback \(most recent call last\):\s*$")
-_FRAME = re.compile(r'^\s*File ["“](?P<path>[^"”]+)["”], line \d{1,9}, in (?P<func>\S+)\s*$')
+# Python's frame line, and IPython's (`File /opt/x/worker.py:2549, in get(object_refs, timeout)`)
+_FRAME = re.compile(r'^\s*File (?:["“](?P<path>[^"”]+)["”], line \d{1,9}, in (?P<func>\S+)|'
+                    r'(?P<ipath>/\S+\.py):\d{1,9}, in (?P<ifunc>\w+)\(.*\))\s*$')
 _CAUSE = "The above exception was the direct cause of the following exception:"
 _CONTEXT = "During handling of the above exception, another exception occurred:"
 # `pkg.mod.TypeName: message`, or Ray's wrapper `ray.exceptions.RayTaskError(ValueError): ...`
@@ -201,8 +203,9 @@ class PyException:
 
 def exception_line(body: str, *, in_traceback: bool) -> re.Match[str] | None:
     """The match of an exception line (header removed), or None. Outside a traceback the type must say it is an
-    exception (``...Error``/``...Exception``) and carry a message; inside, the line after the frames is the exception
-    whatever its name, as long as it reads like a type (CamelCase, not a statement)."""
+    exception (``...Error``/``...Exception``) and carry a message, or stand alone on its line (``TimeoutError``, an
+    excerpt cut after its ``raise``); inside, the line after the frames is the exception whatever its name, as long as
+    it reads like a type (CamelCase, not a statement)."""
     text = body.strip()
     if not text or text.startswith(("File ", "Traceback")):
         return None
@@ -214,7 +217,7 @@ def exception_line(body: str, *, in_traceback: bool) -> re.Match[str] | None:
     if in_traceback:
         bare = _BARE_IN_TRACEBACK.search(name) is not None
         return m if (named or bare or (name[:1].isupper() and (":" in text or "." in m.group("type")))) else None
-    return m if named and m.group("message") else None
+    return m if named and (m.group("message") or text == m.group("type")) else None
 
 
 def _wrapped(exc: PyException, body: str) -> bool:
@@ -274,7 +277,7 @@ class TracebackParser:
             self.structure.add(index)
             if state.open is None:  # an excerpt that starts mid-traceback
                 state.open = _Open(linked=state.pending_link)
-            state.open.frames.append(Frame(m.group("path"), m.group("func")))
+            state.open.frames.append(Frame(m.group("path") or m.group("ipath"), m.group("func") or m.group("ifunc")))
             return None
         found = exception_line(body, in_traceback=state.open is not None and bool(state.open.frames))
         if found is None:

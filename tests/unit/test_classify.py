@@ -663,8 +663,9 @@ def test_error_inside_a_tqdm_frame_is_found() -> None:
 
 
 def test_only_the_tail_is_scanned() -> None:
-    """Lines older than MAX_SCAN_LINES from the end are ignored."""
-    tail = [w0(FREE_MEM)] + ["INFO 11-26 01:23:45 [x.py:1] noise"] * MAX_SCAN_LINES
+    """Lines older than MAX_SCAN_LINES from the end are ignored (the noise differs line by line: the same line again
+    and again is an engine going round without progress, cause.py's last resort)."""
+    tail = [w0(FREE_MEM)] + [f"INFO 11-26 01:23:45 [x.py:1] noise {i}" for i in range(MAX_SCAN_LINES)]
     assert classify(1, None, tail).cls is F.unknown
     assert classify(1, None, [*tail[1:], w0(FREE_MEM)]).cls is F.free_memory_refusal
 

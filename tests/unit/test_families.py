@@ -348,6 +348,30 @@ CASES |= {
                                          F.engine_dead),
     "engine dead: the shared-memory ring": ([ec("AttributeError: 'ShmRingBuffer' object has no attribute "
                                                 "'shared_memory'")], F.engine_dead),
+    "gpu busy: EBUSY on the device file": ([ec("RuntimeError: Unable to initialize backend 'tpu': FAILED_PRECONDITION: "
+                                               "TPU initialization failed: open(/dev/vfio/0): Device or resource busy")],
+                                           F.gpu_busy),
+    "gpu busy: a device not acquired": (["RuntimeError: synStatus=26 [Generic failure] Device acquire failed."],
+                                        F.gpu_busy),
+    "rendezvous: a node without the accelerators asked for": ([ec("ValueError: Current node has no GPU available. "
+                                                                  "current_node_resource={'CPU': 64.0}")],
+                                                              F.rendezvous_timeout),
+    "oom: NCCL's unhandled CUDA error names out of memory": (
+        ["(VllmWorker rank=7 pid=240) ncclUnhandledCudaError: Call to CUDA function failed.",
+         "(VllmWorker rank=7 pid=240) Last error:", "(VllmWorker rank=7 pid=240) Cuda failure 'out of memory'"], F.oom),
+    "nccl: NCCL's unhandled CUDA error alone": ([ec("RuntimeError: ncclUnhandledCudaError: Call to CUDA function "
+                                                    "failed.")], F.nccl),
+    "image: a call that does not fit the function": (tb("TypeError: forward() got an unexpected keyword argument "
+                                                        "'kv_cache'", ("vllm_ascend/models/deepseek_v2.py", "forward")),
+                                                     F.image_error),
+    "image: a compiler without its headers": (["/usr/local/Ascend/tikcpp/kernel_macros.h:24:10: fatal error: 'cstdint' "
+                                               "file not found"], F.image_error),
+    "config: a device index the node lacks (NPU)": ([ec("EE1001: The argument is invalid.Reason: Set device failed, "
+                                                        "invalid device, set device=1, valid device range is [0, 1)")],
+                                                    F.config_error),
+    "hang: a timeout type alone": ([ec("TimeoutError")], F.hang),
+    "hang: an error line that says it timed out": ([ec("Engine iteration timed out. This should never happen!")],
+                                                   F.hang),
 }
 
 
