@@ -66,9 +66,11 @@ class Scan:
     last_errorish: str | None  # the last line that looks like an error
     last_line: str | None  # the log's last line
     followed: Finding | None = None  # a later cause-level finding of another class that followed from the best
+    first_errorish: str | None = None  # the first line that looks like an error, as its writer put it
 
 
 _ABORTED = re.compile(r"exit code:? -6\b|\bSIGABRT\b")
+_ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
 _ERRORISH = re.compile(r"\b(?:\w*Error|\w*Exception|Traceback|FATAL|Fatal|ERROR)\b")
 
 
@@ -145,8 +147,14 @@ def _better(hit: Finding, best: Finding | None) -> bool:
 
 def _later_wait(hit: Finding, best: Finding | None) -> bool:
     """A line that shows up in healthy runs too repeats while vLLM waits (a placement group, the shared-memory
-    queue, a rendezvous's retries): the last one says how long the wait was when vLLM died."""
-    return best is not None and best.tier is Tier.AMBIGUOUS and hit.rule is not None and hit.rule is best.rule
+    queue, a rendezvous's retries): the last one says how long the wait was when vLLM died. And a reading of a
+    traceback's frame (for an excerpt cut before its exception) yields to the exception or the error line of its class
+    after it, which says more."""
+    if best is None:
+        return False
+    if best.rule is not None and best.rule.provisional and hit.cls is best.cls and hit.tier <= best.tier:
+        return hit.specific
+    return best.tier is Tier.AMBIGUOUS and hit.rule is not None and hit.rule is best.rule
 
 
 def _vllm_error(event: Event) -> str | None:
@@ -187,13 +195,14 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
     best: Finding | None = None
     first_exception: PyException | None = None
     first_consequence: PyException | None = None
-    first_vllm_error = last_vllm_error = last_errorish = None
+    first_vllm_error = last_vllm_error = last_errorish = first_errorish = None
     findings: list[Finding] = []
     earlier: list[str] = []
     for event in events:
         if (event.from_log and not event.below_error and event.kind not in (Kind.code, Kind.frame)
-                and _ERRORISH.search(event.text)):
+                and (_ERRORISH.search(event.text) or (event.kind is Kind.torch and event.level in _ERROR_LEVELS))):
             last_errorish = event.text
+            first_errorish = first_errorish or event.said
         said = _vllm_error(event)
         first_vllm_error, last_vllm_error = first_vllm_error or said, said or last_vllm_error
         found = _finding(event, exit_code, ctx, earlier)
@@ -221,4 +230,4 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
         best = _repeating(events)
     last_line = next((e.text for e in reversed(events) if e.from_log), None)
     return Scan(best, first_exception, first_consequence, first_vllm_error, last_vllm_error, last_errorish, last_line,
-                followed)
+                followed, first_errorish)

@@ -41,6 +41,7 @@ from sparkd.supervisor.failures import Failure, FailureClass
 from sparkd.supervisor.logline import VLLM_HEADER
 from sparkd.supervisor.rules import INIT_FAILED, Tier
 from sparkd.supervisor.sentences import NO_RETRY, default_do, default_what, mem_note, quote
+from sparkd.supervisor.tracebacks import PyException
 
 __all__ = ["MAX_SCAN_LINES", "ClassifyContext", "classify"]
 
@@ -125,13 +126,23 @@ def _from_finding(found: Scan, make: _Sentence) -> Failure:
             evidence = found.first_exception.stated
             what += f"; the first error in the log is {quote(evidence)}{_raised(found.first_exception.where)}"
         else:  # the consequence is all the log says: quote it, as Python printed it where it did
+            first = found.first_consequence
+            said = first.stated if first is not None and not _says_more(hit, first) else hit.evidence
             what += " and no earlier cause is in the log tail" if what == INIT_FAILED else ""
-            said = found.first_consequence.stated if found.first_consequence is not None else hit.evidence
             quoted = quote(VLLM_HEADER.sub("", said, count=1))
     followed = found.followed
     if followed is not None and followed.cls in EXPLAINS.get(hit.cls, frozenset()):
         what += f"; {quote(followed.evidence)} came after it, as its consequence"
     return make(hit.cls, what, hit.do or default_do(hit.cls), evidence, quoted=quoted)
+
+
+def _says_more(hit: Finding, first: PyException | None) -> bool:
+    """Whether a consequence's own line says more than the first consequence Python printed: it does when there is
+    none, and when that exception came later, is another one and the line names who died (not 'failed to start')."""
+    if first is None:
+        return True
+    same = bool(first.message) and first.message[:40] in hit.evidence
+    return first.index > hit.event.index and not same and hit.what != INIT_FAILED
 
 
 def _raised(where: str | None) -> str:
@@ -144,7 +155,8 @@ def _message(line: str) -> str:
 
 def _what_happened(found: Scan) -> str:
     """For a death no family or rule explains: the root exception, where it was raised, and vLLM's last error line
-    when it says something else — never nothing, when the log has an error at all."""
+    when it says something else; with no exception and no error of vLLM's, the first and the last line of any writer
+    that looks like an error — never nothing, when the log has an error at all."""
     exc = found.first_exception
     parts = []
     if exc is not None:
@@ -156,6 +168,9 @@ def _what_happened(found: Scan) -> str:
     if last is not None and last != first and (exc is None or exc.root.message[:40] not in last):
         parts.append(f"vLLM's last error line is {quote(_message(last))}")
     elif exc is None and first is None and found.last_errorish is not None:
+        earliest = found.first_errorish
+        if earliest is not None and earliest not in found.last_errorish:  # any writer's first error, then its last
+            parts.append(f"the first error-looking line is {quote(earliest)}")
         parts.append(f"the last error-looking line is {quote(found.last_errorish)}")
     elif exc is None and first is None and found.last_line is not None:
         parts.append(f"the log's last line is {quote(found.last_line)}")

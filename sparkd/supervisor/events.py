@@ -71,8 +71,14 @@ _LEAD_LIMIT = 160  # a prefix further into the line is text, not decoration
 # A line (a tqdm frame) is read up to here: an error states itself early, and the patterns stay cheap on a dump of
 # megabytes (300 lines of 4000 characters took the classifier before issue 39 over 40 s, 2-4 s now)
 _MAX_LINE = 2048
+# a record that starts inside a line: where a paste lost its line breaks
+_GLUED = re.compile(r" (?=(?:\([A-Za-z_][\w.\-]*(?: \w+=[\w.\-]+)* pid=\d{1,18}(?:, ip=[^)]*)?\) )?"
+                    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d|"
+                    r"\S+:\d+:\d+ \[\d+\] [NR]CCL (?:INFO|WARN) )")
+_GLUE_WORDS = (" DEBUG ", " INFO ", " WARNING ", " ERROR ", " CRITICAL ", "CCL INFO", "CCL WARN")
+_GLUE_MIN, _GLUE_READ = 160, 65536
 _VLLM_ANYWHERE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:")
-_GLOG = re.compile(r"^(?:\[rank\d+\]:)?\[(?P<level>[EWIF])(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d)[.\d]* [^\]]*\]")
+_GLOG = re.compile(r"^(?:\[rank\d+\]:)?\[(?P<level>[EWIF])(?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d)[.\d]* [^\]]*\]")
 _GLOG_LEVEL = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}
 _NCCL = re.compile(r"\b[NR]CCL (?P<level>WARN|INFO|ERROR|ABORT|TRACE)\b")
 # The levels other writers print: uvicorn's `INFO:     127.0.0.1 ...`, Python's logging (`WARNING:root:...`,
@@ -117,9 +123,12 @@ class Event:
     @property
     def said(self) -> str:
         """What the line says, as its writer put it: the exception line as Python printed it, else the text without
-        vLLM's header (and without V0's `Exception in worker X while processing method Y: ` in front of the error)."""
+        vLLM's header or torch's (and without V0's `Exception in worker X while processing method Y: ` in front of
+        the error)."""
         if self.exception is not None:
             return self.exception.told
+        if self.kind is Kind.torch:
+            return _GLOG.sub("", self.text, count=1).lstrip()
         return _V0_WORKER.sub("", VLLM_HEADER.sub("", self.text, count=1), count=1)
 
     @cached_property
@@ -127,7 +136,8 @@ class Event:
         """What the families read: `said`, with what a terminal wrapped onto the next lines joined on — both ways,
         as one word (`KV cach` + `e is needed`) and as two (`than the` + `available`), one per line of the text."""
         exc = self.exception
-        pieces = [self.said, *self.more] if exc is None else [exc.stated, *exc.message.split("\n")[1:]]
+        said = self.text if self.kind is Kind.torch else self.said  # torch's header names its writer: kept
+        pieces = [said, *self.more] if exc is None else [exc.stated, *exc.message.split("\n")[1:]]
         if len(pieces) == 1:
             return pieces[0]
         return f"{' '.join(pieces)}\n{''.join(pieces)}"
@@ -151,27 +161,53 @@ class _Line:
     lead_time: str | None  # the launcher's time in front
 
 
+def _unglued(text: str) -> list[str]:
+    """A paste that lost its line breaks holds many log lines on one (its launchers' prefixes already taken off the
+    front): split at each record that starts inside it (a process prefix or vLLM's header, an NCCL line's
+    `host:pid:tid [dev] NCCL`)."""
+    if len(text) > _GLUE_MIN and any(word in text for word in _GLUE_WORDS):
+        return [piece for piece in _GLUED.split(text[:_GLUE_READ]) if piece.strip()]
+    return [text]
+
+
 def _undecorate(raw: str) -> _Line:
     frames, process, pid = segments_of_process(_TEXT_ANSI.sub("", raw) if "[" in raw or "^M" in raw else raw)
     out: list[str] = []
-    lead_time = None
+    lead = _Lead(process, pid, None)
     for frame in frames:
-        text = frame[:_MAX_LINE]
-        while True:  # launchers' prefixes, then vLLM's: keep the last process named
-            lead = _LEAD.match(text)
-            if lead is not None:
-                t = _TIME_LEAD.match(lead.group(0))
-                lead_time = lead_time or (t.group("time").strip("[]") if t else None)
-                text = text[lead.end():]
-                continue
-            m = _PROCESS.search(text, 0, _LEAD_LIMIT)
-            if m is None or not _plausible_lead(text[:m.start()]):
-                break
-            t = _TIME_LEAD.match(text[:m.start()].strip())
-            lead_time = lead_time or (t.group("time").strip("[]") if t else None)
-            process, pid, text = _innermost(m.group("process")), int(m.group("pid")), text[m.end():]
-        out.append(text)
-    return _Line(tuple(out), process, pid, lead_time)
+        lead = _without_leads(frame, lead)
+        first, *glued = _unglued(lead.text)
+        out.append(first[:_MAX_LINE])
+        out += [_without_leads(piece, _Lead(None, None, None)).text[:_MAX_LINE] for piece in glued]
+    return _Line(tuple(out), lead.process, lead.pid, lead.time)
+
+
+@dataclass(frozen=True)
+class _Lead:
+    process: str | None  # the last process a prefix named
+    pid: int | None
+    time: str | None  # the first launcher's time
+    text: str = ""  # what is left of the line
+
+
+def _without_leads(frame: str, lead: _Lead) -> _Lead:
+    """The frame without the prefixes launchers put in front of it, then vLLM's `(Name pid=N)`."""
+    text = frame[:_GLUE_READ]
+    process, pid, time = lead.process, lead.pid, lead.time
+    while True:
+        m = _LEAD.match(text)
+        if m is not None:
+            t = _TIME_LEAD.match(m.group(0))
+            time = time or (t.group("time").strip("[]") if t else None)
+            text = text[m.end():]
+            continue
+        m = _PROCESS.search(text, 0, _LEAD_LIMIT)
+        if m is None or not _plausible_lead(text[:m.start()]):
+            break
+        t = _TIME_LEAD.match(text[:m.start()].strip())
+        time = time or (t.group("time").strip("[]") if t else None)
+        process, pid, text = _innermost(m.group("process")), int(m.group("pid")), text[m.end():]
+    return _Lead(process, pid, time, text)
 
 
 def _plausible_lead(lead: str) -> bool:
@@ -197,7 +233,7 @@ def _kind_level_time(text: str, from_log: bool) -> tuple[Kind, str | None, str |
         return Kind.kernel, "ERROR", None
     g = _GLOG.match(text) if text[:1] == "[" else None
     if g is not None:
-        md = g.group("md")
+        md = g.group("md").zfill(4)  # torch writes January's `W112` as well as `W0112`
         return Kind.torch, _GLOG_LEVEL[g.group("level")], f"{md[:2]}-{md[2:]} {g.group('hms')}"
     n = _NCCL.search(text) if "CCL " in text else None
     if n is not None:

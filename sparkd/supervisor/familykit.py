@@ -120,14 +120,14 @@ def what_of(family: Family, s: Sign, event: Event, found: re.Match[str] | bool, 
     exc = event.exception
     if s.what is not None and isinstance(found, re.Match):
         what = s.what(found, ctx)
-        return what, _quoted_beside(what, event)
+        return what, _quoted_beside(what, event, found)
     if exc is not None and exc.imported is not None and s.imported:
         return f"{family.what}: importing {exc.imported} failed with {quote(exc.told)}", None
     where = f" (raised in {exc.where})" if exc is not None and exc.where is not None else ""
     return f"{family.what}: {quote(_from_the_sign(s, event, found))}{where}", None
 
 
-def _quoted_beside(what: str, event: Event) -> str | None:
+def _quoted_beside(what: str, event: Event, found: re.Match[str]) -> str | None:
     """The line a sign read, quoted, when its own words do not already carry it: the operator sees the cause as vLLM
     (or torch, NCCL, the kernel) put it."""
     exc = event.exception
@@ -135,16 +135,36 @@ def _quoted_beside(what: str, event: Event) -> str | None:
     head = (exc.message if exc is not None and exc.message else stated)[:40].strip()
     if not head or head in what:
         return None
-    return quote(stated)
+    return quote(_from_where_it_holds(stated, found))
 
 
-_QUOTE_FROM = 120  # a sign that holds further into a long line is quoted from where it holds (its `said` group)
+_QUOTE_FROM = 100  # a sign that holds further into a long line is quoted from (near) where it holds
+_SENTENCE, _CLAUSE = re.compile(r"[.?!;] "), re.compile(r": |, ")
 
 
 def _from_the_sign(s: Sign, event: Event, found: re.Match[str] | bool) -> str:
     said = event.said
-    if event.exception is not None or not isinstance(found, re.Match):
+    if not isinstance(found, re.Match):
         return said
-    start = found.start("said") if "said" in found.groupdict() and found.group("said") is not None else found.start()
-    return said if start < _QUOTE_FROM or start >= len(said) else "…" + said[start:]
+    return _from_where_it_holds(said, found)
+
+
+def _from_where_it_holds(said: str, found: re.Match[str]) -> str:
+    """`said`, or — where the sign holds far into a long line — from the sentence or clause it holds in (its `said`
+    group, else the last break of a sentence before the match, else of a clause), after an ellipsis. The match may be
+    in a longer text than `said` (the exception's message with its continuation): there the words matched say
+    where."""
+    if "said" in found.groupdict() and found.group("said") is not None:
+        start = found.start("said")
+    else:
+        start = found.start()
+        if found.string is not said:
+            start = said.find(found.group(0)[:40]) if found.group(0) else -1
+    if start < _QUOTE_FROM or start >= len(said) or len(said) <= 200:
+        return said
+    for brk in (_SENTENCE, _CLAUSE):
+        breaks = [m.end() for m in brk.finditer(said, max(0, start - 80), start)]
+        if breaks:
+            return "…" + said[breaks[-1]:]
+    return "…" + said[start:]
 

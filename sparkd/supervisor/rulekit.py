@@ -39,6 +39,7 @@ class Rule:
     do: str | None = None  # the "what to do" clause; None → the class default
     when: When | None = None  # an extra condition on the match (exit code, context); None → always
     unless_after: re.Pattern[str] | None = None  # the line does not count after an earlier line matching this
+    provisional: bool = False  # read from a traceback's frame: a later finding of its class and tier says more
     needles: tuple[str, ...] = field(default=(), compare=False)  # literal text one of which every match holds
 
     def __post_init__(self) -> None:
@@ -200,9 +201,9 @@ DOUBLE_PATCH = ("the mxfp4.py patch (fix-ds4-gpu-cache) was applied twice: `grep
 
 
 def rule(cls: FailureClass, tier: Tier, pattern: str, what: What | None = None, do: str | None = None, *,
-       flags: int = 0, when: When | None = None, unless_after: str | None = None) -> Rule:
+       flags: int = 0, when: When | None = None, unless_after: str | None = None, provisional: bool = False) -> Rule:
     return Rule(cls, tier, re.compile(pattern, flags), what, do, when,
-                re.compile(unless_after) if unless_after is not None else None)
+                re.compile(unless_after) if unless_after is not None else None, provisional)
 
 
 def image(pattern: str, what: What, do: str = REBUILD) -> Rule:

@@ -93,7 +93,8 @@ RULES: tuple[Rule, ...] = (
     # the executor's wait for a worker's answer timing out inside the shared-memory queue, read from its frame when
     # the excerpt stops before the TimeoutError (the "RPC call to ... timed out" behind it)
     rule(F.hang, G, r"shm_broadcast\.py\", line \d+, in (?:acquire_read|timeout_ms)",
-       const("A rank stopped answering: the engine's wait on the shared-memory queue timed out (TimeoutError)")),
+       const("A rank stopped answering: the engine's wait on the shared-memory queue timed out (TimeoutError)"),
+       provisional=True),
     # -- a silent wedge: vLLM's own throughput line (INFO) with requests running and no token for a whole interval --
     rule(F.stall, A, r"Avg prompt throughput: 0\.0 tokens/s, Avg generation throughput: 0\.0 tokens/s, "
        r"Running: (?P<running>[1-9]\d{0,17}) reqs",

@@ -348,9 +348,8 @@ CASES |= {
                                          F.engine_dead),
     "engine dead: the shared-memory ring": ([ec("AttributeError: 'ShmRingBuffer' object has no attribute "
                                                 "'shared_memory'")], F.engine_dead),
-    "gpu busy: EBUSY on the device file": ([ec("RuntimeError: Unable to initialize backend 'tpu': FAILED_PRECONDITION: "
-                                               "TPU initialization failed: open(/dev/vfio/0): Device or resource busy")],
-                                           F.gpu_busy),
+    "gpu busy: EBUSY on the device file": ([ec("RuntimeError: Unable to initialize backend 'tpu': TPU initialization "
+                                               "failed: open(/dev/vfio/0): Device or resource busy")], F.gpu_busy),
     "gpu busy: a device not acquired": (["RuntimeError: synStatus=26 [Generic failure] Device acquire failed."],
                                         F.gpu_busy),
     "rendezvous: a node without the accelerators asked for": ([ec("ValueError: Current node has no GPU available. "
@@ -370,6 +369,7 @@ CASES |= {
                                                         "invalid device, set device=1, valid device range is [0, 1)")],
                                                     F.config_error),
     "hang: a timeout type alone": ([ec("TimeoutError")], F.hang),
+    "config: a device index the node lacks, unnamed": ([ec("[Error]: Invalid device ID.")], F.config_error),
     "hang: an error line that says it timed out": ([ec("Engine iteration timed out. This should never happen!")],
                                                    F.hang),
 }
