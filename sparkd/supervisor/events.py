@@ -76,7 +76,7 @@ _GLUED = re.compile(r" (?=(?:\([A-Za-z_][\w.\-]*(?: \w+=[\w.\-]+)* pid=\d{1,18}(
                     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d|"
                     r"\S+:\d+:\d+ \[\d+\] [NR]CCL (?:INFO|WARN) )")
 _GLUE_WORDS = (" DEBUG ", " INFO ", " WARNING ", " ERROR ", " CRITICAL ", "CCL INFO", "CCL WARN")
-_GLUE_MIN, _GLUE_READ = 160, 65536
+_GLUE_MIN, _GLUE_READ = 20, 65536  # a line shorter than this holds no record inside; a glued one is read this far
 _VLLM_ANYWHERE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:")
 _GLOG = re.compile(r"^(?:\[rank\d+\]:)?\[(?P<level>[EWIF])(?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d)[.\d]* [^\]]*\]")
 _GLOG_LEVEL = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}
@@ -93,9 +93,11 @@ _CUDA = re.compile(r"\b(?:CUDA|Cuda|HIP|hip) (?:driver )?(?:error|failure)\b|\b(
 _RAY = re.compile(r"^\(raylet\)|\bray\.exceptions\.|\bRay(?:Actor|Task|Worker)?Error\b|\bActorDiedError\b|"
                   r"\(gcs_server\)|\braylet\b")
 # What launchers put in front of a line, at its start: torchrun's `[rank0]:` (not torch's own `[rank0]:[W...]`), docker
-# compose's `service  | `, the journal's `Feb 21 21:17:57 host unit[pid]: `, a CI runner's or Docker's timestamp.
-_LEAD = re.compile(r"^(?:\[rank\d+\]: ?(?!\[[EWIF]\d{4} )|[\w.-]+ +\| ?|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ "
-                   r"[\w@.\-]+(?:\[\d+\])?: |\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]? )")
+# compose's `service  | `, the journal's `Feb 21 21:17:57 host unit[pid]: `, a CI runner's or Docker's timestamp,
+# kubectl's `--prefix` (`[pod/vllm-0/vllm] `), the frame of a boxed paste (`│ `).
+_LEAD = re.compile(r"^(?:\[rank\d+\]: ?(?!\[[EWIF]\d{3,4} )|[\w.-]+ +\| ?|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ "
+                   r"[\w@.\-]+(?:\[\d+\])?: |\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]? |[│┃║] ?|"
+                   r"\[pod/[^\]\s]+\] )")
 _TIME_LEAD = re.compile(r"^(?P<time>\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]?|"
                         r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)")
 

@@ -44,8 +44,8 @@ STARTUP: tuple[Family, ...] = (
              message=r"Free memory on device (?:\w+:\d+ )?\(~?(?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\)(?: on startup)? "
                      r"is less than desired GPU memory utilization \((?P<util>[\d.]+)(?:, ~?(?P<want>[\d.]+) GiB)?\)",
              terms="mem", what=what_free_memory),
-        sign("the same check in other wordings (0.11-0.32, GPU and CPU backends)", terms="mem",
-             message=r"(?:Free|Available) memory on (?:device|node)\b.*?\bis less than"),
+        sign("the same check in other wordings (0.11-0.32, GPU and CPU backends), or cut before its end",
+             terms="mem", message=r"(?:Free|Available) memory on (?:device|node)\b"),
         sign("the same check when weights are held outside the process (0.32)", terms="mem",
              message=r"Externally held weights on device .* exceed the desired GPU memory utilization"),
         sign("memory grew while vLLM profiled: another process (or the page cache) released memory at startup",

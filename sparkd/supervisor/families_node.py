@@ -146,6 +146,8 @@ NODE: tuple[Family, ...] = (
              "itself: the image's toolchain is incomplete", terms="missing", flags=_I,
              message=r"\bfatal error: .{1,160}?(?:No such file or directory|file not found)|\bcannot find -l\w+|"
                      r"\b(?:nvcc|gcc|g\+\+|cc1plus|clang\+*|hipcc|ninja|ld)\b[^\n]{0,40}(?:not found|No such file)"),
+        sign("a C++ or CUDA extension the image builds at start-up did not build", flags=_I,
+             message=r"Error building extension|ninja: build stopped: subcommand failed"),
         sign("vLLM found no platform it knows in the image (its torch or the platform plugin does not fit the "
              "hardware), whatever frame raised it", message=r"Failed to infer device type|No platform detected"),
         sign("Triton's ptxas in the image could not compile a kernel for this GPU",
@@ -158,7 +160,7 @@ NODE: tuple[Family, ...] = (
              unless_terms="model setting"),
         sign("the image's CUDA needs a newer driver than the host's (vLLM's words, or the NVIDIA container runtime's "
              "check of the image's requirement before it starts)",
-             message=r"NVIDIA driver on your system is too old|driver version is insufficient|"
+             message=r"NVIDIA driver on your system is too old|driver version is insufficient|Found no NVIDIA driver|"
                      r"nvidia-container-cli: requirement error: unsatisfied condition: cuda|"
                      r"forward compatibility was attempted|cudaErrorInsufficientDriver|CUDA_ERROR_INSUFFICIENT_DRIVER|"
                      r"unsupported display driver / cuda driver combination"),
@@ -230,7 +232,9 @@ NODE: tuple[Family, ...] = (
         sign("the model named in the config is not a model transformers or vLLM can find",
              message=r"is not a local folder and is not a valid model identifier|does not appear to have a file "
                      r"named|Repository Not Found|Cannot access gated repo|Unrecognized model in|"
-                     r"architectures? \[?[^\]]*\]? (?:is|are) not supported"),
+                     r"architectures? \[?[^\]]*\]? (?:is|are) not supported|couldn't connect to 'https://huggingface|"
+                     r"not the path to a directory containing a file named|Invalid repository ID|No supported config "
+                     r"format found|Can't load (?:the configuration|tokenizer) (?:of|for)"),
         sign("what is left for the KV cache after the weights cannot hold a request (negative or too small): "
              "max_model_len or gpu_memory_utilization must change",
              message=r"No available memory for the cache blocks|KV cache is needed, which is larger than the "
@@ -251,7 +255,8 @@ NODE: tuple[Family, ...] = (
              message=r"must be divisible by|is not supported|are not supported|not supported (?:for|with|on|by)\b|"
                      r"only supported on GPUs with compute capability|[Uu]nknown (?:quantization|dtype|kv cache dtype)|"
                      r"must be (?:less|greater|at least|at most|between|one of|a positive)\b|"
-                     r"max_model_len|tensor[ _]parallel[ _]size|exceeds the (?:model's|maximum)"),
+                     r"max_model_len|tensor[ _]parallel[ _]size|exceeds the (?:model's|maximum)|exceeds the (?:total )?"
+                     r"number of available (?:GPUs|NPUs|devices)"),
         sign("a model architecture vLLM does not support", terms="model unsupported"),
         sign("a device index beyond the GPUs there are: CUDA_VISIBLE_DEVICES or the parallel sizes",
              message=r"invalid device ordinal|cudaErrorInvalidDevice\b|\binvalid device[= ]\d+"),

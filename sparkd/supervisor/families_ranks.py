@@ -112,9 +112,14 @@ BETWEEN_RANKS: tuple[Family, ...] = (
         sign("the store, the rendezvous or the process group's setup with a connection that could not be made or a "
              "wait that ran out, in any words (not a collective's timeout, not a connection the peer closed, not a "
              "wait that retries: that is rules.py's)",
-             terms="store", unless_terms="ccl collective", flags=_I, unless=r"\bretry|\bretrying\b",
+             terms="store", unless_terms="ccl", flags=_I,
+             unless=r"\bretry|\bretrying\b|\bwatchdog\b|collective operation",
              message=r"failed to connect|could not connect|unable to connect|connect\w* (?:refused|timed out|failed)|"
                      r"\brefused\b|timed? ?out|timeout|No route to host|unreachable|not known"),
+        sign("torch.distributed's network error (or the rendezvous's own) for a connection that could not be made: "
+             "the other rank or the head was never reached", types=r"DistNetworkError|Rendezvous\w*Error",
+             message=r"failed to connect|could not connect|unable to connect|connect\w* (?:refused|timed out|failed)|"
+                     r"\brefused\b|No route to host|unreachable|not known|timed? ?out|timeout", flags=_I),
         sign("Gloo could not connect its mesh or timed out building it", terms="gloo", flags=_I,
              message=r"connect\w*.{0,80}(?:fail\w*|timed? ?out|timeout|refused)|(?:timed? ?out|timeout).{0,80}"
                      r"connect"),

@@ -58,10 +58,12 @@ CONCEPTS: tuple[Concept, ...] = (
              r"\ballocat\w* (?:on device )?failed|\bfailed (?:to allocate|allocation)|That was not possible"),
     _concept("shm", "/dev/shm|shared|shm", r"/dev/shm|\bshared[ _]memory\b|\bshm\w*"),
     # -- the GPU's architecture and the build's kernels --
-    _concept("hardkernel", "no kernel image|invalid device function|nokernelimage|nobinaryforgpu|no_binary_for_gpu|"
+    _concept("hardkernel", "no kernel image|kernel image is invalid|invalid_image|invalid device function|"
+                           "nokernelimage|nobinaryforgpu|no_binary_for_gpu|"
                            "no binary for|code object|not compiled for|unsupported_ptx|unsupportedptx|"
                            "ptx was compiled|no kernel|no implementation",
-             r"no kernel image|invalid device function|NoKernelImageForDevice|NoBinaryForGpu|NO_BINARY_FOR_GPU|"
+             r"no kernel image|kernel image is invalid|CUDA_ERROR_INVALID_IMAGE|invalid device function|"
+             r"NoKernelImageForDevice|NoBinaryForGpu|NO_BINARY_FOR_GPU|"
              r"no binary for (?:the )?GPU|no (?:compatible |valid )?code objects?|unable to find code object|"
              r"not compiled for (?:this |the )?(?:GPU|device|arch)|UNSUPPORTED_PTX_VERSION|UnsupportedPtxVersion|"
              r"PTX was compiled with an unsupported toolchain|no (?:kernels?|implementation) (?:is )?(?:available|"
@@ -85,9 +87,9 @@ CONCEPTS: tuple[Concept, ...] = (
     _concept("ccl", "nccl|rccl|hccl|hcom|oneccl|xccl|mscclpp|nvshmem|ei",
              r"nccl|rccl|hccl|\bhcom\w*|oneccl|xccl|mscclpp|nvshmem|\bEI\d{4}\b"),
     _concept("gloo", "gloo|connectfullmesh", r"\bgloo\b|connectFullMesh"),
-    _concept("store", "tcpstore|store|rendezvous|c10d|init_process_group|master_|process group|placement group",
+    _concept("store", "tcpstore|store|rendezvous|c10d|init_process_group|master_|process group|placement group|gcs",
              r"TCPStore|\bstore\b|rendezvous|\bc10d\b|init_process_group|MASTER_ADDR|MASTER_PORT|"
-             r"\bprocess group\b|placement group"),
+             r"\bprocess group\b|placement group|\bGCS\b"),
     _concept("conn", "socket|connect|handshake|tcp://", r"\bsockets?\b|\bconnect\w*|\bhandshake\b|tcp://"),
     _concept("netfail", "reset by peer|refused|closed|unreachable|no route|not known|broken pipe|eof|hung up|failed to|"
                         "econn|etimedout|ehostunreach",

@@ -369,6 +369,11 @@ CASES |= {
                                                         "invalid device, set device=1, valid device range is [0, 1)")],
                                                     F.config_error),
     "hang: a timeout type alone": ([ec("TimeoutError")], F.hang),
+    "image: an extension that did not build": ([ec("RuntimeError: Error building extension 'fused_adam'")],
+                                               F.image_error),
+    "rendezvous: the head never reached": (["torch.distributed.DistNetworkError: The client socket has failed to "
+                                            "connect to [head]:29500 (errno: 113 - No route to host)."],
+                                           F.rendezvous_timeout),
     "config: a device index the node lacks, unnamed": ([ec("[Error]: Invalid device ID.")], F.config_error),
     "hang: an error line that says it timed out": ([ec("Engine iteration timed out. This should never happen!")],
                                                    F.hang),
