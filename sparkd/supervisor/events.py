@@ -83,7 +83,7 @@ _GLOG_LEVEL = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}
 _NCCL = re.compile(r"\b[NR]CCL (?P<level>WARN|INFO|ERROR|ABORT|TRACE)\b")
 # The levels other writers print: uvicorn's `INFO:     127.0.0.1 ...`, Python's logging (`WARNING:root:...`,
 # `- name - INFO - ...`), a bracketed level
-_OTHER_LEVEL = re.compile(r"^(?:[-\w.]+ +- +)?\[?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?"
+_OTHER_LEVEL = re.compile(r"^(?:- +)?(?:[\w.]+ +- +)?\[?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?"
                           r"(?::|\s+-\s|\s)")
 _BELOW_ERROR = frozenset({"DEBUG", "INFO", "WARNING", "WARN", "TRACE"})
 _KERNEL = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?(?:\S+ kernel: )?(?:NVRM: |pcieport |nvidia |amdgpu |.*\bAER: |"

@@ -163,3 +163,64 @@ def test_a_huge_line_is_read_only_so_far() -> None:
     assert len(event.text) == 2048
     frames = read_events(["\r".join(["Loading: 10%"] * 2000) + "\rtorch.OutOfMemoryError: CUDA out of memory"])
     assert frames[-1].exception is not None and frames[-1].exception.name == "OutOfMemoryError"
+
+
+# How pastes mangle a log, and the reading that undoes it (events.py).
+@pytest.mark.parametrize(("raw", "text"), [
+    ("[36m(RayWorkerWrapper pid=9)[0m ERROR 08-15 11:20:19 [core.py:1] ValueError: x",
+     "ERROR 08-15 11:20:19 [core.py:1] ValueError: x"),
+    ("\\033[36m(Worker pid=9)\\033[0m ERROR 08-15 11:20:19 [core.py:1] ValueError: x",
+     "ERROR 08-15 11:20:19 [core.py:1] ValueError: x"),
+    ("ERROR 08-15 11:20:19 [core.py:1] ValueError: x^M", "ERROR 08-15 11:20:19 [core.py:1] ValueError: x"),
+    ("│ ERROR 08-15 11:20:19 engine.py:157] RuntimeError: y", "ERROR 08-15 11:20:19 engine.py:157] RuntimeError: y"),
+    ("[pod/vllm-0/vllm] ERROR 08-15 11:20:19 [core.py:1] ValueError: x",
+     "ERROR 08-15 11:20:19 [core.py:1] ValueError: x"),
+    ("timeout [5m] reached", "timeout [5m] reached"),
+], ids=["colours whose escape a copy dropped", "colours as escaped text", "a carriage return as ^M", "a boxed paste",
+        "kubectl's --prefix", "a bracket that is no colour"])
+def test_what_a_paste_adds_is_taken_off(raw: str, text: str) -> None:
+    (event,) = read_events([raw])
+    assert event.text == text
+
+
+def test_a_paste_that_lost_its_line_breaks_is_split_back() -> None:
+    """Many of vLLM's lines joined by spaces on one are read as the lines they were: the traceback's frames, code and
+    exception come apart, and NCCL's lines glued after them too."""
+    head = "ERROR 11-04 18:02:56 [v1/executor/multiproc_executor.py:597]"
+    glued = (f'{head} Traceback (most recent call last): {head} File "{SITE}/vllm/distributed/device_communicators/'
+             f'pynccl.py", line 162, in all_reduce {head} raise RuntimeError(f"NCCL error: {{error_str}}") {head} '
+             "RuntimeError: NCCL error: unhandled cuda error h0:213:213 [1] NCCL INFO cudaDriverVersion 12080")
+    events = read_events([glued])
+    assert [e.kind for e in events] == [Kind.frame, Kind.frame, Kind.code, Kind.python, Kind.nccl]
+    assert events[3].exception is not None and events[3].exception.subsystem is Subsystem.collective
+    (alone,) = read_events(["2026-03-09 01:27:30.1 (EngineCore_DP0 pid=3) INFO 03-08 17:27:28 [x.py:1] a prefix, "
+                            "not a glued line"])
+    assert alone.text.startswith("INFO 03-08")
+
+
+def test_a_line_a_terminal_wrapped_is_read_with_its_continuation() -> None:
+    """The families read a wrapped line whole, joined both as one word and as two; a bare line after a short one, or
+    one that starts a record of its own, is not a continuation."""
+    wrapped = read_events(["(Worker pid=1) ERROR 01-02 03:04:05 [kv_cache_utils.py:1] the model needs 4.26 GiB KV cach",
+                           "e, more than the 2.1 GiB left after the weights"])
+    assert wrapped[0].more == ("e, more than the 2.1 GiB left after the weights",)
+    assert "KV cache, more than" in wrapped[0].subject and "kv" in wrapped[0].terms
+    separate = read_events(["ERROR 01-02 03:04:05 [x.py:1] short", "e is not a continuation",
+                            "ERROR 01-02 03:04:05 [x.py:1] a long line of an error that goes on and on past the wrap",
+                            "nvidia-container-cli: requirement error"])
+    assert all(not e.more for e in separate)
+
+
+def test_the_frames_and_levels_other_writers_print() -> None:
+    """IPython's frame lines are frames; a bare exception type on its own line is the exception (an excerpt cut after
+    its `raise`); torch's glog with a 3-digit date is torch's; uvicorn's and Python logging's INFO are below ERROR."""
+    ipython = read_events(["File /opt/conda/lib/python3.11/site-packages/ray/_private/worker.py:2549, in get(refs, "
+                           "timeout)", "RayActorError: The actor died unexpectedly before finishing this task."])
+    assert ipython[0].kind is Kind.frame and ipython[1].exception is not None and ipython[1].exception.frames
+    (bare,) = read_events([ec("TimeoutError")])
+    assert bare.exception is not None and bare.exception.name == "TimeoutError"
+    (torch,) = read_events(["[W112 01:48:44.277 ProcessGroupNCCL.cpp:1771] Failed to check the flag"])
+    assert (torch.kind, torch.time, torch.said) == (Kind.torch, "01-12 01:48:44", "Failed to check the flag")
+    levels = read_events(['INFO:     127.0.0.1:40000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+                          "2024-05-01 10:00:00,123 - vllm - WARNING - a warning", "host:1:2 [0] NCCL INFO Bootstrap"])
+    assert all(e.below_error for e in levels)
