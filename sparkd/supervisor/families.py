@@ -89,6 +89,8 @@ FAMILIES: tuple[Family, ...] = (*STARTUP, *BETWEEN_RANKS, *NODE, *PROCESSES)
 # An error no family explains, decided by what kind of line it is, what its writer said or where it was raised.
 BY_KIND: tuple[Family, ...] = (
     Family(F.nccl, "NCCL failed", (
+        sign("NCCL's WARN is its error line, whatever it says (`No usable listening interface found`)",
+             kinds={K.nccl}, message=r"\bWARN\b", tier=Tier.GENERIC),
         sign("an exception raised inside a collective (an all-reduce, a broadcast, the communicator) is the collective "
              "backend's", raised_in={S.collective}, tier=Tier.GENERIC),
     )),

@@ -229,6 +229,17 @@ NODE: tuple[Family, ...] = (
         sign("the model named in the config is not there or not accessible (Hugging Face's own errors)",
              types=r"RepositoryNotFoundError|GatedRepoError|RevisionNotFoundError|HFValidationError|"
                    r"LocalEntryNotFoundError|EntryNotFoundError"),
+        sign("the model's hub could not be reached to fetch what the config names (offline, a proxy, a firewall): the "
+             "model must be given as a local path or the hub made reachable", flags=_I,
+             message=r"huggingface\.co\b.{0,200}(?:Max retries exceeded|ConnectionError|timed out|Failed to "
+                     r"establish|Temporary failure in name resolution|Network is unreachable)|"
+                     r"(?:Max retries exceeded|Failed to establish).{0,200}huggingface\.co"),
+        sign("a file or directory the launch names (the model, its config, the tokenizer, a chat template) is not "
+             "there, in Python's words: generic, a specific reading of the same line says more",
+             types=r"FileNotFoundError", tier=Tier.GENERIC, unless=r"nvcc|gcc|ninja|nvidia-smi|\.so\b|/bin/"),
+        sign("a file or directory the process may not read or write (a model mounted without permission, a cache "
+             "dir): the launch's files or mounts", types=r"PermissionError", tier=Tier.GENERIC,
+             unless=r"/dev/(?:nvidia|dri|kfd|davinci|accel|vfio)"),
         sign("the model named in the config is not a model transformers or vLLM can find",
              message=r"is not a local folder and is not a valid model identifier|does not appear to have a file "
                      r"named|Repository Not Found|Cannot access gated repo|Unrecognized model in|"

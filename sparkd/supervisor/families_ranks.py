@@ -203,9 +203,10 @@ PROCESSES: tuple[Family, ...] = (
              message=r"'ShmRingBuffer' object has no attribute 'shared_memory'",
              what=const("vLLM's shared-memory ring could not attach ('ShmRingBuffer' object has no attribute "
                         "'shared_memory')")),
-        sign("Ray reports a worker's actor dead without saying why (its node's death is peer_lost, an error inside "
-             "it or Ray's memory monitor say more): a worker died",
-             types=r"ActorDiedError|RayActorError|ActorUnavailableError", unless=r"creation task|memory", tier=G),
+        sign("Ray reports a worker's actor (or the worker, or the owner of its objects) dead without saying why (its "
+             "node's death is peer_lost, an error inside it or Ray's memory monitor say more): a worker died",
+             types=r"ActorDiedError|RayActorError|ActorUnavailableError|WorkerCrashedError|OwnerDiedError",
+             unless=r"creation task|memory", tier=G),
         sign("vLLM raises EngineDeadError in the API server once its engine core is gone: a consequence",
              types=r"\w*EngineDeadError", tier=Tier.CONSEQUENCE),
     )),

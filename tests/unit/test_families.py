@@ -369,6 +369,19 @@ CASES |= {
                                                         "invalid device, set device=1, valid device range is [0, 1)")],
                                                     F.config_error),
     "hang: a timeout type alone": ([ec("TimeoutError")], F.hang),
+    "engine dead: Ray's worker crashed": (["ray.exceptions.WorkerCrashedError: The worker died unexpectedly while "
+                                           "executing this task. Check python-core-worker-*.log files for more "
+                                           "information."], F.engine_dead),
+    "config: the hub unreachable": ([ec("requests.exceptions.ConnectionError: HTTPSConnectionPool(host='huggingface.co"
+                                        "', port=443): Max retries exceeded with url: /api/models/Qwen/Qwen3-8B")],
+                                    F.config_error),
+    "config: a file the launch names is not there": ([ec("FileNotFoundError: [Errno 2] No such file or directory: "
+                                                         "'/models/qwen/tokenizer_config.json'")], F.config_error),
+    "config: a file the process may not read": ([ec("PermissionError: [Errno 13] Permission denied: "
+                                                    "'/models/qwen/model-00001-of-00004.safetensors'")],
+                                                F.config_error),
+    "by kind: an NCCL WARN in any words": (["host:1:2 [0] NCCL WARN NET/Socket : No usable listening interface found"],
+                                           F.nccl),
     "image: an extension that did not build": ([ec("RuntimeError: Error building extension 'fused_adam'")],
                                                F.image_error),
     "rendezvous: the head never reached": (["torch.distributed.DistNetworkError: The client socket has failed to "
