@@ -3,18 +3,21 @@
 Every event (`events.read_events`: the kernel's lines first, then the tail's) gets at most one finding — a class, a
 tier and the "what happened" it supports — from two readers:
 
-- the **families** (`families.py`): what the failure is by its structure — the exception's type, the subsystem it was
-  raised in, an error code, the kind of line — with a phrase only one sign among several;
-- the **rules** (`rules.py`): phrases with a specific sentence ("The head waited 601 s for the worker ...").
+- the **families** (`families.py`): what the failure is by its structure and vocabulary — the exception's type, the
+  subsystem it was raised in, an error code, the kind of line, the kinds of word the event holds together — each
+  family's lowest-tier sign, some of them in words of their own that name facts (the port, the sizes, the module);
+- the **rules** (`rules.py`): the lines whose meaning depends on the exit code, the context, what came before or their
+  repetition, and the lines that say how vLLM ended rather than why (the consequences, a stop from outside).
 
-Where both speak for one class the rule's reading is kept (its sentence names the facts); where they differ, the lower
-tier wins and, in a tie, the family (the structure over the phrase). A family of `families.BY_KIND` — a line decided
-only by its kind — speaks only where no rule does.
+Where both speak with one tier for one class the rule's reading is kept; otherwise the lower tier wins and, in a tie,
+the family. A family of `families.BY_KIND` — an error decided only by its kind — speaks only where no rule does.
 
 Then the cause: the lowest tier, and within a tier the first event in time, because the first specific error is the
 root and the rest is fallout — except that an earlier event of an explaining class keeps its place over what it
-explains (`EXPLAINS`: a peer lost before an NCCL timeout). A vLLM line logged below ERROR is never a family's evidence
-nor the first error; only a rule written for such a line reads it (a wait that repeats, a negative KV-cache budget).
+explains (`EXPLAINS`: a peer lost before an NCCL timeout), and a reading of a traceback's frame yields to the specific
+one of its class after it. A line logged below ERROR is never a family's evidence nor the first error; only a rule or a
+sign written for such a line reads it (a wait that repeats, a KV-cache budget at or below nothing). With no finding at
+all, vLLM's engine logging one line again and again is a stall (`_repeating`).
 """
 
 from __future__ import annotations
