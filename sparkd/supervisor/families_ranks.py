@@ -9,6 +9,7 @@ import re
 from sparkd.supervisor.events import Kind
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.familykit import Family, sign
+from sparkd.supervisor.lexicon import TIMED_OUT
 from sparkd.supervisor.peerloss import PEER_LOST_MARKERS
 from sparkd.supervisor.rulekit import (
               CUSTOM_AR,
@@ -115,13 +116,13 @@ BETWEEN_RANKS: tuple[Family, ...] = (
              terms="store", unless_terms="ccl", flags=_I,
              unless=r"\bretry|\bretrying\b|\bwatchdog\b|collective operation",
              message=r"failed to connect|could not connect|unable to connect|connect\w* (?:refused|timed out|failed)|"
-                     r"\brefused\b|timed? ?out|timeout|No route to host|unreachable|not known"),
+                     rf"\brefused\b|{TIMED_OUT}|No route to host|unreachable|not known"),
         sign("torch.distributed's network error (or the rendezvous's own) for a connection that could not be made: "
              "the other rank or the head was never reached", types=r"DistNetworkError|Rendezvous\w*Error",
              message=r"failed to connect|could not connect|unable to connect|connect\w* (?:refused|timed out|failed)|"
-                     r"\brefused\b|No route to host|unreachable|not known|timed? ?out|timeout", flags=_I),
+                     rf"\brefused\b|No route to host|unreachable|not known|{TIMED_OUT}", flags=_I),
         sign("Gloo could not connect its mesh or timed out building it", terms="gloo", flags=_I,
-             message=r"connect\w*.{0,80}(?:fail\w*|timed? ?out|timeout|refused)|(?:timed? ?out|timeout).{0,80}"
+             message=rf"connect\w*.{{0,80}}(?:fail\w*|{TIMED_OUT}|refused)|(?:{TIMED_OUT}).{{0,80}}"
                      r"connect"),
     )),
     Family(F.nccl, "NCCL failed", (
@@ -165,7 +166,7 @@ BETWEEN_RANKS: tuple[Family, ...] = (
         sign("a collective library by its name (NCCL, RCCL, HCCL, oneCCL, a function of theirs) with a failure or a "
              "timeout, on an error line — not a library file that will not load (the image's)", terms="ccl",
              unless_terms="lib", tier=G, flags=_I,
-             message=r"\b(?:error|fail\w*|fatal|abort\w*|invalid|unhandled|exception|timed? ?out|timeout|times out)\b"),
+             message=rf"\b(?:error|fail\w*|fatal|abort\w*|invalid|unhandled|exception)\b|{TIMED_OUT}"),
         sign("a collective (an all-reduce, a barrier, the watchdog's) that timed out: the backend or a rank under it "
              "(not the executor's shared-memory queue)", terms="collective timeout", unless_terms="shm", tier=G),
         sign("a timeout raised inside a collective", types=_TIMEOUT_TYPES, raised_in={S.collective}, tier=G),
@@ -190,7 +191,7 @@ PROCESSES: tuple[Family, ...] = (
         sign("Ray's executor waited for a worker's output (a compiled graph's channel, a ray.get) until it timed out",
              types=r"RayChannelTimeoutError|GetTimeoutError", tier=G),
         sign("an RPC to a rank that timed out, in other words", terms="timeout", tier=G,
-             message=r"\bRPC\b[^.\n]{0,80}(?:timed? ?out|timeout)|(?:timed? ?out|timeout)[^.\n]{0,40}\bRPC\b"),
+             message=rf"\bRPC\b[^.\n]{{0,80}}(?:{TIMED_OUT})|(?:{TIMED_OUT})[^.\n]{{0,40}}\bRPC\b"),
     )),
     Family(F.engine_dead, "vLLM's engine died", (
         sign("vLLM's CUDACHECK in its custom all-reduce printed the CUDA error and exited the worker", do=CUSTOM_AR,

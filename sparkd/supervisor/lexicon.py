@@ -17,7 +17,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["CONCEPTS", "Concept", "terms"]
+__all__ = ["CONCEPTS", "TIMED_OUT", "Concept", "terms"]
+
+# A wait that ran out, as an event: `timed out`, `times out`, a `...Timeout` type or code, `Socket Timeout`, `timeout
+# after 30s` — not the word as a setting's name (`timeout_ms=`, `pg timeout default`, `timeout 30.0`, `timeout: 30`,
+# `timeout=600000ms`)
+TIMED_OUT = (r"(?i:timed[ -]?out\b|times out|deadline exceeded|\bexpired\b|timeouts?(?:Error|Exception|Expired)|(?-i:_Timeout)\b|"
+             r"(?<![\w=.])timeouts?\b(?!\s*=|\s*:?\s*\d|[_(]|\s+(?:default|is|set|to|value|in|of \d+ ?m?s\b)))")
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ CONCEPTS: tuple[Concept, ...] = (
              r"\breset by peer\b|\brefused\b|\bclosed\b|\bunreachable\b|No route to host|not known|\bbroken pipe\b|"
              r"\bEOF\b|\bhung up\b|failed to (?:connect|recv|send)|"
              r"(?-i:ECONNREFUSED|ECONNRESET|ETIMEDOUT|EHOSTUNREACH)"),
-    _concept("timeout", "time|deadline|expired", r"timed? ?out|timeout|times out|\bdeadline exceeded\b|\bexpired\b"),
+    _concept("timeout", "time|deadline|expired", TIMED_OUT),
     _concept("peer", "node|peer|raylet|remote|head|worker node|other rank|cluster",
              r"\bnodes?\b|\bpeers?\b|\braylet\b|\bremote (?:process|rank|host|end|worker|side|server)|\bhead node\b|"
              r"\bworker node\b|\bother ranks?\b|\bcluster\b"),

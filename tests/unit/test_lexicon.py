@@ -33,7 +33,11 @@ from sparkd.supervisor.lexicon import CONCEPTS, terms
     ("RuntimeError: synStatus=26 [Generic failure] Device acquire failed.", {"busy", "devcode", "failed"}, set()),
     ("fatal error: 'cstdint' file not found", {"missing", "failed"}, set()),
     ("Fatal Python error: Segmentation fault", {"crash", "failed"}, set()),
-    ("self._spin_condition.wait(timeout_ms=read_timeout.timeout_ms())", {"timeout"}, {"failed"}),
+    ("self._spin_condition.wait(timeout_ms=read_timeout.timeout_ms())", set(), {"timeout", "failed"}),
+    ("rank0 pid 946: init+first all_reduce in 0.8s; pg timeout default", {"collective"}, {"timeout"}),
+    ("rank1 pid 821: init+first all_reduce in 0.6s; pg timeout 30.0; holding 8.0 GiB", {"collective"}, {"timeout"}),
+    ("[PG 0 Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2)", {"timeout"}, set()),
+    ("Get_Socket_Timeout(EI0006)", {"timeout"}, set()),
     ('INFO:     127.0.0.1:40000 - "POST /v1/chat/completions HTTP/1.1" 200 OK', set(), {"failed", "mem", "peer"}),
 ])
 def test_a_concept_in_any_wording(text: str, held: set[str], not_held: set[str]) -> None:
