@@ -22,7 +22,8 @@ __all__ = ["CONCEPTS", "TIMED_OUT", "Concept", "terms"]
 # A wait that ran out, as an event: `timed out`, `times out`, a `...Timeout` type or code, `Socket Timeout`, `timeout
 # after 30s` — not the word as a setting's name (`timeout_ms=`, `pg timeout default`, `timeout 30.0`, `timeout: 30`,
 # `timeout=600000ms`)
-TIMED_OUT = (r"(?i:timed[ -]?out\b|times out|deadline exceeded|\bexpired\b|timeouts?(?:Error|Exception|Expired)|(?-i:_Timeout)\b|"
+TIMED_OUT = (r"(?i:timed[ -]?out\b|times out|deadline exceeded|\bexpired\b|timeouts?(?:Error|Exception|Expired)|"
+             r"(?-i:_Timeout)\b|"
              r"(?<![\w=.])timeouts?\b(?!\s*=|\s*:?\s*\d|[_(]|\s+(?:default|is|set|to|value|in|of \d+ ?m?s\b)))")
 
 
