@@ -41,7 +41,7 @@ _PEER_GONE = (r"\b(?:nodes?|peers?|raylet|remote (?:process|rank|host|end|worker
               r"(?:timeout|timed out|missed|lost)|no longer (?:alive|reachable)|(?:was|has been) terminated|preempted|"
               r"exited|crashed|shut ?down)\b.*)|"
               r"(?P<lost>\b(?:lost|disconnected from|removed)\b[^\n]{0,60}\b(?:node|peer|raylet|remote)\b.*)")
-_OTHER_CCL = r"hccl|rccl|oneccl|xccl|\bhcom|mscclpp|nvshmem"
+_OTHER_CCL = r"hccl|hccp|rccl|oneccl|xccl|\bhcom|mscclpp|nvshmem"
 
 BETWEEN_RANKS: tuple[Family, ...] = (
     Family(F.peer_lost, "The peer rank went away", (

@@ -47,14 +47,16 @@ CONCEPTS: tuple[Concept, ...] = (
              r"OutOfMemory|(?-i:OOM)(?=Kill|_|:|!| (?:when|while|during|error|detected|occurred|happened|killed)\b)|"
              r"oom-kill|oom_kill|oom_reaper|OUT_OF_(?:DEVICE_|HOST_)?MEMORY|ERROR_OUT_OF_RESOURCES|MemoryAllocation|"
              r"MEMORY_ALLOCATION|(?-i:ALLOC_FAILED)|bad_alloc|(?-i:NO_MEMORY)|RESOURCE_EXHAUSTED|ResourceExhausted|"
-             r"(?-i:ENOMEM)|(?-i:MemoryError)|\bout-of-memory\b|\bEL0004\b"),
+             r"(?-i:ENOMEM)|(?-i:MemoryError)|\bout-of-memory\b|\bEL0004\b|(?-i:_OOM)\b"),
     _concept("kv", "kv|cache block|blocks|max_model_len|max seq len|max_seq_len|max model len|concurrency",
              r"\bKV[ _-]?cache|\bcache blocks?\b|\bnum_gpu_blocks|\bgpu_blocks\b|#\s*\w+ blocks:|max_model_len|"
              r"max seq len|max_seq_len|\bmax model len|Maximum concurrency for"),
-    _concept("shortmem", "insufficient|not enough|no |lack|out of|exhausted|too little",
+    # in either order: `not enough device memory`, `the NPU memory is insufficient`, `memory exhausted`
+    _concept("shortmem", "insufficient|not enough|no |lack|out of|exhausted|too little|full",
              r"\b(?:insufficient|not enough|no (?:free |more |enough |available )?|lack(?:ing|s)? of|(?:ran |run |"
              r"running )?out of|exhausted|too little) ?(?:device |host |GPU |CPU |NPU |HBM |DRAM |video |system )?"
-             r"(?:memory|mem\b|HBM|VRAM|DRAM|RAM\b|SMEM|VMEM)"),
+             r"(?:memory|mem\b|HBM|VRAM|DRAM|RAM\b|SMEM|VMEM)|\b(?:memory|HBM|VRAM|DRAM)\b (?:is |was |has been "
+             r")?(?:insufficient|not enough|exhausted|full|used up)\b"),
     # memory by its name, or by a size (an allocation that failed names how much it wanted: `2.00 GiB`, `4096 bytes`)
     _concept("mem", "mem|hbm|vram|dram|ram|ib|b|bytes",
              r"\bmemory\b|\bmem\b|\bHBM\d*\b|\bVRAM\b|\bDRAM\b|\bRAM\b|\bSMEM\b|\bVMEM\b|"
@@ -91,8 +93,8 @@ CONCEPTS: tuple[Concept, ...] = (
              r"quantiz\w*|\bawq\b|\bgptq\w*|kv_cache_dtype|\battention backend\b|_BACKEND\b|--[a-z][\w-]+|"
              r"\benforce_eager\b|\bspeculative\b|\blora\b"),
     # -- the ranks --
-    _concept("ccl", "nccl|rccl|hccl|hcom|oneccl|xccl|mscclpp|nvshmem|ei",
-             r"nccl|rccl|hccl|\bhcom\w*|oneccl|xccl|mscclpp|nvshmem|\bEI\d{4}\b"),
+    _concept("ccl", "nccl|rccl|hccl|hccp|hcom|oneccl|xccl|mscclpp|nvshmem|ei",
+             r"nccl|rccl|hccl|hccp|\bhcom\w*|oneccl|xccl|mscclpp|nvshmem|\bEI\d{4}\b"),
     _concept("gloo", "gloo|connectfullmesh", r"\bgloo\b|connectFullMesh"),
     _concept("store", "tcpstore|store|rendezvous|c10d|init_process_group|master_|process group|placement group|gcs",
              r"TCPStore|\bstore\b|rendezvous|\bc10d\b|init_process_group|MASTER_ADDR|MASTER_PORT|"

@@ -11,6 +11,9 @@ from sparkd.supervisor.lexicon import CONCEPTS, terms
 @pytest.mark.parametrize(("text", "held", "not_held"), [
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", {"oom", "shortmem", "mem"}, set()),
     ("hipErrorOutOfMemory", {"oom", "devcode"}, set()),
+    ("RuntimeError: The NPU memory is insufficient for this request", {"shortmem", "mem"}, set()),
+    ("ACL_ERROR_RT_DEVIDE_OOM", {"oom", "devcode"}, set()),
+    ("EJ0001: Failed to initialize the HCCP process", {"ccl", "failed"}, set()),
     ("ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY", {"oom", "devcode"}, set()),
     ("RuntimeError: SYS_EBUSY: Lack of device memory. (code: -16)", {"shortmem", "mem"}, {"busy"}),
     ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4398046511104 bytes", {"alloc", "mem"}, set()),
