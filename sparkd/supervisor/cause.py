@@ -150,9 +150,9 @@ def _better(hit: Finding, best: Finding | None) -> bool:
 
 def _later_wait(hit: Finding, best: Finding | None) -> bool:
     """A line that shows up in healthy runs too repeats while vLLM waits (a placement group, the shared-memory
-    queue, a rendezvous's retries): the last one says how long the wait was when vLLM died. And a reading of a
-    traceback's frame (for an excerpt cut before its exception) yields to the exception or the error line of its class
-    after it, which says more."""
+    queue, a rendezvous's retries): the last one says how long the wait was when vLLM died. And a provisional reading
+    (a traceback's frame, for an excerpt cut before its exception; a launcher's word for a stop) yields to a specific
+    one of its class after it, which says more."""
     if best is None:
         return False
     if best.rule is not None and best.rule.provisional and hit.cls is best.cls and hit.tier <= best.tier:

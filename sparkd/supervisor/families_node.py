@@ -146,8 +146,14 @@ NODE: tuple[Family, ...] = (
              "itself: the image's toolchain is incomplete", terms="missing", flags=_I,
              message=r"\bfatal error: .{1,160}?(?:No such file or directory|file not found)|\bcannot find -l\w+|"
                      r"\b(?:nvcc|gcc|g\+\+|cc1plus|clang\+*|hipcc|ninja|ld)\b[^\n]{0,40}(?:not found|No such file)"),
-        sign("a C++ or CUDA extension the image builds at start-up did not build", flags=_I,
-             message=r"Error building extension|ninja: build stopped: subcommand failed"),
+        sign("a C++ or CUDA extension the image builds at start-up did not build, or found no compiler to build it "
+             "with (Triton's C compiler)", flags=_I,
+             message=r"Error building extension|ninja: build stopped: subcommand failed|Failed to find C compiler"),
+        sign("the versions the image's packages were built for and found do not match (the CUDA torch was compiled "
+             "with, a wheel's torch ABI)", flags=_I,
+             message=r"\bversions? \(?[\w.]*\)? ?(?:mismatch(?:es)?|does not match)\b.{0,80}\b(?:compil\w*|built|"
+                     r"installed)|\b(?:compiled|built) (?:with|against|for) .{0,80}\bbut\b.{0,60}\b(?:found|installed|"
+                     r"detected|runtime)"),
         sign("vLLM found no platform it knows in the image (its torch or the platform plugin does not fit the "
              "hardware), whatever frame raised it", message=r"Failed to infer device type|No platform detected"),
         sign("Triton's ptxas in the image could not compile a kernel for this GPU",
@@ -245,7 +251,8 @@ NODE: tuple[Family, ...] = (
                      r"named|Repository Not Found|Cannot access gated repo|Unrecognized model in|"
                      r"architectures? \[?[^\]]*\]? (?:is|are) not supported|couldn't connect to 'https://huggingface|"
                      r"not the path to a directory containing a file named|Invalid repository ID|No supported config "
-                     r"format found|Can't load (?:the configuration|tokenizer) (?:of|for)"),
+                     r"format found|Can't load (?:the configuration|tokenizer) (?:of|for)|Unrecognized configuration "
+                     r"class"),
         sign("what is left for the KV cache after the weights cannot hold a request (negative or too small): "
              "max_model_len or gpu_memory_utilization must change",
              message=r"No available memory for the cache blocks|KV cache is needed, which is larger than the "
@@ -267,7 +274,8 @@ NODE: tuple[Family, ...] = (
                      r"only supported on GPUs with compute capability|[Uu]nknown (?:quantization|dtype|kv cache dtype)|"
                      r"must be (?:less|greater|at least|at most|between|one of|a positive)\b|"
                      r"max_model_len|tensor[ _]parallel[ _]size|exceeds the (?:model's|maximum)|exceeds the (?:total )?"
-                     r"number of available (?:GPUs|NPUs|devices)"),
+                     r"number of available (?:GPUs|NPUs|devices)|[Cc]annot use .{0,60}\bbackend\b|does not match the "
+                     r"\w+(?: \w+)? (?:specified|in the|of the)"),
         sign("a model architecture vLLM does not support", terms="model unsupported"),
         sign("a device index beyond the GPUs there are: CUDA_VISIBLE_DEVICES or the parallel sizes",
              message=r"invalid device ordinal|cudaErrorInvalidDevice\b|\binvalid device[= ]\d+"),

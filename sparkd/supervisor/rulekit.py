@@ -39,7 +39,7 @@ class Rule:
     do: str | None = None  # the "what to do" clause; None → the class default
     when: When | None = None  # an extra condition on the match (exit code, context); None → always
     unless_after: re.Pattern[str] | None = None  # the line does not count after an earlier line matching this
-    provisional: bool = False  # read from a traceback's frame: a later finding of its class and tier says more
+    provisional: bool = False  # a later specific finding of its class and tier says more (a frame's, a launcher's line)
     needles: tuple[str, ...] = field(default=(), compare=False)  # literal text one of which every match holds
 
     def __post_init__(self) -> None:

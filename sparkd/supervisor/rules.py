@@ -54,6 +54,7 @@ from sparkd.supervisor.sentences import (
     APP_XID_DO,
     INTERRUPTED,
     LAUNCHER_STOPPED,
+    SERVICE_STOPPED,
     NO_RETRY,
     REBOOT_DO,
     STOPPED_FROM_OUTSIDE,
@@ -146,6 +147,11 @@ RULES: tuple[Rule, ...] = (
        const(STOPPED_FROM_OUTSIDE), STOPPED_FROM_OUTSIDE_DO),
     # the same in a process without that handler (V0's engine, a launcher's `python -m`): Python's own word for SIGINT
     rule(F.unknown, Q, r"(?:^|\] )KeyboardInterrupt\s*$", const(INTERRUPTED), STOPPED_FROM_OUTSIDE_DO),
+    # the service manager stopping the unit, the orchestrator killing the container: a stop from outside in their words
+    # (vLLM's own line for the same stop, after it, says more: provisional)
+    rule(F.unknown, Q, r"^(?:systemd\[1\]: )?Stopping (?P<unit>\S+\.service)\b|\bKilling container with id\b|"
+       r"\bStopping container \S+",
+       const(SERVICE_STOPPED), STOPPED_FROM_OUTSIDE_DO, provisional=True),
     # torchrun's (torch elastic's) words when it is signalled: it stops its workers, whose deaths follow
     rule(F.unknown, Q, r"Received (?P<sig>\d+|SIG[A-Z]+) death signal, shutting down workers",
        fmt(LAUNCHER_STOPPED), STOPPED_FROM_OUTSIDE_DO),

@@ -23,6 +23,8 @@ INTERRUPTED = ("vLLM was interrupted (KeyboardInterrupt: SIGINT) from outside sp
                "orchestrator stopped it, not a failure inside vLLM")
 LAUNCHER_STOPPED = ("vLLM's launcher (torchrun) received signal {sig} from outside sparkd and stopped its workers: a "
                     "person, a script or an orchestrator stopped it, not a failure inside vLLM")
+SERVICE_STOPPED = ("vLLM's service or container was stopped from outside sparkd (systemd stopping the unit, the "
+                   "orchestrator killing the container): not a failure inside vLLM")
 STOPPED_FROM_OUTSIDE_DO = ("find who sent it (`journalctl`, `docker events`) and stop vLLM with `sparkctl stop` when "
                            "it is to stay down — sparkd restarts with backoff")
 

@@ -369,6 +369,9 @@ CASES |= {
                                                         "invalid device, set device=1, valid device range is [0, 1)")],
                                                     F.config_error),
     "hang: a timeout type alone": ([ec("TimeoutError")], F.hang),
+    "image: versions built for and found differ": ([ec("RuntimeError: The detected CUDA version (12.1) mismatches "
+                                                       "the version that was used to compile PyTorch (11.8).")],
+                                                   F.image_error),
     "engine dead: Ray's worker crashed": (["ray.exceptions.WorkerCrashedError: The worker died unexpectedly while "
                                            "executing this task. Check python-core-worker-*.log files for more "
                                            "information."], F.engine_dead),
