@@ -4,10 +4,11 @@ error code, the kind of line — and from its vocabulary, the kinds of word one 
 
 Each :class:`Family` is one row: the class it gives, what happened in words, and its signs (`familykit.py`). A sign
 that names facts (the port, the sizes, the module missing) says so in its own words; the others quote the error.
-The table's first half is the node's families (memory, a port, the GPU held, the image, the configuration, the GPU's
-faults) and its second (`families_ranks.py`) the families between the ranks and of vLLM's own processes (a peer gone, a
-rendezvous that never formed, NCCL, a rank that stopped answering, the engine's death). :func:`judge` reads them all
-and keeps the lowest tier; in a tie, the first row, in this order: the startup memory check, a port and a GPU held,
+The rows live by their seam: the start-up's here (the memory check, a port, a GPU held), the families between the
+ranks and of vLLM's own processes in `families_ranks.py` (a peer gone, a rendezvous that never formed, NCCL, a rank
+that stopped answering, the engine's death), the node's in `families_node.py` (memory, the image, the configuration,
+the GPU's faults). :func:`judge` reads them all and keeps the lowest tier; in a tie, the first row, in this order: the
+startup memory check, a port and a GPU held,
 whose words are unmistakable; then the families between the ranks, whose errors may mention memory or a timeout as
 their detail; then memory, before the image and the configuration (an out-of-memory raised while importing is memory,
 not the image); then the GPU's faults, the wedges and the engine's death. After the table, :data:`BY_KIND` decides an
@@ -20,6 +21,7 @@ Adding a family is a row here and a case in ``tests/unit/test_families.py``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.events import Event, Kind
@@ -132,9 +134,11 @@ def judge(event: Event, ctx: ClassifyContext | None = None) -> FamilyHit | None:
         ((f, s) for f in BY_KIND for s in f.signs), event, ctx, by_kind=True)
 
 
-def _best(signs: object, event: Event, ctx: ClassifyContext, *, by_kind: bool) -> FamilyHit | None:
+def _best(signs: Iterable[tuple[Family, Sign]], event: Event, ctx: ClassifyContext, *, by_kind: bool
+          ) -> FamilyHit | None:
+    """The first sign of the lowest tier that reads the event, and what it says."""
     best: tuple[Family, Sign, re.Match[str] | bool] | None = None
-    for family, s in signs:  # type: ignore[attr-defined]
+    for family, s in signs:
         if best is not None and s.tier >= best[1].tier:
             continue
         found = s.reads(event)
