@@ -37,7 +37,7 @@ from sparkd.supervisor.lexicon import terms
 from sparkd.supervisor.logline import VLLM_HEADER, segments_of_process
 from sparkd.supervisor.tracebacks import PyException, TracebackParser, exception_line
 
-__all__ = ["Event", "Kind", "read_events"]
+__all__ = ["MAX_EVENTS", "Event", "Kind", "read_events"]
 
 OOM_KILLED = "docker inspect: State.OOMKilled=true"
 
@@ -76,7 +76,10 @@ _GLUED = re.compile(r" (?=(?:\([A-Za-z_][\w.\-]*(?: \w+=[\w.\-]+)* pid=\d{1,18}(
                     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d|"
                     r"\S+:\d+:\d+ \[\d+\] [NR]CCL (?:INFO|WARN) )")
 _GLUE_WORDS = (" DEBUG ", " INFO ", " WARNING ", " ERROR ", " CRITICAL ", "CCL INFO", "CCL WARN")
-_GLUE_MIN, _GLUE_READ = 20, 65536  # a line shorter than this holds no record inside; a glued one is read this far
+_GLUE_MIN, _GLUE_READ = 20, 4 * _MAX_LINE  # a line shorter than this holds no record inside; a glued one is read so far
+# The frames of the tail read, from its end: tqdm's bars and glued pastes multiply a tail's lines into frames, and the
+# failure is at the end (each line is read to its first _MAX_LINE characters, a glued one to its first _GLUE_READ)
+MAX_EVENTS = 4000
 _VLLM_ANYWHERE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:")
 _GLOG = re.compile(r"^(?:\[rank\d+\]:)?\[(?P<level>[EWIF])(?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d)[.\d]* [^\]]*\]")
 _GLOG_LEVEL = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "CRITICAL"}
@@ -261,9 +264,11 @@ def read_events(log_tail: Sequence[str], kernel_lines: Sequence[str] = (), oom_k
     if oom_killed:
         raw_events.append((OOM_KILLED, False, None))
     raw_events += [(kernel, False, None) for kernel in kernel_lines]
+    frames: list[tuple[str, bool, _Line | None]] = []
     for raw in log_tail:
         read = _undecorate(raw)
-        raw_events += [(text, True, read) for text in read.frames]
+        frames += [(text, True, read) for text in read.frames]
+    raw_events += frames[-MAX_EVENTS:]
     parser = TracebackParser()
     for index, (text, _, of) in enumerate(raw_events):
         if of is not None:  # a process's tracebacks are its own: by name and pid (`(Worker pid=32)`, `pid=33`)
@@ -284,7 +289,9 @@ def read_events(log_tail: Sequence[str], kernel_lines: Sequence[str] = (), oom_k
     return _with_wraps(events, raw_events)
 
 
-_WRAP_WIDTH = 70  # a line this long (as printed, prefixes and all) may have been wrapped by a terminal
+# a line this long (as printed, prefixes and all) may have been wrapped by a terminal; one longer than any terminal is
+# no wrap (and joining such lines would make every search of a dense paste quadratic)
+_WRAP_WIDTH, _WRAP_MAX = 70, 400
 _ENDS_SENTENCE = (".", "!", "?", ":")
 _CLOSES = tuple(")]}.,;:'\"")
 # what starts a record of its own, not the rest of the line above: a writer's `name: `, a bracket, a time or address
@@ -300,7 +307,7 @@ def _with_wraps(events: list[Event], raw: list[tuple[str, bool, _Line | None]]) 
         more: list[str] = []
         last = event.text
         for nxt, (_, _, of) in zip(events[i + 1:i + 3], raw[i + 1:i + 3], strict=False):
-            if len(last) < _WRAP_WIDTH or not _bare(nxt, of) or not _goes_on(last, nxt.text):
+            if not _WRAP_WIDTH <= len(last) <= _WRAP_MAX or not _bare(nxt, of) or not _goes_on(last, nxt.text):
                 break
             more.append(nxt.text)
             last = nxt.text

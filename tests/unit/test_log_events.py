@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkd.supervisor.events import Kind, read_events
+from sparkd.supervisor.events import MAX_EVENTS, Kind, read_events
 from sparkd.supervisor.tracebacks import PyException, Subsystem
 
 SITE = "/usr/local/lib/python3.12/site-packages"
@@ -224,3 +224,12 @@ def test_the_frames_and_levels_other_writers_print() -> None:
     levels = read_events(['INFO:     127.0.0.1:40000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
                           "2024-05-01 10:00:00,123 - vllm - WARNING - a warning", "host:1:2 [0] NCCL INFO Bootstrap"])
     assert all(e.below_error for e in levels)
+
+
+def test_only_the_last_frames_are_read() -> None:
+    """tqdm's bars and glued pastes multiply a tail's lines into frames: the last MAX_EVENTS are read (the kernel's
+    lines beside them), so the failure at the end is found and the cost stays bounded."""
+    bars = ["\r".join([f"Loading: {i}%"] * 100) for i in range(100)]
+    events = read_events([*bars, "torch.OutOfMemoryError: CUDA out of memory"], kernel_lines=("NVRM: Xid 79",))
+    assert len(events) == MAX_EVENTS + 1 and events[0].kind is Kind.kernel
+    assert events[-1].exception is not None and events[-1].exception.name == "OutOfMemoryError"
