@@ -174,19 +174,21 @@ def _vllm_error(event: Event) -> str | None:
 
 
 _REPEATS = 5  # the same line this many times in a row
-_REQUEST_LOG = re.compile(r"\b(?:GET|POST|PUT|DELETE) /|Received request|Finished request|Added request")
+# lines that repeat by nature: a request log, the periodic stats of an idle engine (the stall rules read those)
+_REPEATS_BY_NATURE = re.compile(r"\b(?:GET|POST|PUT|DELETE) /|Received request|Finished request|Added request|"
+                                r"throughput|KV cache usage|[Mm]etrics")
 
 
 def _repeating(events: Sequence[Event]) -> Finding | None:
     """With nothing else in the log: vLLM's engine logging the same line again and again, word for word (the same
     request, the same step), is an engine that goes round without progress — a stall, said only when nothing else
-    is (a request log repeats by nature and is no such loop)."""
+    is (a request log and an idle engine's periodic stats repeat by nature and are no such loop)."""
     run, last, found = 0, None, None
     for event in events:
         said = event.said if event.kind is Kind.vllm and event.from_log else None
         run = run + 1 if said is not None and said == last else 1
         last = said
-        if run >= _REPEATS and said and not _REQUEST_LOG.search(said):
+        if run >= _REPEATS and said and not _REPEATS_BY_NATURE.search(said):
             found = event
     if found is None:
         return None
