@@ -40,6 +40,11 @@ __all__ = ["EXPLAINS", "Finding", "Scan", "scan"]
 # An earlier line of the key's class explains a later one of these classes, whatever their tiers: a rank whose peer
 # died (TCPStore closed, the peer's RPC gone) then times out in NCCL's watchdog or stops answering (issue 27).
 EXPLAINS = {FailureClass.peer_lost: frozenset({FailureClass.nccl, FailureClass.hang})}
+# A collective library reports the device's failure under it as its own, and the device's own words may come after
+# (NCCL's `unhandled cuda error` then `Cuda failure 'out of memory'`; HCCL's init error code, then the NPU runtime's
+# reason: the device is still held by an earlier process): a later finding of the device's, at the same tier or a
+# lower one, explains the collective's before it.
+EXPLAINED_BY_LATER = {FailureClass.nccl: frozenset({FailureClass.gpu_busy, FailureClass.oom, FailureClass.gpu_error})}
 
 _FAMILY_DO = {FailureClass.image_error: REBUILD,
               FailureClass.config_error: f"fix the vLLM settings in the config — {NO_RETRY}"}
@@ -108,6 +113,18 @@ def _quoted(what: str | None, event: Event) -> str | None:
     return quote(stated)
 
 
+_REASON_REACH = 60  # lines back a rule's reason is looked for (vLLM logs it just before: its platform probe)
+
+
+def _reason(because: re.Pattern[str], earlier: Sequence[str]) -> str | None:
+    """The latest of the lines just before that gives the reason a rule's line leaves out, quoted as its writer put it
+    (vLLM's platform probe: `CUDA platform is not available because: NVML Shared Library Not Found`)."""
+    for line in reversed(earlier[-_REASON_REACH:]):
+        if because.search(line):
+            return quote(VLLM_HEADER.sub("", line, count=1).strip())
+    return None
+
+
 def _from_family(hit: FamilyHit, event: Event) -> Finding:
     """A family's reading: a sign with words of its own rests on the line as logged (like a rule's), the others on
     the exception as Python printed it."""
@@ -123,8 +140,10 @@ def _finding(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier:
     if matched is not None:
         rule, m = matched
         what = rule.what(m, ctx) if rule.what is not None else None
-        rule_found = Finding(rule.cls, rule.tier, what, rule.do, event.text, event, rule,
-                             quoted=_quoted(what, event) if rule.tier is not Tier.CONSEQUENCE else None,
+        quoted = _quoted(what, event) if rule.tier is not Tier.CONSEQUENCE else None
+        if rule.because is not None:
+            quoted = _reason(rule.because, earlier) or quoted
+        rule_found = Finding(rule.cls, rule.tier, what, rule.do, event.text, event, rule, quoted=quoted,
                              specific=True)
     hit = judge(event, ctx)
     if hit is None:
@@ -145,6 +164,8 @@ def _better(hit: Finding, best: Finding | None) -> bool:
         return True
     if hit.cls in EXPLAINS.get(best.cls, frozenset()):
         return False
+    if hit.cls in EXPLAINED_BY_LATER.get(best.cls, frozenset()) and hit.tier <= best.tier:
+        return True
     return hit.tier < best.tier
 
 

@@ -29,8 +29,8 @@ from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.families_node import ERROR_LINES, NODE
 from sparkd.supervisor.families_ranks import BETWEEN_RANKS, PROCESSES
 from sparkd.supervisor.familykit import Family, FamilyHit, Sign, sign, what_of
-from sparkd.supervisor.rulekit import Tier, with_mem
-from sparkd.supervisor.sentences import port_what, what_free_memory
+from sparkd.supervisor.rulekit import Tier, const, with_mem
+from sparkd.supervisor.sentences import NO_RETRY, port_what, what_free_memory
 from sparkd.supervisor.tracebacks import Subsystem
 
 __all__ = ["BY_KIND", "FAMILIES", "Family", "FamilyHit", "Sign", "judge"]
@@ -71,6 +71,15 @@ STARTUP: tuple[Family, ...] = (
              message=r"\b(?:port|bind\w*|listen\w*|address|socket)\b.{0,80}\b(?:already in use|already allocated)|"
                      r"\b(?:already in use|already allocated)\b.{0,40}\bport\b", flags=_I),
     )),
+    Family(F.config_error, "An address vLLM was told to use is not this host's", (
+        sign("EADDRNOTAVAIL, errno 99 (10049 on Windows): a bind or a socket asked for an address that is none of this "
+             "host's (a host, data-parallel or master address set for another machine or pod), whoever reports it "
+             "(ZMQ, torch's store, uvicorn): the launch's address settings, which no restart changes", flags=_I,
+             message=r"Cannot assign requested address|\bEADDRNOTAVAIL\b|\[Errno 99\]|errno:? 99\b|"
+                     r"\bWSAEADDRNOTAVAIL\b",
+             do=f"set an address this node has (its host, data-parallel or master address) in the config — "
+                f"{NO_RETRY}"),
+    )),
     Family(F.gpu_busy, "CUDA reported the GPU busy or unavailable", (
         sign("cudaErrorDevicesUnavailable: the device is in exclusive-process mode and another process holds it",
              terms="busy", message=r"busy or unavailable|DevicesUnavailable|DEVICES?_UNAVAILABLE", flags=_I),
@@ -83,6 +92,11 @@ STARTUP: tuple[Family, ...] = (
              "acquire failed', an NPU 'occupied')", terms="busy", flags=_I,
              message=rf"\b(?:{_ACCELERATOR}|card)\b[^.\n]{{0,40}}\b(?:acquire failed|already acquired|could not be "
                      r"acquired|is occupied|occupied by|held by another|in use by another process)"),
+        sign("the runtime's own reason for a device it could not set up: the process of an earlier run still runs on "
+             "it (Ascend's 'Maybe the last training process is running'): whatever call failed first (HCCL's, a "
+             "context's) is its wrapper", terms="busy",
+             message=r"\b(?:last|previous|earlier|old) (?:\w+ )?process(?:es)? (?:is |are )?(?:still )?running",
+             what=const("The device is still held by a process of an earlier run, the runtime says")),
     )),
 )
 
@@ -104,6 +118,11 @@ BY_KIND: tuple[Family, ...] = (
              "retry)", terms="timeout", kinds=ERROR_LINES, tier=Tier.GENERIC, unless=r"\bretry|\bretrying\b",
              message=r"\b(?:timed out|times out|time(?:d)? ?out after|deadline exceeded|timeout (?:error|exceeded|"
                      r"expired|reached|occurred)|Timeout(?:Error|Exception)?:)", flags=_I),
+    )),
+    Family(F.engine_dead, "vLLM's engine died", (
+        sign("an exception no family names, raised inside the engine's step (the model's forward, the sampler, V0's "
+             "engine loop, V1's busy loop): it ends the engine, which is the engine's death whatever the exception",
+             raised_in={S.step}, tier=Tier.GENERIC),
     )),
     Family(F.gpu_error, "The GPU or its driver reported an error", (
         sign("a CUDA or HIP error no family names: the device or its driver reported it", kinds={K.cuda, K.python},

@@ -33,6 +33,8 @@ _DEVICE = r"(?:CUDA|HIP|NPU|XPU|HPU|MPS|GPU|TPU|MLU|MUSA|[Dd]evice|ROCm|Ascend|G
 _KV_DO = f"lower max_model_len or raise gpu_memory_utilization in the config — {NO_RETRY}"
 _CONFIG_DO = f"fix the vLLM settings in the config — {NO_RETRY}"
 _LAUNCH_DO = f"fix [launch] in the config — {NO_RETRY}"
+_NO_DEVICE_DO = (f"give vLLM's container its GPUs (the NVIDIA runtime, --gpus or the device requests), check "
+                 f"CUDA_VISIBLE_DEVICES and that the host's driver is loaded (nvidia-smi) — {NO_RETRY_IMAGE}")
 # not the device allocator's: the KV cache's budget is the config's, NCCL's registration and /dev/shm are NCCL's, the
 # startup check is the refusal's, the driver's NV_ERR_NO_MEMORY is ambiguous (rules.py reads it with MemAvailable)
 _NOT_OOM = r"ibv_|NCCL|/dev/shm|[Ff]ree memory on|memory profiling|NV_ERR_NO_MEMORY|register memory|pinned memory"
@@ -112,6 +114,12 @@ NODE: tuple[Family, ...] = (
              types=r"AttributeError", message=r"^module '(?P<mod>[\w.]+)' has no attribute '(?P<name>\w+)'",
              what=fmt("The image's {mod} has no attribute {name}: its packages do not match each other (a "
                       "FlashInfer, CUTLASS or torch version mismatch)")),
+        sign("vLLM's compiled ops could not load a library they need (not a build without them, whose 'No module "
+             "named' is normal on some platforms): vLLM says it only as a warning, and what fails after it is its "
+             "fallout", any_level=True, needles=("failed to import from vllm._",), tier=Tier.GENERIC,
+             message=r"Failed to import from (?P<mod>vllm\._\w+)(?: with|:) \w*Error\(.{0,200}?(?:cannot open shared "
+                     r"object file|undefined symbol|version `[^`]+' not found|wrong ELF class)",
+             what=fmt("vLLM's compiled ops ({mod}) in the image could not load a library they need")),
         sign("vLLM's compiled ops (vllm._C) did not load", message=r"'_OpNamespace' '_C' object has no attribute "
                                                                    r"'(?P<name>\w+)'",
              what=fmt("vLLM's compiled ops (vllm._C) did not load, so the op {name} is missing")),
@@ -155,7 +163,24 @@ NODE: tuple[Family, ...] = (
                      r"installed)|\b(?:compiled|built) (?:with|against|for) .{0,80}\bbut\b.{0,60}\b(?:found|installed|"
                      r"detected|runtime)"),
         sign("vLLM found no platform it knows in the image (its torch or the platform plugin does not fit the "
-             "hardware), whatever frame raised it", message=r"Failed to infer device type|No platform detected"),
+             "hardware), whatever frame raised it (0.6-0.8 said it as an empty device string)",
+             message=r"Failed to infer device type|No platform detected|Device string must not be empty"),
+        sign("the process sees no accelerator at all, or cannot load the driver's management library (NVML) vLLM "
+             "finds the GPU with: the container was started without the GPUs or the NVIDIA runtime, the visible "
+             "devices are empty, or the host's driver is not loaded — the image or the host, and no restart changes "
+             "it", flags=_I, do=_NO_DEVICE_DO,
+             message=r"No (?:CUDA|HIP|ROCm) GPUs are available|no CUDA-capable device is detected|cudaErrorNoDevice\b|"
+                     r"CUDA_ERROR_NO_DEVICE|hipErrorNoDevice\b|NVML Shared Library Not Found|"
+                     r"NVMLError_LibraryNotFound|NVML_ERROR_LIBRARY_NOT_FOUND|libnvidia-ml\.so[\d.]*: cannot open"),
+        sign("a kernel's launch needs more of a per-block resource (shared memory, registers) than this GPU has "
+             "(Triton's OutOfResources with the hardware limit, CUDA's and HIP's too many resources requested for "
+             "launch): the kernels' configuration in the image was not made for this GPU, and every launch fails the "
+             "same way — not memory running out", flags=_I,
+             message=r"\bOutOfResources\b|\bout of resources?: (?:shared memory|registers|smem)\b|"
+                     r"too many resources requested for launch|LaunchOutOfResources|LAUNCH_OUT_OF_RESOURCES|"
+                     r"Required: \d+, Hardware limit: \d+",
+             do=f"use an image whose kernels fit this GPU, or another attention or MoE backend in the config — "
+                f"{NO_RETRY_IMAGE}"),
         sign("Triton's ptxas in the image could not compile a kernel for this GPU",
              message=r"PTXASError|ptxas fatal|PTXAS error"),
         sign("the image's kernels were not built for this GPU's architecture, in the runtimes' definite words (no "
@@ -268,8 +293,10 @@ NODE: tuple[Family, ...] = (
              message=r"only supported on GPUs with compute capability|must be divisible by", kinds={K.vllm}),
         sign("a setting (a dtype, a quantization, a backend) the GPU's architecture cannot take, in any words",
              terms="arch unsupported setting"),
-        sign("a setting the GPU or the model cannot take, in vLLM's words for a rejected value",
-             types=r"ValueError|NotImplementedError|TypeError|AssertionError",
+        sign("a setting the GPU or the model cannot take, in vLLM's words for a rejected value — not a type Python "
+             "code met and cannot handle (a serializer's `Type '<function Generator>' is not supported`), which is "
+             "no setting", types=r"ValueError|NotImplementedError|TypeError|AssertionError",
+             unless=r"<(?:function|class|module|built-in)\b|\b[Tt]ype '|object of type",
              message=r"must be divisible by|is not supported|are not supported|not supported (?:for|with|on|by)\b|"
                      r"only supported on GPUs with compute capability|[Uu]nknown (?:quantization|dtype|kv cache dtype)|"
                      r"must be (?:less|greater|at least|at most|between|one of|a positive)\b|"
@@ -283,8 +310,24 @@ NODE: tuple[Family, ...] = (
              "'invalid device, set device=1, valid device range is [0, 1)'): the visible devices or the parallel sizes",
              flags=_I, message=r"\bvalid device range\b|device (?:id|index) \S+ (?:is )?out of range|"
                                r"\binvalid device,"),
+        sign("torch's own check of a device index against the devices the process sees (`device >= 0 && device < "
+             "num_gpus INTERNAL ASSERT FAILED ... device=1, num_gpus=`), or a runtime's word for the index: the "
+             "visible devices or the device given (a Ray worker told to use a GPU it does not see)",
+             message=r"\bdevice < num_(?:gpus|devices)\b|\bdevice=\d+, num_(?:gpus|devices)=|hipErrorInvalidDevice\b|"
+                     r"CUDA_ERROR_INVALID_DEVICE\b"),
         sign("the same without the index ('Invalid device ID.'): generic, the line that names it says more",
              flags=_I, tier=Tier.GENERIC, message=r"\binvalid device ?(?:id|index)\b"),
+        sign("the weight loader met a parameter the model's code does not have (a KeyError naming it while the "
+             "weights load): the checkpoint does not fit the model as this vLLM builds it — another format or "
+             "quantization, or one this version cannot load — and every start fails the same way",
+             types=r"KeyError", raised_in={S.loading}, message=r"^'[^']+'",
+             what=const("The checkpoint does not fit the model's code as this vLLM builds it: it holds a parameter "
+                        "the model does not have"),
+             do=f"serve a checkpoint this vLLM can load, or set the quantization it was made with — {NO_RETRY}"),
+        sign("CUDA was initialised before vLLM forked its workers (a plugin, the launch script or a forced `fork` "
+             "start method), and a forked process cannot initialise it again: the start method the launch sets",
+             message=r"Cannot re-initialize CUDA in forked subprocess",
+             do=f"set VLLM_WORKER_MULTIPROC_METHOD=spawn in the config's environment (or remove =fork) — {NO_RETRY}"),
         sign("the model needs code from its repository that the config did not allow, or a token it was not given",
              message=r"trust_remote_code|\b40[13] Client Error\b"),
     )),

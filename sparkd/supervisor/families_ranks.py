@@ -170,6 +170,10 @@ BETWEEN_RANKS: tuple[Family, ...] = (
         sign("a collective (an all-reduce, a barrier, the watchdog's) that timed out: the backend or a rank under it "
              "(not the executor's shared-memory queue)", terms="collective timeout", unless_terms="shm", tier=G),
         sign("a timeout raised inside a collective", types=_TIMEOUT_TYPES, raised_in={S.collective}, tier=G),
+        sign("the KV-transfer library between vLLM instances (NIXL, over UCX or RDMA, in disaggregated prefill and "
+             "decode) failing, by its error type or code: the transport between the ranks, as NCCL's is (UCX's own "
+             "lines are not read: it logs errors it recovers from)",
+             message=r"\bnixl\w*Error\b|\bNIXL_ERR_\w+", kinds={K.python, K.vllm, K.other}),
         sign("a Bus error (SIGBUS) in a rank: a shared-memory segment (NCCL's, in /dev/shm) could not be backed, "
              "/dev/shm is too small or full", message=r"Fatal Python error: Bus error"),
         sign("a native crash whose faulting function is NCCL's own (its proxy thread, an nccl* call)",
@@ -208,6 +212,12 @@ PROCESSES: tuple[Family, ...] = (
              "node's death is peer_lost, an error inside it or Ray's memory monitor say more): a worker died",
              types=r"ActorDiedError|RayActorError|ActorUnavailableError|WorkerCrashedError|OwnerDiedError",
              unless=r"creation task|memory", tier=G),
+        sign("the same in Ray's own sentence, quoted by whoever caught it (a launcher's 'Server error: 500 - ...'), "
+             "from how the worker exited where Ray says it: Ray's list of possible causes (an OOM kill, `ray stop`, "
+             "a crash) names none of them; its memory monitor's kill is oom's", tier=G,
+             message=r"The actor (?:died unexpectedly before finishing this task|is dead because its worker process "
+                     r"has died)(?:.*?Worker exit detail: (?P<said>.*))?",
+             unless=r"creation task|running low on memory|memory monitor|OUT_OF_MEMORY"),
         sign("vLLM raises EngineDeadError in the API server once its engine core is gone: a consequence",
              types=r"\w*EngineDeadError", tier=Tier.CONSEQUENCE),
     )),

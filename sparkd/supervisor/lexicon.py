@@ -123,10 +123,13 @@ CONCEPTS: tuple[Concept, ...] = (
     _concept("inuse", "eaddrinuse|in use|errno 98|errno: 98|errno 98|10048|already allocated|in use by",
              r"EADDRINUSE|address already in use|\[Errno 98\]|errno:? 98\b|\b10048\b|already in use|"
              r"already allocated|in use by another"),
-    _concept("busy", "busy|unavailable|exclusive|acquire|occupied|held by|in use by",
+    # ... and a process of an earlier run still on it, in the runtime's words (`the last training process is running`)
+    _concept("busy", "busy|unavailable|exclusive|acquire|occupied|held by|in use by|process is |process still|"
+                     "process running|processes are|processes still|processes running",
              r"busy or unavailable|DevicesUnavailable|DEVICES?_UNAVAILABLE|device (?:is |or resource )?busy|"
              r"\bexclusive[_ ]process\b|acquire failed|already acquired|could not be acquired|\boccupied\b|"
-             r"held by another|in use by another process"),
+             r"held by another|in use by another process|"
+             r"\b(?:last|previous|earlier|old) (?:\w+ )?process(?:es)? (?:is |are )?(?:still )?running"),
     # -- error codes of the device runtimes (their prefix), and faults --
     _concept("devcode", "cudaerror|cuda_error|cuda error|cuda driver error|cuda failure|cublas_status|cudnn_status|"
                         "hiperror|hip error|hip failure|hsa_status|ze_result|ur_result|pi_error|acl_error|aclerror|"

@@ -104,6 +104,14 @@ RULES: tuple[Rule, ...] = (
     rule(F.stall, A, r"Avg prompt throughput: 0\.0 tokens/s, Avg generation throughput: 0\.0 tokens/s, "
        r"Running: 0 reqs,.*?(?:Pending|Waiting): (?P<waiting>[1-9]\d{0,17}) reqs",
        fmt("vLLM's throughput log shows {waiting} request(s) waiting, none scheduled and no token generated")),
+    # -- vLLM found no platform (an INFO or DEBUG line, then whatever fails on it): the image or the host does not fit,
+    # and the probe's reason before it says why (the CUDA check's missing NVML, not a platform's module that is absent
+    # by design); a later specific reading of the image (its compiled ops that did not load) says more --
+    rule(F.image_error, G, r"No platform detected, vLLM is running on UnspecifiedPlatform",
+       const("vLLM detected no platform it can run on (UnspecifiedPlatform): the build in the image does not fit this "
+             "host's accelerator, or the driver's library is not visible to it"), REBUILD, provisional=True,
+       because=r"\b\w+ platform is not available because(?!: No module named)|Exception happens when checking \w+ "
+               r"platform: "),
     # -- the driver's out-of-memory line: a cause when MemAvailable was low, else benign startup noise --
     rule(F.oom, C, r"NV_ERR_NO_MEMORY", with_mem("The NVIDIA driver reported NV_ERR_NO_MEMORY"), when=memory_was_low),
     rule(F.oom, A, r"NV_ERR_NO_MEMORY", with_mem("The NVIDIA driver reported NV_ERR_NO_MEMORY")),

@@ -38,6 +38,8 @@ _CONTEXT = "During handling of the above exception, another exception occurred:"
 _EXCEPTION = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?P<name>[A-Za-z_]\w*))(?:\((?P<inner>(?:[A-Za-z_]\w*\.)*"
                         r"[A-Za-z_]\w*)\))?(?::(?:\s(?P<message>.*))?)?$")
 _EXCEPTION_NAME = re.compile(r"(?:Error|Exception)$")  # what a type alone must end in to be read outside a traceback
+# or the module it lives in must say it is one: `triton.runtime.errors.OutOfResources`, `zmq.error.Again`
+_EXCEPTION_MODULE = re.compile(r"(?:^|\.)(?:errors?|exceptions?)\.[A-Z]\w*$")
 _BARE_IN_TRACEBACK = re.compile(r"(?:Error|Exception|Exit|Interrupt|StopIteration|Failed|Unsupported)$")
 _REPR = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception))\((?P<message>.*)\)$")
 _KEYWORDS = frozenset({"raise", "return", "pass", "yield", "await", "break", "continue", "else", "try", "finally"})
@@ -89,8 +91,10 @@ _SUBSYSTEMS: tuple[tuple[Subsystem, re.Pattern[str]], ...] = (
     (Subsystem.device, re.compile(r"/torch/cuda/__init__\.py:|:(?:init_device|_lazy_init|set_device)$")),
     (Subsystem.loading, re.compile(r"/vllm/model_executor/model_loader/|/safetensors/|/huggingface_hub/|"
                                    r":(?:load_model|load_weights|from_pretrained|hf_hub_download|snapshot_download)$")),
+    # the engine's step: V1's busy loop and model runner, V0's engine loop (`run_engine_loop`, `engine_step`)
     (Subsystem.step, re.compile(r":(?:execute_model|sample_tokens|run_busy_loop|step|_process_engine_step|"
-                                r"execute_dummy_batch|capture_model|_dummy_run|profile_run)$")),
+                                r"execute_dummy_batch|capture_model|_dummy_run|profile_run|"
+                                r"engine_step|run_engine_loop|step_async|step_with_batch_queue)$")),
 )
 
 
@@ -213,7 +217,8 @@ def exception_line(body: str, *, in_traceback: bool) -> re.Match[str] | None:
     if m is None or m.group("name") in _KEYWORDS:
         return None
     name = m.group("name")
-    named = _EXCEPTION_NAME.search(name) is not None or (m.group("inner") or "").endswith(("Error", "Exception"))
+    named = (_EXCEPTION_NAME.search(name) is not None or (m.group("inner") or "").endswith(("Error", "Exception"))
+             or _EXCEPTION_MODULE.search(m.group("type")) is not None)
     if in_traceback:
         bare = _BARE_IN_TRACEBACK.search(name) is not None
         return m if (named or bare or (name[:1].isupper() and (":" in text or "." in m.group("type")))) else None
@@ -290,10 +295,12 @@ class TracebackParser:
 
     def finish(self) -> None:
         """The end of the log: an exception vLLM logged as its repr whose traceback was cut before it ended counts,
-        at its own line (V0's engine logs `ValueError('...')`, then the traceback)."""
+        at its own line (V0's engine logs `ValueError('...')`, then the traceback), with the frames read before the cut:
+        where it was raised, as far as the log tells."""
         for state in self.states.values():
             if state.stated is not None:
-                self.found.setdefault(state.stated.index, state.stated)
+                frames = tuple(state.open.frames) if state.open is not None else ()
+                self.found.setdefault(state.stated.index, replace(state.stated, frames=frames))
                 state.stated = None
 
     def _repr_line(self, state: _State, index: int, text: str, body: str, process: str | None) -> None:
