@@ -324,10 +324,6 @@ NODE: tuple[Family, ...] = (
              what=const("The checkpoint does not fit the model's code as this vLLM builds it: it holds a parameter "
                         "the model does not have"),
              do=f"serve a checkpoint this vLLM can load, or set the quantization it was made with — {NO_RETRY}"),
-        sign("CUDA was initialised before vLLM forked its workers (a plugin, the launch script or a forced `fork` "
-             "start method), and a forked process cannot initialise it again: the start method the launch sets",
-             message=r"Cannot re-initialize CUDA in forked subprocess",
-             do=f"set VLLM_WORKER_MULTIPROC_METHOD=spawn in the config's environment (or remove =fork) — {NO_RETRY}"),
         sign("the model needs code from its repository that the config did not allow, or a token it was not given",
              message=r"trust_remote_code|\b40[13] Client Error\b"),
     )),

@@ -428,9 +428,6 @@ CASES |= {
     "config: the checkpoint against the model's code": (tb("KeyError: 'model.layers.0.mlp.down_proj.weight_scale'",
                                                            ("vllm/model_executor/models/llama.py", "load_weights")),
                                                         F.config_error),
-    "config: CUDA initialised before the fork": ([ec("RuntimeError: Cannot re-initialize CUDA in forked subprocess. "
-                                                     "To use CUDA with multiprocessing, you must use the 'spawn' "
-                                                     "start method")], F.config_error),
     "by kind: raised inside the engine's step": (tb("AssertionError", ("vllm/worker/model_runner.py", "execute_model"),
                                                     ("vllm/attention/backends/flash_attn.py", "forward")),
                                                  F.engine_dead),
