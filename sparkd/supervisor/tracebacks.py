@@ -32,6 +32,16 @@ _START = re.compile(r"Traceback \(most recent call last\):\s*$")
 # Python's frame line, and IPython's (`File /opt/x/worker.py:2549, in get(object_refs, timeout)`)
 _FRAME = re.compile(r'^\s*File (?:["“](?P<path>[^"”]+)["”], line \d{1,9}, in (?P<func>\S+)|'
                     r'(?P<ipath>/\S+\.py):\d{1,9}, in (?P<ifunc>\w+)\(.*\))\s*$')
+# faulthandler's report of a native crash: `Fatal Python error: Aborted`, then the Python stack, most recent call first,
+# its frames without the comma (`File "/x/pynccl_wrapper.py", line 277 in ncclCommInitRank`)
+_FATAL = re.compile(r"^\s*Fatal Python error: (?P<what>\S.*?)\s*$")
+_DUMP_HEAD = re.compile(r"^\s*(?:Stack|Current thread 0x[0-9a-fA-F]+) \(most recent call first\):\s*$")
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d{1,9} in (?P<func>\S+)\s*$')
+# what the C library or the C++ runtime prints before it aborts: the reason the report's `Aborted` leaves out
+_ABORT_REASON = re.compile(r"^\s*(?:(?:free|malloc|realloc|calloc|munmap_chunk|malloc_consolidate|_int_\w+)\(\): \S.*|"
+                           r"double free or corruption.*|corrupted (?:size|double-linked list|top size)\b.*|"
+                           r"terminate called after throwing .+|what\(\): \S.*)$")
+_REASON_LINES = 20  # how far before the report its reason may be
 _CAUSE = "The above exception was the direct cause of the following exception:"
 _CONTEXT = "During handling of the above exception, another exception occurred:"
 # `pkg.mod.TypeName: message`, or Ray's wrapper `ray.exceptions.RayTaskError(ValueError): ...`
@@ -250,6 +260,8 @@ class _State:
     continuing: PyException | None = None  # the exception whose message may continue on the next lines
     continued: int = 0
     stated: PyException | None = None  # logged as its repr by vLLM before its traceback (V0's engine)
+    dump: PyException | None = None  # a native crash faulthandler reports, whose stack is being read
+    abort_reason: tuple[int, str] | None = None  # the last line that said why the process would abort
 
 
 @dataclass
@@ -265,7 +277,7 @@ class TracebackParser:
     def feed(self, index: int, text: str, process: str | None, pid: int | None = None) -> PyException | None:
         state = self.states.setdefault((process, pid), _State())
         body = _RAY_REPEAT.sub("", VLLM_HEADER.sub("", text, count=1))
-        if self._continues(state, body):
+        if self._continues(state, body) or self._dump_line(state, index, text, body, process):
             return None
         if _START.search(body):
             state.open = _Open(linked=state.pending_link)
@@ -302,6 +314,31 @@ class TracebackParser:
                 frames = tuple(state.open.frames) if state.open is not None else ()
                 self.found.setdefault(state.stated.index, replace(state.stated, frames=frames))
                 state.stated = None
+
+    def _dump_line(self, state: _State, index: int, text: str, body: str, process: str | None) -> bool:
+        """faulthandler's report of a native crash, read as an exception raised where its stack's innermost frame is
+        (a crash inside NCCL's communicator set-up is NCCL's), its message with the reason the C library or the C++
+        runtime printed just before an abort (`free(): double free detected in tcache 2`)."""
+        fatal = _FATAL.match(body)
+        if fatal is not None:
+            why = state.abort_reason if state.abort_reason and index - state.abort_reason[0] <= _REASON_LINES else None
+            message = fatal.group("what") + (f"\n(after {why[1]})" if why and fatal.group("what") == "Aborted" else "")
+            state.dump = self.found[index] = PyException("Fatal Python error", message, text.strip(), index, process)
+            return True
+        if state.dump is None:
+            if _ABORT_REASON.match(body):
+                state.abort_reason = (index, body.strip())
+            return False
+        frame = _DUMP_FRAME.match(body)
+        if frame is None and not _DUMP_HEAD.match(body) and body.strip():
+            state.dump = None
+            return False
+        self.structure.add(index)
+        if frame is not None:  # most recent call first: each frame is the caller of the ones before it
+            dump = state.dump
+            state.dump = self.found[dump.index] = replace(dump, frames=(Frame(frame["path"], frame["func"]),
+                                                                        *dump.frames))
+        return True
 
     def _repr_line(self, state: _State, index: int, text: str, body: str, process: str | None) -> None:
         m = _REPR.match(body.strip())

@@ -513,6 +513,32 @@ def test_an_abort_is_explained_by_the_watchdog_after_it() -> None:
     assert classify(1, None, [lines[0].replace("-6", "-11"), lines[1]]).cls is F.engine_dead
 
 
+_NATIVE_CRASH = ["(RayWorkerWrapper pid=7) corrupted size vs. prev_size",
+                 "(RayWorkerWrapper pid=7) *** SIGABRT received at time=1 on cpu 3 ***",
+                 "(RayWorkerWrapper pid=7) Fatal Python error: Aborted",
+                 "(RayWorkerWrapper pid=7) ",
+                 "(RayWorkerWrapper pid=7) Current thread 0x00007f01 (most recent call first):",
+                 '(RayWorkerWrapper pid=7)   File "/usr/lib/python3/dist-packages/vllm/distributed/'
+                 'device_communicators/pynccl_wrapper.py", line 301 in ncclAllReduce',
+                 '(RayWorkerWrapper pid=7)   File "/usr/lib/python3/dist-packages/vllm/worker/worker.py", line 9 in '
+                 "execute_model",
+                 "(raylet) A worker died or was killed while executing a task by an unexpected system error."]
+
+
+def test_a_native_crash_is_read_where_its_stack_is() -> None:
+    """faulthandler's report (`Fatal Python error: Aborted`, then the stack most recent call first, frames without
+    a comma) is an exception raised in its innermost frame: inside NCCL's call it is NCCL's, and the sentence carries
+    the reason the C library printed before the abort; the same report in no subsystem of its own stays unknown."""
+    failure = classify(None, 6, _NATIVE_CRASH)
+    assert failure.cls is F.nccl, failure.sentence
+    assert "corrupted size vs. prev_size" in failure.sentence, failure.sentence
+    assert "pynccl_wrapper.ncclAllReduce" in failure.sentence, failure.sentence
+    elsewhere = [line.replace("vllm/distributed/device_communicators/pynccl_wrapper.py", "mylib/hash.py")
+                 .replace("vllm/worker/worker.py", "mylib/main.py").replace("execute_model", "main")
+                 for line in _NATIVE_CRASH]
+    assert classify(None, 6, elsewhere).cls is not F.nccl
+
+
 def test_an_unknown_still_says_what_happened() -> None:
     """No family, no rule: the sentence names the chain's root exception, where it was raised, and vLLM's last error
     line when it says something else; with no exception at all, vLLM's first error line."""
