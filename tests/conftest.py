@@ -174,20 +174,22 @@ def soak_in_background(request: pytest.FixtureRequest, tmp_path_factory: pytest.
 
 _INTERRUPTED: list[bool] = []
 _BESIDE_LINES: list[str] = []
-_BESIDE_COLLECTORS = ("soak/test_soak.py::test_soak", "realvllm/test_beside.py::")
-_BESIDE_PREFIXES = ("soak: ", "realvllm: ", "real-vLLM tier timings")
+_BESIDE_COLLECTORS = ("soak/test_soak.py::test_soak", "realvllm/test_beside.py::",
+                      "unit/test_corpus_accuracy.py::test_held_out_accuracy")
+_BESIDE_PREFIXES = ("soak: ", "realvllm: ", "real-vLLM tier timings", "classifier: ")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """The closing lines of the runs beside the suite, from their collectors' output (under pytest-xdist the
-    reports reach the session's own process with the output they captured)."""
+    """The closing lines of the runs beside the suite, from their collectors' output, and the classifier's accuracy
+    on the real-log corpus (under pytest-xdist the reports reach the session's own process with the output they
+    captured)."""
     if report.when == "call" and any(c in report.nodeid for c in _BESIDE_COLLECTORS):
         _BESIDE_LINES.extend(line for line in report.capstdout.splitlines() if line.startswith(_BESIDE_PREFIXES))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if _BESIDE_LINES:
-        terminalreporter.section("beside the suite: the soak and the real-vLLM tier")
+        terminalreporter.section("beside the suite: the soak, the real-vLLM tier and the classifier's held-out logs")
         for line in _BESIDE_LINES:
             terminalreporter.line(line)
 

@@ -1,124 +1,172 @@
-"""Failure families the classifier reads from a Python traceback as a whole, not from one line. Pure.
+"""Failure families: what a failure IS, read from an event's structure — the exception's type, where it was raised, an
+error code, the kind of line — and from its vocabulary, the kinds of word one error event holds together
+(`lexicon.py`), with a phrase only one sign among several. Pure.
 
-A rule of `rules.py` names one string; a family names where an exception was raised, so every member is covered
-without a rule per message:
+Each :class:`Family` is one row: the class it gives, what happened in words, and its signs (`familykit.py`). A sign
+that names facts (the port, the sizes, the module missing) says so in its own words; the others quote the error.
+The rows live by their seam: the start-up's here (the memory check, a port, a GPU held), the families between the
+ranks and of vLLM's own processes in `families_ranks.py` (a peer gone, a rendezvous that never formed, NCCL, a rank
+that stopped answering, the engine's death), the node's in `families_node.py` (memory, the image, the configuration,
+the GPU's faults). :func:`judge` reads them all and keeps the lowest tier; in a tie, the first row, in this order: the
+startup memory check, a port and a GPU held,
+whose words are unmistakable; then the families between the ranks, whose errors may mention memory or a timeout as
+their detail; then memory, before the image and the configuration (an out-of-memory raised while importing is memory,
+not the image); then the GPU's faults, the wedges and the engine's death. After the table, :data:`BY_KIND` decides an
+error no family explains by the kind of line or where it was raised (an unrecognised CUDA error is the GPU's, an error
+raised inside a collective is NCCL's).
 
-- **image** — an exception raised while a module was being *imported* (the traceback passes through an ``import``
-  statement into a ``<module>`` frame): a package that cannot load in this image (``RuntimeError: operator
-  torchvision::nms does not exist`` from a CUDA torchvision beside a CPU torch, ``OSError: libc10_cuda.so: cannot
-  open shared object file``, a ``SyntaxError`` in an installed file). The same import fails every launch.
-- **config** — an exception raised while vLLM builds or verifies its configuration: the innermost vLLM frame is in
-  ``vllm/config/`` or ``vllm/engine/arg_utils.py``, or a frame is a ``verify_*`` / ``create_engine_config`` call
-  (``ValueError: Total number of attention heads (4) must be divisible by tensor parallel size (8)``).
-
-Import wins over config: ``vllm/config/model.py`` failing *at import* is the image's fault, not the settings'.
-
-`TracebackReader` is fed every undecorated line in log order and answers, on the exception line that ends a
-traceback, with the family's class and the "what happened" clause, or None. Tracebacks of several processes may
-interleave in a log; frames are kept per process prefix by the caller passing one reader per process.
+Adding a family is a row here and a case in ``tests/unit/test_families.py``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
+from sparkd.supervisor.context import ClassifyContext
+from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
+from sparkd.supervisor.families_node import ERROR_LINES, NODE
+from sparkd.supervisor.families_ranks import BETWEEN_RANKS, PROCESSES
+from sparkd.supervisor.familykit import Family, FamilyHit, Sign, sign, what_of
+from sparkd.supervisor.rulekit import Tier, const, with_mem
+from sparkd.supervisor.sentences import NO_RETRY, port_what, what_free_memory
+from sparkd.supervisor.tracebacks import Subsystem
 
-__all__ = ["FamilyHit", "TracebackReader", "module_of"]
+__all__ = ["BY_KIND", "FAMILIES", "Family", "FamilyHit", "Sign", "judge"]
 
-_HEADER = re.compile(r"^(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]+\] )?")
-_START = re.compile(r"Traceback \(most recent call last\):\s*$")
-_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d{1,9}, in (?P<func>\S+)\s*$')
-_IMPORT = re.compile(r"^\s*(?:from\s+[\w.]+\s+)?import\s")
-_EXCEPTION = re.compile(r"^(?P<line>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?)$")
-_CONFIG_PATH = re.compile(r"/vllm/(?:config/[\w/]+\.py|engine/arg_utils\.py)$")
-_CONFIG_FUNC = re.compile(r"^(?:verify_\w+|create_engine_config|create_model_config|create_speculative_config)$")
-_SITE = re.compile(r"^.*?/(?:site-packages|dist-packages)/")
-_RUNPY = ("<frozen runpy>", "runpy.py")
+F, S, K = FailureClass, Subsystem, Kind
+_I = re.IGNORECASE
+_ACCELERATOR = r"(?:device|GPU|NPU|HPU|TPU|XPU|accelerator)"
+
+STARTUP: tuple[Family, ...] = (
+    Family(F.free_memory_refusal, "vLLM refused to start because too little memory was free", (
+        sign("vLLM's startup check compares the free memory with gpu_memory_utilization before it loads anything; "
+             "this wording names the sizes",
+             message=r"Free memory on device (?:\w+:\d+ )?\(~?(?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\)(?: on startup)? "
+                     r"is less than desired GPU memory utilization \((?P<util>[\d.]+)(?:, ~?(?P<want>[\d.]+) GiB)?\)",
+             terms="mem", what=what_free_memory),
+        sign("the same check in other wordings (0.11-0.32, GPU and CPU backends), or cut before its end",
+             terms="mem", message=r"(?:Free|Available) memory on (?:device|node)\b"),
+        sign("the same check when weights are held outside the process (0.32)", terms="mem",
+             message=r"Externally held weights on device .* exceed the desired GPU memory utilization"),
+        sign("memory grew while vLLM profiled: another process (or the page cache) released memory at startup",
+             message=r"Error in memory profiling\. Initial free memory (?P<before>[\d.]+) GiB, current free memory "
+                     r"(?P<after>[\d.]+) GiB", terms="mem",
+             what=with_mem("vLLM's memory profiling failed: free memory grew from {before} to {after} GiB while it "
+                           "profiled (on GB10 the page cache or another process released memory)")),
+        sign("the same, cut before its sizes", message=r"Error in memory profiling", terms="mem"),
+    )),
+    Family(F.port_in_use, "A port vLLM needs was already in use", (
+        sign("torch's TCPStore names the port it could not listen on", terms="inuse", what=port_what,
+             message=r"failed to listen on any local network address\. port: (?P<port>\d+).*EADDRINUSE"),
+        sign("Gloo's and c10d's bind names the port", terms="inuse", what=port_what,
+             message=r"failed to bind to \S*?:(?P<port>\d+) \(errno: 98"),
+        sign("asyncio's and uvicorn's bind names the address and port", terms="inuse", what=port_what, flags=_I,
+             message=r"bind on address \('[^']*', (?P<port>\d+)\)\)?: address already in use"),
+        sign("EADDRINUSE, errno 98 (Linux) or 10048 (Windows): bind() found the port taken, whoever reports it "
+             "(torch's TCPStore, uvicorn, ZMQ, Gloo)", terms="inuse",
+             message=r"EADDRINUSE|\[Errno 98\]|errno: 98\b|[Aa]ddress already in use|WSAEADDRINUSE|\b10048\b"),
+        sign("a port, an address or a bind said to be in use already, in any writer's words", terms="inuse",
+             message=r"\b(?:port|bind\w*|listen\w*|address|socket)\b.{0,80}\b(?:already in use|already allocated)|"
+                     r"\b(?:already in use|already allocated)\b.{0,40}\bport\b", flags=_I),
+    )),
+    Family(F.config_error, "An address vLLM was told to use is not this host's", (
+        sign("EADDRNOTAVAIL, errno 99 (10049 on Windows): a bind or a socket asked for an address that is none of this "
+             "host's (a host, data-parallel or master address set for another machine or pod), whoever reports it "
+             "(ZMQ, torch's store, uvicorn): the launch's address settings, which no restart changes", flags=_I,
+             message=r"Cannot assign requested address|\bEADDRNOTAVAIL\b|\[Errno 99\]|errno:? 99\b|"
+                     r"\bWSAEADDRNOTAVAIL\b",
+             do=f"set an address this node has (its host, data-parallel or master address) in the config — "
+                f"{NO_RETRY}"),
+    )),
+    Family(F.gpu_busy, "CUDA reported the GPU busy or unavailable", (
+        sign("cudaErrorDevicesUnavailable: the device is in exclusive-process mode and another process holds it",
+             terms="busy", message=r"busy or unavailable|DevicesUnavailable|DEVICES?_UNAVAILABLE", flags=_I),
+        sign("EBUSY on the accelerator's device file or while its backend initialises (a TPU's /dev/vfio, an NPU's "
+             "/dev/davinci): another process holds the device", terms="busy", flags=_I,
+             message=rf"(?:/dev/(?:vfio|accel|nvidia|davinci|dri|kfd|hl)\S*|\b{_ACCELERATOR}\b[^\n]{{0,80}}"
+                     r"initiali[sz]\w*|initiali[sz]\w* [^\n]{0,80}\b(?:backend|device)\b)[^\n]{0,120}Device or "
+                     r"resource busy"),
+        sign("an accelerator the process could not acquire, or one another process occupies (Gaudi's 'Device "
+             "acquire failed', an NPU 'occupied')", terms="busy", flags=_I,
+             message=rf"\b(?:{_ACCELERATOR}|card)\b[^.\n]{{0,40}}\b(?:acquire failed|already acquired|could not be "
+                     r"acquired|is occupied|occupied by|held by another|in use by another process)"),
+        sign("the runtime's own reason for a device it could not set up: the process of an earlier run still runs on "
+             "it (Ascend's 'Maybe the last training process is running'): whatever call failed first (HCCL's, a "
+             "context's) is its wrapper", terms="busy",
+             message=r"\b(?:last|previous|earlier|old) (?:\w+ )?process(?:es)? (?:is |are )?(?:still )?running",
+             what=const("The device is still held by a process of an earlier run, the runtime says")),
+    )),
+)
+
+FAMILIES: tuple[Family, ...] = (*STARTUP, *BETWEEN_RANKS, *NODE, *PROCESSES)
+
+# An error no family explains, decided by what kind of line it is, what its writer said or where it was raised.
+BY_KIND: tuple[Family, ...] = (
+    Family(F.nccl, "NCCL failed", (
+        sign("NCCL's WARN is its error line, whatever it says (`No usable listening interface found`)",
+             kinds={K.nccl}, message=r"\bWARN\b", tier=Tier.GENERIC),
+        sign("an exception raised inside a collective (an all-reduce, a broadcast, the communicator) is the collective "
+             "backend's", raised_in={S.collective}, tier=Tier.GENERIC),
+    )),
+    Family(F.hang, "A rank stopped answering", (
+        sign("a wait that ran out (a timeout type, or an error line that says something timed out) where no family "
+             "names what was waited on: vLLM or a rank stopped answering", types=r"\w*Time[dD]?[oO]ut\w*|timeout",
+             tier=Tier.GENERIC),
+        sign("the same on an error line: something timed out (not a parameter named timeout, not a wait that will "
+             "retry)", terms="timeout", kinds=ERROR_LINES, tier=Tier.GENERIC, unless=r"\bretry|\bretrying\b",
+             message=r"\b(?:timed out|times out|time(?:d)? ?out after|deadline exceeded|timeout (?:error|exceeded|"
+                     r"expired|reached|occurred)|Timeout(?:Error|Exception)?:)", flags=_I),
+    )),
+    Family(F.engine_dead, "vLLM's engine died", (
+        sign("an exception no family names, raised inside the engine's step (the model's forward, the sampler, V0's "
+             "engine loop, V1's busy loop): it ends the engine, which is the engine's death whatever the exception",
+             raised_in={S.step}, tier=Tier.GENERIC),
+    )),
+    Family(F.gpu_error, "The GPU or its driver reported an error", (
+        sign("a CUDA or HIP error no family names: the device or its driver reported it", kinds={K.cuda, K.python},
+             message=r"\b(?:CUDA|HIP) (?:driver )?error\b|\b(?:cuda|hip)Error\w+", tier=Tier.GENERIC),
+    )),
+)
 
 
-def module_of(path: str) -> str:
-    """``/usr/lib/python3/dist-packages/torchvision/_meta_registrations.py`` → ``torchvision._meta_registrations``;
-    outside site-packages, the file's folder and name (``/opt/x/torchvision/io.py`` → ``torchvision.io``)."""
-    m = _SITE.match(path)
-    parts = (path[m.end():] if m else "/".join(path.split("/")[-2:])).removesuffix(".py").split("/")
-    if parts[-1] == "__init__" and len(parts) > 1:
-        parts = parts[:-1]
-    return ".".join(p for p in parts if p)
+# How a process is stopped, not why it failed: a Ctrl-C while vLLM builds its config is no config error.
+_STOPS = frozenset({"KeyboardInterrupt", "SystemExit", "CancelledError", "GeneratorExit"})
+_NO_FACTS = ClassifyContext()
+_ANY_LEVEL = tuple((family, s) for family in FAMILIES for s in family.signs if s.any_level)
 
 
-@dataclass(frozen=True)
-class FamilyHit:
-    cls: FailureClass
-    what: str  # the "what happened" clause
-    exception: str  # the exception line the hit rests on
-
-
-@dataclass
-class _Frame:
-    path: str
-    func: str
-    code: str | None = None
-
-
-@dataclass
-class TracebackReader:
-    frames: list[_Frame] = field(default_factory=list)
-    open: bool = False
-
-    def feed(self, text: str) -> FamilyHit | None:
-        body = _HEADER.sub("", text, count=1)
-        if _START.search(body):
-            self.frames, self.open = [], True
-            return None
-        if not self.open:
-            return None
-        m = _FRAME.match(body)
-        if m is not None:
-            self.frames.append(_Frame(m.group("path"), m.group("func")))
-            return None
-        m = _EXCEPTION.match(body.strip())
-        if m is not None:
-            hit = _judge(self.frames, m.group("line"))
-            self.frames, self.open = [], False
-            return hit
-        if self.frames and self.frames[-1].code is None and body.strip() and not set(body.strip()) <= set("^~ "):
-            self.frames[-1].code = body.strip()
+def judge(event: Event, ctx: ClassifyContext | None = None) -> FamilyHit | None:
+    """The reading of the family table with the lowest tier (the first row in a tie); else the first of `BY_KIND`. A
+    line logged below ERROR is evidence only for the few signs that read it (a warning quoting an optional import's
+    ImportError is none)."""
+    if event.kind in (Kind.code, Kind.frame) or (event.exception is not None and event.exception.name in _STOPS):
         return None
+    ctx = ctx or _NO_FACTS
+    if event.below_error:
+        low = event.text.lower()
+        return _best(((f, s) for f, s in _ANY_LEVEL if any(n in low for n in s.needles)), event, ctx, by_kind=False)
+    if event.exception is None and not event.terms:
+        return None  # a line that holds no word of a failure's vocabulary states none (`lexicon.py`)
+    return _best(((f, s) for f in FAMILIES for s in f.signs), event, ctx, by_kind=False) or _best(
+        ((f, s) for f in BY_KIND for s in f.signs), event, ctx, by_kind=True)
 
 
-def _imported(frames: list[_Frame]) -> _Frame | None:
-    """The innermost module whose import raised: a ``<module>`` frame entered from an ``import`` statement (or,
-    without source lines, any ``<module>`` frame but the script's own)."""
-    found = None
-    for i in range(1, len(frames)):
-        frame, caller = frames[i], frames[i - 1]
-        if frame.func != "<module>" or any(caller.path.endswith(r) for r in _RUNPY):
+def _best(signs: Iterable[tuple[Family, Sign]], event: Event, ctx: ClassifyContext, *, by_kind: bool
+          ) -> FamilyHit | None:
+    """The first sign of the lowest tier that reads the event, and what it says."""
+    best: tuple[Family, Sign, re.Match[str] | bool] | None = None
+    for family, s in signs:
+        if best is not None and s.tier >= best[1].tier:
             continue
-        if caller.code is None or _IMPORT.match(caller.code):
-            found = frame
-    return found
-
-
-def _judge(frames: list[_Frame], exception: str) -> FamilyHit | None:
-    if not frames:
+        found = s.reads(event)
+        if found is not False:
+            best = (family, s, found)
+            if s.tier is Tier.CAUSE:
+                break
+    if best is None:
         return None
-    module = _imported(frames)
-    if module is not None:
-        name = module_of(module.path)
-        return FamilyHit(FailureClass.image_error,
-                         f"vLLM cannot start: importing {name} failed with `{_short(exception)}` — a package in the "
-                         "image does not load (built for another torch, CUDA or Python, or a library it needs is "
-                         "missing)", exception)
-    vllm_frames = [f for f in frames if "/vllm/" in f.path]
-    innermost = vllm_frames[-1] if vllm_frames else None
-    if (innermost is not None and _CONFIG_PATH.search(innermost.path)) or any(
-            _CONFIG_FUNC.match(f.func) for f in vllm_frames):
-        return FamilyHit(FailureClass.config_error,
-                         f"vLLM rejected its configuration while building it: `{_short(exception)}`", exception)
-    return None
-
-
-def _short(line: str, limit: int = 200) -> str:
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    family, s, found = best
+    what, quoted = what_of(family, s, event, found, ctx)
+    return FamilyHit(family.cls, s.tier, what, s, by_kind=by_kind, quoted=quoted, do=s.do)

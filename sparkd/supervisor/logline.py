@@ -26,10 +26,12 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 # `(APIServer pid=123) `, `(Worker_TP0 pid=5) `, `(RayWorkerWrapper pid=9, ip=10.0.0.2) `.
 _PREFIX = re.compile(r"^\s*\((?P<process>[A-Za-z_][\w.\-]*) pid=(?P<pid>\d{1,18})(?:, ip=[^)]*)?\)[ \t]?")
 
-# vLLM's format: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s", datefmt "%m-%d %H:%M:%S".
-_HEADER = re.compile(
-    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
-    r"\[(?P<source>[^\]]+)\] "
+# vLLM's format: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s", datefmt "%m-%d %H:%M:%S"; before
+# 0.6 the file had no opening bracket ("ERROR 03-05 07:15:39 engine.py:387] ..."); builds that log through their own
+# copy of the format put the year in front (NVIDIA NIM: "ERROR 2025-07-21 14:34:24.934 factory.py:62] ...").
+VLLM_HEADER = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<time>(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
+    r"\[?(?P<source>[^\[\]\s]+)\](?: |$)"
 )
 
 
@@ -76,6 +78,11 @@ def segments_of(raw: str) -> tuple[tuple[str, ...], str | None]:
     return frames, process
 
 
+def segments_of_process(raw: str) -> tuple[tuple[str, ...], str | None, int | None]:
+    """(every non-blank frame of a raw line, undecorated, oldest first; the process and pid its prefix names)."""
+    return _frames(raw)
+
+
 def segments(raw: str) -> tuple[str, ...]:
     """Every non-blank `\\r`-separated frame of a raw line, undecorated, oldest first."""
     return _frames(raw)[0]
@@ -90,7 +97,7 @@ def clean(raw: str) -> str:
 def parse(raw: str) -> LogLine:
     frames, process, pid = _frames(raw)
     text = frames[-1] if frames else ""
-    m = _HEADER.match(text)
+    m = VLLM_HEADER.match(text)
     if m is None:
         return LogLine(text=text, process=process, pid=pid, level=None, source=None, message=text)
     return LogLine(

@@ -13,6 +13,7 @@ import re
 import signal as _signal
 
 from sparkd.supervisor.failures import Failure, FailureClass
+from sparkd.supervisor.logline import VLLM_HEADER
 
 __all__ = ["comparable", "quote", "signature"]
 
@@ -21,7 +22,6 @@ __all__ = ["comparable", "quote", "signature"]
 _WAITS_ON_OTHERS = frozenset({FailureClass.rendezvous_timeout})
 _OUTSIDE_SIGNALS = frozenset({_signal.SIGKILL, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT})
 
-_HEADER = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]+\] ")
 _DIGITS = re.compile(r"[0-9a-fA-F]*\d[0-9a-fA-F]*(?:\.[0-9a-fA-F]*\d[0-9a-fA-F]*)*")  # numbers, hex ids, versions
 _SPACE = re.compile(r"\s+")
 
@@ -30,7 +30,7 @@ def signature(evidence: str | None) -> str | None:
     """The normalised form of a failure's evidence line; None when there is none to compare."""
     if evidence is None or not evidence.strip():
         return None
-    text = _HEADER.sub("", evidence.strip())
+    text = VLLM_HEADER.sub("", evidence.strip())
     text = _DIGITS.sub("#", text)
     return _SPACE.sub(" ", text).strip()
 

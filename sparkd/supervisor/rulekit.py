@@ -4,10 +4,11 @@ its sentence halves from a match and the `ClassifyContext`, and the "what to do"
 from __future__ import annotations
 
 import re
+import re._parser as sre
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.sentences import NO_RETRY_IMAGE, mem_note
@@ -38,6 +39,53 @@ class Rule:
     do: str | None = None  # the "what to do" clause; None → the class default
     when: When | None = None  # an extra condition on the match (exit code, context); None → always
     unless_after: re.Pattern[str] | None = None  # the line does not count after an earlier line matching this
+    provisional: bool = False  # a later specific finding of its class and tier says more (a frame's, a launcher's line)
+    because: re.Pattern[str] | None = None  # the line's reason, when logged before it: the latest such line is quoted
+    needles: tuple[str, ...] = field(default=(), compare=False)  # literal text one of which every match holds
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "needles", needles_of(self.pattern))
+
+    def may_match(self, text: str, low: str) -> bool:
+        """A cheap test before the search: the line holds one of the pattern's literal needles."""
+        hay = low if self.pattern.flags & re.IGNORECASE else text
+        return not self.needles or any(n in hay for n in self.needles)
+
+
+_MIN_NEEDLE = 4
+
+
+def needles_of(pattern: re.Pattern[str]) -> tuple[str, ...]:
+    """Literal pieces of text one of which every match of `pattern` holds (lower-case for a case-insensitive one):
+    the longest run of literal characters the pattern requires, or one per branch of an alternation; () when it
+    requires none long enough to be worth testing."""
+    found = _required(list(sre.parse(pattern.pattern, pattern.flags)))
+    if pattern.flags & re.IGNORECASE:
+        found = tuple(n.lower() for n in found)
+    return found if found and all(len(n) >= 2 for n in found) else ()
+
+
+def _required(items: list[tuple[Any, Any]]) -> tuple[str, ...]:
+    best, run = "", ""
+    branches: tuple[str, ...] = ()
+    for op, av in items:
+        if op is sre.LITERAL:
+            run += chr(av)
+            continue
+        best, run = max(best, run, key=len), ""
+        if op is sre.BRANCH and not branches:
+            subs = [_required(list(branch)) for branch in av[1]]
+            branches = tuple(n for sub in subs for n in sub) if all(subs) else ()
+        elif op is sre.SUBPATTERN and not branches:
+            sub = _required(list(av[3]))
+            if len(sub) == 1:
+                best = max(best, sub[0], key=len)
+            else:
+                branches = sub
+    best = max(best, run, key=len)
+    if len(best) >= _MIN_NEEDLE or (best and not branches):
+        return (best,)
+    return branches
 
 
 def const(text: str) -> What:
@@ -101,7 +149,7 @@ def not_a_warning(m: re.Match[str], exit_code: int | None, ctx: ClassifyContext)
     return not BELOW_ERROR.match(m.string)
 
 
-BELOW_ERROR = re.compile(r"(?:DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d")
+BELOW_ERROR = re.compile(r"(?:DEBUG|INFO|WARNING) (?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d")
 
 
 def what_peer_link(m: re.Match[str], ctx: ClassifyContext) -> str:
@@ -154,9 +202,11 @@ DOUBLE_PATCH = ("the mxfp4.py patch (fix-ds4-gpu-cache) was applied twice: `grep
 
 
 def rule(cls: FailureClass, tier: Tier, pattern: str, what: What | None = None, do: str | None = None, *,
-       flags: int = 0, when: When | None = None, unless_after: str | None = None) -> Rule:
+       flags: int = 0, when: When | None = None, unless_after: str | None = None, provisional: bool = False,
+       because: str | None = None) -> Rule:
     return Rule(cls, tier, re.compile(pattern, flags), what, do, when,
-                re.compile(unless_after) if unless_after is not None else None)
+                re.compile(unless_after) if unless_after is not None else None, provisional,
+                re.compile(because) if because is not None else None)
 
 
 def image(pattern: str, what: What, do: str = REBUILD) -> Rule:

@@ -19,10 +19,23 @@ NO_RETRY_IMAGE = "sparkd will not retry an image error"
 # The API server's SIGTERM/SIGINT line (rules.py); classify.py names no error beside it.
 STOPPED_FROM_OUTSIDE = ("vLLM shut down because its API server received SIGTERM or SIGINT from outside sparkd: `docker "
                         "stop`, systemd, earlyoom, an orchestrator or a person stopped it, not a failure inside vLLM")
+INTERRUPTED = ("vLLM was interrupted (KeyboardInterrupt: SIGINT) from outside sparkd: a person, a launcher or an "
+               "orchestrator stopped it, not a failure inside vLLM")
+LAUNCHER_STOPPED = ("vLLM's launcher (torchrun) received signal {sig} from outside sparkd and stopped its workers: a "
+                    "person, a script or an orchestrator stopped it, not a failure inside vLLM")
+SERVICE_STOPPED = ("vLLM's service or container was stopped from outside sparkd (systemd stopping the unit, the "
+                   "orchestrator killing the container): not a failure inside vLLM")
 STOPPED_FROM_OUTSIDE_DO = ("find who sent it (`journalctl`, `docker events`) and stop vLLM with `sparkctl stop` when "
                            "it is to stay down — sparkd restarts with backoff")
 
 _GIB = 1024**3
+
+
+def quote(text: str, limit: int = 200) -> str:
+    """A log line as a sentence quotes it: verbatim in backticks (tabs and line breaks made spaces), at most `limit`
+    characters."""
+    text = re.sub(r"[\t\r\n]+", " ", text.strip())
+    return f"`{text if len(text) <= limit else text[:limit - 1] + '…'}`"
 
 
 def default_what(cls: FailureClass) -> str:

@@ -563,7 +563,7 @@ CASES: dict[str, Case] = {
         F.unknown,
         "UnboundLocalError",
         ("vLLM stopped with an error sparkd does not recognise: `UnboundLocalError: cannot access local variable "
-         "'w' where it is not associated with a value` (exit 1)",),
+         "'w' where it is not associated with a value` (raised in x.<module>) (exit 1)",),
     ),
     "unknown SIGKILL from outside": Case(
         None,
@@ -663,8 +663,9 @@ def test_error_inside_a_tqdm_frame_is_found() -> None:
 
 
 def test_only_the_tail_is_scanned() -> None:
-    """Lines older than MAX_SCAN_LINES from the end are ignored."""
-    tail = [w0(FREE_MEM)] + ["INFO 11-26 01:23:45 [x.py:1] noise"] * MAX_SCAN_LINES
+    """Lines older than MAX_SCAN_LINES from the end are ignored (the noise differs line by line: the same line again
+    and again is an engine going round without progress, cause.py's last resort)."""
+    tail = [w0(FREE_MEM)] + [f"INFO 11-26 01:23:45 [x.py:1] noise {i}" for i in range(MAX_SCAN_LINES)]
     assert classify(1, None, tail).cls is F.unknown
     assert classify(1, None, [*tail[1:], w0(FREE_MEM)]).cls is F.free_memory_refusal
 
@@ -681,3 +682,16 @@ def test_every_class_has_a_sentence(cls: FailureClass) -> None:
     failure = classify(None, None, [], hint=cls)
     assert failure.cls is cls
     assert ";" in failure.sentence and failure.sentence.endswith(".")
+
+
+def test_a_line_repeated_is_a_stall_only_when_nothing_else_is() -> None:
+    """vLLM's engine logging one line again and again, word for word, with nothing else in the log, went round without
+    progress; an idle engine's periodic stats and a request log repeat by nature and say nothing."""
+    loop = ["INFO 02-03 11:27:41 [pool_scheduler.py:85] Reqid: r-382-0, Total tokens 1182, need to load: 1024"] * 6
+    failure = classify(1, None, loop)
+    assert failure.cls is F.stall and "Reqid: r-382-0" in failure.sentence, failure.sentence
+    idle = ["INFO 11-26 01:23:45 [metrics.py:1] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 "
+            "tokens/s, Running: 0 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 0.0%"] * 6
+    assert classify(None, 9, idle).cls is F.unknown
+    assert classify(1, None, [*loop, api("ValueError: x must be divisible by tensor parallel size (3)")]).cls is \
+        F.config_error

@@ -91,7 +91,7 @@ def test_a_consequence_names_the_first_exception_before_it() -> None:
     assert failure.evidence == "KeyError: 'model.layers.0.mlp.experts.w13_weight'"
     assert failure.sentence.startswith(
         "vLLM's engine failed to start; the first error in the log is `KeyError: 'model.layers.0.mlp.experts."
-        "w13_weight'` (exit 1); sparkd restarts")
+        "w13_weight'` (raised in vllm.v1.engine.core.run_engine_core) (exit 1); sparkd restarts")
     assert "no earlier cause" not in failure.sentence
 
 
@@ -199,8 +199,12 @@ def test_shm_ring_sentence_names_fork_and_stays_restartable() -> None:
                      F.engine_dead,
                      ("custom all-reduce failed", "'invalid argument' at", "--disable-custom-all-reduce"),
                      id="vLLM's CUDACHECK in the custom all-reduce"),
-        pytest.param("Failed: Cuda error /workspace/csrc/other.cu:12 'an illegal instruction was encountered'",
+        pytest.param("Failed: Cuda error /workspace/csrc/other.cu:12 'invalid configuration argument'",
                      F.engine_dead, ("A CUDA call in vLLM's kernels failed",), id="vLLM's CUDACHECK elsewhere"),
+        # the error's code says what it is: a kernel that faulted on the device, whoever checked it
+        pytest.param("Failed: Cuda error /workspace/csrc/other.cu:12 'an illegal instruction was encountered'",
+                     F.gpu_error, ("The GPU reported a fault", "an illegal instruction"),
+                     id="vLLM's CUDACHECK of a kernel fault"),
         pytest.param("RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable", F.gpu_busy,
                      ("busy or unavailable",), id="the older cudaErrorDevicesUnavailable wording"),
         pytest.param("host:454:604 [0] transport/net_ib.cc:937 NCCL WARN Call to ibv_modify_qp failed with 110 "

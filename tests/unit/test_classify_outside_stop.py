@@ -107,3 +107,17 @@ def test_lines_that_do_not_prove_a_stop_from_outside(exit_code: int, tail: tuple
     failure = classify(exit_code, None, tail)
     assert failure.cls is cls and OUTSIDE not in failure.sentence, failure.sentence
 
+
+
+def test_a_stop_in_the_launchers_words() -> None:
+    """systemd stopping the unit (the journal's line), Kubernetes killing the container, torchrun's death signal: a stop
+    from outside that explains the workers' -15 deaths after it; vLLM's own line for the same stop, after it, says
+    more and is the one quoted."""
+    journal = "Jul 23 16:29:03 spark-1 systemd[1]: Stopping vllm.service - vLLM OpenAI server..."
+    worker = "ERROR 07-23 16:29:04 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 12 died, exit code: -15"
+    for first in (journal, "Killing container with id containerd://ab12 Need to kill Pod",
+                  "[WARNING] Received 15 death signal, shutting down workers"):
+        failure = classify(1, None, [first, worker])
+        assert failure.cls is F.unknown and "from outside sparkd" in failure.sentence, failure.sentence
+    failure = classify(0, None, [journal, *STOP_013])
+    assert failure.cls is F.unknown and OUTSIDE in failure.sentence, failure.sentence
