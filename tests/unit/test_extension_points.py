@@ -116,7 +116,7 @@ class Reports:
     def post(self, obs): self.posted.append(obs)
     def state(self): return State.ready
     def on_line(self, line, persist=True): pass
-    def classify_exit(self, exit_code, sig, hint, engine_gone=False): raise AssertionError("no exit here")
+    async def classify_exit(self, exit_code, sig, hint, engine_gone=False): raise AssertionError("no exit here")
 
 
 async def main():

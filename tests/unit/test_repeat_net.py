@@ -72,7 +72,7 @@ async def test_the_daemon_stops_a_repeat_and_each_incident_explains_as_itself(tm
         await node.until_state("starting")
         runtime.say("INFO 11-27 09:00:00 [core.py:1] an earlier launch's line", NEW_ERROR)
         runtime.crash(1)
-        await node.until_state("starting")
+        await node.until(lambda: node.state == "starting" and len(runtime.launches) == 2)
         runtime.say(SAME_LATER)
         runtime.crash(1)
         await node.until_state("failed")

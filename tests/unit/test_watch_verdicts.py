@@ -41,8 +41,8 @@ class Reports:
     def on_line(self, line: str, persist: bool = True) -> None:
         pass
 
-    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
-                      engine_gone: bool = False) -> Failure:
+    async def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
+                            engine_gone: bool = False) -> Failure:
         return classify(exit_code, sig, self.lines, hint=hint)
 
 
@@ -60,7 +60,7 @@ async def verdict(cls: FailureClass, lines: list[str]) -> Failure:
                           HealthConfig, FakeClock(start=0.0), Log())
     called = Failure(cls=cls, sentence="the tracker's sentence; sparkd restarts.", exit_code=None, signal=None,
                      evidence="canary unanswered")
-    watch._observe(lambda t, *_: (t, v.HealthFailed(called)), None)
+    await watch._observe(lambda t, *_: (t, v.HealthFailed(called)), None)
     (posted,) = reports.posted
     assert isinstance(posted, v.HealthFailed)
     assert isinstance(watch.health, HealthTracker)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -143,10 +144,13 @@ class FailureEvidence:
         self.vllm_log.append(self.redaction.of(state.config)(line))
         return attempt(self.vllm_log.last(LOG_TAIL_LINES))
 
-    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
-                      engine_gone: bool = False, *, guard: Guard | None, state: NodeState) -> Failure:
-        return classify(exit_code, sig, vllm_lines(this_launch(self.vllm_log.last(LOG_TAIL_LINES))), hint=hint,
-                        context=self.context(guard, state, engine_gone))
+    async def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
+                            engine_gone: bool = False, *, guard: Guard | None, state: NodeState) -> Failure:
+        """The facts gathered here, on the loop; the classifier run in a worker thread (a pathological tail costs it
+        seconds, which the loop's other work must not wait for)."""
+        lines = vllm_lines(this_launch(self.vllm_log.last(LOG_TAIL_LINES)))
+        context = self.context(guard, state, engine_gone)
+        return await anyio.to_thread.run_sync(partial(classify, exit_code, sig, lines, hint=hint, context=context))
 
     def context(self, guard: Guard | None, state: NodeState, engine_gone: bool = False) -> ClassifyContext:
         cfg = state.config

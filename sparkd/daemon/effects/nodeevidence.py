@@ -27,10 +27,10 @@ class NodeEvidence:
         """A launch begins: the kernel lines from now on belong to it."""
         self.evidence.mark_launch(self.guard)
 
-    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None, engine_gone: bool,
-                      state: NodeState) -> Failure:
+    async def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
+                            engine_gone: bool, state: NodeState) -> Failure:
         """The watch's death, classified with every fact sparkd has (the guard's memory and kernel lines)."""
-        return self.evidence.classify_exit(exit_code, sig, hint, engine_gone, guard=self.guard, state=state)
+        return await self.evidence.classify_exit(exit_code, sig, hint, engine_gone, guard=self.guard, state=state)
 
     async def record(self, failure: Failure, written: bool, state: NodeState) -> None:
         """Count the failure and keep its evidence (unless the guard wrote it already)."""

@@ -67,9 +67,9 @@ class NodeWatchReports:
     def on_line(self, line: str, persist: bool = True) -> None:
         self.output.on_line(line, persist)
 
-    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
-                      engine_gone: bool = False) -> Failure:
-        return self.evidence.classify_exit(exit_code, sig, hint, engine_gone, self.mailbox.node())
+    async def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
+                            engine_gone: bool = False) -> Failure:
+        return await self.evidence.classify_exit(exit_code, sig, hint, engine_gone, self.mailbox.node())
 
     def post(self, obs: v.Observation) -> None:
         """The watch's observations; a wedge carries the GPUs' power, and seen while a peer's sparkd is unreachable

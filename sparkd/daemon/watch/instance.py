@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -41,7 +41,7 @@ DRAIN_S = 5.0  # after an exit, how long the log may take to deliver its last li
 
 
 # (exit code, signal, hint, engine gone): the engine gone means no new connection to it when vLLM ended
-ClassifyExit = Callable[[int | None, int | None, FailureClass | None, bool], Failure]
+ClassifyExit = Callable[[int | None, int | None, FailureClass | None, bool], Awaitable[Failure]]
 LineSink = Callable[[str, bool], None]  # (line, persist): persist False for lines replayed at adoption
 
 
@@ -55,8 +55,8 @@ class WatchReports(Protocol):
 
     def on_line(self, line: str, persist: bool = True) -> None: ...
 
-    def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
-                      engine_gone: bool = False) -> Failure: ...
+    async def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
+                            engine_gone: bool = False) -> Failure: ...
 
 
 @dataclass(frozen=True)
@@ -142,9 +142,9 @@ class InstanceWatch:
             live = consumed > self._replay_bytes
             self.on_line(line, live)
             if self.probes is None and self._peer_lost(line):
-                self.post(v.HealthFailed(self.classify_exit(None, None, FailureClass.peer_lost, False)))
+                self.post(v.HealthFailed(await self.classify_exit(None, None, FailureClass.peer_lost, False)))
             elif self.probes is not None and live:  # vLLM's throughput and JIT lines move the wedge clock
-                self._observe(health.observe_log_line, line)
+                await self._observe(health.observe_log_line, line)
         self.logs_drained.set()
 
     def _peer_lost(self, line: str) -> bool:
@@ -161,7 +161,7 @@ class InstanceWatch:
             self.log.info("exited", pid=self.instance.pid, exit=info.describe(), requested=True)
             return
         engine_gone = not await self.runtime.engine_answers()  # it stopped, taking vLLM's container along
-        failure = self.classify_exit(info.exit_code, info.signal, None, engine_gone)
+        failure = await self.classify_exit(info.exit_code, info.signal, None, engine_gone)
         self.log.warning("exited", pid=self.instance.pid, exit=info.describe(), failure=failure.cls.value)
         self.post(v.Exited(failure))
 
@@ -198,13 +198,13 @@ class InstanceWatch:
         assert self.probes is not None
         while True:
             serving = self.state() in UP
-            self._observe(health.observe_health, await self.probes.health())
+            await self._observe(health.observe_health, await self.probes.health())
             if serving:
                 if self.clients_port is not None:
                     await self._count_clients(self.clients_port)
                 metrics = await self.probes.metrics()
                 self.vllm_metrics = metrics if isinstance(metrics, VllmMetrics) else None
-                self._observe(health.observe_metrics, metrics)
+                await self._observe(health.observe_metrics, metrics)
             await self.clock.sleep(self.cfg.interval_s if serving else READY_POLL_S)
 
     async def _count_clients(self, port: int) -> None:
@@ -233,7 +233,7 @@ class InstanceWatch:
                     self._own_out -= signal.own_connection
                     if canary:
                         self._canary_sent = None
-                self._observe(signal.rule, reading)
+                await self._observe(signal.rule, reading)
 
     async def _watch_steps(self, sense: StepSense) -> None:
         """The step probe (issue 38): every rank's step records, read every second while vLLM serves, folded into the
@@ -249,16 +249,16 @@ class InstanceWatch:
                 self.step_watch, self.health, nodes, self.clock.now(), self.cfg,
                 pending=canary_pending(self._canary_sent))
             sense.keep_history(self.step_identity, self.step_watch.history)
-            self._post(obs)
+            await self._post(obs)
 
-    def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
+    async def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
         self.health, obs = observe(self.health, result, self.clock.now(), self.cfg)
-        self._post(obs)
+        await self._post(obs)
 
-    def _post(self, obs: v.Observation | None) -> None:
+    async def _post(self, obs: v.Observation | None) -> None:
         """A verdict of the health signals; a probe's death or wedge that vLLM's log names otherwise is the log's."""
         if isinstance(obs, v.HealthFailed) and obs.failure.cls in EXPLAINED:
-            told = self.classify_exit(None, None, FailureClass.engine_dead, False)  # the log's tail, as a death
+            told = await self.classify_exit(None, None, FailureClass.engine_dead, False)  # the log's tail, as a death
             obs = replace(obs, failure=told_by_the_log(obs.failure, told))
         if obs is not None:
             self.post(obs)
