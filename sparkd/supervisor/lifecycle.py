@@ -39,8 +39,13 @@ from typing import Any, NamedTuple
 
 from sparkd.supervisor import policy
 from sparkd.supervisor import vocabulary as v
-from sparkd.supervisor.failures import Budget, Failure, FailureClass
-from sparkd.supervisor.repeat import comparable
+from sparkd.supervisor.moves import Result, startup_hang
+from sparkd.supervisor.moves import cut as _cut
+from sparkd.supervisor.moves import give_up as _give_up
+from sparkd.supervisor.moves import preflight as _preflight
+from sparkd.supervisor.moves import recover as _recover
+from sparkd.supervisor.moves import stop as _stop
+from sparkd.supervisor.moves import to as _to
 from sparkd.supervisor.states import RUNNING, SERVING, After, Intent, Limits, Machine, State
 
 __all__ = ["IGNORED", "TABLE", "Edge", "Step", "startup_hang", "step"]
@@ -52,7 +57,6 @@ class Step(NamedTuple):
     edge: str | None  # "ready → stopping: the instance failed"; None: the pair is ignored
 
 
-Result = tuple[Machine, list[v.Action]]
 Handler = Callable[[Machine, Any, float, Limits], Result]
 
 
@@ -61,63 +65,6 @@ class Edge:
     to: frozenset[State]  # where this edge may lead
     why: str
     handler: Handler
-
-
-# ---- helpers shared by the handlers ---------------------------------------------------------------------
-def _to(m: Machine, state: State, now: float, **changes: Any) -> Machine:
-    if state is not State.stopping:
-        changes.setdefault("after", None)
-        changes.setdefault("answering", None)
-    if state is not State.failed:
-        changes.setdefault("breaker_reason", None)
-    if state is not State.backoff:
-        changes.setdefault("deadline", None)
-    return replace(m, state=state, since=now, **changes)
-
-
-def _preflight(m: Machine, now: float, **changes: Any) -> Result:
-    return _to(m, State.preflight, now, health_note=None, **changes), [v.RunPreflight()]
-
-
-def _stop(m: Machine, now: float, after: After, reason: str, *, failure: Failure | None = None,
-          grace_s: float | None = None, recorded: bool = False, hung: bool = False,
-          skip_drain: bool = False) -> Result:
-    actions: list[v.Action] = []
-    changes: dict[str, Any] = {"after": after, "answering": failure, "health_note": None}
-    if failure is not None:
-        actions.append(v.RecordIncident(failure, written=recorded))
-        changes["last_failure"] = failure
-    actions.append(v.Stop(reason, grace_s, failure, hung, now=skip_drain, serving=m.state in SERVING))
-    return _to(m, State.stopping, now, **changes), actions
-
-
-def _cut(obs: v.StopRequested | v.RestartRequested) -> list[v.Action]:
-    """An operator's ``--now`` while a stop runs: its drain is cut short."""
-    return [v.CutStop()] if obs.now else []
-
-
-def _give_up(m: Machine, now: float, reason: str) -> Result:
-    return _to(m, State.failed, now, breaker_reason=reason), []
-
-
-def _recover(m: Machine, failure: Failure, now: float, rand: float, limits: Limits) -> Result:
-    """After a failure, with no instance left: wait, back off, or open the breaker."""
-    if failure.treatment.budget is Budget.none:
-        state, wait = policy.on_wait(m.restart_state, limits.restart, now, rand)
-        return _to(m, State.backoff, now, restart_state=state, deadline=now + wait.delay_s,
-                   restart_reason=failure.cls.value), []
-    state, decision = policy.on_failure(m.restart_state, limits.restart, failure.cls, now, rand, comparable(failure))
-    m = replace(m, restart_state=state)
-    if isinstance(decision, policy.GiveUp):
-        return _give_up(m, now, decision.reason)
-    if m.intent is Intent.stop:
-        return _to(m, State.stopped, now), []
-    return _to(m, State.backoff, now, deadline=now + decision.delay_s, restart_reason=failure.cls.value), []
-
-
-def startup_hang(what: str) -> Failure:
-    return Failure.of(FailureClass.hang,
-                      f"vLLM stalled during startup: {what}; sparkd stopped it and will retry with backoff.")
 
 
 # ---- the handlers, one per edge --------------------------------------------------------------------------
