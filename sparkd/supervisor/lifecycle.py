@@ -29,6 +29,8 @@ Rules:
 9. While serving, a replay (``ReplayDue``: idle at the interval, after a wake) or an accept never stops vLLM: a wrong
    or lost verdict is ``degraded`` and stands (a replay that passes does not clear it) until an accept passes or a
    restart. A gate's failure is recorded once.
+10. A wedge named while a stop waits on vLLM's drain (the step probe reads on while it drains) cuts the drain
+    (``CutStop``): a wedged engine finishes none of its requests, so the drain would only spend its whole timeout.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any, NamedTuple
 
 from sparkd.supervisor import policy
 from sparkd.supervisor import vocabulary as v
+from sparkd.supervisor.failures import wedged
 from sparkd.supervisor.moves import Result, startup_hang
 from sparkd.supervisor.moves import cut as _cut
 from sparkd.supervisor.moves import give_up as _give_up
@@ -246,6 +249,12 @@ def _leave_failed(m: Machine, obs: v.ResetRequested | v.RestartRequested, now: f
     return _reset(m, obs, now, limits) if isinstance(obs, v.ResetRequested) else _restart(m, obs, now, limits)
 
 
+def _wedged_while_stopping(m: Machine, obs: v.HealthFailed, now: float, limits: Limits) -> Result:
+    """Rule 10."""
+    failure = obs.failure
+    return m, [v.CutStop(f"vLLM is wedged: {failure.evidence or failure.sentence}")] if wedged(failure) else []
+
+
 def _stop_while_failed(m: Machine, obs: v.StopRequested, now: float, limits: Limits) -> Result:
     return replace(m, intent=Intent.stop), []
 
@@ -309,6 +318,8 @@ _on((S.starting,), (v.LaunchFailed,), (S.stopping,), "the launch failed", _faile
 _on(_RUNNING, (v.Exited, v.HealthFailed), (S.stopping,), "the instance failed", _failed_while_running)
 _on((S.ready, S.degraded), (v.HealthDegraded,), (S.degraded,), "health degraded", _degraded)
 _on((S.degraded,), (v.HealthRecovered,), (S.ready,), "health recovered", _recovered)
+_on((S.stopping,), (v.HealthFailed,), (S.stopping,), "a wedge while the stop drains: the drain is cut",
+    _wedged_while_stopping)
 _on((S.stopping,), (v.StopDone,), (S.stopped, S.preflight, S.backoff, S.failed), "the stop is done", _stop_done)
 _on((S.backoff,), (v.Tick,), (S.backoff, S.preflight), "backoff deadline", _backoff_over)
 # the acceptance gate (rules 7 to 9)

@@ -270,7 +270,10 @@ class Stop:
 
 @dataclass(frozen=True)
 class CutStop:
-    """End the stop in progress now: its drain is cut short (``sparkctl stop --now`` while vLLM drains)."""
+    """End the stop in progress now: its drain is cut short (``sparkctl stop --now`` while vLLM drains, or a wedge
+    named while it drains: a wedged engine finishes nothing)."""
+
+    why: str = "the operator's --now"
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,24 @@ def test_now_rides_on_the_stop_and_cuts_one_running(state: State, obs: v.Observa
     assert step(Machine(state=state), obs, 10.0).actions == actions
 
 
+STEP_WEDGE = Failure(FailureClass.stall, "rank 0 has been inside step 532 for 5 s; sparkd restarts vLLM.", None, None,
+                     "rank 0 (worker) on gpu-host, PID 691, stopped (SIGSTOP): inside step 532 for 5.4 s")
+
+
+@pytest.mark.parametrize(("failure", "actions"), [
+    (STEP_WEDGE, [v.CutStop("vLLM is wedged: rank 0 (worker) on gpu-host, PID 691, stopped (SIGSTOP): inside step "
+                            "532 for 5.4 s")]),
+    (Failure.of(FailureClass.hang, "no step begun for sparkd's canary"), [v.CutStop(
+        "vLLM is wedged: no step begun for sparkd's canary")]),
+    (Failure.of(FailureClass.engine_dead, "the engine core died"), []),
+])
+def test_a_wedge_named_while_a_stop_drains_cuts_the_drain(failure: Failure, actions: list[v.Action]) -> None:
+    """Lifecycle rule 10: a wedged engine finishes none of its requests in flight; its drain would spend all of
+    drain_s (the H100 run: a SIGSTOPped rank's `sparkctl stop` took 140 s)."""
+    after = step(Machine(state=State.stopping), v.HealthFailed(failure), 10.0)
+    assert after.actions == actions and after.machine.state is State.stopping
+
+
 # ---- the daemon -------------------------------------------------------------------------------------------------
 
 
@@ -159,6 +177,22 @@ async def test_stop_now_during_a_drain_cuts_it_short(tmp_path: Path) -> None:
         assert stop["sigkilled"] and stop["cut"] == "the operator's --now", stop
         assert "cut it short with SIGKILL" in stop["sentence"]
         assert node.status()["intent"] == "stop", "a stop during a restart's drain: stopped it stays"
+
+
+async def test_the_drain_of_an_engine_found_wedged_is_cut(tmp_path: Path) -> None:
+    runtime, clock = FakeRuntime(), FakeClock()
+    async with running(config(tmp_path, supervisor={"stop_grace_s": 90}), runtime, clock) as node:
+        pid = await serving(node, runtime)
+        await stop_command.execute(node.daemon.control, NowRequest())
+        runtime.say(START, DRAINING)
+        await node.until(lambda: (node.status()["drain"] or {}).get("in_flight") == 3)
+        node.daemon.sup.post(v.HealthFailed(STEP_WEDGE))  # the step probe's verdict, read on while it drains
+        await node.until_state("stopped")
+        await node.settled()
+        assert runtime.stops == [(pid, 210.0), (pid, 0.0)]
+        stop = node.status()["last_stop"]
+        assert stop["sigkilled"] and stop["cut"].startswith("vLLM is wedged: rank 0 (worker) on gpu-host"), stop
+        assert stop["drain"].startswith("the drain was cut "), stop
 
 
 @pytest.mark.parametrize(("running_now", "cut"), [(2.0, True), (0.0, False)])

@@ -96,9 +96,10 @@ class Node:
             tg.start_soon(local)
         self.post(v.StopDone(reports[0], rand=self.rand()))
 
-    async def cut(self, state: NodeState) -> None:
-        """``sparkctl stop --now`` (or ``restart --now``) while this node's stop drains: end it now."""
-        self.stops.cut("the operator's --now")
+    async def cut(self, cut: v.CutStop, state: NodeState) -> None:
+        """``sparkctl stop --now`` (or ``restart --now``), or a wedge named, while this node's stop drains: end it
+        now."""
+        self.stops.cut(cut.why)
 
     async def record(self, record: v.RecordIncident, state: NodeState) -> None:
         """Count the failure and keep its evidence (the guard wrote its own already); tell the group's head."""

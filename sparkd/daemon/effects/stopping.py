@@ -59,7 +59,8 @@ class StopEffects:
             drain = self.drains.end()
             report = StopReport(stop.reason, plan.grace_s, plan.source, self.clock.now() - started, info.describe(),
                                 info.killed, self.clock.wall(), kind=plan.kind.value, cut=cut,
-                                drain=_how_it_drained(drain, self.clock.now(), cut=cut is not None))
+                                drain=_how_it_drained(drain, self.clock.now(), cut=cut is not None,
+                                                      killed=bool(info.killed)))
             self.output.note(report.log_line())
             self.log.info("stopped", pid=instance.pid, reason=stop.reason, exit=info.describe(), grace_s=plan.grace_s,
                           grace_from=plan.source, sigkilled=list(info.killed), cut=cut, drain=report.drain,
@@ -117,11 +118,12 @@ class StopEffects:
         self.drains.cut(why)
 
 
-def _how_it_drained(drain: Drain | None, now: float, *, cut: bool) -> str | None:
-    """The drain in the stop's report: vLLM's own account, or that it ended (or was cut) before it gave one."""
+def _how_it_drained(drain: Drain | None, now: float, *, cut: bool, killed: bool) -> str | None:
+    """The drain in the stop's report: vLLM's own account, or that it ended (was cut, or SIGKILLed after a grace
+    shorter than its drain: a wedge's) before it gave one."""
     if drain is None or drain.mode != "drain":
         return None
     if drain.state is DrainState.draining:
-        what = "the drain was cut" if cut else "vLLM ended"
+        what = "the drain was cut" if cut else "sparkd SIGKILLed vLLM" if killed else "vLLM ended"
         return f"{what} {now - drain.started_at:.1f} s into its {drain.timeout_s:g} s drain"
     return drain.sentence(now)

@@ -50,7 +50,7 @@ class Effects(Protocol):
     async def record(self, record: v.RecordIncident, state: NodeState) -> None:
         """Count the failure, keep its evidence (unless ``record.written``), tell the group's head."""
 
-    async def cut(self, state: NodeState) -> None:
+    async def cut(self, cut: v.CutStop, state: NodeState) -> None:
         """The stop in progress ends its instance now, its drain cut short (``--now`` while it drains)."""
     async def accept(self, run: v.RunGate, state: NodeState) -> None:
         """Run the acceptance gate against ``state.instance``; post GateDone (never raises for what vLLM answers)."""
@@ -244,7 +244,7 @@ class Supervisor:
             if self._held:  # the stop waits for a launch: it will not drain either
                 self._held = [replace(stop, now=True) for stop in self._held]
             else:
-                self._spawn(action, self.effects.cut, state)
+                self._spawn(action, self.effects.cut, action, state)
         elif isinstance(action, v.RunGate):
             self._spawn(action, self.effects.accept, action, state)
 

@@ -242,8 +242,8 @@ class InstanceWatch:
         self.step_watch = StepWatch(history=sense.load_history(self.step_identity))
         while True:
             await self.clock.sleep(READ_EVERY_S)
-            if self.state() not in SERVING or not self.health.watching:
-                continue
+            if self.state() not in (*SERVING, State.stopping) or not self.health.watching:
+                continue  # read on while a stop drains: a wedge found then cuts the drain (lifecycle rule 10)
             nodes = await sense.readings()
             self.step_watch, self.health, obs = observe_steps(
                 self.step_watch, self.health, nodes, self.clock.now(), self.cfg,
