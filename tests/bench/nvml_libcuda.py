@@ -1,13 +1,16 @@
-"""For a GPU host: which NVML call loads libcuda into the caller, and that sparkd's reading makes none of them.
+"""For a GPU host: which NVML call loads libcuda into the caller (sparkd's daemon reads its GPUs through NVML).
 
     .venv/bin/python tests/bench/nvml_libcuda.py [--json out.json]
 
-In this one process, step by step: start NVML (``nvmlInit``), call every NVML function a sparkd reading calls
-(``sparkd.host.gpu.nvml.CALLED``) on every device, make a reading as the daemon does (``NvmlReader().read()``: its
-CUDA version from a short-lived nvidia-smi), then — last, on purpose — call ``nvmlSystemGetCudaDriverVersion``, which
-sparkd no longer calls. After each step: whether ``libcuda.so`` is mapped here (and its resident KiB), the process's
-RSS and anonymous memory, and its threads by name. Expected: libcuda absent, the threads unchanged, until the last
-step; the reading's ``cuda`` the driver's CUDA version (13.0 with driver 580). Takes a second or two.
+In this one process, step by step: start NVML (``nvmlInit``), call every NVML function a sparkd reading calls on
+every device, make a reading as the daemon does (``NvmlReader().read()``), then call
+``nvmlSystemGetCudaDriverVersion``. After each step: whether ``libcuda.so`` is mapped here (and its resident KiB),
+the process's RSS and anonymous memory, and its threads by name. Takes a second or two.
+
+What it showed on the one-GPU H100 host (driver 580.159.04, tests/data/gpu/h100x1-nvml-libcuda.json): ``nvmlInit``
+itself maps libcuda (3.8 MiB) and starts a thread of libcuda's; RSS 18.9 -> 37.3 MiB, anonymous 11.5 -> 26.3 MiB, at
+that first step; no later call adds more than 0.3 MiB. So the ~20 MiB a GPU host's daemon holds beyond a CPU host's is
+the price of reading the GPUs in-process through NVML at all, not of one query sparkd could leave out.
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ def process() -> dict[str, Any]:
             "anon_kib": status.get("RssAnon"), "threads": dict(threads)}
 
 
+READING = ("nvmlDeviceGetClockInfo", "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetEnforcedPowerLimit",
+           "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetName", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetRemappedRows",
+           "nvmlDeviceGetTemperature", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetUUID",
+           "nvmlDeviceGetUtilizationRates", "nvmlSystemGetDriverVersion")  # what a reading asks besides the start
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default=None)
@@ -57,7 +66,7 @@ def main() -> int:
         return 2
     steps.append({"step": "nvmlInit", **process()})
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    for name in sorted(nvml.CALLED - {"nvmlInit", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex"}):
+    for name in READING:
         fn = getattr(pynvml, name)
         extra: tuple[Any, ...] = {"nvmlDeviceGetTemperature": (pynvml.NVML_TEMPERATURE_GPU,),
                                   "nvmlDeviceGetClockInfo": (pynvml.NVML_CLOCK_SM,),
@@ -72,18 +81,17 @@ def main() -> int:
     view = nvml.NvmlReader().read()
     steps.append({"step": f"sparkd's reading: {len(view.devices)} devices, driver {view.driver}, CUDA {view.cuda}",
                   **process()})
-    steps.append({"step": f"nvmlSystemGetCudaDriverVersion = {pynvml.nvmlSystemGetCudaDriverVersion()} "
-                          "(sparkd does not call it)", **process()})
+    steps.append({"step": f"nvmlSystemGetCudaDriverVersion = {pynvml.nvmlSystemGetCudaDriverVersion()}",
+                  **process()})
     for s in steps:
         cuda = "not mapped" if s["libcuda_kib"] is None else f"MAPPED {s['libcuda_kib']} KiB"
         print(f"{s['step'][:80]:80}  libcuda {cuda:18}  RSS {s['rss_kib'] / 1024:6.1f} MiB  "
               f"anon {s['anon_kib'] / 1024:6.1f}  threads {s['threads']}")
-    before = steps[-2]
-    ok = before["libcuda_kib"] is None and view.cuda is not None
-    print("\nsparkd's reading left libcuda out" + (" and had the CUDA version" if ok else ": NO, see above"))
+    loads = next((s["step"] for s in steps if s["libcuda_kib"] is not None), None)
+    print(f"\nlibcuda first mapped after: {loads or 'none of these steps'}")
     if args.json:
         Path(args.json).write_text(json.dumps({"steps": steps, "view": view.to_json()}, indent=1))
-    return 0 if ok else 1
+    return 0
 
 
 if __name__ == "__main__":

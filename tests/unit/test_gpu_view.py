@@ -26,7 +26,7 @@ def test_a_real_reading_reads_back_the_same_through_the_fake(name: str) -> None:
     """The reader, asked through a fake that answers what the H100s answered, makes the same view: every field
     the real NVML gave, in the same units."""
     view = GpuView.from_json(recorded(name))
-    again = nvml.NvmlReader(FakeNvml.from_view(recorded(name)), wall=lambda: view.at, cuda=lambda: view.cuda).read()
+    again = nvml.NvmlReader(FakeNvml.from_view(recorded(name)), wall=lambda: view.at).read()
     assert again == view
     assert view.devices[0].total_bytes == (150_754_820_096 if "h200" in name else 85_520_809_984)
     assert view.driver == "580.159.04" and not view.devices[0].unified
@@ -37,50 +37,6 @@ def test_the_survivor_reading_shows_who_holds_gpu_0() -> None:
     gpu0 = view.devices[0]
     assert gpu0.pids() == {946} and gpu0.utilization_pct == 100.0 and gpu0.power_w == pytest.approx(140.0, abs=1)
     assert view.holders() == {946: [gpu0]}
-
-
-def test_a_reading_asks_nvml_for_nothing_that_loads_libcuda() -> None:
-    """NVML's CUDA version query loads libcuda into the caller for good (a GPU host's daemon: +20 MiB and a thread
-    of libcuda's, tests/data/gpu/h100x1-rss-breakdown.json): a reading calls only the driver's and the devices' own
-    queries, every one of them named in ``nvml.CALLED``, each a real pynvml function."""
-    import pynvml
-
-    api = FakeNvml([FakeDevice("GPU-a", processes={7: 1 << 30}), gb10()])
-    nvml.NvmlReader(api, cuda=lambda: "13.0").read()
-    assert api.called == nvml.CALLED
-    assert not any("Cuda" in name for name in nvml.CALLED)
-    assert all(callable(getattr(pynvml, name)) for name in nvml.CALLED)
-
-
-def test_the_cuda_version_is_asked_once_per_driver_outside_nvml() -> None:
-    asked: list[str] = []
-
-    def cuda() -> str | None:
-        asked.append("nvidia-smi")
-        return "13.0"
-
-    api = FakeNvml([FakeDevice("GPU-a")])
-    reader = nvml.NvmlReader(api, cuda=cuda)
-    assert [reader.read().cuda for _ in range(5)] == ["13.0"] * 5 and asked == ["nvidia-smi"]
-    api.driver = "590.10.01"  # a driver upgrade under a running daemon
-    assert reader.read().cuda == "13.0" and len(asked) == 2
-
-
-def test_the_cuda_version_comes_from_nvidia_smis_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """nvidia-smi, a process of its own, loads libcuda to say the CUDA version; sparkd reads its header."""
-    assert smi.cuda_of((DATA / "h100x2-nvidia-smi-q.txt").read_text()) == "13.0"
-    assert smi.cuda_of("Driver Version : 396.54\n\nAttached GPUs : 1\n") is None  # no libcuda where it ran
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert smi.cuda_version() is None  # no nvidia-smi
-    header = "".join((DATA / "h100x2-nvidia-smi-q.txt").read_text().splitlines(keepends=True)[:8])
-    (tmp_path / "header.txt").write_text(header)
-    fake_smi = tmp_path / "nvidia-smi"
-    fake_smi.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\nexec /bin/cat {tmp_path}/header.txt\n')
-    fake_smi.chmod(0o755)
-    assert smi.cuda_version() == "13.0"
-    assert (tmp_path / "args").read_text().split() == ["-q", "-d", "COMPUTE"]
-    fake_smi.write_text("#!/bin/sh\nexit 9\n")
-    assert smi.cuda_version() is None
 
 
 def test_gb10_memory_is_not_supported_and_reads_as_unified() -> None:

@@ -33,8 +33,7 @@ class RecordedGpus:
     def __init__(self, name: str) -> None:
         data = json.loads((DATA / name).read_text())
         self.view = GpuView.from_json(data.get("view", data))
-        self.reader = nvml.NvmlReader(FakeNvml.from_view(self.view.to_json()), wall=lambda: self.view.at,
-                                      cuda=lambda: self.view.cuda)
+        self.reader = nvml.NvmlReader(FakeNvml.from_view(self.view.to_json()), wall=lambda: self.view.at)
 
     async def __call__(self) -> GpuView:
         return self.reader.read()

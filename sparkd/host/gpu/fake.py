@@ -1,6 +1,4 @@
 """An NVML stand-in for tests: the slice of ``pynvml`` that :mod:`sparkd.host.gpu.nvml` calls, fed with devices.
-It notes every function asked for (``called``) and has no CUDA query: the reader must never ask NVML for the CUDA
-version (that loads libcuda); a recorded reading's CUDA version is what the reader's ``cuda`` source says.
 
 :meth:`FakeNvml.from_view` builds one from a recorded reading (``GpuView.to_json()``: tests/data/gpu/ holds the
 real ones from tests/gpu/): a field the reading has as None answers "not supported", as the device did. Devices
@@ -69,21 +67,16 @@ class FakeNvml:
     NVMLError_NotSupported = NVMLError_NotSupported
 
     def __init__(self, devices: list[FakeDevice] | None = None, *, driver: str = "580.159.04",
-                 init_error: int | None = None) -> None:
+                 cuda: int = 13000, init_error: int | None = None) -> None:
         self.devices = devices if devices is not None else []
         self.driver = driver
+        self.cuda = cuda
         self.init_error = init_error
         self.inits = 0
         self.calls = 0
-        self.called: set[str] = set()  # the NVML functions asked for, by name (what a reading calls)
         for name, value in globals().items():
             if name.startswith("NVML_"):
                 setattr(self, name, value)
-
-    def __getattribute__(self, name: str) -> Any:
-        if name.startswith("nvml"):
-            object.__getattribute__(self, "called").add(name)
-        return object.__getattribute__(self, name)
 
     @classmethod
     def from_view(cls, data: Mapping[str, Any]) -> FakeNvml:
@@ -101,7 +94,7 @@ class FakeNvml:
                 mem_mhz=d.mem_clock_mhz,
                 ecc=None if d.ecc_uncorrected is None else (d.ecc_corrected or 0, d.ecc_uncorrected),
                 remapped=None if d.remapped_rows_pending is None else (0, 0, int(d.remapped_rows_pending), 0)))
-        return cls(devices, driver=view.driver or "?")
+        return cls(devices, driver=view.driver or "?", cuda=_cuda_int(view.cuda))
 
     # ---- the pynvml functions sparkd calls
     def nvmlInit(self) -> None:
@@ -111,6 +104,9 @@ class FakeNvml:
 
     def nvmlSystemGetDriverVersion(self) -> str:
         return self.driver
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self.cuda
 
     def nvmlDeviceGetCount(self) -> int:
         return len(self.devices)
@@ -171,6 +167,13 @@ def _supported(value: Any) -> Any:
     if value is None:
         raise NVMLError_NotSupported()
     return value
+
+
+def _cuda_int(text: str | None) -> int:
+    if not text:
+        return 13000
+    major, _, minor = text.partition(".")
+    return int(major) * 1000 + int(minor or 0) * 10
 
 
 def gb10() -> FakeDevice:

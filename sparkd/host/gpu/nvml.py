@@ -8,12 +8,6 @@ and named in the device's ``unreadable``. A device whose memory is "not supporte
 NVML is started once per reader and kept (its start can take a second on a GPU without persistence mode). The
 bindings (~1.9 MiB of a daemon's memory at rest) are imported only once the driver's library loads: a node without an
 NVIDIA driver never pays for them.
-
-The CUDA version is never asked of NVML here: ``nvmlSystemGetCudaDriverVersion`` reads it from the installed CUDA
-library, which loads ``libcuda.so`` into the caller for good (on a one-GPU H100 host: 3.9 MiB mapped, ~16 MiB more
-anonymous memory and a thread of libcuda's own in a daemon that never runs a kernel). It is read once per driver
-version from a short-lived ``nvidia-smi`` instead (:func:`sparkd.host.gpu.smi.cuda_version`, the same number: nvidia-smi
-asks NVML in its own process). :data:`CALLED` lists every NVML function a reading calls; none loads libcuda.
 """
 
 from __future__ import annotations
@@ -23,10 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sparkd.host.gpu import smi
 from sparkd.host.gpu.model import GpuDevice, GpuProcess, GpuView, skipped
 
-__all__ = ["CALLED", "NvmlReader", "read_view"]
+__all__ = ["NvmlReader", "read_view"]
 
 # (field, how it is read) for the plain numeric fields; units become W, °C, MHz, %.
 _MILLI = 1000.0
@@ -34,15 +27,6 @@ _MILLI = 1000.0
 
 LIBRARY = "libnvidia-ml.so.1"  # what pynvml loads on Linux
 NO_DRIVER = "no NVIDIA driver here (libnvidia-ml.so cannot be loaded)"
-CUDA_RETRY_S = 600.0  # a CUDA version that could not be read is asked again this often (same driver)
-# Every NVML function a reading calls: the driver's and the devices' own queries. Not nvmlSystemGetCudaDriverVersion
-# (or its _v2): it loads libcuda into this process (tests/unit/test_gpu_view.py holds the list to this).
-CALLED = frozenset({
-    "nvmlInit", "nvmlSystemGetDriverVersion", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-    "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses",
-    "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
-    "nvmlDeviceGetTemperature", "nvmlDeviceGetClockInfo", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
-})
 
 
 def _import() -> Any:
@@ -64,15 +48,11 @@ def _text(value: Any) -> str:
 
 
 class NvmlReader:
-    def __init__(self, nvml: Any | None = None, *, wall: Callable[[], float] = time.time,
-                 cuda: Callable[[], str | None] = smi.cuda_version) -> None:
-        """``cuda``: the CUDA version the driver supports, read outside this process (default: nvidia-smi's)."""
+    def __init__(self, nvml: Any | None = None, *, wall: Callable[[], float] = time.time) -> None:
         self._nvml = nvml
         self._missing: str | None = None  # pynvml itself cannot be imported: said once, for good
         self._started = False
         self.wall = wall
-        self._cuda_source = cuda
-        self._cuda: tuple[str, str | None, float] | None = None  # (driver, version, monotonic time asked)
 
     def _module(self) -> Any | None:
         if self._nvml is None and self._missing is None:
@@ -115,18 +95,15 @@ class NvmlReader:
             driver = _text(nvml.nvmlSystemGetDriverVersion())
         except nvml.NVMLError as exc:
             return skipped(f"NVML lists no device: {exc}", now)
+        cuda = _field(nvml, lambda: nvml.nvmlSystemGetCudaDriverVersion(), [])
         devices = tuple(_device(nvml, i) for i in range(count))
-        cuda = self._cuda_of(driver)
         if not devices:
-            return GpuView((), "nvml", driver, cuda, now, skipped="NVML sees no GPU on this node")
-        return GpuView(devices, "nvml", driver, cuda, now)
+            return GpuView((), "nvml", driver, _cuda(cuda), now, skipped="NVML sees no GPU on this node")
+        return GpuView(devices, "nvml", driver, _cuda(cuda), now)
 
-    def _cuda_of(self, driver: str) -> str | None:
-        """The CUDA version, asked once per driver version (again after :data:`CUDA_RETRY_S` if it was not had)."""
-        known, now = self._cuda, time.monotonic()
-        if known is None or known[0] != driver or (known[1] is None and now - known[2] >= CUDA_RETRY_S):
-            known = self._cuda = (driver, self._cuda_source(), now)
-        return known[1]
+
+def _cuda(version: int | None) -> str | None:
+    return None if version is None else f"{version // 1000}.{version % 1000 // 10}"
 
 
 def _field(nvml: Any, read: Callable[[], Any], unreadable: list[str], name: str = "") -> Any:

@@ -4,15 +4,12 @@ Two CSV queries (``--format=csv,noheader,nounits``) make a :class:`~sparkd.host.
 (:data:`GPU_FIELDS`) and the compute processes (:data:`APP_FIELDS`, joined to their device by UUID). A value
 ``[N/A]`` or ``[Not Supported]`` is None; a device whose memory is not reported is ``unified`` (GB10).
 ``nvidia-smi -q`` (every field, as text) goes into incident folders. The parsers are pure; the runs are async
-and bounded (nvidia-smi hangs on a wedged GPU), but for :func:`cuda_version`, which the NVML reader calls from its
-worker thread: the CUDA version, which only a process that loads libcuda can learn (nvidia-smi does, and exits).
+and bounded (nvidia-smi hangs on a wedged GPU).
 """
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 from collections.abc import Sequence
 
 import anyio
@@ -27,9 +24,6 @@ QUERY_GPU = (f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nouni
 QUERY_APPS = (f"--query-compute-apps={','.join(APP_FIELDS)}", "--format=csv,noheader,nounits")
 TIMEOUT_S = 30.0
 MIB = 1 << 20
-# The smallest query whose header still names the CUDA version ("CUDA Version : 13.0", after the driver's).
-QUERY_HEADER = ("-q", "-d", "COMPUTE")
-_CUDA_LINE = re.compile(r"^CUDA Version\s*:\s*(\d+\.\d+)\s*$", re.MULTILINE)
 
 
 def _value(text: str) -> str | None:
@@ -86,26 +80,6 @@ def parse_gpus(text: str, apps: dict[str, list[GpuProcess]] | None = None) -> li
             mem_clock_mhz=_int(row["clocks.mem"]), ecc_uncorrected=_int(row["ecc.errors.uncorrected.volatile.total"]),
             ecc_corrected=_int(row["ecc.errors.corrected.volatile.total"])))
     return devices
-
-
-def cuda_of(text: str) -> str | None:
-    """The CUDA version the driver supports, from ``nvidia-smi -q``'s header (None: no such line — nvidia-smi
-    prints none where libcuda is missing)."""
-    found = _CUDA_LINE.search(text)
-    return found.group(1) if found else None
-
-
-def cuda_version(timeout_s: float = TIMEOUT_S) -> str | None:
-    """The CUDA version, from a short-lived ``nvidia-smi`` (blocking: call it in a worker thread); None when
-    nvidia-smi is missing, fails or hangs past ``timeout_s``."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        result = subprocess.run([smi, *QUERY_HEADER], capture_output=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return cuda_of(result.stdout.decode(errors="replace")) if result.returncode == 0 else None
 
 
 async def run_smi(args: Sequence[str], timeout_s: float = TIMEOUT_S) -> tuple[int, str] | str:
