@@ -48,7 +48,8 @@ def wait_ready(status: Path, proc: subprocess.Popen[bytes], timeout: float = 60)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"sparkd exited {proc.returncode}")
+            out = status.parents[2] / "sparkd.out"
+            raise AssertionError(f"sparkd exited {proc.returncode}: {out.read_text(errors='replace')[-3000:]}")
         if status.exists() and '"state": "ready"' in status.read_text(errors="replace"):
             return
         time.sleep(0.2)

@@ -29,6 +29,7 @@ from test_peer_tls import tls_get, tls_pair  # noqa: F401 (the fixture)
 
 HOLD_S = 35.0  # past the peer grace once the worker's daemon is back
 REQUEST_DEADLINE_S = 2.0  # sparkd.api.bounded.FIRST_REQUEST_S (the handshake has 2 s more)
+CLOSED_WITHIN_S = REQUEST_DEADLINE_S + 10  # closed at the deadline, late on a loaded machine; held: HOLD_S
 
 
 def tune(pair: Pair, *, grace_s: float = 12, leave_running: bool = True) -> Pair:
@@ -89,7 +90,7 @@ def test_a_local_user_on_the_worker_cannot_take_its_place_at_the_head(make_pair:
     ranks = pair.ready()
     stats = held_through(pair, ranks, "body")
     assert stats["opened"] >= 16 and stats["closed"] > 16, stats  # closed at the deadline, again and again
-    assert stats["longest"] < REQUEST_DEADLINE_S + 3, stats
+    assert stats["longest"] < CLOSED_WITHIN_S, stats
 
 
 def test_under_mutual_tls_a_connection_without_the_peers_certificate_is_closed(
@@ -107,7 +108,7 @@ def test_under_mutual_tls_a_connection_without_the_peers_certificate_is_closed(
 
     stats = held_through(pair, ranks, "tls-body", the_real_peer_asks)
     assert [a.get("status") for a in answers] == [200, 200, 200], answers
-    assert stats["longest"] < REQUEST_DEADLINE_S + 3 and stats["opened"] + stats["handshake_failed"] > 16, stats
+    assert stats["longest"] < CLOSED_WITHIN_S and stats["opened"] + stats["handshake_failed"] > 16, stats
 
 
 SLOW_SOURCES = 8
@@ -137,7 +138,7 @@ def test_slow_bodies_from_a_third_hosts_addresses_are_closed_at_the_deadline(mak
         stats = outcome(hold, HOLD_S + 60)
     finally:
         intruder.destroy()
-    assert stats["longest"] < REQUEST_DEADLINE_S + 3 and stats["closed"] >= 48, stats
+    assert stats["longest"] < CLOSED_WITHIN_S and stats["closed"] >= 48, stats
     assert scraped == ["200"] * 4, scraped
     for daemon, pid in zip((pair.head, pair.worker), ranks, strict=True):
         assert daemon.status()["pid"] == pid
