@@ -215,7 +215,7 @@ def test_fixed_then_restart_wait_follows_the_phases_to_ready(tier: Tier) -> None
         assert step in result.stdout, (step, result.stdout)
     assert "waiting for the peer" not in result.stdout
     assert tier.complete("back") == 200
-    passed_the_gate(tier, tier.status())
+    passed_the_gate(tier, tier.wait_ready())
     print(f"realvllm: the acceptance gate passed {len(tier.gates)} restarts of the tier, "
           f"{sum('exactly' in g for g in tier.gates)} exactly (the same launch), the rest closely")
 
