@@ -162,13 +162,19 @@ async def test_a_stop_drains_and_the_status_shows_the_count_falling(tmp_path: Pa
         assert 'sparkd_draining{node="scripted"} 0.0' in node.daemon.metrics.render().decode()
 
 
+async def draining_three(node: Any, runtime: FakeRuntime, command: Any) -> int:
+    """vLLM serves, ``command`` (stop, restart) stops it, and its drain shows 3 requests in flight: its PID."""
+    pid = await serving(node, runtime)
+    await command.execute(node.daemon.control, NowRequest())
+    runtime.say(START, DRAINING)
+    await node.until(lambda: (node.status()["drain"] or {}).get("in_flight") == 3)
+    return pid
+
+
 async def test_stop_now_during_a_drain_cuts_it_short(tmp_path: Path) -> None:
     runtime, clock = FakeRuntime(), FakeClock()
     async with running(config(tmp_path, supervisor={"stop_grace_s": 90}), runtime, clock) as node:
-        pid = await serving(node, runtime)
-        await restart_command.execute(node.daemon.control, NowRequest())
-        runtime.say(START, DRAINING)
-        await node.until(lambda: (node.status()["drain"] or {}).get("in_flight") == 3)
+        pid = await draining_three(node, runtime, restart_command)
         await stop_command.execute(node.daemon.control, NowRequest(now=True))
         await node.until_state("stopped")
         await node.settled()
@@ -182,10 +188,7 @@ async def test_stop_now_during_a_drain_cuts_it_short(tmp_path: Path) -> None:
 async def test_the_drain_of_an_engine_found_wedged_is_cut(tmp_path: Path) -> None:
     runtime, clock = FakeRuntime(), FakeClock()
     async with running(config(tmp_path, supervisor={"stop_grace_s": 90}), runtime, clock) as node:
-        pid = await serving(node, runtime)
-        await stop_command.execute(node.daemon.control, NowRequest())
-        runtime.say(START, DRAINING)
-        await node.until(lambda: (node.status()["drain"] or {}).get("in_flight") == 3)
+        pid = await draining_three(node, runtime, stop_command)
         node.daemon.sup.post(v.HealthFailed(STEP_WEDGE))  # the step probe's verdict, read on while it drains
         await node.until_state("stopped")
         await node.settled()
