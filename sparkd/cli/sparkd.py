@@ -227,22 +227,31 @@ def import_compose_cmd(compose_file: Path, service: str | None, env_file: Path |
     click.echo(f"wrote {output}", err=True)
 
 
-@main.command("explain", epilog="Exit status: 0 explained; 2 the log cannot be read or an option is wrong.")
+@main.command("explain", epilog="Exit status: 0 explained; 2 the log or the config cannot be read, or an option is "
+              "wrong.")
 @click.argument("logfile")
 @click.option("--exit-code", type=click.IntRange(0, 255), default=None,
               help="How the process exited (a shell's 128+N is read as signal N).")
 @click.option("--signal", "sig", default=None, help="The signal that ended it: SIGKILL, TERM, 9, ...")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+              help="The config the log's launch ran with: its launch target and ports, as the daemon knows them.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"class": ..., "sentence": ..., "evidence": ...}.')
-def explain_cmd(logfile: str, exit_code: int | None, sig: str | None, as_json: bool) -> None:
+def explain_cmd(logfile: str, exit_code: int | None, sig: str | None, config_path: Path | None,
+                as_json: bool) -> None:
     """Explain why vLLM stopped, from its log (LOGFILE, or - for stdin): class, sentence, evidence."""
-    from sparkd.cli.explain import ExplainError, explain, parse_signal, read_tail, render
+    from sparkd.cli.explain import ExplainError, explain, incident_class, parse_signal, read_tail, render
 
+    context = None
+    if config_path is not None:
+        from sparkd.launch.facts import config_context
+
+        context = config_context(config_or_exit(config_path, prog="sparkd explain"))
     try:
         number = parse_signal(sig) if sig is not None else None
         lines = read_tail(logfile)
     except ExplainError as exc:
         fail(f"sparkd explain: {exc}", EXIT_INVALID_CONFIG)
-    click.echo(render(explain(lines, exit_code, number), as_json=as_json))
+    click.echo(render(explain(lines, exit_code, number, context), as_json=as_json, incident=incident_class(logfile)))
 
 
 @main.command(

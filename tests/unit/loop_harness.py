@@ -24,6 +24,11 @@ SETTLE_TIMEOUT_S = 30.0  # real seconds an effect may take in a worker thread (a
 
 
 def config(tmp: Path, **sections: dict[str, Any]) -> Config:
+    return config_from_mapping(config_data(tmp, **sections), source="test")
+
+
+def config_data(tmp: Path, **sections: dict[str, Any]) -> dict[str, Any]:
+    """The config of :func:`config` as its TOML tables (to write it to a file a command line reads)."""
     data: dict[str, Any] = {
         "runtime": "process",
         "node": {"name": "scripted", "role": "single"},
@@ -42,7 +47,7 @@ def config(tmp: Path, **sections: dict[str, Any]) -> Config:
     }
     for name, values in sections.items():
         data[name] = {**data.get(name, {}), **values}
-    return config_from_mapping(data, source="test")
+    return data
 
 
 class Node:

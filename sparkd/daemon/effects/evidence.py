@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from sparkd.guard.guard import Guard
 from sparkd.host.clock import Clock
 from sparkd.host.gpu.smi import query_text
 from sparkd.host.logs import Logger, VllmLog
-from sparkd.launch.render import render
+from sparkd.launch.facts import config_context
 from sparkd.preflight.base import Verdict
 from sparkd.preflight.runner import PreflightReport
 from sparkd.runtime.base import Runtime
@@ -153,17 +153,14 @@ class FailureEvidence:
         return await anyio.to_thread.run_sync(partial(classify, exit_code, sig, lines, hint=hint, context=context))
 
     def context(self, guard: Guard | None, state: NodeState, engine_gone: bool = False) -> ClassifyContext:
-        cfg = state.config
-        spec = render(cfg)
-        target = spec.argv[1] if spec.argv[0] == "bash" else spec.argv[0]
+        """The config's facts (:func:`sparkd.launch.facts.config_context`, which `sparkd explain --config` uses
+        alone) and what was observed: ready or not, MemAvailable, the kernel's lines since the launch."""
         sample = guard.latest if guard is not None else None
         kernel = _kernel(guard)
-        return ClassifyContext(launch_target=target, api_port=cfg.launch.port,
-                               master_port=cfg.master_port if cfg.nnodes > 1 else None,
-                               was_ready=state.state in UP,
-                               mem_available_bytes=sample.available if sample is not None else None,
-                               kernel_lines=kernel.since(self.kernel_mark) if kernel is not None else (),
-                               engine_gone=engine_gone)
+        return replace(config_context(state.config), was_ready=state.state in UP,
+                       mem_available_bytes=sample.available if sample is not None else None,
+                       kernel_lines=kernel.since(self.kernel_mark) if kernel is not None else (),
+                       engine_gone=engine_gone)
 
     def _count(self, failure: Failure) -> float:
         self.counters.failure_at = at = self.clock.wall()
