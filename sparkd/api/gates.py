@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sparkd.api.bounded import caller_of, prove
 from sparkd.cluster.peersign import SCHEME, Refused, ReplayCache, verify
+from sparkd.host.logs import Logger
 
 MAX_BODY = 64 * 1024
 LOG_EVERY_S = 60.0
@@ -100,7 +100,7 @@ class BodyLimit:
 class PeerGate:
     """The TCP port's gate: ``/metrics`` for anyone, ``/v1/*`` for the peers' signed requests only."""
 
-    def __init__(self, app: ASGIApp, secret: str | None, *, tls: bool = False, log: Any = None,
+    def __init__(self, app: ASGIApp, secret: str | None, *, tls: bool = False, log: Logger | None = None,
                  wall: Callable[[], float] = time.time, replays: ReplayCache | None = None,
                  node: Callable[[], str | None] = lambda: None) -> None:
         self.app = app

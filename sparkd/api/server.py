@@ -42,6 +42,7 @@ from sparkd.api.runbook import with_runbook
 from sparkd.commands import operator
 from sparkd.commands.base import BadRequest, Reply, Stream
 from sparkd.commands.port import Control, Served
+from sparkd.host.logs import Logger
 
 IDLE_TIMEOUT_S = 5  # keep-alive connections with no request are closed after this
 MAX_HEADER_BYTES = 64 * 1024
@@ -191,7 +192,7 @@ def build_app(control: Control) -> ASGIApp:
 
 
 def build_tcp_app(control: Control, token: str | None, metrics: Callable[[], bytes],
-                  rank_commands: Iterable[Served] = (), *, tls: bool = False, log: Any = None) -> ASGIApp:
+                  rank_commands: Iterable[Served] = (), *, tls: bool = False, log: Logger | None = None) -> ASGIApp:
     """The TCP app: /metrics for Prometheus, /runbook for anyone who follows an alert's link; the control API and
     the ranks' commands for the peers' signed requests only."""
 

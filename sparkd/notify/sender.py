@@ -30,6 +30,7 @@ import anyio
 from sparkd.config.notify import NotifyConfig, NotifyUrlProblem, Severity, masked_url, target_url
 from sparkd.host.clock import Clock
 from sparkd.host.keepalive import KeepAliveClient
+from sparkd.host.logs import Logger
 from sparkd.notify.events import Event, EventKind, Snapshot, events, guard_event
 from sparkd.notify.limits import HeldBack, RateLimiter, retry_delay
 from sparkd.notify.shapes import payload, runbook_link
@@ -122,7 +123,7 @@ class _Channel:
 
 
 class Notifier:
-    def __init__(self, cfg: NotifyConfig, node: str, *, clock: Clock, log: Any, runbook_base: str | None = None,
+    def __init__(self, cfg: NotifyConfig, node: str, *, clock: Clock, log: Logger, runbook_base: str | None = None,
                  environ: Mapping[str, str] | None = None, transport: Transport | None = None,
                  on_change: Callable[[], None] | None = None) -> None:
         self.cfg = cfg

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sparkd.host.logs import Logger
 from sparkd.preflight import ioprio
 from sparkd.preflight.modelwalk import TooBig, matches, open_within, walk
 from sparkd.state.files import StateFile
@@ -155,7 +156,7 @@ def build(root: Path, *, always: Sequence[str], ignore: Sequence[str], known: di
 class HashCache:
     """The per-file hashes of one model directory, kept in the state folder between builds."""
 
-    def __init__(self, state_dir: Path, log: Any = None) -> None:
+    def __init__(self, state_dir: Path, log: Logger | None = None) -> None:
         self.file = StateFile(state_dir / CACHE_NAME, CACHE, parse=lambda d: d, dump=lambda d: d, log=log)
 
     def load(self, root: Path) -> dict[str, Entry]:

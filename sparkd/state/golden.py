@@ -14,6 +14,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from sparkd.host.logs import Logger
 from sparkd.state.files import StateFile, WriteResult
 from sparkd.state.schema import Field, Schema
 from sparkd.supervisor.acceptance.answers import Golden
@@ -46,7 +47,7 @@ def _dump(golden: Golden) -> dict[str, Any]:
 class GoldenStore:
     """The golden of each model under one state directory."""
 
-    def __init__(self, state_dir: Path, log: Any = None) -> None:
+    def __init__(self, state_dir: Path, log: Logger | None = None) -> None:
         self.state_dir, self.log = state_dir, log
 
     def _file(self, model: str) -> StateFile[Golden]:
