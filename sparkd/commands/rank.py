@@ -120,7 +120,7 @@ RANK_PREFLIGHT: Command[NoParams, PreflightResult] = Command("rank/preflight", "
 """Preflight this node (refused while its rank runs); ``{"ok", "results", "failure"}``."""
 RANK_START: Command[NoParams, Status] = Command("rank/start", "POST", NoParams, _start)
 """Start this rank (closing its breaker: the head decides about the group's restarts); its status."""
-RANK_FAILED: Command[Failed, dict[str, Any]] = Command("rank/failed", "POST", Failed, _failed)
+RANK_FAILED: Command[Failed, None] = Command("rank/failed", "POST", Failed, _failed)
 """A worker tells its head that its rank failed (``failure``: ``{"class", "message"}``)."""
 
 RANK_STEPS: Command[NoParams, StepsResult] = Command("rank/steps", "GET", NoParams, _steps)
