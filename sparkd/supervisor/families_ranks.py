@@ -69,6 +69,14 @@ BETWEEN_RANKS: tuple[Family, ...] = (
              tier=G),
         sign("the same raised by torch.distributed", types=r"Dist\w*Error",
              message=r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe", tier=G),
+        sign("a rank's connection to another rank reset or broken under a collective or the process group (Gloo's "
+             "pair: `Read error [addr]:port: Connection reset by peer`, `Write error ...: Broken pipe`): the rank at "
+             "the other end went away; generic, as a local death's fallout is too (an HTTP client's reset is raised "
+             "in no collective)", raised_in={S.collective, S.distributed}, tier=G, what=what_peer_link,
+             message=r"(?P<why>Connection reset by peer|Broken pipe|Connection closed by (?:remote )?peer)"),
+        sign("Gloo's TCP pair names the peer whose connection was reset or broken, whoever raised it", tier=G,
+             message=r"(?:Read|Write) error \[[^\]]+\]:\d+: (?P<why>Connection reset by peer|Broken pipe)",
+             what=what_peer_link),
         sign("a node, a peer or a remote rank and what became of it (dead, died, lost, removed, failed health "
              "checks), in any of Ray's formats or another writer's — not a GPU or NUMA node, not one killed for "
              "memory (Ray's memory monitor is oom's)", terms="peer gone", unless_terms="mem oom", message=_PEER_GONE,
@@ -163,6 +171,8 @@ BETWEEN_RANKS: tuple[Family, ...] = (
                      rf"\b(?:error|fail\w*)\b.{{0,120}}(?:{_OTHER_CCL})\w*"),
         sign("Ascend's EI error codes are HCCL's (EI0006: getting a socket to the other ranks timed out)",
              message=r"\bEI\d{4}\b"),
+        sign("oneCCL's own error line (Intel's collective library on XPU and CPU: `|CCL_ERROR| ...`, `|CCL_FATAL|`)",
+             message=r"\|CCL_(?:ERROR|FATAL)\|"),
         sign("a collective library by its name (NCCL, RCCL, HCCL, oneCCL, a function of theirs) with a failure or a "
              "timeout, on an error line — not a library file that will not load (the image's)", terms="ccl",
              unless_terms="lib", tier=G, flags=_I,
