@@ -167,14 +167,16 @@ NODE: tuple[Family, ...] = (
              "hardware), whatever frame raised it (0.6-0.8 said it as an empty device string)",
              message=r"Failed to infer device type|No platform detected|Device string must not be empty"),
         sign("the process sees no accelerator at all, or cannot load the driver's management library (NVML) vLLM "
-             "finds the GPU with: the container was started without the GPUs or the NVIDIA runtime, the visible "
-             "devices are empty, or the host's driver is not loaded — the image or the host, and no restart changes "
-             "it", flags=_I, do=_NO_DEVICE_DO,
+             "finds the GPU with (torch's, SYCL's and libtpu's words for no device too): the container was started "
+             "without the GPUs or the NVIDIA runtime, the visible devices are empty, or the host's driver is not "
+             "loaded — the image or the host, and no restart changes it", flags=_I, do=_NO_DEVICE_DO,
              message=r"No (?:CUDA|HIP|ROCm) GPUs are available|no CUDA-capable device is detected|cudaErrorNoDevice\b|"
                      r"CUDA_ERROR_NO_DEVICE|hipErrorNoDevice\b|NVML Shared Library Not Found|"
                      r"NVMLError_LibraryNotFound|NVML_ERROR_LIBRARY_NOT_FOUND|libnvidia-ml\.so[\d.]*: cannot open|"
                      r"couldn't communicate with the NVIDIA driver|nvml error: driver not loaded|"
-                     r"could not select device driver \S* with capabilities: \[\[gpu\]\]"),
+                     r"could not select device driver \S* with capabilities: \[\[gpu\]\]|"
+                     r"Cannot access accelerator device when none is available|No device of requested type available|"
+                     r"(?:PI_ERROR|UR_RESULT_ERROR)_DEVICE_NOT_FOUND|TPU initialization failed: No \w+ device found"),
         sign("a kernel's launch needs more of a per-block resource (shared memory, registers) than this GPU has "
              "(Triton's OutOfResources with the hardware limit, CUDA's and HIP's too many resources requested for "
              "launch): the kernels' configuration in the image was not made for this GPU, and every launch fails the "

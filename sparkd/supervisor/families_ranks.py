@@ -102,11 +102,14 @@ BETWEEN_RANKS: tuple[Family, ...] = (
              "fits), so they never started to meet",
              message=r"Cannot provide a placement group|No available node types can fulfill resource request"),
         sign("the same in other words: a node or the cluster without the accelerators a rank asks for, a placement "
-             "group or resource request that cannot be placed or is infeasible", flags=_I, terms="peer",
+             "group or resource request that cannot be placed or is infeasible, Ray's driver node given no GPU, "
+             "Kubernetes' scheduler finding no node with the accelerators asked for (`0/3 nodes are available: 3 "
+             "Insufficient nvidia.com/gpu`)", flags=_I, terms="peer",
              message=r"\b(?:node|cluster)\b[^.\n]{0,80}\b(?:has no|no) (?:GPU|NPU|TPU|XPU|HPU|accelerator)s? "
                      r"available|\b(?:cannot|can't|could not|unable to) (?:be )?(?:provide|place|placed|fulfill|"
                      r"satisf\w+|schedul\w+)\b[^.\n]{0,60}\b(?:placement group|resource request|bundle)|"
-                     r"\binfeasible (?:task|actor|resource|placement)"),
+                     r"\binfeasible (?:task|actor|resource|placement)|\bdoes not allocate any (?:GPU|NPU|TPU|XPU|HPU|"
+                     r"accelerator)s? on the driver node|\b0/\d+ nodes are available:.{0,80}\bInsufficient \S+"),
         sign("torch's store raises DistStoreError when the ranks do not all arrive in time",
              types=r"DistStoreError", tier=G),
         sign("a rank could not reach the store or the Gloo mesh of the others",

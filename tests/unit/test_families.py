@@ -606,8 +606,16 @@ def test_an_unknown_still_says_what_happened() -> None:
     ("(raylet) node_manager.cc:3040: 2 Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed "
      "due to other reasons at node (ID: 9f1, IP: 10.0.0.4) over the last time period.", F.oom),
     (ec("ValueError: World size (16) is larger than the number of available GPUs (8) in this node."), F.config_error),
+    ("RuntimeError: Native API failed: No device of requested type available. -1 (PI_ERROR_DEVICE_NOT_FOUND)",
+     F.image_error),
+    (ec("RuntimeError: Cannot access accelerator device when none is available."), F.image_error),
+    ("  Warning  FailedScheduling  4s  default-scheduler  0/2 nodes are available: 2 Insufficient amd.com/gpu.",
+     F.rendezvous_timeout),
+    (ec("RuntimeError: Ray does not allocate any GPUs on the driver node. Consider adjusting the Ray placement group."),
+     F.rendezvous_timeout),
 ], ids=["TPU held", "docker without the NVIDIA runtime", "the host's driver not loaded", "no image for arm64",
-        "kubelet's pull", "Ray's memory monitor", "more ranks than GPUs"])
+        "kubelet's pull", "Ray's memory monitor", "more ranks than GPUs", "no XPU (SYCL)", "no accelerator (torch)",
+        "no node with the GPUs (Kubernetes)", "Ray's driver without a GPU"])
 def test_the_same_classes_on_other_stacks(line: str, cls: FailureClass) -> None:
     """The existing classes in the words of stacks the corpus has few of (TPU, Docker, Kubernetes, Ray, GB10's
     arm64)."""
