@@ -28,6 +28,7 @@ from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.families_node import ERROR_LINES, NODE
 from sparkd.supervisor.families_ranks import BETWEEN_RANKS, PROCESSES
+from sparkd.supervisor.families_stack import STACK
 from sparkd.supervisor.familykit import Family, FamilyHit, Sign, sign, what_of
 from sparkd.supervisor.rulekit import Tier, const, with_mem
 from sparkd.supervisor.sentences import NO_RETRY, port_what, what_free_memory
@@ -79,6 +80,21 @@ STARTUP: tuple[Family, ...] = (
                      r"\bWSAEADDRNOTAVAIL\b",
              do=f"set an address this node has (its host, data-parallel or master address) in the config — "
                 f"{NO_RETRY}"),
+        sign("a network interface the launch names for the ranks' sockets (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) "
+             "that this host does not have: Gloo's device lookup finds no address for it", flags=_I,
+             message=r"Unable to find address for:? (?P<iface>\S+)",
+             do=f"name an interface this node has in GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME — {NO_RETRY}"),
+    )),
+    Family(F.config_error, "vLLM's workers were started in a way the accelerator's runtime cannot take", (
+        sign("torch refuses to initialise a device runtime (CUDA, XPU, NPU, HIP under CUDA's name) in a process "
+             "forked after its parent initialised it, and says which start method it needs: the launch's "
+             "multiprocessing method (VLLM_WORKER_MULTIPROC_METHOD=fork, or a script that touched the GPU before vLLM "
+             "forked), which every start repeats; what follows (the rendezvous that waits for the dead workers) is "
+             "its fallout", flags=_I,
+             message=r"Cannot re-initiali[sz]e \w+ in (?:a )?forked subprocess|"
+                     r"To use \w+ with multiprocessing, you must use the '?spawn'? start method",
+             do="set VLLM_WORKER_MULTIPROC_METHOD=spawn in the launch's environment, and touch no GPU before vLLM "
+                f"starts its workers — {NO_RETRY}"),
     )),
     Family(F.gpu_busy, "CUDA reported the GPU busy or unavailable", (
         sign("cudaErrorDevicesUnavailable: the device is in exclusive-process mode and another process holds it",
@@ -91,7 +107,12 @@ STARTUP: tuple[Family, ...] = (
         sign("an accelerator the process could not acquire, or one another process occupies (Gaudi's 'Device "
              "acquire failed', an NPU 'occupied')", terms="busy", flags=_I,
              message=rf"\b(?:{_ACCELERATOR}|card)\b[^.\n]{{0,40}}\b(?:acquire failed|already acquired|could not be "
-                     r"acquired|is occupied|occupied by|held by another|in use by another process)"),
+                     r"acquired|is occupied|occupied by|held by another|(?:already )?in use by (?:another |a )?"
+                     r"process)"),
+        sign("AWS Neuron's runtime finds none of the cores it was asked for free (`Neuron Core(s) not available - "
+             "Requested:nc0-nc1 Available:0`): another process holds them", flags=_I,
+             message=r"\bNeuron ?Core\(?s?\)? (?:are |is )?not available\b.{0,80}Available:\s*0\b",
+             what=const("The Neuron cores vLLM asked for are held by another process")),
         sign("the runtime's own reason for a device it could not set up: the process of an earlier run still runs on "
              "it (Ascend's 'Maybe the last training process is running'): whatever call failed first (HCCL's, a "
              "context's) is its wrapper", terms="busy",
@@ -100,7 +121,7 @@ STARTUP: tuple[Family, ...] = (
     )),
 )
 
-FAMILIES: tuple[Family, ...] = (*STARTUP, *BETWEEN_RANKS, *NODE, *PROCESSES)
+FAMILIES: tuple[Family, ...] = (*STARTUP, *BETWEEN_RANKS, *NODE, *STACK, *PROCESSES)
 
 # An error no family explains, decided by what kind of line it is, what its writer said or where it was raised.
 BY_KIND: tuple[Family, ...] = (

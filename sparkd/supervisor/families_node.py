@@ -71,7 +71,8 @@ NODE: tuple[Family, ...] = (
              unless_terms="kv"),
         sign("Gaudi's allocator (PT_DEVMEM) failing an allocation", message=r"PT_DEVMEM\b.{0,40}Allocation failed"),
         sign("Ray's memory monitor killing a worker because its node ran low on memory", terms="mem",
-             message=r"(?:killed|died)\b.{0,120}\b(?:low on memory|memory monitor|out of memory)", flags=_I),
+             message=r"(?:killed|died)\b.{0,120}\b(?:low on memory|memory monitor|out of memory|memory pressure)",
+             flags=_I),
         sign("the kernel's and Kubernetes' words for a process killed because memory ran out",
              message=r"Out of memory: Kill(?:ed)? process|oom-kill:|Memory cgroup out of memory|\bOOMKilled\b",
              kinds={K.kernel, K.other}),
@@ -166,12 +167,16 @@ NODE: tuple[Family, ...] = (
              "hardware), whatever frame raised it (0.6-0.8 said it as an empty device string)",
              message=r"Failed to infer device type|No platform detected|Device string must not be empty"),
         sign("the process sees no accelerator at all, or cannot load the driver's management library (NVML) vLLM "
-             "finds the GPU with: the container was started without the GPUs or the NVIDIA runtime, the visible "
-             "devices are empty, or the host's driver is not loaded — the image or the host, and no restart changes "
-             "it", flags=_I, do=_NO_DEVICE_DO,
+             "finds the GPU with (torch's, SYCL's and libtpu's words for no device too): the container was started "
+             "without the GPUs or the NVIDIA runtime, the visible devices are empty, or the host's driver is not "
+             "loaded — the image or the host, and no restart changes it", flags=_I, do=_NO_DEVICE_DO,
              message=r"No (?:CUDA|HIP|ROCm) GPUs are available|no CUDA-capable device is detected|cudaErrorNoDevice\b|"
                      r"CUDA_ERROR_NO_DEVICE|hipErrorNoDevice\b|NVML Shared Library Not Found|"
-                     r"NVMLError_LibraryNotFound|NVML_ERROR_LIBRARY_NOT_FOUND|libnvidia-ml\.so[\d.]*: cannot open"),
+                     r"NVMLError_LibraryNotFound|NVML_ERROR_LIBRARY_NOT_FOUND|libnvidia-ml\.so[\d.]*: cannot open|"
+                     r"couldn't communicate with the NVIDIA driver|nvml error: driver not loaded|"
+                     r"could not select device driver \S* with capabilities: \[\[gpu\]\]|"
+                     r"Cannot access accelerator device when none is available|No device of requested type available|"
+                     r"(?:PI_ERROR|UR_RESULT_ERROR)_DEVICE_NOT_FOUND|TPU initialization failed: No \w+ device found"),
         sign("a kernel's launch needs more of a per-block resource (shared memory, registers) than this GPU has "
              "(Triton's OutOfResources with the hardware limit, CUDA's and HIP's too many resources requested for "
              "launch): the kernels' configuration in the image was not made for this GPU, and every launch fails the "
@@ -300,9 +305,9 @@ NODE: tuple[Family, ...] = (
              message=r"must be divisible by|is not supported|are not supported|not supported (?:for|with|on|by)\b|"
                      r"only supported on GPUs with compute capability|[Uu]nknown (?:quantization|dtype|kv cache dtype)|"
                      r"must be (?:less|greater|at least|at most|between|one of|a positive)\b|"
-                     r"max_model_len|tensor[ _]parallel[ _]size|exceeds the (?:model's|maximum)|exceeds the (?:total )?"
-                     r"number of available (?:GPUs|NPUs|devices)|[Cc]annot use .{0,60}\bbackend\b|does not match the "
-                     r"\w+(?: \w+)? (?:specified|in the|of the)"),
+                     r"max_model_len|tensor[ _]parallel[ _]size|exceeds the (?:model's|maximum)|(?:exceeds|(?:larger|"
+                     r"greater|more) than) the (?:total )?number of available (?:GPUs|NPUs|XPUs|devices)|"
+                     r"[Cc]annot use .{0,60}\bbackend\b|does not match the \w+(?: \w+)? (?:specified|in the|of the)"),
         sign("a model architecture vLLM does not support", terms="model unsupported"),
         sign("a device index beyond the GPUs there are: CUDA_VISIBLE_DEVICES or the parallel sizes",
              message=r"invalid device ordinal|cudaErrorInvalidDevice\b|\binvalid device[= ]\d+"),
@@ -355,6 +360,11 @@ NODE: tuple[Family, ...] = (
         sign("the same in the kernel's log (amdgpu's page fault, a GPU hang): a fault a kernel may have caused, so "
              "generic (an Xid is rules.py's: its number decides)", terms="fault", kinds={K.kernel}, tier=Tier.GENERIC,
              unless=r"NVRM: Xid"),
+        sign("the NVIDIA kernel module and the user-space driver libraries are of different versions (the driver was "
+             "upgraded and the node not rebooted): NVML and CUDA fail until the module is reloaded",
+             message=r"Driver/library version mismatch|NVML_ERROR_LIB_RM_VERSION_MISMATCH|"
+                     r"NVMLError_LibRmVersionMismatch",
+             do=REBOOT_DO),
         sign("CUDA could not initialise the device: the driver's state (error 802: the fabric manager is not up), "
              "not vLLM", message=r"cudaGetDeviceCount|CUDA driver initialization failed|cuInit|"
                                  r"system not yet initialized|cudaErrorSystemNotReady", raised_in={S.device, S.other}),

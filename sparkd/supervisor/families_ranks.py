@@ -69,6 +69,14 @@ BETWEEN_RANKS: tuple[Family, ...] = (
              tier=G),
         sign("the same raised by torch.distributed", types=r"Dist\w*Error",
              message=r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe", tier=G),
+        sign("a rank's connection to another rank reset or broken under a collective or the process group (Gloo's "
+             "pair: `Read error [addr]:port: Connection reset by peer`, `Write error ...: Broken pipe`): the rank at "
+             "the other end went away; generic, as a local death's fallout is too (an HTTP client's reset is raised "
+             "in no collective)", raised_in={S.collective, S.distributed}, tier=G, what=what_peer_link,
+             message=r"(?P<why>Connection reset by peer|Broken pipe|Connection closed by (?:remote )?peer)"),
+        sign("Gloo's TCP pair names the peer whose connection was reset or broken, whoever raised it", tier=G,
+             message=r"(?:Read|Write) error \[[^\]]+\]:\d+: (?P<why>Connection reset by peer|Broken pipe)",
+             what=what_peer_link),
         sign("a node, a peer or a remote rank and what became of it (dead, died, lost, removed, failed health "
              "checks), in any of Ray's formats or another writer's — not a GPU or NUMA node, not one killed for "
              "memory (Ray's memory monitor is oom's)", terms="peer gone", unless_terms="mem oom", message=_PEER_GONE,
@@ -94,11 +102,14 @@ BETWEEN_RANKS: tuple[Family, ...] = (
              "fits), so they never started to meet",
              message=r"Cannot provide a placement group|No available node types can fulfill resource request"),
         sign("the same in other words: a node or the cluster without the accelerators a rank asks for, a placement "
-             "group or resource request that cannot be placed or is infeasible", flags=_I, terms="peer",
+             "group or resource request that cannot be placed or is infeasible, Ray's driver node given no GPU, "
+             "Kubernetes' scheduler finding no node with the accelerators asked for (`0/3 nodes are available: 3 "
+             "Insufficient nvidia.com/gpu`)", flags=_I, terms="peer",
              message=r"\b(?:node|cluster)\b[^.\n]{0,80}\b(?:has no|no) (?:GPU|NPU|TPU|XPU|HPU|accelerator)s? "
                      r"available|\b(?:cannot|can't|could not|unable to) (?:be )?(?:provide|place|placed|fulfill|"
                      r"satisf\w+|schedul\w+)\b[^.\n]{0,60}\b(?:placement group|resource request|bundle)|"
-                     r"\binfeasible (?:task|actor|resource|placement)"),
+                     r"\binfeasible (?:task|actor|resource|placement)|\bdoes not allocate any (?:GPU|NPU|TPU|XPU|HPU|"
+                     r"accelerator)s? on the driver node|\b0/\d+ nodes are available:.{0,80}\bInsufficient \S+"),
         sign("torch's store raises DistStoreError when the ranks do not all arrive in time",
              types=r"DistStoreError", tier=G),
         sign("a rank could not reach the store or the Gloo mesh of the others",
@@ -163,6 +174,8 @@ BETWEEN_RANKS: tuple[Family, ...] = (
                      rf"\b(?:error|fail\w*)\b.{{0,120}}(?:{_OTHER_CCL})\w*"),
         sign("Ascend's EI error codes are HCCL's (EI0006: getting a socket to the other ranks timed out)",
              message=r"\bEI\d{4}\b"),
+        sign("oneCCL's own error line (Intel's collective library on XPU and CPU: `|CCL_ERROR| ...`, `|CCL_FATAL|`)",
+             message=r"\|CCL_(?:ERROR|FATAL)\|"),
         sign("a collective library by its name (NCCL, RCCL, HCCL, oneCCL, a function of theirs) with a failure or a "
              "timeout, on an error line — not a library file that will not load (the image's)", terms="ccl",
              unless_terms="lib", tier=G, flags=_I,

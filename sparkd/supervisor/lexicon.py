@@ -128,16 +128,16 @@ CONCEPTS: tuple[Concept, ...] = (
                      "process running|processes are|processes still|processes running",
              r"busy or unavailable|DevicesUnavailable|DEVICES?_UNAVAILABLE|device (?:is |or resource )?busy|"
              r"\bexclusive[_ ]process\b|acquire failed|already acquired|could not be acquired|\boccupied\b|"
-             r"held by another|in use by another process|"
+             r"held by another|in use by (?:another |a )?process|"
              r"\b(?:last|previous|earlier|old) (?:\w+ )?process(?:es)? (?:is |are )?(?:still )?running"),
     # -- error codes of the device runtimes (their prefix), and faults --
     _concept("devcode", "cudaerror|cuda_error|cuda error|cuda driver error|cuda failure|cublas_status|cudnn_status|"
                         "hiperror|hip error|hip failure|hsa_status|ze_result|ur_result|pi_error|acl_error|aclerror|"
-                        "npu error|npu function error|error code is|drv_error|synstatus|nrt_",
+                        "npu error|npu function error|error code is|drv_error|synstatus|nrt_|nvmlerror_|nvml_error_",
              r"cudaError(?=\w)|CUDA_ERROR_|\bCUDA (?:driver )?(?:error|failure)|\bcuda failure|CUBLAS_STATUS_|"
              r"CUDNN_STATUS_|hipError(?=\w)|\bHIP (?:error|failure)|HSA_STATUS_|ZE_RESULT_|UR_RESULT_|PI_ERROR_|"
              r"ACL_ERROR_|\baclError\b|\bNPU (?:function )?error|\berror code is -?\d+|\bDRV_ERROR|\bsynStatus|"
-             r"\bNRT_"),
+             r"\bNRT_|NVMLError_\w|NVML_ERROR_\w"),
     _concept("fault", "illegal|launch failure|launchfailure|launch_failed|misaligned|launch timed out|launchtimeout|"
                       "device-side assert|fault|uncorrectable|ecc|fallen off|gpu hang|aicore|hardwarestack|"
                       "device lost|device_lost|gpu_is_lost|gpu is lost|gpuislost",
@@ -152,10 +152,10 @@ CONCEPTS: tuple[Concept, ...] = (
              r"\bABI\b|_C\b|custom (?:C\+\+ )?ops?\b|\bextension\b"),
     _concept("driver", "driver", r"\bdriver\b"),
     _concept("missing", "no module|not found|no such|not exist|missing|unrecognized|unknown|undefined|no attribute|"
-                        "cannot import|not installed|could not find|couldn't find|can't find|no package",
+                        "cannot import|not installed|could not find|couldn't find|can't find|no package|no matching",
              r"\bno module named\b|\bnot found\b|\bno such (?:file|module|device)|\bdoes not exist\b|\bmissing\b|"
              r"\bunrecognized\b|\bunknown\b|\bundefined\b|has no attribute|cannot import|not installed|"
-             r"(?:could not|couldn't|can't|cannot) find|\bno package\b"),
+             r"(?:could not|couldn't|can't|cannot) find|\bno package\b|\bno matching manifest\b"),
     # -- a process that crashed natively (its signal, the crash handler's banner) --
     _concept("crash", "segmentation|sigsegv|sigbus|sigabrt|sigill|signal|core dumped|fatal python|pc: @|bus error|"
                       "illegal instruction|abort",

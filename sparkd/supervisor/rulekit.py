@@ -154,6 +154,9 @@ BELOW_ERROR = re.compile(r"(?:DEBUG|INFO|WARNING) (?:\d{4}-)?\d\d-\d\d \d\d:\d\d
 
 def what_peer_link(m: re.Match[str], ctx: ClassifyContext) -> str:
     where = f" at {ctx.peer}" if ctx.peer else ""
+    why = (m.groupdict().get("why") or "").strip()
+    if why and "closed" not in why:  # reset or broken: the other end went away mid-exchange
+        return f"The peer rank{where} went away: its connection to this rank failed ({why})"
     return f"The peer rank{where} went away: its connection was closed by the remote peer"
 
 

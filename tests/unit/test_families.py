@@ -433,6 +433,45 @@ CASES |= {
                                                  F.engine_dead),
 }
 
+# After round 4: the gaps its misses showed, each worded as other writers put it — a device runtime that refuses a
+# forked worker, a peer's connection reset under a collective, a GPU-sharing layer between vLLM and the driver, a CPU
+# kernel library's run-time compiler — and the same classes in the words of stacks the corpus has few of (Neuron, TPU,
+# XPU's oneCCL, Docker's and Kubernetes' image pulls, Ray's memory monitor, the host's NVIDIA driver).
+GLOO_PAIR = "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:598] "
+CASES |= {
+    "config: a device runtime in a forked worker (NPU)": (tb("RuntimeError: Cannot re-initialize NPU in forked "
+                                                             "subprocess. To use NPU with multiprocessing, you must "
+                                                             "use the 'spawn' start method",
+                                                             ("vllm/worker/worker.py", "init_device"),
+                                                             ("torch_npu/npu/__init__.py", "_lazy_init")),
+                                                          F.config_error),
+    "config: an interface the host does not have (Gloo)": ([ec("RuntimeError: [enforce fail at /pytorch/third_party/"
+                                                               "gloo/gloo/transport/tcp/device.cc:83] ifa != nullptr. "
+                                                               "Unable to find address for: enp1s0f0np0")],
+                                                           F.config_error),
+    "gpu busy: Neuron cores held by another process": (["2025-Mar-03 11:22:33.000123 41:41 ERROR  NRT:"
+                                                        "nrt_allocate_neuron_cores  NeuronCore(s) not available - "
+                                                        "Requested:nc0-nc7 Available:0"], F.gpu_busy),
+    "peer: a reset under a collective": (tb("RuntimeError: Connection reset by peer",
+                                            ("vllm/distributed/parallel_state.py", "broadcast_object"),
+                                            ("torch/distributed/distributed_c10d.py", "broadcast")), F.peer_lost),
+    "peer: Gloo's pair names the peer": ([GLOO_PAIR + "Write error [10.20.0.7]:38211: Broken pipe"], F.peer_lost),
+    "nccl: oneCCL's error line": (["2025:03:03-11:22:33:(4242) |CCL_ERROR| ze_handle_exchange.cpp:120 "
+                                   "recv_fd_from_peer: recvmsg failed"], F.nccl),
+    "oom: HAMi's vGPU quota": (["[HAMI-core ERROR (pid:88 thread=139 allocator.c:55)]: Device 1 OOM 17200000000 / "
+                                "17179869184"], F.oom),
+    "image: HAMi's layer failing otherwise": (["[HAMI-core ERROR (pid:88 thread=139 utils.c:120)]: host pid is error!"],
+                                              F.image_error),
+    "image: a CPU kernel library's run-time compiler": (["Unable to get JIT kernel for brgemm. Params: M=16, N=32, "
+                                                         "K=128, str_a=1, str_b=1"], F.image_error),
+    "image: the image could not be pulled": (["docker: Error response from daemon: manifest for "
+                                              "vllm/vllm-openai:nightly-x not found: manifest unknown: manifest "
+                                              "unknown."], F.image_error),
+    "image: an image for another CPU": (["exec /opt/venv/bin/vllm: exec format error"], F.image_error),
+    "gpu: the driver's module and libraries differ": ([ec("pynvml.NVMLError_LibRmVersionMismatch: RM has detected an "
+                                                          "NVML/RM version mismatch.")], F.gpu_error),
+}
+
 
 def _deciding(lines: list[str]) -> Sign | None:
     """The sign that decided the last line with a verdict of its own."""
@@ -553,3 +592,52 @@ def test_an_unknown_still_says_what_happened() -> None:
     assert "vLLM's last error line is `Engine step failed; requests aborted`" in failure.sentence
     bare = classify(1, None, [ec("    halGetDeviceInfo failed, ret:87"), ec("    ctx is NULL!")])
     assert bare.cls is F.unknown and "the first error vLLM logged is `halGetDeviceInfo failed, ret:87`" in bare.sentence
+
+
+@pytest.mark.parametrize(("line", "cls"), [
+    ("The TPU is already in use by process with pid 4242. Not attempting to load libtpu.so in this process.",
+     F.gpu_busy),
+    ("docker: Error response from daemon: could not select device driver \"\" with capabilities: [[gpu]].",
+     F.image_error),
+    ("nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown", F.image_error),
+    ("docker: no matching manifest for linux/arm64/v8 in the manifest list entries.", F.image_error),
+    ('  Warning  Failed  3s  kubelet  Failed to pull image "registry.local/vllm:v9": rpc error: code = NotFound '
+     'desc = failed to pull and unpack image "registry.local/vllm:v9": not found', F.image_error),
+    ("(raylet) node_manager.cc:3040: 2 Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed "
+     "due to other reasons at node (ID: 9f1, IP: 10.0.0.4) over the last time period.", F.oom),
+    (ec("ValueError: World size (16) is larger than the number of available GPUs (8) in this node."), F.config_error),
+    ("RuntimeError: Native API failed: No device of requested type available. -1 (PI_ERROR_DEVICE_NOT_FOUND)",
+     F.image_error),
+    (ec("RuntimeError: Cannot access accelerator device when none is available."), F.image_error),
+    ("  Warning  FailedScheduling  4s  default-scheduler  0/2 nodes are available: 2 Insufficient amd.com/gpu.",
+     F.rendezvous_timeout),
+    (ec("RuntimeError: Ray does not allocate any GPUs on the driver node. Consider adjusting the Ray placement group."),
+     F.rendezvous_timeout),
+], ids=["TPU held", "docker without the NVIDIA runtime", "the host's driver not loaded", "no image for arm64",
+        "kubelet's pull", "Ray's memory monitor", "more ranks than GPUs", "no XPU (SYCL)", "no accelerator (torch)",
+        "no node with the GPUs (Kubernetes)", "Ray's driver without a GPU"])
+def test_the_same_classes_on_other_stacks(line: str, cls: FailureClass) -> None:
+    """The existing classes in the words of stacks the corpus has few of (TPU, Docker, Kubernetes, Ray, GB10's
+    arm64)."""
+    failure = classify(1, None, [line])
+    assert failure.cls is cls, failure.sentence
+
+
+def test_a_forked_worker_explains_the_rendezvous_after_it() -> None:
+    """Workers that died because their runtime refuses a fork never join: the store's timeout after them is their
+    fallout, and the sentence names the start method."""
+    fork = tb("RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you "
+              "must use the 'spawn' start method", ("vllm/v1/worker/gpu_worker.py", "init_device"), DEVICE)
+    store = tb("torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/4 clients "
+               "joined.", ("torch/distributed/rendezvous.py", "_create_c10d_store"))
+    failure = classify(1, None, [*fork, *store])
+    assert failure.cls is F.config_error and "spawn" in failure.sentence, failure.sentence
+    assert classify(1, None, store).cls is F.rendezvous_timeout
+
+
+def test_a_reset_outside_the_ranks_is_no_peer() -> None:
+    """A reset raised outside the collectives and the process group (the API server's client) is no rank's peer."""
+    lines = tb("ConnectionResetError: [Errno 104] Connection reset by peer", ("uvicorn/protocols/http/h11_impl.py",
+                                                                              "run_asgi"))
+    assert classify(1, None, lines).cls is not F.peer_lost
+    assert judge(read_events(["[HAMI-core Warn(88:139:utils.c:183)]: get default cuda from (null)"])[0]) is None
