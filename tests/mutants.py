@@ -86,7 +86,7 @@ MUTANTS = [
       'm = replace(m, intent=Intent.run, restart_state=policy.reset(m.restart_state), restart_reason="operator")',
       'm = replace(m, intent=Intent.run, restart_reason="operator")', "an operator restart keeps the spent budget",
       LIFECYCLE, LOOP),
-    m("M30b", "sparkd/supervisor/lifecycle.py", 'changes.setdefault("breaker_reason", None)', "pass",
+    m("M30b", "sparkd/supervisor/moves.py", 'changes.setdefault("breaker_reason", None)', "pass",
       "leaving failed keeps the breaker's reason", LIFECYCLE, LOOP),
     m("M30c", "sparkd/supervisor/lifecycle.py",
       "if isinstance(obs, v.ResetRequested) else _restart(m, obs, now, limits)",
