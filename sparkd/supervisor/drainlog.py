@@ -78,7 +78,7 @@ class Drain:
     def sentence(self, now: float) -> str:
         """``draining: 3 in flight, 97 s left``; ``drained in 12.3 s``; ``aborted 3 requests``; ``gave up ...``."""
         if self.state is DrainState.draining:
-            count = "requests in flight" if self.in_flight is None else f"{self.in_flight} in flight"
+            count = "the count in flight not read yet" if self.in_flight is None else f"{self.in_flight} in flight"
             return f"draining: {count}, {self.left_s(now):.0f} s left"
         took = f"{(self.ended_at or now) - self.started_at:.1f} s"
         if self.state is DrainState.drained:

@@ -33,7 +33,7 @@ def fold(lines: list[tuple[float, str]], drain: Drain | None = None) -> Drain | 
 
 
 @pytest.mark.parametrize(("lines", "now", "state", "in_flight", "sentence"), [
-    ([(100, STOPPING)], 103, DrainState.draining, None, "draining: requests in flight, 57 s left"),
+    ([(100, STOPPING)], 103, DrainState.draining, None, "draining: the count in flight not read yet, 57 s left"),
     ([(100, STOPPING), (100.5, START), (100.5, DRAINING)], 110, DrainState.draining, 3,
      "draining: 3 in flight, 50 s left"),
     ([(100, STOPPING), (100.5, DRAINING), (110, THROUGHPUT)], 111, DrainState.draining, 1,
@@ -71,7 +71,7 @@ def test_no_shutdown_line_is_no_drain_and_changes_nothing() -> None:
 
 def test_sparkds_sigterm_starts_the_clock_and_vllms_own_timeout_replaces_the_launchs() -> None:
     drain = begin(100.0, 120)
-    assert drain.sentence(130.0) == "draining: requests in flight, 90 s left"
+    assert drain.sentence(130.0) == "draining: the count in flight not read yet, 90 s left"
     later = fold([(101, STOPPING), (101.5, DRAINING)], drain)
     assert later is not None and later.started_at == 100.0, "the clock started at the SIGTERM"
     assert later.timeout_s == 60.0 and later.sentence(110.0) == "draining: 3 in flight, 50 s left"
