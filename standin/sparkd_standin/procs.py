@@ -102,8 +102,9 @@ def exit_on_signals(announce: Callable[[str], None] | None = None, raising: type
 
 
 class _Hold:
-    on = False
-    deferred: list[int] = []
+    def __init__(self) -> None:
+        self.on = False
+        self.deferred: list[int] = []
 
 
 _HOLD = _Hold()
