@@ -31,6 +31,7 @@ TOKENS_PER_S = "60"  # 480 tokens take 8 s: the streams outlast the SIGTERM by s
 DRAINING = r"\[shutdown\] API server: stopping engine client mode=drain "
 HTTP_GONE = r"^INFO:\s+Shutting down$"
 ENGINE_DRAINING = r"\[shutdown\] EngineCore: draining in-flight requests "
+HEALTH_ANSWERED = r'"GET /health\?probe=sparkd HTTP/1.1" 200'
 
 
 def behaviour(summary: dict[str, Any]) -> dict[str, Any]:
@@ -73,8 +74,11 @@ def run(launch: Standins, scenario: str) -> tuple[dict[str, Any], set[str]]:
     )
     standin.wait_ready()
 
-    def cut() -> None:  # the recording's cut came while the engine drained
-        standin.wait_for(ENGINE_DRAINING, timeout=60)
+    def cut() -> None:
+        """The recording's cut came while the engine drained, after /health had answered during the drain: two
+        answers logged after the engine's drain line (the second was asked after the SIGTERM, surely)."""
+        index = line_after(standin, ENGINE_DRAINING, 0)
+        line_after(standin, HEALTH_ANSWERED, line_after(standin, HEALTH_ANSWERED, index + 1) + 1)
         engine = next(p for p in standin.tree() if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()))
         engine.kill()
 
@@ -88,6 +92,12 @@ def run(launch: Standins, scenario: str) -> tuple[dict[str, Any], set[str]]:
                               exit_timeout_s=20 if RECORDED[scenario]["exit_code"] == 0 else 6)
     ours = {shape(raw, MODEL) for raw in standin.lines if is_drain_line(raw)}
     return result.summary(), ours
+
+
+def line_after(standin: Standin, pattern: str, start: int) -> int:
+    """The index of the first line from ``start`` that matches ``pattern``, once there is one."""
+    standin.wait_for(pattern, timeout=60, start=start)
+    return next(i for i, line in enumerate(standin.lines[start:], start) if re.search(pattern, line))
 
 
 def exit_status(standin: Standin, timeout: float) -> int | None:
