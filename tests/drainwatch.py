@@ -135,18 +135,36 @@ def _take(out: Stream, line: str) -> None:
         out.completion_tokens = usage.get("completion_tokens")
 
 
-def one_request(base: str, model: str, *, stream: bool, timeout_s: float = 30.0) -> dict[str, Any]:
-    """One new request (a short completion): its status, the start of its body and how long the answer took."""
+def one_request(base: str, model: str, *, stream: bool, timeout_s: float = 30.0,
+                client: httpx.Client | None = None) -> dict[str, Any]:
+    """One new request (a short completion): its status, the start of its body and how long the answer took;
+    through ``client`` (closed after) where given, else a client of its own."""
     began = time.monotonic()
     answer: dict[str, Any] = {"stream": stream}
     try:
-        with httpx.Client(timeout=timeout_s) as client:
-            reply = client.post(f"{base}/v1/completions", json=completion_body(model, 8, stream=stream))
+        with client or httpx.Client(timeout=timeout_s) as used:
+            reply = used.post(f"{base}/v1/completions", json=completion_body(model, 8, stream=stream))
             answer.update(status=reply.status_code, body=reply.text[:400])
     except (httpx.HTTPError, OSError) as exc:
         answer.update(status=None, error=f"{type(exc).__name__}")
     answer["seconds"] = round(time.monotonic() - began, 2)
     return answer
+
+
+def newcomers(base: str, model: str, clients: list[httpx.Client]) -> list[dict[str, Any]]:
+    """A new plain request and a new stream, sent at once side by side (each through one of ``clients``, made
+    ahead: building an httpx client costs a loaded machine seconds), answers in that order."""
+    answers: list[dict[str, Any]] = [{}, {}]
+
+    def send(index: int) -> None:
+        answers[index] = one_request(base, model, stream=index == 1, client=clients[index])
+
+    threads = [threading.Thread(target=send, args=(i,), daemon=True, name=f"newcomer-{i}") for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers
 
 
 def metrics_counts(page: str) -> tuple[float | None, float | None]:
@@ -273,20 +291,26 @@ def start_streams(base: str, model: str, n: int, max_tokens: int) -> tuple[list[
 
 def drain(base: str, model: str, *, signal_it: Callable[[], None], wait_exit: Callable[[float], int | None],
           n: int = 3, max_tokens: int = 256, during_after_s: float = 1.0,
+          newcomers_when: Callable[[], None] | None = None,
           exit_timeout_s: float = 180.0, after_signal: Callable[[], None] | None = None,
           streams_done: Callable[[], None] | None = None) -> DrainRun:
     """``n`` streams of ``max_tokens`` each; once they run (:func:`wait_begun`), ``signal_it`` (a SIGTERM);
-    ``during_after_s`` later a new plain and a new streaming request; ``after_signal`` (e.g. cut the drain short)
-    right after those; then every stream's end, ``streams_done`` (e.g. end a throttle, so the teardown runs at full
-    speed) and ``wait_exit`` (the process's exit status, None if unknown)."""
+    then a new plain and a new streaming request (:func:`newcomers`): once ``newcomers_when`` returns (it waits for
+    the process's own word that it is in the phase wanted: on a loaded machine a fixed delay lands anywhere), else
+    ``during_after_s`` later; ``after_signal`` (e.g. cut the drain short) right after those; then every stream's
+    end, ``streams_done`` (e.g. end a throttle, so the teardown runs at full speed) and ``wait_exit`` (the
+    process's exit status, None if unknown)."""
     poller = Poller(base, interval_s=0.1).start()
     streams, threads = start_streams(base, model, n, max_tokens)
     wait_begun(streams)
+    clients = [httpx.Client(timeout=30.0) for _ in range(2)]
     run = DrainRun(base, model, streams, poller, sigterm_at=time.monotonic())
     signal_it()
-    time.sleep(during_after_s)
-    run.during.append(one_request(base, model, stream=False))
-    run.during.append(one_request(base, model, stream=True))
+    if newcomers_when is None:
+        time.sleep(during_after_s)
+    else:
+        newcomers_when()
+    run.during.extend(newcomers(base, model, clients))
     if after_signal is not None:
         after_signal()
     ends = time.monotonic() + exit_timeout_s

@@ -34,6 +34,7 @@ from sparkd_standin.dialect import Dialect
 REFUSAL = {"error": {"message": "cannot schedule new futures after shutdown", "type": "InternalServerError",
                      "param": None, "code": 500}}
 ABORT_LINES_S = 1.0  # with --shutdown-timeout 0 and nothing in flight: how long the engine still logs its abort
+BUSY_STEP_S = 10.0  # with --shutdown-timeout 0 and requests in flight: the step the process manager's kill ends
 
 
 class StopRequested(Exception):
@@ -97,6 +98,11 @@ def engine_shut_down(d: Dialect, conn: Connection, timeout: int, told: tuple[Any
         with contextlib.suppress(EOFError, OSError):
             told = conn.recv()
     count = int(told[2]) if told and told[0] == "drain" else 0
+    if timeout == 0 and count:
+        # vLLM's busy loop is still in a step when the kill comes right after the SIGTERM: a busy engine never gets
+        # to its own shutdown lines (the recording). Its stand-in is idle between steps: it waits for that kill
+        # rather than race it (on a loaded machine it won the race and logged its abort).
+        time.sleep(BUSY_STEP_S)
     logfmt.info(d.at("engine_start"), f"[shutdown] EngineCore: start mode={mode_of(timeout)} timeout={timeout}s")
     if timeout == 0 and count:
         logfmt.info(d.at("engine_aborting"), f"[shutdown] EngineCore: aborting in-flight requests count={count}")

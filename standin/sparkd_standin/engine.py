@@ -180,18 +180,19 @@ class EngineCore:
                                    self._answer)
 
     def _handle_request(self) -> bool:
-        try:
-            kind, *params = self.conn.recv()
-        except (EOFError, OSError):
-            return False
-        if kind == "shutdown":
-            raise SystemExit(0)
-        if kind == "stall":
-            self.stalled = True
-            return True
-        if kind in ("drain", "drained"):  # the API server's word ahead of its SIGTERM
-            self.told = (kind, *params)
-            return True
+        with procs.signals_held():  # the drain's word, written just ahead of the SIGTERM, is never lost to it
+            try:
+                kind, *params = self.conn.recv()
+            except (EOFError, OSError):
+                return False
+            if kind == "shutdown":
+                raise SystemExit(0)
+            if kind == "stall":
+                self.stalled = True
+                return True
+            if kind in ("drain", "drained"):  # the API server's word ahead of its SIGTERM
+                self.told = (kind, *params)
+                return True
         self._answer(params[0])
         return True
 

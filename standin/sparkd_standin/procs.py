@@ -11,7 +11,7 @@ import multiprocessing
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext, SpawnContext, SpawnProcess
@@ -86,6 +86,9 @@ def exit_on_signals(announce: Callable[[str], None] | None = None, raising: type
     requested = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
+        if _HOLD.on:
+            _HOLD.deferred.append(signum)
+            return
         if not requested.is_set():
             requested.set()
             if announce is not None:
@@ -96,6 +99,28 @@ def exit_on_signals(announce: Callable[[str], None] | None = None, raising: type
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+class _Hold:
+    def __init__(self) -> None:
+        self.on = False
+        self.deferred: list[int] = []
+
+
+_HOLD = _Hold()
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Defers :func:`exit_on_signals`' handler to the end of the block: raised inside a pipe's ``recv``, it would
+    lose the message half read (the engine's drain count, its SIGTERM's closest neighbour)."""
+    _HOLD.on = True
+    try:
+        yield
+    finally:
+        _HOLD.on = False
+        if _HOLD.deferred:
+            signal.raise_signal(_HOLD.deferred.pop())
 
 
 def ignore_sigterm() -> None:

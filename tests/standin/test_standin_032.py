@@ -22,7 +22,7 @@ from sparkd.daemon.watch.probes import read_metrics_page
 from sparkd.supervisor.drainlog import is_drain_line
 from sparkd.supervisor.logline import parse
 from sparkd.supervisor.progress import is_progress
-from sparkd.supervisor.rules import ANY
+from sparkd.supervisor.rules import RULES
 from sparkd.supervisor.servelog import read_serve_line
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -48,7 +48,8 @@ def shape(raw: str, model: str) -> str:
 
 
 def read_by_sparkd(raw: str) -> bool:
-    return is_progress(raw) or read_serve_line(raw) is not None or ANY.search(parse(raw).text) is not None or \
+    text = parse(raw).text
+    return is_progress(raw) or read_serve_line(raw) is not None or any(r.pattern.search(text) for r in RULES) or \
         is_drain_line(raw)
 
 

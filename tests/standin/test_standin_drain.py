@@ -25,6 +25,13 @@ LOGS = {"drain": "realvllm-032-drain", "abort": "realvllm-032-drain-abort", "dea
         "cut": "realvllm-032-drain-cut"}
 MODEL = "/models/tinyllm"
 TOKENS_PER_S = "60"  # 480 tokens take 8 s: the streams outlast the SIGTERM by seconds, as the recording's did
+# The stand-in's own word for the phase the recording's newcomers came in (its log, not a delay after the SIGTERM:
+# on a loaded machine a fixed delay can land after a 3 s drain or after the streams' end): the drain, new requests
+# refused; with --shutdown-timeout 0 the HTTP server gone.
+DRAINING = r"\[shutdown\] API server: stopping engine client mode=drain "
+HTTP_GONE = r"^INFO:\s+Shutting down$"
+ENGINE_DRAINING = r"\[shutdown\] EngineCore: draining in-flight requests "
+HEALTH_ANSWERED = r'"GET /health\?probe=sparkd HTTP/1.1" 200'
 
 
 def behaviour(summary: dict[str, Any]) -> dict[str, Any]:
@@ -68,16 +75,29 @@ def run(launch: Standins, scenario: str) -> tuple[dict[str, Any], set[str]]:
     standin.wait_ready()
 
     def cut() -> None:
+        """The recording's cut came while the engine drained, after /health had answered during the drain: two
+        answers logged after the engine's drain line (the second was asked after the SIGTERM, surely)."""
+        index = line_after(standin, ENGINE_DRAINING, 0)
+        line_after(standin, HEALTH_ANSWERED, line_after(standin, HEALTH_ANSWERED, index + 1) + 1)
         engine = next(p for p in standin.tree() if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()))
         engine.kill()
 
+    def newcomers_when() -> None:
+        standin.wait_for(HTTP_GONE if recorded["shutdown_timeout"] == 0 else DRAINING, timeout=60)
+
     result = drainwatch.drain(f"http://127.0.0.1:{port}", "tinyllm", signal_it=lambda: standin.send(signal.SIGTERM),
                               wait_exit=lambda timeout: exit_status(standin, timeout), n=recorded["streams"],
-                              max_tokens=480, during_after_s=0.5 if scenario == "cut" else 1.0,
+                              max_tokens=480, newcomers_when=newcomers_when,
                               after_signal=cut if scenario == "cut" else None,
                               exit_timeout_s=20 if RECORDED[scenario]["exit_code"] == 0 else 6)
     ours = {shape(raw, MODEL) for raw in standin.lines if is_drain_line(raw)}
     return result.summary(), ours
+
+
+def line_after(standin: Standin, pattern: str, start: int) -> int:
+    """The index of the first line from ``start`` that matches ``pattern``, once there is one."""
+    standin.wait_for(pattern, timeout=60, start=start)
+    return next(i for i, line in enumerate(standin.lines[start:], start) if re.search(pattern, line))
 
 
 def exit_status(standin: Standin, timeout: float) -> int | None:
