@@ -34,8 +34,10 @@ ENGINE_DRAINING = r"\[shutdown\] EngineCore: draining in-flight requests "
 HEALTH_ANSWERED = r'"GET /health\?probe=sparkd HTTP/1.1" 200'
 
 
-def behaviour(summary: dict[str, Any]) -> dict[str, Any]:
-    """What a client and an operator see of a stop, without the numbers that vary from run to run."""
+def behaviour(summary: dict[str, Any], drains: bool) -> dict[str, Any]:
+    """What a client and an operator see of a stop, without the numbers that vary from run to run. ``drains``: the
+    stop has a drain (``--shutdown-timeout`` > 0); without one, the first ``/health`` after the SIGTERM races the
+    HTTP server's end (a check begun in that tenth of a second may still get its 200), so it is no behaviour."""
     during = [(d.get("status"), _message(d.get("body"))) for d in summary["during"]]
     return {
         "every stream complete": summary["complete"] == summary["streams"],
@@ -43,7 +45,7 @@ def behaviour(summary: dict[str, Any]) -> dict[str, Any]:
         "streams ended": summary["ended"] == summary["streams"],
         "stream errors": sorted(summary["errors"]),
         "newcomers": during,
-        "health during the drain": summary["health_after_sigterm"][0],
+        "health during the drain": summary["health_after_sigterm"][0] if drains else None,
         "exit": summary["exit_code"],
     }
 
@@ -110,7 +112,8 @@ def exit_status(standin: Standin, timeout: float) -> int | None:
 @pytest.mark.parametrize("scenario", sorted(LOGS))
 def test_the_standin_stops_as_the_real_vllm_did(launch: Standins, scenario: str) -> None:
     summary, ours = run(launch, scenario)
-    assert behaviour(summary) == behaviour(RECORDED[scenario]), (summary, RECORDED[scenario])
+    drains = RECORDED[scenario]["shutdown_timeout"] > 0
+    assert behaviour(summary, drains) == behaviour(RECORDED[scenario], drains), (summary, RECORDED[scenario])
     real = real_drain_shapes(scenario)
     assert ours == real, f"shutdown lines: only the stand-in's {sorted(ours - real)}, only vLLM's {sorted(real - ours)}"
 
