@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 
 from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.events import Event, Kind
@@ -152,6 +153,10 @@ BY_KIND: tuple[Family, ...] = (
 )
 
 
+# An exception that ended a thread (Python's `Exception in thread X:` before its traceback) ended that thread, not the
+# process: a side thread's error (Ray's log printer failing to import IPython) is at most generic, so what ended the
+# process (Ray's memory monitor killing the workers) comes first when the log says it.
+_SIDE_THREAD = Tier.GENERIC
 # How a process is stopped, not why it failed: a Ctrl-C while vLLM builds its config is no config error.
 _STOPS = frozenset({"KeyboardInterrupt", "SystemExit", "CancelledError", "GeneratorExit"})
 _NO_FACTS = ClassifyContext()
@@ -162,7 +167,8 @@ def judge(event: Event, ctx: ClassifyContext | None = None) -> FamilyHit | None:
     """The reading of the family table with the lowest tier (the first row in a tie); else the first of `BY_KIND`. A
     line logged below ERROR is evidence only for the few signs that read it (a warning quoting an optional import's
     ImportError is none)."""
-    if event.kind in (Kind.code, Kind.frame) or (event.exception is not None and event.exception.name in _STOPS):
+    if event.kind in (Kind.code, Kind.frame) or event.advice or (
+            event.exception is not None and event.exception.name in _STOPS):
         return None
     ctx = ctx or _NO_FACTS
     if event.below_error:
@@ -170,8 +176,11 @@ def judge(event: Event, ctx: ClassifyContext | None = None) -> FamilyHit | None:
         return _best(((f, s) for f, s in _ANY_LEVEL if any(n in low for n in s.needles)), event, ctx, by_kind=False)
     if event.exception is None and not event.terms:
         return None  # a line that holds no word of a failure's vocabulary states none (`lexicon.py`)
-    return _best(((f, s) for f in FAMILIES for s in f.signs), event, ctx, by_kind=False) or _best(
+    hit = _best(((f, s) for f in FAMILIES for s in f.signs), event, ctx, by_kind=False) or _best(
         ((f, s) for f in BY_KIND for s in f.signs), event, ctx, by_kind=True)
+    if hit is not None and event.exception is not None and event.exception.thread is not None:
+        return replace(hit, tier=max(hit.tier, _SIDE_THREAD))
+    return hit
 
 
 def _best(signs: Iterable[tuple[Family, Sign]], event: Event, ctx: ClassifyContext, *, by_kind: bool

@@ -30,6 +30,19 @@ _I = re.IGNORECASE
 ERROR_LINES = {K.python, K.vllm, K.cuda, K.other, K.ray}  # lines that may carry an error's text (not NCCL's, torch's)
 _ERROR_LINES = ERROR_LINES
 _DEVICE = r"(?:CUDA|HIP|NPU|XPU|HPU|MPS|GPU|TPU|MLU|MUSA|[Dd]evice|ROCm|Ascend|Gaudi)"
+# the words vLLM (its config, quantization methods and platforms) refuses a value or a combination in: `is not
+# supported`, `only per-tensor scales ... are supported`, `AutoAWQMoEMethod only supports 4bit`, `does not support`,
+# `Unsupported activation scheme`, `is not implemented for the current platform`
+_NOT_SUPPORTED = r"must be divisible by|is not supported|are not supported|not supported (?:for|with|on|by)\b"
+_REFUSED = (rf"{_NOT_SUPPORTED}|\b(?:is|are) not yet supported|not (?:yet )?implemented (?:for|with|on|by|in)\b|"
+            r"\bonly supports?\b|\b[Oo]nly\b[^.\n]{0,120}?\b(?:is|are) (?:currently |now )?supported\b|"
+            r"\b(?:is|are) only supported\b|\b(?:does|do) not (?:yet )?support\b|\b[Uu]nsupported\b")
+# a type Python code met and cannot handle (a serializer's `Type '<function Generator>' is not supported`, an operand
+# type): no setting
+_NOT_A_SETTING = r"<(?:function|class|module|built-in)\b|\b[Tt]ype '|object of type|unsupported operand"
+# a count of the devices of any accelerator (vLLM names them by Ray's resource: `required TPUs exceeds the total number
+# of available TPUs`), or of a kind's devices (`visible XPU devices`)
+_DEVICES = r"(?:\w+ )?(?:[A-Z]PUs|devices|accelerators|chips|cores|neuron_cores)\b"
 _KV_DO = f"lower max_model_len or raise gpu_memory_utilization in the config — {NO_RETRY}"
 _CONFIG_DO = f"fix the vLLM settings in the config — {NO_RETRY}"
 _LAUNCH_DO = f"fix [launch] in the config — {NO_RETRY}"
@@ -121,6 +134,18 @@ NODE: tuple[Family, ...] = (
              message=r"Failed to import from (?P<mod>vllm\._\w+)(?: with|:) \w*Error\(.{0,200}?(?:cannot open shared "
                      r"object file|undefined symbol|version `[^`]+' not found|wrong ELF class)",
              what=fmt("vLLM's compiled ops ({mod}) in the image could not load a library they need")),
+        sign("torch's dispatcher has no kernel of an operator for the backend it was called on (`Could not run "
+             "'_C_cache_ops::reshape_and_cache' with arguments from the 'CPU' backend`), no such operator at all, or "
+             "none for the device: the installed libraries (vLLM's compiled ops, torchvision, an extension) were not "
+             "built for this torch or this device, and every call fails the same way",
+             message=r"Could not run '(?P<op>[\w:.]+)' with arguments from the '(?P<backend>\w+)' backend|"
+                     r"\bNo such operator [\w:.]+|The operator '[\w:.]+' is not currently implemented for the \w+ "
+                     r"device"),
+        sign("vLLM's model registry found the architecture among those it supports but could not inspect it (its "
+             "subprocess that imports the model's module failed: `Model architectures [...] failed to be inspected`): "
+             "the image's packages do not load, whatever setting is being built; the subprocess's own error, when "
+             "logged before it, says more", message=r"\bfailed to be inspected\b|Error in inspecting model "
+                                                     r"architecture"),
         sign("vLLM's compiled ops (vllm._C) did not load", message=r"'_OpNamespace' '_C' object has no attribute "
                                                                    r"'(?P<name>\w+)'",
              what=fmt("vLLM's compiled ops (vllm._C) did not load, so the op {name} is missing")),
@@ -236,10 +261,11 @@ NODE: tuple[Family, ...] = (
                      r"(?P<left>-[\d.]+(?: ?[GMK]i?B)?|\b0(?:\.0+)?(?: ?[GMK]i?B)?)(?:,|\s*$|\s)",
              what=fmt("The weights and activations leave {left} for the KV cache")),
         sign("the KV cache sized at nothing, as the engine logs it at INFO (V0's `# GPU blocks: 0`, V1's `KV cache "
-             "size: 0 tokens` and a concurrency of 0x)", any_level=True, do=_KV_DO, terms="kv",
-             needles=("blocks:", "kv cache size", "maximum concurrency"),
-             message=r"#\s*\w+ blocks:\s*0\b|\bKV cache size:\s*-?0 tokens|Maximum concurrency for [\d,]+ tokens "
-                     r"per request:\s*0(?:\.0+)?x", flags=_I),
+             "size: 0 tokens` and a concurrency of 0x) — V0's first count only: the `# CPU blocks` after it is the "
+             "swap space, which is 0 by design on the CPU backend and with swap_space=0", any_level=True, do=_KV_DO,
+             terms="kv", needles=("blocks:", "kv cache size", "maximum concurrency"),
+             message=r"(?<![,;]\s)(?<![,;])#\s*\w+ blocks:\s*0\b|\bKV cache size:\s*-?0 tokens|"
+                     r"Maximum concurrency for [\d,]+ tokens per request:\s*0(?:\.0+)?x", flags=_I),
         sign("no memory is left for the KV cache after the weights",
              message=r"No available memory for the cache blocks",
              terms="kv", what=const("The weights leave no memory for the KV cache"),
@@ -251,11 +277,11 @@ NODE: tuple[Family, ...] = (
                      r"(?P<why>no such file or directory|executable file not found in \$PATH|permission denied)"),
         sign("vLLM's words for a value the GPU or the model cannot take, on the exception itself",
              types=r"ValueError|NotImplementedError", do=_CONFIG_DO,
-             message=r"(?P<msg>.*?(?:must be divisible by|is not supported|are not supported|"
-                     r"not supported (?:for|with|on|by)\b).*)", what=fmt("vLLM rejected the configuration: {msg}")),
+             message=rf"(?P<msg>.*?(?:{_NOT_SUPPORTED}).*)", what=fmt("vLLM rejected the configuration: {msg}"),
+             unless=_NOT_A_SETTING),
         sign("pydantic's detail line under a config class's validation error names the value",
-             message=r"^\s*Value error, (?P<msg>.*?(?:must be divisible by|is not supported|are not supported|"
-                     r"not supported (?:for|with|on|by)\b)[^[]*)", what=fmt("vLLM rejected the configuration: {msg}"),
+             message=rf"^\s*Value error, (?P<msg>.*?(?:{_REFUSED})[^[]*)",
+             what=fmt("vLLM rejected the configuration: {msg}"),
              do=_CONFIG_DO),
         sign("an exception raised while vLLM parses its arguments or builds and verifies its config is the "
              "settings' fault", raised_in={S.args, S.config}),
@@ -301,12 +327,12 @@ NODE: tuple[Family, ...] = (
         sign("a setting the GPU or the model cannot take, in vLLM's words for a rejected value — not a type Python "
              "code met and cannot handle (a serializer's `Type '<function Generator>' is not supported`), which is "
              "no setting", types=r"ValueError|NotImplementedError|TypeError|AssertionError",
-             unless=r"<(?:function|class|module|built-in)\b|\b[Tt]ype '|object of type",
-             message=r"must be divisible by|is not supported|are not supported|not supported (?:for|with|on|by)\b|"
-                     r"only supported on GPUs with compute capability|[Uu]nknown (?:quantization|dtype|kv cache dtype)|"
+             unless=_NOT_A_SETTING,
+             message=rf"{_REFUSED}|only supported on GPUs with compute capability|"
+                     r"[Uu]nknown (?:quantization|dtype|kv cache dtype)|"
                      r"must be (?:less|greater|at least|at most|between|one of|a positive)\b|"
                      r"max_model_len|tensor[ _]parallel[ _]size|exceeds the (?:model's|maximum)|(?:exceeds|(?:larger|"
-                     r"greater|more) than) the (?:total )?number of available (?:GPUs|NPUs|XPUs|devices)|"
+                     rf"greater|more) than) the (?:total )?number of (?:available |visible )?{_DEVICES}|"
                      r"[Cc]annot use .{0,60}\bbackend\b|does not match the \w+(?: \w+)? (?:specified|in the|of the)"),
         sign("a model architecture vLLM does not support", terms="model unsupported"),
         sign("a device index beyond the GPUs there are: CUDA_VISIBLE_DEVICES or the parallel sizes",
