@@ -113,3 +113,10 @@ def test_nccls_own_error_before_the_others_remote_error_is_the_cause(own: str) -
 def test_the_remote_error_alone_or_first_is_the_peer() -> None:
     assert classify(1, None, [w1(REMOTE)]).cls is F.peer_lost
     assert classify(1, None, [w1(REMOTE), w1("RuntimeError: NCCL error: unhandled system error")]).cls is F.peer_lost
+
+
+def test_a_count_beyond_the_devices_is_config_when_raised_not_when_logged() -> None:
+    """vLLM raises the refusal at once, or only warns in the same words and waits for Ray to place the ranks."""
+    said = "The number of required TPUs exceeds the total number of available TPUs in the placement group."
+    assert classify(1, None, [ec(f"ValueError: {said}")]).cls is F.config_error
+    assert classify(1, None, [f"NING 04-01 02:45:50 ray_utils.py:320] {said}"]).cls is not F.config_error

@@ -500,6 +500,16 @@ CASES |= {
                                                                 "with arguments from the 'CUDA' backend.")],
                                                             F.image_error),
     "image: no such operator": ([ec("RuntimeError: No such operator _C::rms_norm")], F.image_error),
+    "config: a count of devices in other words (TPU chips)": ([ec("ValueError: Number of devices (8) exceeds number "
+                                                                  "of available TPU chips (4)")], F.config_error),
+    "config: a count expected and found": ([ec("AssertionError: Expected 8 GPUs but found 4")], F.config_error),
+    "config: a dtype torch's kernels refuse on the backend": ([ec("RuntimeError: \"addmm_impl_cpu_\" not implemented "
+                                                                  "for 'Half'")], F.config_error),
+    "image: transformers too old for the model's type": ([ec("ValueError: The checkpoint you are trying to load has "
+                                                             "model type `qwen3` but Transformers does not recognize "
+                                                             "this architecture.")], F.image_error),
+    "image: libtpu may not open the device": (["jaxlib.xla_extension.XlaRuntimeError: UNKNOWN: TPU initialization "
+                                               "failed: open(/dev/accel3): Operation not permitted"], F.image_error),
     "image: the registry could not inspect a supported model": ([ec("ValueError: Model architectures "
                                                                     "['Qwen2ForCausalLM'] failed to be inspected. "
                                                                     "Please check the logs for more details.")],
