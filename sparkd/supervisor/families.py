@@ -7,10 +7,10 @@ that names facts (the port, the sizes, the module missing) says so in its own wo
 The rows live by their seam: the start-up's here (the memory check, a port, a GPU held), the families between the
 ranks and of vLLM's own processes in `families_ranks.py` (a peer gone, a rendezvous that never formed, NCCL, a rank
 that stopped answering, the engine's death), the node's in `families_node.py` (memory, the image, the configuration
-from `families_config.py`, the GPU's faults). A line of advice (`Event.advice`) is no family's evidence, and an
-exception that ended a side thread is read at most at the generic tier (`_SIDE_THREAD`). :func:`judge` reads them all and keeps the lowest tier; in a tie, the first row, in this order: the
-startup memory check, a port and a GPU held,
-whose words are unmistakable; then the families between the ranks, whose errors may mention memory or a timeout as
+from `families_config.py`, the GPU's faults), the layers around vLLM in `families_stack.py`. A line of advice
+(`Event.advice`) is no family's evidence, and an exception that ended a side thread is read at most at the generic
+tier (`_SIDE_THREAD`). :func:`judge` reads them all and keeps the lowest tier; in a tie, the first row, in this order:
+the startup memory check, a port and a GPU held, whose words are unmistakable; then the families between the ranks, whose errors may mention memory or a timeout as
 their detail; then memory, before the image and the configuration (an out-of-memory raised while importing is memory,
 not the image); then the GPU's faults, the wedges and the engine's death. After the table, :data:`BY_KIND` decides an
 error no family explains by the kind of line or where it was raised (an unrecognised CUDA error is the GPU's, an error

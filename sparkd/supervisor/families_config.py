@@ -154,6 +154,13 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
     sign("torch's kernels of an operation refuse the dtype on this device (`\"addmm_impl_cpu_\" not implemented "
          "for 'Half'`): the dtype the config asks for on this backend", do=_CONFIG_DO,
          message=r"\"\w+\" not implemented for '\w+'"),
+    sign("a ValueError or NotImplementedError that names a setting (a flag, a dtype, a quantization, a backend) "
+         "with what it requires or rejects (requires, must, only, invalid, incompatible, no longer), raised outside "
+         "the engine's step: vLLM's validation of the settings, wherever it runs (a quantization method, an "
+         "attention backend, a connector) — in the step the same type is the engine's", terms="setting",
+         types=r"ValueError|NotImplementedError", not_raised_in={S.step}, unless=_NOT_A_SETTING,
+         message=r"\brequires?\b|\bmust\b|\bonly\b|\bnot (?:a )?valid\b|\b[Ii]nvalid\b|\bincompatible\b|"
+                 r"\bno longer\b|\b[Uu]nknown\b|\bcannot be used\b"),
     sign("a model architecture vLLM does not support", terms="model unsupported"),
     sign("a device index beyond the GPUs there are: CUDA_VISIBLE_DEVICES or the parallel sizes",
          message=r"invalid device ordinal|cudaErrorInvalidDevice\b|\binvalid device[= ]\d+"),

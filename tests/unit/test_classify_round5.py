@@ -120,3 +120,20 @@ def test_a_count_beyond_the_devices_is_config_when_raised_not_when_logged() -> N
     said = "The number of required TPUs exceeds the total number of available TPUs in the placement group."
     assert classify(1, None, [ec(f"ValueError: {said}")]).cls is F.config_error
     assert classify(1, None, [f"NING 04-01 02:45:50 ray_utils.py:320] {said}"]).cls is not F.config_error
+
+
+SETTING_REFUSED = "ValueError: --kv-cache-dtype fp8 requires a backend with FP8 attention, got TRITON_ATTN"
+
+
+def test_a_setting_refused_while_vllm_starts_is_config() -> None:
+    tail = ["Traceback (most recent call last):",
+            '  File "/usr/lib/python3/dist-packages/vllm/v1/attention/selector.py", line 9, in get_attn_backend',
+            "    raise ValueError(msg)", SETTING_REFUSED]
+    assert classify(1, None, tail).cls is F.config_error
+
+
+def test_the_same_error_raised_in_the_engines_step_is_the_engines() -> None:
+    tail = ["Traceback (most recent call last):",
+            '  File "/usr/lib/python3/dist-packages/vllm/v1/engine/core.py", line 9, in step',
+            "    out = self.model_executor.execute_model(s)", SETTING_REFUSED]
+    assert classify(1, None, tail).cls is F.engine_dead

@@ -503,6 +503,9 @@ CASES |= {
     "config: a count of devices in other words (TPU chips)": ([ec("ValueError: Number of devices (8) exceeds number "
                                                                   "of available TPU chips (4)")], F.config_error),
     "config: a count expected and found": ([ec("AssertionError: Expected 8 GPUs but found 4")], F.config_error),
+    "config: a setting and what it requires, raised": ([ec("ValueError: The `fp8` quantization method no longer "
+                                                           "takes online scales: use `--quantization fp8_per_tensor` "
+                                                           "instead.")], F.config_error),
     "config: a dtype torch's kernels refuse on the backend": ([ec("RuntimeError: \"addmm_impl_cpu_\" not implemented "
                                                                   "for 'Half'")], F.config_error),
     "image: transformers too old for the model's type": ([ec("ValueError: The checkpoint you are trying to load has "
