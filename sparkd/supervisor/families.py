@@ -11,8 +11,8 @@ from `families_config.py`, the GPU's faults), the layers around vLLM in `familie
 (`Event.advice`) is no family's evidence, and an exception that ended a side thread is read at most at the generic
 tier (`_SIDE_THREAD`). :func:`judge` reads them all and keeps the lowest tier; in a tie, the first row, in this order:
 the startup memory check, a port and a GPU held, whose words are unmistakable; then the families between the ranks,
-whose errors may mention memory or a timeout as their detail; then memory, before the image and the configuration (an out-of-memory raised while importing is memory,
-not the image); then the GPU's faults, the wedges and the engine's death. After the table, :data:`BY_KIND` decides an
+whose errors may mention memory or a timeout as their detail; then memory, before the image and the configuration
+(an out-of-memory raised while importing is memory, not the image); then the GPU's faults, the wedges and the engine's death. After the table, :data:`BY_KIND` decides an
 error no family explains by the kind of line or where it was raised (an unrecognised CUDA error is the GPU's, an error
 raised inside a collective is NCCL's).
 
