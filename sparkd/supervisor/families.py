@@ -3,18 +3,18 @@ error code, the kind of line — and from its vocabulary, the kinds of word one 
 (`lexicon.py`), with a phrase only one sign among several. Pure.
 
 Each :class:`Family` is one row: the class it gives, what happened in words, and its signs (`familykit.py`). A sign
-that names facts (the port, the sizes, the module missing) says so in its own words; the others quote the error.
-The rows live by their seam: the start-up's here (the memory check, a port, a GPU held), the families between the
-ranks and of vLLM's own processes in `families_ranks.py` (a peer gone, a rendezvous that never formed, NCCL, a rank
-that stopped answering, the engine's death), the node's in `families_node.py` (memory, the image, the configuration
-from `families_config.py`, the GPU's faults), the layers around vLLM in `families_stack.py`. A line of advice
+that names facts (the port, the sizes, the module missing) says so in its own words; the others quote the error. The
+rows live by their seam: the start-up's here (the memory check, a port, a GPU held), the families between the ranks
+and of vLLM's own processes in `families_ranks.py` (a peer gone, a rendezvous that never formed, NCCL, a rank that
+stopped answering, the engine's death), the node's in `families_node.py` (memory, the image, the configuration from
+`families_config.py`, the GPU's faults), the layers around vLLM in `families_stack.py`. A line of advice
 (`Event.advice`) is no family's evidence, and an exception that ended a side thread is read at most at the generic
 tier (`_SIDE_THREAD`). :func:`judge` reads them all and keeps the lowest tier; in a tie, the first row, in this order:
 the startup memory check, a port and a GPU held, whose words are unmistakable; then the families between the ranks,
-whose errors may mention memory or a timeout as their detail; then memory, before the image and the configuration
-(an out-of-memory raised while importing is memory, not the image); then the GPU's faults, the wedges and the engine's death. After the table, :data:`BY_KIND` decides an
-error no family explains by the kind of line or where it was raised (an unrecognised CUDA error is the GPU's, an error
-raised inside a collective is NCCL's).
+whose errors may mention memory or a timeout as their detail; then memory, before the image and the configuration (an
+out-of-memory raised while importing is memory, not the image); then the GPU's faults, the wedges and the engine's
+death. After the table, :data:`BY_KIND` decides an error no family explains by the kind of line or where it was raised
+(an unrecognised CUDA error is the GPU's, an error raised inside a collective is NCCL's).
 
 Adding a family is a row here and a case in ``tests/unit/test_families.py``.
 """
