@@ -101,6 +101,14 @@ _RAY = re.compile(r"^\(raylet\)|\bray\.exceptions\.|\bRay(?:Actor|Task|Worker)?E
 _LEAD = re.compile(r"^(?:\[rank\d+\]: ?(?!\[[EWIF]\d{3,4} )|[\w.-]+ +\| ?|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ "
                    r"[\w@.\-]+(?:\[\d+\])?: |\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]? |[│┃║] ?|"
                    r"\[pod/[^\]\s]+\] )")
+# A writer's advice, not a report of what happened: torch's hints after a device error (`Compile with
+# `TORCH_USE_CUDA_DSA` to enable device-side assertions.`, `For debugging consider passing CUDA_LAUNCH_BLOCKING=1`,
+# `CUDA kernel errors might be asynchronously reported ...`), a `Consider ...`, `Please try ...`, `You may ...` line:
+# the error words in it name what to look for or enable, never a failure
+_ADVICE = re.compile(r"^(?:Compile with\b|For debugging\b|Consider\b|(?:Please |You (?:can|may|might|could|should) )"
+                     r"(?:try|consider|set|increase|decrease|reduce|lower|raise|use|pass|refer|see|check|report|make "
+                     r"sure|enable|disable)\b|Try (?:setting|passing|using|increasing|decreasing|reducing|lowering|"
+                     r"raising|to)\b|\w+ (?:kernel )?errors might be asynchronously reported\b|(?:Hint|Tip|HINT):)")
 _TIME_LEAD = re.compile(r"^(?P<time>\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]?|"
                         r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)")
 
@@ -135,6 +143,11 @@ class Event:
         if self.kind is Kind.torch:
             return _GLOG.sub("", self.text, count=1).lstrip()
         return _V0_WORKER.sub("", VLLM_HEADER.sub("", self.text, count=1), count=1)
+
+    @property
+    def advice(self) -> bool:
+        """A line of advice (how to debug, what to compile with or try): it states no failure (`_ADVICE`)."""
+        return self.exception is None and _ADVICE.match(self.said.lstrip()) is not None
 
     @cached_property
     def subject(self) -> str:

@@ -3,17 +3,18 @@ error code, the kind of line — and from its vocabulary, the kinds of word one 
 (`lexicon.py`), with a phrase only one sign among several. Pure.
 
 Each :class:`Family` is one row: the class it gives, what happened in words, and its signs (`familykit.py`). A sign
-that names facts (the port, the sizes, the module missing) says so in its own words; the others quote the error.
-The rows live by their seam: the start-up's here (the memory check, a port, a GPU held), the families between the
-ranks and of vLLM's own processes in `families_ranks.py` (a peer gone, a rendezvous that never formed, NCCL, a rank
-that stopped answering, the engine's death), the node's in `families_node.py` (memory, the image, the configuration,
-the GPU's faults). :func:`judge` reads them all and keeps the lowest tier; in a tie, the first row, in this order: the
-startup memory check, a port and a GPU held,
-whose words are unmistakable; then the families between the ranks, whose errors may mention memory or a timeout as
-their detail; then memory, before the image and the configuration (an out-of-memory raised while importing is memory,
-not the image); then the GPU's faults, the wedges and the engine's death. After the table, :data:`BY_KIND` decides an
-error no family explains by the kind of line or where it was raised (an unrecognised CUDA error is the GPU's, an error
-raised inside a collective is NCCL's).
+that names facts (the port, the sizes, the module missing) says so in its own words; the others quote the error. The
+rows live by their seam: the start-up's here (the memory check, a port, a GPU held), the families between the ranks
+and of vLLM's own processes in `families_ranks.py` (a peer gone, a rendezvous that never formed, NCCL, a rank that
+stopped answering, the engine's death), the node's in `families_node.py` (memory, the image, the configuration from
+`families_config.py`, the GPU's faults), the layers around vLLM in `families_stack.py`. A line of advice
+(`Event.advice`) is no family's evidence, and an exception that ended a side thread is read at most at the generic
+tier (`_SIDE_THREAD`). :func:`judge` reads them all and keeps the lowest tier; in a tie, the first row, in this order:
+the startup memory check, a port and a GPU held, whose words are unmistakable; then the families between the ranks,
+whose errors may mention memory or a timeout as their detail; then memory, before the image and the configuration (an
+out-of-memory raised while importing is memory, not the image); then the GPU's faults, the wedges and the engine's
+death. After the table, :data:`BY_KIND` decides an error no family explains by the kind of line or where it was raised
+(an unrecognised CUDA error is the GPU's, an error raised inside a collective is NCCL's).
 
 Adding a family is a row here and a case in ``tests/unit/test_families.py``.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 
 from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.events import Event, Kind
@@ -152,6 +154,10 @@ BY_KIND: tuple[Family, ...] = (
 )
 
 
+# An exception that ended a thread (Python's `Exception in thread X:` before its traceback) ended that thread, not the
+# process: a side thread's error (Ray's log printer failing to import IPython) is at most generic, so what ended the
+# process (Ray's memory monitor killing the workers) comes first when the log says it.
+_SIDE_THREAD = Tier.GENERIC
 # How a process is stopped, not why it failed: a Ctrl-C while vLLM builds its config is no config error.
 _STOPS = frozenset({"KeyboardInterrupt", "SystemExit", "CancelledError", "GeneratorExit"})
 _NO_FACTS = ClassifyContext()
@@ -162,7 +168,8 @@ def judge(event: Event, ctx: ClassifyContext | None = None) -> FamilyHit | None:
     """The reading of the family table with the lowest tier (the first row in a tie); else the first of `BY_KIND`. A
     line logged below ERROR is evidence only for the few signs that read it (a warning quoting an optional import's
     ImportError is none)."""
-    if event.kind in (Kind.code, Kind.frame) or (event.exception is not None and event.exception.name in _STOPS):
+    if event.kind in (Kind.code, Kind.frame) or event.advice or (
+            event.exception is not None and event.exception.name in _STOPS):
         return None
     ctx = ctx or _NO_FACTS
     if event.below_error:
@@ -170,8 +177,11 @@ def judge(event: Event, ctx: ClassifyContext | None = None) -> FamilyHit | None:
         return _best(((f, s) for f, s in _ANY_LEVEL if any(n in low for n in s.needles)), event, ctx, by_kind=False)
     if event.exception is None and not event.terms:
         return None  # a line that holds no word of a failure's vocabulary states none (`lexicon.py`)
-    return _best(((f, s) for f in FAMILIES for s in f.signs), event, ctx, by_kind=False) or _best(
+    hit = _best(((f, s) for f in FAMILIES for s in f.signs), event, ctx, by_kind=False) or _best(
         ((f, s) for f in BY_KIND for s in f.signs), event, ctx, by_kind=True)
+    if hit is not None and event.exception is not None and event.exception.thread is not None:
+        return replace(hit, tier=max(hit.tier, _SIDE_THREAD))
+    return hit
 
 
 def _best(signs: Iterable[tuple[Family, Sign]], event: Event, ctx: ClassifyContext, *, by_kind: bool

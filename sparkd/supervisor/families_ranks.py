@@ -46,10 +46,12 @@ _OTHER_CCL = r"hccl|hccp|rccl|oneccl|xccl|\bhcom|mscclpp|nvshmem"
 BETWEEN_RANKS: tuple[Family, ...] = (
     Family(F.peer_lost, "The peer rank went away", (
         sign("NCCL's ncclRemoteError: the remote rank exited or the network between the ranks failed, in NCCL's "
-             "wrapper's words", terms="ccl", what=what_nccl_remote,
+             "wrapper's words — what the other ranks see of a failure at the far end, whatever it was (a rank whose "
+             "NCCL failed, a death): generic like the store's reset, so an earlier error of NCCL's own on a rank, "
+             "which the others then see as this, stays the cause", terms="ccl", what=what_nccl_remote, tier=G,
              message=r"NCCL error(?: in: [^,]*,)?:? remote process exited or there was a network error"),
-        sign("NCCL's error code for it", message=r"ncclRemoteError", terms="ccl", what=what_nccl_remote),
-        sign("NCCL's own sentence for a remote rank gone", terms="ccl",
+        sign("NCCL's error code for it", message=r"ncclRemoteError", terms="ccl", what=what_nccl_remote, tier=G),
+        sign("NCCL's own sentence for a remote rank gone", terms="ccl", tier=G,
              message=r"remote process exited or there was a network error"),
         sign("Ray reports a node of the cluster dead", types=r"NodeDiedError"),
         sign("torch's store found its connection to the head closed or reset: the head is gone on a headless worker, "
@@ -155,14 +157,20 @@ BETWEEN_RANKS: tuple[Family, ...] = (
         sign("NCCL's wrapper of a CUDA call that failed: generic, because the CUDA error it names after it (`Last "
              "error: Cuda failure 'out of memory'`) is the cause when there is one", terms="ccl", tier=G,
              what=fmt("NCCL failed with nccl{msg}"), message=r"\bnccl(?P<msg>UnhandledCudaError)\b"),
-        sign("NCCL's WARN line that says a call failed", terms="ccl", what=what_nccl,
+        sign("NCCL's WARN line that says a call failed (not a remote rank gone: the peer family's)", terms="ccl",
+             what=what_nccl, unless=r"remote process exited or there was a network error",
              message=r"NCCL WARN (?P<msg>.*?\b(?:[Ff]ailed|[Ff]ailure|[Ee]rror|[Uu]nable|[Cc]annot|[Tt]imeout|timed "
                      r"out)\b.*)"),
         sign("ProcessGroupNCCL's watchdog found a collective that timed out: a symptom an earlier cause explains",
              message=r"(?P<msg>Watchdog caught collective operation timeout)", tier=G, what=what_nccl),
         sign("ProcessGroupNCCL's watchdog itself got stuck", tier=G, what=what_nccl,
              message=r"(?P<msg>ProcessGroupNCCL's watchdog got stuck for \d+ seconds)"),
-        sign("torch's and vLLM's NCCL wrappers name NCCL's error; its detail, when there is one, is a WARN line above",
+        sign("torch's and vLLM's NCCL wrappers name a failure of NCCL's own (its internal, argument and usage errors: "
+             "codes the sign above reads, in ncclGetErrorString's words), which no other layer's line explains",
+             terms="ccl", what=what_nccl, flags=_I,
+             message=r"NCCL error(?: in: [^,]*,)?:? (?P<msg>(?:internal error|invalid argument|invalid usage)[^(\n]*)"),
+        sign("the same wrappers naming an error NCCL met beneath it (an unhandled system or CUDA error): generic, the "
+             "line that names the call that failed (a WARN of NCCL's, the CUDA error), before it or after, says more",
              message=r"NCCL error(?: in: [^,]*,)?:? (?P<msg>[^(\n]+)", terms="ccl", tier=G, what=what_nccl, flags=_I),
         sign("ProcessGroupNCCL's own report of a collective that failed or timed out",
              message=r"Some NCCL operations have failed or timed out|NCCL communicator was aborted", tier=G),

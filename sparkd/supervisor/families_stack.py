@@ -1,7 +1,8 @@
 """The failure families of the layers around vLLM that are neither its code nor the node's hardware: the container
 image as the engine pulls and starts it, a GPU-sharing layer interposed between vLLM and the driver (HAMi's libvgpu),
-a CPU kernel library that compiles its kernels at run time (libxsmm under Intel's extensions). Read after the node's
-families (`families.py` says how). Pure."""
+a CPU kernel library that compiles its kernels at run time (libxsmm under Intel's extensions), the TPU's runtime
+(libtpu) and kernel compiler (Mosaic, under Pallas and XLA). Read after the node's families (`families.py` says
+how). Pure."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sparkd.supervisor.events import Kind
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.familykit import Family, sign
 from sparkd.supervisor.rulekit import Tier, fmt, with_mem
-from sparkd.supervisor.sentences import NO_RETRY_IMAGE
+from sparkd.supervisor.sentences import NO_RETRY, NO_RETRY_IMAGE
 
 __all__ = ["STACK"]
 
@@ -19,6 +20,10 @@ F, K = FailureClass, Kind
 _I = re.IGNORECASE
 # HAMi-core's log prefix (`log_utils.h`): `[HAMI-core ERROR (pid:N thread=N file.c:N)]: ...`
 _HAMI_ERROR = r"\[HAMI-core ERROR\b[^\]]*\]:? "
+_TPU_KERNEL_DO = ("serve a model (head size, dtype, quantization) the platform's kernels implement, or another "
+                  f"attention backend — {NO_RETRY}")
+_SLICE_DO = (f"launch the TPU slice's hosts together with its own topology (TPU_WORKER_HOSTNAMES, "
+             f"TPU_PROCESS_ADDRESSES, the Ray cluster's hosts) — {NO_RETRY}")
 _PULL_DO = f"fix the image name or tag in the config, or use an image built for this host's CPU — {NO_RETRY_IMAGE}"
 
 STACK: tuple[Family, ...] = (
@@ -51,5 +56,23 @@ STACK: tuple[Family, ...] = (
         sign("the kernel cannot execute the image's entry point: an image built for another CPU architecture (an "
              "amd64 image on a GB10's arm64, or the reverse), which Docker runs without complaint until exec",
              message=r"\bexec format error\b", kinds={K.other, K.python, K.vllm}, do=_PULL_DO),
+    )),
+    Family(F.config_error, "The model or a setting asks for what the TPU's kernels do not implement", (
+        sign("the TPU's kernel compiler (Mosaic, under Pallas's kernels) refuses a kernel whose shape or type it does "
+             "not implement (`Mosaic failed to compile TPU kernel: Not Implemented: The last dim size is not 128`), "
+             "or one it cannot partition: the model (its head size, its dtype) or a setting asks for what the "
+             "platform's kernels do not do, and every start fails the same way", do=_TPU_KERNEL_DO, flags=_I,
+             message=r"\bMosaic failed to compile (?:TPU )?kernel: (?:Not ?Implemented|Unimplemented|Unsupported)|"
+                     r"\bMosaic kernels cannot be automatically partitioned"),
+        sign("XLA's status for an operation its backend does not implement (`UNIMPLEMENTED: ...`): generic, a line "
+             "that names the kernel says more", message=r"\bUNIMPLEMENTED: \S", tier=Tier.GENERIC,
+             do=_TPU_KERNEL_DO),
+    )),
+    Family(F.config_error, "The TPU slice was started with hosts that do not match it", (
+        sign("libtpu refuses the slice's topology it was started with (`TPU initialization failed: Invalid "
+             "--..._slice_builder_worker_addresses specified. Expected 16 worker addresses, got 8`): the hosts the "
+             "launch named for the slice do not match it", do=_SLICE_DO,
+             message=r"TPU initialization failed: Invalid --?[\w-]+ specified|\bExpected \d+ worker addresses, got "
+                     r"\d+"),
     )),
 )

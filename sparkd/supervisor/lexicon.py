@@ -143,7 +143,7 @@ CONCEPTS: tuple[Concept, ...] = (
                       "device lost|device_lost|gpu_is_lost|gpu is lost|gpuislost",
              r"illegal (?:memory access|address|instruction)|IllegalAddress|ILLEGAL_ADDRESS|IllegalInstruction|"
              r"ILLEGAL_INSTRUCTION|unspecified launch failure|LaunchFailure|LAUNCH_FAILED|misaligned address|"
-             r"MisalignedAddress|launch timed out|LaunchTimeout|device-side assert|memory access fault|"
+             r"MisalignedAddress|launch timed out|LaunchTimeout|device-side assert(?!ion)|memory access fault|"
              r"\bpage fault\b|\bMMU fault\b|uncorrectable|\bECC\b|ECCUncorrectable|fallen off the bus|\bGPU hang\b|"
              r"\bAICORE\w*|HardwareStackError|\bdevice lost\b|DEVICE_LOST|GPU_IS_LOST|GPU is lost|GpuIsLost"),
     # -- the image --

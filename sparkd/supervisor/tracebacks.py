@@ -42,6 +42,8 @@ _ABORT_REASON = re.compile(r"^\s*(?:(?:free|malloc|realloc|calloc|munmap_chunk|m
                            r"double free or corruption.*|corrupted (?:size|double-linked list|top size)\b.*|"
                            r"terminate called after throwing .+|what\(\): \S.*)$")
 _REASON_LINES = 20  # how far before the report its reason may be
+# threading's excepthook: the traceback after it ended that thread, not the process
+_THREAD = re.compile(r"^\s*Exception in thread (?P<name>\S.*?):?\s*$")
 _CAUSE = "The above exception was the direct cause of the following exception:"
 _CONTEXT = "During handling of the above exception, another exception occurred:"
 # `pkg.mod.TypeName: message`, or Ray's wrapper `ray.exceptions.RayTaskError(ValueError): ...`
@@ -56,8 +58,7 @@ _KEYWORDS = frozenset({"raise", "return", "pass", "yield", "await", "break", "co
 _SITE = re.compile(r"^.*?/(?:site-packages|dist-packages)/")
 _RUNPY = ("<frozen runpy>", "runpy.py")
 _IMPORT = re.compile(r"^\s*(?:from\s+[\w.]+\s+)?import\s")
-_CONTINUATION_LINES = 3
-_MAX_MESSAGE = 1000
+_CONTINUATION_LINES, _MAX_MESSAGE = 3, 1000
 
 
 class Subsystem(StrEnum):
@@ -146,6 +147,7 @@ class PyException:
     frames: tuple[Frame, ...] = ()
     cause: PyException | None = None  # raised from (or while handling) this one
     wrapper: str | None = None  # Ray's wrapper type, when the exception came through one
+    thread: str | None = None  # the thread it ended, when Python said so (`Exception in thread ray_print_logs:`)
 
     @property
     def stated(self) -> str:
@@ -250,6 +252,7 @@ class _Open:
 
     frames: list[Frame] = field(default_factory=list)
     linked: bool = False  # a chain marker came before this traceback
+    thread: str | None = None  # the thread whose end it reports (`Exception in thread X:` just before it)
 
 
 @dataclass
@@ -273,14 +276,20 @@ class TracebackParser:
     found: dict[int, PyException] = field(default_factory=dict)  # by the index of the line that ends each, final
     code: set[int] = field(default_factory=set)  # the lines of source (and carets) Python printed under a frame
     structure: set[int] = field(default_factory=set)  # `Traceback (most recent call last):`, frames, chain markers
+    threads: dict[tuple[str | None, int | None], tuple[int, str | None]] = field(default_factory=dict)
 
     def feed(self, index: int, text: str, process: str | None, pid: int | None = None) -> PyException | None:
         state = self.states.setdefault((process, pid), _State())
         body = _RAY_REPEAT.sub("", VLLM_HEADER.sub("", text, count=1))
         if self._continues(state, body) or self._dump_line(state, index, text, body, process):
             return None
+        if (said := _THREAD.match(body)) is not None:  # the traceback right after it ended that thread
+            self.threads[process, pid] = (index, said.group("name"))
+            self.structure.add(index)
+            return None
         if _START.search(body):
-            state.open = _Open(linked=state.pending_link)
+            thread = self.threads.pop((process, pid), (-9, None))
+            state.open = _Open(linked=state.pending_link, thread=thread[1] if index - thread[0] <= 2 else None)
             state.pending_link = False
             if body.lstrip().startswith("Traceback"):  # not V0's `... while processing method x: <error>, Traceback`
                 self.structure.add(index)
@@ -364,7 +373,8 @@ class TracebackParser:
         exc = PyException(type=inner or outer, message=(m.group("message") or "").strip()[:_MAX_MESSAGE],
                           line=text.strip(), index=index, process=process,
                           frames=tuple(opened.frames) if opened is not None else (),
-                          cause=state.last if linked else None, wrapper=outer if inner else None)
+                          cause=state.last if linked else None, wrapper=outer if inner else None,
+                          thread=opened.thread if opened is not None else None)
         state.open, state.pending_link, state.last = None, False, exc
         state.continuing, state.continued = exc, 0
         if state.stated is not None and state.stated.name == exc.name:

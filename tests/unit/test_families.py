@@ -322,8 +322,8 @@ CASES |= {
                                                                  "on compute capability 7.5")], F.config_error),
     "config: a rejected value, other words": ([ec("AssertionError: max_model_len must be at least 16")],
                                               F.config_error),
-    "config: a model architecture vLLM lacks": ([ec("ValueError: Model architectures ['FooForCausalLM'] failed to be "
-                                                    "inspected; this model type is unsupported")], F.config_error),
+    "config: a model architecture vLLM lacks": ([ec("RuntimeError: FooForCausalLM has no implementation in this "
+                                                    "vLLM: model type unsupported")], F.config_error),
     "gpu: fallen off the bus": (["NVRM: GPU 0000:01:00.0: GPU has fallen off the bus."], F.gpu_error),
     "gpu: a fatal AER": (["pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:01:00.0"],
                          F.gpu_error),
@@ -470,6 +470,53 @@ CASES |= {
     "image: an image for another CPU": (["exec /opt/venv/bin/vllm: exec format error"], F.image_error),
     "gpu: the driver's module and libraries differ": ([ec("pynvml.NVMLError_LibRmVersionMismatch: RM has detected an "
                                                           "NVML/RM version mismatch.")], F.gpu_error),
+}
+
+# After round 5: the wordings its misses showed no sign read, each as other writers put it — a count beyond the devices
+# of any accelerator, a quantisation method or a platform refusing what it does not do, torch's dispatcher without a
+# kernel for the backend, the model registry that could not inspect a supported architecture, the TPU's kernel compiler
+# and runtime (Mosaic's and XLA's unimplemented, libtpu refusing a slice's hosts).
+CASES |= {
+    "config: a local rank beyond the visible devices (XPU)": ([ec("ValueError: The local rank (3) exceeds the number "
+                                                                  "of visible XPU devices (2).")], F.config_error),
+    "config: a world size beyond the node's GPUs": ([ec("ValueError: World size (8) is larger than the number of "
+                                                        "available GPUs (4) in this node.")], F.config_error),
+    "config: a quantisation method that only supports some widths": ([ec("ValueError: AutoAWQMoEMethod only supports "
+                                                                         "4bit now.")], F.config_error),
+    "config: only one dtype is supported": ([ec("NotImplementedError: Only bfloat16 is currently supported by "
+                                                "FPQuant")], F.config_error),
+    "config: not implemented for the current platform": ([ec("NotImplementedError: num_compute_units is not "
+                                                             "implemented for the current platform.")],
+                                                         F.config_error),
+    "config: Mosaic refuses a kernel's type": (["jaxlib.xla_extension.XlaRuntimeError: INTERNAL: Mosaic failed to "
+                                                "compile TPU kernel: Unsupported input data type in matrix "
+                                                "multiplication."], F.config_error),
+    "config: XLA's unimplemented status": (["jaxlib.xla_extension.XlaRuntimeError: UNIMPLEMENTED: Dot with these "
+                                            "operand shapes is not implemented on this backend"], F.config_error),
+    "config: libtpu refuses a slice's hosts": (["jaxlib.xla_extension.XlaRuntimeError: UNKNOWN: TPU initialization "
+                                                "failed: Invalid --2a886c8_slice_builder_worker_addresses specified. "
+                                                "Expected 4 worker addresses, got 1."], F.config_error),
+    "image: the dispatcher has no kernel for the backend": ([ec("NotImplementedError: Could not run 'torchvision::nms' "
+                                                                "with arguments from the 'CUDA' backend.")],
+                                                            F.image_error),
+    "image: no such operator": ([ec("RuntimeError: No such operator _C::rms_norm")], F.image_error),
+    "config: a count of devices in other words (TPU chips)": ([ec("ValueError: Number of devices (8) exceeds number "
+                                                                  "of available TPU chips (4)")], F.config_error),
+    "config: a count expected and found": ([ec("AssertionError: Expected 8 GPUs but found 4")], F.config_error),
+    "config: a setting and what it requires, raised": ([ec("ValueError: The `fp8` quantization method no longer "
+                                                           "takes online scales: use `--quantization fp8_per_tensor` "
+                                                           "instead.")], F.config_error),
+    "config: a dtype torch's kernels refuse on the backend": ([ec("RuntimeError: \"addmm_impl_cpu_\" not implemented "
+                                                                  "for 'Half'")], F.config_error),
+    "image: transformers too old for the model's type": ([ec("ValueError: The checkpoint you are trying to load has "
+                                                             "model type `qwen3` but Transformers does not recognize "
+                                                             "this architecture.")], F.image_error),
+    "image: libtpu may not open the device": (["jaxlib.xla_extension.XlaRuntimeError: UNKNOWN: TPU initialization "
+                                               "failed: open(/dev/accel3): Operation not permitted"], F.image_error),
+    "image: the registry could not inspect a supported model": ([ec("ValueError: Model architectures "
+                                                                    "['Qwen2ForCausalLM'] failed to be inspected. "
+                                                                    "Please check the logs for more details.")],
+                                                                F.image_error),
 }
 
 
