@@ -12,6 +12,8 @@ Rules:
   partial write has no newline yet).
 - What the file holds when a process starts was meant for an earlier launch: the process never acts on it.
   A process acts on each new ``id`` once.
+- The process that acted on a command writes its id to ``<CONTROL_FILE>.done`` (a test waits for it before the next
+  one: a command written over before a poll saw it would be lost).
 - The head's API server takes ``stall``, ``hang``, ``answers``, ``spec`` and ``nans`` (as ``STALL_AFTER``,
   ``HANG_AFTER``, ``ANSWERS``, ``SPEC_DECODE_ACCEPTS`` and ``NAN_LOGITS`` do); every worker takes ``leak`` (as
   ``LEAK_MB_PER_S`` does). Each process ignores the commands that are not its own.
@@ -81,6 +83,16 @@ class ControlFile:
             return None
         self._seen = command.id
         return command
+
+    def done(self, command: Command) -> None:
+        """Say that ``command`` was acted on (``<file>.done`` holds its id)."""
+        marker = self.path.with_name(self.path.name + ".done")
+        try:
+            partial = marker.with_name(marker.name + ".part")
+            partial.write_text(f"{command.id}\n", encoding="utf-8")
+            partial.replace(marker)
+        except OSError:
+            pass
 
 
 def watch_in_thread(control: ControlFile, act: Callable[[Command], None], stop: threading.Event) -> None:

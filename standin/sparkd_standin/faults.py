@@ -91,6 +91,7 @@ async def follow_control(control: ControlFile, state: AppState, server: _Exitabl
             block_event_loop(server)
         else:
             answer_as(state, command)
+        control.done(command)
 
 
 def answer_as(state: AppState, command: Command) -> None:
