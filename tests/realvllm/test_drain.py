@@ -95,7 +95,10 @@ def test_a_stop_through_the_runtime_drains_the_streams_in_flight(drain_tier: Tie
         flight.finish()
     assert all(s.complete for s in flight.streams), [s.summary(began) for s in flight.streams]
     assert newcomer["status"] in (500, 503) and newcomer["seconds"] < 5, newcomer
-    assert "[shutdown] EngineCore: draining in-flight requests count=" in drain_tier.vllm_log()
+    # The engine core's own drain; it counts its requests only if some are still unfinished when the drain reaches
+    # it (vllm/v1/engine/core.py): beside the whole suite the engine may have generated every token already while
+    # the API server still streams them out.
+    assert "[shutdown] EngineCore: start mode=drain timeout=" in drain_tier.vllm_log()
     assert status["last_stop"]["sigkilled"] is False, status["last_stop"]
     assert drainwatch.runs(flight.poller.health, began)[0] == "200", "/health answers during the drain"
 
