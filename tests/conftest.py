@@ -134,6 +134,16 @@ def realvllm_beside(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
 
 
 @pytest.fixture(autouse=True)
+def _umask_as_it_was() -> Iterator[None]:
+    """A test that runs sparkd's programs or its daemon in-process takes their umask (027) for the rest of the
+    worker; each test starts with the umask the session had, so that a later test's files keep their usual modes."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
+@pytest.fixture(autouse=True)
 def _docker_marker_requires_engine(request: pytest.FixtureRequest) -> None:
     """A ``docker``-marked test errors with the engine's problem even if it names no docker fixture."""
     if request.node.get_closest_marker("docker") is not None:

@@ -119,7 +119,7 @@ SLOW_SOURCES = 8
 
 def test_slow_bodies_from_a_third_hosts_addresses_are_closed_at_the_deadline(make_pair: Any) -> None:
     """Review 2, #11: 7 addresses x 8 connections whose body never came were held for 45 s and more."""
-    pair = make_pair().start()
+    pair = tune(make_pair()).start()
     ranks = pair.ready()
     since = logged_from_now(pair)
     intruder = Intruder.create(pair.link.worker_ns)
@@ -152,7 +152,7 @@ def test_a_tls_handshake_flood_costs_the_worker_nothing_it_keeps(tls_pair: tuple
     """Review 2, #12: 1000 silent connections from one non-peer address took a worker from 62 MB to 367 MB (about
     300 KB each, uncounted until the handshake ended), and the memory stayed after they closed."""
     pair, _ = tls_pair
-    pair.start()
+    tune(pair).start()
     ranks = pair.ready()
     assert pair.worker.proc is not None
     pid, port = pair.worker.proc.pid, int(pair.worker.config["api"]["port"])
