@@ -195,6 +195,14 @@ class Sparkd:
         record not there yet) is left out."""
         return list(reversed(list_incidents(self.state_dir / "incidents")))
 
+    def wait_incidents(self, count: int = 1, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """The incident records once there are ``count``: the status names a failure before its folder is written."""
+        deadline = time.monotonic() + timeout
+        while len(found := self.incidents()) < count:
+            assert time.monotonic() < deadline, f"{len(found)} incidents, not {count}, after {timeout} s"
+            time.sleep(0.1)
+        return found
+
     def signal(self, sig: int) -> None:
         assert self.proc is not None
         self.proc.send_signal(sig)

@@ -69,7 +69,7 @@ def test_a_step_that_does_not_end_is_named_by_its_ranks_within_seconds_with_metr
     assert "rank 0 (worker) PID" in message and "rank 1 (worker) PID" in message, message
     took = failure["at"] - ready["since"] - 3  # from the stall (3 s after ready) to the verdict; a loaded machine
     assert took <= 15, (took, message)
-    steps = daemon.incidents()[-1].get("steps") or ""
+    steps = daemon.wait_incidents()[-1].get("steps") or ""
     for who in ("the engine core (engine 0) on test", "rank 0 (worker) on test", "rank 1 (worker) on test"):
         assert who in steps, steps  # every rank's last records
 

@@ -127,7 +127,7 @@ def test_daemon_never_launches_into_a_failed_preflight_and_retries_on_backoff(
                                              f"PID {decoy.pid} (")
         times = entered_preflight(status)
         assert all(b - a >= 0.45 for a, b in itertools.pairwise(times)), times  # the backoff
-        incident = daemon.incidents()[0]
+        incident = daemon.wait_incidents()[0]
         assert incident["class"] == "port_in_use"
         assert any(r["id"] == "ports" and r["verdict"] == "fail" for r in incident["preflight"])
 
