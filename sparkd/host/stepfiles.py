@@ -15,10 +15,11 @@ process that is gone is told from a live one; :func:`process_state` is that proc
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,9 +93,11 @@ def read_steps(directory: Path, *, now_ns: Callable[[], int] = time.monotonic_ns
 def _stat_fields(pid: int | str, proc: Path) -> tuple[int, str] | None:
     """(start time in ticks, the /proc/<pid>/status text) of a process, or None when it is gone."""
     try:
-        stat_text = (proc / str(pid) / "stat").read_bytes()
+        with open(f"{proc}/{pid}/stat", "rb") as handle:  # strings, not pathlib: this runs every second
+            stat_text = handle.read()
         start = int(stat_text[stat_text.rindex(b")") + 2:].split()[19])
-        return start, (proc / str(pid) / "status").read_text()
+        with open(f"{proc}/{pid}/status") as handle:
+            return start, handle.read()
     except (OSError, ValueError, IndexError):
         return None
 
@@ -103,7 +106,8 @@ def host_pid(record: StepRecord, *, proc: Path = Path("/proc"), hint: int | None
     """The PID, as sparkd sees it, of the process ``record`` speaks for; None when no such process runs. A process
     is the record's when its start time matches and the innermost PID of its ``NSpid`` line is the record's PID
     (the same PID namespace as sparkd: the PIDs are equal). ``hint``: a PID found before, checked first."""
-    for pid in [p for p in (hint, record.pid) if p] + [int(n) for n in _pids(proc)]:
+    first = [p for p in dict.fromkeys((hint, record.pid)) if p]
+    for pid in itertools.chain(first, _pids(proc)):  # /proc is listed only once neither of those is it
         fields = _stat_fields(pid, proc)
         if fields is None or (record.start_ticks and fields[0] != record.start_ticks):
             continue
@@ -112,11 +116,12 @@ def host_pid(record: StepRecord, *, proc: Path = Path("/proc"), hint: int | None
     return None
 
 
-def _pids(proc: Path) -> list[str]:
+def _pids(proc: Path) -> Iterator[int]:
     try:
-        return [n for n in os.listdir(proc) if n.isdigit()]
+        names = os.listdir(proc)
     except OSError:
-        return []
+        return
+    yield from (int(n) for n in names if n.isdigit())
 
 
 def _inner_pid(status: str) -> int | None:
@@ -130,7 +135,8 @@ def _inner_pid(status: str) -> int | None:
 def process_state(pid: int, *, proc: Path = Path("/proc")) -> str | None:
     """The state letter of ``/proc/<pid>/stat`` (R, S, D, T, t, Z, ...); None when the process is gone."""
     try:
-        text = (proc / str(pid) / "stat").read_bytes()
+        with open(f"{proc}/{pid}/stat", "rb") as handle:
+            text = handle.read()
         return text[text.rindex(b")") + 2:].split()[0].decode()
     except (OSError, ValueError, IndexError, UnicodeDecodeError):
         return None

@@ -134,6 +134,20 @@ def test_a_process_in_a_container_is_found_by_its_innermost_pid(tmp_path: Path) 
     w.close()
 
 
+def test_proc_is_listed_only_when_the_hint_and_the_records_pid_are_not_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read every second while vLLM serves: a known process costs two small reads, not a walk of /proc."""
+    StepWriter(str(tmp_path), layout.WORKER, 0)
+    (r,) = read_steps(tmp_path).records
+    listed: list[str] = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path: listed.append(str(path)) or real(path))
+    assert host_pid(r, hint=os.getpid()) == os.getpid() and host_pid(r) == os.getpid()
+    assert listed == []
+    assert host_pid(dataclasses.replace(r, start_ticks=r.start_ticks + 1)) is None
+    assert listed == ["/proc"]
+
+
 def test_a_processs_state_letter(tmp_path: Path) -> None:
     assert process_state(os.getpid()) == "R"
     (tmp_path / "9").mkdir()
