@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 from freeport import free_port
+from waiting import until
 
 from sparkd.launch.rehearsal import REHEARSAL_SKIPS
 from sparkd.runtime.proctree import tree
@@ -197,11 +198,8 @@ class Sparkd:
 
     def wait_incidents(self, count: int = 1, timeout: float = 30.0) -> list[dict[str, Any]]:
         """The incident records once there are ``count``: the status names a failure before its folder is written."""
-        deadline = time.monotonic() + timeout
-        while len(found := self.incidents()) < count:
-            assert time.monotonic() < deadline, f"{len(found)} incidents, not {count}, after {timeout} s"
-            time.sleep(0.1)
-        return found
+        until(lambda: len(self.incidents()) >= count, f"{count} incident folder(s)", timeout)
+        return self.incidents()
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None

@@ -9,25 +9,17 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 from daemon_harness import alive, kill_tree
+from waiting import until
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "tests" / "bench" / "bench_group.py"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-
-
-def wait_until(done: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"not {what} after {timeout:.0f} s"
-        time.sleep(0.1)
 
 
 def ranks_of(bench: psutil.Process) -> list[psutil.Process]:
@@ -55,7 +47,7 @@ def test_an_interrupted_group_bench_leaves_nothing_running(tmp_path: Path) -> No
     seen: list[psutil.Process] = []
     try:
         root = psutil.Process(bench.pid)
-        wait_until(lambda: len(ranks_of(root)) == 2, 60, "both ranks started by hand")
+        until(lambda: len(ranks_of(root)) == 2, "both ranks started by hand", 60)
         seen = [q for p in ranks_of(root) for q in (p, *p.children(recursive=True))]
         os.killpg(bench.pid, signal.SIGINT)  # Ctrl-C: the bench and its poller; the ranks run in their own sessions
         _, err = bench.communicate(timeout=120)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,23 +12,13 @@ from typing import Any
 import psutil
 import pytest
 from freeport import free_port
+from waiting import until
 
 import sparkd
 
 pytestmark = pytest.mark.docker
 
 TIMEOUT = 60.0
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def test_image_exists_with_recipe_label(docker_client: Any, test_image: str) -> None:
@@ -87,7 +76,7 @@ def test_host_network_socket_reachable_from_host(make_container: Callable[..., A
             assert container.status in {"created", "running"}, container.logs().decode()
             return None
 
-    conn = wait_for(connect, f"the container's listener on 127.0.0.1:{port}")
+    conn = until(connect, f"the container's listener on 127.0.0.1:{port}")
     with conn:
         conn.settimeout(TIMEOUT)
         data = b""
@@ -109,7 +98,7 @@ def test_exec_output_and_host_pid(docker_client: Any, make_container: Callable[.
     # which is how sparkd stops exec'd processes (Docker has no API to kill an exec).
     exec_id = docker_client.api.exec_create(container.id, ["sleep", "1000"])["Id"]
     docker_client.api.exec_start(exec_id, detach=True)
-    info = wait_for(
+    info = until(
         lambda: (i := docker_client.api.exec_inspect(exec_id))["Running"] and i["Pid"] and i,
         "the exec to be running with a PID",
     )
@@ -117,13 +106,13 @@ def test_exec_output_and_host_pid(docker_client: Any, make_container: Callable[.
     assert os.path.isdir(f"/proc/{pid}")
     proc = psutil.Process(pid)
     # The PID is reported while it is still `runc init` (before its execve): the same process, a moment later.
-    wait_for(lambda: proc.cmdline() == ["sleep", "1000"], "the exec's process to become `sleep 1000`")
+    until(lambda: proc.cmdline() == ["sleep", "1000"], "the exec's process to become `sleep 1000`")
     # It lives in the container's cgroup, not ours.
     cgroup = Path(f"/proc/{pid}/cgroup").read_text()
     assert container.id in cgroup
 
     os.kill(pid, signal.SIGKILL)
-    done = wait_for(lambda: not (i := docker_client.api.exec_inspect(exec_id))["Running"] and i, "the exec to end")
+    done = until(lambda: not (i := docker_client.api.exec_inspect(exec_id))["Running"] and i, "the exec to end")
     assert done["ExitCode"] == 128 + signal.SIGKILL
     container.reload()
     assert container.status == "running"  # killing the exec leaves the container alone

@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import psutil
 import pytest
 from daemon_harness import BIN, MODEL, STANDIN, Sparkd, alive, base_config, kill_tree, tree, unique_prefix
 from freeport import free_port
+from waiting import until
 
 from sparkd.preflight import instances
 
@@ -46,16 +46,6 @@ def titled_members(pid: int, prefix: str = "VLLM::") -> list[str]:
             if p.cmdline() and p.cmdline()[0].startswith(prefix):
                 titles.append(p.cmdline()[0])
     return titles
-
-
-def wait_until(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not {what} within {timeout:.0f} s")
 
 
 def default_titles(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -139,12 +129,12 @@ def neighbours(tmp_path_factory: pytest.TempPathFactory, docker_client: Any, tes
         container = docker_client.containers.run(
             test_image, standin_argv(container_port), detach=True, network_mode="host", labels=docker_test_labels,
             name=f"n23-neighbour-{uuid.uuid4().hex[:8]}", volumes=python_mounts, environment=STANDIN_ENV)
-        wait_until(lambda: health(hand_port) and health(container_port), 120, "the hand-started and the "
-                   "container's stand-ins serving")
+        until(lambda: health(hand_port) and health(container_port), "the hand-started and the container's "
+              "stand-ins serving", 120)
         found = Neighbours(tmp, instances, a, hand, hand_port, container, container_port, docker_client,
                            test_image, mounts, docker_test_labels)
-        wait_until(lambda: all(titled_members(pid) for pid in (int(a.status()["pid"]), hand.pid)), 60,
-                   "every neighbour's engine titled VLLM::EngineCore")
+        until(lambda: all(titled_members(pid) for pid in (int(a.status()["pid"]), hand.pid)),
+              "every neighbour's engine titled VLLM::EngineCore", 60)
         found.before = found.trees()
         assert all(len(members) >= 3 for members in found.before.values()), found.before
         yield found
@@ -163,14 +153,14 @@ def litter(master_port: int) -> tuple[list[psutil.Process], set[str]]:
     whose API server is SIGKILLed; its engine and worker live on, with their /dev/shm segments."""
     port = free_port()
     server = hand_started(standin_argv(port, master_port=master_port), SPARKD_STANDIN_ORPHAN_ON_KILL="1")
-    wait_until(lambda: health(port), 60, "the soon-orphaned stand-in serving")
+    until(lambda: health(port), "the soon-orphaned stand-in serving", 60)
     children = [p for p in alive(tree(server.pid)) if p.pid != server.pid]
     direct = [p for p in children if p.ppid() == server.pid]
     segments = held_segments(children)
     assert segments, "the stand-in's engine holds no psm_* segment"
     server.kill()
     server.wait(10)
-    wait_until(lambda: all(p.ppid() == 1 for p in alive(direct)), 10, "the orphans re-parented to init")
+    until(lambda: all(p.ppid() == 1 for p in alive(direct)), "the orphans re-parented to init", 10)
     titles = {p.cmdline()[0] for p in alive(children)}
     assert "VLLM::EngineCore" in titles and any(t.startswith("VLLM::Worker") for t in titles), titles
     with socket.socket() as sock, pytest.raises(OSError):  # the orphaned worker holds the master port
@@ -281,13 +271,13 @@ def test_a_live_instances_orphans_are_left_to_it_until_its_sparkd_is_gone(neighb
     family: list[psutil.Process] = []
     try:
         server = psutil.Process(c.start().wait_state("ready", timeout=120)["pid"])
-        wait_until(lambda: titled_members(server.pid, f"{prefix}::"), 60, "C's engine titled")
+        until(lambda: titled_members(server.pid, f"{prefix}::"), "C's engine titled", 60)
         family = alive(tree(server.pid))
         orphans = [p for p in family if p.pid != server.pid and p.status() != psutil.STATUS_ZOMBIE]
         direct = [p for p in orphans if p.ppid() == server.pid]
         c.signal(signal.SIGSTOP)
         server.kill()
-        wait_until(lambda: all(p.ppid() == 1 for p in alive(direct)), 10, "C's orphans re-parented to init")
+        until(lambda: all(p.ppid() == 1 for p in alive(direct)), "C's orphans re-parented to init", 10)
         titled = [p for p in orphans if p.cmdline()[0].startswith(f"{prefix}::")]  # (the rest is vLLM's helpers)
         assert f"{prefix}::EngineCore" in {p.cmdline()[0] for p in titled}
         kept = stale_line(b)

@@ -20,7 +20,6 @@ import tarfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import httpx
 from daemon_harness import BIN, Fleet, Sparkd, peer_token, render_toml
 from fakememinfo import Meminfo
 from freeport import free_port
+from waiting import until
 from webhook_endpoint import WebhookEndpoint
 
 GIB, MIB = 1024**3, 1024**2
@@ -44,16 +44,6 @@ def notify(endpoint: WebhookEndpoint, *shapes: str, **more: Any) -> dict[str, An
 def tcp(tmp: Path) -> dict[str, Any]:
     """sparkd's TCP port on loopback, so it serves its runbook and the status says where."""
     return {"port": free_port(), "listen": "127.0.0.1", "token_file": str(peer_token(tmp / "peer.token"))}
-
-
-def until(done: Callable[[], Any], what: str, timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = done()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def sent(endpoint: WebhookEndpoint) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from daemon_harness import Sparkd, base_config
 from freeport import free_port
+from waiting import until
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "packaging" / "prometheus" / "sparkd-alerts.yml"
@@ -88,7 +89,7 @@ def prometheus(tmp_path: Path, daemon: Sparkd) -> Iterator[str]:
         stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _ready(base), "Prometheus ready", 60, folder / "prometheus.log")
+        until(lambda: _ready(base), "Prometheus ready", 60, log=folder / "prometheus.log")
         yield base
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -108,17 +109,6 @@ def _ready(base: str) -> bool:
         return False
 
 
-def wait_for(predicate: Any, what: str, timeout: float, log: Path | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{tail}")
-
-
 def firing(base: str, name: str) -> list[dict[str, Any]]:
     alerts = get_json(f"{base}/api/v1/alerts")["data"]["alerts"]
     return [a for a in alerts if a["labels"]["alertname"] == name and a["state"] == "firing"]
@@ -129,9 +119,9 @@ def test_restart_alert_fires_in_prometheus_after_repeated_vllm_kills(daemon: Spa
     loaded = loaded_rules(prometheus)
     assert len(loaded) == RULES.read_text().count("- alert: ")
     assert {"SparkdRestartingOften", "SparkdBreakerOpen", "SparkdGuardKilled"} <= loaded.keys()
-    wait_for(lambda: any(t["health"] == "up" for t in get_json(f"{prometheus}/api/v1/targets")["data"]
+    until(lambda: any(t["health"] == "up" for t in get_json(f"{prometheus}/api/v1/targets")["data"]
                          ["activeTargets"]), "the sparkd target up", 60)
-    wait_for(lambda: all(r["health"] == "ok" for r in loaded_rules(prometheus).values()), "every rule evaluated", 60)
+    until(lambda: all(r["health"] == "ok" for r in loaded_rules(prometheus).values()), "every rule evaluated", 60)
     assert firing(prometheus, "SparkdRestartingOften") == []
     for n in range(5):
         pid = daemon.wait_state("ready", timeout=90)["pid"]
@@ -139,7 +129,7 @@ def test_restart_alert_fires_in_prometheus_after_repeated_vllm_kills(daemon: Spa
         os.kill(pid, signal.SIGKILL)
         daemon.wait_for(lambda s, pid=pid: s.get("state") == "ready" and s.get("pid") != pid, 90,
                         f"ready again after kill {n + 1}")
-    alerts = wait_for(lambda: firing(prometheus, "SparkdRestartingOften"), "SparkdRestartingOften firing", 120)
+    alerts = until(lambda: firing(prometheus, "SparkdRestartingOften"), "SparkdRestartingOften firing", 120)
     (alert,) = alerts
     assert alert["labels"]["instance"] == target and alert["labels"]["severity"] == "warning"
     assert alert["annotations"]["runbook_url"] == f"{OWN_RUNBOOK}#sparkdrestartingoften"

@@ -9,7 +9,6 @@ import json
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import pytest
 import yaml
 from daemon_harness import Sparkd, base_config, peer_token
 from freeport import free_port
+from waiting import until
 
 from sparkd.supervisor.runbook import anchor
 
@@ -55,19 +55,6 @@ def anchors(page: bytes) -> set[str]:
     return parser.ids
 
 
-def wait_for(predicate: Any, what: str, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except OSError:
-            value = None
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def shipped_alerts() -> list[dict[str, Any]]:
     return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
 
@@ -79,7 +66,7 @@ def daemon(tmp_path: Path) -> Iterator[Sparkd]:
     d = Sparkd(tmp_path, cfg)
     d.start()
     port = cfg["api"]["port"]
-    wait_for(lambda: fetch(f"http://127.0.0.1:{port}/metrics")[0] == 200, "sparkd's TCP port", 60)
+    until(lambda: fetch(f"http://127.0.0.1:{port}/metrics")[0] == 200, "sparkd's TCP port", 60, tolerate=(OSError,))
     yield d
     d.end()
 
@@ -124,7 +111,7 @@ def test_every_alerts_runbook_url_resolves_to_an_anchor_through_sparkds_own_port
                          for a in json.loads(body)["data"]["alerts"] if a["state"] == "firing"} if status == 200 else {}
                 return found if len(found) == len(alerts) else None
 
-            rendered = wait_for(links, "every link alert firing", 120)
+            rendered = until(links, "every link alert firing", 120, tolerate=(OSError,))
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
