@@ -29,8 +29,8 @@ _I = re.IGNORECASE
 ERROR_LINES = {K.python, K.vllm, K.cuda, K.other, K.ray}  # lines that may carry an error's text (not NCCL's, torch's)
 _ERROR_LINES = ERROR_LINES
 _DEVICE = r"(?:CUDA|HIP|NPU|XPU|HPU|MPS|GPU|TPU|MLU|MUSA|[Dd]evice|ROCm|Ascend|Gaudi)"
-_DRIVER_INIT_DO = ("check the host's NVIDIA driver (`nvidia-smi`, `journalctl -k`); on an NVSwitch system, error 802 "
-                   "means nvidia-fabricmanager is not running — sparkd restarts with backoff")
+_DRIVER_INIT_DO = ("check the host's GPU driver (`nvidia-smi` or `rocm-smi`, `journalctl -k`); on an NVSwitch system, "
+                   "error 802 means nvidia-fabricmanager is not running — sparkd restarts with backoff")
 _NO_DEVICE_DO = (f"give vLLM's container its GPUs (the NVIDIA runtime, --gpus or the device requests), check "
                  f"CUDA_VISIBLE_DEVICES and that the host's driver is loaded (nvidia-smi) — {NO_RETRY_IMAGE}")
 # not the device allocator's: the KV cache's budget is the config's, NCCL's registration and /dev/shm are NCCL's, the
