@@ -67,9 +67,27 @@ STARTUP: tuple[Family, ...] = (
              message=r"failed to bind to \S*?:(?P<port>\d+) \(errno: 98"),
         sign("asyncio's and uvicorn's bind names the address and port", terms="inuse", what=port_what, flags=_I,
              message=r"bind on address \('[^']*', (?P<port>\d+)\)\)?: address already in use"),
+        sign("ZMQ names the endpoint it could not bind, in its words for EADDRINUSE (`Address already in use "
+             "(addr='tcp://*:5557')`, or its own `Address in use` where the system gives no text, as on Windows)",
+             terms="inuse", what=port_what,
+             message=r"\bAddress (?:already )?in use \(addr='[a-z]+://[^']*:(?P<port>\d+)'\)"),
         sign("EADDRINUSE, errno 98 (Linux) or 10048 (Windows): bind() found the port taken, whoever reports it "
-             "(torch's TCPStore, uvicorn, ZMQ, Gloo)", terms="inuse",
-             message=r"EADDRINUSE|\[Errno 98\]|errno: 98\b|[Aa]ddress already in use|WSAEADDRINUSE|\b10048\b"),
+             "(torch's TCPStore, uvicorn, ZMQ, Gloo), in the system's words or ZMQ's and Winsock's own (`Address in "
+             "use`, `Only one usage of each socket address`)", terms="inuse",
+             message=r"EADDRINUSE|\[Errno 98\]|errno: 98\b|[Aa]ddress already in use|WSAEADDRINUSE|\b10048\b|"
+                     r"(?:^|: )Address in use(?= \(|[.,;]|$)|Only one usage of each socket address"),
+        sign("a listener that could not listen on or bind a port, whose writer says another process holds it (HCCL's "
+             "`listen on ip[...] and specific port[16666] fail. Please check ... whether the port is been using by "
+             "other process`, a server's `bind port 8000 failed: the port is occupied by another program`): the port "
+             "is taken, whatever library or server needed it, and the links or collectives that wait for it after "
+             "are its fallout", terms="inuse", what=port_what, flags=_I,
+             message=r"\b(?:listen|bind)\w*\b[^\n]{0,160}?\bport\b\W{0,2}(?P<port>\d+)?[^\n]{0,240}?\b(?:us(?:ed|ing)|"
+                     r"occupied|taken|held) by (?:an ?)?other (?:process|program|application|service)"),
+        sign("a service that finds its earlier run already at the address and port it would start at (Ray's head: `Ray "
+             "is trying to start at 10.0.0.1:6379, but is already running at 10.0.0.1:6379`): a stale run holds the "
+             "port", what=port_what, flags=_I,
+             message=r"\btrying to (?:start|listen|bind|run) (?:at|on) \S+?:(?P<port>\d+),? but (?:it )?is already "
+                     r"running at\b"),
         sign("a port, an address or a bind said to be in use already, in any writer's words", terms="inuse",
              message=r"\b(?:port|bind\w*|listen\w*|address|socket)\b.{0,80}\b(?:already in use|already allocated)|"
                      r"\b(?:already in use|already allocated)\b.{0,40}\bport\b", flags=_I),

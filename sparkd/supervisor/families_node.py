@@ -29,6 +29,8 @@ _I = re.IGNORECASE
 ERROR_LINES = {K.python, K.vllm, K.cuda, K.other, K.ray}  # lines that may carry an error's text (not NCCL's, torch's)
 _ERROR_LINES = ERROR_LINES
 _DEVICE = r"(?:CUDA|HIP|NPU|XPU|HPU|MPS|GPU|TPU|MLU|MUSA|[Dd]evice|ROCm|Ascend|Gaudi)"
+_DRIVER_INIT_DO = ("check the host's GPU driver (`nvidia-smi` or `rocm-smi`, `journalctl -k`); on an NVSwitch system, "
+                   "error 802 means nvidia-fabricmanager is not running — sparkd restarts with backoff")
 _NO_DEVICE_DO = (f"give vLLM's container its GPUs (the NVIDIA runtime, --gpus or the device requests), check "
                  f"CUDA_VISIBLE_DEVICES and that the host's driver is loaded (nvidia-smi) — {NO_RETRY_IMAGE}")
 # not the device allocator's: the KV cache's budget is the config's, NCCL's registration and /dev/shm are NCCL's, the
@@ -212,7 +214,9 @@ NODE: tuple[Family, ...] = (
              message=r"NVIDIA driver on your system is too old|driver version is insufficient|Found no NVIDIA driver|"
                      r"nvidia-container-cli: requirement error: unsatisfied condition: cuda|"
                      r"forward compatibility was attempted|cudaErrorInsufficientDriver|CUDA_ERROR_INSUFFICIENT_DRIVER|"
-                     r"unsupported display driver / cuda driver combination"),
+                     r"unsupported display driver / cuda driver combination|cudaErrorSystemDriverMismatch|"
+                     r"CUDA_ERROR_SYSTEM_DRIVER_MISMATCH|cudaErrorCompatNotSupportedOnDevice|"
+                     r"CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"),
         sign("a CPU build of torch in an image meant for a GPU",
              message=r"Torch not compiled with (?:CUDA|ROCm|XPU) enabled|not compiled with (?:CUDA|ROCm)"),
     )),
@@ -240,6 +244,13 @@ NODE: tuple[Family, ...] = (
                      r"\bGPU [Hh]ang\b"),
         sign("an uncorrectable ECC error: the GPU's memory failed",
              message=r"uncorrectable ECC error|cudaErrorECCUncorrectable"),
+        sign("a kernel's own assertion as the device prints it, once per thread that failed it: CUDA's `file.cu:N: "
+             "kernel: block: [x,y,z], thread: [x,y,z] Assertion `cond` failed.`, SYCL's `global id: [..], local id: "
+             "[..]` in its place, HIP's `file:N: function: Device-side assertion `cond' failed.` — the device-side "
+             "assert itself, before the runtime's `device-side assert triggered`, which a cut log may lack (never "
+             "torch's advice to enable device-side assertions)", kinds=_ERROR_LINES, do=APP_XID_DO,
+             message=r"\S:\d+: [^\n]{1,300}?: (?:block: ?\[[\d, ]+\], thread: ?\[[\d, ]+\] |global id: ?\[[\d, ]+\], "
+                     r"local id: ?\[[\d, ]+\] |Device-side )[Aa]ssertion [`'][^\n]*[`'] failed"),
         sign("a fault of the device in any runtime's words (an illegal address, a page or MMU fault, an AI core "
              "exception, a lost device), on an error line", terms="fault", kinds=_ERROR_LINES),
         sign("the same in the kernel's log (amdgpu's page fault, a GPU hang): a fault a kernel may have caused, so "
@@ -250,9 +261,19 @@ NODE: tuple[Family, ...] = (
              message=r"Driver/library version mismatch|NVML_ERROR_LIB_RM_VERSION_MISMATCH|"
                      r"NVMLError_LibRmVersionMismatch",
              do=REBOOT_DO),
-        sign("CUDA could not initialise the device: the driver's state (error 802: the fabric manager is not up), "
-             "not vLLM", message=r"cudaGetDeviceCount|CUDA driver initialization failed|cuInit|"
-                                 r"system not yet initialized|cudaErrorSystemNotReady", raised_in={S.device, S.other}),
+        sign("the driver could not bring the GPUs up: the device count or the driver's initialisation failed, with "
+             "the runtime's numbered or named error (torch's `Unexpected error from cudaGetDeviceCount() ... Error "
+             "802: system not yet initialized` — the fabric manager not up —, `Error 999: unknown error`; cuInit's "
+             "`CUDA_ERROR_SYSTEM_NOT_READY`, XLA's `failed call to cuInit`; HIP's), raised or "
+             "logged, even as torch's warning that it sets the devices to none: the driver's state, not vLLM (the "
+             "numbers that say the image's CUDA and the driver do not match, or no device at all, are the image "
+             "family's, read first)", kinds=_ERROR_LINES, do=_DRIVER_INIT_DO,
+             what=const("CUDA could not initialise the GPUs: the driver's state, not vLLM"),
+             message=r"Unexpected error from (?:cuda|hip)GetDeviceCount\(\)|"
+                     r"\b(?:cuInit|cuDeviceGetCount|cudaGetDeviceCount|hipInit|hipGetDeviceCount)\b(?:\(\d*\))?"
+                     r"[^\n]{0,40}?\b(?:failed|returned|results? in|error)\b|\bfailed call to (?:cuInit|hipInit)\b|"
+                     r"(?:CUDA|HIP) driver initialization failed|\bCUDA initialization: CUDA unknown error\b|"
+                     r"system not yet initialized|cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY"),
     )),
 )
 

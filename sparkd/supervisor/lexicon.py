@@ -120,9 +120,13 @@ CONCEPTS: tuple[Concept, ...] = (
              r"\bcollective\b|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|\bbarrier\b|\bbroadcast\b|"
              r"send/recv|\bp2p\b|\bwatchdog\b"),
     # -- a port, a device held --
-    _concept("inuse", "eaddrinuse|in use|errno 98|errno: 98|errno 98|10048|already allocated|in use by",
-             r"EADDRINUSE|address already in use|\[Errno 98\]|errno:? 98\b|\b10048\b|already in use|"
-             r"already allocated|in use by another"),
+    # ... and a port its writer says another process uses (HCCL's `whether the port is been using by other process`)
+    _concept("inuse", "eaddrinuse|in use|errno 98|errno: 98|errno 98|10048|already allocated|in use by|by other|"
+                      "by another|by an other|only one usage",
+             r"EADDRINUSE|address (?:already )?in use|\[Errno 98\]|errno:? 98\b|\b10048\b|already in use|"
+             r"already allocated|in use by another|Only one usage of each socket address|"
+             r"\bport\b[^\n]{0,80}?\b(?:us(?:ed|ing)|occupied|taken|held) by (?:an ?)?other (?:process|program|"
+             r"application|service)"),
     # ... and a process of an earlier run still on it, in the runtime's words (`the last training process is running`)
     _concept("busy", "busy|unavailable|exclusive|acquire|occupied|held by|in use by|process is |process still|"
                      "process running|processes are|processes still|processes running",

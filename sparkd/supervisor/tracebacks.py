@@ -46,8 +46,8 @@ _REASON_LINES = 20  # how far before the report its reason may be
 _THREAD = re.compile(r"^\s*Exception in thread (?P<name>\S.*?):?\s*$")
 _CAUSE = "The above exception was the direct cause of the following exception:"
 _CONTEXT = "During handling of the above exception, another exception occurred:"
-# `pkg.mod.TypeName: message`, or Ray's wrapper `ray.exceptions.RayTaskError(ValueError): ...`
-_EXCEPTION = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?P<name>[A-Za-z_]\w*))(?:\((?P<inner>(?:[A-Za-z_]\w*\.)*"
+# `pkg.mod.TypeName: message`, Ray's wrapper `ray.exceptions.RayTaskError(ValueError): ...`, a head cut (`.ZMQError`)
+_EXCEPTION = re.compile(r"^\.?(?P<type>(?:[A-Za-z_]\w*\.)*(?P<name>[A-Za-z_]\w*))(?:\((?P<inner>(?:[A-Za-z_]\w*\.)*"
                         r"[A-Za-z_]\w*)\))?(?::(?:\s(?P<message>.*))?)?$")
 _EXCEPTION_NAME = re.compile(r"(?:Error|Exception)$")  # what a type alone must end in to be read outside a traceback
 # or the module it lives in must say it is one: `triton.runtime.errors.OutOfResources`, `zmq.error.Again`

@@ -520,6 +520,49 @@ CASES |= {
 }
 
 
+# After round 6: the wordings its misses showed no sign read, each as other writers put it — a kernel's own assertion
+# as CUDA, HIP and SYCL print it on the device, the driver that could not bring the GPUs up (its numbered and named
+# errors, in torch's, XLA's and CuPy's words), EADDRINUSE in ZMQ's and Winsock's own words, a listener whose writer says
+# another process holds its port, a service that finds its stale run at its address.
+CASES |= {
+    "gpu: a CUDA kernel's own assertion": (["/opt/pytorch/aten/src/ATen/native/cuda/ScatterGatherKernel.cu:144: "
+                                            "operator(): block: [0,0,0], thread: [3,0,0] Assertion `idx_dim >= 0 && "
+                                            "idx_dim < index_size && \"index out of bounds\"` failed."], F.gpu_error),
+    "gpu: a HIP kernel's own assertion": (["(Worker_TP1 pid=12) /src/csrc/moe/topk.hip:33: void topk_kernel<float>("
+                                           "float*, int): Device-side assertion `expert < num_experts' failed."],
+                                          F.gpu_error),
+    "gpu: a SYCL kernel's own assertion": (["/src/sycl/gather.cpp:12: void gather(sycl::nd_item<1>): global id: "
+                                            "[3,0,0], local id: [3, 0 ,0] Assertion `i < n` failed."], F.gpu_error),
+    "gpu: the device count failed, logged without its type": (["ERROR 03-04 05:06:07 engine.py:389] Unexpected error "
+                                                               "from cudaGetDeviceCount(). Did you run some cuda "
+                                                               "functions before calling NumCudaDevices() that might "
+                                                               "have already set an error? Error 999: unknown error"],
+                                                              F.gpu_error),
+    "gpu: torch's warning that it sets the devices to none": (["/usr/lib/python3/dist-packages/torch/cuda/__init__.py:"
+                                                               "129: UserWarning: CUDA initialization: CUDA unknown "
+                                                               "error - this may be due to an incorrectly set up "
+                                                               "environment. Setting the available devices to be "
+                                                               "zero."], F.gpu_error),
+    "gpu: XLA's failed call to cuInit": (["E0000 00:00:1 cuda_driver.cc:268] failed call to cuInit: "
+                                          "CUDA_ERROR_SYSTEM_NOT_READY: system not yet initialized"], F.gpu_error),
+    "image: cuInit's named driver mismatch": (["RuntimeError: cuInit failed: "
+                                               "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"], F.image_error),
+    "image: numba's cuInit with the mismatch's code": (["numba.cuda.cudadrv.error.CudaSupportError: Error at driver "
+                                                        "init: Call to cuInit results in "
+                                                        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (803)"], F.image_error),
+    "port: ZMQ's own text for EADDRINUSE, with its endpoint": ([ec("zmq.error.ZMQError: Address in use "
+                                                                   "(addr='tcp://*:29550')")], F.port_in_use),
+    "port: ZMQ's own text for EADDRINUSE, alone": (["zmq.error.ZMQError: Address in use"], F.port_in_use),
+    "port: Winsock's text for 10048": (["OSError: [WinError 10048] Only one usage of each socket address "
+                                        "(protocol/network address/port) is normally permitted"], F.port_in_use),
+    "port: a listener whose port another process holds": ([ec("RuntimeError: failed to listen on 0.0.0.0 port 29600: "
+                                                              "the port is being used by another process")],
+                                                          F.port_in_use),
+    "port: Ray's head finds its stale run": (["ConnectionError: Ray is trying to start at 10.0.0.2:6379, but is "
+                                              "already running at 10.0.0.2:6379. Please specify a different port using "
+                                              "the `--port` flag of `ray start` command."], F.port_in_use),
+}
+
 def _deciding(lines: list[str]) -> Sign | None:
     """The sign that decided the last line with a verdict of its own."""
     hits = [judge(event) for event in read_events(lines)]
