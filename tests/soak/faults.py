@@ -114,6 +114,8 @@ def link_cut(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
 def daemon_sigkill(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
     name = params["node"]
     pair.expected_exit.add(name)
+    if pair.webhooks is not None:
+        pair.webhooks.before_kill(name, pair.status(name))
     pair.daemons[name].kill()
     pair.killed_daemon = (name, time.time())
     time.sleep(0.5)

@@ -95,10 +95,17 @@ def delivered_kinds(received: list[dict[str, Any]]) -> list[tuple[str, str | Non
     return out
 
 
+def accounted(status: dict[str, Any]) -> int:
+    """What a daemon's notifier says it held back, dropped or has queued for the flaky target."""
+    targets = {t.get("name"): t for t in (status.get("notify") or {}).get("targets") or []}
+    return sum((targets.get("flaky-json") or {}).get(k, 0) for k in ("held_back", "dropped", "queued"))
+
+
 def final_violations(node: str, status: dict[str, Any], received: list[dict[str, Any]],
-                     classes_recorded: set[str]) -> list[str]:
+                     classes_recorded: set[str], earlier: int = 0) -> list[str]:
     """What the end of the soak says about one node's notifier (pure: its status, what its endpoint was sent, the
-    failure classes its incidents hold)."""
+    failure classes its incidents hold, and ``earlier``: what the node's SIGKILLed daemons had accounted for, as
+    their last status said; a new daemon's counts start at 0)."""
     notify = status.get("notify")
     if notify is None:
         return [f"{node}: the daemon reports no notifier although its [notify] has targets"]
@@ -107,9 +114,8 @@ def final_violations(node: str, status: dict[str, Any], received: list[dict[str,
     if ("watching", None) not in kinds:
         out.append(f"{node}: its webhook never heard it start watching")
     targets = {t.get("name"): t for t in notify.get("targets") or []}
-    accounted = sum((targets.get("flaky-json") or {}).get(k, 0) for k in ("held_back", "dropped", "queued"))
     missing = sorted(c for c in classes_recorded if ("failure", c) not in kinds and ("breaker_open", c) not in kinds)
-    if missing and accounted == 0:
+    if missing and accounted(status) + earlier == 0:
         out.append(f"{node}: failures of class {', '.join(missing)} reached neither its webhook nor the notifier's "
                    "held-back, dropped or queued counts")
     for name, target in targets.items():
@@ -157,6 +163,11 @@ class FlakyWebhooks:
         self.port = port
         self.endpoints = {node: Endpoint(ns, port, tmp / f"{node}-webhook.jsonl") for node, ns in namespaces.items()}
         self.prober: Prober | None = None
+        self.earlier: dict[str, int] = {}  # per node: what its SIGKILLed daemons had accounted for
+
+    def before_kill(self, node: str, status: dict[str, Any]) -> None:
+        """A node's daemon is about to be SIGKILLed: what its notifier accounted for dies with it."""
+        self.earlier[node] = self.earlier.get(node, 0) + accounted(status)
 
     def start_probing(self, sockets: dict[str, Path], ledger: Ledger, alive: Callable[[str], bool],
                       bound_s: float) -> None:
@@ -169,7 +180,7 @@ class FlakyWebhooks:
             self.prober.join(10)
         for node, endpoint in self.endpoints.items():
             for sentence in final_violations(node, statuses.get(node) or {}, endpoint.received(),
-                                             classes.get(node, set())):
+                                             classes.get(node, set()), self.earlier.get(node, 0)):
                 ledger.add(sentence)
 
     def close(self) -> None:

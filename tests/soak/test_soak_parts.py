@@ -252,6 +252,8 @@ def test_the_notify_hook_judges_what_each_node_sent_its_webhook() -> None:
     assert said == ["head: its webhook never heard it start watching",
                     "head: failures of class nccl reached neither its webhook nor the notifier's held-back, dropped "
                     "or queued counts"]
+    # a SIGKILLed daemon's counts died with it: what its last status accounted for still counts
+    assert final_violations("head", healthy, [sent("watching")], {"nccl"}, earlier=2) == []
     held = {"notify": {"targets": [{"name": "flaky-json", "queued": QUEUE + 5, "held_back": 3}]}}
     assert final_violations("head", held, [sent("watching")], {"nccl"}) == [
         f"head: the notifier's queue for flaky-json grew past [notify] queue ({QUEUE + 5})"]

@@ -85,7 +85,7 @@ def test_a_flood_never_starves_the_event_loop_and_the_raw_file_stays_bounded(tmp
     """6b: an unthrottled writer starved the loop for minutes and grew the raw file to 5 GB."""
     path = tmp_path / "vllm.out"
     path.touch()
-    flood_s = 3.0
+    flood_s = 6.0  # long enough that a reader starving the loop for the flood shows a gap far above 2.5 s
     limit = 1 << 20
 
     async def main() -> tuple[float, int, int, FollowStats, bool]:
@@ -134,7 +134,7 @@ def test_a_flood_never_starves_the_event_loop_and_the_raw_file_stays_bounded(tmp
 
     started = time.monotonic()
     max_gap, biggest, lines, stats, truncated_while_writing = anyio.run(main)
-    assert max_gap < 1.0, f"the event loop waited {max_gap:.2f} s for a turn"
+    assert max_gap < 2.5, f"the event loop waited {max_gap:.2f} s for a turn"  # a loaded machine alone: 1.3 s
     assert truncated_while_writing, stats
     assert biggest < 64 << 20, f"the raw file reached {biggest} bytes"
     assert lines > 1000 and stats.truncations >= 1
