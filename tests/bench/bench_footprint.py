@@ -200,7 +200,9 @@ def start_sparkd(tmp: Path, *, tree: Path | None = None, **sections: dict[str, A
     port, metrics_port = free_port(), free_port()
     cfg = sparkd_config(tmp, port, standin_env(unique_prefix()), api_port=metrics_port, **sections)
     peer = SparkdPeer(tmp, cfg)
-    peer.daemon.start(env={"PYTHONPATH": str(tree)} if tree is not None else None)
+    # the other tree's sparkd first on the path, the interpreter's own (a host's --target folder, say) after it
+    path = os.pathsep.join(p for p in (str(tree) if tree else "", os.environ.get("PYTHONPATH", "")) if p)
+    peer.daemon.start(env={"PYTHONPATH": path} if tree is not None else None)
     return peer, port, metrics_port
 
 
@@ -219,7 +221,9 @@ def footprint_phase(tmp: Path, seconds: float, owned: Owned, ledger: ShmLedger,
             earlyoom = subprocess.Popen(EARLYOOM, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         for p in (port, peer_port, *((before_port,) if before is not None else ())):
             if wait_healthy(p, 120) is None:
-                raise RuntimeError(f"the stand-in on {p} never became ready")
+                named = {port: "sparkd's", peer_port: "supervisord's", **({before_port: "the other tree's sparkd's"}
+                                                                          if before is not None else {})}
+                raise RuntimeError(f"{named[p]} stand-in on {p} never became ready")
         for daemon in (sparkd, *((before,) if before is not None else ())):
             daemon.daemon.wait_state("ready", timeout=60)
             ledger.note(owned.add_tree(daemon.main_pid()))
