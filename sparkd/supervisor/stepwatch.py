@@ -20,6 +20,10 @@ health tracker (:mod:`sparkd.supervisor.health`) that the other signals feed:
    named :data:`~sparkd.supervisor.stephistory.StepLimits` ``floor_s`` after a request's step begins; the canary, the
    only request an idle engine gets, then runs at least every :data:`PROBE_CANARY_S`, so such a wedge is named within
    15 s of its start.
+6. **At rest, fewer readings** (:func:`read_due`): a wedge is a rank inside a step, or an engine that begins none for
+   a request that waits; while every rank rests (none inside a step, none ended one within :data:`RESTING_AFTER_S`,
+   no engine holds a request) and no canary of sparkd's waits, the files are read every :data:`RESTING_READ_S`, not
+   every second: a step that begins then is read within that, and its limit (``floor_s`` at least) is longer.
 """
 
 from __future__ import annotations
@@ -36,10 +40,12 @@ from sparkd.supervisor.vocabulary import Observation
 if TYPE_CHECKING:
     from sparkd.config import HealthConfig
 
-__all__ = ["MISSING_AFTER_S", "PROBE_CANARY_S", "READ_EVERY_S", "StepWatch", "canary_every", "canary_pending",
-           "limits_of", "observe_steps", "progressing"]
+__all__ = ["MISSING_AFTER_S", "PROBE_CANARY_S", "READ_EVERY_S", "RESTING_AFTER_S", "RESTING_READ_S", "StepWatch",
+           "canary_every", "canary_pending", "limits_of", "observe_steps", "progressing", "read_due", "resting"]
 
-READ_EVERY_S = 1.0  # the shell reads every node's step files this often while vLLM serves
+READ_EVERY_S = 1.0  # the shell reads every node's step files this often while vLLM serves (rule 6: at rest, less)
+RESTING_READ_S = 5.0  # rule 6: the readings' interval while every rank rests
+RESTING_AFTER_S = 10.0  # rule 6: a rank rests this long after its last step ended
 PROBE_CANARY_S = 8.0  # the canary's longest interval while the probe reads vLLM's ranks (rule 5)
 MISSING_AFTER_S = 10.0  # no step file this long after vLLM served: the plugin did not load (rule 4)
 
@@ -70,6 +76,24 @@ def canary_every(w: StepWatch, every_s: float) -> float:
     """The canary's interval: ``every_s`` (``[health] canary_interval_s``), at most :data:`PROBE_CANARY_S` while the
     probe reads vLLM's ranks (rule 5)."""
     return min(every_s, PROBE_CANARY_S) if w.seen else every_s
+
+
+def resting(w: StepWatch, now: float) -> bool:
+    """Every rank the last reading showed rests (rule 6): none inside a step, none ended one within
+    :data:`RESTING_AFTER_S`, no engine holding a request; a probe seen off everywhere rests too. Before any record
+    was read, nothing rests (the missing plugin's warning waits on the readings)."""
+    if not w.seen:
+        return False
+    live = [v for v in views(w.nodes, now) if v.record.phase != "off"]
+    return all(not v.record.in_step and v.idle_s >= RESTING_AFTER_S and v.record.held <= 0 for v in live)
+
+
+def read_due(w: StepWatch, now: float, last_read: float | None, pending: Pending | None) -> bool:
+    """Whether the shell reads the step files at ``now`` (it asks every :data:`READ_EVERY_S`): always while a rank
+    steps or a canary of sparkd's waits, every :data:`RESTING_READ_S` at rest (rule 6)."""
+    if last_read is None or pending is not None or now - last_read >= RESTING_READ_S:
+        return True
+    return not resting(w, now)
 
 
 def progressing(nodes: Sequence[NodeSteps], history: StepHistory, now: float, limits: StepLimits) -> bool:

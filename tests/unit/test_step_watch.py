@@ -19,12 +19,15 @@ from sparkd.supervisor.steps import NodeSteps
 from sparkd.supervisor.stepwatch import (
     MISSING_AFTER_S,
     PROBE_CANARY_S,
+    RESTING_AFTER_S,
+    RESTING_READ_S,
     StepWatch,
     canary_every,
     canary_pending,
     limits_of,
     observe_steps,
     progressing,
+    read_due,
 )
 from sparkd.supervisor.vocabulary import HealthFailed
 from sparkd.vllm_probe.sparkd_vllm_probe.layout import StepRecord
@@ -204,3 +207,31 @@ def test_iteration_tokens_counted_is_a_heartbeat_from_the_api_side() -> None:
     assert clock.progress_at is None
     clock = stall.on_metrics(clock, scrape(11), 10.0)
     assert clock.progress_at == 10.0
+
+
+WAITING = canary_pending(95.0)
+
+
+@pytest.mark.parametrize(("nodes", "seen", "pending", "since_read", "due"), [
+    (at(100, idle(100, 9, RESTING_AFTER_S + 1)), True, None, 1.0, False),  # every rank rests: not every second
+    (at(100, idle(100, 9, RESTING_AFTER_S + 1)), True, None, RESTING_READ_S, True),  # ... but every RESTING_READ_S
+    (at(100, idle(100, 9, RESTING_AFTER_S + 1)), True, WAITING, 1.0, True),  # a canary waits: a step is due
+    (at(100, inside(100, 10, 0.5)), True, None, 1.0, True),  # a rank steps
+    (at(100, idle(100, 9, 2.0)), True, None, 1.0, True),  # it ended a step a moment ago
+    (at(100, idle(100, 9, RESTING_AFTER_S + 1, role="engine", held=2)), True, None, 1.0, True),  # requests held
+    (at(100, idle(100, 9, RESTING_AFTER_S + 1), inside(100, 10, 0.5, rank=1)), True, None, 1.0, True),  # one steps
+    ([], False, None, 1.0, True),  # nothing read yet: the missing plugin's warning waits on the readings
+    (at(100, dataclasses.replace(BASE, phase="off", note="x")), True, None, 1.0, False),  # the probe is off
+])
+def test_the_files_are_read_every_second_unless_every_rank_rests(nodes: list[NodeSteps], seen: bool,
+                                                                 pending: object, since_read: float, due: bool) -> None:
+    w = StepWatch(nodes=tuple(nodes), seen=seen)
+    assert read_due(w, 100.0, 100.0 - since_read, pending) is due  # type: ignore[arg-type]
+    assert read_due(w, 100.0, None, None)  # the first reading always
+
+
+def test_a_rest_is_measured_on_the_judges_clock_as_the_reading_ages() -> None:
+    """A reading taken while a rank had just ended a step ages into a rest without a new reading."""
+    w = StepWatch(nodes=tuple(at(100, idle(100, 9, 1.0))), seen=True)
+    assert read_due(w, 101.0, 100.0, None)
+    assert not read_due(w, 100.0 + RESTING_AFTER_S, 100.0 + RESTING_AFTER_S - 1, None)

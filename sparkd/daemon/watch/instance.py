@@ -34,7 +34,14 @@ from sparkd.supervisor.readings import VllmMetrics
 from sparkd.supervisor.signals import SIGNALS
 from sparkd.supervisor.signals.canary import CANARY
 from sparkd.supervisor.states import SERVING, UP, State
-from sparkd.supervisor.stepwatch import READ_EVERY_S, StepWatch, canary_every, canary_pending, observe_steps
+from sparkd.supervisor.stepwatch import (
+    READ_EVERY_S,
+    StepWatch,
+    canary_every,
+    canary_pending,
+    observe_steps,
+    read_due,
+)
 
 READY_POLL_S = 0.5  # /health while starting: the port refuses until vLLM is ready, so this is cheap
 DRAIN_S = 5.0  # after an exit, how long the log may take to deliver its last lines before classifying
@@ -240,14 +247,18 @@ class InstanceWatch:
         health beside the other signals (sparkd.supervisor.stepwatch); the identity's step history learned."""
         sense.forget()  # an earlier instance's readings are no one's now
         self.step_watch = StepWatch(history=sense.load_history(self.step_identity))
+        last_read: float | None = None
         while True:
             await self.clock.sleep(READ_EVERY_S)
             if self.state() not in (*SERVING, State.stopping) or not self.health.watching:
                 continue  # read on while a stop drains: a wedge found then cuts the drain (lifecycle rule 10)
+            pending = canary_pending(self._canary_sent)
+            if not read_due(self.step_watch, self.clock.now(), last_read, pending):
+                continue  # every rank rests: read every RESTING_READ_S
+            last_read = self.clock.now()
             nodes = await sense.readings()
             self.step_watch, self.health, obs = observe_steps(
-                self.step_watch, self.health, nodes, self.clock.now(), self.cfg,
-                pending=canary_pending(self._canary_sent))
+                self.step_watch, self.health, nodes, self.clock.now(), self.cfg, pending=pending)
             sense.keep_history(self.step_identity, self.step_watch.history)
             await self._post(obs)
 
