@@ -45,7 +45,7 @@ __all__ = ["MISSING_AFTER_S", "PROBE_CANARY_S", "READ_EVERY_S", "RESTING_AFTER_S
 
 READ_EVERY_S = 1.0  # the shell reads every node's step files this often while vLLM serves (rule 6: at rest, less)
 RESTING_READ_S = 5.0  # rule 6: the readings' interval while every rank rests
-RESTING_AFTER_S = 10.0  # rule 6: a rank rests this long after its last step ended
+RESTING_AFTER_S = 3.0  # rule 6: a rank rests this long after its last step ended (the canary comes every 8 s)
 PROBE_CANARY_S = 8.0  # the canary's longest interval while the probe reads vLLM's ranks (rule 5)
 MISSING_AFTER_S = 10.0  # no step file this long after vLLM served: the plugin did not load (rule 4)
 
