@@ -23,6 +23,7 @@ from tier import SERVED, START_S, Tier
 pytestmark = pytest.mark.timeout(900)
 
 STREAMS = 4
+SHARE = 0.02  # the worker's share of the time while streams are in flight (tests/drainwatch.py Throttle)
 DRAIN_S = 120  # the default [stop] drain_s, rendered as --shutdown-timeout
 
 
@@ -57,14 +58,30 @@ class InFlight:
         self.streams_done()
         self.poller.stop()
 
+    def release(self, share: float = SHARE) -> None:
+        """A frozen worker runs its share again."""
+        self.throttle.share = share
 
-def in_flight(tier: Tier, n: int = STREAMS, share: float = 0.02) -> InFlight:
-    """``n`` streams of 480 tokens from a worker throttled to ``share``, returned once they run."""
-    throttle = drainwatch.Throttle([tier.child("Worker")], share=share).start()
+
+def in_flight(tier: Tier, n: int = STREAMS, *, frozen: bool = False) -> InFlight:
+    """``n`` streams of 480 tokens from a worker throttled to :data:`SHARE`, returned once they run; ``frozen``: the
+    worker then stopped until :meth:`InFlight.release` (beside the whole suite the throttle's own thread may wake
+    late, letting the worker run far more than its share: the engine had finished every token before a restart's
+    SIGTERM came)."""
+    throttle = drainwatch.Throttle([tier.child("Worker")], share=SHARE).start()
     poller = drainwatch.Poller(base(tier), interval_s=0.1).start()
     streams, threads = drainwatch.start_streams(base(tier), SERVED, n, 480)
-    drainwatch.wait_begun(streams)
+    drainwatch.wait_begun(streams, settle_s=0.0 if frozen else 0.3)
+    if frozen:
+        throttle.share = 0.0
     return InFlight(streams, threads, poller, throttle)
+
+
+def stop_under_way(tier: Tier, flight: InFlight) -> None:
+    """Once sparkd's stop has begun (its SIGTERM on the way), the frozen worker steps again: the engine core finds
+    the SIGTERM between two steps, with every stream still in it, and counts them."""
+    tier.daemon.wait_for(lambda s: s.get("state") == "stopping", 90, "sparkd stopping")  # sparkctl starts slowly
+    flight.release()
 
 
 def test_the_rendered_drain_reaches_vllm(drain_tier: Tier) -> None:
@@ -109,14 +126,13 @@ def test_three_streams_survive_sparkctl_restart_and_now_aborts(drain_tier: Tier)
     with `--now` aborts them at once."""
     assert drain_tier.ctl("start").returncode == 0
     drain_tier.wait_ready(START_S)
-    flight = in_flight(drain_tier, 3)
+    flight = in_flight(drain_tier, 3, frozen=True)
     began = time.monotonic()
     try:
         threading.Thread(target=lambda: drain_tier.ctl("restart"), daemon=True).start()
-        # sparkctl starts slowly beside the suite; the count comes from vLLM's drain line or its gauges a moment
-        # after the drain begins ('the count in flight not read yet' until then)
+        stop_under_way(drain_tier, flight)
         drain_tier.daemon.wait_for(lambda s: (s.get("drain") or {}).get("state") == "draining"
-                                   and s["drain"].get("in_flight") is not None, 90, "the status says draining, counted")
+                                   and s["drain"].get("in_flight"), 60, "the status says draining, counted")
         newcomer = drainwatch.one_request(base(drain_tier), SERVED, stream=False)
     finally:
         flight.finish()
@@ -125,12 +141,16 @@ def test_three_streams_survive_sparkctl_restart_and_now_aborts(drain_tier: Tier)
     drain_tier.wait_ready(START_S)
     assert drain_tier.complete("after the restart") == 200
 
-    # Throttled harder: beside the whole suite sparkctl itself may take seconds to start, and the engine must still
-    # be generating when the SIGTERM comes (a token it generated is streamed out, --now or not).
-    flight = in_flight(drain_tier, 3, share=0.01)
-    cut = time.monotonic()
+    flight = in_flight(drain_tier, 3, frozen=True)  # still generating when the SIGTERM comes (a token the engine
+    cut = time.monotonic()  # generated is streamed out, --now or not)
     try:
-        assert drain_tier.ctl("restart", "--now").returncode == 0
+        answered: list[int] = []
+        now = threading.Thread(target=lambda: answered.append(drain_tier.ctl("restart", "--now").returncode),
+                               daemon=True)
+        now.start()
+        stop_under_way(drain_tier, flight)
+        now.join(120)
+        assert answered == [0], "sparkctl restart --now answers 0 once the restart is under way"
     finally:
         flight.finish()
     summaries = [s.summary(cut) for s in flight.streams]
