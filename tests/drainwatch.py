@@ -76,12 +76,18 @@ class Throttle:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._signal(signal.SIGCONT)
-                time.sleep(self.period_s * self.share)
+                if self.share > 0:  # at 0 they stay stopped: a SIGCONT at once undone still lets them run a while
+                    self._signal(signal.SIGCONT)
+                    time.sleep(self.period_s * self.share)
                 self._signal(signal.SIGSTOP)
                 self._stop.wait(self.period_s * (1 - self.share))
         finally:
             self._signal(signal.SIGCONT)
+
+    def hold(self) -> None:
+        """Stop them now, and keep them stopped until ``share`` is set again."""
+        self.share = 0.0
+        self._signal(signal.SIGSTOP)
 
     def close(self) -> None:
         self._stop.set()
@@ -268,12 +274,14 @@ def _folded(values: list[float]) -> list[float]:
     return out
 
 
-def wait_begun(streams: list[Stream], settle_s: float = 0.3, timeout_s: float = 120.0) -> None:
+def wait_begun(streams: list[Stream], settle_s: float = 0.3, timeout_s: float = 120.0, *,
+               every_chunk: bool = False) -> None:
     """Until every stream has its answer's status (vLLM has rendered the request: it reaches the engine as the
-    stream starts) and one has its first chunk, then ``settle_s`` more. vLLM's gauges cannot tell: on its CPU build
-    they read 0 while streams run."""
+    stream starts) and one has its first chunk (``every_chunk``: each has one, so the engine has scheduled them all),
+    then ``settle_s`` more. vLLM's gauges cannot tell: on its CPU build they read 0 while streams run."""
     deadline = time.monotonic() + timeout_s
-    while not (all(s.status is not None or s.ended_at for s in streams) and any(s.chunks for s in streams)):
+    chunked = all if every_chunk else any
+    while not (all(s.status is not None or s.ended_at for s in streams) and chunked(s.chunks for s in streams)):
         if time.monotonic() > deadline:
             raise AssertionError("the streams did not begin")
         time.sleep(0.01)

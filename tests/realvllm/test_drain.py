@@ -24,6 +24,7 @@ pytestmark = pytest.mark.timeout(900)
 
 STREAMS = 4
 SHARE = 0.02  # the worker's share of the time while streams are in flight (tests/drainwatch.py Throttle)
+CRAWL = 0.001  # until a frozen flight's streams have begun
 DRAIN_S = 120  # the default [stop] drain_s, rendered as --shutdown-timeout
 
 
@@ -64,16 +65,17 @@ class InFlight:
 
 
 def in_flight(tier: Tier, n: int = STREAMS, *, frozen: bool = False) -> InFlight:
-    """``n`` streams of 480 tokens from a worker throttled to :data:`SHARE`, returned once they run; ``frozen``: the
-    worker then stopped until :meth:`InFlight.release` (beside the whole suite the throttle's own thread may wake
-    late, letting the worker run far more than its share: the engine had finished every token before a restart's
-    SIGTERM came)."""
-    throttle = drainwatch.Throttle([tier.child("Worker")], share=SHARE).start()
+    """``n`` streams of 480 tokens from a worker throttled to :data:`SHARE`, returned once they run. ``frozen``: the
+    worker crawls until every stream has its first token (each request is in the engine's scheduler), then stays
+    stopped until :meth:`InFlight.release`. The API server streams a few tens of tokens a second, the tiny model
+    makes hundreds: a throttle's thread that wakes late beside the whole suite let the engine finish every token
+    before a restart's SIGTERM ("drained in 0.0 s") while the streams were still being sent."""
+    throttle = drainwatch.Throttle([tier.child("Worker")], share=CRAWL if frozen else SHARE).start()
     poller = drainwatch.Poller(base(tier), interval_s=0.1).start()
     streams, threads = drainwatch.start_streams(base(tier), SERVED, n, 480)
-    drainwatch.wait_begun(streams, settle_s=0.0 if frozen else 0.3)
+    drainwatch.wait_begun(streams, settle_s=0.0 if frozen else 0.3, every_chunk=frozen)
     if frozen:
-        throttle.share = 0.0
+        throttle.hold()
     return InFlight(streams, threads, poller, throttle)
 
 
