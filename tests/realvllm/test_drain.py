@@ -156,6 +156,14 @@ def test_three_streams_survive_sparkctl_restart_and_now_aborts(drain_tier: Tier)
     finally:
         flight.finish()
     summaries = [s.summary(cut) for s in flight.streams]
-    assert not any(s.complete for s in flight.streams), ("--now does not wait for them", summaries)
-    assert all(s.ended_at is not None and s.ended_at - cut < 45 for s in flight.streams), summaries
+    stop = drain_tier.daemon.wait_for(lambda s: (s.get("last_stop") or {}).get("kind") == "now", 60,
+                                      "the --now stop's report")["last_stop"]
+    if stop["cut"] is None:
+        # Beside the whole suite the engine may have generated every token before the SIGTERM while the API server
+        # still sent them (it paces the streams): vLLM had nothing in flight, and nothing was left to cut.
+        assert stop["drain"].startswith("drained in") and stop["seconds"] < 30, stop
+    else:
+        assert "requests in flight" in stop["cut"], stop
+        assert not any(s.complete for s in flight.streams), ("--now does not wait for them", summaries)
+        assert all(s.ended_at is not None and s.ended_at - cut < 45 for s in flight.streams), summaries
     drain_tier.wait_ready(START_S)
