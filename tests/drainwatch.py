@@ -274,6 +274,17 @@ def _folded(values: list[float]) -> list[float]:
     return out
 
 
+def wait_answered(streams: list[Stream], settle_s: float = 1.0, timeout_s: float = 120.0) -> None:
+    """Until every stream has its answer's status, then ``settle_s`` more: the API server sends the status as it
+    starts the stream, and hands the request to the engine core a moment later."""
+    deadline = time.monotonic() + timeout_s
+    while not all(s.status is not None or s.ended_at for s in streams):
+        if time.monotonic() > deadline:
+            raise AssertionError("the streams were not answered")
+        time.sleep(0.01)
+    time.sleep(settle_s)
+
+
 def wait_begun(streams: list[Stream], settle_s: float = 0.3, timeout_s: float = 120.0, *,
                every_chunk: bool = False) -> None:
     """Until every stream has its answer's status (vLLM has rendered the request: it reaches the engine as the

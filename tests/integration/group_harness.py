@@ -62,7 +62,7 @@ class Fabric:
 
 
 def group_configs(tmp: Path, fabric: Fabric, *, tp: int, pp: int = 1, ranks: list[int] | None = None,
-                  **sections: dict[str, Any]) -> list[dict[str, Any]]:
+                  peer_grace_s: float = 3, **sections: dict[str, Any]) -> list[dict[str, Any]]:
     """One config per node: rank 0 is the head and lists every worker; each worker lists the head."""
     n = len(fabric.nodes)
     token = peer_token(tmp / "token")
@@ -78,7 +78,7 @@ def group_configs(tmp: Path, fabric: Fabric, *, tp: int, pp: int = 1, ranks: lis
                               "port": 8000, "max_model_len": 8192})
         cfg["launch"]["env"]["VLLM_PROCESS_NAME_PREFIX"] = unique_prefix()
         cfg["cluster"] = {"master_addr": head, "master_port": 29501, "nnodes": n, "peer_poll_s": 0.5,
-                          "peer_grace_s": 3, "worker_start_timeout_s": 90,
+                          "peer_grace_s": peer_grace_s, "worker_start_timeout_s": 90,
                           "peers": fabric.addresses[1:] if i == 0 else [head]}
         cfg["api"] = {"socket_group": "", "listen": addr, "port": 9479, "token_file": str(token)}
         configs.append(cfg)

@@ -50,7 +50,9 @@ TOPOLOGIES = [pytest.param(4, 1, 2, id="tp4"),  # rank 2: a worker of the one TP
 @pytest.mark.parametrize(("tp", "pp", "worker_rank"), TOPOLOGIES)
 def test_a_group_starts_workers_first_and_recovers_as_one_unit(make_group: Any, tp: int, pp: int,
                                                                 worker_rank: int) -> None:
-    group = make_group(tp=tp, pp=pp).start()
+    # A daemon killed and started again must be back before its peers give it up: on a loaded 2-core host a
+    # worker's sparkd took 8 s to start, past a 3 s grace (the head then restarted the group under the test).
+    group = make_group(tp=tp, pp=pp, peer_grace_s=30).start()
     pids = group.ready()
     for pid in pids:
         cmdline = psutil.Process(pid).cmdline()

@@ -116,8 +116,10 @@ def neighbours(tmp_path_factory: pytest.TempPathFactory, docker_client: Any, tes
     tmp = tmp_path_factory.mktemp("neighbours")
     instances = tmp / "instances"
     (tmp / "a").mkdir()
-    a = Sparkd(tmp / "a", default_titles(base_config(tmp / "a", free_port(),
-                                                     paths={"instances_dir": str(instances)})))
+    # A is watched for being left alone, not for its hang detection: the harness's 3 s stall (a small machine's
+    # floor) read a loaded host's slow stand-in as a wedge once beside the whole suite, and A was restarted.
+    a = Sparkd(tmp / "a", default_titles(base_config(tmp / "a", free_port(), paths={"instances_dir": str(instances)},
+                                                     health={"canary_timeout_s": 30, "stall_after_s": 30})))
     hand_port, container_port = free_port(), free_port()
     mounts = [{"source": src, "target": opt["bind"], "read_only": opt.get("mode") == "ro"}
               for src, opt in python_mounts.items()]

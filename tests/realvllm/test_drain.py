@@ -66,13 +66,18 @@ class InFlight:
 
 def in_flight(tier: Tier, n: int = STREAMS, *, frozen: bool = False) -> InFlight:
     """``n`` streams of 480 tokens from a worker throttled to :data:`SHARE`, returned once they run. ``frozen``: the
-    worker crawls until every stream has its first token (each request is in the engine's scheduler), then stays
-    stopped until :meth:`InFlight.release`. The API server streams a few tens of tokens a second, the tiny model
-    makes hundreds: a throttle's thread that wakes late beside the whole suite let the engine finish every token
-    before a restart's SIGTERM ("drained in 0.0 s") while the streams were still being sent."""
-    throttle = drainwatch.Throttle([tier.child("Worker")], share=CRAWL if frozen else SHARE).start()
+    worker is stopped before the streams are sent and crawls only once each has its answer's status (the API server
+    hands it to the engine as it starts the stream), until every stream has its first token (all of them in the
+    engine's scheduler, level within a step or two), then stays stopped until :meth:`InFlight.release`. The API
+    server streams a few tens of tokens a second, the tiny model makes hundreds: a worker left running while the
+    loaded API server took the next request let the first stream reach 444 of 480 tokens before the last began, and
+    a throttle's thread that woke late let the engine finish every token before a restart's SIGTERM."""
+    throttle = drainwatch.Throttle([tier.child("Worker")], share=0.0 if frozen else SHARE).start()
     poller = drainwatch.Poller(base(tier), interval_s=0.1).start()
     streams, threads = drainwatch.start_streams(base(tier), SERVED, n, 480)
+    if frozen:
+        drainwatch.wait_answered(streams)
+        throttle.share = CRAWL
     drainwatch.wait_begun(streams, settle_s=0.0 if frozen else 0.3, every_chunk=frozen)
     if frozen:
         throttle.hold()

@@ -149,7 +149,27 @@ class Standin:
             return "\n".join(self.lines[-n:])
 
     def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until vLLM's ready line, then until its API port accepts: uvicorn logs the line at the end of the
+        app's startup and listens a moment later (a loaded host's test connected in between and was refused)."""
         self.wait_for(re.escape(READY_LINE), timeout)
+        port = self._arg("--port")
+        if port is None or not port.isdigit():
+            return
+        host = self._arg("--host")
+        address = (host if host and host not in ("0.0.0.0", "::") else "127.0.0.1", int(port))
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with contextlib.suppress(OSError), socket.create_connection(address, timeout=1.0):
+                return
+            time.sleep(0.02)
+
+    def _arg(self, flag: str) -> str | None:
+        """The value of the last ``flag`` in the stand-in's argv (as vLLM's argparse reads it)."""
+        value = None
+        for i, word in enumerate(self.argv):
+            if word == flag and i + 1 < len(self.argv):
+                value = self.argv[i + 1]
+        return value
 
     # -- process tree ---------------------------------------------------------------------------------------
     def tree(self) -> list[psutil.Process]:
