@@ -43,9 +43,27 @@ _dir = os.environ.pop("SPARKD_IDLE_PROFILE_DIR", None)  # sparkd's alone: the vL
 _prof = cProfile.Profile(time.thread_time)  # the loop thread's CPU, not the wall clock (GIL waits)
 
 
+def _threads():
+    """Every thread's CPU so far (the scheduler's ns, /proc/self/task/*/schedstat), by its Python name."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        name = names.get(int(tid), "native")  # a thread Python did not start (a library's own: NVML's)
+        if name.startswith("AnyIO worker thread"):
+            name = "AnyIO worker threads"
+        key = f"{name} ({tid})" if name in ("native",) else name
+        out[key] = out.get(key, 0) + ns
+    return out
+
+
 def _snapshot():
     _prof.snapshot_stats()  # the main thread's entries, read under the GIL
-    return {k: v[:4] for k, v in _prof.stats.items()}, time.process_time(), time.monotonic()
+    return ({k: v[:4] for k, v in _prof.stats.items()}, time.process_time(), time.monotonic(), _threads())
 
 
 def _watch():
@@ -54,7 +72,8 @@ def _watch():
         while not os.path.exists(os.path.join(_dir, mark)):
             time.sleep(0.2)
         taken[mark] = _snapshot()
-    (a, cpu_a, t_a), (b, cpu_b, t_b) = taken["start"], taken["end"]
+    (a, cpu_a, t_a, th_a), (b, cpu_b, t_b, th_b) = taken["start"], taken["end"]
+    threads = {name: (ns - th_a.get(name, 0)) / 1e9 for name, ns in th_b.items()}
     rows = []
     for key, (cc, nc, tt, ct) in b.items():
         _, nc0, tt0, ct0 = a.get(key, (0, 0, 0.0, 0.0))
@@ -62,7 +81,8 @@ def _watch():
             rows.append({"where": f"{key[0]}:{key[1]}({key[2]})", "calls": nc - nc0, "own_s": tt - tt0,
                          "cum_s": ct - ct0})
     with open(os.path.join(_dir, "profile.json"), "w") as out:
-        json.dump({"window_s": t_b - t_a, "process_cpu_s": cpu_b - cpu_a, "rows": rows}, out)
+        json.dump({"window_s": t_b - t_a, "process_cpu_s": cpu_b - cpu_a, "threads_cpu_s": threads, "rows": rows},
+                  out)
 
 
 if _dir is not None:
@@ -82,6 +102,11 @@ def report(profile: dict[str, Any], top: int) -> str:
     window = profile["window_s"]
     lines = [f"window {window:.1f} s; the process's CPU in it {profile['process_cpu_s'] * 1000:.0f} ms "
              f"({100 * profile['process_cpu_s'] / window:.3f} % of a core, profiled)"]
+    threads = profile.get("threads_cpu_s", {})
+    if threads:
+        lines.append("\nby thread (ms in the window, the scheduler's; the main thread runs the loop, profiled):")
+        for name, cpu in sorted(threads.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {cpu * 1000:8.1f}  {name}")
     for title, key in (("by cumulative time", "cum_s"), ("by own time", "own_s")):
         lines.append(f"\n{title} (ms in the window, calls):")
         for r in sorted((r for r in rows if "epoll" not in r["where"] and "selectors.py" not in r["where"]),

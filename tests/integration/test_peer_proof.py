@@ -34,11 +34,12 @@ CLOSED_WITHIN_S = REQUEST_DEADLINE_S + 10  # closed at the deadline, late on a l
 
 def tune(pair: Pair, *, grace_s: float = 12, leave_running: bool = True) -> Pair:
     """A peer grace long enough for a daemon restart on a loaded machine, ranks left running across one, and a
-    canary that a loaded machine's slow step does not fail (these tests attack the peer link, not vLLM)."""
+    canary that a loaded machine's slow step does not fail (these tests attack the peer link, not vLLM): no step
+    probe either, whose 5 s floor read an engine starved beside the whole suite as one that stopped scheduling."""
     for daemon in (pair.head, pair.worker):
         daemon.config["cluster"]["peer_grace_s"] = grace_s
         daemon.config.setdefault("health", {}).update({"canary_interval_s": 5, "canary_timeout_s": 10,
-                                                       "stall_after_s": 30})
+                                                       "stall_after_s": 30, "step_probe": False})
         daemon.config.setdefault("supervisor", {})["leave_running"] = leave_running
         daemon.config_path.write_text(render_toml(daemon.config))
     return pair
