@@ -177,11 +177,6 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
          types=r"ValueError|NotImplementedError", not_raised_in={S.step}, unless=_NOT_A_SETTING,
          message=r"\brequires?\b|\bmust\b|\bonly\b|\bnot (?:a )?valid\b|\b[Ii]nvalid\b|\bincompatible\b|"
                  r"\bno longer\b|\b[Uu]nknown\b|\bcannot be used\b"),
-    sign("a ValueError raised outside the engine's step whose message names one of vLLM's settings by its name (an "
-         "EngineArgs field or a `vllm serve` flag, `settingnames.py`: `max_num_batched_tokens (2048)`): vLLM's "
-         "checks of the values it was given, wherever they run (the config, the scheduler's encoder budget, a "
-         "platform) — in the step the same type is the engine's", types=r"ValueError", not_raised_in={S.step},
-         message=NAMED_SETTING, do=_CONFIG_DO),
     sign("a model architecture vLLM does not support", terms="model unsupported"),
     sign("a device index beyond the GPUs there are: CUDA_VISIBLE_DEVICES or the parallel sizes",
          message=r"invalid device ordinal|cudaErrorInvalidDevice\b|\binvalid device[= ]\d+"),
@@ -205,4 +200,10 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
          do=f"serve a checkpoint this vLLM can load, or set the quantization it was made with — {NO_RETRY}"),
     sign("the model needs code from its repository that the config did not allow, or a token it was not given",
          message=r"trust_remote_code|\b40[13] Client Error\b"),
+    sign("a ValueError raised outside the engine's step whose message names one of vLLM's settings by its name (an "
+         "EngineArgs field or a `vllm serve` flag, `settingnames.py`: `max_num_batched_tokens (2048)`): vLLM's "
+         "checks of the values it was given, wherever they run (the config, the scheduler's encoder budget, a "
+         "platform) — in the step the same type is the engine's; last, as the readings above say more",
+         types=r"ValueError", not_raised_in={S.step},
+         message=NAMED_SETTING, do=_CONFIG_DO),
 ))
