@@ -88,7 +88,7 @@ _NCCL = re.compile(r"\b[NR]CCL (?P<level>WARN|INFO|ERROR|ABORT|TRACE)\b")
 # `- name - INFO - ...`), a bracketed level
 _OTHER_LEVEL = re.compile(r"^(?:- +)?(?:[\w.]+ +- +)?\[?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?"
                           r"(?::|\s+-\s|\s)")
-# A level in a column of bracketed ones, in any case (Habana Synapse's `[19:08:34.16][GC    ][error][tid:44F8A] ...`,
+# A level in a column of bracketed ones, in any case (Habana Synapse's `[10:00:00.000001][GC  ][error][tid:1A2B] ...`,
 # spdlog's `[2024-01-01 10:00:00.123] [error] ...`): the writer's own word for how bad the line is
 _BRACKET_LEVEL = re.compile(r"^(?:\[[^\]\n]{1,40}\] ?){0,4}\[\s*(?P<level>error|err|critical|fatal|warning|warn|info|"
                             r"debug|trace)\s*\]", re.IGNORECASE)

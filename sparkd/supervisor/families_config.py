@@ -119,7 +119,7 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
          "dir): the launch's files or mounts", types=r"PermissionError", tier=Tier.GENERIC,
          unless=r"/dev/(?:nvidia|dri|kfd|davinci|accel|vfio)"),
     sign("the same refusal by the operating system in its error number, carried by another type (a C++ check's "
-         "`RuntimeError: numa_migrate_pages failed. errno: 1`, `[Errno 13]`, EPERM, EACCES) outside the engine's "
+         "`RuntimeError: mbind failed. errno: 1`, `[Errno 13]`, EPERM, EACCES) outside the engine's "
          "step: the container or the user may not do what the launch asks of it (a capability, a mount, a NUMA "
          "binding), which no restart changes — not a device file (the GPU's access)", tier=Tier.GENERIC,
          types=r"\w*(?:Error|Exception)", not_raised_in={S.step},
