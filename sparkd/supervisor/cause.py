@@ -15,9 +15,10 @@ the family. A family of `families.BY_KIND` — an error decided only by its kind
 Then the cause: the lowest tier, and within a tier the first event in time, because the first specific error is the
 root and the rest is fallout — except that an earlier event of an explaining class keeps its place over what it
 explains (`EXPLAINS`: a peer lost before an NCCL timeout), and a reading of a traceback's frame yields to the specific
-one of its class after it. A line logged below ERROR is never a family's evidence nor the first error; only a rule or a
-sign written for such a line reads it (a wait that repeats, a KV-cache budget at or below nothing). With no finding at
-all, vLLM's engine logging one line again and again is a stall (`_repeating`).
+one of its class after it, or to the exception that ends its traceback when that is read as another class. A line
+logged below ERROR is never a family's evidence nor the first error; only a rule or a sign written for such a line reads
+it (a wait that repeats, a KV-cache budget at or below nothing). With no finding at all, vLLM's engine logging one line
+again and again is a stall (`_repeating`).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Scan:
 
 
 _ABORTED = re.compile(r"exit code:? -6\b|\bSIGABRT\b")
-_ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
+_ERROR_LEVELS = frozenset({"ERROR", "CRITICAL", "FATAL"})
 _ERRORISH = re.compile(r"\b(?:\w*Error|\w*Exception|Traceback|FATAL|Fatal|ERROR)\b")
 
 
@@ -173,12 +174,24 @@ def _later_wait(hit: Finding, best: Finding | None) -> bool:
     """A line that shows up in healthy runs too repeats while vLLM waits (a placement group, the shared-memory
     queue, a rendezvous's retries): the last one says how long the wait was when vLLM died. And a provisional reading
     (a traceback's frame, for an excerpt cut before its exception; a launcher's word for a stop) yields to a specific
-    one of its class after it, which says more."""
+    one of its class after it, which says more, and to the exception that ends its traceback when that is read as
+    another class (`_ends_its_traceback`)."""
     if best is None:
         return False
+    if best.rule is not None and best.rule.provisional and hit.tier <= best.tier and _ends_its_traceback(hit, best):
+        return True
     if best.rule is not None and best.rule.provisional and hit.cls is best.cls and hit.tier <= best.tier:
         return hit.specific
     return best.tier is Tier.AMBIGUOUS and hit.rule is not None and hit.rule is best.rule
+
+
+def _ends_its_traceback(hit: Finding, best: Finding) -> bool:
+    """`hit` is the exception that ends the traceback whose frame `best` read, and is read as another class: a frame's
+    reading guesses the exception of an excerpt cut before it (the shared-memory queue's wait: a TimeoutError), and
+    where the exception is there (the queue's read `cancelled` when a worker died) it says what the frame could not."""
+    exc = hit.event.exception
+    return (best.event.kind is Kind.frame and exc is not None and hit.cls is not best.cls
+            and hit.event.process == best.event.process and any(f.path in best.event.text for f in exc.frames))
 
 
 def _vllm_error(event: Event) -> str | None:
@@ -226,7 +239,8 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
     earlier: list[str] = []
     for event in events:
         if (event.from_log and not event.below_error and event.kind not in (Kind.code, Kind.frame)
-                and (_ERRORISH.search(event.text) or (event.kind is Kind.torch and event.level in _ERROR_LEVELS))):
+                and (_ERRORISH.search(event.text) or (event.kind in (Kind.torch, Kind.other)
+                                                       and event.level in _ERROR_LEVELS))):
             last_errorish = event.text
             first_errorish = first_errorish or event.said
         said = _vllm_error(event)

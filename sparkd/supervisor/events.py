@@ -88,6 +88,10 @@ _NCCL = re.compile(r"\b[NR]CCL (?P<level>WARN|INFO|ERROR|ABORT|TRACE)\b")
 # `- name - INFO - ...`), a bracketed level
 _OTHER_LEVEL = re.compile(r"^(?:- +)?(?:[\w.]+ +- +)?\[?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?"
                           r"(?::|\s+-\s|\s)")
+# A level in a column of bracketed ones, in any case (Habana Synapse's `[10:00:00.000001][GC  ][error][tid:1A2B] ...`,
+# spdlog's `[2024-01-01 10:00:00.123] [error] ...`): the writer's own word for how bad the line is
+_BRACKET_LEVEL = re.compile(r"^(?:\[[^\]\n]{1,40}\] ?){0,4}\[\s*(?P<level>error|err|critical|fatal|warning|warn|info|"
+                            r"debug|trace)\s*\]", re.IGNORECASE)
 _BELOW_ERROR = frozenset({"DEBUG", "INFO", "WARNING", "WARN", "TRACE"})
 _KERNEL = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?(?:\S+ kernel: )?(?:NVRM: |pcieport |nvidia |amdgpu |.*\bAER: |"
                      r"Out of memory: Killed process|.*\boom-kill|.*\bearlyoom\b|OOMKilled)", re.IGNORECASE)
@@ -261,6 +265,10 @@ def _kind_level_time(text: str, from_log: bool) -> tuple[Kind, str | None, str |
     if any(c in low for c in _CUDA_WORDS) and _CUDA.search(text):
         return Kind.cuda, "ERROR", None
     o = _OTHER_LEVEL.match(text)
+    if o is None and text[:1] == "[":
+        b = _BRACKET_LEVEL.match(text)
+        level = b.group("level").upper() if b is not None else None
+        return Kind.other, "ERROR" if level == "ERR" else level, None
     return Kind.other, (o.group("level") if o is not None else None), None
 
 

@@ -12,6 +12,7 @@ from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.familykit import Family, sign
 from sparkd.supervisor.rulekit import Tier, const, fmt, what_missing_path, what_oci
 from sparkd.supervisor.sentences import NO_RETRY
+from sparkd.supervisor.settingnames import NAMED_SETTING
 from sparkd.supervisor.tracebacks import Subsystem
 
 __all__ = ["CONFIG"]
@@ -34,6 +35,8 @@ _DEVICES = r"(?:\w+ )?(?:[A-Z]PUs|devices|accelerators|chips|cores|neuron_cores)
 _KV_DO = f"lower max_model_len or raise gpu_memory_utilization in the config — {NO_RETRY}"
 _CONFIG_DO = f"fix the vLLM settings in the config — {NO_RETRY}"
 _LAUNCH_DO = f"fix [launch] in the config — {NO_RETRY}"
+_PERMISSION_DO = (f"give the container or the user the permission the launch needs (a capability, a mount), or drop "
+                  f"the setting that asks for it — {NO_RETRY}")
 
 CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
     sign("argparse names the arguments vLLM does not know",
@@ -106,8 +109,21 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
     sign("a file or directory the launch names (the model, its config, the tokenizer, a chat template) is not "
          "there, in Python's words: generic, a specific reading of the same line says more",
          types=r"FileNotFoundError", tier=Tier.GENERIC, unless=r"nvcc|gcc|ninja|nvidia-smi|\.so\b|/bin/"),
+    sign("a file or directory a setting names (a chat template, a tokenizer, a config file) that vLLM says is not "
+         "there, raised as its ValueError outside the engine's step: the setting's fault, as FileNotFoundError's "
+         "sign says — not a library, a compiler or a tool the image lacks (the image's)", types=r"ValueError",
+         tier=Tier.GENERIC, not_raised_in={S.step}, flags=_I, unless=r"nvcc|gcc|ninja|nvidia-smi|\.so\b|/bin/",
+         message=r"(?:\b(?:path|file|directory|folder)\b|\S/\S)[^\n]{0,160}?(?:\bdoes ?n[o']t exist|\bnot exist\b|"
+                 r"\bno such file\b|\bnot found\b)"),
     sign("a file or directory the process may not read or write (a model mounted without permission, a cache "
          "dir): the launch's files or mounts", types=r"PermissionError", tier=Tier.GENERIC,
+         unless=r"/dev/(?:nvidia|dri|kfd|davinci|accel|vfio)"),
+    sign("the same refusal by the operating system in its error number, carried by another type (a C++ check's "
+         "`RuntimeError: mbind failed. errno: 1`, `[Errno 13]`, EPERM, EACCES) outside the engine's "
+         "step: the container or the user may not do what the launch asks of it (a capability, a mount, a NUMA "
+         "binding), which no restart changes — not a device file (the GPU's access)", tier=Tier.GENERIC,
+         types=r"\w*(?:Error|Exception)", not_raised_in={S.step},
+         message=r"\berrno[:=]? ?(?:1|13)\b|\[Errno (?:1|13)\]|\bE(?:PERM|ACCES)\b", do=_PERMISSION_DO,
          unless=r"/dev/(?:nvidia|dri|kfd|davinci|accel|vfio)"),
     sign("the model named in the config is not a model transformers or vLLM can find",
          message=r"is not a local folder and is not a valid model identifier|does not appear to have a file "
@@ -184,4 +200,10 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
          do=f"serve a checkpoint this vLLM can load, or set the quantization it was made with — {NO_RETRY}"),
     sign("the model needs code from its repository that the config did not allow, or a token it was not given",
          message=r"trust_remote_code|\b40[13] Client Error\b"),
+    sign("a ValueError raised outside the engine's step whose message names one of vLLM's settings by its name (an "
+         "EngineArgs field or a `vllm serve` flag, `settingnames.py`: `max_num_batched_tokens (2048)`): vLLM's "
+         "checks of the values it was given, wherever they run (the config, the scheduler's encoder budget, a "
+         "platform) — in the step the same type is the engine's; last, as the readings above say more",
+         types=r"ValueError", not_raised_in={S.step},
+         message=NAMED_SETTING, do=_CONFIG_DO),
 ))

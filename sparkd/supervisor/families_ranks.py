@@ -239,6 +239,13 @@ PROCESSES: tuple[Family, ...] = (
              message=r"The actor (?:died unexpectedly before finishing this task|is dead because its worker process "
                      r"has died)(?:.*?Worker exit detail: (?P<said>.*))?",
              unless=r"creation task|running low on memory|memory monitor|OUT_OF_MEMORY"),
+        sign("a read of the executor's shared-memory queue that was cancelled (`RuntimeError: cancelled` raised in "
+             "it): vLLM's MessageQueue raises it only when the queue is shut down under a waiting reader, which the "
+             "executor does when its monitor sees a worker process die (or on its own shutdown) — a process of the "
+             "engine ended, not a wait that ran out (that is the TimeoutError, the hang's)", tier=G,
+             types=r"RuntimeError", raised_in={S.rpc}, message=r"^cancelled\b",
+             what=const("A process of vLLM's engine ended: the executor shut down the shared-memory queue the engine "
+                        "was reading, as it does when a worker process dies")),
         sign("vLLM raises EngineDeadError in the API server once its engine core is gone: a consequence",
              types=r"\w*EngineDeadError", tier=Tier.CONSEQUENCE),
     )),

@@ -205,7 +205,8 @@ def test_explain_names_what_happened_on_held_out_logs(excerpt: Excerpt) -> None:
     assert failure.cls in FailureClass and what and do, failure.sentence
     if failure.cls is FailureClass.unknown and failure.evidence is not None:
         message = failure.evidence.split("] ", 1)[-1]  # the line without vLLM's "ERROR 02-20 ... file.py:N]" prefix
-        assert " ".join(message.split())[:40] in " ".join(failure.sentence.split()), failure.sentence  # as quoted
+        # compared with its whitespace collapsed, as a sentence quotes a line (a runtime's indented lines)
+        assert " ".join(message.split())[:40] in " ".join(failure.sentence.split()), failure.sentence
 
 
 # The machinery above on a made-up round 3: what the lead sees when a new gathering is merged, and after recording it.

@@ -342,6 +342,16 @@ CASES |= {
                                        F.hang),
     "hang: an RPC in other words": ([ec("RuntimeError: the worker's RPC did not answer: timed out after 300 s")],
                                     F.hang),
+    "engine dead: the shared-memory queue's read cancelled under it": (tb("RuntimeError: cancelled", RPC),
+                                                                         F.engine_dead),
+    "config: a startup ValueError naming a setting": (tb("ValueError: the encoder needs 3000 tokens per item but "
+                                                         "--max-num-batched-tokens is 2048",
+                                                         ("vllm/v1/core/encoder_cache_manager.py", "compute_budget")),
+                                                      F.config_error),
+    "config: a file a setting names is not there": ([ec("ValueError: The chat template file (t/x.jinja) looks like a "
+                                                        "path but does not exist")], F.config_error),
+    "config: the OS refused a permission, by its number": ([ec("RuntimeError: mbind failed, errno: 13")],
+                                                           F.config_error),
     "engine dead: CUDACHECK in the custom all-reduce": (["Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:455 "
                                                          "'invalid argument'"], F.engine_dead),
     "engine dead: CUDACHECK elsewhere": (["Failed: Cuda error /workspace/csrc/cache_kernels.cu:12 'out of bounds'"],
