@@ -32,6 +32,7 @@ from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.families import FamilyHit, judge
 from sparkd.supervisor.logline import VLLM_HEADER
+from sparkd.supervisor.peerloss import names_store_loss, store_owner_died_here
 from sparkd.supervisor.rules import REBUILD, RULES, Rule, Tier, may_match
 from sparkd.supervisor.sentences import NO_RETRY, quote
 from sparkd.supervisor.tracebacks import PyException
@@ -158,6 +159,23 @@ def _finding(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier:
     return _from_family(hit, event)
 
 
+def _without_peer(found: Finding, ctx: ClassifyContext, owner_died: bool) -> Finding:
+    """A peer's loss read where the rank lost cannot be another node's (`peerloss.py`): on a node that runs vLLM
+    alone, any; a TCPStore's loss where this engine's executor reports the death of rank 0, which serves it. It is
+    then the echo of a death in this engine — the engine's, as a consequence: the death's own line, or any cause
+    the log gives, says more."""
+    if found.cls is not FailureClass.peer_lost:
+        return found
+    if ctx.group is False:
+        why = "this node runs vLLM alone: the rank it lost was one of its own processes, not a peer"
+    elif owner_died and names_store_loss(found.event.subject):
+        why = "the TCPStore its ranks lost is served by rank 0, whose death this engine's executor reports"
+    else:
+        return found
+    return Finding(FailureClass.engine_dead, Tier.CONSEQUENCE, f"A process of vLLM's engine went away ({why})", None,
+                   found.evidence, found.event, quoted=found.quoted)
+
+
 def _better(hit: Finding, best: Finding | None) -> bool:
     """Is `hit` (later than `best`) the better root cause? The lower tier, else the earlier — except that an earlier
     finding of an explaining class keeps its place over what it explains (`EXPLAINS`)."""
@@ -237,6 +255,7 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
     first_vllm_error = last_vllm_error = last_errorish = first_errorish = None
     findings: list[Finding] = []
     earlier: list[str] = []
+    owner_died = any(store_owner_died_here(e.text, e.process) for e in events if "VllmWorker-0" in e.text)
     for event in events:
         if (event.from_log and not event.below_error and event.kind not in (Kind.code, Kind.frame)
                 and (_ERRORISH.search(event.text) or (event.kind in (Kind.torch, Kind.other)
@@ -246,6 +265,7 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
         said = _vllm_error(event)
         first_vllm_error, last_vllm_error = first_vllm_error or said, said or last_vllm_error
         found = _finding(event, exit_code, ctx, earlier)
+        found = _without_peer(found, ctx, owner_died) if found is not None else None
         earlier.append(event.text)
         exc = event.exception
         if exc is not None and first_exception is None and not event.below_error:

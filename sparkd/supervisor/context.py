@@ -17,6 +17,9 @@ class ClassifyContext:
     master_port: int | None = None  # torch.distributed master port (--master-port)
     mem_available_bytes: int | None = None  # MemAvailable when the failure was observed (the guard's sample)
     peer: str | None = None  # the other node's address, e.g. "10.0.0.2"
+    # Does the launch span nodes? True: a group (nnodes > 1, or peers); False: this node runs vLLM alone, so a rank it
+    # loses is a process of its own, never a peer; None: not known (a pasted log, a user's launch script).
+    group: bool | None = None
     was_ready: bool | None = None  # had this instance reached ready before it ended?
     # Kernel-log lines written since this instance launched: NVRM, Xid, PCIe AER, and OOM kills of its processes.
     kernel_lines: tuple[str, ...] = ()

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
+from sparkd.supervisor.hardwrap import unwrapped
 from sparkd.supervisor.lexicon import terms
 from sparkd.supervisor.logline import VLLM_HEADER, segments_of_process
 from sparkd.supervisor.tracebacks import PyException, TracebackParser, exception_line
@@ -286,7 +287,7 @@ def read_events(log_tail: Sequence[str], kernel_lines: Sequence[str] = (), oom_k
         raw_events.append((OOM_KILLED, False, None))
     raw_events += [(kernel, False, None) for kernel in kernel_lines]
     frames: list[tuple[str, bool, _Line | None]] = []
-    for raw in log_tail:
+    for raw in unwrapped(log_tail):
         read = _undecorate(raw)
         frames += [(text, True, read) for text in read.frames]
     raw_events += frames[-MAX_EVENTS:]
