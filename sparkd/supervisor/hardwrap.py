@@ -26,19 +26,21 @@ __all__ = ["WRAP_MIN_WIDTH", "unwrapped", "wrap_width"]
 
 WRAP_MIN_WIDTH = 60  # narrower than any terminal a log is read in: a log this narrow holds no wrap worth undoing
 _MIN_WRAPPED = 2  # different lines that must be cut at the width before it is read as a terminal's
-# A piece a terminal cut goes on into the next only from exactly the width, or short of it by the spaces a copy strips
-# from a line's end (a cut that fell on them)
+# A terminal's piece that goes on into the next is the width long, or short of it only by the spaces a copy strips from
+# a line's end (a cut that fell on them): one shorter still that goes on was wrapped at words
 _STRIPPED = 2
 # What starts a record of its own, never the rest of a cut line: an indent (a traceback's frame or source, a
 # continuation its writer indented), a bracket or parenthesis (a process prefix, torch's `[rank0]:[W...]`, a bracketed
-# time, kubectl's `[pod/...]`), a level, a time or a date, NCCL's `host:pid:tid [dev]`, a traceback's own lines, a
-# writer's `name: ` or compose's `name | `, a table's or a box's border, a shell's prompt, a colour code.
+# time, kubectl's `[pod/...]`), a level, a time, a date or a line's number, NCCL's `host:pid:tid [dev]`, a traceback's
+# own lines (and multiprocessing's `Process Name:`, faulthandler's, threading's heads of one), a writer's `name: ` or
+# compose's `name | `, a table's or a box's border, a shell's prompt, a colour code.
 _RECORD = re.compile(
     r"^(?:\s{2}|\t|[\[(<{|+=\-*#>$│┃║╭╰┌└├─━\x1b^]|"
     r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL|TRACE)\b|"
     r"\d+[-/.:,]|[A-Z][a-z]{2} [ \d]\d |"
     r"\S+:\d+:\d+ \[\d+\] |"
-    r"Traceback \(most recent|During handling of|The above exception|\s?File \"|"
+    r"Traceback \(most recent|During handling of|The above exception|\s?File \"|Process [\w.\-]+:\s*$|"
+    r"Fatal Python error|Exception in thread|"
     r"[A-Za-z_][\w.\-]*(?::| +\|)(?: |$))")
 _BORDER = re.compile(r"^[\W_]*$")  # a line of punctuation alone: a rule, a table's border
 
