@@ -5,7 +5,8 @@ matchers in `classify` and `progress` must not see:
 
 - ANSI colour codes (vLLM colours its process prefix cyan, `\\033[0;36m(APIServer pid=7)\\033[0;0m `);
 - the process prefix `decorate_logs()` puts on every line: `(APIServer pid=N) `, `(EngineCore_DP0 pid=N) `,
-  `(Worker_TP1 pid=N) `; Ray adds `, ip=...` inside the parentheses;
+  `(Worker_TP1 pid=N) `; Ray adds `, ip=...` inside the parentheses, and under Ray's executor a line can carry
+  several, one process's around another's (every one is removed; the first names the process);
 - carriage returns: a tqdm bar redraws itself with `\\r`, so one "line" can hold many frames of which only the
   last is current.
 
@@ -52,10 +53,15 @@ def strip_ansi(raw: str) -> str:
 
 
 def _strip_prefix(s: str) -> tuple[str, str | None, int | None]:
+    """`s` without the process prefixes in front of it (a launcher's around vLLM's: Ray's engine core, then its worker
+    actor, then the worker's own), and the first's process and pid."""
     m = _PREFIX.match(s)
     if m is None:
         return s, None, None
-    return s[m.end() :], m.group("process"), int(m.group("pid"))
+    rest = s[m.end() :]
+    while (inner := _PREFIX.match(rest)) is not None:
+        rest = rest[inner.end() :]
+    return rest, m.group("process"), int(m.group("pid"))
 
 
 def _frames(raw: str) -> tuple[tuple[str, ...], str | None, int | None]:

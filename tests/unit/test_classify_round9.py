@@ -28,8 +28,8 @@ STORE_FLAG = ('[rank2]:[W0304 05:06:07.123456789 ProcessGroupNCCL.cpp:1900] [PG 
 STORE_RECV = ("[rank3]:[W0304 05:06:07.2 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=41, addr=[node-b]:"
               "50312, remote=[node-a]:29500): Failed to recv, got 0 bytes. Connection was likely closed. Did the "
               "remote server shutdown or crash?")
-LONG_INFO = ("(Worker_TP1 pid=91) INFO 03-04 05:06:01 [gpu_model_runner.py:2000] Model loading took 12.5 GiB memory and "
-             "31.2 seconds, with the weights read from the local cache of this node's model directory")
+LONG_INFO = ("(Worker_TP1 pid=91) INFO 03-04 05:06:01 [gpu_model_runner.py:2000] Model loading took 12.5 GiB memory "
+             "and 31.2 seconds, with the weights read from the local cache of this node's model directory")
 
 
 def cut(line: str, width: int) -> list[str]:
@@ -80,8 +80,8 @@ def test_the_joined_line_is_one_event() -> None:
 _W = 90
 _HEAD = ("(EngineCore_DP0 pid=4) INFO 03-04 05:06:07 [loader.py:3] a record that is exactly the width of the log, and "
          "no wrap at all")[:_W]
-_HEAD2 = ("(EngineCore_DP0 pid=4) INFO 03-04 05:06:08 [loader.py:3] another record exactly that wide, and no wrap either "
-          "for it")[:_W]
+_HEAD2 = ("(EngineCore_DP0 pid=4) INFO 03-04 05:06:08 [loader.py:3] another record exactly that wide, and no wrap "
+          "either for it")[:_W]
 
 
 @pytest.mark.parametrize("record", [
