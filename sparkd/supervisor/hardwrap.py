@@ -11,14 +11,19 @@ it, and every reader after this one (`events.py`) sees it whole.
 It is conservative: a log whose longest lines are not shared by two different lines, each followed by a piece, is
 left as it is (a log read from a pipe or `docker logs` is never wrapped, and its longest line is rarely repeated at
 exactly its width); a piece is joined only when nothing in it starts a record (a process prefix, a level, a time or
-a date, a bracket, a traceback's line, an exception, a writer's `name: `, a table's border, an indent). The looser
-reading of a wrap where the widths do not say it (a line that goes on into a bare one) is `Event.more`'s.
+a date, a bracket, a traceback's line, an exception, a writer's `name: `, a table's border, an indent); and a text an
+editor or a viewer wrapped at words is left alone where one of its lines ends short of the width before a word too
+long to have fitted (a terminal cuts wherever the width falls). A text wrapped at words whose every wrapped line
+fills the width exactly cannot be told from a terminal's cut by its widths: it is joined, its words meeting without
+their space. The looser reading of a wrap where the widths do not say it (a line that goes on into a bare one) is
+`Event.more`'s.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from itertools import pairwise
 
 from sparkd.supervisor.tracebacks import exception_line
 
@@ -28,7 +33,7 @@ WRAP_MIN_WIDTH = 60  # narrower than any terminal a log is read in: a log this n
 _MIN_WRAPPED = 2  # different lines that must be cut at the width before it is read as a terminal's
 # A terminal's piece that goes on into the next is the width long, or short of it only by the spaces a copy strips from
 # a line's end (a cut that fell on them): one shorter still that goes on was wrapped at words
-_STRIPPED = 2
+_STRIPPED = 1
 # What starts a record of its own, never the rest of a cut line: an indent (a traceback's frame or source, a
 # continuation its writer indented), a bracket or parenthesis (a process prefix, torch's `[rank0]:[W...]`, a bracketed
 # time, kubectl's `[pod/...]`), a level, a time, a date or a line's number, NCCL's `host:pid:tid [dev]`, a traceback's
@@ -62,34 +67,31 @@ def _head(line: str) -> bool:
     return "\r" not in text and _BORDER.match(text) is None
 
 
-def _wrapped_at_words(piece: str, after: str, width: int) -> bool:
-    """A piece that ends short of the width (more than a copy's stripped spaces) where the next line, a piece too,
-    starts with a word too long to have fitted after it: an editor's or a viewer's wrap at words, whose lines are
-    exactly the width only by chance and lose the space between them — no terminal's cut, left alone."""
-    short = _width(piece.rstrip()) if piece.strip() else 0
-    words = after.split()
-    return (short < width - _STRIPPED and _piece(after) and bool(words)
-            and short + 1 + len(words[0]) > width)
+def _wrapped_at_words(line: str, after: str, width: int) -> bool:
+    """A line that ends short of the width (by more than a copy's stripped spaces) where the next, a piece, starts with
+    a word too long to have fitted after it: an editor's or a viewer's wrap at words, whose lines are the width only by
+    chance and lose the space between them — no terminal's cut."""
+    short = _width(line.rstrip())
+    if not 0 < short < width - _STRIPPED:
+        return False
+    first = after.split(None, 1)
+    return bool(first) and short + 1 + len(first[0]) > width and _piece(after)
 
 
 def wrap_width(lines: Sequence[str]) -> int | None:
     """The width a terminal wrapped `lines` at, or None where they show no wrap: the longest line's width, at least
-    `WRAP_MIN_WIDTH`, when at least two different lines of exactly that width are each followed by a piece, and
-    none of those pieces shows a wrap at words (`_wrapped_at_words`)."""
+    `WRAP_MIN_WIDTH`, when at least two different lines of exactly that width are each followed by a piece, and no
+    line shows a wrap at words (`_wrapped_at_words`)."""
     if not lines:
         return None
     width = max(_width(line) for line in lines)
     if width < WRAP_MIN_WIDTH:
         return None
-    cut: set[str] = set()
-    for at, line in enumerate(lines[:-1]):
-        piece = lines[at + 1]
-        if _width(line) != width or not _head(line) or not _piece(piece):
-            continue
-        cut.add(line.rstrip("\n"))
-        if at + 2 < len(lines) and _wrapped_at_words(piece, lines[at + 2], width):
-            return None
-    return width if len(cut) >= _MIN_WRAPPED else None
+    pairs = list(pairwise(lines))
+    cut = {line.rstrip("\n") for line, piece in pairs if _width(line) == width and _head(line) and _piece(piece)}
+    if len(cut) < _MIN_WRAPPED or any(_wrapped_at_words(line, after, width) for line, after in pairs):
+        return None
+    return width
 
 
 def unwrapped(lines: Sequence[str]) -> list[str]:
@@ -98,12 +100,12 @@ def unwrapped(lines: Sequence[str]) -> list[str]:
     width = wrap_width(lines)
     if width is None:
         return list(lines)
-    out: list[str] = []
+    out: list[list[str]] = []  # each line's pieces, joined at the end
     last_cut = False  # the line (or the last piece) above is exactly the width: the terminal cut it there
     for line in lines:
         if last_cut and _piece(line):
-            out[-1] = out[-1].rstrip("\n") + line
+            out[-1].append(line)
         else:
-            out.append(line)
+            out.append([line])
         last_cut = _width(line) == width and _head(line)
-    return out
+    return ["".join(piece.rstrip("\n") for piece in pieces[:-1]) + pieces[-1] for pieces in out]

@@ -128,12 +128,14 @@ WORDS = ("a viewer that wraps at words fills each line with whole words up to it
          "by chance, yet a shorter one goes on into a word too long to have fitted after it")
 
 
-def test_a_text_wrapped_at_words_is_left_alone() -> None:
+@pytest.mark.parametrize("width", [63, 70, 71, 85, 91, 99])
+def test_a_text_wrapped_at_words_is_left_alone(width: int) -> None:
+    """Each of these widths wraps WORDS at words into two lines or more of exactly the width: a line that ends short of
+    it before a word too long to have fitted says it was wrapped at words, and nothing is joined."""
     import textwrap
 
-    lines = textwrap.wrap(WORDS, 60)
-    lines = [line.ljust(60, "-") if at in (0, 2) else line for at, line in enumerate(lines)]  # two exactly the width
-    assert sum(len(line) == 60 for line in lines) >= 2
+    lines = textwrap.wrap(WORDS, width)
+    assert sum(len(line) == width for line in lines) >= 2
     assert wrap_width(lines) is None and unwrapped(lines) == lines
 
 
