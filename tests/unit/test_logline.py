@@ -22,10 +22,13 @@ CYAN, RESET = "\x1b[0;36m", "\x1b[0;0m"
         ("(Worker_TP0 pid=1)", ""),
         ("", ""),
         ("(not a prefix) text", "(not a prefix) text"),
+        ("(EngineCore pid=7) (RayWorkerProc pid=8, ip=10.0.0.2) (Worker_TP1 pid=8) INFO 11-26 01:20:01 [a.py:1] z",
+         "INFO 11-26 01:20:01 [a.py:1] z"),
     ],
 )
 def test_clean(raw: str, text: str) -> None:
-    """Colour, the process prefix and stale tqdm frames are removed; the current frame is kept."""
+    """Colour, the process prefixes (Ray's engine core around its worker actor around the worker: every one) and stale
+    tqdm frames are removed; the current frame is kept."""
     assert clean(raw) == text
 
 
