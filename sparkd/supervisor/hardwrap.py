@@ -1,12 +1,12 @@
 """A terminal's hard wrap undone before a pasted log is read. Pure.
 
 A log copied from a terminal that wraps at its width (and pasted into an issue as it showed) holds every long line
-cut into pieces of exactly that width, the last piece shorter: `... Rank 1] Failed t` / `o check the "should dump"
-flag ...`. The cut falls anywhere, mid-word included, so no family can read the words it splits. The wrap is exact,
-which makes it recognisable without guessing at words: the terminal's width is the longest line of the log, several
-different lines are exactly that wide, and the piece after each is no record of its own. Joined back character for
-character (no space added: the terminal cut a line, it did not break it), the pieces are the line as its writer wrote
-it, and every reader after this one (`events.py`) sees it whole.
+cut into pieces of exactly that width, the last piece shorter: `... torch.OutOfMemoryError: CUDA out of mem` / `ory.
+Tried to allocate ...`. The cut falls anywhere, mid-word included, so no family can read the words it splits. The
+wrap is exact, which makes it recognisable without guessing at words: the terminal's width is the longest line of the
+log, several different lines are exactly that wide, and the piece after each is no record of its own. Joined back
+character for character (no space added: the terminal cut a line, it did not break it), the pieces are the line as
+its writer wrote it, and every reader after this one (`events.py`) sees it whole.
 
 It is conservative: a log whose longest lines are not shared by two different lines, each followed by a piece, is
 left as it is (a log read from a pipe or `docker logs` is never wrapped, and its longest line is rarely repeated at
@@ -31,8 +31,8 @@ __all__ = ["WRAP_MIN_WIDTH", "unwrapped", "wrap_width"]
 
 WRAP_MIN_WIDTH = 60  # narrower than any terminal a log is read in: a log this narrow holds no wrap worth undoing
 _MIN_WRAPPED = 2  # different lines that must be cut at the width before it is read as a terminal's
-# A terminal's piece that goes on into the next is the width long, or short of it only by the spaces a copy strips from
-# a line's end (a cut that fell on them): one shorter still that goes on was wrapped at words
+# A terminal's piece that goes on into the next is the width long, or short of it only by the space a copy strips from
+# a line's end (a cut that fell on it): one shorter still that goes on was wrapped at words
 _STRIPPED = 1
 # What starts a record of its own, never the rest of a cut line: an indent (a traceback's frame or source, a
 # continuation its writer indented), a bracket or parenthesis (a process prefix, torch's `[rank0]:[W...]`, a bracketed
@@ -68,7 +68,7 @@ def _head(line: str) -> bool:
 
 
 def _wrapped_at_words(line: str, after: str, width: int) -> bool:
-    """A line that ends short of the width (by more than a copy's stripped spaces) where the next, a piece, starts with
+    """A line that ends short of the width (by more than a copy's stripped space) where the next, a piece, starts with
     a word too long to have fitted after it: an editor's or a viewer's wrap at words, whose lines are the width only by
     chance and lose the space between them — no terminal's cut."""
     short = _width(line.rstrip())
