@@ -309,3 +309,26 @@ def test_preflight_waits_for_a_just_ended_process_to_leave_nvml() -> None:
     alive = GpuView.from_json({**held.to_json(), "devices": [
         {**held.devices[0].to_json(), "processes": [{"pid": 1, "used_bytes": 1}]}]})
     assert anyio.run(settled_gpus, SimpleNamespace(gpus=Reads(alive, IDLE))) == alive  # read once, not waited
+
+
+def test_the_launchs_devices_are_worked_out_once_a_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorder asks every second: the launch is rendered again only for a config not seen before (a reload)."""
+    from sparkd.daemon.watch import gpus
+
+    rendered: list[object] = []
+
+    def counting(cfg: object) -> object:
+        rendered.append(cfg)
+        return render(cfg)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gpus, "render", counting)
+    def on(devices: str) -> object:
+        return config_from_mapping({"runtime": "process",
+                                    "launch": {"model": "m", "env": {"CUDA_VISIBLE_DEVICES": devices}}})
+
+    current = [on("1")]
+    scope = gpus.LaunchDevices(lambda: current[0], "process", rehearse=False)
+    first = scope()
+    assert [scope() for _ in range(5)] == [first] * 5 and len(rendered) == 1
+    current[0] = on("0")
+    assert scope() != first and len(rendered) == 2

@@ -17,6 +17,7 @@ from sparkd.daemon.effects.nodeevidence import NodeEvidence
 from sparkd.daemon.effects.output import VllmOutput
 from sparkd.daemon.effects.plan import headless
 from sparkd.daemon.loop.nodestate import NodeState
+from sparkd.daemon.watch.clientconns import listen_families
 from sparkd.daemon.watch.gpus import GpuSampler
 from sparkd.daemon.watch.instance import InstanceWatch, Probes, Watched
 from sparkd.daemon.watch.steps import StepSense
@@ -127,6 +128,7 @@ class Watching:
             instance, replay=adopted,
             topology=topology_of(cfg.nnodes, cfg.launch.tensor_parallel_size, cfg.launch.pipeline_parallel_size),
             clients_port=cfg.launch.port if self.runtime.shares_host_network else None,
+            clients_families=listen_families(cfg.launch.host),
             steps=self.steps if cfg.health.step_probe else None,
             step_identity=self.steps.identity(cfg) if self.steps is not None else "")
         rank_headless = headless(cfg)

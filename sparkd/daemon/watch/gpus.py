@@ -33,17 +33,25 @@ NO_DRIVER = ("no NVIDIA driver", "not installed", "not loaded", "not on PATH")
 
 
 class LaunchDevices:
-    """The GPUs this node's launch uses, from the config now (``sparkd.launch.devices`` decides which)."""
+    """The GPUs this node's launch uses, from the config now (``sparkd.launch.devices`` decides which). Asked every
+    second (the flight recorder's GPU marks) and every reading; the answer is worked out again only for a config it
+    has not seen (a reload replaces the config): rendering the launch and its environment each time was a fifth of a
+    resting loop's CPU on an H100 host (tests/bench/idle_profile.py)."""
 
     def __init__(self, config: Callable[[], Config], runtime: str, *, rehearse: bool) -> None:
         self.config = config
         self.runtime = runtime
         self.rehearse = rehearse
+        self._known: tuple[Config, Devices] | None = None
 
     def __call__(self) -> Devices:
         cfg = self.config()
+        if self._known is not None and self._known[0] is cfg:
+            return self._known[1]
         spec = render(cfg)
-        return devices_of_launch(cfg, self.runtime, (rehearsal(spec) if self.rehearse else spec).env)
+        devices = devices_of_launch(cfg, self.runtime, (rehearsal(spec) if self.rehearse else spec).env)
+        self._known = (cfg, devices)
+        return devices
 
 
 class GpuSampler:

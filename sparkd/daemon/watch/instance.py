@@ -12,12 +12,13 @@ import os
 import select
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol
 
 import anyio
 
 from sparkd.config import HealthConfig
-from sparkd.daemon.watch.clientconns import open_clients
+from sparkd.daemon.watch.clientconns import BOTH, open_clients
 from sparkd.daemon.watch.steps import StepSense
 from sparkd.host.clock import Clock
 from sparkd.host.logs import Logger
@@ -78,6 +79,7 @@ class Watched:
     replay: bool = False
     topology: health.Topology = health.Topology.group
     clients_port: int | None = None
+    clients_families: tuple[int, ...] = BOTH  # the address families vLLM's API socket accepts (clientconns)
     signals: tuple[Signal[Any], ...] = SIGNALS  # besides /health and /metrics
     steps: StepSense | None = None
     step_identity: str = ""
@@ -99,6 +101,7 @@ class InstanceWatch:
         self.log = log
         self.health = HealthTracker(topology=watched.topology)
         self.clients_port = watched.clients_port  # vLLM's API port, where its clients' connections can be counted
+        self.clients_families = watched.clients_families
         replay = watched.replay
         self.signals = watched.signals  # besides /health and /metrics (sparkd.supervisor.signals)
         self._own_out = 0  # probes of ours in flight on vLLM's API port (their connections are no client's)
@@ -217,7 +220,7 @@ class InstanceWatch:
     async def _count_clients(self, port: int) -> None:
         """Other clients' requests waiting on vLLM now (a probe of ours in flight, the canary's, is not one)."""
         own_out = self._own_out
-        n = await anyio.to_thread.run_sync(open_clients, port)
+        n = await anyio.to_thread.run_sync(partial(open_clients, port, families=self.clients_families))
         if n is not None and own_out:
             n = max(0, n - own_out)
         self.health = health.observe_clients(self.health, n)
