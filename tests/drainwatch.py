@@ -89,6 +89,27 @@ class Throttle:
         self.share = 0.0
         self._signal(signal.SIGSTOP)
 
+    def step_until(self, done: Callable[[], bool], quantum_s: float = 0.005, settle_s: float = 0.5,
+                   timeout_s: float = 120.0) -> int:
+        """Held processes run in quanta of ``quantum_s``, each followed by up to ``settle_s`` stopped, until
+        ``done()``; how many quanta it took. What a client sees lags what the engine did (the API server paces the
+        streams), so it is asked while the worker stands still: a crawl at a share of the time let a loaded host's
+        late SIGSTOP run the tiny model through every token before the first chunks were out."""
+        self.hold()
+        deadline = time.monotonic() + timeout_s
+        quanta = 0
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not done after {quanta} quanta of {quantum_s} s")
+            self._signal(signal.SIGCONT)
+            time.sleep(quantum_s)
+            self._signal(signal.SIGSTOP)
+            quanta += 1
+            settled = time.monotonic() + settle_s
+            while time.monotonic() < settled and not done():
+                time.sleep(0.01)
+        return quanta
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
@@ -285,14 +306,12 @@ def wait_answered(streams: list[Stream], settle_s: float = 1.0, timeout_s: float
     time.sleep(settle_s)
 
 
-def wait_begun(streams: list[Stream], settle_s: float = 0.3, timeout_s: float = 120.0, *,
-               every_chunk: bool = False) -> None:
+def wait_begun(streams: list[Stream], settle_s: float = 0.3, timeout_s: float = 120.0) -> None:
     """Until every stream has its answer's status (vLLM has rendered the request: it reaches the engine as the
-    stream starts) and one has its first chunk (``every_chunk``: each has one, so the engine has scheduled them all),
-    then ``settle_s`` more. vLLM's gauges cannot tell: on its CPU build they read 0 while streams run."""
+    stream starts) and one has its first chunk, then ``settle_s`` more. vLLM's gauges cannot tell: on its CPU build
+    they read 0 while streams run."""
     deadline = time.monotonic() + timeout_s
-    chunked = all if every_chunk else any
-    while not (all(s.status is not None or s.ended_at for s in streams) and chunked(s.chunks for s in streams)):
+    while not (all(s.status is not None or s.ended_at for s in streams) and any(s.chunks for s in streams)):
         if time.monotonic() > deadline:
             raise AssertionError("the streams did not begin")
         time.sleep(0.01)

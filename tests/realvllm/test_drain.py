@@ -24,7 +24,6 @@ pytestmark = pytest.mark.timeout(900)
 
 STREAMS = 4
 SHARE = 0.02  # the worker's share of the time while streams are in flight (tests/drainwatch.py Throttle)
-CRAWL = 0.001  # until a frozen flight's streams have begun
 DRAIN_S = 120  # the default [stop] drain_s, rendered as --shutdown-timeout
 
 
@@ -66,21 +65,21 @@ class InFlight:
 
 def in_flight(tier: Tier, n: int = STREAMS, *, frozen: bool = False) -> InFlight:
     """``n`` streams of 480 tokens from a worker throttled to :data:`SHARE`, returned once they run. ``frozen``: the
-    worker is stopped before the streams are sent and crawls only once each has its answer's status (the API server
-    hands it to the engine as it starts the stream), until every stream has its first token (all of them in the
-    engine's scheduler, level within a step or two), then stays stopped until :meth:`InFlight.release`. The API
-    server streams a few tens of tokens a second, the tiny model makes hundreds: a worker left running while the
-    loaded API server took the next request let the first stream reach 444 of 480 tokens before the last began, and
-    a throttle's thread that woke late let the engine finish every token before a restart's SIGTERM."""
+    worker is stopped before the streams are sent and, once each has its answer's status (the API server hands it to
+    the engine as it starts the stream), runs in quanta of a few milliseconds, each followed by a wait with the worker
+    stopped, until every stream has its first token (all of them in the engine's scheduler, level within a step or
+    two); then it stays stopped until :meth:`InFlight.release`. The API server streams a few tens of tokens a second,
+    the tiny model makes hundreds: a worker left running while the loaded API server took the next request let the
+    first stream reach 444 of 480 tokens before the last began, and a crawl at 0.1 % of the time whose SIGSTOPs came
+    late on a loaded host let the engine finish every token before a restart's SIGTERM."""
     throttle = drainwatch.Throttle([tier.child("Worker")], share=0.0 if frozen else SHARE).start()
     poller = drainwatch.Poller(base(tier), interval_s=0.1).start()
     streams, threads = drainwatch.start_streams(base(tier), SERVED, n, 480)
     if frozen:
         drainwatch.wait_answered(streams)
-        throttle.share = CRAWL
-    drainwatch.wait_begun(streams, settle_s=0.0 if frozen else 0.3, every_chunk=frozen)
-    if frozen:
-        throttle.hold()
+        throttle.step_until(lambda: all(s.chunks for s in streams))
+    else:
+        drainwatch.wait_begun(streams, settle_s=0.3)
     return InFlight(streams, threads, poller, throttle)
 
 
