@@ -134,8 +134,10 @@ def test_jit_compile_pauses_every_request_then_serving_resumes(launch: Standins)
     request waits: running stays 1 and no token is produced, the EngineCore warns about the broadcast ring; the
     compile ends before the RPC timeout and both requests complete."""
     port = free_port()
-    standin = _head(launch, port, "-tp", "2", vllm_version="0.24.0", jit_after="5", jit_seconds="4",
-                    time_scale="0.02", tokens_per_s="50")  # fmt: skip
+    # An 8 s compile under a 20 s execute timeout (1000 s scaled by 0.02): the compile begins at the first step past
+    # JIT_AFTER, while the first request decodes, so a 4 s one left a loaded host's test too little of it to watch.
+    standin = _head(launch, port, "-tp", "2", vllm_version="0.24.0", jit_after="5", jit_seconds="8",
+                    time_scale="0.02", tokens_per_s="50", VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS="1000")  # fmt: skip
     serving(standin, port)
     results: list[int] = []
 
@@ -148,9 +150,9 @@ def test_jit_compile_pauses_every_request_then_serving_resumes(launch: Standins)
     time.sleep(6.5)  # past JIT_AFTER: the next step (the second request's prefill) compiles
     threading.Thread(target=complete, args=(4,)).start()
     standin.wait_for(r"flashinfer\.jit: Loading JIT ops: ", timeout=10)
-    paused = still_for(port, 1.0, within_s=3.5)  # the compile takes 4 s; tokens made before it may be counted late
+    paused = still_for(port, 1.0, within_s=6.0)  # tokens made before the compile may be counted late
     assert paused is not None and paused[0] == 1.0, "no token for a whole second while the kernel compiles"
-    standin.wait_for(r"flashinfer\.jit: Finished loading JIT ops: ", timeout=15)
+    standin.wait_for(r"flashinfer\.jit: Finished loading JIT ops: ", timeout=20)
     wait_until(lambda: len(results) == 2, timeout=30)
     assert results == [200, 200]
     assert (gauges(port)[2] or 0) > (paused[2] or 0)
