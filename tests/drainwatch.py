@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ class Stream:
     status: int | None = None
     chunks: list[float] = field(default_factory=list)  # monotonic time of every text chunk
     finish_reason: str | None = None
-    completion_tokens: int | None = None  # the usage chunk's count
+    completion_tokens: int | None = None  # the tokens so far (vLLM's usage on every chunk); at the end, the total
     done: bool = False  # the `data: [DONE]` line arrived
     error: str | None = None  # what broke the stream, if something did
     ended_at: float | None = None
@@ -51,6 +52,26 @@ class Stream:
     def complete(self) -> bool:
         """Every token asked for, a normal finish and the stream's end marker."""
         return self.done and self.finish_reason == "length" and self.completion_tokens == self.max_tokens
+
+
+MAX_QUANTUM_S = 0.16  # Throttle.step_until's longest quantum, in wall time (the tiny model makes ~80 tokens in it
+# at full speed; a quantum ends sooner, at a clock tick of the worker's CPU)
+
+
+@contextlib.contextmanager
+def on_time() -> Iterator[None]:
+    """The calling thread at real-time priority (SCHED_FIFO) meanwhile: it stops other processes after a sleep, and
+    on a loaded host a thread of normal priority woke from a 5 ms sleep only after the worker it held had run three
+    streams through (CI-like run 2026-12-07 01:14). Where the kernel refuses (no CAP_SYS_NICE), as before."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 class Throttle:
@@ -89,26 +110,50 @@ class Throttle:
         self.share = 0.0
         self._signal(signal.SIGSTOP)
 
-    def step_until(self, done: Callable[[], bool], quantum_s: float = 0.005, settle_s: float = 0.5,
+    def step_until(self, done: Callable[[], bool], cpu_s: float = 0.01, settle_s: float = 0.5,
                    timeout_s: float = 120.0) -> int:
-        """Held processes run in quanta of ``quantum_s``, each followed by up to ``settle_s`` stopped, until
-        ``done()``; how many quanta it took. What a client sees lags what the engine did (the API server paces the
-        streams), so it is asked while the worker stands still: a crawl at a share of the time let a loaded host's
-        late SIGSTOP run the tiny model through every token before the first chunks were out."""
+        """Held processes run in quanta of ``cpu_s`` of their own CPU (a clock tick; at most :data:`MAX_QUANTUM_S`
+        of wall time), each followed by up to ``settle_s`` stopped, until ``done()``; how many quanta it took. What a
+        client sees lags what the engine did (the API server paces the streams), so it is asked while the worker
+        stands still. Beside the whole suite (CI-like run 2026-12-07 01:14) the worker ran three streams' 480 tokens
+        through, three times, before their first chunks were out: quanta of wall time, doubled after one without CPU,
+        ended when this thread woke, which a loaded host delays. Now their CPU bounds the engine's steps, and this
+        thread wakes on time (:func:`on_time`)."""
+        with on_time():
+            return self._step_until(done, cpu_s, settle_s, timeout_s)
+
+    def _step_until(self, done: Callable[[], bool], cpu_s: float, settle_s: float, timeout_s: float) -> int:
         self.hold()
         deadline = time.monotonic() + timeout_s
         quanta = 0
         while not done():
             if time.monotonic() > deadline:
-                raise AssertionError(f"not done after {quanta} quanta of {quantum_s} s")
+                raise AssertionError(f"not done after {quanta} quanta")
+            ran, began = self._cpu_s(), time.monotonic()
             self._signal(signal.SIGCONT)
-            time.sleep(quantum_s)
+            while self._cpu_s() - ran < cpu_s and time.monotonic() - began < MAX_QUANTUM_S:
+                time.sleep(0.001)
             self._signal(signal.SIGSTOP)
             quanta += 1
             settled = time.monotonic() + settle_s
             while time.monotonic() < settled and not done():
                 time.sleep(0.01)
         return quanta
+
+    def _cpu_s(self) -> float:
+        total = 0.0
+        for proc in self.procs:
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        return total
+
+    def stopped(self) -> bool:
+        """Every held process is stopped now (a SIGSTOP delivered, not only sent)."""
+        try:
+            return all(proc.status() == psutil.STATUS_STOPPED for proc in self.procs)
+        except psutil.Error:
+            return False
 
     def close(self) -> None:
         self._stop.set()
@@ -120,7 +165,8 @@ def completion_body(model: str, max_tokens: int, *, stream: bool) -> dict[str, A
     body: dict[str, Any] = {"model": model, "prompt": "tell me a long story", "max_tokens": max_tokens,
                             "temperature": 0, "ignore_eos": True, "stream": stream}
     if stream:
-        body["stream_options"] = {"include_usage": True}
+        # usage on every chunk: the tokens the engine has made so far, once the API server has streamed them
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     return body
 
 
@@ -304,6 +350,18 @@ def wait_answered(streams: list[Stream], settle_s: float = 1.0, timeout_s: float
             raise AssertionError("the streams were not answered")
         time.sleep(0.01)
     time.sleep(settle_s)
+
+
+def wait_quiet(streams: list[Stream], quiet_s: float = 1.5, timeout_s: float = 60.0) -> None:
+    """Until no stream has had a chunk for ``quiet_s``: with the engine's worker stopped, the API server has then
+    streamed every token the engine made, and each stream's ``completion_tokens`` is the engine's count."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        last = max((s.chunks[-1] for s in streams if s.chunks), default=0.0)
+        if time.monotonic() - last >= quiet_s:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the streams never went quiet")
 
 
 def wait_begun(streams: list[Stream], settle_s: float = 0.3, timeout_s: float = 120.0) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import errno
 import socket
 import ssl
@@ -23,6 +22,7 @@ from functools import partial
 from typing import Any
 
 from sparkd.api.admission import Slots, Ticket
+from sparkd.host.heap import trim_heap
 
 HANDSHAKE_S = 2.0  # from accept() to a finished TLS handshake
 TRIM_AFTER_S = 1.0  # after the last failed handshake of a burst
@@ -64,6 +64,9 @@ class Doorway:
                         await asyncio.sleep(OUT_OF_FDS_PAUSE_S)
                     continue  # ECONNABORTED and the like: that one connection is gone
                 self.admit(conn)
+                # sock_accept returns without yielding while the kernel's queue holds a connection: a flood that
+                # keeps it full would keep every other task (the peers' requests among them) from running.
+                await asyncio.sleep(0)
         finally:
             for task in list(self.opening):
                 task.cancel()
@@ -121,12 +124,6 @@ class Doorway:
         if self._trim is not None:
             self._trim.cancel()
         self._trim = asyncio.get_running_loop().call_later(TRIM_AFTER_S, trim_heap)
-
-
-def trim_heap() -> None:
-    """glibc's ``malloc_trim(0)``: free pages of the heap back to the system (nothing elsewhere)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _cancel(task: asyncio.Task[bool]) -> None:

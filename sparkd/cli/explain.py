@@ -21,6 +21,7 @@ import json
 import signal as _signal
 import sys
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -88,6 +89,8 @@ def explain(lines: list[str], exit_code: int | None = None, sig: int | None = No
     said = verdict(lines)
     if said is not None and said.cls in FailureClass.__members__:
         return Failure(FailureClass(said.cls), said.sentence, exit_code, sig, said.evidence)
+    if exit_code is None and sig is None:  # not given: the process may still run
+        context = replace(context or ClassifyContext(), ended_known=False)
     failure = classify(exit_code, sig, vllm_lines(lines), context=context)
     sigkill = sig == _signal.SIGKILL or (sig is None and exit_code == 128 + _signal.SIGKILL)
     killed = sparkd_kill(lines) if sigkill else None

@@ -24,6 +24,7 @@ from sparkd.cluster.shared import (
     build_differences,
     builds_of,
     differences,
+    head_ends_the_group,
     image_difference,
     rank_gone,
     rank_waiting_or_later,
@@ -330,6 +331,15 @@ class Coordinator:
                 if view.reachable:
                     tg.start_soon(one, peer)
         return answers
+
+    async def head_stops_the_group(self) -> bool:
+        """Worker side, its rank having lost the head: whether the head's sparkd says it stops the group (asked now:
+        the last poll may predate the head's stop, whose rank ends before its order reaches this worker)."""
+        head = self.client.peers[0] if self.role is Role.worker else None
+        try:
+            return head is not None and head_ends_the_group(await self.client.status(head, retries=0))
+        except (PeerUnreachable, PeerRefused):
+            return False
 
     def unreachable(self) -> list[str]:
         """The peers whose sparkd does not answer now."""

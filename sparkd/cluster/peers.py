@@ -47,6 +47,15 @@ def claim(text: object, limit: int = MAX_ERROR) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def unanswered(exc: BaseException | None, timeout_s: float) -> str:
+    """Why a request got no answer, in words: a timeout and a closed stream say nothing themselves."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout_s:g} s"
+    if isinstance(exc, anyio.EndOfStream | anyio.IncompleteRead | anyio.BrokenResourceError):
+        return "the connection closed before an answer"
+    return claim(exc) or type(exc).__name__
+
+
 def wire(command: Route, request: Outgoing) -> tuple[str, str, dict[str, object] | None]:
     """(method, path, JSON body) of ``command`` with ``request`` on the peer link: a GET's parameters in the query
     string, a POST's as the body (none when it has none)."""
@@ -139,7 +148,7 @@ class PeerClient:
             if not isinstance(data, dict):
                 return {"ok": False, "error": f"HTTP {response.status_code} without a JSON envelope"}
             return data
-        raise PeerUnreachable(f"sparkd on {peer} does not answer: {claim(last)}")
+        raise PeerUnreachable(f"sparkd on {peer} does not answer: {unanswered(last, timeout_s or self.timeout_s)}")
 
     async def call(self, peer: str, command: Command[R, T], request: R, *, retries: int = 2,
                    timeout_s: float | None = None) -> T:

@@ -141,6 +141,12 @@ def rank_gone(status: Status) -> bool:
     return status.get("state") not in (*RUNNING_STATES, "preflight", "adopting")
 
 
+def head_ends_the_group(status: Status) -> bool:
+    """The head's sparkd stops the group, or has stopped it: its rank ended on purpose (its order to stop the
+    workers' ranks follows once its own is gone)."""
+    return status.get("state") in ("stopping", "stopped")
+
+
 def peer_base_url(peer: str, default_port: int, scheme: str = "http") -> str:
     """``host``, ``host:port``, ``[v6]:port`` or a bare IPv6 address → the peer's base URL."""
     if peer.startswith("["):

@@ -42,7 +42,7 @@ from sparkd.guard.sampler import Sampler, next_interval
 from sparkd.guard.trend import TrendVerdict, TrendWindow, add_point, assess
 from sparkd.host.logs import get_logger
 from sparkd.runtime.proctree import roots
-from sparkd.supervisor.classify import ClassifyContext, classify
+from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.failures import Failure, FailureClass
 
 __all__ = ["Guard", "GuardCounters", "GuardHooks", "GuardSignal", "guard_failure"]
@@ -110,6 +110,8 @@ class GuardCounters:
 
 def guard_failure(decision: Decision, sample: Sample, sig: int) -> Failure:
     """The ``killed_by_guard`` failure for a stop (SIGTERM) or kill (SIGKILL); the reason is the evidence."""
+    from sparkd.supervisor.classify import classify  # the classifier's tables load with the first failure
+
     failure = classify(None, sig, [], hint=FailureClass.killed_by_guard,
                        context=ClassifyContext(mem_available_bytes=sample.available))
     return dataclasses.replace(failure, evidence=decision.reason)

@@ -26,7 +26,6 @@ from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import CheckResult, PreflightContext, Verdict, check
 from sparkd.runtime.base import ExecResult, TargetUnavailable
 from sparkd.state.files import read_json, write_json
-from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import FailureClass
 
 NOT_IMPORTABLE = 90  # the interpreter has no vLLM (or not this command-line layout)
@@ -98,6 +97,8 @@ def judge(result: ExecResult, where: str) -> tuple[Verdict, str, FailureClass | 
         return Verdict.warn, f"argv not checked {where}: {vllm_message(result.stderr)}", None
     if result.exit_code == 124:
         return Verdict.warn, f"argv not checked {where}: vLLM took too long to parse it", None
+    from sparkd.supervisor.classify import classify  # the classifier's tables load only for a refusal
+
     failure = classify(None, None, result.stderr.splitlines())
     if failure.cls is FailureClass.image_error or result.exit_code == BROKEN:
         what = (failure.sentence.removeprefix("vLLM cannot start: ") if failure.cls is FailureClass.image_error

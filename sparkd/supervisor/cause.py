@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.events import Event, Kind
@@ -137,6 +137,15 @@ def _from_family(hit: FamilyHit, event: Event) -> Finding:
 
 
 def _finding(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier: Sequence[str]) -> Finding | None:
+    found = _reading(event, exit_code, ctx, earlier)
+    if found is not None and event.exception is not None and event.exception.ignored:
+        # Python ignored it (a destructor's at a teardown, after what ended the process): the cause only where the
+        # log says nothing else
+        return replace(found, tier=max(found.tier, Tier.AMBIGUOUS))
+    return found
+
+
+def _reading(event: Event, exit_code: int | None, ctx: ClassifyContext, earlier: Sequence[str]) -> Finding | None:
     matched = _rule(event, exit_code, ctx, earlier)
     rule_found = None
     if matched is not None:
@@ -190,12 +199,15 @@ def _better(hit: Finding, best: Finding | None) -> bool:
 
 def _later_wait(hit: Finding, best: Finding | None) -> bool:
     """A line that shows up in healthy runs too repeats while vLLM waits (a placement group, the shared-memory
-    queue, a rendezvous's retries): the last one says how long the wait was when vLLM died. And a provisional reading
+    queue, a rendezvous's retries): the last one says how long the wait was when vLLM died. A provisional reading
     (a traceback's frame, for an excerpt cut before its exception; a launcher's word for a stop) yields to a specific
     one of its class after it, which says more, and to the exception that ends its traceback when that is read as
-    another class (`_ends_its_traceback`)."""
+    another class (`_ends_its_traceback`). And a rule that `overrides` (the driver's recovery action after an Xid)
+    takes the place of an earlier finding of its class: it says what the device needs now."""
     if best is None:
         return False
+    if hit.rule is not None and hit.rule.overrides and hit.cls is best.cls and hit.tier <= best.tier:
+        return True
     if best.rule is not None and best.rule.provisional and hit.tier <= best.tier and _ends_its_traceback(hit, best):
         return True
     if best.rule is not None and best.rule.provisional and hit.cls is best.cls and hit.tier <= best.tier:
@@ -226,6 +238,8 @@ def _vllm_error(event: Event) -> str | None:
 
 
 _REPEATS = 5  # the same line this many times in a row
+# vLLM's front end waiting for its engine processes to come up (V1's `wait_for_engine_startup`, every 10 s)
+_START_WAIT = re.compile(r"\bWaiting for \d+ local, \d+ remote core engine proc\(s\) to (?:start|connect)")
 # lines that repeat by nature: a request log, the periodic stats of an idle engine (the stall rules read those)
 _REPEATS_BY_NATURE = re.compile(r"\b(?:GET|POST|PUT|DELETE) /|Received request|Finished request|Added request|"
                                 r"throughput|KV cache usage|[Mm]etrics")
@@ -234,7 +248,9 @@ _REPEATS_BY_NATURE = re.compile(r"\b(?:GET|POST|PUT|DELETE) /|Received request|F
 def _repeating(events: Sequence[Event]) -> Finding | None:
     """With nothing else in the log: vLLM's engine logging the same line again and again, word for word (the same
     request, the same step), is an engine that goes round without progress — a stall, said only when nothing else
-    is (a request log and an idle engine's periodic stats repeat by nature and are no such loop)."""
+    is (a request log and an idle engine's periodic stats repeat by nature and are no such loop); vLLM's own wait for
+    its start repeated (`Waiting for 1 local, 0 remote core engine proc(s) to start.`), a start that goes round
+    waiting: a hang."""
     run, last, found = 0, None, None
     for event in events:
         said = event.said if event.kind is Kind.vllm and event.from_log else None
@@ -244,6 +260,10 @@ def _repeating(events: Sequence[Event]) -> Finding | None:
             found = event
     if found is None:
         return None
+    if _START_WAIT.search(found.said):
+        what = (f"vLLM logged its wait for its start {_REPEATS} or more times in a row and went no further: the "
+                "start is stuck")
+        return Finding(FailureClass.hang, Tier.AMBIGUOUS, what, None, found.text, found, quoted=quote(found.said))
     what = f"vLLM's engine logged the same line {_REPEATS} or more times in a row and went no further"
     return Finding(FailureClass.stall, Tier.AMBIGUOUS, what, None, found.text, found, quoted=quote(found.said))
 

@@ -177,6 +177,11 @@ def _what_happened(found: Scan) -> str:
     return "; ".join(parts)
 
 
+# A log that stops with no error and no word of how its process ended: the process may still run, stuck
+_STOPS_DO = ("if vLLM still runs, it is stuck there — on a node sparkd names that by the start's deadline, or by the "
+             "canary and the step probe while it serves; if it ended, give `--exit-code` or `--signal`")
+
+
 def _unmatched(found: Scan, ctx: ClassifyContext, make: _Sentence) -> Failure:
     said = _what_happened(found)
     named = f"; {said}" if said else ""
@@ -205,6 +210,10 @@ def _unmatched(found: Scan, ctx: ClassifyContext, make: _Sentence) -> Failure:
         last = found.last_vllm_error
         if last is not None and exc.root.message[:40] not in last:
             what += f"; vLLM's last error line is {quote(_message(last))}"
+    elif make.exit_code is None and make.sig is None and not ctx.ended_known and found.last_line is not None and \
+            found.first_vllm_error is None and found.last_errorish is None:
+        what = f"The log stops without an error at {quote(found.last_line)}, and how vLLM ended is not given"
+        return make(FailureClass.unknown, what, _STOPS_DO, evidence)
     elif make.exit_code is None:
         what = "vLLM went away and its exit status is unknown" + named
     else:

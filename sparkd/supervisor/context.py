@@ -25,3 +25,7 @@ class ClassifyContext:
     kernel_lines: tuple[str, ...] = ()
     oom_killed: bool | None = None  # Docker's State.OOMKilled for the instance's container (docker-run)
     engine_gone: bool = False  # the container engine vLLM ran under took no new connection when it ended
+    # Is how the process ended known? False: a log read without it (`sparkd explain` with no --exit-code nor
+    # --signal), whose process may still run. The daemon classifies only processes that ended: no exit status
+    # there means one that went away unseen.
+    ended_known: bool = True

@@ -89,6 +89,12 @@ _NCCL = re.compile(r"\b[NR]CCL (?P<level>WARN|INFO|ERROR|ABORT|TRACE)\b")
 # `- name - INFO - ...`), a bracketed level
 _OTHER_LEVEL = re.compile(r"^(?:- +)?(?:[\w.]+ +- +)?\[?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?"
                           r"(?::|\s+-\s|\s)")
+# A level after a timestamp and up to three columns (Python logging's `%(asctime)s %(name)s %(process)d %(levelname)s`:
+# `2024-11-08 09:37:40,925 vllm.worker.model_runner 849 INFO     CUDA graphs can take ...`): an INFO line of advice
+# there is no error line
+_STAMPED_LEVEL = re.compile(r"^(?:\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?(?:Z|[+-]\d\d:?\d\d)? +"
+                            r"(?:[\w.:\[\]-]+ +){0,3}?|[A-Za-z_]\w*(?:\.\w+)+ +\d+ +)"  # the stamp may be taken off
+                            r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b")
 # A level in a column of bracketed ones, in any case (Habana Synapse's `[10:00:00.000001][GC  ][error][tid:1A2B] ...`,
 # spdlog's `[2024-01-01 10:00:00.123] [error] ...`): the writer's own word for how bad the line is
 _BRACKET_LEVEL = re.compile(r"^(?:\[[^\]\n]{1,40}\] ?){0,4}\[\s*(?P<level>error|err|critical|fatal|warning|warn|info|"
@@ -101,10 +107,13 @@ _CUDA = re.compile(r"\b(?:CUDA|Cuda|HIP|hip) (?:driver )?(?:error|failure)\b|\b(
 _RAY = re.compile(r"^\(raylet\)|\bray\.exceptions\.|\bRay(?:Actor|Task|Worker)?Error\b|\bActorDiedError\b|"
                   r"\(gcs_server\)|\braylet\b")
 # What launchers put in front of a line, at its start: torchrun's `[rank0]:` (not torch's own `[rank0]:[W...]`), docker
-# compose's `service  | `, the journal's `Feb 21 21:17:57 host unit[pid]: `, a CI runner's or Docker's timestamp,
-# kubectl's `--prefix` (`[pod/vllm-0/vllm] `), the frame of a boxed paste (`│ `).
-_LEAD = re.compile(r"^(?:\[rank\d+\]: ?(?!\[[EWIF]\d{3,4} )|[\w.-]+ +\| ?|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ "
-                   r"[\w@.\-]+(?:\[\d+\])?: |\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]? |[│┃║] ?|"
+# compose's `service  | `, the journal's `Feb 21 21:17:57 host unit[pid]: ` (a kernel line's with the host left out,
+# as a paste may: `Mar 27 17:40:36 kernel: NVRM: …`, the kernel's text after it), a CI runner's or Docker's timestamp,
+# kubectl's `--prefix` (`[pod/vllm-0/vllm] `), the frame of a boxed paste (`│ `), a markdown quote or bold (`> `,
+# `**`: an issue thread's paste), pytest's column of a failed test's error lines (`E       ValueError: …`: a CI job's).
+_LEAD = re.compile(r"^(?:\[rank\d+\]: ?(?!\[[EWIF]\d{3,4} )|[\w.-]+ +\| ?|> |\*\*(?=\S)|E {3,}(?=\S)|"
+                   r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?:kernel|\S+ [\w@.\-]+(?:\[\d+\])?): |"
+                   r"\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]? |[│┃║] ?|"
                    r"\[pod/[^\]\s]+\] )")
 # A writer's advice, not a report of what happened: torch's hints after a device error (`Compile with
 # `TORCH_USE_CUDA_DSA` to enable device-side assertions.`, `For debugging consider passing CUDA_LAUNCH_BLOCKING=1`,
@@ -265,7 +274,9 @@ def _kind_level_time(text: str, from_log: bool) -> tuple[Kind, str | None, str |
         return Kind.ray, None, None
     if any(c in low for c in _CUDA_WORDS) and _CUDA.search(text):
         return Kind.cuda, "ERROR", None
-    o = _OTHER_LEVEL.match(text)
+    if _BARE_INFO.match(text):
+        return Kind.vllm, "INFO", None
+    o = _OTHER_LEVEL.match(text) or _STAMPED_LEVEL.match(text)
     if o is None and text[:1] == "[":
         b = _BRACKET_LEVEL.match(text)
         level = b.group("level").upper() if b is not None else None
@@ -273,6 +284,9 @@ def _kind_level_time(text: str, from_log: bool) -> tuple[Kind, str | None, str |
     return Kind.other, (o.group("level") if o is not None else None), None
 
 
+# vLLM's INFO lines that name every setting it runs with (its engine's config, the arguments not at their defaults),
+# pasted without the header that says INFO: the setting names in them (`trust_remote_code=True`) state no failure
+_BARE_INFO = re.compile(r"(?:Initializing an? (?:V\d )?LLM engine \(v[^)\s]*\) with config: |non-default args: \{)")
 # words one of which a line of each kind holds: a substring test before the pattern's search
 _KERNEL_WORDS = ("nvrm", "pcieport", "nvidia", "amdgpu", "aer:", "out of memory", "oom-kill", "earlyoom", "oomkilled")
 _CUDA_WORDS = ("cuda", "hip", "cublas", "cudnn", "memory access fault")

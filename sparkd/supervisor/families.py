@@ -28,13 +28,13 @@ from dataclasses import replace
 from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
-from sparkd.supervisor.families_node import ERROR_LINES, NODE
+from sparkd.supervisor.families_node import ERROR_LINES, NODE, PROFILED_UNCHANGED
 from sparkd.supervisor.families_ranks import BETWEEN_RANKS, PROCESSES
 from sparkd.supervisor.families_stack import STACK
 from sparkd.supervisor.familykit import Family, FamilyHit, Sign, sign, what_of
 from sparkd.supervisor.rulekit import Tier, const, with_mem
 from sparkd.supervisor.sentences import NO_RETRY, port_what, what_free_memory
-from sparkd.supervisor.tracebacks import Subsystem
+from sparkd.supervisor.subsystems import Subsystem
 
 __all__ = ["BY_KIND", "FAMILIES", "Family", "FamilyHit", "Sign", "judge"]
 
@@ -55,10 +55,11 @@ STARTUP: tuple[Family, ...] = (
              message=r"Externally held weights on device .* exceed the desired GPU memory utilization"),
         sign("memory grew while vLLM profiled: another process (or the page cache) released memory at startup",
              message=r"Error in memory profiling\. Initial free memory (?P<before>[\d.]+) GiB, current free memory "
-                     r"(?P<after>[\d.]+) GiB", terms="mem",
+                     r"(?!(?P=before) GiB)(?P<after>[\d.]+) GiB", terms="mem",
              what=with_mem("vLLM's memory profiling failed: free memory grew from {before} to {after} GiB while it "
                            "profiled (on GB10 the page cache or another process released memory)")),
-        sign("the same, cut before its sizes", message=r"Error in memory profiling", terms="mem"),
+        sign("the same, cut before its sizes", message=r"Error in memory profiling", terms="mem",
+             unless=PROFILED_UNCHANGED),  # the image's (`families_node.py`), not memory another process released
     )),
     Family(F.port_in_use, "A port vLLM needs was already in use", (
         sign("torch's TCPStore names the port it could not listen on", terms="inuse", what=port_what,
@@ -105,6 +106,17 @@ STARTUP: tuple[Family, ...] = (
              message=r"Unable to find address for:? (?P<iface>\S+)",
              do=f"name an interface this node has in GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME — {NO_RETRY}"),
     )),
+    Family(F.config_error, "The Ray cluster gives the node vLLM's driver runs on no accelerator", (
+        sign("vLLM's Ray executor finds no accelerator of the cluster on the node it runs on, the driver's (`Current "
+             "node has no GPU available`, `Ray does not allocate any GPUs on the driver node`): the cluster as it was "
+             "set up (a head started without its GPUs, a host address that names another node, Ray's 'GPU' resource "
+             "on NPUs) cannot place rank 0 there, and every start meets the same cluster — unlike a placement that "
+             "waits for nodes still joining (the rendezvous family's)", flags=_I,
+             message=r"\b(?:current|this|driver(?:'s)?) node has no (?:GPU|NPU|TPU|XPU|HPU|accelerator)s? available|"
+                     r"\bdoes not allocate any (?:GPU|NPU|TPU|XPU|HPU|accelerator)s? on the driver node",
+             do=f"run the driver (vLLM's head) on a node whose accelerators the Ray cluster registered (`ray status`), "
+                f"with VLLM_HOST_IP set to that node's address — {NO_RETRY}"),
+    )),
     Family(F.config_error, "vLLM's workers were started in a way the accelerator's runtime cannot take", (
         sign("torch refuses to initialise a device runtime (CUDA, XPU, NPU, HIP under CUDA's name) in a process "
              "forked after its parent initialised it, and says which start method it needs: the launch's "
@@ -116,9 +128,10 @@ STARTUP: tuple[Family, ...] = (
              do="set VLLM_WORKER_MULTIPROC_METHOD=spawn in the launch's environment, and touch no GPU before vLLM "
                 f"starts its workers — {NO_RETRY}"),
     )),
-    Family(F.gpu_busy, "CUDA reported the GPU busy or unavailable", (
+    Family(F.gpu_busy, "The accelerator is busy or held by another process", (
         sign("cudaErrorDevicesUnavailable: the device is in exclusive-process mode and another process holds it",
-             terms="busy", message=r"busy or unavailable|DevicesUnavailable|DEVICES?_UNAVAILABLE", flags=_I),
+             terms="busy", message=r"busy or unavailable|DevicesUnavailable|DEVICES?_UNAVAILABLE", flags=_I,
+             what=const("CUDA reported the GPU busy or unavailable")),
         sign("EBUSY on the accelerator's device file or while its backend initialises (a TPU's /dev/vfio, an NPU's "
              "/dev/davinci): another process holds the device", terms="busy", flags=_I,
              message=rf"(?:/dev/(?:vfio|accel|nvidia|davinci|dri|kfd|hl)\S*|\b{_ACCELERATOR}\b[^\n]{{0,80}}"

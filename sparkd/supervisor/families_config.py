@@ -13,7 +13,7 @@ from sparkd.supervisor.familykit import Family, sign
 from sparkd.supervisor.rulekit import Tier, const, fmt, what_missing_path, what_oci
 from sparkd.supervisor.sentences import NO_RETRY
 from sparkd.supervisor.settingnames import NAMED_SETTING
-from sparkd.supervisor.tracebacks import Subsystem
+from sparkd.supervisor.subsystems import Subsystem
 
 __all__ = ["CONFIG"]
 
@@ -39,6 +39,15 @@ _PERMISSION_DO = (f"give the container or the user the permission the launch nee
                   f"the setting that asks for it — {NO_RETRY}")
 
 CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
+    sign("CUDA refused an operation while vLLM captured its CUDA graphs (a host sync or an allocation in the model's "
+         "code, which no graph can hold): a program's error, not the device's, and eager mode runs without capture",
+         message=r"operation not permitted when stream is capturing|\bcudaErrorStreamCapture\w+|"
+                 r"\bCUDA_ERROR_STREAM_CAPTURE_\w+|operation failed due to a previous error during capture|"
+                 r"operation would make the legacy stream depend on a capturing blocking stream",
+         what=const("CUDA refused an operation while vLLM captured the model's CUDA graphs (the model's code does "
+                    "something a graph cannot hold)"),
+         do=f"set enforce_eager = true in the config's vLLM settings, or run a vLLM whose code for this model "
+            f"captures — {NO_RETRY}"),
     sign("argparse names the arguments vLLM does not know",
          message=r": error: unrecognized arguments: (?P<args>.+)",
          what=fmt("vLLM does not know the argument(s) {args}"),

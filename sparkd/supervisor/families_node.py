@@ -4,7 +4,9 @@ middle (`families.py` reads them in its order and says how). Pure."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
+from sparkd.supervisor.devicecodes import code_signs
 from sparkd.supervisor.events import Kind
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.families_config import CONFIG
@@ -20,9 +22,12 @@ from sparkd.supervisor.rulekit import (
     with_mem,
 )
 from sparkd.supervisor.sentences import APP_XID_DO, NO_RETRY_IMAGE, REBOOT_DO
-from sparkd.supervisor.tracebacks import Subsystem
+from sparkd.supervisor.subsystems import Subsystem
 
-__all__ = ["ERROR_LINES", "NODE"]
+if TYPE_CHECKING:
+    from sparkd.supervisor.context import ClassifyContext
+
+__all__ = ["ERROR_LINES", "NODE", "PROFILED_UNCHANGED"]
 
 F, S, K = FailureClass, Subsystem, Kind
 _I = re.IGNORECASE
@@ -33,9 +38,20 @@ _DRIVER_INIT_DO = ("check the host's GPU driver (`nvidia-smi` or `rocm-smi`, `jo
                    "error 802 means nvidia-fabricmanager is not running — sparkd restarts with backoff")
 _NO_DEVICE_DO = (f"give vLLM's container its GPUs (the NVIDIA runtime, --gpus or the device requests), check "
                  f"CUDA_VISIBLE_DEVICES and that the host's driver is loaded (nvidia-smi) — {NO_RETRY_IMAGE}")
+
+
+def _runtime_not_loaded(m: re.Match[str], ctx: ClassifyContext) -> str:
+    return (f"The GPU runtime ({m.group('rt') or m.group('rt2')}) failed to load: the build in the image cannot run on "
+            "this host")
+
+
 # not the device allocator's: the KV cache's budget is the config's, NCCL's registration and /dev/shm are NCCL's, the
 # startup check is the refusal's, the driver's NV_ERR_NO_MEMORY is ambiguous (rules.py reads it with MemAvailable)
 _NOT_OOM = r"ibv_|NCCL|/dev/shm|[Ff]ree memory on|memory profiling|NV_ERR_NO_MEMORY|register memory|pinned memory"
+
+# vLLM's profiling assertion with free memory the same before and after: the device's reading did not move while
+# vLLM allocated (a vGPU, an XPU's reading), not memory another process released (`families.py` leaves it here)
+PROFILED_UNCHANGED = r"Initial free memory (?P<free>[\d.]+) GiB, current free memory (?P=free) GiB"
 
 NODE: tuple[Family, ...] = (
     Family(F.oom, "vLLM ran out of memory", (
@@ -68,6 +84,7 @@ NODE: tuple[Family, ...] = (
              terms="oom", kinds=_ERROR_LINES, unless=_NOT_OOM + r"|\b(?:avoid|prevent|risk of|reduce)\b[^.]{0,30}OOM",
              unless_terms="kv"),
         sign("Gaudi's allocator (PT_DEVMEM) failing an allocation", message=r"PT_DEVMEM\b.{0,40}Allocation failed"),
+        *code_signs(F.oom, _ERROR_LINES),
         sign("Ray's memory monitor killing a worker because its node ran low on memory", terms="mem",
              message=r"(?:killed|died)\b.{0,120}\b(?:low on memory|memory monitor|out of memory|memory pressure)",
              flags=_I),
@@ -164,21 +181,38 @@ NODE: tuple[Family, ...] = (
              message=r"got an unexpected keyword argument|takes (?:from )?\d+ (?:to \d+ )?positional arguments? but "
                      r"\d+ (?:were|was) given|missing \d+ required (?:positional|keyword-only) arguments?|got multiple "
                      r"values for (?:keyword )?argument"),
+        sign("vLLM's memory profiling saw the device's free memory unchanged while it allocated its own: the "
+             "platform's free-memory reading does not see this process (a virtualised GPU such as HAMi's vGPU, a "
+             "platform whose reading vLLM gets wrong, as on Intel XPUs before vLLM's fix)", terms="mem",
+             message=rf"Error in memory profiling\. {PROFILED_UNCHANGED}",
+             what=fmt("vLLM's memory profiling saw the device's free memory unchanged ({free} GiB) while it "
+                      "allocated: the device's memory reading does not see vLLM's own use (a virtualised GPU, or "
+                      "this platform's reading in this vLLM)")),
+        sign("a collective RPC asked the workers for a method this vLLM's worker does not have (`run_method`'s "
+             "NotImplementedError): an add-on written against another vLLM", types=r"NotImplementedError",
+             message=r"^Method '[\w.]+' is not implemented\b"),
+        sign("a KV connector's transfer library is not in the image (NIXL, Mooncake, LMCache, UCX): vLLM imports it "
+             "only for the connector the config names", flags=_I,
+             message=r"\b(?:NIXL|Mooncake|LMCache|UCX)\b(?: \w+){0,2} (?:is|are) not (?:available|installed)\b"),
         sign("a compiler the image runs at start-up (an op compiler, Triton, nvcc) cannot find a header, a library or "
              "itself: the image's toolchain is incomplete", terms="missing", flags=_I,
              message=r"\bfatal error: .{1,160}?(?:No such file or directory|file not found)|\bcannot find -l\w+|"
                      r"\b(?:nvcc|gcc|g\+\+|cc1plus|clang\+*|hipcc|ninja|ld)\b[^\n]{0,40}(?:not found|No such file)"),
         sign("a C++ or CUDA extension the image builds at start-up did not build, or found no compiler to build it "
-             "with (Triton's C compiler)", flags=_I,
-             message=r"Error building extension|ninja: build stopped: subcommand failed|Failed to find C compiler"),
+             "with (Triton's C compiler), or the build tool a kernel's JIT runs as a child failed (FlashInfer's "
+             "`ninja`)", flags=_I,
+             message=r"Error building extension|ninja: build stopped: subcommand failed|Failed to find C compiler|"
+                     r"CalledProcessError: Command '?\[?'(?:\S*/)?(?:ninja|nvcc|hipcc|cmake|make)'"),
         sign("the versions the image's packages were built for and found do not match (the CUDA torch was compiled "
              "with, a wheel's torch ABI)", flags=_I,
              message=r"\bversions? \(?[\w.]*\)? ?(?:mismatch(?:es)?|does not match)\b.{0,80}\b(?:compil\w*|built|"
                      r"installed)|\b(?:compiled|built) (?:with|against|for) .{0,80}\bbut\b.{0,60}\b(?:found|installed|"
                      r"detected|runtime)"),
         sign("vLLM found no platform it knows in the image (its torch or the platform plugin does not fit the "
-             "hardware), whatever frame raised it (0.6-0.8 said it as an empty device string)",
-             message=r"Failed to infer device type|No platform detected|Device string must not be empty"),
+             "hardware), whatever frame raised it (0.6-0.8 said it as an empty device string), or a worker class "
+             "of the image refuses the platform's device type (an add-on's GPU worker on an NPU)", flags=_I,
+             message=r"Failed to infer device type|No platform detected|Device string must not be empty|"
+                     r"\b(?:Not support(?:ed)?|Unsupported) device type\b"),
         sign("the process sees no accelerator at all, or cannot load the driver's management library (NVML) vLLM "
              "finds the GPU with (torch's, SYCL's and libtpu's words for no device too): the container was started "
              "without the GPUs or the NVIDIA runtime, the visible devices are empty, or the host's driver is not "
@@ -219,6 +253,12 @@ NODE: tuple[Family, ...] = (
                      r"CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"),
         sign("a CPU build of torch in an image meant for a GPU",
              message=r"Torch not compiled with (?:CUDA|ROCm|XPU) enabled|not compiled with (?:CUDA|ROCm)"),
+        sign("a GPU runtime (HIP's, CUDA's, ROCm's, HSA's) that fails to load, in its own words (`hip runtime failed "
+             "to load.`): the build in the image cannot run here, as with a shared library it cannot open", flags=_I,
+             kinds=_ERROR_LINES, what=_runtime_not_loaded,
+             message=r"\b(?P<rt>HIP|CUDA|ROCm|HSA) (?:runtime|driver)(?: library)? (?:failed to load|could not be "
+                     r"loaded|cannot be loaded|is not loaded)\b|\b(?:failed|unable) to load (?:the )?(?P<rt2>HIP|CUDA|"
+                     r"ROCm|HSA) (?:runtime|driver)\b"),
     )),
     CONFIG,
     Family(F.gpu_error, "The GPU reported a fault", (
@@ -244,6 +284,7 @@ NODE: tuple[Family, ...] = (
                      r"\bGPU [Hh]ang\b"),
         sign("an uncorrectable ECC error: the GPU's memory failed",
              message=r"uncorrectable ECC error|cudaErrorECCUncorrectable"),
+        *code_signs(F.gpu_error, _ERROR_LINES),
         sign("a kernel's own assertion as the device prints it, once per thread that failed it: CUDA's `file.cu:N: "
              "kernel: block: [x,y,z], thread: [x,y,z] Assertion `cond` failed.`, SYCL's `global id: [..], local id: "
              "[..]` in its place, HIP's `file:N: function: Device-side assertion `cond' failed.` — the device-side "

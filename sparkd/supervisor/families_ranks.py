@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import re
 
+from sparkd.supervisor.devicecodes import code_signs
 from sparkd.supervisor.events import Kind
 from sparkd.supervisor.failures import FailureClass
+from sparkd.supervisor.families_node import ERROR_LINES
 from sparkd.supervisor.familykit import Family, sign
 from sparkd.supervisor.lexicon import TIMED_OUT
 from sparkd.supervisor.peerloss import PEER_LOST_MARKERS
@@ -24,7 +26,7 @@ from sparkd.supervisor.rulekit import (
               what_peer_link,
 )
 from sparkd.supervisor.sentences import MEMLOCK_DO
-from sparkd.supervisor.tracebacks import Subsystem
+from sparkd.supervisor.subsystems import Subsystem
 
 __all__ = ["BETWEEN_RANKS", "PROCESSES"]
 
@@ -103,15 +105,15 @@ BETWEEN_RANKS: tuple[Family, ...] = (
         sign("Ray could not place every rank on the cluster (vLLM's timeout, or Ray's autoscaler finding no node that "
              "fits), so they never started to meet",
              message=r"Cannot provide a placement group|No available node types can fulfill resource request"),
-        sign("the same in other words: a node or the cluster without the accelerators a rank asks for, a placement "
-             "group or resource request that cannot be placed or is infeasible, Ray's driver node given no GPU, "
-             "Kubernetes' scheduler finding no node with the accelerators asked for (`0/3 nodes are available: 3 "
-             "Insufficient nvidia.com/gpu`)", flags=_I, terms="peer",
-             message=r"\b(?:node|cluster)\b[^.\n]{0,80}\b(?:has no|no) (?:GPU|NPU|TPU|XPU|HPU|accelerator)s? "
+        sign("the same in other words: the cluster without the accelerators a rank asks for, a placement group or "
+             "resource request that cannot be placed or is infeasible, Kubernetes' scheduler finding no node with the "
+             "accelerators asked for (`0/3 nodes are available: 3 Insufficient nvidia.com/gpu`); the driver's own "
+             "node without one is a configuration (families.py)", flags=_I, terms="peer",
+             message=r"\bcluster\b[^.\n]{0,80}\b(?:has no|no) (?:GPU|NPU|TPU|XPU|HPU|accelerator)s? "
                      r"available|\b(?:cannot|can't|could not|unable to) (?:be )?(?:provide|place|placed|fulfill|"
                      r"satisf\w+|schedul\w+)\b[^.\n]{0,60}\b(?:placement group|resource request|bundle)|"
-                     r"\binfeasible (?:task|actor|resource|placement)|\bdoes not allocate any (?:GPU|NPU|TPU|XPU|HPU|"
-                     r"accelerator)s? on the driver node|\b0/\d+ nodes are available:.{0,80}\bInsufficient \S+"),
+                     r"\binfeasible (?:task|actor|resource|placement)|\b0/\d+ nodes are available:.{0,80}"
+                     r"\bInsufficient \S+"),
         sign("torch's store raises DistStoreError when the ranks do not all arrive in time",
              types=r"DistStoreError", tier=G),
         sign("a rank could not reach the store or the Gloo mesh of the others",
@@ -217,6 +219,7 @@ PROCESSES: tuple[Family, ...] = (
              types=r"RayChannelTimeoutError|GetTimeoutError", tier=G),
         sign("an RPC to a rank that timed out, in other words", terms="timeout", tier=G,
              message=rf"\bRPC\b[^.\n]{{0,80}}(?:{TIMED_OUT})|(?:{TIMED_OUT})[^.\n]{{0,40}}\bRPC\b"),
+        *code_signs(F.hang, ERROR_LINES),
     )),
     Family(F.engine_dead, "vLLM's engine died", (
         sign("vLLM's CUDACHECK in its custom all-reduce printed the CUDA error and exited the worker", do=CUSTOM_AR,

@@ -28,7 +28,7 @@ from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.rulekit import Tier, What
 from sparkd.supervisor.sentences import quote
-from sparkd.supervisor.tracebacks import Subsystem
+from sparkd.supervisor.subsystems import Subsystem
 
 if TYPE_CHECKING:
     from sparkd.supervisor.context import ClassifyContext

@@ -64,6 +64,7 @@ __all__ = [
     "Topology",
     "Verdict",
     "VllmMetrics",
+    "clients_due",
     "observe_canary",
     "observe_clients",
     "observe_health",
@@ -307,6 +308,24 @@ def observe_probe(t: HealthTracker, failure: Failure | None, stepping: bool, now
         failed = HealthFailed(failure, wedged_for_s=wedged_for_s)
         return replace(t, verdict=Verdict.failed, note=None, failure=failure), failed
     return (replace(t, clock=stall.on_probe(t.clock, now)) if stepping else t), None
+
+
+CLIENTS_AT_REST_S = 30.0  # at rest, other clients' connections are counted this often (else every health round)
+CANARY_SLOW_S = 2.0  # sparkd's canary unanswered this long: a wedge may be named soon, count every round
+
+
+def clients_due(t: HealthTracker, now: float, counted_at: float | None, canary_sent: float | None) -> bool:
+    """Whether the health round counts other clients' connections now. The count words a wedge's sentence (requests
+    in flight or idle) and the replay's idle check; each count walks the kernel's whole table of established
+    connections, whatever its filter (3.4 ms of kernel time a dump on one quiet 16-core host: up to a fifth of a
+    resting daemon's CPU, counted at every round). So: every round while a wedge could be named (sparkd's canary
+    slow or unanswered, requests running or waiting), and while the last count saw clients (the replay waits on
+    their leaving: a count kept 30 s would hold it off that long), else every :data:`CLIENTS_AT_REST_S`."""
+    if counted_at is None or now - counted_at >= CLIENTS_AT_REST_S or t.clients:
+        return True
+    if canary_sent is not None and now - canary_sent >= CANARY_SLOW_S:
+        return True
+    return t.clock.canary_sent_at is not None or t.clock.gauges_busy
 
 
 def observe_clients(t: HealthTracker, clients: int | None) -> HealthTracker:

@@ -156,9 +156,11 @@ CONCEPTS: tuple[Concept, ...] = (
              r"\bABI\b|_C\b|custom (?:C\+\+ )?ops?\b|\bextension\b"),
     _concept("driver", "driver", r"\bdriver\b"),
     _concept("missing", "no module|not found|no such|not exist|missing|unrecognized|unknown|undefined|no attribute|"
-                        "cannot import|not installed|could not find|couldn't find|can't find|no package|no matching",
+                        "cannot import|not installed|not available|could not find|couldn't find|can't find|no package|"
+                        "no matching",
              r"\bno module named\b|\bnot found\b|\bno such (?:file|module|device)|\bdoes not exist\b|\bmissing\b|"
              r"\bunrecognized\b|\bunknown\b|\bundefined\b|has no attribute|cannot import|not installed|"
+             r"\b(?:is|are) not available\b|"
              r"(?:could not|couldn't|can't|cannot) find|\bno package\b|\bno matching manifest\b"),
     # -- a process that crashed natively (its signal, the crash handler's banner) --
     _concept("crash", "segmentation|sigsegv|sigbus|sigabrt|sigill|signal|core dumped|fatal python|pc: @|bus error|"

@@ -41,6 +41,9 @@ class Rule:
     unless_after: re.Pattern[str] | None = None  # the line does not count after an earlier line matching this
     provisional: bool = False  # a later specific finding of its class and tier says more (a frame's, a launcher's line)
     because: re.Pattern[str] | None = None  # the line's reason, when logged before it: the latest such line is quoted
+    # a later match says more than an earlier finding of its class at its tier (the driver's recovery action for the
+    # GPU after the Xid of the fault: what the node needs now)
+    overrides: bool = False
     needles: tuple[str, ...] = field(default=(), compare=False)  # literal text one of which every match holds
 
     def __post_init__(self) -> None:
@@ -206,10 +209,10 @@ DOUBLE_PATCH = ("the mxfp4.py patch (fix-ds4-gpu-cache) was applied twice: `grep
 
 def rule(cls: FailureClass, tier: Tier, pattern: str, what: What | None = None, do: str | None = None, *,
        flags: int = 0, when: When | None = None, unless_after: str | None = None, provisional: bool = False,
-       because: str | None = None) -> Rule:
+       because: str | None = None, overrides: bool = False) -> Rule:
     return Rule(cls, tier, re.compile(pattern, flags), what, do, when,
                 re.compile(unless_after) if unless_after is not None else None, provisional,
-                re.compile(because) if because is not None else None)
+                re.compile(because) if because is not None else None, overrides)
 
 
 def image(pattern: str, what: What, do: str = REBUILD) -> Rule:

@@ -7,7 +7,8 @@ What is left here, and why it is no family:
 
 - a shell's "not found" or "command not found": the launch target's fault only with exit 126/127 or when it names
   the configured target (`when`), else a command a script ran;
-- an Xid: its number decides between a GPU that needs a reset and a kernel that faulted (a lookup, `sentences.py`);
+- an Xid: its number decides between a GPU that needs a reset and a kernel that faulted (NVIDIA's catalogue, by group:
+  `devicecodes.py`), and the driver's recovery action (Xid 154) after it says what the GPU needs now;
 - the waits (the TCPStore client's retries, Ray's placement-group wait, the shared-memory queue's wait) and vLLM's
   throughput line with no token: lines of healthy runs too, which explain a death only when nothing else does, and
   whose last one says how long the wait was (tier AMBIGUOUS, `cause._later_wait`);
@@ -33,6 +34,14 @@ from __future__ import annotations
 
 import re
 
+from sparkd.supervisor.devicecodes import (
+    XID_RECOVERY,
+    xid_app_fault,
+    xid_fatal,
+    xid_recovery_needed,
+    xid_recovery_what,
+    xid_what,
+)
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.rulekit import (
     ENGINE_SIGNAL_DO,
@@ -59,9 +68,6 @@ from sparkd.supervisor.sentences import (
     SERVICE_STOPPED,
     STOPPED_FROM_OUTSIDE,
     STOPPED_FROM_OUTSIDE_DO,
-    xid_app_fault,
-    xid_fatal,
-    xid_what,
 )
 
 __all__ = ["INIT_FAILED", "REBUILD", "RULES", "Rule", "Tier", "What", "may_match"]
@@ -69,6 +75,10 @@ __all__ = ["INIT_FAILED", "REBUILD", "RULES", "Rule", "Tier", "What", "may_match
 C, G, Q, A = Tier.CAUSE, Tier.GENERIC, Tier.CONSEQUENCE, Tier.AMBIGUOUS
 F = FailureClass
 _XID = r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d{1,18})\b"
+# NVML's recovery action in the driver's words: `154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset
+# Required)`
+_XID_RECOVERY = (rf"NVRM: Xid \((?P<pci>[^)]*)\): {XID_RECOVERY}, GPU recovery action changed from \S+ \([^)]*\) to "
+                 r"(?P<action>0x[0-9a-fA-F]{1,8}) \((?P<said>[^)]*)\)")
 
 # Order matters only between rules that can match the same line: the first one listed wins for that line.
 RULES: tuple[Rule, ...] = (
@@ -79,7 +89,10 @@ RULES: tuple[Rule, ...] = (
        what_missing_path, f"fix [launch] in the config — {NO_RETRY}", when=exit_127_or_target),
     rule(F.config_error, C, r"(?<![^\s:])(?P<cmd>[^\s:]+): command not found", fmt("The command {cmd} was not found"),
        f"fix [launch] in the config or the image — {NO_RETRY}", when=exit_127_or_target),
-    # -- an Xid: its number decides whether the GPU needs a reset or a kernel faulted (sentences.xid_*) --
+    # -- an Xid: its number decides whether the GPU needs a reset or a kernel faulted (devicecodes: the catalogue's
+    # groups); the driver's recovery action that follows the fault's Xid says what the GPU needs now, so it is the
+    # cause where it asks for one (an action of none: the GPU is usable again, no fault) --
+    rule(F.gpu_error, C, _XID_RECOVERY, xid_recovery_what, REBOOT_DO, when=xid_recovery_needed, overrides=True),
     rule(F.gpu_error, C, _XID, xid_what, REBOOT_DO, when=xid_fatal),
     rule(F.gpu_error, G, _XID, xid_what, APP_XID_DO, when=xid_app_fault),
     # -- waits: lines that show up in healthy runs too and repeat while vLLM waits; the last says how long --

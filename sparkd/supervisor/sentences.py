@@ -1,4 +1,4 @@
-"""Pieces of the classifier's sentences: the class defaults, facts from the context, and the meaning of an Xid.
+"""Pieces of the classifier's sentences: the class defaults, facts from the context, what to do after a fault.
 
 A sentence is "what happened (how it ended); what to do." The class table (`failures.TREATMENT`) holds the
 default halves; the rules (`rules.py`) build a specific "what" from their match and these helpers. Pure.
@@ -82,21 +82,7 @@ def what_free_memory(m: re.Match[str], ctx: ClassifyContext) -> str:
             f"gpu_memory_utilization {util}{mem_note(ctx)}")
 
 
-# ---- Xid: the NVIDIA driver's GPU error codes (NVIDIA's Xid catalogue) --------------------------------------
-
-# Faults a GPU kernel causes (an illegal address, a killed channel): the GPU itself is fine.
-_APP_XIDS = frozenset({13, 31, 32, 43, 45, 68, 69})
-_XID_MEANING = {
-    13: "graphics engine exception", 31: "GPU memory page fault", 32: "corrupted push buffer stream",
-    43: "GPU stopped processing", 45: "preemptive cleanup after a process ended", 48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint", 62: "internal micro-controller halt",
-    63: "ECC page retirement or row remap", 64: "ECC page retirement or row remap failure",
-    68: "video processor exception", 69: "graphics engine class error", 74: "NVLink error",
-    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate", 94: "contained ECC error",
-    95: "uncontained ECC error", 109: "context switch timeout", 119: "GSP RPC timeout", 120: "GSP error",
-    121: "C2C link error", 140: "unrecovered ECC error", 143: "GPU initialization failure",
-    154: "GPU recovery action changed",
-}
+# ---- what to do: after a device's fault (its groups: `devicecodes.py`), for RDMA's locked memory ----
 
 REBOOT_DO = ("the GPU needs a reset: check `nvidia-smi` and `journalctl -k`, then reboot or power-cycle the node — "
              "sparkd restarts with backoff and stops at the restart breaker")
@@ -108,21 +94,3 @@ MEMLOCK_DO = ("the locked-memory limit is too low for RDMA: raise memlock to unl
               "CAP_IPC_LOCK ([container] cap_add = [\"IPC_LOCK\"]), and give the container a large /dev/shm — sparkd "
               "restarts with backoff, but this repeats until the limit is raised")
 
-
-def _xid(m: re.Match[str]) -> int:
-    return int(m.group("xid"))
-
-
-def xid_what(m: re.Match[str], ctx: ClassifyContext) -> str:
-    xid = _xid(m)
-    meaning = _XID_MEANING.get(xid)
-    detail = f" ({meaning})" if meaning else ""
-    return f"The GPU at PCI {m.group('pci').removeprefix('PCI:')} reported Xid {xid}{detail}"
-
-
-def xid_fatal(m: re.Match[str], exit_code: int | None, ctx: ClassifyContext) -> bool:
-    return _xid(m) not in _APP_XIDS
-
-
-def xid_app_fault(m: re.Match[str], exit_code: int | None, ctx: ClassifyContext) -> bool:
-    return _xid(m) in _APP_XIDS

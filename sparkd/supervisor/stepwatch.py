@@ -23,7 +23,9 @@ health tracker (:mod:`sparkd.supervisor.health`) that the other signals feed:
 6. **At rest, fewer readings** (:func:`read_due`): a wedge is a rank inside a step, or an engine that begins none for
    a request that waits; while every rank rests (none inside a step, none ended one within :data:`RESTING_AFTER_S`,
    no engine holds a request) and no canary of sparkd's waits, the files are read every :data:`RESTING_READ_S`, not
-   every second: a step that begins then is read within that, and its limit (``floor_s`` at least) is longer.
+   every second: a step that begins then is read within that, and its limit (``floor_s`` at least) is longer. The
+   shell sleeps until that read (:func:`read_wait`) rather than waking every second to find nothing due; a canary
+   sent wakes it at once.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ if TYPE_CHECKING:
     from sparkd.config import HealthConfig
 
 __all__ = ["MISSING_AFTER_S", "PROBE_CANARY_S", "READ_EVERY_S", "RESTING_AFTER_S", "RESTING_READ_S", "StepWatch",
-           "canary_every", "canary_pending", "limits_of", "observe_steps", "progressing", "read_due", "resting"]
+           "canary_every", "canary_pending", "limits_of", "observe_steps", "progressing", "read_due", "read_wait",
+           "resting"]
 
 READ_EVERY_S = 1.0  # the shell reads every node's step files this often while vLLM serves (rule 6: at rest, less)
 RESTING_READ_S = 5.0  # rule 6: the readings' interval while every rank rests
@@ -94,6 +97,15 @@ def read_due(w: StepWatch, now: float, last_read: float | None, pending: Pending
     if last_read is None or pending is not None or now - last_read >= RESTING_READ_S:
         return True
     return not resting(w, now)
+
+
+def read_wait(w: StepWatch, now: float, last_read: float | None, pending: Pending | None) -> float:
+    """How long the shell sleeps before it asks :func:`read_due` again: :data:`READ_EVERY_S`, or, while every rank
+    rests and no canary of sparkd's waits, until the resting read is due (rule 6): a wake-up a second at rest would
+    only find that nothing is due. A canary sent in the meantime wakes the shell at once (it makes a read due)."""
+    if last_read is None or pending is not None or not resting(w, now):
+        return READ_EVERY_S
+    return max(READ_EVERY_S, RESTING_READ_S - (now - last_read))
 
 
 def progressing(nodes: Sequence[NodeSteps], history: StepHistory, now: float, limits: StepLimits) -> bool:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from functools import cached_property
 
 from sparkd.supervisor.logline import VLLM_HEADER
+from sparkd.supervisor.subsystems import Subsystem, module_of, subsystem_of
 
-__all__ = ["Frame", "PyException", "Subsystem", "TracebackParser", "exception_line", "module_of"]
+__all__ = ["Frame", "PyException", "TracebackParser", "exception_line"]
 
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 _START = re.compile(r"Traceback \(most recent call last\):\s*$")
@@ -44,6 +44,9 @@ _ABORT_REASON = re.compile(r"^\s*(?:(?:free|malloc|realloc|calloc|munmap_chunk|m
 _REASON_LINES = 20  # how far before the report its reason may be
 # threading's excepthook: the traceback after it ended that thread, not the process
 _THREAD = re.compile(r"^\s*Exception in thread (?P<name>\S.*?):?\s*$")
+# sys.unraisablehook: an exception a destructor, a finalizer or an atexit callback raised, which Python ignored (it
+# ended nothing: `Exception ignored in: <function CustomAllreduce.__del__ at 0x...>` at a teardown)
+_IGNORED = re.compile(r"^\s*Exception ignored\b")
 _CAUSE = "The above exception was the direct cause of the following exception:"
 _CONTEXT = "During handling of the above exception, another exception occurred:"
 # `pkg.mod.TypeName: message`, Ray's wrapper `ray.exceptions.RayTaskError(ValueError): ...`, a head cut (`.ZMQError`)
@@ -55,74 +58,9 @@ _EXCEPTION_MODULE = re.compile(r"(?:^|\.)(?:errors?|exceptions?)\.[A-Z]\w*$")
 _BARE_IN_TRACEBACK = re.compile(r"(?:Error|Exception|Exit|Interrupt|StopIteration|Failed|Unsupported)$")
 _REPR = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception))\((?P<message>.*)\)$")
 _KEYWORDS = frozenset({"raise", "return", "pass", "yield", "await", "break", "continue", "else", "try", "finally"})
-_SITE = re.compile(r"^.*?/(?:site-packages|dist-packages)/")
 _RUNPY = ("<frozen runpy>", "runpy.py")
 _IMPORT = re.compile(r"^\s*(?:from\s+[\w.]+\s+)?import\s")
 _CONTINUATION_LINES, _MAX_MESSAGE = 3, 1000
-
-
-class Subsystem(StrEnum):
-    """Where in vLLM (or under it) a frame lies: a failure while vLLM reads its arguments or builds its config is not
-    the same as one while it loads the weights, brings up the device or the process group, or runs the engine."""
-
-    args = "argument parsing"
-    config = "configuration"
-    device = "device initialisation"
-    distributed = "distributed initialisation"
-    loading = "model loading"
-    kv_cache = "KV cache sizing"
-    rpc = "the executor's RPC"
-    collective = "a collective"
-    step = "the engine's step"
-    other = "elsewhere"
-
-
-# Outermost first within a row; the innermost frame that matches a row names the subsystem (rows in order).
-_SUBSYSTEMS: tuple[tuple[Subsystem, re.Pattern[str]], ...] = (
-    (Subsystem.args, re.compile(r"/argparse\.py:|/vllm/(?:entrypoints/cli/|engine/arg_utils\.py:(?:parse|add_cli)|"
-                                r"utils/argparse_utils\.py:)")),
-    (Subsystem.config, re.compile(r"/vllm/(?:config/|engine/arg_utils\.py:|transformers_utils/config\.py:)|"
-                                  r":(?:verify_\w+|create_engine_config|create_model_config|"
-                                  r"create_speculative_config|_verify_\w+)$")),
-    (Subsystem.kv_cache, re.compile(r":(?:determine_available_memory|_?check_enough_kv_cache_memory|"
-                                    r"get_kv_cache_configs?|request_memory|_initialize_kv_caches|"
-                                    r"initialize_kv_cache\w*)$")),
-    (Subsystem.rpc, re.compile(r"/vllm/distributed/device_communicators/shm_broadcast\.py:|"
-                               r":(?:collective_rpc|get_response|dequeue|acquire_read)$")),
-    (Subsystem.collective, re.compile(r"/vllm/distributed/(?:device_communicators/|communication_op\.py:)|"
-                                      r"/torch/distributed/distributed_c10d\.py:(?:all_reduce|all_gather\w*|broadcast\w*|"
-                                      r"reduce_scatter\w*|all_to_all\w*|send|recv|isend|irecv|"
-                                      r"batch_isend_irecv|reduce|gather|scatter)$|/(?:torch_npu|vllm_ascend)/\S*hccl|"
-                                      r":(?:tensor_model_parallel_all_reduce|all_reduce|all_gather|reduce_scatter|"
-                                      r"broadcast_tensor_dict)$")),
-    (Subsystem.distributed, re.compile(r"/torch/distributed/(?:rendezvous|distributed_c10d)\.py:|"
-                                       r":(?:init_distributed_environment|init_worker_distributed_environment|"
-                                       r"initialize_model_parallel|init_process_group|ensure_model_parallel_"
-                                       r"initialized)$")),
-    (Subsystem.device, re.compile(r"/torch/cuda/__init__\.py:|:(?:init_device|_lazy_init|set_device)$")),
-    (Subsystem.loading, re.compile(r"/vllm/model_executor/model_loader/|/safetensors/|/huggingface_hub/|"
-                                   r":(?:load_model|load_weights|from_pretrained|hf_hub_download|snapshot_download)$")),
-    # the engine's step: V1's busy loop and model runner, V0's engine loop (`run_engine_loop`, `engine_step`)
-    (Subsystem.step, re.compile(r":(?:execute_model|sample_tokens|run_busy_loop|step|_process_engine_step|"
-                                r"execute_dummy_batch|capture_model|_dummy_run|profile_run|"
-                                r"engine_step|run_engine_loop|step_async|step_with_batch_queue)$")),
-)
-
-
-def module_of(path: str) -> str:
-    """``/usr/lib/python3/dist-packages/torchvision/_meta_registrations.py`` → ``torchvision._meta_registrations``;
-    outside site-packages, the file's folder and name (``/opt/x/torchvision/io.py`` → ``torchvision.io``)."""
-    m = _SITE.match(path)
-    if m is not None:
-        rest = path[m.end():]
-    elif "/vllm/" in path:  # a source checkout (`/opt/vllm-source/vllm/v1/engine/core.py`)
-        rest = path[path.rindex("/vllm/") + 1:]
-    else:
-        rest = "/".join(path.split("/")[-2:])
-    parts = rest.removesuffix(".py").split("/")
-    if parts[-1] == "__init__" and len(parts) > 1:
-        parts = parts[:-1]
-    return ".".join(p for p in parts if p)
 
 
 @dataclass(frozen=True)
@@ -148,6 +86,7 @@ class PyException:
     cause: PyException | None = None  # raised from (or while handling) this one
     wrapper: str | None = None  # Ray's wrapper type, when the exception came through one
     thread: str | None = None  # the thread it ended, when Python said so (`Exception in thread ray_print_logs:`)
+    ignored: bool = False  # Python ignored it (`Exception ignored in: ...` before its traceback): it ended nothing
 
     @property
     def stated(self) -> str:
@@ -197,12 +136,7 @@ class PyException:
     @cached_property
     def subsystem(self) -> Subsystem:
         """The subsystem of the innermost frame that lies in one (an import is not a subsystem: see `imported`)."""
-        for frame in reversed(self.frames):
-            key = f"{frame.path}:{frame.func}"
-            for subsystem, pattern in _SUBSYSTEMS:
-                if pattern.search(key):
-                    return subsystem
-        return Subsystem.other
+        return subsystem_of(f"{frame.path}:{frame.func}" for frame in reversed(self.frames))
 
     @cached_property
     def imported(self) -> str | None:
@@ -253,6 +187,7 @@ class _Open:
     frames: list[Frame] = field(default_factory=list)
     linked: bool = False  # a chain marker came before this traceback
     thread: str | None = None  # the thread whose end it reports (`Exception in thread X:` just before it)
+    ignored: bool = False  # `Exception ignored ...` just before it
 
 
 @dataclass
@@ -276,20 +211,26 @@ class TracebackParser:
     found: dict[int, PyException] = field(default_factory=dict)  # by the index of the line that ends each, final
     code: set[int] = field(default_factory=set)  # the lines of source (and carets) Python printed under a frame
     structure: set[int] = field(default_factory=set)  # `Traceback (most recent call last):`, frames, chain markers
-    threads: dict[tuple[str | None, int | None], tuple[int, str | None]] = field(default_factory=dict)
+    # what Python said the next traceback ended, and where: a thread (`Exception in thread X:`), or nothing
+    # (`Exception ignored in: ...`)
+    announced: dict[tuple[str | None, int | None], tuple[int, _Open]] = field(default_factory=dict)
 
     def feed(self, index: int, text: str, process: str | None, pid: int | None = None) -> PyException | None:
         state = self.states.setdefault((process, pid), _State())
         body = _RAY_REPEAT.sub("", VLLM_HEADER.sub("", text, count=1))
         if self._continues(state, body) or self._dump_line(state, index, text, body, process):
             return None
-        if (said := _THREAD.match(body)) is not None:  # the traceback right after it ended that thread
-            self.threads[process, pid] = (index, said.group("name"))
+        thread, ignored = _THREAD.match(body), _IGNORED.match(body)
+        if thread is not None or ignored is not None:  # what the traceback right after it ended
+            said = _Open(thread=thread.group("name") if thread is not None else None, ignored=ignored is not None)
+            self.announced[process, pid] = (index, said)
             self.structure.add(index)
             return None
         if _START.search(body):
-            thread = self.threads.pop((process, pid), (-9, None))
-            state.open = _Open(linked=state.pending_link, thread=thread[1] if index - thread[0] <= 2 else None)
+            at, said = self.announced.pop((process, pid), (-9, _Open()))
+            if index - at > 2:
+                said = _Open()
+            state.open = _Open(linked=state.pending_link, thread=said.thread, ignored=said.ignored)
             state.pending_link = False
             if body.lstrip().startswith("Traceback"):  # not V0's `... while processing method x: <error>, Traceback`
                 self.structure.add(index)
@@ -374,7 +315,8 @@ class TracebackParser:
                           line=text.strip(), index=index, process=process,
                           frames=tuple(opened.frames) if opened is not None else (),
                           cause=state.last if linked else None, wrapper=outer if inner else None,
-                          thread=opened.thread if opened is not None else None)
+                          thread=opened.thread if opened is not None else None,
+                          ignored=opened.ignored if opened is not None else False)
         state.open, state.pending_link, state.last = None, False, exc
         state.continuing, state.continued = exc, 0
         if state.stated is not None and state.stated.name == exc.name:

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
+import psutil
 
 from sparkd.acceptance.client import AskFailed
 from sparkd.config import Config
 from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
 from sparkd.runtime.base import ExecResult, ExitInfo, Instance, LaunchError, Runtime, TargetUnavailable
+from sparkd.state.schema import PID_MAX
 from sparkd.supervisor.acceptance.answers import Answer as GateAnswer
 from sparkd.supervisor.acceptance.answers import Shape
 from sparkd.supervisor.failures import FailureClass
@@ -36,6 +38,13 @@ class _Proc:
     more: anyio.Event = field(default_factory=anyio.Event)
 
 
+# Near the top of what a record may hold (state.schema.PID_MAX), past most hosts' pid_max, and any pid a host's
+# process holds is skipped: whatever looks a fake pid up (the watch's pidfd, psutil) finds nothing. At 4000, a CI
+# host's own process of that pid held the watch's exit thread open, and the fake clock waited for that thread at
+# every step.
+FAKE_PID_BASE = PID_MAX - 100_000
+
+
 class FakeRuntime(Runtime):
     """vLLM as the script says. ``auto_ready``: an instance serves as soon as it is launched."""
 
@@ -47,7 +56,7 @@ class FakeRuntime(Runtime):
         self.launches: list[LaunchSpec] = []
         self.stops: list[tuple[int, float]] = []  # (pid, grace_s) of every stop asked for
         self.launch_error: LaunchError | None = None
-        self._pids = itertools.count(4000)
+        self._pids = itertools.count(FAKE_PID_BASE)
 
     @property
     def current(self) -> _Proc | None:
@@ -56,7 +65,7 @@ class FakeRuntime(Runtime):
 
     def start(self, *, serving: bool = True) -> Instance:
         """An instance that runs already (for adoption): returns it, to be written as the record."""
-        pid = next(self._pids)
+        pid = next(p for p in self._pids if not psutil.pid_exists(p))
         instance = Instance(runtime=self.name, pid=pid, create_time=float(pid), config_hash="fake")
         self.procs[pid] = _Proc(instance, serving=serving)
         return instance

@@ -128,36 +128,72 @@ def import_costs() -> dict[str, Any]:
             "deps_mib": round(deps, 2), "deps_modules": deps_modules}
 
 
-def wakeups(pid: int) -> int:
-    """Voluntary context switches of every live thread of ``pid``: how often it went to sleep and woke up."""
-    total = 0
+def thread_counters(pid: int) -> dict[int, tuple[int, int, str]]:
+    """Each live thread of ``pid``: (nanoseconds it has run, ``schedstat``; its voluntary context switches: how often
+    it went to sleep and woke up; its name)."""
+    out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError, ValueError, StopIteration):
-            line = next(x for x in (task / "status").read_text().splitlines() if x.startswith("voluntary_ctxt"))
-            total += int(line.split()[1])
-    return total
+        with contextlib.suppress(OSError, ValueError, StopIteration, IndexError):
+            ns = int((task / "schedstat").read_text().split()[0])
+            status = (task / "status").read_text().splitlines()
+            line = next(x for x in status if x.startswith("voluntary_ctxt"))
+            name = next(x for x in status if x.startswith("Name:")).split(maxsplit=1)[1]
+            out[int(task.name)] = (ns, int(line.split()[1]), name)
+    return out
+
+
+class ThreadLedger:
+    """A process's threads' run time and wake-ups over a window, seen at every sample: a thread that ends inside the
+    window keeps what it did up to the last sample that saw it, one born inside counts from zero (summing the live
+    threads at both ends alone lost the work of a worker thread that ended meanwhile)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.first = thread_counters(pid)
+        self.last = dict(self.first)
+
+    def see(self) -> None:
+        self.last.update(thread_counters(self.pid))
+
+    def by_thread(self) -> dict[str, tuple[int, int]]:
+        """(ns run, wake-ups) in the window by thread: the main thread, then the others by name and thread id (Python
+        threads carry the process's name; the born-in-window ones are marked)."""
+        out: dict[str, tuple[int, int]] = {}
+        for tid, (ns, woke, name) in self.last.items():
+            ns0, woke0, _ = self.first.get(tid, (0, 0, name))
+            key = "main" if tid == self.pid else f"{name} {tid}" + ("" if tid in self.first else " (new)")
+            out[key] = (ns - ns0, woke - woke0)
+        return out
+
+    def totals(self) -> tuple[int, int]:
+        split = self.by_thread().values()
+        return sum(ns for ns, _ in split), sum(woke for _, woke in split)
 
 
 def sample(procs: dict[str, psutil.Process], seconds: float) -> dict[str, dict[str, Any]]:
     """CPU % of one core over the window (psutil's ticks and the scheduler's ns), RSS every second and wake-ups a
     second, for each process."""
     cpu0 = {name: p.cpu_times() for name, p in procs.items()}
-    ns0 = {name: run_ns(p.pid) for name, p in procs.items()}
-    woke0 = {name: wakeups(p.pid) for name, p in procs.items()}
+    ledgers = {name: ThreadLedger(p.pid) for name, p in procs.items()}
     rss: dict[str, list[float]] = {name: [] for name in procs}
     start = time.monotonic()
     while time.monotonic() - start < seconds:
         for name, proc in procs.items():
             rss[name].append(proc.memory_info().rss / MIB)
+            ledgers[name].see()
         time.sleep(1.0)
     wall = time.monotonic() - start
     out = {}
     for name, proc in procs.items():
         t0, t1 = cpu0[name], proc.cpu_times()
+        ledgers[name].see()
+        ns, woke = ledgers[name].totals()
         busy = (t1.user - t0.user) + (t1.system - t0.system)
         out[name] = {"pid": proc.pid, "cpu_pct": 100.0 * busy / wall, "cpu_s": busy, "window_s": wall,
-                     "cpu_pct_schedstat": 100.0 * (run_ns(proc.pid) - ns0[name]) / 1e9 / wall,
-                     "wakeups_per_s": (wakeups(proc.pid) - woke0[name]) / wall,
+                     "cpu_pct_schedstat": 100.0 * ns / 1e9 / wall, "wakeups_per_s": woke / wall,
+                     "threads_seen": len(ledgers[name].last),
+                     "by_thread": {n: {"cpu_ms": round(ns / 1e6, 1), "wakeups": woke}
+                                   for n, (ns, woke) in ledgers[name].by_thread().items()},
                      "rss_mib_median": median(rss[name]), "rss_mib_max": max(rss[name]), "samples": len(rss[name])}
     return out
 
@@ -342,15 +378,6 @@ def feature_costs(tmp: Path) -> dict[str, Any]:
     return out
 
 
-def run_ns(pid: int) -> int:
-    """Nanoseconds the process's threads have run (``/proc/PID/task/*/schedstat``), live threads only."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            total += int((task / "schedstat").read_text().split()[0])
-    return total
-
-
 def _recorder_cpu_s(peer: SparkdPeer) -> float:
     """The recorder's own count of its CPU: its ticks on the loop and its writer thread (thread_time)."""
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(peer.daemon.socket)), timeout=10) as client:
@@ -372,11 +399,10 @@ def recorder_phase(tmp: Path, seconds: float, owned: Owned, ledger: ShmLedger) -
         time.sleep(SETTLE_S)
         log(f"recorder: sampling sparkd with and without the flight recorder for {seconds:.0f} s")
         ring = daemons["on"].daemon.state_dir / "recorder.ring"
-        before = {name: run_ns(peer.pid) for name, peer in daemons.items()}
         records, own = len(read_ring(ring)), _recorder_cpu_s(daemons["on"])
         both = sample({name: psutil.Process(peer.pid) for name, peer in daemons.items()}, seconds)
-        for name, peer in daemons.items():  # the scheduler's own count, in ns (cpu_times ticks at 10 ms)
-            both[name]["cpu_pct"] = 100.0 * (run_ns(peer.pid) - before[name]) / 1e9 / both[name]["window_s"]
+        for name in daemons:  # the scheduler's own count, in ns (cpu_times ticks at 10 ms)
+            both[name]["cpu_pct"] = both[name]["cpu_pct_schedstat"]
         window = both["on"]["window_s"]
         return {**both, "cpu_pct_cost": both["on"]["cpu_pct"] - both["off"]["cpu_pct"],
                 "own_cpu_pct": 100.0 * (_recorder_cpu_s(daemons["on"]) - own) / window,

@@ -80,9 +80,10 @@ def _watch():
         if nc > nc0:
             rows.append({"where": f"{key[0]}:{key[1]}({key[2]})", "calls": nc - nc0, "own_s": tt - tt0,
                          "cum_s": ct - ct0})
-    with open(os.path.join(_dir, "profile.json"), "w") as out:
+    with open(os.path.join(_dir, "profile.json.part"), "w") as out:
         json.dump({"window_s": t_b - t_a, "process_cpu_s": cpu_b - cpu_a, "threads_cpu_s": threads, "rows": rows},
                   out)
+    os.rename(os.path.join(_dir, "profile.json.part"), os.path.join(_dir, "profile.json"))  # whole, or not there
 
 
 if _dir is not None:

@@ -164,3 +164,20 @@ def test_a_restart_drains_the_heads_requests_before_the_worker_rank_stops(make_p
     assert drained[0]["at"] <= stopping[0]["at"], "the worker's rank was stopped before the head's drain was over"
     assert pair.head.status()["last_stop"]["drain"].startswith("drained in ")
     pair.one_instance_per_node()
+
+
+def test_the_heads_stop_of_the_group_is_no_failure_on_the_worker(make_pair: Any) -> None:
+    """The head's rank ends the moment its requests are done (none here: at once), before the head's order reaches
+    the worker: the worker's rank loses its head first and prints torch's TCPStore lines, as the real one does. Its
+    sparkd asks the head, which says it stops the group — so no peer_lost, no incident, on either node."""
+    pair = make_pair().start()
+    pair.ready()
+    assert pair.head.ctl("restart").returncode == 0
+    pair.ready(head_launches=2)
+    assert pair.head.ctl("stop").returncode == 0
+    for daemon in (pair.head, pair.worker):
+        daemon.wait_for(lambda s: s.get("state") == "stopped", 60, "the group stopped")
+    lost_head = [e for e in pair.worker.events("head_stops_the_group")]
+    assert "peer_lost" not in pair.worker.log(), lost_head
+    assert pair.worker.incidents() == [] and pair.head.incidents() == []
+    assert pair.worker.status()["last_failure"] is None

@@ -102,6 +102,10 @@ def link_cut(pair: SoakPair, params: dict[str, Any], ledger: Ledger) -> str:
     pair.link.cut()
     time.sleep(params["down_s"])
     pair.link.restore()
+    # A poll sent during the cut is answered, or times out, up to peer_timeout_s after it (TCP's retransmissions
+    # back off past the restore): until then the cut's peer_lost may still come, and would be laid at the next fault.
+    cluster = pair.head.config["cluster"]
+    time.sleep(float(cluster.get("peer_timeout_s", 5.0)) + float(cluster.get("peer_poll_s", 2.0)))
     note = f"link down {params['down_s']} s"
     if not params.get("crash_after"):
         return note

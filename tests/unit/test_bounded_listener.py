@@ -15,6 +15,7 @@ tests/integration/test_peer_attacks.py floods a real pair from a third network n
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import ssl
@@ -31,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from sparkd.api.accepting import Doorway
 from sparkd.api.admission import Limits, Pool, Slots, admit
 from sparkd.api.bounded import Listener, caller_of, prove, tcp_caller, unix_caller
 from sparkd.api.server import bind_tcp_socket, bind_unix_socket, serve
@@ -143,6 +145,42 @@ async def test_a_flood_from_many_sources_leaves_the_peer_room_and_a_proven_peer_
     assert [flood_ok[i * 6:(i + 1) * 6].count(True) for i in range(3)] == [4, 4, 4]  # per source
     assert unproven_ok == [False, False] + [True] * LIMITS.per_source  # the two oldest gave way
     assert proven_ok == [True] * LIMITS.per_trusted and still == [True] * LIMITS.per_trusted
+
+
+async def test_a_queue_of_refused_connections_never_keeps_the_loop_from_other_tasks() -> None:
+    """A third host's flood kept the kernel's accept queue full, and asyncio's sock_accept does not yield while it
+    holds a connection: the worker's loop answered nothing else for seconds and the head lost a poll (CI, 12-07)."""
+    sock = bind_tcp_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    queued = [socket.create_connection(("127.0.0.1", port)) for _ in range(60)]  # all in the queue before it runs
+    order: list[str] = []
+    identify = tcp_caller(None)
+
+    def seen(conn: socket.socket) -> object:
+        order.append("accept")
+        return identify(conn)
+
+    async def other_task() -> None:
+        while True:  # until the test is done
+            order.append("other")
+            await anyio.sleep(0)
+
+    doorway = Doorway(sock, Slots(Limits(general=0)), seen, lambda caller, ticket: None)  # type: ignore[arg-type, return-value]
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(other_task)
+            tg.start_soon(doorway.run)
+            with anyio.fail_after(10):
+                while order.count("accept") < len(queued):
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    finally:
+        for conn in queued:
+            conn.close()
+        sock.close()
+    accepts = [i for i, what in enumerate(order) if what == "accept"]
+    between = [order[a:b].count("other") for a, b in itertools.pairwise(accepts)]
+    assert min(between) >= 1, order  # every accept gave the loop back before the next
 
 
 async def test_a_request_must_arrive_whole_within_its_deadline() -> None:

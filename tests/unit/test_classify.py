@@ -695,3 +695,8 @@ def test_a_line_repeated_is_a_stall_only_when_nothing_else_is() -> None:
     assert classify(None, 9, idle).cls is F.unknown
     assert classify(1, None, [*loop, api("ValueError: x must be divisible by tensor parallel size (3)")]).cls is \
         F.config_error
+    # vLLM's front end waiting for its engine to start, again and again (held-out round 19): a start that hangs
+    start = ["(APIServer pid=1) DEBUG 08-09 20:55:20 [v1/engine/utils.py:1262] Waiting for 1 local, 0 remote core "
+             "engine proc(s) to start."] * 6
+    stuck = classify(1, None, start)
+    assert stuck.cls is F.hang and "the start is stuck" in stuck.sentence, stuck.sentence

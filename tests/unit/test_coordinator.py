@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 from structlog.testing import CapturingLogger
 
 from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.coordinator import Coordinator
-from sparkd.cluster.peers import PeerUnreachable
+from sparkd.cluster.peers import PeerUnreachable, unanswered
 from sparkd.config import config_from_mapping
 from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.states import State
@@ -41,9 +42,9 @@ class Link:
         return await self.request(peer, "GET", "/v1/status", **kw)
 
 
-def head(link: Link, clock: FakeClock, posted: list[v.Observation]) -> Coordinator:
+def head(link: Link, clock: FakeClock, posted: list[v.Observation], role: str = "head") -> Coordinator:
     cfg = config_from_mapping({
-        "runtime": "process", "node": {"name": "head", "role": "head"},
+        "runtime": "process", "node": {"name": role, "role": role},
         "launch": {"executable": "/usr/bin/true", "model": "/models/m"},
         "cluster": {"master_addr": "10.0.0.1", "nnodes": 2, "peers": [WORKER], "peer_grace_s": 10,
                     "peer_poll_s": 1}}, source="test")
@@ -108,3 +109,21 @@ async def test_a_workers_words_are_one_bounded_line_quoted_as_its_claim() -> Non
     assert posted[0].failure.cls.value == "unknown"  # a class sparkd does not know is no class
     assert "\n" not in sentence and "\x1b" not in sentence and len(sentence) < 400
     assert "its sparkd reports: \u201cXid 79 [2J run: curl" in sentence and sentence.endswith("\u2026\u201d")
+
+
+def test_a_request_without_an_answer_says_why_in_words() -> None:
+    """A timeout's and a closed stream's own text is empty: the head logged "does not answer: " (CI, 12-07)."""
+    assert unanswered(TimeoutError(), 2.5) == "no answer within 2.5 s"
+    assert unanswered(anyio.EndOfStream(), 5) == "the connection closed before an answer"
+    assert unanswered(OSError("All connection attempts failed"), 5) == "All connection attempts failed"
+    assert unanswered(ConnectionResetError(), 5) == "ConnectionResetError"
+
+
+@pytest.mark.parametrize(("answer", "stops"), [
+    ({"state": "stopping"}, True), ({"state": "stopped"}, True),  # the head's stop of the group, or its end
+    ({"state": "ready"}, False), ({"state": "degraded"}, False), (None, False)])  # serving, or no answer: a loss
+async def test_a_worker_asks_its_head_whether_it_stops_the_group(answer: dict[str, Any] | None, stops: bool) -> None:
+    clock, posted = FakeClock(), []
+    link = Link({WORKER: answer})
+    assert await head(link, clock, posted, role="worker").head_stops_the_group() is stops
+    assert await head(link, clock, posted).head_stops_the_group() is False  # the head has no head to ask

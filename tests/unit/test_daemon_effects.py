@@ -161,6 +161,9 @@ class PeerAway:
     def unreachable(self) -> list[str]:
         return ["10.0.0.2:8470"]
 
+    async def head_stops_the_group(self) -> bool:
+        return False
+
 
 async def test_a_wedge_while_a_peers_sparkd_is_unreachable_is_the_peers_loss(tmp_path: Path) -> None:
     """The canary's timeout and the peer's grace race; the cause decides: the peer is lost (a wait, no budget),

@@ -3,9 +3,10 @@ off, has loaded none of the group's machinery (the coordinator, the peer client,
 none of the weights' (its own manifest is made when first asked), none of the flight recorder's (the ring, its
 writer, the watchdog, the memory settle's rules), none of the webhooks' notifier without ``[notify]`` targets, no
 Docker SDK (a process runtime), nothing of sparkctl's (httpx, rich), no pydantic-settings (a config with no profile
-and no SPARKD_* override has no layers to stack), no difflib (a typo's suggestion) and, with no NVIDIA driver, no
-NVML bindings. A head's daemon loads the group's, a recorder's the ring's, one with targets the notifier.
-Each runs in a fresh interpreter: this one has imported everything."""
+and no SPARKD_* override has no layers to stack), no difflib (a typo's suggestion), none of the failure classifier's
+tables (no failure to explain yet) and, with no NVIDIA driver, no NVML bindings. A head's daemon loads the group's,
+a recorder's the ring's, one with targets the notifier. Each runs in a fresh interpreter: this one has imported
+everything."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ NOTIFY = ("sparkd.notify", "sparkd.notify.sender", "sparkd.notify.events", "spar
 NEVER = ("docker", "httpx", "rich", "sparkd.cli.sparkctl", "sparkd.api.client")
 LAYERS = ("pydantic_settings", "sparkd.config.sources", "dotenv", "argparse")  # a config with layers to stack
 ON_ERROR = ("difflib",)  # a typo's "did you mean": a config with an error only
+# the failure classifier's tables (issue 35: 1.3 MiB at rest): loaded with the first failure to explain
+CLASSIFIER = ("sparkd.supervisor.classify", "sparkd.supervisor.cause", "sparkd.supervisor.families",
+              "sparkd.supervisor.rules", "sparkd.supervisor.events", "sparkd.supervisor.devicecodes")
 
 # The daemon as `sparkd run` builds it (rich kept out first, as run does), over the loop harness's fakes, until
 # its vLLM is ready; then the modules it holds.
@@ -70,7 +74,7 @@ def test_a_single_nodes_daemon_loads_nothing_of_the_group_weights_recorder_docke
         tmp_path: Path) -> None:
     modules = loaded("single", tmp_path)
     assert "sparkd.daemon.app" in modules and "sparkd.cluster.ranks" in modules
-    unused = {*GROUP, *WEIGHTS, *RECORDER, *NOTIFY, *NEVER, *LAYERS, *ON_ERROR}
+    unused = {*GROUP, *WEIGHTS, *RECORDER, *NOTIFY, *NEVER, *LAYERS, *ON_ERROR, *CLASSIFIER}
     assert not modules & unused, sorted(modules & unused)
     if not nvml._driver_library_loads():
         assert "pynvml" not in modules

@@ -162,3 +162,18 @@ def test_a_bad_config_is_a_clear_error(tmp_path: Path, text: str, says: str) -> 
         assert proc.returncode == 2 and proc.stdout == b"", err
         assert f"sparkd explain: invalid config {path}:" in err and "Traceback" not in err, err
     assert says in run(str(FREE_MEMORY), "--config", str(bad)).stderr.decode()
+
+
+def test_a_log_that_stops_without_an_error_or_an_exit_may_be_a_process_still_running() -> None:
+    """No error in the log and no --exit-code nor --signal: the process may still run, stuck where the log stops
+    (held-out logs that stop during a start, labelled hang from their threads); given how it ended, it went away."""
+    stops = ["INFO 08-12 20:26:03 [parallel_state.py:1] world_size=2 rank=0",
+             "(Worker pid=960) INFO 08-12 20:26:09 [pynccl.py:113] vLLM is using nccl==2.28.9"]
+    unknown = explain(stops)
+    assert unknown.cls is FailureClass.unknown
+    assert unknown.sentence.startswith("The log stops without an error at `INFO 08-12 20:26:09 [pynccl.py:113]")
+    assert "still runs, it is stuck there" in unknown.sentence and "--exit-code" in unknown.sentence
+    ended = explain(stops, exit_code=1)
+    assert "stuck" not in ended.sentence and "exit 1" in ended.sentence
+    erred = explain([*stops, "ERROR 08-12 20:27:00 [core.py:1] something broke"])
+    assert "stuck" not in erred.sentence, "a log with an error says that error"

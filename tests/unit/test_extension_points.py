@@ -117,6 +117,7 @@ class Reports:
     def state(self): return State.ready
     def on_line(self, line, persist=True): pass
     async def classify_exit(self, exit_code, sig, hint, engine_gone=False): raise AssertionError("no exit here")
+    async def head_stops_the_group(self): return False
 
 
 async def main():

@@ -4,12 +4,14 @@ autojump clock hears it from trio's run loop, through asyncio's public selector 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import anyio
 import anyio.lowlevel
 import pytest
 
-from sparkd.testing import FakeClock, all_tasks_blocked
+from sparkd.testing import FakeClock, all_tasks_blocked, fakes
+from sparkd.testing.fakes import FAKE_PID_BASE, FakeRuntime
 
 pytestmark = pytest.mark.anyio
 
@@ -62,3 +64,15 @@ async def test_run_until_jumps_to_each_sleeper_in_turn() -> None:
 def test_another_loop_is_refused_with_the_fix() -> None:
     with pytest.raises(RuntimeError, match=r"loop_factory.*new_event_loop"):
         asyncio.run(all_tasks_blocked())
+
+
+def test_the_fake_runtimes_pids_are_no_hosts_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 4000, a CI host's own process of that pid kept the watch's pidfd thread blocked, and run_until held the
+    fake clock 2 real seconds for it at every step: an hour of fake time ran past the 300 s timeout (CI-like, 12-06)."""
+    pids = [FakeRuntime().start().pid for _ in range(3)]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.pidfd_open(pid)
+    taken = {FAKE_PID_BASE, FAKE_PID_BASE + 1}  # as if the host's processes held them
+    monkeypatch.setattr(fakes.psutil, "pid_exists", lambda pid: pid in taken)
+    assert FakeRuntime().start().pid == FAKE_PID_BASE + 2

@@ -362,9 +362,12 @@ CASES |= {
                                                "failed: open(/dev/vfio/0): Device or resource busy")], F.gpu_busy),
     "gpu busy: a device not acquired": (["RuntimeError: synStatus=26 [Generic failure] Device acquire failed."],
                                         F.gpu_busy),
-    "rendezvous: a node without the accelerators asked for": ([ec("ValueError: Current node has no GPU available. "
-                                                                  "current_node_resource={'CPU': 64.0}")],
-                                                              F.rendezvous_timeout),
+    "config: Ray's driver node without an accelerator": ([ec("ValueError: Current node has no GPU available. "
+                                                             "current_node_resource={'CPU': 64.0}")],
+                                                         F.config_error),
+    "rendezvous: a cluster without the accelerators asked for": ([ec("RuntimeError: The Ray cluster has no NPU "
+                                                                     "available for the placement group yet.")],
+                                                                 F.rendezvous_timeout),
     "oom: NCCL's unhandled CUDA error names out of memory": (
         ["(VllmWorker rank=7 pid=240) ncclUnhandledCudaError: Call to CUDA function failed.",
          "(VllmWorker rank=7 pid=240) Last error:", "(VllmWorker rank=7 pid=240) Cuda failure 'out of memory'"], F.oom),
@@ -397,6 +400,32 @@ CASES |= {
                                            F.nccl),
     "image: an extension that did not build": ([ec("RuntimeError: Error building extension 'fused_adam'")],
                                                F.image_error),
+    "image: a JIT's build tool failed as subprocess says it": (
+        [ec("subprocess.CalledProcessError: Command '['ninja', '-v', '-C', '/root/.cache/flashinfer/cached_ops']' "
+            "returned non-zero exit status 1.")], F.image_error),
+    "not the image: another child's failure as subprocess says it": (
+        [ec("subprocess.CalledProcessError: Command '['nvidia-smi', '-L']' returned non-zero exit status 9.")],
+        F.unknown),
+    "gpu: CUDA's error by its runtime API name (torch's line under the message)": (
+        [ec("Search for `cudaErrorAssert' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html "
+            "for more information.")], F.gpu_error),
+    "gpu: CUDA's error by its driver API name": ([ec("RuntimeError: CUDA driver error: CUDA_ERROR_ILLEGAL_ADDRESS")],
+                                                 F.gpu_error),
+    "image: profiling saw free memory unchanged (a vGPU, an XPU's reading)": (
+        [ec("AssertionError: Error in memory profiling. Initial free memory 30.3 GiB, current free memory 30.3 GiB. "
+            "This happens when other processes sharing the same container release GPU memory")], F.image_error),
+    "free memory: profiling saw free memory grow": (
+        [ec("AssertionError: Error in memory profiling. Initial free memory 30.3 GiB, current free memory 31.5 GiB.")],
+        F.free_memory_refusal),
+    "image: an RPC to a method the worker lacks": (
+        [ec("NotImplementedError: Method 'initialize_nixl' is not implemented.")], F.image_error),
+    "image: a KV connector's library missing": ([ec("NIXL is not available")], F.image_error),
+    "config: an operation CUDA graph capture cannot hold": (
+        [ec("RuntimeError: CUDA error: operation not permitted when stream is capturing")], F.config_error),
+    "config, not the image: a NotImplementedError that is no RPC's": (
+        [ec("NotImplementedError: get_kv_cache_spec is not implemented for this backend")], F.config_error),
+    "image: a worker class refusing the device type": (tb("RuntimeError: Not support device type: npu", CONFIG),
+                                                      F.image_error),
     "rendezvous: the head never reached": (["torch.distributed.DistNetworkError: The client socket has failed to "
                                             "connect to [head]:29500 (errno: 113 - No route to host)."],
                                            F.rendezvous_timeout),
@@ -568,6 +597,20 @@ CASES |= {
     "port: a listener whose port another process holds": ([ec("RuntimeError: failed to listen on 0.0.0.0 port 29600: "
                                                               "the port is being used by another process")],
                                                           F.port_in_use),
+    "oom: the Ascend runtime's allocation code, by number": ([ec("RuntimeError: aclrtMalloc failed, error code:"
+                                                                 "207001")], F.oom),
+    "image: a GPU runtime that fails to load": ([ec("hip runtime failed to load.")], F.image_error),
+    "gpu: CUDA's number of a kernel's fault": ([ec("RuntimeError: ... err 715 != CUDA_SUCCESS :: "
+                                                   "CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER")], F.gpu_error),
+    "gpu: CUDA's number of an uncorrectable ECC error": ([ec("RuntimeError: CUDA error 214 at cache_kernels.cu:12")],
+                                                         F.gpu_error),
+    "gpu: the Ascend runtime's code of a vector core's exception": ([ec("RuntimeError: ACL stream synchronize failed, "
+                                                                        "error code:507035")], F.gpu_error),
+    "gpu: the Ascend runtime's code of a lost heartbeat": ([ec("RuntimeError: NPU function error: aclrtSynchronize"
+                                                               "Stream, error code is 507010")], F.gpu_error),
+    "hang: the Ascend runtime's code of a stream sync timeout": ([ec("RuntimeError: NPU function error: aclrtSynchron"
+                                                                     "izeStreamWithTimeout, error code is 507046")],
+                                                                 F.hang),
     "port: Ray's head finds its stale run": (["ConnectionError: Ray is trying to start at 10.0.0.2:6379, but is "
                                               "already running at 10.0.0.2:6379. Please specify a different port using "
                                               "the `--port` flag of `ray start` command."], F.port_in_use),
@@ -712,7 +755,7 @@ def test_an_unknown_still_says_what_happened() -> None:
     ("  Warning  FailedScheduling  4s  default-scheduler  0/2 nodes are available: 2 Insufficient amd.com/gpu.",
      F.rendezvous_timeout),
     (ec("RuntimeError: Ray does not allocate any GPUs on the driver node. Consider adjusting the Ray placement group."),
-     F.rendezvous_timeout),
+     F.config_error),
 ], ids=["TPU held", "docker without the NVIDIA runtime", "the host's driver not loaded", "no image for arm64",
         "kubelet's pull", "Ray's memory monitor", "more ranks than GPUs", "no XPU (SYCL)", "no accelerator (torch)",
         "no node with the GPUs (Kubernetes)", "Ray's driver without a GPU"])

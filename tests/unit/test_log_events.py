@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sparkd.supervisor.events import MAX_EVENTS, Kind, read_events
-from sparkd.supervisor.tracebacks import PyException, Subsystem
+from sparkd.supervisor.subsystems import Subsystem
+from sparkd.supervisor.tracebacks import PyException
 
 SITE = "/usr/local/lib/python3.12/site-packages"
 
@@ -130,7 +131,10 @@ def test_a_launchers_prefix_is_not_the_line(raw: str, text: str, process: str | 
     ("NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus", Kind.kernel, "ERROR"),
     ("WARNING 01-02 03:04:05 [x.py:1] slow", Kind.vllm, "WARNING"),
     ("ValueError: bad", Kind.python, None),
-], ids=["nccl", "torch", "cuda", "ray", "kernel", "vllm", "python"])
+    ("2024-11-08 09:37:40,925 vllm.worker.model_runner 849 INFO     CUDA graphs can take additional 1~3 GiB memory per "
+     "GPU. If you are running out of memory, consider decreasing `gpu_memory_utilization`", Kind.other, "INFO"),
+    ("vllm.engine.llm_engine 849 ERROR    the engine failed", Kind.other, "ERROR"),
+], ids=["nccl", "torch", "cuda", "ray", "kernel", "vllm", "python", "python logging's format", "its stamp taken off"])
 def test_each_line_has_its_kind(raw: str, kind: Kind, level: str | None) -> None:
     (event,) = read_events([raw])
     assert (event.kind, event.level) == (kind, level)
@@ -233,3 +237,72 @@ def test_only_the_last_frames_are_read() -> None:
     events = read_events([*bars, "torch.OutOfMemoryError: CUDA out of memory"], kernel_lines=("NVRM: Xid 79",))
     assert len(events) == MAX_EVENTS + 1 and events[0].kind is Kind.kernel
     assert events[-1].exception is not None and events[-1].exception.name == "OutOfMemoryError"
+
+
+def test_advice_at_info_in_python_loggings_format_is_no_error() -> None:
+    """vLLM run under a logging config of its own (Python's default format: time, logger, pid, level): its INFO
+    advice about memory is not an out-of-memory error (held-out round 15 read it as one)."""
+    from sparkd.supervisor.classify import classify
+    lines = ["2024-11-08 09:37:40,924 vllm.worker.model_runner 849 INFO     Capturing the model for CUDA graphs.",
+             "2024-11-08 09:37:40,925 vllm.worker.model_runner 849 INFO     CUDA graphs can take additional 1~3 GiB "
+             "memory per GPU. If you are running out of memory, consider decreasing `gpu_memory_utilization`"]
+    assert classify(None, None, lines).cls.value == "unknown"
+
+
+def test_an_exception_python_ignored_ended_nothing() -> None:
+    """`Exception ignored in: <function X.__del__ ...>` (a destructor's at a teardown, held-out round 17): the error
+    after it is the cause only where the log says nothing else; the engine's own failure before it says more."""
+    from sparkd.supervisor.classify import classify
+    worker = "(VllmWorker rank=7 pid=3350875) "
+    teardown = [worker + "Exception ignored in: <function CustomAllreduce.__del__ at 0x7efceedfe2a0>",
+                worker + "Traceback (most recent call last):",
+                worker + f'  File "{SITE}/vllm/_custom_ops.py", line 1758, in free_shared_buffer',
+                worker + "RuntimeError: CUDA error: an illegal memory access was encountered"]
+    failed = [ec("EngineCore failed to start."),
+              ec("RuntimeError: Worker failed with error 'Expected result >= 0 to be true, but got false.'")]
+    (ignored,) = exceptions(teardown)
+    assert ignored.ignored and ignored.thread is None
+    assert classify(1, None, failed + teardown).cls.value == "engine_dead"
+    assert classify(1, None, failed + [line.replace("Exception ignored in: ", "") for line in teardown[:1]]
+                    + teardown[1:]).cls.value == "gpu_error", "not ignored: the device error is the cause"
+    assert classify(1, None, teardown).cls.value == "gpu_error", "alone, it is what the log says"
+    thread = exceptions(["Exception in thread ray_print_logs:", "Traceback (most recent call last):",
+                         "ModuleNotFoundError: No module named 'IPython'"])
+    assert thread[0].thread == "ray_print_logs" and not thread[0].ignored
+
+
+def test_a_traceback_quoted_as_markdown_is_read() -> None:
+    """An issue thread's paste quoted with `> ` (held-out round 17): the exception line is read as one."""
+    from sparkd.supervisor.classify import classify
+    lines = ["> Traceback (most recent call last):", '  File "demo_vllm.py", line 15, in <module>', "",
+             "> torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 214.00 MiB."]
+    assert classify(1, None, lines).cls.value == "oom"
+    assert read_events(["> > ERROR 02-14 03:51:43 [core.py:1] x"])[0].kind is Kind.vllm
+    bold = ["**RuntimeError: CUDA error: no kernel image is available for execution on the device"]
+    assert classify(1, None, bold).cls.value == "image_error", "bolded as markdown (held-out round 20)"
+
+
+def test_pytests_report_of_a_failed_test_is_read() -> None:
+    """A CI job's pytest report puts its `E` column in front of the exception (held-out round 21): read as the
+    exception line it is; an `E` that begins a word or a glog line is no such column."""
+    from sparkd.supervisor.classify import classify
+    lines = ["[2025-10-20T13:11:22Z] E           ValueError: Currently, async scheduling only supports `mp` or `uni` "
+             "distributed executor backend, but you choose `ray`.",
+             "[2025-10-20T13:11:22Z] /usr/local/lib/python3.12/dist-packages/vllm/engine/arg_utils.py:1513: ValueError"]
+    assert classify(1, None, lines).cls.value == "config_error"
+    (event,) = read_events(["E       RuntimeError: CUDA error: an illegal memory access was encountered"])
+    assert event.text.startswith("RuntimeError: CUDA error")
+    assert read_events(["E1207 00:55:30.123 socket.cpp:1] x"])[0].text.startswith("E1207")
+    assert read_events(["Engine iteration timed out"])[0].text == "Engine iteration timed out"
+
+
+def test_vllms_config_dump_without_its_header_is_no_error() -> None:
+    """vLLM's line that names every setting (`... with config: ... trust_remote_code=True ...`), pasted without its
+    INFO header (held-out round 17), is INFO: the setting names in it state no failure."""
+    from sparkd.supervisor.classify import classify
+    dump = ("Initializing a V1 LLM engine (v0.7.3) with config: model='/qwen2_5-vl-72b', speculative_config=None, "
+            "trust_remote_code=True, dtype=torch.bfloat16, tensor_parallel_size=4, quantization=None")
+    args = "non-default args: {'model': 'x', 'trust_remote_code': True}"
+    assert all(e.below_error for e in read_events([dump, args]))
+    assert classify(1, None, [dump, "RuntimeError: CUDA error: device-side assert triggered"]).cls.value == "gpu_error"
+    assert classify(1, None, [dump]).cls.value == "unknown"

@@ -28,6 +28,7 @@ from sparkd.supervisor.stepwatch import (
     observe_steps,
     progressing,
     read_due,
+    read_wait,
 )
 from sparkd.supervisor.vocabulary import HealthFailed
 from sparkd.vllm_probe.sparkd_vllm_probe.layout import StepRecord
@@ -235,3 +236,20 @@ def test_a_rest_is_measured_on_the_judges_clock_as_the_reading_ages() -> None:
     w = StepWatch(nodes=tuple(at(100, idle(100, 9, 1.0))), seen=True)
     assert read_due(w, 101.0, 100.0, None)
     assert not read_due(w, 100.0 + RESTING_AFTER_S, 100.0 + RESTING_AFTER_S - 1, None)
+
+
+@pytest.mark.parametrize(("nodes", "pending", "since_read", "wait"), [
+    (at(100, idle(100, 9, RESTING_AFTER_S + 1)), None, 0.0, RESTING_READ_S),  # at rest: until the resting read
+    (at(100, idle(100, 9, RESTING_AFTER_S + 1)), None, 2.0, RESTING_READ_S - 2.0),
+    (at(100, idle(100, 9, RESTING_AFTER_S + 1)), None, RESTING_READ_S, 1.0),  # overdue: the next second
+    (at(100, idle(100, 9, RESTING_AFTER_S + 1)), WAITING, 0.0, 1.0),  # a canary waits: every second
+    (at(100, inside(100, 10, 0.5)), None, 0.0, 1.0),  # a rank steps
+    (at(100, idle(100, 9, 1.0)), None, 0.0, 1.0),  # it ended a step a moment ago: not resting yet
+])
+def test_at_rest_the_watch_sleeps_until_the_resting_read(nodes: list[NodeSteps], pending: object,
+                                                         since_read: float, wait: float) -> None:
+    """Issue 35: no wake-up a second that would only find nothing due; a canary sent wakes the shell (the watch's
+    own test, test_watch_verdicts.py)."""
+    w = StepWatch(nodes=tuple(nodes), seen=True)
+    assert read_wait(w, 100.0, 100.0 - since_read, pending) == pytest.approx(wait)  # type: ignore[arg-type]
+    assert read_wait(w, 100.0, None, None) == 1.0  # nothing read yet

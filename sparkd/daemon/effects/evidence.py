@@ -29,7 +29,7 @@ from sparkd.preflight.base import Verdict
 from sparkd.preflight.runner import PreflightReport
 from sparkd.runtime.base import Runtime
 from sparkd.state.incidents import GpuEvidence, IncidentWriter, attach_stop, incident_record
-from sparkd.supervisor.classify import ClassifyContext, classify
+from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.failures import Evidence, Failure, FailureClass
 from sparkd.supervisor.marks import attempt, preflight_line, this_launch, verdict_line, vllm_lines
 from sparkd.supervisor.states import UP
@@ -148,6 +148,8 @@ class FailureEvidence:
                             engine_gone: bool = False, *, guard: Guard | None, state: NodeState) -> Failure:
         """The facts gathered here, on the loop; the classifier run in a worker thread (a pathological tail costs it
         seconds, which the loop's other work must not wait for)."""
+        from sparkd.supervisor.classify import classify  # the classifier's tables load with the first failure
+
         lines = vllm_lines(this_launch(self.vllm_log.last(LOG_TAIL_LINES)))
         context = self.context(guard, state, engine_gone)
         return await anyio.to_thread.run_sync(partial(classify, exit_code, sig, lines, hint=hint, context=context))

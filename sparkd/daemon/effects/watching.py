@@ -45,16 +45,18 @@ class Mailbox(Protocol):
     def node(self) -> NodeState: ...
 
 
-class Unreachable(Protocol):
+class GroupView(Protocol):
     """The group as a watch's verdict needs it (the coordinator)."""
 
     def unreachable(self) -> list[str]: ...
+
+    async def head_stops_the_group(self) -> bool: ...
 
 
 class NodeWatchReports:
     """What the watch tells, as the node hears it (:class:`sparkd.daemon.watch.instance.WatchReports`)."""
 
-    def __init__(self, mailbox: Mailbox, output: VllmOutput, evidence: NodeEvidence, *, group: Unreachable | None,
+    def __init__(self, mailbox: Mailbox, output: VllmOutput, evidence: NodeEvidence, *, group: GroupView | None,
                  gpu: GpuSampler | None) -> None:
         self.mailbox = mailbox
         self.output = output
@@ -71,6 +73,9 @@ class NodeWatchReports:
     async def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
                             engine_gone: bool = False) -> Failure:
         return await self.evidence.classify_exit(exit_code, sig, hint, engine_gone, self.mailbox.node())
+
+    async def head_stops_the_group(self) -> bool:
+        return await self.group.head_stops_the_group() if self.group is not None else False
 
     def post(self, obs: v.Observation) -> None:
         """The watch's observations; a wedge carries the GPUs' power, and seen while a peer's sparkd is unreachable

@@ -42,6 +42,7 @@ from sparkd.supervisor.stepwatch import (
     canary_pending,
     observe_steps,
     read_due,
+    read_wait,
 )
 
 READY_POLL_S = 0.5  # /health while starting: the port refuses until vLLM is ready, so this is cheap
@@ -65,6 +66,9 @@ class WatchReports(Protocol):
 
     async def classify_exit(self, exit_code: int | None, sig: int | None, hint: FailureClass | None,
                             engine_gone: bool = False) -> Failure: ...
+
+    async def head_stops_the_group(self) -> bool:
+        """A worker's: whether its head's sparkd says it stops the group (always False elsewhere)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class InstanceWatch:
         self.state = reports.state
         self.on_line: LineSink = reports.on_line
         self.classify_exit: ClassifyExit = reports.classify_exit
+        self.head_stops_the_group = reports.head_stops_the_group
         self.probes = probes  # None: a headless rank serves no HTTP
         self.settings = settings
         self.clock = clock
@@ -105,11 +110,14 @@ class InstanceWatch:
         replay = watched.replay
         self.signals = watched.signals  # besides /health and /metrics (sparkd.supervisor.signals)
         self._own_out = 0  # probes of ours in flight on vLLM's API port (their connections are no client's)
+        self._clients_at: float | None = None  # when they were last counted
         self.steps = watched.steps  # the step probe's sense (issue 38)
         self.step_identity = watched.step_identity
         self.step_watch = StepWatch()
         self._canary_sent: float | None = None  # the canary in flight: when it was sent
+        self._canary_out = anyio.Event()  # set when a canary is sent: wakes the step watch resting between reads
         self.vllm_metrics: VllmMetrics | None = None
+        self._head_stop_seen = False  # this rank lost its head to the head's own stop of the group
         self.exited = anyio.Event()
         self.logs_drained = anyio.Event()
         self.closed = anyio.Event()
@@ -151,7 +159,7 @@ class InstanceWatch:
             consumed += len(line.encode("utf-8", "replace")) + 1
             live = consumed > self._replay_bytes
             self.on_line(line, live)
-            if self.probes is None and self._peer_lost(line):
+            if self.probes is None and self._peer_lost(line) and not await self._the_heads_stop("log"):
                 self.post(v.HealthFailed(await self.classify_exit(None, None, FailureClass.peer_lost, False)))
             elif self.probes is not None and live:  # vLLM's throughput and JIT lines move the wedge clock
                 await self._observe(health.observe_log_line, line)
@@ -167,13 +175,30 @@ class InstanceWatch:
         self.exited.set()
         with anyio.move_on_after(DRAIN_S):
             await self.logs_drained.wait()
-        if self.state() is State.stopping:
+        if self.state() is State.stopping or self._head_stop_seen:
             self.log.info("exited", pid=self.instance.pid, exit=info.describe(), requested=True)
             return
         engine_gone = not await self.runtime.engine_answers()  # it stopped, taking vLLM's container along
         failure = await self.classify_exit(info.exit_code, info.signal, None, engine_gone)
+        if failure.cls is FailureClass.peer_lost and await self._the_heads_stop("exit"):
+            self.log.info("exited", pid=self.instance.pid, exit=info.describe(), requested=True)
+            return
         self.log.warning("exited", pid=self.instance.pid, exit=info.describe(), failure=failure.cls.value)
         self.post(v.Exited(failure))
+
+    async def _the_heads_stop(self, seen: str) -> bool:
+        """A headless rank that lost its head (``seen`` in its log, or its exit read as that loss): True, and stopped
+        as the head's order would stop it, when the head's sparkd says it stops the group — the head's rank ends
+        on purpose the moment its requests are done, before its order reaches this node. Else the loss is a
+        failure, as it was. Only a loss of the head is asked about: a rank's own death is never the head's stop."""
+        if self._head_stop_seen:
+            return True
+        if self.probes is not None or not await self.head_stops_the_group():
+            return False
+        self._head_stop_seen = True
+        self.log.info("head_stops_the_group", pid=self.instance.pid, seen=seen)
+        self.post(v.StopRequested())
+        return True
 
     async def _see_exit(self) -> None:
         """Log ``exit_seen`` the moment the kernel reports the death: a thread blocked on a pidfd, so a busy loop
@@ -210,7 +235,10 @@ class InstanceWatch:
             serving = self.state() in UP
             await self._observe(health.observe_health, await self.probes.health())
             if serving:
-                if self.clients_port is not None:
+                now = self.clock.now()
+                if self.clients_port is not None and health.clients_due(self.health, now, self._clients_at,
+                                                                        self._canary_sent):
+                    self._clients_at = now
                     await self._count_clients(self.clients_port)
                 metrics = await self.probes.metrics()
                 self.vllm_metrics = metrics if isinstance(metrics, VllmMetrics) else None
@@ -237,12 +265,14 @@ class InstanceWatch:
                 self._own_out += signal.own_connection
                 if canary:
                     self._canary_sent = self.clock.now()
+                    self._canary_out.set()
                 try:
                     reading = await signal.probe(self.probes)
                 finally:
                     self._own_out -= signal.own_connection
                     if canary:
                         self._canary_sent = None
+                        self._canary_out = anyio.Event()
                 await self._observe(signal.rule, reading)
 
     async def _watch_steps(self, sense: StepSense) -> None:
@@ -251,11 +281,14 @@ class InstanceWatch:
         sense.forget()  # an earlier instance's readings are no one's now
         self.step_watch = StepWatch(history=sense.load_history(self.step_identity))
         last_read: float | None = None
+        wait = READ_EVERY_S
         while True:
-            await self.clock.sleep(READ_EVERY_S)
+            await self._pause_steps(wait)
+            wait = READ_EVERY_S
             if self.state() not in (*SERVING, State.stopping) or not self.health.watching:
                 continue  # read on while a stop drains: a wedge found then cuts the drain (lifecycle rule 10)
             pending = canary_pending(self._canary_sent)
+            wait = read_wait(self.step_watch, self.clock.now(), last_read, pending)
             if not read_due(self.step_watch, self.clock.now(), last_read, pending):
                 continue  # every rank rests: read every RESTING_READ_S
             last_read = self.clock.now()
@@ -263,7 +296,24 @@ class InstanceWatch:
             self.step_watch, self.health, obs = observe_steps(
                 self.step_watch, self.health, nodes, self.clock.now(), self.cfg, pending=pending)
             sense.keep_history(self.step_identity, self.step_watch.history)
+            wait = read_wait(self.step_watch, self.clock.now(), last_read, pending)
             await self._post(obs)
+
+    async def _pause_steps(self, seconds: float) -> None:
+        """The step watch's sleep: ``seconds``, or less where a canary is sent meanwhile (it makes a read due)."""
+        if seconds <= READ_EVERY_S:
+            await self.clock.sleep(seconds)
+            return
+        canary_out = self._canary_out
+        async with anyio.create_task_group() as tg:
+
+            async def woken() -> None:
+                await canary_out.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(woken)
+            await self.clock.sleep(seconds)
+            tg.cancel_scope.cancel()
 
     async def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
         self.health, obs = observe(self.health, result, self.clock.now(), self.cfg)

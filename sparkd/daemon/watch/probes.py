@@ -212,6 +212,7 @@ _SUMMED = {
     "vllm:iteration_tokens_total_count": "engine_steps_total",  # one per engine step with outputs (a heartbeat)
 }
 _MAXED = {"vllm:kv_cache_usage_perc": "kv_cache_usage_perc"}
+_WANTED = tuple(_SUMMED) + tuple(_MAXED)  # the prefixes worth a look: most of a page is series nobody reads
 
 
 def parse_vllm_metrics(text: str) -> VllmMetrics | None:
@@ -222,7 +223,7 @@ def parse_vllm_metrics(text: str) -> VllmMetrics | None:
     """
     values: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(_WANTED):
             continue
         sample = _sample(line)
         if sample is None:

@@ -6,7 +6,7 @@ is pure (:mod:`sparkd.supervisor.acceptance.replay`).
 At rest it sleeps until the interval after the last gate is over, or until the node's state changes (its
 ``on_state``: vLLM serves, a gate ran, a reload); only then does it look at the engine, at the health probes'
 cadence: the requests the last metrics scrape saw running or waiting, and other clients' connections open on vLLM's
-port.
+port (as the watch last counted them: at rest, every 30 s, ``health.clients_due``).
 """
 
 from __future__ import annotations
