@@ -20,6 +20,7 @@ import anyio
 from sparkd.cluster.addresses import PeerAddresses
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable, claim, wire
 from sparkd.cluster.ranks import Member, group_problems, group_role
+from sparkd.cluster.reach import worker_unreachable
 from sparkd.cluster.shared import (
     build_differences,
     builds_of,
@@ -113,8 +114,7 @@ class Coordinator:
             try:
                 failure = await job(peer)
             except PeerUnreachable as exc:
-                failure = Failure.of(FailureClass.peer_lost, f"The worker's sparkd at {peer} cannot be reached "
-                                     f"({exc}); the head waits for it with backoff instead of starting alone.")
+                failure = worker_unreachable(peer, str(exc))
             except PeerRefused as exc:
                 failure = Failure.of(FailureClass.unknown, f"The worker's sparkd at {peer}: {exc}.")
             if failure is not None:

@@ -22,6 +22,7 @@ from sparkd.cluster.bandwidth import Bandwidth
 from sparkd.cluster.fabric import End, Expect, Finding, Probes, ping_size
 from sparkd.cluster.fabric_probe import PING_TIMEOUT_S, echoes, fabric_address, local_end
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
+from sparkd.cluster.reach import worker_unreachable
 from sparkd.commands.groupcheck import RANK_FABRIC, FabricRequest
 from sparkd.config import Config
 from sparkd.preflight.dfping import Ping, listen_once
@@ -29,11 +30,6 @@ from sparkd.supervisor.failures import Failure, FailureClass
 
 if TYPE_CHECKING:
     from sparkd.host.logs import Logger
-
-
-def _lost(peer: str, why: str) -> Failure:
-    return Failure.of(FailureClass.peer_lost, f"The worker's sparkd at {peer} cannot be reached ({why}); the head "
-                      "waits for it with backoff instead of starting alone.")
 
 
 def link_json(end: End) -> dict[str, Any]:
@@ -85,7 +81,8 @@ class FabricCheck:
                 listener.close()
         if scope.cancelled_caught:  # a worker's sparkd that does not answer in time: the peer is lost
             for peer in (p for p in self.client.peers if p not in self.report):
-                failures[peer] = _lost(peer, f"no answer to the fabric check within {self.cfg.fabric.timeout_s:g} s")
+                why = f"no answer to the fabric check within {self.cfg.fabric.timeout_s:g} s"
+                failures[peer] = worker_unreachable(peer, why)
         for peer in self.client.peers:
             if peer in failures:
                 return failures[peer]
@@ -100,7 +97,7 @@ class FabricCheck:
         try:
             reply = await self.client.call(peer, RANK_FABRIC, request, timeout_s=asking, retries=0)
         except PeerUnreachable as exc:
-            failures[peer] = _lost(peer, str(exc))
+            failures[peer] = worker_unreachable(peer, str(exc))
             self.report[peer] = {"peer": peer, "ok": False, "error": str(exc)}
             return
         except PeerRefused as exc:  # a worker's sparkd without the check (an older version): say so, go on

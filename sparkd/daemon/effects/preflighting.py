@@ -79,6 +79,17 @@ class GroupStart:
     def head(self) -> Coordinator | None:
         return self.group if self.group is not None and self.group.role is Role.head else None
 
+    async def reach(self) -> Failure | None:
+        """Every worker's sparkd answering, waited for up to ``peer_grace_s`` (:mod:`sparkd.cluster.reach`)."""
+        head = self.head
+        if head is None:
+            return None
+        from sparkd.cluster.reach import reach_workers
+
+        cluster = head.cfg.cluster
+        return await reach_workers(head.client, head.client.peers, grace_s=cluster.peer_grace_s,
+                                   poll_s=cluster.peer_poll_s, clock=head.clock, log=head.log)
+
     async def fabric(self) -> Failure | None:
         return await self.checks.fabric() if self.head is not None and self.checks is not None else None
 
@@ -120,6 +131,10 @@ class Preflight:
             steps["memory_settle"] = round(self.clock.now() - requested, 4)
             if refusal is not None:
                 return refusal
+        if self.group.head is not None:  # the workers' sparkd first: on a boot of both boxes theirs may come later
+            reached = await self._timed(steps, "group.reach", self.group.reach)
+            if reached is not None:
+                return reached
         lead = self.group.head is not None and self.group.checks is not None
         if lead:  # the fabric first: a few seconds, and a bad link fails the start at once
             fabric = await self._timed(steps, "group.fabric", self.group.fabric)
