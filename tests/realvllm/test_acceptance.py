@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tier import START_S, Tier
+from tier import START_S, UNCOMPILED, Tier
 
 pytestmark = pytest.mark.timeout(3600)
 RESTARTS = int(os.environ.get("SPARKD_REALVLLM_RESTARTS", "0"))
@@ -41,7 +41,7 @@ def gated(realvllm: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
     folder = tmp_path_factory.mktemp("gate")
     model = folder / "tinyllm"
     shutil.copytree(shared, model)
-    tier = Tier(folder, venv, model, sections={"acceptance": GATE})
+    tier = Tier(folder, venv, model, launch_args=UNCOMPILED, sections={"acceptance": GATE})
     try:
         yield tier
     finally:

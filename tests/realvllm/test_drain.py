@@ -19,7 +19,7 @@ from typing import Any
 
 import drainwatch
 import pytest
-from tier import SERVED, START_S, Tier
+from tier import SERVED, START_S, UNCOMPILED, Tier
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -40,7 +40,7 @@ def drain_tier(realvllm: tuple[Path, Path], tmp_path_factory: pytest.TempPathFac
     # workers returned", a run of 2026-12-06 19:25; the canary in its timeout; the stall rule once it timed out).
     # These tests are the drain's, not the wedge detection's (tests/realvllm/test_tier.py and test_probe.py are): no
     # step probe, a 60 s canary, a 300 s stall.
-    shared = Tier(tmp_path_factory.mktemp("realvllm-drain"), venv, model,
+    shared = Tier(tmp_path_factory.mktemp("realvllm-drain"), venv, model, launch_args=UNCOMPILED,
                   sections={"health": {"step_probe": False, "canary_timeout_s": 60, "stall_after_s": 300}})
     try:
         yield shared
