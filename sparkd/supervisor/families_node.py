@@ -293,7 +293,9 @@ NODE: tuple[Family, ...] = (
              message=r"\S:\d+: [^\n]{1,300}?: (?:block: ?\[[\d, ]+\], thread: ?\[[\d, ]+\] |global id: ?\[[\d, ]+\], "
                      r"local id: ?\[[\d, ]+\] |Device-side )[Aa]ssertion [`'][^\n]*[`'] failed"),
         sign("a fault of the device in any runtime's words (an illegal address, a page or MMU fault, an AI core "
-             "exception, a lost device), on an error line", terms="fault", kinds=_ERROR_LINES),
+             "exception, a lost device), on an error line (an AI core that timed out is no fault: CANN's 507014, "
+             "AICORE_TIMEOUT, a wait that ran out, `devicecodes.py`)", terms="fault", kinds=_ERROR_LINES,
+             unless=r"(?i)\bai ?core\b[^.\n]{0,40}\btime[sd]? ?out"),
         sign("the same in the kernel's log (amdgpu's page fault, a GPU hang): a fault a kernel may have caused, so "
              "generic (an Xid is rules.py's: its number decides)", terms="fault", kinds={K.kernel}, tier=Tier.GENERIC,
              unless=r"NVRM: Xid"),

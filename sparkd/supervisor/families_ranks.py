@@ -129,7 +129,7 @@ BETWEEN_RANKS: tuple[Family, ...] = (
              "wait that ran out, in any words (not a collective's timeout, not a connection the peer closed, not a "
              "wait that retries: that is rules.py's)",
              terms="store", unless_terms="ccl", flags=_I,
-             unless=r"\bretry|\bretrying\b|\bwatchdog\b|collective operation",
+             unless=r"\bretry|\bretrying\b|\bwatchdog\b|collective operation|Process group work \w+, seq_num",
              message=r"failed to connect|could not connect|unable to connect|connect\w* (?:refused|timed out|failed)|"
                      rf"\brefused\b|{TIMED_OUT}|No route to host|unreachable|not known"),
         sign("torch.distributed's network error (or the rendezvous's own) for a connection that could not be made: "
@@ -179,7 +179,10 @@ BETWEEN_RANKS: tuple[Family, ...] = (
         sign("torch raises DistBackendError for a failure inside the collective backend (NCCL, RCCL)",
              types=r"DistBackendError", tier=G),
         sign("the collective libraries of other accelerators (HCCL on Ascend, oneCCL on XPU, RCCL) failing, in their "
-             "words or their function names (HcclAllreduce, HcclCommInitRootInfo ...)", terms="ccl", flags=_I,
+             "words or their function names (HcclAllreduce, HcclCommInitRootInfo ...) — not their watchdog's end "
+             "(`HCCL watchdog thread terminated with exception`), which reports what the watchdog found (the device's "
+             "timeout beside it), generic as ProcessGroupNCCL's is",
+             terms="ccl", flags=_I, unless=r"\bwatchdog thread terminated\b",
              message=rf"(?:{_OTHER_CCL})\w*\b.{{0,120}}\b(?:error|fail\w*|timeout|timed out|times out)\b|"
                      rf"\b(?:error|fail\w*)\b.{{0,120}}(?:{_OTHER_CCL})\w*"),
         sign("Ascend's EI error codes are HCCL's (EI0006: getting a socket to the other ranks timed out)",
@@ -217,6 +220,15 @@ PROCESSES: tuple[Family, ...] = (
              types=rf"{_TIMEOUT_TYPES}|Empty", raised_in={S.rpc}, tier=G),
         sign("Ray's executor waited for a worker's output (a compiled graph's channel, a ray.get) until it timed out",
              types=r"RayChannelTimeoutError|GetTimeoutError", tier=G),
+        sign("the device runtime's own word that a compute unit's task ran past the runtime's timeout (CANN's `The "
+             "aicore execution times out`, its 507014 AICORE_TIMEOUT in words): a kernel or a collective on the "
+             "device stuck, which the watchdog that then ends the rank only reports", flags=_I,
+             message=r"\b(?:ai ?core|ai ?cpu|vector core)\b[^.\n]{0,40}\btime[sd]? ?out\b"),
+        sign("a collective the process group had dispatched timed out (torch_npu's `Process group work ALLGATHER, "
+             "seq_num 250 dispatch timeout`): its sequence number says the ranks had met and run the collectives "
+             "before it, so a rank stopped inside one, not a rendezvous that never formed",
+             message=r"Process group work (?P<op>\w+), seq_num (?P<seq>\d+) (?:\w+ )?timeout",
+             what=fmt("A rank stopped answering: the process group's {op} (work {seq}) timed out")),
         sign("an RPC to a rank that timed out, in other words", terms="timeout", tier=G,
              message=rf"\bRPC\b[^.\n]{{0,80}}(?:{TIMED_OUT})|(?:{TIMED_OUT})[^.\n]{{0,40}}\bRPC\b"),
         *code_signs(F.hang, ERROR_LINES),

@@ -193,6 +193,12 @@ CASES |= {
                                     'dump" flag on TCPStore, (maybe TCPStore server has shut down too early)'],
                                    F.peer_lost),
     "peer: the store shut down": (["[rank1]: RuntimeError: TCPStore server has shut down"], F.peer_lost),
+    "hang: a collective the group had run before timed out": ([
+        "[311] [2026-05-02 10:11:12:131] torch.distributed: [WARNING] [402] Process group work REDUCE_SCATTER, "
+        "seq_num 12 dispatch timeout. device 2: the current working event is 0xfffd01a2b3c0."], F.hang),
+    "hang: the AI core's task ran past its timeout, the HCCL watchdog's end only reporting it": ([
+        "[rank2]:[E0502 10:11:12.000000001 compiler_depend.ts:1675] [Rank 2] HCCL watchdog thread terminated with "
+        "exception:", "[Error]: The aicore execution times out."], F.hang),
     "peer: Gloo's pair closed": (["RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
                                   "closed by peer [10.0.0.2]:24385"], F.peer_lost),
     "peer: the heartbeat monitor": (["[rank0]:[E1126 ProcessGroupNCCL.cpp:1445] [PG 0 Rank 0] HeartbeatMonitor found "
