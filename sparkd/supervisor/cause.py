@@ -278,7 +278,7 @@ def scan(events: Sequence[Event], exit_code: int | None, ctx: ClassifyContext) -
     owner_died = any(store_owner_died_here(e.text, e.process) for e in events if "VllmWorker-0" in e.text)
     for event in events:
         if (event.from_log and not event.below_error and event.kind not in (Kind.code, Kind.frame)
-                and (_ERRORISH.search(event.text) or (event.kind in (Kind.torch, Kind.other)
+                and (_ERRORISH.search(event.text) or (event.kind in (Kind.torch, Kind.other, Kind.ray)
                                                        and event.level in _ERROR_LEVELS))):
             last_errorish = event.text
             first_errorish = first_errorish or event.said

@@ -104,6 +104,13 @@ _KERNEL = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?(?:\S+ kernel: )?(?:NVRM: |pci
                      r"Out of memory: Killed process|.*\boom-kill|.*\bearlyoom\b|OOMKilled)", re.IGNORECASE)
 _CUDA = re.compile(r"\b(?:CUDA|Cuda|HIP|hip) (?:driver )?(?:error|failure)\b|\b(?:cuda|hip)Error\w+|"
                    r"\bCUBLAS_STATUS_\w+|\bCUDNN_STATUS_\w+|Memory access fault by GPU")
+# Ray's C++ log line (a raylet's, the GCS's, a core worker's in vLLM's engine): `[2025-11-24 16:14:48,882 C 37444 37444]
+# file.cc:N: ...` — its level (I, W, E, F; C for a failed check, which aborts) after the stamp, the pid and tid; a line
+# of another node's raylet comes with Ray's `(raylet, ip=10.0.0.2) ` in front, kept: it says which node spoke
+_RAY_CPP = re.compile(r"^(?:\((?:raylet|gcs_server)(?:, ip=[\w.:-]+)?\) )?"
+                      r"(?P<stamp>\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d+ (?P<level>[DIWEFC]) \d+ \d+\] "
+                      r"(?:\((?:raylet|gcs_server)\) )?)")
+_RAY_LEVEL = {"D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL", "C": "CRITICAL"}
 _RAY = re.compile(r"^\(raylet\)|\bray\.exceptions\.|\bRay(?:Actor|Task|Worker)?Error\b|\bActorDiedError\b|"
                   r"\(gcs_server\)|\braylet\b")
 # What launchers put in front of a line, at its start: torchrun's `[rank0]:` (not torch's own `[rank0]:[W...]`), docker
@@ -113,7 +120,7 @@ _RAY = re.compile(r"^\(raylet\)|\bray\.exceptions\.|\bRay(?:Actor|Task|Worker)?E
 # `**`: an issue thread's paste), pytest's column of a failed test's error lines (`E       ValueError: …`: a CI job's).
 _LEAD = re.compile(r"^(?:\[rank\d+\]: ?(?!\[[EWIF]\d{3,4} )|[\w.-]+ +\| ?|> |\*\*(?=\S)|E {3,}(?=\S)|"
                    r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?:kernel|\S+ [\w@.\-]+(?:\[\d+\])?): |"
-                   r"\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]? |[│┃║] ?|"
+                   r"\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\s\]]*\]? (?![DIWEFC] \d+ \d+\] )|[│┃║] ?|"
                    r"\[pod/[^\]\s]+\] )")
 # A writer's advice, not a report of what happened: torch's hints after a device error (`Compile with
 # `TORCH_USE_CUDA_DSA` to enable device-side assertions.`, `For debugging consider passing CUDA_LAUNCH_BLOCKING=1`,
@@ -156,6 +163,10 @@ class Event:
             return self.exception.told
         if self.kind is Kind.torch:
             return _GLOG.sub("", self.text, count=1).lstrip()
+        if self.kind is Kind.ray:
+            r = _RAY_CPP.match(self.text)
+            if r is not None:  # the stamp, the level, the pid and tid off; another node's `(raylet, ip=…)` kept
+                return self.text[:r.start("stamp")] + self.text[r.end("stamp"):].lstrip()
         return _V0_WORKER.sub("", VLLM_HEADER.sub("", self.text, count=1), count=1)
 
     @property
@@ -270,6 +281,9 @@ def _kind_level_time(text: str, from_log: bool) -> tuple[Kind, str | None, str |
     n = _NCCL.search(text) if "CCL " in text else None
     if n is not None:
         return Kind.nccl, "WARNING" if n.group("level") == "WARN" else n.group("level"), None
+    r = _RAY_CPP.match(text) if "] " in text[:96] else None
+    if r is not None:
+        return Kind.ray, _RAY_LEVEL[r.group("level")], None
     if ("ray" in low or "ActorDied" in text) and _RAY.search(text):
         return Kind.ray, None, None
     if any(c in low for c in _CUDA_WORDS) and _CUDA.search(text):

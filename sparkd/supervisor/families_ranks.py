@@ -234,6 +234,14 @@ PROCESSES: tuple[Family, ...] = (
         *code_signs(F.hang, ERROR_LINES),
     )),
     Family(F.engine_dead, "vLLM's engine died", (
+        sign("Ray's runtime on this node (the raylet, or the core worker inside vLLM's engine) aborted on a failed "
+             "check of its own ('You have likely discovered a bug in Ray', Ray's C++ line at its `C` level): the "
+             "engine dies with the runtime that carries its workers (not another node's raylet, `(raylet, ip=…)`)",
+             kinds={K.ray}, message=r"(?:discovered a bug in Ray.*?)?(?P<said>\bCheck failed\b.*)|"
+                                    r"discovered a bug in Ray",
+             unless=r"^\(raylet, ip=",
+             what=const("vLLM's engine died with Ray's runtime, which aborted on a failed check of its own (Ray's "
+                        "words: 'You have likely discovered a bug in Ray')")),
         sign("vLLM's CUDACHECK in its custom all-reduce printed the CUDA error and exited the worker", do=CUSTOM_AR,
              message=r"Failed: Cuda error (?P<file>\S*custom_all_reduce\S*?):(?P<line>\d+) '(?P<err>[^']+)'",
              what=fmt("vLLM's custom all-reduce failed with a CUDA error ('{err}' at {file}:{line})")),

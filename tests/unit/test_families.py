@@ -193,6 +193,11 @@ CASES |= {
                                     'dump" flag on TCPStore, (maybe TCPStore server has shut down too early)'],
                                    F.peer_lost),
     "peer: the store shut down": (["[rank1]: RuntimeError: TCPStore server has shut down"], F.peer_lost),
+    "engine: Ray's runtime under the engine aborted on a failed check": ([
+        "(EngineCore_DP0 pid=51) (raylet) [2026-02-01 08:09:10,111 C 4242 4242] (raylet) node_manager.cc:901:  An "
+        "unexpected system state has occurred. You have likely discovered a bug in Ray. Please report this issue at "
+        "https://github.com/ray-project/ray/issues and we'll work with you to fix it. Check failed: it != end() "
+        "worker not found"], F.engine_dead),
     "hang: a collective the group had run before timed out": ([
         "[311] [2026-05-02 10:11:12:131] torch.distributed: [WARNING] [402] Process group work REDUCE_SCATTER, "
         "seq_num 12 dispatch timeout. device 2: the current working event is 0xfffd01a2b3c0."], F.hang),
@@ -790,3 +795,12 @@ def test_a_reset_outside_the_ranks_is_no_peer() -> None:
                                                                               "run_asgi"))
     assert classify(1, None, lines).cls is not F.peer_lost
     assert judge(read_events(["[HAMI-core Warn(88:139:utils.c:183)]: get default cuda from (null)"])[0]) is None
+
+
+def test_another_nodes_ray_daemon_failing_its_check_is_not_this_engines_death() -> None:
+    """Ray's C++ line of another node's raylet (`(raylet, ip=…)` in front) says which node spoke: its failed check is
+    not the runtime under this node's engine."""
+    line = ("(EngineCore_DP0 pid=51) (raylet, ip=10.0.0.2) [2026-02-01 08:09:10,111 C 4242 4242] (raylet) "
+            "node_manager.cc:901:  An unexpected system state has occurred. You have likely discovered a bug in Ray. "
+            "Check failed: it != end() worker not found")
+    assert classify(1, None, [line]).cls is not F.engine_dead

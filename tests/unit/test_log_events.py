@@ -230,6 +230,23 @@ def test_the_frames_and_levels_other_writers_print() -> None:
     assert all(e.below_error for e in levels)
 
 
+
+def test_rays_cpp_lines_have_their_level_and_say_which_node_spoke() -> None:
+    """Ray's C++ log line (`[stamp L pid tid] file.cc:N: ...`): its level read (C, a failed check that aborts, is an
+    error; I and W below it), its stamp not taken for a launcher's time lead (which left `E 322780 345750]` in front of
+    the text), and another node's `(raylet, ip=…)` kept in what it says."""
+    worker, raylet, info = read_events([
+        "(EngineCore_DP0 pid=1) (RayWorkerWrapper pid=2) [2025-12-12 15:10:48,710 E 322780 345750] raylet_client.cc:"
+        "199: Error pushing mutable object: RpcError: RPC Error message: Socket closed",
+        "(EngineCore_DP0 pid=1) (raylet, ip=10.0.0.2) [2025-12-12 15:10:48,697 C 42791 42791] (raylet) "
+        "experimental_mutable_object_provider.cc:153:  Check failed: object_manager_->WriteAcquire()",
+        "[2025-12-12 15:10:40,001 I 42791 42791] (raylet) node_manager.cc:10: Raylet is up"])
+    assert (worker.kind, worker.level) == (Kind.ray, "ERROR") and not worker.below_error
+    assert worker.said.startswith("raylet_client.cc:199: Error pushing mutable object")
+    assert (raylet.level, raylet.said) == ("CRITICAL", "(raylet, ip=10.0.0.2) experimental_mutable_object_provider.cc"
+                                                      ":153:  Check failed: object_manager_->WriteAcquire()")
+    assert info.below_error and info.said == "node_manager.cc:10: Raylet is up"
+
 def test_only_the_last_frames_are_read() -> None:
     """tqdm's bars and glued pastes multiply a tail's lines into frames: the last MAX_EVENTS are read (the kernel's
     lines beside them), so the failure at the end is found and the cost stays bounded."""
