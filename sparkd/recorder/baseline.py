@@ -13,6 +13,12 @@ from a lower baseline, until the host freezes. :func:`reboot_verdict` reads the 
 last ``falls`` of them each fell by at least ``min_fall`` (or, after at least two falls, the next would bring
 the baseline under ``floor``, the guard's refuse-start floor), sparkd stops restarting and says "reboot needed:
 N restarts lost X GiB that was never returned". An operator's reset starts the count over.
+
+A fall counts only as far as the driver's share rose with it: memory the driver holds is in no named field of
+``/proc/meminfo`` (the residual, :attr:`sparkd.guard.meminfo.MemInfo.driver_residual`), where a process that grew
+beside vLLM — a neighbour's job, a leak, another vLLM on the CPU — holds pages (Active, Inactive, Slab). A host
+whose other processes took 2.5 GiB between two restarts needs no reboot (a soak beside the suite's real vLLM read
+one: MemAvailable 21.9 → 21.1 → 19.5 GiB after each stop).
 """
 
 from __future__ import annotations
@@ -31,6 +37,16 @@ __all__ = ["Baseline", "Verdict", "back", "reboot_verdict", "settled"]
 class Baseline:
     at: float  # wall time of the settle
     available: int  # settled MemAvailable, bytes
+    residual: int | None = None  # the driver's share then (meminfo's residual), bytes; None: not read
+
+
+def _fall(older: Baseline, newer: Baseline) -> int:
+    """How much of the memory a step lost no process holds: the fall of MemAvailable, at most the rise of the
+    driver's share where both were read."""
+    fall = older.available - newer.available
+    if older.residual is not None and newer.residual is not None:
+        fall = min(fall, newer.residual - older.residual)
+    return fall
 
 
 @dataclass(frozen=True)
@@ -71,14 +87,15 @@ def back(samples: Sequence[tuple[float, int]], last: Baseline | None, min_fall: 
     return newest if newest >= last.available - min_fall // 2 else None
 
 
-def _falls(values: Sequence[int], min_fall: int) -> int:
-    """How many of the newest steps were each a fall of at least ``min_fall``."""
-    count = 0
-    for newer, older in zip(reversed(values[1:]), reversed(values[:-1]), strict=True):
-        if older - newer < max(min_fall, 1):
+def _falls(baselines: Sequence[Baseline], min_fall: int) -> list[int]:
+    """The newest steps that were each a fall of at least ``min_fall`` (newest first)."""
+    falls = []
+    for newer, older in zip(reversed(baselines[1:]), reversed(baselines[:-1]), strict=True):
+        fall = _fall(older, newer)
+        if fall < max(min_fall, 1):
             break
-        count += 1
-    return count
+        falls.append(fall)
+    return falls
 
 
 def reboot_verdict(baselines: Sequence[Baseline], *, falls: int, min_fall: int, floor: int) -> Verdict | None:
@@ -86,10 +103,11 @@ def reboot_verdict(baselines: Sequence[Baseline], *, falls: int, min_fall: int, 
     if falls <= 0 or len(baselines) < 2:
         return None
     values = [b.available for b in baselines]
-    count = _falls(values, min_fall)
+    run = _falls(baselines, min_fall)
+    count = len(run)
     if count == 0:
         return None
-    lost = values[-1 - count] - values[-1]
+    lost = sum(run)
     trail = " → ".join(gib(v) for v in values[-1 - count:])
     restarts = "restart" if count == 1 else "restarts"
     if count >= falls:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sparkd.recorder.baseline import Baseline, reboot_verdict, settled
+from sparkd.recorder.baseline import Baseline, Verdict, reboot_verdict, settled
 from sparkd.recorder.excerpt import RunSummary
 from sparkd.recorder.postmortem import NodeRing, analyse, offsets, silences
 from sparkd.recorder.record import Floors, PeerMark, Record
@@ -196,3 +196,18 @@ def test_the_restart_gate(baselines: list[Baseline], falls: int | None, says: st
 
 def test_the_gate_can_be_turned_off() -> None:
     assert reboot_verdict(base(100, 90, 80, 70, 60), falls=0, min_fall=0, floor=0) is None
+
+
+def test_memory_a_process_took_is_no_memory_the_driver_kept() -> None:
+    """A fall of MemAvailable counts only as far as the driver's share (meminfo's residual) rose with it: a
+    neighbour that grew by 2.5 GiB between two stops (a soak beside the suite's real vLLM read 21.9 → 21.1 → 19.5 GiB)
+    needs no reboot; the same falls with the residual rising do."""
+    def gate(*steps: tuple[float, float]) -> Verdict | None:
+        baselines = [Baseline(float(i), int(a * GIB), int(r * GIB)) for i, (a, r) in enumerate(steps)]
+        return reboot_verdict(baselines, falls=3, min_fall=512 * MIB, floor=19 * GIB)
+
+    assert gate((21.9, 1.0), (21.1, 1.0), (19.5, 1.1)) is None  # the residual flat: other processes' pages
+    kept = gate((21.9, 1.0), (21.1, 1.8), (19.5, 3.4))
+    assert kept is not None and kept.falls == 2 and "lost 2.4 GiB" in kept.sentence, kept
+    partly = gate((30, 1), (28, 1.6), (26, 2.2), (24, 2.3))  # the last fall mostly a process's: the run is broken
+    assert partly is None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from sparkd.config import Config
 from sparkd.daemon.effects.files import StateWriter
@@ -34,6 +34,10 @@ __all__ = ["StartGuard"]
 
 SAMPLE_S = 0.25
 KEEP = 32  # baselines kept
+
+
+def _bytes(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class StartGuard:
@@ -61,14 +65,15 @@ class StartGuard:
 
         out = []
         for item in data["baselines"]:
-            at, available = (item.get("at"), item.get("available")) if isinstance(item, dict) else (None, None)
-            if isinstance(at, int | float) and isinstance(available, int) and not isinstance(available, bool):
-                out.append(Baseline(float(at), available))
+            at, available, residual = (item.get("at"), item.get("available"), item.get("residual")) \
+                if isinstance(item, dict) else (None, None, None)
+            if isinstance(at, int | float) and _bytes(available):
+                out.append(Baseline(float(at), available, residual if _bytes(residual) else None))
         return out[-KEEP:]
 
     def _save(self) -> None:
         self.files.put(self.path, {"boot": self.memory.boot, "baselines": [
-            {"at": b.at, "available": b.available} for b in self.baselines]})
+            {"at": b.at, "available": b.available, "residual": b.residual} for b in self.baselines]})
 
     def on_state(self, before: NodeState, after: NodeState, posted: v.Posted) -> None:
         """An operator closed the breaker (reset or restart): the gate counts afresh from the next baseline."""
@@ -92,7 +97,7 @@ class StartGuard:
             return None
         from sparkd.recorder.baseline import Baseline, reboot_verdict
 
-        self.baselines = [*self.baselines, Baseline(self.clock.wall(), value)][-KEEP:]
+        self.baselines = [*self.baselines, Baseline(self.clock.wall(), value, self.memory.driver_residual())][-KEEP:]
         self._save()
         self.log.info("memory_settled", available=value, waited_s=round(waited, 2), baselines=len(self.baselines))
         self.note(f"memory settled at {gib(value)} after {waited:.1f} s")

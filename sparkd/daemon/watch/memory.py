@@ -50,6 +50,11 @@ class MemorySampler:
             out.update(psi_some=psi.some_avg10, psi_full=psi.full_avg10)
         return out
 
+    def driver_residual(self) -> int | None:
+        """The driver's share of memory now (meminfo's residual: in no named field), or None when unreadable."""
+        mem = self._meminfo()
+        return mem.driver_residual if mem is not None else None
+
     def _meminfo(self) -> MemInfo | None:
         with contextlib.suppress(OSError, ValueError):
             return self.meminfo.read() if self.meminfo is not None else None
