@@ -20,7 +20,9 @@ from sparkd.commands import status as status_command
 
 POLL_S = 0.25
 
-PHASE_TEXT = {"launching": "launching", "waiting_for_peer": "waiting for the peer ranks",
+PHASE_TEXT = {"memory_settle": "waiting for the memory an earlier start used to come back",
+              "waiting_for_workers": "waiting for the workers' sparkd to answer", "launching": "launching",
+              "waiting_for_peer": "waiting for the peer ranks",
               "loading_weights": "loading weights", "compiling": "compiling and profiling", "kv_cache": "KV cache",
               "graph_capture": "capturing CUDA graphs", "api_starting": "starting the API server",
               "ready": "API up, checking /health"}
@@ -70,7 +72,7 @@ def _clock(seconds: float) -> str:
 
 def live_text(target: str, s: dict[str, Any], elapsed: float) -> str:
     text = f"{s.get('state', '?')}"
-    if s.get("phase") and s.get("state") == "starting":
+    if s.get("phase") and s.get("state") in ("preflight", "starting"):
         text = describe_step({"state": s["state"], "phase": s["phase"], "shards": s.get("shards")})
     elif s.get("drain") and s.get("state") == "stopping":
         text = describe_step({"state": s["state"], "phase": "draining", "drain": s["drain"]})

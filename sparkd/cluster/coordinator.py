@@ -86,7 +86,7 @@ def _peer_entry(peer: str, reachable: bool, status: Status | None) -> PeerEntry:
 
 
 class Coordinator:
-    def __init__(self, config: Callable[[], Config], client: PeerClient, *, post: Callable[[v.Observation], None],
+    def __init__(self, config: Callable[[], Config], client: PeerClient, *, post: Callable[[v.Posted], None],
                  state: Callable[[], State], image: Callable[[], dict[str, Any] | None], clock: Clock,
                  log: Logger, addresses: PeerAddresses | None = None) -> None:
         self.config = config  # the config in force, read at every start, stop and poll

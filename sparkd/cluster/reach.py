@@ -9,7 +9,7 @@ the last worker answers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from sparkd.cluster.peers import PeerClient, PeerRefused, PeerUnreachable
@@ -27,31 +27,39 @@ def worker_unreachable(peer: str, why: str) -> Failure:
 
 
 async def reach_workers(client: PeerClient, peers: Iterable[str], *, grace_s: float, poll_s: float, clock: Clock,
-                        log: Logger) -> Failure | None:
+                        log: Logger, waiting: Callable[[bool], None] = lambda _: None) -> Failure | None:
     """None once every peer's sparkd answers (a refusal is an answer: its reason is the next step's to give); a
-    ``peer_lost`` failure naming the first silent peer once ``grace_s`` has passed without its answer."""
-    waiting = list(peers)
+    ``peer_lost`` failure naming the first silent peer once ``grace_s`` has passed without its answer.
+    ``waiting(True)`` once a peer is silent, ``waiting(False)`` when that wait ends however it ends (the status's
+    phase)."""
+    silent = list(peers)
     started = clock.now()
-    why: dict[str, str] = {}
-    while True:
-        for peer in list(waiting):
-            try:
-                await client.status(peer, retries=0)
-            except PeerUnreachable as exc:
-                if peer not in why:
-                    log.warning("waiting_for_worker", peer=peer, error=str(exc), grace_s=grace_s)
-                why[peer] = str(exc)
-                continue
-            except PeerRefused:
-                pass
-            waiting.remove(peer)
-            if peer in why:
-                log.info("worker_reached", peer=peer, waited_s=round(clock.now() - started, 1))
-        if not waiting:
-            return None
-        waited = clock.now() - started
-        if waited >= grace_s:
-            peer = waiting[0]
-            silent = f"; silent for {waited:.0f} s of the {grace_s:g} s grace" if grace_s > 0 else ""
-            return worker_unreachable(peer, why[peer] + silent)
-        await clock.sleep(min(poll_s, grace_s - waited))
+    why: dict[str, str] = {}  # each peer that did not answer: its last reason
+    try:
+        while True:
+            for peer in list(silent):
+                try:
+                    await client.status(peer, retries=0)
+                except PeerUnreachable as exc:
+                    if not why:
+                        waiting(True)
+                    if peer not in why:
+                        log.warning("waiting_for_worker", peer=peer, error=str(exc), grace_s=grace_s)
+                    why[peer] = str(exc)
+                    continue
+                except PeerRefused:
+                    pass
+                silent.remove(peer)
+                if peer in why:
+                    log.info("worker_reached", peer=peer, waited_s=round(clock.now() - started, 1))
+            if not silent:
+                return None
+            waited = clock.now() - started
+            if waited >= grace_s:
+                peer = silent[0]
+                said = f"; silent for {waited:.0f} s of the {grace_s:g} s grace" if grace_s > 0 else ""
+                return worker_unreachable(peer, why[peer] + said)
+            await clock.sleep(min(poll_s, grace_s - waited))
+    finally:
+        if why:
+            waiting(False)

@@ -233,7 +233,8 @@ class ClusterConfig(_Section):
     peer_timeout_s: float = Field(default=5.0, gt=0, description="Timeout of one request to a peer's sparkd.")
     peer_poll_s: float = Field(default=2.0, gt=0, description="How often each peer's sparkd is polled.")
     peer_grace_s: float = Field(default=30.0, ge=0, description=(
-        "A peer unreachable this long is lost: the worker stops its rank, the head stops and waits for it."))
+        "A peer unreachable this long is lost: the worker stops its rank, the head stops and waits for it. A start "
+        "waits as long for every worker's sparkd to answer (two boxes booted together) before it calls one lost."))
     worker_start_timeout_s: float = Field(default=600.0, gt=0, description=(
         "How long the head waits for every worker rank to be up and waiting for the master."))
     image_match: Literal["id", "repo-digest", "label", "off"] = Field(default="id", description=(

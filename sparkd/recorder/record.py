@@ -32,7 +32,7 @@ MAX_GPUS = 16
 STATES = ("adopting", "stopped", "preflight", "starting", "ready", "degraded", "stopping", "backoff", "failed",
           "accepting")
 PHASES = ("launching", "waiting_for_peer", "loading_weights", "compiling", "kv_cache", "graph_capture",
-          "api_starting", "ready", "memory_settle")
+          "api_starting", "ready", "memory_settle", "waiting_for_workers")
 LEVELS = ("ok", "warn", "stop", "kill")
 ACTIONS = ("ok", "warn", "refuse_start", "cooldown", "stop", "kill", "planned_restart")
 

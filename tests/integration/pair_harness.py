@@ -164,6 +164,7 @@ class NodeDaemon(Sparkd):
 def pair_configs(tmp: Path, link: Link, *, worker_launch: dict[str, Any] | None = None,
                  **sections: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     token = peer_token(tmp / "token")
+    cluster_over = sections.pop("cluster", {})  # over the pair's own [cluster] below
     common_launch = {"tensor_parallel_size": 2, "host": "0.0.0.0", "port": 8000, "max_model_len": 8192}
     cluster = {"master_addr": link.head_addr, "master_port": 29501, "nnodes": 2, "peer_poll_s": 0.5,
                "peer_grace_s": 3, "worker_start_timeout_s": 60}
@@ -176,7 +177,7 @@ def pair_configs(tmp: Path, link: Link, *, worker_launch: dict[str, Any] | None 
         cfg["node"] = {"name": role, "role": role, "rank": 0 if role == "head" else 1, "address": addr}
         cfg["launch"].update(common_launch | launch_extra)
         cfg["launch"]["env"]["VLLM_PROCESS_NAME_PREFIX"] = unique_prefix()
-        cfg["cluster"] = {**cluster, "peers": [peer]}
+        cfg["cluster"] = {**cluster, **cluster_over, "peers": [peer]}
         cfg["api"] = {"socket_group": "", "listen": addr, "port": 9479, "token_file": str(token)}
         configs.append(cfg)
     return configs[0], configs[1]

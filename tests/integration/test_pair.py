@@ -167,10 +167,15 @@ def test_a_restart_drains_the_heads_requests_before_the_worker_rank_stops(make_p
 
 
 def test_the_heads_stop_of_the_group_is_no_failure_on_the_worker(make_pair: Any) -> None:
-    """The head's rank ends the moment its requests are done (none here: at once), before the head's order reaches
-    the worker: the worker's rank loses its head first and prints torch's TCPStore lines, as the real one does. Its
-    sparkd asks the head, which says it stops the group — so no peer_lost, no incident, on either node."""
-    pair = make_pair().start()
+    """A head whose worker's sparkd is not up yet (two boxes booted together) waits for it within ``peer_grace_s``,
+    its status saying so, and starts the pair when it answers: no peer_lost. Then the head's rank ends the moment its
+    requests are done (none here: at once), before the head's order reaches the worker: the worker's rank loses its
+    head first and prints torch's TCPStore lines, as the real one does. Its sparkd asks the head, which says it stops
+    the group — so no peer_lost, no incident, on either node."""
+    pair = make_pair(cluster={"peer_grace_s": 60})
+    pair.head.start()
+    pair.head.wait_for(lambda s: s.get("phase") == "waiting_for_workers", 30, "the head waiting for its worker")
+    pair.worker.start()
     pair.ready()
     assert pair.head.ctl("restart").returncode == 0
     pair.ready(head_launches=2)

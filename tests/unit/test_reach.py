@@ -38,13 +38,15 @@ class LateLink:
         return {"state": "stopped"}
 
 
-async def reach(link: LateLink, clock: FakeClock, log: CapturingLogger, grace_s: float = 30) -> Any:
-    """The reach's outcome, fake time jumping to each of its polls."""
+async def reach(link: LateLink, clock: FakeClock, log: CapturingLogger, grace_s: float = 30,
+                phases: list[bool] | None = None) -> Any:
+    """The reach's outcome, fake time jumping to each of its polls; ``phases``: what it told of its wait."""
     outcome: list[Any] = []
+    told = phases if phases is not None else []
 
     async def run() -> None:
         outcome.append(await reach_workers(link, link.peers, grace_s=grace_s, poll_s=2,  # type: ignore[arg-type]
-                                           clock=clock, log=log))
+                                           clock=clock, log=log, waiting=told.append))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
@@ -55,8 +57,9 @@ async def reach(link: LateLink, clock: FakeClock, log: CapturingLogger, grace_s:
 async def test_a_worker_whose_sparkd_comes_up_within_the_grace_is_waited_for_not_lost() -> None:
     clock, log = FakeClock(), CapturingLogger()
     start = clock.now()
-    link = LateLink(clock, {A: start + 7, B: start})
-    assert await reach(link, clock, log) is None
+    link, phases = LateLink(clock, {A: start + 7, B: start}), list[bool]()
+    assert await reach(link, clock, log, phases=phases) is None
+    assert phases == [True, False]  # the status's phase: waiting for the workers, then over
     assert 7 <= clock.now() - start <= 9  # started the poll after the worker's sparkd came up, not at the grace's end
     events = [(c.method_name, c.args[0] if c.args else c.kwargs.get("event")) for c in log.calls]
     assert events == [("warning", "waiting_for_worker"), ("info", "worker_reached")], events
@@ -66,8 +69,9 @@ async def test_a_worker_whose_sparkd_comes_up_within_the_grace_is_waited_for_not
 async def test_a_worker_silent_past_the_grace_is_lost_with_its_reason_and_how_long() -> None:
     clock, log = FakeClock(), CapturingLogger()
     start = clock.now()
-    link = LateLink(clock, {A: start, B: start + 3600})
-    failure = await reach(link, clock, log, grace_s=10)
+    link, phases = LateLink(clock, {A: start, B: start + 3600}), list[bool]()
+    failure = await reach(link, clock, log, grace_s=10, phases=phases)
+    assert phases == [True, False]
     assert failure is not None and failure.cls.value == "peer_lost"
     assert B in failure.sentence and "All connection attempts failed" in failure.sentence
     assert "silent for 10 s of the 10 s grace" in failure.sentence, failure.sentence
@@ -76,8 +80,20 @@ async def test_a_worker_silent_past_the_grace_is_lost_with_its_reason_and_how_lo
 
 async def test_a_refusal_is_an_answer_and_no_grace_means_no_wait() -> None:
     clock, log = FakeClock(), CapturingLogger()
-    start = clock.now()
-    assert await reach(LateLink(clock, {A: start}, refuses=frozenset({A})), clock, log, grace_s=0) is None
+    start, phases = clock.now(), list[bool]()
+    refusing = LateLink(clock, {A: start}, refuses=frozenset({A}))
+    assert await reach(refusing, clock, log, grace_s=0, phases=phases) is None
+    assert phases == []  # no wait, no phase
     failure = await reach(LateLink(clock, {A: start + 1}), clock, log, grace_s=0)
     assert failure is not None and failure.cls.value == "peer_lost" and "grace" not in failure.sentence
     assert clock.now() == start
+
+
+def test_sparkctl_wait_says_what_a_start_waits_for_before_vllm_runs() -> None:
+    from sparkd.cli.progress import describe_step, live_text
+
+    waiting = {"state": "preflight", "phase": "waiting_for_workers"}
+    assert live_text("ready", waiting, 3.0).startswith("preflight: waiting for the workers' sparkd to answer")
+    assert describe_step(waiting) == "preflight: waiting for the workers' sparkd to answer"
+    settling = live_text("ready", {"state": "preflight", "phase": "memory_settle"}, 3.0)
+    assert settling.startswith("preflight: waiting for the memory an earlier start used to come back")

@@ -23,6 +23,7 @@ from sparkd.host.clock import Clock
 from sparkd.host.logs import Logger
 from sparkd.preflight.base import Check
 from sparkd.preflight.runner import PreflightReport, run_preflight
+from sparkd.supervisor import vocabulary as v
 from sparkd.supervisor.failures import Failure
 from sparkd.supervisor.timing import LaunchTiming
 
@@ -87,8 +88,12 @@ class GroupStart:
         from sparkd.cluster.reach import reach_workers
 
         cluster = head.cfg.cluster
+
+        def waiting(now: bool) -> None:  # the status's phase while a worker's sparkd is silent
+            head.post(v.Settling("waiting_for_workers" if now else None))
+
         return await reach_workers(head.client, head.client.peers, grace_s=cluster.peer_grace_s,
-                                   poll_s=cluster.peer_poll_s, clock=head.clock, log=head.log)
+                                   poll_s=cluster.peer_poll_s, clock=head.clock, log=head.log, waiting=waiting)
 
     async def fabric(self) -> Failure | None:
         return await self.checks.fabric() if self.head is not None and self.checks is not None else None
