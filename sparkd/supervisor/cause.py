@@ -31,7 +31,7 @@ from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.events import Event, Kind
 from sparkd.supervisor.failures import FailureClass
 from sparkd.supervisor.families import FamilyHit, judge
-from sparkd.supervisor.logline import VLLM_HEADER
+from sparkd.supervisor.logline import VLLM_HEADER, header_level
 from sparkd.supervisor.peerloss import names_store_loss, store_owner_died_here
 from sparkd.supervisor.rules import REBUILD, RULES, Rule, Tier, may_match
 from sparkd.supervisor.sentences import NO_RETRY, quote
@@ -229,7 +229,7 @@ def _vllm_error(event: Event) -> str | None:
     if event.kind is not Kind.vllm or event.exception is not None:
         return None
     m = VLLM_HEADER.match(event.text)
-    if m is None or m.group("level") not in ("ERROR", "CRITICAL"):
+    if m is None or header_level(m) not in ("ERROR", "CRITICAL"):
         return None
     body = event.text[m.end():].strip()
     if not body or body.startswith(("Traceback", "File ", *_CHAIN_MARKERS)) or set(body) <= set("^~ "):

@@ -35,7 +35,7 @@ from functools import cached_property
 
 from sparkd.supervisor.hardwrap import unwrapped
 from sparkd.supervisor.lexicon import terms
-from sparkd.supervisor.logline import VLLM_HEADER, segments_of_process
+from sparkd.supervisor.logline import VLLM_HEADER, header_level, segments_of_process
 from sparkd.supervisor.tracebacks import PyException, TracebackParser, exception_line
 
 __all__ = ["MAX_EVENTS", "Event", "Kind", "read_events"]
@@ -193,7 +193,7 @@ class Event:
     @property
     def vllm_level(self) -> str | None:
         m = VLLM_HEADER.match(self.text)
-        return m.group("level") if m else None
+        return header_level(m) if m else None
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ def _innermost(name: str) -> str:
 def _kind_level_time(text: str, from_log: bool) -> tuple[Kind, str | None, str | None]:
     m = VLLM_HEADER.match(text) if from_log else None
     if m is not None:  # most lines of a tail: tested first
-        return Kind.vllm, m.group("level"), m.group("time")
+        return Kind.vllm, header_level(m), m.group("time")
     low = text.lower()
     if not from_log or (any(k in low for k in _KERNEL_WORDS) and _KERNEL.match(text)):
         return Kind.kernel, "ERROR", None

@@ -30,10 +30,20 @@ _PREFIX = re.compile(r"^\s*\((?P<process>[A-Za-z_][\w.\-]*) pid=(?P<pid>\d{1,18}
 # vLLM's format: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s", datefmt "%m-%d %H:%M:%S"; before
 # 0.6 the file had no opening bracket ("ERROR 03-05 07:15:39 engine.py:387] ..."); builds that log through their own
 # copy of the format put the year in front (NVIDIA NIM: "ERROR 2025-07-21 14:34:24.934 factory.py:62] ...").
+# A paste (or a copy begun inside the line) may cut the level word's first letters (`RROR 12-18 19:47:34
+# engine.py:366] ValueError: ...`): two or more of its last letters, before the date, the time and the source, are
+# that level (`header_level`); none of them ends two levels.
+_CUT_LEVELS = {word[i:]: word for word in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+               for i in range(1, len(word) - 1)}
 VLLM_HEADER = re.compile(
-    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<time>(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
-    r"\[?(?P<source>[^\[\]\s]+)\](?: |$)"
+    r"^(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)|(?P<cut>" + "|".join(sorted(_CUT_LEVELS, key=len, reverse=True))
+    + r")) (?P<time>(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?(?P<source>[^\[\]\s]+)\](?: |$)"
 )
+
+
+def header_level(m: re.Match[str]) -> str:
+    """The level of a :data:`VLLM_HEADER` match, whole where a paste cut it."""
+    return m.group("level") or _CUT_LEVELS[m.group("cut")]
 
 
 @dataclass(frozen=True)
@@ -110,7 +120,7 @@ def parse(raw: str) -> LogLine:
         text=text,
         process=process,
         pid=pid,
-        level=m.group("level"),
+        level=header_level(m),
         source=m.group("source"),
         message=text[m.end() :],
     )

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from sparkd.supervisor.logline import VLLM_HEADER
+from sparkd.supervisor.logline import VLLM_HEADER, header_level
 from sparkd.supervisor.subsystems import Subsystem, module_of, subsystem_of
 
 __all__ = ["Frame", "PyException", "TracebackParser", "exception_line"]
@@ -293,7 +293,7 @@ class TracebackParser:
     def _repr_line(self, state: _State, index: int, text: str, body: str, process: str | None) -> None:
         m = _REPR.match(body.strip())
         header = VLLM_HEADER.match(text)
-        if m is None or state.open is not None or header is None or header.group("level") not in ("ERROR", "CRITICAL"):
+        if m is None or state.open is not None or header is None or header_level(header) not in ("ERROR", "CRITICAL"):
             return
         state.stated = PyException(type=m.group("type"), message=m.group("message").strip("'\"")[:_MAX_MESSAGE],
                                    line=text.strip(), index=index, process=process)

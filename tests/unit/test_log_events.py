@@ -247,6 +247,20 @@ def test_rays_cpp_lines_have_their_level_and_say_which_node_spoke() -> None:
                                                       ":153:  Check failed: object_manager_->WriteAcquire()")
     assert info.below_error and info.said == "node_manager.cc:10: Raylet is up"
 
+
+def test_a_header_whose_level_a_paste_cut_is_read_as_the_whole_level() -> None:
+    """A paste that began inside the line cut the level word's first letters (`RROR`, `ARNING`): vLLM's header is read
+    with the level it had, so an exception after it is one; a word that ends no single level, or is a whole one, or a
+    line without the header's date and source, is left as it is."""
+    cut, warned, other = read_events([
+        "RROR 12-18 19:47:34 engine.py:366] ValueError: Total number of attention heads (64) must be divisible by "
+        "tensor parallel size (3).", "ARNING 12-18 19:47:35 config.py:10] something to note",
+        "OR 12-18 19:47:36 but no source here"])
+    assert cut.level == "ERROR" and cut.exception is not None and cut.exception.name == "ValueError"
+    assert cut.text.startswith("RROR 12-18")  # quoted as the log has it
+    assert (warned.kind, warned.level, warned.below_error) == (Kind.vllm, "WARNING", True)
+    assert other.kind is not Kind.vllm and other.text.startswith("OR 12-18")
+
 def test_only_the_last_frames_are_read() -> None:
     """tqdm's bars and glued pastes multiply a tail's lines into frames: the last MAX_EVENTS are read (the kernel's
     lines beside them), so the failure at the end is found and the cost stays bounded."""
