@@ -42,7 +42,7 @@ def without_none(env: dict[str, str | None]) -> dict[str, str]:
 
 # vLLM uncompiled (no torch.compile, no inductor's C++ build), for the tiers whose subject is not vLLM's start: the
 # compile is test_tier.py's (its phases). On an idle 2-core machine a start of the tiny model took 67 s with a cold
-# compile cache (28 s of it compiling), 33 s with a warm one, 24.5 s with -O0 — and a compile is CPU the rest of
+# compile cache (28 s of it compiling), 33 s with a warm one, 24.6 s with -O0 — and a compile is CPU the rest of
 # the suite beside it waits for.
 UNCOMPILED = ("-O0",)
 
