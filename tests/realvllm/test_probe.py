@@ -130,12 +130,13 @@ def test_a_long_prefill_raises_nothing(probed: Tier) -> None:
     began = time.monotonic()
     thread = in_background(probed, prompt, 4)
     busy = longest = 0.0
-    unanswered = 0
+    unanswered, why = 0, None
     while thread.is_alive() and time.monotonic() - began < 600:
         live = json.loads(probed.ctl("status", "--json").stdout)
         if live["state"] == "unreachable":  # sparkctl's 10 s ran out on a loaded host (a CI-like run, the prefill
             unanswered += 1  # on both cores beside the suite and the soak): no state to read, so the sample is left
-            time.sleep(1)    # out; the incidents and the launches below say whether anything was raised
+            why = why or live.get("error")  # out; the incidents and the launches below say whether anything was
+            time.sleep(1)                    # raised, and the summary line says why sparkctl had no answer
             continue
         assert live["state"] in ("ready", "degraded"), live.get("last_failure")
         if "busy" in (live.get("health") or ""):
@@ -149,6 +150,8 @@ def test_a_long_prefill_raises_nothing(probed: Tier) -> None:
     TIMINGS[f"tp{tp} prefill: longest step seen inside"] = longest
     TIMINGS[f"tp{tp} prefill: the canary busy until"] = round(busy, 1)
     TIMINGS[f"tp{tp} prefill: status polls unanswered"] = unanswered
+    if why:
+        print(f"\nrealvllm: tp{tp} prefill: the first status poll unanswered: {why}", flush=True)
     assert len(probed.incidents()) == seen and probed.status().get("launches") == 1
     chunk = max((r for r in read_steps(probed.tmp / "d" / "run" / "probe").records if r.role == "worker"),
                 key=lambda r: r.longest_ns)
