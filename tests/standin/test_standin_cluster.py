@@ -92,8 +92,11 @@ def test_head_death_leaves_the_worker_hanging_with_tcpstore_warnings(pair: tuple
     """SIGKILL of the head's processes: the headless node does not exit; it repeats torch's TCPStore warnings."""
     head, worker, _ = pair
     for proc in reversed(head.tree()):
-        if "resource_tracker" not in " ".join(proc.cmdline()):  # it unlinks the head's sem.mp-* when alone
-            proc.kill()
+        try:  # a process of the tree may have ended since it was listed (a zombie has no cmdline: nothing to kill)
+            if "resource_tracker" not in " ".join(proc.cmdline()):  # it unlinks the head's sem.mp-* when alone
+                proc.kill()
+        except psutil.NoSuchProcess:  # ZombieProcess is one
+            continue
     mark = len(worker.lines)
     worker.wait_for(
         r"^\[rank1\]:\[W\d{4} \d\d:\d\d:\d\d\.\d{9} ProcessGroupNCCL\.cpp:\d+\] \[PG ID 0 PG GUID 0 Rank 1\] Failed to "
