@@ -56,6 +56,13 @@ def run_headless(config: ServeConfig, knobs: Knobs) -> int:
             logfmt.print_stderr(logfmt.traceback_text(_HEADLESS_FRAMES, failure))
             return 1
         procs.exit_on_signals()
+        try:
+            _warm_up(executor)
+        except WorkerDied as exc:
+            return _worker_died(exc.name, knobs)
+        except RpcFailed as exc:
+            logfmt.print_stderr(logfmt.traceback_text(_HEADLESS_FRAMES, worker_failed(exc.message)))
+            return 1
         return _watch(executor, knobs)
     except SystemExit:
         return 0
@@ -65,17 +72,26 @@ def run_headless(config: ServeConfig, knobs: Knobs) -> int:
 
 
 def _load(executor: MultiprocExecutor) -> str | None:
-    """Start and load the local ranks; the traceback's last line on failure."""
+    """Start the local ranks and wait for their READY (the end of vLLM's ``MultiprocExecutor`` init); the
+    traceback's last line on failure."""
     try:
         executor.start()
         executor.wait_ready()
-        for phase in ("profile", "warmup"):
-            executor.collective(phase)
     except (WorkerInitFailed, WorkerDied):
         return INIT_FAILED
-    except RpcFailed as exc:
-        return worker_failed(exc.message)
     return None
+
+
+def _warm_up(executor: MultiprocExecutor) -> None:
+    """The profile and warmup phases, which in vLLM rank 0's EngineCore drives after this node's init ended: a
+    worker that dies in them is the monitor's "died unexpectedly" (WorkerDied), not an init failure."""
+    for phase in ("profile", "warmup"):
+        executor.collective(phase)
+
+
+def _worker_died(name: str, knobs: Knobs) -> int:
+    logfmt.error(knobs.dialect.at("worker_died"), f"Worker proc {name} died unexpectedly, shutting down executor.")
+    return 0
 
 
 def _watch(executor: MultiprocExecutor, knobs: Knobs) -> int:
@@ -85,11 +101,7 @@ def _watch(executor: MultiprocExecutor, knobs: Knobs) -> int:
         timeout = None if die_at is None else max(0.0, die_at - time.monotonic())
         died = wait(executor.sentinels(), timeout)
         if died:
-            name = executor.name_of(died[0])  # type: ignore[arg-type]
-            logfmt.error(
-                knobs.dialect.at("worker_died"), f"Worker proc {name} died unexpectedly, shutting down executor."
-            )
-            return 0
+            return _worker_died(executor.name_of(died[0]), knobs)  # type: ignore[arg-type]
         if die_at is not None:
             die_at = None
             code = _die(executor, knobs)

@@ -116,6 +116,22 @@ def test_head_death_leaves_the_worker_hanging_with_tcpstore_warnings(pair: tuple
     assert f"{worker.title_prefix}::Worker_TP1" in worker.titled()
 
 
+def test_a_worker_dying_in_its_warmup_is_a_death_not_an_init_failure(launch: Standins) -> None:
+    """vLLM's headless MultiprocExecutor init ends at its workers' READY; rank 0's EngineCore drives the profile and
+    warmup after it, so a worker killed in its graph capture is the monitor's "died unexpectedly" (exit 0), not the
+    "WorkerProc initialization failed" traceback (the race a CI run's lost-peer test met)."""
+    api_port, master_port = free_port(HEAD), free_port(HEAD)
+    _start_head(launch, api_port, master_port)
+    worker = launch.start(
+        *_ranks(master_port), "--node-rank", "1", "--headless", "--host", WORKER, startup_seconds=14.0
+    )  # its graph capture: 2.1 s
+    worker.wait_for(r"\(Worker_TP1 pid=\d+\) INFO .* Available KV cache memory: [\d.]+ GiB", timeout=60)
+    worker.titled()[f"{worker.title_prefix}::Worker_TP1"].kill()
+    worker.wait_for(r"ERROR .* Worker proc VllmWorker-1 died unexpectedly, shutting down executor\.")
+    assert worker.wait_exit(15) == 0
+    assert worker.count("Graph capturing finished") == 0 and worker.count("initialization failed") == 0
+
+
 def _lose_rank1(head: Standin, worker: Standin) -> None:
     """Rank 1 dies: its node exits 0; the idle head notices nothing (/health 200)."""
     worker.titled()[f"{worker.title_prefix}::Worker_TP1"].kill()
