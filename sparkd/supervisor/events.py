@@ -329,6 +329,8 @@ def read_events(log_tail: Sequence[str], kernel_lines: Sequence[str] = (), oom_k
         process, lead_time = (of.process, of.lead_time) if of is not None else (None, None)
         kind, level, time = _kind_level_time(text, from_log)
         exception = parser.found.get(index)
+        if exception is not None and exception.quoted and kind not in (Kind.other, Kind.vllm):
+            exception = None  # Ray's, NCCL's or torch's C++ words quoting a status name: theirs, not Python's
         if exception is not None and kind in (Kind.other, Kind.vllm, Kind.cuda, Kind.ray):
             kind = Kind.python
         elif index in parser.code:

@@ -61,6 +61,9 @@ _KEYWORDS = frozenset({"raise", "return", "pass", "yield", "await", "break", "co
 _RUNPY = ("<frozen runpy>", "runpy.py")
 _IMPORT = re.compile(r"^\s*(?:from\s+[\w.]+\s+)?import\s")
 _CONTINUATION_LINES, _MAX_MESSAGE = 3, 1000
+# where an exception a wrapper quotes after words of its own starts, on one line (Triton's model table: `| vllm | 1 |
+# UNAVAILABLE: Internal: TypeError: …`, a launcher's `Failed to start engine: ValueError: …`)
+_QUOTED = re.compile(r"[:|] (?=(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S)")
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class PyException:
     wrapper: str | None = None  # Ray's wrapper type, when the exception came through one
     thread: str | None = None  # the thread it ended, when Python said so (`Exception in thread ray_print_logs:`)
     ignored: bool = False  # Python ignored it (`Exception ignored in: ...` before its traceback): it ended nothing
+    quoted: bool = False  # named inside a line after a wrapper's own words, not at the line's start
 
     @property
     def stated(self) -> str:
@@ -171,6 +175,13 @@ def exception_line(body: str, *, in_traceback: bool) -> re.Match[str] | None:
     return m if named and (m.group("message") or text == m.group("type")) else None
 
 
+def _quoted_exception(body: str) -> re.Match[str] | None:
+    """The exception a line quotes after a wrapper's own words (a status, a launcher's sentence), read as if it stood
+    alone; a table's closing bar is left out."""
+    m = _QUOTED.search(body)
+    return exception_line(body[m.end():].rstrip(" |"), in_traceback=False) if m is not None else None
+
+
 def _wrapped(exc: PyException, body: str) -> bool:
     """The exception's message stops after a comma (or mid-word) and the line goes on in words, not as a log line."""
     tail = exc.message.rstrip()
@@ -247,13 +258,16 @@ class TracebackParser:
             state.open.frames.append(Frame(m.group("path") or m.group("ipath"), m.group("func") or m.group("ifunc")))
             return None
         found = exception_line(body, in_traceback=state.open is not None and bool(state.open.frames))
+        quoted = found is None and state.open is None
+        if quoted:
+            found = _quoted_exception(body)
         if found is None:
             self._repr_line(state, index, text, body, process)
             if state.open is not None and state.open.frames and body.strip():
                 self.code.add(index)
             self._code_line(state, body)
             return None
-        return self._ended(state, found, index, text, process)
+        return self._ended(state, found, index, text, process, quoted)
 
     def finish(self) -> None:
         """The end of the log: an exception vLLM logged as its repr whose traceback was cut before it ended counts,
@@ -307,7 +321,8 @@ class TracebackParser:
         if last.code is None:
             opened.frames[-1] = replace(last, code=stripped)
 
-    def _ended(self, state: _State, m: re.Match[str], index: int, text: str, process: str | None) -> PyException:
+    def _ended(self, state: _State, m: re.Match[str], index: int, text: str, process: str | None,
+               quoted: bool = False) -> PyException:
         opened = state.open
         linked = opened.linked if opened is not None else state.pending_link
         inner, outer = m.group("inner"), m.group("type")
@@ -316,7 +331,7 @@ class TracebackParser:
                           frames=tuple(opened.frames) if opened is not None else (),
                           cause=state.last if linked else None, wrapper=outer if inner else None,
                           thread=opened.thread if opened is not None else None,
-                          ignored=opened.ignored if opened is not None else False)
+                          ignored=opened.ignored if opened is not None else False, quoted=quoted)
         state.open, state.pending_link, state.last = None, False, exc
         state.continuing, state.continued = exc, 0
         if state.stated is not None and state.stated.name == exc.name:

@@ -337,3 +337,21 @@ def test_vllms_config_dump_without_its_header_is_no_error() -> None:
     assert all(e.below_error for e in read_events([dump, args]))
     assert classify(1, None, [dump, "RuntimeError: CUDA error: device-side assert triggered"]).cls.value == "gpu_error"
     assert classify(1, None, [dump]).cls.value == "unknown"
+
+
+def test_an_exception_a_wrapper_quotes_inside_its_line_is_read() -> None:
+    """A launcher's status quoting a Python exception after words of its own (Triton's model table: `| vllm | 1 |
+    UNAVAILABLE: Internal: TypeError: …`) is that exception, its table bar left out; Ray's C++ words naming a status
+    (`Status not OK: ChannelError: Channel closed.`) stay Ray's, and prose naming no message is no exception."""
+    table, launcher, ray, prose = read_events([
+        "| vllm  | 1       | UNAVAILABLE: Internal: TypeError: build_async_engine_client_from_engine_args() got an "
+        "unexpected keyword argument 'stat_loggers' |",
+        "[vllm] Failed to start engine: ValueError: max_model_len is greater than the derived max_model_len",
+        "[2025-11-24 16:14:48,882 C 37444 37444] (raylet) experimental_mutable_object_provider.cc:154:  Check failed: "
+        "WriteAcquire() Status not OK: ChannelError: Channel closed.",
+        "see the note: ValueError:"])
+    assert table.kind is Kind.python and table.exception is not None and table.exception.name == "TypeError"
+    assert table.exception.message.endswith("'stat_loggers'") and table.exception.quoted
+    assert launcher.exception is not None and launcher.exception.name == "ValueError"
+    assert (ray.kind, ray.exception) == (Kind.ray, None)
+    assert prose.exception is None
