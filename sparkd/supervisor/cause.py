@@ -44,9 +44,11 @@ __all__ = ["EXPLAINS", "Finding", "Scan", "scan"]
 EXPLAINS = {FailureClass.peer_lost: frozenset({FailureClass.nccl, FailureClass.hang})}
 # A collective library reports the device's failure under it as its own, and the device's own words may come after
 # (NCCL's `unhandled cuda error` then `Cuda failure 'out of memory'`; HCCL's init error code, then the NPU runtime's
-# reason: the device is still held by an earlier process): a later finding of the device's, at the same tier or a
-# lower one, explains the collective's before it.
-EXPLAINED_BY_LATER = {FailureClass.nccl: frozenset({FailureClass.gpu_busy, FailureClass.oom, FailureClass.gpu_error})}
+# reason: the device is still held by an earlier process; or the port its root could not listen on, held by another
+# process): a later finding of the device's or the port's, at the same tier or a lower one, explains the collective's
+# before it.
+EXPLAINED_BY_LATER = {FailureClass.nccl: frozenset({FailureClass.gpu_busy, FailureClass.oom, FailureClass.gpu_error,
+                                                    FailureClass.port_in_use})}
 
 _FAMILY_DO = {FailureClass.image_error: REBUILD,
               FailureClass.config_error: f"fix the vLLM settings in the config — {NO_RETRY}"}

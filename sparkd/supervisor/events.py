@@ -99,6 +99,10 @@ _STAMPED_LEVEL = re.compile(r"^(?:\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?(
 # spdlog's `[2024-01-01 10:00:00.123] [error] ...`): the writer's own word for how bad the line is
 _BRACKET_LEVEL = re.compile(r"^(?:\[[^\]\n]{1,40}\] ?){0,4}\[\s*(?P<level>error|err|critical|fatal|warning|warn|info|"
                             r"debug|trace)\s*\]", re.IGNORECASE)
+# A level in a column between bars, in any case (loguru's and tt-metal's `2026-06-30 20:54:48.928 | error    |
+# Metal | Timeout detected`, the stamp taken off as a launcher's time or kept)
+_BAR_LEVEL = re.compile(r"^(?:\d{4}-\d\d-\d\d[ T][\d:.,]+ *)?\| *(?P<level>critical|error|warning|info|debug|trace|"
+                        r"success) *\|", re.IGNORECASE)
 _BELOW_ERROR = frozenset({"DEBUG", "INFO", "WARNING", "WARN", "TRACE"})
 _KERNEL = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?(?:\S+ kernel: )?(?:NVRM: |pcieport |nvidia |amdgpu |.*\bAER: |"
                      r"Out of memory: Killed process|.*\boom-kill|.*\bearlyoom\b|OOMKilled)", re.IGNORECASE)
@@ -291,6 +295,10 @@ def _kind_level_time(text: str, from_log: bool) -> tuple[Kind, str | None, str |
     if _BARE_INFO.match(text):
         return Kind.vllm, "INFO", None
     o = _OTHER_LEVEL.match(text) or _STAMPED_LEVEL.match(text)
+    bar = _BAR_LEVEL.match(text) if o is None and "|" in text[:32] else None
+    if bar is not None:
+        level = bar.group("level").upper()
+        return Kind.other, "INFO" if level == "SUCCESS" else level, None
     if o is None and text[:1] == "[":
         b = _BRACKET_LEVEL.match(text)
         level = b.group("level").upper() if b is not None else None

@@ -89,8 +89,10 @@ STARTUP: tuple[Family, ...] = (
              "port", what=port_what, flags=_I,
              message=r"\btrying to (?:start|listen|bind|run) (?:at|on) \S+?:(?P<port>\d+),? but (?:it )?is already "
                      r"running at\b"),
-        sign("a port, an address or a bind said to be in use already, in any writer's words", terms="inuse",
-             message=r"\b(?:port|bind\w*|listen\w*|address|socket)\b.{0,80}\b(?:already in use|already allocated)|"
+        sign("a port, an address or a bind said to be in use (or bound) already, in any writer's words (CANN's "
+             "`Failed to bind the IP port. Reason: The IP address and port have been bound already.`)", terms="inuse",
+             message=r"\b(?:port|bind\w*|listen\w*|address|socket)\b.{0,80}\b(?:already in use|already allocated|"
+                     r"bound already|already (?:been )?bound)|"
                      r"\b(?:already in use|already allocated)\b.{0,40}\bport\b", flags=_I),
     )),
     Family(F.config_error, "An address vLLM was told to use is not this host's", (
@@ -171,7 +173,7 @@ BY_KIND: tuple[Family, ...] = (
         sign("the same on an error line: something timed out (not a parameter named timeout, not a wait that will "
              "retry)", terms="timeout", kinds=ERROR_LINES, tier=Tier.GENERIC, unless=r"\bretry|\bretrying\b",
              message=r"\b(?:timed out|times out|time(?:d)? ?out after|deadline exceeded|timeout (?:error|exceeded|"
-                     r"expired|reached|occurred)|Timeout(?:Error|Exception)?:)", flags=_I),
+                     r"detected|expired|reached|occurred)|Timeout(?:Error|Exception)?:)", flags=_I),
     )),
     Family(F.engine_dead, "vLLM's engine died", (
         sign("an exception no family names, raised inside the engine's step (the model's forward, the sampler, V0's "

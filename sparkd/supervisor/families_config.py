@@ -153,6 +153,12 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
          terms="kv", flags=_I,
          message=r"\b(?:too small|smaller than|larger than|greater than|exceeds?|not enough|insufficient|"
                  r"no (?:available )?memory|cannot (?:hold|fit|allocate)|negative)\b"),
+    sign("a region, pool or buffer the launch's settings reserve, said to be smaller than what the work needs, with "
+         "the size reserved (tt-metal's `Creating trace buffers of size 55820288B on MeshDevice 0, but only 50000000B "
+         "is allocated for trace region`): the same launch fails the same way until the setting grows", flags=_I,
+         terms="reserved",
+         message=r"\bbut only [\d.,]+ ?(?:[KMGT]i?)?B (?:is|are|was|were|has been|have been) (?:allocated|reserved|"
+                 r"configured|set aside) for (?:the )?[\w -]{0,40}?\b(?:region|pool|buffer|arena|space)\b"),
     sign("vLLM's (or a build of it's) error line refusing a setting the GPU cannot take",
          message=r"only supported on GPUs with compute capability|must be divisible by", kinds={K.vllm}),
     sign("a setting (a dtype, a quantization, a backend) the GPU's architecture cannot take, in any words",

@@ -65,6 +65,11 @@ CONCEPTS: tuple[Concept, ...] = (
              r"\b(?:cannot|can't|can not|could not|couldn't|unable to|failed to|fail to|not able to|not possible to) "
              r"(?:allocate|alloc|reserve|malloc)\b|\balloc(?:ation)?s? (?:failed|failure|error)|"
              r"\ballocat\w* (?:on device )?failed|\bfailed (?:to allocate|allocation)|That was not possible"),
+    # a size reserved for a region by a setting, named as less than the work needs (`but only 50000000B is allocated
+    # for trace region`)
+    _concept("reserved", "allocated for|reserved for|configured for|set aside for",
+             r"\bbut only [\d.,]+ ?(?:[KMGT]i?)?B (?:is|are|was|were|has been|have been) (?:allocated|reserved|"
+             r"configured|set aside) for\b"),
     _concept("shm", "/dev/shm|shared|shm", r"/dev/shm|\bshared[ _]memory\b|\bshm\w*"),
     # -- the GPU's architecture and the build's kernels --
     _concept("hardkernel", "no kernel image|kernel image is invalid|invalid_image|invalid device function|"
@@ -122,9 +127,10 @@ CONCEPTS: tuple[Concept, ...] = (
     # -- a port, a device held --
     # ... and a port its writer says another process uses (HCCL's `whether the port is been using by other process`)
     _concept("inuse", "eaddrinuse|in use|errno 98|errno: 98|errno 98|10048|already allocated|in use by|by other|"
-                      "by another|by an other|only one usage",
+                      "by another|by an other|only one usage|bound already|already bound|already been bound",
              r"EADDRINUSE|address (?:already )?in use|\[Errno 98\]|errno:? 98\b|\b10048\b|already in use|"
-             r"already allocated|in use by another|Only one usage of each socket address|"
+             r"already allocated|bound already|already (?:been )?bound|in use by another|"
+             r"Only one usage of each socket address|"
              r"\bport\b[^\n]{0,80}?\b(?:us(?:ed|ing)|occupied|taken|held) by (?:an ?)?other (?:process|program|"
              r"application|service)"),
     # ... and a process of an earlier run still on it, in the runtime's words (`the last training process is running`)

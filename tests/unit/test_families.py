@@ -625,7 +625,27 @@ CASES |= {
     "port: Ray's head finds its stale run": (["ConnectionError: Ray is trying to start at 10.0.0.2:6379, but is "
                                               "already running at 10.0.0.2:6379. Please specify a different port using "
                                               "the `--port` flag of `ray start` command."], F.port_in_use),
+    "config: a region the settings reserve, smaller than the work needs": ([ec(
+        "Creating trace buffers of size 36410368B on MeshDevice 0, but only 33000000B is allocated for trace "
+        "region.")], F.config_error),
+    "port: an address and port said to be bound already": ([
+        "EJ0003: [PID: 159] 2025-03-26-17:01:02.816.428 Failed to bind the IP port. Reason: The IP address and port "
+        "have been bound already."], F.port_in_use),
+    "hang: a device runtime's error line that a timeout was detected": ([
+        "2026-06-30 20:54:48.928 | error    |           Metal | Timeout detected (metal_context.cpp:778)"], F.hang),
 }
+
+
+def test_the_port_a_collectives_root_could_not_bind_explains_its_error_before_it() -> None:
+    """HCCL's init fails with its error code, and CANN's reason printed after it says the root's port was bound
+    already (vllm-ascend#405's shape): the port, not the collective (`cause.EXPLAINED_BY_LATER`)."""
+    failure = classify(1, None, [
+        "[rank0]: RuntimeError: createHCCLComm:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:1479 HCCL function "
+        "error: HcclGetRootInfo(&hcclID), error code is 11",
+        "[rank0]: [ERROR] 2025-03-26-17:01:03 (PID:159, Device:0, RankID:-1) ERR02200 DIST call hccl api failed.",
+        "[rank0]: EJ0003: [PID: 159] 2025-03-26-17:01:02.816.428 Failed to bind the IP port. Reason: The IP address "
+        "and port have been bound already."])
+    assert failure.cls is F.port_in_use and "bound already" in failure.sentence
 
 def _deciding(lines: list[str]) -> Sign | None:
     """The sign that decided the last line with a verdict of its own."""

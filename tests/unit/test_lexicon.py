@@ -52,7 +52,8 @@ def test_every_concept_can_be_found_through_its_stems() -> None:
     """A concept is searched only when the text holds one of its stems: each stem is lower case, and every concept's
     pattern matches a text that holds one (else a wording would be lost to the cheap test)."""
     samples = {"oom": "OutOfMemory", "kv": "KV cache", "shortmem": "not enough memory", "mem": "memory",
-               "alloc": "failed to allocate", "shm": "/dev/shm", "hardkernel": "no kernel image", "arch": "sm_90",
+               "alloc": "failed to allocate", "reserved": "but only 1000B is allocated for trace region",
+               "shm": "/dev/shm", "hardkernel": "no kernel image", "arch": "sm_90",
                "unsupported": "not supported", "model": "ForCausalLM", "setting": "bfloat16", "ccl": "nccl",
                "gloo": "gloo", "store": "TCPStore", "conn": "socket", "netfail": "refused", "timeout": "timed out",
                "peer": "node", "gone": "died", "collective": "all_reduce", "inuse": "EADDRINUSE",

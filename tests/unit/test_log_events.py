@@ -134,7 +134,12 @@ def test_a_launchers_prefix_is_not_the_line(raw: str, text: str, process: str | 
     ("2024-11-08 09:37:40,925 vllm.worker.model_runner 849 INFO     CUDA graphs can take additional 1~3 GiB memory per "
      "GPU. If you are running out of memory, consider decreasing `gpu_memory_utilization`", Kind.other, "INFO"),
     ("vllm.engine.llm_engine 849 ERROR    the engine failed", Kind.other, "ERROR"),
-], ids=["nccl", "torch", "cuda", "ray", "kernel", "vllm", "python", "python logging's format", "its stamp taken off"])
+    ("2026-06-30 20:54:48.928 | error    |           Metal | Timeout detected (metal_context.cpp:778)", Kind.other,
+     "ERROR"),
+    ("2026-06-30 20:54:48.928 | info     |           Metal | Serializing Inspector RPC data", Kind.other, "INFO"),
+    ("| critical |          Always | TT_FATAL: Creating trace buffers", Kind.other, "CRITICAL"),
+], ids=["nccl", "torch", "cuda", "ray", "kernel", "vllm", "python", "python logging's format", "its stamp taken off",
+        "a level between bars", "an info between bars", "the bars without the stamp"])
 def test_each_line_has_its_kind(raw: str, kind: Kind, level: str | None) -> None:
     (event,) = read_events([raw])
     assert (event.kind, event.level) == (kind, level)
