@@ -1,14 +1,15 @@
-"""uvicorn's HTTP/1.1 protocol with the limits a daemon on an open port needs, and who is calling.
+"""Who is calling the control API and the limits a daemon on an open port needs (:mod:`sparkd.api.http11` keeps
+them on each connection).
 
-uvicorn closes a connection that idles after a response (``timeout_keep_alive``) but waits forever for the first
-request and for a body, and accepts any number of connections: 1,100 idle ones exhausted a daemon's 1024
-descriptors; 100 idle ones from a third host took every slot and the pair fell apart (security review §1); 16
-requests whose body never came held a peer's slots for good (review 2, #10, #11). Here:
+A server that closes a connection idling after a response but waits forever for the first request and for a body,
+and accepts any number of connections, is easy to starve: 1,100 idle ones exhausted a daemon's 1024 descriptors;
+100 idle ones from a third host took every slot and the pair fell apart (security review §1); 16 requests whose
+body never came held a peer's slots for good (review 2, #10, #11). Here:
 
 - each connection is identified when it is accepted (:class:`Caller`): on the TCP port its source address and the
   configured peer it belongs to, later whether it presented a certificate that chains to ``[api] tls_ca``; on the
-  control socket the caller's uid (``SO_PEERCRED``). The request's ASGI scope carries it as ``sparkd.caller``,
-  and ``sparkd.prove``: the call that moves a connection that proved itself into its peer's reserved room;
+  control socket the caller's uid (``SO_PEERCRED``). Each request carries it (``Request.caller``), and
+  ``Request.prove``: the call that moves a connection that proved itself into its peer's reserved room;
 - it is admitted or closed unanswered before any TLS (:mod:`sparkd.api.accepting`, :mod:`sparkd.api.admission`);
 - under TLS, a connection from a peer's address that presented no certificate is closed, one that did is proven;
 - a request must arrive whole — headers and body — within ``first_request_s`` of the connection's opening (2 s),
@@ -19,31 +20,24 @@ requests whose body never came held a peer's slots for good (review 2, #10, #11)
 
 from __future__ import annotations
 
-import asyncio
 import resource
 import socket
 import struct
 import time
 from asyncio import sslproto
-from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
 
-from uvicorn.config import Config
-from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.server import ServerState
-
 from sparkd.api.accepting import HANDSHAKE_S
-from sparkd.api.admission import Limits, Slots, Ticket
+from sparkd.api.admission import Limits, Slots
 from sparkd.cluster.addresses import PeerAddresses, normalise
 
 FIRST_REQUEST_S = 2.0
 NEXT_REQUEST_S = 10.0
 MIN_FDS = 1024  # the daemon's caps keep it far below this (docs/design.md §10); the unit's soft limit
 TLS_READ_BUFFER = 32 * 1024
-SCOPE_KEY = "sparkd.caller"
-PROVE_KEY = "sparkd.prove"
 
 
 @dataclass(frozen=True)
@@ -54,17 +48,6 @@ class Caller:
     peer: str | None = None  # the [cluster] peers entry the TCP source address belongs to
     certificate: bool = False  # presented a TLS certificate that chains to [api] tls_ca
     local: str | None = None  # "address:port" the TCP connection arrived at: a signed request's recipient
-
-
-def caller_of(scope: MutableMapping[str, Any]) -> Caller | None:
-    caller = scope.get(SCOPE_KEY)
-    return caller if isinstance(caller, Caller) else None
-
-
-def prove(scope: MutableMapping[str, Any]) -> bool:
-    """The request's connection has proved it is a peer's (its signature verified): give it the reserved room."""
-    promote = scope.get(PROVE_KEY)
-    return bool(promote()) if callable(promote) else False
 
 
 def _endpoint(name: Any) -> str | None:
@@ -103,79 +86,15 @@ class Listener:
         self.next_request_s = next_request_s
         self.handshake_s = handshake_s
         self._date_at: int | None = None
+        self._date: list[tuple[bytes, bytes]] = []
 
-    def protocol(self) -> type[H11Protocol]:
-        return type("ListenerH11", (BoundedH11,), {"listener": self})
-
-    def renew_date(self, state: ServerState, config: Config) -> None:
-        """uvicorn's default headers with the Date of this second (what uvicorn's loop renews once a second)."""
+    def date(self) -> list[tuple[bytes, bytes]]:
+        """The Date header of this second, made once a second at most (when a request needs it)."""
         now = int(time.time())
         if now != self._date_at:
             self._date_at = now
-            date = [(b"date", formatdate(now, usegmt=True).encode())] if config.date_header else []
-            state.default_headers = date + config.encoded_headers
-
-
-class BoundedH11(H11Protocol):
-    listener: Listener
-    caller: Caller
-    ticket: Ticket
-    _deadline: asyncio.TimerHandle | None = None
-
-    def admitted(self, caller: Caller, ticket: Ticket) -> BoundedH11:
-        self.caller, self.ticket = caller, ticket
-        return self
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.ticket.close = transport.close
-        if transport.get_extra_info("sslcontext") is not None:
-            self.caller = replace(self.caller, certificate=bool(transport.get_extra_info("peercert")))
-            if self.caller.peer is not None:
-                if not self.caller.certificate:  # a peer's address without the peer's certificate
-                    transport.close()
-                    return
-                self.listener.slots.promote(self.ticket)
-        inner, caller, promote = self.app, self.caller, self.prove
-
-        async def tagged(scope: Any, receive: Any, send: Any) -> None:
-            scope[SCOPE_KEY] = caller
-            scope[PROVE_KEY] = promote
-            await inner(scope, receive, send)
-
-        self.app = tagged
-        self._arm(self.listener.first_request_s)
-
-    def prove(self) -> bool:
-        return self.listener.slots.promote(self.ticket)
-
-    def handle_events(self) -> None:
-        self.listener.renew_date(self.server_state, self.config)  # before a request takes the default headers
-        super().handle_events()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.listener.slots.leave(self.ticket)
-        if self._deadline is not None:
-            self._deadline.cancel()
-        super().connection_lost(exc)
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._arm(self.listener.next_request_s)
-
-    def _arm(self, seconds: float) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-        self._deadline = self.loop.call_later(seconds, self._expire, self.cycle)
-
-    def _expire(self, answered: Any) -> None:
-        """The deadline of the request after ``answered`` (None: the first): close the connection unless that
-        request has arrived whole."""
-        self._deadline = None
-        cycle = self.cycle
-        whole = cycle is not None and cycle is not answered and not cycle.more_body
-        if not whole and not self.transport.is_closing():
-            self.transport.close()
+            self._date = [(b"date", formatdate(now, usegmt=True).encode())]
+        return self._date
 
 
 def harden_process() -> None:

@@ -1,7 +1,8 @@
 """The control API client sparkctl uses: a command over the daemon's unix socket, its envelope unwrapped.
 
 One HTTP/1.1 request per connection (``Connection: close``) on the ``AF_UNIX`` socket, written and read here: the
-daemon is uvicorn (h11), the answers are JSON with a ``Content-Length`` or a chunked stream (``logs -f``).
+daemon's server is sparkd's own on h11 (:mod:`sparkd.api.http11`), the answers are JSON with a ``Content-Length``
+or a chunked stream (``logs -f``).
 sparkctl asks one question a call and must answer ``status`` (or a TAB completion) in well under 150 ms, where
 importing httpx took ~100 ms and ``http.client`` (with ``email`` and ``ssl``) ~30 ms on this machine (issue 28).
 A transport failure (missing, refused, denied, reset, timed out, malformed) is :class:`DaemonUnreachable` with

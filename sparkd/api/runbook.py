@@ -14,10 +14,8 @@ import html
 import re
 from importlib.resources import files
 
-from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
-
 from sparkd import __version__
+from sparkd.api.messages import Handler, Request, Response, text
 from sparkd.supervisor.runbook import RUNBOOK_PATH, anchor
 
 __all__ = ["headings", "page", "source", "to_html", "with_runbook"]
@@ -122,18 +120,14 @@ def page() -> bytes:
     return to_html(source()).encode("utf-8")
 
 
-def with_runbook(app: ASGIApp) -> ASGIApp:
+def with_runbook(app: Handler) -> Handler:
     """``app`` with ``GET``/``HEAD`` ``/runbook`` answered before it (so before any gate it has)."""
 
-    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != RUNBOOK_PATH:
-            await app(scope, receive, send)
-            return
-        if scope["method"] not in ("GET", "HEAD"):
-            response = Response("only GET and HEAD\n", 405, headers={"Allow": "GET, HEAD"}, media_type="text/plain")
-        else:
-            response = Response(page(), media_type="text/html; charset=utf-8",
-                                headers={"Cache-Control": "max-age=300"})
-        await response(scope, receive, send)
+    async def serve(request: Request) -> Response:
+        if request.path != RUNBOOK_PATH:
+            return await app(request)
+        if request.method not in ("GET", "HEAD"):
+            return text("only GET and HEAD\n", 405, {"allow": "GET, HEAD"})
+        return text(page(), 200, {"cache-control": "max-age=300"}, content_type="text/html; charset=utf-8")
 
     return serve

@@ -2,83 +2,63 @@
 
 Routes are built from the commands (:class:`sparkd.commands.command.Command`, the operator's and the ranks'):
 ``/v1/<name>`` runs ``execute(control, Request.from_params(…))`` and answers with the command's envelope. The
-unix socket is created by sparkd itself (mode 0660, the configured group) before uvicorn serves it, so there is
+unix socket is created by sparkd itself (mode 0660, the configured group) before it is served, so there is
 never a moment when it is open to everyone; a command marked ``root_only`` (handover, recreate) runs only for a
 caller whose uid is 0 (``SO_PEERCRED``) and is not served over TCP. The TCP port serves ``/metrics`` to anyone
 and everything else only to the configured peers' signed requests (``sparkd.api.gates``); it also carries the
 ranks' own commands. Both listeners bound what a client may cost: connections per source counted when accepted,
 before TLS, with room kept for the proven peers and root (:mod:`sparkd.api.accepting`), a TLS handshake deadline,
-a deadline on each whole request, an idle timeout, a header size cap and a 64 KiB body cap.
-uvicorn's own signal handling is switched off: the daemon owns the signals.
+a deadline on each whole request, an idle timeout, a header size cap and a 64 KiB body cap (HTTP/1.1 on h11:
+:mod:`sparkd.api.http11`). A path that no route serves with the request's method is answered 404.
 ``/runbook`` (:mod:`sparkd.api.runbook`) is as open as ``/metrics``: an alert's link reaches it without a token.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import grp
+import json
 import os
 import socket
-import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.applications import Starlette
-from starlette.background import BackgroundTask
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
-from starlette.types import ASGIApp
 
-from sparkd.api.accepting import Doorway
-from sparkd.api.admission import Ticket
-from sparkd.api.bounded import Caller, Listener, caller_of
-from sparkd.api.gates import SIGNED_KEY, BodyLimit, PeerGate
+from sparkd.api.gates import BodyLimit, PeerGate
+from sparkd.api.messages import Handler, Request, Response, json_response
 from sparkd.api.runbook import with_runbook
 from sparkd.commands import operator
 from sparkd.commands.base import BadRequest, Reply, Stream
 from sparkd.commands.port import Control, Served
 from sparkd.host.logs import Logger
 
-IDLE_TIMEOUT_S = 5  # keep-alive connections with no request are closed after this
-MAX_HEADER_BYTES = 64 * 1024
 BACKLOG = 128
 
 
-class _QuietServer(uvicorn.Server):
-    """uvicorn's server on a socket of sparkd's own, whose connections come through a :class:`Doorway`: admitted
-    when accepted, before TLS (uvicorn's ``create_server`` would wrap each in TLS first)."""
+@dataclass(frozen=True)
+class Route:
+    path: str
+    methods: frozenset[str]  # a GET route serves HEAD too
+    handler: Handler
 
-    def __init__(self, config: uvicorn.Config, sock: socket.socket, listener: Listener,
-                 ssl_context: ssl.SSLContext | None) -> None:
-        super().__init__(config)
-        self.sock = sock
-        self.listener = listener
-        self.ssl_context = ssl_context
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield  # the daemon handles signals
+def route(path: str, method: str, handler: Handler) -> Route:
+    return Route(path, frozenset({method, "HEAD"} if method == "GET" else {method}), handler)
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        self.servers = []  # no asyncio server: the doorway accepts (main_loop)
-        self.started = True
 
-    def _protocol_for(self, caller: Caller, ticket: Ticket) -> asyncio.Protocol:
-        protocol = self.config.http_protocol_class(  # type: ignore[call-arg]
-            config=self.config, server_state=self.server_state, app_state=self.lifespan.state)
-        return protocol.admitted(caller, ticket)  # type: ignore[attr-defined]
+def routed(routes: Iterable[Route]) -> Handler:
+    """The handler of the request's path and method; 404 when none serves both."""
+    table = {(r.path, method): r.handler for r in routes for method in r.methods}
 
-    async def main_loop(self) -> None:
-        """Accept through the doorway until cancelled (sparkd ends its servers so). uvicorn's own loop would wake
-        every 0.1 s to renew the Date header and look for an exit request: the protocol renews the header when a
-        request comes (:meth:`sparkd.api.bounded.Listener.renew_date`), and nothing here wakes at rest."""
-        await Doorway(self.sock, self.listener.slots, self.listener.identify, self._protocol_for,
-                      ssl_context=self.ssl_context, handshake_s=self.listener.handshake_s).run()
+    async def dispatch(request: Request) -> Response:
+        handler = table.get((request.path, request.method))
+        if handler is None:
+            return _json(Reply(False, error=f"no such command: {request.method} {request.path}", code=404))
+        return await handler(request)
+
+    return dispatch
 
 
 def bind_unix_socket(path: Path, *, mode: int = 0o660, group: str | None = None) -> socket.socket:
@@ -114,7 +94,7 @@ def bind_tcp_socket(host: str, port: int) -> socket.socket:
 
 
 def command_routes(control: Control, commands: Iterable[Served], *, tcp: bool = False) -> list[Route]:
-    return [Route(cmd.path, _handler(control, cmd, tcp=tcp), methods=[cmd.method]) for cmd in commands]
+    return [route(cmd.path, cmd.method, _handler(control, cmd, tcp=tcp)) for cmd in commands]
 
 
 def _root_refusal(request: Request, cmd: Served, tcp: bool) -> Reply | None:
@@ -123,7 +103,7 @@ def _root_refusal(request: Request, cmd: Served, tcp: bool) -> Reply | None:
         return None
     if tcp:
         return Reply(False, error=f"{cmd.name} is not served over TCP: run it as root on the node", code=403)
-    caller = caller_of(request.scope)
+    caller = request.caller
     if caller is None or caller.uid != 0:
         who = f"uid {caller.uid}" if caller is not None and caller.uid is not None else "an unknown caller"
         return Reply(False, error=f"{cmd.name} needs root (the caller is {who}): it leaves vLLM without a "
@@ -131,19 +111,18 @@ def _root_refusal(request: Request, cmd: Served, tcp: bool) -> Reply | None:
     return None
 
 
-def _handler(control: Control, cmd: Served, *, tcp: bool = False) -> Callable[[Request], Awaitable[Response]]:
+def _handler(control: Control, cmd: Served, *, tcp: bool = False) -> Handler:
     async def handle(request: Request) -> Response:
         denied = _root_refusal(request, cmd, tcp)
         if denied is not None:
             return _json(denied)
-        params: dict[str, Any] = dict(request.query_params)
+        params = request.params()
         # A signed body is JSON whatever its Content-Type says (which the signature covers too): a report cannot be
         # turned into nothing by a header.
-        signed = bool(request.scope.get(SIGNED_KEY)) and bool(await request.body())
-        if request.method == "POST" and (signed or request.headers.get("content-type", "").startswith(
-                "application/json")):
+        signed = request.signed and bool(await request.body())
+        if request.method == "POST" and (signed or request.header("content-type").startswith("application/json")):
             try:
-                body = await request.json()
+                body = json.loads(await request.body())
             except ValueError:
                 return _json(Reply(False, error="the body is not JSON", code=400))
             except RecursionError:
@@ -151,28 +130,21 @@ def _handler(control: Control, cmd: Served, *, tcp: bool = False) -> Callable[[R
             if not isinstance(body, dict):
                 return _json(Reply(False, error="the body must be a JSON object", code=400))
             params.update(body)
-        params["peer"] = request.client.host if request.client else "?"
+        params["peer"] = request.client or "?"
         try:
             answering = cmd.answer(control, params)  # the request is parsed now: a bad one raises here
         except BadRequest as exc:
             return _json(Reply(False, error=str(exc), code=400))
         reply = await answering
         if isinstance(reply, Stream):
-            return StreamingResponse(_lines(reply.lines), media_type="text/plain")
+            return Response(stream=_lines(reply.lines), content_type="text/plain; charset=utf-8")
         return _json(reply)
 
     return handle
 
 
-def _json(reply: Reply) -> JSONResponse:
-    then = reply.then
-    if then is None:
-        return JSONResponse(reply.envelope(), reply.code)
-
-    async def after() -> None:  # in the event loop, once the answer is out
-        then()
-
-    return JSONResponse(reply.envelope(), reply.code, background=BackgroundTask(after))
+def _json(reply: Reply) -> Response:
+    return json_response(reply.envelope(), reply.code, after=reply.then)  # ``then``: once the answer is out
 
 
 async def _lines(lines: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -180,28 +152,21 @@ async def _lines(lines: AsyncIterator[str]) -> AsyncIterator[str]:
         yield line + "\n"
 
 
-async def _not_found(request: Request, exc: Exception) -> Response:
-    return _json(Reply(False, error=f"no such command: {request.method} {request.url.path}", code=404))
-
-
-def build_app(control: Control) -> ASGIApp:
+def build_app(control: Control) -> Handler:
     """The unix-socket app: who may connect is decided by the socket's mode and group, who may hand over or
     recreate by the caller's uid."""
-    return BodyLimit(Starlette(routes=command_routes(control, operator()),
-                               exception_handlers={404: _not_found, 405: _not_found}))
+    return BodyLimit(routed(command_routes(control, operator())))
 
 
 def build_tcp_app(control: Control, token: str | None, metrics: Callable[[], bytes],
-                  rank_commands: Iterable[Served] = (), *, tls: bool = False, log: Logger | None = None) -> ASGIApp:
+                  rank_commands: Iterable[Served] = (), *, tls: bool = False, log: Logger | None = None) -> Handler:
     """The TCP app: /metrics for Prometheus, /runbook for anyone who follows an alert's link; the control API and
     the ranks' commands for the peers' signed requests only."""
 
     async def scrape(request: Request) -> Response:
-        return Response(metrics(), media_type=CONTENT_TYPE_LATEST)
+        return Response(body=metrics(), content_type=CONTENT_TYPE_LATEST)
 
-    app = Starlette(routes=[Route("/metrics", scrape),
-                            *command_routes(control, (*operator(), *rank_commands), tcp=True)],
-                    exception_handlers={404: _not_found, 405: _not_found})
+    app = routed([route("/metrics", "GET", scrape), *command_routes(control, (*operator(), *rank_commands), tcp=True)])
     return with_runbook(PeerGate(BodyLimit(app), token, tls=tls, log=log, node=_node_name(control)))
 
 
@@ -215,15 +180,3 @@ def _node_name(control: Control) -> Callable[[], str | None]:
         return known[0]
 
     return name
-
-
-async def serve(app: ASGIApp, sock: socket.socket, listener: Listener, *,
-                ssl_context: ssl.SSLContext | None = None) -> None:
-    config = uvicorn.Config(
-        app, http=listener.protocol(), lifespan="off", log_level="warning", access_log=False, log_config=None,
-        # The listener's slots bound the connections (and so the requests: one at a time on each); uvicorn's own
-        # cap counts every connection and would answer a peer 503 during a flood.
-        limit_concurrency=None, timeout_keep_alive=IDLE_TIMEOUT_S, backlog=BACKLOG,
-        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-    )
-    await _QuietServer(config, sock, listener, ssl_context).serve()

@@ -81,10 +81,10 @@ PEER_EXPORTER = ("import time; from prometheus_client import start_http_server; 
 
 
 # What the daemon imports of each dependency (pydantic's BaseModel lives in pydantic.main, loaded on first use;
-# the control API's HTTP protocol is uvicorn's h11 one), then two it does not import: httpx (sparkctl) and the
-# docker SDK (the docker runtimes).
-DEPENDENCIES = ("anyio", "psutil", "pydantic.main", "structlog", "click", "uvicorn.protocols.http.h11_impl",
-                "starlette.applications", "prometheus_client", "httpx", "docker")
+# the control API parses HTTP/1.1 with h11), then two it does not import: httpx (sparkctl) and the docker SDK
+# (the docker runtimes).
+DEPENDENCIES = ("anyio", "psutil", "pydantic.main", "structlog", "click", "h11", "prometheus_client", "httpx",
+                "docker")
 DAEMON_MODULES = ("sparkd.cli.sparkd", "sparkd.daemon.app")  # what `sparkd run` imports before it runs
 # Each probe keeps rich out as `sparkd run` does (structlog would import it: sparkd/cli/sparkd.py).
 IMPORT_PROBE = """

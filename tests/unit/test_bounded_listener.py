@@ -1,5 +1,5 @@
-"""The listeners' connection policy (sparkd/api/accepting.py, bounded.py, admission.py), against the real uvicorn
-server on loopback sockets in-process. Sources are told apart by their loopback address (127.0.0.N):
+"""The listeners' connection policy (sparkd/api/accepting.py, bounded.py, admission.py, http11.py), against the
+real server on loopback sockets in-process. Sources are told apart by their loopback address (127.0.0.N):
 
 - every connection is counted when it is accepted, before TLS: a source that is not a peer holds at most
   ``per_source`` connections, all such sources together ``general``; a connection beyond that is closed at once,
@@ -15,6 +15,7 @@ tests/integration/test_peer_attacks.py floods a real pair from a third network n
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import socket
@@ -27,15 +28,13 @@ from pathlib import Path
 import anyio
 import pytest
 from anyio.abc import SocketStream
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse
-from starlette.routing import Route
 
 from sparkd.api.accepting import Doorway
 from sparkd.api.admission import Limits, Pool, Slots, admit
-from sparkd.api.bounded import Listener, caller_of, prove, tcp_caller, unix_caller
-from sparkd.api.server import bind_tcp_socket, bind_unix_socket, serve
+from sparkd.api.bounded import Listener, tcp_caller, unix_caller
+from sparkd.api.http11 import serve
+from sparkd.api.messages import Handler, Request, Response, text
+from sparkd.api.server import bind_tcp_socket, bind_unix_socket, route, routed
 from sparkd.cluster.addresses import PeerAddresses
 
 pytestmark = pytest.mark.anyio
@@ -43,18 +42,18 @@ LIMITS = Limits(general=12, per_source=4, per_trusted=5)
 PEER = "127.0.0.9"
 
 
-def app() -> Starlette:
-    def who(request: Request) -> PlainTextResponse:
-        caller = caller_of(request.scope)
-        return PlainTextResponse(f"{caller.source} trusted={caller.trusted} uid={caller.uid}" if caller else "?")
+def app() -> Handler:
+    async def who(request: Request) -> Response:
+        caller = request.caller
+        return text(f"{caller.source} trusted={caller.trusted} uid={caller.uid}" if caller else "?")
 
-    def proven(request: Request) -> PlainTextResponse:
-        return PlainTextResponse(f"proven={prove(request.scope)}")
+    async def proven(request: Request) -> Response:
+        return text(f"proven={request.prove()}")
 
-    async def echo(request: Request) -> PlainTextResponse:
-        return PlainTextResponse(f"got {len(await request.body())}")
+    async def echo(request: Request) -> Response:
+        return text(f"got {len(await request.body())}")
 
-    return Starlette(routes=[Route("/", who), Route("/prove", proven), Route("/echo", echo, methods=["POST"])])
+    return routed([route("/", "GET", who), route("/prove", "GET", proven), route("/echo", "POST", echo)])
 
 
 async def answer(stream: SocketStream, path: str = "/") -> bytes | None:
@@ -283,33 +282,27 @@ async def test_the_control_socket_knows_its_callers_uid(tmp_path: Path) -> None:
     assert (path.stat().st_mode & 0o777) == 0o660
 
 
-async def test_a_server_at_rest_does_not_wake_and_each_answer_carries_this_seconds_date(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """uvicorn's own loop wakes every 0.1 s to renew its Date header once a second (two servers: 2 of an idle
-    daemon's ~5 wake-ups a second); sparkd's servers wait for a connection, and the date is renewed by the request."""
-    import uvicorn
-
-    ticks: list[int] = []
-
-    async def tick(self: object, counter: int) -> bool:
-        ticks.append(counter)
-        return False
-
-    monkeypatch.setattr(uvicorn.Server, "on_tick", tick)
+async def test_a_server_at_rest_does_not_wake_and_each_answer_carries_this_seconds_date() -> None:
+    """uvicorn's own loop woke every 0.1 s to renew its Date header once a second (two servers: 2 of an idle
+    daemon's ~5 wake-ups a second); sparkd's servers wait for a connection, and the date is renewed by the request:
+    at rest, no timer of theirs is due."""
+    loop = asyncio.get_running_loop()
     sock = bind_tcp_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    dates = []
+    dates, timers = [], []
     async with anyio.create_task_group() as tg:
         tg.start_soon(serve, app(), sock, Listener(tcp_caller(None), LIMITS))
         for _ in range(2):
             await anyio.sleep(1.2)  # at rest, then a request in a later second
+            timers += [t for t in loop._scheduled  # type: ignore[attr-defined]
+                       if not t.cancelled() and "sparkd.api" in getattr(t._callback, "__module__", "")]
             stream = await connect(port, "127.0.0.5")
             head = (await answer(stream) or b"").split(b"\r\n\r\n")[0].decode()
             await stream.aclose()
             dates.append((time.time(), next(line.split(": ", 1)[1] for line in head.split("\r\n")
                                             if line.lower().startswith("date: "))))
         tg.cancel_scope.cancel()
-    assert ticks == []
+    assert timers == []
     for asked, date in dates:
         assert abs(parsedate_to_datetime(date).timestamp() - asked) < 2.0
     assert dates[0][1] != dates[1][1]

@@ -16,11 +16,10 @@ import pytest
 from click.testing import CliRunner
 from fakedaemon import FakeDaemon
 from loop_harness import config, running
-from starlette.routing import Route
 
 import sparkd.cli.sparkctl as sparkctl
 import sparkd.commands as registry
-from sparkd.api.server import command_routes
+from sparkd.api.server import Route, command_routes
 from sparkd.cluster.peers import wire
 from sparkd.commands import recorder, status
 from sparkd.commands.base import NoParams, Reply, flag, ok

@@ -1,4 +1,4 @@
-"""The control API as HTTP clients see it, over the real daemon loop in-process (httpx's ASGI transport, no
+"""The control API as HTTP clients see it, over the real daemon loop in-process (httpx over sparkd.testing.http, no
 socket): one envelope ``{ok, result}`` / ``{ok, error, result}`` with a status code that says what happened, and
 the TCP listener's token gate (tests/MUTATION.md M28u, F16, F17, F19). tests/integration/test_observe.py holds the
 same over a real socket and a real process."""
@@ -13,27 +13,28 @@ from pathlib import Path
 import httpx
 import pytest
 from loop_harness import Node, config, running
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sparkd.api.bounded import SCOPE_KEY, Caller
-from sparkd.api.gates import MAX_BODY
+from sparkd.api.bounded import Caller
+from sparkd.api.messages import MAX_BODY, Handler
 from sparkd.api.server import build_app, build_tcp_app
 from sparkd.cluster.peersign import SCHEME, Ends, sign
 from sparkd.commands.base import BadRequest, flag
 from sparkd.commands.rank import RANK
 from sparkd.testing import FakeClock, FakeRuntime
+from sparkd.testing.http import HandlerTransport
 
 pytestmark = pytest.mark.anyio
 TOKEN = "s3cret-token-of-at-least-32-bytes-0123456789"
 
 
 @asynccontextmanager
-async def client(app: ASGIApp) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sparkd") as http:
+async def client(app: Handler, caller: Caller | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    """``app`` as the listener serves it to ``caller`` (sparkd/api/http11.py tells each request who is calling)."""
+    async with httpx.AsyncClient(transport=HandlerTransport(app, caller), base_url="http://sparkd") as http:
         yield http
 
 
-def tcp_app(node: Node, token: str | None) -> ASGIApp:
+def tcp_app(node: Node, token: str | None) -> Handler:
     return build_tcp_app(node.daemon.control, token, lambda: b"# metrics\n", RANK)
 
 
@@ -70,14 +71,6 @@ STRANGER = Caller("10.0.0.3", False, local=HERE)
 FROM_PEER = Ends("worker", "10.0.0.2", HERE)
 
 
-def as_caller(app: ASGIApp, caller: Caller) -> ASGIApp:
-    """``app`` as the listener serves it to ``caller`` (sparkd/api/bounded.py tags each connection)."""
-    async def tagged(scope: Scope, receive: Receive, send: Send) -> None:
-        scope[SCOPE_KEY] = caller
-        await app(scope, receive, send)
-    return tagged
-
-
 def signed(method: str, path: str, body: bytes = b"", *, secret: str = TOKEN, at: float | None = None,
            ends: Ends = FROM_PEER, content_type: str = "") -> dict[str, str]:
     return {"Authorization": sign(secret, method, path, body, now=time.time() if at is None else at, ends=ends,
@@ -100,7 +93,7 @@ async def test_the_tcp_api_serves_a_peers_signed_fresh_requests_only(tmp_path: P
             "signed by this node itself": signed(method, path, ends=Ends("scripted", "10.0.0.2", HERE)),
             "too old": signed(method, path, at=time.time() - 45),
         }
-        async with client(as_caller(tcp_app(node, TOKEN), PEER)) as http:
+        async with client(tcp_app(node, TOKEN), PEER) as http:
             for what, headers in refusals.items():
                 answer = await http.request(method, path, headers=headers)
                 assert answer.status_code == 401, what
@@ -115,7 +108,7 @@ async def test_the_tcp_api_serves_a_peers_signed_fresh_requests_only(tmp_path: P
             assert answer.status_code == 200 and answer.json()["ok"] is True
             replay = await http.request(method, path, headers=good)
             assert replay.status_code == 401 and "replayed" in replay.json()["error"]
-        async with client(as_caller(tcp_app(node, TOKEN), STRANGER)) as http:
+        async with client(tcp_app(node, TOKEN), STRANGER) as http:
             answer = await http.request(method, path, headers=signed(method, path))
             assert answer.status_code == 403
             assert answer.json()["error"] == ("only this node's peers ([cluster] peers) may use /v1/* over TCP; "
@@ -128,7 +121,7 @@ async def test_a_signed_body_is_read_as_json_whatever_its_content_type(tmp_path:
     async with running(config(tmp_path), runtime, clock) as node:
         await node.until_state("ready")
         body = b'{"local": "maybe"}'
-        async with client(as_caller(tcp_app(node, TOKEN), PEER)) as http:
+        async with client(tcp_app(node, TOKEN), PEER) as http:
             answer = await http.post("/v1/stop", content=body, headers={
                 "content-type": "text/plain", **signed("POST", "/v1/stop", body, content_type="text/plain")})
             assert answer.status_code == 400 and "local: expected 1 or 0, got 'maybe'" in answer.json()["error"]
@@ -140,7 +133,7 @@ async def test_without_a_token_file_the_tcp_api_serves_metrics_only(tmp_path: Pa
     async with running(config(tmp_path), runtime, clock) as node:
         await node.until_state("ready")
         for caller in (PEER, STRANGER):
-            async with client(as_caller(tcp_app(node, None), caller)) as http:
+            async with client(tcp_app(node, None), caller) as http:
                 answer = await http.get("/v1/status", headers=signed("GET", "/v1/status"))
                 assert answer.status_code == 403 and "token_file" in answer.json()["error"]
                 metrics = await http.get("/metrics")
@@ -153,15 +146,15 @@ async def test_handover_and_recreate_need_root_on_the_control_socket(tmp_path: P
     async with running(config(tmp_path), runtime, clock) as node:
         await node.until_state("ready")
         member = Caller("uid:1000", False, uid=1000)
-        async with client(as_caller(build_app(node.daemon.control), member)) as http:
+        async with client(build_app(node.daemon.control), member) as http:
             for command in ("handover", "recreate"):
                 answer = await http.post(f"/v1/{command}")
                 assert answer.status_code == 403, command
                 assert answer.json()["error"].startswith(f"{command} needs root (the caller is uid 1000)")
-        async with client(as_caller(build_app(node.daemon.control), Caller("uid:0", True, uid=0))) as http:
+        async with client(build_app(node.daemon.control), Caller("uid:0", True, uid=0)) as http:
             answer = await http.post("/v1/recreate")  # past the gate: refused for what it is
             assert answer.status_code == 409 and "stop it first" in answer.json()["error"]
-        async with client(as_caller(tcp_app(node, TOKEN), PEER)) as http:
+        async with client(tcp_app(node, TOKEN), PEER) as http:
             answer = await http.post("/v1/handover", headers=signed("POST", "/v1/handover"))
             assert answer.status_code == 403 and "not served over TCP" in answer.json()["error"]
         assert node.state == "ready"

@@ -2,11 +2,11 @@
 off, has loaded none of the group's machinery (the coordinator, the peer client, the fabric and weights proofs),
 none of the weights' (its own manifest is made when first asked), none of the flight recorder's (the ring, its
 writer, the watchdog, the memory settle's rules), none of the webhooks' notifier without ``[notify]`` targets, no
-Docker SDK (a process runtime), nothing of sparkctl's (httpx, rich), no pydantic-settings (a config with no profile
-and no SPARKD_* override has no layers to stack), no difflib (a typo's suggestion), none of the failure classifier's
-tables (no failure to explain yet) and, with no NVIDIA driver, no NVML bindings. A head's daemon loads the group's,
-a recorder's the ring's, one with targets the notifier. Each runs in a fresh interpreter: this one has imported
-everything."""
+Docker SDK (a process runtime), nothing of sparkctl's (httpx, rich), no uvicorn or starlette (the control API is
+sparkd's own on h11), no pydantic-settings (a config with no profile and no SPARKD_* override has no layers to
+stack), no difflib (a typo's suggestion), none of the failure classifier's tables (no failure to explain yet) and,
+with no NVIDIA driver, no NVML bindings. A head's daemon loads the group's, a recorder's the ring's, one with
+targets the notifier. Each runs in a fresh interpreter: this one has imported everything."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ RECORDER = ("sparkd.daemon.views.recorder", "sparkd.recorder.record", "sparkd.re
             "sparkd.recorder.baseline", "sparkd.commands.recorder")
 NOTIFY = ("sparkd.notify", "sparkd.notify.sender", "sparkd.notify.events", "sparkd.notify.shapes",
           "sparkd.notify.limits")
-NEVER = ("docker", "httpx", "rich", "sparkd.cli.sparkctl", "sparkd.api.client")
+NEVER = ("docker", "httpx", "rich", "sparkd.cli.sparkctl", "sparkd.api.client", "uvicorn", "starlette")
 LAYERS = ("pydantic_settings", "sparkd.config.sources", "dotenv", "argparse")  # a config with layers to stack
 ON_ERROR = ("difflib",)  # a typo's "did you mean": a config with an error only
 # the failure classifier's tables (issue 35: 1.3 MiB at rest): loaded with the first failure to explain

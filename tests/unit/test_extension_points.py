@@ -157,15 +157,15 @@ COMMAND = Command("dummy", "GET", NoParams, execute, render, cli=Cli(help="Answe
 COMMAND_PROOF = '''
 import anyio, httpx
 from click.testing import CliRunner
-from starlette.applications import Starlette
-from sparkd.api.server import command_routes
+from sparkd.api.server import command_routes, routed
 from sparkd.cli.sparkctl import main as sparkctl
 from sparkd.commands import operator
+from sparkd.testing.http import HandlerTransport
 
 
 async def main():
-    app = Starlette(routes=command_routes(None, operator()))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sparkd") as client:
+    app = routed(command_routes(None, operator()))
+    async with httpx.AsyncClient(transport=HandlerTransport(app), base_url="http://sparkd") as client:
         print((await client.get("/v1/dummy")).json())
 
 anyio.run(main)

@@ -14,7 +14,8 @@ from anyio.abc import TaskGroup
 
 from sparkd.api.admission import Limits
 from sparkd.api.bounded import Listener, tcp_caller, unix_caller
-from sparkd.api.server import build_app, build_tcp_app, serve
+from sparkd.api.http11 import serve
+from sparkd.api.server import build_app, build_tcp_app
 from sparkd.cluster.addresses import REFRESH_S, PeerAddresses
 from sparkd.commands.port import Control
 from sparkd.commands.rank import RANK
