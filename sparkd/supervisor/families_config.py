@@ -134,6 +134,14 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
          types=r"\w*(?:Error|Exception)", not_raised_in={S.step},
          message=r"\berrno[:=]? ?(?:1|13)\b|\[Errno (?:1|13)\]|\bE(?:PERM|ACCES)\b", do=_PERMISSION_DO,
          unless=r"/dev/(?:nvidia|dri|kfd|davinci|accel|vfio)"),
+    sign("a file system that refuses a write for want of room (ENOSPC: `[Errno 28] No space left on device`) or over "
+         "its quota (EDQUOT: `[Errno 122] Disk quota exceeded`) where the launch keeps its files (the model, a "
+         "download, a compile cache, /dev/shm): every start fails the same way until there is room (NCCL's own "
+         "segment in /dev/shm is the collectives' sign)",
+         message=r"\[Errno (?:28|122)\]|\bE(?:NOSPC|DQUOT)\b|\bNo space left on device\b|\bDisk quota exceeded\b",
+         do=f"free space on that file system (or raise its quota; for /dev/shm the container's shm size), or point the "
+            f"files at one with room (VLLM_CACHE_ROOT, HF_HOME, TORCHINDUCTOR_CACHE_DIR) — {NO_RETRY}",
+         what=const("A file system vLLM writes to is full or over its quota")),
     sign("the model named in the config is not a model transformers or vLLM can find",
          message=r"is not a local folder and is not a valid model identifier|does not appear to have a file "
                  r"named|Repository Not Found|Cannot access gated repo|Unrecognized model in|"
@@ -159,6 +167,10 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
          terms="reserved",
          message=r"\bbut only [\d.,]+ ?(?:[KMGT]i?)?B (?:is|are|was|were|has been|have been) (?:allocated|reserved|"
                  r"configured|set aside) for (?:the )?[\w -]{0,40}?\b(?:region|pool|buffer|arena|space)\b"),
+    sign("a number format (bf16, fp8, fp4) said to be unsupported, bare, by whoever checks it (torch inductor's "
+         "`BF16 is not supported` on a Turing GPU): the dtype or quantization the launch asks for, which this device "
+         "cannot run", flags=_I,
+         message=r"(?:^|: )(?:BF16|bfloat16|FP8|float8\w*|FP4|NVFP4|MXFP4) (?:is|are) not supported\b"),
     sign("vLLM's (or a build of it's) error line refusing a setting the GPU cannot take",
          message=r"only supported on GPUs with compute capability|must be divisible by", kinds={K.vllm}),
     sign("a setting (a dtype, a quantization, a backend) the GPU's architecture cannot take, in any words",

@@ -150,12 +150,13 @@ CONCEPTS: tuple[Concept, ...] = (
              r"\bNRT_|NVMLError_\w|NVML_ERROR_\w"),
     _concept("fault", "illegal|launch failure|launchfailure|launch_failed|misaligned|launch timed out|launchtimeout|"
                       "device-side assert|fault|uncorrectable|ecc|fallen off|gpu hang|aicore|hardwarestack|"
-                      "device lost|device_lost|gpu_is_lost|gpu is lost|gpuislost",
+                      "device lost|device_lost|gpu_is_lost|gpu is lost|gpuislost|out-of-bounds|out of bounds",
              r"illegal (?:memory access|address|instruction)|IllegalAddress|ILLEGAL_ADDRESS|IllegalInstruction|"
              r"ILLEGAL_INSTRUCTION|unspecified launch failure|LaunchFailure|LAUNCH_FAILED|misaligned address|"
              r"MisalignedAddress|launch timed out|LaunchTimeout|device-side assert(?!ion)|memory access fault|"
              r"\bpage fault\b|\bMMU fault\b|uncorrectable|\bECC\b|ECCUncorrectable|fallen off the bus|\bGPU hang\b|"
-             r"\bAICORE\w*|HardwareStackError|\bdevice lost\b|DEVICE_LOST|GPU_IS_LOST|GPU is lost|GpuIsLost"),
+             r"\bAICORE\w*|HardwareStackError|\bdevice lost\b|DEVICE_LOST|GPU_IS_LOST|GPU is lost|GpuIsLost|"
+             r"\bout[- ]of[- ]bounds memory access\b"),
     # -- the image --
     _concept("lib", ".so|shared object|shared library|symbol|library|dll|glibc|cxxabi|wheel|abi|_c|custom|extension",
              r"\.so\b|shared (?:object|library)|\bsymbol\b|\blibrary\b|\bDLL\b|\bGLIBC\w*|\bCXXABI\w*|\bwheel\b|"

@@ -34,7 +34,9 @@ _SUBSYSTEMS: tuple[tuple[Subsystem, re.Pattern[str]], ...] = (
                                 r"utils/argparse_utils\.py:)")),
     (Subsystem.config, re.compile(r"/vllm/(?:config/|engine/arg_utils\.py:|transformers_utils/config\.py:)|"
                                   r":(?:verify_\w+|create_engine_config|create_model_config|"
-                                  r"create_speculative_config|_verify_\w+)$")),
+                                  r"create_speculative_config|_verify_\w+)$|"
+                                  # a component's own config checking its values (LMCache's `_validate_config`)
+                                  r"/config\.py:_?validate\w*$")),
     (Subsystem.kv_cache, re.compile(r":(?:determine_available_memory|_?check_enough_kv_cache_memory|"
                                     r"get_kv_cache_configs?|request_memory|_initialize_kv_caches|"
                                     r"initialize_kv_cache\w*)$")),
@@ -44,6 +46,8 @@ _SUBSYSTEMS: tuple[tuple[Subsystem, re.Pattern[str]], ...] = (
                                       r"/torch/distributed/distributed_c10d\.py:(?:all_reduce|all_gather\w*|broadcast\w*|"
                                       r"reduce_scatter\w*|all_to_all\w*|send|recv|isend|irecv|"
                                       r"batch_isend_irecv|reduce|gather|scatter)$|/(?:torch_npu|vllm_ascend)/\S*hccl|"
+                                      # expert parallelism's all-to-all libraries (DeepEP, pplx, NVSHMEM's bindings)
+                                      r"/(?:deep_ep|pplx_kernels|nvshmem)/|"
                                       r":(?:tensor_model_parallel_all_reduce|all_reduce|all_gather|reduce_scatter|"
                                       r"broadcast_tensor_dict)$")),
     (Subsystem.distributed, re.compile(r"/torch/distributed/(?:rendezvous|distributed_c10d)\.py:|"

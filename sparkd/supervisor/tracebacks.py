@@ -61,6 +61,9 @@ _KEYWORDS = frozenset({"raise", "return", "pass", "yield", "await", "break", "co
 _RUNPY = ("<frozen runpy>", "runpy.py")
 _IMPORT = re.compile(r"^\s*(?:from\s+[\w.]+\s+)?import\s")
 _CONTINUATION_LINES, _MAX_MESSAGE = 3, 1000
+# a statement that raises: `assert <condition>[, message]`, `raise Name(message)` (the last frame of a cut traceback)
+_RAISING = re.compile(r"^(?:assert\s\S.*|raise (?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception))"
+                      r"\((?P<message>.*)\))$")
 # where an exception a wrapper quotes after words of its own starts, on one line (Triton's model table: `| vllm | 1 |
 # UNAVAILABLE: Internal: TypeError: …`, a launcher's `Failed to start engine: ValueError: …`)
 _QUOTED = re.compile(r"[:|] (?=(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S)")
@@ -199,6 +202,7 @@ class _Open:
     linked: bool = False  # a chain marker came before this traceback
     thread: str | None = None  # the thread whose end it reports (`Exception in thread X:` just before it)
     ignored: bool = False  # `Exception ignored ...` just before it
+    code_at: int | None = None  # the line of the last frame's statement
 
 
 @dataclass
@@ -265,7 +269,7 @@ class TracebackParser:
             self._repr_line(state, index, text, body, process)
             if state.open is not None and state.open.frames and body.strip():
                 self.code.add(index)
-            self._code_line(state, body)
+            self._code_line(state, body, index)
             return None
         return self._ended(state, found, index, text, process, quoted)
 
@@ -273,11 +277,26 @@ class TracebackParser:
         """The end of the log: an exception vLLM logged as its repr whose traceback was cut before it ended counts,
         at its own line (V0's engine logs `ValueError('...')`, then the traceback), with the frames read before the cut:
         where it was raised, as far as the log tells."""
-        for state in self.states.values():
+        for (process, _), state in self.states.items():
             if state.stated is not None:
                 frames = tuple(state.open.frames) if state.open is not None else ()
                 self.found.setdefault(state.stated.index, replace(state.stated, frames=frames))
                 state.stated = None
+            elif state.open is not None:
+                self._cut(state.open, process)
+
+    def _cut(self, opened: _Open, process: str | None) -> None:
+        """A traceback the log cut before its exception line, whose last frame's statement says what it raised (`assert
+        self.enable_controller`: an AssertionError; `raise ValueError("...")`): that exception, at the statement's line,
+        its message the assertion's or the raise's text."""
+        statement = opened.frames[-1].code if opened.frames else None
+        m = _RAISING.match(statement or "")
+        if m is None or opened.code_at is None or opened.code_at in self.found:
+            return
+        exc_type = m.group("type") or "AssertionError"
+        message = (m.group("message") or "").strip("'\"") if m.group("type") else ""
+        self.found[opened.code_at] = PyException(type=exc_type, message=message, line=statement or "",
+                                                 index=opened.code_at, process=process, frames=tuple(opened.frames))
 
     def _dump_line(self, state: _State, index: int, text: str, body: str, process: str | None) -> bool:
         """faulthandler's report of a native crash, read as an exception raised where its stack's innermost frame is
@@ -312,7 +331,7 @@ class TracebackParser:
         state.stated = PyException(type=m.group("type"), message=m.group("message").strip("'\"")[:_MAX_MESSAGE],
                                    line=text.strip(), index=index, process=process)
 
-    def _code_line(self, state: _State, body: str) -> None:
+    def _code_line(self, state: _State, body: str, index: int) -> None:
         opened = state.open
         stripped = body.strip()
         if opened is None or not opened.frames or not stripped or set(stripped) <= set("^~ "):
@@ -320,6 +339,7 @@ class TracebackParser:
         last = opened.frames[-1]
         if last.code is None:
             opened.frames[-1] = replace(last, code=stripped)
+            opened.code_at = index
 
     def _ended(self, state: _State, m: re.Match[str], index: int, text: str, process: str | None,
                quoted: bool = False) -> PyException:

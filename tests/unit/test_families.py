@@ -631,9 +631,35 @@ CASES |= {
     "port: an address and port said to be bound already": ([
         "EJ0003: [PID: 159] 2025-03-26-17:01:02.816.428 Failed to bind the IP port. Reason: The IP address and port "
         "have been bound already."], F.port_in_use),
+    "config: a file system without room where vLLM writes": ([ec(
+        "torch._inductor.exc.InductorError: RuntimeError: Failed to run autotuning code block: [Errno 122] Disk quota "
+        "exceeded: '/home/u/.cache/vllm/torch_compile_cache/x'")], F.config_error),
+    "config: a number format said to be unsupported, bare": (["torch._dynamo.exc.SkipFrame: BF16 is not supported"],
+                                                             F.config_error),
+    "nccl: an exception raised in expert parallelism's all-to-all": (tb(
+        "RuntimeError: DeepEP error: CPU recv timeout", ("vllm/model_executor/layers/fused_moe/x.py", "prepare"),
+        ("deep_ep/buffer.py", "dispatch")), F.nccl),
+    "config: a component's config check, in a traceback cut before its exception": (tb(
+        "(the excerpt ends here)", ("vllm/v1/engine/core.py", "__init__"), ("lmcache/v1/config.py", "_from_file"),
+        ("lmcache/v1/config.py", "_validate_config", "assert self.enable_controller"))[:-1], F.config_error),
+    "gpu: an out-of-bounds memory access in a runtime's words": ([ec(
+        "RuntimeError: Failed to execute the model status=1006 message=Execution Out-Of-Bounds Memory Access")],
+        F.gpu_error),
     "hang: a device runtime's error line that a timeout was detected": ([
         "2026-06-30 20:54:48.928 | error    |           Metal | Timeout detected (metal_context.cpp:778)"], F.hang),
 }
+
+
+def test_a_full_dev_shm_is_nccls_where_nccl_says_so_else_a_file_system_without_room() -> None:
+    """NCCL's own segment in /dev/shm with no space left is the collectives' (their sign names the segment); vLLM's
+    own write there is the file system without room, whose step names the container's shm size."""
+    nccl = classify(1, None, [
+        "RuntimeError: NCCL error: unhandled system error, NCCL version 2.21.5",
+        "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. Last "
+        "error: Error while creating shared memory segment /dev/shm/nccl-x (size 9637888): No space left on device"])
+    assert nccl.cls is F.nccl and "nccl-x" in nccl.sentence, nccl.sentence
+    own = classify(1, None, ["OSError: [Errno 28] No space left on device: '/dev/shm/psm_abc'"])
+    assert own.cls is F.config_error and "shm size" in own.sentence, own.sentence
 
 
 def test_the_port_a_collectives_root_could_not_bind_explains_its_error_before_it() -> None:

@@ -360,3 +360,23 @@ def test_an_exception_a_wrapper_quotes_inside_its_line_is_read() -> None:
     assert launcher.exception is not None and launcher.exception.name == "ValueError"
     assert (ray.kind, ray.exception) == (Kind.ray, None)
     assert prose.exception is None
+
+
+def test_a_traceback_cut_before_its_exception_is_read_from_its_last_statement() -> None:
+    """A log that ends inside a traceback, at the last frame's `assert …` or `raise Name("…")`: that statement raised
+    the exception (an AssertionError, or the type it names, with its message), at the statement's line and with the
+    frames read; a cut at any other statement raises nothing the log can tell."""
+    def cut(statement: str) -> list[PyException]:
+        events = read_events([
+            "Traceback (most recent call last):",
+            '  File "/site/lmcache/v1/config.py", line 447, in _validate_config',
+            f"    {statement}",
+            "           ^^^^^^^^^^^^^^^^^^^^^^"])
+        return [e.exception for e in events if e.exception is not None]
+
+    (asserted,) = cut("assert self.enable_controller")
+    assert (asserted.name, asserted.stated, asserted.index) == ("AssertionError", "assert self.enable_controller", 2)
+    assert [f.func for f in asserted.frames] == ["_validate_config"]
+    (raised,) = cut('raise ValueError("no controller")')
+    assert (raised.name, raised.message) == ("ValueError", "no controller")
+    assert cut("x = f()") == []
