@@ -36,7 +36,10 @@ from sparkd_standin.knobs import Knobs, phase_seconds
 from sparkd_standin.metrics import VllmMetrics
 from sparkd_standin.modelconfig import create_model_config
 
-WATCHDOG_S = 5.0  # vLLM's VLLM_WATCHDOG_TIME_S
+# vLLM's watchdog looks every VLLM_WATCHDOG_TIME_S (5 s), so it stops serving 0 to 5 s after the engine died, by chance;
+# the stand-in stops at a fixed point of that range, so that a test reads the dead engine's /health 503 before the
+# server goes
+WATCHDOG_AFTER_DEATH_S, WATCHDOG_LOOK_S = 2.5, 0.25
 GRACEFUL_SHUTDOWN_S = 5.0  # bounds uvicorn's wait for hung requests (vLLM 0.13 and 0.32 wait forever)
 _MAIN_FRAMES = [
     ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
@@ -142,12 +145,16 @@ def _start_engine(config: ServeConfig, knobs: Knobs, engine: EngineClient) -> di
 
 
 async def watchdog_loop(server: uvicorn.Server, state: api.AppState) -> None:
-    """vLLM's launcher watchdog: stop serving once the engine is dead."""
+    """vLLM's launcher watchdog: stop serving once the engine is dead (WATCHDOG_AFTER_DEATH_S after it was seen)."""
     keep_alive = os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") == "1"
+    loop = asyncio.get_running_loop()
+    dead_since: float | None = None
     while True:
-        await asyncio.sleep(WATCHDOG_S)
+        await asyncio.sleep(WATCHDOG_LOOK_S)
         if state.engine.errored and not keep_alive:
-            server.should_exit = True
+            dead_since = loop.time() if dead_since is None else dead_since
+            if loop.time() - dead_since >= WATCHDOG_AFTER_DEATH_S:
+                server.should_exit = True
 
 
 class _Server032(uvicorn.Server):
