@@ -225,6 +225,14 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
          what=const("The checkpoint does not fit the model's code as this vLLM builds it: it holds a parameter "
                     "the model does not have"),
          do=f"serve a checkpoint this vLLM can load, or set the quantization it was made with — {NO_RETRY}"),
+    sign("the weight loader found weights the model's code needs missing from the checkpoint (`Following weights "
+         "were not initialized from checkpoint: {'visual.blocks.0.norm1.weight', …}`): a checkpoint of another "
+         "architecture or a part of the model (a text-only export of a multimodal model) for this model's code",
+         message=r"weights were not initialized from (?:the )?checkpoint",
+         what=const("The checkpoint lacks weights the model's code needs (a checkpoint made for another "
+                    "architecture, or only part of the model)"),
+         do=f"serve a checkpoint that matches the model's architecture, or the architecture the checkpoint was made "
+            f"for — {NO_RETRY}"),
     sign("the model needs code from its repository that the config did not allow, or a token it was not given",
          message=r"trust_remote_code|\b40[13] Client Error\b"),
     sign("a ValueError raised outside the engine's step whose message names one of vLLM's settings by its name (an "

@@ -154,6 +154,10 @@ NODE: tuple[Family, ...] = (
         sign("vLLM's compiled ops (vllm._C) did not load", message=r"'_OpNamespace' '_C' object has no attribute "
                                                                    r"'(?P<name>\w+)'",
              what=fmt("vLLM's compiled ops (vllm._C) did not load, so the op {name} is missing")),
+        sign("vLLM's choice of a kernel for a layer found none in this build that runs on this GPU with this "
+             "quantization (`Failed to find a kernel that can implement the ScaledMM linear layer. Reasons: …`, "
+             "each candidate's reason after it): the image's kernels do not cover the device",
+             message=r"Failed to find a kernel that can implement\b"),
         sign("a CPU build of torch in an image meant for a GPU", message=r"Torch not compiled with CUDA enabled",
              what=const("The image's torch is a CPU build (Torch not compiled with CUDA enabled)"),
              do="install the CUDA torch wheel in the image (pip --extra-index-url https://download.pytorch.org/whl/"

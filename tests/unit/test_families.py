@@ -645,6 +645,12 @@ CASES |= {
     "gpu: an out-of-bounds memory access in a runtime's words": ([ec(
         "RuntimeError: Failed to execute the model status=1006 message=Execution Out-Of-Bounds Memory Access")],
         F.gpu_error),
+    "config: a checkpoint without weights the model's code needs": ([ec(
+        "ValueError: Following weights were not initialized from checkpoint: {'visual.blocks.0.norm1.weight'}")],
+        F.config_error),
+    "image: no kernel in this build for the layer on this GPU": ([ec(
+        "ValueError: Failed to find a kernel that can implement the ScaledMM linear layer. Reasons: ")],
+        F.image_error),
     "hang: a device runtime's error line that a timeout was detected": ([
         "2026-06-30 20:54:48.928 | error    |           Metal | Timeout detected (metal_context.cpp:778)"], F.hang),
 }
