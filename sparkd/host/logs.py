@@ -3,8 +3,9 @@
 sparkd's events go to stderr, one JSON object per line, or readable console lines (``[log] format``: ``auto``
 picks console on a terminal). Under systemd, stderr is the journal (:mod:`sparkd.host.journal`): each line then
 carries a ``<N>`` syslog priority, so ``journalctl -p warning -u sparkd`` shows warnings and errors only.
-Foreign loggers (uvicorn, docker, httpx) are rendered the same way. ``[log] level`` filters both. Every event and
-every rendered line passes the daemon's redactor (:mod:`sparkd.launch.redact`): no secret reaches the journal.
+Foreign loggers (the control API's ``sparkd.api``, docker, httpx, asyncio) are rendered the same way. ``[log] level``
+filters both. Every event and every rendered line passes the daemon's redactor (:mod:`sparkd.launch.redact`): no
+secret reaches the journal.
 
 vLLM's lines go to ``<logs>/vllm.log`` (rotated by size), a ring buffer for incidents, ``sparkctl logs`` and
 the classifier, and optionally the journal under its own identifier (``[log] vllm_to_journal``). Rules of
@@ -105,7 +106,7 @@ def configure_logging(cfg: LogConfig | None = None, *, json_lines: bool | None =
 
 
 def _bridge_stdlib(stream: TextIO, pre_chain: list[Any], final: _Render, level: int) -> None:
-    """Render records of stdlib loggers (uvicorn, docker, httpx, asyncio) like sparkd's own lines."""
+    """Render records of stdlib loggers (``sparkd.api``, docker, httpx, asyncio) like sparkd's own lines."""
     handler = logging.StreamHandler(stream)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=pre_chain,
