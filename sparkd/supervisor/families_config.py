@@ -235,6 +235,11 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
             f"for — {NO_RETRY}"),
     sign("the model needs code from its repository that the config did not allow, or a token it was not given",
          message=r"trust_remote_code|\b40[13] Client Error\b"),
+    sign("an error raised outside the engine's step that tells the operator to pass, set or disable one of `vllm "
+         "serve`'s flags (`NUMA binding was requested, but vLLM could not detect the GPU-to-NUMA topology "
+         "automatically. Pass --numa-bind-nodes explicitly or disable --numa-bind.`): the launch's flags must change",
+         types=r"\w*(?:Error|Exception)", not_raised_in={S.step}, flags=_I, do=_CONFIG_DO,
+         message=r"\b(?:pass|set|specify|disable|enable|remove|add|use) (?:the (?:flag )?)?--[a-z][a-z0-9-]{2,}\b"),
     sign("a ValueError raised outside the engine's step whose message names one of vLLM's settings by its name (an "
          "EngineArgs field or a `vllm serve` flag, `settingnames.py`: `max_num_batched_tokens (2048)`): vLLM's "
          "checks of the values it was given, wherever they run (the config, the scheduler's encoder budget, a "

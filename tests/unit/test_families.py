@@ -651,6 +651,10 @@ CASES |= {
     "image: no kernel in this build for the layer on this GPU": ([ec(
         "ValueError: Failed to find a kernel that can implement the ScaledMM linear layer. Reasons: ")],
         F.image_error),
+    "config: an error that tells to pass or disable a flag": (["RuntimeError: NUMA binding was requested, but vLLM "
+                                                               "could not detect the GPU-to-NUMA topology "
+                                                               "automatically. Pass --numa-bind-nodes explicitly or "
+                                                               "disable --numa-bind."], F.config_error),
     "hang: a device runtime's error line that a timeout was detected": ([
         "2026-06-30 20:54:48.928 | error    |           Metal | Timeout detected (metal_context.cpp:778)"], F.hang),
 }
