@@ -295,15 +295,17 @@ def _kind_level_time(text: str, from_log: bool) -> tuple[Kind, str | None, str |
     if _BARE_INFO.match(text):
         return Kind.vllm, "INFO", None
     o = _OTHER_LEVEL.match(text) or _STAMPED_LEVEL.match(text)
-    bar = _BAR_LEVEL.match(text) if o is None and "|" in text[:32] else None
-    if bar is not None:
-        level = bar.group("level").upper()
-        return Kind.other, "INFO" if level == "SUCCESS" else level, None
-    if o is None and text[:1] == "[":
-        b = _BRACKET_LEVEL.match(text)
-        level = b.group("level").upper() if b is not None else None
-        return Kind.other, "ERROR" if level == "ERR" else level, None
-    return Kind.other, (o.group("level") if o is not None else None), None
+    if o is not None:
+        return Kind.other, o.group("level"), None
+    column = _BRACKET_LEVEL.match(text) if text[:1] == "[" else _BAR_LEVEL.match(text) if "|" in text[:32] else None
+    if column is None:
+        return Kind.other, None, None
+    level = column.group("level").upper()
+    return Kind.other, _COLUMN_WORDS.get(level, level), None
+
+
+# a column's level words that are not the levels' own names
+_COLUMN_WORDS = {"ERR": "ERROR", "SUCCESS": "INFO"}
 
 
 # vLLM's INFO lines that name every setting it runs with (its engine's config, the arguments not at their defaults),
