@@ -117,6 +117,13 @@ NODE: tuple[Family, ...] = (
              message=r"no kernel image is available for execution on the device",
              what=const("The image's CUDA kernels were not built for this GPU's architecture (no kernel image is "
                         "available for execution on the device)")),
+        sign("vLLM's attention selector found no backend for the model, one refusing for the GPU's compute capability "
+             "(`No valid attention backend found … Reasons: {FLASHMLA_SPARSE: [compute capability not supported]}`): "
+             "the image has no attention kernel for this model on this GPU — the settings it lists are the model's",
+             types=r"ValueError", message=r"No valid attention backend found\b.*\bcompute capability not\s+supported",
+             flags=re.S,
+             what=const("The image has no attention kernel for this model on this GPU: vLLM found no valid attention "
+                        "backend, refused for the GPU's compute capability")),
         sign("the image's CUDA needs a newer driver than the host's; vLLM's and CUDA's words",
              message=r"(?P<msg>The NVIDIA driver on your system is too old|CUDA driver version is insufficient for "
                      r"CUDA runtime version|forward compatibility was attempted on non supported HW|system has "

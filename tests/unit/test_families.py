@@ -655,6 +655,15 @@ CASES |= {
                                                                "could not detect the GPU-to-NUMA topology "
                                                                "automatically. Pass --numa-bind-nodes explicitly or "
                                                                "disable --numa-bind."], F.config_error),
+    "image: no attention backend, one refused for the GPU's compute capability": ([ec(
+        "ValueError: No valid attention backend found for cuda with AttentionSelectorConfig(head_size=576, "
+        "use_mla=True, use_sparse=True). Reasons: {TRITON_MLA: [sparse not supported], FLASHMLA_SPARSE: "
+        "[compute capability not supported]}")], F.image_error),
+    "config: no attention backend for a setting, none refused for the GPU": ([ec(
+        "ValueError: No valid attention backend found for cuda with AttentionSelectorConfig(head_size=80, "
+        "dtype=torch.float32). Reasons: {FLASH_ATTN: [head_size not supported], "
+        "FLASHINFER: [float32 is not supported]}")],
+        F.config_error),
     "hang: a device runtime's error line that a timeout was detected": ([
         "2026-06-30 20:54:48.928 | error    |           Metal | Timeout detected (metal_context.cpp:778)"], F.hang),
 }
