@@ -262,8 +262,10 @@ NODE: tuple[Family, ...] = (
                      r"unsupported display driver / cuda driver combination|cudaErrorSystemDriverMismatch|"
                      r"CUDA_ERROR_SYSTEM_DRIVER_MISMATCH|cudaErrorCompatNotSupportedOnDevice|"
                      r"CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"),
-        sign("a CPU build of torch in an image meant for a GPU",
-             message=r"Torch not compiled with (?:CUDA|ROCm|XPU) enabled|not compiled with (?:CUDA|ROCm)"),
+        sign("a CPU build of torch (or of a kernel library: xFormers' `wasn't build with CUDA support`) in an image "
+             "meant for a GPU",
+             message=r"Torch not compiled with (?:CUDA|ROCm|XPU) enabled|not compiled with (?:CUDA|ROCm)|"
+                     r"\b(?:wasn't|was not|isn't|is not) (?:build|built|compiled) with (?:CUDA|ROCm) support"),
         sign("a GPU runtime (HIP's, CUDA's, ROCm's, HSA's) that fails to load, in its own words (`hip runtime failed "
              "to load.`): the build in the image cannot run here, as with a shared library it cannot open", flags=_I,
              kinds=_ERROR_LINES, what=_runtime_not_loaded,

@@ -75,21 +75,24 @@ CONCEPTS: tuple[Concept, ...] = (
     _concept("hardkernel", "no kernel image|kernel image is invalid|invalid_image|invalid device function|"
                            "nokernelimage|nobinaryforgpu|no_binary_for_gpu|"
                            "no binary for|code object|not compiled for|unsupported_ptx|unsupportedptx|"
-                           "ptx was compiled|no kernel|no implementation",
+                           "ptx was compiled|no kernel|no implementation|no compiled",
              r"no kernel image|kernel image is invalid|CUDA_ERROR_INVALID_IMAGE|invalid device function|"
              r"NoKernelImageForDevice|NoBinaryForGpu|NO_BINARY_FOR_GPU|"
              r"no binary for (?:the )?GPU|no (?:compatible |valid )?code objects?|unable to find code object|"
              r"not compiled for (?:this |the )?(?:GPU|device|arch)|UNSUPPORTED_PTX_VERSION|UnsupportedPtxVersion|"
              r"PTX was compiled with an unsupported toolchain|no (?:kernels?|implementation) (?:is )?(?:available|"
-             r"found|compiled) for (?:this |the )?(?:GPU|device|arch|sm|gfx)"),
+             r"found|compiled) for (?:this |the )?(?:GPU|device|arch|sm|gfx)|"
+             r"no compiled \w+ for (?:a |this |the )?(?:compute capability|GPU|device|arch|sm)"),
     _concept("arch", "arch|sm|gfx|capabilit|compute_|isa|blackwell|hopper|ampere|turing|volta|pascal|rdna|cdna",
              r"\barch(?:itecture)?s?\b|\bsm_?\d{2,3}[af]?\b|\bgfx\d{3,4}\w*|compute capabilit(?:y|ies)|"
              r"\bcompute_\d{2,3}|CUDA capabilit(?:y|ies)|\bcapability\b|\bSM ?\d{2,3}\b|\bISA\b|\bBlackwell\b|"
              r"\bHopper\b|\bAmpere\b|\bTuring\b|\bVolta\b|\bPascal\b|\bRDNA\d?\b|\bCDNA\d?\b"),
-    _concept("unsupported", "support|compatible|only|require|not built|not compiled",
+    # a refusal: not supported, incompatible, only X, a size the setting's split does not divide
+    _concept("unsupported", "support|compatible|only|require|not built|not compiled|divisible",
              r"not (?:yet )?supported|unsupported|\bno supported\b|(?:does|do|is|are) not support|"
              r"isn't supported|not compatible|incompatible|only supports?\b|only (?:be )?(?:available|supported)|"
-             r"requires? (?:a )?(?:GPU|compute|sm|device)|not (?:built|compiled) (?:for|with)"),
+             r"requires? (?:a )?(?:GPU|compute|sm|device)|(?:not|wasn't|isn't) (?:built|build|compiled) (?:for|with)|"
+             r"(?:is not|isn't|are not|must be) (?:evenly )?divisible by"),
     _concept("model", "for|model", r"ForCausalLM|ForConditionalGeneration|For\w*Classification|"
                                    r"\bmodel[ _](?:type|architecture)s?\b|\bmodel_type\b"),
     _concept("setting", "dtype|bfloat16|bf16|float16|fp16|fp8|fp4|int4|int8|quantiz|awq|gptq|backend|--|"

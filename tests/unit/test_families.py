@@ -664,6 +664,18 @@ CASES |= {
         "dtype=torch.float32). Reasons: {FLASH_ATTN: [head_size not supported], "
         "FLASHINFER: [float32 is not supported]}")],
         F.config_error),
+    "config: a size the parallel split does not divide, on a worker's error line": ([
+        "(VllmWorkerProcess pid=14678) ERROR 08-05 23:29:38 multiproc_worker_utils.py:226] Exception in worker "
+        "VllmWorkerProcess while processing method load_model: Weight input_size_per_partition = 7392 is not "
+        "divisible by min_thread_k = 128., Traceback (most recent call last):"], F.config_error),
+    "config: the engine version the settings fell to is refused": ([
+        "ERROR 08-29 11:24:10 [engine.py:467] CPU backend only supports V1."], F.config_error),
+    "image: a kernel library built without CUDA": ([
+        "NotImplementedError: No operator found for `memory_efficient_attention_forward` with inputs:",
+        "`cutlassF-pt` is not supported because:", "    xFormers wasn't build with CUDA support"], F.image_error),
+    "image: no compiled kernel for this compute capability": ([
+        "NotImplementedError: Error in calling custom op cutlass_scaled_mm: No compiled cutlass_scaled_mm for a "
+        "compute capability less than CUDA device capability: 75"], F.image_error),
     "hang: a device runtime's error line that a timeout was detected": ([
         "2026-06-30 20:54:48.928 | error    |           Metal | Timeout detected (metal_context.cpp:778)"], F.hang),
 }
