@@ -183,6 +183,10 @@ BY_KIND: tuple[Family, ...] = (
     Family(F.gpu_error, "The GPU or its driver reported an error", (
         sign("a CUDA or HIP error no family names: the device or its driver reported it", kinds={K.cuda, K.python},
              message=r"\b(?:CUDA|HIP) (?:driver )?error\b|\b(?:cuda|hip)Error\w+", tier=Tier.GENERIC),
+        sign("torch_npu's wrapper of an NPU runtime error whose own lines are not in the log (`The Inner error is "
+             "reported as above. The process exits for this inner error, and the current working operator name is "
+             "aclnnRmsNorm.`): the device's runtime reported it, as a CUDA error no family names",
+             kinds={K.python}, message=r"The Inner error is reported as above\b", tier=Tier.GENERIC),
     )),
 )
 

@@ -676,6 +676,9 @@ CASES |= {
     "image: no compiled kernel for this compute capability": ([
         "NotImplementedError: Error in calling custom op cutlass_scaled_mm: No compiled cutlass_scaled_mm for a "
         "compute capability less than CUDA device capability: 75"], F.image_error),
+    "gpu: torch_npu's wrapper of an NPU runtime error whose lines are not there": ([
+        "RuntimeError: The Inner error is reported as above. The process exits for this inner error, and the current "
+        "working operator name is aclnnRmsNorm."], F.gpu_error),
     "hang: a device runtime's error line that a timeout was detected": ([
         "2026-06-30 20:54:48.928 | error    |           Metal | Timeout detected (metal_context.cpp:778)"], F.hang),
 }
