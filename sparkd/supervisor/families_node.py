@@ -210,10 +210,11 @@ NODE: tuple[Family, ...] = (
              message=r"\bfatal error: .{1,160}?(?:No such file or directory|file not found)|\bcannot find -l\w+|"
                      r"\b(?:nvcc|gcc|g\+\+|cc1plus|clang\+*|hipcc|ninja|ld)\b[^\n]{0,40}(?:not found|No such file)"),
         sign("a C++ or CUDA extension the image builds at start-up did not build, or found no compiler to build it "
-             "with (Triton's C compiler), or the build tool a kernel's JIT runs as a child failed (FlashInfer's "
-             "`ninja`)", flags=_I,
+             "with (Triton's C compiler), or the build tool or compiler a kernel's JIT runs as a child failed "
+             "(FlashInfer's `ninja`, the `gcc` Triton builds its CUDA helper `cuda_utils.c` with)", flags=_I,
              message=r"Error building extension|ninja: build stopped: subcommand failed|Failed to find C compiler|"
-                     r"CalledProcessError: Command '?\[?'(?:\S*/)?(?:ninja|nvcc|hipcc|cmake|make)'"),
+                     r"CalledProcessError: Command '?\[?'(?:\S*/)?(?:ninja|nvcc|hipcc|cmake|make|gcc|g\+\+|cc|c\+\+|"
+                     r"clang\+*)'"),
         sign("the versions the image's packages were built for and found do not match (the CUDA torch was compiled "
              "with, a wheel's torch ABI)", flags=_I,
              message=r"\bversions? \(?[\w.]*\)? ?(?:mismatch(?:es)?|does not match)\b.{0,80}\b(?:compil\w*|built|"

@@ -679,6 +679,10 @@ CASES |= {
     "gpu: torch_npu's wrapper of an NPU runtime error whose lines are not there": ([
         "RuntimeError: The Inner error is reported as above. The process exits for this inner error, and the current "
         "working operator name is aclnnRmsNorm."], F.gpu_error),
+    "image: the C compiler Triton builds its CUDA helper with failed": ([ec(
+        "torch._inductor.exc.InductorError: CalledProcessError: Command '['/usr/bin/gcc', '/tmp/tmpq/cuda_utils.c', "
+        "'-O3', '-shared', '-fPIC', '-o', '/tmp/tmpq/cuda_utils.so', '-lcuda']' returned non-zero exit status 1.")],
+        F.image_error),
     "hang: a device runtime's error line that a timeout was detected": ([
         "2026-06-30 20:54:48.928 | error    |           Metal | Timeout detected (metal_context.cpp:778)"], F.hang),
 }
