@@ -124,6 +124,10 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
          tier=Tier.GENERIC, not_raised_in={S.step}, flags=_I, unless=r"nvcc|gcc|ninja|nvidia-smi|\.so\b|/bin/",
          message=r"(?:\b(?:path|file|directory|folder)\b|\S/\S)[^\n]{0,160}?(?:\bdoes ?n[o']t exist|\bnot exist\b|"
                  r"\bno such file\b|\bnot found\b)"),
+    sign("a LoRA adapter the launch names that vLLM finds nothing to load in (`Loading lora [\"x failed: No adapter "
+         "found for /path/checkpoint-57\"]`): the `--lora-modules` path or name — when the adapter is loaded, "
+         "at the start or at the first request for it", types=r"ValueError|RuntimeError",
+         message=r"No adapter found for\b|Loading lora\b.{0,200}\bfailed\b"),
     sign("a file or directory the process may not read or write (a model mounted without permission, a cache "
          "dir): the launch's files or mounts", types=r"PermissionError", tier=Tier.GENERIC,
          unless=r"/dev/(?:nvidia|dri|kfd|davinci|accel|vfio)"),

@@ -117,6 +117,12 @@ NODE: tuple[Family, ...] = (
              message=r"no kernel image is available for execution on the device",
              what=const("The image's CUDA kernels were not built for this GPU's architecture (no kernel image is "
                         "available for execution on the device)")),
+        sign("Ascend's CANN has no kernel of an operator for this NPU: its kernel registry does not list the SoC "
+             "(`The binary_info_config.json of socVersion [ascend310p] does not support opType "
+             "[MoeGatingTopKSoftmax]`)",
+             message=r"The binary_info_config\.json of socVersion \[(?P<soc>[\w-]+)\] does not support opType "
+                     r"\[(?P<op>\w+)\]",
+             what=fmt("The image's CANN has no {op} kernel for this NPU ({soc})")),
         sign("vLLM's attention selector found no backend for the model, one refusing for the GPU's compute capability "
              "(`No valid attention backend found … Reasons: {FLASHMLA_SPARSE: [compute capability not supported]}`): "
              "the image has no attention kernel for this model on this GPU — the settings it lists are the model's",

@@ -142,7 +142,9 @@ RULES: tuple[Rule, ...] = (
     rule(F.engine_dead, G, r"Worker (?P<proc>\S+) pid \d+ died, exit code: (?P<code>-?\d+)",
        fmt("vLLM's worker process {proc} died (exit code {code})")),
     rule(F.engine_dead, Q, r"RayWorkerProc rank=\[\d+\] died unexpectedly", const("A Ray worker process died")),
-    rule(F.engine_dead, Q, r"EngineCore encountered a fatal error", const("vLLM's engine core hit a fatal error")),
+    # vLLM-Omni's stages' engine cores say it in their own name (`StageEngineCoreProc encountered a fatal error.`)
+    rule(F.engine_dead, Q, r"\w*EngineCore\w* encountered a fatal error",
+         const("vLLM's engine core hit a fatal error")),
     rule(F.engine_dead, Q,
        r"Engine core initialization failed|EngineCore failed to start|WorkerProc failed to start|"
        r"WorkerProc initialization failed due to an exception in a background process|"

@@ -683,6 +683,16 @@ CASES |= {
         "torch._inductor.exc.InductorError: CalledProcessError: Command '['/usr/bin/gcc', '/tmp/tmpq/cuda_utils.c', "
         "'-O3', '-shared', '-fPIC', '-o', '/tmp/tmpq/cuda_utils.so', '-lcuda']' returned non-zero exit status 1.")],
         F.image_error),
+    "config: a LoRA adapter path with nothing to load": ([ec(
+        'ValueError: Loading lora ["table_qc failed: No adapter found for /data/lora/checkpoint-57"]')],
+        F.config_error),
+    "image: CANN's kernel registry does not list this NPU for an operator": ([ec(
+        "RuntimeError: call aclnnMoeGatingTopKSoftmax failed, detail:EZ1001: Get regInfo failed, The "
+        "binary_info_config.json of socVersion [ascend310p] does not support opType [MoeGatingTopKSoftmax].")],
+        F.image_error),
+    "engine_dead: a stage's engine core of vLLM-Omni says its fatal error": ([
+        "(StageEngineCoreProc pid=70357) ERROR 06-08 17:39:53 [stage_engine_core_proc.py:174] StageEngineCoreProc "
+        "encountered a fatal error."], F.engine_dead),
     "hang: a device runtime's error line that a timeout was detected": ([
         "2026-06-30 20:54:48.928 | error    |           Metal | Timeout detected (metal_context.cpp:778)"], F.hang),
 }
