@@ -81,8 +81,10 @@ class FakeHooks:
         self.decisions: list[Decision] = []
         self.evidence_error: Exception | None = None
         self.alive_at_evidence: list[bool] = []
+        self.listed = 0  # how often the guard asked for vLLM's PIDs (a listing of the tree, in the daemon)
 
     def vllm_pids(self) -> set[int]:
+        self.listed += 1
         return set(self.pids)
 
     def starting(self) -> bool:
@@ -339,6 +341,27 @@ async def test_no_vllm_means_refuse_not_kill(node: Node) -> None:
     decisions = await replay(guard, node, clock, [1.0, 10.0, 20.0])
     assert [d.action for d in decisions] == [Action.refuse_start, Action.refuse_start, Action.ok]
     assert hooks.events == [] and guard.start_allowed
+
+
+@pytest.mark.anyio
+async def test_at_rest_the_tree_is_listed_once_in_its_refresh_and_every_sample_where_it_matters(node: Node) -> None:
+    """Listing vLLM's tree reads every task's `children` (milliseconds for a real vLLM's hundreds of threads): far from
+    the floors with a tree known, the guard asks once per PID_REFRESH_S; while no tree is known, while vLLM starts and
+    at the warn level, at every sample."""
+    hooks, clock = FakeHooks({4242}), FakeClock()
+    guard = make_guard(node, hooks, clock)
+    await replay(guard, node, clock, [40.0] * 61, step_s=1.0)
+    assert hooks.listed == 3  # at 0 s, 30 s and 60 s
+    hooks.listed, hooks.is_starting = 0, True
+    await replay(guard, node, clock, [40.0] * 10, step_s=1.0)
+    assert hooks.listed == 10
+    hooks.listed, hooks.is_starting = 0, False
+    await replay(guard, node, clock, [7.0] * 10, step_s=1.0)  # under warn_below (8 GiB)
+    assert hooks.listed >= 7  # every sample once the level is warn (after its debounce of 3 samples)
+    empty_hooks, clock = FakeHooks(set()), FakeClock()
+    guard = make_guard(node, empty_hooks, clock)
+    await replay(guard, node, clock, [40.0] * 10, step_s=1.0)
+    assert empty_hooks.listed == 10  # no vLLM yet: the next sample may find the one just started
 
 
 @pytest.mark.anyio
