@@ -116,8 +116,10 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
                  r"establish|Temporary failure in name resolution|Network is unreachable)|"
                  r"(?:Max retries exceeded|Failed to establish).{0,200}huggingface\.co"),
     sign("a file or directory the launch names (the model, its config, the tokenizer, a chat template) is not "
-         "there, in Python's words: generic, a specific reading of the same line says more",
-         types=r"FileNotFoundError", tier=Tier.GENERIC, unless=r"nvcc|gcc|ninja|nvidia-smi|\.so\b|/bin/"),
+         "there, in Python's words: generic, a specific reading of the same line says more — not one inside an "
+         "installed package (`…/dist-packages/flashinfer/data/…`: the image's)",
+         types=r"FileNotFoundError", tier=Tier.GENERIC,
+         unless=r"nvcc|gcc|ninja|nvidia-smi|\.so\b|/bin/|/(?:site|dist)-packages/"),
     sign("a file or directory a setting names (a chat template, a tokenizer, a config file) that vLLM says is not "
          "there, raised as its ValueError outside the engine's step: the setting's fault, as FileNotFoundError's "
          "sign says — not a library, a compiler or a tool the image lacks (the image's)", types=r"ValueError",

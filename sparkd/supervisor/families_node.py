@@ -211,6 +211,11 @@ NODE: tuple[Family, ...] = (
         sign("a KV connector's transfer library is not in the image (NIXL, Mooncake, LMCache, UCX): vLLM imports it "
              "only for the connector the config names", flags=_I,
              message=r"\b(?:NIXL|Mooncake|LMCache|UCX)\b(?: \w+){0,2} (?:is|are) not (?:available|installed)\b"),
+        sign("a file or directory inside a package installed in the image is not there (FlashInfer's `No such file "
+             "or directory: '…/dist-packages/flashinfer/data/csrc/…'`): the image's install is incomplete or out of "
+             "date — the launch names no such path", types=r"FileNotFoundError|NotADirectoryError",
+             message=r"No such file or directory: '[^']*/(?:site|dist)-packages/(?P<pkg>[\w.-]+)/",
+             what=fmt("A file of the image's {pkg} package is not there")),
         sign("a compiler the image runs at start-up (an op compiler, Triton, nvcc) cannot find a header, a library or "
              "itself: the image's toolchain is incomplete", terms="missing", flags=_I,
              message=r"\bfatal error: .{1,160}?(?:No such file or directory|file not found)|\bcannot find -l\w+|"

@@ -242,8 +242,11 @@ PROCESSES: tuple[Family, ...] = (
              unless=r"^\(raylet, ip=",
              what=const("vLLM's engine died with Ray's runtime, which aborted on a failed check of its own (Ray's "
                         "words: 'You have likely discovered a bug in Ray')")),
-        sign("vLLM's CUDACHECK in its custom all-reduce printed the CUDA error and exited the worker", do=CUSTOM_AR,
-             message=r"Failed: Cuda error (?P<file>\S*custom_all_reduce\S*?):(?P<line>\d+) '(?P<err>[^']+)'",
+        sign("vLLM's CUDACHECK in its custom all-reduce printed the CUDA error and exited the worker (older builds "
+             "print it without `Cuda error`), at whatever level a launcher that carries vLLM's output logs it "
+             "(Dynamo's `INFO dynamo_engine_vllm::worker: VLLM: Failed: …`)", do=CUSTOM_AR, any_level=True,
+             needles=("custom_all_reduce",),
+             message=r"Failed: (?:Cuda error )?(?P<file>\S*custom_all_reduce\S*?):(?P<line>\d+) '(?P<err>[^']+)'",
              what=fmt("vLLM's custom all-reduce failed with a CUDA error ('{err}' at {file}:{line})")),
         sign("vLLM's CUDACHECK in its kernels printed the CUDA error and exited the worker",
              message=r"Failed: Cuda error (?P<file>\S+?):(?P<line>\d+) '(?P<err>[^']+)'",

@@ -693,6 +693,12 @@ CASES |= {
     "engine_dead: a stage's engine core of vLLM-Omni says its fatal error": ([
         "(StageEngineCoreProc pid=70357) ERROR 06-08 17:39:53 [stage_engine_core_proc.py:174] StageEngineCoreProc "
         "encountered a fatal error."], F.engine_dead),
+    "engine_dead: the custom all-reduce's CUDACHECK in an older wording, at a launcher's INFO level": ([
+        "2025-04-23T03:35:43.390Z  INFO dynamo_engine_vllm::worker: VLLM: Failed: "
+        "/workspace/csrc/custom_all_reduce.cuh:368 'invalid argument'"], F.engine_dead),
+    "image: a file inside a package installed in the image is not there": ([ec(
+        "FileNotFoundError: [Errno 2] No such file or directory: '/usr/local/lib/python3.12/dist-packages/flashinfer/"
+        "data/csrc/nv_internal/cutlass_instantiations/120_mxfp4min'")], F.image_error),
     "hang: a device runtime's error line that a timeout was detected": ([
         "2026-06-30 20:54:48.928 | error    |           Metal | Timeout detected (metal_context.cpp:778)"], F.hang),
 }
