@@ -279,6 +279,7 @@ def engine_core_main(config: ServeConfig, knobs: Knobs, conn: Connection, death_
     setproctitle.setproctitle(engine_title())
     logfmt.decorate_logs(knobs.dialect.engine_proc, knobs.dialect)
     procs.exit_on_signals()
+    procs.idle_threads(knobs.idle_threads)
     if knobs.ignore_sigterm_while_loading:
         procs.ignore_sigterm()
     core = EngineCore(config, knobs, conn)

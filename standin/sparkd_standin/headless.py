@@ -38,6 +38,7 @@ _HEADLESS_FRAMES = [
 
 def run_headless(config: ServeConfig, knobs: Knobs) -> int:
     procs.exit_on_signals()
+    procs.idle_threads(knobs.idle_threads)
     if knobs.ignore_sigterm_while_loading:
         procs.ignore_sigterm()
     d = knobs.dialect

@@ -62,6 +62,9 @@ class Knobs:
     answers: str = "normal"  # what the engine answers: normal | changed | garble | loop | empty (see answers.py)
     spec_decode_accepts: bool = True  # with --speculative-config: False, drafts are proposed and none accepted
     nan_logits: bool = False  # with VLLM_COMPUTE_NANS_IN_LOGITS=1: every request counts in vllm:corrupted_requests
+    # idle threads each process keeps, as the thread pools torch, NCCL and CUDA start do in vLLM's processes (a GPU
+    # host's vLLM runs hundreds of threads; a supervisor that walks the tree's tasks pays for each)
+    idle_threads: int = 0
 
     @property
     def dialect(self) -> Dialect:
@@ -107,6 +110,13 @@ def _vllm_version(text: str) -> str:
     return text.strip()
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -138,6 +148,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "tcpstore_timeout": float,
     "max_position_embeddings": int,
     "argv_file": _optional_str,
+    "idle_threads": _count,
     "control_file": _optional_str,
     "answers": _one_of(*ANSWER_MODES),
     "spec_decode_accepts": _bool,

@@ -70,6 +70,13 @@ def start_child(target: Callable[..., Any], name: str, args: tuple[Any, ...]) ->
     return Child(proc, parent_conn, death_w)
 
 
+def idle_threads(count: int) -> None:
+    """Start ``count`` daemon threads that wait forever and cost no CPU: the thread pools a real vLLM process holds."""
+    forever = threading.Event()
+    for index in range(max(0, count)):
+        threading.Thread(target=forever.wait, name=f"standin-idle-{index}", daemon=True).start()
+
+
 def watch_parent(death_r: Connection, on_parent_exit: Callable[[], None]) -> None:
     def run() -> None:
         with contextlib.suppress(EOFError, OSError):

@@ -26,7 +26,7 @@ from typing import Any
 
 import uvicorn
 
-from sparkd_standin import api, drain, faults, logfmt
+from sparkd_standin import api, drain, faults, logfmt, procs
 from sparkd_standin.args import ServeConfig
 from sparkd_standin.client import EngineClient, EngineStartupError
 from sparkd_standin.control import ControlFile
@@ -89,6 +89,7 @@ def _log_version(config: ServeConfig, knobs: Knobs) -> None:
 def run_api_server(config: ServeConfig, knobs: Knobs) -> int:
     d = knobs.dialect
     logfmt.decorate_logs("APIServer", d)
+    procs.idle_threads(knobs.idle_threads)
     control = ControlFile(knobs.control_file) if knobs.control_file else None  # older commands are not ours
     _log_version(config, knobs)
     try:

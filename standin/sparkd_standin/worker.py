@@ -283,6 +283,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, death_r: Connection) -> None
         set_title("Worker")
         logfmt.decorate_logs("Worker", d)
     procs.exit_on_signals()
+    procs.idle_threads(spec.knobs.idle_threads)
     if spec.knobs.ignore_sigterm_while_loading:
         procs.ignore_sigterm()
     runtime = WorkerRuntime(spec)

@@ -1,7 +1,7 @@
 """Benchmark: what an idle sparkd costs, beside supervisord and earlyoom; and its /metrics latency.
 
     .venv/bin/python tests/bench/bench_footprint.py [--seconds 60] [--scrape-seconds 30] [--recorder-seconds 120]
-        [--against TREE] [--phases imports,features,footprint,scrape,recorder] [--json out.json]
+        [--against TREE] [--phases imports,features,footprint,scrape,recorder] [--standin-threads N] [--json out.json]
 
 Footprint: sparkd with its shipped defaults (health probe every 5 s with a vLLM metrics scrape, generation
 canary every 60 s, the 1 s ticker, /metrics served, the memory guard sampling every second when far from its
@@ -12,7 +12,9 @@ own PID (not its children): CPU time over the window as % of one core (psutil ``
 system, and the scheduler's own count from the threads' ``schedstat``), RSS sampled every second, and its
 wake-ups (voluntary context switches of all its threads) per second. ``--against TREE``: a second sparkd, run from
 another checkout's ``sparkd/`` (``git archive <commit> | tar -x -C TREE``), supervises a stand-in of its own in the
-same window, so a change is measured against what it changed under the same load.
+same window, so a change is measured against what it changed under the same load. ``--standin-threads N``: every
+stand-in process keeps N idle threads, as a real vLLM's processes keep torch's, NCCL's and CUDA's pools (a GPU host's
+vLLM runs hundreds of threads; the stand-in by default a few).
 
 Features (issue 35): what each feature adds to a ready daemon's memory and modules, each in a fresh interpreter over
 sparkd's fakes: a single node with the flight recorder off (the base), then a group's head (+group), the recorder
@@ -231,10 +233,13 @@ def scrape(targets: dict[str, int], seconds: float) -> dict[str, dict[str, Any]]
             for name, v in lat.items()}
 
 
-def start_sparkd(tmp: Path, *, tree: Path | None = None, **sections: dict[str, Any]) -> tuple[SparkdPeer, int, int]:
-    """``tree``: run the sparkd of that checkout (its ``sparkd/`` first on the path) instead of this one."""
+def start_sparkd(tmp: Path, *, tree: Path | None = None, idle_threads: int = 0,
+                 **sections: dict[str, Any]) -> tuple[SparkdPeer, int, int]:
+    """``tree``: run the sparkd of that checkout (its ``sparkd/`` first on the path) instead of this one;
+    ``idle_threads``: the stand-in's processes keep that many idle threads each (a real vLLM's thread pools)."""
     port, metrics_port = free_port(), free_port()
-    cfg = sparkd_config(tmp, port, standin_env(unique_prefix()), api_port=metrics_port, **sections)
+    cfg = sparkd_config(tmp, port, standin_env(unique_prefix(), idle_threads=idle_threads), api_port=metrics_port,
+                        **sections)
     peer = SparkdPeer(tmp, cfg)
     # the other tree's sparkd first on the path, the interpreter's own (a host's --target folder, say) after it
     path = os.pathsep.join(p for p in (str(tree) if tree else "", os.environ.get("PYTHONPATH", "")) if p)
@@ -243,15 +248,16 @@ def start_sparkd(tmp: Path, *, tree: Path | None = None, **sections: dict[str, A
 
 
 def footprint_phase(tmp: Path, seconds: float, owned: Owned, ledger: ShmLedger,
-                    against: Path | None = None) -> dict[str, Any]:
+                    against: Path | None = None, idle_threads: int = 0) -> dict[str, Any]:
     sparkd = supervisord = earlyoom = before = None
     try:
-        sparkd, port, _ = start_sparkd(tmp / "sparkd")
+        sparkd, port, _ = start_sparkd(tmp / "sparkd", idle_threads=idle_threads)
         if against is not None:
-            before, before_port, _ = start_sparkd(tmp / "sparkd-before", tree=against)
+            before, before_port, _ = start_sparkd(tmp / "sparkd-before", tree=against, idle_threads=idle_threads)
         peer_port = free_port()
         render = tmp / "render.toml"
-        render.write_text(render_toml(sparkd_config(tmp, peer_port, standin_env(unique_prefix()))))
+        render.write_text(render_toml(sparkd_config(tmp, peer_port,
+                                                    standin_env(unique_prefix(), idle_threads=idle_threads))))
         supervisord = SupervisordPeer(tmp / "supervisord", {"standin": rendered_launch(render)}).start()
         with open(tmp / "earlyoom.log", "ab") as out:
             earlyoom = subprocess.Popen(EARLYOOM, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -426,7 +432,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         if "features" in phases:
             features = feature_costs(tmp)
         if "footprint" in phases:
-            footprint = footprint_phase(tmp, args.seconds, owned, ledger, against)
+            footprint = footprint_phase(tmp, args.seconds, owned, ledger, against, args.standin_threads)
         if "scrape" in phases:
             scrapes = scrape_phase(tmp, args.scrape_seconds, owned, ledger)
         if "recorder" in phases:
@@ -466,6 +472,8 @@ def main() -> int:
     parser.add_argument("--recorder-seconds", type=float, default=120.0)
     parser.add_argument("--against", default=None, help="another checkout whose sparkd runs beside this one's")
     parser.add_argument("--phases", default="imports,features,footprint,scrape,recorder")
+    parser.add_argument("--standin-threads", type=int, default=0,
+                        help="idle threads each stand-in process keeps in the footprint phase (a real vLLM's pools)")
     return run_bench(parser, bench)
 
 

@@ -218,10 +218,15 @@ def rendered_launch(config_path: Path) -> tuple[list[str], dict[str, str]]:
     return list(data["argv"]), dict(data["env"])
 
 
-def standin_env(prefix: str, *, orphan: bool = False, startup: str = STANDIN_STARTUP_S) -> dict[str, str]:
+def standin_env(prefix: str, *, orphan: bool = False, startup: str = STANDIN_STARTUP_S,
+                idle_threads: int = 0) -> dict[str, str]:
+    """``idle_threads``: idle threads each stand-in process keeps, as a real vLLM's processes keep torch's, NCCL's and
+    CUDA's thread pools (what a supervisor's walk of the tree's tasks pays for)."""
     env = {"SPARKD_STANDIN_STARTUP_SECONDS": startup, "VLLM_PROCESS_NAME_PREFIX": prefix}
     if orphan:
         env["SPARKD_STANDIN_ORPHAN_ON_KILL"] = "1"
+    if idle_threads:
+        env["SPARKD_STANDIN_IDLE_THREADS"] = str(idle_threads)
     return env
 
 

@@ -321,6 +321,18 @@ def test_sigkill_leaves_orphans_only_with_knob(launch: Standins) -> None:
     assert {p.cmdline()[0] for p in survivors} >= titles
 
 
+def test_idle_threads_knob_gives_every_process_its_thread_pools(launch: Standins) -> None:
+    """IDLE_THREADS=24: the API server, the EngineCore and each worker keep 24 more threads, idle, as torch's, NCCL's
+    and CUDA's pools do in vLLM's processes (the benches' tree walks pay for each), and the ranks serve as before."""
+    standin = launch.start("m", "--port", str(free_port()), "-tp", "2",
+                           env={"SPARKD_STANDIN_IDLE_THREADS": "24"})  # fmt: skip
+    standin.wait_ready()
+    tree = standin.tree()
+    titled = [tree[0], *(p for p in tree[1:] if p.cmdline()[0].startswith(f"{standin.title_prefix}::"))]
+    assert len(titled) == 4  # the API server, the EngineCore, two workers (multiprocessing's tracker is no rank)
+    assert all(p.num_threads() > 24 for p in titled), [(p.pid, p.num_threads()) for p in titled]
+
+
 def test_uni_executor_api_key_and_eager(launch: Standins) -> None:
     """tp=1: the EngineCore loads the model itself (no worker process); --enforce-eager skips graph capture;
     --api-key guards /v1 only; VLLM_SERVER_DEV_MODE=1 adds the dev endpoints."""
