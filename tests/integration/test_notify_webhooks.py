@@ -123,7 +123,10 @@ async def test_a_bad_endpoint_costs_the_caller_nothing_and_holds_up_no_other_tar
     assert not inspect.iscoroutinefunction(Notifier.post)  # the caller cannot even await it
     with WebhookEndpoint() as good, WebhookEndpoint("ok" if mode == "dead" else mode) as bad:
         bad_url = f"http://127.0.0.1:{free_port()}/hook" if mode == "dead" else bad.url("/hook")
-        cfg = NotifyConfig(timeout_s=1, retry_max_s=2, queue=16, burst=1000, per_hour=3600, targets=[
+        # the deadline is what a hanging target costs each try; the others answer at once, and a longer deadline keeps
+        # a loaded machine's slow answer (a 500 served late beside the whole suite) from reading as a hang
+        deadline = 1 if mode == "hang" else 5
+        cfg = NotifyConfig(timeout_s=deadline, retry_max_s=2, queue=16, burst=1000, per_hour=3600, targets=[
             NotifyTarget(name="good", url=good.url("/hook")), NotifyTarget(name="bad", url=bad_url)])
         log = Log()
         notifier = Notifier(cfg, NODE, clock=SystemClock(), log=log)
@@ -151,9 +154,9 @@ async def test_a_bad_endpoint_costs_the_caller_nothing_and_holds_up_no_other_tar
 
     good_state, bad_state = notifier.status()["targets"]
     # bounds a loaded 2-core machine keeps (one post once took 0.46 s beside the whole suite: the process was not
-    # scheduled), each under one try of the bad target (the 1 s deadline, which a caller that waited would pay per
+    # scheduled), each under one try of a hanging target (its 1 s deadline, which a caller that waited would pay per
     # try, 2000 times): a post is a deque append, a tick 10 ms
-    assert max(post_s) < cfg.timeout_s and sum(post_s) < 2.0, (max(post_s), sum(post_s))
+    assert max(post_s) < 1.0 and sum(post_s) < 2.0, (max(post_s), sum(post_s))
     assert sorted(lateness)[len(lateness) // 2] < 0.1, sorted(lateness)[len(lateness) // 2]
     assert good_state["state"] == "ok" and good_state["sent"] >= 50
     assert bad_state["state"] == "failing" and bad_state["queued"] <= 17 and bad_state["dropped"] >= 2000 - 17
