@@ -35,6 +35,9 @@ _DEVICES = r"(?:\w+ )?(?:[A-Z]PUs|devices|accelerators|chips|cores|neuron_cores)
 _KV_DO = f"lower max_model_len or raise gpu_memory_utilization in the config — {NO_RETRY}"
 _CONFIG_DO = f"fix the vLLM settings in the config — {NO_RETRY}"
 _LAUNCH_DO = f"fix [launch] in the config — {NO_RETRY}"
+_PARAMETER_MISFIT = const("The checkpoint does not fit the model's code as this vLLM builds it: it holds a "
+                          "parameter the model does not have")
+_PARAMETER_DO = f"serve a checkpoint this vLLM can load, or set the quantization it was made with — {NO_RETRY}"
 _PERMISSION_DO = (f"give the container or the user the permission the launch needs (a capability, a mount), or drop "
                   f"the setting that asks for it — {NO_RETRY}")
 
@@ -231,10 +234,11 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
     sign("the weight loader met a parameter the model's code does not have (a KeyError naming it while the "
          "weights load): the checkpoint does not fit the model as this vLLM builds it — another format or "
          "quantization, or one this version cannot load — and every start fails the same way",
-         types=r"KeyError", raised_in={S.loading}, message=r"^'[^']+'",
-         what=const("The checkpoint does not fit the model's code as this vLLM builds it: it holds a parameter "
-                    "the model does not have"),
-         do=f"serve a checkpoint this vLLM can load, or set the quantization it was made with — {NO_RETRY}"),
+         types=r"KeyError", raised_in={S.loading}, message=r"^'[^']+'", what=_PARAMETER_MISFIT, do=_PARAMETER_DO),
+    sign("the same where the frames that would place it in the weights' load are cut off: the key is itself a "
+         "model parameter's dotted path (`'language_model.embed_tokens.weight'`), which only a weight loader "
+         "looks up", types=r"KeyError", message=r"^'(?:\w+\.)+\w*(?:weight|bias|qweight|qzeros|scales?|g_idx)'",
+         what=_PARAMETER_MISFIT, do=_PARAMETER_DO),
     sign("the weight loader found weights the model's code needs missing from the checkpoint (`Following weights "
          "were not initialized from checkpoint: {'visual.blocks.0.norm1.weight', …}`): a checkpoint of another "
          "architecture or a part of the model (a text-only export of a multimodal model) for this model's code",

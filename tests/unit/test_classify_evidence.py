@@ -81,17 +81,17 @@ def test_a_consequence_names_the_first_exception_before_it() -> None:
         ec("EngineCore failed to start."),
         ec("Traceback (most recent call last):"),
         ec('  File "/usr/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 857, in run_engine_core'),
-        ec("KeyError: 'model.layers.0.mlp.experts.w13_weight'"),
+        ec("KeyError: 'expert_map'"),
         ec("Exception: WorkerProc initialization failed due to an exception in a background process. See stack "
            "trace for root cause."),
         INIT_FAILED,
     ]
     failure = classify(1, None, tail)
     assert failure.cls is F.engine_dead
-    assert failure.evidence == "KeyError: 'model.layers.0.mlp.experts.w13_weight'"
+    assert failure.evidence == "KeyError: 'expert_map'"
     assert failure.sentence.startswith(
-        "vLLM's engine failed to start; the first error in the log is `KeyError: 'model.layers.0.mlp.experts."
-        "w13_weight'` (raised in vllm.v1.engine.core.run_engine_core) (exit 1); sparkd restarts")
+        "vLLM's engine failed to start; the first error in the log is `KeyError: 'expert_map'` (raised in "
+        "vllm.v1.engine.core.run_engine_core) (exit 1); sparkd restarts")
     assert "no earlier cause" not in failure.sentence
 
 

@@ -478,6 +478,9 @@ CASES |= {
     "config: the checkpoint against the model's code": (tb("KeyError: 'model.layers.0.mlp.down_proj.weight_scale'",
                                                            ("vllm/model_executor/models/llama.py", "load_weights")),
                                                         F.config_error),
+    "config: a parameter's path as the key, the loader's frames cut off": (
+        tb("KeyError: 'language_model.embed_tokens.weight'", ("vllm/v1/engine/core.py", "__init__"),
+           ("vllm/executor/executor_base.py", "__init__")), F.config_error),
     "by kind: raised inside the engine's step": (tb("AssertionError", ("vllm/worker/model_runner.py", "execute_model"),
                                                     ("vllm/attention/backends/flash_attn.py", "forward")),
                                                  F.engine_dead),
