@@ -164,6 +164,12 @@ NODE: tuple[Family, ...] = (
              "the image's packages do not load, whatever setting is being built; the subprocess's own error, when "
              "logged before it, says more", message=r"\bfailed to be inspected\b|Error in inspecting model "
                                                      r"architecture"),
+        sign("vLLM's model registry has no code for the checkpoint's architecture (`Model architectures "
+             "['MiniMaxM2ForCausalLM'] are not supported for now`): a model newer than this vLLM, or one it never had; "
+             "a newer image serves it, no setting of this one does",
+             message=r"\bModel architectures \[[^\]]*\] are not supported\b",
+             what=const("This vLLM has no code for the checkpoint's model architecture (a model newer than the image's "
+                        "vLLM)")),
         sign("vLLM's compiled ops (vllm._C) did not load", message=r"'_OpNamespace' '_C' object has no attribute "
                                                                    r"'(?P<name>\w+)'",
              what=fmt("vLLM's compiled ops (vllm._C) did not load, so the op {name} is missing")),
@@ -179,8 +185,9 @@ NODE: tuple[Family, ...] = (
              "does not load", imported=True),
         sign("a module or name that cannot be imported is missing from the image",
              types=r"ModuleNotFoundError|ImportError"),
-        sign("Python's words for a module that is not installed, printed bare (a Ray worker unpickling a task)",
-             message=r"^No module named '[\w.]+'", kinds={K.other, K.ray}),
+        sign("Python's words for a module that is not installed, printed bare (a Ray worker unpickling a task, V0's "
+             "engine logging the exception's message as its error line before the traceback)",
+             message=r"^No module named '[\w.]+'", kinds={K.other, K.ray, K.vllm}),
         sign("the CPU cannot run an instruction the build uses (SIGILL: a wheel built for AVX-512 or another CPU)",
              message=r"\bIllegal instruction\b\s*\(core dumped\)|Fatal Python error: Illegal instruction"),
         sign("a compiled library that cannot load or resolve a symbol was built for another torch, CUDA or Python",

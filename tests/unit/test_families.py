@@ -105,6 +105,11 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
                                          ("flash_attn/__init__.py", "<module>")), F.image_error),
     "image: ImportError alone": (tb("ImportError", ENGINE_STEP), F.image_error),
     "image: Python's bare words": (["(TemporaryActor pid=1495807) No module named 'vllm'"], F.image_error),
+    "image: Python's bare words as V0's engine error line": (
+        ["ERROR 07-08 11:49:03 [engine.py:458] No module named 'lmcache.experimental'"], F.image_error),
+    "image: the model registry without the architecture": (
+        [ec("Value error, Model architectures ['MiniMaxM2ForCausalLM'] are not supported for now. Supported "
+            "architectures: dict_keys(['LlamaForCausalLM'])")], F.image_error),
     "image: an instruction the CPU lacks": (["run.sh: line 18:  1669 Illegal instruction     (core dumped) python -m "
                                              "vllm.entrypoints.openai.api_server"], F.image_error),
     "image: undefined symbol": ([ec("OSError: /x/_C.so: undefined symbol: _ZN3c10")], F.image_error),
