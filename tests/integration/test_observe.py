@@ -158,11 +158,14 @@ def test_config_with_a_typo_still_finds_the_daemon_and_says_what_is_wrong(daemon
     other.write_text(good.replace("[launch]\n", "[launch]\nmax_num_seq = 3\n", 1))
     for args in (("status",), ("logs", "-n", "1")):  # the fast path and click's
         result = ctl(other, *args)
-        assert result.returncode == 0, result.stderr
+        # the daemon answered: ready (0), or between a restart's steps (3, not serving) where a loaded host starved
+        # the stand-in's health probe; an invalid config refused would be 2, no daemon found 4
+        assert result.returncode in (0, 3) and result.stdout, result.stderr
         notes = [line for line in result.stderr.splitlines() if "is invalid" in line]
         assert notes == [f"sparkctl: {other} is invalid (launch.max_num_seq: unknown key (did you mean "
                          f"'max_num_seqs'?)); sparkctl read only its [paths] run_dir. `sparkd check-config "
                          f"--config {other}` lists every problem"], result.stderr
+    daemon.wait_state("ready")
     assert "ready since" in ctl(other, "status").stdout
     # the daemon's own file: its status says so, and sparkctl adds nothing (nor validates: the daemon's word)
     daemon.config_path.write_text(other.read_text())
