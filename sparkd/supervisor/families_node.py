@@ -233,6 +233,10 @@ NODE: tuple[Family, ...] = (
              message=r"Error building extension|ninja: build stopped: subcommand failed|Failed to find C compiler|"
                      r"CalledProcessError: Command '?\[?'(?:\S*/)?(?:ninja|nvcc|hipcc|cmake|make|gcc|g\+\+|cc|c\+\+|"
                      r"clang\+*)'"),
+        sign("a kernel compiler's LLVM aborted the process while it built a kernel (`LLVM ERROR: Failed to compute "
+             "parent layout for slice layout.`, Triton's backend on a GPU or dtype it cannot lower): the image's "
+             "compiler cannot build this kernel here, and every launch that reaches it fails the same way",
+             message=r"^LLVM ERROR: (?!out of memory)"),
         sign("the versions the image's packages were built for and found do not match (the CUDA torch was compiled "
              "with, a wheel's torch ABI)", flags=_I,
              message=r"\bversions? \(?[\w.]*\)? ?(?:mismatch(?:es)?|does not match)\b.{0,80}\b(?:compil\w*|built|"

@@ -98,7 +98,8 @@ CONCEPTS: tuple[Concept, ...] = (
     _concept("setting", "dtype|bfloat16|bf16|float16|fp16|fp8|fp4|int4|int8|quantiz|awq|gptq|backend|--|"
                         "enforce_eager|speculative|lora",
              r"\bdtype\b|bfloat16|\bbf16\b|float16|\bfp16\b|\bfp8\w*|\bfp4\b|\bnvfp4\b|\bmxfp4\b|\bint[48]\b|"
-             r"quantiz\w*|\bawq\b|\bgptq\w*|kv_cache_dtype|\battention backend\b|_BACKEND\b|--[a-z][\w-]+|"
+             r"quantiz\w*|\bawq\b|\bgptq\w*|kv_cache_dtype|\battention backend\b|_BACKEND\b|"
+             r"\bAttentionBackendEnum\.\w+|--[a-z][\w-]+|"
              r"\benforce_eager\b|\bspeculative\b|\blora\b"),
     # -- the ranks --
     _concept("ccl", "nccl|rccl|hccl|hccp|hcom|oneccl|xccl|mscclpp|nvshmem|ei",

@@ -151,7 +151,8 @@ RULES: tuple[Rule, ...] = (
        r"Worker failed with error '|Engine process failed to start",  # the last: V0's MQLLMEngine (0.6-0.10)
        const(INIT_FAILED)),
     # the API server or the engine client on a death it did not cause: V0's MQLLMEngine, V1's 0.8 engine client
-    rule(F.engine_dead, Q, r"MQLLMEngine is already dead|Got fatal signal from worker processes",
+    rule(F.engine_dead, Q, r"MQLLMEngine is already dead|Got fatal signal from worker processes|"
+       r"Engine process \(pid \d+\) died",  # the last: V0's engine client finding its engine process gone
        const("vLLM's engine died (its API server saw it go)")),
     rule(F.engine_dead, Q, r"EngineDeadError|AsyncLLM output_handler failed|Engine loop has died|Background loop has "
        r"errored already",

@@ -502,6 +502,15 @@ CASES: dict[str, Case] = {
         ("raise VLLM_ENGINE_READY_TIMEOUT_S",),
     ),
     # ---- engine death ----
+    "V0's engine client finding its engine process gone": Case(
+        1,
+        None,
+        ("ERROR 05-31 09:09:48 [client.py:305] RuntimeError('Engine process (pid 65262) died.')",
+         "ERROR 05-31 09:09:48 [client.py:305] NoneType: None"),
+        F.engine_dead,
+        "Engine process (pid 65262) died",
+        ("vLLM's engine died (its API server saw it go)",),
+    ),
     "engine core died at runtime, exit 0": Case(
         0,
         None,

@@ -105,6 +105,12 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
                                          ("flash_attn/__init__.py", "<module>")), F.image_error),
     "image: ImportError alone": (tb("ImportError", ENGINE_STEP), F.image_error),
     "image: Python's bare words": (["(TemporaryActor pid=1495807) No module named 'vllm'"], F.image_error),
+    "image: a kernel compiler's LLVM abort": (["LLVM ERROR: Failed to compute parent layout for slice layout."],
+                                              F.image_error),
+    "config: an attention backend in vLLM's enum, refused for the configuration": (
+        tb("ValueError: Selected backend AttentionBackendEnum.ROCM_ATTN is not valid for this configuration. Reason: "
+           "['attention sinks not supported']", ("vllm/model_executor/models/gpt_oss.py", "__init__")),
+        F.config_error),
     "image: Python's bare words as V0's engine error line": (
         ["ERROR 07-08 11:49:03 [engine.py:458] No module named 'lmcache.experimental'"], F.image_error),
     "image: the model registry without the architecture": (
