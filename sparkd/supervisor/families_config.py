@@ -239,6 +239,14 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
          "model parameter's dotted path (`'language_model.embed_tokens.weight'`), which only a weight loader "
          "looks up", types=r"KeyError", message=r"^'(?:\w+\.)+\w*(?:weight|bias|qweight|qzeros|scales?|g_idx)'",
          what=_PARAMETER_MISFIT, do=_PARAMETER_DO),
+    sign("the weight loader met a tensor of another shape than the parameter it loads into (torch's `The size of "
+         "tensor a (3072) must match the size of tensor b (6144)`, vLLM's `Attempted to load weight … into "
+         "parameter …`, a size mismatch) while the weights load: the checkpoint's layout does not fit the model and "
+         "quantization as this vLLM builds them", types=r"RuntimeError|AssertionError|ValueError",
+         raised_in={S.loading}, message=r"\bThe size of tensor a \(\d+\) must match the size of tensor b\b|"
+                                         r"\bAttempted to load weight\b|\b(?:shape|size) mismatch\b",
+         what=const("The checkpoint does not fit the model's code as this vLLM builds it: a tensor's shape is not its "
+                    "parameter's"), do=_PARAMETER_DO),
     sign("the weight loader found weights the model's code needs missing from the checkpoint (`Following weights "
          "were not initialized from checkpoint: {'visual.blocks.0.norm1.weight', …}`): a checkpoint of another "
          "architecture or a part of the model (a text-only export of a multimodal model) for this model's code",

@@ -489,6 +489,10 @@ CASES |= {
     "config: the checkpoint against the model's code": (tb("KeyError: 'model.layers.0.mlp.down_proj.weight_scale'",
                                                            ("vllm/model_executor/models/llama.py", "load_weights")),
                                                         F.config_error),
+    "config: a tensor of another shape than its parameter while the weights load": (
+        tb("RuntimeError: The size of tensor a (3072) must match the size of tensor b (6144) at non-singleton "
+           "dimension 1", ("vllm/model_executor/model_loader/default_loader.py", "load_weights"),
+           ("vllm/model_executor/models/deepseek_v2.py", "load_weights")), F.config_error),
     "config: a parameter's path as the key, the loader's frames cut off": (
         tb("KeyError: 'language_model.embed_tokens.weight'", ("vllm/v1/engine/core.py", "__init__"),
            ("vllm/executor/executor_base.py", "__init__")), F.config_error),
