@@ -181,11 +181,12 @@ CONFIG = Family(F.config_error, "vLLM rejected its configuration", (
          "cannot run", flags=_I,
          message=r"(?:^|: )(?:BF16|bfloat16|FP8|float8\w*|FP4|NVFP4|MXFP4) (?:is|are) not supported\b"),
     sign("vLLM's (or a build of it's) error line refusing a setting the GPU cannot take, a size the parallel split "
-         "does not divide (`Weight input_size_per_partition = 7392 is not divisible by min_thread_k = 128`), or an "
-         "engine version the launch's settings fell to (`CPU backend only supports V1.`)",
+         "does not divide (`Weight input_size_per_partition = 7392 is not divisible by min_thread_k = 128`, or a "
+         "kernel's own check raised as the exception: `RuntimeError: size_n = 2736 is not divisible by tile_n_size = "
+         "64`), or an engine version the launch's settings fell to (`CPU backend only supports V1.`)",
          message=r"only supported on GPUs with compute capability|(?:must be|is not|isn't|are not) divisible by|"
                  r"\bonly supports? V[01]\b|\bnot supported (?:on|in|by|with) (?:the )?V[01]\b",
-         kinds={K.vllm}),
+         kinds={K.vllm, K.python}),
     sign("a setting (a dtype, a quantization, a backend) the GPU's architecture cannot take, in any words",
          terms="arch unsupported setting"),
     sign("a setting the GPU or the model cannot take, in vLLM's words for a rejected value — not a type Python "

@@ -233,6 +233,10 @@ NODE: tuple[Family, ...] = (
              message=r"Error building extension|ninja: build stopped: subcommand failed|Failed to find C compiler|"
                      r"CalledProcessError: Command '?\[?'(?:\S*/)?(?:ninja|nvcc|hipcc|cmake|make|gcc|g\+\+|cc|c\+\+|"
                      r"clang\+*)'"),
+        sign("a CUTLASS kernel of the image failed inside itself on this GPU (`Failed to run cutlass FP4 gemm on "
+             "sm120. Error: Error Internal`, `cutlass_gemm_caller, …, Error Internal`): CUTLASS's status for a kernel "
+             "launched on an architecture its build does not fit (consumer Blackwell, GB10), which fails the same way "
+             "every launch", message=r"(?i:cutlass)[^\n]{0,160}\bError:? Internal\b"),
         sign("a kernel compiler's LLVM aborted the process while it built a kernel (`LLVM ERROR: Failed to compute "
              "parent layout for slice layout.`, Triton's backend on a GPU or dtype it cannot lower): the image's "
              "compiler cannot build this kernel here, and every launch that reaches it fails the same way",

@@ -105,6 +105,13 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
                                          ("flash_attn/__init__.py", "<module>")), F.image_error),
     "image: ImportError alone": (tb("ImportError", ENGINE_STEP), F.image_error),
     "image: Python's bare words": (["(TemporaryActor pid=1495807) No module named 'vllm'"], F.image_error),
+    "image: a CUTLASS kernel's internal error on this GPU": (
+        [ec("RuntimeError: [FP4 gemm Runner] Failed to run cutlass FP4 gemm on sm120. Error: Error Internal")],
+        F.image_error),
+    "config: a kernel's divisibility check raised as the exception": (
+        tb("RuntimeError: size_n = 2736 is not divisible by tile_n_size = 64",
+           ("vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py", "prepare_fp8_layer_for_marlin")),
+        F.config_error),
     "image: a kernel compiler's LLVM abort": (["LLVM ERROR: Failed to compute parent layout for slice layout."],
                                               F.image_error),
     "config: an attention backend in vLLM's enum, refused for the configuration": (
