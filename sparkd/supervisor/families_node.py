@@ -170,6 +170,10 @@ NODE: tuple[Family, ...] = (
              message=r"\bModel architectures \[[^\]]*\] are not supported\b",
              what=const("This vLLM has no code for the checkpoint's model architecture (a model newer than the image's "
                         "vLLM)")),
+        sign("vLLM's compiled ops did not import, and the first call of one finds its module's name unbound "
+             "(`NameError: name 'vllm_ops' is not defined` in `vllm._custom_ops`, whose import of `vllm._C` failed "
+             "quietly): the image's vLLM build", types=r"NameError", message=r"\bname '\w*ops' is not defined",
+             what=const("vLLM's compiled ops (vllm._C) did not load, so the first op called is undefined")),
         sign("vLLM's compiled ops (vllm._C) did not load", message=r"'_OpNamespace' '_C' object has no attribute "
                                                                    r"'(?P<name>\w+)'",
              what=fmt("vLLM's compiled ops (vllm._C) did not load, so the op {name} is missing")),

@@ -112,6 +112,8 @@ CASES: dict[str, tuple[list[str], FailureClass]] = {
         tb("RuntimeError: size_n = 2736 is not divisible by tile_n_size = 64",
            ("vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py", "prepare_fp8_layer_for_marlin")),
         F.config_error),
+    "image: a compiled ops module's name unbound at its first call": (
+        tb("NameError: name 'vllm_ops' is not defined", ("vllm/_custom_ops.py", "rms_norm")), F.image_error),
     "image: a kernel compiler's LLVM abort": (["LLVM ERROR: Failed to compute parent layout for slice layout."],
                                               F.image_error),
     "config: an attention backend in vLLM's enum, refused for the configuration": (
