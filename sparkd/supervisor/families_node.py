@@ -169,7 +169,7 @@ NODE: tuple[Family, ...] = (
              "a newer image serves it, no setting of this one does",
              message=r"\bModel architectures \[[^\]]*\] are not supported\b",
              what=const("This vLLM has no code for the checkpoint's model architecture (a model newer than the image's "
-                        "vLLM)")),
+                        "vLLM, or one vLLM does not serve)")),
         sign("vLLM's compiled ops did not import, and the first call of one finds its module's name unbound "
              "(`NameError: name 'vllm_ops' is not defined` in `vllm._custom_ops`, whose import of `vllm._C` failed "
              "quietly): the image's vLLM build", types=r"NameError", message=r"\bname '\w*ops' is not defined",
