@@ -8,6 +8,7 @@ import signal
 import socket
 import time
 
+import httpx
 import psutil
 import pytest
 from freeport import free_port
@@ -150,8 +151,12 @@ def test_lost_peer_hangs_the_next_request_until_the_rpc_timeout(scaled_pair: tup
     assert client.get("/health").status_code == 200
     response = client.post("/v1/chat/completions", json=chat_body("m"))
     assert response.status_code == 500
-    # at once: the launcher's watchdog ends the server within 5 s of the engine's death (a loaded machine's 5 s)
-    assert client.get("/health").status_code == 503
+    # at once: the launcher's watchdog ends the server within 5 s of the engine's death, which on a loaded machine
+    # may come before this request (the CI-like run at 76f8aa8: connection refused); never 200 again
+    try:
+        assert client.get("/health").status_code == 503
+    except httpx.ConnectError:
+        assert head.wait_exit(20) == 0
     assert response.json()["error"]["message"] == (
         "EngineCore encountered an issue. See stack trace (above) for the root cause."
     )
