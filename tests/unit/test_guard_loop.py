@@ -21,6 +21,7 @@ from structlog.testing import capture_logs
 
 from sparkd.config import GuardConfig
 from sparkd.guard import Action, Decision, Guard, Level, Sampler, next_interval
+from sparkd.guard.guard import PID_REFRESH_NEAR_S, PID_REFRESH_S, pid_refresh_s
 from sparkd.guard.sample import GIB, MIB
 from sparkd.supervisor.failures import Failure, FailureClass
 
@@ -497,3 +498,14 @@ async def test_a_reader_waits_for_the_loops_next_sample(node: Node) -> None:
             assert await guard.stepped() is None
             tg.cancel_scope.cancel()
     assert not guard.sampling
+
+
+@pytest.mark.parametrize(("level", "starting", "tree_known", "refresh"), [
+    (Level.ok, False, True, PID_REFRESH_S),  # at rest: the listing is the idle loop's largest cost
+    (Level.ok, True, True, PID_REFRESH_NEAR_S),  # vLLM starting: its tree grows
+    (Level.ok, False, False, PID_REFRESH_NEAR_S),  # no tree known yet
+    (Level.warn, False, True, PID_REFRESH_NEAR_S),  # near the floors: it may act
+    (Level.kill, False, True, PID_REFRESH_NEAR_S),
+])
+def test_how_old_the_pid_list_may_be(level: Level, starting: bool, tree_known: bool, refresh: float) -> None:
+    assert pid_refresh_s(level, starting=starting, tree_known=tree_known) == refresh
