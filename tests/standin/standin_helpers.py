@@ -210,8 +210,15 @@ class Standin:
         self.tree()
         os.kill(self.pid, sig)
 
-    def wait_exit(self, timeout: float = 30.0) -> int:
-        return self.proc.wait(timeout)
+    def wait_exit(self, timeout: float = 30.0, drain_s: float = 5.0) -> int:
+        """The main process's exit status, once the output it and its tree wrote has been read (up to ``drain_s``
+        more: a child that outlives it keeps the pipe open), so ``text()`` holds their last lines."""
+        code = self.proc.wait(timeout)
+        deadline = time.monotonic() + drain_s
+        with self._cond:
+            while not self._eof and (remaining := deadline - time.monotonic()) > 0:
+                self._cond.wait(remaining)
+        return code
 
     def cleanup(self) -> None:
         """SIGKILL our processes; the resource trackers go last so that they unlink the sem.mp-* files."""
