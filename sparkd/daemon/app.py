@@ -265,6 +265,7 @@ class Daemon:
                 tg.start_soon(self.upkeep.run)
                 tg.start_soon(self.replays.run)
                 tg.start_soon(self.webhooks.run)
+                tg.start_soon(self.vllm_log.feed_journal)
                 self.registry.write()
                 self.publisher.publish()
                 await self.sup.run(self.node, boot=self._boot, on_state=self.on_state)

@@ -11,7 +11,10 @@ Rules:
    ``SYSLOG_IDENTIFIER=vllm``, a priority read from vLLM's own level word (``WARNING 01-02 ...``; a
    ``(EngineCore pid=N)`` prefix and colour codes allowed), else info. A field holding a newline uses the
    protocol's length-prefixed form. A line is cut at :data:`MAX_MESSAGE` bytes.
-4. The sink never blocks and never raises: a busy or absent journal drops the line and counts it.
+4. The sink never blocks and never raises. A burst the journal's socket cannot take at once (its queue is full:
+   ``EAGAIN``; ``net.unix.max_dgram_qlen`` is 10 where systemd's sysctl did not raise it, as in a container) waits in
+   a backlog of at most :data:`BACKLOG_BYTES`, in order, sent before the next line and by :meth:`JournalSink.flush`;
+   a line the backlog cannot hold, or any line while the journal is absent, is dropped and counted.
 """
 
 from __future__ import annotations
@@ -20,15 +23,17 @@ import os
 import re
 import socket
 import struct
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["JOURNAL_SOCKET", "MAX_MESSAGE", "PRIORITY", "JournalSink", "encode_entry", "stderr_is_journal",
-           "vllm_priority"]
+__all__ = ["BACKLOG_BYTES", "JOURNAL_SOCKET", "MAX_MESSAGE", "PRIORITY", "JournalSink", "encode_entry",
+           "stderr_is_journal", "vllm_priority"]
 
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
 MAX_MESSAGE = 48 * 1024  # journald's own LineMax default for stream lines
+BACKLOG_BYTES = 1 << 20  # a start's burst of lines (vLLM's banner, config, shards) fits many times over
 PRIORITY = {"debug": 7, "info": 6, "notice": 5, "warning": 4, "warn": 4, "error": 3, "exception": 3,
             "critical": 2, "fatal": 2}
 _VLLM_LEVEL = re.compile(
@@ -68,17 +73,26 @@ def encode_entry(fields: Mapping[str, str]) -> bytes:
 
 
 class JournalSink:
-    """Sends lines to the journal as entries of one identifier; drops (and counts) what it cannot send."""
+    """Sends lines to the journal as entries of one identifier; holds back what the journal cannot take yet
+    (rule 4), drops (and counts) what it cannot send at all."""
 
     def __init__(self, identifier: str, *, extra: Mapping[str, str] | None = None,
-                 path: Path = JOURNAL_SOCKET) -> None:
+                 path: Path = JOURNAL_SOCKET, backlog_bytes: int = BACKLOG_BYTES) -> None:
         self.identifier = identifier
         self.extra = dict(extra or {})
         self.path = path
+        self.backlog_bytes = backlog_bytes
         self.sent = 0
         self.dropped = 0
         self.last_error: str | None = None
         self._sock: socket.socket | None = None
+        self._backlog: deque[bytes] = deque()
+        self._held = 0  # bytes in the backlog
+
+    @property
+    def pending(self) -> int:
+        """Entries waiting for the journal to take them."""
+        return len(self._backlog)
 
     def _socket(self) -> socket.socket:
         if self._sock is None:
@@ -88,20 +102,38 @@ class JournalSink:
         return self._sock
 
     def send(self, line: str) -> bool:
+        """Sends ``line`` after what waits, or holds it back; False when the journal is absent (it is dropped)."""
         message = line.encode("utf-8", "replace")[:MAX_MESSAGE].decode("utf-8", "ignore")
-        fields = {"MESSAGE": message, "PRIORITY": str(vllm_priority(line)), "SYSLOG_IDENTIFIER": self.identifier,
-                  **self.extra}
-        try:
-            self._socket().sendto(encode_entry(fields), str(self.path))
-        except OSError as exc:
+        entry = encode_entry({"MESSAGE": message, "PRIORITY": str(vllm_priority(line)),
+                              "SYSLOG_IDENTIFIER": self.identifier, **self.extra})
+        self._backlog.append(entry)
+        self._held += len(entry)
+        while self._held > self.backlog_bytes and len(self._backlog) > 1:
+            self._held -= len(self._backlog.popleft())
             self.dropped += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            return False
-        self.sent += 1
+        return self.flush()
+
+    def flush(self) -> bool:
+        """Sends what waits, in order, as far as the journal takes it now; False when the journal is absent (what
+        waited is dropped)."""
+        while self._backlog:
+            try:
+                self._socket().sendto(self._backlog[0], str(self.path))
+            except BlockingIOError:
+                return True  # its queue is full: the rest waits
+            except OSError as exc:
+                self.dropped += len(self._backlog)
+                self._backlog.clear()
+                self._held = 0
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                return False
+            self._held -= len(self._backlog.popleft())
+            self.sent += 1
         self.last_error = None
         return True
 
     def close(self) -> None:
+        self.flush()
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -20,6 +20,8 @@ the classifier, and optionally the journal under its own identifier (``[log] vll
 4. A listener that raises is dropped (and logged), not propagated.
 5. The access-log lines of sparkd's own probes (``?probe=sparkd``, :mod:`sparkd.supervisor.probelines`) are left
    out — of the file, the ring, the listeners and the journal — unless ``[log] probe_requests``; they are counted.
+6. Lines the journal cannot take at once wait in its sink's backlog (:class:`~sparkd.host.journal.JournalSink`);
+   :meth:`VllmLog.feed_journal` sends them as it takes them, and at rest neither wakes nor holds anything.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+import anyio
 import structlog
 
 from sparkd.host.journal import JOURNAL_SOCKET, PRIORITY, JournalSink, stderr_is_journal
@@ -202,6 +205,8 @@ class VllmLog:
         self.lost_lines = 0  # lines not written during the current failure episode
         self._retry_at = 0.0
         self._journal_failing = False
+        self._journal_dropped = 0
+        self._journal_waits: anyio.Event | None = None  # set while lines wait for the journal (feed_journal runs)
 
     @classmethod
     def following(cls, config: Callable[[], Config]) -> VllmLog:
@@ -261,14 +266,37 @@ class VllmLog:
             self._times.popleft()
             self._tail_bytes -= self._sizes.popleft()
 
-    def _to_journal(self, line: str) -> None:
+    def _to_journal(self, line: str | None) -> None:
+        """``line`` to the journal after what waits (None: only what waits); its failures and drops logged once an
+        episode."""
         assert self.journal is not None
-        ok = self.journal.send(line)
-        if not ok and not self._journal_failing:
-            self.log.warning("vllm_journal_failed", error=self.journal.last_error, dropped=self.journal.dropped)
-        elif ok and self._journal_failing:
+        ok = self.journal.send(line) if line is not None else self.journal.flush()
+        failing = not ok or self.journal.dropped > self._journal_dropped
+        self._journal_dropped = self.journal.dropped
+        if failing and not self._journal_failing:
+            self.log.warning("vllm_journal_failed", error=self.journal.last_error or "its queue stayed full",
+                             dropped=self.journal.dropped)
+        elif not failing and self._journal_failing:
             self.log.info("vllm_journal_recovered", dropped=self.journal.dropped)
-        self._journal_failing = not ok
+        self._journal_failing = failing
+        if self.journal.pending and self._journal_waits is not None:
+            self._journal_waits.set()
+
+    async def feed_journal(self, every_s: float = 0.05, most_s: float = 1.0) -> None:
+        """While lines wait for the journal, offer them until it has taken them all: every ``every_s`` while it
+        takes some, less often (to ``most_s``) while it takes none (rule 6)."""
+        if self.journal is None:
+            return
+        while True:
+            self._journal_waits = anyio.Event()
+            if not self.journal.pending:
+                await self._journal_waits.wait()
+            delay = every_s
+            while self.journal.pending:
+                await anyio.sleep(delay)
+                before = self.journal.sent
+                self._to_journal(None)
+                delay = every_s if self.journal.sent > before else min(delay * 2, most_s)
 
     def _persist(self, data: str, size: int) -> None:
         now = self.clock()

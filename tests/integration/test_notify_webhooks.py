@@ -153,10 +153,11 @@ async def test_a_bad_endpoint_costs_the_caller_nothing_and_holds_up_no_other_tar
             tg.cancel_scope.cancel()
 
     good_state, bad_state = notifier.status()["targets"]
-    # bounds a loaded 2-core machine keeps (one post once took 0.46 s beside the whole suite: the process was not
-    # scheduled), each under one try of a hanging target (its 1 s deadline, which a caller that waited would pay per
-    # try, 2000 times): a post is a deque append, a tick 10 ms
-    assert max(post_s) < 1.0 and sum(post_s) < 2.0, (max(post_s), sum(post_s))
+    # a post is a deque append, a tick 10 ms; a caller that waited would pay a hanging target's 1 s deadline per try,
+    # 2000 times. Bounds a loaded 2-core machine keeps: a post or two may stall while the process is not scheduled
+    # (one took 0.46 s beside the whole suite, one 3.9 s), so the 99th percentile and the sum, not the slowest
+    slowest = sorted(post_s)
+    assert slowest[-20] < 0.5 and sum(post_s) < 30, (slowest[-20:], sum(post_s))
     assert sorted(lateness)[len(lateness) // 2] < 0.1, sorted(lateness)[len(lateness) // 2]
     assert good_state["state"] == "ok" and good_state["sent"] >= 50
     assert bad_state["state"] == "failing" and bad_state["queued"] <= 17 and bad_state["dropped"] >= 2000 - 17

@@ -327,6 +327,10 @@ def test_vllm_output_in_the_journal_under_its_own_identifier(node: Any) -> None:
         shown = node.wait("vLLM's startup in the journal", lambda: "Application startup complete." in (
             o := node.out("journalctl -t vllm --no-pager -o cat", check=False)) and o, timeout=30)
         assert "Application startup complete." in shown
+        # a start's burst the journal's socket queue (10 datagrams in this container) cannot take at once waits in
+        # sparkd and arrives whole: nothing dropped
+        main_pid = node.prop("sparkd", "MainPID")
+        assert "vllm_journal_failed" not in node.out(f"journalctl -u sparkd _PID={main_pid} --no-pager -o cat")
     finally:
         node.sh("rm -f /etc/systemd/system/sparkd.service.d/15-vllm-journal.conf && systemctl daemon-reload")
 

@@ -13,6 +13,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 import structlog
 
@@ -294,3 +295,82 @@ def test_journal_sink_speaks_the_native_protocol(tmp_path: Path) -> None:
     sink.close()
     with pytest.raises(ValueError):
         encode_entry({"bad name": "x"})
+
+
+def _receiver(path: Path) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(path))
+    server.setblocking(False)
+    return server
+
+
+def _drain(server: socket.socket) -> list[str]:
+    got: list[str] = []
+    while True:
+        try:
+            got.append(decode_entry(server.recv(65536))["MESSAGE"])
+        except BlockingIOError:
+            return got
+
+
+def test_a_burst_the_journal_cannot_take_at_once_waits_and_arrives_whole_in_order(tmp_path: Path) -> None:
+    server = _receiver(tmp_path / "journal.sock")  # read by nobody yet: its queue fills (net.unix.max_dgram_qlen)
+    sink = JournalSink("vllm", path=tmp_path / "journal.sock")
+    lines = [f"INFO 01-02 10:00:00 [x.py:1] line {n}" for n in range(3000)]
+    assert all(sink.send(line) for line in lines)
+    assert sink.pending > 0 and sink.dropped == 0 and sink.last_error is None
+    got: list[str] = []
+    for _ in range(10_000):
+        got += _drain(server)
+        if sink.flush() and not sink.pending:
+            break
+    got += _drain(server)
+    assert got == lines and sink.sent == 3000 and sink.dropped == 0
+
+
+def test_the_journal_backlog_is_bounded_and_an_absent_journal_drops_what_waits(tmp_path: Path) -> None:
+    server = _receiver(tmp_path / "journal.sock")
+    sink = JournalSink("vllm", path=tmp_path / "journal.sock", backlog_bytes=4096)
+    for n in range(3000):
+        sink.send(f"line {n}")
+    assert 0 < sink.pending < 100 and sink.dropped > 0  # the oldest waiting went first
+    kept = sink.pending
+    server.close()
+    (tmp_path / "journal.sock").unlink()
+    before = sink.dropped
+    assert not sink.send("nobody listens")
+    assert sink.pending == 0 and sink.dropped == before + kept + 1 and sink.last_error
+
+
+@pytest.mark.anyio
+async def test_vllm_log_feeds_the_journal_what_waits_and_reports_drops_once(tmp_path: Path) -> None:
+    server = _receiver(tmp_path / "journal.sock")
+    events: list[tuple[str, dict[str, object]]] = []
+
+    class Log:
+        def warning(self, event: str, **fields: object) -> None:
+            events.append((event, fields))
+
+        info = warning
+
+    log = VllmLog(tmp_path / "vllm.log", Rotation(1 << 20, 1), log=Log(),  # type: ignore[arg-type]
+                  journal=JournalSink("vllm", path=tmp_path / "journal.sock"))
+    lines = [f"line {n}" for n in range(2000)]
+    got: list[str] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(log.feed_journal, 0.001)
+        await anyio.sleep(0.01)
+        for line in lines:
+            log.append(line)
+        assert log.journal is not None and log.journal.pending > 0
+        with anyio.fail_after(30):
+            while len(got) < len(lines):  # nothing more is appended: feed_journal alone sends what waits
+                got += _drain(server)
+                await anyio.sleep(0.001)
+        tg.cancel_scope.cancel()
+    assert got == lines and events == []  # held back is not lost: nothing to report
+    server.close()
+    (tmp_path / "journal.sock").unlink()
+    log.append("gone")
+    log.append("still gone")
+    assert [e for e, _ in events] == ["vllm_journal_failed"]
