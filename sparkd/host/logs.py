@@ -266,11 +266,14 @@ class VllmLog:
             self._times.popleft()
             self._tail_bytes -= self._sizes.popleft()
 
-    def _to_journal(self, line: str | None) -> None:
-        """``line`` to the journal after what waits (None: only what waits); its failures and drops logged once an
-        episode."""
+    def _to_journal(self, line: str) -> None:
         assert self.journal is not None
-        ok = self.journal.send(line) if line is not None else self.journal.flush()
+        self._journal_answered(self.journal.send(line))
+
+    def _journal_answered(self, ok: bool) -> None:
+        """After a send or a flush: the journal's failures and drops logged once an episode; the feeder woken while
+        lines wait."""
+        assert self.journal is not None
         failing = not ok or self.journal.dropped > self._journal_dropped
         self._journal_dropped = self.journal.dropped
         if failing and not self._journal_failing:
@@ -295,7 +298,7 @@ class VllmLog:
             while self.journal.pending:
                 await anyio.sleep(delay)
                 before = self.journal.sent
-                self._to_journal(None)
+                self._journal_answered(self.journal.flush())
                 delay = every_s if self.journal.sent > before else min(delay * 2, most_s)
 
     def _persist(self, data: str, size: int) -> None:
