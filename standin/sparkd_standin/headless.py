@@ -6,6 +6,11 @@ through the master port, drives their load phases, then watches them: a dying wo
 "Worker proc VllmWorker-N died unexpectedly, shutting down executor." and exit 0. SIGTERM exits 0 after stopping
 the workers, without a word (vLLM logs "Shutting down." only on its data-parallel headless path). When the
 head goes away nothing here exits: the worker prints torch's TCPStore warnings forever.
+
+Unlike vLLM, this node drives its own profile and warmup: the ranks couple at the join and at each step, not in
+those phases, so the head can be ready while this node still loads or captures graphs (in vLLM the head's
+EngineCore waits for every rank's). A test that needs the pair whole waits for this node's "Graph capturing
+finished".
 """
 
 from __future__ import annotations

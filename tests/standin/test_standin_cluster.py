@@ -175,11 +175,11 @@ def test_lost_peer_hangs_the_next_request_until_the_rpc_timeout(scaled_pair: tup
 
 
 def test_lost_peer_fails_at_once_with_the_opt_in_nccl_error(launch: Standins) -> None:
-    """PEER_LOSS=error: the old immediate ``NCCL error: remote process exited ...`` on the next request."""
-    api_port, master_port = free_port(HEAD), free_port(HEAD)
-    head = _start_head(launch, api_port, master_port, SPARKD_STANDIN_PEER_LOSS="error")
-    worker = _start_worker(launch, master_port)
-    head.wait_ready()
+    """PEER_LOSS=error: the old immediate ``NCCL error: remote process exited ...`` on the next request.
+
+    Through ``_pair``, which waits for rank 1's graph capture: the stand-in's head can be ready while its worker
+    node still compiles (a CI run at d665a45 killed rank 1 there and read the init-failure traceback)."""
+    head, worker, api_port = _pair(launch, SPARKD_STANDIN_PEER_LOSS="error")
     _lose_rank1(head, worker)
     response = http(HEAD, api_port).post("/v1/chat/completions", json=chat_body("m"))
     assert response.status_code == 500
