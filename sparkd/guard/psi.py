@@ -7,7 +7,7 @@ did; ``avg10`` is that share over 10 s, in percent; ``total`` the stall time in 
 trigger (``"some 150000 1000000"``: 150 ms of stall within 1 s) so the sampler wakes the moment the kernel
 sees a stall instead of at its next tick. The kernel reports a trigger as POLLPRI, which event loops do not
 wait for, so the trigger fd sits in a private edge-triggered epoll whose own fd becomes readable: the
-sampler waits for that with ``anyio.wait_readable``. Registering needs CAP_SYS_RESOURCE for windows that
+sampler waits for that (``sparkd.host.waits.readable_within``). Registering needs CAP_SYS_RESOURCE for windows that
 are not a multiple of 2 s; without it the window is rounded up, and where triggers are not permitted at
 all the guard polls on.
 """
@@ -21,7 +21,7 @@ import select
 from pathlib import Path
 from typing import NamedTuple
 
-import anyio
+from sparkd.host.waits import readable_within
 
 __all__ = ["Pressure", "PressureReader", "PsiTrigger", "parse_pressure"]
 
@@ -129,15 +129,15 @@ class PsiTrigger:
         return None
 
     async def wait(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s``; True when the trigger fired. Raises OSError when the source is gone."""
-        with anyio.move_on_after(timeout_s):
-            await anyio.wait_readable(self._epoll.fileno())
-            events = self._epoll.poll(0)
-            if any(ev & select.EPOLLERR for _, ev in events):
-                raise OSError(f"PSI trigger {self.spec!r}: the pressure source went away")
-            self.fired += 1
-            return True
-        return False
+        """Wait up to ``timeout_s``; True when the trigger fired. Raises OSError when the source is gone. The
+        guard's wait at every sample: a timeout here is no cancellation (``sparkd.host.waits``)."""
+        if not await readable_within(self._epoll.fileno(), timeout_s):
+            return False
+        events = self._epoll.poll(0)
+        if any(ev & select.EPOLLERR for _, ev in events):
+            raise OSError(f"PSI trigger {self.spec!r}: the pressure source went away")
+        self.fired += 1
+        return True
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -10,12 +10,19 @@ client). Rules:
 - no proxy, no TLS, no redirects, no cookies; the body is read to its ``Content-Length``, its chunked end, or
   the connection's end, and at most ``max_bytes`` of it (a larger answer is a protocol error);
 - a refused connection, a reset and a malformed answer raise (``OSError``, :class:`ProtocolError`); the caller
-  puts the one deadline around the whole request (connect, send, read).
+  puts the one deadline around the whole request (connect, send, read);
+- the socket is the kernel's, driven by the loop's readiness waits (``anyio.wait_readable``/``wait_writable``):
+  no anyio stream, no asyncio transport, and the addresses tried one after another. ``anyio.connect_tcp`` races
+  them in a task group (happy eyeballs) and cancels the losers from a task, which formats that task's repr: at two
+  requests every 5 s that was the largest single cost of a daemon at rest (``tests/bench/README.md``).
 """
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import json
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,10 +88,12 @@ class Client:
         lines += [f"{name}: {value}" for name, value in merged.items()]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
         with anyio.fail_after(connect_timeout):
-            stream = await anyio.connect_tcp(parts.hostname, port)
-        async with stream:
-            await stream.send(request)
-            raw = await _read_all(stream, self.max_bytes)
+            sock = await connect(parts.hostname, port)
+        try:
+            await _send_all(sock, request)
+            raw = await _read_all(sock, self.max_bytes)
+        finally:
+            sock.close()
         return parse_response(raw)
 
 
@@ -92,12 +101,54 @@ def _json_bytes(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-async def _read_all(stream: Any, limit: int) -> bytes:
+async def connect(host: str, port: int) -> socket.socket:
+    """A connected non-blocking TCP socket to ``host`` (an address, or a name resolved off the loop), its
+    addresses tried in order; the last one's error is raised (``ConnectionRefusedError`` where nothing listens)."""
+    try:
+        addresses = [(socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET, (host, port))]
+    except ValueError:
+        infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = [(family, address) for family, _, _, _, address in infos]
+    error: OSError = OSError(f"{host!r} has no address")
+    for family, address in addresses:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            code = sock.connect_ex(address)
+            if code in (errno.EINPROGRESS, errno.EAGAIN):
+                await anyio.wait_writable(sock)
+                code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code == 0:
+                return sock
+            error = OSError(code, f"Connect call failed {address}")  # the errno's own subclass, as asyncio's
+        except BaseException:
+            sock.close()
+            raise
+        sock.close()
+    raise error
+
+
+async def _send_all(sock: socket.socket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            await anyio.wait_writable(sock)
+
+
+async def _read_all(sock: socket.socket, limit: int) -> bytes:
+    """Everything until the server closes (a reset ends it too: what came before it is parsed)."""
     chunks, size = [], 0
     while True:
         try:
-            chunk = await stream.receive(65536)
-        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            chunk = sock.recv(65536)
+        except BlockingIOError:
+            await anyio.wait_readable(sock)
+            continue
+        except ConnectionError:
+            break
+        if not chunk:
             break
         chunks.append(chunk)
         size += len(chunk)

@@ -24,9 +24,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from sparkd.config import Config
+from sparkd.host.waits import Flag
 from sparkd.launch.render import LaunchSpec
 from sparkd.runtime.proctree import Expected, ProcessIdentity, same_identity
 from sparkd.supervisor.instance import Instance  # the record a runtime trades in; the core folds it
@@ -170,7 +169,7 @@ class Runtime(abc.ABC):
         """SIGTERM the instance's process tree, SIGKILL what is left after ``grace_s``, reap it."""
 
     @abc.abstractmethod
-    def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
+    def follow_logs(self, instance: Instance, done: Flag) -> AsyncIterator[str]:
         """The instance's output lines from its start; once ``done`` is set (it exited), drain and end."""
 
     def proven(self, record: dict[str, Any], expected: Expected | None) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import docker.errors
 
+from sparkd.host.waits import Flag
 from sparkd.launch.probe import probe_dir
 from sparkd.launch.render import LaunchSpec, render_script
 from sparkd.runtime import proctree
@@ -365,7 +366,7 @@ class DockerExecRuntime(DockerRuntime):
             killed = await proctree.terminate_tree(instance.pid, grace_s)
         return replace(await self.wait(instance), killed=tuple(killed))
 
-    async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
+    async def follow_logs(self, instance: Instance, done: Flag) -> AsyncIterator[str]:
         if not instance.log_path:
             return
         host_path = instance.log_path

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import docker.errors
 
+from sparkd.host.waits import Flag
 from sparkd.launch.probe import probe_dir
 from sparkd.launch.render import LaunchSpec, render_script
 from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, TargetUnavailable
@@ -323,7 +324,7 @@ class DockerRunRuntime(DockerRuntime):
 
     # ---- output
 
-    async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
+    async def follow_logs(self, instance: Instance, done: Flag) -> AsyncIterator[str]:
         """The container's stdout and stderr lines from its start; ends after the container stopped.
 
         A broken stream is reopened where it stopped. Docker may end a followed stream before it has
@@ -360,7 +361,7 @@ class DockerRunRuntime(DockerRuntime):
         except DOCKER_ERRORS:
             return None
 
-    async def _next_frame(self, stream: Any, done: anyio.Event) -> bytes | None:
+    async def _next_frame(self, stream: Any, done: Flag) -> bytes | None:
         """The next frame, or None at the stream's end or ``DRAIN_S`` after ``done`` was set."""
         frame: bytes | None = None
         async with anyio.create_task_group() as tg:

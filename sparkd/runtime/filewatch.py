@@ -14,6 +14,8 @@ from pathlib import Path
 
 import anyio
 
+from sparkd.host.waits import Flag
+
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE, IN_DELETE_SELF, IN_MOVE_SELF = 0x2, 0x4, 0x8, 0x400, 0x800
 IN_DONT_FOLLOW = 0x02000000  # a symlink in the file's place is watched itself, never its target
 _MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_DELETE_SELF | IN_MOVE_SELF | IN_DONT_FOLLOW
@@ -45,22 +47,11 @@ class FileWatch:
             return None
         return cls(fd)
 
-    async def wait(self, done: anyio.Event, timeout_s: float) -> None:
+    async def wait(self, done: Flag, timeout_s: float) -> None:
         """Return once the file was written to (or truncated, moved, removed), ``done`` is set, or ``timeout_s``
-        has passed; the events are consumed."""
-        with anyio.move_on_after(timeout_s):
-            async with anyio.create_task_group() as tg:
-
-                async def written() -> None:
-                    await anyio.wait_readable(self.fd)
-                    tg.cancel_scope.cancel()
-
-                async def ended() -> None:
-                    await done.wait()
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(written)
-                tg.start_soon(ended)
+        has passed; the events are consumed. One scope, no task (``sparkd.host.waits``)."""
+        with done.interrupts(timeout_s):
+            await anyio.wait_readable(self.fd)
         with contextlib.suppress(BlockingIOError, OSError):
             while os.read(self.fd, 65536):
                 pass

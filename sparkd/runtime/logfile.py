@@ -7,8 +7,9 @@ Bounds (issue 16, reliability.md 6b/6c), whatever vLLM writes:
 - Memory and CPU per line: a line longer than ``max_line`` characters is cut into pieces of ``max_line``,
   each ending in :data:`CUT_MARK`; after ``max_pieces`` pieces the rest of that line is dropped and one
   :data:`NOTE` line says how much. Work is linear in the bytes read (no re-splitting of a growing buffer).
-- Fairness: the reader hands the event loop a turn after every chunk it reads (``chunk`` bytes), so a flood
-  never starves the watchdog ping, signals or the control API.
+- Fairness: the reader hands the event loop a turn between two reads that both found bytes, and after every whole
+  chunk (``chunk`` bytes), so a flood never starves the watchdog ping, signals or the control API; a wait's one
+  short read (a line or two, many times a minute at rest) is followed by the read that finds the end, at once.
 - Disk: the raw file is truncated once it is larger than ``truncate_over`` — at its end when the reader is
   caught up (nothing lost), and also while a flood outruns the reader (what was not read yet is skipped, and a
   :data:`NOTE` line says how many bytes).
@@ -33,6 +34,7 @@ from typing import BinaryIO
 
 import anyio
 
+from sparkd.host.waits import Flag
 from sparkd.runtime.filewatch import FileWatch
 
 _SPLIT = re.compile(r"\r\n|\r|\n")  # tqdm redraws its bar with \r
@@ -120,7 +122,7 @@ WATCHED_POLL_S = 5.0  # with an inotify watch, a look at the file anyway this of
 
 
 async def follow_file(
-    path: Path, done: anyio.Event, *, poll_s: float = 0.2, truncate_over: int | None = None,
+    path: Path, done: Flag, *, poll_s: float = 0.2, truncate_over: int | None = None,
     max_line: int = MAX_LINE, max_pieces: int = MAX_PIECES, replay_max: int | None = None,
     chunk: int = CHUNK, stats: FollowStats | None = None, opener: Callable[[], BinaryIO | None] | None = None,
 ) -> AsyncIterator[str]:
@@ -135,6 +137,7 @@ async def follow_file(
     handle: BinaryIO | None = None
     splitter = LineSplitter(max_line, max_pieces)
     watch: FileWatch | None = None
+    streak = False  # this read follows another read, not a wait
     try:
         while True:
             if handle is None:
@@ -152,8 +155,11 @@ async def follow_file(
                 if handle is not None and truncate_over is not None:
                     for line in _outrun(handle, path, truncate_over, splitter, stats):
                         yield line
-                await anyio.sleep(0)  # a turn for every other task between two chunks
+                if streak or len(data) == chunk:  # more may be waiting (the module doc's fairness)
+                    await anyio.sleep(0)  # a turn for every other task between two reads
+                streak = True
                 continue
+            streak = False
             if done.is_set():
                 for line in splitter.feed(b"", final=True):
                     yield line

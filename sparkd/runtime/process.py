@@ -18,6 +18,7 @@ import psutil
 
 from sparkd.config import Config
 from sparkd.host.safefile import fresh_file, replace_file
+from sparkd.host.waits import Flag
 from sparkd.launch.render import LaunchSpec, render_script
 from sparkd.runtime import proctree
 from sparkd.runtime.base import EXEC_TIMEOUT_S, ExecResult, ExitInfo, Instance, LaunchError, Runtime
@@ -149,7 +150,7 @@ class ProcessRuntime(Runtime):
         killed = await proctree.terminate_tree(instance.pid, grace_s)
         return replace(await self.wait(instance), killed=tuple(killed))
 
-    async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
+    async def follow_logs(self, instance: Instance, done: Flag) -> AsyncIterator[str]:
         path = Path(instance.log_path or self.raw_log)
         async for line in follow_file(path, done, truncate_over=self.raw_log_limit):
             yield line

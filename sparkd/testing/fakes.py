@@ -15,6 +15,7 @@ import psutil
 
 from sparkd.acceptance.client import AskFailed
 from sparkd.config import Config
+from sparkd.host.waits import Flag
 from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
 from sparkd.runtime.base import ExecResult, ExitInfo, Instance, LaunchError, Runtime, TargetUnavailable
@@ -105,7 +106,7 @@ class FakeRuntime(Runtime):
                 return replace(proc.exit or ExitInfo(exit_code=None), killed=(instance.pid,))
         return proc.exit or ExitInfo(exit_code=None)
 
-    async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
+    async def follow_logs(self, instance: Instance, done: Flag) -> AsyncIterator[str]:
         proc = self.procs[instance.pid]
         sent = 0
         while True:

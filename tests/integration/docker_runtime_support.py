@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 
 from sparkd.config import Config, config_from_mapping
+from sparkd.host.waits import Flag
 from sparkd.launch.render import LaunchSpec
 from sparkd.runtime import RuntimeKind, runtime_class
 from sparkd.runtime.base import Instance, Runtime
@@ -58,7 +59,7 @@ class Follower:
     def __init__(self, runtime: Runtime, instance: Instance) -> None:
         self.runtime, self.instance = runtime, instance
         self.lines: list[str] = []
-        self.done = anyio.Event()
+        self.done = Flag()
         self.ended = anyio.Event()
 
     async def run(self) -> None:

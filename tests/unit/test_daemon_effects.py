@@ -16,6 +16,7 @@ from loop_harness import config, running
 from sparkd.commands import stop
 from sparkd.daemon.effects.watching import NodeWatchReports
 from sparkd.guard.kmsg import KernelLog
+from sparkd.host.waits import Flag
 from sparkd.launch.render import LaunchSpec
 from sparkd.preflight.base import Check, CheckResult, PreflightContext, Verdict
 from sparkd.runtime.base import Difference, ExitInfo, Instance, LaunchError
@@ -135,7 +136,7 @@ async def test_a_launch_the_runtime_cannot_start(tmp_path: Path, exit_code: int,
 class LateLines(FakeRuntime):
     """The log follower lags the exit (inotify after the pidfd): the last lines arrive after the exit is seen."""
 
-    async def follow_logs(self, instance: Instance, done: anyio.Event) -> AsyncIterator[str]:
+    async def follow_logs(self, instance: Instance, done: Flag) -> AsyncIterator[str]:
         proc = self.procs[instance.pid]
         await proc.ended.wait()
         for _ in range(100):  # a lag in loop turns, not in (fake) time: no probe runs meanwhile

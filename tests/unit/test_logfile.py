@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from sparkd.host.logs import Rotation, VllmLog
+from sparkd.host.waits import Flag
 from sparkd.runtime.logfile import CUT_MARK, NOTE, FollowStats, LineSplitter, follow_file
 from sparkd.supervisor.progress import is_progress
 
@@ -44,7 +45,7 @@ def test_line_splitter(chunks: list[bytes], lines: list[str]) -> None:
     assert split(chunks, max_line=4, max_pieces=3) == lines
 
 
-async def collect(path: Path, done: anyio.Event, **kw: object) -> list[str]:
+async def collect(path: Path, done: Flag, **kw: object) -> list[str]:
     return [line async for line in follow_file(path, done, poll_s=0.05, **kw)]  # type: ignore[arg-type]
 
 
@@ -54,7 +55,7 @@ def test_one_huge_line_without_a_newline_costs_bounded_memory_and_cpu(tmp_path: 
     with open(path, "wb") as out:
         for _ in range(32):
             out.write(b"x" * (1 << 20))
-    done = anyio.Event()
+    done = Flag()
     done.set()
     tracemalloc.start()
     cpu = time.process_time()
@@ -89,7 +90,7 @@ def test_a_flood_never_starves_the_event_loop_and_the_raw_file_stays_bounded(tmp
     limit = 1 << 20
 
     async def main() -> tuple[float, int, int, FollowStats, bool]:
-        done = anyio.Event()
+        done = Flag()
         stats = FollowStats()
         gaps: list[float] = []
         biggest = 0
@@ -145,7 +146,7 @@ def test_replay_of_a_large_file_starts_near_its_end(tmp_path: Path) -> None:
     path = tmp_path / "vllm.out"
     line = b"INFO replayed line " + b"y" * 100 + b"\n"
     path.write_bytes(line * 40000)  # about 4.6 MB
-    done = anyio.Event()
+    done = Flag()
     done.set()
     stats = FollowStats()
     lines = anyio.run(lambda: collect(path, done, replay_max=256 * 1024, stats=stats))
@@ -161,7 +162,7 @@ def test_truncated_by_someone_else_starts_over(tmp_path: Path) -> None:
     path.write_bytes(b"one\ntwo\n")
 
     async def main() -> list[str]:
-        done = anyio.Event()
+        done = Flag()
         seen: list[str] = []
 
         async def read() -> None:
@@ -188,7 +189,7 @@ def test_at_its_end_a_raw_file_over_the_limit_is_truncated_and_nothing_is_lost(t
     path.write_bytes(b"a" * 100 + b"\n" + b"b" * 100 + b"\n")
 
     async def main() -> tuple[list[str], int]:
-        done = anyio.Event()
+        done = Flag()
         seen: list[str] = []
         stats = FollowStats()
 
@@ -220,7 +221,7 @@ def test_a_written_line_is_seen_at_once_without_waiting_for_a_poll(tmp_path: Pat
     path.write_bytes(b"one\n")
 
     async def main() -> tuple[list[str], float, float]:
-        done = anyio.Event()
+        done = Flag()
         seen: list[str] = []
 
         async def read() -> None:

@@ -1,10 +1,20 @@
-"""parse_response: the probes' HTTP/1.x answers, whole (the server closed the connection after them)."""
+"""parse_response: the probes' HTTP/1.x answers, whole (the server closed the connection after them); the client
+over real loopback sockets."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
 import pytest
 
-from sparkd.host.plainhttp import ProtocolError, parse_response
+from sparkd.host.plainhttp import Client, ProtocolError, Response, parse_response
 
 OK = [
     ("content-length", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA", 200, b"ok"),
@@ -33,3 +43,106 @@ def test_answers(case: str, raw: bytes, status: int, body: bytes) -> None:
 def test_malformed_answers_are_protocol_errors(case: str, raw: bytes, why: str) -> None:
     with pytest.raises(ProtocolError, match=why):
         parse_response(raw)
+
+
+# ---- the client against real sockets on loopback -----------------------------------------------------------------
+class _Server:
+    """A listening socket on 127.0.0.1 whose one connection ``answer(conn)`` handles in a thread."""
+
+    def __init__(self, answer: Callable[[socket.socket], None]) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received = b""
+        self.thread = threading.Thread(target=self._serve, args=(answer,), daemon=True)
+        self.thread.start()
+
+    def _serve(self, answer: Callable[[socket.socket], None]) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            answer(conn)
+        self.sock.close()
+
+    def read_request(self, conn: socket.socket) -> None:
+        head, _, body = b"", b"", b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(65536)
+        head, _, body = head.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            body += conn.recv(1 << 20)
+        self.received = head + b"\r\n\r\n" + body
+
+
+def _request(url: str, **kwargs: Any) -> Response:
+    async def main() -> Response:
+        return await Client().request("POST" if "json" in kwargs else "GET", url, **kwargs)
+    return anyio.run(main)
+
+
+def test_a_large_body_goes_out_whole_and_the_answer_comes_back_whole() -> None:
+    """4 MiB out (more than a socket buffer takes at once: the send waits for room) and 3 MiB back in pieces."""
+    answer = b"x" * (3 << 20)
+
+    def serve(conn: socket.socket) -> None:
+        server.read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(answer) + answer)
+
+    server = _Server(serve)
+    body = {"blob": "y" * (4 << 20)}
+    response = _request(f"http://127.0.0.1:{server.port}/v1/x", json=body)
+    assert (response.status_code, response.content) == (200, answer)
+    assert server.received.endswith(json.dumps(body, separators=(",", ":")).encode())
+    assert b"Connection: close" in server.received
+
+
+def test_a_host_name_is_resolved() -> None:
+    def serve(conn: socket.socket) -> None:
+        server.read_request(conn)
+        conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+
+    server = _Server(serve)
+    assert _request(f"http://localhost:{server.port}/health").status_code == 204  # ::1 refused first, if tried
+
+
+def test_nothing_listening_is_connection_refused_naming_the_address() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening
+        with pytest.raises(ConnectionRefusedError, match=rf"Connect call failed \('127\.0\.0\.1', {port}\)"):
+            _request(f"http://127.0.0.1:{port}/health")
+
+
+def test_a_reset_after_a_whole_answer_still_reads_it() -> None:
+    def serve(conn: socket.socket) -> None:
+        server.read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close → RST
+
+    server = _Server(serve)
+    server.thread.join(timeout=0)  # the reset may come before or after the client's first read
+    assert _request(f"http://127.0.0.1:{server.port}/").content == b"ok"
+
+
+def test_a_request_starts_no_task() -> None:
+    """The cost a resting daemon pays per probe: no task is spawned (anyio's connect_tcp spawned one per address
+    and cancelled it from a task, formatting that task's repr)."""
+
+    def serve(conn: socket.socket) -> None:
+        server.read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+    server = _Server(serve)
+    started: list[object] = []
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        loop.set_task_factory(lambda lp, coro, **kw: started.append(coro) or asyncio.Task(coro, loop=lp, **kw))
+        try:
+            response = await Client().request("GET", f"http://127.0.0.1:{server.port}/health")
+        finally:
+            loop.set_task_factory(None)
+        return response.status_code
+
+    assert anyio.run(main) == 200
+    assert started == []

@@ -22,6 +22,7 @@ from sparkd.daemon.watch.clientconns import BOTH, open_clients
 from sparkd.daemon.watch.steps import StepSense
 from sparkd.host.clock import Clock
 from sparkd.host.logs import Logger
+from sparkd.host.waits import Flag
 from sparkd.runtime.base import Instance, Runtime
 from sparkd.supervisor import health
 from sparkd.supervisor import vocabulary as v
@@ -115,10 +116,10 @@ class InstanceWatch:
         self.step_identity = watched.step_identity
         self.step_watch = StepWatch()
         self._canary_sent: float | None = None  # the canary in flight: when it was sent
-        self._canary_out = anyio.Event()  # set when a canary is sent: wakes the step watch resting between reads
+        self._canary_out = Flag()  # set when a canary is sent: wakes the step watch resting between reads
         self.vllm_metrics: VllmMetrics | None = None
         self._head_stop_seen = False  # this rank lost its head to the head's own stop of the group
-        self.exited = anyio.Event()
+        self.exited = Flag()
         self.logs_drained = anyio.Event()
         self.closed = anyio.Event()
         self.scope = anyio.CancelScope()
@@ -272,7 +273,7 @@ class InstanceWatch:
                     self._own_out -= signal.own_connection
                     if canary:
                         self._canary_sent = None
-                        self._canary_out = anyio.Event()
+                        self._canary_out = Flag()
                 await self._observe(signal.rule, reading)
 
     async def _watch_steps(self, sense: StepSense) -> None:
@@ -304,16 +305,8 @@ class InstanceWatch:
         if seconds <= READ_EVERY_S:
             await self.clock.sleep(seconds)
             return
-        canary_out = self._canary_out
-        async with anyio.create_task_group() as tg:
-
-            async def woken() -> None:
-                await canary_out.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(woken)
+        with self._canary_out.interrupts():
             await self.clock.sleep(seconds)
-            tg.cancel_scope.cancel()
 
     async def _observe(self, observe: Callable[..., health.Step], result: object) -> None:
         self.health, obs = observe(self.health, result, self.clock.now(), self.cfg)
