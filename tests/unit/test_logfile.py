@@ -248,3 +248,46 @@ def test_a_written_line_is_seen_at_once_without_waiting_for_a_poll(tmp_path: Pat
     seen, line_s, end_s = anyio.run(main)
     assert seen == ["one", "two"]
     assert line_s < 5 and end_s < 5  # far under the 30 s poll (generous: a shared machine)
+
+
+def test_a_turn_is_handed_between_reads_that_find_bytes_not_after_a_waits_short_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At rest each write wakes the follower for one short read, and the next read finds the end: no extra turn of
+    the loop (many times a minute). A file larger than a chunk is read a chunk at a time, a turn between each."""
+    path = tmp_path / "vllm.out"
+    path.write_bytes(b"")
+    turns: list[float] = []
+    real_sleep = anyio.sleep
+
+    async def counted(seconds: float) -> None:
+        if seconds == 0:
+            turns.append(seconds)
+        await real_sleep(seconds)
+
+    monkeypatch.setattr(anyio, "sleep", counted)
+
+    async def main() -> tuple[int, int]:
+        done, seen = Flag(), []
+
+        async def read() -> None:
+            async for line in follow_file(path, done, poll_s=30.0, chunk=1024):
+                seen.append(line)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            for n in range(3):
+                with path.open("ab") as out:
+                    out.write(b"line %d\n" % n)
+                while len(seen) < n + 1:
+                    await real_sleep(0.01)
+            quiet = len(turns)
+            with path.open("ab") as out:
+                out.write(b"x" * 4000 + b"\n")
+            while len(seen) < 4:
+                await real_sleep(0.01)
+            done.set()
+        return quiet, len(turns)
+
+    quiet, after_flood = anyio.run(main)
+    assert quiet == 0 and after_flood >= 3
