@@ -27,7 +27,8 @@ class RecorderConfig(_Section):
         "Size of the ring file; the oldest records are overwritten (4 MiB: about 8 hours at one record a "
         "second)." + _SIZE))
     sync_interval_s: float = Field(default=1.0, ge=0.2, le=60, description=(
-        "At most one `fdatasync` of the ring in this many seconds: the records a power cut may lose."))
+        "About one `fdatasync` of the ring in this many seconds (at most one in nine tenths of it): the records a "
+        "power cut may lose."))
     path: Path | None = Field(default=None, description=(
         "The ring file; unset: `recorder.ring` in `[paths] state_dir` (keep it on the state disk, not tmpfs)."))
     boot_id_path: Path = Field(default=Path("/proc/sys/kernel/random/boot_id"), description=(

@@ -2,10 +2,13 @@
 
 The daemon's loop packs a record and hands it over (:meth:`RingWriter.put`, a deque append and an event: no
 I/O, nothing that can block the loop or the memory guard beside it). The thread writes each record with one
-``pwrite`` into the page cache and calls ``fdatasync`` at most once every ``sync_interval_s``: a record written
-after a quiet spell is synced at once, a burst waits for the next slot. A disk that stalls holds the thread,
-never the loop: past :data:`BACKLOG` records waiting, new ones are dropped and counted. A ring that cannot be
-opened or written is a problem for status (sparkd reports itself degraded), retried, never fatal.
+``pwrite`` into the page cache and calls ``fdatasync`` about once every ``sync_interval_s``: a record written
+after a quiet spell is synced at once, a burst waits for the next slot. A record that comes up to
+:data:`SYNC_EARLY` of the interval early is synced at once: records come once an interval, riding the memory
+guard's samples, and a second wake-up of the thread only to wait out the last milliseconds costs more than the
+sync. A disk that stalls holds the thread, never the loop: past :data:`BACKLOG` records waiting, new ones are
+dropped and counted. A ring that cannot be opened or written is a problem for status (sparkd reports itself
+degraded), retried, never fatal.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ __all__ = ["BACKLOG", "RingWriter"]
 
 BACKLOG = 256  # records waiting for the thread before new ones are dropped
 REOPEN_S = 10.0
+SYNC_EARLY = 0.1  # share of sync_interval_s
 
 
 class RingWriter:
@@ -79,7 +83,7 @@ class RingWriter:
         while True:
             timeout = None
             if self._ring is not None and self._ring.dirty:
-                timeout = max(0.0, self._last_sync + self.sync_interval_s - self.clock())
+                timeout = max(0.0, self._sync_due() - self.clock())
             elif self._ring is None and not self._stopping:
                 timeout = REOPEN_S
             self._wake.wait(timeout)
@@ -98,13 +102,16 @@ class RingWriter:
             self._queue.clear()
             return self._stopping
         self._drain()
-        if self._stopping or self.clock() - self._last_sync >= self.sync_interval_s:
+        if self._stopping or self.clock() >= self._sync_due():
             self._sync()
         if self._stopping and not self._queue:
             assert self._ring is not None
             self._ring.close()
             return True
         return False
+
+    def _sync_due(self) -> float:
+        return self._last_sync + self.sync_interval_s * (1 - SYNC_EARLY)
 
     def _ensure_open(self) -> bool:
         now = self.clock()

@@ -168,6 +168,31 @@ def test_the_writer_thread_syncs_at_most_once_an_interval(tmp_path: Path) -> Non
     assert len(read_ring(tmp_path / "r.ring")) == 40
 
 
+def test_a_record_a_little_early_is_synced_at_once_not_after_a_second_wake_up(tmp_path: Path) -> None:
+    """Records ride the guard's samples, a hair under the interval apart: each is synced when it comes (the thread
+    wakes once a record), not after a wait for the interval's last milliseconds. The writer's clock stands still
+    here, so a writer that waited for the interval's end would never sync the second record."""
+    now = [100.0]
+    writer = RingWriter(tmp_path / "r.ring", 64 * 1024, sync_interval_s=1.0, log=Log(), clock=lambda: now[0])
+    writer.start()
+    assert writer.opened.wait(10)
+    writer.put(encode(record(1)))
+    deadline = time.monotonic() + 10
+    while writer.syncs < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    now[0] += 0.95  # the next guard sample, 50 ms short of the interval
+    writer.put(encode(record(2)))
+    while writer.syncs < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    synced = writer.syncs
+    now[0] += 0.5  # early by half: waits for its slot (the clean close syncs it)
+    writer.put(encode(record(3)))
+    time.sleep(0.2)
+    early = writer.syncs
+    writer.close()
+    assert (synced, early) == (2, 2) and len(read_ring(tmp_path / "r.ring")) == 3
+
+
 def test_a_ring_that_cannot_be_written_is_a_problem_not_a_crash(tmp_path: Path) -> None:
     (tmp_path / "r.ring").mkdir()  # a directory in the way, and it cannot be set aside
     (tmp_path / "r.ring" / "x").write_text("")
