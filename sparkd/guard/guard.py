@@ -153,8 +153,9 @@ class Guard:
         self._tg: TaskGroup | None = None
         self._pids: set[int] = set()
         self._pids_at: float | None = None
-        self._sampled: anyio.Event | None = None  # set after the next step, for whoever waits on it
-        self._fresh: Sample | None = None  # that step's sample
+        # called in the loop's wake-up right after each step with its sample (None: the sources could not be
+        # read): the flight recorder records from it, so one wake-up and one reading a second serve both
+        self.after_step: Callable[[Sample | None], None] | None = None
 
     # ---- the loop
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -211,20 +212,9 @@ class Guard:
         """Its loop runs (:meth:`run`): a sample at least every ``max_interval_s``."""
         return self._tg is not None
 
-    async def stepped(self) -> Sample | None:
-        """Wait for the loop's next step; its sample (None: the sources could not be read). The flight recorder
-        records right after the guard's sample, from it: one wake-up and one reading of meminfo and PSI a second
-        for both."""
-        if self._sampled is None:
-            self._sampled = anyio.Event()
-        await self._sampled.wait()
-        return self._fresh
-
     def _stepped(self, sample: Sample | None) -> None:
-        self._fresh = sample
-        if self._sampled is not None:
-            self._sampled.set()
-            self._sampled = None
+        if self.after_step is not None:
+            self.after_step(sample)
 
     @property
     def start_allowed(self) -> bool:

@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 from sparkd.config import GuardConfig
 from sparkd.guard import Action, Decision, Guard, Level, Sampler, next_interval
 from sparkd.guard.guard import PID_REFRESH_NEAR_S, PID_REFRESH_S, pid_refresh_s
-from sparkd.guard.sample import GIB, MIB
+from sparkd.guard.sample import GIB, MIB, Sample
 from sparkd.supervisor.failures import Failure, FailureClass
 
 PSI_CALM = "some avg10=0.00 avg60=0.00 avg300=0.00 total=10\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=5\n"
@@ -479,23 +479,28 @@ async def test_a_warning_decision_is_logged_as_a_warning_with_its_own_level_kept
 
 
 @pytest.mark.anyio
-async def test_a_reader_waits_for_the_loops_next_sample(node: Node) -> None:
-    """``stepped()``: the sample the loop's next step took (what the flight recorder records from), None when that
-    step could not read its sources."""
+async def test_after_step_gets_each_steps_sample_in_the_loops_wake_up(node: Node) -> None:
+    """``after_step``: called right after each step of the loop with its sample (what the flight recorder records
+    from, in the guard's own wake-up), None when that step could not read its sources."""
     cfg = config(node, max_interval_s=0.01)
     guard = Guard(lambda: cfg, FakeHooks(set()))
     node.set(20.0)
+    seen: list[Sample | None] = []
+    guard.after_step = seen.append
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             assert not guard.sampling
             await tg.start(guard.run)
             assert guard.sampling
-            first = await guard.stepped()
-            assert first is not None and first is guard.latest and first.available == 20 * GIB
+            while not seen:
+                await anyio.sleep(0.005)
+            first = seen[0]
+            assert first is not None and first.available == 20 * GIB
             with open(node.meminfo, "r+") as handle:  # MemAvailable vanishes
                 handle.truncate(0)
                 handle.write("MemTotal: 1 kB\n")
-            assert await guard.stepped() is None
+            while seen[-1] is not None:
+                await anyio.sleep(0.005)
             tg.cancel_scope.cancel()
     assert not guard.sampling
 

@@ -3,6 +3,7 @@ file the test writes (scripted histories, no sleep)."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from pathlib import Path
 from typing import Any
@@ -155,9 +156,7 @@ async def test_a_record_tells_the_state_the_memory_and_what_happened(tmp_path: P
 
 
 @pytest.mark.anyio
-async def test_the_records_ride_the_guards_samples(tmp_path: Path) -> None:
-    """With the memory guard sampling at least as often as the recorder records, each record is made right after a
-    guard sample and from it: the daemon reads meminfo and PSI once per record, and wakes once, not twice."""
+def _riding(tmp_path: Path) -> tuple[Meminfo, Any]:
     meminfo = Meminfo(tmp_path / "meminfo", 40 * GIB)
     (tmp_path / "pressure").write_text("some avg10=1.50 avg60=0.00 avg300=0.00 total=10\n"
                                        "full avg10=0.25 avg60=0.00 avg300=0.00 total=5\n")
@@ -166,6 +165,15 @@ async def test_the_records_ride_the_guards_samples(tmp_path: Path) -> None:
                                   "max_interval_s": 0.05, "warn_below": "1 GiB", "stop_below": "512 MiB",
                                   "kill_below": "256 MiB"},
                  recorder={"enabled": True, "interval_s": 0.05})
+    return meminfo, cfg
+
+
+@pytest.mark.anyio
+async def test_the_records_ride_the_guards_samples(tmp_path: Path) -> None:
+    """With the memory guard sampling at least as often as the recorder records, each record is made right after a
+    guard sample, in the guard's own wake-up, and from its sample: the daemon reads meminfo and PSI once per record,
+    and wakes once, not twice."""
+    meminfo, cfg = _riding(tmp_path)
     async with running(cfg, FakeRuntime(), FakeClock()) as node:
         await node.until_state("ready")
         recorder, guard = node.daemon.recorder, node.daemon.guard
@@ -174,6 +182,14 @@ async def test_the_records_ride_the_guards_samples(tmp_path: Path) -> None:
         reads: list[int] = []
         real_read = own.read
         own.read = lambda: (reads.append(1), real_read())[1]  # type: ignore[method-assign]
+        in_guards_wake_up: list[bool] = []
+        real_tick = recorder.tick
+
+        def tick(taken: Any = None) -> None:
+            in_guards_wake_up.append(any(frame.function == "_stepped" for frame in inspect.stack()))
+            real_tick(taken)
+
+        recorder.tick = tick  # type: ignore[method-assign]
         records, samples = recorder.records, guard.counters.samples
         meminfo.set(30 * GIB)
         with anyio.fail_after(20):
@@ -182,5 +198,33 @@ async def test_the_records_ride_the_guards_samples(tmp_path: Path) -> None:
         # without the guard's samples every record reads for itself (8 reads or more); a loaded machine may delay
         # a sample past a record's time now and then
         assert len(reads) <= 4 and guard.counters.samples - samples >= 8
+        assert in_guards_wake_up.count(True) >= len(in_guards_wake_up) - 4
         record = recorder.record(taken=guard.latest)
         assert record.available == 30 * GIB and record.psi_some == 1.5 and record.psi_full == 0.25
+
+
+@pytest.mark.anyio
+async def test_a_guard_that_stops_stepping_does_not_stop_the_records(tmp_path: Path) -> None:
+    """The guard's loop held (an action of its waits out a stop's grace): after three intervals without a step the
+    recorder records on its own, reading meminfo itself, until the guard steps again."""
+    _, cfg = _riding(tmp_path)
+    async with running(cfg, FakeRuntime(), FakeClock()) as node:
+        await node.until_state("ready")
+        recorder, guard = node.daemon.recorder, node.daemon.guard
+        assert isinstance(recorder, DaemonRecorder) and guard is not None and recorder.memory.meminfo is not None
+        held = anyio.Event()
+
+        async def held_step() -> None:
+            await held.wait()
+
+        guard.step = held_step  # type: ignore[method-assign,assignment]
+        own = recorder.memory.meminfo
+        reads: list[int] = []
+        real_read = own.read
+        own.read = lambda: (reads.append(1), real_read())[1]  # type: ignore[method-assign]
+        records = recorder.records
+        with anyio.fail_after(20):
+            while recorder.records < records + 5:
+                await anyio.sleep(0.01)
+        held.set()
+        assert len(reads) >= 4

@@ -180,27 +180,46 @@ class DaemonRecorder:
     async def run(self) -> None:
         """Record every interval until cancelled; the clean exit's record is written by :meth:`close`."""
         self.writer.start()
-        taken: Sample | None = None
         while True:
-            self.tick(taken)
-            taken = await self._until_due()
+            self.tick()
+            await self._until_due()
 
-    async def _until_due(self) -> Sample | None:
-        """Until the next record is due. Where this daemon's memory guard samples at least as often as the recorder
-        records, the record is made right after the guard's sample that falls due, from that sample: the guard's
-        wake-up and its reading of meminfo and PSI serve both (else: the recorder's own interval and reading)."""
-        cfg = self.node().config
-        interval, guard = cfg.recorder.interval_s, self.seen.guard
-        if guard is None or not guard.sampling or guard.cfg.max_interval_s > interval:
+    async def _until_due(self) -> None:
+        """Until the next record of the recorder's own is due. Where this daemon's memory guard samples at least as
+        often as the recorder records, the records ride its steps instead (:meth:`_ride`)."""
+        interval, guard = self.node().config.recorder.interval_s, self.seen.guard
+        if guard is None or not self._rides(guard, interval):
             await self.clock.sleep(interval)
-            return None
+            return
+        await self._ride(guard, interval)
+
+    def _rides(self, guard: Guard, interval: float) -> bool:
+        return guard.sampling and guard.cfg.max_interval_s <= interval and \
+            self.node().config.recorder.interval_s == interval
+
+    async def _ride(self, guard: Guard, interval: float) -> None:
+        """Each record is made in the guard's wake-up, right after the step that falls due, from its sample (the
+        guard's ``after_step``): one wake-up and one reading of meminfo and PSI serve both. This task wakes only to
+        see that the guard still steps: it returns (for a record of the recorder's own) once RIDE_LATE intervals
+        passed without one (the guard's loop ended, or an action of its holds it), or riding no longer applies."""
+        late_s = interval * RIDE_LATE
         due = guard.clock() + interval * (1 - RIDE_EARLY)
-        with anyio.move_on_after(interval * RIDE_LATE):  # a guard that stops sampling does not stop the records
-            while True:
-                taken = await guard.stepped()
-                if guard.clock() >= due:
-                    return taken
-        return None
+        ridden_at = anyio.current_time()
+
+        def after_step(sample: Sample | None) -> None:
+            nonlocal due, ridden_at
+            if guard.clock() >= due:
+                due, ridden_at = guard.clock() + interval * (1 - RIDE_EARLY), anyio.current_time()
+                self.tick(sample)
+
+        guard.after_step = after_step
+        try:
+            while (wait := ridden_at + late_s - anyio.current_time()) > 0:
+                await anyio.sleep(wait)
+                if not self._rides(guard, interval):
+                    return
+        finally:
+            guard.after_step = None
 
     def tick(self, taken: Sample | None = None) -> None:
         started = time.thread_time()
