@@ -1,6 +1,6 @@
 """Where a resting sparkd's CPU goes: the loop thread's profile over a window at rest.
 
-    .venv/bin/python tests/bench/idle_profile.py [--settle 20] [--seconds 60] [--top 25] [--json out.json]
+    .venv/bin/python tests/bench/idle_profile.py [--settle 20] [--seconds 60] [--top 25] [--wakes] [--json out.json]
 
 It starts a real ``sparkd run`` with the shipped defaults supervising the vLLM stand-in (as bench_footprint.py
 does) under a ``sitecustomize`` that profiles the main thread (the anyio loop: every task but the recorder's
@@ -10,6 +10,11 @@ daemon's profile thread takes a snapshot at each mark (the only other thing it d
 0.2 s), and the difference is printed: the functions by cumulative and by own time, their calls in the window,
 and the process's CPU in the window. cProfile slows what it measures (a CPU-clock read per call: several times
 here): read the figures as shares, bench_footprint.py's as costs.
+
+``--wakes``: instead of the profile, who woke the loop in the window: every callback the loop ran, by what it was
+(a task's step named by its coroutine's outermost and innermost frames, or the callback's name), and the selector's
+waits (each a turn of the loop). Each turn costs the loop's own machinery besides the work, so a wait that takes
+several turns (a task group's spawn and cancel, a deadline's delivered cancellation) shows here.
 """
 
 from __future__ import annotations
@@ -92,10 +97,79 @@ if _dir is not None:
 '''
 
 
+WAKES = r'''
+import asyncio, asyncio.events, collections, json, os, selectors, threading, time
+_dir = os.environ.pop("SPARKD_IDLE_PROFILE_DIR", None)
+_counts, _turns, _on = collections.Counter(), [0, 0], [False]
+
+
+def _who(callback):
+    owner = getattr(callback, "__self__", None)
+    if not isinstance(owner, asyncio.Task):
+        return "callback " + getattr(callback, "__qualname__", type(callback).__name__)
+    frames, coro = [], owner.get_coro()
+    while coro is not None and len(frames) < 16:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        frames.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return "task " + " > ".join(frames[:1] + frames[-2:]) if frames else "task ?"
+
+
+def _install():
+    run, select = asyncio.events.Handle._run, selectors.EpollSelector.select
+
+    def counted_run(self):
+        if _on[0]:
+            _counts[_who(self._callback)] += 1
+        return run(self)
+
+    def counted_select(self, timeout=None):
+        ready = select(self, timeout)
+        if _on[0]:
+            _turns[0] += 1
+            _turns[1] += bool(ready)
+        return ready
+
+    asyncio.events.Handle._run = counted_run
+    selectors.EpollSelector.select = counted_select
+
+
+def _watch():
+    while not os.path.exists(os.path.join(_dir, "start")):
+        time.sleep(0.2)
+    _on[0], started, cpu = True, time.monotonic(), time.process_time()
+    while not os.path.exists(os.path.join(_dir, "end")):
+        time.sleep(0.2)
+    _on[0] = False
+    out = {"window_s": time.monotonic() - started, "process_cpu_s": time.process_time() - cpu, "turns": _turns[0],
+           "turns_with_io": _turns[1], "wakes": _counts.most_common()}
+    with open(os.path.join(_dir, "profile.json.part"), "w") as f:
+        json.dump(out, f)
+    os.rename(os.path.join(_dir, "profile.json.part"), os.path.join(_dir, "profile.json"))
+
+
+if _dir is not None:
+    _install()
+    threading.Thread(target=_watch, name="idle-profile", daemon=True).start()
+'''
+
+
 def short(where: str) -> str:
     for root in (str(Path(__file__).resolve().parents[2]) + "/", sys.prefix + "/", sys.base_prefix + "/"):
         where = where.replace(root, "")
     return where
+
+
+def report_wakes(profile: dict[str, Any], top: int) -> str:
+    window = profile["window_s"]
+    lines = [f"window {window:.1f} s; the process's CPU in it {profile['process_cpu_s'] * 1000:.0f} ms (counted); "
+             f"the loop's turns {profile['turns']} ({profile['turns'] / window:.2f}/s), "
+             f"{profile['turns_with_io']} with I/O ready", "", "callbacks the loop ran (a minute's worth, what):"]
+    for who, n in profile["wakes"][:top]:
+        lines.append(f"  {n * 60 / window:7.1f}  {who}")
+    return "\n".join(lines)
 
 
 def report(profile: dict[str, Any], top: int) -> str:
@@ -123,13 +197,14 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="the window")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--wakes", action="store_true", help="who woke the loop, instead of the profile")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sparkd-idle-profile-"))
     owned, ledger = Owned(), ShmLedger()
     site, marks = tmp / "site", tmp / "marks"
     site.mkdir()
     marks.mkdir()
-    (site / "sitecustomize.py").write_text(PROFILER)
+    (site / "sitecustomize.py").write_text(WAKES if args.wakes else PROFILER)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
            "SPARKD_IDLE_PROFILE_DIR": str(marks)}
     port = free_port()
@@ -156,7 +231,7 @@ def main() -> int:
         ledger.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"host: {os.cpu_count()} CPUs, load {' '.join(f'{x:.2f}' for x in load)} at the window's start")
-    print(report(profile, args.top))
+    print(report_wakes(profile, args.top) if args.wakes else report(profile, args.top))
     if args.json:
         write_json(args.json, {"load": load, **profile})
     return 0
