@@ -112,7 +112,8 @@ def _who(callback):
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
         if frame is None:
             break
-        frames.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+        if frame.f_code.co_qualname != "TaskHandle._run_coro":  # anyio's wrapper of every task
+            frames.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
         coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
     return "task " + " > ".join(frames[:1] + frames[-2:]) if frames else "task ?"
 
