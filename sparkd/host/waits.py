@@ -7,6 +7,9 @@ daemon's CPU (``tests/bench/README.md``). So:
 
 - :class:`Flag`, a one-shot event that also ends the waits it interrupts: ``with flag.interrupts(timeout_s):``
   around one await waits for that await, the flag or the timeout in one cancel scope, no task spawned;
+- :class:`Alarm`, a flag that sets itself a while after its last ``reset``: a deadline that work pushes back
+  many times a minute costs one timer on the loop per push and no task awake (a task sleeping until the deadline
+  woke at each push's old deadline only to sleep again);
 - :func:`readable_within`, an fd's readiness or a timeout on one future with the loop's own reader and timer,
   no cancel scope (sparkd runs on anyio's asyncio backend; a scope around the caller cancels it as any wait).
 """
@@ -54,6 +57,27 @@ class Flag:
                 yield scope
             finally:
                 self._scopes.discard(scope)
+
+
+class Alarm(Flag):
+    """Set ``after_s`` seconds after it was made or last :meth:`reset` (loop time), unless :meth:`cancel` was
+    called since. Make it inside the event loop."""
+
+    def __init__(self, after_s: float) -> None:
+        super().__init__()
+        self.after_s = after_s
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.cancel()
+        self._timer = self._loop.call_later(self.after_s, self.set)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 async def readable_within(fd: int, timeout_s: float) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sparkd.host.waits import Flag, readable_within
+from sparkd.host.waits import Alarm, Flag, readable_within
 from sparkd.runtime.filewatch import FileWatch
 
 
@@ -126,3 +126,26 @@ def test_a_file_watch_wait_starts_no_task(tmp_path: Path) -> None:
         assert anyio.run(main) == (0, 0)
     finally:
         watch.close()
+
+
+def test_an_alarm_sets_itself_after_its_last_reset_and_not_once_cancelled() -> None:
+    """The flight recorder's watch on the guard: each record pushes the alarm back, and only a guard that stopped
+    stepping lets it ring. Pushed back, it rings its full delay after the push; cancelled, never."""
+
+    async def main() -> tuple[bool, bool, float, bool]:
+        alarm = Alarm(0.3)
+        for _ in range(3):  # pushed back three times, 0.1 s apart: not set in 0.3 s of its making
+            await anyio.sleep(0.1)
+            alarm.reset()
+        not_yet = alarm.is_set()
+        pushed = time.monotonic()
+        with anyio.fail_after(10):
+            await alarm.wait()
+        rang_after = time.monotonic() - pushed
+        quiet = Alarm(0.05)
+        quiet.cancel()
+        await anyio.sleep(0.2)
+        return not_yet, alarm.is_set(), rang_after, quiet.is_set()
+
+    not_yet, rang, rang_after, quiet_rang = anyio.run(main)
+    assert not not_yet and rang and rang_after >= 0.25 and not quiet_rang

@@ -34,6 +34,7 @@ from sparkd.guard.guard import Guard
 from sparkd.guard.sample import Sample
 from sparkd.host.clock import Clock
 from sparkd.host.logs import Logger
+from sparkd.host.waits import Alarm
 from sparkd.recorder.record import Floors, GpuMark, PeerMark, Record, encode
 from sparkd.recorder.watchdog import Watchdog, WatchdogError
 from sparkd.recorder.writer import RingWriter
@@ -199,26 +200,27 @@ class DaemonRecorder:
 
     async def _ride(self, guard: Guard, interval: float) -> None:
         """Each record is made in the guard's wake-up, right after the step that falls due, from its sample (the
-        guard's ``after_step``): one wake-up and one reading of meminfo and PSI serve both. This task wakes only to
-        see that the guard still steps: it returns (for a record of the recorder's own) once RIDE_LATE intervals
-        passed without one (the guard's loop ended, or an action of its holds it), or riding no longer applies."""
-        late_s = interval * RIDE_LATE
+        guard's ``after_step``): one wake-up and one reading of meminfo and PSI serve both. This task sleeps until
+        RIDE_LATE intervals passed without such a record (the guard's loop ended, or an action of its holds it: an
+        alarm each record pushes back, so the task does not wake while the guard steps), or until a step finds that
+        riding no longer applies; then it returns, for a record of the recorder's own."""
         due = guard.clock() + interval * (1 - RIDE_EARLY)
-        ridden_at = anyio.current_time()
+        late = Alarm(interval * RIDE_LATE)
 
         def after_step(sample: Sample | None) -> None:
-            nonlocal due, ridden_at
-            if guard.clock() >= due:
-                due, ridden_at = guard.clock() + interval * (1 - RIDE_EARLY), anyio.current_time()
+            nonlocal due
+            if not self._rides(guard, interval):
+                late.set()
+            elif guard.clock() >= due:
+                due = guard.clock() + interval * (1 - RIDE_EARLY)
+                late.reset()
                 self.tick(sample)
 
         guard.after_step = after_step
         try:
-            while (wait := ridden_at + late_s - anyio.current_time()) > 0:
-                await anyio.sleep(wait)
-                if not self._rides(guard, interval):
-                    return
+            await late.wait()
         finally:
+            late.cancel()
             guard.after_step = None
 
     def tick(self, taken: Sample | None = None) -> None:
