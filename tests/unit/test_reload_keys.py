@@ -244,10 +244,12 @@ def configs_reachable(root: object) -> list[tuple[str, object]]:
             continue
         if isinstance(obj, weakref.ref):
             continue
+        # a copy first, taken in one step: a thread of the daemon's (the recorder's writer) may change a collection
+        # between two steps of a Python loop over it (a CI run: "deque mutated during iteration")
         if isinstance(obj, dict):
-            stack += [(f"{path}[{k!r}]", v) for k, v in obj.items()]
+            stack += [(f"{path}[{k!r}]", v) for k, v in tuple(obj.items())]
         elif isinstance(obj, list | tuple | set | frozenset | collections.deque):
-            stack += [(f"{path}[{i}]", v) for i, v in enumerate(obj)]
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(tuple(obj))]
         elif isinstance(obj, types.MethodType):
             stack.append((f"{path}.__self__", obj.__self__))
         elif isinstance(obj, functools.partial):
