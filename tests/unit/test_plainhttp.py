@@ -3,7 +3,6 @@ over real loopback sockets."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import struct
@@ -13,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from taskcount import tasks_started
 
 from sparkd.host.plainhttp import Client, ProtocolError, Response, parse_response
 
@@ -133,16 +133,10 @@ def test_a_request_starts_no_task() -> None:
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
 
     server = _Server(serve)
-    started: list[object] = []
 
-    async def main() -> int:
-        loop = asyncio.get_running_loop()
-        loop.set_task_factory(lambda lp, coro, **kw: started.append(coro) or asyncio.Task(coro, loop=lp, **kw))
-        try:
-            response = await Client().request("GET", f"http://127.0.0.1:{server.port}/health")
-        finally:
-            loop.set_task_factory(None)
-        return response.status_code
+    async def main() -> tuple[int, Response]:
+        return await tasks_started(lambda: Client().request("GET", f"http://127.0.0.1:{server.port}/health"))
 
-    assert anyio.run(main) == 200
-    assert started == []
+    started, response = anyio.run(main)
+    assert response.status_code == 200
+    assert started == 0

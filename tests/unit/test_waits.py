@@ -6,26 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
 import pytest
+from taskcount import tasks_started
 
 from sparkd.host.waits import Alarm, Flag, readable_within
 from sparkd.runtime.filewatch import FileWatch
-
-
-async def _tasks_started(body: Callable[[], Awaitable[object]]) -> int:
-    """How many tasks ``body`` started (the loop's task factory counts them)."""
-    loop = asyncio.get_running_loop()
-    started: list[object] = []
-    loop.set_task_factory(lambda lp, coro, **kw: started.append(coro) or asyncio.Task(coro, loop=lp, **kw))
-    try:
-        await body()
-    finally:
-        loop.set_task_factory(None)
-    return len(started)
 
 
 def test_a_flag_set_elsewhere_ends_the_wait_it_interrupts_at_once() -> None:
@@ -120,7 +108,7 @@ def test_a_file_watch_wait_starts_no_task(tmp_path: Path) -> None:
             done.set()
             await watch.wait(done, 30)
 
-        return await _tasks_started(written), await _tasks_started(ended)
+        return (await tasks_started(written))[0], (await tasks_started(ended))[0]
 
     try:
         assert anyio.run(main) == (0, 0)

@@ -204,15 +204,17 @@ class DaemonRecorder:
         RIDE_LATE intervals passed without such a record (the guard's loop ended, or an action of its holds it: an
         alarm each record pushes back, so the task does not wake while the guard steps), or until a step finds that
         riding no longer applies; then it returns, for a record of the recorder's own."""
-        due = guard.clock() + interval * (1 - RIDE_EARLY)
-        late = Alarm(interval * RIDE_LATE)
+        def next_due() -> float:
+            return guard.clock() + interval * (1 - RIDE_EARLY)
+
+        due, late = next_due(), Alarm(interval * RIDE_LATE)
 
         def after_step(sample: Sample | None) -> None:
             nonlocal due
             if not self._rides(guard, interval):
                 late.set()
             elif guard.clock() >= due:
-                due = guard.clock() + interval * (1 - RIDE_EARLY)
+                due = next_due()
                 late.reset()
                 self.tick(sample)
 
