@@ -14,7 +14,9 @@ here): read the figures as shares, bench_footprint.py's as costs.
 ``--wakes``: instead of the profile, who woke the loop in the window: every callback the loop ran, by what it was
 (a task's step named by its coroutine's outermost and innermost frames, or the callback's name), and the selector's
 waits (each a turn of the loop). Each turn costs the loop's own machinery besides the work, so a wait that takes
-several turns (a task group's spawn and cancel, a deadline's delivered cancellation) shows here.
+several turns (a task group's spawn and cancel, a deadline's delivered cancellation) shows here. Each callback's CPU is
+counted too (the loop thread's own clock around it, unprofiled: the cost of each kind of wake-up as it runs), and
+the loop thread's whole CPU in the window: in its turns' work and in its waits (the selector and ``epoll_wait``).
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ if _dir is not None:
 WAKES = r'''
 import asyncio, asyncio.events, collections, json, os, selectors, threading, time
 _dir = os.environ.pop("SPARKD_IDLE_PROFILE_DIR", None)
-_counts, _turns, _on = collections.Counter(), [0, 0], [False]
+_counts, _cpu, _on = collections.Counter(), collections.Counter(), [False]
+_turns = [0, 0, 0.0, 0.0]  # turns, turns with I/O ready, CPU between selects, CPU inside them
 
 
 def _who(callback):
@@ -120,17 +123,29 @@ def _who(callback):
 
 def _install():
     run, select = asyncio.events.Handle._run, selectors.EpollSelector.select
+    last = [None]  # the thread's CPU clock when the last select returned
 
     def counted_run(self):
-        if _on[0]:
-            _counts[_who(self._callback)] += 1
-        return run(self)
+        if not _on[0]:
+            return run(self)
+        who = _who(self._callback)
+        began = time.thread_time()
+        try:
+            return run(self)
+        finally:
+            _counts[who] += 1
+            _cpu[who] += time.thread_time() - began
 
     def counted_select(self, timeout=None):
+        began = time.thread_time()
+        if _on[0] and last[0] is not None:
+            _turns[2] += began - last[0]  # the turn's work: callbacks and the loop's own
         ready = select(self, timeout)
+        last[0] = time.thread_time()
         if _on[0]:
             _turns[0] += 1
             _turns[1] += bool(ready)
+            _turns[3] += last[0] - began  # the wait's own CPU: the selector and epoll_wait
         return ready
 
     asyncio.events.Handle._run = counted_run
@@ -145,7 +160,8 @@ def _watch():
         time.sleep(0.2)
     _on[0] = False
     out = {"window_s": time.monotonic() - started, "process_cpu_s": time.process_time() - cpu, "turns": _turns[0],
-           "turns_with_io": _turns[1], "wakes": _counts.most_common()}
+           "turns_with_io": _turns[1], "loop_work_cpu_s": _turns[2], "loop_select_cpu_s": _turns[3],
+           "wakes": _counts.most_common(), "wake_cpu_s": dict(_cpu)}
     with open(os.path.join(_dir, "profile.json.part"), "w") as f:
         json.dump(out, f)
     os.rename(os.path.join(_dir, "profile.json.part"), os.path.join(_dir, "profile.json"))
@@ -165,11 +181,17 @@ def short(where: str) -> str:
 
 def report_wakes(profile: dict[str, Any], top: int) -> str:
     window = profile["window_s"]
+    minute = 60 / window
+    work, waits, cpu = profile["loop_work_cpu_s"], profile["loop_select_cpu_s"], profile["wake_cpu_s"]
     lines = [f"window {window:.1f} s; the process's CPU in it {profile['process_cpu_s'] * 1000:.0f} ms (counted); "
              f"the loop's turns {profile['turns']} ({profile['turns'] / window:.2f}/s), "
-             f"{profile['turns_with_io']} with I/O ready", "", "callbacks the loop ran (a minute's worth, what):"]
+             f"{profile['turns_with_io']} with I/O ready",
+             f"the loop thread's CPU a minute: {1000 * (work + waits) * minute:.1f} ms ({1000 * work * minute:.1f} "
+             f"in its turns' work, of which callbacks {1000 * sum(cpu.values()) * minute:.1f}; "
+             f"{1000 * waits * minute:.1f} in its waits)", "",
+             "callbacks the loop ran (a minute's worth: how many, their CPU in ms, what):"]
     for who, n in profile["wakes"][:top]:
-        lines.append(f"  {n * 60 / window:7.1f}  {who}")
+        lines.append(f"  {n * minute:7.1f}  {1000 * cpu.get(who, 0.0) * minute:7.2f}  {who}")
     return "\n".join(lines)
 
 
