@@ -138,8 +138,10 @@ async def _send_all(sock: socket.socket, data: bytes) -> None:
 
 
 async def _read_all(sock: socket.socket, limit: int) -> bytes:
-    """Everything until the server closes (a reset ends it too: what came before it is parsed)."""
-    chunks, size = [], 0
+    """The answer: until it is whole by its own framing (``Content-Length``, the chunked body's last chunk) or the
+    server closes (a reset ends it too: what came before it is parsed). Not waiting for the close once the answer
+    is whole spares a resting daemon's probes a wake-up each."""
+    data, ends = bytearray(), _AnswerEnd()
     while True:
         try:
             chunk = sock.recv(65536)
@@ -150,11 +152,50 @@ async def _read_all(sock: socket.socket, limit: int) -> bytes:
             break
         if not chunk:
             break
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit + 65536:
+        data += chunk
+        if len(data) > limit + 65536:
             raise ProtocolError(f"the answer is larger than {limit} bytes")
-    return b"".join(chunks)
+        if ends.whole(data):
+            break
+    return bytes(data)
+
+
+class _AnswerEnd:
+    """Whether the bytes read so far hold a whole answer, by its framing; without a length or a chunked body, only
+    the server's close ends it. The head is parsed once it is in."""
+
+    def __init__(self) -> None:
+        self.body_at: int | None = None
+        self.length: int | None = None
+        self.chunked = False
+
+    def whole(self, data: bytearray) -> bool:
+        if self.body_at is None:
+            end = data.find(b"\r\n\r\n")
+            if end == -1:
+                return False
+            self.body_at = end + 4
+            try:
+                code, headers = parse_head(bytes(data[:end]))
+            except ProtocolError:
+                return False  # read on to the close: parse_response says what is wrong
+            self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+            if code in (204, 304) or 100 <= code < 200:
+                self.length = 0
+            elif not self.chunked and headers.get("content-length", "").isdigit():
+                self.length = int(headers["content-length"])
+        if self.length is not None:
+            return len(data) - self.body_at >= self.length
+        return self.chunked and data.endswith(b"\r\n0\r\n\r\n") and _last_chunk_read(bytes(data[self.body_at:]))
+
+
+def _last_chunk_read(body: bytes) -> bool:
+    """Whether a chunked body that ends like its last chunk is one (a chunk's data may end so, by chance)."""
+    try:
+        _dechunk(body)
+    except ProtocolError:
+        return False
+    return True
 
 
 def parse_response(raw: bytes) -> Response:

@@ -140,3 +140,53 @@ def test_a_request_starts_no_task() -> None:
     started, response = anyio.run(main)
     assert response.status_code == 200
     assert started == 0
+
+
+WHOLE = [
+    ("content-length", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", b"hello"),
+    ("chunked", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", b"hello"),
+    ("no body", b"HTTP/1.1 204 No Content\r\n\r\n", b""),
+]
+
+
+@pytest.mark.parametrize(("case", "answer", "body"), WHOLE, ids=[c[0] for c in WHOLE])
+def test_a_whole_answer_is_read_without_waiting_for_the_close(case: str, answer: bytes, body: bytes) -> None:
+    """A resting daemon's probe wakes once for its answer, not once more for the server's close: the answer is
+    whole by its framing, and the server here keeps the connection open until the client has its answer."""
+    got = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        server.read_request(conn)
+        conn.sendall(answer)
+        got.wait(10)  # the connection stays open: only the framing can end the read
+
+    server = _Server(serve)
+    try:
+        response = anyio.run(_within(f"http://127.0.0.1:{server.port}/x", 5))
+    finally:
+        got.set()
+    assert response.content == body
+
+
+def test_a_chunk_that_ends_like_the_last_one_is_read_past() -> None:
+    """A chunk's data that happens to end with the last chunk's bytes, at the end of one read, is not the end."""
+    first = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nab\r\n0\r\n\r\n"
+    rest = b"\r\n2\r\nyz\r\n0\r\n\r\n"
+    sent = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        server.read_request(conn)
+        conn.sendall(first)
+        sent.wait(0.3)  # the client reads the first part alone
+        conn.sendall(rest)
+
+    server = _Server(serve)
+    response = anyio.run(_within(f"http://127.0.0.1:{server.port}/x", 5))
+    assert response.content == b"ab\r\n0\r\n\r\nyz"
+
+
+def _within(url: str, seconds: float) -> Callable[[], Any]:
+    async def main() -> Response:
+        with anyio.fail_after(seconds):
+            return await Client().request("GET", url)
+    return main
