@@ -26,7 +26,8 @@ from pathlib import Path
 from sparkd.vllm_probe.sparkd_vllm_probe import layout
 from sparkd.vllm_probe.sparkd_vllm_probe.layout import StepRecord, Torn
 
-__all__ = ["MAX_FILES", "StepReading", "host_pid", "process_state", "read_step_file", "read_steps"]
+__all__ = ["MAX_FILES", "StepReading", "host_pid", "process_stat", "process_state", "read_step_file",
+           "read_steps"]
 
 MAX_FILES = 64
 TORN_RETRIES = 5
@@ -92,13 +93,13 @@ def read_steps(directory: Path, *, now_ns: Callable[[], int] = time.monotonic_ns
 
 def _stat_fields(pid: int | str, proc: Path) -> tuple[int, str] | None:
     """(start time in ticks, the /proc/<pid>/status text) of a process, or None when it is gone."""
+    fields = _stat(pid, proc)
+    if fields is None or len(fields) < 20 or not fields[19].isdigit():
+        return None
     try:
-        with open(f"{proc}/{pid}/stat", "rb") as handle:  # strings, not pathlib: this runs every second
-            stat_text = handle.read()
-        start = int(stat_text[stat_text.rindex(b")") + 2:].split()[19])
         with open(f"{proc}/{pid}/status") as handle:
-            return start, handle.read()
-    except (OSError, ValueError, IndexError):
+            return int(fields[19]), handle.read()
+    except OSError:
         return None
 
 
@@ -134,9 +135,24 @@ def _inner_pid(status: str) -> int | None:
 
 def process_state(pid: int, *, proc: Path = Path("/proc")) -> str | None:
     """The state letter of ``/proc/<pid>/stat`` (R, S, D, T, t, Z, ...); None when the process is gone."""
+    fields = _stat(pid, proc)
+    return fields[0].decode("ascii", "replace") if fields else None
+
+
+def process_stat(pid: int, *, proc: Path = Path("/proc")) -> tuple[int, str] | None:
+    """(start time in ticks, state letter) of ``/proc/<pid>/stat``: one read tells a process found before (the
+    same PID and start time) and its state; None when the process is gone."""
+    fields = _stat(pid, proc)
+    if fields is None or len(fields) < 20 or not fields[19].isdigit():
+        return None
+    return int(fields[19]), fields[0].decode("ascii", "replace")
+
+
+def _stat(pid: int | str, proc: Path) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the process's name (its state first), or None when it is gone."""
     try:
-        with open(f"{proc}/{pid}/stat", "rb") as handle:
+        with open(f"{proc}/{pid}/stat", "rb") as handle:  # strings, not pathlib: this runs every few seconds
             text = handle.read()
-        return text[text.rindex(b")") + 2:].split()[0].decode()
-    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return text[text.rindex(b")") + 2:].split() or None
+    except (OSError, ValueError):
         return None

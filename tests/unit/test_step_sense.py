@@ -89,6 +89,38 @@ def test_a_containers_rank_is_named_by_the_pid_the_host_sees(tmp_path: Path) -> 
     assert answer["states"] == [{"role": "worker", "rank": 0, "state": "T"}]
 
 
+def test_a_process_found_before_is_confirmed_by_its_stat_alone_and_a_reused_pid_is_looked_for_again(
+        tmp_path: Path) -> None:
+    """Read every few seconds while vLLM serves: once a rank's process is found (its NSpid in ``status``), a reading
+    confirms it by its start time in ``stat`` (one small read, no ``status``), and reads its state from the same
+    line; a PID whose start time changed is another process, and the record's is looked for again."""
+    proc = tmp_path / "proc"
+    (proc / "5000").mkdir(parents=True)
+
+    def stat(state: str, start: int) -> None:
+        (proc / "5000" / "stat").write_text(f"5000 (VLLM::Worker) {state} " + " ".join(["0"] * 18) + f" {start} 0 0\n")
+
+    stat("S", 123)
+    (proc / "5000" / "status").write_text("Name:\tVLLM::Worker\nNSpid:\t5000\t7\n")
+    sense, _ = sense_of(tmp_path)
+    sense.proc = proc
+    probe = tmp_path / "run" / "probe"
+    writer = StepWriter(str(probe), layout.WORKER, 0)
+    raw = bytearray((probe / "worker-0.step").read_bytes())
+    layout.IDENTITY.pack_into(raw, layout.IDENTITY_AT, layout.WORKER, 0, 0, 1, 7, 4026532000, 123, 0, 0, 0, 0, 0)
+    writer.close()
+    (probe / "worker-0.step").write_bytes(bytes(raw))
+    assert [r["pid"] for r in sense.answer()["records"]] == [5000]
+    (proc / "5000" / "status").unlink()  # a reading that read it again would find no process
+    stat("T", 123)
+    answer = sense.answer()
+    assert [r["pid"] for r in answer["records"]] == [5000]
+    assert answer["states"] == [{"role": "worker", "rank": 0, "state": "T"}]
+    stat("S", 999)  # PID 5000 is another process now
+    (proc / "5000" / "status").write_text("Name:\tpython3\nNSpid:\t5000\n")
+    assert sense.answer()["records"] == []
+
+
 def test_a_node_with_the_probe_off_answers_so(tmp_path: Path) -> None:
     sense, _ = sense_of(tmp_path, step_probe=False)
     answer = sense.answer()

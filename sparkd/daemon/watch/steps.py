@@ -22,7 +22,7 @@ from typing import Any
 from sparkd.config import Config
 from sparkd.host.clock import Clock
 from sparkd.host.logs import Logger
-from sparkd.host.stepfiles import host_pid, process_state, read_steps
+from sparkd.host.stepfiles import host_pid, process_stat, process_state, read_steps
 from sparkd.launch.probe import probe_dir
 from sparkd.state.files import read_json
 from sparkd.supervisor.stephistory import StepHistory
@@ -67,25 +67,32 @@ class StepSense:
         reading = read_steps(folder)
         records, states = [], {}
         for record in reading.records:
-            pid = self._host_pid(record)
-            if pid is None:
+            seen = self._host_process(record)
+            if seen is None:
                 continue  # its process is gone: an earlier launch's, or dead
+            pid, state = seen
             records.append(record if pid == record.pid else replace(record, pid=pid))  # named as the host sees it
-            state = process_state(pid, proc=self.proc)
             if state:
                 states[(record.role, record.rank)] = state
         steps = NodeSteps(cfg.node.name, reading.read_at_ns, tuple(records), self.clock.now(), states)
         return steps, list(reading.problems)
 
-    def _host_pid(self, record: StepRecord) -> int | None:
+    def _host_process(self, record: StepRecord) -> tuple[int, str | None] | None:
+        """The record's process as the host sees it, and its state letter; None when it is gone. A process found
+        before is the same one while its start time is the record's: one read of its ``stat`` at each reading."""
         key = (record.pid, record.pid_ns, record.start_ticks)
-        if key in self._pids and self._pids[key] is None:
+        known = self._pids.get(key, 0)  # 0: not looked for yet
+        if known is None:
             return None  # a process once gone never comes back
-        found = host_pid(record, proc=self.proc, hint=self._pids.get(key) or record.pid)
+        if known and record.start_ticks:
+            seen = process_stat(known, proc=self.proc)
+            if seen is not None and seen[0] == record.start_ticks:
+                return known, seen[1]
+        found = host_pid(record, proc=self.proc, hint=known or record.pid)
         if len(self._pids) > 256:
             self._pids.clear()
         self._pids[key] = found
-        return found
+        return None if found is None else (found, process_state(found, proc=self.proc))
 
     def answer(self) -> dict[str, Any]:
         """This node's reading as the peer link carries it (a worker's answer to ``rank/steps``)."""
