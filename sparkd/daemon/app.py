@@ -275,6 +275,7 @@ class Daemon:
                 self.files.put(self.state_dir / "status.json", self.view.status())
                 await self.files.flush()
                 await self.recorder.close()
+                await self.vllm_log.close_journal()
             if sockets is not None:
                 cfg.paths.socket.unlink(missing_ok=True)
             self.registry.remove()

@@ -133,7 +133,11 @@ class JournalSink:
         return True
 
     def close(self) -> None:
+        """Sends what the journal takes now; what it does not is dropped (and counted)."""
         self.flush()
+        self.dropped += len(self._backlog)
+        self._backlog.clear()
+        self._held = 0
         if self._sock is not None:
             self._sock.close()
             self._sock = None

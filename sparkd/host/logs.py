@@ -21,7 +21,8 @@ the classifier, and optionally the journal under its own identifier (``[log] vll
 5. The access-log lines of sparkd's own probes (``?probe=sparkd``, :mod:`sparkd.supervisor.probelines`) are left
    out — of the file, the ring, the listeners and the journal — unless ``[log] probe_requests``; they are counted.
 6. Lines the journal cannot take at once wait in its sink's backlog (:class:`~sparkd.host.journal.JournalSink`);
-   :meth:`VllmLog.feed_journal` sends them as it takes them, and at rest neither wakes nor holds anything.
+   :meth:`VllmLog.feed_journal` sends them as it takes them, and at rest neither wakes nor holds anything. At the
+   daemon's exit :meth:`VllmLog.close_journal` offers what still waits for a second more before it is dropped.
 """
 
 from __future__ import annotations
@@ -300,6 +301,20 @@ class VllmLog:
                 before = self.journal.sent
                 self._journal_answered(self.journal.flush())
                 delay = every_s if self.journal.sent > before else min(delay * 2, most_s)
+
+    async def close_journal(self, within_s: float = 1.0, every_s: float = 0.05) -> None:
+        """At the daemon's exit: what still waits for the journal (vLLM's last lines, a stop's story) is offered for
+        up to ``within_s``; what it would not take is dropped, counted and logged, and the sink closed (rule 6)."""
+        journal = self.journal
+        if journal is None:
+            return
+        with anyio.move_on_after(within_s):
+            while journal.pending and journal.flush() and journal.pending:
+                await anyio.sleep(every_s)
+        left = journal.pending
+        journal.close()
+        if left:
+            self.log.warning("vllm_journal_left", lines=left, dropped=journal.dropped)
 
     def _persist(self, data: str, size: int) -> None:
         now = self.clock()

@@ -374,3 +374,48 @@ async def test_vllm_log_feeds_the_journal_what_waits_and_reports_drops_once(tmp_
     log.append("gone")
     log.append("still gone")
     assert [e for e, _ in events] == ["vllm_journal_failed"]
+
+
+@pytest.mark.anyio
+async def test_at_the_daemons_exit_what_waits_for_the_journal_is_offered_then_counted(tmp_path: Path) -> None:
+    """vLLM's last lines before a stop are the stop's story: at the exit, what the journal could not take yet is
+    offered for a while longer (here the journal reads again within it), and what it still will not take is dropped,
+    counted and logged once."""
+    server = _receiver(tmp_path / "journal.sock")  # read by nobody yet: its queue fills
+    events: list[tuple[str, dict[str, object]]] = []
+
+    class Log:
+        def warning(self, event: str, **fields: object) -> None:
+            events.append((event, fields))
+
+        info = warning
+
+    sink = JournalSink("vllm", path=tmp_path / "journal.sock")
+    log = VllmLog(tmp_path / "vllm.log", Rotation(1 << 20, 1), log=Log(), journal=sink)  # type: ignore[arg-type]
+    lines = [f"line {n}" for n in range(2000)]
+    for line in lines:
+        log.append(line)
+    assert sink.pending > 0
+    got: list[str] = []
+    async with anyio.create_task_group() as tg:
+        async def journald() -> None:  # reads again once the exit began
+            while True:
+                got.extend(_drain(server))
+                await anyio.sleep(0.001)
+
+        tg.start_soon(journald)
+        await log.close_journal(within_s=30, every_s=0.001)
+        tg.cancel_scope.cancel()
+    got += _drain(server)
+    assert got == lines and sink.dropped == 0 and events == []
+
+    stuck = JournalSink("vllm", path=tmp_path / "journal.sock")  # nobody reads now: the exit gives up
+    log = VllmLog(tmp_path / "vllm2.log", Rotation(1 << 20, 1), log=Log(), journal=stuck)  # type: ignore[arg-type]
+    for line in lines:
+        log.append(line)
+    waiting = stuck.pending
+    with anyio.fail_after(10):
+        await log.close_journal(within_s=0.2, every_s=0.01)
+    assert waiting > 0 and stuck.pending == 0 and stuck.dropped == waiting
+    assert events == [("vllm_journal_left", {"lines": waiting, "dropped": waiting})]
+    server.close()
