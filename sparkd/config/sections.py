@@ -346,7 +346,8 @@ class LogConfig(_Section):
         "Also send vLLM's output to the journal under `SYSLOG_IDENTIFIER=vllm` (`journalctl -t vllm`), "
         "when the journal runs. A burst the journal cannot take at once (a start's lines, where "
         "`net.unix.max_dgram_qlen` is 10) waits, up to 1 MiB, in order; lines are dropped (and "
-        "`vllm_journal_failed` logged) only past that or while the journal is absent."))
+        "`vllm_journal_failed` logged) only past that or while the journal is absent; at sparkd's exit what "
+        "still waits is offered for a second more (`vllm_journal_left` logs what the journal would not take)."))
     probe_requests: bool = Field(default=False, description=(
         "Keep the access-log lines of sparkd's own probes (`/health`, `/metrics` and the canary, marked "
         "`?probe=sparkd`) in vllm.log, `sparkctl logs`, incidents and the journal. Off: they are left out, so they "
