@@ -69,21 +69,32 @@ def test_this_nodes_files_are_read_with_each_processs_state_and_a_gone_ones_drop
     worker.close()
 
 
-def test_a_containers_rank_is_named_by_the_pid_the_host_sees(tmp_path: Path) -> None:
-    """A rank in a container writes the PID of its own namespace (7); sparkd finds the process whose innermost NSpid
-    and start time are the record's (host PID 5000) and names that one."""
-    proc = tmp_path / "proc"
-    (proc / "5000").mkdir(parents=True)
-    (proc / "5000" / "stat").write_text("5000 (VLLM::Worker) T " + " ".join(["0"] * 18) + " 123 0 0\n")
-    (proc / "5000" / "status").write_text("Name:\tVLLM::Worker\nNSpid:\t5000\t7\n")
-    sense, _ = sense_of(tmp_path)
+def _proc_entry(proc: Path, state: str, start: int, *, nspid: str = "5000\t7", status: bool = True) -> None:
+    """A fake /proc's host PID 5000 (by default PID 7 in its container), in ``state``, started at ``start``."""
+    (proc / "5000").mkdir(parents=True, exist_ok=True)
+    (proc / "5000" / "stat").write_text(f"5000 (VLLM::Worker) {state} " + " ".join(["0"] * 18) + f" {start} 0 0\n")
+    if status:
+        (proc / "5000" / "status").write_text(f"Name:\tVLLM::Worker\nNSpid:\t{nspid}\n")
+
+
+def _containers_rank(tmp: Path, proc: Path) -> StepSense:
+    """A sense over ``proc`` whose one step file is worker 0's, written as PID 7 of a container started at 123."""
+    sense, _ = sense_of(tmp)
     sense.proc = proc
-    probe = tmp_path / "run" / "probe"
+    probe = tmp / "run" / "probe"
     writer = StepWriter(str(probe), layout.WORKER, 0)
     raw = bytearray((probe / "worker-0.step").read_bytes())
     layout.IDENTITY.pack_into(raw, layout.IDENTITY_AT, layout.WORKER, 0, 0, 1, 7, 4026532000, 123, 0, 0, 0, 0, 0)
     writer.close()
     (probe / "worker-0.step").write_bytes(bytes(raw))
+    return sense
+
+def test_a_containers_rank_is_named_by_the_pid_the_host_sees(tmp_path: Path) -> None:
+    """A rank in a container writes the PID of its own namespace (7); sparkd finds the process whose innermost NSpid
+    and start time are the record's (host PID 5000) and names that one."""
+    proc = tmp_path / "proc"
+    _proc_entry(proc, "T", 123)
+    sense = _containers_rank(tmp_path, proc)
     answer = sense.answer()
     assert [r["pid"] for r in answer["records"]] == [5000]
     assert answer["states"] == [{"role": "worker", "rank": 0, "state": "T"}]
@@ -95,29 +106,15 @@ def test_a_process_found_before_is_confirmed_by_its_stat_alone_and_a_reused_pid_
     confirms it by its start time in ``stat`` (one small read, no ``status``), and reads its state from the same
     line; a PID whose start time changed is another process, and the record's is looked for again."""
     proc = tmp_path / "proc"
-    (proc / "5000").mkdir(parents=True)
-
-    def stat(state: str, start: int) -> None:
-        (proc / "5000" / "stat").write_text(f"5000 (VLLM::Worker) {state} " + " ".join(["0"] * 18) + f" {start} 0 0\n")
-
-    stat("S", 123)
-    (proc / "5000" / "status").write_text("Name:\tVLLM::Worker\nNSpid:\t5000\t7\n")
-    sense, _ = sense_of(tmp_path)
-    sense.proc = proc
-    probe = tmp_path / "run" / "probe"
-    writer = StepWriter(str(probe), layout.WORKER, 0)
-    raw = bytearray((probe / "worker-0.step").read_bytes())
-    layout.IDENTITY.pack_into(raw, layout.IDENTITY_AT, layout.WORKER, 0, 0, 1, 7, 4026532000, 123, 0, 0, 0, 0, 0)
-    writer.close()
-    (probe / "worker-0.step").write_bytes(bytes(raw))
+    _proc_entry(proc, "S", 123)
+    sense = _containers_rank(tmp_path, proc)
     assert [r["pid"] for r in sense.answer()["records"]] == [5000]
     (proc / "5000" / "status").unlink()  # a reading that read it again would find no process
-    stat("T", 123)
+    _proc_entry(proc, "T", 123, status=False)
     answer = sense.answer()
     assert [r["pid"] for r in answer["records"]] == [5000]
     assert answer["states"] == [{"role": "worker", "rank": 0, "state": "T"}]
-    stat("S", 999)  # PID 5000 is another process now
-    (proc / "5000" / "status").write_text("Name:\tpython3\nNSpid:\t5000\n")
+    _proc_entry(proc, "S", 999, nspid="5000")  # PID 5000 is another process now
     assert sense.answer()["records"] == []
 
 
