@@ -116,7 +116,8 @@ async def connect(host: str, port: int) -> socket.socket:
             sock.setblocking(False)
             code = sock.connect_ex(address)
             if code in (errno.EINPROGRESS, errno.EAGAIN):
-                await anyio.wait_writable(sock)
+                if not _connected(sock):  # a loopback handshake is done by now: no wait, no wake-up
+                    await anyio.wait_writable(sock)
                 code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if code == 0:
                 return sock
@@ -126,6 +127,15 @@ async def connect(host: str, port: int) -> socket.socket:
             raise
         sock.close()
     raise error
+
+
+def _connected(sock: socket.socket) -> bool:
+    """Whether a non-blocking connect has completed already (refused or still in progress: False)."""
+    try:
+        sock.getpeername()
+    except OSError:
+        return False
+    return True
 
 
 async def _send_all(sock: socket.socket, data: bytes) -> None:

@@ -190,3 +190,24 @@ def _within(url: str, seconds: float) -> Callable[[], Any]:
         with anyio.fail_after(seconds):
             return await Client().request("GET", url)
     return main
+
+
+def test_a_loopback_connection_is_used_without_waiting_to_be_writable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loopback handshake is done when connect returns: the probe sends at once, without a readiness wait (a
+    loop turn and a wake-up each, 32 a minute at rest); a refused one still waits and names the address (above)."""
+    waits: list[object] = []
+    real = anyio.wait_writable
+
+    async def counted(sock: object) -> None:
+        waits.append(sock)
+        await real(sock)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(anyio, "wait_writable", counted)
+
+    def serve(conn: socket.socket) -> None:
+        server.read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    server = _Server(serve)
+    assert _request(f"http://127.0.0.1:{server.port}/health").content == b"ok"
+    assert waits == []
