@@ -9,10 +9,11 @@
 # The interpreter's folder gets sparkd, sparkctl, sparkd-standin and supervisord launchers (the bench finds them
 # beside its interpreter, as in a venv); the JSON lands in $SPARKD_GPU_OUT (default /tmp/gpurun). STANDIN_THREADS=N:
 # every stand-in process keeps N idle threads, as a real vLLM's keep torch's, NCCL's and CUDA's pools.
+# FOOTPRINT_SECONDS=N: the footprint window (default 60).
 set -euo pipefail
 against=${1:-}
 source "$(dirname "$0")/quiet_setup.sh"
-args=(--phases features,footprint --seconds 60 --json "$out/quiet-footprint.json")
+args=(--phases features,footprint --seconds "${FOOTPRINT_SECONDS:-60}" --json "$out/quiet-footprint.json")
 if [ -n "${STANDIN_THREADS:-}" ]; then args+=(--standin-threads "$STANDIN_THREADS"); fi
 if [ -n "$against" ]; then args+=(--against "$repo/$against"); fi
 "$py" tests/bench/bench_footprint.py "${args[@]}"
