@@ -190,7 +190,7 @@ class _AnswerEnd:
             except ProtocolError:
                 return False  # read on to the close: parse_response says what is wrong
             self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-            if code in (204, 304) or 100 <= code < 200:
+            if code in (204, 304):
                 self.length = 0
             elif not self.chunked and headers.get("content-length", "").isdigit():
                 self.length = int(headers["content-length"])

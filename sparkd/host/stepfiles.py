@@ -93,12 +93,12 @@ def read_steps(directory: Path, *, now_ns: Callable[[], int] = time.monotonic_ns
 
 def _stat_fields(pid: int | str, proc: Path) -> tuple[int, str] | None:
     """(start time in ticks, the /proc/<pid>/status text) of a process, or None when it is gone."""
-    fields = _stat(pid, proc)
-    if fields is None or len(fields) < 20 or not fields[19].isdigit():
+    seen = process_stat(pid, proc=proc)
+    if seen is None:
         return None
     try:
         with open(f"{proc}/{pid}/status") as handle:
-            return int(fields[19]), handle.read()
+            return seen[0], handle.read()
     except OSError:
         return None
 
@@ -139,7 +139,7 @@ def process_state(pid: int, *, proc: Path = Path("/proc")) -> str | None:
     return fields[0].decode("ascii", "replace") if fields else None
 
 
-def process_stat(pid: int, *, proc: Path = Path("/proc")) -> tuple[int, str] | None:
+def process_stat(pid: int | str, *, proc: Path = Path("/proc")) -> tuple[int, str] | None:
     """(start time in ticks, state letter) of ``/proc/<pid>/stat``: one read tells a process found before (the
     same PID and start time) and its state; None when the process is gone."""
     fields = _stat(pid, proc)
