@@ -160,6 +160,9 @@ def test_lost_peer_hangs_the_next_request_until_the_rpc_timeout(scaled_pair: tup
     assert response.json()["error"]["message"] == (
         "EngineCore encountered an issue. See stack trace (above) for the root cause."
     )
+    # the lines went out before the answer, but reach the test's reader of the head's output a little later (the
+    # CI-like run at 3524134: the TimeoutError not read yet when /health said 503)
+    head.wait_for(r"TimeoutError: RPC call to sample_tokens timed out\.")
     text = head.text()
     warning = (
         r"\(EngineCore pid=\d+\) INFO .* \[shm_broadcast\.py:681\] No available shared memory broadcast block found "
