@@ -74,9 +74,10 @@ class _Server:
         self.received = head + b"\r\n\r\n" + body
 
 
-def _request(url: str, **kwargs: Any) -> Response:
+def _request(url: str, *, within_s: float = 60, **kwargs: Any) -> Response:
     async def main() -> Response:
-        return await Client().request("POST" if "json" in kwargs else "GET", url, **kwargs)
+        with anyio.fail_after(within_s):
+            return await Client().request("POST" if "json" in kwargs else "GET", url, **kwargs)
     return anyio.run(main)
 
 
@@ -162,7 +163,7 @@ def test_a_whole_answer_is_read_without_waiting_for_the_close(case: str, answer:
 
     server = _Server(serve)
     try:
-        response = anyio.run(_within(f"http://127.0.0.1:{server.port}/x", 5))
+        response = _request(f"http://127.0.0.1:{server.port}/x", within_s=5)
     finally:
         got.set()
     assert response.content == body
@@ -181,15 +182,9 @@ def test_a_chunk_that_ends_like_the_last_one_is_read_past() -> None:
         conn.sendall(rest)
 
     server = _Server(serve)
-    response = anyio.run(_within(f"http://127.0.0.1:{server.port}/x", 5))
+    response = _request(f"http://127.0.0.1:{server.port}/x", within_s=5)
     assert response.content == b"ab\r\n0\r\n\r\nyz"
 
-
-def _within(url: str, seconds: float) -> Callable[[], Any]:
-    async def main() -> Response:
-        with anyio.fail_after(seconds):
-            return await Client().request("GET", url)
-    return main
 
 
 def test_a_loopback_connection_is_used_without_waiting_to_be_writable(monkeypatch: pytest.MonkeyPatch) -> None:

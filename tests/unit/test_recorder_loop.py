@@ -155,7 +155,6 @@ async def test_a_record_tells_the_state_the_memory_and_what_happened(tmp_path: P
     assert last.clean_exit and any(e.startswith("sparkd exits cleanly") for e in last.events)
 
 
-@pytest.mark.anyio
 def _riding(tmp_path: Path) -> tuple[Meminfo, Any]:
     meminfo = Meminfo(tmp_path / "meminfo", 40 * GIB)
     (tmp_path / "pressure").write_text("some avg10=1.50 avg60=0.00 avg300=0.00 total=10\n"
