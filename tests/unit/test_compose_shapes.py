@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sparkd.cli.compose import ComposeError, import_compose
+from sparkd.cli.compose.interpolate import key_path
 from sparkd.config import config_from_mapping
 
 MISTRAL = "mistralai/Mistral-7B-v0.1"
@@ -166,6 +167,7 @@ services = st.fixed_dictionaries(
 
 
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@example(service={"image": "vllm/vllm-openai:latest", "command": [], "labels": {"\n": []}})  # a CI-like run's
 @given(service=services)
 def test_a_generated_service_is_a_valid_config_or_one_clear_error(service: dict[str, Any]) -> None:
     try:
@@ -174,6 +176,22 @@ def test_a_generated_service_is_a_valid_config_or_one_clear_error(service: dict[
         message = str(exc)
         assert message and "\n" not in message and "Traceback" not in message, message
 
+
+
+KEY_PATHS = [  # (where, key, as named): a key with anything but a plain name's characters is quoted
+    ("services.vllm", "labels", "services.vllm.labels"),
+    ("services", "vllm-head_0", "services.vllm-head_0"),
+    ("services.vllm.labels", "com.example/role:x@y", "services.vllm.labels.com.example/role:x@y"),
+    ("services.vllm.labels", "\n", "services.vllm.labels['\\n']"),
+    ("services.vllm.environment", "A KEY", "services.vllm.environment['A KEY']"),
+    ("", "services", "services"),
+    ("", "two words", "['two words']"),
+]
+
+
+@pytest.mark.parametrize(("where", "key", "named"), KEY_PATHS)
+def test_a_key_is_named_on_one_line(where: str, key: str, named: str) -> None:
+    assert key_path(where, key) == named and "\n" not in key_path(where, key)
 
 def test_control_characters_in_what_the_header_quotes_stay_in_their_comment_line(tmp_path: Path) -> None:
     # Found by the property test above: a command of "\x1f\r0" was quoted in a "not carried" comment, and TOML

@@ -17,7 +17,7 @@ from typing import Any
 
 from sparkd.cli.compose.command import launch_keys, words_of
 from sparkd.cli.compose.container import container_section
-from sparkd.cli.compose.interpolate import ComposeError, interpolate, read_env_file
+from sparkd.cli.compose.interpolate import ComposeError, interpolate, key_path, read_env_file
 from sparkd.cli.compose.secrets import move_secrets
 from sparkd.config import ConfigError, config_from_mapping
 
@@ -60,7 +60,7 @@ def _service(doc: Mapping[str, Any], name: str | None, path: Path) -> tuple[str,
         raise ComposeError(f"{path}: no service {name!r} (services: {', '.join(services)})")
     service = services[name]
     if not isinstance(service, dict):
-        raise ComposeError(f"{path}: services.{name} is not a mapping")
+        raise ComposeError(f"{path}: {key_path('services', name)} is not a mapping")
     return name, service
 
 
@@ -74,7 +74,7 @@ def import_compose(path: Path, *, service: str | None = None, env_file: Path | N
     variables = {**(read_env_file(dotenv) if env_file or dotenv.exists() else {}),
                  **(os.environ if environ is None else environ)}
     name, raw = _service(doc, service, path)
-    where = f"services.{name}"
+    where = key_path("services", name)
     spec = interpolate(raw, variables, where)
     notes: list[str] = []
     container, supervisor = container_section(spec, name, path.parent, notes, variables)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sparkd.cli.compose.interpolate import ComposeError, read_env_file
+from sparkd.cli.compose.interpolate import ComposeError, key_path, read_env_file
 from sparkd.cli.compose.shapes import mapping, scalar, sequence
 
 # Keys sparkd decides itself, or that a supervised vLLM container does not need, and why.
@@ -49,7 +49,7 @@ HANDLED = {
 def _pairs(value: Any, where: str, variables: Mapping[str, str]) -> dict[str, str]:
     """A compose mapping written as a mapping or as a list of ``K=V`` strings (``K`` alone: from the shell)."""
     if isinstance(value, Mapping):
-        return {str(k): "" if v is None else scalar(v, f"{where}.{k}") for k, v in value.items()}
+        return {str(k): "" if v is None else scalar(v, key_path(where, k)) for k, v in value.items()}
     if isinstance(value, list):
         out = {}
         for i, item in enumerate(value):
@@ -146,7 +146,7 @@ def _duration_s(text: Any, where: str) -> float:
 def container_section(service: Mapping[str, Any], name: str, base: Path, notes: list[str],
                       variables: Mapping[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(``[container]`` keys, ``[supervisor]`` keys) of the service; ``notes`` gets what was not carried."""
-    where = f"services.{name}"
+    where = key_path("services", name)
     variables = variables or {}
     if not service.get("image"):
         raise ComposeError(f"{where}.image: required (sparkd runs an image; build it first and name it here)")
@@ -183,7 +183,7 @@ def container_section(service: Mapping[str, Any], name: str, base: Path, notes: 
         if compose_key.startswith("x-"):
             continue  # an extension: the author's own key, for anchors and tools; nothing to carry
         if compose_key in NOT_CARRIED:
-            notes.append(f"{where}.{compose_key}: not carried: {NOT_CARRIED[compose_key]}")
+            notes.append(f"{key_path(where, compose_key)}: not carried: {NOT_CARRIED[compose_key]}")
         elif compose_key not in HANDLED:
-            notes.append(f"{where}.{compose_key}: not carried: sparkd has no such setting")
+            notes.append(f"{key_path(where, compose_key)}: not carried: sparkd has no such setting")
     return {k: v for k, v in out.items() if v is not None}, supervisor

@@ -13,6 +13,15 @@ from pathlib import Path
 from typing import Any
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_./:@-]+")
+
+
+def key_path(where: str, key: object) -> str:
+    """``where`` with one more key, as the errors and notes name it: ``where.key``, or ``where['a key']`` where the
+    key holds anything else (a space, a newline: the message stays one line)."""
+    name = str(key)
+    step = f".{name}" if _PLAIN_KEY.fullmatch(name) else f"[{name!r}]"
+    return f"{where}{step}" if where else (name if step.startswith(".") else step)
 
 
 class ComposeError(Exception):
@@ -111,5 +120,5 @@ def interpolate(value: Any, env: Mapping[str, str], where: str = "") -> Any:
     if isinstance(value, list):
         return [interpolate(v, env, f"{where}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: interpolate(v, env, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        return {k: interpolate(v, env, key_path(where, k)) for k, v in value.items()}
     return value
