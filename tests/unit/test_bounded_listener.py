@@ -185,7 +185,9 @@ async def test_a_queue_of_refused_connections_never_keeps_the_loop_from_other_ta
 async def test_a_request_must_arrive_whole_within_its_deadline() -> None:
     sock = bind_tcp_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    listener = Listener(tcp_caller(None), LIMITS, first_request_s=0.5, next_request_s=1.0)
+    # The kept connection's deadline is well past the first one's: it asks again after the other two are closed,
+    # which a loaded CI machine took over a second to see (12-07: next_request_s=1.0 closed it before it asked).
+    listener = Listener(tcp_caller(None), LIMITS, first_request_s=0.5, next_request_s=3.0)
     async with anyio.create_task_group() as tg:
         tg.start_soon(serve, app(), sock, listener)
         opened = time.monotonic()
@@ -198,14 +200,14 @@ async def test_a_request_must_arrive_whole_within_its_deadline() -> None:
         slow_after = time.monotonic() - opened
         assert await answer(prompt) is not None  # a kept connection that asks again in time is still served
         await prompt.send(b"POST /echo HTTP/1.1\r\nHost: sparkd\r\nContent-Length: 10\r\n\r\nxx")
-        later_after = await closed_within(prompt, 5)  # the next request's body never completes
+        later_after = await closed_within(prompt, 10)  # the next request's body never completes
         for stream in (silent, slow_body, prompt):
             await stream.aclose()
         with anyio.fail_after(5):
             while listener.slots.held:  # every slot is given back once its connection is gone
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
-    assert 0.4 < silent_after < 2.0 and 0.4 < slow_after < 2.0 and 0.5 < later_after < 3.0
+    assert 0.4 < silent_after < 2.0 and 0.4 < slow_after < 2.0 and 2.5 < later_after < 8.0
 
 
 def self_signed(folder: Path) -> ssl.SSLContext:
