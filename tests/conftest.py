@@ -185,7 +185,8 @@ def soak_in_background(request: pytest.FixtureRequest, tmp_path_factory: pytest.
 _INTERRUPTED: list[bool] = []
 _BESIDE_LINES: list[str] = []
 _BESIDE_COLLECTORS = ("soak/test_soak.py::test_soak", "realvllm/test_beside.py::",
-                      "unit/test_corpus_accuracy.py::test_held_out_accuracy")
+                      "unit/test_corpus_accuracy.py::test_held_out_accuracy",
+                      "unit/test_second_reading.py::test_every_blind_excerpt_was_read_once")
 _BESIDE_PREFIXES = ("soak: ", "realvllm: ", "real-vLLM tier timings", "classifier: ")
 
 

@@ -12,7 +12,6 @@ round", says how)."""
 
 from __future__ import annotations
 
-import csv
 import re
 import subprocess
 from collections import defaultdict
@@ -20,17 +19,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from vllmcorpus import CORPUS, DATA, HELDOUT, SPLIT, Excerpt, added_under_issue_39, load_all
+from vllmcorpus import (
+    CORPUS,
+    HELDOUT,
+    MISSES,
+    SPLIT,
+    Excerpt,
+    added_under_issue_39,
+    load_all,
+    recorded_rounds,
+    split_rows,
+)
 
 from sparkd.cli.explain import explain
 from sparkd.supervisor.failures import Failure, FailureClass
 
-MISSES = DATA / "heldout-misses.md"
 LINE_PREFIX = "classifier: "  # tests/conftest.py prints the lines that start so at the end of the run
 TARGET = 95.0  # percent right on logs the classifier has not met (issue 39): reported, not asserted
-_ROUND = re.compile(r"^### Round (?P<n>\d+) \(commit (?P<commit>\w+)\): (?P<right>\d+) of (?P<total>\d+) right", re.M)
 _ROW = re.compile(r"^\| `(?P<name>[^`]+)` \| (?P<labelled>\w+) \| (?P<classified>\w+) \| (?P<why>.*?) \|\s*$")
-_MOVED = re.compile(r"^- `(?P<name>[^`]+)` \(labelled", re.M)
 
 
 @dataclass(frozen=True)
@@ -76,11 +82,6 @@ def _share(outcomes: list[Outcome]) -> str:
     return f"{right}/{len(outcomes)} ({100 * right / len(outcomes):.1f} %)" if outcomes else "0/0"
 
 
-def split_rows(path: Path = SPLIT) -> list[dict[str, str]]:
-    with path.open(encoding="utf-8", newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
 def held_out_by_round(rows: list[dict[str, str]]) -> dict[int, list[str]]:
     """The held-out excerpts of each round (SPLIT.csv's `round`); a held-out row without a round is an error."""
     by_round: dict[int, list[str]] = defaultdict(list)
@@ -90,16 +91,6 @@ def held_out_by_round(rows: list[dict[str, str]]) -> dict[int, list[str]]:
         if r["part"] == "heldout":
             by_round[int(r["round"])].append(r["excerpt"])
     return by_round
-
-
-def recorded_rounds(text: str) -> dict[int, tuple[re.Match[str], tuple[str, ...]]]:
-    """The rounds heldout-misses.md records: each heading, and the excerpts its section lists as moved."""
-    heads = list(_ROUND.finditer(text))
-    found = {}
-    for i, head in enumerate(heads):
-        section = text[head.end():heads[i + 1].start() if i + 1 < len(heads) else len(text)]
-        found[int(head.group("n"))] = (head, tuple(m.group("name") for m in _MOVED.finditer(section)))
-    return found
 
 
 def rounds(held: list[Outcome], rows: list[dict[str, str]], text: str) -> list[Round]:

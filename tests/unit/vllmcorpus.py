@@ -16,8 +16,11 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 CORPUS = DATA / "vllm-logs"  # the development part: the classifier is built against it
 HELDOUT = DATA / "vllm-logs-heldout"  # the held-out part: measured, never tuned on
 SPLIT = HELDOUT / "SPLIT.csv"  # every excerpt added under issue 39, in both parts
+MISSES = DATA / "heldout-misses.md"  # the held-out misses, and each round as it was measured blind
 REQUIRED = ("source", "vllm", "class", "cause", "next")
 KNOWN = (*REQUIRED, "exit", "signal", "phase", "note")
+_ROUND = re.compile(r"^### Round (?P<n>\d+) \(commit (?P<commit>\w+)\): (?P<right>\d+) of (?P<total>\d+) right", re.M)
+_MOVED = re.compile(r"^- `(?P<name>[^`]+)` \(labelled", re.M)
 _VERSION = re.compile(r"^0\.(?P<minor>\d+)(?:\.\d+)*(?:rc\d+)?(?:\.dev\d+)?(?:\.post\d+)?\b")
 
 
@@ -76,3 +79,18 @@ def added_under_issue_39() -> set[str]:
     """The excerpts the manifest lists (both parts); the development part's others are the corpus before issue 39."""
     with SPLIT.open(encoding="utf-8", newline="") as handle:
         return {row["excerpt"] for row in csv.DictReader(handle)}
+
+
+def split_rows(path: Path = SPLIT) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def recorded_rounds(text: str) -> dict[int, tuple[re.Match[str], tuple[str, ...]]]:
+    """The rounds heldout-misses.md records: each heading, and the excerpts its section lists as moved."""
+    heads = list(_ROUND.finditer(text))
+    found = {}
+    for i, head in enumerate(heads):
+        section = text[head.end():heads[i + 1].start() if i + 1 < len(heads) else len(text)]
+        found[int(head.group("n"))] = (head, tuple(m.group("name") for m in _MOVED.finditer(section)))
+    return found
