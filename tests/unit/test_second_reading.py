@@ -5,7 +5,11 @@ how often the log alone gives the gatherer's label, and how the classifier did b
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from secondreading import BLIND, KEY, READINGS, Reading, blind_population, readings, summary
@@ -63,3 +67,11 @@ def test_the_blind_classifications_add_up_to_each_round_as_recorded() -> None:
 def test_the_summary_counts_the_plain_excerpts_only_where_the_reader_was_sure_and_agreed(
         found: list[Reading], expected: str) -> None:
     assert summary(found).endswith(expected), summary(found)
+
+
+def test_the_report_command_prints_the_line() -> None:
+    """tests/data/second-reading/README.md shows `secondreading.py report`; `packets` and `blind` made the data once."""
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("secondreading.py")), "report"],
+                          capture_output=True, text=True, timeout=120, check=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert done.stdout.strip() == summary(readings())
