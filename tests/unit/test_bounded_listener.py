@@ -200,14 +200,16 @@ async def test_a_request_must_arrive_whole_within_its_deadline() -> None:
         slow_after = time.monotonic() - opened
         assert await answer(prompt) is not None  # a kept connection that asks again in time is still served
         await prompt.send(b"POST /echo HTTP/1.1\r\nHost: sparkd\r\nContent-Length: 10\r\n\r\nxx")
-        later_after = await closed_within(prompt, 10)  # the next request's body never completes
+        later_after = await closed_within(prompt, 30)  # the next request's body never completes
         for stream in (silent, slow_body, prompt):
             await stream.aclose()
         with anyio.fail_after(5):
             while listener.slots.held:  # every slot is given back once its connection is gone
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
-    assert 0.4 < silent_after < 2.0 and 0.4 < slow_after < 2.0 and 2.5 < later_after < 8.0
+    # Lower bounds: no deadline comes early; upper bounds only as far as a loaded machine allows: the first two are
+    # closed by their 0.5 s deadline, not the 5 s idle timer, and the third is closed at all (its idle timer is off).
+    assert 0.4 < silent_after < 4.5 and 0.4 < slow_after < 4.5 and later_after > 2.5
 
 
 def self_signed(folder: Path) -> ssl.SSLContext:

@@ -195,8 +195,9 @@ async def test_the_records_ride_the_guards_samples(tmp_path: Path) -> None:
             while recorder.records < records + 8:
                 await anyio.sleep(0.01)
         # without the guard's samples every record reads for itself (8 reads or more); a loaded machine may delay
-        # a sample past a record's time now and then
-        assert len(reads) <= 4 and guard.counters.samples - samples >= 8
+        # a sample past a record's time now and then, and that record reads for itself (a loaded run: 4 reads and 7
+        # samples for 8 records)
+        assert len(reads) <= 4 and guard.counters.samples - samples >= 8 - len(reads)
         assert in_guards_wake_up.count(True) >= len(in_guards_wake_up) - 4
         record = recorder.record(taken=guard.latest)
         assert record.available == 30 * GIB and record.psi_some == 1.5 and record.psi_full == 0.25
