@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllmcorpus import CORPUS, DATA, HELDOUT, MISSES, Excerpt, load, recorded_rounds, split_rows
+from vllmcorpus import CORPUS, DATA, HELDOUT, MISSES, Excerpt, csv_rows, load, recorded_rounds, split_rows
 
 ROOT = DATA.parents[1]
 READING = ROOT / "tests" / "data" / "second-reading"
@@ -66,7 +66,7 @@ def make_packets(out: Path, n: int, readers: int) -> None:
     """The first reading: ``n`` excerpts drawn at random, dealt to ``readers`` packets. Run again after it, the rest
     of the blind excerpts in packets of ``n``, numbered on from the last (the whole population read once)."""
     population = blind_population()
-    keyed = list(csv.DictReader(KEY.open(encoding="utf-8"))) if KEY.exists() else []
+    keyed = csv_rows(KEY) if KEY.exists() else []
     if keyed:
         read = {row["excerpt"] for row in keyed}
         rest = [item for item in population if item.name not in read]
@@ -178,16 +178,11 @@ class Reading:
         return self.blind == self.labelled
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
-    with path.open(encoding="utf-8", newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
 def readings() -> list[Reading]:
-    key = {row["id"]: row["excerpt"] for row in _rows(KEY)}
-    blind = {row["excerpt"]: row for row in _rows(BLIND)}
+    key = {row["id"]: row["excerpt"] for row in csv_rows(KEY)}
+    blind = {row["excerpt"]: row for row in csv_rows(BLIND)}
     found = []
-    for row in _rows(READINGS):
+    for row in csv_rows(READINGS):
         b = blind[key[row["id"]]]
         found.append(Reading(b["excerpt"], int(b["round"]), b["labelled"], b["classified_blind"], row["class"],
                              row["confidence"] == "sure"))

@@ -4,7 +4,6 @@ how often the log alone gives the gatherer's label, and how the classifier did b
 
 from __future__ import annotations
 
-import csv
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 from secondreading import BLIND, KEY, READINGS, Reading, blind_population, readings, summary
 from test_corpus_accuracy import LINE_PREFIX
-from vllmcorpus import MISSES, recorded_rounds
+from vllmcorpus import MISSES, csv_rows, recorded_rounds
 
 from sparkd.supervisor.failures import FailureClass
 
@@ -22,20 +21,15 @@ READER_CLASSES = {c.value for c in FailureClass} - {"killed_by_guard", "host_una
                                                     "answers_changed", "answers_garbled", "capacity_lost"}
 
 
-def _rows(path: object) -> list[dict[str, str]]:
-    with open(str(path), encoding="utf-8", newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
 def test_every_blind_excerpt_was_read_once_and_the_line_says_what_the_reading_found() -> None:
-    keyed = _rows(KEY)
+    keyed = csv_rows(KEY)
     assert len({row["id"] for row in keyed}) == len(keyed), "a packet id twice in key.csv"
     population = {item.name for item in blind_population()}
     read = Counter(row["excerpt"] for row in keyed)
     assert set(read) == population and max(read.values()) == 1, (
         f"not read: {sorted(population - set(read))}; read but not blind: {sorted(set(read) - population)}; "
         f"read twice: {sorted(n for n, c in read.items() if c > 1)}")
-    labels = _rows(READINGS)
+    labels = csv_rows(READINGS)
     assert sorted(row["id"] for row in labels) == sorted(row["id"] for row in keyed), "a packet without its reading"
     odd = [(row["id"], row["class"], row["confidence"]) for row in labels
            if row["class"] not in READER_CLASSES or row["confidence"] not in ("sure", "doubt")]
@@ -47,7 +41,7 @@ def test_the_blind_classifications_add_up_to_each_round_as_recorded() -> None:
     """blind.csv (each excerpt classified by its round's commit, or by the record where the commit is gone) gives
     every round's recorded figure, but round 3: one of its misses was relabelled when it was recorded (heldout README,
     'Relabelled when round 3 was recorded'), and blind.csv reads today's labels."""
-    rows = _rows(BLIND)
+    rows = csv_rows(BLIND)
     right, total = Counter(), Counter()
     for row in rows:
         total[int(row["round"])] += 1

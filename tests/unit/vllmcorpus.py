@@ -77,13 +77,16 @@ def load_all(folder: Path) -> list[Excerpt]:
 
 def added_under_issue_39() -> set[str]:
     """The excerpts the manifest lists (both parts); the development part's others are the corpus before issue 39."""
-    with SPLIT.open(encoding="utf-8", newline="") as handle:
-        return {row["excerpt"] for row in csv.DictReader(handle)}
+    return {row["excerpt"] for row in split_rows()}
+
+
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
 
 
 def split_rows(path: Path = SPLIT) -> list[dict[str, str]]:
-    with path.open(encoding="utf-8", newline="") as handle:
-        return list(csv.DictReader(handle))
+    return csv_rows(path)
 
 
 def recorded_rounds(text: str) -> dict[int, tuple[re.Match[str], tuple[str, ...]]]:
