@@ -15,7 +15,6 @@ import argparse
 import csv
 import json
 import random
-import re
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllmcorpus import CORPUS, DATA, HELDOUT, MISSES, Excerpt, csv_rows, load, recorded_rounds, split_rows
+from vllmcorpus import CORPUS, DATA, HELDOUT, MISSES, Excerpt, csv_rows, load, moved_as, recorded_rounds, split_rows
 
 ROOT = DATA.parents[1]
 READING = ROOT / "tests" / "data" / "second-reading"
@@ -41,9 +40,13 @@ class Blind:
     round: int
     commit: str
 
-    def excerpt(self) -> Excerpt:
+    @property
+    def path(self) -> Path:
         held = HELDOUT / f"{self.name}.log"
-        return load(held if held.exists() else CORPUS / f"{self.name}.log")
+        return held if held.exists() else CORPUS / f"{self.name}.log"
+
+    def excerpt(self) -> Excerpt:
+        return load(self.path)
 
 
 def blind_population() -> list[Blind]:
@@ -111,9 +114,6 @@ def classify_at(commit: str, names: list[tuple[str, str, str]]) -> dict[str, str
         return dict(json.loads(done.stdout))
 
 
-_MOVED_AS = re.compile(r"^- `(?P<name>[^`]+)` \(labelled\s+\w+,\s+classified\s+(?P<classified>\w+)\)", re.M)
-
-
 def _exists(commit: str) -> bool:
     return subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"],
                           capture_output=True).returncode == 0
@@ -122,7 +122,7 @@ def _exists(commit: str) -> bool:
 def _from_the_record(items: list[Blind]) -> dict[str, str]:
     """A round whose commit is no longer in the history (rounds 12-22 were recovered in one commit, db5129d): an
     excerpt moved after it is classified as its record says; one still held out as the classifier classifies it now."""
-    moved = {m.group("name"): m.group("classified") for m in _MOVED_AS.finditer(MISSES.read_text(encoding="utf-8"))}
+    moved = moved_as(MISSES.read_text(encoding="utf-8"))
     return {item.name: moved[item.name] if item.name in moved else item.excerpt().classify().cls.value
             for item in items}
 
@@ -133,19 +133,14 @@ def make_blind(out: Path) -> None:
         by_commit.setdefault(item.commit, []).append(item)
     rows = []
     for commit, items in by_commit.items():
-        if not _exists(commit):
-            got = _from_the_record(items)
-            rows += [(item.name, item.round, f"{commit} (gone: the record)", item.excerpt().header["class"],
-                      got[item.name]) for item in items]
-            continue
-        asked = []
-        for item in items:
-            excerpt = item.excerpt()
-            path = HELDOUT / f"{item.name}.log"
-            asked.append((item.name, str(path if path.exists() else CORPUS / f"{item.name}.log"),
-                          excerpt.header.get("exit", "1"), excerpt.header.get("signal", "")))
-        got = classify_at(commit, asked)
-        rows += [(item.name, item.round, commit, item.excerpt().header["class"], got[item.name]) for item in items]
+        headers = {item.name: item.excerpt().header for item in items}
+        recorded_at = commit
+        if _exists(commit):
+            got = classify_at(commit, [(item.name, str(item.path), headers[item.name].get("exit", "1"),
+                                        headers[item.name].get("signal", "")) for item in items])
+        else:
+            got, recorded_at = _from_the_record(items), f"{commit} (gone: the record)"
+        rows += [(item.name, item.round, recorded_at, headers[item.name]["class"], got[item.name]) for item in items]
     with out.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["excerpt", "round", "commit", "labelled", "classified_blind"])

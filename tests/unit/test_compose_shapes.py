@@ -177,7 +177,6 @@ def test_a_generated_service_is_a_valid_config_or_one_clear_error(service: dict[
         assert message and "\n" not in message and "Traceback" not in message, message
 
 
-
 KEY_PATHS = [  # (where, key, as named): a key with anything but a plain name's characters is quoted
     ("services.vllm", "labels", "services.vllm.labels"),
     ("services", "vllm-head_0", "services.vllm-head_0"),
@@ -192,6 +191,7 @@ KEY_PATHS = [  # (where, key, as named): a key with anything but a plain name's 
 @pytest.mark.parametrize(("where", "key", "named"), KEY_PATHS)
 def test_a_key_is_named_on_one_line(where: str, key: str, named: str) -> None:
     assert key_path(where, key) == named and "\n" not in key_path(where, key)
+
 
 def test_control_characters_in_what_the_header_quotes_stay_in_their_comment_line(tmp_path: Path) -> None:
     # Found by the property test above: a command of "\x1f\r0" was quoted in a "not carried" comment, and TOML

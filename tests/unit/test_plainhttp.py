@@ -186,7 +186,6 @@ def test_a_chunk_that_ends_like_the_last_one_is_read_past() -> None:
     assert response.content == b"ab\r\n0\r\n\r\nyz"
 
 
-
 def test_a_loopback_connection_is_used_without_waiting_to_be_writable(monkeypatch: pytest.MonkeyPatch) -> None:
     """A loopback handshake is done when connect returns: the probe sends at once, without a readiness wait (a
     loop turn and a wake-up each, 32 a minute at rest); a refused one still waits and names the address (above)."""

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 from secondreading import BLIND, KEY, READINGS, Reading, blind_population, readings, summary
 from test_corpus_accuracy import LINE_PREFIX
-from vllmcorpus import MISSES, csv_rows, recorded_rounds
+from vllmcorpus import MISSES, NOT_IN_LOGS, csv_rows, recorded_rounds
 
 from sparkd.supervisor.failures import FailureClass
 
-READER_CLASSES = {c.value for c in FailureClass} - {"killed_by_guard", "host_unavailable", "reboot_needed",
-                                                    "answers_changed", "answers_garbled", "capacity_lost"}
+READER_CLASSES = {c.value for c in FailureClass if c not in NOT_IN_LOGS}
 
 
 def test_every_blind_excerpt_was_read_once_and_the_line_says_what_the_reading_found() -> None:

@@ -12,7 +12,7 @@ from functools import reduce
 from pathlib import Path
 
 import pytest
-from vllmcorpus import CORPUS, Excerpt, load_all
+from vllmcorpus import CORPUS, NOT_IN_LOGS, Excerpt, load_all
 
 from sparkd.supervisor.classify import classify
 from sparkd.supervisor.failures import FailureClass
@@ -22,10 +22,6 @@ from sparkd.supervisor.servelog import read_serve_line
 
 SPARKD = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "sparkd"
 
-NOT_IN_LOGS = {FailureClass.killed_by_guard, FailureClass.host_unavailable,  # sparkd's own, not vLLM's
-               FailureClass.reboot_needed,
-               # the acceptance gate's: what vLLM answers, not what it logs
-               FailureClass.answers_changed, FailureClass.answers_garbled, FailureClass.capacity_lost}
 EXCERPTS = load_all(CORPUS)
 IDS = [e.name for e in EXCERPTS]
 

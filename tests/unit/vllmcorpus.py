@@ -17,10 +17,14 @@ CORPUS = DATA / "vllm-logs"  # the development part: the classifier is built aga
 HELDOUT = DATA / "vllm-logs-heldout"  # the held-out part: measured, never tuned on
 SPLIT = HELDOUT / "SPLIT.csv"  # every excerpt added under issue 39, in both parts
 MISSES = DATA / "heldout-misses.md"  # the held-out misses, and each round as it was measured blind
+NOT_IN_LOGS = {FailureClass.killed_by_guard, FailureClass.host_unavailable,  # sparkd's own, not vLLM's
+               FailureClass.reboot_needed,
+               # the acceptance gate's: what vLLM answers, not what it logs
+               FailureClass.answers_changed, FailureClass.answers_garbled, FailureClass.capacity_lost}
 REQUIRED = ("source", "vllm", "class", "cause", "next")
 KNOWN = (*REQUIRED, "exit", "signal", "phase", "note")
 _ROUND = re.compile(r"^### Round (?P<n>\d+) \(commit (?P<commit>\w+)\): (?P<right>\d+) of (?P<total>\d+) right", re.M)
-_MOVED = re.compile(r"^- `(?P<name>[^`]+)` \(labelled", re.M)
+_MOVED = re.compile(r"^- `(?P<name>[^`]+)` \(labelled(?:\s+\w+,\s+classified\s+(?P<classified>\w+)\))?", re.M)
 _VERSION = re.compile(r"^0\.(?P<minor>\d+)(?:\.\d+)*(?:rc\d+)?(?:\.dev\d+)?(?:\.post\d+)?\b")
 
 
@@ -97,3 +101,8 @@ def recorded_rounds(text: str) -> dict[int, tuple[re.Match[str], tuple[str, ...]
         section = text[head.end():heads[i + 1].start() if i + 1 < len(heads) else len(text)]
         found[int(head.group("n"))] = (head, tuple(m.group("name") for m in _MOVED.finditer(section)))
     return found
+
+
+def moved_as(text: str) -> dict[str, str]:
+    """The excerpts heldout-misses.md lists as moved to development, each with the class its round gave it."""
+    return {m.group("name"): m.group("classified") for m in _MOVED.finditer(text) if m.group("classified")}
