@@ -202,20 +202,32 @@ SIGNED = textwrap.dedent("""\
     print(json.dumps({"status": int(status.split()[1]), "body": json.loads(rest.split(b"\\r\\n\\r\\n", 1)[1])}))
     """)
 
-# Listens on HOST:PORT as the worker would, takes the first request whole, writes it to OUT, answers 503.
+# Listens on HOST:PORT as the worker would, takes the first request that arrives whole (a connection closed before
+# its request is whole, as a head's cancelled poll leaves, is passed over), writes it to OUT, answers 503.
 CAPTURE = textwrap.dedent("""\
-    import socket, sys
+    import socket, sys, time
     host, port, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     server = socket.create_server((host, port))
-    server.settimeout(30)
-    conn, _ = server.accept()
-    raw = b""
-    while b"\\r\\n\\r\\n" not in raw:
-        raw += conn.recv(65536)
-    head = raw.split(b"\\r\\n\\r\\n", 1)[0].decode("latin-1").lower()
-    length = int(head.split("content-length:")[1].split()[0]) if "content-length:" in head else 0
-    while len(raw.split(b"\\r\\n\\r\\n", 1)[1]) < length:
-        raw += conn.recv(65536)
+    deadline = time.monotonic() + 30
+    while True:
+        server.settimeout(max(0.1, deadline - time.monotonic()))
+        conn, _ = server.accept()
+        conn.settimeout(10)
+        raw, chunk = b"", b"-"
+        while chunk and b"\\r\\n\\r\\n" not in raw:
+            chunk = conn.recv(65536)
+            raw += chunk
+        if not chunk:
+            conn.close()
+            continue
+        head = raw.split(b"\\r\\n\\r\\n", 1)[0].decode("latin-1").lower()
+        length = int(head.split("content-length:")[1].split()[0]) if "content-length:" in head else 0
+        while chunk and len(raw.split(b"\\r\\n\\r\\n", 1)[1]) < length:
+            chunk = conn.recv(65536)
+            raw += chunk
+        if chunk:
+            break
+        conn.close()
     open(out, "wb").write(raw)
     conn.sendall(b"HTTP/1.1 503 Service Unavailable\\r\\nContent-Length: 0\\r\\nConnection: close\\r\\n\\r\\n")
     conn.close()
