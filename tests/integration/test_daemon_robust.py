@@ -80,7 +80,8 @@ def test_a_full_state_filesystem_degrades_and_recovers(sparkd: Fleet, tmp_path: 
         with contextlib.suppress(OSError), open(filler, "wb") as out:
             out.write(b"\0" * (2 << 20))
         os.kill(pid, 9)  # the failure must be handled while nothing can be written
-        status = wait_live(daemon, lambda s: s["daemon"]["degraded"] and s["last_failure"]["class"]
+        # degraded may come first, from a write of the daemon's own, before the kill is seen (CI-like run at fa53d42)
+        status = wait_live(daemon, lambda s: s["daemon"]["degraded"] and (s["last_failure"] or {}).get("class")
                            == "host_unavailable", 60)
         assert any("No space left" in p for p in status["daemon"]["problems"])
         time.sleep(3)  # several retries while full: waiting, not failing

@@ -10,6 +10,7 @@ launch's drain plus ``[supervisor] stop_grace_s`` (sparkd.supervisor.graces): th
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -110,7 +111,7 @@ def _in_flight_once(tier: Tier, n: int, *, frozen: bool) -> InFlight:
         throttle.step_until(lambda: all(s.chunks for s in streams))
         drainwatch.wait_quiet(streams)
     else:
-        drainwatch.wait_begun(streams, settle_s=0.3)
+        drainwatch.wait_begun(streams, settle_s=0.3, every=True)
     return InFlight(streams, threads, poller, throttle)
 
 
@@ -157,7 +158,7 @@ def test_a_stop_through_the_runtime_drains_the_streams_in_flight(drain_tier: Tie
         drain_tier.timed("drain tier: stop with streams in flight", began)
     finally:
         flight.finish()
-    assert all(s.complete for s in flight.streams), [s.summary(began) for s in flight.streams]
+    assert all(s.complete for s in flight.streams), json.dumps([s.summary(began) for s in flight.streams])
     assert newcomer["status"] in (500, 503) and newcomer["seconds"] < 5, newcomer
     # The engine core's own drain; it counts its requests only if some are still unfinished when the drain reaches
     # it (vllm/v1/engine/core.py): beside the whole suite the engine may have generated every token already while
@@ -182,7 +183,7 @@ def test_three_streams_survive_sparkctl_restart_and_now_aborts(drain_tier: Tier)
         newcomer = drainwatch.one_request(base(drain_tier), SERVED, stream=False)
     finally:
         flight.finish()
-    assert all(s.complete for s in flight.streams), [s.summary(began) for s in flight.streams]
+    assert all(s.complete for s in flight.streams), json.dumps([s.summary(began) for s in flight.streams])
     assert newcomer["status"] in (500, 503) and newcomer["seconds"] < 5, newcomer
     drain_tier.wait_ready(START_S)
     assert drain_tier.complete("after the restart") == 200
