@@ -96,8 +96,9 @@ class HealthConfig(_Section):
         "Load sparkd's step probe into vLLM (`sparkd-vllm-probe`, a vLLM general plugin shipped with sparkd): its "
         "engine core and each rank record their engine steps in a small file under `<run_dir>/probe`, which tells "
         "which rank is stuck in which step. The launch puts the plugin on vLLM's `PYTHONPATH` (a container gets it "
-        "mounted read-only) and appends it to `VLLM_PLUGINS` when that is set. Needs vLLM 0.9 or later; false: "
-        "launch vLLM without it."))
+        "mounted read-only) and appends it to `VLLM_PLUGINS` when that is set. With a drain (`[stop] drain_s` above "
+        "0) the plugin also makes vLLM's drain take in the requests it accepted before its SIGTERM, which vLLM "
+        "0.32 drops. Needs vLLM 0.9 or later; false: launch vLLM without it."))
 
 
 # The preflight checks, in the order they run: each id is its module, sparkd/preflight/<id>.py (the runner loads

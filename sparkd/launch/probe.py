@@ -13,6 +13,10 @@ With ``[health] step_probe`` on (the default):
   the probe among them, and sparkd leaves it unset: setting it would also turn off the image's own plugins of every
   group (vLLM filters platform and general plugins by the same list).
 
+- ``SPARKD_DRAIN_ADMIT=1`` when the launch drains (``[stop] drain_s`` above 0): the plugin's engine core takes in,
+  as its drain begins, the requests vLLM accepted before the SIGTERM, which vLLM 0.32 would drop
+  (:mod:`sparkd.vllm_probe.sparkd_vllm_probe.admit`).
+
 Both edits are shell lines of the launch script (``export PYTHONPATH=...${PYTHONPATH:+:$PYTHONPATH}``), because only
 the script sees the environment the image and the container give vLLM. vLLM loads general plugins in its engine core
 since 0.9.0 (vllm#18326); :func:`too_old` says so for an older one, which runs as before without the probe.
@@ -27,10 +31,11 @@ from pathlib import Path
 
 from sparkd.config import Config
 from sparkd.vllm_probe import PLUGIN_DIR
+from sparkd.vllm_probe.sparkd_vllm_probe.admit import ADMIT_ENV
 from sparkd.vllm_probe.sparkd_vllm_probe.layout import DIR_ENV, ENTRY_POINT
 
-__all__ = ["DIR_ENV", "ENTRY_POINT", "MIN_VLLM", "EnvEdit", "parse_version", "probe_dir", "probe_edits", "too_old",
-           "version_of_tag"]
+__all__ = ["ADMIT_ENV", "DIR_ENV", "ENTRY_POINT", "MIN_VLLM", "EnvEdit", "parse_version", "probe_dir", "probe_edits",
+           "too_old", "version_of_tag"]
 
 MIN_VLLM = (0, 9, 0)
 

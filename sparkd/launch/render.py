@@ -18,7 +18,7 @@ from sparkd.config import Config, HealthConfig, LaunchConfig
 from sparkd.config.notify import notify_secrets
 from sparkd.config.secretfile import SecretFileProblem, read_secret_file
 from sparkd.config.secretrule import is_secret_name
-from sparkd.launch.probe import DIR_ENV, EnvEdit, probe_dir, probe_edits
+from sparkd.launch.probe import ADMIT_ENV, DIR_ENV, EnvEdit, probe_dir, probe_edits
 
 # The field's known-good environment (DESIGN.md §5). `[launch] env` overrides; `default_env = false` drops it.
 RECOMMENDED_ENV: dict[str, str] = {
@@ -228,6 +228,8 @@ def render(cfg: Config) -> LaunchSpec:
     probe = probe_dir(cfg)
     if probe is not None:
         env[DIR_ENV] = str(probe)
+        if cfg.stop.drain_s > 0:  # the plugin's drain takes in what vLLM accepted before its SIGTERM
+            env[ADMIT_ENV] = "1"
     return LaunchSpec(argv=tuple(argv), env=env, config_hash=cfg.launch_hash(), secret_env=secret_env,
                       env_edits=probe_edits() if probe is not None else (), probe_dir=str(probe) if probe else None,
                       drain_s=cfg.stop.drain_s)

@@ -76,9 +76,9 @@ def test_worker_renders_headless_rank_and_master() -> None:
 
 def test_environment_is_recommended_defaults_under_the_config() -> None:
     env = render(make({"env": {"OMP_NUM_THREADS": "4", "X": "y"}})).env
-    assert env == {**RECOMMENDED_ENV, "OMP_NUM_THREADS": "4", "X": "y", "SPARKD_PROBE_DIR": "/run/sparkd/probe"}
-    assert render(make({"default_env": False, "env": {"X": "y"}})).env == {"X": "y",
-                                                                          "SPARKD_PROBE_DIR": "/run/sparkd/probe"}
+    plugin = {"SPARKD_PROBE_DIR": "/run/sparkd/probe", "SPARKD_DRAIN_ADMIT": "1"}
+    assert env == {**RECOMMENDED_ENV, "OMP_NUM_THREADS": "4", "X": "y", **plugin}
+    assert render(make({"default_env": False, "env": {"X": "y"}})).env == {"X": "y", **plugin}
 
 
 def fake_vllm(tmp_path: Path) -> tuple[Path, Path]:

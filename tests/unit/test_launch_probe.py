@@ -70,6 +70,12 @@ def test_a_vllm_plugins_list_set_in_the_config_is_kept_too(tmp_path: Path) -> No
     assert got["VLLM_PLUGINS"] == "mine,sparkd_probe" and got["PYTHONPATH"] == f"{PLUGIN_DIR}:/cfg"
 
 
+def test_a_launch_that_drains_asks_the_plugin_to_take_in_what_vllm_accepted(tmp_path: Path) -> None:
+    assert render(make(tmp_path)).env["SPARKD_DRAIN_ADMIT"] == "1"  # the default drain, 120 s
+    assert "SPARKD_DRAIN_ADMIT" not in render(make(tmp_path, stop={"drain_s": 0})).env  # vLLM aborts: nothing owed
+    assert "SPARKD_DRAIN_ADMIT" not in render(make(tmp_path, probe=False)).env  # no plugin in vLLM to ask
+
+
 def test_off_with_one_key(tmp_path: Path) -> None:
     cfg = make(tmp_path, probe=False)
     spec = render(cfg)

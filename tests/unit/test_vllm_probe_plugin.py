@@ -23,6 +23,18 @@ FAKE_VLLM = {
     "vllm/v1/worker/__init__.py": "",
     "vllm/v1/executor/__init__.py": "",
     "vllm/v1/engine/core.py": """
+        import enum, logging, queue
+
+        class EngineShutdownState(enum.IntEnum):
+            RUNNING = 0
+            REQUESTED = 1
+            SHUTTING_DOWN = 2
+
+        class EngineCoreRequestType(enum.Enum):
+            ADD = b"\\x00"
+            ABORT = b"\\x01"
+            WAKEUP = b"\\x05"
+
         class Scheduler:
             def __init__(self):
                 self.running, self.waiting = [1, 2], [3]
@@ -41,12 +53,38 @@ FAKE_VLLM = {
                 from vllm.v1.worker.worker_base import WorkerWrapperBase
                 self.driver_worker = WorkerWrapperBase(sample_later=False)
 
+        class VllmConfig:
+            def __init__(self, shutdown_timeout):
+                self.shutdown_timeout = shutdown_timeout
+
         class EngineCoreProc(EngineCore):
-            def __init__(self, engine_index=0, uniproc=False):
+            def __init__(self, engine_index=0, uniproc=False, shutdown_timeout=120):
                 super().__init__()
                 self.engine_index = engine_index
                 if uniproc:
                     self.model_executor = UniProcExecutor()
+                self.vllm_config = VllmConfig(shutdown_timeout)
+                self.shutdown_state = EngineShutdownState.RUNNING
+                self.input_queue = queue.Queue()
+                self.added, self.rejected = [], []
+
+            # vLLM 0.32's drain (vllm/v1/engine/core.py), reduced: the state moves on, what comes later is rejected
+            def _handle_shutdown(self):
+                if self.shutdown_state == EngineShutdownState.REQUESTED:
+                    logging.getLogger("vllm").info("draining count=%d", len(self.added))
+                    self.shutdown_state = EngineShutdownState.SHUTTING_DOWN
+                return True
+
+            def _handle_client_request(self, request_type, request):
+                if request_type == EngineCoreRequestType.ADD:
+                    if self.shutdown_state != EngineShutdownState.RUNNING:
+                        self.rejected.append(request)
+                        return
+                    self.added.append(request)
+
+            def _process_input_queue(self):
+                while not self.input_queue.empty():
+                    self._handle_client_request(*self.input_queue.get_nowait())
 
             def _process_engine_step(self):
                 return self.step()[1]
@@ -115,11 +153,13 @@ def fake_vllm(tmp_path: Path) -> Path:
     return root
 
 
-def child(fake: Path, probe: Path | None, code: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARKD_PROBE_DIR")}
+def child(fake: Path, probe: Path | None, code: str, *, admit: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARKD_PROBE_DIR", "SPARKD_DRAIN_ADMIT")}
     env["PYTHONPATH"] = f"{PLUGIN_DIR}:{fake}"
     if probe is not None:
         env["SPARKD_PROBE_DIR"] = str(probe)
+    if admit:
+        env["SPARKD_DRAIN_ADMIT"] = "1"
     done = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], capture_output=True, text=True,
                           env=env, cwd=fake, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -292,3 +332,76 @@ def test_a_vllm_without_the_step_method_says_so_once(fake_vllm: Path, tmp_path: 
     """)
     assert out.stderr.count("sparkd probe: turned off in this process (this vLLM has no "
                             "EngineCoreProc._process_engine_step") == 1
+
+
+# A SIGTERM came during a step: two requests the API server had answered 200 wait in the engine core's input queue,
+# with a wakeup; the engine core turns to the shutdown, then to its queue, as vLLM 0.32's busy loop does.
+DRAIN_TURN = """
+    import vllm.v1.engine.core as core
+    from sparkd_vllm_probe import register
+    register()
+    def turn(engine):
+        engine.input_queue.put((core.EngineCoreRequestType.ADD, ("a", 0)))
+        engine.input_queue.put((core.EngineCoreRequestType.WAKEUP, None))
+        engine.input_queue.put((core.EngineCoreRequestType.ADD, ("b", 0)))
+        engine.shutdown_state = core.EngineShutdownState.REQUESTED
+        engine._handle_shutdown()
+        engine.input_queue.put((core.EngineCoreRequestType.ADD, ("late", 0)))  # sent after the drain began
+        engine._process_input_queue()
+        return {"added": engine.added, "rejected": engine.rejected, "state": engine.shutdown_state.name}
+"""
+
+
+@pytest.mark.parametrize("probe", [False, True])
+def test_a_drain_takes_in_the_requests_vllm_accepted_before_its_sigterm(fake_vllm: Path, tmp_path: Path,
+                                                                       probe: bool) -> None:
+    """With or without the step probe: the two queued requests are drained (counted by vLLM's drain), the one sent
+    after the drain began is rejected as vLLM does; while vLLM serves nothing changes."""
+    out = child(fake_vllm, tmp_path if probe else None, textwrap.dedent(DRAIN_TURN) + textwrap.dedent("""
+        print(json.dumps(turn(core.EngineCoreProc())))
+        serving = core.EngineCoreProc()
+        serving.input_queue.put((core.EngineCoreRequestType.ADD, ("c", 0)))
+        serving._handle_shutdown()
+        print(json.dumps(serving.input_queue.qsize()))
+    """), admit=True)
+    lines = out.stdout.splitlines()
+    assert json.loads(lines[0]) == {"added": [["a", 0], ["b", 0]], "rejected": [["late", 0]], "state": "SHUTTING_DOWN"}
+    assert json.loads(lines[1]) == 1  # a serving engine core's queue is its own business
+    assert "sparkd drain: took in 2 request(s) accepted before the SIGTERM" in out.stderr
+    assert "draining count=2" in out.stderr
+
+
+@pytest.mark.parametrize(("admit", "timeout"), [(False, 120), (True, 0)])
+def test_without_the_launchs_ask_or_with_an_abort_vllm_drops_them_as_it_does(fake_vllm: Path, admit: bool,
+                                                                            timeout: int) -> None:
+    out = child(fake_vllm, None, textwrap.dedent(DRAIN_TURN) + textwrap.dedent(f"""
+        print(json.dumps(turn(core.EngineCoreProc(shutdown_timeout={timeout}))))
+    """), admit=admit)
+    assert json.loads(out.stdout) == {"added": [], "rejected": [["a", 0], ["b", 0], ["late", 0]],
+                                      "state": "SHUTTING_DOWN"}
+    assert "sparkd drain" not in out.stderr
+
+
+def test_a_failure_of_the_admission_puts_vllms_drain_back_once(fake_vllm: Path) -> None:
+    out = child(fake_vllm, None, textwrap.dedent(DRAIN_TURN) + textwrap.dedent("""
+        broken = core.EngineCoreProc()
+        del broken.input_queue  # another vLLM's engine core
+        broken.shutdown_state = core.EngineShutdownState.REQUESTED
+        assert broken._handle_shutdown() is True and broken.shutdown_state.name == "SHUTTING_DOWN"
+        print(json.dumps(turn(core.EngineCoreProc())))
+    """), admit=True)
+    assert json.loads(out.stdout)["rejected"] == [["a", 0], ["b", 0], ["late", 0]]
+    assert out.stderr.count("sparkd drain: turned off (AttributeError(") == 1, out.stderr
+
+
+def test_a_vllm_without_the_drain_says_so_once_and_runs_on(fake_vllm: Path) -> None:
+    core = fake_vllm / "vllm/v1/engine/core.py"
+    core.write_text(core.read_text().replace("def _handle_shutdown(self):", "def _handle_shutdown_elsewhere(self):"))
+    out = child(fake_vllm, None, """
+        from sparkd_vllm_probe import register
+        register()
+        import vllm.v1.engine.core as core
+        print(json.dumps(hasattr(core.EngineCoreProc, "_handle_shutdown")))
+    """, admit=True)
+    assert json.loads(out.stdout) is False
+    assert out.stderr.count("sparkd drain: this vLLM has no EngineCoreProc._handle_shutdown") == 1

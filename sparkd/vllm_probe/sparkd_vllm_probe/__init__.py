@@ -4,8 +4,10 @@ vLLM calls :func:`register` (its ``vllm.general_plugins`` entry point, ``sparkd_
 plugins. With ``SPARKD_PROBE_DIR`` set (sparkd's launch sets it) the probe wraps vLLM's step methods
 (:mod:`.hooks`) so that the EngineCore and each worker rank keep a 512-byte file there (:mod:`.layout`, written by
 :mod:`.writer`): the step number, when the current step began and the last one ended, the phase, the rank, the PID.
-sparkd reads the files to tell which rank is stuck. Nothing here imports beyond the standard library and vLLM; any
-failure turns the probe off in that process with one warning, and vLLM runs on.
+sparkd reads the files to tell which rank is stuck. With ``SPARKD_DRAIN_ADMIT=1`` (a launch with a drain) the
+engine core's drain also takes in the requests vLLM accepted before its SIGTERM (:mod:`.admit`). Nothing here imports
+beyond the standard library and vLLM; any failure turns the probe (or the admission) off in that process with one
+warning, and vLLM runs on.
 """
 
 from __future__ import annotations
@@ -14,27 +16,30 @@ import importlib.util
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from . import layout
+from .admit import ADMIT_ENV, patch_admit
 from .hooks import PATCHES, Probe, log
 
 __all__ = ["register"]
 
-_PROBE: Probe | None = None
+_REGISTERED = False
+
+Patch = Callable[[Any], None]  # what is done to a module of vLLM's once it is imported
 
 
 class _PatchOnImport:
-    """A ``sys.meta_path`` finder that patches the probe's modules right after vLLM imports them."""
+    """A ``sys.meta_path`` finder that patches the named modules right after vLLM imports them."""
 
-    def __init__(self, probe: Probe, pending: dict[str, Any]) -> None:
-        self.probe = probe
+    def __init__(self, pending: dict[str, list[Patch]]) -> None:
         self.pending = pending
         self.local = threading.local()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        patch = self.pending.get(fullname)
-        if patch is None or getattr(self.local, "busy", False):
+        patches = self.pending.get(fullname)
+        if patches is None or getattr(self.local, "busy", False):
             return None
         self.local.busy = True
         try:
@@ -49,7 +54,8 @@ class _PatchOnImport:
         def exec_module(module: Any) -> None:
             run(module)
             self.pending.pop(fullname, None)
-            _apply(self.probe, patch, module)
+            for patch in patches:
+                patch(module)
             if not self.pending and self in sys.meta_path:
                 sys.meta_path.remove(self)
 
@@ -57,37 +63,59 @@ class _PatchOnImport:
         return spec
 
 
-def _apply(probe: Probe, patch: Any, module: Any) -> None:
-    if probe.off:
-        return
+def _probing(probe: Probe, patch: Callable[[Probe, Any], None]) -> Patch:
+    def apply(module: Any) -> None:
+        if probe.off:
+            return
+        try:
+            patch(probe, module)
+        except Exception as exc:
+            probe.fail(f"cannot wrap {module.__name__}: {exc!r}")
+    return apply
+
+
+def _admitting(module: Any) -> None:
     try:
-        patch(probe, module)
+        patch_admit(module)
     except Exception as exc:
-        probe.fail(f"cannot wrap {module.__name__}: {exc!r}")
+        log.warning("sparkd drain: off: cannot wrap %s (%r); vLLM drains as it does", module.__name__, exc)
+
+
+def _step_probe() -> dict[str, Patch]:
+    """The step probe's patches, when ``SPARKD_PROBE_DIR`` names a directory this process may write."""
+    directory = os.environ.get(layout.DIR_ENV, "")
+    if not directory:
+        return {}
+    if not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
+        log.warning("sparkd probe: off: %s=%s is not a directory this process may write; vLLM runs on "
+                    "without it", layout.DIR_ENV, directory)
+        return {}
+    probe = Probe(directory)
+    return {name: _probing(probe, patch) for name, patch in PATCHES.items()}
 
 
 def register() -> None:
-    """vLLM's entry point: set the probe up in this process (once; a forked child inherits it)."""
-    global _PROBE
-    if _PROBE is not None:
+    """vLLM's entry point: set the probe and the drain's admission up in this process (once; a forked child
+    inherits them). Neither is set up where sparkd's launch did not ask for it."""
+    global _REGISTERED
+    if _REGISTERED:
         return
-    directory = os.environ.get(layout.DIR_ENV, "")
-    if not directory:
-        return  # not launched by sparkd: nothing to do
+    _REGISTERED = True
     try:
-        if not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
-            log.warning("sparkd probe: off: %s=%s is not a directory this process may write; vLLM runs on "
-                        "without it", layout.DIR_ENV, directory)
-            return
-        _PROBE = probe = Probe(directory)
+        wanted: dict[str, list[Patch]] = {}
+        for name, patch in _step_probe().items():
+            wanted.setdefault(name, []).append(patch)
+        if os.environ.get(ADMIT_ENV) == "1":
+            wanted.setdefault("vllm.v1.engine.core", []).append(_admitting)
         pending = {}
-        for name, patch in PATCHES.items():
+        for name, patches in wanted.items():
             module = sys.modules.get(name)
             if module is None:
-                pending[name] = patch
+                pending[name] = patches
             else:
-                _apply(probe, patch, module)
-        if pending and not probe.off:
-            sys.meta_path.insert(0, _PatchOnImport(probe, pending))
-    except Exception as exc:  # never let the probe stop vLLM
+                for patch in patches:
+                    patch(module)
+        if pending:
+            sys.meta_path.insert(0, _PatchOnImport(pending))
+    except Exception as exc:  # never let the plugin stop vLLM
         log.warning("sparkd probe: off: it could not set itself up (%r); vLLM runs on without it", exc)
