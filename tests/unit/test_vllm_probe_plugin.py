@@ -33,6 +33,7 @@ FAKE_VLLM = {
         class EngineCoreRequestType(enum.Enum):
             ADD = b"\\x00"
             ABORT = b"\\x01"
+            UTILITY = b"\\x03"
             WAKEUP = b"\\x05"
 
         class Scheduler:
@@ -66,7 +67,7 @@ FAKE_VLLM = {
                 self.vllm_config = VllmConfig(shutdown_timeout)
                 self.shutdown_state = EngineShutdownState.RUNNING
                 self.input_queue = queue.Queue()
-                self.added, self.rejected = [], []
+                self.added, self.rejected, self.utilities = [], [], []
 
             # vLLM 0.32's drain (vllm/v1/engine/core.py), reduced: the state moves on, what comes later is rejected
             def _handle_shutdown(self):
@@ -81,6 +82,9 @@ FAKE_VLLM = {
                         self.rejected.append(request)
                         return
                     self.added.append(request)
+                elif request_type == EngineCoreRequestType.UTILITY:
+                    shutting = self.shutdown_state != EngineShutdownState.RUNNING
+                    self.utilities.append(f"{request} {'rejected' if shutting else 'run'}")
 
             def _process_input_queue(self):
                 while not self.input_queue.empty():
@@ -343,12 +347,14 @@ DRAIN_TURN = """
     def turn(engine):
         engine.input_queue.put((core.EngineCoreRequestType.ADD, ("a", 0)))
         engine.input_queue.put((core.EngineCoreRequestType.WAKEUP, None))
+        engine.input_queue.put((core.EngineCoreRequestType.UTILITY, "sleep"))
         engine.input_queue.put((core.EngineCoreRequestType.ADD, ("b", 0)))
         engine.shutdown_state = core.EngineShutdownState.REQUESTED
         engine._handle_shutdown()
         engine.input_queue.put((core.EngineCoreRequestType.ADD, ("late", 0)))  # sent after the drain began
         engine._process_input_queue()
-        return {"added": engine.added, "rejected": engine.rejected, "state": engine.shutdown_state.name}
+        return {"added": engine.added, "rejected": engine.rejected, "utilities": engine.utilities,
+                "state": engine.shutdown_state.name}
 """
 
 
@@ -356,7 +362,8 @@ DRAIN_TURN = """
 def test_a_drain_takes_in_the_requests_vllm_accepted_before_its_sigterm(fake_vllm: Path, tmp_path: Path,
                                                                        probe: bool) -> None:
     """With or without the step probe: the two queued requests are drained (counted by vLLM's drain), the one sent
-    after the drain began is rejected as vLLM does; while vLLM serves nothing changes."""
+    after the drain began is rejected as vLLM does, and so is a utility call queued between them (a sleep would
+    take the weights the drain needs); while vLLM serves nothing changes."""
     out = child(fake_vllm, tmp_path if probe else None, textwrap.dedent(DRAIN_TURN) + textwrap.dedent("""
         print(json.dumps(turn(core.EngineCoreProc())))
         serving = core.EngineCoreProc()
@@ -365,7 +372,8 @@ def test_a_drain_takes_in_the_requests_vllm_accepted_before_its_sigterm(fake_vll
         print(json.dumps(serving.input_queue.qsize()))
     """), admit=True)
     lines = out.stdout.splitlines()
-    assert json.loads(lines[0]) == {"added": [["a", 0], ["b", 0]], "rejected": [["late", 0]], "state": "SHUTTING_DOWN"}
+    assert json.loads(lines[0]) == {"added": [["a", 0], ["b", 0]], "rejected": [["late", 0]],
+                                    "utilities": ["sleep rejected"], "state": "SHUTTING_DOWN"}
     assert json.loads(lines[1]) == 1  # a serving engine core's queue is its own business
     assert "sparkd drain: took in 2 request(s) accepted before the SIGTERM" in out.stderr
     assert "draining count=2" in out.stderr
@@ -378,7 +386,7 @@ def test_without_the_launchs_ask_or_with_an_abort_vllm_drops_them_as_it_does(fak
         print(json.dumps(turn(core.EngineCoreProc(shutdown_timeout={timeout}))))
     """), admit=admit)
     assert json.loads(out.stdout) == {"added": [], "rejected": [["a", 0], ["b", 0], ["late", 0]],
-                                      "state": "SHUTTING_DOWN"}
+                                      "utilities": ["sleep rejected"], "state": "SHUTTING_DOWN"}
     assert "sparkd drain" not in out.stderr
 
 

@@ -10,10 +10,11 @@ drained with its 480 tokens, the other ended empty 1.15 s later (the drain count
 was sent before the API server stopped taking requests (after its SIGTERM it refuses a newcomer at once, HTTP 500),
 so it is one the drain owes an answer.
 
-The wrap: when the engine core turns to a shutdown that drains, it first takes in the requests already in its input
-queue, as it would have before the signal, then goes on as vLLM does (the drain counts them; what comes later is
-rejected as before). Nothing changes while vLLM serves, nor for ``--shutdown-timeout 0`` (an abort). Any failure of
-this code puts vLLM's method back with one warning; vLLM's own exceptions pass through.
+The wrap: when the engine core turns to a shutdown that drains, it first takes in the new requests already in its
+input queue, as it would have before the signal (an abort or a utility call there is handled as vLLM handles it in a
+shutdown), then goes on as vLLM does (the drain counts them; what comes later is rejected as before). Nothing
+changes while vLLM serves, nor for ``--shutdown-timeout 0`` (an abort). Any failure of this code puts vLLM's method
+back with one warning; vLLM's own exceptions pass through.
 """
 
 from __future__ import annotations
@@ -66,20 +67,24 @@ def _drains(engine: Any) -> bool:
 
 
 def _admit(engine: Any, running: Any, add: Any) -> int:
-    """Every request in the input queue handled as while serving; how many were new requests."""
+    """Every request in the input queue handled in order: a new one as while serving, anything else (an abort, a
+    utility call, a wakeup) as vLLM handles it in a shutdown. How many new requests were taken in."""
     try:
         state, inbox = engine.shutdown_state, engine.input_queue
     except Exception as exc:
         raise _OwnFailure from exc
     admitted = 0
-    engine.shutdown_state = running  # a SIGTERM meanwhile sets it to REQUESTED again: the same as what is put back
-    try:
-        while True:
-            try:
-                kind, request = inbox.get_nowait()
-            except queue.Empty:
-                return admitted
+    while True:
+        try:
+            kind, request = inbox.get_nowait()
+        except queue.Empty:
+            return admitted
+        if kind != add:
             engine._handle_client_request(kind, request)
-            admitted += kind == add
-    finally:
-        engine.shutdown_state = state
+            continue
+        engine.shutdown_state = running  # a SIGTERM meanwhile sets REQUESTED again: the same as what is put back
+        try:
+            engine._handle_client_request(kind, request)
+        finally:
+            engine.shutdown_state = state
+        admitted += 1
