@@ -48,13 +48,6 @@ def by_hand(realvllm: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
         vllm.stop()
 
 
-def answered(stream: drainwatch.Stream, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while stream.status is None and stream.ended_at is None:
-        assert time.monotonic() < deadline, "no answer's status"
-        time.sleep(0.01)
-
-
 def engine_in_step(probe: Path, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while not any(r.role == "engine" and r.in_step for r in read_steps(probe).records):
@@ -76,11 +69,9 @@ def test_a_request_accepted_during_the_last_step_before_the_sigterm_is_drained(b
             more, started = drainwatch.start_streams(by_hand.base, SERVED, 1, TOKENS)
             streams += more
             threads += started
-            answered(more[0])
+            drainwatch.wait_answered(more, settle_s=0.0 if first else 0.5)  # the second: on to the engine's queue
             if first:
                 engine_in_step(by_hand.log.parent / "probe")
-            else:
-                time.sleep(0.5)  # on its way to the engine core's queue
         assert [s.status for s in streams] == [200, 200] and not any(s.chunks for s in streams)
         by_hand.note("SIGTERM")
         at = time.monotonic()
