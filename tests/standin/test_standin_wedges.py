@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import drainwatch
 import httpx
 import pytest
 from freeport import free_port
@@ -70,16 +71,25 @@ def test_idle_wedge_changes_no_gauge_and_ends_in_the_rpc_timeout(launch: Standin
     serving(standin, port)
     before = gauges(port)
     assert before == (0.0, 0.0, 0.0)
-    with _raw_completion(port):
-        time.sleep(1.0)
-        assert http("127.0.0.1", port).get("/health").status_code == 200
-        assert gauges(port) == before  # the scheduler has the request; no step published it
-        standin.wait_for(NO_BLOCK + "60 seconds", timeout=10)
-        standin.wait_for(re.escape(TIMED_OUT), timeout=15)
-    standin.wait_for(r"\(EngineCore pid=\d+\) ERROR .* \[core\.py:1142\] EngineCore encountered a fatal error\.")
-    standin.wait_for(r"AsyncLLM output_handler failed\.")
-    assert http("127.0.0.1", port).get("/health").status_code == 503
-    assert standin.wait_exit(20) == 0
+    # /health watched throughout: the dead engine's 503 lasts the watchdog's 2.5 s, which a test thread woken only
+    # after reading the last log line missed on a loaded run (connection refused: the server had gone)
+    poller = drainwatch.Poller(f"http://127.0.0.1:{port}", interval_s=0.1).start()
+    began = time.monotonic()
+    try:
+        with _raw_completion(port):
+            time.sleep(1.0)
+            assert http("127.0.0.1", port).get("/health").status_code == 200
+            assert gauges(port) == before  # the scheduler has the request; no step published it
+            standin.wait_for(NO_BLOCK + "60 seconds", timeout=10)
+            standin.wait_for(re.escape(TIMED_OUT), timeout=15)
+        standin.wait_for(r"\(EngineCore pid=\d+\) ERROR .* \[core\.py:1142\] EngineCore encountered a fatal "
+                         r"error\.")
+        standin.wait_for(r"AsyncLLM output_handler failed\.")
+        assert standin.wait_exit(20) == 0
+    finally:
+        poller.stop()
+    seen = drainwatch.runs(poller.health, began)
+    assert seen[0] == "200" and "503" in seen, seen
 
 
 def test_wedge_mid_generation_freezes_the_gauges_at_the_last_step(launch: Standins) -> None:
